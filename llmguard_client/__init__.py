@@ -1,0 +1,1 @@
+"""llmguard_client: client-side resilience for OpenAI-compatible LLM endpoints."""
