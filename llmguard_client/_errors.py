@@ -1,0 +1,128 @@
+"""The exceptions llmguard_client raises.
+
+Every failure the guard decides subclasses one of httpx's own exceptions, so a
+caller's existing ``except httpx.TimeoutException`` / ``except httpx.TransportError``
+keeps working::
+
+    LLMGuardError                       base of everything below
+    ├── GuardConfigError(ValueError)    bad configuration, raised at construction
+    │   └── UnknownTierError            a tier name that is not configured
+    └── GuardFailure                    the guard gave up on a call (carries .record, .cause)
+        ├── GuardTimeout(httpx.TimeoutException)
+        │   ├── TTFTTimeout             no first content token within the tier's ttft
+        │   ├── TotalTimeout            the call outlived the tier's total deadline
+        │   └── StallTimeout            the stream went silent longer than the tier's stall
+        └── GuardUnavailable(httpx.TransportError)
+            ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
+            ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
+            ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
+            └── BulkheadFull            the tier's in-flight and waiting slots were all taken
+
+Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
+transport raises) the same failures are returned as proxy-style HTTP responses
+instead: see `llmguard_client._failure`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from llmguard_client.telemetry.record import PhaseRecord
+
+
+class LLMGuardError(Exception):
+    """Base class of every exception llmguard_client raises."""
+
+
+class GuardConfigError(LLMGuardError, ValueError):
+    """The configuration is invalid; the message names the field and what is accepted."""
+
+
+class UnknownTierError(GuardConfigError):
+    """A call asked for a tier that is not configured."""
+
+
+class GuardFailure(LLMGuardError):
+    """The guard gave up on a call.
+
+    ``cause`` is a stable machine-readable string (also sent as the
+    ``x-llmguard-cause`` header in response mode), ``status_code`` the HTTP status a
+    proxy would answer with, ``retry_after`` the seconds the caller should wait (or
+    None), ``record`` the call's phase record.
+    """
+
+    cause: str = "guard_failure"
+    status_code: int = 502
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: httpx.Request | None = None,
+        record: PhaseRecord | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.record = record
+        self.retry_after = retry_after
+        self._guard_request = request
+
+
+class GuardTimeout(GuardFailure, httpx.TimeoutException):
+    """A tier deadline passed; the in-flight attempts were closed."""
+
+    cause = "timeout"
+    status_code = 504
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.TimeoutException.__init__(self, message, request=request)  # type: ignore[arg-type]
+
+
+class TTFTTimeout(GuardTimeout):
+    cause = "ttft_timeout"
+
+
+class TotalTimeout(GuardTimeout):
+    cause = "total_timeout"
+
+
+class StallTimeout(GuardTimeout):
+    cause = "stall_timeout"
+
+
+class GuardUnavailable(GuardFailure, httpx.TransportError):
+    """No attempt could produce an answer."""
+
+    cause = "unavailable"
+    status_code = 503
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.TransportError.__init__(self, message, request=request)  # type: ignore[arg-type]
+
+
+class AllAttemptsFailed(GuardUnavailable):
+    cause = "all_attempts_failed"
+    status_code = 502
+
+
+class BudgetExhausted(GuardUnavailable):
+    cause = "budget_exhausted"
+    status_code = 503
+
+
+class AllReplicasCooling(GuardUnavailable):
+    cause = "all_replicas_cooling"
+    status_code = 429
+
+
+class BulkheadFull(GuardUnavailable):
+    cause = "bulkhead_full"
+    status_code = 503

@@ -1,0 +1,133 @@
+"""The replica set: routing, per-replica cool-downs, circuit state and TTFT history.
+
+State here outlives a call and is shared by every call of one `Guard`. All of it
+is touched from one event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from llmguard_client._config import Replica
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    """One replica with its transport and the guard's view of its health."""
+
+    replica: Replica
+    transport: httpx.AsyncBaseTransport
+    base: httpx.URL
+    in_flight: int = 0
+    cooling_until: float = 0.0
+    """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
+    open_until: float = 0.0
+    """Monotonic time before which the circuit is open (the replica kept failing)."""
+    consecutive_failures: int = 0
+    ttft_ewma: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.replica.name
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooling_until
+
+    def open(self, now: float) -> bool:
+        return now < self.open_until
+
+
+class ReplicaSet:
+    """Picks replicas for attempts and remembers what each one said."""
+
+    _EWMA_WEIGHT = 0.2
+
+    def __init__(
+        self, replicas: Sequence[Replica], transport_factory: Callable[[Replica], httpx.AsyncBaseTransport]
+    ) -> None:
+        self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/"))) for r in replicas]
+        self._turn = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    # --- choosing -------------------------------------------------------------------------
+
+    def pick(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+        """The replica for a call's first attempt: the least loaded of those not cooling and
+        not open-circuited, round-robin among equals.
+
+        A cooling replica is a signal, not a wall: when every candidate is cooling, the one
+        that recovers first is still used, so the client never refuses work the servers
+        might admit. Only open circuits (a replica that keeps failing) are skipped; None when
+        every replica is excluded or open.
+        """
+        excluded = set(map(id, exclude))
+        candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
+        if not candidates:
+            return None
+        ready = [s for s in candidates if not s.cooling(now)]
+        if not ready:
+            return min(candidates, key=lambda s: s.cooling_until)
+        return self._least_loaded(ready)
+
+    def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+        """A replica that is neither cooling nor open and not excluded (for retries), or None."""
+        excluded = set(map(id, exclude))
+        ready = [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
+        return self._least_loaded(ready) if ready else None
+
+    def pick_hedge(self, now: float, exclude: Iterable[ReplicaState]) -> ReplicaState | None:
+        """A different replica for a hedge: ready, the best recent TTFT first, then the least loaded."""
+        excluded = set(map(id, exclude))
+        ready = [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
+        if not ready:
+            return None
+        return min(ready, key=lambda s: (s.ttft_ewma if s.ttft_ewma is not None else 0.0, s.in_flight))
+
+    def _least_loaded(self, states: list[ReplicaState]) -> ReplicaState:
+        start = next(self._turn) % len(states)
+        rotated = states[start:] + states[:start]
+        return min(rotated, key=lambda s: s.in_flight)
+
+    def next_ready_at(self, now: float) -> float | None:
+        """Seconds until some replica is neither cooling nor open; None if one already is."""
+        waits = [max(s.cooling_until, s.open_until) - now for s in self.states]
+        soonest = min(waits)
+        return None if soonest <= 0 else soonest
+
+    def any_cooling(self, now: float) -> bool:
+        """True while some replica is signalling overload (a Retry-After cool-down)."""
+        return any(s.cooling(now) for s in self.states)
+
+    def all_open(self, now: float) -> bool:
+        return all(s.open(now) for s in self.states)
+
+    # --- learning -------------------------------------------------------------------------
+
+    def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
+        state.cooling_until = max(state.cooling_until, now + seconds)
+
+    def succeeded(self, state: ReplicaState, ttft: float | None) -> None:
+        state.consecutive_failures = 0
+        state.open_until = 0.0
+        if ttft is not None:
+            w = self._EWMA_WEIGHT
+            state.ttft_ewma = ttft if state.ttft_ewma is None else (1 - w) * state.ttft_ewma + w * ttft
+
+    def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
+        """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
+        state.consecutive_failures += 1
+        if state.consecutive_failures >= threshold and not state.open(now):
+            state.open_until = now + cooldown
+            state.consecutive_failures = 0
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        for state in self.states:
+            await state.transport.aclose()

@@ -1,0 +1,119 @@
+"""Incremental reading of OpenAI-style responses: the first content token, usage, ids.
+
+`SSEScanner` is fed the raw bytes of a ``text/event-stream`` body chunk by chunk,
+in the order they arrive, and never alters them (the transport replays the same
+bytes to the caller). Until the first content token it decodes every event; after
+it, only the few events that can carry usage or a finish reason, so the per-chunk
+cost of a flowing stream is a byte split and two substring checks.
+
+A first content token is the first event whose ``choices[].delta`` carries a
+non-empty ``content``, ``tool_calls``, ``reasoning_content`` or ``reasoning`` (chat),
+or whose ``choices[].text`` is non-empty (completions). Role-only deltas, comments,
+keep-alives and empty events do not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+_CONTENT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning")
+# After the first token only events that may carry usage or a non-null finish reason are decoded.
+_LATE_MARKERS = (b"prompt_tokens", b'"finish_reason":"', b'"finish_reason": "')
+
+
+class ResponseFacts:
+    """What the guard learns from a response body; no text is ever kept."""
+
+    __slots__ = ("completion_tokens", "finish_reasons", "model", "prompt_tokens", "response_id")
+
+    def __init__(self) -> None:
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.finish_reasons: list[str] = []
+
+    def absorb(self, obj: Any) -> bool:
+        """Take ids, usage and finish reasons from one decoded chunk or body; True if it carries content."""
+        if not isinstance(obj, dict):
+            return False
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
+        if self.model is None and isinstance(obj.get("model"), str):
+            self.model = obj["model"]
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int):
+                self.prompt_tokens = prompt
+            if isinstance(completion, int):
+                self.completion_tokens = completion
+        has_content = False
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if not isinstance(choice, dict):
+                    continue
+                reason = choice.get("finish_reason")
+                if isinstance(reason, str):
+                    self.finish_reasons.append(reason)
+                if choice.get("text"):
+                    has_content = True
+                for holder in (choice.get("delta"), choice.get("message")):
+                    if isinstance(holder, dict) and any(holder.get(k) for k in _CONTENT_KEYS):
+                        has_content = True
+        return has_content
+
+
+class SSEScanner:
+    """Feed it the bytes of an SSE body; it tells when the first content token has arrived."""
+
+    __slots__ = ("_data", "_partial", "done", "facts", "first_token")
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._data: list[bytes] = []
+        self.first_token = False
+        self.done = False
+        self.facts = ResponseFacts()
+
+    def feed(self, chunk: bytes) -> bool:
+        """Consume one chunk; returns True once a first content token has been seen (in it or before)."""
+        if self._partial:
+            chunk = self._partial + chunk
+        lines = chunk.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    self._dispatch(b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+        return self.first_token
+
+    def _dispatch(self, data: bytes) -> None:
+        if data.strip() == b"[DONE]":
+            self.done = True
+            return
+        if self.first_token and not any(marker in data for marker in _LATE_MARKERS):
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return  # not JSON (a vendor ping, a malformed event): never a token
+        if self.facts.absorb(obj):
+            self.first_token = True
+
+
+def body_facts(body: bytes) -> ResponseFacts:
+    """Facts of a complete (non-streaming) JSON body; empty facts if it is not JSON."""
+    facts = ResponseFacts()
+    with contextlib.suppress(ValueError):
+        facts.absorb(json.loads(body))
+    return facts

@@ -1,0 +1,83 @@
+"""The instrumentation protocol the transport calls at each phase.
+
+The transport owns no telemetry logic: it calls an `Instrumentation` when a call
+starts, and the returned `CallObservation` when an attempt starts, when an attempt
+ends and when the call ends. `llmguard_client.telemetry.otel` implements it with
+OpenTelemetry; `NO_INSTRUMENTATION` does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from typing import Protocol
+
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+
+
+class CallObservation(Protocol):
+    """Receives the events of one logical call."""
+
+    def attempt_started(self, attempt: AttemptRecord, url: str, headers: MutableMapping[str, str]) -> None:
+        """An attempt is about to be sent to ``url``; ``headers`` may be amended (e.g. ``traceparent``)."""
+
+    def attempt_finished(self, attempt: AttemptRecord) -> None:
+        """The attempt ended; its ``outcome`` is final."""
+
+    def call_finished(self, record: PhaseRecord) -> None:
+        """The call ended (success, failure, cancellation or end of stream); the record is final."""
+
+    def budget_refused(self, record: PhaseRecord) -> None:
+        """An extra attempt (retry or hedge) for this call was refused by the budget."""
+
+
+class Instrumentation(Protocol):
+    """Creates one `CallObservation` per logical call."""
+
+    def call_started(self, record: PhaseRecord) -> CallObservation:
+        """A logical call started (``record`` is live: it is filled in as the call goes)."""
+
+    def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:
+        """A replica was put in cool-down (``reason``: retry_after, circuit_open)."""
+
+    def bulkhead_rejected(self, tier: str) -> None:
+        """A call was refused because its tier's bulkhead was full."""
+
+    def register_budget(self, level: Callable[[], float]) -> None:
+        """Report the shared retry budget's level (extra attempts available now) on demand."""
+
+
+class _NoCall:
+    __slots__ = ()
+
+    def attempt_started(self, attempt: AttemptRecord, url: str, headers: MutableMapping[str, str]) -> None:
+        return None
+
+    def attempt_finished(self, attempt: AttemptRecord) -> None:
+        return None
+
+    def call_finished(self, record: PhaseRecord) -> None:
+        return None
+
+    def budget_refused(self, record: PhaseRecord) -> None:
+        return None
+
+
+class _NoInstrumentation:
+    __slots__ = ()
+    _call = _NoCall()
+
+    def call_started(self, record: PhaseRecord) -> CallObservation:
+        return self._call
+
+    def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:
+        return None
+
+    def bulkhead_rejected(self, tier: str) -> None:
+        return None
+
+    def register_budget(self, level: Callable[[], float]) -> None:
+        return None
+
+
+NO_INSTRUMENTATION: Instrumentation = _NoInstrumentation()
+"""An `Instrumentation` that records nothing."""

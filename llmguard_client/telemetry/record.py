@@ -1,0 +1,135 @@
+"""The plain per-request phase record, and a `logging` adapter that writes it as one line.
+
+Every logical call through the guard produces one `PhaseRecord`, delivered to
+``Guard(on_record=...)`` when the call ends and readable on the response as
+``response.extensions["llmguard"]``. All timestamps are monotonic seconds
+(`time.monotonic()`); ``start_unix`` anchors them to wall-clock time.
+
+Phases, in order (each ``None`` when the call never got there)::
+
+    start <= queued <= sent <= headers <= first_token <= finish
+
+``queued`` is when the call left the bulkhead queue; ``sent``, ``headers`` and
+``first_token`` are those of the winning attempt. For a non-streaming response
+``first_token`` is when its body was complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+AttemptKind = Literal["primary", "retry", "hedge"]
+"""Why an attempt was sent: the first one, a retry after a failure, or a hedge."""
+
+AttemptOutcome = Literal["pending", "won", "lost", "cancelled", "failed"]
+"""won: its response reached the caller; lost: another attempt won first (it was closed);
+cancelled: the call ended (deadline, caller) while it ran; failed: it errored or got an error status."""
+
+CallStatus = Literal["pending", "ok", "timeout", "http_error", "error", "rejected", "cancelled", "abandoned"]
+"""ok; timeout (see ``cause``); http_error (a server error status reached the caller);
+error (a transport error); rejected (the guard refused: budget, cool-down, bulkhead);
+cancelled (the caller cancelled); abandoned (the caller closed a stream before its end)."""
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One physical request to one replica."""
+
+    index: int
+    replica: str
+    kind: AttemptKind
+    start: float
+    sent: float | None = None
+    headers: float | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    status_code: int | None = None
+    outcome: AttemptOutcome = "pending"
+    error: str | None = None
+    retry_after: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from this attempt's start to its first content token."""
+        return None if self.first_token is None else self.first_token - self.start
+
+
+@dataclass(slots=True)
+class PhaseRecord:
+    """Phase timestamps and outcome of one logical call."""
+
+    request_id: str
+    tier: str
+    cohort: Literal["guarded", "control"]
+    method: str
+    path: str
+    start: float
+    start_unix: float
+    model: str | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    queued: float | None = None
+    sent: float | None = None
+    headers: float | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    status: CallStatus = "pending"
+    cause: str | None = None
+    http_status: int | None = None
+    replica: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from the call's start to the first content token."""
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from the call's start to its end."""
+        return None if self.finish is None else self.finish - self.start
+
+    @property
+    def hedged(self) -> bool:
+        return any(a.kind == "hedge" for a in self.attempts)
+
+    @property
+    def retried(self) -> bool:
+        return any(a.kind == "retry" for a in self.attempts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (no prompt, completion or header values are ever held here)."""
+        out = asdict(self)
+        out["ttft"] = self.ttft
+        out["duration"] = self.duration
+        return out
+
+
+class RecordLogger:
+    """An ``on_record`` callback that logs each record as one structured JSON line.
+
+    >>> guard = Guard(..., on_record=RecordLogger())
+    """
+
+    __slots__ = ("_level", "_logger")
+
+    def __init__(self, logger: logging.Logger | str = "llmguard_client.record", level: int = logging.INFO):
+        self._logger = logging.getLogger(logger) if isinstance(logger, str) else logger
+        self._level = level
+
+    def __call__(self, record: PhaseRecord) -> None:
+        if self._logger.isEnabledFor(self._level):
+            self._logger.log(
+                self._level,
+                "%s",
+                json.dumps(record.to_dict(), separators=(",", ":"), default=str),
+                extra={"llmguard": record},
+            )
