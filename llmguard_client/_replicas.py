@@ -28,6 +28,7 @@ class ReplicaState:
     open_until: float = 0.0
     """Monotonic time before which the circuit is open (the replica kept failing)."""
     consecutive_failures: int = 0
+    last_failure: float = -1e18
     ttft_ewma: float | None = None
 
     @property
@@ -45,6 +46,8 @@ class ReplicaSet:
     """Picks replicas for attempts and remembers what each one said."""
 
     _EWMA_WEIGHT = 0.2
+    FAILURE_MEMORY = 5.0
+    """Seconds a replica that failed is ranked after the ones that did not."""
 
     def __init__(
         self, replicas: Sequence[Replica], transport_factory: Callable[[Replica], httpx.AsyncBaseTransport]
@@ -73,13 +76,13 @@ class ReplicaSet:
         ready = [s for s in candidates if not s.cooling(now)]
         if not ready:
             return min(candidates, key=lambda s: s.cooling_until)
-        return self._least_loaded(ready)
+        return self._least_loaded(ready, now, rotate=True)
 
     def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
         excluded = set(map(id, exclude))
         ready = [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
-        return self._least_loaded(ready) if ready else None
+        return self._least_loaded(ready, now, rotate=False) if ready else None
 
     def pick_hedge(self, now: float, exclude: Iterable[ReplicaState]) -> ReplicaState | None:
         """A different replica for a hedge: ready, the best recent TTFT first, then the least loaded."""
@@ -89,16 +92,19 @@ class ReplicaSet:
             return None
         return min(ready, key=lambda s: (s.ttft_ewma if s.ttft_ewma is not None else 0.0, s.in_flight))
 
-    def _least_loaded(self, states: list[ReplicaState]) -> ReplicaState:
-        start = next(self._turn) % len(states)
+    def _least_loaded(self, states: list[ReplicaState], now: float, *, rotate: bool) -> ReplicaState:
+        """Replicas without a failure in the last `FAILURE_MEMORY` seconds first, then the fewest
+        attempts in flight; ties go round-robin (only calls' first picks advance the rotation)."""
+        start = next(self._turn) % len(states) if rotate else 0
         rotated = states[start:] + states[:start]
-        return min(rotated, key=lambda s: s.in_flight)
+        recent = now - self.FAILURE_MEMORY
+        return min(rotated, key=lambda s: (s.last_failure > recent, s.in_flight))
 
-    def next_ready_at(self, now: float) -> float | None:
-        """Seconds until some replica is neither cooling nor open; None if one already is."""
-        waits = [max(s.cooling_until, s.open_until) - now for s in self.states]
-        soonest = min(waits)
-        return None if soonest <= 0 else soonest
+    def cooling_wait(self, now: float) -> float | None:
+        """Seconds until the first replica whose circuit is closed ends its Retry-After
+        cool-down (0 if one is ready now); None when every circuit is open."""
+        waits = [max(0.0, s.cooling_until - now) for s in self.states if not s.open(now)]
+        return min(waits) if waits else None
 
     def any_cooling(self, now: float) -> bool:
         """True while some replica is signalling overload (a Retry-After cool-down)."""
@@ -122,6 +128,7 @@ class ReplicaSet:
     def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
         """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
         state.consecutive_failures += 1
+        state.last_failure = now
         if state.consecutive_failures >= threshold and not state.open(now):
             state.open_until = now + cooldown
             state.consecutive_failures = 0

@@ -116,11 +116,12 @@ class LoopbackServer:
         self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic()))
         script = self.script
         if script.hang_before_headers:
-            try:
-                await asyncio.sleep(script.hang_before_headers)
-            except asyncio.CancelledError:
-                self.disconnects += 1
-                raise
+            until = time.monotonic() + script.hang_before_headers
+            while time.monotonic() < until:
+                if await request.is_disconnected():
+                    self.disconnects += 1
+                    return Response(status_code=499)
+                await asyncio.sleep(0.01)
         if script.status >= 400 or script.body is not None:
             content = script.body if script.body is not None else {"error": {"message": "scripted", "type": "x"}}
             if isinstance(content, str):

@@ -117,7 +117,9 @@ class Retrier:
         remaining = call.first_token_deadline - now
         state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
         if state is None:
-            soonest = self.replicas.next_ready_at(now) or 0.0
+            soonest = self.replicas.cooling_wait(now)
+            if soonest is None:  # every circuit is open: nothing to wait for within a call
+                return GiveUp(last)
             if soonest >= remaining:
                 reason = AllReplicasCooling(
                     f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After), "

@@ -1,0 +1,139 @@
+"""Retries under the shared budget, against real loopback servers."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
+from tests.loopback import LoopbackServer, Script
+
+CHAT = "/v1/chat/completions"
+BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+
+def make_guard(replicas: list[str], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"t": Tier(ttft=2.0, total=10.0, stall=2.0)})
+    kwargs.setdefault("hedge", None)
+    return Guard(replicas=replicas, instrumentation=None, on_record=records.append, **kwargs)
+
+
+def closed_port_url() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=429, headers={"retry-after": "5"})
+    records: list[PhaseRecord] = []
+    async with make_guard([s.url for s in servers[:2]], records) as guard, guard.http_client() as client:
+        response = await client.post(servers[0].url + CHAT, json=BODY)
+        assert response.status_code == 200
+        first, retry = records[0].attempts
+        assert (first.replica, first.status_code, first.retry_after) == (servers[0].url, 429, 5.0)
+        assert (retry.kind, retry.replica, retry.outcome) == ("retry", servers[1].url, "won")
+        assert first.finish is not None and retry.start - first.finish < 0.05
+        # New calls are steered away from the cooling replica while another is available.
+        for _ in range(3):
+            assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
+    assert len(servers[0].received) == 1 and len(servers[1].received) == 4
+
+
+async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(servers: list[LoopbackServer]) -> None:
+    for server in servers[:2]:
+        server.script = Script(status=429, headers={"retry-after": "30"})
+    records: list[PhaseRecord] = []
+    async with make_guard([s.url for s in servers[:2]], records) as guard, guard.http_client() as client:
+        started = time.monotonic()
+        response = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-stainless-lang": "python"})
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.05
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "30"  # the server's own answer, handed back
+    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-llmguard-cause"] == "all_replicas_cooling"
+    assert len(records[0].attempts) == 2 and records[0].status == "rejected"
+
+
+async def test_openai_against_always_429_sees_no_stacked_retries(servers: list[LoopbackServer]) -> None:
+    """The server sees at most 1 + budgeted retries per call, not openai's x3."""
+    servers[0].script = Script(status=429, body={"error": {"message": "slow down", "type": "rate_limit"}})
+    records: list[PhaseRecord] = []
+    budget = BudgetPolicy(ratio=0.1, floor=2, window=60.0)
+    calls = 10
+    async with make_guard([servers[0].url], records, budget=budget) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        for _ in range(calls):
+            started = time.monotonic()
+            with pytest.raises(openai.RateLimitError):
+                await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            assert time.monotonic() - started < 2.0  # no 0.5-8 s SDK sleeps
+    received = len(servers[0].received)
+    assert len(records) == calls
+    assert received <= calls + budget.floor + budget.ratio * calls
+    assert all(len(r.attempts) <= RetryPolicy().max_attempts for r in records)
+
+
+async def test_empty_budget_returns_the_last_server_answer(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=503, body={"error": {"message": "overloaded", "type": "x"}})
+    records: list[PhaseRecord] = []
+    budget = BudgetPolicy(ratio=0.0, floor=0)
+    async with make_guard([servers[0].url], records, budget=budget) as guard, guard.http_client() as client:
+        response = await client.post(servers[0].url + CHAT, json=BODY)
+    assert response.status_code == 503 and response.json()["error"]["message"] == "overloaded"
+    assert response.headers["x-llmguard-cause"] == "budget_exhausted"
+    assert len(servers[0].received) == 1
+
+
+async def test_never_retries_after_the_first_token(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=10, reset_after_tokens=3)
+    records: list[PhaseRecord] = []
+    async with make_guard([s.url for s in servers[:2]], records) as guard, guard.http_client() as client:
+        with pytest.raises(httpx.HTTPError):
+            async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
+                await response.aread()
+    assert len(servers[0].received) + len(servers[1].received) == 1
+    assert records[0].status == "error"
+
+
+async def test_4xx_other_than_408_429_is_not_retried(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=422)
+    records: list[PhaseRecord] = []
+    async with make_guard([s.url for s in servers[:2]], records) as guard, guard.http_client() as client:
+        response = await client.post(servers[0].url + CHAT, json=BODY)
+    assert response.status_code == 422 and len(records[0].attempts) == 1
+
+
+async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None:
+    dead = [closed_port_url(), closed_port_url()]
+    records: list[PhaseRecord] = []
+    policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0)
+    async with make_guard(dead, records, retry=policy) as guard, guard.http_client() as client:
+        with pytest.raises(AllAttemptsFailed):
+            await client.post(dead[0] + CHAT, json=BODY)
+        with pytest.raises(AllAttemptsFailed):
+            await client.post(dead[0] + CHAT, json=BODY)
+        started = time.monotonic()
+        with pytest.raises(AllAttemptsFailed, match="circuit is open"):
+            await client.post(dead[0] + CHAT, json=BODY)
+        assert time.monotonic() - started < 0.05
+    assert records[-1].attempts == []
+
+
+async def test_a_dead_replica_is_skipped_for_a_live_one(servers: list[LoopbackServer]) -> None:
+    dead = closed_port_url()
+    records: list[PhaseRecord] = []
+    async with make_guard([dead, servers[0].url], records) as guard, guard.http_client() as client:
+        for _ in range(4):
+            assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
+    failed = [a for r in records for a in r.attempts if a.outcome == "failed"]
+    assert failed and all(a.error == "connect_error" for a in failed)
+    assert len(servers[0].received) == 4
