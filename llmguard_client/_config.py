@@ -22,6 +22,12 @@ response carrying ``x-should-retry: false``), ``raise`` (a typed httpx exception
 headers, ``raise`` otherwise)."""
 
 
+def _int_at_least(owner: str, name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        accepted = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+        raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
+
+
 def _positive(owner: str, name: str, value: float | None, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -87,6 +93,15 @@ class Replica:
             )
         if parsed.query or parsed.fragment:
             raise GuardConfigError(f"Replica.url must not carry a query or fragment, got {self.url!r}")
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {self.url!r}")
+        if not isinstance(self.headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
+        ):
+            raise GuardConfigError(
+                f"Replica.headers must map header names to string values (e.g. {{'authorization': 'Bearer ...'}}), "
+                f"got a {type(self.headers).__name__} with keys {sorted(map(str, dict(self.headers)))}"
+            )
         object.__setattr__(self, "headers", dict(self.headers))
 
     @property
@@ -129,12 +144,10 @@ class HedgePolicy:
             raise GuardConfigError(
                 f"HedgePolicy.min_delay ({self.min_delay}) must not exceed max_delay ({self.max_delay})"
             )
-        if not 0 < self.quantile < 1:
+        if isinstance(self.quantile, bool) or not isinstance(self.quantile, (int, float)) or not 0 < self.quantile < 1:
             raise GuardConfigError(f"HedgePolicy.quantile must be in (0, 1), e.g. 0.95; got {self.quantile!r}")
-        if not isinstance(self.min_samples, int) or self.min_samples < 1:
-            raise GuardConfigError(f"HedgePolicy.min_samples must be an integer >= 1, got {self.min_samples!r}")
-        if not isinstance(self.max_hedges, int) or not 1 <= self.max_hedges <= 4:
-            raise GuardConfigError(f"HedgePolicy.max_hedges must be an integer from 1 to 4, got {self.max_hedges!r}")
+        _int_at_least("HedgePolicy", "min_samples", self.min_samples, 1)
+        _int_at_least("HedgePolicy", "max_hedges", self.max_hedges, 1, 4)
 
     def applies_to(self, path: str) -> bool:
         return self.hedge_all_paths or path.rstrip("/").endswith(self.paths)
@@ -158,16 +171,17 @@ class RetryPolicy:
     circuit_cooldown: float = 5.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 10:
-            raise GuardConfigError(
-                f"RetryPolicy.max_attempts must be an integer from 1 to 10, got {self.max_attempts!r}"
-            )
+        _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
         _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)
-        if not isinstance(self.circuit_failures, int) or self.circuit_failures < 1:
+        _int_at_least("RetryPolicy", "circuit_failures", self.circuit_failures, 1)
+        statuses = self.retry_statuses
+        if isinstance(statuses, (str, bytes)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in statuses
+        ):
             raise GuardConfigError(
-                f"RetryPolicy.circuit_failures must be an integer >= 1, got {self.circuit_failures!r}"
+                f"RetryPolicy.retry_statuses must be a set of integer HTTP statuses (408, 429, 5xx), got {statuses!r}"
             )
         bad = sorted(s for s in self.retry_statuses if not 400 <= s <= 599 or (s < 500 and s not in (408, 429)))
         if bad:
@@ -191,8 +205,7 @@ class BudgetPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 10:
             raise GuardConfigError(f"BudgetPolicy.ratio must be a number from 0 to 10, got {self.ratio!r}")
-        if not isinstance(self.floor, int) or self.floor < 0:
-            raise GuardConfigError(f"BudgetPolicy.floor must be an integer >= 0, got {self.floor!r}")
+        _int_at_least("BudgetPolicy", "floor", self.floor, 0)
         _positive("BudgetPolicy", "window", self.window)
 
 
@@ -205,7 +218,5 @@ class Bulkhead:
     max_waiting: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_in_flight, int) or self.max_in_flight < 1:
-            raise GuardConfigError(f"Bulkhead.max_in_flight must be an integer >= 1, got {self.max_in_flight!r}")
-        if not isinstance(self.max_waiting, int) or self.max_waiting < 0:
-            raise GuardConfigError(f"Bulkhead.max_waiting must be an integer >= 0, got {self.max_waiting!r}")
+        _int_at_least("Bulkhead", "max_in_flight", self.max_in_flight, 1)
+        _int_at_least("Bulkhead", "max_waiting", self.max_waiting, 0)

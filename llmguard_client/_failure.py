@@ -72,9 +72,10 @@ def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseR
 
 
 def upstream_response(
-    failure: AttemptFailure, cause: str, request: httpx.Request, record: PhaseRecord, *, no_retry: bool
+    failure: AttemptFailure, cause: str | None, request: httpx.Request, record: PhaseRecord, *, no_retry: bool
 ) -> httpx.Response:
-    """The last server answer, handed back as it was, marked so the caller's SDK does not retry it."""
+    """The last server answer, handed back as it was; ``cause`` and ``no_retry`` mark it for the caller
+    (``x-llmguard-cause``, ``x-should-retry: false``)."""
     headers = [(k, v) for k, v in failure.headers.multi_items() if k.lower() not in _DROPPED]
     response = httpx.Response(
         failure.status_code or 502,
@@ -83,7 +84,8 @@ def upstream_response(
         request=request,
         extensions={**failure.extensions, "llmguard": record},
     )
-    response.headers[CAUSE_HEADER] = cause
+    if cause is not None:
+        response.headers[CAUSE_HEADER] = cause
     if no_retry:
         response.headers["x-should-retry"] = "false"
     return response

@@ -97,6 +97,12 @@ class Guard:
         unknown = sorted(set(bulkheads) - set(tiers))
         if unknown:
             raise UnknownTierError(f"bulkheads name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+        for name, limit in bulkheads.items():
+            if not isinstance(limit, Bulkhead):
+                raise GuardConfigError(
+                    f"bulkheads[{name!r}] must be a Bulkhead(max_in_flight=..., max_waiting=...), got {limit!r}"
+                )
+        cohorts = Rollout(rollout)
         if instrumentation is _UNSET:
             from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 
@@ -128,7 +134,7 @@ class Guard:
             retry=retry,
             budget=self.budget,
             bulkheads={name: TierBulkhead(b) for name, b in bulkheads.items()},
-            rollout=Rollout(rollout),
+            rollout=cohorts,
             failure_mode=failure_mode,
             instrumentation=instrumentation,
             on_record=on_record,
@@ -186,7 +192,8 @@ def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
     resolved = [r if isinstance(r, Replica) else Replica(r) for r in replicas]
     seen: set[str] = set()
     for replica in resolved:
-        key = replica.name.lower()
+        url = httpx.URL(replica.name)
+        key = str(url.copy_with(scheme=url.scheme.lower(), host=url.host.lower())).rstrip("/")
         if key in seen:
             raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
         seen.add(key)

@@ -28,6 +28,8 @@ class ReplicaState:
     open_until: float = 0.0
     """Monotonic time before which the circuit is open (the replica kept failing)."""
     consecutive_failures: int = 0
+    tripped: bool = False
+    """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
     last_failure: float = -1e18
     ttft_ewma: float | None = None
 
@@ -95,10 +97,14 @@ class ReplicaSet:
     def _least_loaded(self, states: list[ReplicaState], now: float, *, rotate: bool) -> ReplicaState:
         """Replicas without a failure in the last `FAILURE_MEMORY` seconds first, then the fewest
         attempts in flight; ties go round-robin (only calls' first picks advance the rotation)."""
-        start = next(self._turn) % len(states) if rotate else 0
-        rotated = states[start:] + states[:start]
         recent = now - self.FAILURE_MEMORY
-        return min(rotated, key=lambda s: (s.last_failure > recent, s.in_flight))
+
+        def rank(s: ReplicaState) -> tuple[bool, int]:
+            return (s.last_failure > recent, s.in_flight)
+
+        best = min(map(rank, states))
+        equals = [s for s in states if rank(s) == best]
+        return equals[next(self._turn) % len(equals)] if rotate else equals[0]
 
     def cooling_wait(self, now: float) -> float | None:
         """Seconds until the first replica whose circuit is closed ends its Retry-After
@@ -121,6 +127,7 @@ class ReplicaSet:
     def succeeded(self, state: ReplicaState, ttft: float | None) -> None:
         state.consecutive_failures = 0
         state.open_until = 0.0
+        state.tripped = False
         if ttft is not None:
             w = self._EWMA_WEIGHT
             state.ttft_ewma = ttft if state.ttft_ewma is None else (1 - w) * state.ttft_ewma + w * ttft
@@ -129,9 +136,10 @@ class ReplicaSet:
         """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
         state.consecutive_failures += 1
         state.last_failure = now
-        if state.consecutive_failures >= threshold and not state.open(now):
+        if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
             state.open_until = now + cooldown
             state.consecutive_failures = 0
+            state.tripped = True
             return True
         return False
 

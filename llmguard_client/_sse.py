@@ -70,10 +70,11 @@ class ResponseFacts:
 class SSEScanner:
     """Feed it the bytes of an SSE body; it tells when the first content token has arrived."""
 
-    __slots__ = ("_data", "_partial", "done", "facts", "first_token")
+    __slots__ = ("_data", "_partial", "_skip_lf", "done", "facts", "first_token")
 
     def __init__(self) -> None:
         self._partial = b""
+        self._skip_lf = False
         self._data: list[bytes] = []
         self.first_token = False
         self.done = False
@@ -81,13 +82,17 @@ class SSEScanner:
 
     def feed(self, chunk: bytes) -> bool:
         """Consume one chunk; returns True once a first content token has been seen (in it or before)."""
-        if self._partial:
-            chunk = self._partial + chunk
-        lines = chunk.split(b"\n")
+        data = self._partial + chunk if self._partial else chunk
+        if self._skip_lf:  # the previous chunk ended with CR: a leading LF completes that CRLF
+            self._skip_lf = False
+            if data.startswith(b"\n"):
+                data = data[1:]
+        if b"\r" in data:  # CRLF or bare-CR line endings (rare): normalise to LF
+            self._skip_lf = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if not line:
                 if self._data:
                     self._dispatch(b"\n".join(self._data))
@@ -105,7 +110,7 @@ class SSEScanner:
             return
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return  # not JSON (a vendor ping, a malformed event): never a token
         if self.facts.absorb(obj):
             self.first_token = True
@@ -114,6 +119,6 @@ class SSEScanner:
 def body_facts(body: bytes) -> ResponseFacts:
     """Facts of a complete (non-streaming) JSON body; empty facts if it is not JSON."""
     facts = ResponseFacts()
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         facts.absorb(json.loads(body))
     return facts

@@ -247,11 +247,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
             call.record.http_status = last.status_code
             call.record.replica = last.attempt.replica
             self._finish(call, "rejected" if error is not None else "http_error", cause)
-            no_retry = call.guarded and (self._retry is not None or error is not None)
+            if not call.guarded:  # the control cohort gets the server's answer untouched
+                return upstream_response(last, None, call.request, call.record, no_retry=False)
+            no_retry = self._retry is not None or error is not None
             return upstream_response(last, cause, call.request, call.record, no_retry=no_retry)
         if error is None:
             assert last is not None and last.error is not None
-            if not call.guarded:
+            if not call.guarded or not isinstance(last.error, (httpx.HTTPError, OSError)):
+                # Control calls fail as plain httpx would; an unexpected error is never disguised.
                 self._finish(call, "error", last.attempt.error)
                 raise last.error
             error = AllAttemptsFailed(
@@ -293,7 +296,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     def _respond_with_errors(self, request: httpx.Request) -> bool:
         if self._failure_mode == "auto":
-            return any(key.startswith(b"x-stainless-") for key, _ in request.headers.raw)
+            return any(key.lower().startswith(b"x-stainless-") for key, _ in request.headers.raw)
         return self._failure_mode == "response"
 
     async def aclose(self) -> None:

@@ -67,6 +67,11 @@ class AttemptFailure:
     extensions: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def is_transport_error(self) -> bool:
+        """A network-level failure (as opposed to an error status or an unexpected exception)."""
+        return isinstance(self.error, (httpx.TransportError, OSError, anyio.BrokenResourceError, anyio.EndOfStream))
+
+    @property
     def is_connect_error(self) -> bool:
         """The request never reached the server, so resending it cannot duplicate work."""
         return isinstance(self.error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
@@ -145,7 +150,7 @@ async def run_attempt(
         attempt.outcome = "lost" if lost() else "cancelled"
         attempt.finish = clock()
         raise
-    except (httpx.HTTPError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+    except Exception as exc:  # transport errors are retryable failures; anything else ends the call as-is
         attempt.finish = clock()
         attempt.outcome = "failed"
         attempt.error = error_kind(exc)

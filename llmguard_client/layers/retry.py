@@ -92,7 +92,7 @@ class Retrier:
             if failure.retry_after is not None and failure.status_code in (429, 503):
                 self.replicas.cool_down(failure.state, now, failure.retry_after)
                 self._instrumentation.replica_cooled(failure.state.name, failure.retry_after, "retry_after")
-            elif failure.error is not None or (failure.status_code or 0) >= 500:
+            elif failure.is_transport_error or (failure.status_code or 0) >= 500:
                 policy = self.policy or RetryPolicy()
                 if self.replicas.failed(failure.state, now, policy.circuit_failures, policy.circuit_cooldown):
                     self._instrumentation.replica_cooled(failure.state.name, policy.circuit_cooldown, "circuit_open")
@@ -105,7 +105,7 @@ class Retrier:
             return False
         if failure.status_code is not None:
             return failure.status_code in self.policy.retry_statuses
-        return failure.error is not None
+        return failure.is_transport_error
 
     def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState] | GiveUp:
         """(seconds to wait, replica) for the next round, or why the call ends now."""

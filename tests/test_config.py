@@ -1,0 +1,422 @@
+"""Configuration values and Guard(...) construction: every bad value is a GuardConfigError naming
+the field and what is accepted, raised at construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client import (
+    BudgetPolicy,
+    Bulkhead,
+    Guard,
+    GuardConfigError,
+    HedgePolicy,
+    LLMGuardError,
+    Replica,
+    RetryPolicy,
+    Tier,
+    UnknownTierError,
+)
+
+A = "http://10.0.0.1:8000"
+B = "http://10.0.0.2:8000"
+BAD_NUMBERS = [0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, True, False, "1", None]
+BAD_NUMBER_IDS = [
+    "zero",
+    "zero_float",
+    "negative",
+    "negative_float",
+    "nan",
+    "inf",
+    "minus_inf",
+    "true",
+    "false",
+    "str",
+    "none",
+]
+
+
+def guard(replicas: Any = None, **kwargs: Any) -> Guard:
+    kwargs.setdefault("instrumentation", None)
+    kwargs.setdefault("transport_factory", lambda r: httpx.MockTransport(lambda q: httpx.Response(200)))
+    return Guard([A] if replicas is None else replicas, **kwargs)
+
+
+def config_error(build: Callable[[], object], *fragments: str) -> GuardConfigError:
+    """Assert ``build()`` raises a GuardConfigError (a ValueError) whose message holds every fragment."""
+    with pytest.raises(GuardConfigError) as info:
+        build()
+    error = info.value
+    assert isinstance(error, ValueError) and isinstance(error, LLMGuardError)
+    message = str(error)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    return error
+
+
+# --- replicas ---------------------------------------------------------------------------------
+
+
+def test_no_replicas() -> None:
+    config_error(lambda: guard([]), "replicas", "at least one base URL")
+
+
+@pytest.mark.parametrize("replicas", [A, Replica(A), None, 42, {A: 1}], ids=["str", "replica", "none", "int", "dict"])
+def test_replicas_must_be_a_list(replicas: Any) -> None:
+    config_error(
+        lambda: Guard(replicas, instrumentation=None), "replicas must be a list of base URLs or Replica values"
+    )
+
+
+def test_a_string_is_not_split_into_characters() -> None:
+    error = config_error(lambda: Guard(A, instrumentation=None), "replicas", "str")
+    assert repr(A) in str(error)
+
+
+def test_a_tuple_of_replicas_is_accepted() -> None:
+    g = Guard((A, Replica(B)), instrumentation=None)
+    assert [r.url for r in g.replicas] == [A, B]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        "http://gpu-a.internal:8000",
+        "http://gpu-a.internal:8000/",
+        "http://gpu-a.internal:8000//",
+        "HTTP://gpu-a.internal:8000",
+        "http://GPU-A.Internal:8000",
+        "http://GPU-A.internal:8000/",
+    ],
+    ids=["same", "trailing_slash", "double_slash", "scheme_case", "host_case", "host_case_and_slash"],
+)
+def test_duplicate_replica(second: str) -> None:
+    config_error(lambda: guard(["http://gpu-a.internal:8000", second]), "listed twice", "gpu-a.internal:8000")
+
+
+def test_duplicate_replica_with_a_path_prefix_and_trailing_slash() -> None:
+    config_error(lambda: guard(["http://gpu-a.internal:8000/v1", "http://GPU-A.Internal:8000/v1/"]), "listed twice")
+
+
+def test_duplicate_replica_given_once_as_str_and_once_as_replica() -> None:
+    config_error(lambda: guard([A, Replica(A + "/", headers={"authorization": "Bearer x"})]), "listed twice")
+
+
+def test_duplicate_replica_with_the_default_port_spelled_out() -> None:
+    config_error(lambda: guard(["http://h", "http://h:80"]), "listed twice")
+
+
+def test_same_host_different_ports_or_prefixes_are_distinct() -> None:
+    g = guard(["http://h:1", "http://h:2", "http://h:1/v2", "https://h:1"])
+    assert len(g.replicas) == 4
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "10.0.0.1:8000", "localhost", "http://", "http:///path", "//host:1", "http//host", "http://[::1"],
+    ids=[
+        "empty",
+        "no_scheme",
+        "bare_host",
+        "no_host",
+        "no_host_path",
+        "scheme_relative",
+        "missing_colon",
+        "broken_ipv6",
+    ],
+)
+def test_bad_url(url: str) -> None:
+    config_error(lambda: Replica(url), "Replica.url", repr(url))
+
+
+@pytest.mark.parametrize("url", ["ftp://h:21", "ws://h:1", "file:///tmp/x", "unix:///tmp/s"])
+def test_non_http_scheme(url: str) -> None:
+    config_error(lambda: Replica(url), "Replica.url", "http://", "https://", repr(url))
+
+
+@pytest.mark.parametrize("url", ["http://h:1/v1?key=secret", "http://h:1?x", "http://h:1/#frag"])
+def test_query_or_fragment_in_url(url: str) -> None:
+    config_error(lambda: Replica(url), "Replica.url", "must not carry a query or fragment")
+
+
+@pytest.mark.parametrize("url", [None, 8000, b"http://h:1"])
+def test_url_must_be_a_string(url: Any) -> None:
+    config_error(lambda: Replica(url), "Replica.url", "non-empty", "http(s)://host")
+
+
+def test_bad_replica_url_through_guard() -> None:
+    config_error(lambda: guard(["ftp://h:1"]), "Replica.url", "'ftp://h:1'")
+
+
+def test_https_and_path_prefix_are_accepted() -> None:
+    r = Replica("https://api.example.com/openai/v1/")
+    assert r.name == "https://api.example.com/openai/v1"
+
+
+def test_port_out_of_range() -> None:
+    config_error(lambda: Replica("http://h:99999"), "Replica.url")
+
+
+def test_replica_name_drops_credentials() -> None:
+    r = Replica("http://user:pw@host:1")
+    assert "pw" not in r.name and "user" not in r.name and "@" not in r.name
+    assert r.name == "http://host:1"
+    assert r.url == "http://user:pw@host:1"  # the URL itself is kept for sending
+
+
+def test_replica_name_drops_username_only_credentials() -> None:
+    assert Replica("https://tok3n@host:443/v1").name == "https://host/v1"
+
+
+def test_replica_headers_are_copied() -> None:
+    headers = {"authorization": "Bearer a"}
+    r = Replica(A, headers=headers)
+    headers["authorization"] = "Bearer changed"
+    assert r.headers == {"authorization": "Bearer a"}
+
+
+def test_replica_header_values_must_be_strings() -> None:
+    config_error(lambda: Replica(A, headers={"x-n": 1}), "Replica.headers")  # type: ignore[dict-item]
+
+
+# --- Tier ---------------------------------------------------------------------------------------
+
+
+def test_ttft_greater_than_total() -> None:
+    config_error(lambda: Tier(ttft=5, total=2), "Tier.ttft", "Tier.total", "5", "2", "must not exceed")
+
+
+def test_ttft_equal_to_total_is_accepted() -> None:
+    assert Tier(ttft=2, total=2).total == 2
+
+
+@pytest.mark.parametrize("field", ["ttft", "total", "stall"])
+@pytest.mark.parametrize("value", BAD_NUMBERS, ids=BAD_NUMBER_IDS)
+def test_tier_numbers(field: str, value: Any) -> None:
+    if field == "stall" and value is None:
+        assert Tier(ttft=1, total=2, stall=None).stall is None  # None means "no stall limit"
+        return
+    kwargs: dict[str, Any] = {"ttft": 1, "total": 2, "stall": 1}
+    kwargs[field] = value
+    config_error(lambda: Tier(**kwargs), f"Tier.{field}", "positive finite number of seconds", repr(value))
+
+
+def test_tier_is_frozen() -> None:
+    tier = Tier(ttft=1, total=2)
+    with pytest.raises(AttributeError):
+        tier.ttft = 3  # type: ignore[misc]
+
+
+# --- policies -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["delay", "min_delay", "max_delay", "warmup_delay"])
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, True], ids=["zero", "negative", "nan", "inf", "bool"])
+def test_hedge_policy_seconds(field: str, value: Any) -> None:
+    config_error(lambda: HedgePolicy(**{field: value}), f"HedgePolicy.{field}", "positive finite number")
+
+
+def test_hedge_min_delay_above_max_delay() -> None:
+    config_error(lambda: HedgePolicy(min_delay=3, max_delay=1), "HedgePolicy.min_delay", "max_delay")
+
+
+@pytest.mark.parametrize(
+    "value", [0, 1, -0.1, 1.5, math.nan, True], ids=["zero", "one", "negative", "above", "nan", "bool"]
+)
+def test_hedge_quantile(value: Any) -> None:
+    config_error(lambda: HedgePolicy(quantile=value), "HedgePolicy.quantile", "(0, 1)")
+
+
+def test_hedge_quantile_of_the_wrong_type() -> None:
+    config_error(lambda: HedgePolicy(quantile="0.95"), "HedgePolicy.quantile")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, 5, 1.0, -1], ids=["zero", "five", "float", "negative"])
+def test_hedge_max_hedges(value: Any) -> None:
+    config_error(lambda: HedgePolicy(max_hedges=value), "HedgePolicy.max_hedges", "integer from 1 to 4")
+
+
+@pytest.mark.parametrize("value", [0, 2.5], ids=["zero", "float"])
+def test_hedge_min_samples(value: Any) -> None:
+    config_error(lambda: HedgePolicy(min_samples=value), "HedgePolicy.min_samples", "integer >= 1")
+
+
+@pytest.mark.parametrize("value", [0, 11, 2.0, "3"], ids=["zero", "eleven", "float", "str"])
+def test_retry_max_attempts(value: Any) -> None:
+    config_error(lambda: RetryPolicy(max_attempts=value), "RetryPolicy.max_attempts", "integer from 1 to 10")
+
+
+@pytest.mark.parametrize("field", ["backoff_initial", "backoff_max", "circuit_cooldown"])
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, False], ids=["zero", "negative", "nan", "inf", "bool"])
+def test_retry_policy_seconds(field: str, value: Any) -> None:
+    config_error(lambda: RetryPolicy(**{field: value}), f"RetryPolicy.{field}", "positive finite number")
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5], ids=["zero", "negative", "float"])
+def test_retry_circuit_failures(value: Any) -> None:
+    config_error(lambda: RetryPolicy(circuit_failures=value), "RetryPolicy.circuit_failures", "integer >= 1")
+
+
+@pytest.mark.parametrize("statuses", [{400}, {404, 500}, {200}, {600}, {399}], ids=["400", "404", "200", "600", "399"])
+def test_retry_statuses(statuses: set[int]) -> None:
+    config_error(
+        lambda: RetryPolicy(retry_statuses=frozenset(statuses)), "RetryPolicy.retry_statuses", "408, 429 and 5xx"
+    )
+
+
+def test_retry_statuses_accepts_a_set_and_freezes_it() -> None:
+    policy = RetryPolicy(retry_statuses={429, 503})  # type: ignore[arg-type]
+    assert policy.retry_statuses == frozenset({429, 503}) and isinstance(policy.retry_statuses, frozenset)
+
+
+@pytest.mark.parametrize(
+    "value", [-0.1, 10.5, math.nan, math.inf, True, "0.1"], ids=["negative", "above", "nan", "inf", "bool", "str"]
+)
+def test_budget_ratio(value: Any) -> None:
+    config_error(lambda: BudgetPolicy(ratio=value), "BudgetPolicy.ratio", "from 0 to 10")
+
+
+@pytest.mark.parametrize("value", [-1, 1.5], ids=["negative", "float"])
+def test_budget_floor(value: Any) -> None:
+    config_error(lambda: BudgetPolicy(floor=value), "BudgetPolicy.floor", "integer >= 0")
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf], ids=["zero", "negative", "nan", "inf"])
+def test_budget_window(value: Any) -> None:
+    config_error(lambda: BudgetPolicy(window=value), "BudgetPolicy.window", "positive finite number")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_in_flight": 0}, "Bulkhead.max_in_flight must be an integer >= 1"),
+        ({"max_in_flight": 2.0}, "Bulkhead.max_in_flight must be an integer >= 1"),
+        ({"max_in_flight": 1, "max_waiting": -1}, "Bulkhead.max_waiting must be an integer >= 0"),
+        ({"max_in_flight": 1, "max_waiting": 0.5}, "Bulkhead.max_waiting must be an integer >= 0"),
+    ],
+    ids=["zero", "float", "negative_waiting", "float_waiting"],
+)
+def test_bulkhead_numbers(kwargs: dict[str, Any], fragment: str) -> None:
+    config_error(lambda: Bulkhead(**kwargs), fragment)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Bulkhead(max_in_flight=True), "Bulkhead.max_in_flight"),
+        (lambda: Bulkhead(max_in_flight=1, max_waiting=False), "Bulkhead.max_waiting"),
+        (lambda: RetryPolicy(max_attempts=True), "RetryPolicy.max_attempts"),
+        (lambda: RetryPolicy(circuit_failures=True), "RetryPolicy.circuit_failures"),
+        (lambda: HedgePolicy(max_hedges=True), "HedgePolicy.max_hedges"),
+        (lambda: HedgePolicy(min_samples=True), "HedgePolicy.min_samples"),
+        (lambda: BudgetPolicy(floor=False), "BudgetPolicy.floor"),
+    ],
+    ids=["max_in_flight", "max_waiting", "max_attempts", "circuit_failures", "max_hedges", "min_samples", "floor"],
+)
+def test_bools_are_rejected_as_integers(build: Callable[[], object], field: str) -> None:
+    config_error(build, field)
+
+
+def test_retry_statuses_of_the_wrong_type() -> None:
+    config_error(lambda: RetryPolicy(retry_statuses=frozenset({"500"})), "RetryPolicy.retry_statuses")  # type: ignore[arg-type]
+
+
+# --- Guard(...) -----------------------------------------------------------------------------------
+
+
+def test_empty_tiers() -> None:
+    config_error(lambda: guard(tiers={}), "tiers", "at least one Tier")
+
+
+@pytest.mark.parametrize("tiers", [{"x": None}, {"x": 1.0}, {"": Tier(1, 2)}, {"  ": Tier(1, 2)}, {1: Tier(1, 2)}])
+def test_tiers_must_map_names_to_tiers(tiers: Any) -> None:
+    config_error(lambda: guard(tiers=tiers), "tiers must map non-empty names to Tier values")
+
+
+def test_unknown_default_tier() -> None:
+    tiers = {"fast": Tier(1, 2), "slow": Tier(5, 10)}
+    error = config_error(lambda: guard(tiers=tiers, default_tier="medium"), "default_tier", "'medium'", "fast, slow")
+    assert isinstance(error, UnknownTierError)
+
+
+def test_default_tier_defaults_to_the_first_tier() -> None:
+    g = guard(tiers={"slow": Tier(5, 10), "fast": Tier(1, 2)})
+    assert g.default_tier == "slow"
+
+
+def test_bulkheads_naming_unknown_tiers() -> None:
+    tiers = {"fast": Tier(1, 2), "slow": Tier(5, 10)}
+    error = config_error(
+        lambda: guard(tiers=tiers, bulkheads={"fast": Bulkhead(1), "batch": Bulkhead(2)}),
+        "bulkheads",
+        "'batch'",
+        "fast, slow",
+    )
+    assert isinstance(error, UnknownTierError)
+
+
+def test_bulkhead_values_must_be_bulkheads() -> None:
+    config_error(lambda: guard(bulkheads={"interactive": 2}), "bulkheads", "Bulkhead")
+
+
+@pytest.mark.parametrize("mode", ["retry", "RAISE", "", None, True], ids=["other", "upper", "empty", "none", "bool"])
+def test_bad_failure_mode(mode: Any) -> None:
+    config_error(lambda: guard(failure_mode=mode), "failure_mode", "'auto', 'response' or 'raise'", repr(mode))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kind"),
+    [
+        ("hedge", RetryPolicy(), "HedgePolicy"),
+        ("hedge", {"delay": 0.1}, "HedgePolicy"),
+        ("retry", HedgePolicy(), "RetryPolicy"),
+        ("retry", 3, "RetryPolicy"),
+        ("budget", 0.1, "BudgetPolicy"),
+        ("budget", RetryPolicy(), "BudgetPolicy"),
+    ],
+    ids=["hedge_retrypolicy", "hedge_dict", "retry_hedgepolicy", "retry_int", "budget_float", "budget_retrypolicy"],
+)
+def test_wrong_policy_types(field: str, value: Any, kind: str) -> None:
+    config_error(lambda: guard([A, B], **{field: value}), field, f"a {kind} or None")
+
+
+def test_policies_may_be_switched_off() -> None:
+    g = guard([A, B], hedge=None, retry=None, budget=None)
+    assert (g.hedge_policy, g.retry_policy, g.budget) == (None, None, None)
+
+
+def test_hedging_is_on_by_default_only_with_two_replicas() -> None:
+    assert guard([A]).hedge_policy is None
+    assert isinstance(guard([A, B]).hedge_policy, HedgePolicy)
+
+
+@pytest.mark.parametrize(
+    "rollout",
+    [-0.1, 1.01, math.nan, math.inf, True, "0.5", None],
+    ids=["negative", "above", "nan", "inf", "bool", "str", "none"],
+)
+def test_rollout_outside_zero_one(rollout: Any) -> None:
+    config_error(lambda: guard(rollout=rollout), "rollout", "from 0.0 to 1.0", repr(rollout))
+
+
+@pytest.mark.parametrize("rollout", [0, 0.0, 0.5, 1, 1.0])
+def test_rollout_bounds_are_accepted(rollout: float) -> None:
+    guard(rollout=rollout)
+
+
+def test_guard_tier_context_with_unknown_tier() -> None:
+    g = guard(tiers={"fast": Tier(1, 2)})
+    with pytest.raises(UnknownTierError, match=r"'slow'.*fast"), g.tier("slow"):
+        pass
+
+
+def test_a_valid_guard_keeps_its_configuration() -> None:
+    tiers = {"fast": Tier(1, 2, stall=0.5), "slow": Tier(5, 10)}
+    g = guard([A, Replica(B, headers={"authorization": "Bearer b"})], tiers=tiers, default_tier="slow")
+    assert [r.name for r in g.replicas] == [A, B]
+    assert dict(g.tiers) == tiers and g.default_tier == "slow"

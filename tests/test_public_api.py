@@ -1,0 +1,107 @@
+"""The public surface: __all__, __version__, import cost, and the typing marker."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import llmguard_client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def isort_key(name: str) -> tuple[int, str]:
+    """RUF022's "isort-style" order: CONSTANTS, then CamelCase, then everything else, each sorted."""
+    if name.isupper() and len(name) > 1:
+        return (0, name)
+    if name[:1].isupper():
+        return (1, name)
+    return (2, name)
+
+
+def test_all_is_sorted() -> None:
+    names = list(llmguard_client.__all__)
+    assert names == sorted(names, key=isort_key)
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(set(llmguard_client.__all__)) == len(llmguard_client.__all__)
+
+
+def test_every_name_in_all_is_importable() -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from llmguard_client import {', '.join(llmguard_client.__all__)}", namespace)
+    for name in llmguard_client.__all__:
+        assert namespace[name] is getattr(llmguard_client, name)
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from llmguard_client import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(llmguard_client.__all__)
+
+
+def test_core_names_are_exported() -> None:
+    for name in ("Guard", "Tier", "Replica", "GuardTransport", "PhaseRecord", "GuardConfigError", "UnknownTierError"):
+        assert name in llmguard_client.__all__
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(llmguard_client.__version__, str)
+    assert llmguard_client.__version__
+    assert "__version__" in llmguard_client.__all__
+
+
+def test_importing_the_package_does_not_import_sim_or_bench() -> None:
+    code = (
+        "import json, sys\n"
+        "import llmguard_client\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('llmguard_client'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True
+    )
+    loaded = json.loads(done.stdout)
+    assert "llmguard_client" in loaded and "llmguard_client._guard" in loaded  # the probe really imported it
+    heavy = [m for m in loaded if m.split(".")[:2] in (["llmguard_client", "sim"], ["llmguard_client", "bench"])]
+    assert heavy == []
+    assert "llmguard_client.cli" not in loaded
+
+
+def test_importing_the_package_does_not_import_the_sim_extras_server_or_plotting() -> None:
+    code = (
+        "import json, sys\n"
+        "import llmguard_client\n"
+        "print(json.dumps([m for m in ('uvicorn', 'starlette', 'matplotlib') if m in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True
+    )
+    assert json.loads(done.stdout) == []
+
+
+def test_py_typed_ships_in_the_package() -> None:
+    marker = importlib.resources.files("llmguard_client").joinpath("py.typed")
+    assert marker.is_file()
+    # The wheel is built from the git tree (hatch honours .gitignore): the marker must be tracked and not ignored.
+    tracked = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", "llmguard_client/py.typed"], cwd=ROOT, capture_output=True, timeout=30
+    )
+    assert tracked.returncode == 0
+    ignored = subprocess.run(["git", "check-ignore", "-q", "llmguard_client/py.typed"], cwd=ROOT, timeout=30)
+    assert ignored.returncode == 1  # 1: not ignored
+
+
+def test_the_wheel_config_includes_the_package_and_its_marker() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert "llmguard_client" in wheel["packages"]
+    assert not any("py.typed" in pattern for pattern in wheel.get("exclude", []))
+    assert "Typing :: Typed" in pyproject["project"]["classifiers"]

@@ -1,0 +1,493 @@
+"""SSEScanner and body_facts: first content token detection, usage, finish reasons, framing."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmguard_client._sse import ResponseFacts, SSEScanner, body_facts
+
+
+def event(obj: Any, *, eol: bytes = b"\n") -> bytes:
+    return b"data: " + json.dumps(obj).encode() + eol + eol
+
+
+def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "m-1",
+        "choices": [{"index": 0, "delta": delta if delta is not None else {}, "finish_reason": finish}],
+        **extra,
+    }
+
+
+ROLE_ONLY = chunk({"role": "assistant"})
+CONTENT = chunk({"content": "Hel"})
+USAGE = {"id": "chatcmpl-1", "model": "m-1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}
+
+
+def scan(*parts: bytes) -> tuple[SSEScanner, list[bool]]:
+    scanner = SSEScanner()
+    return scanner, [scanner.feed(p) for p in parts]
+
+
+# --- what counts as a first content token ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"content": "x"},
+        {"content": " "},  # whitespace is content
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}]},
+        {"reasoning_content": "thinking"},
+        {"reasoning": "thinking"},
+        {"role": "assistant", "content": "x"},
+    ],
+    ids=["content", "space", "tool_calls", "reasoning_content", "reasoning", "role_and_content"],
+)
+def test_chat_delta_with_content_is_a_first_token(delta: dict[str, Any]) -> None:
+    scanner, results = scan(event(chunk(delta)))
+    assert results == [True]
+    assert scanner.first_token
+
+
+def test_completions_text_is_a_first_token() -> None:
+    obj = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": "Once", "finish_reason": None}],
+    }
+    _, results = scan(event(obj))
+    assert results == [True]
+
+
+def test_completions_empty_text_is_not_a_first_token() -> None:
+    obj = {"id": "cmpl-1", "choices": [{"index": 0, "text": "", "finish_reason": None}]}
+    _, results = scan(event(obj))
+    assert results == [False]
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"role": "assistant"},
+        {"role": "assistant", "content": ""},
+        {"content": ""},
+        {"content": None},
+        {"tool_calls": []},
+        {"reasoning_content": ""},
+        {},
+    ],
+    ids=[
+        "role_only",
+        "role_empty_content",
+        "empty_content",
+        "null_content",
+        "empty_tool_calls",
+        "empty_reasoning",
+        "empty",
+    ],
+)
+def test_deltas_without_content_never_count(delta: dict[str, Any]) -> None:
+    scanner, results = scan(event(chunk(delta)))
+    assert results == [False]
+    assert not scanner.first_token
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b": keep-alive\n\n",
+        b":\n\n",
+        b"\n\n\n\n",
+        b"event: ping\n\n",
+        b"id: 3\nretry: 1000\n\n",
+        b"data: ping\n\n",
+        b"data: {not json\n\n",
+        b"data: \n\n",
+        b"data: 42\n\n",
+        b'data: "content"\n\n',
+        b'data: ["content", "x"]\n\n',
+        b'data: {"choices": "content"}\n\n',
+        b'data: {"choices": [1, "x", null]}\n\n',
+        b'data: {"choices": [{"delta": "content"}]}\n\n',
+        b"data: \xff\xfe\n\n",
+    ],
+    ids=[
+        "comment",
+        "bare_colon",
+        "blank_lines",
+        "event_field_only",
+        "id_retry_fields",
+        "plain_text",
+        "broken_json",
+        "empty_data",
+        "json_number",
+        "json_string",
+        "json_list",
+        "choices_not_a_list",
+        "choices_not_dicts",
+        "delta_not_a_dict",
+        "invalid_utf8",
+    ],
+)
+def test_comments_keepalives_and_non_json_never_count(raw: bytes) -> None:
+    scanner, results = scan(raw)
+    assert results == [False]
+    assert not scanner.first_token
+    assert not scanner.done
+
+
+def test_role_then_keepalive_then_content_counts_at_the_content_event() -> None:
+    parts = [event(ROLE_ONLY), b": ping\n\n", b"data: ping\n\n", event(chunk({"content": ""})), event(CONTENT)]
+    _, results = scan(*parts)
+    assert results == [False, False, False, False, True]
+
+
+def test_a_content_event_is_counted_only_when_its_blank_line_arrives() -> None:
+    raw = event(CONTENT)
+    _, results = scan(raw[:-1], raw[-1:])
+    assert results == [False, True]
+
+
+def test_an_unterminated_last_event_is_not_dispatched() -> None:
+    _, results = scan(b'data: {"choices": [{"delta": {"content": "x"}}]}\n')
+    assert results == [False]
+
+
+def test_feed_keeps_returning_true_after_the_first_token() -> None:
+    _, results = scan(event(CONTENT), b": ping\n\n", event(ROLE_ONLY))
+    assert results == [True, True, True]
+
+
+# --- [DONE], usage, finish reasons, ids ----------------------------------------------------------
+
+
+def test_done_marks_the_stream_done_and_is_not_a_token() -> None:
+    scanner, results = scan(b"data: [DONE]\n\n")
+    assert results == [False]
+    assert scanner.done
+
+
+def test_done_after_content() -> None:
+    scanner, _ = scan(event(ROLE_ONLY), event(CONTENT), b"data: [DONE]\n\n")
+    assert scanner.first_token and scanner.done
+
+
+def test_usage_comes_from_the_final_empty_choices_chunk() -> None:
+    parts = [
+        event(ROLE_ONLY),
+        event(CONTENT),
+        event(chunk({"content": "lo"})),
+        event(chunk({}, finish="stop")),
+        event(USAGE),
+        b"data: [DONE]\n\n",
+    ]
+    scanner, _ = scan(*parts)
+    facts = scanner.facts
+    assert (facts.prompt_tokens, facts.completion_tokens) == (7, 5)
+    assert facts.finish_reasons == ["stop"]
+    assert facts.response_id == "chatcmpl-1"
+    assert facts.model == "m-1"
+
+
+def test_usage_chunk_with_compact_json_after_the_first_token() -> None:
+    compact = json.dumps(USAGE, separators=(",", ":")).encode()
+    scanner, _ = scan(event(CONTENT), b"data:" + compact + b"\n\n")
+    assert (scanner.facts.prompt_tokens, scanner.facts.completion_tokens) == (7, 5)
+
+
+def test_usage_absent_leaves_token_counts_none() -> None:
+    scanner, _ = scan(event(CONTENT), event(chunk({}, finish="stop")), b"data: [DONE]\n\n")
+    assert scanner.facts.prompt_tokens is None and scanner.facts.completion_tokens is None
+
+
+def test_non_integer_usage_values_are_ignored() -> None:
+    bad = {"choices": [], "usage": {"prompt_tokens": "7", "completion_tokens": None}}
+    scanner, _ = scan(event(bad))
+    assert scanner.facts.prompt_tokens is None and scanner.facts.completion_tokens is None
+
+
+def test_finish_reasons_of_every_choice_in_order() -> None:
+    two = {
+        "id": "c",
+        "choices": [
+            {"index": 0, "delta": {}, "finish_reason": "stop"},
+            {"index": 1, "delta": {}, "finish_reason": "length"},
+        ],
+    }
+    tool = chunk({}, finish="tool_calls")
+    scanner, _ = scan(event(CONTENT), event(chunk({"content": "x"})), event(two), event(tool))
+    assert scanner.facts.finish_reasons == ["stop", "length", "tool_calls"]
+
+
+def test_finish_reason_in_compact_json_after_the_first_token() -> None:
+    compact = json.dumps(chunk({}, finish="length"), separators=(",", ":")).encode()
+    scanner, _ = scan(event(CONTENT), b"data: " + compact + b"\n\n")
+    assert scanner.facts.finish_reasons == ["length"]
+
+
+def test_null_finish_reasons_are_not_collected() -> None:
+    scanner, _ = scan(event(ROLE_ONLY), event(CONTENT))
+    assert scanner.facts.finish_reasons == []
+
+
+def test_id_and_model_are_taken_from_the_first_chunk_that_has_them() -> None:
+    first = {"id": "first", "model": "a", "choices": [{"delta": {"role": "assistant"}}]}
+    second = {"id": "second", "model": "b", "choices": [{"delta": {"content": "x"}}]}
+    scanner, _ = scan(event(first), event(second))
+    assert (scanner.facts.response_id, scanner.facts.model) == ("first", "a")
+
+
+# --- framing: CRLF, multi-line data, field syntax ------------------------------------------------
+
+
+def test_crlf_line_endings() -> None:
+    parts = [
+        event(ROLE_ONLY, eol=b"\r\n"),
+        event(CONTENT, eol=b"\r\n"),
+        event(USAGE, eol=b"\r\n"),
+        b"data: [DONE]\r\n\r\n",
+    ]
+    scanner, results = scan(*parts)
+    assert results == [False, True, True, True]
+    assert scanner.done
+    assert (scanner.facts.prompt_tokens, scanner.facts.completion_tokens) == (7, 5)
+
+
+def test_crlf_split_between_cr_and_lf() -> None:
+    raw = event(CONTENT, eol=b"\r\n")
+    cut = raw.rindex(b"\r")  # between the last CR and its LF
+    _, results = scan(raw[: cut + 1], raw[cut + 1 :])
+    # A CR alone already ends a line (SSE spec): the event is complete before its LF arrives,
+    # and the LF that follows is not taken for another (blank) line.
+    assert results == [True, True]
+
+
+def test_multi_line_data_fields_are_joined_with_newlines() -> None:
+    lines = json.dumps(CONTENT, indent=2).encode().split(b"\n")
+    raw = b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+    assert len(lines) > 3
+    scanner, results = scan(raw)
+    assert results == [True]
+    assert scanner.facts.response_id == "chatcmpl-1"
+
+
+def test_multi_line_data_with_crlf() -> None:
+    lines = json.dumps(USAGE, indent=1).encode().split(b"\n")
+    raw = b"".join(b"data: " + line + b"\r\n" for line in lines) + b"\r\n"
+    scanner, _ = scan(raw)
+    assert (scanner.facts.prompt_tokens, scanner.facts.completion_tokens) == (7, 5)
+
+
+def test_data_without_a_space_after_the_colon() -> None:
+    _, results = scan(b"data:" + json.dumps(CONTENT).encode() + b"\n\n")
+    assert results == [True]
+
+
+def test_other_fields_and_comments_inside_an_event_are_ignored() -> None:
+    raw = b"event: message\nid: 7\n: a comment\ndata: " + json.dumps(CONTENT).encode() + b"\nretry: 10\n\n"
+    _, results = scan(raw)
+    assert results == [True]
+
+
+def test_done_with_surrounding_whitespace() -> None:
+    scanner, _ = scan(b"data:  [DONE] \n\n")
+    assert scanner.done
+
+
+def test_bare_cr_line_endings() -> None:
+    raw = b"data: " + json.dumps(CONTENT).encode() + b"\r\r"
+    _, results = scan(raw)
+    assert results == [True]
+
+
+def test_deeply_nested_non_json_data_is_ignored_not_raised() -> None:
+    scanner = SSEScanner()
+    assert scanner.feed(b"data: " + b"[" * 100_000 + b"\n\n") is False
+
+
+# --- splitting the byte stream anywhere gives the same result --------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    kind: str
+    obj: Any
+
+
+CONTENT_KINDS = {"content", "tool", "reasoning", "text"}
+
+
+def piece_objects() -> st.SearchStrategy[Piece]:
+    finish = st.sampled_from(["stop", "length", "tool_calls"])
+    usage = st.tuples(st.integers(0, 10_000), st.integers(0, 10_000))
+    return st.one_of(
+        st.just(Piece("role", ROLE_ONLY)),
+        st.just(Piece("empty", chunk({"content": ""}))),
+        st.text(min_size=1, max_size=8).map(lambda t: Piece("content", chunk({"content": t}))),
+        st.just(Piece("tool", chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}))),
+        st.just(Piece("reasoning", chunk({"reasoning_content": "hmm"}))),
+        st.just(Piece("text", {"id": "cmpl", "choices": [{"index": 0, "text": "t", "finish_reason": None}]})),
+        st.just(Piece("comment", None)),
+        st.just(Piece("nonjson", None)),
+        finish.map(lambda f: Piece("finish", chunk({}, finish=f))),
+        usage.map(
+            lambda u: Piece("usage", {"choices": [], "usage": {"prompt_tokens": u[0], "completion_tokens": u[1]}})
+        ),
+    )
+
+
+@st.composite
+def sse_streams(draw: st.DrawFn) -> tuple[bytes, int | None, list[Piece]]:
+    """A stream, the index of the byte that completes the first content event (None: no token), its pieces.
+
+    The blank line ending an event is complete at its first byte (LF, or the CR of a CRLF).
+    """
+    pieces = draw(st.lists(piece_objects(), max_size=12))
+    out = bytearray()
+    first_at: int | None = None
+    for piece in pieces:
+        eol = draw(st.sampled_from([b"\n", b"\r\n"]))
+        if piece.kind == "comment":
+            out += b": keep-alive" + eol + eol
+            continue
+        if piece.kind == "nonjson":
+            out += b"data: ping" + eol + eol
+            continue
+        style = draw(st.sampled_from(["compact", "spaced", "multiline"]))
+        if style == "compact":
+            lines = [json.dumps(piece.obj, separators=(",", ":")).encode()]
+        elif style == "spaced":
+            lines = [json.dumps(piece.obj).encode()]
+        else:
+            lines = json.dumps(piece.obj, indent=1).encode().split(b"\n")
+        for line in lines:
+            out += b"data: " + line + draw(st.sampled_from([b"\n", b"\r\n"]))
+        out += eol
+        if first_at is None and piece.kind in CONTENT_KINDS:
+            # A CR alone ends a line (SSE spec), so a CRLF-terminated event is complete at its CR.
+            first_at = len(out) - len(eol)
+    if draw(st.booleans()):
+        out += b"data: [DONE]\n\n"
+    return bytes(out), first_at, pieces
+
+
+def facts_tuple(facts: ResponseFacts) -> tuple[Any, ...]:
+    return (facts.prompt_tokens, facts.completion_tokens, facts.response_id, facts.model, tuple(facts.finish_reasons))
+
+
+def expected_facts(pieces: list[Piece]) -> tuple[Any, ...]:
+    prompt = completion = None
+    response_id = model = None
+    reasons: list[str] = []
+    token_seen = False
+    for piece in pieces:
+        obj = piece.obj
+        if not isinstance(obj, dict):
+            continue
+        # After the first token the scanner decodes only events that can carry usage or a finish reason.
+        if token_seen and piece.kind not in ("usage", "finish"):
+            continue
+        token_seen = token_seen or piece.kind in CONTENT_KINDS
+        if response_id is None and "id" in obj:
+            response_id = obj["id"]
+        if model is None and "model" in obj:
+            model = obj["model"]
+        if piece.kind == "usage":
+            prompt, completion = obj["usage"]["prompt_tokens"], obj["usage"]["completion_tokens"]
+        reasons += [c["finish_reason"] for c in obj["choices"] if isinstance(c.get("finish_reason"), str)]
+    return (prompt, completion, response_id, model, tuple(reasons))
+
+
+@settings(max_examples=150, deadline=None)
+@given(sse_streams())
+def test_byte_by_byte_feeding_finds_the_first_token_exactly_at_its_event(
+    stream: tuple[bytes, int | None, list[Piece]],
+) -> None:
+    raw, first_at, pieces = stream
+    scanner = SSEScanner()
+    seen_at = next((i for i in range(len(raw)) if scanner.feed(raw[i : i + 1])), None)
+    assert seen_at == first_at
+    for i in range(len(raw) if seen_at is None else seen_at + 1, len(raw)):
+        scanner.feed(raw[i : i + 1])
+    assert facts_tuple(scanner.facts) == expected_facts(pieces)
+    assert scanner.done == raw.endswith(b"data: [DONE]\n\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(sse_streams(), st.data())
+def test_arbitrary_splits_give_the_same_result_as_the_whole_stream(
+    stream: tuple[bytes, int | None, list[Piece]], data: st.DataObject
+) -> None:
+    raw, first_at, _ = stream
+    whole = SSEScanner()
+    whole_result = whole.feed(raw)
+
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(raw)), max_size=20)))
+    bounds = [0, *cuts, len(raw)]
+    split = SSEScanner()
+    first_true_piece: tuple[int, int] | None = None
+    for start, end in itertools.pairwise(bounds):
+        if split.feed(raw[start:end]) and first_true_piece is None:
+            first_true_piece = (start, end)
+
+    assert split.first_token == whole.first_token == whole_result == (first_at is not None)
+    if first_at is not None:
+        # The first chunk that reports the token is the one holding the byte that completes its event.
+        assert first_true_piece is not None and first_true_piece[0] <= first_at < first_true_piece[1]
+    else:
+        assert first_true_piece is None
+    assert facts_tuple(split.facts) == facts_tuple(whole.facts)
+    assert split.done == whole.done
+
+
+# --- body_facts --------------------------------------------------------------------------------------
+
+
+def test_body_facts_of_a_chat_completion() -> None:
+    body = {
+        "id": "chatcmpl-9",
+        "object": "chat.completion",
+        "model": "m-2",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+    facts = body_facts(json.dumps(body).encode())
+    assert facts_tuple(facts) == (3, 1, "chatcmpl-9", "m-2", ("stop",))
+
+
+def test_body_facts_of_a_completions_body() -> None:
+    body = {"id": "cmpl-1", "model": "m", "choices": [{"text": "x", "finish_reason": "length"}], "usage": {}}
+    facts = body_facts(json.dumps(body).encode())
+    assert facts_tuple(facts) == (None, None, "cmpl-1", "m", ("length",))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"not json", b"<html>502 Bad Gateway</html>", b"\xff\xfe\x00", b"[1, 2]", b'"str"', b"null", b"{"],
+    ids=["empty", "text", "html", "binary", "list", "string", "null", "truncated"],
+)
+def test_body_facts_of_non_json_or_non_object_is_empty(body: bytes) -> None:
+    facts = body_facts(body)
+    assert facts_tuple(facts) == (None, None, None, None, ())
+
+
+def test_absorb_reports_message_content() -> None:
+    facts = ResponseFacts()
+    assert facts.absorb({"choices": [{"message": {"role": "assistant", "content": "x"}}]}) is True
+    assert facts.absorb({"choices": [{"message": {"role": "assistant", "content": ""}}]}) is False
+    assert facts.absorb(["not", "a", "dict"]) is False
+
+
+def test_body_facts_of_deeply_nested_input_is_empty() -> None:
+    facts = body_facts(b"[" * 100_000)
+    assert facts_tuple(facts) == (None, None, None, None, ())
