@@ -1,0 +1,86 @@
+"""The simulated cluster (optional extra ``sim``): seed-000 engines behind OpenAI-compatible HTTP replicas.
+
+Pure model: `Engine` (step-driven, no I/O) and `run_open_loop` (virtual-time load). Real HTTP: `SimCluster`
+(replicas in the current event loop), `spawn_cluster` / ``python -m llmguard_client.sim`` (a subprocess).
+Scenarios: `SCENARIOS`. Importing ``llmguard_client`` never imports this package.
+"""
+
+from __future__ import annotations
+
+from llmguard_client.sim.admission import AdmissionPolicy
+from llmguard_client.sim.cluster import SimCluster
+from llmguard_client.sim.engine import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    EngineStats,
+    Rejected,
+    RequestTooLarge,
+    SeqState,
+    Sequence,
+)
+from llmguard_client.sim.faults import FaultConfig, RetryAfterStyle
+from llmguard_client.sim.launch import ClusterStartError, spawn_cluster
+from llmguard_client.sim.lengths import SEED_OUTPUT_LENGTHS, SEED_PROMPT_LENGTHS, LengthDist
+from llmguard_client.sim.replica import Replica
+from llmguard_client.sim.scenarios import (
+    SCENARIOS,
+    SIM_MAX_TOKENS,
+    SIM_OUTPUT_LENGTHS,
+    SIM_PROMPT_WORDS,
+    LoadHint,
+    ScenarioConfig,
+    get_scenario,
+)
+from llmguard_client.sim.server import build_app
+from llmguard_client.sim.virtual import (
+    HONOUR_ONE_RETRY,
+    HONOUR_WITH_BUDGET,
+    NAIVE_RETRY,
+    NO_RETRY,
+    SEED_SPIKE,
+    ClientModel,
+    RateProfile,
+    VirtualRun,
+    measure_capacity,
+    run_open_loop,
+)
+
+__all__ = [
+    "AdmissionPolicy",
+    "ClientModel",
+    "ClusterStartError",
+    "Engine",
+    "EngineConfig",
+    "EngineRequest",
+    "EngineStats",
+    "FaultConfig",
+    "HONOUR_ONE_RETRY",
+    "HONOUR_WITH_BUDGET",
+    "LengthDist",
+    "LoadHint",
+    "NAIVE_RETRY",
+    "NO_RETRY",
+    "RateProfile",
+    "Rejected",
+    "Replica",
+    "RequestTooLarge",
+    "RetryAfterStyle",
+    "SCENARIOS",
+    "SEED_OUTPUT_LENGTHS",
+    "SEED_PROMPT_LENGTHS",
+    "SEED_SPIKE",
+    "SIM_MAX_TOKENS",
+    "SIM_OUTPUT_LENGTHS",
+    "SIM_PROMPT_WORDS",
+    "ScenarioConfig",
+    "SeqState",
+    "Sequence",
+    "SimCluster",
+    "VirtualRun",
+    "build_app",
+    "get_scenario",
+    "measure_capacity",
+    "run_open_loop",
+    "spawn_cluster",
+]

@@ -1,0 +1,103 @@
+"""Per-replica fault and straggler knobs, drawn per request from a seeded `random.Random`."""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["FaultConfig", "FaultPlan", "RetryAfterStyle", "draw_faults", "retry_after_headers"]
+
+RetryAfterStyle = Literal["seconds", "garbage", "negative", "huge", "http-date", "ms-only"]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """What can go wrong on one replica; every knob defaults to off.
+
+    Probabilities are per request. ``stall_first`` holds a request (it keeps its slot) for ``stall_first_s``
+    before its first token; ``stall_mid`` holds it for ``stall_mid_s`` after ``fault_after_tokens`` tokens;
+    ``reset`` aborts the TCP connection and ``malformed`` sends one unparsable event at that point too.
+    ``html_500`` answers an HTML error page; ``blackhole`` reads the request and never answers until the
+    client goes away. ``slow_factor`` multiplies the replica's step time. ``retry_after`` shapes 429 headers.
+    """
+
+    stall_first_p: float = 0.0
+    stall_first_s: float = 2.0
+    stall_mid_p: float = 0.0
+    stall_mid_s: float = 2.0
+    reset_p: float = 0.0
+    malformed_p: float = 0.0
+    html_500_p: float = 0.0
+    blackhole_p: float = 0.0
+    fault_after_tokens: int = 2
+    slow_factor: float = 1.0
+    retry_after: RetryAfterStyle = "seconds"
+
+    def __post_init__(self) -> None:
+        probabilities = (
+            self.stall_first_p,
+            self.stall_mid_p,
+            self.reset_p,
+            self.malformed_p,
+            self.html_500_p,
+            self.blackhole_p,
+        )
+        if any(not 0.0 <= p <= 1.0 for p in probabilities):
+            raise ValueError("fault probabilities must be in [0, 1]")
+        if self.slow_factor <= 0 or self.stall_first_s < 0 or self.stall_mid_s < 0 or self.fault_after_tokens < 1:
+            raise ValueError("slow_factor must be > 0, stall durations >= 0, fault_after_tokens >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """The faults that fire for one request."""
+
+    html_500: bool = False
+    blackhole: bool = False
+    stall_first: bool = False
+    stall_mid: bool = False
+    reset: bool = False
+    malformed: bool = False
+
+    @property
+    def any(self) -> bool:
+        """True if at least one fault fires."""
+        return self.html_500 or self.blackhole or self.stall_first or self.stall_mid or self.reset or self.malformed
+
+
+def draw_faults(config: FaultConfig, rng: random.Random) -> FaultPlan:
+    """Draw one request's faults. Always consumes six numbers, so runs replay exactly."""
+    draws = [rng.random() for _ in range(6)]
+    return FaultPlan(
+        html_500=draws[0] < config.html_500_p,
+        blackhole=draws[1] < config.blackhole_p,
+        stall_first=draws[2] < config.stall_first_p,
+        stall_mid=draws[3] < config.stall_mid_p,
+        reset=draws[4] < config.reset_p,
+        malformed=draws[5] < config.malformed_p,
+    )
+
+
+def retry_after_headers(style: RetryAfterStyle, seconds: float, wall_now: float) -> list[tuple[str, str]]:
+    """The Retry-After headers of a 429 for a computed back-off of ``seconds``, in the given style.
+
+    ``seconds``: integer ``Retry-After`` (rounded up, >= 1) plus exact ``retry-after-ms``; ``garbage``:
+    unparsable values; ``negative``: negative values; ``huge``: ~31 years; ``http-date``: an IMF-fixdate
+    ``Retry-After`` only; ``ms-only``: ``retry-after-ms`` only.
+    """
+    whole = max(1, math.ceil(seconds))
+    millis = max(1, round(seconds * 1000))
+    if style == "seconds":
+        return [("retry-after", str(whole)), ("retry-after-ms", str(millis))]
+    if style == "garbage":
+        return [("retry-after", "soon"), ("retry-after-ms", "a while")]
+    if style == "negative":
+        return [("retry-after", str(-whole)), ("retry-after-ms", str(-millis))]
+    if style == "huge":
+        return [("retry-after", "999999999"), ("retry-after-ms", "999999999000")]
+    if style == "http-date":
+        return [("retry-after", email.utils.formatdate(wall_now + whole, usegmt=True))]
+    return [("retry-after-ms", str(millis))]

@@ -1,0 +1,139 @@
+"""Named cluster scenarios: replica count, engine sizes, admission policy and per-replica faults.
+
+Scaled down from seed 000 so that three replicas and a load generator share 2 cores and a bench of 500-700
+requests ends in seconds. The workload is the seed's lognormal mix / 10 (what ``llmguard bench`` sends:
+prompts of median 57 words capped at 400, ``max_tokens`` of median 20 capped at 120 with ``ignore_eos``);
+outputs sampled by the replicas (without ``ignore_eos``) follow the same / 10 shape, and the output
+reservation of token admission is 320 / 10 = 32. Engines are far smaller than the seed's (TBUD 400 -> 128
+per step, KV 90k -> 4096 or 1408 tokens): a healthy request's TTFT is 10-30 ms (one prefill step, one decode
+step) and its stream ~0.25 s. ``overload`` uses 40 ms steps (TTFT ~80 ms, TPOT 40 ms, streams ~1 s, so ~17
+requests share a replica) and a 1408-token KV pool, so that it is KV-bound under token admission at ~50 rps
+for the cluster: the bench's spike (the seed's 30 -> 140 -> 30 rps, time-compressed) peaks at ~2.8x capacity
+and its base (~0.6x) sees a few % of rejections, as in the seed (30 and 140 against ~50).
+
+``capacity_rps`` is the throughput (completions/s) of the whole cluster fed that workload at 3x that rate,
+measured in virtual time (checked by ``tests/sim/test_scenarios.py``); ``load`` is the load the scenario is
+meant for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from llmguard_client.sim.engine import EngineConfig
+from llmguard_client.sim.faults import FaultConfig
+from llmguard_client.sim.lengths import SEED_OUTPUT_LENGTHS, SEED_PROMPT_LENGTHS, LengthDist
+
+__all__ = [
+    "SCENARIOS",
+    "SIM_MAX_TOKENS",
+    "SIM_OUTPUT_LENGTHS",
+    "SIM_PROMPT_WORDS",
+    "LoadHint",
+    "ScenarioConfig",
+    "get_scenario",
+]
+
+SIM_OUTPUT_LENGTHS: LengthDist = SEED_OUTPUT_LENGTHS.scaled(0.1)
+"""Output tokens sampled by the replicas (unless ``ignore_eos``): lognormal median 20, cap 120."""
+SIM_PROMPT_WORDS: LengthDist = SEED_PROMPT_LENGTHS.scaled(0.1)
+"""Prompt sizes (words) the scenarios are sized for: lognormal median 57, cap 400."""
+SIM_MAX_TOKENS: LengthDist = SEED_OUTPUT_LENGTHS.scaled(0.1)
+"""``max_tokens`` (with ``ignore_eos``) the scenarios are sized for: lognormal median 20, cap 120."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadHint:
+    """The load a scenario is meant for: steady ``base_rps``, a spike to ``peak_rps``."""
+
+    base_rps: float
+    peak_rps: float
+    prompt_words: LengthDist = SIM_PROMPT_WORDS
+    max_tokens: LengthDist = SIM_MAX_TOKENS
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioConfig:
+    """One cluster: ``replicas`` engines of ``engine``, replica ``i`` with ``faults[i % len(faults)]``."""
+
+    name: str
+    description: str
+    replicas: int
+    engine: EngineConfig
+    load: LoadHint
+    capacity_rps: float
+    faults: tuple[FaultConfig, ...] = ()
+    model: str = "sim-model"
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("a scenario needs at least one replica")
+
+    def faults_for(self, index: int) -> FaultConfig:
+        """The faults of replica ``index`` (the list is cycled; none when it is empty)."""
+        return self.faults[index % len(self.faults)] if self.faults else FaultConfig()
+
+    def with_replicas(self, replicas: int) -> ScenarioConfig:
+        """The same scenario with another replica count (capacity scaled accordingly)."""
+        capacity = self.capacity_rps * replicas / self.replicas
+        return dataclasses.replace(self, replicas=replicas, capacity_rps=capacity)
+
+
+_ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, output_lengths=SIM_OUTPUT_LENGTHS)
+"""~165 rps per replica at saturation: the bench's 30-40 rps never meets admission."""
+_TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
+"""~17 rps per replica: KV-bound under token admission, like the seed's engine at 140 rps."""
+
+SCENARIOS: dict[str, ScenarioConfig] = {
+    "healthy": ScenarioConfig(
+        name="healthy",
+        description="3 roomy replicas, token admission, no faults",
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=30.0, peak_rps=30.0),
+        capacity_rps=490.0,
+    ),
+    "stragglers": ScenarioConfig(
+        name="stragglers",
+        description="3 roomy replicas, light load; 5 % of requests stall 2 s before their first token",
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=40.0, peak_rps=40.0),
+        capacity_rps=490.0,
+        faults=(FaultConfig(stall_first_p=0.05, stall_first_s=2.0),),
+    ),
+    "overload": ScenarioConfig(
+        name="overload",
+        description="3 KV-tight replicas (40 ms steps), token admission: ~50 rps in all, so 30 -> 140 -> 30 is ~3x",
+        replicas=3,
+        engine=_TIGHT,
+        load=LoadHint(base_rps=30.0, peak_rps=140.0),
+        capacity_rps=50.0,
+    ),
+    "faults": ScenarioConfig(
+        name="faults",
+        description=(
+            "3 roomy replicas with a mix of faults: r0 resets and malformed events, r1 HTML 500s, black holes "
+            "and mid-stream stalls, r2 three times slower with pre-token stalls and garbage Retry-After"
+        ),
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=30.0, peak_rps=30.0),
+        capacity_rps=385.0,
+        faults=(
+            FaultConfig(reset_p=0.05, malformed_p=0.05),
+            FaultConfig(html_500_p=0.05, blackhole_p=0.02, stall_mid_p=0.05, stall_mid_s=1.0),
+            FaultConfig(slow_factor=3.0, stall_first_p=0.05, stall_first_s=1.0, retry_after="garbage"),
+        ),
+    ),
+}
+
+
+def get_scenario(name: str, replicas: int | None = None) -> ScenarioConfig:
+    """Look up a scenario by name, optionally with another replica count; KeyError lists the known names."""
+    try:
+        scenario = SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}") from None
+    return scenario if replicas is None else scenario.with_replicas(replicas)

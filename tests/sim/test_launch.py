@@ -1,0 +1,42 @@
+"""The cluster as a subprocess: ``python -m llmguard_client.sim`` and `spawn_cluster`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from llmguard_client.sim.launch import ClusterStartError, spawn_cluster
+
+
+def test_spawn_cluster_serves_and_stops() -> None:
+    with spawn_cluster("healthy", replicas=2, seed=3) as urls:
+        assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+        for url in urls:
+            assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "sim-model"
+        body = {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2, "ignore_eos": True}
+        reply = httpx.post(urls[0] + "/v1/chat/completions", json=body).json()
+        assert reply["usage"]["completion_tokens"] == 2
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(urls[0] + "/v1/models")
+
+
+def test_spawn_cluster_reports_a_failed_start() -> None:
+    with pytest.raises(ClusterStartError, match="invalid choice"), spawn_cluster("no-such-scenario", timeout=10):
+        pass
+
+
+def test_module_prints_the_ready_line_and_exits_on_sigterm() -> None:
+    cmd = [sys.executable, "-m", "llmguard_client.sim", "--scenario", "overload"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        urls = json.loads(line)["urls"]
+        assert len(urls) == 3
+        assert httpx.get(urls[2] + "/sim/stats").json()["kv_total"] == 1408
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
