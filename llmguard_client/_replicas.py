@@ -63,22 +63,20 @@ class ReplicaSet:
     # --- choosing -------------------------------------------------------------------------
 
     def pick(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
-        """The replica for a call's first attempt: the least loaded of those not cooling and
-        not open-circuited, round-robin among equals.
+        """The replica for a call's first attempt: the least loaded of those whose circuit is
+        closed, round-robin among equals; None when every replica is excluded or open.
 
-        A cooling replica is a signal, not a wall: when every candidate is cooling, the one
-        that recovers first is still used, so the client never refuses work the servers
-        might admit. Only open circuits (a replica that keeps failing) are skipped; None when
-        every replica is excluded or open.
+        A replica cooling down after a Retry-After is a signal, not a wall: it ranks after a
+        ready replica with as many calls in flight, but is not avoided beyond that. Its
+        Retry-After was computed for the rejected call, and its admission may well take other
+        calls now; steering every new call away concentrates load on the other replicas and
+        was measured to lose goodput against a plain round-robin client (docs/benchmarks.md).
         """
         excluded = set(map(id, exclude))
         candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
         if not candidates:
             return None
-        ready = [s for s in candidates if not s.cooling(now)]
-        if not ready:
-            return min(candidates, key=lambda s: s.cooling_until)
-        return self._least_loaded(ready, now, rotate=True)
+        return self._least_loaded(candidates, now, rotate=True)
 
     def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
@@ -96,11 +94,12 @@ class ReplicaSet:
 
     def _least_loaded(self, states: list[ReplicaState], now: float, *, rotate: bool) -> ReplicaState:
         """Replicas without a failure in the last `FAILURE_MEMORY` seconds first, then the fewest
-        attempts in flight; ties go round-robin (only calls' first picks advance the rotation)."""
+        attempts in flight, then those not cooling; ties go round-robin (only calls' first picks
+        advance the rotation)."""
         recent = now - self.FAILURE_MEMORY
 
-        def rank(s: ReplicaState) -> tuple[bool, int]:
-            return (s.last_failure > recent, s.in_flight)
+        def rank(s: ReplicaState) -> tuple[bool, int, bool]:
+            return (s.last_failure > recent, s.in_flight, s.cooling(now))
 
         best = min(map(rank, states))
         equals = [s for s in states if rank(s) == best]

@@ -115,15 +115,18 @@ class Retrier:
             return GiveUp(last)
         now = self._clock()
         remaining = call.first_token_deadline - now
+        # A retry is worth sending only if its first token can still make the deadline.
+        expected_ttft = self.hedger.delays.delay(call.tier_name, call.record.stream)
         state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
         if state is None:
             soonest = self.replicas.cooling_wait(now)
             if soonest is None:  # every circuit is open: nothing to wait for within a call
                 return GiveUp(last)
-            if soonest >= remaining:
+            if soonest + expected_ttft >= remaining:
                 reason = AllReplicasCooling(
-                    f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After), "
-                    f"which does not fit the {remaining:.3f}s left of tier {call.tier_name!r}'s "
+                    f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
+                    f"with a first token taking about {expected_ttft:.3f}s, that does not fit "
+                    f"the {remaining:.3f}s left of tier {call.tier_name!r}'s "
                     f"ttft deadline of {call.tier.ttft}s; gave up after {len(call.record.attempts)} attempt(s)",
                     request=call.request,
                     record=call.record,
@@ -140,7 +143,7 @@ class Retrier:
             wait = float(self._backoff(retry_state))
             if last.retry_after is not None:
                 wait = max(wait, last.retry_after)
-        if wait >= remaining:
+        if wait + expected_ttft >= remaining:
             return GiveUp(last)
         if self.budget is not None and self.budget.try_acquire() is None:
             call.observation.budget_refused(call.record)
