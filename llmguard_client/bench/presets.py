@@ -1,0 +1,61 @@
+"""Per-scenario defaults of ``llmguard bench --sim NAME`` and ``llmguard demo``.
+
+They follow the simulated cluster's sizing (``llmguard_client.sim.scenarios``): prompts and outputs are
+the seed's lognormal mix / 10 (prompt median 57 words, cap 400; ``max_tokens`` median 20, cap 120, sent
+with ``ignore_eos``). ``stragglers`` runs a light Poisson load (40 rps against ~490 rps of capacity);
+``overload`` runs the seed's spike 30 -> 140 -> 30 rps (15 s / 20 s / 25 s, time-compressed to the number
+of requests) against ~47 rps of capacity, so the peak is ~3x and the base ~0.64x, as in the seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmguard_client.bench.clients import TierSpec
+from llmguard_client.bench.report import SLO
+from llmguard_client.bench.traffic import LengthModel
+
+SIM_LENGTHS = LengthModel().scaled(0.1)
+"""The seed's mix / 10: what the simulated scenarios are sized for."""
+
+DEFAULT_TIER = TierSpec(ttft=1.0, total=10.0, stall=2.0)
+DEFAULT_SLO = SLO(ttft=1.0, tpot=0.08)  # the seed's goodput SLO: TTFT <= 1.0 s and TPOT <= 80 ms
+
+
+@dataclass(frozen=True)
+class Preset:
+    requests: int = 200
+    rate: float | None = 10.0
+    profile: str | None = None
+    concurrency: int | None = None
+    lengths: LengthModel = SIM_LENGTHS
+    slo: SLO = field(default_factory=lambda: DEFAULT_SLO)
+    tier: TierSpec = field(default_factory=lambda: DEFAULT_TIER)
+    note: str = ""
+
+
+GENERIC = Preset(note="generic defaults")
+"""Used for ``--target`` and for scenarios without a preset."""
+
+PRESETS: dict[str, Preset] = {
+    "stragglers": Preset(
+        requests=500,
+        rate=40.0,
+        note="3 replicas, 5% of requests stall 2 s before their first token; Poisson 40 rps",
+    ),
+    "overload": Preset(
+        requests=700,
+        rate=30.0,
+        profile="spike",
+        note="3 KV-tight replicas (~47 rps); the seed's spike 30 -> 140 -> 30 rps (~3x at the peak)",
+    ),
+    "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
+    "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
+}
+
+DEMO_SCENARIOS = ("stragglers", "overload")
+DEMO_CLIENTS = ("plain", "guarded")
+
+
+def preset_for(scenario: str | None) -> Preset:
+    return PRESETS.get(scenario or "", GENERIC)

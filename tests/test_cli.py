@@ -1,0 +1,168 @@
+"""``llmguard`` CLI: bad input gives one stderr line and exit 2; --json and --plot write files."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmguard_client import cli
+from llmguard_client.bench import presets
+from tests.bench.fakeserver import FakeCluster, fake_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[FakeCluster]:
+    with fake_cluster(2) as c:
+        yield c
+
+
+def _has_guard() -> bool:
+    mod = importlib.import_module("llmguard_client")
+    return hasattr(mod, "Guard") and hasattr(mod, "Tier")
+
+
+SMALL = ["--requests", "20", "--rate", "100", "--length-scale", "0.02", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "required"),
+        (["bench"], "one of the arguments --target --sim is required"),
+        (["bench", "--sim", "no-such-scenario"], "scenario"),
+        (["bench", "--target", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        (["bench", "--target", "localhost:8000"], "not an http:// or https:// URL"),
+        (["bench", "--target", "http://127.0.0.1:1", "--rate", "0"], "--rate: must be > 0"),
+        (["bench", "--target", "http://127.0.0.1:1", "--rate", "-2"], "--rate: must be > 0"),
+        (["bench", "--target", "http://127.0.0.1:1", "--rate", "abc"], "expected a number"),
+        (["bench", "--target", "http://127.0.0.1:1", "--clients", "plain,bogus"], "unknown client 'bogus'"),
+        (["bench", "--target", "http://127.0.0.1:1", "--requests", "0"], "--requests: must be >= 1"),
+        (["bench", "--target", "http://127.0.0.1:1", "--profile", "zigzag"], "unknown profile 'zigzag'"),
+        (["bench", "--target", "http://x:1", "--sim", "overload"], "not allowed with argument"),
+        (["bench", "--target", "http://127.0.0.1:1", "--reuse-cluster"], "--reuse-cluster needs --sim"),
+        (["bench", "--target", "http://127.0.0.1:1", "--json", "/no/such/dir/x.json"], "does not exist"),
+        (["bench", "--target", "http://127.0.0.1:1", "--unknown-flag"], "unrecognized arguments"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("llmguard: error: ")
+    assert needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_tier_ttft_above_total(cluster: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["bench", "--target", cluster.urls[0], "--tier-ttft", "5", "--tier-total", "2", *SMALL])
+    assert rc == 2
+    assert "must not exceed --tier-total" in capsys.readouterr().err
+
+
+def test_process_exit_code_and_no_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmguard_client.cli", "bench", "--target", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("llmguard: error: cannot reach")
+
+
+def test_bench_writes_json_and_plot(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    js, png = tmp_path / "r.json", tmp_path / "cdf.png"
+    argv = ["bench", "--target", ",".join(cluster.urls), "--clients", "plain,naive-retry"]
+    rc = cli.main([*argv, *SMALL, "--seed", "3", "--json", str(js), "--plot", str(png)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads(js.read_text())
+    assert list(doc["clients"]) == ["plain", "naive-retry"]
+    assert doc["plan"]["n"] == 20 and doc["plan"]["seed"] == 3 and doc["counters"] == "reset"
+    for name in ("plain", "naive-retry"):
+        c = doc["clients"][name]
+        assert c["n"] == 20 and c["success_ratio"] == 1.0 and c["amplification"] == 1.0
+        assert c["ttft"]["p99"] is not None and len(doc["samples"][name]) == 20
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "plain" in out and "naive-retry" in out and "TTFT p99" in out
+
+
+def test_json_to_stdout_keeps_stdout_machine_readable(
+    cluster: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--target", cluster.urls[0], "--clients", "plain", *SMALL, "--json", "-"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["clients"]["plain"]["n"] == 20
+    assert "TTFT p99" in err  # the human table went to stderr
+
+
+def test_closed_loop_and_profile_via_cli(cluster: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    base = [
+        "bench",
+        "--target",
+        cluster.urls[0],
+        "--clients",
+        "plain",
+        "--no-progress",
+        "--length-scale",
+        "0.02",
+    ]
+    assert cli.main([*base, "--requests", "12", "--concurrency", "3", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["mode"] == "closed" and doc["plan"]["concurrency"] == 3
+    assert cli.main([*base, "--requests", "30", "--profile", "spike", "--rate", "60", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["mode"] == "profile" and doc["plan"]["profile"][1][0] == pytest.approx(280)
+
+
+def test_demo_runs_both_scenarios(
+    cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's flow on the fake cluster standing in for the simulated one (small presets)."""
+
+    @contextlib.contextmanager
+    def fake_spawn(scenario: str, **kwargs: object) -> Iterator[list[str]]:
+        yield cluster.urls
+
+    monkeypatch.setattr(cli, "_sim_api", lambda scenario: fake_spawn)
+    for name in presets.DEMO_SCENARIOS:
+        monkeypatch.setitem(
+            presets.PRESETS,
+            name,
+            presets.Preset(
+                requests=15, rate=100.0, lengths=presets.SIM_LENGTHS.scaled(0.05), note=f"fake {name}"
+            ),
+        )
+    if not _has_guard():
+        monkeypatch.setattr(presets, "DEMO_CLIENTS", ("plain", "naive-retry"))
+    js = tmp_path / "demo.json"
+    assert cli.main(["demo", "--no-progress", "--json", str(js), "--plot", str(tmp_path / "d.png")]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    assert [r["scenario"] for r in doc["demo"]] == ["stragglers", "overload"]
+    assert "demo summary" in out and "stragglers: " in out and "overload: " in out
+    assert (tmp_path / "d.png").exists()
+
+
+def test_sim_missing_or_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--sim", "definitely-not-a-scenario", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "unknown scenario" in err or "needs the simulated cluster" in err
