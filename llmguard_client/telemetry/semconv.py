@@ -1,0 +1,144 @@
+"""Every OpenTelemetry name llmguard_client emits, in one place.
+
+The ``gen_ai.*`` names come from the OpenTelemetry semantic conventions v1.41.0, the last
+core release that still held the GenAI conventions; all of them have *Development*
+status there and may be renamed later, which is why no other module spells them out.
+``http.*``, ``url.*``, ``server.*`` and ``error.type`` are Stable HTTP/general conventions.
+The ``llmguard.*`` names are this library's own.
+
+See ``docs/observability.md`` for what each span, attribute and metric means.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
+"""The semantic-conventions schema the tracer and meter are obtained with."""
+
+INSTRUMENTATION_SCOPE: Final = "llmguard_client"
+"""Name of the tracer and meter (the instrumentation scope)."""
+
+# --------------------------------------------------------------------------------------------
+# GenAI attributes (Development)
+# --------------------------------------------------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+
+# gen_ai.operation.name well-known values
+OPERATION_CHAT: Final = "chat"
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_EMBEDDINGS: Final = "embeddings"
+OPERATION_OTHER: Final = "_OTHER"
+"""Used for a path that is none of the three OpenAI endpoints below (not a well-known value)."""
+
+OPERATION_BY_PATH_SUFFIX: Final[tuple[tuple[str, str], ...]] = (
+    ("/chat/completions", OPERATION_CHAT),  # before "/completions": it ends the same way
+    ("/completions", OPERATION_TEXT_COMPLETION),
+    ("/embeddings", OPERATION_EMBEDDINGS),
+)
+"""Request path suffix -> ``gen_ai.operation.name`` (a ``/v1`` or other prefix is allowed)."""
+
+PROVIDER_OPENAI: Final = "openai"
+
+# gen_ai.token.type values
+TOKEN_TYPE_INPUT: Final = "input"
+TOKEN_TYPE_OUTPUT: Final = "output"
+
+# --------------------------------------------------------------------------------------------
+# HTTP / URL / server / error attributes (Stable)
+# --------------------------------------------------------------------------------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_FULL: Final = "url.full"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+ERROR_TYPE_OTHER: Final = "_OTHER"
+
+REDACTED: Final = "REDACTED"
+"""Replaces URL userinfo and query values in ``url.full`` (as the URL conventions advise)."""
+
+URL_QUERY_KEEP: Final = frozenset({"api-version"})
+"""Query parameters whose value is kept in ``url.full``; every other value is ``REDACTED``."""
+
+# --------------------------------------------------------------------------------------------
+# llmguard attributes (this library's own)
+# --------------------------------------------------------------------------------------------
+LLMGUARD_TIER: Final = "llmguard.tier"
+LLMGUARD_COHORT: Final = "llmguard.cohort"
+LLMGUARD_REQUEST_ID: Final = "llmguard.request_id"
+LLMGUARD_STATUS: Final = "llmguard.status"
+LLMGUARD_CAUSE: Final = "llmguard.cause"
+LLMGUARD_ATTEMPTS: Final = "llmguard.attempts"
+LLMGUARD_HEDGED: Final = "llmguard.hedged"
+LLMGUARD_RETRIED: Final = "llmguard.retried"
+LLMGUARD_BUDGET_REFUSALS: Final = "llmguard.budget_refusals"
+LLMGUARD_ATTEMPT_KIND: Final = "llmguard.attempt.kind"
+LLMGUARD_ATTEMPT_OUTCOME: Final = "llmguard.attempt.outcome"
+LLMGUARD_ATTEMPT_INDEX: Final = "llmguard.attempt.index"
+LLMGUARD_RETRY_AFTER: Final = "llmguard.retry_after_s"
+LLMGUARD_COOLDOWN_REASON: Final = "llmguard.cooldown.reason"
+LLMGUARD_BUDGET_INDEX: Final = "llmguard.budget.index"
+"""On the budget gauge, only when several guards share one meter provider (the first has none)."""
+
+# Phases, as seconds since the logical call started (attributes, double).
+LLMGUARD_PHASE_START: Final = "llmguard.phase.start_s"
+LLMGUARD_PHASE_QUEUED: Final = "llmguard.phase.queued_s"
+LLMGUARD_PHASE_SENT: Final = "llmguard.phase.sent_s"
+LLMGUARD_PHASE_HEADERS: Final = "llmguard.phase.headers_s"
+LLMGUARD_PHASE_FIRST_TOKEN: Final = "llmguard.phase.first_token_s"
+LLMGUARD_PHASE_FINISH: Final = "llmguard.phase.finish_s"
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+HTTP_CLIENT_REQUEST_DURATION: Final = "http.client.request.duration"
+
+LLMGUARD_CLIENT_CALLS: Final = "llmguard.client.calls"
+LLMGUARD_CLIENT_ATTEMPTS: Final = "llmguard.client.attempts"
+LLMGUARD_CLIENT_BUDGET_REFUSALS: Final = "llmguard.client.budget.refusals"
+LLMGUARD_CLIENT_BUDGET_LEVEL: Final = "llmguard.client.budget.level"
+LLMGUARD_CLIENT_REPLICA_COOLDOWNS: Final = "llmguard.client.replica.cooldowns"
+LLMGUARD_CLIENT_REPLICA_COOLDOWN_DURATION: Final = "llmguard.client.replica.cooldown.duration"
+LLMGUARD_CLIENT_BULKHEAD_REJECTIONS: Final = "llmguard.client.bulkhead.rejections"
+
+UNIT_SECONDS: Final = "s"
+UNIT_TOKEN: Final = "{token}"
+UNIT_CALL: Final = "{call}"
+UNIT_ATTEMPT: Final = "{attempt}"
+UNIT_COOLDOWN: Final = "{cooldown}"
+
+# Advised explicit bucket boundaries (passed as ``explicit_bucket_boundaries_advisory``).
+GEN_AI_DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+"""For gen_ai.client.operation.duration, .time_to_first_chunk and .time_per_output_chunk."""
+
+GEN_AI_TOKEN_BUCKETS: Final[tuple[float, ...]] = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+"""For gen_ai.client.token.usage."""
+
+HTTP_DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+"""For http.client.request.duration (HTTP semantic conventions)."""
+
+COOLDOWN_BUCKETS: Final[tuple[float, ...]] = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""For llmguard.client.replica.cooldown.duration (Retry-After is capped at 300 s)."""
