@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -72,6 +73,10 @@ class Sample:
     """Origin of the last attempt (guarded: the replica that answered)."""
     trail: str | None = None
     """guarded only: the attempts as ``kind@replica:outcome`` joined by ``>``, from the phase record."""
+    waited: float | None = None
+    """guarded only: seconds the guard spent waiting between rounds (Retry-After or backoff)."""
+    in_attempts: float | None = None
+    """guarded only: seconds during which at least one attempt was in flight (server and network time)."""
 
     @property
     def ok(self) -> bool:
@@ -231,10 +236,18 @@ class BenchClient(ABC):
             attempts=self.attempts_of(probe),
             replica=self.replica_of(probe),
             trail=self.trail_of(probe),
+            waited=self.waited_of(probe),
+            in_attempts=self.in_attempts_of(probe),
         )
 
     def attempts_of(self, probe: _Probe) -> int | None:
         return probe.attempts or None
+
+    def waited_of(self, probe: _Probe) -> float | None:
+        return None
+
+    def in_attempts_of(self, probe: _Probe) -> float | None:
+        return None
 
     def replica_of(self, probe: _Probe) -> str | None:
         return probe.replica
@@ -409,6 +422,28 @@ class GuardedClient(BenchClient):
                 await consume_sse(response, probe)
             finally:
                 probe.extra["record"] = response.extensions.get("llmguard")
+
+    def waited_of(self, probe: _Probe) -> float | None:
+        """Gaps before retry rounds, during which no attempt of the call was running."""
+        attempts = getattr(probe.extra.get("record"), "attempts", None) or []
+        waited, last_end = 0.0, None
+        for attempt in attempts:
+            if attempt.kind == "retry" and last_end is not None:
+                waited += max(0.0, attempt.start - last_end)
+            if attempt.finish is not None:
+                last_end = attempt.finish if last_end is None else max(last_end, attempt.finish)
+        return waited
+
+    def in_attempts_of(self, probe: _Probe) -> float | None:
+        """Length of the union of the attempts' [start, finish] intervals."""
+        attempts = getattr(probe.extra.get("record"), "attempts", None) or []
+        spans = sorted((a.start, a.finish) for a in attempts if a.finish is not None)
+        total, end = 0.0, -math.inf
+        for start, finish in spans:
+            if finish > end:
+                total += finish - max(start, end)
+                end = finish
+        return total
 
     def attempts_of(self, probe: _Probe) -> int | None:
         record = probe.extra.get("record")

@@ -79,6 +79,10 @@ class ClientSummary:
     ttft: dict[str, float | None]
     e2e: dict[str, float | None]
     tpot: dict[str, float | None]
+    failure_latency: dict[str, float | None]
+    """Time to a failed answer minus the waits the client chose to honour (guarded: Retry-After/backoff)."""
+    failure_own_time: dict[str, float | None]
+    """guarded: time to a failed answer minus honoured waits minus time with an attempt in flight."""
     completion_tokens: int
     wall_s: float
     client_attempts: int | None
@@ -118,6 +122,8 @@ def summarize(run: ClientRun, slo: SLO) -> ClientSummary:
     ttfts = [s.ttft for s in ok if s.ttft is not None]
     e2es = [s.e2e for s in ok]
     tpots = [t for s in ok if (t := s.tpot) is not None]
+    failed = [s.e2e - (s.waited or 0.0) for s in samples if not s.ok]
+    own = [s.e2e - (s.waited or 0.0) - s.in_attempts for s in samples if not s.ok and s.in_attempts is not None]
     known_attempts = [s.attempts for s in samples if s.attempts is not None]
     client_attempts = sum(known_attempts) if len(known_attempts) == n and n else None
     summary = ClientSummary(
@@ -134,6 +140,8 @@ def summarize(run: ClientRun, slo: SLO) -> ClientSummary:
         ttft={f"p{p}": percentile(ttfts, p) for p in PCTS},
         e2e={f"p{p}": percentile(e2es, p) for p in PCTS},
         tpot={f"p{p}": percentile(tpots, p) for p in PCTS},
+        failure_latency={f"p{p}": percentile(failed, p) for p in (*PCTS, 100)},
+        failure_own_time={f"p{p}": percentile(own, p) for p in (*PCTS, 100)},
         completion_tokens=sum(s.completion_tokens for s in ok),
         wall_s=run.wall,
         client_attempts=client_attempts,
@@ -345,6 +353,14 @@ def _rows(report: BenchReport) -> list[tuple[str, list[str]]]:
             rows.append(row(label, lambda s, m=metric, p=p: fmt_s(getattr(s, m)[f"p{p}"])))
     rows += [
         row("TPOT p50 / p99", lambda s: f"{fmt_s(s.tpot['p50'])} / {fmt_s(s.tpot['p99'])}"),
+        row(
+            "failed: time to answer p50 / p99 / max (minus honoured waits)",
+            lambda s: " / ".join(fmt_s(s.failure_latency[k]) for k in ("p50", "p99", "p100")),
+        ),
+        row(
+            "failed: client's own time p50 / p99 / max (minus waits and attempts)",
+            lambda s: " / ".join(fmt_s(s.failure_own_time[k]) for k in ("p50", "p99", "p100")),
+        ),
         row("client attempts / request", lambda s: _num(s.client_amplification, 2)),
         row("server received / request", lambda s: _num(s.amplification, 2)),
         row("server rejected", lambda s: _num(s.server_rejected)),

@@ -178,3 +178,47 @@ def test_json_render_and_plot(tmp_path) -> None:  # type: ignore[no-untyped-def]
     png = tmp_path / "cdf.png"
     plot_cdfs([report, _report("overload")], str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failure_latency_excludes_only_the_waits_the_client_honoured() -> None:
+    failed = [
+        sample(i, "guarded", status="http_429", ttft=None, e2e=e2e, http=429) for i, e2e in enumerate([0.01, 0.02])
+    ]
+    failed[1].waited = 0.5
+    failed[1].e2e = 0.53  # 0.5 s honoured Retry-After + 30 ms of its own
+    run = ClientRun("guarded", [sample(9, "guarded"), *failed], None, wall=1.0)
+    summary = summarize(run, SLO(ttft=1.0, tpot=0.1))
+    assert summary.failure_latency["p50"] == pytest.approx(0.02)
+    assert summary.failure_latency["p100"] == pytest.approx(0.03)
+
+
+def test_guarded_waited_counts_gaps_before_retry_rounds_only() -> None:
+    from types import SimpleNamespace
+
+    from llmguard_client.bench.clients import GuardedClient, _Probe
+
+    def attempt(kind: str, start: float, finish: float) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, start=start, finish=finish)
+
+    record = SimpleNamespace(
+        attempts=[attempt("primary", 0.0, 0.1), attempt("hedge", 0.05, 0.12), attempt("retry", 0.62, 0.7)]
+    )
+    probe = _Probe(t0=0.0, extra={"record": record})
+    client = GuardedClient(["http://127.0.0.1:1"], model="m", tier=TierSpec(ttft=1.0, total=5.0, stall=None))
+    assert client.waited_of(probe) == pytest.approx(0.5)  # 0.12 -> 0.62; the hedge overlapped, no wait
+
+
+def test_guarded_in_attempts_is_the_union_of_attempt_intervals() -> None:
+    from types import SimpleNamespace
+
+    from llmguard_client.bench.clients import GuardedClient, _Probe
+
+    record = SimpleNamespace(
+        attempts=[
+            SimpleNamespace(kind="primary", start=0.0, finish=0.1),
+            SimpleNamespace(kind="hedge", start=0.05, finish=0.12),  # overlaps the primary
+            SimpleNamespace(kind="retry", start=0.62, finish=0.7),
+        ]
+    )
+    client = GuardedClient(["http://127.0.0.1:1"], model="m", tier=TierSpec(ttft=1.0, total=5.0, stall=None))
+    assert client.in_attempts_of(_Probe(t0=0.0, extra={"record": record})) == pytest.approx(0.2)
