@@ -29,6 +29,7 @@ from llmguard_client._errors import (
 from llmguard_client._guard import Guard
 from llmguard_client._retry_after import RETRY_AFTER_CAP, parse_retry_after
 from llmguard_client._transport import GuardTransport
+from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
 
 try:
@@ -54,6 +55,7 @@ __all__ = [
     "GuardUnavailable",
     "HedgePolicy",
     "LLMGuardError",
+    "OpenTelemetryInstrumentation",
     "PhaseRecord",
     "RecordLogger",
     "Replica",

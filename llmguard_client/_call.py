@@ -11,6 +11,7 @@ import httpx
 
 from llmguard_client._config import Tier
 from llmguard_client._replicas import ReplicaState
+from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.telemetry.hooks import CallObservation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
@@ -64,6 +65,8 @@ class Call:
     total_deadline: float
     hedgeable: bool
     retry_any_status: bool
+    budget: RetryBudget | None = None
+    """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
     failed_replicas: list[ReplicaState] = field(default_factory=list)
 
     @staticmethod

@@ -20,7 +20,11 @@ keeps working::
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
 transport raises) the same failures are returned as proxy-style HTTP responses
-instead: see `llmguard_client._failure`.
+instead: see `llmguard_client._failure`. And whenever a server did answer (a 429, a
+503, a 500), the guard hands that answer back, in either mode, rather than raising:
+``BudgetExhausted`` and ``AllReplicasCooling`` are then only named in its
+``x-llmguard-cause`` header. They are raised (raise mode) when there is no server
+answer to hand back, e.g. an empty budget after connection errors.
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ class Guard:
     hedge:         `HedgePolicy`, on by default with >= 2 replicas; None switches hedging off.
     retry:         `RetryPolicy`, on by default; None switches retries off.
     budget:        `BudgetPolicy` shared by retries and hedges; None: unbounded (not advised).
+    tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
+                   the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
     rollout:       fraction of calls that take the guarded path (the rest: control cohort).
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
@@ -63,6 +65,7 @@ class Guard:
         hedge: HedgePolicy | None = _UNSET,
         retry: RetryPolicy | None = _UNSET,
         budget: BudgetPolicy | None = _UNSET,
+        tier_budgets: Mapping[str, BudgetPolicy] | None = None,
         bulkheads: Mapping[str, Bulkhead] | None = None,
         rollout: float = 1.0,
         failure_mode: FailureMode = "auto",
@@ -102,6 +105,13 @@ class Guard:
                 raise GuardConfigError(
                     f"bulkheads[{name!r}] must be a Bulkhead(max_in_flight=..., max_waiting=...), got {limit!r}"
                 )
+        tier_budgets = dict(tier_budgets or {})
+        unknown = sorted(set(tier_budgets) - set(tiers))
+        if unknown:
+            raise UnknownTierError(f"tier_budgets name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+        for name, policy in tier_budgets.items():
+            if not isinstance(policy, BudgetPolicy):
+                raise GuardConfigError(f"tier_budgets[{name!r}] must be a BudgetPolicy, got {policy!r}")
         cohorts = Rollout(rollout)
         if instrumentation is _UNSET:
             from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
@@ -117,14 +127,16 @@ class Guard:
         self.default_tier = default_tier
         self.hedge_policy = hedge
         self.retry_policy = retry
-        self.budget = (
-            RetryBudget(budget.ratio, budget.floor, budget.window, clock=clock) if budget is not None else None
-        )
+        def make_budget(policy: BudgetPolicy) -> RetryBudget:
+            return RetryBudget(policy.ratio, policy.floor, policy.window, clock=clock)
+
+        self.budget = make_budget(budget) if budget is not None else None
+        """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
+        self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory)
         if self.budget is not None:
-            budget_ref = self.budget
-            instrumentation.register_budget(lambda: budget_ref.level)
+            instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -132,7 +144,7 @@ class Guard:
             tier_var=self._tier_var,
             hedge=hedge,
             retry=retry,
-            budget=self.budget,
+            budgets={name: self.tier_budgets.get(name, self.budget) for name in tiers},
             bulkheads={name: TierBulkhead(b) for name, b in bulkheads.items()},
             rollout=cohorts,
             failure_mode=failure_mode,

@@ -66,7 +66,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         tier_var: ContextVar[str | None],
         hedge: HedgePolicy | None,
         retry: RetryPolicy | None,
-        budget: RetryBudget | None,
+        budgets: Mapping[str, RetryBudget | None],
         bulkheads: Mapping[str, TierBulkhead],
         rollout: Rollout,
         failure_mode: FailureMode,
@@ -80,7 +80,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._tier_var = tier_var
         self._hedge = hedge
         self._retry = retry
-        self._budget = budget
+        self._budgets = dict(budgets)
         self._bulkheads = dict(bulkheads)
         self._rollout = rollout
         self._failure_mode = failure_mode
@@ -88,8 +88,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._on_record = on_record
         self._clock = clock
         self._bases = tuple(s.base for s in replicas.states)
-        self.hedger = Hedger(replicas, budget, hedge, clock)
-        self._retrier = Retrier(self.hedger, replicas, budget, retry, instrumentation, clock)
+        self.hedger = Hedger(replicas, hedge, clock)
+        self._retrier = Retrier(self.hedger, replicas, retry, instrumentation, clock)
         self.closed = False
 
     # --- the request path -----------------------------------------------------------------
@@ -159,9 +159,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             hedgeable=generation,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             replica_bases=self._bases,
+            budget=self._budgets.get(tier_name),
         )
-        if call.guarded and self._budget is not None:
-            self._budget.record_request()
+        if call.guarded and call.budget is not None:
+            call.budget.record_request()
         return call
 
     async def _run(self, call: Call, release: Callable[[], None]) -> httpx.Response:
@@ -182,8 +183,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if outcome is None:
             elapsed = self._clock() - call.record.start
             error = TTFTTimeout(
-                f"no first content token within tier {call.tier_name!r}'s ttft deadline of {call.tier.ttft}s "
-                f"({elapsed:.3f}s elapsed); {describe_attempts(call.record)}; in-flight attempts were closed",
+                f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
+                f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; in-flight attempts were closed",
                 request=call.request,
                 record=call.record,
             )

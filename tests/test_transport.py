@@ -136,7 +136,7 @@ async def test_total_deadline_mid_stream(servers: list[LoopbackServer]) -> None:
                     pass
         elapsed = time.monotonic() - started
     assert 0.6 <= elapsed < 0.6 + MARGIN
-    assert "total deadline of 0.6s" in str(caught.value)
+    assert "total deadline of tier 't' (0.6s" in str(caught.value)
     assert records[0].cause == "total_timeout"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 

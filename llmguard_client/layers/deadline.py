@@ -90,8 +90,8 @@ class WatchedStream(httpx.AsyncByteStream):
             )
         else:
             error = TotalTimeout(
-                f"the call exceeded tier {name!r}'s total deadline of {tier.total}s "
-                f"({elapsed:.3f}s elapsed, mid-stream); the connection was closed",
+                f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; "
+                f"{elapsed:.3f}s elapsed, mid-stream); the connection was closed",
                 request=self._call.request,
                 record=self._call.record,
             )

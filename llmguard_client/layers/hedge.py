@@ -25,7 +25,6 @@ from llmguard_client._config import HedgePolicy
 from llmguard_client._quantile import StreamingQuantile
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client.layers.attempt import AttemptFailure, AttemptResult, AttemptWin, run_attempt
-from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.telemetry.record import AttemptKind
 
 RoundResult = AttemptWin | list[AttemptFailure]
@@ -69,12 +68,10 @@ class Hedger:
     def __init__(
         self,
         replicas: ReplicaSet,
-        budget: RetryBudget | None,
         policy: HedgePolicy | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.replicas = replicas
-        self.budget = budget
         self.policy = policy
         self.delays = HedgeDelays(policy or HedgePolicy())
         self._clock = clock
@@ -148,7 +145,7 @@ class Hedger:
         state = self.replicas.pick_hedge(now, exclude=[*used, *call.failed_replicas])
         if state is None:
             return None
-        if self.budget is not None and self.budget.try_acquire() is None:
+        if call.budget is not None and call.budget.try_acquire() is None:
             call.observation.budget_refused(call.record)
             return None
         return state

@@ -31,7 +31,6 @@ from llmguard_client._config import RetryPolicy
 from llmguard_client._errors import AllReplicasCooling, BudgetExhausted, GuardFailure
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client.layers.attempt import AttemptFailure, AttemptWin
-from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.hedge import Hedger
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -51,14 +50,12 @@ class Retrier:
         self,
         hedger: Hedger,
         replicas: ReplicaSet,
-        budget: RetryBudget | None,
         policy: RetryPolicy | None,
         instrumentation: Instrumentation,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hedger = hedger
         self.replicas = replicas
-        self.budget = budget
         self.policy = policy
         self._instrumentation = instrumentation
         self._clock = clock
@@ -126,8 +123,8 @@ class Retrier:
                 reason = AllReplicasCooling(
                     f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
                     f"with a first token taking about {expected_ttft:.3f}s, that does not fit "
-                    f"the {remaining:.3f}s left of tier {call.tier_name!r}'s "
-                    f"ttft deadline of {call.tier.ttft}s; gave up after {len(call.record.attempts)} attempt(s)",
+                    f"the {remaining:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
+                    f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
                     request=call.request,
                     record=call.record,
                     retry_after=soonest,
@@ -145,7 +142,7 @@ class Retrier:
                 wait = max(wait, last.retry_after)
         if wait + expected_ttft >= remaining:
             return GiveUp(last)
-        if self.budget is not None and self.budget.try_acquire() is None:
+        if call.budget is not None and call.budget.try_acquire() is None:
             call.observation.budget_refused(call.record)
             exhausted = BudgetExhausted(
                 f"the retry budget (shared by retries and hedges) is empty; tier {call.tier_name!r} call "

@@ -137,3 +137,20 @@ async def test_a_dead_replica_is_skipped_for_a_live_one(servers: list[LoopbackSe
     failed = [a for r in records for a in r.attempts if a.outcome == "failed"]
     assert failed and all(a.error == "connect_error" for a in failed)
     assert len(servers[0].received) == 4
+
+
+async def test_a_tier_budget_is_separate_from_the_shared_one(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=503)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=2.0, total=10.0), "batch": Tier(ttft=5.0, total=60.0)}
+    guard = make_guard(
+        [servers[0].url], records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)}
+    )
+    async with guard, guard.http_client() as client:
+        batch = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
+        interactive = await client.post(servers[0].url + CHAT, json=BODY)
+        assert guard.tier_budgets["batch"].refused == 1
+        assert guard.budget is not None and guard.budget.spent == 2
+    assert batch.headers["x-llmguard-cause"] == "budget_exhausted"
+    assert [len(r.attempts) for r in records] == [1, 3]
+    assert interactive.status_code == 503

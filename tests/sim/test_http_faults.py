@@ -43,7 +43,8 @@ async def test_stall_mid_stream() -> None:
     async with SimCluster(one_off(faults=(faults,))) as cluster:
         _, tokens = await stream_timings(cluster.urls[0] + "/v1/chat/completions", chat_body(max_tokens=4))
         gaps = [b - a for a, b in itertools.pairwise(tokens)]
-        assert len(tokens) == 4 and gaps[1] >= 0.4 and tokens[0] < 0.4
+        # The stall sits between the 2nd and 3rd token (generous bounds: 2 shared cores under a full suite).
+        assert len(tokens) == 4 and gaps[1] >= 0.4 * 0.9 and gaps[1] == max(gaps)
         assert cluster.replicas[0].counters.stalled_mid == 1
 
 
