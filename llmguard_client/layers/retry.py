@@ -31,6 +31,7 @@ from llmguard_client._config import RetryPolicy
 from llmguard_client._errors import AllReplicasCooling, BudgetExhausted, GuardFailure
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client.layers.attempt import AttemptFailure, AttemptWin
+from llmguard_client.layers.budget import BudgetTicket
 from llmguard_client.layers.hedge import Hedger
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -77,9 +78,14 @@ class Retrier:
             plan = self._plan(call, last, rounds)
             if isinstance(plan, GiveUp):
                 return plan
-            wait, state = plan
+            wait, state, ticket = plan
             if wait > 0:
-                await anyio.sleep(wait)
+                try:
+                    await anyio.sleep(wait)
+                except anyio.get_cancelled_exc_class():
+                    if ticket is not None:
+                        ticket.refund()  # the retry was never sent: it costs the budget nothing
+                    raise
 
     def _learn(self, call: Call, failures: list[AttemptFailure]) -> None:
         """Cool down replicas that sent Retry-After; count failures toward their circuits."""
@@ -104,7 +110,9 @@ class Retrier:
             return failure.status_code in self.policy.retry_statuses
         return failure.is_transport_error
 
-    def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState] | GiveUp:
+    def _plan(
+        self, call: Call, last: AttemptFailure, rounds: int
+    ) -> tuple[float, ReplicaState, BudgetTicket | None] | GiveUp:
         """(seconds to wait, replica) for the next round, or why the call ends now."""
         if self.policy is None or not call.guarded or not self._retryable(call, last):
             return GiveUp(last)
@@ -142,7 +150,8 @@ class Retrier:
                 wait = max(wait, last.retry_after)
         if wait + expected_ttft >= remaining:
             return GiveUp(last)
-        if call.budget is not None and call.budget.try_acquire() is None:
+        ticket = call.budget.try_acquire() if call.budget is not None else None
+        if call.budget is not None and ticket is None:
             call.observation.budget_refused(call.record)
             exhausted = BudgetExhausted(
                 f"the retry budget (shared by retries and hedges) is empty; tier {call.tier_name!r} call "
@@ -152,4 +161,4 @@ class Retrier:
                 retry_after=last.retry_after,
             )
             return GiveUp(last, exhausted)
-        return wait, state
+        return wait, state, ticket

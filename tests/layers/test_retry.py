@@ -6,6 +6,7 @@ import socket
 import time
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -154,3 +155,14 @@ async def test_a_tier_budget_is_separate_from_the_shared_one(servers: list[Loopb
     assert batch.headers["x-llmguard-cause"] == "budget_exhausted"
     assert [len(r.attempts) for r in records] == [1, 3]
     assert interactive.status_code == 503
+
+
+async def test_a_retry_cancelled_while_waiting_is_refunded(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=429, headers={"retry-after": "1"})
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=5.0, total=10.0)}
+    async with make_guard([servers[0].url], records, tiers=tiers) as guard, guard.http_client() as client:
+        with anyio.move_on_after(0.3):
+            await client.post(servers[0].url + CHAT, json=BODY)  # waits out the 1 s Retry-After
+        assert guard.budget is not None and guard.budget.spent == 0
+    assert records[0].status == "cancelled" and len(servers[0].received) == 1
