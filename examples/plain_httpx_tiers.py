@@ -22,7 +22,8 @@ async def main(urls: list[str]) -> None:
     async with Guard(replicas=urls, tiers=tiers, on_record=RecordLogger()) as guard, guard.http_client() as client:
         body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi " * 400}], "stream": True}
         try:
-            # A 400-word prompt cannot make a 20 ms first-token deadline (4 prefill steps): the guard raises an httpx timeout.
+            # A 400-word prompt cannot make a 20 ms first-token deadline (4 prefill steps):
+            # the guard raises an httpx timeout.
             await client.post(urls[0] + "/v1/chat/completions", json=body)
         except GuardTimeout as exc:  # also an httpx.TimeoutException
             print(f"interactive: {type(exc).__name__}: {exc}")
