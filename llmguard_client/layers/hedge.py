@@ -145,6 +145,8 @@ class Hedger:
         state = self.replicas.pick_hedge(now, exclude=[*used, *call.failed_replicas])
         if state is None:
             return None
+        # The ticket is spent as the hedge starts; a hedge cancelled in the instant before it sends is not
+        # refunded (a known, tiny over-count; retries refund a ticket cancelled during their wait).
         if call.budget is not None and call.budget.try_acquire() is None:
             call.observation.budget_refused(call.record)
             return None
