@@ -22,6 +22,8 @@ class ReplicaState:
     replica: Replica
     transport: httpx.AsyncBaseTransport
     base: httpx.URL
+    name: str
+    """The replica's URL without credentials (computed once: it is read on every attempt)."""
     in_flight: int = 0
     cooling_until: float = 0.0
     """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
@@ -32,10 +34,6 @@ class ReplicaState:
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
     last_failure: float = -1e18
     ttft_ewma: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.replica.name
 
     def cooling(self, now: float) -> bool:
         return now < self.cooling_until
@@ -54,7 +52,9 @@ class ReplicaSet:
     def __init__(
         self, replicas: Sequence[Replica], transport_factory: Callable[[Replica], httpx.AsyncBaseTransport]
     ) -> None:
-        self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/"))) for r in replicas]
+        self.states = [
+            ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
+        ]
         self._turn = itertools.count()
 
     def __len__(self) -> int:

@@ -48,6 +48,8 @@ from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 logger = logging.getLogger("llmguard_client")
 
 RecordCallback = Callable[[PhaseRecord], None]
+_GENERATION_PATHS = HedgePolicy()
+"""Which paths are idempotent-safe generation calls, when hedging is off."""
 
 
 class GuardTransport(httpx.AsyncBaseTransport):
@@ -143,7 +145,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             stream=facts.stream,
             max_tokens=facts.max_tokens,
         )
-        generation = HedgePolicy().applies_to(path) if self._hedge is None else self._hedge.applies_to(path)
+        generation = (self._hedge or _GENERATION_PATHS).applies_to(path)
         call = Call(
             request=request,
             body=body,
