@@ -101,7 +101,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
         call = await self._start_call(request)
         bulkhead = self._bulkheads.get(call.tier_name) if call.guarded else None
-        if bulkhead is not None and not await bulkhead.acquire():
+        admitted: bool | None = True
+        if bulkhead is not None:
+            admitted = None  # the time spent waiting in line counts against the call's ttft
+            try:
+                with anyio.move_on_after(call.first_token_deadline - self._clock()):
+                    admitted = await bulkhead.acquire()
+            except anyio.get_cancelled_exc_class():
+                self._finish(call, "cancelled", "cancelled_by_caller")
+                raise
+        if admitted is None:
+            return self._give_up(call, self._ttft_timeout(call, "while waiting for a bulkhead slot"), None, "timeout")
+        if not admitted:
+            assert bulkhead is not None
             self._instrumentation.bulkhead_rejected(call.tier_name)
             error = BulkheadFull(
                 f"tier {call.tier_name!r} already has {bulkhead.config.max_in_flight} call(s) in flight and "
@@ -183,15 +195,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             release()
             return self._give_up(call, refused, None, "rejected")
         if outcome is None:
-            elapsed = self._clock() - call.record.start
-            error = TTFTTimeout(
-                f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
-                f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; in-flight attempts were closed",
-                request=call.request,
-                record=call.record,
-            )
             release()
-            return self._give_up(call, error, None, "timeout")
+            return self._give_up(call, self._ttft_timeout(call, "in-flight attempts were closed"), None, "timeout")
         if isinstance(outcome, GiveUp):
             release()
             return self._give_up(call, outcome.reason, outcome, None)
@@ -239,6 +244,15 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
 
     # --- failures -------------------------------------------------------------------------
+
+    def _ttft_timeout(self, call: Call, detail: str) -> TTFTTimeout:
+        elapsed = self._clock() - call.record.start
+        return TTFTTimeout(
+            f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
+            f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; {detail}",
+            request=call.request,
+            record=call.record,
+        )
 
     def _give_up(
         self, call: Call, error: GuardFailure | None, give_up: GiveUp | None, status: CallStatus | None

@@ -260,3 +260,22 @@ async def test_control_cohort_is_one_plain_measured_attempt(servers: list[Loopba
     assert response.status_code == 500 and "x-should-retry" not in response.headers
     assert records[0].cohort == "control" and len(records[0].attempts) == 1
     assert len(servers[0].received) == 1
+
+
+async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[LoopbackServer]) -> None:
+    from llmguard_client import Bulkhead
+
+    servers[0].script = Script(tokens=50, gap=0.02)  # holds the only slot for about a second
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.3, total=5.0, stall=1.0)}
+    bulkheads = {"t": Bulkhead(max_in_flight=1, max_waiting=1)}
+    async with make_guard(servers[:1], records, tiers=tiers, bulkheads=bulkheads) as guard, guard.http_client() as c:
+        async with c.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as first:
+            started = time.monotonic()
+            with pytest.raises(TTFTTimeout, match="bulkhead slot"):
+                await c.post(servers[0].url + CHAT, json=STREAM_BODY)
+            assert 0.3 <= time.monotonic() - started < 0.3 + MARGIN
+            await first.aread()
+        assert (await c.post(servers[0].url + CHAT, json=STREAM_BODY)).status_code == 200  # the slot came back
+    assert [r.status for r in records] == ["timeout", "ok", "ok"]
+    assert records[0].attempts == [] and len(servers[0].received) == 2
