@@ -70,13 +70,15 @@ class ResponseFacts:
 class SSEScanner:
     """Feed it the bytes of an SSE body; it tells when the first content token has arrived."""
 
-    __slots__ = ("_data", "_partial", "_skip_lf", "done", "facts", "first_token")
+    __slots__ = ("_data", "_partial", "_skip_lf", "chunks", "done", "facts", "first_token")
 
     def __init__(self) -> None:
         self._partial = b""
         self._skip_lf = False
         self._data: list[bytes] = []
         self.first_token = False
+        self.chunks = 0
+        """Data events from the first content token on (the token's own included; ``[DONE]`` not)."""
         self.done = False
         self.facts = ResponseFacts()
 
@@ -106,14 +108,17 @@ class SSEScanner:
         if data.strip() == b"[DONE]":
             self.done = True
             return
-        if self.first_token and not any(marker in data for marker in _LATE_MARKERS):
-            return
+        if self.first_token:
+            self.chunks += 1
+            if not any(marker in data for marker in _LATE_MARKERS):
+                return
         try:
             obj = json.loads(data)
         except (ValueError, RecursionError):
             return  # not JSON (a vendor ping, a malformed event): never a token
-        if self.facts.absorb(obj):
+        if self.facts.absorb(obj) and not self.first_token:
             self.first_token = True
+            self.chunks = 1
 
 
 def body_facts(body: bytes) -> ResponseFacts:

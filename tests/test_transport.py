@@ -73,6 +73,7 @@ async def test_phase_record_fields_and_order(servers: list[LoopbackServer]) -> N
     assert record.start <= record.queued <= record.sent <= record.headers <= record.first_token <= record.finish  # type: ignore[operator]
     assert record.first_token - record.headers >= 0.04  # type: ignore[operator]
     assert (record.prompt_tokens, record.completion_tokens) == (7, 5)  # from the final usage chunk
+    assert record.chunks == 7  # 5 content chunks, the finish chunk and the usage chunk
     assert record.status == "ok" and record.http_status == 200 and record.replica == servers[0].url
     assert record.finish_reasons == ["stop"] and record.response_id == "chatcmpl-test"
     assert len(record.attempts) == 1 and record.attempts[0].outcome == "won"

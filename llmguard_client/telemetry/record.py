@@ -78,6 +78,8 @@ class PhaseRecord:
     finish: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    chunks: int | None = None
+    """Streamed data events from the first content token to the end (None for a non-streaming body)."""
     status: CallStatus = "pending"
     cause: str | None = None
     http_status: int | None = None
