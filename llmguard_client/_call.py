@@ -65,6 +65,8 @@ class Call:
     total_deadline: float
     hedgeable: bool
     retry_any_status: bool
+    replica_bases: tuple[httpx.URL, ...] = ()
+    """Every replica's base URL, to recognise a request already aimed at one of them."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
     failed_replicas: list[ReplicaState] = field(default_factory=list)
@@ -87,8 +89,6 @@ class Call:
         for key, value in plain.items():
             request.headers[key] = value
         return request
-
-    replica_bases: tuple[httpx.URL, ...] = ()
 
 
 def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:

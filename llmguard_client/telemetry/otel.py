@@ -448,9 +448,30 @@ def _ns(record: PhaseRecord, t: float | None) -> int:
     return round(record.start_unix * 1e9) + round((t - record.start) * 1e9)
 
 
-def _phase(attrs: _Attrs, key: str, t: float | None, start: float) -> None:
-    if t is not None:
-        attrs[key] = round(t - start, 6)
+_ATTEMPT_PHASES = (
+    (sc.LLMGUARD_PHASE_START, "start"),
+    (sc.LLMGUARD_PHASE_SENT, "sent"),
+    (sc.LLMGUARD_PHASE_HEADERS, "headers"),
+    (sc.LLMGUARD_PHASE_FIRST_TOKEN, "first_token"),
+    (sc.LLMGUARD_PHASE_FINISH, "finish"),
+)
+_CALL_PHASES = ((sc.LLMGUARD_PHASE_QUEUED, "queued"), *_ATTEMPT_PHASES[1:])
+
+
+def _close_span(
+    span: Span, attrs: _Attrs, phases: object, names: tuple[tuple[str, str], ...], start: float, err: str | None,
+    end_ns: int | None,
+) -> None:  # fmt: skip
+    """Set the phases (seconds since the call started) and the error, then end the span."""
+    for key, field in names:
+        t = getattr(phases, field)
+        if t is not None:
+            attrs[key] = round(t - start, 6)
+    if err is not None:
+        attrs[sc.ERROR_TYPE] = err
+        span.set_status(Status(StatusCode.ERROR, err))
+    span.set_attributes(attrs)
+    span.end(end_time=end_ns)
 
 
 class _Call:
@@ -552,16 +573,9 @@ class _Call:
                 attrs[sc.HTTP_RESPONSE_STATUS_CODE] = attempt.status_code
             if attempt.retry_after is not None:
                 attrs[sc.LLMGUARD_RETRY_AFTER] = attempt.retry_after
-            _phase(attrs, sc.LLMGUARD_PHASE_START, attempt.start, start)
-            _phase(attrs, sc.LLMGUARD_PHASE_SENT, attempt.sent, start)
-            _phase(attrs, sc.LLMGUARD_PHASE_HEADERS, attempt.headers, start)
-            _phase(attrs, sc.LLMGUARD_PHASE_FIRST_TOKEN, attempt.first_token, start)
-            _phase(attrs, sc.LLMGUARD_PHASE_FINISH, attempt.finish, start)
-            if err is not None:
-                attrs[sc.ERROR_TYPE] = err
-                span.set_status(Status(StatusCode.ERROR, err))
-            span.set_attributes(attrs)
-        span.end(end_time=_ns(record, attempt.finish))
+            _close_span(span, attrs, attempt, _ATTEMPT_PHASES, start, err, _ns(record, attempt.finish))
+        else:
+            span.end(end_time=_ns(record, attempt.finish))
 
     def budget_refused(self, record: PhaseRecord) -> None:
         self._refusals += 1
@@ -663,16 +677,7 @@ class _Call:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
         if record.http_status is not None:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = record.http_status
-        _phase(attrs, sc.LLMGUARD_PHASE_QUEUED, record.queued, start)
-        _phase(attrs, sc.LLMGUARD_PHASE_SENT, record.sent, start)
-        _phase(attrs, sc.LLMGUARD_PHASE_HEADERS, record.headers, start)
-        _phase(attrs, sc.LLMGUARD_PHASE_FIRST_TOKEN, record.first_token, start)
-        _phase(attrs, sc.LLMGUARD_PHASE_FINISH, record.finish, start)
-        if err is not None:
-            attrs[sc.ERROR_TYPE] = err
-            span.set_status(Status(StatusCode.ERROR, err))
-        span.set_attributes(attrs)
-        span.end(end_time=_ns(record, record.finish))
+        _close_span(span, attrs, record, _CALL_PHASES, start, err, _ns(record, record.finish))
 
 
 def _time_per_output_chunk(record: PhaseRecord) -> float | None:
