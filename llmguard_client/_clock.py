@@ -27,7 +27,7 @@ def loop_clock() -> float:
     (where asyncio's loop time is the same, e.g. for `Guard.snapshot` from sync code)."""
     try:
         return anyio.current_time()
-    except sniffio.AsyncLibraryNotFoundError:
+    except RuntimeError:  # no running loop (sniffio's or anyio's NoEventLoopError, by version)
         return time.monotonic()
 
 

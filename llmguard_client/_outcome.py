@@ -83,6 +83,12 @@ class AttemptFailure:
         return isinstance(self.error, (httpx.TransportError, OSError, anyio.BrokenResourceError, anyio.EndOfStream))
 
     @property
+    def refused(self) -> bool:
+        """The replica refused the connection: no server saw the request, so retrying it elsewhere
+        adds no load to any server (such retries are not charged to the budget)."""
+        return isinstance(self.error, httpx.ConnectError)
+
+    @property
     def is_connect_error(self) -> bool:
         """The request never reached the server, so resending it cannot duplicate work."""
         return isinstance(self.error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))

@@ -11,7 +11,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After;
 - every retry is paid from the shared budget; an empty budget ends the call at once
-  with the last server answer;
+  with the last server answer. A retry after a refused connection is free: no server saw
+  the request, so resending it elsewhere adds no load (a dead replica must not empty the
+  budget that the live ones need);
 - backoff between retries is tenacity's ``wait_random_exponential`` (full jitter);
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
@@ -144,7 +146,7 @@ class RetryLayer:
                 wait = max(wait, last.retry_after)
         if wait + expected_ttft >= remaining:
             return Failed()
-        payment = call.pay_extra()
+        payment = Payment() if last.refused else call.pay_extra()
         if payment is None:
             return Failed(
                 reason=BudgetExhausted(
