@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmguard_client._quantile import percentile
 from llmguard_client.sim.engine import Engine, EngineConfig, EngineRequest, Rejected, Sequence
 from llmguard_client.sim.lengths import SEED_PROMPT_LENGTHS, LengthDist
 
@@ -114,9 +115,9 @@ class VirtualRun:
         return min(self.samples, key=lambda s: abs(s[0] - t))
 
     def ttft_quantile(self, q: float) -> float:
-        """Quantile ``q`` of the time to first token, measured from the first attempt."""
-        ordered = sorted(self.ttfts)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+        """Quantile ``q`` (0..1) of the time to first token, measured from the first attempt (nan if none)."""
+        value = percentile(self.ttfts, q * 100)
+        return float("nan") if value is None else value
 
 
 @dataclass(order=True, slots=True)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from llmguard_client.bench.report import (
     SLO,
     BenchReport,
     fmt_ratio,
-    percentile,
     plot_cdfs,
     render,
     summarize,
@@ -37,28 +35,6 @@ def sample(i: int, client: str = "plain", status: str = "ok", ttft: float | None
         prompt_tokens=5,
         attempts=attempts,
     )
-
-
-def test_percentile_known_values() -> None:
-    data = list(range(1, 11))  # 1..10
-    assert percentile(data, 0) == 1
-    assert percentile(data, 100) == 10
-    assert percentile(data, 50) == pytest.approx(5.5)
-    assert percentile(data, 90) == pytest.approx(9.1)
-    assert percentile(data, 99) == pytest.approx(9.91)
-    assert percentile([3.0], 99) == 3.0
-    assert percentile([], 50) is None
-    assert percentile([5, 1, 3], 50) == 3  # unsorted input
-    with pytest.raises(ValueError):
-        percentile(data, 101)
-
-
-def test_percentile_matches_numpy_linear() -> None:
-    rng = random.Random(4)
-    for n in (2, 7, 100, 1001):
-        values = [rng.lognormvariate(0, 1) for _ in range(n)]
-        for p in (1, 50, 95, 99, 99.9):
-            assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)))
 
 
 def test_tpot() -> None:
