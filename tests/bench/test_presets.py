@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 from llmguard_client.bench.presets import DEMO_SCENARIOS, PRESETS, SIM_LENGTHS, preset_for
-from llmguard_client.bench.traffic import SPIKE, make_plan, parse_profile
+from llmguard_client.bench.rates import SPIKE, parse_profile
+from llmguard_client.bench.traffic import make_plan
 
 
 def test_demo_presets_meet_the_brief() -> None:
