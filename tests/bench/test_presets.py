@@ -32,9 +32,7 @@ def test_presets_follow_the_sim_scenarios() -> None:
     sims = scenarios.SCENARIOS
     assert set(PRESETS) <= set(sims)
     over = sims["overload"]
-    plan = make_plan(
-        PRESETS["overload"].requests, rate=PRESETS["overload"].rate, profile=parse_profile("spike")
-    )
+    plan = make_plan(PRESETS["overload"].requests, rate=PRESETS["overload"].rate, profile=parse_profile("spike"))
     assert plan.profile is not None
     assert plan.profile.segments[0][0] == pytest.approx(over.load.base_rps)
     assert plan.profile.peak_rate == pytest.approx(over.load.peak_rps)
