@@ -114,9 +114,7 @@ class Guard:
                 raise GuardConfigError(f"tier_budgets[{name!r}] must be a BudgetPolicy, got {policy!r}")
         cohorts = Rollout(rollout)
         if instrumentation is _UNSET:
-            from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-
-            instrumentation = OpenTelemetryInstrumentation()
+            instrumentation = _default_instrumentation()
         if instrumentation is None:
             from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
 
@@ -192,6 +190,18 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _default_instrumentation() -> Instrumentation | None:
+    """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
+    OpenTelemetry, so there is nothing to report to: no instrumentation."""
+    try:
+        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        return None
+    return OpenTelemetryInstrumentation()
 
 
 def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
