@@ -11,6 +11,8 @@ through OpenTelemetry, all behind one httpx transport::
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from llmguard_client._capture import capture
+from llmguard_client._causes import guard_failure
 from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
 from llmguard_client._errors import (
     AllAttemptsFailed,
@@ -69,6 +71,8 @@ __all__ = [
     "TotalTimeout",
     "UnknownTierError",
     "__version__",
+    "capture",
+    "guard_failure",
     "parse_retry_after",
 ]
 

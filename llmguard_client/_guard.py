@@ -7,18 +7,26 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
+from llmguard_client._capture import Capture, capture
 from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._transport import GuardTransport, RecordCallback
+from llmguard_client.edges._registry import stop_sync_runner
+from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
 from llmguard_client.layers.rollout import Rollout
 from llmguard_client.telemetry.hooks import Instrumentation
+
+if TYPE_CHECKING:
+    import httpx2
+
+_H = TypeVar("_H")
 
 _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
@@ -179,6 +187,8 @@ class Guard:
 
     async def aclose(self) -> None:
         """Close every replica's connection pool; later requests fail with a clear error."""
+        if await stop_sync_runner(self):  # sync calls ran on the Guard's own loop: closed there
+            return
         if not self._transport.closed:
             self._transport.closed = True
             await self._replica_set.aclose()
@@ -190,6 +200,60 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    # --- other HTTP clients and sync code (llmguard_client.edges), the record of SDK calls ----
+
+    def httpx2_client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        """An `httpx2.AsyncClient` through the guard: for openai >= 3 and anthropic >= 1 (needs httpx2).
+
+        Same defaults as `http_client`; closing it leaves the guard open.
+        """
+        from llmguard_client.edges.httpx2_async import httpx2_client
+
+        return httpx2_client(self, **kwargs)
+
+    def sync_http_client(self, **kwargs: Any) -> httpx.Client:
+        """An `httpx.Client` through the guard, for sync code (``openai.OpenAI`` 1.x/2.x).
+
+        Calls run on one background event-loop thread per Guard, started on first use;
+        ``guard.close()`` stops it. Same timeout default as `http_client`.
+        """
+        from llmguard_client.edges.httpx_sync import sync_http_client
+
+        return sync_http_client(self, **kwargs)
+
+    def sync_httpx2_client(self, **kwargs: Any) -> httpx2.Client:
+        """An `httpx2.Client` through the guard, for sync code (``openai.OpenAI`` >= 3, ``anthropic.Anthropic``)."""
+        from llmguard_client.edges.httpx2_sync import sync_httpx2_client
+
+        return sync_httpx2_client(self, **kwargs)
+
+    def http_client_for(self, sdk: TakesHttpClient[_H], **kwargs: Any) -> _H:
+        """The guarded client of the kind ``sdk``'s ``http_client=`` takes, typed to match, e.g.
+        ``openai.AsyncOpenAI(..., http_client=guard.http_client_for(openai.AsyncOpenAI))``."""
+        from llmguard_client.edges.sdk import http_client_for
+
+        client: _H = http_client_for(self, sdk, **kwargs)
+        return client
+
+    def capture(self) -> contextlib.AbstractContextManager[Capture]:
+        """``with guard.capture() as calls:`` collects the `PhaseRecord` of each call made and ended
+        inside (see `llmguard_client.capture`)."""
+        return capture()
+
+    def close(self) -> None:
+        """``await guard.aclose()`` for sync code: closes the pools and stops the sync edges' thread."""
+        from llmguard_client.edges._registry import close_guard
+
+        close_guard(self)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 def _default_instrumentation() -> Instrumentation | None:

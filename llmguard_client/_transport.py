@@ -25,6 +25,7 @@ import anyio
 import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, RequestFacts
+from llmguard_client._capture import deliver_to_captures
 from llmguard_client._config import FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import (
     AllAttemptsFailed,
@@ -35,6 +36,7 @@ from llmguard_client._errors import (
 )
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._replicas import ReplicaSet
+from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptWin
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
@@ -97,6 +99,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
     # --- the request path -----------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
+            raise TypeError(wrong_client_message(request))
         if self.closed:
             raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
         call = await self._start_call(request)
@@ -293,6 +297,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.status, record.cause = status, cause
         record.finish = finish if finish is not None else self._clock()
         call.observation.call_finished(record)
+        deliver_to_captures(record, call.request)
         if self._on_record is not None:
             try:
                 self._on_record(record)
