@@ -8,11 +8,12 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
 
+from llmguard_client._capture import Capture, capture
 from llmguard_client._clock import Clock, loop_clock
 from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
 from llmguard_client._errors import GuardConfigError, UnknownTierError
@@ -20,11 +21,18 @@ from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot, open_connections
 from llmguard_client._transport import GuardTransport, RecordCallback
+from llmguard_client.edges._registry import stop_sync_runner
+from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
 from llmguard_client.layers.hedge import HedgeDelays
 from llmguard_client.layers.rollout import Rollout
 from llmguard_client.telemetry.hooks import Instrumentation
+
+if TYPE_CHECKING:
+    import httpx2
+
+_H = TypeVar("_H")
 
 _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
@@ -132,9 +140,7 @@ class Guard:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
         cohorts = Rollout(rollout)
         if instrumentation is _UNSET:
-            from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-
-            instrumentation = OpenTelemetryInstrumentation()
+            instrumentation = _default_instrumentation()
         if instrumentation is None:
             from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
 
@@ -220,6 +226,8 @@ class Guard:
         """
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
             raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+        if await stop_sync_runner(self, grace):  # sync calls ran on the Guard's own loop: closed there
+            return
         registry = self._registry
         if registry.closed and not registry.live and self._pools_closed:
             return
@@ -281,6 +289,72 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    # --- other HTTP clients and sync code (llmguard_client.edges), the record of SDK calls ----
+
+    def httpx2_client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        """An `httpx2.AsyncClient` through the guard: for openai >= 3 and anthropic >= 1 (needs httpx2).
+
+        Same defaults as `http_client`; closing it leaves the guard open.
+        """
+        from llmguard_client.edges.httpx2_async import httpx2_client
+
+        return httpx2_client(self, **kwargs)
+
+    def sync_http_client(self, **kwargs: Any) -> httpx.Client:
+        """An `httpx.Client` through the guard, for sync code (``openai.OpenAI`` 1.x/2.x).
+
+        Calls run on one background event-loop thread per Guard, started on first use;
+        ``guard.close()`` stops it. Same timeout default as `http_client`.
+        """
+        from llmguard_client.edges.httpx_sync import sync_http_client
+
+        return sync_http_client(self, **kwargs)
+
+    def sync_httpx2_client(self, **kwargs: Any) -> httpx2.Client:
+        """An `httpx2.Client` through the guard, for sync code (``openai.OpenAI`` >= 3, ``anthropic.Anthropic``)."""
+        from llmguard_client.edges.httpx2_sync import sync_httpx2_client
+
+        return sync_httpx2_client(self, **kwargs)
+
+    def http_client_for(self, sdk: TakesHttpClient[_H], **kwargs: Any) -> _H:
+        """The guarded client of the kind ``sdk``'s ``http_client=`` takes, typed to match, e.g.
+        ``openai.AsyncOpenAI(..., http_client=guard.http_client_for(openai.AsyncOpenAI))``."""
+        from llmguard_client.edges.sdk import http_client_for
+
+        client: _H = http_client_for(self, sdk, **kwargs)
+        return client
+
+    def capture(self) -> contextlib.AbstractContextManager[Capture]:
+        """``with guard.capture() as calls:`` collects the `PhaseRecord` of each call made and ended
+        inside (see `llmguard_client.capture`)."""
+        return capture()
+
+    def close(self) -> None:
+        """``await guard.aclose()`` for sync code: closes the pools and stops the sync edges' thread."""
+        from llmguard_client.edges._registry import close_guard
+
+        close_guard(self)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _default_instrumentation() -> Instrumentation | None:
+    """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
+    OpenTelemetry, so there is nothing to report to: no instrumentation."""
+    try:
+        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        return None
+    return OpenTelemetryInstrumentation()
 
 
 def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:

@@ -27,6 +27,7 @@ import anyio
 import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, RequestFacts
+from llmguard_client._capture import deliver_to_captures
 from llmguard_client._clock import Clock, bind_clock, loop_clock
 from llmguard_client._config import FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
@@ -35,6 +36,7 @@ from llmguard_client._lease import CallLease, LeaseRegistry
 from llmguard_client._outcome import Failed, Route, Win
 from llmguard_client._pipeline import Next, compose
 from llmguard_client._replicas import ReplicaSet
+from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
@@ -109,6 +111,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
     # --- the request path -----------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
+            raise TypeError(wrong_client_message(request))
         if self._registry.closed:
             raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
         call = await self._start_call(request)
@@ -212,6 +216,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.status, record.cause = status, cause
         record.finish = win.attempt.finish if win is not None and win.attempt.outcome == "won" else now
         call.observation.call_finished(record)
+        deliver_to_captures(record, call.request)
         if self._on_record is not None:
             try:
                 self._on_record(record)
