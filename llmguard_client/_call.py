@@ -67,6 +67,9 @@ class Call:
     observation: CallObservation
     lease: CallLease
     clock: Clock
+    """The Guard's clock, bound for this call: every deadline below is on it."""
+    loop_time: Clock
+    """The event loop's own time (what cancel scope deadlines are on); the same as ``clock`` by default."""
     first_token_deadline: float
     """Absolute time (on ``clock``) by which the first content token must arrive."""
     total_deadline: float

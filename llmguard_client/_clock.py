@@ -31,14 +31,17 @@ def loop_clock() -> float:
         return time.monotonic()
 
 
-def bind_clock(clock: Clock) -> Clock:
-    """``clock`` for use within one call: the default resolved once to the running loop's own
-    time function (about 15x cheaper per read than going through anyio each time)."""
-    if clock is not loop_clock:
-        return clock
+def loop_time_function() -> Clock:
+    """The running loop's own time function, the time line of its cancel scopes and sleeps
+    (about 15x cheaper per read than ``anyio.current_time``)."""
     if sniffio.current_async_library() == "asyncio":
         return asyncio.get_running_loop().time
     return anyio.current_time
+
+
+def bind_clock(clock: Clock, loop_time: Clock) -> Clock:
+    """``clock`` for use within one call: the default resolves to ``loop_time``."""
+    return loop_time if clock is loop_clock else clock
 
 
 def scope_until(clock: Clock, deadline: float) -> anyio.CancelScope:

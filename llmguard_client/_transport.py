@@ -28,7 +28,7 @@ import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, RequestFacts
 from llmguard_client._capture import deliver_to_captures
-from llmguard_client._clock import Clock, bind_clock, loop_clock
+from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
 from llmguard_client._config import FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
@@ -136,7 +136,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return await self._give_up(call, outcome)
 
     async def _start_call(self, request: httpx.Request) -> Call:
-        clock = bind_clock(self._clock)
+        loop_time = loop_time_function()
+        clock = bind_clock(self._clock, loop_time)
         now = clock()
         tier_name = self._resolve_tier(request)
         tier = self._tiers[tier_name]
@@ -167,6 +168,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             observation=self._instrumentation.call_started(record),
             lease=CallLease(self._registry),
             clock=clock,
+            loop_time=loop_time,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             hedgeable=generation,

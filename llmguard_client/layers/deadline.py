@@ -89,9 +89,13 @@ class GuardBody(httpx.AsyncByteStream):
             raise StopAsyncIteration
         call = self._call
         lease = call.lease
-        left = self._deadline - call.clock()
+        now = call.clock()
+        left = self._deadline - now
         stall_tripped = self._stall <= left
-        scope = anyio.move_on_after(max(0.0, min(self._stall, left)))
+        wait = min(self._stall, left)
+        # One scope per read, its deadline on the loop's own time line (no anyio.current_time per chunk).
+        at = now + wait if call.clock is call.loop_time else call.loop_time() + wait
+        scope = anyio.CancelScope(deadline=at)
         if lease.aborted:
             scope.cancel()
         lease._scopes.add(scope)
