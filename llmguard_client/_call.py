@@ -17,8 +17,10 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
+KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
-_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", TIER_HEADER.encode(), COHORT_HEADER.encode()})
+_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode())
+_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
 
 
 @dataclass(slots=True)

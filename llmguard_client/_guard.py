@@ -17,7 +17,7 @@ from llmguard_client._replicas import ReplicaSet
 from llmguard_client._transport import GuardTransport, RecordCallback
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.rollout import Rollout
+from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
 from llmguard_client.telemetry.hooks import Instrumentation
 
 _DEFAULT_TIERS: Mapping[str, Tier] = {
@@ -49,7 +49,11 @@ class Guard:
     tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
                    the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
-    rollout:       fraction of calls that take the guarded path (the rest: control cohort).
+    rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
+                   through untouched), or a callable returning it (polled at most every
+                   ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
+                   variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
+    rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -67,7 +71,9 @@ class Guard:
         budget: BudgetPolicy | None = _UNSET,
         tier_budgets: Mapping[str, BudgetPolicy] | None = None,
         bulkheads: Mapping[str, Bulkhead] | None = None,
-        rollout: float = 1.0,
+        rollout: float | FractionSource = 1.0,
+        rollout_key: KeyFunction | None = None,
+        rollout_poll_interval: float = 5.0,
         failure_mode: FailureMode = "auto",
         instrumentation: Instrumentation | None = _UNSET,
         on_record: RecordCallback | None = None,
@@ -112,7 +118,7 @@ class Guard:
         for name, policy in tier_budgets.items():
             if not isinstance(policy, BudgetPolicy):
                 raise GuardConfigError(f"tier_budgets[{name!r}] must be a BudgetPolicy, got {policy!r}")
-        cohorts = Rollout(rollout)
+        cohorts = Rollout(rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env())
         if instrumentation is _UNSET:
             from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 
@@ -137,6 +143,7 @@ class Guard:
         self._replica_set = ReplicaSet(resolved, transport_factory)
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
+        self._rollout = cohorts
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -184,6 +191,7 @@ class Guard:
         if not self._transport.closed:
             self._transport.closed = True
             await self._replica_set.aclose()
+            await self._transport.passthrough_pool.aclose()
 
     async def __aenter__(self) -> Guard:
         return self
@@ -192,6 +200,26 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    # --- rollout ------------------------------------------------------------------------------
+
+    @property
+    def rollout(self) -> float:
+        """The fraction of calls guarded now (0.0 while ``LLMGUARD_DISABLED`` is set)."""
+        return self._rollout.fraction
+
+    def set_rollout(self, fraction: float | FractionSource) -> None:
+        """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
+        passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
+        self._rollout.set(fraction)
+
+    def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.
+
+        >>> with guard.rollout_key(user.id):
+        ...     await oai.chat.completions.create(...)
+        """
+        return self._rollout.keyed(key)
 
 
 def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:

@@ -40,8 +40,9 @@ from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
 from llmguard_client.layers.deadline import WatchedStream
 from llmguard_client.layers.hedge import Hedger
+from llmguard_client.layers.passthrough import PassthroughPool, control_tier, passthrough
 from llmguard_client.layers.retry import GiveUp, Retrier
-from llmguard_client.layers.rollout import Rollout
+from llmguard_client.layers.rollout import Assignment, Rollout
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 
@@ -92,6 +93,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._bases = tuple(s.base for s in replicas.states)
         self.hedger = Hedger(replicas, hedge, clock)
         self._retrier = Retrier(self.hedger, replicas, retry, instrumentation, clock)
+        self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
+        """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         self.closed = False
 
     # --- the request path -----------------------------------------------------------------
@@ -99,7 +102,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.closed:
             raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
-        call = await self._start_call(request)
+        assignment = self._rollout.assign(request)
+        if assignment.cohort == "control":
+            return await self._pass_through(request, assignment)
+        call = await self._start_call(request, assignment)
         bulkhead = self._bulkheads.get(call.tier_name) if call.guarded else None
         admitted: bool | None = True
         if bulkhead is not None:
@@ -137,11 +143,24 @@ class GuardTransport(httpx.AsyncBaseTransport):
             release()
             raise
 
-    async def _start_call(self, request: httpx.Request) -> Call:
+    async def _pass_through(self, request: httpx.Request, assignment: Assignment) -> httpx.Response:
+        """The control cohort (and everything while the guard is off): layers.passthrough."""
+        tier = control_tier(request, self._tiers, self._tier_var.get(), self._default_tier)
+        return await passthrough(
+            request,
+            self.passthrough_pool.for_url,
+            tier=tier,
+            fraction=assignment.fraction,
+            instrumentation=self._instrumentation,
+            on_record=self._on_record,
+            clock=self._clock,
+        )
+
+    async def _start_call(self, request: httpx.Request, assignment: Assignment) -> Call:
         now = self._clock()
         tier_name = self._resolve_tier(request)
         tier = self._tiers[tier_name]
-        cohort = self._rollout.cohort(request)
+        cohort = assignment.cohort
         body = await request.aread()
         facts = RequestFacts.parse(request, body)
         path = request.url.path
@@ -156,6 +175,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             model=facts.model,
             stream=facts.stream,
             max_tokens=facts.max_tokens,
+            rollout_fraction=assignment.fraction,
         )
         generation = (self._hedge or _GENERATION_PATHS).applies_to(path)
         call = Call(
