@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica
+from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier
 from llmguard_client.layers.rollout import Rollout, disabled_by_env, flag_fraction, key_position
 
 URL = "http://r1.test:8000/v1/chat/completions"
@@ -313,6 +313,7 @@ async def test_set_rollout_under_concurrent_calls_each_call_uses_one_fraction_an
     guard = Guard(
         ["http://r1.test:8000"],
         rollout=0.1,
+        tiers={"interactive": Tier(ttft=60.0, total=120.0)},  # deadlines are not under test on a shared CPU
         hedge=None,
         retry=None,
         transport_factory=transport,
@@ -323,7 +324,7 @@ async def test_set_rollout_under_concurrent_calls_each_call_uses_one_fraction_an
 
     def flip_from_a_thread() -> None:
         rng = random.Random(3)
-        while not stop.is_set():
+        while not stop.wait(0.0005):  # a short wait: a tight loop would hold the GIL and starve the calls
             guard.set_rollout(rng.choice(fractions))
 
     flipper = threading.Thread(target=flip_from_a_thread)
