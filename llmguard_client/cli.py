@@ -6,6 +6,7 @@
                    [--tier-ttft S] [--tier-total S] [--tier-stall S|none] [--deadline S]
                    [--replicas K] [--reuse-cluster] [--json PATH|-] [--plot PATH] [--no-progress]
     llmguard demo [--seed S] [--json PATH|-] [--plot PATH] [--no-progress]
+    llmguard compare RECORDS.jsonl|- [--json] [--tier NAME] [--max-attempts A] [--success-drop D] [--min-calls N]
 
 Bad input (unknown scenario or client, unreachable URL, non-positive numbers...) prints one line on
 stderr and exits with status 2; a failure while running exits 1 (set LLMGUARD_DEBUG=1 for a traceback).
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description="Load-test OpenAI-compatible endpoints with and without llmguard."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,demo,compare}")
 
     b = sub.add_parser(
         "bench",
@@ -156,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0)
     _add_output_options(d)
+
+    from llmguard_client.compare.command import add_parser as add_compare
+
+    add_compare(sub)
     return parser
 
 
@@ -407,6 +412,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from llmguard_client.compare.command import InputError, run
+
+    try:
+        return run(args)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _fail(message: str, stream: IO[str] | None = None) -> None:
     line = " ".join(message.split())  # always exactly one line
     print(f"{PROG}: error: {line}", file=stream or sys.stderr)
@@ -418,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "compare":
+            return _compare(args)
         return _demo(args)
     except UsageError as exc:
         _fail(str(exc))
