@@ -110,7 +110,7 @@ class WatchedStream(httpx.AsyncByteStream):
     async def aclose(self) -> None:
         """Close the upstream connection (if still open) and finish the call's record."""
         await close_quietly(self._win.response)
-        if self._complete:
+        if self._complete or (self._win.scanner is not None and self._win.scanner.done):  # [DONE] read: complete
             self._done("ok", None)
         else:
             self._done("abandoned", "closed_by_caller")

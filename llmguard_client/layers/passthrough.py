@@ -233,7 +233,9 @@ class _MeasuredStream(httpx.AsyncByteStream):
         end("ok", None, "won")
 
     async def aclose(self) -> None:
-        """Close the server's response; a body closed before its end is recorded as abandoned."""
+        """Close the server's response; a body closed before its end (or an SSE ``[DONE]``) is abandoned."""
+        if not self._end.done and self._scanner is not None and self._scanner.done:
+            self._finish()  # e.g. openai 2.x and the bench stop reading at [DONE]: the answer was complete
         try:
             await self._response.aclose()
         finally:

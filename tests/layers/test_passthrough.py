@@ -201,3 +201,19 @@ async def test_aclose_closes_the_shared_pool_for_other_urls(recorders: list[Reco
     assert isinstance(shared, httpx.AsyncHTTPTransport) and shared._pool.connections == []
     with pytest.raises(RuntimeError, match="closed"):
         pool.for_url(httpx.URL(recorders[1].url))
+
+
+@pytest.mark.parametrize("rollout", [0.0, 1.0])
+async def test_a_stream_closed_right_after_done_is_ok_in_both_cohorts(
+    servers: list[LoopbackServer], rollout: float
+) -> None:
+    """openai 2.x and the bench stop reading at [DONE]; both cohorts must call that a success, or
+    `llmguard compare` would compare two different definitions of success."""
+    records: list[PhaseRecord] = []
+    async with Guard([servers[0].url], tiers=TIERS, rollout=rollout, on_record=records.append) as guard:
+        async with guard.http_client() as client, client.stream("POST", servers[0].url + CHAT, json=STREAM) as r:
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    break
+    (record,) = records
+    assert (record.cohort, record.status, record.cause) == ("control" if rollout == 0 else "guarded", "ok", None)
