@@ -35,7 +35,7 @@ import httpx
 
 from llmguard_client.bench.traffic import PlannedRequest
 
-CLIENT_NAMES = ("plain", "openai-default", "naive-retry", "guarded", "guarded-nohedge", "guarded-noretry")
+CLIENT_NAMES = ("plain", "openai-default", "naive-retry", "guarded", "guarded-nohedge", "guarded-noretry", "rollout")
 
 _POOL_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512, keepalive_expiry=5.0)
 
@@ -515,7 +515,7 @@ def parse_clients(spec: str) -> list[str]:
         name = raw.strip()
         if not name:
             continue
-        if name not in _CLIENTS:
+        if name not in CLIENT_NAMES:
             raise ValueError(f"unknown client {name!r}; choose from {', '.join(CLIENT_NAMES)}")
         if name not in names:
             names.append(name)
@@ -532,7 +532,15 @@ def make_client(
     tier: TierSpec,
     deadline: float | None = None,
     api_key: str | None = None,
+    rollout: float | None = None,
+    records: str | None = None,
 ) -> BenchClient:
+    if name == "rollout":  # bench/rollout.py: a Guard at a partial rollout, records for `llmguard compare`
+        from llmguard_client.bench.rollout import RolloutClient
+
+        return RolloutClient(
+            urls, model=model, tier=tier, deadline=deadline, api_key=api_key, fraction=rollout, records=records
+        )
     if name not in _CLIENTS:
         raise ValueError(f"unknown client {name!r}; choose from {', '.join(CLIENT_NAMES)}")
     return _CLIENTS[name](urls, model=model, tier=tier, deadline=deadline, api_key=api_key)
