@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from llmguard_client.compare.load import read_path
 from llmguard_client.compare.render import Report, render_text
-from llmguard_client.compare.summary import differences, summarize
+from llmguard_client.compare.summary import METRICS, differences, goodput, summarize
 from llmguard_client.compare.verdict import Thresholds, decide
 
 
@@ -40,6 +40,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("records", metavar="RECORDS", help="JSON lines of phase records (RecordLogger), or '-' for stdin")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of text")
     c.add_argument("--tier", action="append", metavar="NAME", help="only these tiers (repeatable)")
+    c.add_argument(
+        "--ttft-slo",
+        type=float,
+        metavar="S",
+        help="also show goodput: success with TTFT <= S seconds, e.g. your tier's ttft (not used by the verdict)",
+    )
     boot = c.add_argument_group("bootstrap")
     boot.add_argument("--resamples", type=int, default=2000, metavar="B", help="default: %(default)s")
     boot.add_argument("--confidence", type=_fraction, default=0.95, metavar="C", help="default: %(default)s")
@@ -73,6 +79,8 @@ def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | N
     out = out if out is not None else sys.stdout
     if args.resamples < 100:
         raise InputError(f"--resamples must be at least 100, got {args.resamples}")
+    if args.ttft_slo is not None and not (math.isfinite(args.ttft_slo) and args.ttft_slo > 0):
+        raise InputError(f"--ttft-slo must be seconds > 0 (e.g. 1.0), got {args.ttft_slo}")
     if not math.isfinite(args.max_attempts):
         raise InputError(f"--max-attempts must be a number >= 1.0, got {args.max_attempts}")
     try:
@@ -95,8 +103,9 @@ def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | N
             f"no phase records in {args.records} ({records.skipped} lines were not records): expected the JSON "
             "lines of RecordLogger, one object with cohort, tier and status per line"
         )
-    groups = summarize(calls)
-    diffs = differences(calls, resamples=args.resamples, confidence=args.confidence, seed=args.seed)
+    metrics = [*METRICS, goodput(args.ttft_slo)] if args.ttft_slo is not None else list(METRICS)
+    groups = summarize(calls, metrics)
+    diffs = differences(calls, metrics, resamples=args.resamples, confidence=args.confidence, seed=args.seed)
     report = Report(
         source="stdin" if args.records == "-" else args.records,
         records=len(calls),

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmguard_client.compare.summary import BY_NAME, METRICS, Difference, Group
+from llmguard_client.compare.summary import UNITS, Difference, Group
 from llmguard_client.compare.verdict import Thresholds, Verdict
 
 
@@ -64,19 +64,17 @@ class Report:
         }
 
 
-def _value(metric: str, value: float | None) -> str:
+def _value(unit: str, value: float | None) -> str:
     if value is None:
         return "-"
-    unit = BY_NAME[metric].unit
     if unit == "ratio":
         return f"{value * 100:.2f}%"
     return f"{value:.3f} s" if unit == "s" else f"{value:.3f}"
 
 
-def _delta(metric: str, value: float | None) -> str:
+def _delta(unit: str, value: float | None) -> str:
     if value is None:
         return "-"
-    unit = BY_NAME[metric].unit
     if unit == "ratio":
         return f"{value * 100:+.2f} pp"
     return f"{value:+.3f} s" if unit == "s" else f"{value:+.3f}"
@@ -101,27 +99,30 @@ def render_text(report: Report) -> str:
         f"rollout fraction(s) seen: {seen}",
         "",
     ]
-    head = [
-        "tier",
-        "cohort",
-        "calls",
-        "success",
-        "timeouts",
-        "429s",
-        "TTFT p50",
-        "TTFT p95",
-        "TTFT p99",
-        "e2e p99",
-        "attempts/call",
-        "server load/call",
+    columns = [
+        ("success", "success"),
+        ("timeouts", ""),
+        ("429s", ""),
+        ("TTFT p50", "ttft_p50"),
+        ("TTFT p95", "ttft_p95"),
+        ("TTFT p99", "ttft_p99"),
+        ("e2e p99", "e2e_p99"),
+        ("attempts/call", "attempts"),
+        ("server load/call", "server_load"),
     ]
-    rows = [head]
+    if any("goodput" in g.figures for g in report.groups):
+        columns.insert(1, ("goodput", "goodput"))
+    rows = [["tier", "cohort", "calls", *(title for title, _ in columns)]]
     for g in report.groups:
-        f = g.figures
-        rows.append(
-            [g.tier, g.cohort, str(g.calls), _value("success", f["success"]), str(g.timeouts), str(g.http_429)]
-            + [_value(m, f[m]) for m in ("ttft_p50", "ttft_p95", "ttft_p99", "e2e_p99", "attempts", "server_load")]
-        )
+        cells = [g.tier, g.cohort, str(g.calls)]
+        for title, name in columns:
+            if title == "timeouts":
+                cells.append(str(g.timeouts))
+            elif title == "429s":
+                cells.append(str(g.http_429))
+            else:
+                cells.append(_value(UNITS.get(name, "ratio"), g.figures.get(name)))
+        rows.append(cells)
     lines += _table(rows, right=2)
     lines += [
         "",
@@ -129,23 +130,13 @@ def render_text(report: Report) -> str:
     ]
     rows = [["scope", "metric", "guarded", "control", "difference", "CI", "significant"]]
     for d in report.diffs:
-        ci = "-" if d.interval is None else f"[{_delta(d.metric, d.interval.low)}, {_delta(d.metric, d.interval.high)}]"
+        ci = "-" if d.interval is None else f"[{_delta(d.unit, d.interval.low)}, {_delta(d.unit, d.interval.high)}]"
         significant = ""
         if d.interval is not None and (d.interval.low > 0 or d.interval.high < 0):
             significant = "higher" if d.interval.low > 0 else "lower"
         estimate = None if d.interval is None else d.interval.estimate
-        label = BY_NAME[d.metric].label
-        rows.append(
-            [
-                d.scope,
-                label,
-                _value(d.metric, d.guarded),
-                _value(d.metric, d.control),
-                _delta(d.metric, estimate),
-                ci,
-                significant,
-            ]
-        )
+        row = [d.scope, d.label, _value(d.unit, d.guarded), _value(d.unit, d.control), _delta(d.unit, estimate)]
+        rows.append([*row, ci, significant])
     if len(rows) == 1:
         rows.append(["-", "(needs calls in both cohorts)", "", "", "", "", ""])
     lines += _table(rows, right=2)
@@ -153,4 +144,4 @@ def render_text(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["METRICS", "Report", "render_text"]
+__all__ = ["Report", "render_text"]

@@ -8,7 +8,10 @@ Definitions (over the calls of one cohort in one tier, or in all tiers):
 - TTFT p50/p95/p99: over the calls that got a first token (failures are counted in the rates);
 - e2e p99: start to end of the successful calls;
 - attempts/call: requests the guard started per call (1 for control);
-- server load/call: attempts that reached a server per call (a hedge sent counts; a connect error does not).
+- server load/call: attempts that reached a server per call (a hedge sent counts; a connect error does not);
+- goodput (only with a TTFT SLO, `goodput`): calls that succeeded with TTFT <= the SLO / calls. Success alone
+  counts a control call answered after 3 s as a success while a guarded call cut at a 1 s ttft deadline is a
+  timeout; goodput scores both against the same SLO.
 """
 
 from __future__ import annotations
@@ -56,7 +59,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("attempts", "attempts/call", "count", lambda cs: [float(c.attempts) for c in cs]),
     Metric("server_load", "server load/call", "count", lambda cs: [float(c.sent) for c in cs]),
 )
-BY_NAME = {m.name: m for m in METRICS}
+UNITS = {m.name: m.unit for m in METRICS}
+
+
+def goodput(slo: float) -> Metric:
+    """Succeeded with a first token within ``slo`` seconds, per call (informational: not in the verdict)."""
+    return Metric(
+        "goodput",
+        f"goodput (TTFT<={slo:g}s)",
+        "ratio",
+        lambda cs: [float(c.ok and c.ttft is not None and c.ttft <= slo) for c in cs],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +92,8 @@ class Difference:
 
     scope: str
     metric: str
+    label: str
+    unit: Literal["ratio", "s", "count"]
     guarded: float | None
     control: float | None
     interval: Interval | None
@@ -95,7 +110,7 @@ def in_scope(calls: Sequence[Call], scope: str, cohort: str) -> list[Call]:
     return [c for c in calls if c.cohort == cohort and (scope == ALL_TIERS or c.tier == scope)]
 
 
-def summarize(calls: Sequence[Call]) -> list[Group]:
+def summarize(calls: Sequence[Call], metrics: Sequence[Metric] = METRICS) -> list[Group]:
     groups = []
     for scope in scopes(calls):
         for cohort in ("guarded", "control"):
@@ -110,7 +125,7 @@ def summarize(calls: Sequence[Call]) -> list[Group]:
                     ok=sum(c.ok for c in chosen),
                     timeouts=sum(c.status == "timeout" for c in chosen),
                     http_429=sum(c.http_status == 429 for c in chosen),
-                    figures={m.name: m.point(m.values(chosen)) for m in METRICS},
+                    figures={m.name: m.point(m.values(chosen)) for m in metrics},
                     fractions=sorted({c.fraction for c in chosen if c.fraction is not None}),
                 )
             )
@@ -118,7 +133,12 @@ def summarize(calls: Sequence[Call]) -> list[Group]:
 
 
 def differences(
-    calls: Sequence[Call], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+    calls: Sequence[Call],
+    metrics: Sequence[Metric] = METRICS,
+    *,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> list[Difference]:
     """Every metric's guarded - control in every scope where both cohorts have calls (seeded, reproducible)."""
     out = []
@@ -126,7 +146,7 @@ def differences(
         guarded, control = in_scope(calls, scope, "guarded"), in_scope(calls, scope, "control")
         if not guarded or not control:
             continue
-        for metric in METRICS:
+        for metric in metrics:
             g_values, c_values = metric.values(guarded), metric.values(control)
             g_point, c_point = metric.point(g_values), metric.point(c_values)
             interval = None
@@ -140,5 +160,5 @@ def differences(
                 interval = bootstrap_difference(
                     g_draw, c_draw, g_point - c_point, resamples=resamples, confidence=confidence, rng=rng
                 )
-            out.append(Difference(scope, metric.name, g_point, c_point, interval))
+            out.append(Difference(scope, metric.name, metric.label, metric.unit, g_point, c_point, interval))
     return out

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from llmguard_client.compare.summary import ALL_TIERS, BY_NAME, Difference, Group
+from llmguard_client.compare.summary import ALL_TIERS, Difference, Group
 
 Decision = Literal["widen", "hold", "roll back"]
 _REGRESSIONS = (
@@ -64,9 +64,8 @@ class Verdict:
 
 def describe(diff: Difference, overall: str = ALL_TIERS) -> str:
     """``TTFT p99 -1.912 s (CI -1.987..-1.801)``-style text; the tier is named unless it is ``overall``."""
-    metric = BY_NAME[diff.metric]
-    scale, unit, digits = (100.0, " pp", 2) if metric.unit == "ratio" else (1.0, " s" if metric.unit == "s" else "", 3)
-    text = f"{metric.label} {_signed(diff.interval.estimate if diff.interval else None, scale, digits)}{unit}"
+    scale, unit, digits = (100.0, " pp", 2) if diff.unit == "ratio" else (1.0, " s" if diff.unit == "s" else "", 3)
+    text = f"{diff.label} {_signed(diff.interval.estimate if diff.interval else None, scale, digits)}{unit}"
     if diff.interval is not None:
         text += f" (CI {_signed(diff.interval.low, scale, digits)}..{_signed(diff.interval.high, scale, digits)})"
     if diff.scope != overall:

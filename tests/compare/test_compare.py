@@ -13,7 +13,7 @@ import pytest
 
 from llmguard_client import cli
 from llmguard_client.compare.load import Call, read_records
-from llmguard_client.compare.summary import ALL_TIERS, differences, summarize
+from llmguard_client.compare.summary import ALL_TIERS, METRICS, differences, goodput, summarize
 from llmguard_client.compare.verdict import Thresholds, decide
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
 
@@ -252,9 +252,30 @@ def test_cli_json_is_reproducible_and_reads_stdin(
     assert p99["significant"] and p99["ci_low"] <= p99["difference"] <= p99["ci_high"] < 0
 
 
+def test_goodput_scores_both_cohorts_against_one_slo() -> None:
+    # guarded: fails fast 20 % of the time (cut at its deadline), else fast; control: always answers, 30 % late.
+    calls = [call("guarded", None, "timeout") if i % 5 == 0 else call("guarded", 0.1) for i in range(500)]
+    calls += [call("control", 3.0) if i % 10 < 3 else call("control", 0.1) for i in range(2000)]
+    metrics = [*METRICS, goodput(1.0)]
+    groups = {g.cohort: g.figures for g in summarize(calls, metrics)}
+    assert groups["guarded"]["goodput"] == pytest.approx(0.8) and groups["control"]["goodput"] == pytest.approx(0.7)
+    good = find(differences(calls, metrics), "goodput")
+    assert good.label == "goodput (TTFT<=1s)" and good.interval.low > 0  # +10 pp, while success is -20 pp
+    assert find(differences(calls, metrics), "success").interval.high < 0
+
+
+def test_cli_ttft_slo_adds_a_goodput_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "out.jsonl"
+    write_calls(path)
+    assert cli.main(["compare", str(path), "--ttft-slo", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "  goodput  " in out.splitlines()[2] and "goodput (TTFT<=1s)" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
+        (["compare", "DATA", "--ttft-slo", "0"], "--ttft-slo must be seconds > 0"),
         (["compare", "/no/such/file.jsonl"], "cannot read /no/such/file.jsonl: No such file or directory"),
         (["compare", "EMPTY"], "no phase records in"),
         (["compare", "DATA", "--tier", "gold"], "--tier gold: not in the records (tiers: interactive)"),
