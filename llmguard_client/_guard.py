@@ -54,6 +54,7 @@ class Guard:
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
                    variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
     rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
+    rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -190,8 +191,10 @@ class Guard:
         """Close every replica's connection pool; later requests fail with a clear error."""
         if not self._transport.closed:
             self._transport.closed = True
-            await self._replica_set.aclose()
-            await self._transport.passthrough_pool.aclose()
+            try:
+                await self._replica_set.aclose()
+            finally:
+                await self._transport.passthrough_pool.aclose()
 
     async def __aenter__(self) -> Guard:
         return self

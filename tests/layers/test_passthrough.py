@@ -217,3 +217,24 @@ async def test_a_stream_closed_right_after_done_is_ok_in_both_cohorts(
                     break
     (record,) = records
     assert (record.cohort, record.status, record.cause) == ("control" if rollout == 0 else "guarded", "ok", None)
+
+
+def test_pass_through_under_trio(servers: list[LoopbackServer]) -> None:
+    pytest.importorskip("trio")
+    import anyio
+
+    servers[0].script = Script(stall_before_first=0.1, tokens=2)
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with Guard([servers[0].url], tiers=TIERS, rollout=0.0, on_record=records.append) as guard:
+            async with guard.http_client() as client:
+                async with client.stream("POST", servers[0].url + CHAT, json=STREAM) as response:
+                    assert (await response.aread()).endswith(b"data: [DONE]\n\n")
+                with pytest.raises(httpx.ReadTimeout):  # the caller's own timeout, cancelled the trio way
+                    servers[0].script = Script(hang_before_headers=2.0)
+                    await client.post(servers[0].url + CHAT, json=STREAM, timeout=httpx.Timeout(5.0, read=0.2))
+
+    anyio.run(main, backend="trio")
+    assert [(r.status, r.cohort) for r in records] == [("ok", "control"), ("timeout", "control")]
+    assert records[0].ttft is not None and records[0].ttft >= 0.1
