@@ -46,9 +46,12 @@ class WatchedStream(httpx.AsyncByteStream):
         self._enforce = enforce
         self._finished = False
         self._complete = win.rest is None
+        self._unreplayed = len(win.chunks)
+        """Buffered chunks not yet handed to the caller (the scanner has already seen them)."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for buffered in self._win.chunks:
+            self._unreplayed -= 1
             yield buffered
         self._win.chunks = []
         rest = self._win.rest
@@ -110,7 +113,8 @@ class WatchedStream(httpx.AsyncByteStream):
     async def aclose(self) -> None:
         """Close the upstream connection (if still open) and finish the call's record."""
         await close_quietly(self._win.response)
-        if self._complete or (self._win.scanner is not None and self._win.scanner.done):  # [DONE] read: complete
+        scanner = self._win.scanner
+        if self._complete or (scanner is not None and scanner.done and not self._unreplayed):  # caller read [DONE]
             self._done("ok", None)
         else:
             self._done("abandoned", "closed_by_caller")
