@@ -9,13 +9,17 @@ through OpenTelemetry, all behind one httpx transport::
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
+from llmguard_client._capture import capture
+from llmguard_client._causes import guard_failure
 from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
 from llmguard_client._errors import (
     AllAttemptsFailed,
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
+    GuardClosed,
     GuardConfigError,
     GuardFailure,
     GuardTimeout,
@@ -26,11 +30,14 @@ from llmguard_client._errors import (
     TTFTTimeout,
     UnknownTierError,
 )
-from llmguard_client._guard import Guard
+from llmguard_client._guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client._retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
 from llmguard_client._transport import GuardTransport
-from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
+
+if TYPE_CHECKING:
+    from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 
 try:
     __version__ = version("llmguard-client")
@@ -38,6 +45,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0"
 
 __all__ = [
+    "DEFAULT_POOL_LIMITS",
     "RETRY_AFTER_CAP",
     "AllAttemptsFailed",
     "AllReplicasCooling",
@@ -48,8 +56,10 @@ __all__ = [
     "BulkheadFull",
     "FailureMode",
     "Guard",
+    "GuardClosed",
     "GuardConfigError",
     "GuardFailure",
+    "GuardSnapshot",
     "GuardTimeout",
     "GuardTransport",
     "GuardUnavailable",
@@ -59,12 +69,26 @@ __all__ = [
     "PhaseRecord",
     "RecordLogger",
     "Replica",
+    "ReplicaSnapshot",
     "RetryPolicy",
     "StallTimeout",
     "TTFTTimeout",
     "Tier",
+    "TierSnapshot",
     "TotalTimeout",
     "UnknownTierError",
     "__version__",
+    "capture",
+    "guard_failure",
     "parse_retry_after",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Imported on first use, so the package imports (and runs with instrumentation=None or no
+    # opentelemetry-api installed at all) without OpenTelemetry.
+    if name == "OpenTelemetryInstrumentation":
+        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+
+        return OpenTelemetryInstrumentation
+    raise AttributeError(f"module 'llmguard_client' has no attribute {name!r}")

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from llmguard_client.bench.clients import GuardedClient, Sample, TierSpec, _Probe, _Status, consume_sse, guard_api
+from llmguard_client.bench.guarded import GuardedClient, guard_api
+from llmguard_client.bench.measure import HTTPStatus, Probe, Sample, TierSpec, consume_sse
 from llmguard_client.bench.traffic import PlannedRequest
 
 DEFAULT_FRACTION = 0.1
@@ -77,13 +78,13 @@ class RolloutClient(GuardedClient):
         with self._guard.rollout_key(f"req-{req.index}"):
             return await super().run(req, body, scheduled_at)
 
-    async def _send(self, body: dict[str, Any], probe: _Probe) -> None:
+    async def _send(self, body: dict[str, Any], probe: Probe) -> None:
         url = self.next_url() + "/v1/chat/completions"  # where the application itself would send it
         async with self._http.stream("POST", url, json=body) as response:
             try:
                 if response.status_code != 200:
                     await response.aread()
-                    raise _Status(response.status_code, response.headers.get("x-llmguard-cause"))
+                    raise HTTPStatus(response.status_code, response.headers.get("x-llmguard-cause"))
                 await consume_sse(response, probe)
             finally:
                 probe.extra["record"] = response.extensions.get("llmguard")

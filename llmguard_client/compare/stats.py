@@ -22,24 +22,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Interval", "binomial", "bootstrap_difference", "mean_sampler", "quantile", "quantile_sampler"]
+from llmguard_client._quantile import percentile
+
+__all__ = ["Interval", "binomial", "bootstrap_difference", "mean_sampler", "quantile_sampler"]
 
 Sampler = Callable[[random.Random], float]
 """Draws one bootstrap resample's statistic."""
-
-
-def quantile(ordered: Sequence[float], q: float) -> float | None:
-    """The ``q``-quantile (0 <= q <= 1) of already sorted values, linear between closest ranks
-    (Hyndman & Fan type 7, numpy's default, as ``bench.report.percentile``); None if empty."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q!r}")
-    n = len(ordered)
-    if n == 0:
-        return None
-    position = q * (n - 1)
-    low = math.floor(position)
-    high = min(low + 1, n - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def binomial(n: int, p: float, rng: random.Random) -> int:
@@ -83,7 +71,7 @@ def mean_sampler(values: Sequence[float]) -> Sampler | None:
 
 
 def quantile_sampler(values: Sequence[float], q: float) -> Sampler | None:
-    """Draws the type-7 ``q``-quantile of a bootstrap resample of ``values``."""
+    """Draws the type-7 ``q``-quantile (`llmguard_client._quantile.percentile`'s) of a bootstrap resample."""
     ordered = sorted(values)
     n = len(ordered)
     if n == 0:
@@ -130,8 +118,8 @@ def bootstrap_difference(
     rng: random.Random,
 ) -> Interval:
     """The percentile interval of ``guarded() - control()`` over ``resamples`` draws."""
-    diffs = sorted(guarded(rng) - control(rng) for _ in range(resamples))
+    diffs = [guarded(rng) - control(rng) for _ in range(resamples)]
     tail = (1.0 - confidence) / 2.0
-    low, high = quantile(diffs, tail), quantile(diffs, 1.0 - tail)
+    low, high = percentile(diffs, 100.0 * tail), percentile(diffs, 100.0 * (1.0 - tail))
     assert low is not None and high is not None
     return Interval(estimate, low, high)

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmguard_client._quantile import percentile
 from llmguard_client.compare.load import Call
-from llmguard_client.compare.stats import Interval, bootstrap_difference, mean_sampler, quantile, quantile_sampler
+from llmguard_client.compare.stats import Interval, bootstrap_difference, mean_sampler, quantile_sampler
 
 ALL_TIERS = "(all tiers)"
 
@@ -41,7 +42,7 @@ class Metric:
             return None
         if self.q is None:
             return sum(values) / len(values)
-        return quantile(sorted(values), self.q)
+        return percentile(values, 100.0 * self.q)
 
 
 def _ttft(calls: Sequence[Call]) -> list[float]:

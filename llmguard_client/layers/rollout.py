@@ -35,8 +35,10 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from llmguard_client._call import COHORT_HEADER, KEY_HEADER
+from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call
 from llmguard_client._errors import GuardConfigError
+from llmguard_client._outcome import Outcome, Route
+from llmguard_client._pipeline import Next
 
 logger = logging.getLogger("llmguard_client")
 
@@ -255,3 +257,23 @@ class Rollout:
             yield
         finally:
             self.key_var.reset(token)
+
+
+class RolloutLayer:
+    """The pipeline's outermost layer, for guarded calls only.
+
+    The cohort is decided before a `Call` is built (`Rollout.assign` in
+    `GuardTransport.handle_async_request`): a control call is passed through
+    (`llmguard_client.layers.passthrough`) and never reaches the pipeline. Here a guarded
+    call is marked as such and counted toward the retry budget.
+    """
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        call.guarded = True
+        call.record.cohort = "guarded"
+        if call.budget is not None:
+            call.budget.record_request()
+        return await call_next(call, route)

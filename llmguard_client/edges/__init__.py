@@ -1,0 +1,14 @@
+"""Edges: thin adapters from each kind of HTTP client to the one async core.
+
+The request path is ``guard.transport.handle_async_request(httpx.Request)``; each edge
+only translates the caller's request and response types and runs that core:
+
+- httpx, async: the core itself (``guard.http_client()``, ``guard.transport``);
+- httpx, sync: `httpx_sync` (``guard.sync_http_client()``);
+- httpx2, async: `httpx2_async` (``guard.httpx2_client()``), for openai >= 3 and anthropic >= 1;
+- httpx2, sync: `httpx2_sync` (``guard.sync_httpx2_client()``);
+- whichever an SDK class takes: `sdk` (``guard.http_client_for(openai.OpenAI)``).
+
+The sync edges run the core on one background event-loop thread per Guard (`_runner`).
+httpx2 is imported only by the httpx2 edges.
+"""

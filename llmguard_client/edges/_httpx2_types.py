@@ -1,0 +1,83 @@
+"""Translation between httpx2 and httpx types for the httpx2 edges (imports httpx2).
+
+Requests go in as `httpx.Request` (body read whole: the guard may replay it); responses
+come back as `httpx2.Response` with the core's body streamed through; errors raised
+by the core are re-raised as the httpx2 exception of the same name, so an SDK's
+``except httpx2.TimeoutException`` (openai: `APITimeoutError`) still matches. A guard
+failure (`TTFTTimeout`, `BulkheadFull`, ...) becomes an instance of a class that is
+both the guard's class and the httpx2 one: ``except TTFTTimeout``, ``.cause``,
+``.record`` and `guard_failure` keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import httpx2
+
+from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
+from llmguard_client._errors import GuardFailure
+
+_DROPPED_EXTENSIONS = frozenset({"network_stream"})
+"""Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""
+
+
+def core_request(request: httpx2.Request, body: bytes) -> httpx.Request:
+    """The httpx2 request as the core's `httpx.Request` (same method, URL, raw headers and body)."""
+    extensions: dict[str, Any] = dict(request.extensions)
+    captures = active_captures()
+    if captures:
+        extensions[CAPTURES_EXTENSION] = captures
+    return httpx.Request(
+        request.method,
+        str(request.url),
+        headers=request.headers.raw,
+        stream=httpx.ByteStream(body),
+        extensions=extensions,
+    )
+
+
+def response_extensions(extensions: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in extensions.items() if key not in _DROPPED_EXTENSIONS}
+
+
+def translate_error(exc: BaseException, request: httpx2.Request) -> BaseException:
+    """The httpx2 counterpart of an httpx exception (other exceptions are returned unchanged)."""
+    if not isinstance(exc, httpx.RequestError):  # transports raise request errors only
+        return exc
+    target: Any = _httpx2_class(type(exc))
+    if target is None:
+        return exc
+    mapped: BaseException
+    if isinstance(exc, GuardFailure):
+        mapped = target(exc.message, record=exc.record, retry_after=exc.retry_after)
+    else:
+        mapped = target(str(exc))
+    if isinstance(mapped, httpx2.HTTPError):
+        mapped.request = request
+    return mapped
+
+
+_classes: dict[type[httpx.RequestError], type[Exception] | None] = {}
+
+
+def _httpx2_class(cls: type[httpx.RequestError]) -> type[Exception] | None:
+    """httpx2's class for an httpx exception class: the same name, found along its MRO; for a
+    guard failure class, a subclass of both."""
+    if cls not in _classes:
+        _classes[cls] = _find_httpx2_class(cls)
+    return _classes[cls]
+
+
+def _find_httpx2_class(cls: type[httpx.RequestError]) -> type[Exception] | None:
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] != "httpx":
+            continue
+        counterpart = getattr(httpx2, base.__name__, None)
+        if isinstance(counterpart, type) and issubclass(counterpart, httpx2.RequestError):
+            if issubclass(cls, GuardFailure):
+                return type(cls.__name__, (cls, counterpart), {"__module__": cls.__module__})
+            return counterpart
+    return None

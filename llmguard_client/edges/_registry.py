@@ -1,0 +1,109 @@
+"""Which event-loop thread serves a Guard's sync calls: started on first use, stopped with the Guard."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from llmguard_client.edges._runner import GuardClosedError, SyncRunner
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+
+
+class _Closed:
+    __slots__ = ()
+
+
+_CLOSED = _Closed()
+_runners: weakref.WeakKeyDictionary[Guard, SyncRunner | _Closed] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def runner_for(guard: Guard) -> SyncRunner:
+    """The Guard's event-loop thread for sync calls, started on first use."""
+    with _lock:
+        runner = _runners.get(guard)
+        if isinstance(runner, _Closed):
+            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+        if runner is None:
+            runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
+            _runners[guard] = runner
+            # A Guard dropped without close(): close its pools on that loop and stop the thread (neither the
+            # runner nor the pools' aclose hold a reference to the Guard).
+            weakref.finalize(guard, _abandon, runner, guard._replica_set.aclose)
+        return runner
+
+
+def running_runner(guard: Guard) -> SyncRunner | None:
+    """The Guard's event-loop thread if one is running."""
+    runner = _runners.get(guard)
+    return runner if isinstance(runner, SyncRunner) and runner.running else None
+
+
+async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
+    """Called first by ``Guard.aclose()``. If sync calls started the Guard's event-loop thread, close
+    the Guard there (its pools belong to that loop), stop the thread and return True; the caller has
+    nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
+    with _lock:
+        runner = _runners.get(guard)
+        if not isinstance(runner, SyncRunner) or runner.in_own_thread():
+            if runner is None:
+                _runners[guard] = _CLOSED
+            return False
+        _runners[guard] = _CLOSED
+    await anyio.to_thread.run_sync(runner.stop, functools.partial(guard.aclose, grace))
+    return True
+
+
+def close_guard(guard: Guard) -> None:
+    """``Guard.close()``: the same as ``await guard.aclose()``, from sync code."""
+    runner = running_runner(guard)
+    if runner is not None:
+        with _lock:
+            _runners[guard] = _CLOSED
+        runner.stop(guard.aclose)
+        return
+    if _in_event_loop():
+        raise RuntimeError("Guard.close() was called from async code; use `await guard.aclose()` there")
+    try:
+        anyio.run(guard.aclose)
+    except RuntimeError as exc:
+        if "closed" not in str(exc):
+            raise
+        raise RuntimeError(
+            "this Guard's connections belong to an event loop that has already ended, so Guard.close() "
+            "cannot close them; close the Guard in that loop (`await guard.aclose()`, or `async with Guard(...)`)"
+        ) from exc
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+            return True
+        except RuntimeError:
+            pass
+    return False
+
+
+def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]]) -> None:
+    if not runner.running:
+        return
+    if runner.in_own_thread():  # collected on its own loop: stop it from another thread
+        threading.Thread(target=runner.stop, args=(close_pools,), daemon=True).start()
+    else:
+        runner.stop(close_pools)

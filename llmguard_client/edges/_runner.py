@@ -1,0 +1,276 @@
+"""One background event loop per Guard, for sync callers.
+
+The request path is one async core (``guard.transport.handle_async_request``). A sync
+edge runs it on a daemon thread that hosts an anyio `BlockingPortal`, started on the
+first sync call and shared by every sync client of that Guard (so all sync callers,
+from any number of threads, share one set of pools, budgets and TTFT statistics).
+
+Each sync call is driven by ONE task on that loop, from the request to the end of the
+body, so cancel scopes opened by the core never cross tasks:
+
+- the caller's thread waits for the response head (status, headers);
+- the body is pulled chunk by chunk: each ``next()`` asks the task for one chunk, which
+  it reads from the core only then (back-pressure: nothing is read ahead);
+- closing the body early cancels the task; it closes the upstream response under a
+  shielded scope, so the server sees the disconnect, before ``close()`` returns;
+- the caller's context variables (``guard.tier()``, ``guard.capture()``, the current
+  OpenTelemetry span) are copied into the task.
+
+``stop()`` closes the Guard on that loop (its pools belong there), cancels what is left
+and joins the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import CancelledError as FutureCancelled
+from concurrent.futures import Future
+from typing import Any
+
+import anyio
+import httpx
+from anyio.from_thread import BlockingPortal
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+logger = logging.getLogger("llmguard_client")
+
+JOIN_TIMEOUT = 10.0
+"""Seconds ``stop()`` waits for the loop's thread to end."""
+
+
+class GuardClosedError(httpx.TransportError):
+    """A sync call met a closed Guard (its event-loop thread is stopped), before or while it ran."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class _End:
+    __slots__ = ()
+
+
+_END = _End()
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_Item = bytes | _End | _Failed
+
+
+class SyncBody:
+    """The body of one sync call: iterate it for raw chunks, ``close()`` it when done (idempotent)."""
+
+    def __init__(self, runner: SyncRunner, exchange: _Exchange) -> None:
+        self._runner = runner
+        self._exchange = exchange
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        while not self._closed:
+            item = self._runner.call(self._exchange.pull)
+            if isinstance(item, _End):
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._runner.running:
+                self._runner.call(self._exchange.close)
+
+
+class _Exchange:
+    """One sync call, driven by one task on the runner's loop."""
+
+    def __init__(self, core: httpx.AsyncBaseTransport, request: httpx.Request, head: Future[httpx.Response]):
+        self._core = core
+        self._request = request
+        self._head = head
+        self._context = _portable(contextvars.copy_context())
+        self._scope: anyio.CancelScope | None = None
+        self._done: anyio.Event | None = None
+        self._cancelled = False
+        self._demand: tuple[MemoryObjectSendStream[None], MemoryObjectReceiveStream[None]] | None = None
+        self._chunks: tuple[MemoryObjectSendStream[_Item], MemoryObjectReceiveStream[_Item]] | None = None
+
+    async def drive(self) -> None:
+        for var, value in self._context:
+            var.set(value)
+        self._done = anyio.Event()
+        self._demand = anyio.create_memory_object_stream[None](0)
+        self._chunks = anyio.create_memory_object_stream[_Item](0)
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if self._cancelled:
+                    scope.cancel()
+                await self._run()
+        finally:
+            for end in (*self._demand, *self._chunks):
+                end.close()
+            self._done.set()
+
+    async def _run(self) -> None:
+        try:
+            response = await self._core.handle_async_request(self._request)
+        except anyio.get_cancelled_exc_class():
+            self._head.set_exception(GuardClosedError("the call was cancelled before its response arrived"))
+            raise
+        except Exception as exc:  # the caller's thread raises it
+            self._head.set_exception(exc)
+            return
+        try:
+            self._head.set_result(response)
+            assert self._demand is not None and self._chunks is not None
+            stream = response.stream
+            assert isinstance(stream, httpx.AsyncByteStream)
+            chunks = stream.__aiter__()
+            try:
+                async for _ in self._demand[1]:
+                    item: _Item
+                    try:
+                        item = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        item = _END
+                    except Exception as exc:
+                        item = _Failed(exc)
+                    if not isinstance(item, bytes):
+                        # Finish the call (its record is final) before the caller learns that it ended.
+                        with anyio.CancelScope(shield=True):
+                            await response.aclose()
+                    await self._chunks[0].send(item)
+                    if not isinstance(item, bytes):
+                        return
+            finally:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def pull(self) -> _Item:
+        """Ask the driving task for the next chunk (runs on the loop, one task per call)."""
+        if self._demand is None or self._chunks is None:
+            return _Failed(GuardClosedError("the call is not running"))
+        try:
+            await self._demand[0].send(None)
+            return await self._chunks[1].receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return _Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)"))
+
+    async def close(self) -> None:
+        """Stop the call (closing the upstream response) and wait until it is done."""
+        self._cancelled = True
+        if self._scope is not None:
+            self._scope.cancel()
+        if self._done is not None:
+            await self._done.wait()
+
+
+def _portable(context: contextvars.Context) -> list[tuple[contextvars.ContextVar[Any], Any]]:
+    """The caller's context variables, minus those that name the caller's async library."""
+    sniffio = sys.modules.get("sniffio")
+    skip = getattr(sniffio, "current_async_library_cvar", None)
+    return [(var, value) for var, value in context.items() if var is not skip]
+
+
+class SyncRunner:
+    """A daemon thread running an event loop with a `BlockingPortal`, for one Guard's sync calls."""
+
+    def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
+        self._core = core
+        self._portal: BlockingPortal | None = None
+        self._failed: BaseException | None = None
+        self._started = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._portal is None:
+            raise RuntimeError("the Guard's event-loop thread did not start") from self._failed
+
+    @property
+    def running(self) -> bool:
+        return self._portal is not None and not self._stopped
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def in_own_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _serve(self) -> None:
+        async def main() -> None:
+            async with BlockingPortal() as portal:
+                self._portal = portal
+                self._started.set()
+                await portal.sleep_until_stopped()
+
+        try:
+            anyio.run(main)
+        except BaseException as exc:  # pragma: no cover - the loop itself failed
+            self._failed = exc
+        finally:
+            self._started.set()
+
+    def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
+        portal = self._portal
+        if portal is None or self._stopped:
+            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+        try:
+            return portal.call(func)
+        except FutureCancelled:
+            raise GuardClosedError("this Guard was closed while the call was running") from None
+
+    def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
+        """Run one call through the core; returns the response head and its body to pull."""
+        portal = self._portal
+        if portal is None or self._stopped:
+            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+        head: Future[httpx.Response] = Future()
+        exchange = _Exchange(self._core, request, head)
+        try:
+            portal.start_task_soon(exchange.drive)
+        except RuntimeError as exc:  # the portal stopped in between
+            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests") from exc
+        try:
+            response = head.result()
+        except BaseException:
+            if not head.done():  # the caller was interrupted (e.g. KeyboardInterrupt): stop the call
+                self.call(exchange.close)
+            raise
+        return response, SyncBody(self, exchange)
+
+    def stop(self, close_guard: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Close the Guard on this loop (if given), cancel what is left, end the thread."""
+        if self.in_own_thread():
+            raise RuntimeError("a Guard cannot be closed from its own event-loop thread")
+        portal = self._portal
+        if portal is None or self._stopped:
+            return
+        try:
+            if close_guard is not None:
+                portal.call(close_guard)
+        finally:
+            self._stopped = True
+            with contextlib.suppress(RuntimeError):  # already stopping
+                portal.call(portal.stop, True)
+            self._thread.join(JOIN_TIMEOUT)
+            if self._thread.is_alive():  # pragma: no cover - a close that hangs
+                logger.warning("llmguard: the Guard's event-loop thread did not end within %ss", JOIN_TIMEOUT)

@@ -1,0 +1,76 @@
+"""The async httpx2 edge: an `httpx2.AsyncBaseTransport` over the async core (openai >= 3, anthropic >= 1)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import httpx2
+
+from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+
+DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
+"""The client's own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
+
+
+class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
+    """An `httpx2.AsyncBaseTransport` that runs each request through the guard's core.
+
+    ``aclose()`` does nothing: the Guard owns the pools (``await guard.aclose()``).
+    """
+
+    def __init__(self, core: httpx.AsyncBaseTransport) -> None:
+        self._core = core
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        inner = core_request(request, await request.aread())
+        try:
+            response = await self._core.handle_async_request(inner)
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, request) from exc
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers.raw,
+            stream=_Body(response, request),
+            request=request,
+            extensions=response_extensions(response.extensions),
+        )
+
+
+class _Body(httpx2.AsyncByteStream):
+    """The core's body, passed through as it arrives; httpx errors become httpx2 ones."""
+
+    def __init__(self, response: httpx.Response, request: httpx2.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        stream = self._response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        chunks = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+                except httpx.HTTPError as exc:
+                    raise translate_error(exc, self._request) from exc
+                yield chunk
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+def httpx2_client(guard: Guard, **kwargs: Any) -> httpx2.AsyncClient:
+    """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`)."""
+    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport), **kwargs)

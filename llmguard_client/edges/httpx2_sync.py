@@ -1,0 +1,63 @@
+"""The sync httpx2 edge: an `httpx2.BaseTransport` that runs the async core on the Guard's loop thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import httpx2
+
+from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
+from llmguard_client.edges._registry import runner_for
+from llmguard_client.edges._runner import SyncBody
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+
+DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
+
+
+class SyncHttpx2GuardTransport(httpx2.BaseTransport):
+    """An `httpx2.BaseTransport` for `httpx2.Client` (``openai.OpenAI`` >= 3, ``anthropic.Anthropic`` >= 1).
+
+    ``close()`` does nothing: the Guard owns the pools and the thread (``guard.close()``).
+    """
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        inner = core_request(request, request.read())
+        try:
+            response, body = runner_for(self._guard).send(inner)
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, request) from exc
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers.raw,
+            stream=_Body(body, request),
+            request=request,
+            extensions=response_extensions(response.extensions),
+        )
+
+
+class _Body(httpx2.SyncByteStream):
+    def __init__(self, body: SyncBody, request: httpx2.Request) -> None:
+        self._body = body
+        self._request = request
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._body
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, self._request) from exc
+
+    def close(self) -> None:
+        self._body.close()
+
+
+def sync_httpx2_client(guard: Guard, **kwargs: Any) -> httpx2.Client:
+    """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`)."""
+    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    return httpx2.Client(transport=SyncHttpx2GuardTransport(guard), **kwargs)

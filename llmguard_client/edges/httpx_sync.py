@@ -1,0 +1,61 @@
+"""The sync httpx edge: an `httpx.BaseTransport` that runs the async core on the Guard's loop thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
+from llmguard_client.edges._registry import runner_for
+from llmguard_client.edges._runner import SyncBody
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+
+DEFAULT_TIMEOUT = httpx.Timeout(None, connect=10.0)
+"""The clients' own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
+
+
+class SyncGuardTransport(httpx.BaseTransport):
+    """An `httpx.BaseTransport` for `httpx.Client` (and ``openai.OpenAI`` 1.x/2.x).
+
+    Each request runs through the Guard's async core on the Guard's event-loop thread;
+    the body is pulled from it chunk by chunk as the caller reads. ``close()`` does
+    nothing: the Guard owns the pools and the thread (``guard.close()``).
+    """
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()  # a request body is sent whole (it may be replayed to several replicas)
+        captures = active_captures()
+        if captures:
+            request.extensions = {**request.extensions, CAPTURES_EXTENSION: captures}
+        response, body = runner_for(self._guard).send(request)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers.raw,
+            stream=_Body(body),
+            request=request,
+            extensions=response.extensions,
+        )
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, body: SyncBody) -> None:
+        self._body = body
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._body.close()
+
+
+def sync_http_client(guard: Guard, **kwargs: Any) -> httpx.Client:
+    """An `httpx.Client` whose transport is the guard (see `SyncGuardTransport`)."""
+    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    return httpx.Client(transport=SyncGuardTransport(guard), **kwargs)

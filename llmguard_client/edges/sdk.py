@@ -1,0 +1,72 @@
+"""``guard.http_client_for(SDKClass)``: the guarded HTTP client of whichever kind an SDK class takes.
+
+openai 1.x/2.x take `httpx.AsyncClient` / `httpx.Client`; openai >= 3 and anthropic >= 1
+take `httpx2.AsyncClient` / `httpx2.Client`. Code that must type-check against all of
+them (a library, a shared example) asks by class::
+
+    client = openai.AsyncOpenAI(base_url=..., api_key=..., http_client=guard.http_client_for(openai.AsyncOpenAI))
+
+The static type is read from the class's ``http_client`` parameter (so ``mypy --strict``
+passes whatever the installed SDK version); at run time the same annotation picks the edge.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+
+H_contra = TypeVar("H_contra", contravariant=True)
+
+
+class TakesHttpClient(Protocol[H_contra]):
+    """Anything callable with an ``http_client=`` keyword: an SDK client class."""
+
+    def __call__(self, *, http_client: H_contra | None = ...) -> object: ...
+
+
+def http_client_for(guard: Guard, sdk: Callable[..., object], **kwargs: Any) -> Any:
+    """The guarded client (httpx or httpx2, async or sync) that ``sdk``'s ``http_client`` takes."""
+    annotation = _http_client_annotation(sdk)
+    flavor2 = "httpx2" in annotation
+    is_async = "Async" in annotation
+    if not flavor2 and "httpx" not in annotation:
+        raise TypeError(
+            f"cannot tell which HTTP client {_name(sdk)} takes (its http_client is annotated {annotation!r}); "
+            "pass one explicitly: guard.http_client(), guard.sync_http_client(), guard.httpx2_client() "
+            "or guard.sync_httpx2_client()"
+        )
+    if flavor2:
+        return guard.httpx2_client(**kwargs) if is_async else guard.sync_httpx2_client(**kwargs)
+    return guard.http_client(**kwargs) if is_async else guard.sync_http_client(**kwargs)
+
+
+def _http_client_annotation(sdk: Callable[..., object]) -> str:
+    try:
+        parameter = inspect.signature(sdk).parameters.get("http_client")
+    except (TypeError, ValueError):
+        parameter = None
+    if parameter is None:
+        raise TypeError(
+            f"{_name(sdk)} takes no http_client= argument; http_client_for() expects an SDK client class "
+            "such as openai.AsyncOpenAI, openai.OpenAI, anthropic.AsyncAnthropic or anthropic.Anthropic"
+        )
+    annotation = parameter.annotation
+    return annotation if isinstance(annotation, str) else str(annotation)
+
+
+def _name(sdk: object) -> str:
+    return getattr(sdk, "__qualname__", None) or repr(sdk)
+
+
+def wrong_client_message(request: object) -> str:
+    """Why `guard.transport` (an httpx transport) cannot serve ``request``, and what to use instead."""
+    kind = type(request).__module__.split(".")[0]
+    return (
+        f"guard.transport is an httpx transport, but it was given a {kind} request ({type(request).__name__}); "
+        "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
+        "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
+    )

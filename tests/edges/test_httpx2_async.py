@@ -1,0 +1,122 @@
+"""The async httpx2 edge (openai >= 3, anthropic >= 1) against real loopback servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from llmguard_client import Bulkhead, Guard, Tier, TTFTTimeout, guard_failure
+from tests.edges.conftest import BODY, eventually
+from tests.loopback import LoopbackServer, Script
+
+httpx2 = pytest.importorskip("httpx2")
+openai = pytest.importorskip("openai")
+
+MakeGuard = Callable[..., Guard]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def oai(guard: Guard, server: LoopbackServer, **kwargs: object) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=guard.httpx2_client(), **kwargs)
+
+
+async def test_openai_streamed_and_not_streamed(servers: list[LoopbackServer], amake_guard: MakeGuard) -> None:
+    guard = amake_guard()
+    client = oai(guard, servers[0])
+    with guard.capture() as calls:
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert done.choices[0].message.content == "hello" and text == " t0 t1 t2 t3 t4"
+    assert [(c.stream, c.status) for c in calls] == [(False, "ok"), (True, "ok")]
+
+
+async def test_closing_an_openai_stream_midway_closes_the_upstream(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    for server in servers:
+        server.script = Script(tokens=300, gap=0.01)
+    guard = amake_guard(hedge=None)
+    stream = await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    async for _ in stream:
+        break
+    await stream.close()
+    assert eventually(lambda: sum(s.disconnects for s in servers) == 1)
+
+
+async def test_a_bulkhead_slot_is_given_back_after_every_call(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    """The issue's bug: through a bare httpx2 client the call reached the server, then failed inside
+    httpx2 and kept the replica's in-flight count; a bulkhead of 2 then refused every later call."""
+    guard = amake_guard(bulkheads={"interactive": Bulkhead(max_in_flight=2, max_waiting=0)})
+    async with guard.httpx2_client() as client:
+        for _ in range(6):
+            response = await client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+            assert response.status_code == 200 and response.extensions["llmguard"].status == "ok"
+    assert [s.in_flight for s in guard._replica_set.states] == [0, 0, 0]
+
+
+async def test_an_httpx_transport_refuses_an_httpx2_request_clearly(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    guard = amake_guard()
+    async with httpx2.AsyncClient(transport=guard.transport) as client:
+        with pytest.raises(TypeError, match=r"guard\.httpx2_client\(\)"):
+            await client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert sum(len(s.received) for s in servers) == 0
+
+
+async def test_guard_failures_are_httpx2_and_guard_exceptions_at_once(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    for server in servers:
+        server.script = Script(stall_before_first=1.0)
+    guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
+    async with guard.httpx2_client() as client:
+        with pytest.raises(httpx2.TimeoutException) as caught:
+            await client.post(servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True})
+    error = caught.value
+    assert isinstance(error, TTFTTimeout) and error.cause == "ttft_timeout" and error.record is not None
+    assert isinstance(error.request, httpx2.Request) and guard_failure(error) == "ttft_timeout"
+    assert isinstance(error.__cause__, TTFTTimeout) and not isinstance(error.__cause__, httpx2.HTTPError)
+
+
+async def test_a_transport_error_becomes_the_httpx2_one(servers: list[LoopbackServer], amake_guard: MakeGuard) -> None:
+    for server in servers:
+        server.script = Script(tokens=50, reset_after_tokens=3)
+    guard = amake_guard(hedge=None, retry=None)
+    async with guard.httpx2_client() as client:
+        async with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            with pytest.raises(httpx2.TransportError) as caught:
+                async for _ in r.aiter_raw():
+                    pass
+    assert isinstance(caught.value.__cause__, httpx.TransportError)
+    assert guard_failure(caught.value) is None
+
+
+async def test_openai_raise_mode_without_sdk_retries_gives_api_timeout_once(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    """Native APITimeoutError semantics without stacking: failure_mode="raise" + max_retries=0."""
+    for server in servers:
+        server.script = Script(hang_before_headers=1.0)
+    guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
+    with pytest.raises(openai.APITimeoutError) as caught:
+        await oai(guard, servers[0], max_retries=0).chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert sum(len(s.received) for s in servers) == 1
+
+
+async def test_openai_response_mode_gives_a_504_without_sdk_retries(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    for server in servers:
+        server.script = Script(hang_before_headers=1.0)
+    guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)})  # auto: response mode
+    with pytest.raises(openai.InternalServerError) as caught:
+        await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES)  # max_retries=2
+    assert caught.value.status_code == 504 and guard_failure(caught.value) == "ttft_timeout"
+    assert sum(len(s.received) for s in servers) == 1  # x-should-retry: false, so the SDK did not retry

@@ -1,0 +1,178 @@
+"""The sync httpx edge against real loopback servers: bodies, early close, back-pressure, shutdown."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from llmguard_client import Guard, Tier, TTFTTimeout
+from llmguard_client.edges._runner import GuardClosedError
+from tests.edges.conftest import BODY, client_sockets, eventually, sync_threads
+from tests.loopback import LoopbackServer, Script
+
+MakeGuard = Callable[..., Guard]
+
+
+def test_non_streamed_and_streamed_bodies_arrive_whole(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    guard = make_guard(hedge=None)
+    with guard.sync_http_client() as client, guard.capture() as calls:
+        plain = client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"] == "hello"
+    assert plain.extensions["llmguard"] is calls[0]
+    assert events[-1] == "data: [DONE]" and len(events) == 1 + 5 + 1 + 1  # role, 5 tokens, finish, DONE
+    assert [(c.status, c.stream) for c in calls] == [("ok", False), ("ok", True)]
+
+
+def test_a_stream_closed_midway_closes_the_upstream(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    for server in servers:
+        server.script = Script(tokens=200, gap=0.01)
+    guard = make_guard(hedge=None)
+    with guard.sync_http_client() as client, guard.capture() as calls:
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            for i, _ in enumerate(r.iter_raw()):
+                if i == 3:
+                    break
+        assert calls[0].status == "abandoned" and calls[0].cause == "closed_by_caller"
+    assert eventually(lambda: sum(s.disconnects for s in servers) == 1)
+    assert sum(s.completed for s in servers) == 0
+
+
+def test_the_body_is_pulled_chunk_by_chunk() -> None:
+    """Back-pressure: the edge reads one chunk from the core per chunk the caller asks for, never ahead."""
+    produced = 0
+
+    async def events() -> AsyncIterator[bytes]:
+        nonlocal produced
+        for i in range(1000):
+            produced += 1
+            yield b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
+        yield b"data: [DONE]\n\n"
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())
+
+    guard = Guard(["http://a"], transport_factory=lambda r: httpx.MockTransport(replica), instrumentation=None)
+    try:
+        with guard.sync_http_client() as client:
+            with client.stream("POST", "http://a/v1/chat/completions", json={**BODY, "stream": True}) as r:
+                chunks = r.iter_raw()
+                taken = [next(chunks) for _ in range(10)]
+                assert len(taken) == 10 and produced == 10  # the first token's chunk, then one per pull
+                threading.Event().wait(0.2)
+                assert produced == 10  # nothing read ahead while the caller waits
+            assert produced == 10  # closing early reads nothing more
+    finally:
+        guard.close()
+
+
+def test_a_core_failure_reaches_the_sync_caller_typed(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    for server in servers:
+        server.script = Script(stall_before_first=1.0)
+    guard = make_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
+    with guard.sync_http_client() as client, pytest.raises(TTFTTimeout) as caught:
+        client.post(servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True})
+    assert caught.value.cause == "ttft_timeout" and caught.value.record is not None
+    assert eventually(lambda: sum(s.disconnects for s in servers) == 1)
+
+
+def test_the_tier_chosen_in_the_callers_thread_applies(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    guard = make_guard(tiers={"a": Tier(ttft=2.0, total=10.0), "b": Tier(ttft=3.0, total=10.0)})
+    with guard.sync_http_client() as client, guard.capture() as calls:
+        client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+        with guard.tier("b"):
+            client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert [c.tier for c in calls] == ["a", "b"]
+
+
+def test_many_threads_share_one_event_loop_thread(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    guard = make_guard()
+    client = guard.sync_http_client()
+    statuses: list[int] = []
+
+    def work() -> None:
+        for _ in range(5):
+            statuses.append(client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code)
+
+    workers = [threading.Thread(target=work) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert statuses == [200] * 40
+    assert len(sync_threads()) == 1
+
+
+def test_close_from_sync_code_leaves_no_thread_no_socket(servers: list[LoopbackServer]) -> None:
+    before = set(threading.enumerate())
+    guard = Guard([s.url for s in servers], instrumentation=None)
+    client = guard.sync_http_client()
+    for _ in range(6):
+        assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
+    assert client_sockets(servers) >= 1 and len(sync_threads()) == 1
+    guard.close()
+    assert set(threading.enumerate()) == before
+    assert eventually(lambda: client_sockets(servers) == 0)
+    with pytest.raises(GuardClosedError, match="closed"):
+        client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert sync_threads() == []
+
+
+def test_close_with_a_stream_open_ends_it_and_closes_the_upstream(servers: list[LoopbackServer]) -> None:
+    for server in servers:
+        server.script = Script(tokens=500, gap=0.01)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None)
+    client = guard.sync_http_client()
+    with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+        chunks = r.iter_raw()
+        next(chunks)
+        guard.close()
+        with pytest.raises(httpx.TransportError):
+            for _ in chunks:
+                pass
+    assert sync_threads() == []
+    assert eventually(lambda: client_sockets(servers) == 0 and servers[0].disconnects == 1)
+
+
+def test_a_guard_dropped_without_close_stops_its_thread(servers: list[LoopbackServer]) -> None:
+    guard = Guard([s.url for s in servers], instrumentation=None)
+    client = guard.sync_http_client()
+    assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
+    assert len(sync_threads()) == 1
+    del guard, client
+    import gc
+
+    gc.collect()
+    assert eventually(lambda: sync_threads() == [])
+
+
+async def test_aclose_from_async_code_stops_the_sync_thread(servers: list[LoopbackServer]) -> None:
+    import anyio
+
+    guard = Guard([s.url for s in servers], instrumentation=None)
+    client = guard.sync_http_client()
+
+    def call() -> int:
+        return client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code
+
+    assert await anyio.to_thread.run_sync(call) == 200
+    assert len(sync_threads()) == 1
+    await guard.aclose()
+    assert sync_threads() == []
+    assert eventually(lambda: client_sockets(servers) == 0)
+
+
+def test_the_record_extension_and_headers_survive(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
+    for server in servers:
+        server.script = Script(headers={"x-server": "yes"})
+    guard = make_guard()
+    with guard.sync_http_client() as client:
+        response = client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert response.headers["x-server"] == "yes"
+    assert response.extensions["llmguard"].status == "ok"
+    assert json.loads(response.content)["object"] == "chat.completion"

@@ -1,0 +1,58 @@
+"""guard.http_client_for(SDKClass): the edge an SDK's http_client= takes, chosen from its annotation."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from llmguard_client import Guard
+
+httpx2 = pytest.importorskip("httpx2")
+openai = pytest.importorskip("openai")
+
+
+class LegacyAsyncSDK:
+    def __init__(self, *, api_key: str = "", http_client: httpx.AsyncClient | None = None) -> None:
+        self.http_client = http_client
+
+
+class LegacySyncSDK:
+    def __init__(self, *, http_client: "httpx.Client | None" = None) -> None:  # noqa: UP037 - a string, as under PEP 563
+        self.http_client = http_client
+
+
+class NoClientSDK:
+    def __init__(self, *, api_key: str = "") -> None:
+        self.api_key = api_key
+
+
+class OpaqueSDK:
+    def __init__(self, *, http_client: object = None) -> None:
+        self.http_client = http_client
+
+
+@pytest.fixture
+def guard() -> Guard:
+    return Guard(["http://a"], transport_factory=lambda r: httpx.MockTransport(lambda q: httpx.Response(200)))
+
+
+def test_openai_classes_get_the_httpx2_edges(guard: Guard) -> None:
+    assert isinstance(guard.http_client_for(openai.AsyncOpenAI), httpx2.AsyncClient)
+    assert isinstance(guard.http_client_for(openai.OpenAI), httpx2.Client)
+
+
+def test_httpx_annotated_classes_get_the_httpx_edges(guard: Guard) -> None:
+    assert isinstance(guard.http_client_for(LegacyAsyncSDK), httpx.AsyncClient)
+    assert isinstance(guard.http_client_for(LegacySyncSDK), httpx.Client)
+    client = guard.http_client_for(LegacyAsyncSDK, headers={"x-team": "a"})
+    assert client.headers["x-team"] == "a"
+
+
+def test_a_class_without_http_client_is_refused_clearly(guard: Guard) -> None:
+    with pytest.raises(TypeError, match=r"NoClientSDK takes no http_client= argument.*openai\.AsyncOpenAI"):
+        guard.http_client_for(NoClientSDK)  # type: ignore[arg-type]
+
+
+def test_an_unreadable_annotation_is_refused_with_the_explicit_factories(guard: Guard) -> None:
+    with pytest.raises(TypeError, match=r"cannot tell which HTTP client OpaqueSDK takes.*guard\.sync_http_client\(\)"):
+        guard.http_client_for(OpaqueSDK)

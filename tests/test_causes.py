@@ -1,0 +1,77 @@
+"""guard_failure(exc): the guard's cause, from its own exceptions, translated ones and SDK errors."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from llmguard_client import BulkheadFull, Guard, Tier, TTFTTimeout, guard_failure
+from tests.loopback import LoopbackServer, Script
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+openai = pytest.importorskip("openai")
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_a_guard_exception_names_its_cause() -> None:
+    assert guard_failure(TTFTTimeout("late")) == "ttft_timeout"
+    assert guard_failure(BulkheadFull("full")) == "bulkhead_full"
+
+
+def test_the_cause_is_found_along_cause_context_and_groups() -> None:
+    try:
+        try:
+            raise TTFTTimeout("late")
+        except TTFTTimeout as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert guard_failure(outer) == "ttft_timeout"
+    try:
+        try:
+            raise BulkheadFull("full")
+        except BulkheadFull:
+            raise ValueError("during handling")  # noqa: B904 - __context__ on purpose
+    except ValueError as outer:
+        assert guard_failure(outer) == "bulkhead_full"
+    group = BaseExceptionGroup("many", [ValueError("x"), TTFTTimeout("late")])
+    assert guard_failure(group) == "ttft_timeout"
+
+
+def test_a_response_header_names_the_cause_and_others_are_none() -> None:
+    request = httpx.Request("POST", "http://a/v1/chat/completions")
+    response = httpx.Response(429, headers={"x-llmguard-cause": "all_replicas_cooling"}, request=request)
+    error = httpx.HTTPStatusError("429", request=request, response=response)
+    assert guard_failure(error) == "all_replicas_cooling"
+    assert guard_failure(httpx.ReadError("reset")) is None
+    assert guard_failure(ValueError("x")) is None
+    with pytest.raises(TypeError, match="takes an exception"):
+        guard_failure("ttft_timeout")  # type: ignore[arg-type]
+
+
+async def test_openai_errors_of_each_mode(servers: list[LoopbackServer]) -> None:
+    for server in servers:
+        server.script = Script(hang_before_headers=1.0)
+    tiers = {"fast": Tier(ttft=0.2, total=5.0)}
+    for mode, expected in (("auto", openai.InternalServerError), ("raise", openai.APITimeoutError)):
+        async with Guard([s.url for s in servers], tiers=tiers, failure_mode=mode, instrumentation=None) as guard:
+            client = openai.AsyncOpenAI(
+                base_url=servers[0].url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+            )
+            with pytest.raises(expected) as caught:
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+            assert guard_failure(caught.value) == "ttft_timeout"
+
+
+async def test_a_server_error_handed_back_is_marked_upstream_status(servers: list[LoopbackServer]) -> None:
+    """The guard hands a server's own error answer back (after any retries it allowed), marked as such."""
+    for server in servers:
+        server.script = Script(status=400, body={"error": {"message": "bad", "type": "invalid_request_error"}})
+    async with Guard([s.url for s in servers], instrumentation=None) as guard:
+        client = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "upstream_status"
