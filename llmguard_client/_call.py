@@ -24,8 +24,10 @@ __all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "RequestFacts
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
+KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
-_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", TIER_HEADER.encode(), COHORT_HEADER.encode()})
+_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode())
+_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
 
 
 @dataclass(slots=True)

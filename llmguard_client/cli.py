@@ -5,7 +5,9 @@
                    [--seed S] [--length-scale F] [--model M] [--api-key KEY] [--ttft-slo S] [--tpot-slo S]
                    [--tier-ttft S] [--tier-total S] [--tier-stall S|none] [--deadline S]
                    [--replicas K] [--reuse-cluster] [--json PATH|-] [--plot PATH] [--no-progress]
+                   [--rollout F [--records PATH]]
     llmguard demo [--seed S] [--json PATH|-] [--plot PATH] [--no-progress]
+    llmguard compare RECORDS.jsonl|- [--json] [--tier NAME] [--max-attempts A] [--success-drop D] [--min-calls N]
 
 Bad input (unknown scenario or client, unreachable URL, non-positive numbers...) prints one line on
 stderr and exits with status 2; a failure while running exits 1 (set LLMGUARD_DEBUG=1 for a traceback).
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, NoReturn
 
 PROG = "llmguard"
+DEFAULT_CLIENTS = "plain,openai-default,naive-retry,guarded"
 
 
 class UsageError(Exception):
@@ -55,6 +58,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _unit_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0.0 to 1.0 (e.g. 0.1), got {text}")
+    return value
+
+
 def _stall(text: str) -> float:
     if text.strip().lower() in ("none", "off", "0"):
         return 0.0  # 0 means: no stall limit
@@ -71,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description="Load-test OpenAI-compatible endpoints with and without llmguard."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,demo,compare}")
 
     b = sub.add_parser(
         "bench",
@@ -84,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--sim", metavar="SCENARIO", help="start the simulated cluster with this scenario")
     b.add_argument(
         "--clients",
-        default="plain,openai-default,naive-retry,guarded",
+        default=DEFAULT_CLIENTS,
         help="comma-separated, run in this order (default: %(default)s; "
         "also guarded-nohedge, guarded-noretry)",
     )
@@ -147,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
         "client, so each client meets the same seeded faults)",
     )
     _add_output_options(b)
+    ro = b.add_argument_group("rollout (docs/rollout.md)")
+    ro.add_argument(
+        "--rollout",
+        type=_unit_fraction,
+        metavar="F",
+        help="run the 'rollout' client: one Guard guarding fraction F of the stream, the rest passed through "
+        "as the control cohort (without --clients: that client only; default F with --clients rollout: 0.1)",
+    )
+    ro.add_argument(
+        "--records", metavar="PATH", help="the rollout client's phase records as JSON lines, for llmguard compare"
+    )
 
     d = sub.add_parser(
         "demo",
@@ -156,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0)
     _add_output_options(d)
+
+    from llmguard_client.compare.command import add_parser as add_compare
+
+    add_compare(sub)
     return parser
 
 
@@ -242,7 +270,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _need_guard(clients: Sequence[str]) -> None:
-    if any(c.startswith("guarded") for c in clients):
+    if any(c.startswith("guarded") or c == "rollout" for c in clients):
         from llmguard_client.bench.clients import guard_api
 
         try:
@@ -270,6 +298,13 @@ def _bench(args: argparse.Namespace) -> int:
         profile = parse_profile(args.profile) if args.profile else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.rollout is not None and args.clients == DEFAULT_CLIENTS:
+        clients = ["rollout"]
+    if args.records and "rollout" not in clients:
+        raise UsageError("--records needs the rollout client (--rollout F, or --clients ...,rollout)")
+    records_dir = os.path.dirname(os.path.abspath(args.records)) if args.records else None
+    if records_dir is not None and not os.path.isdir(records_dir):
+        raise UsageError(f"--records {args.records}: directory {records_dir} does not exist")
     if args.reuse_cluster and not args.sim:
         raise UsageError("--reuse-cluster needs --sim")
     if args.replicas and not args.sim:
@@ -311,6 +346,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
 
     spec = RunSpec(plan=plan, tier=tier, model=args.model, deadline=args.deadline, api_key=args.api_key)
+    spec.rollout, spec.records = args.rollout, args.records
     to_stderr = args.json == "-"
     console = _console(to_stderr)
     with _progress(not args.no_progress) as bar:
@@ -342,6 +378,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot_cdfs([report], args.plot)
         console.print(f"CDF plot written to {args.plot}")
+    if args.records:
+        console.print(f"phase records written to {args.records}: llmguard compare {args.records}")
     return 0
 
 
@@ -409,6 +447,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from llmguard_client.compare.command import InputError, run
+
+    try:
+        return run(args)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _fail(message: str, stream: IO[str] | None = None) -> None:
     line = " ".join(message.split())  # always exactly one line
     print(f"{PROG}: error: {line}", file=stream or sys.stderr)
@@ -420,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "compare":
+            return _compare(args)
         return _demo(args)
     except UsageError as exc:
         _fail(str(exc))
