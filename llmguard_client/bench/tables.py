@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from llmguard_client.bench.formatting import fmt_count, fmt_pct, fmt_s, fmt_x
 from llmguard_client.bench.runner import COUNTERS_NOTE
@@ -150,7 +150,7 @@ def section_tables(section: Section, report: BenchReport, console: Console) -> l
     return tables
 
 
-def _preamble(report: BenchReport) -> Any:
+def _preamble(report: BenchReport) -> Table:
     from rich.table import Table
 
     tier, slo = report.tier, report.slo
@@ -175,8 +175,6 @@ def _preamble(report: BenchReport) -> Any:
 
 def render(report: BenchReport, console: Console, *, explain_hint: bool = True) -> None:
     """The report's header, its sections, the runs' notes and one verdict per client against plain."""
-    from llmguard_client.bench.verdict import interpret
-
     console.print(f"[bold]llmguard bench: {report.title}[/bold]")
     console.print(_preamble(report))
     for section in SECTIONS:
@@ -188,9 +186,8 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
     for s in report.summaries:
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
-    for s in report.summaries:
-        if s.client != "plain" and report.baseline is not None:
-            console.print(f"[bold green]=>[/bold green] {interpret(report, s.client)}")
+    for verdict in report.verdicts().values():
+        console.print(f"[bold green]=>[/bold green] {verdict}")
     if explain_hint:
         console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
 
