@@ -221,7 +221,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from llmguard_client.bench.rates import parse_profile
     from llmguard_client.bench.report import BenchReport
     from llmguard_client.bench.runner import RunSpec, run_clients
-    from llmguard_client.bench.tables import EXPLAIN_HINT, render
+    from llmguard_client.bench.tables import EXPLAIN_HINT, hanging, render
     from llmguard_client.bench.traffic import make_plan
 
     _check_outputs(args)
@@ -270,7 +270,7 @@ def run_demo(args: argparse.Namespace) -> int:
         reports.append(report)
     console.print(f"[bold]demo summary[/bold] ({time.perf_counter() - t0:.0f} s):")
     for r in reports:
-        console.print(f"  {r.scenario}: {r.interpretation()}")
+        console.print(hanging(f"  {r.scenario}:", [r.interpretation()]))
     console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
     if args.json:
         _write_json({"demo": [r.to_dict() for r in reports]}, args.json)

@@ -9,7 +9,7 @@ columns do not fit the width continues in a second table; a column no client has
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from llmguard_client.bench.report import BenchReport
 
-__all__ = ["EXPLAIN_HINT", "SECTIONS", "Column", "Section", "make_console", "render", "section_tables"]
+__all__ = ["EXPLAIN_HINT", "SECTIONS", "Column", "Section", "hanging", "make_console", "render", "section_tables"]
 
 EXPLAIN_HINT = "Every figure is defined by: llmguard bench --explain"
 
@@ -186,10 +186,21 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
     for s in report.summaries:
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
-    for verdict in report.verdicts().values():
-        console.print(f"[bold green]=>[/bold green] {verdict}")
+    console.print(hanging("[bold green]=>[/bold green]", report.verdicts().values()))
     if explain_hint:
         console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
+
+
+def hanging(label: str, paragraphs: Iterable[str]) -> Table:
+    """``label`` before each paragraph, continuation lines indented under the text (a two-column grid)."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for text in paragraphs:
+        grid.add_row(label, text)
+    return grid
 
 
 def make_console(stream: IO[str] | None = None, *, stderr: bool = False) -> Console:
