@@ -19,7 +19,7 @@ from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePo
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
-from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot, open_connections
+from llmguard_client._snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._transport import GuardTransport, RecordCallback
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
@@ -123,22 +123,8 @@ class Guard:
         for label, value, kind in policies:
             if value is not None and not isinstance(value, kind):
                 raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
-        bulkheads = dict(bulkheads or {})
-        unknown = sorted(set(bulkheads) - set(tiers))
-        if unknown:
-            raise UnknownTierError(f"bulkheads name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-        for name, limit in bulkheads.items():
-            if not isinstance(limit, Bulkhead):
-                raise GuardConfigError(
-                    f"bulkheads[{name!r}] must be a Bulkhead(max_in_flight=..., max_waiting=...), got {limit!r}"
-                )
-        tier_budgets = dict(tier_budgets or {})
-        unknown = sorted(set(tier_budgets) - set(tiers))
-        if unknown:
-            raise UnknownTierError(f"tier_budgets name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-        for name, policy in tier_budgets.items():
-            if not isinstance(policy, BudgetPolicy):
-                raise GuardConfigError(f"tier_budgets[{name!r}] must be a BudgetPolicy, got {policy!r}")
+        bulkheads = _per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
+        tier_budgets = _per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
             raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
         if pool_limits is not None and transport_factory is not None:
@@ -158,6 +144,7 @@ class Guard:
         self.default_tier = default_tier
         self.hedge_policy = hedge
         self.retry_policy = retry
+
         def make_budget(policy: BudgetPolicy) -> RetryBudget:
             return RetryBudget(policy.ratio, policy.floor, policy.window, clock=clock)
 
@@ -257,35 +244,14 @@ class Guard:
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
         circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
-        now = self._clock()
-        replicas = tuple(
-            ReplicaSnapshot(
-                name=s.name,
-                in_flight=s.in_flight,
-                cooling_for=max(0.0, s.cooling_until - now),
-                circuit_open_for=max(0.0, s.open_until - now),
-                healthy=not s.cooling(now) and not s.open(now),
-                open_connections=open_connections(s.transport),
-            )
-            for s in self._replica_set.states
-        )
-        tiers = {}
-        for name in self.tiers:
-            bulkhead = self._bulkheads.get(name)
-            if bulkhead is None:
-                tiers[name] = TierSnapshot(0, 0, None, None)
-            else:
-                limits = bulkhead.config
-                tiers[name] = TierSnapshot(
-                    bulkhead.in_flight, bulkhead.waiting, limits.max_in_flight, limits.max_waiting
-                )
-        return GuardSnapshot(
-            closed=self._registry.closed,
-            calls_in_flight=len(self._registry.live),
-            replicas=replicas,
-            tiers=tiers,
-            budget=self.budget.snapshot() if self.budget is not None else None,
-            tier_budgets={name: b.snapshot() for name, b in self.tier_budgets.items()},
+        return build_snapshot(
+            self._clock(),
+            self._registry,
+            self._replica_set,
+            self.tiers,
+            self._bulkheads,
+            self.budget,
+            self.tier_budgets,
         )
 
     def __repr__(self) -> str:
@@ -404,3 +370,20 @@ def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
             raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
         seen.add(key)
     return resolved
+
+
+_T = TypeVar("_T")
+
+
+def _per_tier(
+    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
+) -> dict[str, _T]:
+    """A per-tier option checked: known tier names, values of ``kind``."""
+    checked = dict(values or {})
+    unknown = sorted(set(checked) - set(tiers))
+    if unknown:
+        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, value in checked.items():
+        if not isinstance(value, kind):
+            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
+    return checked

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 
-from llmguard_client.layers.budget import BudgetSnapshot
+from llmguard_client.layers.budget import BudgetSnapshot, RetryBudget
+
+if TYPE_CHECKING:
+    from llmguard_client._config import Tier
+    from llmguard_client._lease import LeaseRegistry
+    from llmguard_client._replicas import ReplicaSet
+    from llmguard_client.layers.bulkhead import TierBulkhead
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +75,44 @@ def open_connections(transport: httpx.AsyncBaseTransport) -> int | None:
     if not isinstance(connections, list):
         return None
     return sum(1 for c in connections if not c.is_closed())
+
+
+def build_snapshot(
+    now: float,
+    registry: LeaseRegistry,
+    replica_set: ReplicaSet,
+    tiers: Mapping[str, Tier],
+    bulkheads: Mapping[str, TierBulkhead],
+    budget: RetryBudget | None,
+    tier_budgets: Mapping[str, RetryBudget],
+) -> GuardSnapshot:
+    """The `GuardSnapshot` of a Guard's parts at ``now``."""
+    replicas = tuple(
+        ReplicaSnapshot(
+            name=s.name,
+            in_flight=s.in_flight,
+            cooling_for=max(0.0, s.cooling_until - now),
+            circuit_open_for=max(0.0, s.open_until - now),
+            healthy=not s.cooling(now) and not s.open(now),
+            open_connections=open_connections(s.transport),
+        )
+        for s in replica_set.states
+    )
+    tier_views = {}
+    for name in tiers:
+        bulkhead = bulkheads.get(name)
+        if bulkhead is None:
+            tier_views[name] = TierSnapshot(0, 0, None, None)
+        else:
+            limits = bulkhead.config
+            tier_views[name] = TierSnapshot(
+                bulkhead.in_flight, bulkhead.waiting, limits.max_in_flight, limits.max_waiting
+            )
+    return GuardSnapshot(
+        closed=registry.closed,
+        calls_in_flight=len(registry.live),
+        replicas=replicas,
+        tiers=tier_views,
+        budget=budget.snapshot() if budget is not None else None,
+        tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
+    )
