@@ -229,7 +229,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
             record.response_id, record.response_model = facts.response_id, facts.model
             record.finish_reasons = list(facts.finish_reasons)
-            record.chunks = win.scanner.chunks if win.scanner is not None else None
+            record.chunks = win.reader.chunks
             win.state.in_flight -= 1
             release()
             call.observation.attempt_finished(attempt)

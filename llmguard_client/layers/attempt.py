@@ -1,11 +1,14 @@
 """One physical request to one replica, read up to its first content token.
 
 An attempt ends in exactly one of two ways:
-- `AttemptWin`: the first content token arrived (for a non-streaming or an error-free
-  body without tokens: the whole body). The open response and the bytes read so far
-  are handed to the caller's side, which now owns them and must close them.
-- `AttemptFailure`: an error status (its body read, bounded), or a transport error.
-  Its connection is already closed.
+- `AttemptWin`: the first content token arrived (for a non-streaming body: the whole
+  body; for an answer no protocol reader claims: its first bytes), or the stream ended
+  complete without one. The open response and the bytes read so far are handed to the
+  caller's side, which now owns them and must close them.
+- `AttemptFailure`: an error status (its body read, bounded), a transport error, or
+  (guarded calls) a 200 that failed before its first token: an in-stream error event, a
+  malformed event, a plain body where a stream was asked for, an EOF before the end
+  marker (`llmguard_client.protocols`). Its connection is already closed.
 
 If the attempt is cancelled (it lost a hedge race, a deadline passed, the caller left),
 its response is closed under a shielded scope, so the server sees the disconnect and
@@ -27,7 +30,9 @@ from anyio.streams.memory import MemoryObjectSendStream
 from llmguard_client._call import Call
 from llmguard_client._replicas import ReplicaState
 from llmguard_client._retry_after import parse_retry_after
-from llmguard_client._sse import ResponseFacts, SSEScanner, body_facts
+from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader, read_opening, reader_for
+from llmguard_client.protocols.errors import OVERLOAD_STATUSES
+from llmguard_client.protocols.raising import stream_error
 from llmguard_client.telemetry.record import AttemptKind, AttemptRecord
 
 ERROR_BODY_LIMIT = 64 * 1024
@@ -46,8 +51,12 @@ class AttemptWin:
     chunks: list[bytes]
     rest: AsyncIterator[bytes] | None
     """The unread remainder of the body; None when ``chunks`` already hold all of it."""
-    scanner: SSEScanner | None
-    facts: ResponseFacts
+    reader: StreamReader
+    """Its protocol's reader, fed every chunk so far; the caller's side keeps feeding it."""
+
+    @property
+    def facts(self) -> ResponseFacts:
+        return self.reader.facts
 
     async def aclose(self) -> None:
         await close_quietly(self.response)
@@ -65,6 +74,16 @@ class AttemptFailure:
     body: bytes = b""
     retry_after: float | None = None
     extensions: dict[str, Any] = field(default_factory=dict)
+    stream_failure: StreamFailure | None = None
+    """Set when a 200 answer failed before its first token (then ``status_code`` is the status the
+    failure stands for, if any, and ``body`` an equivalent JSON error)."""
+
+    @property
+    def overload(self) -> bool:
+        """The replica said it is overloaded (429/503/529, or an in-stream overload error)."""
+        if self.stream_failure is not None:
+            return self.stream_failure.overload
+        return self.status_code in OVERLOAD_STATUSES
 
     @property
     def is_transport_error(self) -> bool:
@@ -143,9 +162,18 @@ async def run_attempt(
                 )
             )
             return
-        win = await _read_to_first_token(attempt, state, response, clock)
+        content_type = response.headers.get("content-type", "")
+        reader = reader_for(request.method, request.url.path, content_type, call.record.stream)
+        opening = await read_opening(_body(response), reader)
+        failure = reader.failure
+        if failure is not None and call.guarded:  # before the first token: a failed attempt, like a 503
+            results.send_nowait(_stream_failure(call, attempt, state, failure, response, clock))
+            return
+        attempt.first_token = clock()
+        if opening.rest is None:
+            attempt.finish = attempt.first_token
         handed_off = True
-        results.send_nowait(win)
+        results.send_nowait(AttemptWin(attempt, state, response, opening.chunks, opening.rest, reader))
     except anyio.get_cancelled_exc_class():
         attempt.outcome = "lost" if lost() else "cancelled"
         attempt.finish = clock()
@@ -163,32 +191,47 @@ async def run_attempt(
             call.observation.attempt_finished(attempt)
 
 
-async def _read_to_first_token(
-    attempt: AttemptRecord, state: ReplicaState, response: httpx.Response, clock: Callable[[], float]
-) -> AttemptWin:
+def _body(response: httpx.Response) -> httpx.AsyncByteStream:
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
-    chunks: list[bytes] = []
-    if "text/event-stream" in response.headers.get("content-type", ""):
-        scanner = SSEScanner()
-        rest = stream.__aiter__()
-        async for chunk in rest:
-            chunks.append(chunk)
-            if scanner.feed(chunk):
-                attempt.first_token = clock()
-                return AttemptWin(attempt, state, response, chunks, rest, scanner, scanner.facts)
-        # The stream ended without any content token (e.g. an empty completion): it is complete.
-        attempt.first_token = attempt.finish = clock()
-        return AttemptWin(attempt, state, response, chunks, None, scanner, scanner.facts)
-    async for chunk in stream:
-        chunks.append(chunk)
-    attempt.first_token = attempt.finish = clock()
-    return AttemptWin(attempt, state, response, chunks, None, None, body_facts(b"".join(chunks)))
+    return stream
+
+
+def _stream_failure(
+    call: Call,
+    attempt: AttemptRecord,
+    state: ReplicaState,
+    failure: StreamFailure,
+    response: httpx.Response,
+    clock: Callable[[], float],
+) -> AttemptFailure:
+    """A 200 that failed before its first token, as a failed attempt: with the status its error stands
+    for (a JSON error body to hand back if it is the call's last answer), else as a stream error."""
+    attempt.finish = clock()
+    attempt.outcome = "failed"
+    attempt.error = failure.cause
+    attempt.retry_after = failure.retry_after
+    error = None
+    headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
+    if failure.retry_after is not None:
+        headers["retry-after"] = str(failure.retry_after)
+    if failure.status is None:
+        error = stream_error(failure, replica=state.name, request=call.request, after_first_token=False)
+    return AttemptFailure(
+        attempt,
+        state,
+        error=error,
+        status_code=failure.status,
+        headers=headers,
+        body=failure.body,
+        retry_after=failure.retry_after,
+        extensions=dict(response.extensions),
+        stream_failure=failure,
+    )
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> bytes:
-    stream = response.stream
-    assert isinstance(stream, httpx.AsyncByteStream)
+    stream = _body(response)
     parts: list[bytes] = []
     size = 0
     async for chunk in stream:
