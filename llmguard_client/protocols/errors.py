@@ -44,6 +44,7 @@ _TYPE_STATUS = {
     "api_error": 500,
     "server_error": 500,
     "internal_server_error": 500,
+    "internal_error": 500,
     "service unavailable": 503,
     "service_unavailable": 503,
     "overloaded": 503,
