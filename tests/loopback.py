@@ -256,7 +256,8 @@ class _Encoder:
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         if self.protocol == "responses":
-            return b"event: error\ndata: " + json.dumps({"type": "error", **error}).encode() + b"\n\n"
+            data = {"type": "error", "code": error.get("code"), "message": error.get("message"), "param": None}
+            return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
         if self.protocol == "messages":
             kind = "overloaded_error" if error.get("code") in (503, 529) else str(error.get("type"))
             data = {"type": "error", "error": {"type": kind, "message": error.get("message")}}

@@ -3,8 +3,9 @@
 - first content token: the first ``*.delta`` event with a non-empty ``delta`` (output text, refusal,
   function-call arguments, reasoning text or summary, audio); ``response.created``,
   ``response.in_progress``, ``response.output_item.added`` and the like do not count;
-- in-stream error: an ``error`` event (``{"type": "error", "code": ..., "message": ...}``) or
-  ``response.failed`` (its ``response.error``);
+- in-stream error: an ``error`` event (``{"type": "error", "code": ..., "message": ...}``, or any
+  data under ``event: error``, e.g. vLLM's ``{"type": "error", "error": {...}}``) or ``response.failed``
+  (its ``response.error``);
 - end marker: ``response.completed`` or ``response.incomplete`` (e.g. ``max_output_tokens`` reached);
 - usage: ``response.usage.input_tokens`` / ``output_tokens`` in the final event; id and model from
   ``response.created``; the finish reason is ``incomplete_details.reason`` or the final ``status``.
@@ -55,7 +56,7 @@ class ResponsesReader(SSEReader):
         kind = obj.get("type")
         if not isinstance(kind, str):
             kind = name.decode("utf-8", "replace")
-        if kind == "error":
+        if kind == "error" or name == b"error":
             error: Any = obj.get("error")
             self.fail_with(error if isinstance(error, dict) else obj)
         elif kind == "response.failed":
