@@ -34,6 +34,7 @@ OVERLOAD_TYPES = frozenset(
 _TYPE_STATUS = {
     "invalid_request_error": 400,
     "bad_request": 400,
+    "badrequesterror": 400,
     "authentication_error": 401,
     "permission_error": 403,
     "not_found_error": 404,
@@ -45,13 +46,15 @@ _TYPE_STATUS = {
     "server_error": 500,
     "internal_server_error": 500,
     "internal_error": 500,
+    "internalservererror": 500,
     "service unavailable": 503,
     "service_unavailable": 503,
     "overloaded": 503,
     "server_overloaded": 503,
     "overloaded_error": 529,
 }
-"""Statuses of well-known error types (Anthropic's documented ones, OpenAI's, vLLM's ``type``)."""
+"""Statuses of well-known error types (Anthropic's documented ones, OpenAI's, vLLM's ``type`` such as
+``BadRequestError`` / ``InternalServerError``), used when the error carries no numeric code."""
 _MESSAGE_LIMIT = 300
 
 

@@ -69,8 +69,9 @@ class MessagesWire:
         return _event({"type": "content_block_stop", "index": 0}) + _event(delta) + _event({"type": "message_stop"})
 
     def error_event(self, message: str, type_: str, code: int | None) -> bytes:
-        """``event: error`` in Anthropic's shape (a 503/529 is an ``overloaded_error``); nothing follows it."""
-        kind = "overloaded_error" if code in (503, 529) else type_
+        """``event: error`` in Anthropic's shape (503/529: ``overloaded_error``, other 5xx: ``api_error``);
+        nothing follows it."""
+        kind = "overloaded_error" if code in (503, 529) else "api_error" if code and code >= 500 else type_
         return b"event: error\ndata: " + anthropic_error_body(message, kind) + b"\n\n"
 
     def malformed(self) -> bytes:
