@@ -18,13 +18,16 @@ from llmguard_client._errors import (
     BulkheadFull,
     GuardConfigError,
     GuardFailure,
+    GuardStreamError,
     GuardTimeout,
     GuardUnavailable,
     LLMGuardError,
     StallTimeout,
+    StreamTruncated,
     TotalTimeout,
     TTFTTimeout,
     UnknownTierError,
+    UpstreamStreamError,
 )
 from llmguard_client._guard import Guard
 from llmguard_client._retry_after import RETRY_AFTER_CAP, parse_retry_after
@@ -50,6 +53,7 @@ __all__ = [
     "Guard",
     "GuardConfigError",
     "GuardFailure",
+    "GuardStreamError",
     "GuardTimeout",
     "GuardTransport",
     "GuardUnavailable",
@@ -61,10 +65,12 @@ __all__ = [
     "Replica",
     "RetryPolicy",
     "StallTimeout",
+    "StreamTruncated",
     "TTFTTimeout",
     "Tier",
     "TotalTimeout",
     "UnknownTierError",
+    "UpstreamStreamError",
     "__version__",
     "parse_retry_after",
 ]

@@ -7,8 +7,7 @@ import json
 import httpx
 import pytest
 
-from llmguard_client import GuardFailure
-from llmguard_client._errors import GuardStreamError, StreamTruncated, UpstreamStreamError
+from llmguard_client import GuardFailure, GuardStreamError, StreamTruncated, UpstreamStreamError
 from llmguard_client.protocols import reader_for, stream_error
 from llmguard_client.protocols.base import StreamFailure
 from llmguard_client.protocols.body import PLAIN_BODY_LIMIT, BodyReader, NotAStreamReader

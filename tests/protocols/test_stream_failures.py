@@ -14,8 +14,16 @@ import httpx
 import openai
 import pytest
 
-from llmguard_client import AllAttemptsFailed, Guard, PhaseRecord, RetryPolicy, Tier
-from llmguard_client._errors import GuardStreamError, StreamTruncated, UpstreamStreamError
+from llmguard_client import (
+    AllAttemptsFailed,
+    Guard,
+    GuardStreamError,
+    PhaseRecord,
+    RetryPolicy,
+    StreamTruncated,
+    Tier,
+    UpstreamStreamError,
+)
 from tests.loopback import VLLM_BUSY, LoopbackServer, Script
 
 TTFT = 1.0
