@@ -73,6 +73,8 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+    peer: str | None = None
+    """The client's ``host:port``: the same peer means the same (reused) connection."""
 
 
 class LoopbackServer:
@@ -141,7 +143,8 @@ class LoopbackServer:
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw) if raw else {}
-        self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic()))
+        peer = f"{request.client.host}:{request.client.port}" if request.client else None
+        self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic(), peer))
         script = self.script
         if script.hang_before_headers:
             until = time.monotonic() + script.hang_before_headers

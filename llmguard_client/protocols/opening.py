@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
+import anyio
+
 from llmguard_client.protocols.base import StreamReader
+
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 0.05
+"""After an in-stream error event, what is read on towards EOF (servers end the body right after one: vLLM
+sends ``[DONE]``), so the connection goes back to the pool instead of being closed and reopened, a TCP (and
+TLS) handshake more with a replica that just said it is overloaded."""
 
 
 @dataclass(slots=True)
@@ -25,7 +33,24 @@ async def read_opening(body: AsyncIterable[bytes], reader: StreamReader) -> Open
     rest = body.__aiter__()
     async for chunk in rest:
         chunks.append(chunk)
-        if reader.feed(chunk) or reader.failure is not None:
+        if reader.feed(chunk):
+            return Opening(reader, chunks, rest)
+        if reader.failure is not None:
+            if reader.failure.kind == "error_event" and await _drain(rest, chunks):
+                return Opening(reader, chunks, None)
             return Opening(reader, chunks, rest)
     reader.end_of_body()
     return Opening(reader, chunks, None)
+
+
+async def _drain(rest: AsyncIterator[bytes], chunks: list[bytes]) -> bool:
+    """Read on, within `DRAIN_BYTES` and `DRAIN_SECONDS`; True if the body ended."""
+    size = 0
+    with anyio.move_on_after(DRAIN_SECONDS):
+        async for chunk in rest:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > DRAIN_BYTES:
+                return False
+        return True
+    return False

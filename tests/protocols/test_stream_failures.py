@@ -98,6 +98,20 @@ async def test_in_stream_overload_cools_the_replica_without_retry_after(servers:
     assert records[0].attempts[0].retry_after is None
 
 
+async def test_the_connection_of_an_in_stream_error_is_reused(servers: list[LoopbackServer]) -> None:
+    """vLLM ends the body right after its error event: the guard reads to that end, so the connection goes
+    back to the pool instead of a new TCP handshake with the replica that just said it is overloaded."""
+    servers[0].script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, retry=None) as guard, guard.http_client() as client:
+        for _ in range(3):
+            path, body = PATHS["chat"]
+            response = await client.post(servers[0].url + path, json={"model": "m", "stream": True, **body})
+            assert response.status_code == 503
+    peers = [r.peer for r in servers[0].received]
+    assert len(peers) == 3 and len(set(peers)) == 1
+
+
 async def test_openai_caller_gets_the_other_replicas_answer(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(error_at=0)
     records: list[PhaseRecord] = []
