@@ -161,9 +161,7 @@ class LoopbackServer:
         encoder = _encoder(request.url.path, body, script)
         if not body.get("stream") or script.json_for_stream:
             return Response(encoder.complete(), media_type="application/json", headers=script.headers)
-        return StreamingResponse(
-            self._events(encoder, script), media_type="text/event-stream", headers=script.headers
-        )
+        return StreamingResponse(self._events(encoder, script), media_type="text/event-stream", headers=script.headers)
 
     async def _events(self, encoder: _Encoder, script: Script) -> AsyncIterator[bytes]:
         self.started_streams += 1
