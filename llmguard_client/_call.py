@@ -49,7 +49,7 @@ class RequestFacts:
         if not isinstance(obj, dict):
             return cls()
         model = obj.get("model")
-        max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
+        max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens", obj.get("max_output_tokens")))
         return cls(
             model=model if isinstance(model, str) else None,
             stream=obj.get("stream") is True,

@@ -125,7 +125,8 @@ class HedgePolicy:
                    [``min_delay``, ``max_delay``], ``warmup_delay`` until ``min_samples``.
     max_hedges:    extra attempts per call at most.
     on_failure:    a failed attempt before the first token sends the hedge at once.
-    paths:         path suffixes hedged by default (idempotent-safe generation calls);
+    paths:         path suffixes hedged by default (idempotent-safe generation calls; a
+                   Responses API call with ``store: true`` stores the loser's response too);
                    ``hedge_all_paths=True`` hedges every path.
     """
 
@@ -137,7 +138,7 @@ class HedgePolicy:
     min_samples: int = 20
     max_hedges: int = 1
     on_failure: bool = True
-    paths: tuple[str, ...] = ("/chat/completions", "/completions")
+    paths: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/messages")
     hedge_all_paths: bool = False
 
     def __post_init__(self) -> None:
@@ -166,6 +167,10 @@ class RetryPolicy:
     from ``backoff_initial`` up to ``backoff_max``; a server's Retry-After replaces it
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows, and only if it fits the tier deadline.
+
+    ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
+    (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
+    or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
     """
 
     max_attempts: int = 3
@@ -174,9 +179,11 @@ class RetryPolicy:
     retry_statuses: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
     circuit_failures: int = 5
     circuit_cooldown: float = 5.0
+    overload_cooldown: float = 1.0
 
     def __post_init__(self) -> None:
         _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
+        _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
         _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)

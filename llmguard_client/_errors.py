@@ -12,12 +12,21 @@ keeps working::
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
         │   └── StallTimeout            the stream went silent longer than the tier's stall
-        └── GuardUnavailable(httpx.TransportError)
-            ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
-            ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
-            ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
-            ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
-            └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
+        ├── GuardUnavailable(httpx.TransportError)
+        │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
+        │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
+        │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
+        │   ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
+        │   └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
+        └── GuardStreamError(httpx.RemoteProtocolError)   a 200 answer that was not a complete stream
+            ├── UpstreamStreamError     the server reported an error inside the stream (.code, .overload)
+            └── StreamTruncated         the body ended before the protocol's end marker
+
+``GuardStreamError`` subclasses ``httpx.RemoteProtocolError``, the error httpx itself raises when a
+peer ends a response body early ("incomplete chunked read"): a caller's ``except httpx.TransportError``
+(or ``httpx.RemoteProtocolError``) around its stream iteration keeps catching it. After the first token
+these are raised from the response body's iterator; before it they only end an attempt (it is retried
+elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is left.
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
 transport raises) the same failures are returned as proxy-style HTTP responses
@@ -138,3 +147,46 @@ class GuardClosed(GuardUnavailable):
 
     cause = "guard_closed"
     status_code = 503
+
+
+class GuardStreamError(GuardFailure, httpx.RemoteProtocolError):
+    """A 200 answer that was not a complete stream of its protocol (see `llmguard_client.protocols`).
+
+    ``cause`` is ``stream_<kind>`` (``stream_error_event``, ``stream_truncated``, ``stream_malformed``,
+    ``stream_json_body``, ...); ``code`` the server's own error code or type when it sent one,
+    ``overload`` whether it signalled overload (503, 429, ``overloaded_error``).
+    """
+
+    cause = "stream_error"
+    status_code = 502
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cause: str | None = None,
+        code: str | None = None,
+        overload: bool = False,
+        **kwargs: object,
+    ) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.RemoteProtocolError.__init__(self, message, request=request)  # type: ignore[arg-type]
+        if cause is not None:
+            self.cause = cause
+        self.code = code
+        self.overload = overload
+
+
+class UpstreamStreamError(GuardStreamError):
+    """The server sent an error event inside a 200 stream (vLLM's in-stream 503, Anthropic's
+    ``event: error``, the Responses API's ``response.failed`` / ``error``)."""
+
+    cause = "stream_error_event"
+
+
+class StreamTruncated(GuardStreamError):
+    """The body ended (EOF) before the protocol's end marker: ``[DONE]`` or a finish reason,
+    ``response.completed`` / ``response.incomplete``, ``message_stop``."""
+
+    cause = "stream_truncated"

@@ -18,8 +18,9 @@ import httpx
 from llmguard_client._errors import GuardFailure
 from llmguard_client._lease import Hold
 from llmguard_client._replicas import ReplicaState
-from llmguard_client._sse import ResponseFacts, SSEScanner
 from llmguard_client.layers.budget import BudgetTicket
+from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
+from llmguard_client.protocols.errors import OVERLOAD_STATUSES
 from llmguard_client.telemetry.record import AttemptKind, AttemptRecord
 
 
@@ -58,10 +59,14 @@ class Win:
     """Bytes read so far: replayed to the caller first."""
     rest: AsyncIterator[bytes] | None
     """The unread remainder of the body; None when ``chunks`` hold all of it."""
-    scanner: SSEScanner | None
-    facts: ResponseFacts
+    reader: StreamReader
+    """Its protocol's reader, fed every chunk so far; the caller's body keeps feeding it."""
     in_flight: Hold
     """The replica's in-flight count, released when the call ends."""
+
+    @property
+    def facts(self) -> ResponseFacts:
+        return self.reader.facts
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +81,16 @@ class AttemptFailure:
     body: bytes = b""
     retry_after: float | None = None
     extensions: dict[str, Any] = field(default_factory=dict)
+    stream_failure: StreamFailure | None = None
+    """Set when a 200 answer failed before its first token (then ``status_code`` is the status the
+    failure stands for, if any, and ``body`` an equivalent JSON error)."""
+
+    @property
+    def overload(self) -> bool:
+        """The replica said it is overloaded (429/503/529, or an in-stream overload error)."""
+        if self.stream_failure is not None:
+            return bool(self.stream_failure.overload)
+        return self.status_code in OVERLOAD_STATUSES
 
     @property
     def is_transport_error(self) -> bool:

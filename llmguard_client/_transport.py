@@ -238,7 +238,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
                 record.response_id, record.response_model = facts.response_id, facts.model
                 record.finish_reasons = list(facts.finish_reasons)
-                record.chunks = win.scanner.chunks if win.scanner is not None else None
+                record.chunks = win.reader.chunks
             else:  # won the race, but the call ended before it was handed over
                 attempt.outcome, attempt.finish = "cancelled", now
             call.observation.attempt_finished(attempt)

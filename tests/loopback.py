@@ -29,7 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/files")
+from llmguard_client.sim.wire_messages import MessagesWire
+from llmguard_client.sim.wire_responses import ResponsesWire
+
+CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/files")
 COUNTERS = (
     "received",
     "admitted",
@@ -40,6 +43,15 @@ COUNTERS = (
     "aborted_work_tokens",
     "preemptions",
 )
+
+VLLM_BUSY: dict[str, Any] = {
+    "message": "The engine is currently busy and cannot accept new requests. Please try again later or on a "
+    "different instance.",
+    "type": "Service Unavailable",
+    "param": None,
+    "code": 503,
+}
+"""The error vLLM 0.32 sends on queue overflow (``--max-num-queued-reqs``), inside a 200 stream under races."""
 
 
 @dataclass
@@ -61,6 +73,17 @@ class Script:
     """None: follow the request's stream_options.include_usage."""
     hang_before_headers: float = 0.0
     reset_after_tokens: int | None = None
+    error_at: int | None = None
+    """Send an in-stream error event (``error``) just before token ``error_at`` (0: before any token),
+    then the protocol's tail after an error (``[DONE]`` for chat/completions, nothing else)."""
+    error: dict[str, Any] = field(default_factory=lambda: dict(VLLM_BUSY))
+    """The error object of ``error_at`` (default: vLLM 0.32's queue-overflow error, ``code: 503``)."""
+    truncate_at: int | None = None
+    """End the body cleanly just before token ``truncate_at``: no finish reason, no end marker."""
+    malformed_at: int | None = None
+    """Send an event whose data is not JSON just before token ``malformed_at``."""
+    json_for_stream: bool = False
+    """Answer a plain JSON completion even when the request asked for a stream."""
 
 
 Scripter = Callable[[int, int], "Script | None"]
@@ -74,6 +97,8 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+    peer: str | None = None
+    """The client's ``host:port``: the same peer means the same (reused) connection."""
 
 
 class LoopbackServer:
@@ -100,6 +125,8 @@ class LoopbackServer:
         self.max_running = 0
         self.attempts_by_index: collections.Counter[int] = collections.Counter() if attempts is None else attempts
         self._lock = lock or threading.Lock()
+        self.token_times: list[float] = []
+        """``time.monotonic()`` when each content token of the last stream was handed to the server."""
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -144,6 +171,7 @@ class LoopbackServer:
         self.disconnects = self.completed = self.started_streams = 0
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.max_running = 0
+        self.token_times = []
         with self._lock:
             self.attempts_by_index.clear()
 
@@ -191,7 +219,8 @@ class LoopbackServer:
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw) if raw else {}
-        self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic()))
+        peer = f"{request.client.host}:{request.client.port}" if request.client else None
+        self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic(), peer))
         self.counters["received"] += 1
         script = self._script_for(body)
         if script.hang_before_headers:
@@ -210,30 +239,41 @@ class LoopbackServer:
             return JSONResponse(content, status_code=script.status, headers=script.headers)
         self.counters["admitted"] += 1
         tokens = script.tokens if script.tokens is not None else int(body.get("max_tokens") or 16)
-        if not body.get("stream"):
+        encoder = _encoder(request.url.path, body, script, tokens, self.model)
+        if not body.get("stream") or script.json_for_stream:
             self.counters["completed"] += 1
             self.counters["work_tokens"] += 1
-            return JSONResponse(self._completion(), headers=script.headers)
+            return Response(encoder.complete(), media_type="application/json", headers=script.headers)
         return StreamingResponse(
-            self._events(body, script, tokens), media_type="text/event-stream", headers=script.headers
+            self._events(encoder, script, tokens), media_type="text/event-stream", headers=script.headers
         )
 
-    async def _events(self, body: dict[str, Any], script: Script, tokens: int) -> AsyncIterator[bytes]:
+    async def _events(self, encoder: _Encoder, script: Script, tokens: int) -> AsyncIterator[bytes]:
         self.started_streams += 1
+        self.token_times = []
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         finished = False
         produced = 0
         try:
-            created = int(time.time())
-            base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": created, "model": self.model}
             if script.role_chunk:
-                yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+                yield encoder.opening()
             for _ in range(script.keepalives_before):
                 yield b": keep-alive\n\n"
             if script.stall_before_first:
                 await asyncio.sleep(script.stall_before_first)
-            for i in range(tokens):
+            for i in range(tokens + 1):
+                if i == script.error_at:
+                    yield encoder.error_event(script.error)
+                    finished = True
+                    return
+                if i == script.truncate_at:
+                    finished = True
+                    return
+                if i == script.malformed_at:
+                    yield b"data: {not json\n\n"
+                if i == tokens:
+                    break
                 if i == 1 and script.stall_after_first:
                     await asyncio.sleep(script.stall_after_first)
                 elif i and script.gap:
@@ -241,15 +281,9 @@ class LoopbackServer:
                 if script.reset_after_tokens is not None and i == script.reset_after_tokens:
                     raise ConnectionResetError("scripted reset")
                 produced += 1
-                yield _sse({**base, "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]})
-            yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-            include = script.include_usage
-            if include is None:
-                include = bool((body.get("stream_options") or {}).get("include_usage"))
-            if include:
-                usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
-                yield _sse({**base, "choices": [], "usage": usage})
-            yield b"data: [DONE]\n\n"
+                self.token_times.append(time.monotonic())
+                yield encoder.token(i)
+            yield encoder.closing()
             finished = True
             self.completed += 1
             self.counters["completed"] += 1
@@ -314,3 +348,87 @@ def loopback_cluster(n: int = 2, *, default: Script | None = None) -> Iterator[L
     finally:
         for s in started:
             s.stop()
+class _Encoder:
+    """The answer's bytes in the request's protocol (by path); tokens are `` t0``, `` t1``, ..."""
+
+    def __init__(self, protocol: str, body: dict[str, Any], script: Script, tokens: int, model: str) -> None:
+        self.protocol = protocol
+        self.tokens = tokens
+        include = script.include_usage
+        if include is None:
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.include_usage = include
+        self.base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": model}
+        if protocol == "completions":
+            self.base = {**self.base, "id": "cmpl-test", "object": "text_completion"}
+        self.responses = ResponsesWire("test", 0, model)
+        self.messages = MessagesWire("test", model, 7)
+
+    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.protocol == "completions":
+            return {"index": 0, "text": text or "", "finish_reason": finish}
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "finish_reason": finish}
+
+    def opening(self) -> bytes:
+        if self.protocol == "responses":
+            return self.responses.opening()
+        if self.protocol == "messages":
+            return self.messages.opening()
+        return _sse({**self.base, "choices": [self._choice(None, None, role=True)]})
+
+    def token(self, i: int) -> bytes:
+        if self.protocol == "responses":
+            return self.responses.token_of(f" t{i}")
+        if self.protocol == "messages":
+            return self.messages.token_of(f" t{i}")
+        return _sse({**self.base, "choices": [self._choice(f" t{i}", None)]})
+
+    def closing(self) -> bytes:
+        if self.protocol == "responses":
+            return self.responses.closing("stop", 7, self.tokens)
+        if self.protocol == "messages":
+            return self.messages.closing("stop", 7, self.tokens)
+        out = _sse({**self.base, "choices": [self._choice(None, "stop")]})
+        if self.include_usage:
+            usage = {"prompt_tokens": 7, "completion_tokens": self.tokens, "total_tokens": 7 + self.tokens}
+            out += _sse({**self.base, "choices": [], "usage": usage})
+        return out + b"data: [DONE]\n\n"
+
+    def error_event(self, error: dict[str, Any]) -> bytes:
+        if self.protocol == "responses":
+            data = {"type": "error", "code": error.get("code"), "message": error.get("message"), "param": None}
+            return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+        if self.protocol == "messages":
+            kind = "overloaded_error" if error.get("code") in (503, 529) else str(error.get("type"))
+            data = {"type": "error", "error": {"type": kind, "message": error.get("message")}}
+            return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+        return _sse({"error": error}) + b"data: [DONE]\n\n"
+
+    def complete(self) -> bytes:
+        if self.protocol == "responses":
+            return self.responses.complete(1, "stop", 7)
+        if self.protocol == "messages":
+            return self.messages.complete(1, "stop", 7)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if self.protocol == "completions":
+            choice["text"] = "hello"
+        else:
+            choice["message"] = {"role": "assistant", "content": "hello"}
+        body = {**self.base, "object": "chat.completion" if self.protocol == "chat" else "text_completion"}
+        body.update(choices=[choice], usage={"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8})
+        return json.dumps(body).encode()
+
+
+def _encoder(path: str, body: dict[str, Any], script: Script, tokens: int, model: str) -> _Encoder:
+    for suffix, protocol in (
+        ("/chat/completions", "chat"),
+        ("/completions", "completions"),
+        ("/responses", "responses"),
+        ("/messages", "messages"),
+    ):
+        if path.endswith(suffix):
+            return _Encoder(protocol, body, script, tokens, model)
+    return _Encoder("chat", body, script, tokens, model)  # /v1/files and the like: a chat answer, as before

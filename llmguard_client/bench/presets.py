@@ -49,6 +49,12 @@ PRESETS: dict[str, Preset] = {
         profile="spike",
         note="3 KV-tight replicas (~47 rps); a spike 30 -> 140 -> 30 rps (~3x capacity at the peak)",
     ),
+    "overload-in-stream": Preset(
+        requests=700,
+        rate=30.0,
+        profile="spike",
+        note="overload's cluster and spike; rejections are HTTP 200 + an in-stream 503 error event, no Retry-After",
+    ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
 }

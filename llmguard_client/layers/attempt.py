@@ -1,11 +1,15 @@
 """The innermost handler: one physical request to one replica, read up to its first content token.
 
 An attempt ends in exactly one of two ways:
-- `Win`: the first content token arrived (for a non-streaming or an error-free body
-  without tokens: the whole body). The open response, the bytes read so far and the
-  replica's in-flight count stay with the call's lease, which closes them when the call ends.
-- `Failed`: an error status (its body read, bounded), or a transport error. Its
-  connection is closed and its in-flight count released before it returns.
+- `Win`: the first content token arrived (for a non-streaming body: the whole body; for an
+  answer no protocol reader claims: its first bytes), or the stream ended complete without
+  one. The open response, the bytes read so far and the replica's in-flight count stay with
+  the call's lease, which closes them when the call ends.
+- `Failed`: an error status (its body read, bounded), a transport error, or (guarded calls)
+  a 200 that failed before its first token: an in-stream error event, a malformed event, a
+  plain body where a stream was asked for, an EOF before the end marker
+  (`llmguard_client.protocols`). Its connection is closed and its in-flight count released
+  before it returns.
 
 Everything is registered on the lease the moment it is acquired, so an attempt cancelled at
 any point (it lost a hedge race, a deadline passed, the caller left, the Guard closed)
@@ -23,11 +27,12 @@ import httpx
 from llmguard_client._call import Call
 from llmguard_client._clock import Clock
 from llmguard_client._errors import GuardClosed
-from llmguard_client._lease import Hold, LeaseRegistry
+from llmguard_client._lease import LeaseRegistry
 from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._replicas import ReplicaState
 from llmguard_client._retry_after import parse_retry_after
-from llmguard_client._sse import SSEScanner, body_facts
+from llmguard_client.protocols import StreamFailure, read_opening, reader_for
+from llmguard_client.protocols.raising import stream_error
 from llmguard_client.telemetry.record import AttemptRecord
 
 ERROR_BODY_LIMIT = 64 * 1024
@@ -74,9 +79,16 @@ class AttemptLayer:
             attempt.status_code = response.status_code
             if response.status_code >= 400:
                 return Failed([await _error_status(attempt, state, response, clock)])
-            win = await _read_to_first_token(attempt, state, response, clock, in_flight)
+            reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
+                                call.record.stream)
+            opening = await read_opening(_body(response), reader)
+            if reader.failure is not None and call.guarded:  # before the first token: a failed attempt, like a 503
+                return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
+            attempt.first_token = clock()
+            if opening.rest is None:
+                attempt.finish = attempt.first_token
             won = True
-            return win
+            return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
         except anyio.get_cancelled_exc_class():
             winner = call.winner
             attempt.outcome = "lost" if winner is not None and winner.attempt is not attempt else "cancelled"
@@ -116,32 +128,47 @@ async def _error_status(
     )
 
 
-async def _read_to_first_token(
-    attempt: AttemptRecord, state: ReplicaState, response: httpx.Response, clock: Clock, in_flight: Hold
-) -> Win:
+def _body(response: httpx.Response) -> httpx.AsyncByteStream:
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
-    chunks: list[bytes] = []
-    if "text/event-stream" in response.headers.get("content-type", ""):
-        scanner = SSEScanner()
-        rest = stream.__aiter__()
-        async for chunk in rest:
-            chunks.append(chunk)
-            if scanner.feed(chunk):
-                attempt.first_token = clock()
-                return Win(attempt, state, response, chunks, rest, scanner, scanner.facts, in_flight)
-        # The stream ended without any content token (e.g. an empty completion): it is complete.
-        attempt.first_token = attempt.finish = clock()
-        return Win(attempt, state, response, chunks, None, scanner, scanner.facts, in_flight)
-    async for chunk in stream:
-        chunks.append(chunk)
-    attempt.first_token = attempt.finish = clock()
-    return Win(attempt, state, response, chunks, None, None, body_facts(b"".join(chunks)), in_flight)
+    return stream
+
+
+def _stream_failure(
+    call: Call,
+    attempt: AttemptRecord,
+    state: ReplicaState,
+    failure: StreamFailure,
+    response: httpx.Response,
+    clock: Clock,
+) -> AttemptFailure:
+    """A 200 that failed before its first token, as a failed attempt: with the status its error stands
+    for (a JSON error body to hand back if it is the call's last answer), else as a stream error."""
+    attempt.finish = clock()
+    attempt.outcome = "failed"
+    attempt.error = failure.cause
+    attempt.retry_after = failure.retry_after
+    error = None
+    headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
+    if failure.retry_after is not None:
+        headers["retry-after"] = str(failure.retry_after)
+    if failure.status is None:
+        error = stream_error(failure, replica=state.name, request=call.request, after_first_token=False)
+    return AttemptFailure(
+        attempt,
+        state,
+        error=error,
+        status_code=failure.status,
+        headers=headers,
+        body=failure.body,
+        retry_after=failure.retry_after,
+        extensions=dict(response.extensions),
+        stream_failure=failure,
+    )
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> bytes:
-    stream = response.stream
-    assert isinstance(stream, httpx.AsyncByteStream)
+    stream = _body(response)
     parts: list[bytes] = []
     size = 0
     async for chunk in stream:

@@ -10,7 +10,14 @@ After the first token, `GuardBody` is the caller's response body: it replays the
 winner already read (nothing lost or reordered), then passes the rest through as it arrives,
 each read bounded by the tier's ``stall`` and by what is left of ``total``. A deadline that
 passes closes the connection (the server sees the disconnect) and raises `StallTimeout` /
-`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration. The body holds
+`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration.
+
+The winner's protocol reader (`llmguard_client.protocols`) keeps reading: an in-stream error
+raises `UpstreamStreamError` at the read after the chunk that carried it (the chunk itself, with
+any tokens before the error, is delivered first), and an EOF before the protocol's end marker
+raises `StreamTruncated`; the call is recorded ``error`` with the failure's cause. A caller that
+closes the body after the end marker (openai 2.x stops at ``[DONE]``) leaves a call recorded ``ok``.
+The control cohort gets every byte untouched: its failures are only recorded. The body holds
 the call's lease and closes it exactly once: at the end of the stream, on an error or a
 deadline, when the caller closes the response, when an unclosed body is garbage-collected
 (`weakref.finalize`), or when ``Guard.aclose()`` aborts the call (`GuardClosed`).
@@ -32,6 +39,7 @@ from llmguard_client._failure import describe_attempts
 from llmguard_client._outcome import Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client.layers.attempt import error_kind
+from llmguard_client.protocols import StreamFailure, stream_error
 from llmguard_client.telemetry.record import CallStatus
 
 
@@ -63,17 +71,23 @@ class DeadlineLayer:
 
 
 class GuardBody(httpx.AsyncByteStream):
-    """The winner's body: replayed prefix, then the live remainder under stall/total deadlines."""
+    """The winner's body: replayed prefix, then the live remainder under stall/total deadlines,
+    judged by its protocol reader."""
 
     def __init__(self, call: Call, win: Win, *, enforce: bool) -> None:
         self._call = call
         self._pending = deque(win.chunks)
         win.chunks = []
         self._rest = win.rest
-        self._scanner = win.scanner
+        self._reader = win.reader
+        self._replica = win.state.name
+        self._enforce = enforce
         self._stall = call.tier.stall if enforce and call.tier.stall else math.inf
         self._deadline = call.total_deadline if enforce else math.inf
-        self._complete = win.rest is None
+        self._complete = win.rest is None and win.reader.failure is None
+        self._end_delivered = False
+        """The chunk holding the protocol's end marker has been handed to the caller."""
+        self._failure: StreamFailure | None = None
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
@@ -82,9 +96,14 @@ class GuardBody(httpx.AsyncByteStream):
         return self
 
     async def __anext__(self) -> bytes:
+        reader = self._reader
         if self._pending:
-            return self._pending.popleft()
-        if self._complete or self._ended:
+            chunk = self._pending.popleft()
+            self._end_delivered = not self._pending and reader.complete
+            return chunk
+        if reader.failure is not None and self._failure is None:  # carried by the chunk just delivered
+            await self._upstream_failed(reader.failure)
+        if self._complete or self._ended or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
             raise StopAsyncIteration
         call = self._call
@@ -102,16 +121,19 @@ class GuardBody(httpx.AsyncByteStream):
         try:
             with scope:
                 try:
-                    chunk = await self._rest.__anext__()  # type: ignore[union-attr]
+                    chunk = await self._rest.__anext__()
                 except StopAsyncIteration:
+                    failure = reader.end_of_body()
+                    if failure is not None:
+                        await self._upstream_failed(failure)
                     self._complete = True
                     await self._end("ok", None)
                     raise
                 except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
                     await self._end("error", error_kind(exc))
                     raise
-                if self._scanner is not None:
-                    self._scanner.feed(chunk)
+                reader.feed(chunk)
+                self._end_delivered = reader.complete
                 return chunk
         finally:
             lease._scopes.discard(scope)
@@ -124,6 +146,19 @@ class GuardBody(httpx.AsyncByteStream):
             )
         error = self._timeout(stall_tripped)
         await self._end("timeout", error.cause)
+        raise error
+
+    async def _upstream_failed(self, failure: StreamFailure) -> None:
+        """A failure after the first token: raised into the caller's iteration (guarded calls) with
+        the connection closed, or, for the control cohort, only remembered for the record."""
+        self._failure = failure
+        if not self._enforce:
+            return
+        call = self._call
+        error = stream_error(
+            failure, replica=self._replica, request=call.request, record=call.record, after_first_token=True
+        )
+        await self._end("error", error.cause)
         raise error
 
     def _timeout(self, stall_tripped: bool) -> GuardTimeout:
@@ -151,9 +186,12 @@ class GuardBody(httpx.AsyncByteStream):
         await self._call.lease.aclose(status, cause)
 
     async def aclose(self) -> None:
-        """Close the upstream connection (if still open) and finish the call's record."""
-        scanner = self._scanner
-        if self._complete or (scanner is not None and scanner.done and not self._pending):  # the caller read [DONE]
+        """Close the upstream connection (if still open) and finish the call's record: ``ok`` if the
+        caller was handed the protocol's end marker (openai 2.x stops reading at ``[DONE]``)."""
+        failure = self._failure or self._reader.failure
+        if failure is not None:
+            await self._end("error", failure.cause)
+        elif self._complete or (self._end_delivered and not self._pending):
             await self._end("ok", None)
         else:
             await self._end("abandoned", "closed_by_caller")

@@ -30,8 +30,8 @@ import anyio
 import httpx
 
 from llmguard_client._call import TIER_HEADER, RequestFacts
-from llmguard_client._sse import SSEScanner, body_facts
 from llmguard_client.layers.attempt import error_kind
+from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
 from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
 
@@ -139,11 +139,14 @@ async def passthrough(
     attempt.sent = attempt.sent if attempt.sent is not None else attempt.headers
     attempt.status_code = record.http_status = response.status_code
     record.replica, record.sent, record.headers = origin, attempt.sent, attempt.headers
-    sse = response.status_code < 400 and "text/event-stream" in response.headers.get("content-type", "")
+    content_type = response.headers.get("content-type", "")
+    reader = None
+    if response.status_code < 400:
+        reader = reader_for(request.method, request.url.path, content_type, facts.stream)
     return httpx.Response(
         response.status_code,
         headers=response.headers,
-        stream=_MeasuredStream(response, SSEScanner() if sse else None, end),
+        stream=_MeasuredStream(response, reader, end),
         request=request,
         extensions={**response.extensions, "llmguard": record},
     )
@@ -181,60 +184,54 @@ class _End:
 
 
 class _MeasuredStream(httpx.AsyncByteStream):
-    """The server's body, byte for byte, with the first token and the end stamped on the record."""
+    """The server's body, byte for byte, read by its protocol's reader to stamp the first token, the
+    end and usage on the record (a failure inside the stream is recorded, never raised)."""
 
-    def __init__(self, response: httpx.Response, scanner: SSEScanner | None, end: _End) -> None:
+    def __init__(self, response: httpx.Response, reader: StreamReader | None, end: _End) -> None:
         self._response = response
-        self._scanner = scanner
+        self._reader = reader
         self._end = end
-        self._kept: list[bytes] | None = [] if scanner is None and response.status_code < 400 else None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        end, scanner = self._end, self._scanner
-        size = 0
+        end, reader = self._end, self._reader
         stream = self._response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         try:
             async for chunk in stream:
-                if scanner is not None:
-                    if scanner.feed(chunk) and end.record.first_token is None:
-                        end.record.first_token = end.clock()
-                elif self._kept is not None:
-                    size += len(chunk)
-                    if size <= FACTS_BODY_LIMIT:
-                        self._kept.append(chunk)
-                    else:
-                        self._kept = None
+                if reader is not None and reader.feed(chunk) and end.record.first_token is None:
+                    end.record.first_token = end.clock()
                 yield chunk
         except Exception as exc:
             end.attempt.error = error_kind(exc)
             end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", end.attempt.error, "failed")
             raise
+        if reader is not None:
+            reader.end_of_body()
         self._finish()
 
     def _finish(self) -> None:
-        end, record, code = self._end, self._end.record, self._response.status_code
-        if code >= 400:
+        end, record, code, reader = self._end, self._end.record, self._response.status_code, self._reader
+        if code >= 400 or reader is None:
             end.attempt.error = f"http_{code}"
             end("http_error", "upstream_status", "failed")
             return
-        if self._scanner is not None:
-            facts = self._scanner.facts
-            record.chunks = self._scanner.chunks
-            if record.first_token is None:  # a stream without content tokens is complete at its end
-                record.first_token = end.clock()
-        else:
-            facts = body_facts(b"".join(self._kept)) if self._kept is not None else body_facts(b"")
-            record.first_token = end.clock()  # a non-streamed answer's "first token" is its complete body
+        facts = reader.facts
+        record.chunks = reader.chunks
+        if record.first_token is None:  # a body or a stream without content tokens: complete at its end
+            record.first_token = end.clock()
         record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
         record.response_id, record.response_model = facts.response_id, facts.model
         record.finish_reasons = list(facts.finish_reasons)
         end.attempt.first_token = record.first_token
-        end("ok", None, "won")
+        if reader.failure is not None:
+            end.attempt.error = reader.failure.cause
+            end("error", reader.failure.cause, "failed")
+        else:
+            end("ok", None, "won")
 
     async def aclose(self) -> None:
-        """Close the server's response; a body closed before its end (or an SSE ``[DONE]``) is abandoned."""
-        if not self._end.done and self._scanner is not None and self._scanner.done:
+        """Close the server's response; a body closed before its protocol's end marker is abandoned."""
+        if not self._end.done and self._reader is not None and self._reader.complete:
             self._finish()  # e.g. openai 2.x and the bench stop reading at [DONE]: the answer was complete
         try:
             await self._response.aclose()

@@ -6,7 +6,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never. Calls to
   paths that are not idempotent-safe generation calls are retried on connect errors
   only (the request never reached a server);
-- a replica that answered with Retry-After cools down for that long: this call's retry
+- a replica that signalled overload (429, 503, 529, or an overload error inside a 200
+  stream) cools down for its Retry-After, or `RetryPolicy.overload_cooldown` without one
+  (vLLM and most engines send none): this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After;
@@ -89,13 +91,17 @@ class RetryLayer:
         now = call.clock()
         for failure in failures:
             call.failed_replicas.append(failure.state)
-            if failure.retry_after is not None and failure.status_code in (429, 503):
-                self.replicas.cool_down(failure.state, now, failure.retry_after)
-                self._instrumentation.replica_cooled(failure.state.name, failure.retry_after, "retry_after")
-            elif failure.is_transport_error or (failure.status_code or 0) >= 500:
-                policy = self.policy or RetryPolicy()
-                if self.replicas.failed(failure.state, now, policy.circuit_failures, policy.circuit_cooldown):
-                    self._instrumentation.replica_cooled(failure.state.name, policy.circuit_cooldown, "circuit_open")
+            policy = self.policy or RetryPolicy()
+            if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
+                seconds, why = failure.retry_after, "retry_after"
+                if seconds is None:
+                    seconds, why = policy.overload_cooldown, "overload"
+                self.replicas.cool_down(failure.state, now, seconds)
+                self._instrumentation.replica_cooled(failure.state.name, seconds, why)
+            elif (failure.is_transport_error or (failure.status_code or 0) >= 500) and self.replicas.failed(
+                failure.state, now, policy.circuit_failures, policy.circuit_cooldown
+            ):
+                self._instrumentation.replica_cooled(failure.state.name, policy.circuit_cooldown, "circuit_open")
 
     def _retryable(self, call: Call, failure: AttemptFailure) -> bool:
         assert self.policy is not None
@@ -104,7 +110,7 @@ class RetryLayer:
         if not call.retry_any_status:
             return False
         if failure.status_code is not None:
-            return failure.status_code in self.policy.retry_statuses
+            return failure.status_code in self.policy.retry_statuses or failure.overload
         return failure.is_transport_error
 
     def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState, Payment] | Failed:
@@ -136,7 +142,7 @@ class RetryLayer:
                 )
             wait = soonest
             state = self.replicas.pick(now + soonest) or last.state
-        elif last.retry_after is not None and state is not last.state:
+        elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:
             retry_state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})

@@ -8,9 +8,13 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FaultConfig", "FaultPlan", "RetryAfterStyle", "draw_faults", "retry_after_headers"]
+__all__ = ["FaultConfig", "FaultPlan", "OverloadSignal", "RetryAfterStyle", "draw_faults", "retry_after_headers"]
 
 RetryAfterStyle = Literal["seconds", "garbage", "negative", "huge", "http-date", "ms-only"]
+OverloadSignal = Literal["http", "in_stream"]
+"""How an admission rejection is answered: ``http``, a 429 with Retry-After; ``in_stream``, vLLM 0.32's
+queue-overflow shape: HTTP 200 and an in-stream error event (``code: 503``, then the protocol's tail, e.g.
+``[DONE]``) for a streaming request, a plain 503 JSON error for a non-streaming one, never a Retry-After."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +26,11 @@ class FaultConfig:
     ``reset`` aborts the TCP connection and ``malformed`` sends one unparsable event at that point too.
     ``html_500`` answers an HTML error page; ``blackhole`` reads the request and never answers until the
     client goes away. ``slow_factor`` multiplies the replica's step time. ``retry_after`` shapes 429 headers.
+
+    Failures inside HTTP 200 streams (streaming requests only): ``error_first`` answers an error event (code
+    500) before any token, without running the request; ``error_mid`` sends one after ``fault_after_tokens``
+    tokens; ``truncate`` ends the body there without finish reason or end marker. ``overload_signal`` says how
+    admission rejections are answered (`OverloadSignal`).
     """
 
     stall_first_p: float = 0.0
@@ -35,6 +44,10 @@ class FaultConfig:
     fault_after_tokens: int = 2
     slow_factor: float = 1.0
     retry_after: RetryAfterStyle = "seconds"
+    error_first_p: float = 0.0
+    error_mid_p: float = 0.0
+    truncate_p: float = 0.0
+    overload_signal: OverloadSignal = "http"
 
     def __post_init__(self) -> None:
         probabilities = (
@@ -44,11 +57,21 @@ class FaultConfig:
             self.malformed_p,
             self.html_500_p,
             self.blackhole_p,
+            self.error_first_p,
+            self.error_mid_p,
+            self.truncate_p,
         )
         if any(not 0.0 <= p <= 1.0 for p in probabilities):
             raise ValueError("fault probabilities must be in [0, 1]")
         if self.slow_factor <= 0 or self.stall_first_s < 0 or self.stall_mid_s < 0 or self.fault_after_tokens < 1:
             raise ValueError("slow_factor must be > 0, stall durations >= 0, fault_after_tokens >= 1")
+        if self.overload_signal not in ("http", "in_stream"):
+            raise ValueError(f"overload_signal must be 'http' or 'in_stream', got {self.overload_signal!r}")
+
+    @property
+    def stream_faults(self) -> bool:
+        """True if any failure inside a 200 stream can be drawn."""
+        return bool(self.error_first_p or self.error_mid_p or self.truncate_p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +84,30 @@ class FaultPlan:
     stall_mid: bool = False
     reset: bool = False
     malformed: bool = False
+    error_first: bool = False
+    error_mid: bool = False
+    truncate: bool = False
 
     @property
     def any(self) -> bool:
         """True if at least one fault fires."""
-        return self.html_500 or self.blackhole or self.stall_first or self.stall_mid or self.reset or self.malformed
+        return (
+            self.html_500
+            or self.blackhole
+            or self.stall_first
+            or self.stall_mid
+            or self.reset
+            or self.malformed
+            or self.error_first
+            or self.error_mid
+            or self.truncate
+        )
 
 
 def draw_faults(config: FaultConfig, rng: random.Random) -> FaultPlan:
-    """Draw one request's faults. Always consumes six numbers, so runs replay exactly."""
-    draws = [rng.random() for _ in range(6)]
+    """Draw one request's faults. Consumes six numbers, three more when ``config.stream_faults``, so runs replay
+    exactly (and configurations without stream faults replay as they did before those existed)."""
+    draws = [rng.random() for _ in range(9 if config.stream_faults else 6)] + [1.0, 1.0, 1.0]
     return FaultPlan(
         html_500=draws[0] < config.html_500_p,
         blackhole=draws[1] < config.blackhole_p,
@@ -78,6 +115,9 @@ def draw_faults(config: FaultConfig, rng: random.Random) -> FaultPlan:
         stall_mid=draws[3] < config.stall_mid_p,
         reset=draws[4] < config.reset_p,
         malformed=draws[5] < config.malformed_p,
+        error_first=draws[6] < config.error_first_p,
+        error_mid=draws[7] < config.error_mid_p,
+        truncate=draws[8] < config.truncate_p,
     )
 
 

@@ -1,4 +1,5 @@
-"""Parsing OpenAI-compatible request bodies into what the engine needs."""
+"""Parsing request bodies (OpenAI Chat Completions / Completions / Responses, Anthropic Messages) into what
+the engine needs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["BadRequest", "CompletionRequest", "count_words", "parse_request"]
+__all__ = ["BadRequest", "CompletionRequest", "Kind", "count_words", "parse_request"]
+
+Kind = Literal["chat", "text", "responses", "messages"]
+"""``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/messages``."""
 
 
 class BadRequest(ValueError):
@@ -17,7 +21,7 @@ class BadRequest(ValueError):
 class CompletionRequest:
     """A parsed request. ``prompt_tokens`` is the number of whitespace-separated words of the prompt."""
 
-    kind: Literal["chat", "text"]
+    kind: Kind
     model: str
     prompt_tokens: int
     max_tokens: int | None
@@ -36,6 +40,20 @@ def count_words(content: object) -> int:
 
 
 def _prompt_words(kind: str, body: dict[str, Any]) -> int:
+    if kind == "responses":
+        items = body.get("input")
+        if isinstance(items, str):
+            return count_words(items)
+        if not isinstance(items, list) or not items:
+            raise BadRequest("'input' must be a string or a non-empty list of items")
+        words = sum(count_words(i.get("content")) for i in items if isinstance(i, dict))
+        return words + count_words(body.get("instructions"))
+    if kind == "messages":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list")
+        words = sum(count_words(m.get("content")) for m in messages if isinstance(m, dict))
+        return words + count_words(body.get("system"))
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -49,19 +67,20 @@ def _prompt_words(kind: str, body: dict[str, Any]) -> int:
     raise BadRequest("'prompt' must be a string or a list of strings")
 
 
-def parse_request(raw: bytes, kind: Literal["chat", "text"], default_model: str) -> CompletionRequest:
-    """Parse and validate a /v1/chat/completions (``chat``) or /v1/completions (``text``) body."""
+def parse_request(raw: bytes, kind: Kind, default_model: str) -> CompletionRequest:
+    """Parse and validate a request body of ``kind`` (see `Kind`)."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
         raise BadRequest(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise BadRequest("'max_tokens' must be a positive integer")
     options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    asked = isinstance(options, dict) and bool(options.get("include_usage"))
+    include_usage = asked or kind in ("responses", "messages")  # those two always report usage
     model = body.get("model")
     return CompletionRequest(
         kind=kind,

@@ -31,6 +31,11 @@ class ReplicaCounters:
     html_500: int = 0
     blackholed: int = 0
     missed_steps: int = 0
+    overload_in_stream: int = 0
+    """Admission rejections answered as an error inside a 200 stream (``overload_signal="in_stream"``)."""
+    error_first: int = 0
+    error_mid: int = 0
+    truncated: int = 0
 
 
 class Replica:
@@ -163,6 +168,10 @@ class Replica:
                 "malformed": c.malformed,
                 "html_500": c.html_500,
                 "blackholed": c.blackholed,
+                "overload_in_stream": c.overload_in_stream,
+                "error_first": c.error_first,
+                "error_mid": c.error_mid,
+                "truncated": c.truncated,
             },
             "history": engine.history,
         }

@@ -128,6 +128,18 @@ SCENARIOS: dict[str, ScenarioConfig] = {
             FaultConfig(slow_factor=3.0, stall_first_p=0.05, stall_first_s=1.0, retry_after="garbage"),
         ),
     ),
+    "overload-in-stream": ScenarioConfig(
+        name="overload-in-stream",
+        description=(
+            "overload's cluster and spike, but rejections signalled the vLLM 0.32 way: HTTP 200 + an in-stream "
+            "error event (code 503) + [DONE] for streams, a plain 503 otherwise, never a Retry-After"
+        ),
+        replicas=3,
+        engine=_TIGHT,
+        load=LoadHint(base_rps=30.0, peak_rps=140.0),
+        capacity_rps=50.0,
+        faults=(FaultConfig(overload_signal="in_stream"),),
+    ),
 }
 
 

@@ -1,16 +1,16 @@
 """The Starlette ASGI app of one replica: OpenAI-compatible completions (SSE or JSON), models, stats.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /sim/stats``,
-``POST /sim/reset``. A client disconnect (the ASGI ``http.disconnect`` message, or a failed send) aborts the
-request in the engine at once; a ``finally`` releases it on every other way out (error, cancellation).
-"""
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI Responses API),
+``POST /v1/messages`` (Anthropic Messages), ``GET /v1/models``, ``GET /sim/stats``, ``POST /sim/reset``. A client
+disconnect (the ASGI ``http.disconnect`` message, or a failed send) aborts the request in the engine at once; a
+``finally`` releases it on every other way out (error, cancellation)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-import uuid
 from typing import Literal
 
 import anyio
@@ -22,9 +22,11 @@ from starlette.types import Receive, Scope, Send
 
 from llmguard_client.sim.engine import EngineRequest, Rejected, RequestTooLarge, Sequence
 from llmguard_client.sim.faults import FaultPlan, retry_after_headers
-from llmguard_client.sim.protocol import BadRequest, CompletionRequest, parse_request
+from llmguard_client.sim.protocol import BadRequest, CompletionRequest, Kind, parse_request
 from llmguard_client.sim.replica import Replica
-from llmguard_client.sim.wire import DONE, Wire, error_body
+from llmguard_client.sim.wire import error_body
+from llmguard_client.sim.wire_messages import anthropic_error_body
+from llmguard_client.sim.wires import StreamWire, wire_for
 
 __all__ = ["InjectedConnectionReset", "build_app"]
 
@@ -33,7 +35,14 @@ HTML_500 = (
     b"<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
 )
 
-Outcome = Literal["done", "reset", "gone"]
+Outcome = Literal["done", "reset", "gone", "cut"]
+"""done: answered in full; reset: connection reset on purpose; gone: the client left; cut: the body was ended
+early on purpose (an error event or a truncation after some tokens)."""
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+VLLM_BUSY = (
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance."
+)
+"""vLLM 0.32's queue-overflow message (``--max-num-queued-reqs``)."""
 
 
 class InjectedConnectionReset(Exception):
@@ -64,16 +73,28 @@ async def _send_bytes(send: Send, status: int, body: bytes, content_type: str, h
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _send_error(send: Send, status: int, message: str, type_: str, headers: list[tuple[str, str]]) -> None:
-    await _send_bytes(send, status, error_body(message, type_, type_), "application/json", headers)
+async def _send_error(
+    send: Send, status: int, message: str, type_: str, headers: list[tuple[str, str]], kind: Kind = "chat"
+) -> None:
+    body = anthropic_error_body(message, type_) if kind == "messages" else error_body(message, type_, type_)
+    await _send_bytes(send, status, body, "application/json", headers)
+
+
+async def _send_stream_error(
+    send: Send, replica: Replica, wire: StreamWire, message: str, type_: str, code: int
+) -> None:
+    """A whole 200 stream that is only an error event (plus the protocol's tail after one)."""
+    headers = [*_SSE_HEADERS, (b"x-sim-replica", str(replica.index).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": wire.error_event(message, type_, code), "more_body": False})
 
 
 class _Completions:
-    """The ASGI endpoint of ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` (``text``)."""
+    """The ASGI endpoint of one generation route (``kind``: see `llmguard_client.sim.protocol.Kind`)."""
 
-    def __init__(self, replica: Replica, kind: Literal["chat", "text"]) -> None:
+    def __init__(self, replica: Replica, kind: Kind) -> None:
         self.replica = replica
-        self.kind: Literal["chat", "text"] = kind
+        self.kind: Kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         replica = self.replica
@@ -84,9 +105,14 @@ class _Completions:
             return
         except BadRequest as exc:
             replica.counters.bad_requests += 1
-            await _send_error(send, 400, str(exc), "invalid_request_error", [])
+            await _send_error(send, 400, str(exc), "invalid_request_error", [], self.kind)
             return
         plan = replica.draw_faults()
+        wire = wire_for(parsed)
+        if plan.error_first and parsed.stream:
+            replica.counters.error_first += 1
+            await _send_stream_error(send, replica, wire, "injected engine error", "InternalServerError", 500)
+            return
         if plan.html_500:
             replica.counters.html_500 += 1
             await _send_bytes(send, 500, HTML_500, "text/html", [])
@@ -96,15 +122,15 @@ class _Completions:
             while (await receive())["type"] != "http.disconnect":
                 pass
             return
-        seq = await self._submit(parsed, send)
+        seq = await self._submit(parsed, wire, send)
         if seq is None:
             return
         try:
-            await self._serve(seq, parsed, plan, receive, send)
+            await self._serve(seq, parsed, plan, wire, receive, send)
         finally:
             replica.abort(seq, by_disconnect=False)  # a no-op unless something unexpected escaped _serve
 
-    async def _submit(self, parsed: CompletionRequest, send: Send) -> Sequence | None:
+    async def _submit(self, parsed: CompletionRequest, wire: StreamWire, send: Send) -> Sequence | None:
         replica = self.replica
         model_len = replica.engine.config.model_len
         max_tokens = parsed.max_tokens if parsed.max_tokens is not None else max(1, model_len - parsed.prompt_tokens)
@@ -112,16 +138,24 @@ class _Completions:
         try:
             return replica.submit(request)
         except Rejected as rejected:
+            if replica.faults.overload_signal == "in_stream":
+                if parsed.stream:
+                    replica.counters.overload_in_stream += 1
+                    await _send_stream_error(send, replica, wire, VLLM_BUSY, "Service Unavailable", 503)
+                else:
+                    error = {"message": VLLM_BUSY, "type": "Service Unavailable", "param": None, "code": 503}
+                    await _send_bytes(send, 503, json.dumps({"error": error}).encode(), "application/json", [])
+                return None
             headers = retry_after_headers(replica.faults.retry_after, rejected.retry_after_s, time.time())
             message = f"Server overloaded ({rejected.reason} admission); retry later"
-            await _send_error(send, 429, message, "rate_limit_exceeded", headers)
+            await _send_error(send, 429, message, "rate_limit_exceeded", headers, self.kind)
         except RequestTooLarge as exc:
             replica.counters.bad_requests += 1
-            await _send_error(send, 400, str(exc), "invalid_request_error", [])
+            await _send_error(send, 400, str(exc), "invalid_request_error", [], self.kind)
         return None
 
     async def _serve(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, receive: Receive, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, receive: Receive, send: Send
     ) -> None:
         replica = self.replica
         faults = replica.faults
@@ -131,13 +165,6 @@ class _Completions:
         if plan.stall_mid:
             replica.counters.stalled_mid += 1
             replica.engine.stall_after(seq, min(faults.fault_after_tokens, seq.output_tokens), faults.stall_mid_s)
-        wire = Wire(
-            self.kind,
-            f"{'chatcmpl' if self.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-            int(time.time()),
-            parsed.model,
-            include_usage=parsed.stream and parsed.include_usage,
-        )
         outcome: Outcome | None = None
         disconnected = False
 
@@ -167,15 +194,14 @@ class _Completions:
         return min(self.replica.faults.fault_after_tokens, seq.output_tokens)
 
     async def _stream(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: Wire, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send
     ) -> Outcome:
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-        headers.append((b"x-sim-replica", str(self.replica.index).encode()))
+        headers = [*_SSE_HEADERS, (b"x-sim-replica", str(self.replica.index).encode())]
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            role = wire.role()
-            if role is not None:
-                await send({"type": "http.response.body", "body": role, "more_body": True})
+            opening = wire.opening()
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
             sent, fault_at = 0, self._fault_at(seq)
             while True:
                 await self.replica.wait_progress(seq, sent)
@@ -190,21 +216,22 @@ class _Completions:
                         if plan.reset:
                             await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
                             return self._reset(seq)
+                    if sent == fault_at and (plan.error_mid or plan.truncate):
+                        return await self._cut(seq, plan, wire, chunks, send)
                 if chunks:
                     await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
                 if seq.done:
                     break
             if seq.finish_reason is None:
                 return "gone"
-            tail = [wire.finish(seq.finish_reason), wire.usage(parsed.prompt_tokens, seq.generated), DONE]
-            body = b"".join(part for part in tail if part is not None)
+            body = wire.closing(seq.finish_reason, parsed.prompt_tokens, seq.generated)
             await send({"type": "http.response.body", "body": body, "more_body": False})
         except OSError:
             return "gone"
         return "done"
 
     async def _respond(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: Wire, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send
     ) -> Outcome:
         try:
             while not seq.done:
@@ -224,6 +251,18 @@ class _Completions:
         except OSError:
             return "gone"
         return self._reset(seq)
+
+    async def _cut(self, seq: Sequence, plan: FaultPlan, wire: StreamWire, chunks: list[bytes], send: Send) -> Outcome:
+        """End a stream early on purpose: an error event (``error_mid``) or plain EOF (``truncate``)."""
+        counters = self.replica.counters
+        if plan.error_mid:
+            counters.error_mid += 1
+            chunks.append(wire.error_event("injected engine error mid-stream", "InternalServerError", 500))
+        else:
+            counters.truncated += 1
+        await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": False})
+        self.replica.abort(seq, by_disconnect=False)
+        return "cut"
 
     def _reset(self, seq: Sequence) -> Outcome:
         self.replica.counters.resets += 1
@@ -248,6 +287,8 @@ def build_app(replica: Replica) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _Completions(replica, "chat"), methods=["POST"]),
         Route("/v1/completions", _Completions(replica, "text"), methods=["POST"]),
+        Route("/v1/responses", _Completions(replica, "responses"), methods=["POST"]),
+        Route("/v1/messages", _Completions(replica, "messages"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
         Route("/sim/reset", reset, methods=["POST"]),

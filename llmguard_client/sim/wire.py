@@ -48,7 +48,7 @@ class Wire:
         self._base: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model}
         if kind == "chat":
             self._base["system_fingerprint"] = None
-        self._token = self._chunk(self._choice(TOKEN_TEXT, None))
+        self._token = self.token_of(TOKEN_TEXT)
 
     def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
         if self._kind == "text":
@@ -65,6 +65,23 @@ class Wire:
         if self._include_usage:
             body["usage"] = None
         return sse(body)
+
+    def opening(self) -> bytes:
+        """What precedes the first token: the role chunk (chat), nothing (completions)."""
+        return self.role() or b""
+
+    def token_of(self, text: str) -> bytes:
+        """One content chunk carrying ``text``."""
+        return self._chunk(self._choice(text, None))
+
+    def closing(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """The finish chunk, the usage chunk (if asked for) and ``[DONE]``."""
+        return self.finish(finish_reason) + (self.usage(prompt_tokens, completion_tokens) or b"") + DONE
+
+    def error_event(self, message: str, type_: str, code: int | None) -> bytes:
+        """vLLM's in-stream error (``data: {"error": {..., "code": 503}}``) followed by ``[DONE]``."""
+        error = {"message": message, "type": type_, "param": None, "code": code}
+        return sse({"error": error}) + DONE
 
     def role(self) -> bytes | None:
         """The first chat chunk (``delta.role="assistant"``, empty content); None for text completions."""

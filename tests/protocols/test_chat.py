@@ -1,4 +1,4 @@
-"""SSEScanner and body_facts: first content token detection, usage, finish reasons, framing."""
+"""ChatReader (and the SSE framing it shares): first content token, in-stream errors, end marker, usage."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client._sse import ResponseFacts, SSEScanner, body_facts
+from llmguard_client.protocols.base import ResponseFacts
+from llmguard_client.protocols.body import BodyReader
+from llmguard_client.protocols.chat import ChatReader, absorb_chat_body, chat_choice_has_content
+from llmguard_client.protocols.completions import CompletionsReader, absorb_completions_body
 
 
 def event(obj: Any, *, eol: bytes = b"\n") -> bytes:
@@ -33,9 +36,16 @@ CONTENT = chunk({"content": "Hel"})
 USAGE = {"id": "chatcmpl-1", "model": "m-1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}
 
 
-def scan(*parts: bytes) -> tuple[SSEScanner, list[bool]]:
-    scanner = SSEScanner()
+def scan(*parts: bytes) -> tuple[ChatReader, list[bool]]:
+    scanner = ChatReader()
     return scanner, [scanner.feed(p) for p in parts]
+
+
+def body_facts(body: bytes, absorb: Any = absorb_chat_body) -> ResponseFacts:
+    reader = BodyReader(absorb)
+    reader.feed(body)
+    reader.end_of_body()
+    return reader.facts
 
 
 # --- what counts as a first content token ---------------------------------------------------
@@ -59,20 +69,24 @@ def test_chat_delta_with_content_is_a_first_token(delta: dict[str, Any]) -> None
     assert scanner.first_token
 
 
-def test_completions_text_is_a_first_token() -> None:
+def test_completions_text_is_a_first_token_for_the_completions_reader_only() -> None:
     obj = {
         "id": "cmpl-1",
         "object": "text_completion",
         "choices": [{"index": 0, "text": "Once", "finish_reason": None}],
     }
+    completions = CompletionsReader()
+    assert completions.feed(event(obj)) is True
     _, results = scan(event(obj))
-    assert results == [True]
+    assert results == [False]
+    assert CompletionsReader().feed(event(CONTENT)) is False  # a chat delta is not completions content
 
 
 def test_completions_empty_text_is_not_a_first_token() -> None:
     obj = {"id": "cmpl-1", "choices": [{"index": 0, "text": "", "finish_reason": None}]}
-    _, results = scan(event(obj))
-    assert results == [False]
+    reader = CompletionsReader()
+    assert reader.feed(event(obj)) is False
+    assert reader.failure is None
 
 
 @pytest.mark.parametrize(
@@ -110,16 +124,11 @@ def test_deltas_without_content_never_count(delta: dict[str, Any]) -> None:
         b"\n\n\n\n",
         b"event: ping\n\n",
         b"id: 3\nretry: 1000\n\n",
-        b"data: ping\n\n",
-        b"data: {not json\n\n",
         b"data: \n\n",
-        b"data: 42\n\n",
-        b'data: "content"\n\n',
-        b'data: ["content", "x"]\n\n',
         b'data: {"choices": "content"}\n\n',
         b'data: {"choices": [1, "x", null]}\n\n',
         b'data: {"choices": [{"delta": "content"}]}\n\n',
-        b"data: \xff\xfe\n\n",
+        b'data: {"error": null, "choices": []}\n\n',
     ],
     ids=[
         "comment",
@@ -127,27 +136,47 @@ def test_deltas_without_content_never_count(delta: dict[str, Any]) -> None:
         "blank_lines",
         "event_field_only",
         "id_retry_fields",
-        "plain_text",
-        "broken_json",
         "empty_data",
-        "json_number",
-        "json_string",
-        "json_list",
         "choices_not_a_list",
         "choices_not_dicts",
         "delta_not_a_dict",
-        "invalid_utf8",
+        "null_error",
     ],
 )
-def test_comments_keepalives_and_non_json_never_count(raw: bytes) -> None:
+def test_comments_keepalives_and_odd_objects_are_neither_tokens_nor_failures(raw: bytes) -> None:
     scanner, results = scan(raw)
     assert results == [False]
     assert not scanner.first_token
-    assert not scanner.done
+    assert not scanner.complete
+    assert scanner.failure is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"data: ping\n\n",
+        b"data: {not json\n\n",
+        b"data: 42\n\n",
+        b'data: "content"\n\n',
+        b'data: ["content", "x"]\n\n',
+        b"data: \xff\xfe\n\n",
+    ],
+    ids=["plain_text", "broken_json", "json_number", "json_string", "json_list", "invalid_utf8"],
+)
+def test_a_malformed_event_before_the_first_token_is_a_failure(raw: bytes) -> None:
+    scanner, results = scan(raw, event(CONTENT))
+    assert results == [False, False]  # nothing after a failure counts
+    assert scanner.failure is not None and scanner.failure.kind == "malformed"
+    assert scanner.failure.cause == "stream_malformed"
+
+
+def test_a_malformed_event_after_the_first_token_is_passed_through_unjudged() -> None:
+    scanner, _ = scan(event(CONTENT), b"data: {not json\n\n", b"data: [DONE]\n\n")
+    assert scanner.failure is None and scanner.complete
 
 
 def test_role_then_keepalive_then_content_counts_at_the_content_event() -> None:
-    parts = [event(ROLE_ONLY), b": ping\n\n", b"data: ping\n\n", event(chunk({"content": ""})), event(CONTENT)]
+    parts = [event(ROLE_ONLY), b": ping\n\n", b"event: ping\n\n", event(chunk({"content": ""})), event(CONTENT)]
     _, results = scan(*parts)
     assert results == [False, False, False, False, True]
 
@@ -171,15 +200,17 @@ def test_feed_keeps_returning_true_after_the_first_token() -> None:
 # --- [DONE], usage, finish reasons, ids ----------------------------------------------------------
 
 
-def test_done_marks_the_stream_done_and_is_not_a_token() -> None:
+def test_done_marks_the_stream_complete_and_is_not_a_token() -> None:
     scanner, results = scan(b"data: [DONE]\n\n")
     assert results == [False]
-    assert scanner.done
+    assert scanner.complete
+    assert scanner.end_of_body() is None
 
 
 def test_done_after_content() -> None:
     scanner, _ = scan(event(ROLE_ONLY), event(CONTENT), b"data: [DONE]\n\n")
-    assert scanner.first_token and scanner.done
+    assert scanner.first_token and scanner.complete
+    assert scanner.chunks == 1  # [DONE] is not an event of the answer
 
 
 def test_usage_comes_from_the_final_empty_choices_chunk() -> None:
@@ -259,7 +290,7 @@ def test_crlf_line_endings() -> None:
     ]
     scanner, results = scan(*parts)
     assert results == [False, True, True, True]
-    assert scanner.done
+    assert scanner.complete
     assert (scanner.facts.prompt_tokens, scanner.facts.completion_tokens) == (7, 5)
 
 
@@ -301,7 +332,7 @@ def test_other_fields_and_comments_inside_an_event_are_ignored() -> None:
 
 def test_done_with_surrounding_whitespace() -> None:
     scanner, _ = scan(b"data:  [DONE] \n\n")
-    assert scanner.done
+    assert scanner.complete
 
 
 def test_bare_cr_line_endings() -> None:
@@ -310,9 +341,10 @@ def test_bare_cr_line_endings() -> None:
     assert results == [True]
 
 
-def test_deeply_nested_non_json_data_is_ignored_not_raised() -> None:
-    scanner = SSEScanner()
+def test_deeply_nested_non_json_data_is_a_malformed_event_not_a_crash() -> None:
+    scanner = ChatReader()
     assert scanner.feed(b"data: " + b"[" * 100_000 + b"\n\n") is False
+    assert scanner.failure is not None and scanner.failure.kind == "malformed"
 
 
 # --- splitting the byte stream anywhere gives the same result --------------------------------------
@@ -324,7 +356,7 @@ class Piece:
     obj: Any
 
 
-CONTENT_KINDS = {"content", "tool", "reasoning", "text"}
+CONTENT_KINDS = {"content", "tool", "reasoning"}
 
 
 def piece_objects() -> st.SearchStrategy[Piece]:
@@ -338,7 +370,6 @@ def piece_objects() -> st.SearchStrategy[Piece]:
         st.just(Piece("reasoning", chunk({"reasoning_content": "hmm"}))),
         st.just(Piece("text", {"id": "cmpl", "choices": [{"index": 0, "text": "t", "finish_reason": None}]})),
         st.just(Piece("comment", None)),
-        st.just(Piece("nonjson", None)),
         finish.map(lambda f: Piece("finish", chunk({}, finish=f))),
         usage.map(
             lambda u: Piece("usage", {"choices": [], "usage": {"prompt_tokens": u[0], "completion_tokens": u[1]}})
@@ -359,9 +390,6 @@ def sse_streams(draw: st.DrawFn) -> tuple[bytes, int | None, list[Piece]]:
         eol = draw(st.sampled_from([b"\n", b"\r\n"]))
         if piece.kind == "comment":
             out += b": keep-alive" + eol + eol
-            continue
-        if piece.kind == "nonjson":
-            out += b"data: ping" + eol + eol
             continue
         style = draw(st.sampled_from(["compact", "spaced", "multiline"]))
         if style == "compact":
@@ -414,13 +442,15 @@ def test_byte_by_byte_feeding_finds_the_first_token_exactly_at_its_event(
     stream: tuple[bytes, int | None, list[Piece]],
 ) -> None:
     raw, first_at, pieces = stream
-    scanner = SSEScanner()
+    scanner = ChatReader()
     seen_at = next((i for i in range(len(raw)) if scanner.feed(raw[i : i + 1])), None)
     assert seen_at == first_at
     for i in range(len(raw) if seen_at is None else seen_at + 1, len(raw)):
         scanner.feed(raw[i : i + 1])
     assert facts_tuple(scanner.facts) == expected_facts(pieces)
-    assert scanner.done == raw.endswith(b"data: [DONE]\n\n")
+    ended = raw.endswith(b"data: [DONE]\n\n") or any(p.kind == "finish" for p in pieces)
+    assert scanner.complete == ended
+    assert (scanner.end_of_body() is None) == ended
 
 
 @settings(max_examples=200, deadline=None)
@@ -429,12 +459,12 @@ def test_arbitrary_splits_give_the_same_result_as_the_whole_stream(
     stream: tuple[bytes, int | None, list[Piece]], data: st.DataObject
 ) -> None:
     raw, first_at, _ = stream
-    whole = SSEScanner()
+    whole = ChatReader()
     whole_result = whole.feed(raw)
 
     cuts = sorted(data.draw(st.sets(st.integers(0, len(raw)), max_size=20)))
     bounds = [0, *cuts, len(raw)]
-    split = SSEScanner()
+    split = ChatReader()
     first_true_piece: tuple[int, int] | None = None
     for start, end in itertools.pairwise(bounds):
         if split.feed(raw[start:end]) and first_true_piece is None:
@@ -447,7 +477,7 @@ def test_arbitrary_splits_give_the_same_result_as_the_whole_stream(
     else:
         assert first_true_piece is None
     assert facts_tuple(split.facts) == facts_tuple(whole.facts)
-    assert split.done == whole.done
+    assert split.complete == whole.complete
 
 
 # --- body_facts --------------------------------------------------------------------------------------
@@ -467,7 +497,7 @@ def test_body_facts_of_a_chat_completion() -> None:
 
 def test_body_facts_of_a_completions_body() -> None:
     body = {"id": "cmpl-1", "model": "m", "choices": [{"text": "x", "finish_reason": "length"}], "usage": {}}
-    facts = body_facts(json.dumps(body).encode())
+    facts = body_facts(json.dumps(body).encode(), absorb_completions_body)
     assert facts_tuple(facts) == (None, None, "cmpl-1", "m", ("length",))
 
 
@@ -476,18 +506,105 @@ def test_body_facts_of_a_completions_body() -> None:
     [b"", b"not json", b"<html>502 Bad Gateway</html>", b"\xff\xfe\x00", b"[1, 2]", b'"str"', b"null", b"{"],
     ids=["empty", "text", "html", "binary", "list", "string", "null", "truncated"],
 )
-def test_body_facts_of_non_json_or_non_object_is_empty(body: bytes) -> None:
-    facts = body_facts(body)
-    assert facts_tuple(facts) == (None, None, None, None, ())
+def test_a_body_that_is_not_a_json_object_is_malformed(body: bytes) -> None:
+    reader = BodyReader(absorb_chat_body)
+    reader.feed(body)
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "malformed"
+    assert not reader.first_token and facts_tuple(reader.facts) == (None, None, None, None, ())
 
 
-def test_absorb_reports_message_content() -> None:
-    facts = ResponseFacts()
-    assert facts.absorb({"choices": [{"message": {"role": "assistant", "content": "x"}}]}) is True
-    assert facts.absorb({"choices": [{"message": {"role": "assistant", "content": ""}}]}) is False
-    assert facts.absorb(["not", "a", "dict"]) is False
+def test_a_200_body_holding_an_error_object_is_a_failure() -> None:
+    reader = BodyReader(absorb_chat_body)
+    reader.feed(b'{"error": {"message": "busy", "type": "Service Unavailable", "code": 503}}')
+    failure = reader.end_of_body()
+    assert failure is not None and (failure.kind, failure.status, failure.overload) == ("error_body", 503, True)
 
 
-def test_body_facts_of_deeply_nested_input_is_empty() -> None:
-    facts = body_facts(b"[" * 100_000)
-    assert facts_tuple(facts) == (None, None, None, None, ())
+def test_chat_choice_content_reads_messages_too() -> None:
+    assert chat_choice_has_content({"message": {"role": "assistant", "content": "x"}}) is True
+    assert chat_choice_has_content({"message": {"role": "assistant", "content": ""}}) is False
+    assert chat_choice_has_content({"delta": {"refusal": "no"}}) is True
+
+
+def test_a_deeply_nested_body_is_malformed_not_a_crash() -> None:
+    reader = BodyReader(absorb_chat_body)
+    reader.feed(b"[" * 100_000)
+    assert reader.end_of_body() is not None
+
+
+# --- in-stream errors and truncation ----------------------------------------------------------------
+
+VLLM_OVERLOAD = (
+    b'data: {"error": {"message": "The engine is currently busy and cannot accept new requests. Please try again '
+    b'later or on a different instance.", "type": "Service Unavailable", "param": null, "code": 503}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def test_vllm_queue_overflow_is_an_overload_failure() -> None:
+    scanner, results = scan(event(ROLE_ONLY), VLLM_OVERLOAD)
+    assert results == [False, False]
+    failure = scanner.failure
+    assert failure is not None
+    assert (failure.kind, failure.status, failure.code, failure.overload) == ("error_event", 503, "503", True)
+    assert "engine is currently busy" in failure.message
+    assert json.loads(failure.body)["error"]["code"] == 503
+    assert not scanner.complete  # the [DONE] after an error completes nothing
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "overload"),
+    [
+        (b'data: {"error": "Model is overloaded", "error_type": "overloaded"}\n\n', 503, True),
+        (b'data: {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}\n\n', 500, False),
+        (b'data: {"error": {"message": "slow", "type": "x", "code": "429"}}\n\n', 429, True),
+        (b'data: {"error": {"message": "bad", "type": "invalid_request_error", "code": null}}\n\n', 400, False),
+        (b'event: error\ndata: {"message": "upstream died"}\n\n', None, False),
+    ],
+    ids=["tgi", "vllm_500", "string_429", "typed_400", "event_error"],
+)
+def test_error_event_shapes(raw: bytes, status: int | None, overload: bool) -> None:
+    scanner, _ = scan(event(ROLE_ONLY), raw)
+    assert scanner.failure is not None and scanner.failure.kind == "error_event"
+    assert (scanner.failure.status, scanner.failure.overload) == (status, overload)
+
+
+def test_an_error_event_after_the_first_token_is_seen_on_the_cheap_path() -> None:
+    scanner, _ = scan(event(CONTENT), event(chunk({"content": "more"})), VLLM_OVERLOAD)
+    assert scanner.first_token and scanner.failure is not None and scanner.failure.status == 503
+    assert scanner.chunks == 3
+
+
+def test_eof_before_done_or_a_finish_reason_is_truncation() -> None:
+    scanner, _ = scan(event(ROLE_ONLY), event(CONTENT), event(chunk({"content": "x"})))
+    failure = scanner.end_of_body()
+    assert failure is not None and failure.kind == "truncated" and failure.cause == "stream_truncated"
+    assert "after the first content token" in failure.message
+
+
+def test_eof_before_any_token_is_truncation_too() -> None:
+    scanner, _ = scan(event(ROLE_ONLY))
+    failure = scanner.end_of_body()
+    assert failure is not None and "before any content token" in failure.message
+
+
+def test_a_finish_reason_without_done_is_a_complete_answer() -> None:
+    scanner, _ = scan(event(CONTENT), event(chunk({}, finish="stop")))
+    assert scanner.complete and scanner.end_of_body() is None
+
+
+def test_an_unterminated_done_at_eof_still_completes() -> None:
+    scanner, _ = scan(event(CONTENT), b"data: [DONE]")
+    assert not scanner.complete
+    assert scanner.end_of_body() is None and scanner.complete
+
+
+def test_an_event_name_split_from_its_data_is_not_lost_on_the_cheap_path() -> None:
+    scanner, _ = scan(event(CONTENT), b"event: error\n", b'data: {"message": "gone"}\n\n')
+    assert scanner.failure is not None and scanner.failure.kind == "error_event"
+
+
+def test_the_cheap_path_counts_whole_events_of_a_chunk() -> None:
+    scanner, _ = scan(event(CONTENT), event(chunk({"content": "a"})) * 3, b"data: [DONE]\n\n")
+    assert scanner.chunks == 4 and scanner.complete

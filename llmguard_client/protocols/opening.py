@@ -1,0 +1,56 @@
+"""Reading an answer up to its first content token, or to the failure that disqualifies it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+from llmguard_client.protocols.base import StreamReader
+
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 0.05
+"""After an in-stream error event, what is read on towards EOF (servers end the body right after one: vLLM
+sends ``[DONE]``), so the connection goes back to the pool instead of being closed and reopened, a TCP (and
+TLS) handshake more with a replica that just said it is overloaded."""
+
+
+@dataclass(slots=True)
+class Opening:
+    """What was read: every chunk so far (to replay, unchanged) and the unread rest."""
+
+    reader: StreamReader
+    chunks: list[bytes]
+    rest: AsyncIterator[bytes] | None
+    """The unread remainder of the body; None once it was read to EOF."""
+
+
+async def read_opening(body: AsyncIterable[bytes], reader: StreamReader) -> Opening:
+    """Read ``body`` until ``reader`` sees the first content token or a failure, or the body ends
+    (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``)."""
+    chunks: list[bytes] = []
+    rest = body.__aiter__()
+    async for chunk in rest:
+        chunks.append(chunk)
+        if reader.feed(chunk):
+            return Opening(reader, chunks, rest)
+        if reader.failure is not None:
+            if reader.failure.kind == "error_event" and await _drain(rest, chunks):
+                return Opening(reader, chunks, None)
+            return Opening(reader, chunks, rest)
+    reader.end_of_body()
+    return Opening(reader, chunks, None)
+
+
+async def _drain(rest: AsyncIterator[bytes], chunks: list[bytes]) -> bool:
+    """Read on, within `DRAIN_BYTES` and `DRAIN_SECONDS`; True if the body ended."""
+    size = 0
+    with anyio.move_on_after(DRAIN_SECONDS):
+        async for chunk in rest:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > DRAIN_BYTES:
+                return False
+        return True
+    return False

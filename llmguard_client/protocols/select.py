@@ -1,0 +1,72 @@
+"""Which reader judges a response: chosen by the request's method and path and the answer's content type.
+
+==============================  ===============  ==============================================
+request                          answer           reader
+==============================  ===============  ==============================================
+POST .../chat/completions        event stream     `ChatReader`
+POST .../completions             event stream     `CompletionsReader`
+POST .../responses               event stream     `ResponsesReader`
+POST .../messages                event stream     `MessagesReader`
+one of those, ``stream: true``   anything else    `NotAStreamReader` (always a failure)
+one of those, not streaming      JSON             `BodyReader` (the protocol's body facts)
+anything else                    anything         `PassthroughReader` (first bytes = first token)
+==============================  ===============  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmguard_client.protocols.base import StreamReader
+from llmguard_client.protocols.body import Absorb, BodyReader, NotAStreamReader
+from llmguard_client.protocols.chat import ChatReader, absorb_chat_body
+from llmguard_client.protocols.completions import CompletionsReader, absorb_completions_body
+from llmguard_client.protocols.messages import MessagesReader, absorb_message_body
+from llmguard_client.protocols.passthrough import PassthroughReader
+from llmguard_client.protocols.responses import ResponsesReader, absorb_response
+
+
+@dataclass(frozen=True, slots=True)
+class WireProtocol:
+    """One wire protocol: the path suffix that names it, its stream reader and its body's facts."""
+
+    name: str
+    suffix: str
+    stream: Callable[[], StreamReader]
+    absorb: Absorb
+
+
+PROTOCOLS: tuple[WireProtocol, ...] = (
+    WireProtocol("chat", "/chat/completions", ChatReader, absorb_chat_body),
+    WireProtocol("completions", "/completions", CompletionsReader, absorb_completions_body),
+    WireProtocol("responses", "/responses", ResponsesReader, absorb_response),
+    WireProtocol("messages", "/messages", MessagesReader, absorb_message_body),
+)
+"""In matching order (``/chat/completions`` before ``/completions``)."""
+
+
+def protocol_for(method: str, path: str) -> WireProtocol | None:
+    """The protocol of a request, or None (only POSTs to a known path suffix have one)."""
+    if method != "POST":
+        return None
+    path = path.rstrip("/")
+    for protocol in PROTOCOLS:
+        if path.endswith(protocol.suffix):
+            return protocol
+    return None
+
+
+def reader_for(method: str, path: str, content_type: str, requested_stream: bool) -> StreamReader:
+    """A fresh reader for one answer; see the module docstring for the table."""
+    protocol = protocol_for(method, path)
+    if protocol is None:
+        return PassthroughReader()
+    content_type = content_type.lower()
+    if "text/event-stream" in content_type:
+        return protocol.stream()
+    if requested_stream:
+        return NotAStreamReader(json_body="json" in content_type)
+    if "json" in content_type:
+        return BodyReader(protocol.absorb)
+    return PassthroughReader()

@@ -1,0 +1,109 @@
+"""Server-sent events framing (``text/event-stream``), shared by the event-stream readers.
+
+`SSEReader` splits the bytes into lines (LF, CRLF or bare CR, also when split across chunks), joins the
+``data:`` lines of an event, remembers its ``event:`` name, and hands each complete event (on its
+blank line) to `SSEReader.event`. Comments, ``id:``/``retry:`` fields and events with no or empty
+data are skipped. At EOF an unterminated last event is still handed over (lenient: a server that omits the
+final blank line is not judged truncated for it).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from typing import Any
+
+from llmguard_client.protocols.base import StreamFailure, StreamReader
+from llmguard_client.protocols.errors import error_failure, malformed
+
+
+class SSEReader(StreamReader):
+    """The framing half of an event-stream reader; subclasses give events their meaning."""
+
+    __slots__ = ("_data", "_event", "_events", "_partial", "_skip_lf")
+
+    end_marker: str = "its end marker"
+    """How the protocol ends a complete answer (for the truncation message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._partial = b""
+        self._skip_lf = False
+        self._data: list[bytes] = []
+        self._event = b""
+        self._events = 0
+
+    @property
+    def chunks(self) -> int | None:
+        return self._events
+
+    def feed(self, chunk: bytes) -> bool:
+        if self.failure is not None:
+            return self.first_token
+        if self.first_token and not self._partial and not self._data and not self._event and self.skippable(chunk):
+            self._events += chunk.count(b"\n\n")  # whole events only, none of interest: just count them
+            return True
+        data = self._partial + chunk if self._partial else chunk
+        if self._skip_lf:  # the previous chunk ended with CR: a leading LF completes that CRLF
+            self._skip_lf = False
+            if data.startswith(b"\n"):
+                data = data[1:]
+        if b"\r" in data:  # CRLF or bare-CR line endings (rare): normalise to LF
+            self._skip_lf = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line:
+                if self._data:
+                    data = b"\n".join(self._data)
+                    self._data = []
+                    if data:  # an event with empty data is not dispatched (SSE spec)
+                        self.event(self._event, data)
+                        if self.failure is not None:
+                            break
+                self._event = b""
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip()
+        return self.first_token
+
+    def end_of_body(self) -> StreamFailure | None:
+        if self.failure is None and (self._partial or self._data):
+            self.feed(b"\n\n")  # hand over an unterminated last event
+        if self.failure is None and not self.complete:
+            state = "after the first content token" if self.first_token else "before any content token"
+            self.failure = StreamFailure(
+                "truncated", f"the {self.protocol} stream ended {state}, without {self.end_marker}"
+            )
+        return self.failure
+
+    def skippable(self, chunk: bytes) -> bool:
+        """After the first token: True if ``chunk`` holds only whole events that need no decoding
+        (then they are counted, not split). The default is never; readers override it."""
+        return False
+
+    @abstractmethod
+    def event(self, name: bytes, data: bytes) -> None:
+        """One complete event: its ``event:`` name (b"" if none) and its joined data."""
+
+    # --- helpers for subclasses -------------------------------------------------------------
+
+    def decode(self, data: bytes, what: str) -> dict[str, Any] | None:
+        """``data`` as a JSON object; otherwise None, and before the first token a ``malformed`` failure
+        (after it the event is passed through unjudged: the caller's parser sees it)."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict):
+            return obj
+        if not self.first_token:
+            self.failure = malformed(what, data)
+        return None
+
+    def fail_with(self, error: object, error_type: object = None) -> None:
+        """Record an in-stream error event."""
+        self.failure = error_failure(error, "error_event", error_type)

@@ -1,0 +1,140 @@
+"""ResponsesReader: Responses API events, from vLLM 0.32's own stream shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from llmguard_client.protocols.body import BodyReader
+from llmguard_client.protocols.responses import ResponsesReader, absorb_response
+from llmguard_client.sim.wire_responses import ResponsesWire
+
+
+def ev(obj: dict[str, Any]) -> bytes:
+    return b"event: " + str(obj["type"]).encode() + b"\ndata: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def response(status: str, **extra: Any) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "model": "tiny-llama", "status": status, "output": [], **extra}
+
+
+CREATED = ev({"type": "response.created", "sequence_number": 0, "response": response("in_progress", usage=None)})
+ITEM = ev({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "content": []}})
+PART = ev({"type": "response.content_part.added", "part": {"type": "output_text", "text": ""}})
+DELTA = ev({"type": "response.output_text.delta", "delta": "dd", "item_id": "msg_1", "output_index": 0})
+EMPTY_DELTA = ev({"type": "response.output_text.delta", "delta": ""})
+DONE_TEXT = ev({"type": "response.output_text.done", "text": "ddamedrg"})
+USAGE = {"input_tokens": 20, "output_tokens": 3, "total_tokens": 23}
+# vLLM 0.32 ends a max_output_tokens-limited answer with response.completed + incomplete_details.
+COMPLETED = ev(
+    {
+        "type": "response.completed",
+        "response": response("completed", usage=USAGE, incomplete_details={"reason": "max_output_tokens"}),
+    }
+)
+
+
+def feed(*parts: bytes) -> tuple[ResponsesReader, list[bool]]:
+    reader = ResponsesReader()
+    return reader, [reader.feed(p) for p in parts]
+
+
+def test_first_token_is_the_first_non_empty_delta() -> None:
+    reader, results = feed(CREATED, ITEM, PART, EMPTY_DELTA, DELTA, DELTA)
+    assert results == [False, False, False, False, True, True]
+    assert reader.chunks == 2
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+    ],
+)
+def test_every_kind_of_delta_is_content(kind: str) -> None:
+    _, results = feed(CREATED, ev({"type": kind, "delta": "x"}))
+    assert results == [False, True]
+
+
+def test_completed_is_the_end_marker_and_carries_usage_and_reason() -> None:
+    reader, _ = feed(CREATED, DELTA, DELTA, DONE_TEXT, COMPLETED)
+    assert reader.complete and reader.end_of_body() is None
+    facts = reader.facts
+    assert (facts.prompt_tokens, facts.completion_tokens) == (20, 3)
+    assert (facts.response_id, facts.model, facts.finish_reasons) == ("resp_1", "tiny-llama", ["max_output_tokens"])
+    assert reader.chunks == 4
+
+
+def test_incomplete_is_an_end_marker_too() -> None:
+    incomplete = ev({"type": "response.incomplete", "response": response("incomplete", usage=USAGE)})
+    reader, _ = feed(DELTA, incomplete)
+    assert reader.complete and reader.facts.finish_reasons == ["incomplete"]
+
+
+def test_eof_before_completed_is_truncation() -> None:
+    reader, _ = feed(CREATED, DELTA, DONE_TEXT)
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "truncated"
+    assert "response.completed or response.incomplete" in failure.message
+
+
+def test_vllm_overflow_drops_the_connection_after_in_progress() -> None:
+    """vLLM 0.32 under a queue-overflow race: response.created, response.in_progress, then EOF (no token)."""
+    in_progress = ev({"type": "response.in_progress", "response": response("in_progress")})
+    reader, results = feed(CREATED, in_progress)
+    assert results == [False, False] and reader.failure is None
+    failure = reader.end_of_body()
+    assert failure is not None and "before any content token" in failure.message
+
+
+def test_error_event() -> None:
+    error = ev({"type": "error", "code": "server_error", "message": "boom", "param": None, "sequence_number": 3})
+    reader, _ = feed(CREATED, error)
+    failure = reader.failure
+    assert failure is not None and (failure.kind, failure.status, failure.code) == ("error_event", 500, "server_error")
+    assert json.loads(failure.body)["error"]["message"] == "boom"
+
+
+def test_error_event_with_a_nested_error_object() -> None:
+    data = {"type": "error", "error": {"type": "internal_error", "message": "validation errors ... 'code': 503"}}
+    reader, _ = feed(b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n")
+    assert reader.failure is not None and reader.failure.status == 500 and not reader.failure.overload
+
+
+def test_response_failed_after_the_first_token() -> None:
+    failed = ev(
+        {
+            "type": "response.failed",
+            "response": response("failed", error={"code": "rate_limit_exceeded", "message": "x"}),
+        }
+    )
+    reader, _ = feed(DELTA, DELTA, failed)
+    failure = reader.failure
+    assert failure is not None and failure.status == 429 and failure.overload
+    assert reader.facts.finish_reasons == ["failed"]
+
+
+def test_a_malformed_event_before_the_first_token() -> None:
+    reader, _ = feed(CREATED, b"event: response.output_text.delta\ndata: {oops\n\n")
+    assert reader.failure is not None and reader.failure.kind == "malformed"
+
+
+def test_events_without_an_event_line_are_read_by_their_type() -> None:
+    _, results = feed(b"data: " + json.dumps({"type": "response.output_text.delta", "delta": "x"}).encode() + b"\n\n")
+    assert results == [True]
+
+
+def test_the_sim_wire_round_trips() -> None:
+    wire = ResponsesWire("abc", 0, "sim-model")
+    reader, results = feed(wire.opening(), wire.token(), wire.token(), wire.closing("length", 5, 2))
+    assert results == [False, True, True, True]
+    assert reader.complete and (reader.facts.prompt_tokens, reader.facts.completion_tokens) == (5, 2)
+    assert reader.facts.finish_reasons == ["max_output_tokens"]
+    body = BodyReader(absorb_response)
+    body.feed(wire.complete(2, "stop", 5))
+    assert body.end_of_body() is None and body.facts.completion_tokens == 2

@@ -1,0 +1,116 @@
+"""reader_for, the plain-body readers, the passthrough, and failures as exceptions."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from llmguard_client import GuardFailure, GuardStreamError, StreamTruncated, UpstreamStreamError
+from llmguard_client.protocols import reader_for, stream_error
+from llmguard_client.protocols.base import StreamFailure
+from llmguard_client.protocols.body import PLAIN_BODY_LIMIT, BodyReader, NotAStreamReader
+from llmguard_client.protocols.chat import ChatReader
+from llmguard_client.protocols.completions import CompletionsReader
+from llmguard_client.protocols.errors import error_failure
+from llmguard_client.protocols.messages import MessagesReader
+from llmguard_client.protocols.passthrough import PassthroughReader
+from llmguard_client.protocols.responses import ResponsesReader
+
+SSE = "text/event-stream; charset=utf-8"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content_type", "stream", "expected"),
+    [
+        ("POST", "/v1/chat/completions", SSE, True, ChatReader),
+        ("POST", "/openai/deployments/x/chat/completions/", SSE, True, ChatReader),
+        ("POST", "/v1/completions", SSE, True, CompletionsReader),
+        ("POST", "/v1/responses", SSE, True, ResponsesReader),
+        ("POST", "/v1/messages", SSE, False, MessagesReader),
+        ("POST", "/v1/chat/completions", "application/json", True, NotAStreamReader),
+        ("POST", "/v1/chat/completions", "text/html", True, NotAStreamReader),
+        ("POST", "/v1/chat/completions", "application/json", False, BodyReader),
+        ("POST", "/v1/chat/completions", "text/plain", False, PassthroughReader),
+        ("POST", "/v1/messages/count_tokens", "application/json", False, PassthroughReader),
+        ("POST", "/generate_stream", SSE, True, PassthroughReader),
+        ("POST", "/v1/embeddings", "application/json", False, PassthroughReader),
+        ("GET", "/v1/responses", SSE, True, PassthroughReader),
+        ("GET", "/v1/models", "application/json", False, PassthroughReader),
+    ],
+)
+def test_reader_for(method: str, path: str, content_type: str, stream: bool, expected: type) -> None:
+    assert type(reader_for(method, path, content_type, stream)) is expected
+
+
+def test_passthrough_counts_the_first_bytes_as_the_first_token() -> None:
+    reader = PassthroughReader()
+    assert reader.feed(b"") is False
+    assert reader.feed(b'data: {"token": {"text": "x"}}\n\n') is True
+    assert reader.failure is None and reader.chunks is None and not reader.complete
+    assert reader.end_of_body() is None and reader.complete
+
+
+def test_a_plain_json_body_for_a_stream_request_is_a_failure() -> None:
+    body = {"id": "c", "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+    reader = NotAStreamReader(json_body=True)
+    reader.feed(json.dumps(body).encode())
+    assert reader.failure is None  # judged at EOF
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "json_body" and failure.status is None
+    assert not reader.first_token
+
+
+def test_a_json_error_body_for_a_stream_request_carries_its_error() -> None:
+    reader = NotAStreamReader(json_body=True)
+    reader.feed(b'{"error": {"message": "busy", "type": "Service Unavailable", "code": 503}}')
+    failure = reader.end_of_body()
+    assert failure is not None and (failure.kind, failure.status, failure.overload) == ("json_body", 503, True)
+
+
+def test_a_huge_plain_body_is_judged_without_reading_it_all() -> None:
+    reader = NotAStreamReader(json_body=False)
+    reader.feed(b"x" * (PLAIN_BODY_LIMIT + 1))
+    assert reader.failure is not None and reader.failure.kind == "not_sse"
+
+
+@pytest.mark.parametrize(
+    ("error", "error_type", "status", "overload"),
+    [
+        ({"message": "m", "type": "Service Unavailable", "code": 503}, None, 503, True),
+        ({"message": "m", "type": "x", "code": "503"}, None, 503, True),
+        ({"message": "m", "type": "overloaded_error"}, None, 529, True),
+        ({"message": "m", "code": "rate_limit_exceeded"}, None, 429, True),
+        ({"message": "m", "type": "invalid_request_error", "code": None}, None, 400, False),
+        ({"message": "m", "status": 502}, None, 502, False),
+        ("Model is overloaded", "overloaded", 503, True),
+        ("something broke", None, None, False),
+        ({"message": "m", "code": True}, None, None, False),
+        ({"message": "m", "code": 42}, None, None, False),
+    ],
+)
+def test_error_objects(error: object, error_type: object, status: int | None, overload: bool) -> None:
+    failure = error_failure(error, error_type=error_type)
+    assert (failure.status, failure.overload) == (status, overload)
+    assert json.loads(failure.body)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls", "cause"),
+    [
+        ("error_event", UpstreamStreamError, "stream_error_event"),
+        ("truncated", StreamTruncated, "stream_truncated"),
+        ("malformed", GuardStreamError, "stream_malformed"),
+        ("json_body", GuardStreamError, "stream_json_body"),
+    ],
+)
+def test_stream_error_types(kind: str, cls: type, cause: str) -> None:
+    failure = StreamFailure(kind, "what happened", status=503, code="503", overload=True)  # type: ignore[arg-type]
+    request = httpx.Request("POST", "http://r/v1/chat/completions")
+    error = stream_error(failure, replica="http://r", request=request, after_first_token=True)
+    assert type(error) is cls and error.cause == cause
+    assert isinstance(error, httpx.RemoteProtocolError) and isinstance(error, GuardFailure)
+    assert error.request is request
+    assert "http://r" in str(error) and "after the first token" in str(error) and "(code 503)" in str(error)
+    assert error.overload and error.code == "503"

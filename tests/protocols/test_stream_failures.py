@@ -1,0 +1,314 @@
+"""Failures inside HTTP 200 answers, against real loopback servers, through plain httpx and the openai SDK.
+
+Before the first content token a failure is a failed attempt: the call goes on to another replica and
+nothing of the failed answer reaches the caller. After it, the failure is the caller's: a typed error from
+the body iterator, and the record says ``error`` with the failure's cause.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmguard_client import (
+    AllAttemptsFailed,
+    Guard,
+    GuardStreamError,
+    PhaseRecord,
+    RetryPolicy,
+    StreamTruncated,
+    Tier,
+    UpstreamStreamError,
+)
+from tests.loopback import VLLM_BUSY, LoopbackServer, Script
+
+TTFT = 1.0
+MESSAGES = [{"role": "user", "content": "x"}]
+PATHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES}),
+    "completions": ("/v1/completions", {"prompt": "x"}),
+    "responses": ("/v1/responses", {"input": "x"}),
+    "messages": ("/v1/messages", {"messages": MESSAGES, "max_tokens": 8}),
+}
+
+
+def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"t": Tier(ttft=TTFT, total=5.0, stall=1.0)})
+    kwargs.setdefault("hedge", None)
+    return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
+
+
+async def stream_raw(client: httpx.AsyncClient, url: str, protocol: str = "chat") -> bytes:
+    path, body = PATHS[protocol]
+    async with client.stream("POST", url + path, json={"model": "m", "stream": True, **body}) as response:
+        assert response.status_code == 200
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+# --- before the first token: another replica answers ------------------------------------------------------
+
+BEFORE = {
+    "vllm_overload": (Script(error_at=0), "stream_error_event"),
+    "error_event_500": (Script(error_at=0, error={"message": "boom", "type": "x", "code": 500}), "stream_error_event"),
+    "malformed": (Script(malformed_at=0), "stream_malformed"),
+    "json_body": (Script(json_for_stream=True), "stream_json_body"),
+    "eof": (Script(truncate_at=0), "stream_truncated"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
+@pytest.mark.parametrize("case", list(BEFORE))
+async def test_a_failure_before_the_first_token_is_retried_on_another_replica(
+    servers: list[LoopbackServer], protocol: str, case: str
+) -> None:
+    script, cause = BEFORE[case]
+    servers[0].script = script
+    servers[1].script = Script(tokens=3)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+        raw = await stream_raw(client, servers[0].url, protocol)
+    assert len(servers[0].received) == 1 and len(servers[1].received) == 1  # the server saw the failed attempt
+    assert servers[1].completed == 1
+    for leak in (b"busy", b"boom", b"not json", b"hello", b"event: error", b'{"error": {'):
+        assert leak not in raw  # nothing of the failed answer reached the caller
+    (record,) = records
+    failed, won = record.attempts
+    assert (failed.replica, failed.outcome, failed.error, failed.status_code) == (servers[0].url, "failed", cause, 200)
+    assert failed.first_token is None
+    assert (won.kind, won.replica, won.outcome) == ("retry", servers[1].url, "won")
+    assert record.status == "ok" and record.replica == servers[1].url
+
+
+async def test_in_stream_overload_cools_the_replica_without_retry_after(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    retry = RetryPolicy(overload_cooldown=0.7)
+    async with make_guard(servers[:2], records, retry=retry) as guard, guard.http_client() as client:
+        before = time.monotonic()
+        await stream_raw(client, servers[0].url)
+        cooling_until = guard._replica_set.states[0].cooling_until  # the replica's cool-down (no public view)
+        for _ in range(3):  # new calls go to the ready replica while the overloaded one cools down
+            await stream_raw(client, servers[0].url)
+    assert before + 0.7 <= cooling_until <= time.monotonic() + 0.7
+    assert len(servers[0].received) == 1 and len(servers[1].received) == 4
+    assert records[0].attempts[0].retry_after is None
+
+
+async def test_the_connection_of_an_in_stream_error_is_reused(servers: list[LoopbackServer]) -> None:
+    """vLLM ends the body right after its error event: the guard reads to that end, so the connection goes
+    back to the pool instead of a new TCP handshake with the replica that just said it is overloaded."""
+    servers[0].script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, retry=None) as guard, guard.http_client() as client:
+        for _ in range(3):
+            path, body = PATHS["chat"]
+            response = await client.post(servers[0].url + path, json={"model": "m", "stream": True, **body})
+            assert response.status_code == 503
+    peers = [r.peer for r in servers[0].received]
+    assert len(peers) == 3 and len(set(peers)) == 1
+
+
+async def test_openai_caller_gets_the_other_replicas_answer(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == " t0 t1 t2 t3 t4"
+    assert [a.outcome for a in records[0].attempts] == ["failed", "won"] and records[0].status == "ok"
+
+
+# --- every replica failing: a typed error within the deadline ---------------------------------------------
+
+
+async def test_every_replica_overloaded_in_stream_gives_openai_a_503_at_once(servers: list[LoopbackServer]) -> None:
+    for server in servers[:2]:
+        server.script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as caught:
+            await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        elapsed = time.monotonic() - started
+    assert elapsed < TTFT
+    error = caught.value
+    assert error.status_code == 503 and "currently busy" in error.message
+    assert error.response.headers["x-llmguard-stream-failure"] == "error_event"
+    assert error.response.headers["x-should-retry"] == "false"  # openai does not multiply the attempts
+    assert len(servers[0].received) + len(servers[1].received) == 2
+    (record,) = records
+    assert record.status == "rejected" and record.cause == "all_replicas_cooling" and record.http_status == 503
+
+
+@pytest.mark.parametrize("script", [Script(truncate_at=0), Script(malformed_at=0)], ids=["eof", "malformed"])
+async def test_every_replica_failing_without_a_status_raises_all_attempts_failed(
+    servers: list[LoopbackServer], script: Script
+) -> None:
+    for server in servers[:2]:
+        server.script = script
+    records: list[PhaseRecord] = []
+    retry = RetryPolicy(max_attempts=2, backoff_initial=0.01)
+    async with make_guard(servers[:2], records, retry=retry) as guard, guard.http_client() as client:
+        started = time.monotonic()
+        with pytest.raises(AllAttemptsFailed) as caught:
+            await stream_raw(client, servers[0].url)
+        elapsed = time.monotonic() - started
+    assert elapsed < TTFT
+    assert isinstance(caught.value.__cause__, GuardStreamError)
+    assert len(records[0].attempts) == 2 and all(a.outcome == "failed" for a in records[0].attempts)
+
+
+# --- after the first token: the caller's error ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
+async def test_an_error_event_after_the_first_token_raises_upstream_stream_error(
+    servers: list[LoopbackServer], protocol: str
+) -> None:
+    servers[0].script = Script(tokens=5, error_at=2)
+    records: list[PhaseRecord] = []
+    received: list[bytes] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        path, body = PATHS[protocol]
+        with pytest.raises(UpstreamStreamError) as caught:
+            async with client.stream("POST", servers[0].url + path, json={"model": "m", "stream": True, **body}) as r:
+                async for chunk in r.aiter_raw():
+                    received.append(chunk)
+    raw = b"".join(received)
+    assert b" t0" in raw and b" t1" in raw and b" t2" not in raw  # the tokens before the error were delivered
+    assert caught.value.cause == "stream_error_event" and caught.value.overload
+    assert isinstance(caught.value, httpx.RemoteProtocolError)
+    assert "after the first token" in str(caught.value)
+    (record,) = records
+    assert (record.status, record.cause) == ("error", "stream_error_event")
+    assert len(record.attempts) == 1  # never retried after the first token
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
+async def test_eof_after_the_first_token_raises_stream_truncated(servers: list[LoopbackServer], protocol: str) -> None:
+    servers[0].script = Script(tokens=5, truncate_at=2)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        with pytest.raises(StreamTruncated) as caught:
+            await stream_raw(client, servers[0].url, protocol)
+    assert caught.value.cause == "stream_truncated" and isinstance(caught.value, httpx.RemoteProtocolError)
+    assert (records[0].status, records[0].cause) == ("error", "stream_truncated")
+
+
+async def test_openai_sees_the_error_event_after_the_first_token_and_the_record_says_so(
+    servers: list[LoopbackServer],
+) -> None:
+    servers[0].script = Script(tokens=5, error_at=2)
+    records: list[PhaseRecord] = []
+    texts: list[str] = []
+    async with make_guard(servers[:1], records) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError) as caught:
+            try:
+                async for chunk in stream:
+                    texts.append(chunk.choices[0].delta.content or "")
+            finally:
+                await stream.close()  # openai 1.x leaves the response open when it raises; 2.x and 3.x close it
+    assert "currently busy" in caught.value.message  # the SDK's own error from the event, as without the guard
+    assert "".join(texts) == " t0 t1"
+    assert (records[0].status, records[0].cause) == ("error", "stream_error_event")
+
+
+async def test_openai_sees_a_truncated_stream_as_an_error_not_a_short_answer(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5, truncate_at=2)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(Exception) as caught:
+            async for _ in stream:
+                pass
+    error = caught.value
+    assert isinstance(error, StreamTruncated) or isinstance(error.__cause__, StreamTruncated), repr(error)
+    assert (records[0].status, records[0].cause) == ("error", "stream_truncated")
+
+
+async def test_an_error_in_the_same_chunk_as_the_first_token_is_raised_after_it(
+    servers: list[LoopbackServer],
+) -> None:
+    """The first token and the error arrive together: the token is delivered, then the error raised."""
+    servers[0].script = Script(tokens=1, error_at=1, role_chunk=False)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        received: list[bytes] = []
+        with pytest.raises(UpstreamStreamError):
+            async with client.stream(
+                "POST",
+                servers[0].url + "/v1/chat/completions",
+                json={"model": "m", "stream": True, "messages": MESSAGES},
+            ) as r:
+                async for chunk in r.aiter_raw():
+                    received.append(chunk)
+    assert b" t0" in b"".join(received)
+    assert records[0].status == "error" and len(records[0].attempts) == 1
+
+
+# --- the control cohort sees the server's bytes untouched ---------------------------------------------------
+
+
+async def test_the_control_cohort_gets_the_error_untouched_and_it_is_recorded(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(error_at=0)
+    servers[1].script = Script()
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records, rollout=0.0) as guard, guard.http_client() as client:
+        raw = await stream_raw(client, servers[0].url)
+        assert b"currently busy" in raw or b" t0" in raw
+    (record,) = records
+    assert record.cohort == "control" and len(record.attempts) == 1
+    if b"currently busy" in raw:
+        assert (record.status, record.cause) == ("error", "stream_error_event")
+    else:
+        assert record.status == "ok"
+
+
+def test_vllm_busy_is_the_shape_vllm_sends() -> None:
+    assert VLLM_BUSY["code"] == 503 and VLLM_BUSY["type"] == "Service Unavailable"
+
+
+# --- the anthropic SDK (where it runs on httpx, < 1.0) --------------------------------------------------------
+
+
+def anthropic_sdk() -> Any:
+    anthropic = pytest.importorskip("anthropic")
+    if int(anthropic.__version__.split(".")[0]) >= 1:
+        pytest.skip(f"anthropic {anthropic.__version__} accepts only httpx2 clients, not the guard's httpx client")
+    return anthropic
+
+
+async def test_anthropic_overloaded_error_before_the_first_token_goes_elsewhere(servers: list[LoopbackServer]) -> None:
+    anthropic = anthropic_sdk()
+    servers[0].script = Script(error_at=0)  # event: error, overloaded_error
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        client = anthropic.AsyncAnthropic(base_url=servers[0].url, api_key="sk", http_client=guard.http_client())
+        stream = await client.messages.create(model="m", max_tokens=8, messages=MESSAGES, stream=True)
+        text = "".join([e.delta.text async for e in stream if e.type == "content_block_delta"])
+    assert text == " t0 t1 t2 t3 t4"
+    assert [a.error for a in records[0].attempts] == ["stream_error_event", None] and records[0].status == "ok"
+
+
+async def test_anthropic_every_replica_overloaded_is_a_529_at_once(servers: list[LoopbackServer]) -> None:
+    anthropic = anthropic_sdk()
+    for server in servers[:2]:
+        server.script = Script(error_at=0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        client = anthropic.AsyncAnthropic(base_url=servers[0].url, api_key="sk", http_client=guard.http_client())
+        started = time.monotonic()
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await client.messages.create(model="m", max_tokens=8, messages=MESSAGES, stream=True)
+        assert time.monotonic() - started < TTFT
+    assert caught.value.status_code == 529 and "currently busy" in str(caught.value)
+    assert len(servers[0].received) + len(servers[1].received) == 2  # the SDK did not retry on top
