@@ -144,8 +144,10 @@ async def test_first_token_near_the_ttft_deadline_on_real_sockets(servers: list[
     """200 calls whose first token is due 2 ms either side of the deadline, hedged: each call is
     delivered whole or refused with TTFTTimeout, and no server keeps generating into a dead socket."""
     ttft = 0.3
-    servers[0].script = Script(stall_before_first=ttft - 0.002, tokens=3)
-    servers[1].script = Script(stall_before_first=ttft + 0.002, tokens=3)
+    # Long enough streams that a server cannot finish one into the socket buffers before a client that
+    # gave up closes it: a completed stream on the server then means a delivered answer on the client.
+    servers[0].script = Script(stall_before_first=ttft - 0.002, tokens=100, gap=0.005)
+    servers[1].script = Script(stall_before_first=ttft + 0.002, tokens=100, gap=0.005)
     tasks_before = other_tasks()
     records: list[PhaseRecord] = []
     guard = Guard([servers[0].url, servers[1].url], tiers={"i": Tier(ttft=ttft, total=5)}, instrumentation=None,
