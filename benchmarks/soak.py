@@ -22,12 +22,15 @@ Exit status 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import bisect
+import math
 import random
 import sys
 import time
 import traceback
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,43 @@ def draw_shapes(calls: int, seed: int) -> bytearray:
     return shapes
 
 
+LATE_EDGES = (0.05, 0.25, 1.0, 3.0)
+"""Buckets (seconds past the deadline) of how late a ttft timeout ended."""
+
+
+@dataclass
+class Lateness:
+    """How far past its ttft deadline a timed-out call ended: counts per bucket, and the worst one."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATE_EDGES) + 1))
+    worst: float = -math.inf
+    worst_detail: str = ""
+
+    def add(self, late: float, detail: Callable[[], str]) -> None:
+        self.counts[bisect.bisect(LATE_EDGES, late)] += 1
+        if late > self.worst:
+            self.worst, self.worst_detail = late, detail()
+
+    def line(self) -> str:
+        edges = ["0", *(f"{e * 1000:.0f}" for e in LATE_EDGES)]
+        parts = [f"{lo}-{hi} ms: {n}" for lo, hi, n in zip(edges, edges[1:], self.counts, strict=False)]
+        parts.append(f">{edges[-1]} ms: {self.counts[-1]}")
+        return ", ".join(parts) + (f"; worst {self.worst * 1000:+.0f} ms" if sum(self.counts) else "")
+
+
+def phases(record: PhaseRecord) -> str:
+    """Where a call's time went, relative to its start (seconds)."""
+    def rel(t: float | None) -> str:
+        return "-" if t is None else f"{t - record.start:.3f}"
+
+    attempts = "; ".join(
+        f"{a.kind} {a.replica.rsplit(':', 1)[-1]} {rel(a.start)}..{rel(a.finish)} {a.outcome}"
+        + (f" ({a.error})" if a.error else "")
+        for a in record.attempts
+    )
+    return f"tier {record.tier}, queued {rel(record.queued)}, attempts [{attempts}], finished {rel(record.finish)}"
+
+
 @dataclass
 class Tally:
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -90,17 +130,25 @@ class Tally:
     records: Counter[str] = field(default_factory=Counter)
     attempts: Counter[str] = field(default_factory=Counter)
     unexpected: list[str] = field(default_factory=list)
+    late_guard: Lateness = field(default_factory=Lateness)
+    """ttft timeouts: the guard's record finished (lease closed) this long after the deadline."""
+    late_caller: Lateness = field(default_factory=Lateness)
+    """ttft timeouts: the caller saw the failure this long after the deadline."""
 
     def on_record(self, record: PhaseRecord) -> None:
         self.records[f"{record.status}" + (f" ({record.cause})" if record.cause else "")] += 1
         for attempt in record.attempts:
             self.attempts[attempt.kind] += 1
+        if record.cause == "ttft_timeout" and record.finish is not None:
+            self.late_guard.add(record.finish - record.start - TIERS[record.tier].ttft, lambda: phases(record))
 
     def add(self, caller: str, tier: str, outcome: str, seconds: float) -> None:
         self.outcomes[(outcome, caller)] += 1
         self.longest[outcome] = max(seconds, self.longest.get(outcome, 0.0))
         key = (tier, "ttft_timeout" in outcome or outcome == "TTFTTimeout")
         self.longest_by_tier[key] = max(seconds, self.longest_by_tier.get(key, 0.0))
+        if key[1]:
+            self.late_caller.add(seconds - TIERS[tier].ttft, lambda: f"{caller}, tier {tier}")
 
 
 def classify(exc: BaseException) -> str:
@@ -332,6 +380,10 @@ def report_outcomes(tally: Tally) -> None:
         print(f"tier {name} (ttft {tier.ttft} s, stall {tier.stall} s, total {tier.total} s): longest call "
               f"{max(longest, ttft or 0.0):.3f} s; longest ttft timeout "
               + (f"{ttft:.3f} s ({ttft - tier.ttft:+.3f} s past the deadline)" if ttft is not None else "-"))
+    print(f"ttft timeouts, how late the guard's record finished: {tally.late_guard.line()}")
+    if tally.late_guard.worst_detail:
+        print(f"  worst: {tally.late_guard.worst_detail}")
+    print(f"ttft timeouts, how late the caller saw it: {tally.late_caller.line()}")
     print("guard records by status (cause): " + ", ".join(f"{k} {v}" for k, v in tally.records.most_common()))
     print("attempts by kind: " + ", ".join(f"{k} {v}" for k, v in tally.attempts.most_common())
           + f" ({sum(tally.attempts.values()) / max(1, sum(tally.records.values())):.3f} per call)")
