@@ -10,7 +10,8 @@ streamed calls released at the same instant (the first wave on a cold pool, the 
 connections it kept), each read to its end. Scenario ``healthy``: the Guard has that one replica;
 ``dead2``: two more replicas that refuse connections (hedges and retries on, the defaults);
 ``plain``: no Guard, a plain ``httpx.AsyncClient`` with the same pool limits and no deadline (is
-it the pool or the guard?).
+it the pool or the guard?); ``fixed``: as ``healthy``, with httpcore's pool assignment pass replaced
+by a single-pass one (`benchmarks._fixed_pool`, a diagnostic of the cause).
 
 Per wave: calls that succeeded, the callers' time to first token p50/p99 (successes) and to the end
 of the stream, how late a 10 ms sleep woke while the wave ran (event-loop lag, p99 and max), new TCP
@@ -21,6 +22,7 @@ run ``--repeats`` times: the machine is shared and the numbers are noisy.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -37,11 +39,12 @@ import httpx
 
 import llmguard_client
 from benchmarks import _harness as h
+from benchmarks._fixed_pool import use_single_pass_assignment
 from llmguard_client import Guard, Tier
 from llmguard_client.bench.report import percentile
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-SCENARIOS = ("healthy", "dead2", "plain")
+SCENARIOS = ("healthy", "dead2", "plain", "fixed")
 
 
 @dataclass
@@ -69,26 +72,32 @@ class PoolProbe:
         self.seconds = 0.0
         self.requeued = 0
 
-    def install(self) -> None:
-        from httpcore._async import connection_pool as cp
-
-        assign = cp.AsyncConnectionPool._assign_requests_to_connections
-        clear = cp.AsyncPoolRequest.clear_connection
+    def timed(self, assign: Any) -> Any:
+        """``assign`` counted, and its CPU time (not inflated when the machine preempts us) added up."""
         probe = self
 
-        def timed_assign(pool: Any) -> Any:
-            start = time.thread_time()  # CPU time: not inflated when the machine preempts this process
+        def timed_assign(*args: Any) -> Any:
+            start = time.thread_time()
             try:
-                return assign(pool)
+                return assign(*args)
             finally:
                 probe.assigns += 1
                 probe.seconds += time.thread_time() - start
+
+        return timed_assign
+
+    def install(self) -> None:
+        from httpcore._async import connection_pool as cp
+
+        timed_assign = self.timed(cp.AsyncConnectionPool._assign_requests_to_connections)
+        clear = cp.AsyncPoolRequest.clear_connection
+        probe = self
 
         def counted_clear(request: Any) -> None:
             probe.requeued += 1
             clear(request)
 
-        cp.AsyncConnectionPool._assign_requests_to_connections = timed_assign  # type: ignore[method-assign, assignment]
+        cp.AsyncConnectionPool._assign_requests_to_connections = timed_assign  # type: ignore[method-assign]
         cp.AsyncPoolRequest.clear_connection = counted_clear  # type: ignore[method-assign, assignment]
 
     def take(self, wave: Wave) -> None:
@@ -144,13 +153,25 @@ async def server_connections(stats: httpx.AsyncClient, url: str) -> int:
     return int((await stats.get(url + "/stats")).json().get("connections", 0))
 
 
-async def run_setting(urls: list[str], limits: httpx.Limits, args: argparse.Namespace, plain: bool) -> list[Wave]:
+def fixed_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    transport = use_single_pass_assignment(httpx.AsyncHTTPTransport(limits=limits, retries=0))
+    if PROBE is not None:
+        pool: Any = transport._pool
+        pool._assign_requests_to_connections = PROBE.timed(pool._assign_requests_to_connections)
+    return transport
+
+
+async def run_setting(urls: list[str], limits: httpx.Limits, args: argparse.Namespace, scenario: str) -> list[Wave]:
     guard: Guard | None = None
-    if plain:
+    tiers = {"burst": Tier(ttft=args.ttft, total=20.0, stall=5.0)}
+    if scenario == "plain":
         transport = httpx.AsyncHTTPTransport(limits=limits, retries=0)
         client = httpx.AsyncClient(transport=transport, base_url=urls[0] + "/v1", timeout=None)
+    elif scenario == "fixed":
+        guard = Guard(urls, tiers=tiers, transport_factory=lambda _: fixed_transport(limits))
+        client = guard.http_client(base_url=urls[0] + "/v1")
     else:
-        guard = Guard(urls, tiers={"burst": Tier(ttft=args.ttft, total=20.0, stall=5.0)}, pool_limits=limits)
+        guard = Guard(urls, tiers=tiers, pool_limits=limits)
         client = guard.http_client(base_url=urls[0] + "/v1")
     waves: list[Wave] = []
     async with httpx.AsyncClient() as stats:
@@ -197,7 +218,8 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[list[Wave]]] = {}
     healthy_opts = ["--first-token-delay", "0.036", "--tokens", "8", "--gap", "0.002"]
     with h.replica_processes([healthy_opts]) as (healthy,):
-        deployments = {"healthy": [healthy], "dead2": [healthy, h.dead_url(), h.dead_url()], "plain": [healthy]}
+        deployments = {"healthy": [healthy], "dead2": [healthy, h.dead_url(), h.dead_url()], "plain": [healthy],
+                       "fixed": [healthy]}
         print(f"measured: {llmguard_client.__file__}; {args.wave} calls per wave, {args.waves} waves, "
               f"tier ttft {args.ttft} s; one row per run (settings interleaved)")
         print()
@@ -210,7 +232,7 @@ async def main(args: argparse.Namespace) -> None:
         for run in range(1, args.repeats + 1):
             for scenario in args.scenarios:
                 for limits in args.limits:
-                    waves = await run_setting(deployments[scenario], limits, args, plain=scenario == "plain")
+                    waves = await run_setting(deployments[scenario], limits, args, scenario)
                     results.setdefault((scenario, label(limits)), []).append(waves)
                     failures: Counter[str] = Counter()
                     for wave in waves:
@@ -223,11 +245,11 @@ async def main(args: argparse.Namespace) -> None:
                              if PROBE is not None else "")
                           + f" | {', '.join(f'{k} {v}' for k, v in failures.most_common()) or '-'} |", flush=True)
     print()
-    print("Summary (successes per wave: every run; TTFT and lag: median over runs of each run's value):")
+    print("Summary (successes per wave: every run; the rest: median over the warm waves of every run):")
     print()
     print("| scenario | pool | successes wave 1 / 2 / 3 ... | warm waves TTFT p50 / p99 ms | "
-          "warm waves loop lag p99 / max ms | warm waves new connections |")
-    print("|---|---|---|---|---|---|")
+          "warm waves loop lag p99 / max ms | warm waves client CPU s | warm waves pool CPU s / requeued |")
+    print("|---|---|---|---|---|---|---|")
     for (scenario, name), runs in results.items():
         per_wave = " / ".join(",".join(str(r[i].ok) for r in runs) for i in range(args.waves))
         warm = [w for r in runs for w in r[1:]]
@@ -237,8 +259,11 @@ async def main(args: argparse.Namespace) -> None:
             present = [v for v in values if v is not None]
             return f"{statistics.median(present) * 1000:.0f}" if present else "-"
 
+        cpu = statistics.median(w.cpu for w in warm) if warm else math.nan
+        pool = (f"{statistics.median(w.assign_seconds for w in warm):.2f} / "
+                f"{statistics.median(w.requeued for w in warm):.0f}") if warm and PROBE is not None else "-"
         print(f"| {scenario} | {name} | {per_wave} | {med('ttft', 50)} / {med('ttft', 99)} | "
-              f"{med('lag', 99)} / {med('lag', 100)} | {', '.join(str(w.connections) for w in warm)} |")
+              f"{med('lag', 99)} / {med('lag', 100)} | {cpu:.2f} | {pool} |")
 
 
 def cli() -> None:
