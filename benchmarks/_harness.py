@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import os
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +58,20 @@ def replica_processes(options: Sequence[Sequence[str]]) -> Iterator[list[str]]:
     finally:
         for process in started:
             process.stop()
+
+
+def parse_limits(text: str) -> httpx.Limits:
+    try:
+        total, keepalive = (None if part.strip() == "None" else int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a pool setting is 'max_connections,max_keepalive_connections' (ints or None), got {text!r}"
+        ) from None
+    return httpx.Limits(max_connections=total, max_keepalive_connections=keepalive)
+
+
+def label(limits: httpx.Limits) -> str:
+    return f"({limits.max_connections}, {limits.max_keepalive_connections})"
 
 
 def dead_url() -> str:

@@ -108,20 +108,6 @@ class PoolProbe:
 PROBE: PoolProbe | None = None
 
 
-def parse_limits(text: str) -> httpx.Limits:
-    try:
-        total, keepalive = (None if part.strip() == "None" else int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a pool setting is 'max_connections,max_keepalive_connections' (ints or None), got {text!r}"
-        ) from None
-    return httpx.Limits(max_connections=total, max_keepalive_connections=keepalive)
-
-
-def label(limits: httpx.Limits) -> str:
-    return f"({limits.max_connections}, {limits.max_keepalive_connections})"
-
-
 async def one_call(client: httpx.AsyncClient, go: anyio.Event, wave: Wave) -> None:
     await go.wait()
     start = time.perf_counter()
@@ -233,11 +219,11 @@ async def main(args: argparse.Namespace) -> None:
             for scenario in args.scenarios:
                 for limits in args.limits:
                     waves = await run_setting(deployments[scenario], limits, args, scenario)
-                    results.setdefault((scenario, label(limits)), []).append(waves)
+                    results.setdefault((scenario, h.label(limits)), []).append(waves)
                     failures: Counter[str] = Counter()
                     for wave in waves:
                         failures.update(wave.failures)
-                    print(f"| {scenario} | {label(limits)} | {run} | " + " | ".join(wave_cell(w) for w in waves)
+                    print(f"| {scenario} | {h.label(limits)} | {run} | " + " | ".join(wave_cell(w) for w in waves)
                           + f" | {', '.join(str(w.connections) for w in waves)}"
                           + f" | {', '.join(f'{w.cpu:.2f}' for w in waves)}"
                           + f" | {all(w.idle_after for w in waves)}"
@@ -275,9 +261,9 @@ def cli() -> None:
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between waves")
     parser.add_argument(
         "--limits",
-        type=parse_limits,
+        type=h.parse_limits,
         nargs="+",
-        default=[parse_limits(s) for s in ("1000,100", "1000,20", "100,20", "256,64", "None,20", "None,256")],
+        default=[h.parse_limits(s) for s in ("1000,100", "1000,20", "100,20", "256,64", "None,20", "None,256")],
         metavar="MAX,KEEPALIVE",
     )
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))

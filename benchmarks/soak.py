@@ -45,7 +45,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 import llmguard_client
 from benchmarks import _harness as h
-from llmguard_client import Bulkhead, Guard, PhaseRecord, Tier
+from llmguard_client import DEFAULT_POOL_LIMITS, Bulkhead, Guard, PhaseRecord, Tier
 from llmguard_client.bench.report import percentile
 
 TIERS = {
@@ -301,7 +301,7 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
     base_sockets, base_tasks, base_rss = h.open_sockets(), h.asyncio_tasks(), h.rss_mb()
     print(f"client start: sockets {base_sockets}, asyncio tasks {base_tasks}, RSS {base_rss:.2f} MiB", flush=True)
     tally = Tally()
-    guard = Guard(urls, tiers=TIERS, bulkheads=BULKHEADS, on_record=tally.on_record)
+    guard = Guard(urls, tiers=TIERS, bulkheads=BULKHEADS, on_record=tally.on_record, pool_limits=args.pool)
     soak = Soak(guard, urls, shapes, tally)
     warm = min(args.warmup, args.calls)
     ends = sorted({warm, *range(warm + args.every, args.calls, args.every), args.calls})
@@ -332,7 +332,8 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
     print()
     print(f"measured: {llmguard_client.__file__}")
     print(f"{args.calls} calls, {args.workers} workers, 3 replicas (separate processes), fault rate "
-          f"{args.fault_rate:.0%}, seed {args.seed}: {wall:.1f} s wall, {args.calls / wall:.0f} calls/s, "
+          f"{args.fault_rate:.0%}, seed {args.seed}, pool {h.label(args.pool or DEFAULT_POOL_LIMITS)}: "
+          f"{wall:.1f} s wall, {args.calls / wall:.0f} calls/s, "
           f"client CPU {cpu:.1f} s ({cpu / args.calls * 1e6:.0f} µs per call)")
     report_outcomes(tally)
     warm_sample, last = samples[0], samples[-1]
@@ -423,6 +424,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5000, help="calls between checkpoints")
     parser.add_argument("--quick", action="store_true", help="2000 calls, warm-up 500, checkpoints every 500")
     parser.add_argument("--tracemalloc", action="store_true", help="trace allocations after the warm-up")
+    parser.add_argument("--pool", type=h.parse_limits, default=None, metavar="MAX,KEEPALIVE",
+                        help="per-replica pool limits (default: the Guard's DEFAULT_POOL_LIMITS)")
     args = parser.parse_args()
     if args.quick:
         args.calls, args.warmup, args.every = 2000, 500, 500
