@@ -1,7 +1,7 @@
 """Pool limits under a burst: waves of concurrent streamed calls, one Guard per pool setting.
 
-    python -m benchmarks.pool_burst [--wave 250] [--waves 3] [--repeats 2] [--ttft 1.0]
-                                    [--limits 1000,100 1000,20 ...] [--scenarios healthy dead2]
+    python -m benchmarks.pool_burst [--wave 250] [--waves 3] [--repeats 2] [--ttft 1.0] [--pool-stats]
+                                    [--limits 1000,100 1000,20 ...] [--scenarios healthy dead2 plain fixed]
 
 One healthy replica (`benchmarks.replica_server` in its own process, first token after 36 ms, then
 8 tokens 2 ms apart). For each pool setting ``max_connections,max_keepalive_connections`` (``None``:
@@ -13,8 +13,8 @@ connections it kept), each read to its end. Scenario ``healthy``: the Guard has 
 it the pool or the guard?); ``fixed``: as ``healthy``, with httpcore's pool assignment pass replaced
 by a single-pass one (`benchmarks._fixed_pool`, a diagnostic of the cause).
 
-Per wave: calls that succeeded, the callers' time to first token p50/p99 (successes) and to the end
-of the stream, how late a 10 ms sleep woke while the wave ran (event-loop lag, p99 and max), new TCP
+Per wave: calls that succeeded (the whole stream read), the callers' time to first token p50/p99
+(successes), how late a 10 ms sleep woke while the wave ran (event-loop lag, p99 and max), new TCP
 connections the server accepted, and the client's CPU seconds. Settings are interleaved, and each is
 run ``--repeats`` times: the machine is shared and the numbers are noisy.
 """
@@ -51,7 +51,6 @@ SCENARIOS = ("healthy", "dead2", "plain", "fixed")
 class Wave:
     ok: int = 0
     ttft: list[float] = field(default_factory=list)
-    done: list[float] = field(default_factory=list)
     failures: Counter[str] = field(default_factory=Counter)
     lag: list[float] = field(default_factory=list)
     connections: int = 0
@@ -131,7 +130,6 @@ async def one_call(client: httpx.AsyncClient, go: anyio.Event, wave: Wave) -> No
         return
     wave.ok += 1
     wave.ttft.append(first)
-    wave.done.append(time.perf_counter() - start)
 
 
 async def server_connections(stats: httpx.AsyncClient, url: str) -> int:
