@@ -38,8 +38,10 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-"""Each replica's connection pool (``Guard(pool_limits=...)``); see docs/usage.md for how it was chosen."""
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
+"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: httpcore 1.0's
+pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
+the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
 _UNSET: Any = object()
 
 

@@ -35,7 +35,12 @@ class TierBulkhead:
 
     async def acquire(self) -> bool:
         """Take a slot, waiting in line if the line has room; False (at once) if it has none."""
-        if self._slots.value == 0 and self.waiting >= self.config.max_waiting:
+        try:
+            self._slots.acquire_nowait()  # a free slot: taken without yielding, so never counted as waiting
+            return True
+        except anyio.WouldBlock:
+            pass
+        if self.waiting >= self.config.max_waiting:
             self.rejected += 1
             return False
         self.waiting += 1
