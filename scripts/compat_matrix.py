@@ -55,6 +55,7 @@ CELLS = [
     Cell("openai 3.x, httpx2", "3.11", ["openai>=3", "httpx2"], [*TYPED_EXAMPLES, "scripts/typing/openai_v3.py"]),
     Cell("lowest declared (+ openai 1.40, the test extra's floor)", "3.11", [*LOWEST, "openai==1.40.0"]),
     Cell("lowest httpx2 (2.12; it needs anyio>=4.10)", "3.11", ["httpx2==2.12.0", "anyio==4.10.0", "openai>=3"]),
+    Cell("anthropic latest, httpx2", "3.11", ["anthropic", "httpx2"]),
     Cell("no openai, httpx 0.27 + httpx2", "3.11", ["httpx>=0.27,<0.28", "httpx2"]),
     Cell("Python 3.10, newest", "3.10", ["openai"]),
     Cell("Python 3.12, newest", "3.12", ["openai", "httpx2"]),

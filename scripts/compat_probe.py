@@ -169,6 +169,46 @@ class Probe:
         await run("raise + max_retries=2 (stacks)", lambda: give_up("raise", 2, openai.APITimeoutError, 3))
         return results
 
+    # --- anthropic (no /v1/messages on the loopback server: replicas that refuse connections) ----
+
+    def anthropic_checks(self) -> dict[str, str]:
+        import socket
+
+        import anthropic
+
+        with socket.socket() as sock:  # bound, then closed: nothing listens there
+            sock.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+        def sync(mode: FailureMode) -> str:
+            with Guard([dead], retry=None, failure_mode=mode, instrumentation=None) as guard:
+                http = guard.http_client_for(anthropic.Anthropic)
+                client = anthropic.Anthropic(base_url=dead, api_key="k", max_retries=0, http_client=http)
+                try:
+                    client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+                    return "FAIL no error"
+                except anthropic.APIError as exc:
+                    good = guard_failure(exc) == "all_attempts_failed"
+                    return ok_if(good, f"{type(exc).__name__} cause={guard_failure(exc)}") + f" ({type(exc).__name__})"
+
+        async def asynchronous(mode: FailureMode) -> str:
+            async with Guard([dead], retry=None, failure_mode=mode, instrumentation=None) as guard:
+                http = guard.http_client_for(anthropic.AsyncAnthropic)
+                client = anthropic.AsyncAnthropic(base_url=dead, api_key="k", max_retries=0, http_client=http)
+                try:
+                    await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+                    return "FAIL no error"
+                except anthropic.APIError as exc:
+                    good = guard_failure(exc) == "all_attempts_failed"
+                    return ok_if(good, f"{type(exc).__name__} cause={guard_failure(exc)}") + f" ({type(exc).__name__})"
+
+        return {
+            "async, replicas refuse, default mode": outcome(lambda: anyio.run(asynchronous, "auto")),
+            "async, replicas refuse, raise mode": outcome(lambda: anyio.run(asynchronous, "raise")),
+            "sync, replicas refuse, default mode": outcome(lambda: sync("auto")),
+            "sync, replicas refuse, raise mode": outcome(lambda: sync("raise")),
+        }
+
     # --- plain clients ------------------------------------------------------------------
 
     def plain_sync(self, flavor: str) -> dict[str, str]:
@@ -261,7 +301,8 @@ def main() -> None:
     server = LoopbackServer("probe")
     server.start()
     probe = Probe(server)
-    versions = {name: version(name) for name in ("openai", "httpx", "httpx2", "anyio", "tenacity", "opentelemetry-api")}
+    names = ("openai", "anthropic", "httpx", "httpx2", "anyio", "tenacity", "opentelemetry-api")
+    versions = {name: version(name) for name in names}
     report: dict[str, Any] = {"python": platform.python_version(), "versions": versions, "results": {}}
     try:
         results = report["results"]
@@ -273,6 +314,8 @@ def main() -> None:
         if versions["openai"]:
             results["openai async"] = anyio.run(probe.openai_async)
             results["openai sync"] = probe.openai_sync()
+        if versions["anthropic"]:
+            results["anthropic"] = probe.anthropic_checks()
     except Exception:
         report["crash"] = traceback.format_exc()[-2000:]
     finally:
