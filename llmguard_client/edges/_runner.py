@@ -22,9 +22,11 @@ and joins the thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
+import queue
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -77,7 +79,7 @@ class SyncBody:
 
     def __iter__(self) -> Iterator[bytes]:
         while not self._closed:
-            item = self._runner.call(self._exchange.pull)
+            item = self._exchange.next_item()
             if isinstance(item, _End):
                 return
             if isinstance(item, _Failed):
@@ -92,25 +94,37 @@ class SyncBody:
 
 
 class _Exchange:
-    """One sync call, driven by one task on the runner's loop."""
+    """One sync call, driven by one task on the runner's loop.
 
-    def __init__(self, core: httpx.AsyncBaseTransport, request: httpx.Request, head: Future[httpx.Response]):
+    Per chunk, the caller's thread wakes the task once (``call_soon_threadsafe``: it does not wait
+    for the loop) and then blocks on a thread-safe queue; the task reads one chunk from the core and
+    puts it there. A `BlockingPortal.call` per chunk would cost two waits on the loop and a task.
+    """
+
+    def __init__(
+        self,
+        core: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        head: Future[httpx.Response],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._core = core
         self._request = request
         self._head = head
+        self._loop = loop
         self._context = _portable(contextvars.copy_context())
+        self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._ended = False
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._cancelled = False
         self._demand: tuple[MemoryObjectSendStream[None], MemoryObjectReceiveStream[None]] | None = None
-        self._chunks: tuple[MemoryObjectSendStream[_Item], MemoryObjectReceiveStream[_Item]] | None = None
 
     async def drive(self) -> None:
         for var, value in self._context:
             var.set(value)
         self._done = anyio.Event()
-        self._demand = anyio.create_memory_object_stream[None](0)
-        self._chunks = anyio.create_memory_object_stream[_Item](0)
+        self._demand = anyio.create_memory_object_stream[None](1)
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -118,8 +132,10 @@ class _Exchange:
                     scope.cancel()
                 await self._run()
         finally:
-            for end in (*self._demand, *self._chunks):
+            for end in self._demand:
                 end.close()
+            if not self._ended:  # wake a reader still waiting: the call was closed or the loop stopped
+                self._put(_Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)")))
             self._done.set()
 
     async def _run(self) -> None:
@@ -133,7 +149,7 @@ class _Exchange:
             return
         try:
             self._head.set_result(response)
-            assert self._demand is not None and self._chunks is not None
+            assert self._demand is not None
             stream = response.stream
             assert isinstance(stream, httpx.AsyncByteStream)
             chunks = stream.__aiter__()
@@ -150,7 +166,7 @@ class _Exchange:
                         # Finish the call (its record is final) before the caller learns that it ended.
                         with anyio.CancelScope(shield=True):
                             await response.aclose()
-                    await self._chunks[0].send(item)
+                    self._put(item)
                     if not isinstance(item, bytes):
                         return
             finally:
@@ -162,15 +178,24 @@ class _Exchange:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
-    async def pull(self) -> _Item:
-        """Ask the driving task for the next chunk (runs on the loop, one task per call)."""
-        if self._demand is None or self._chunks is None:
-            return _Failed(GuardClosedError("the call is not running"))
-        try:
-            await self._demand[0].send(None)
-            return await self._chunks[1].receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return _Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)"))
+    def _put(self, item: _Item) -> None:
+        if not isinstance(item, bytes):
+            self._ended = True
+        self._items.put(item)
+
+    def next_item(self) -> _Item:
+        """From the caller's thread: ask the task for the next chunk and wait for it."""
+        if not self._ended:
+            try:
+                self._loop.call_soon_threadsafe(self._want)
+            except RuntimeError:  # the loop is closed
+                return _Failed(GuardClosedError("this Guard was closed while the response was being read"))
+        return self._items.get()
+
+    def _want(self) -> None:
+        if self._demand is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._demand[0].send_nowait(None)
 
     async def close(self) -> None:
         """Stop the call (closing the upstream response) and wait until it is done."""
@@ -194,6 +219,7 @@ class SyncRunner:
     def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
         self._core = core
         self._portal: BlockingPortal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
@@ -216,6 +242,8 @@ class SyncRunner:
 
     def _serve(self) -> None:
         async def main() -> None:
+            # The loop is asyncio's (anyio.run's default); the sync edges wake it with call_soon_threadsafe.
+            self._loop = asyncio.get_running_loop()
             async with BlockingPortal() as portal:
                 self._portal = portal
                 self._started.set()
@@ -240,11 +268,11 @@ class SyncRunner:
 
     def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
         """Run one call through the core; returns the response head and its body to pull."""
-        portal = self._portal
-        if portal is None or self._stopped:
+        portal, loop = self._portal, self._loop
+        if portal is None or loop is None or self._stopped:
             raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
         head: Future[httpx.Response] = Future()
-        exchange = _Exchange(self._core, request, head)
+        exchange = _Exchange(self._core, request, head, loop)
         try:
             portal.start_task_soon(exchange.drive)
         except RuntimeError as exc:  # the portal stopped in between
