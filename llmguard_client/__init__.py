@@ -19,6 +19,7 @@ from llmguard_client._errors import (
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
+    GuardClosed,
     GuardConfigError,
     GuardFailure,
     GuardTimeout,
@@ -29,8 +30,9 @@ from llmguard_client._errors import (
     TTFTTimeout,
     UnknownTierError,
 )
-from llmguard_client._guard import Guard
+from llmguard_client._guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client._retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
 from llmguard_client._transport import GuardTransport
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
 
@@ -43,6 +45,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0"
 
 __all__ = [
+    "DEFAULT_POOL_LIMITS",
     "RETRY_AFTER_CAP",
     "AllAttemptsFailed",
     "AllReplicasCooling",
@@ -53,8 +56,10 @@ __all__ = [
     "BulkheadFull",
     "FailureMode",
     "Guard",
+    "GuardClosed",
     "GuardConfigError",
     "GuardFailure",
+    "GuardSnapshot",
     "GuardTimeout",
     "GuardTransport",
     "GuardUnavailable",
@@ -64,10 +69,12 @@ __all__ = [
     "PhaseRecord",
     "RecordLogger",
     "Replica",
+    "ReplicaSnapshot",
     "RetryPolicy",
     "StallTimeout",
     "TTFTTimeout",
     "Tier",
+    "TierSnapshot",
     "TotalTimeout",
     "UnknownTierError",
     "__version__",

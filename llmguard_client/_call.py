@@ -1,19 +1,24 @@
 """The per-call context every layer sees: the request to replay, the tier, the deadlines,
-the phase record and the attempts' results."""
+the lease that owns what the call acquires, and the phase record."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from llmguard_client._clock import Clock
 from llmguard_client._config import Tier
+from llmguard_client._lease import CallLease
 from llmguard_client._replicas import ReplicaState
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.telemetry.hooks import CallObservation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+
+if TYPE_CHECKING:
+    from llmguard_client._outcome import Payment, Win
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
@@ -48,7 +53,7 @@ class RequestFacts:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Call:
     """One logical call: the caller's request and everything the layers decide about it."""
 
@@ -57,19 +62,42 @@ class Call:
     headers: list[tuple[bytes, bytes]]
     tier_name: str
     tier: Tier
-    guarded: bool
     respond_with_errors: bool
     record: PhaseRecord
     observation: CallObservation
+    lease: CallLease
+    clock: Clock
+    """The Guard's clock, bound for this call: every deadline below is on it."""
+    loop_time: Clock
+    """The event loop's own time (what cancel scope deadlines are on); the same as ``clock`` by default."""
     first_token_deadline: float
+    """Absolute time (on ``clock``) by which the first content token must arrive."""
     total_deadline: float
+    """Absolute time by which the whole response must have arrived."""
     hedgeable: bool
     retry_any_status: bool
     replica_bases: tuple[httpx.URL, ...] = ()
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
+    guarded: bool = True
+    """Set by the rollout layer: False for the control cohort (one plain attempt, still measured)."""
     failed_replicas: list[ReplicaState] = field(default_factory=list)
+    winner: Win | None = None
+    """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""
+
+    def pay_extra(self) -> Payment | None:
+        """A payment for one extra attempt (retry or hedge) from the call's budget, held by the
+        lease until the attempt is sent; None when the budget refuses."""
+        from llmguard_client._outcome import Payment
+
+        if self.budget is None:
+            return Payment()
+        ticket = self.budget.try_acquire()
+        if ticket is None:
+            self.observation.budget_refused(self.record)
+            return None
+        return Payment(ticket, self.lease.hold(ticket.refund))
 
     @staticmethod
     def forwarded_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:

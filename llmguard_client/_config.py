@@ -14,6 +14,7 @@ from typing import Literal
 import httpx
 
 from llmguard_client._errors import GuardConfigError
+from llmguard_client._redact import redact_headers, redact_url
 
 FailureMode = Literal["auto", "response", "raise"]
 """How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error
@@ -109,6 +110,10 @@ class Replica:
         """The replica's URL without credentials: safe to log."""
         parsed = httpx.URL(self.url)
         return str(parsed.copy_with(username=None, password=None)).rstrip("/")
+
+    def __repr__(self) -> str:
+        """Credentials masked: reprs end up in logs and tracebacks."""
+        return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ keeps working::
             ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
             ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
             ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
-            └── BulkheadFull            the tier's in-flight and waiting slots were all taken
+            ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
+            └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
 transport raises) the same failures are returned as proxy-style HTTP responses
@@ -129,4 +130,11 @@ class AllReplicasCooling(GuardUnavailable):
 
 class BulkheadFull(GuardUnavailable):
     cause = "bulkhead_full"
+    status_code = 503
+
+
+class GuardClosed(GuardUnavailable):
+    """The Guard was closed: no attempt starts after ``aclose()``, and calls in flight end with this."""
+
+    cause = "guard_closed"
     status_code = 503

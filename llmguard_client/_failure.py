@@ -23,7 +23,7 @@ import httpx
 
 from llmguard_client._call import CAUSE_HEADER
 from llmguard_client._errors import GuardFailure
-from llmguard_client.layers.attempt import AttemptFailure
+from llmguard_client._outcome import AttemptFailure
 from llmguard_client.telemetry.record import PhaseRecord
 
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import contextlib
-import time
+import functools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import httpx
 
 from llmguard_client._capture import Capture, capture
+from llmguard_client._clock import Clock, loop_clock
 from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
 from llmguard_client._errors import GuardConfigError, UnknownTierError
+from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
+from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot, open_connections
 from llmguard_client._transport import GuardTransport, RecordCallback
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
+from llmguard_client.layers.hedge import HedgeDelays
 from llmguard_client.layers.rollout import Rollout
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -32,13 +38,14 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-_DEFAULT_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``); see docs/usage.md for how it was chosen."""
 _UNSET: Any = object()
 
 
-def default_transport(replica: Replica) -> httpx.AsyncBaseTransport:
+def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
     """One connection pool per replica (no transport-level retries: the guard decides)."""
-    return httpx.AsyncHTTPTransport(limits=_DEFAULT_LIMITS, retries=0)
+    return httpx.AsyncHTTPTransport(limits=limits, retries=0)
 
 
 class Guard:
@@ -61,7 +68,11 @@ class Guard:
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
-    transport_factory: builds each replica's inner transport (default: an httpx pool each).
+    pool_limits:   each replica's connection pool limits (default `DEFAULT_POOL_LIMITS`).
+    transport_factory: builds each replica's inner transport (default: an httpx pool each,
+                   with ``pool_limits``).
+    clock:         the time source (default: the running event loop's clock); tests inject
+                   none and run in virtual time instead (trio's ``MockClock``).
     """
 
     def __init__(
@@ -79,8 +90,9 @@ class Guard:
         failure_mode: FailureMode = "auto",
         instrumentation: Instrumentation | None = _UNSET,
         on_record: RecordCallback | None = None,
-        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] = default_transport,
-        clock: Callable[[], float] = time.monotonic,
+        pool_limits: httpx.Limits | None = None,
+        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
+        clock: Clock = loop_clock,
     ) -> None:
         resolved = _replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -120,6 +132,12 @@ class Guard:
         for name, policy in tier_budgets.items():
             if not isinstance(policy, BudgetPolicy):
                 raise GuardConfigError(f"tier_budgets[{name!r}] must be a BudgetPolicy, got {policy!r}")
+        if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
+            raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
+        if pool_limits is not None and transport_factory is not None:
+            raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
+        if transport_factory is None:
+            transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
         cohorts = Rollout(rollout)
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
@@ -141,6 +159,12 @@ class Guard:
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory)
+        self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
+        self._registry = LeaseRegistry()
+        self._pools_closed = False
+        self._clock = clock
+        self.ttft_stats = HedgeDelays(hedge or HedgePolicy())
+        """Recent time-to-first-token per tier: the hedge delay and the retry layer's expectations."""
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
         self._transport = GuardTransport(
@@ -151,11 +175,13 @@ class Guard:
             hedge=hedge,
             retry=retry,
             budgets={name: self.tier_budgets.get(name, self.budget) for name in tiers},
-            bulkheads={name: TierBulkhead(b) for name, b in bulkheads.items()},
+            bulkheads=self._bulkheads,
             rollout=cohorts,
             failure_mode=failure_mode,
             instrumentation=instrumentation,
             on_record=on_record,
+            ttft_stats=self.ttft_stats,
+            registry=self._registry,
             clock=clock,
         )
 
@@ -185,13 +211,76 @@ class Guard:
         finally:
             self._tier_var.reset(token)
 
-    async def aclose(self) -> None:
-        """Close every replica's connection pool; later requests fail with a clear error."""
-        if await stop_sync_runner(self):  # sync calls ran on the Guard's own loop: closed there
+    @property
+    def closed(self) -> bool:
+        return self._registry.closed
+
+    async def aclose(self, grace: float = 0.0) -> None:
+        """Shut the guard down; when it returns, every connection it opened is closed.
+
+        At once, no new call or attempt starts (they fail with `GuardClosed`). Calls in flight
+        get ``grace`` seconds to finish (default 0); then each is aborted: a call still
+        waiting for its first token ends with `GuardClosed` (raised, or a 503 response in
+        response mode), a stream being read raises `GuardClosed` from its next read. Then the
+        connection pools are closed. Idempotent.
+        """
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+            raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+        if await stop_sync_runner(self, grace):  # sync calls ran on the Guard's own loop: closed there
             return
-        if not self._transport.closed:
-            self._transport.closed = True
-            await self._replica_set.aclose()
+        registry = self._registry
+        if registry.closed and not registry.live and self._pools_closed:
+            return
+        registry.closed = True
+        with anyio.CancelScope(shield=True):
+            await registry.wait_empty(grace)
+            leases = list(registry.live)
+            for lease in leases:
+                lease.abort()
+            for lease in leases:
+                await lease.aclose("error", "guard_closed")
+            if not self._pools_closed:
+                self._pools_closed = True
+                await self._replica_set.aclose()
+
+    def snapshot(self) -> GuardSnapshot:
+        """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
+        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
+        now = self._clock()
+        replicas = tuple(
+            ReplicaSnapshot(
+                name=s.name,
+                in_flight=s.in_flight,
+                cooling_for=max(0.0, s.cooling_until - now),
+                circuit_open_for=max(0.0, s.open_until - now),
+                healthy=not s.cooling(now) and not s.open(now),
+                open_connections=open_connections(s.transport),
+            )
+            for s in self._replica_set.states
+        )
+        tiers = {}
+        for name in self.tiers:
+            bulkhead = self._bulkheads.get(name)
+            if bulkhead is None:
+                tiers[name] = TierSnapshot(0, 0, None, None)
+            else:
+                limits = bulkhead.config
+                tiers[name] = TierSnapshot(
+                    bulkhead.in_flight, bulkhead.waiting, limits.max_in_flight, limits.max_waiting
+                )
+        return GuardSnapshot(
+            closed=self._registry.closed,
+            calls_in_flight=len(self._registry.live),
+            replicas=replicas,
+            tiers=tiers,
+            budget=self.budget.snapshot() if self.budget is not None else None,
+            tier_budgets={name: b.snapshot() for name, b in self.tier_budgets.items()},
+        )
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self._replica_set.states)
+        state = "closed" if self._registry.closed else "open"
+        return f"<Guard {state} replicas=[{names}] tiers={sorted(self.tiers)} default_tier={self.default_tier!r}>"
 
     async def __aenter__(self) -> Guard:
         return self

@@ -1,12 +1,37 @@
-"""Exact quantiles over a sliding window of the most recent samples, in bounded memory."""
+"""Quantiles, one definition for the whole package: of a sample (`percentile`) and over a sliding window
+of the most recent samples in bounded memory (`StreamingQuantile`).
+
+Both interpolate linearly between order statistics (Hyndman & Fan type 7: numpy's default,
+``statistics.quantiles(method="inclusive")``).
+"""
 
 from __future__ import annotations
 
 import bisect
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 
-__all__ = ["StreamingQuantile"]
+__all__ = ["StreamingQuantile", "percentile"]
+
+
+def _interpolate(ordered: Sequence[float], q: float) -> float:
+    """The type-7 ``q``-quantile (0 <= q <= 1) of non-empty, sorted ``ordered``."""
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    fraction = position - low
+    return min(ordered[low] + (ordered[high] - ordered[low]) * fraction, ordered[high])  # no overshoot
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """The ``p``-th percentile (0..100) of ``values`` (any order), or None when there are none."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 100:
+        raise ValueError(f"percentile p must be a number in [0, 100], got {p!r}")
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return _interpolate(ordered, p / 100.0)
 
 
 class StreamingQuantile:
@@ -24,8 +49,7 @@ class StreamingQuantile:
     history with no forgetting, so it would not follow a replica that just got slower. A count-based
     window forgets at the traffic's own pace; an idle tier keeps its last known distribution.
 
-    Quantiles use linear interpolation between order statistics (Hyndman & Fan type 7: numpy's
-    default, ``statistics.quantiles(method="inclusive")``).
+    Quantiles are `percentile`'s (type 7).
     """
 
     __slots__ = ("_ring", "_size", "_sorted")
@@ -71,13 +95,7 @@ class StreamingQuantile:
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
             raise ValueError(f"q must be a number strictly between 0 and 1, got {q!r}")
         ordered = self._sorted
-        if not ordered:
-            return None
-        position = q * (len(ordered) - 1)
-        low = math.floor(position)
-        high = min(low + 1, len(ordered) - 1)
-        fraction = position - low
-        return min(ordered[low] + (ordered[high] - ordered[low]) * fraction, ordered[high])  # no overshoot
+        return _interpolate(ordered, q) if ordered else None
 
     def __repr__(self) -> str:
         return f"StreamingQuantile(size={self._size}, count={len(self._ring)})"

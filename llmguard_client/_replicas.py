@@ -35,6 +35,16 @@ class ReplicaState:
     last_failure: float = -1e18
     ttft_ewma: float | None = None
 
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaState(name={self.name!r}, in_flight={self.in_flight}, cooling_until={self.cooling_until}, "
+            f"open_until={self.open_until}, consecutive_failures={self.consecutive_failures})"
+        )
+
+    def leave(self) -> None:
+        """One attempt on this replica ended (the lease calls it exactly once per attempt)."""
+        self.in_flight -= 1
+
     def cooling(self, now: float) -> bool:
         return now < self.cooling_until
 
@@ -59,6 +69,9 @@ class ReplicaSet:
 
     def __len__(self) -> int:
         return len(self.states)
+
+    def __repr__(self) -> str:
+        return f"ReplicaSet({self.states!r})"
 
     # --- choosing -------------------------------------------------------------------------
 

@@ -1,20 +1,22 @@
-"""GuardTransport: the one integration point, an httpx transport that runs the layers.
+"""GuardTransport: the one integration point, an httpx transport that runs the pipeline.
 
-For each request::
+The pipeline, outermost first (each a module of `llmguard_client.layers`)::
 
     rollout   -> cohort guarded | control (control: one plain attempt, still measured)
     bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
-    deadline  -> one cancel scope bounded by the tier's ttft until the first token;
-                 after it, the body is watched for stall and total  (layers.deadline)
-    retry     -> rounds under the shared budget and Retry-After      (layers.retry)
-    hedge     -> staggered attempts on different replicas             (layers.hedge)
-    attempt   -> one physical request to one replica                  (layers.attempt)
+    deadline  -> one cancel scope until the first token; stall/total after it (the body)
+    retry     -> routes the call; rounds under the shared budget and Retry-After
+    hedge     -> staggered attempts on different replicas, first content token wins
+    attempt   -> one physical request to one replica
 
+Each call gets one `CallLease` that owns everything the layers acquire; a winner's
+response body (`GuardBody`) carries the lease to the caller and closes it exactly once.
 Failures are mapped to the caller in one place, `_give_up`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -26,24 +28,22 @@ import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, RequestFacts
 from llmguard_client._capture import deliver_to_captures
+from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
 from llmguard_client._config import FailureMode, HedgePolicy, RetryPolicy, Tier
-from llmguard_client._errors import (
-    AllAttemptsFailed,
-    BulkheadFull,
-    GuardFailure,
-    TTFTTimeout,
-    UnknownTierError,
-)
+from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
+from llmguard_client._lease import CallLease, LeaseRegistry
+from llmguard_client._outcome import Failed, Route, Win
+from llmguard_client._pipeline import Next, compose
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client.edges.sdk import wrong_client_message
-from llmguard_client.layers.attempt import AttemptWin
+from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
-from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.deadline import WatchedStream
-from llmguard_client.layers.hedge import Hedger
-from llmguard_client.layers.retry import GiveUp, Retrier
-from llmguard_client.layers.rollout import Rollout
+from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
+from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
+from llmguard_client.layers.hedge import HedgeDelays, HedgeLayer
+from llmguard_client.layers.retry import RetryLayer
+from llmguard_client.layers.rollout import Rollout, RolloutLayer
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 
@@ -76,7 +76,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         failure_mode: FailureMode,
         instrumentation: Instrumentation,
         on_record: RecordCallback | None,
-        clock: Callable[[], float] = time.monotonic,
+        ttft_stats: HedgeDelays,
+        registry: LeaseRegistry,
+        clock: Clock = loop_clock,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -85,74 +87,67 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._hedge = hedge
         self._retry = retry
         self._budgets = dict(budgets)
-        self._bulkheads = dict(bulkheads)
-        self._rollout = rollout
         self._failure_mode = failure_mode
         self._instrumentation = instrumentation
         self._on_record = on_record
+        self._ttft_stats = ttft_stats
+        self._registry = registry
         self._clock = clock
         self._bases = tuple(s.base for s in replicas.states)
-        self.hedger = Hedger(replicas, hedge, clock)
-        self._retrier = Retrier(self.hedger, replicas, retry, instrumentation, clock)
-        self.closed = False
+        self.layers = (
+            RolloutLayer(rollout),
+            BulkheadLayer(bulkheads, instrumentation),
+            DeadlineLayer(),
+            RetryLayer(replicas, retry, ttft_stats, instrumentation),
+            HedgeLayer(replicas, hedge, ttft_stats),
+        )
+        """The pipeline, outermost first; `AttemptLayer` is the innermost handler."""
+        self._pipeline: Next = compose(self.layers, AttemptLayer(registry))
+
+    @property
+    def closed(self) -> bool:
+        return self._registry.closed
 
     # --- the request path -----------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
-        if self.closed:
-            raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
+        if self._registry.closed:
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
         call = await self._start_call(request)
-        bulkhead = self._bulkheads.get(call.tier_name) if call.guarded else None
-        admitted: bool | None = True
-        if bulkhead is not None:
-            admitted = None  # the time spent waiting in line counts against the call's ttft
-            try:
-                with anyio.move_on_after(call.first_token_deadline - self._clock()):
-                    admitted = await bulkhead.acquire()
-            except anyio.get_cancelled_exc_class():
-                self._finish(call, "cancelled", "cancelled_by_caller")
-                raise
-        if admitted is None:
-            return self._give_up(call, self._ttft_timeout(call, "while waiting for a bulkhead slot"), None, "timeout")
-        if not admitted:
-            assert bulkhead is not None
-            self._instrumentation.bulkhead_rejected(call.tier_name)
-            error = BulkheadFull(
-                f"tier {call.tier_name!r} already has {bulkhead.config.max_in_flight} call(s) in flight and "
-                f"{bulkhead.config.max_waiting} waiting (its Bulkhead limits); the call was refused at once",
-                request=request,
-                record=call.record,
-            )
-            return self._give_up(call, error, None, "rejected")
-        call.record.queued = self._clock()
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if bulkhead is not None and not released:
-                released = True
-                bulkhead.release()
-
+        lease = call.lease
         try:
-            return await self._run(call, release)
-        except BaseException:
-            release()
+            with lease.phase():
+                outcome = await self._pipeline(call, Route())
+        except anyio.get_cancelled_exc_class():
+            await lease.aclose("cancelled", "cancelled_by_caller")
             raise
+        except GuardFailure as refused:  # e.g. GuardClosed from an attempt
+            outcome = Failed(reason=refused)
+        except BaseException as exc:
+            await lease.aclose("error", type(exc).__name__)
+            raise
+        else:
+            if lease.aborted:
+                outcome = Failed(reason=self._closed_error(call))
+        if isinstance(outcome, Win):
+            return self._deliver(call, outcome)
+        return await self._give_up(call, outcome)
 
     async def _start_call(self, request: httpx.Request) -> Call:
-        now = self._clock()
+        loop_time = loop_time_function()
+        clock = bind_clock(self._clock, loop_time)
+        now = clock()
         tier_name = self._resolve_tier(request)
         tier = self._tiers[tier_name]
-        cohort = self._rollout.cohort(request)
         body = await request.aread()
         facts = RequestFacts.parse(request, body)
         path = request.url.path
         record = PhaseRecord(
             request_id=uuid.uuid4().hex,
             tier=tier_name,
-            cohort="guarded" if cohort == "guarded" else "control",
+            cohort="guarded",
             method=request.method,
             path=path,
             start=now,
@@ -168,10 +163,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
             headers=Call.forwarded_headers(request),
             tier_name=tier_name,
             tier=tier,
-            guarded=cohort == "guarded",
             respond_with_errors=self._respond_with_errors(request),
             record=record,
             observation=self._instrumentation.call_started(record),
+            lease=CallLease(self._registry),
+            clock=clock,
+            loop_time=loop_time,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             hedgeable=generation,
@@ -179,96 +176,74 @@ class GuardTransport(httpx.AsyncBaseTransport):
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
         )
-        if call.guarded and call.budget is not None:
-            call.budget.record_request()
+        call.lease.finish = functools.partial(self._finish, call)
         return call
 
-    async def _run(self, call: Call, release: Callable[[], None]) -> httpx.Response:
-        outcome: AttemptWin | GiveUp | None = None
-        try:
-            if call.guarded:
-                with anyio.move_on_after(call.first_token_deadline - self._clock()):
-                    outcome = await self._first_round(call)
-            else:
-                outcome = await self._first_round(call)
-        except anyio.get_cancelled_exc_class():
-            self._finish(call, "cancelled", "cancelled_by_caller")
-            release()
-            raise
-        except GuardFailure as refused:
-            release()
-            return self._give_up(call, refused, None, "rejected")
-        if outcome is None:
-            release()
-            return self._give_up(call, self._ttft_timeout(call, "in-flight attempts were closed"), None, "timeout")
-        if isinstance(outcome, GiveUp):
-            release()
-            return self._give_up(call, outcome.reason, outcome, None)
-        return self._deliver(call, outcome, release)
-
-    async def _first_round(self, call: Call) -> AttemptWin | GiveUp:
-        state = self._replicas.pick(self._clock())
-        if state is None:
-            raise AllAttemptsFailed(
-                f"every replica's circuit is open (each kept failing); tier {call.tier_name!r} call refused "
-                "at once; they are probed again when their cool-down ends",
-                request=call.request,
-                record=call.record,
-            )
-        return await self._retrier.run(call, state)
-
-    def _deliver(self, call: Call, win: AttemptWin, release: Callable[[], None]) -> httpx.Response:
+    def _deliver(self, call: Call, win: Win) -> httpx.Response:
         record, attempt = call.record, win.attempt
+        call.winner = win
         attempt.outcome = "won"
         record.replica = attempt.replica
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
         record.http_status = win.response.status_code
         if attempt.ttft is not None and call.guarded:
-            self.hedger.delays.observe(call.tier_name, record.stream, attempt.ttft)
-
-        def finalize(status: CallStatus, cause: str | None) -> None:
-            now = self._clock()
-            attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
-            facts = win.facts
-            record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
-            record.response_id, record.response_model = facts.response_id, facts.model
-            record.finish_reasons = list(facts.finish_reasons)
-            record.chunks = win.scanner.chunks if win.scanner is not None else None
-            win.state.in_flight -= 1
-            release()
-            call.observation.attempt_finished(attempt)
-            self._finish(call, status, cause, finish=attempt.finish)
-
-        stream = WatchedStream(call, win, finalize, self._clock, enforce=call.guarded)
+            self._ttft_stats.observe(call.tier_name, record.stream, attempt.ttft)
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=stream,
+            stream=GuardBody(call, win, enforce=call.guarded),
             request=call.request,
             extensions={**win.response.extensions, "llmguard": record},
         )
 
-    # --- failures -------------------------------------------------------------------------
+    # --- the end of a call ----------------------------------------------------------------
 
-    def _ttft_timeout(self, call: Call, detail: str) -> TTFTTimeout:
-        elapsed = self._clock() - call.record.start
-        return TTFTTimeout(
-            f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
-            f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; {detail}",
+    def _finish(self, call: Call, status: CallStatus, cause: str | None) -> None:
+        """The lease's last act, exactly once per call: finalise the record and report it."""
+        record = call.record
+        now = call.clock()
+        win = call.winner
+        if win is not None:
+            attempt = win.attempt
+            if attempt.outcome == "won":
+                attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
+                facts = win.facts
+                record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
+                record.response_id, record.response_model = facts.response_id, facts.model
+                record.finish_reasons = list(facts.finish_reasons)
+                record.chunks = win.scanner.chunks if win.scanner is not None else None
+            else:  # won the race, but the call ended before it was handed over
+                attempt.outcome, attempt.finish = "cancelled", now
+            call.observation.attempt_finished(attempt)
+        record.status, record.cause = status, cause
+        record.finish = win.attempt.finish if win is not None and win.attempt.outcome == "won" else now
+        call.observation.call_finished(record)
+        deliver_to_captures(record, call.request)
+        if self._on_record is not None:
+            try:
+                self._on_record(record)
+            except Exception:
+                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
+
+    def _closed_error(self, call: Call) -> GuardClosed:
+        return GuardClosed(
+            f"the Guard was closed while this call waited for its first token (tier {call.tier_name!r}, "
+            f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
             request=call.request,
             record=call.record,
         )
 
-    def _give_up(
-        self, call: Call, error: GuardFailure | None, give_up: GiveUp | None, status: CallStatus | None
-    ) -> httpx.Response:
+    async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
         """End a call without a winner: the last server answer if there is one, else the guard's error."""
-        last = give_up.last if give_up is not None else None
+        error, last, lease = outcome.reason, outcome.last, call.lease
+        if isinstance(error, GuardClosed) or lease.aborted:
+            error = error if isinstance(error, GuardClosed) else self._closed_error(call)
+            last = None
         if last is not None and last.status_code is not None:
             cause = error.cause if error is not None else "upstream_status"
             call.record.http_status = last.status_code
             call.record.replica = last.attempt.replica
-            self._finish(call, "rejected" if error is not None else "http_error", cause)
+            await lease.aclose("rejected" if error is not None else "http_error", cause)
             if not call.guarded:  # the control cohort gets the server's answer untouched
                 return upstream_response(last, None, call.request, call.record, no_retry=False)
             no_retry = self._retry is not None or error is not None
@@ -277,32 +252,23 @@ class GuardTransport(httpx.AsyncBaseTransport):
             assert last is not None and last.error is not None
             if not call.guarded or not isinstance(last.error, (httpx.HTTPError, OSError)):
                 # Control calls fail as plain httpx would; an unexpected error is never disguised.
-                self._finish(call, "error", last.attempt.error)
+                await lease.aclose("error", last.attempt.error)
                 raise last.error
             error = AllAttemptsFailed(
                 f"every attempt failed before a response (tier {call.tier_name!r}, "
-                f"{self._clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
+                f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
                 request=call.request,
                 record=call.record,
             )
             error.__cause__ = last.error
-        self._finish(call, status or ("rejected" if error.status_code in (429, 503) else "error"), error.cause)
+        status: CallStatus = "timeout" if error.cause.endswith("timeout") else (
+            "rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error"
+        )
+        await lease.aclose(status, error.cause)
         if call.respond_with_errors:
             call.record.http_status = error.status_code
             return failure_response(error, call.request, call.record)
         raise error
-
-    def _finish(self, call: Call, status: CallStatus, cause: str | None, finish: float | None = None) -> None:
-        record = call.record
-        record.status, record.cause = status, cause
-        record.finish = finish if finish is not None else self._clock()
-        call.observation.call_finished(record)
-        deliver_to_captures(record, call.request)
-        if self._on_record is not None:
-            try:
-                self._on_record(record)
-            except Exception:
-                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
 
     # --- per-call choices -----------------------------------------------------------------
 

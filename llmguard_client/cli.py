@@ -259,9 +259,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     from llmguard_client.bench.clients import TierSpec, parse_clients
     from llmguard_client.bench.presets import preset_for
+    from llmguard_client.bench.rates import parse_profile
     from llmguard_client.bench.report import SLO, BenchReport, plot_cdfs, render
     from llmguard_client.bench.runner import RunSpec, preflight, run_clients
-    from llmguard_client.bench.traffic import make_plan, parse_profile
+    from llmguard_client.bench.traffic import make_plan
 
     _check_outputs(args)
     try:
@@ -348,9 +349,10 @@ def _demo(args: argparse.Namespace) -> int:
     import time
 
     from llmguard_client.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS, preset_for
+    from llmguard_client.bench.rates import parse_profile
     from llmguard_client.bench.report import BenchReport, plot_cdfs, render
     from llmguard_client.bench.runner import RunSpec, run_clients
-    from llmguard_client.bench.traffic import make_plan, parse_profile
+    from llmguard_client.bench.traffic import make_plan
 
     _check_outputs(args)
     spawns = {name: _sim_api(name) for name in DEMO_SCENARIOS}

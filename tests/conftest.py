@@ -6,7 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.leaks import no_leaks
 from tests.loopback import LoopbackServer
+
+__all__ = ["no_leaks"]
 
 
 @pytest.fixture(scope="session")

@@ -1,19 +1,25 @@
-"""A scriptable OpenAI-compatible server on 127.0.0.1, for tests of the real request path.
+"""The one scriptable OpenAI-compatible test server, on 127.0.0.1, for tests of real request paths.
 
-Each `LoopbackServer` runs uvicorn in its own thread and event loop, so disconnects,
-pooling and timing are real. A test sets ``server.script`` to a `Script` describing
-the next responses; the server records every request it received and every
-response it could not finish because the client went away.
+Each `LoopbackServer` runs uvicorn in its own thread and event loop, so disconnects, pooling and
+timing are real. A test sets ``server.script`` to a `Script` describing the next responses, or
+``server.scripter`` to choose a `Script` per request; the server records every request it received and
+every response it could not finish because the client went away.
+
+For the bench harness it also speaks the simulated cluster's side channel: ``GET /sim/stats`` (the
+sim's counters: received, admitted, rejected, completed, aborted_by_disconnect, work_tokens...) and
+``POST /sim/reset``. `loopback_cluster` runs several servers that share one attempt counter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +28,18 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/files")
+COUNTERS = (
+    "received",
+    "admitted",
+    "rejected",
+    "completed",
+    "aborted_by_disconnect",
+    "work_tokens",
+    "aborted_work_tokens",
+    "preemptions",
+)
 
 
 @dataclass
@@ -32,7 +50,8 @@ class Script:
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None
     """For an error status or a JSON answer: the body (dict -> JSON, str -> as is)."""
-    tokens: int = 5
+    tokens: int | None = 5
+    """Content chunks to stream; None: the request's ``max_tokens`` (as a server honouring ``ignore_eos``)."""
     role_chunk: bool = True
     keepalives_before: int = 0
     stall_before_first: float = 0.0
@@ -44,6 +63,11 @@ class Script:
     reset_after_tokens: int | None = None
 
 
+Scripter = Callable[[int, int], "Script | None"]
+"""(request index from the prompt's first word ``req<i>``, or -1; attempt number of that index across the
+servers sharing the counter, from 1) -> the `Script` for this request, or None for ``server.script``."""
+
+
 @dataclass
 class Received:
     path: str
@@ -53,13 +77,29 @@ class Received:
 
 
 class LoopbackServer:
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        default: Script | None = None,
+        model: str = "test-model",
+        attempts: collections.Counter[int] | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.name = name
-        self.script = Script()
+        self.model = model
+        self.default = default or Script()
+        self.script = self.default
+        self.scripter: Scripter | None = None
         self.received: list[Received] = []
         self.disconnects = 0
         self.completed = 0
         self.started_streams = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.running = 0
+        self.max_running = 0
+        self.attempts_by_index: collections.Counter[int] = collections.Counter() if attempts is None else attempts
+        self._lock = lock or threading.Lock()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -67,10 +107,10 @@ class LoopbackServer:
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._chat, methods=["POST"]),
+                *(Route(path, self._chat, methods=["POST"]) for path in CHAT_PATHS),
                 Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/files", self._chat, methods=["POST"]),
+                Route("/sim/stats", self._stats, methods=["GET"]),
+                Route("/sim/reset", self._reset, methods=["POST"]),
             ]
         )
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
@@ -93,9 +133,27 @@ class LoopbackServer:
         self._thread.join(timeout=5)
 
     def reset(self) -> None:
-        self.script = Script()
+        """Back to the default script, no scripter, nothing received, every counter at zero."""
+        self.script = self.default
+        self.scripter = None
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """What ``POST /sim/reset`` does: forget what was received and counted (the script stays)."""
         self.received.clear()
         self.disconnects = self.completed = self.started_streams = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.max_running = 0
+        with self._lock:
+            self.attempts_by_index.clear()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the completion requests received."""
+        return [r.body for r in self.received if r.path in CHAT_PATHS]
+
+    def auth(self) -> list[str | None]:
+        """The ``authorization`` header of each completion request received."""
+        return [r.headers.get("authorization") for r in self.received if r.path in CHAT_PATHS]
 
     def wait_for(self, predicate: Any, timeout: float = 3.0) -> bool:
         """Poll (from the test's thread) until ``predicate()`` holds."""
@@ -108,78 +166,151 @@ class LoopbackServer:
 
     async def _models(self, request: Request) -> Response:
         self.received.append(Received(request.url.path, dict(request.headers), {}, time.monotonic()))
-        return JSONResponse({"object": "list", "data": [{"id": "test-model", "object": "model"}]})
+        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def _stats(self, request: Request) -> Response:
+        stats = {**self.counters, "running": self.running, "waiting": 0, "kv_used": 0, "kv_total": 1000}
+        return JSONResponse(stats)
+
+    async def _reset(self, request: Request) -> Response:
+        self.reset_counters()
+        return JSONResponse({"ok": True})
+
+    def _script_for(self, body: dict[str, Any]) -> Script:
+        scripter = self.scripter
+        if scripter is None:
+            return self.script
+        messages = body.get("messages") or [{}]
+        words = str(messages[-1].get("content") or "").split()
+        index = int(words[0][3:]) if words and words[0].startswith("req") and words[0][3:].isdigit() else -1
+        with self._lock:
+            self.attempts_by_index[index] += 1
+            attempt = self.attempts_by_index[index]
+        return scripter(index, attempt) or self.script
 
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw) if raw else {}
         self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic()))
-        script = self.script
+        self.counters["received"] += 1
+        script = self._script_for(body)
         if script.hang_before_headers:
             until = time.monotonic() + script.hang_before_headers
             while time.monotonic() < until:
                 if await request.is_disconnected():
                     self.disconnects += 1
+                    self.counters["aborted_by_disconnect"] += 1
                     return Response(status_code=499)
                 await asyncio.sleep(0.01)
         if script.status >= 400 or script.body is not None:
+            self.counters["rejected" if script.status >= 400 else "completed"] += 1
             content = script.body if script.body is not None else {"error": {"message": "scripted", "type": "x"}}
             if isinstance(content, str):
                 return Response(content, status_code=script.status, headers=script.headers, media_type="text/html")
             return JSONResponse(content, status_code=script.status, headers=script.headers)
+        self.counters["admitted"] += 1
+        tokens = script.tokens if script.tokens is not None else int(body.get("max_tokens") or 16)
         if not body.get("stream"):
-            return JSONResponse(_completion(body, script), headers=script.headers)
+            self.counters["completed"] += 1
+            self.counters["work_tokens"] += 1
+            return JSONResponse(self._completion(), headers=script.headers)
         return StreamingResponse(
-            self._events(body, script), media_type="text/event-stream", headers=script.headers
+            self._events(body, script, tokens), media_type="text/event-stream", headers=script.headers
         )
 
-    async def _events(self, body: dict[str, Any], script: Script) -> AsyncIterator[bytes]:
+    async def _events(self, body: dict[str, Any], script: Script, tokens: int) -> AsyncIterator[bytes]:
         self.started_streams += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
         finished = False
+        produced = 0
         try:
             created = int(time.time())
-            base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": created, "model": "test-model"}
+            base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": created, "model": self.model}
             if script.role_chunk:
                 yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
             for _ in range(script.keepalives_before):
                 yield b": keep-alive\n\n"
             if script.stall_before_first:
                 await asyncio.sleep(script.stall_before_first)
-            for i in range(script.tokens):
+            for i in range(tokens):
                 if i == 1 and script.stall_after_first:
                     await asyncio.sleep(script.stall_after_first)
                 elif i and script.gap:
                     await asyncio.sleep(script.gap)
                 if script.reset_after_tokens is not None and i == script.reset_after_tokens:
                     raise ConnectionResetError("scripted reset")
+                produced += 1
                 yield _sse({**base, "choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]})
             yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
             include = script.include_usage
             if include is None:
                 include = bool((body.get("stream_options") or {}).get("include_usage"))
             if include:
-                usage = {"prompt_tokens": 7, "completion_tokens": script.tokens, "total_tokens": 7 + script.tokens}
+                usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
                 yield _sse({**base, "choices": [], "usage": usage})
             yield b"data: [DONE]\n\n"
             finished = True
             self.completed += 1
+            self.counters["completed"] += 1
         finally:
+            self.running -= 1
+            self.counters["work_tokens"] += produced
             if not finished:
                 self.disconnects += 1
+                self.counters["aborted_by_disconnect"] += 1
+                self.counters["aborted_work_tokens"] += produced
+
+    def _completion(self) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+        }
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def _completion(body: dict[str, Any], script: Script) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-test",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": "test-model",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
-    }
+@dataclass
+class LoopbackCluster:
+    """Servers standing in for a cluster's replicas; they share one attempt counter per request index."""
+
+    servers: list[LoopbackServer]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def reset(self) -> None:
+        for s in self.servers:
+            s.reset()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [b for s in self.servers for b in s.bodies()]
+
+    def set_scripter(self, scripter: Scripter) -> None:
+        for s in self.servers:
+            s.scripter = scripter
+
+
+@contextlib.contextmanager
+def loopback_cluster(n: int = 2, *, default: Script | None = None) -> Iterator[LoopbackCluster]:
+    """``n`` started servers whose default script streams the request's ``max_tokens`` 2 ms apart."""
+    attempts: collections.Counter[int] = collections.Counter()
+    lock = threading.Lock()
+    default = default or Script(tokens=None, gap=0.002)
+    servers = [LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock) for i in range(n)]
+    started: list[LoopbackServer] = []
+    try:
+        for s in servers:
+            s.start()
+            started.append(s)
+        yield LoopbackCluster(servers)
+    finally:
+        for s in started:
+            s.stop()

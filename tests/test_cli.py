@@ -14,12 +14,12 @@ import pytest
 
 from llmguard_client import cli
 from llmguard_client.bench import presets
-from tests.bench.fakeserver import FakeCluster, fake_cluster
+from tests.loopback import LoopbackCluster, loopback_cluster
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[FakeCluster]:
-    with fake_cluster(2) as c:
+def cluster() -> Iterator[LoopbackCluster]:
+    with loopback_cluster(2) as c:
         yield c
 
 
@@ -52,9 +52,7 @@ SMALL = ["--requests", "20", "--rate", "100", "--length-scale", "0.02", "--no-pr
         (["frobnicate"], "invalid choice"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(
-    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -65,7 +63,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
-def test_tier_ttft_above_total(cluster: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tier_ttft_above_total(cluster: LoopbackCluster, capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["bench", "--target", cluster.urls[0], "--tier-ttft", "5", "--tier-total", "2", *SMALL])
     assert rc == 2
     assert "must not exceed --tier-total" in capsys.readouterr().err
@@ -84,7 +82,7 @@ def test_process_exit_code_and_no_traceback() -> None:
 
 
 def test_bench_writes_json_and_plot(
-    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: LoopbackCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     js, png = tmp_path / "r.json", tmp_path / "cdf.png"
     argv = ["bench", "--target", ",".join(cluster.urls), "--clients", "plain,naive-retry"]
@@ -103,7 +101,7 @@ def test_bench_writes_json_and_plot(
 
 
 def test_json_to_stdout_keeps_stdout_machine_readable(
-    cluster: FakeCluster, capsys: pytest.CaptureFixture[str]
+    cluster: LoopbackCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "--target", cluster.urls[0], "--clients", "plain", *SMALL, "--json", "-"]
     assert cli.main(argv) == 0
@@ -113,7 +111,7 @@ def test_json_to_stdout_keeps_stdout_machine_readable(
     assert "TTFT p99" in err  # the human table went to stderr
 
 
-def test_closed_loop_and_profile_via_cli(cluster: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_closed_loop_and_profile_via_cli(cluster: LoopbackCluster, capsys: pytest.CaptureFixture[str]) -> None:
     base = [
         "bench",
         "--target",
@@ -133,7 +131,7 @@ def test_closed_loop_and_profile_via_cli(cluster: FakeCluster, capsys: pytest.Ca
 
 
 def test_demo_runs_both_scenarios(
-    cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cluster: LoopbackCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The demo's flow on the fake cluster standing in for the simulated one (small presets)."""
 
@@ -146,9 +144,7 @@ def test_demo_runs_both_scenarios(
         monkeypatch.setitem(
             presets.PRESETS,
             name,
-            presets.Preset(
-                requests=15, rate=100.0, lengths=presets.SIM_LENGTHS.scaled(0.05), note=f"fake {name}"
-            ),
+            presets.Preset(requests=15, rate=100.0, lengths=presets.SIM_LENGTHS.scaled(0.05), note=f"fake {name}"),
         )
     if not _has_guard():
         monkeypatch.setattr(presets, "DEMO_CLIENTS", ("plain", "naive-retry"))

@@ -1,23 +1,23 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client._quantile import StreamingQuantile
+from llmguard_client._quantile import StreamingQuantile, percentile
 
 samples = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 q_open = st.floats(min_value=0, max_value=1, exclude_min=True, exclude_max=True)
 
 
 def brute_force(window: list[float], q: float) -> float:
-    """Type-7 (linear interpolation) quantile, written independently of the implementation."""
-    ordered = sorted(window)
-    h = (len(ordered) - 1) * q
-    return ordered[int(h)] + (h - int(h)) * (ordered[min(int(h) + 1, len(ordered) - 1)] - ordered[int(h)])
+    """Type-7 (linear interpolation) quantile from numpy, independent of the implementation."""
+    return float(np.quantile(window, q))
 
 
 @settings(max_examples=200, deadline=None)
@@ -143,3 +143,41 @@ def test_repr() -> None:
     est = StreamingQuantile(8)
     est.add(1.0)
     assert repr(est) == "StreamingQuantile(size=8, count=1)"
+
+
+# --- percentile: the same definition over a whole sample ---------------------------------------
+
+
+def test_percentile_known_values() -> None:
+    data = list(range(1, 11))  # 1..10
+    assert percentile(data, 0) == 1
+    assert percentile(data, 100) == 10
+    assert percentile(data, 50) == pytest.approx(5.5)
+    assert percentile(data, 90) == pytest.approx(9.1)
+    assert percentile(data, 99) == pytest.approx(9.91)
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None
+    assert percentile([5, 1, 3], 50) == 3  # unsorted input
+    assert percentile(iter([2.0, 1.0]), 50) == 1.5  # any iterable
+
+
+@pytest.mark.parametrize("p", [-1, 101, math.nan, "50", True, None])
+def test_percentile_rejects(p: object) -> None:
+    with pytest.raises(ValueError, match=r"percentile p must be a number in \[0, 100\], got"):
+        percentile([1.0], p)  # type: ignore[arg-type]
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    rng = random.Random(4)
+    for n in (2, 7, 100, 1001):
+        values = [rng.lognormvariate(0, 1) for _ in range(n)]
+        for p in (1, 50, 95, 99, 99.9):
+            assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)))
+
+
+@given(xs=st.lists(samples, min_size=1, max_size=60), q=q_open)
+def test_percentile_and_the_window_agree(xs: list[float], q: float) -> None:
+    est = StreamingQuantile(len(xs))
+    for x in xs:
+        est.add(x)
+    assert percentile(xs, q * 100) == pytest.approx(est.quantile(q), rel=1e-12, abs=1e-9)

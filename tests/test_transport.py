@@ -234,8 +234,7 @@ async def test_caller_cancel_closes_the_attempt(servers: list[LoopbackServer]) -
     async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
         with anyio.move_on_after(0.2):
             await client.post(servers[0].url + CHAT, json=STREAM_BODY)
-        state = guard.transport.hedger.replicas.states[0]
-        assert state.in_flight == 0
+        assert guard.snapshot().idle
     assert records[0].status == "cancelled"
     assert records[0].attempts[0].outcome == "cancelled"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
@@ -248,7 +247,7 @@ async def test_abandoned_stream_is_closed_and_recorded(servers: list[LoopbackSer
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
             async for _ in response.aiter_raw():
                 break
-        assert guard.transport.hedger.replicas.states[0].in_flight == 0
+        assert guard.snapshot().replicas[0].in_flight == 0
     assert records[0].status == "abandoned"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from llmguard_client._quantile import percentile
 from llmguard_client.bench.clients import Sample, TierSpec
 from llmguard_client.bench.runner import COUNTERS_NOTE, ClientRun, CountersMode
 from llmguard_client.bench.traffic import TrafficPlan
@@ -40,19 +41,6 @@ class SLO:
 
     ttft: float = 1.0
     tpot: float = 0.08
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """The ``p``-th percentile (0..100) with linear interpolation; None for no values."""
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile p must be in [0, 100], got {p}")
-    data = sorted(values)
-    if not data:
-        return None
-    k = (len(data) - 1) * (p / 100.0)
-    lo = math.floor(k)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -9,7 +9,7 @@ by ``LengthModel.scaled`` so a laptop-sized simulated cluster can run hundreds o
 Arrivals are one of:
 
 * open loop, Poisson at ``rate`` requests/s;
-* open loop, a piecewise-constant rate ``RateProfile`` (e.g. the seed's spike 30 -> 140 -> 30 rps over
+* open loop, a piecewise-constant rate `RateProfile` (e.g. the spike 30 -> 140 -> 30 rps over
   15 s / 20 s / 25 s), time-compressed so the expected number of arrivals is the requested count;
 * closed loop with ``concurrency`` workers (arrival offsets are then all 0: a worker sends the next
   request as soon as its previous one ends).
@@ -25,6 +25,8 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from llmguard_client.bench.rates import RateProfile
 
 Mode = Literal["poisson", "profile", "closed"]
 
@@ -70,72 +72,6 @@ class LengthModel:
             min(self.prompt_max, max(1, round(prompt))),
             min(self.output_max, max(1, round(output))),
         )
-
-
-@dataclass(frozen=True)
-class RateProfile:
-    """Piecewise-constant arrival rate: ``segments`` of ``(rate_rps, duration_s)``."""
-
-    name: str
-    segments: tuple[tuple[float, float], ...]
-
-    def __post_init__(self) -> None:
-        if not self.segments:
-            raise ValueError("a rate profile needs at least one RATE:SECONDS segment")
-        for rate, duration in self.segments:
-            if not (math.isfinite(rate) and rate > 0):
-                raise ValueError(f"profile rates must be > 0, got {rate!r}")
-            if not (math.isfinite(duration) and duration > 0):
-                raise ValueError(f"profile durations must be > 0, got {duration!r}")
-
-    @property
-    def duration(self) -> float:
-        return sum(d for _, d in self.segments)
-
-    @property
-    def expected_requests(self) -> float:
-        return sum(r * d for r, d in self.segments)
-
-    @property
-    def peak_rate(self) -> float:
-        return max(r for r, _ in self.segments)
-
-    def scaled(self, *, rate: float = 1.0, time: float = 1.0) -> RateProfile:
-        return RateProfile(self.name, tuple((r * rate, d * time) for r, d in self.segments))
-
-    def fitted(self, n: int, base_rate: float | None = None) -> RateProfile:
-        """Rates scaled so the first segment runs at ``base_rate`` (default: unchanged), then the
-        time axis compressed or stretched so the expected number of arrivals is ``n``."""
-        rated = self if base_rate is None else self.scaled(rate=base_rate / self.segments[0][0])
-        return rated.scaled(time=n / rated.expected_requests)
-
-    def describe(self) -> str:
-        parts = " -> ".join(f"{r:g} rps x {d:.3g} s" for r, d in self.segments)
-        return f"{self.name} ({parts})"
-
-
-SPIKE = RateProfile("spike", ((30.0, 15.0), (140.0, 20.0), (30.0, 25.0)))
-"""The seed's spike: 30 rps for 15 s, 140 rps for 20 s, 30 rps for 25 s."""
-
-PROFILES: dict[str, RateProfile] = {"spike": SPIKE}
-
-
-def parse_profile(spec: str) -> RateProfile:
-    """``spike`` or a custom ``RATE:SECONDS,RATE:SECONDS,...`` list."""
-    spec = spec.strip()
-    if spec in PROFILES:
-        return PROFILES[spec]
-    segments: list[tuple[float, float]] = []
-    try:
-        for part in spec.split(","):
-            rate_s, duration_s = part.split(":")
-            segments.append((float(rate_s), float(duration_s)))
-    except ValueError:
-        known = ", ".join(sorted(PROFILES))
-        raise ValueError(
-            f"unknown profile {spec!r}: use one of {known} or RATE:SECONDS[,RATE:SECONDS...]"
-        ) from None
-    return RateProfile("custom", tuple(segments))
 
 
 @dataclass(frozen=True)
@@ -188,11 +124,7 @@ class TrafficPlan:
             load += f", at most {self.concurrency} in flight"
         p = sorted(r.prompt_words for r in self.requests)
         o = sorted(r.max_tokens for r in self.requests)
-        sizes = (
-            f"prompt words p50 {p[n // 2]} max {p[-1]}, output tokens p50 {o[n // 2]} max {o[-1]}"
-            if n
-            else ""
-        )
+        sizes = f"prompt words p50 {p[n // 2]} max {p[-1]}, output tokens p50 {o[n // 2]} max {o[-1]}" if n else ""
         return f"{n} requests, {load}; {sizes}; seed {self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,7 +175,7 @@ def make_plan(
         arrivals = _profile_arrivals(arrival_rng, fitted, n)
     elif rate is not None:
         mode = "poisson"
-        arrivals = _profile_arrivals(arrival_rng, RateProfile("poisson", ((rate, 1.0),)), n)
+        arrivals = _profile_arrivals(arrival_rng, RateProfile(((rate, 1.0),), "poisson"), n)
     else:
         mode = "closed"
         arrivals = [0.0] * n

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -34,8 +36,9 @@ def runner_for(guard: Guard) -> SyncRunner:
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner
-            # A Guard dropped without close(): stop its thread (the runner holds no reference to the Guard).
-            weakref.finalize(guard, _abandon, runner)
+            # A Guard dropped without close(): close its pools on that loop and stop the thread (neither the
+            # runner nor the pools' aclose hold a reference to the Guard).
+            weakref.finalize(guard, _abandon, runner, guard._replica_set.aclose)
         return runner
 
 
@@ -45,7 +48,7 @@ def running_runner(guard: Guard) -> SyncRunner | None:
     return runner if isinstance(runner, SyncRunner) and runner.running else None
 
 
-async def stop_sync_runner(guard: Guard) -> bool:
+async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
     """Called first by ``Guard.aclose()``. If sync calls started the Guard's event-loop thread, close
     the Guard there (its pools belong to that loop), stop the thread and return True; the caller has
     nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
@@ -56,7 +59,7 @@ async def stop_sync_runner(guard: Guard) -> bool:
                 _runners[guard] = _CLOSED
             return False
         _runners[guard] = _CLOSED
-    await anyio.to_thread.run_sync(runner.stop, guard.aclose)
+    await anyio.to_thread.run_sync(runner.stop, functools.partial(guard.aclose, grace))
     return True
 
 
@@ -97,10 +100,10 @@ def _in_event_loop() -> bool:
     return False
 
 
-def _abandon(runner: SyncRunner) -> None:
+def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]]) -> None:
     if not runner.running:
         return
     if runner.in_own_thread():  # collected on its own loop: stop it from another thread
-        threading.Thread(target=runner.stop, daemon=True).start()
+        threading.Thread(target=runner.stop, args=(close_pools,), daemon=True).start()
     else:
-        runner.stop()
+        runner.stop(close_pools)

@@ -30,6 +30,8 @@ class BudgetSnapshot:
     """Logical requests credited to the current window (a conservative under-count)."""
     window_extras: int
     """Extra attempts charged to the current window (a conservative over-count)."""
+    pending: int = 0
+    """Tickets acquired but neither used (`BudgetTicket.settle`) nor refunded: 0 when no call is live."""
 
 
 def _as_float(value: object) -> float:
@@ -57,14 +59,22 @@ class _Bucket:
 
 
 class BudgetTicket:
-    """One reserved extra attempt. Call :meth:`refund` if the attempt was never sent."""
+    """One reserved extra attempt: :meth:`settle` it when the attempt is sent, :meth:`refund` it if it
+    never is. Until one of the two, it counts as ``pending`` in the budget's snapshot."""
 
-    __slots__ = ("_budget", "_refunded", "_seq")
+    __slots__ = ("_budget", "_refunded", "_seq", "_settled")
 
     def __init__(self, budget: RetryBudget, seq: int) -> None:
         self._budget = budget
         self._seq = seq
         self._refunded = False
+        self._settled = False
+
+    def settle(self) -> None:
+        """The attempt was sent: the ticket stays spent and is no longer pending. Idempotent."""
+        if not self._settled and not self._refunded:
+            self._settled = True
+            self._budget._pending -= 1
 
     @property
     def refunded(self) -> bool:
@@ -72,9 +82,10 @@ class BudgetTicket:
         return self._refunded
 
     def refund(self) -> None:
-        """Return the attempt to the budget; it no longer counts. Idempotent."""
-        if not self._refunded:
+        """Return the attempt to the budget; it no longer counts. Idempotent; no-op once settled."""
+        if not self._refunded and not self._settled:
             self._refunded = True
+            self._budget._pending -= 1
             self._budget._refund(self._seq)
 
     def __repr__(self) -> str:
@@ -114,6 +125,7 @@ class RetryBudget:
         "_max_buckets",
         "_next_seq",
         "_now",
+        "_pending",
         "_ratio",
         "_refused",
         "_requests",
@@ -146,6 +158,7 @@ class RetryBudget:
         self._next_seq = 0
         self._requests = 0
         self._spent = 0
+        self._pending = 0
         self._refused = 0
 
     @property
@@ -181,6 +194,7 @@ class RetryBudget:
         self._next_seq += 1
         bucket.seq_hi = seq
         self._spent += 1
+        self._pending += 1
         return BudgetTicket(self, seq)
 
     @property
@@ -209,6 +223,7 @@ class RetryBudget:
             requests=self._requests,
             window_requests=requests,
             window_extras=extras,
+            pending=self._pending,
         )
 
     def __repr__(self) -> str:

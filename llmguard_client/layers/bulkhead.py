@@ -1,14 +1,27 @@
-"""Per-tier bulkhead: bounded calls in flight, a bounded waiting line, fast failure past both."""
+"""Per-tier bulkhead: bounded calls in flight, a bounded waiting line, fast failure past both.
+
+The wait for a slot counts against the call's first-token deadline. A slot, once taken, is
+held by the call's lease until the call ends (for a stream: until its body is done).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import anyio
 
+from llmguard_client._call import Call
+from llmguard_client._clock import scope_until
 from llmguard_client._config import Bulkhead
+from llmguard_client._errors import BulkheadFull
+from llmguard_client._outcome import Failed, Outcome, Route
+from llmguard_client._pipeline import Next
+from llmguard_client.layers.deadline import ttft_timeout
+from llmguard_client.telemetry.hooks import Instrumentation
 
 
 class TierBulkhead:
-    """Slots for one tier's calls. A slot is held from admission until the call's body is done."""
+    """Slots for one tier's calls."""
 
     def __init__(self, config: Bulkhead) -> None:
         self.config = config
@@ -34,3 +47,34 @@ class TierBulkhead:
 
     def release(self) -> None:
         self._slots.release()
+
+
+class BulkheadLayer:
+    """Admits a guarded call into its tier's bulkhead (if the tier has one)."""
+
+    def __init__(self, bulkheads: Mapping[str, TierBulkhead], instrumentation: Instrumentation) -> None:
+        self.bulkheads = dict(bulkheads)
+        self._instrumentation = instrumentation
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        bulkhead = self.bulkheads.get(call.tier_name) if call.guarded else None
+        if bulkhead is not None:
+            admitted: bool | None = None
+            with scope_until(call.clock, call.first_token_deadline):
+                admitted = await bulkhead.acquire()
+            if admitted is None:
+                return Failed(reason=ttft_timeout(call, "while waiting for a bulkhead slot"))
+            if not admitted:
+                self._instrumentation.bulkhead_rejected(call.tier_name)
+                return Failed(
+                    reason=BulkheadFull(
+                        f"tier {call.tier_name!r} already has {bulkhead.config.max_in_flight} call(s) in flight "
+                        f"and {bulkhead.config.max_waiting} waiting (its Bulkhead limits); the call was refused "
+                        "at once",
+                        request=call.request,
+                        record=call.record,
+                    )
+                )
+            call.lease.hold(bulkhead.release)
+        call.record.queued = call.clock()
+        return await call_next(call, route)

@@ -9,30 +9,29 @@ waits for that cleanup (as Polly does) so nothing outlives the call. A failure o
 attempt does not end the round while another is running, and it fires the next hedge
 at once. Racing on response headers would do nothing for an SSE stream, whose headers
 arrive before any token.
+
+The winner is published on ``call.winner`` the moment it is known: if a deadline fires
+while the losers are being closed, the deadline layer still delivers it.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from llmguard_client._call import Call
 from llmguard_client._config import HedgePolicy
+from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
+from llmguard_client._pipeline import Next
 from llmguard_client._quantile import StreamingQuantile
 from llmguard_client._replicas import ReplicaSet, ReplicaState
-from llmguard_client.layers.attempt import AttemptFailure, AttemptResult, AttemptWin, run_attempt
-from llmguard_client.telemetry.record import AttemptKind
-
-RoundResult = AttemptWin | list[AttemptFailure]
-"""A round ends with a winner, or with the failures of all its attempts."""
 
 
 class HedgeDelays:
-    """The adaptive hedge delay: a quantile of recent TTFT per (tier, streaming) class."""
+    """Recent time-to-first-token per (tier, streaming) class, owned by the `Guard`: the
+    hedge layer reads its delay, the retry layer what a fresh attempt typically needs."""
 
     def __init__(self, policy: HedgePolicy) -> None:
         self._policy = policy
@@ -62,24 +61,100 @@ class HedgeDelays:
         return samples.quantile(0.5) or 0.0
 
 
-class Hedger:
-    """Runs rounds of attempts for calls; owns no per-call state."""
+class HedgeLayer:
+    """Races hedges against the routed attempt; owns no per-call state."""
 
-    def __init__(
-        self,
-        replicas: ReplicaSet,
-        policy: HedgePolicy | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, replicas: ReplicaSet, policy: HedgePolicy | None, delays: HedgeDelays) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.delays = HedgeDelays(policy or HedgePolicy())
-        self._clock = clock
+        self.delays = delays
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        hedges = self._hedges_for(call)
+        if not hedges:
+            return await call_next(call, route)
+        return await self._race(call, route, call_next, hedges)
 
     def _hedges_for(self, call: Call) -> int:
         if self.policy is None or not call.hedgeable or not call.guarded or len(self.replicas) < 2:
             return 0
         return self.policy.max_hedges
+
+    async def _race(self, call: Call, route: Route, call_next: Next, hedges_left: int) -> Outcome:
+        assert route.replica is not None and self.policy is not None
+        clock = call.clock
+        send, receive = anyio.create_memory_object_stream[Outcome](max_buffer_size=self.policy.max_hedges + 1)
+        used: list[ReplicaState] = [route.replica]
+        failures: list[AttemptFailure] = []
+        delay = self.delays.delay(call.tier_name, call.record.stream)
+
+        async def run(attempt_route: Route, out: MemoryObjectSendStream[Outcome]) -> None:
+            async with out:
+                out.send_nowait(await call_next(call, attempt_route))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    tg.start_soon(run, route, send.clone())
+                    running = 1
+                    next_hedge_at = clock() + delay
+                    while running:
+                        result = await _receive_until(receive, next_hedge_at - clock())
+                        if result is None:  # the hedge delay passed with no first token
+                            next_hedge_at = math.inf
+                            hedge = self._hedge_route(call, used) if hedges_left else None
+                            if hedge is not None:
+                                hedges_left -= 1
+                                tg.start_soon(run, hedge, send.clone())
+                                running += 1
+                                next_hedge_at = clock() + delay if hedges_left else math.inf
+                            continue
+                        running -= 1
+                        if isinstance(result, Win):
+                            call.winner = result
+                            break
+                        failures.extend(result.failures)
+                        if result.reason is not None:  # the guard itself stopped an attempt: end the round
+                            return Failed(failures, result.reason)
+                        if running and hedges_left and self.policy.on_failure:
+                            next_hedge_at = clock()
+                finally:
+                    send.close()
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._settle_extras(call, receive)
+            receive.close()
+        return call.winner if call.winner is not None else Failed(failures)
+
+    async def _settle_extras(self, call: Call, receive: MemoryObjectReceiveStream[Outcome]) -> None:
+        """Results that arrived after the round was decided: a second winner in the same instant
+        is closed; a winner that landed while a deadline was firing is adopted (if its token came
+        in time), never orphaned."""
+        for extra in _drain(receive):
+            if not isinstance(extra, Win) or extra is call.winner:
+                continue
+            token = extra.attempt.first_token
+            if call.winner is None and token is not None and token <= call.first_token_deadline:
+                call.winner = extra
+                continue
+            extra.attempt.outcome = "lost"
+            await call.lease.close_response(extra.response)
+            extra.in_flight.release()
+            call.observation.attempt_finished(extra.attempt)
+
+    def _hedge_route(self, call: Call, used: list[ReplicaState]) -> Route | None:
+        now = call.clock()
+        if not self._hedge_allowed(call, now):
+            return None
+        state = self.replicas.pick_hedge(now, exclude=[*used, *call.failed_replicas])
+        if state is None:
+            return None
+        payment = call.pay_extra()
+        if payment is None:
+            return None
+        used.append(state)
+        return Route(state, "hedge", payment)
 
     def _hedge_allowed(self, call: Call, now: float) -> bool:
         """No hedge while replicas signal overload, or when a new attempt could not make the deadline."""
@@ -88,74 +163,8 @@ class Hedger:
         remaining = call.first_token_deadline - now
         return remaining > self.delays.typical(call.tier_name, call.record.stream)
 
-    async def run_round(self, call: Call, first: ReplicaState, kind: AttemptKind) -> RoundResult:
-        """One primary (or retry) attempt on ``first``, plus hedges; see the module docstring."""
-        clock = self._clock
-        send, receive = anyio.create_memory_object_stream[AttemptResult](max_buffer_size=16)
-        used: list[ReplicaState] = [first]
-        failures: list[AttemptFailure] = []
-        winner: AttemptWin | None = None
-        hedges_left = self._hedges_for(call)
-        delay = self.delays.delay(call.tier_name, call.record.stream) if hedges_left else math.inf
 
-        def lost() -> bool:
-            return winner is not None
-
-        try:
-            async with send, anyio.create_task_group() as tg:
-                tg.start_soon(run_attempt, call, first, kind, send.clone(), lost, clock)
-                running = 1
-                next_hedge_at = clock() + delay
-                while running:
-                    result = await _receive_until(receive, next_hedge_at - clock())
-                    if result is None:  # the hedge delay passed with no first token
-                        next_hedge_at = math.inf
-                        state = self._hedge_target(call, used) if hedges_left else None
-                        if state is not None:
-                            hedges_left -= 1
-                            used.append(state)
-                            tg.start_soon(run_attempt, call, state, "hedge", send.clone(), lost, clock)
-                            running += 1
-                            next_hedge_at = clock() + delay if hedges_left else math.inf
-                        continue
-                    running -= 1
-                    if isinstance(result, AttemptWin):
-                        winner = result
-                        break
-                    failures.append(result)
-                    if running and hedges_left and self.policy is not None and self.policy.on_failure:
-                        next_hedge_at = clock()
-                tg.cancel_scope.cancel()
-        finally:
-            # A second attempt may have won in the same instant; it was never handed to anyone.
-            with anyio.CancelScope(shield=True):
-                for extra in _drain(receive):
-                    if isinstance(extra, AttemptWin) and extra is not winner:
-                        extra.attempt.outcome = "lost"
-                        extra.state.in_flight -= 1
-                        await extra.aclose()
-                        call.observation.attempt_finished(extra.attempt)
-            receive.close()
-        return winner if winner is not None else failures
-
-    def _hedge_target(self, call: Call, used: list[ReplicaState]) -> ReplicaState | None:
-        now = self._clock()
-        if not self._hedge_allowed(call, now):
-            return None
-        state = self.replicas.pick_hedge(now, exclude=[*used, *call.failed_replicas])
-        if state is None:
-            return None
-        # The ticket is spent as the hedge starts; a hedge cancelled in the instant before it sends is not
-        # refunded (a known, tiny over-count; retries refund a ticket cancelled during their wait).
-        if call.budget is not None and call.budget.try_acquire() is None:
-            call.observation.budget_refused(call.record)
-            return None
-        return state
-
-
-async def _receive_until(
-    receive: MemoryObjectReceiveStream[AttemptResult], wait: float
-) -> AttemptResult | None:
+async def _receive_until(receive: MemoryObjectReceiveStream[Outcome], wait: float) -> Outcome | None:
     """The next attempt result, or None if ``wait`` seconds pass first."""
     if wait <= 0:
         try:
@@ -167,8 +176,8 @@ async def _receive_until(
     return None
 
 
-def _drain(receive: MemoryObjectReceiveStream[AttemptResult]) -> list[AttemptResult]:
-    out: list[AttemptResult] = []
+def _drain(receive: MemoryObjectReceiveStream[Outcome]) -> list[Outcome]:
+    out: list[Outcome] = []
     while True:
         try:
             out.append(receive.receive_nowait())

@@ -11,7 +11,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After;
 - every retry is paid from the shared budget; an empty budget ends the call at once
-  with the last server answer;
+  with the last server answer. A retry after a refused connection is free: no server saw
+  the request, so resending it elsewhere adds no load (a dead replica must not empty the
+  budget that the live ones need);
 - backoff between retries is tenacity's ``wait_random_exponential`` (full jitter);
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
@@ -19,77 +21,72 @@ After a round fails, `Retrier` decides whether and where to try again:
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import anyio
 import tenacity
 
 from llmguard_client._call import Call
 from llmguard_client._config import RetryPolicy
-from llmguard_client._errors import AllReplicasCooling, BudgetExhausted, GuardFailure
+from llmguard_client._errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
+from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
+from llmguard_client._pipeline import Next
 from llmguard_client._replicas import ReplicaSet, ReplicaState
-from llmguard_client.layers.attempt import AttemptFailure, AttemptWin
-from llmguard_client.layers.budget import BudgetTicket
-from llmguard_client.layers.hedge import Hedger
+from llmguard_client.layers.hedge import HedgeDelays
 from llmguard_client.telemetry.hooks import Instrumentation
 
 
-@dataclass(slots=True)
-class GiveUp:
-    """The call ends without a winner: the last failure, and the guard's reason if it chose to stop."""
-
-    last: AttemptFailure
-    reason: GuardFailure | None = None
-
-
-class Retrier:
-    """Runs a call's rounds until one wins or retrying is not worth it."""
+class RetryLayer:
+    """Routes the call's first round, then runs rounds until one wins or retrying is not worth it."""
 
     def __init__(
         self,
-        hedger: Hedger,
         replicas: ReplicaSet,
         policy: RetryPolicy | None,
+        delays: HedgeDelays,
         instrumentation: Instrumentation,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.hedger = hedger
         self.replicas = replicas
         self.policy = policy
+        self.delays = delays
         self._instrumentation = instrumentation
-        self._clock = clock
         initial = policy.backoff_initial if policy else 0.05
         maximum = policy.backoff_max if policy else 2.0
         self._backoff = tenacity.wait_random_exponential(multiplier=initial, max=maximum)
 
-    async def run(self, call: Call, first: ReplicaState) -> AttemptWin | GiveUp:
-        state = first
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        state = route.replica or self.replicas.pick(call.clock())
+        if state is None:
+            return Failed(
+                reason=AllAttemptsFailed(
+                    f"every replica's circuit is open (each kept failing); tier {call.tier_name!r} call refused "
+                    "at once; they are probed again when their cool-down ends",
+                    request=call.request,
+                    record=call.record,
+                )
+            )
+        failures: list[AttemptFailure] = []
+        payment: Payment | None = route.payment
         rounds = 0
         while True:
             rounds += 1
-            result = await self.hedger.run_round(call, state, "primary" if rounds == 1 else "retry")
-            if isinstance(result, AttemptWin):
-                self.replicas.succeeded(result.state, result.attempt.ttft)
-                return result
-            self._learn(call, result)
-            last = result[-1]
-            plan = self._plan(call, last, rounds)
-            if isinstance(plan, GiveUp):
-                return plan
-            wait, state, ticket = plan
+            kind = route.kind if rounds == 1 else "retry"
+            outcome = await call_next(call, Route(state, kind, payment))
+            if isinstance(outcome, Win):
+                self.replicas.succeeded(outcome.state, outcome.attempt.ttft)
+                return outcome
+            failures.extend(outcome.failures)
+            if outcome.reason is not None or not outcome.failures:
+                return Failed(failures, outcome.reason)
+            self._learn(call, outcome.failures)
+            plan = self._plan(call, outcome.failures[-1], rounds)
+            if isinstance(plan, Failed):
+                return Failed(failures, plan.reason)
+            wait, state, payment = plan
             if wait > 0:
-                try:
-                    await anyio.sleep(wait)
-                except anyio.get_cancelled_exc_class():
-                    if ticket is not None:
-                        ticket.refund()  # the retry was never sent: it costs the budget nothing
-                    raise
+                await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
     def _learn(self, call: Call, failures: list[AttemptFailure]) -> None:
         """Cool down replicas that sent Retry-After; count failures toward their circuits."""
-        now = self._clock()
+        now = call.clock()
         for failure in failures:
             call.failed_replicas.append(failure.state)
             if failure.retry_after is not None and failure.status_code in (429, 503):
@@ -110,34 +107,33 @@ class Retrier:
             return failure.status_code in self.policy.retry_statuses
         return failure.is_transport_error
 
-    def _plan(
-        self, call: Call, last: AttemptFailure, rounds: int
-    ) -> tuple[float, ReplicaState, BudgetTicket | None] | GiveUp:
-        """(seconds to wait, replica) for the next round, or why the call ends now."""
+    def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState, Payment] | Failed:
+        """(seconds to wait, replica, payment) for the next round, or why the call ends now."""
         if self.policy is None or not call.guarded or not self._retryable(call, last):
-            return GiveUp(last)
+            return Failed()
         if rounds >= self.policy.max_attempts:
-            return GiveUp(last)
-        now = self._clock()
+            return Failed()
+        now = call.clock()
         remaining = call.first_token_deadline - now
         # A retry is worth sending only if its first token can still make the deadline.
-        expected_ttft = self.hedger.delays.delay(call.tier_name, call.record.stream)
+        expected_ttft = self.delays.delay(call.tier_name, call.record.stream)
         state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
         if state is None:
             soonest = self.replicas.cooling_wait(now)
             if soonest is None:  # every circuit is open: nothing to wait for within a call
-                return GiveUp(last)
+                return Failed()
             if soonest + expected_ttft >= remaining:
-                reason = AllReplicasCooling(
-                    f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
-                    f"with a first token taking about {expected_ttft:.3f}s, that does not fit "
-                    f"the {remaining:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
-                    f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
-                    request=call.request,
-                    record=call.record,
-                    retry_after=soonest,
+                return Failed(
+                    reason=AllReplicasCooling(
+                        f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
+                        f"with a first token taking about {expected_ttft:.3f}s, that does not fit "
+                        f"the {remaining:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
+                        f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
+                        request=call.request,
+                        record=call.record,
+                        retry_after=soonest,
+                    )
                 )
-                return GiveUp(last, reason)
             wait = soonest
             state = self.replicas.pick(now + soonest) or last.state
         elif last.retry_after is not None and state is not last.state:
@@ -149,16 +145,16 @@ class Retrier:
             if last.retry_after is not None:
                 wait = max(wait, last.retry_after)
         if wait + expected_ttft >= remaining:
-            return GiveUp(last)
-        ticket = call.budget.try_acquire() if call.budget is not None else None
-        if call.budget is not None and ticket is None:
-            call.observation.budget_refused(call.record)
-            exhausted = BudgetExhausted(
-                f"the retry budget (shared by retries and hedges) is empty; tier {call.tier_name!r} call "
-                f"ends after {len(call.record.attempts)} attempt(s) with the last answer",
-                request=call.request,
-                record=call.record,
-                retry_after=last.retry_after,
+            return Failed()
+        payment = Payment() if last.refused else call.pay_extra()
+        if payment is None:
+            return Failed(
+                reason=BudgetExhausted(
+                    f"the retry budget (shared by retries and hedges) is empty; tier {call.tier_name!r} call "
+                    f"ends after {len(call.record.attempts)} attempt(s) with the last answer",
+                    request=call.request,
+                    record=call.record,
+                    retry_after=last.retry_after,
+                )
             )
-            return GiveUp(last, exhausted)
-        return wait, state, ticket
+        return wait, state, payment

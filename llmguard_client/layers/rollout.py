@@ -12,8 +12,10 @@ import random
 
 import httpx
 
-from llmguard_client._call import COHORT_HEADER
+from llmguard_client._call import COHORT_HEADER, Call
 from llmguard_client._errors import GuardConfigError
+from llmguard_client._outcome import Outcome, Route
+from llmguard_client._pipeline import Next
 
 COHORTS = ("guarded", "control")
 
@@ -39,3 +41,17 @@ class Rollout:
         if self.fraction >= 1.0:
             return "guarded"
         return "guarded" if self._rng.random() < self.fraction else "control"
+
+
+class RolloutLayer:
+    """Puts the call in its cohort; the control cohort skips every guarded behaviour downstream."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        call.guarded = self.rollout.cohort(call.request) == "guarded"
+        call.record.cohort = "guarded" if call.guarded else "control"
+        if call.guarded and call.budget is not None:
+            call.budget.record_request()
+        return await call_next(call, route)

@@ -7,6 +7,7 @@ Scenarios: `SCENARIOS`. Importing ``llmguard_client`` never imports this package
 
 from __future__ import annotations
 
+from llmguard_client.bench.rates import SPIKE, RateProfile
 from llmguard_client.sim.admission import AdmissionPolicy
 from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.engine import (
@@ -38,9 +39,7 @@ from llmguard_client.sim.virtual import (
     HONOUR_WITH_BUDGET,
     NAIVE_RETRY,
     NO_RETRY,
-    SEED_SPIKE,
     ClientModel,
-    RateProfile,
     VirtualRun,
     measure_capacity,
     run_open_loop,
@@ -69,10 +68,10 @@ __all__ = [
     "SCENARIOS",
     "SEED_OUTPUT_LENGTHS",
     "SEED_PROMPT_LENGTHS",
-    "SEED_SPIKE",
     "SIM_MAX_TOKENS",
     "SIM_OUTPUT_LENGTHS",
     "SIM_PROMPT_WORDS",
+    "SPIKE",
     "ScenarioConfig",
     "SeqState",
     "Sequence",

@@ -1,8 +1,8 @@
 """Open-loop load against one `Engine` in virtual time: no sleeping, no HTTP, fully deterministic.
 
-Arrivals are Poisson with a piecewise-constant rate (`RateProfile`, e.g. the seed's spike); rejected requests
-are handed to a `ClientModel` that decides whether and when to retry. Used by the seed-reproduction tests and
-to size scenarios (`measure_capacity`).
+Arrivals are Poisson with a piecewise-constant rate (the bench's `RateProfile`, e.g. its `SPIKE`); rejected
+requests are handed to a `ClientModel` that decides whether and when to retry. Used by the engine tests that
+reproduce the overload study's figures (tests/sim/test_engine_seed.py) and to size scenarios (`measure_capacity`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmguard_client._quantile import percentile
+from llmguard_client.bench.rates import RateProfile
 from llmguard_client.sim.engine import Engine, EngineConfig, EngineRequest, Rejected, Sequence
 from llmguard_client.sim.lengths import SEED_PROMPT_LENGTHS, LengthDist
 
@@ -21,41 +23,11 @@ __all__ = [
     "HONOUR_WITH_BUDGET",
     "NAIVE_RETRY",
     "NO_RETRY",
-    "SEED_SPIKE",
     "ClientModel",
-    "RateProfile",
     "VirtualRun",
     "measure_capacity",
     "run_open_loop",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RateProfile:
-    """Piecewise-constant arrival rate: ``segments`` of ``(duration_s, requests_per_s)``."""
-
-    segments: tuple[tuple[float, float], ...]
-
-    @property
-    def duration(self) -> float:
-        """Total length in seconds."""
-        return sum(d for d, _ in self.segments)
-
-    def rate_at(self, t: float) -> float:
-        """The arrival rate at time ``t`` (0 after the end)."""
-        for duration, rate in self.segments:
-            if t < duration:
-                return rate
-            t -= duration
-        return 0.0
-
-    def scaled(self, rate_factor: float) -> RateProfile:
-        """The same shape with every rate multiplied by ``rate_factor``."""
-        return RateProfile(tuple((d, r * rate_factor) for d, r in self.segments))
-
-
-SEED_SPIKE = RateProfile(((15.0, 30.0), (20.0, 140.0), (25.0, 30.0)))
-"""The seed's spike: 30 rps for 15 s, 140 rps for 20 s, 30 rps for 25 s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +52,7 @@ class ClientModel:
 
 NO_RETRY = ClientModel("never")
 NAIVE_RETRY = ClientModel("fixed", max_retries=3, retry_probability=0.8, fixed_delays_s=(0.2, 0.4, 0.8))
-"""The seed's retry storm: 80 % of rejected requests retry after 0.2 / 0.4 / 0.8 s, ignoring Retry-After."""
+"""A retry storm: 80 % of rejected requests retry after 0.2 / 0.4 / 0.8 s, ignoring Retry-After."""
 HONOUR_ONE_RETRY = ClientModel("honour", max_retries=1, give_up_after_s=1.0)
 """Waits the Retry-After and retries once, or gives up when the server asks for more than 1 s (the SLO)."""
 HONOUR_WITH_BUDGET = ClientModel("honour", max_retries=1, budget_ratio=0.1)
@@ -114,9 +86,9 @@ class VirtualRun:
         return min(self.samples, key=lambda s: abs(s[0] - t))
 
     def ttft_quantile(self, q: float) -> float:
-        """Quantile ``q`` of the time to first token, measured from the first attempt."""
-        ordered = sorted(self.ttfts)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+        """Quantile ``q`` (0..1) of the time to first token, measured from the first attempt (nan if none)."""
+        value = percentile(self.ttfts, q * 100)
+        return float("nan") if value is None else value
 
 
 @dataclass(order=True, slots=True)
@@ -262,7 +234,7 @@ def measure_capacity(
     """Completions per second of one engine fed ``overload_rps`` of open-loop arrivals for ``seconds``."""
     run = run_open_loop(
         config,
-        RateProfile(((seconds, overload_rps),)),
+        RateProfile(((overload_rps, seconds),), "capacity"),
         prompts=prompts,
         max_tokens=max_tokens,
         fixed_outputs=fixed_outputs,

@@ -2,8 +2,9 @@
 
 Every logical call through the guard produces one `PhaseRecord`, delivered to
 ``Guard(on_record=...)`` when the call ends and readable on the response as
-``response.extensions["llmguard"]``. All timestamps are monotonic seconds
-(`time.monotonic()`); ``start_unix`` anchors them to wall-clock time.
+``response.extensions["llmguard"]``. All timestamps are monotonic seconds on the
+Guard's clock (by default the event loop's: ``time.monotonic()`` on asyncio);
+``start_unix`` anchors them to wall-clock time.
 
 Phases, in order (each ``None`` when the call never got there)::
 

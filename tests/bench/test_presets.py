@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 from llmguard_client.bench.presets import DEMO_SCENARIOS, PRESETS, SIM_LENGTHS, preset_for
-from llmguard_client.bench.traffic import SPIKE, make_plan, parse_profile
+from llmguard_client.bench.rates import SPIKE, parse_profile
+from llmguard_client.bench.traffic import make_plan
 
 
 def test_demo_presets_meet_the_brief() -> None:
@@ -31,9 +32,7 @@ def test_presets_follow_the_sim_scenarios() -> None:
     sims = scenarios.SCENARIOS
     assert set(PRESETS) <= set(sims)
     over = sims["overload"]
-    plan = make_plan(
-        PRESETS["overload"].requests, rate=PRESETS["overload"].rate, profile=parse_profile("spike")
-    )
+    plan = make_plan(PRESETS["overload"].requests, rate=PRESETS["overload"].rate, profile=parse_profile("spike"))
     assert plan.profile is not None
     assert plan.profile.segments[0][0] == pytest.approx(over.load.base_rps)
     assert plan.profile.peak_rate == pytest.approx(over.load.peak_rps)

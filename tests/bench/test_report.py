@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from llmguard_client.bench.report import (
     SLO,
     BenchReport,
     fmt_ratio,
-    percentile,
     plot_cdfs,
     render,
     summarize,
@@ -37,35 +35,6 @@ def sample(i: int, client: str = "plain", status: str = "ok", ttft: float | None
         prompt_tokens=5,
         attempts=attempts,
     )
-
-
-def test_percentile_known_values() -> None:
-    data = list(range(1, 11))  # 1..10
-    assert percentile(data, 0) == 1
-    assert percentile(data, 100) == 10
-    assert percentile(data, 50) == pytest.approx(5.5)
-    assert percentile(data, 90) == pytest.approx(9.1)
-    assert percentile(data, 99) == pytest.approx(9.91)
-    assert percentile([3.0], 99) == 3.0
-    assert percentile([], 50) is None
-    assert percentile([5, 1, 3], 50) == 3  # unsorted input
-    with pytest.raises(ValueError):
-        percentile(data, 101)
-
-
-def test_percentile_matches_numpy_linear() -> None:
-    rng = random.Random(4)
-    for n in (2, 7, 100, 1001):
-        values = [rng.lognormvariate(0, 1) for _ in range(n)]
-        for p in (1, 50, 95, 99, 99.9):
-            assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)))
-
-
-def test_tpot() -> None:
-    s = sample(0, ttft=0.2, e2e=1.2, tokens=11)
-    assert s.tpot == pytest.approx(0.1)
-    assert sample(0, tokens=1).tpot == 0.0
-    assert sample(0, status="timeout", http=None).tpot is None
 
 
 def _mixed_run(name: str = "plain", ttft_scale: float = 1.0, server: ServerStats | None = None) -> ClientRun:
@@ -190,35 +159,3 @@ def test_failure_latency_excludes_only_the_waits_the_client_honoured() -> None:
     summary = summarize(run, SLO(ttft=1.0, tpot=0.1))
     assert summary.failure_latency["p50"] == pytest.approx(0.02)
     assert summary.failure_latency["p100"] == pytest.approx(0.03)
-
-
-def test_guarded_waited_counts_gaps_before_retry_rounds_only() -> None:
-    from types import SimpleNamespace
-
-    from llmguard_client.bench.clients import GuardedClient, _Probe
-
-    def attempt(kind: str, start: float, finish: float) -> SimpleNamespace:
-        return SimpleNamespace(kind=kind, start=start, finish=finish)
-
-    record = SimpleNamespace(
-        attempts=[attempt("primary", 0.0, 0.1), attempt("hedge", 0.05, 0.12), attempt("retry", 0.62, 0.7)]
-    )
-    probe = _Probe(t0=0.0, extra={"record": record})
-    client = GuardedClient(["http://127.0.0.1:1"], model="m", tier=TierSpec(ttft=1.0, total=5.0, stall=None))
-    assert client.waited_of(probe) == pytest.approx(0.5)  # 0.12 -> 0.62; the hedge overlapped, no wait
-
-
-def test_guarded_in_attempts_is_the_union_of_attempt_intervals() -> None:
-    from types import SimpleNamespace
-
-    from llmguard_client.bench.clients import GuardedClient, _Probe
-
-    record = SimpleNamespace(
-        attempts=[
-            SimpleNamespace(kind="primary", start=0.0, finish=0.1),
-            SimpleNamespace(kind="hedge", start=0.05, finish=0.12),  # overlaps the primary
-            SimpleNamespace(kind="retry", start=0.62, finish=0.7),
-        ]
-    )
-    client = GuardedClient(["http://127.0.0.1:1"], model="m", tier=TierSpec(ttft=1.0, total=5.0, stall=None))
-    assert client.in_attempts_of(_Probe(t0=0.0, extra={"record": record})) == pytest.approx(0.2)

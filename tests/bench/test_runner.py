@@ -1,4 +1,4 @@
-"""The harness against real loopback replicas (Starlette + uvicorn on 127.0.0.1)."""
+"""The harness against real loopback replicas (tests/loopback.py: Starlette + uvicorn on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from llmguard_client.bench.clients import TierSpec, make_client, parse_clients
 from llmguard_client.bench.report import SLO, BenchReport
 from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients
 from llmguard_client.bench.traffic import LengthModel, make_plan, request_body
-from tests.bench.fakeserver import Behaviour, FakeCluster
+from tests.loopback import LoopbackCluster, Script
 
 SMALL = LengthModel().scaled(0.02)  # prompts ~11 words, outputs ~4 tokens
 
@@ -23,7 +23,7 @@ def _has_guard() -> bool:
     return hasattr(mod, "Guard") and hasattr(mod, "Tier")
 
 
-def _seen(cluster: FakeCluster) -> dict[int, tuple[int, int]]:
+def _seen(cluster: LoopbackCluster) -> dict[int, tuple[int, int]]:
     """index -> (prompt words, max_tokens) of the bodies the replicas received."""
     out: dict[int, tuple[int, int]] = {}
     for body in cluster.bodies():
@@ -32,14 +32,14 @@ def _seen(cluster: FakeCluster) -> dict[int, tuple[int, int]]:
     return out
 
 
-def test_preflight(cluster: FakeCluster) -> None:
+def test_preflight(cluster: LoopbackCluster) -> None:
     model, has_stats = anyio.run(preflight, cluster.urls)
-    assert model == "fake-model" and has_stats
+    assert model == "test-model" and has_stats
     with pytest.raises(TargetError, match="cannot reach"):
         anyio.run(preflight, ["http://127.0.0.1:1"])
 
 
-def test_same_traffic_is_replayed_for_every_client(cluster: FakeCluster) -> None:
+def test_same_traffic_is_replayed_for_every_client(cluster: LoopbackCluster) -> None:
     plan = make_plan(40, seed=11, rate=200.0, lengths=SMALL)
     expected = {r.index: (r.prompt_words, r.max_tokens) for r in plan.requests}
     seen: dict[str, dict[int, tuple[int, int]]] = {}
@@ -57,10 +57,8 @@ def test_same_traffic_is_replayed_for_every_client(cluster: FakeCluster) -> None
             bodies[client] = sorted(cluster.bodies(), key=lambda b: str(b["messages"]))
 
     names = parse_clients("plain,openai-default,naive-retry")
-    runs, counters, model = run_clients(
-        names, RunSpec(plan, TierSpec(total=5.0)), urls=cluster.urls, progress=Spy()
-    )
-    assert counters == "reset" and model == "fake-model"
+    runs, counters, model = run_clients(names, RunSpec(plan, TierSpec(total=5.0)), urls=cluster.urls, progress=Spy())
+    assert counters == "reset" and model == "test-model"
     assert [r.name for r in runs] == names
     for name in names:
         assert seen[name] == expected, name
@@ -77,14 +75,14 @@ def test_same_traffic_is_replayed_for_every_client(cluster: FakeCluster) -> None
         assert run.server.total("completed") == 40
 
 
-def test_open_loop_follows_the_planned_arrivals(cluster: FakeCluster) -> None:
+def test_open_loop_follows_the_planned_arrivals(cluster: LoopbackCluster) -> None:
     plan = make_plan(30, seed=1, rate=60.0, lengths=SMALL)
 
     async def go() -> list[float]:
-        client = make_client("plain", cluster.urls, model="fake-model", tier=TierSpec())
+        client = make_client("plain", cluster.urls, model="test-model", tier=TierSpec())
         await client.start()
         try:
-            samples, wall = await replay(client, plan, "fake-model")
+            samples, wall = await replay(client, plan, "test-model")
         finally:
             await client.aclose()
         assert wall >= plan.duration
@@ -94,25 +92,20 @@ def test_open_loop_follows_the_planned_arrivals(cluster: FakeCluster) -> None:
     assert max(lags) < 0.2
 
 
-def test_closed_loop_caps_concurrency(cluster: FakeCluster) -> None:
+def test_closed_loop_caps_concurrency(cluster: LoopbackCluster) -> None:
     plan = make_plan(24, seed=1, concurrency=3, lengths=LengthModel().scaled(0.05))
     runs, _, _ = run_clients(["plain"], RunSpec(plan, TierSpec()), urls=cluster.urls)
     assert all(s.ok for s in runs[0].samples)
-    assert sum(r.max_running for r in cluster.replicas) <= 3 + 1  # per-replica maxima, summed
+    assert sum(s.max_running for s in cluster.servers) <= 3 + 1  # per-replica maxima, summed
 
 
-def test_429s_retry_storm_and_amplification(cluster: FakeCluster) -> None:
+def test_429s_retry_storm_and_amplification(cluster: LoopbackCluster) -> None:
     # every 4th request is refused on its first attempt (cluster-wide) with Retry-After: 0
-    cluster.set_behaviour(
-        lambda index, attempt: (
-            Behaviour(429, retry_after=0) if index % 4 == 0 and attempt == 1 else Behaviour()
-        )
-    )
+    refused = Script(status=429, headers={"retry-after": "0"})
+    cluster.set_scripter(lambda index, attempt: refused if index % 4 == 0 and attempt == 1 else None)
     plan = make_plan(40, seed=2, rate=100.0, lengths=SMALL)
-    runs, _, _ = run_clients(
-        ["plain", "naive-retry", "openai-default"], RunSpec(plan, TierSpec()), urls=cluster.urls
-    )
-    report = BenchReport("t", plan, SLO(1.0, 0.1), TierSpec(), "reset", "fake-model", runs)
+    runs, _, _ = run_clients(["plain", "naive-retry", "openai-default"], RunSpec(plan, TierSpec()), urls=cluster.urls)
+    report = BenchReport("t", plan, SLO(1.0, 0.1), TierSpec(), "reset", "test-model", runs)
     plain, naive, oa = (report.summary(n) for n in ("plain", "naive-retry", "openai-default"))
     assert plain is not None and naive is not None and oa is not None
     assert plain.ratio_429 == pytest.approx(0.25) and plain.success_ratio == pytest.approx(0.75)
@@ -124,8 +117,9 @@ def test_429s_retry_storm_and_amplification(cluster: FakeCluster) -> None:
     assert oa.amplification == pytest.approx(1.25)
 
 
-def test_deadline_gives_timeouts_and_server_sees_the_disconnect(cluster: FakeCluster) -> None:
-    cluster.set_behaviour(lambda index, attempt: Behaviour(first_token_delay=3.0 if index < 3 else 0.0))
+def test_deadline_gives_timeouts_and_server_sees_the_disconnect(cluster: LoopbackCluster) -> None:
+    stalled = Script(tokens=None, gap=0.002, stall_before_first=3.0)
+    cluster.set_scripter(lambda index, attempt: stalled if index < 3 else None)
     plan = make_plan(10, seed=3, rate=100.0, lengths=SMALL)
     runs, _, _ = run_clients(["plain"], RunSpec(plan, TierSpec(ttft=0.3, total=0.6)), urls=cluster.urls)
     statuses = [s.status for s in runs[0].samples]
@@ -134,7 +128,7 @@ def test_deadline_gives_timeouts_and_server_sees_the_disconnect(cluster: FakeClu
     assert runs[0].server is not None and runs[0].server.total("aborted_by_disconnect") == 3
 
 
-def test_fresh_cluster_per_client(cluster: FakeCluster) -> None:
+def test_fresh_cluster_per_client(cluster: LoopbackCluster) -> None:
     entered: list[int] = []
 
     @contextlib.contextmanager
@@ -153,7 +147,7 @@ def test_fresh_cluster_per_client(cluster: FakeCluster) -> None:
     assert len(entered) == 3 and counters == "reset"
 
 
-def test_api_key_is_sent_by_every_client(cluster: FakeCluster) -> None:
+def test_api_key_is_sent_by_every_client(cluster: LoopbackCluster) -> None:
     names = ["plain", "naive-retry", "openai-default"] + (["guarded"] if _has_guard() else [])
     seen: dict[str, set[str | None]] = {}
 
@@ -165,12 +159,10 @@ def test_api_key_is_sent_by_every_client(cluster: FakeCluster) -> None:
             pass
 
         def end(self, client: str) -> None:
-            seen[client] = {a for r in cluster.replicas for a in r.auth}
+            seen[client] = {a for s in cluster.servers for a in s.auth()}
 
     plan = make_plan(6, seed=0, rate=100.0, lengths=SMALL)
-    runs, _, _ = run_clients(
-        names, RunSpec(plan, TierSpec(), api_key="sk-test"), urls=cluster.urls, progress=Spy()
-    )
+    runs, _, _ = run_clients(names, RunSpec(plan, TierSpec(), api_key="sk-test"), urls=cluster.urls, progress=Spy())
     assert all(s.ok for r in runs for s in r.samples)
     assert seen == {name: {"Bearer sk-test"} for name in names}
 
@@ -183,19 +175,19 @@ def test_unknown_client() -> None:
     assert parse_clients("plain, guarded,plain") == ["plain", "guarded"]
 
 
-def test_request_body_is_what_the_server_gets(cluster: FakeCluster) -> None:
+def test_request_body_is_what_the_server_gets(cluster: LoopbackCluster) -> None:
     plan = make_plan(3, seed=0, rate=100.0, lengths=SMALL)
     run_clients(["plain"], RunSpec(plan, TierSpec()), urls=cluster.urls)
     got = sorted(cluster.bodies(), key=lambda b: b["messages"][0]["content"].split()[0])
     want = sorted(
-        (request_body(r, "fake-model") for r in plan.requests),
+        (request_body(r, "test-model") for r in plan.requests),
         key=lambda b: b["messages"][0]["content"].split()[0],
     )
     assert got == want
 
 
 @pytest.mark.skipif(not _has_guard(), reason="llmguard_client.Guard not available yet")
-def test_guarded_client_runs(cluster: FakeCluster) -> None:
+def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
     plan = make_plan(30, seed=4, rate=100.0, lengths=SMALL)
     runs, _, _ = run_clients(
         ["plain", "guarded"], RunSpec(plan, TierSpec(ttft=1.0, total=5.0, stall=2.0)), urls=cluster.urls

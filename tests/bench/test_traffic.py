@@ -5,17 +5,8 @@ import statistics
 
 import pytest
 
-from llmguard_client.bench.traffic import (
-    SPIKE,
-    LengthModel,
-    PlannedRequest,
-    RateProfile,
-    TrafficPlan,
-    make_plan,
-    parse_profile,
-    prompt_text,
-    request_body,
-)
+from llmguard_client.bench.rates import SPIKE
+from llmguard_client.bench.traffic import LengthModel, PlannedRequest, TrafficPlan, make_plan, prompt_text, request_body
 
 
 def sizes(plan: TrafficPlan) -> list[tuple[int, int]]:
@@ -52,7 +43,7 @@ def test_poisson_arrivals_have_the_requested_rate() -> None:
     assert plan.mode == "poisson" and plan.rate == 50.0
 
 
-def test_spike_profile_is_fitted_to_n_and_has_the_seed_shape() -> None:
+def test_spike_profile_is_fitted_to_n_and_keeps_its_shape() -> None:
     assert SPIKE.expected_requests == 30 * 15 + 140 * 20 + 30 * 25
     fitted = SPIKE.fitted(800)
     assert fitted.expected_requests == pytest.approx(800)
@@ -104,17 +95,6 @@ def test_bad_plans_raise_value_error(kwargs: dict[str, float], message: str) -> 
     n = int(kwargs.pop("n"))
     with pytest.raises(ValueError, match=message):
         make_plan(n, **kwargs)  # type: ignore[arg-type]
-
-
-def test_parse_profile() -> None:
-    assert parse_profile("spike") is SPIKE
-    custom = parse_profile("10:5, 50:2")
-    assert custom.segments == ((10.0, 5.0), (50.0, 2.0))
-    for bad in ("nope", "10:0", "-1:5", "10:5:1"):
-        with pytest.raises(ValueError):
-            parse_profile(bad)
-    with pytest.raises(ValueError):
-        RateProfile("empty", ())
 
 
 def test_prompt_and_body() -> None:

@@ -21,6 +21,7 @@ from llmguard_client import (
     Bulkhead,
     BulkheadFull,
     Guard,
+    GuardClosed,
     GuardConfigError,
     PhaseRecord,
     Replica,
@@ -480,7 +481,7 @@ async def test_a_closed_guard_refuses_requests() -> None:
     async with guard.http_client() as client:
         assert (await client.post(R1 + CHAT, json=BODY)).status_code == 200
         await guard.aclose()
-        with pytest.raises(RuntimeError, match="Guard is closed"):
+        with pytest.raises(GuardClosed, match="Guard is closed"):
             await client.post(R1 + CHAT, json=BODY)
         await guard.aclose()  # idempotent
     assert len(upstream.seen) == 1

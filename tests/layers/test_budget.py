@@ -306,7 +306,9 @@ def test_snapshot() -> None:
     budget.record_request()
     assert budget.try_acquire() is not None
     snap = budget.snapshot()
-    assert snap == BudgetSnapshot(level=1.0, spent=1, refused=0, requests=2, window_requests=2, window_extras=1)
+    assert snap == BudgetSnapshot(
+        level=1.0, spent=1, refused=0, requests=2, window_requests=2, window_extras=1, pending=1
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         snap.level = 5.0  # type: ignore[misc]
     assert not hasattr(snap, "__dict__")

@@ -63,8 +63,8 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
     hedge = HedgePolicy(delay=0.2, max_hedges=2)
     guard = make_guard(servers, records, hedge=hedge)
     # Make the hedge order deterministic: replica 1 has the best recent TTFT, then replica 2.
-    guard.transport.hedger.replicas.states[1].ttft_ewma = 0.01
-    guard.transport.hedger.replicas.states[2].ttft_ewma = 0.02
+    guard._replica_set.states[1].ttft_ewma = 0.01
+    guard._replica_set.states[2].ttft_ewma = 0.02
     async with guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
     assert response.status_code == 200
@@ -97,7 +97,7 @@ async def test_caller_cancel_mid_hedge_closes_both(servers: list[LoopbackServer]
     async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
         with anyio.move_on_after(0.5):
             await client.post(servers[0].url + CHAT, json=BODY)
-        assert [s.in_flight for s in guard.transport.hedger.replicas.states] == [0, 0]
+        assert [r.in_flight for r in guard.snapshot().replicas] == [0, 0]
     assert [a.outcome for a in records[0].attempts] == ["cancelled", "cancelled"]
     assert records[0].status == "cancelled"
     for server in servers[:2]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
+from llmguard_client.bench.rates import SPIKE
 from llmguard_client.sim.engine import EngineConfig
 from llmguard_client.sim.virtual import (
     HONOUR_ONE_RETRY,
     HONOUR_WITH_BUDGET,
     NAIVE_RETRY,
     NO_RETRY,
-    SEED_SPIKE,
     ClientModel,
     VirtualRun,
     run_open_loop,
@@ -29,7 +29,7 @@ TOKEN = EngineConfig(policy="token")
 
 @pytest.fixture(scope="module")
 def spike() -> dict[str, VirtualRun]:
-    return {policy: run_open_loop(EngineConfig(policy=policy), SEED_SPIKE) for policy in ("none", "token")}
+    return {policy: run_open_loop(EngineConfig(policy=policy), SPIKE) for policy in ("none", "token")}
 
 
 def test_queue_after_the_spike_stays_high_without_admission_and_empties_with_token(
@@ -61,7 +61,7 @@ def test_token_admission_never_preempts(spike: dict[str, VirtualRun]) -> None:
 
 
 def amplification(client: ClientModel) -> float:
-    return run_open_loop(TOKEN, SEED_SPIKE, client=client).amplification
+    return run_open_loop(TOKEN, SPIKE, client=client).amplification
 
 
 def test_naive_retries_amplify_arrivals_and_honouring_retry_after_does_not() -> None:

@@ -1,0 +1,109 @@
+"""Client CPU per streamed call: the openai SDK through the guard vs the same SDK without it, interleaved.
+
+A loopback server in a separate process streams 64-token chat completions as fast as it can, so the CPU this
+process spends (time.process_time) is the client's alone. Each round runs a batch of calls through both
+clients in random order; the ratio guarded/plain is over the sum of all rounds. Both clients use the same
+HTTP library (httpx): plain is ``AsyncOpenAI(http_client=httpx.AsyncClient())``, guarded is
+``AsyncOpenAI(http_client=guard.http_client())`` with the default OpenTelemetry instrumentation (a no-op
+without an SDK, as in most deployments) and hedging on (two replicas, as a real deployment would have).
+
+    python benchmarks/cpu_per_call.py [--calls 200] [--rounds 10] [--tokens 64] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import time
+from typing import Any
+
+import anyio
+import httpx
+import openai
+
+from llmguard_client import Guard, Tier
+
+
+def serve(port_queue: Any, tokens: int) -> None:
+    from tests.loopback import LoopbackServer, Script
+
+    server = LoopbackServer("cpu")
+    server.script = Script(tokens=tokens)
+    server.start()
+    port_queue.put(server.url)
+    while True:
+        time.sleep(3600)
+
+
+def start_server(tokens: int) -> tuple[multiprocessing.Process, str]:
+    queue: Any = multiprocessing.Queue()
+    process = multiprocessing.Process(target=serve, args=(queue, tokens), daemon=True)
+    process.start()
+    return process, queue.get(timeout=30)
+
+
+async def one_call(client: openai.AsyncOpenAI) -> int:
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=64
+    )
+    chunks = 0
+    async for _ in stream:
+        chunks += 1
+    return chunks
+
+
+async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
+    (p1, url1), (p2, url2) = start_server(tokens), start_server(tokens)
+    guard = Guard([url1, url2], tiers={"i": Tier(ttft=10, total=60, stall=10)})
+    plain = openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None))
+    guarded = openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=guard.http_client())
+    clients = {"plain": plain, "guarded": guarded}
+    for client in clients.values():  # warm up pools and imports
+        for _ in range(20):
+            await one_call(client)
+    cpu = {"plain": 0.0, "guarded": 0.0}
+    rng = random.Random(1)
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    for _ in range(rounds):
+        order = list(clients)
+        rng.shuffle(order)
+        for name in order:
+            if profiler is not None and name == "guarded":
+                profiler.enable()
+            start = time.process_time()
+            for _ in range(calls):
+                await one_call(clients[name])
+            cpu[name] += time.process_time() - start
+            if profiler is not None and name == "guarded":
+                profiler.disable()
+    await plain.close()
+    await guarded.close()
+    await guard.aclose()
+    p1.terminate()
+    p2.terminate()
+    total = calls * rounds
+    print(f"{total} streamed calls of {tokens} tokens per client, {rounds} interleaved rounds")
+    print("| client | client CPU per call (µs) |")
+    print("|---|---|")
+    for name, seconds in cpu.items():
+        print(f"| {name} | {seconds / total * 1e6:.0f} |")
+    print(f"| guarded / plain | {cpu['guarded'] / cpu['plain']:.3f}x |")
+    if profiler is not None:
+        import pstats
+
+        pstats.Stats(profiler).sort_stats("cumtime").print_stats("llmguard", 30)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the guarded calls")
+    args = parser.parse_args()
+    anyio.run(main, args.calls, args.rounds, args.tokens, args.profile)

@@ -1,0 +1,209 @@
+"""One lease per call: the single owner of everything the call acquired.
+
+A call acquires a bulkhead slot, an in-flight count on each replica it tries, budget
+tickets for its retries and hedges, and open upstream responses. Each acquisition is
+registered on the call's `CallLease` the moment it is made, as a `Hold` (released
+synchronously) or an owned response (closed asynchronously). Whoever finishes with a
+piece early (a failed attempt, a lost hedge) releases it through the lease; whatever is
+left is released by `CallLease.aclose`, exactly once, on every path:
+
+- the transport, when the call ends before a response is handed over (error, deadline,
+  caller cancel);
+- the caller's body stream, when it completes, fails, times out or is closed;
+- a `weakref.finalize` on that body stream, if the caller drops it unclosed;
+- `Guard.aclose()`, which aborts every live lease (`abort`) and then closes it.
+
+Lifetime::
+
+    transport: lease = CallLease(...)          registry.add
+      layers:  hold(slot) hold(in_flight) hold(ticket) own(response) ...
+      win  ->  body stream holds the lease ... body done -> aclose(status)   -> finish(record)
+      fail ->  transport aclose(status)                                       -> finish(record)
+      GC   ->  close_from_gc(): holds released now, responses closed on the loop soon after
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import anyio
+import httpx
+
+from llmguard_client._reaper import Spawner, current_spawner
+from llmguard_client.telemetry.record import CallStatus
+
+CLOSE_GRACE = 2.0
+"""Seconds a shielded close of one response may take before it is abandoned."""
+
+Finish = Callable[[CallStatus, "str | None"], None]
+
+
+async def close_quietly(response: httpx.Response) -> None:
+    """Close a response under a shield, within `CLOSE_GRACE`, swallowing transport errors."""
+    with (
+        anyio.CancelScope(shield=True),
+        anyio.move_on_after(CLOSE_GRACE),
+        contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
+    ):
+        await response.aclose()
+
+
+def _no_finish(status: CallStatus, cause: str | None) -> None:
+    return None
+
+
+class Hold:
+    """One acquisition that must be released once: by its user, or else by the lease."""
+
+    __slots__ = ("_lease", "_release")
+
+    def __init__(self, lease: CallLease, release: Callable[[], None]) -> None:
+        self._lease: CallLease | None = lease
+        self._release = release
+
+    @property
+    def released(self) -> bool:
+        return self._lease is None
+
+    def release(self) -> None:
+        """Release it now (idempotent)."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease._holds.pop(self, None)
+            self._release()
+
+    def discharge(self) -> None:
+        """Nothing is owed any more (e.g. a budget ticket was used): forget it without releasing."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease._holds.pop(self, None)
+
+
+class LeaseRegistry:
+    """The live leases of one `Guard`: what ``aclose()`` aborts, what ``snapshot()`` counts."""
+
+    def __init__(self) -> None:
+        self.live: set[CallLease] = set()
+        self.closed = False
+        self._empty: anyio.Event | None = None
+
+    def add(self, lease: CallLease) -> None:
+        self.live.add(lease)
+
+    def discard(self, lease: CallLease) -> None:
+        self.live.discard(lease)
+        if not self.live and self._empty is not None:
+            self._empty.set()
+
+    async def wait_empty(self, grace: float) -> None:
+        """Wait until no call is live, at most ``grace`` seconds."""
+        if not self.live or grace <= 0:
+            return
+        self._empty = anyio.Event()
+        with anyio.move_on_after(grace):
+            await self._empty.wait()
+        self._empty = None
+
+
+class CallLease:
+    """Owns a call's acquisitions; see the module docstring."""
+
+    __slots__ = ("__weakref__", "_closing", "_holds", "_registry", "_responses", "_scopes", "_spawn", "aborted",
+                 "closed", "finish")
+
+    def __init__(self, registry: LeaseRegistry, finish: Finish | None = None) -> None:
+        self._registry = registry
+        self.finish: Finish = finish or _no_finish
+        """Called exactly once, last, with the call's final (status, cause)."""
+        self._holds: dict[Hold, None] = {}
+        self._responses: dict[httpx.Response, None] = {}
+        self._scopes: set[anyio.CancelScope] = set()
+        self._spawn: Spawner = current_spawner()
+        self._closing: anyio.Event | None = None
+        self.aborted = False
+        """`Guard.aclose()` ended this call."""
+        self.closed = False
+        registry.add(self)
+
+    # --- acquiring ------------------------------------------------------------------------
+
+    def hold(self, release: Callable[[], None]) -> Hold:
+        """Register an acquisition whose ``release`` the lease calls if nobody else does."""
+        hold = Hold(self, release)
+        if self.closed:  # acquired after the end (a late task): give it straight back
+            hold.release()
+        else:
+            self._holds[hold] = None
+        return hold
+
+    def own(self, response: httpx.Response) -> None:
+        """The lease closes ``response`` at the end unless `close_response` does it first."""
+        self._responses[response] = None
+
+    async def close_response(self, response: httpx.Response) -> None:
+        """Close one owned response now (shielded)."""
+        self._responses.pop(response, None)
+        await close_quietly(response)
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[anyio.CancelScope]:
+        """A cancel scope `abort` cancels: wraps every wait of the call (attempts, body reads)."""
+        with anyio.CancelScope() as scope:
+            if self.aborted:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+    # --- ending ---------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        """End the call from outside (``Guard.aclose``): every wait of it is cancelled."""
+        self.aborted = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def aclose(self, status: CallStatus, cause: str | None) -> None:
+        """Close owned responses, release every hold, finish the record: once (later calls wait)."""
+        if self.closed:
+            if self._closing is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._closing.wait()
+            return
+        self.closed = True
+        self._closing = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                while self._responses:
+                    response = next(iter(self._responses))
+                    await self.close_response(response)
+        finally:
+            self._release_all(status, cause)
+            self._closing.set()
+
+    def close_from_gc(self) -> None:
+        """The caller dropped the body unclosed: release now, close connections on the loop soon."""
+        if self.closed:
+            return
+        self.closed = True
+        responses = list(self._responses)
+        self._responses.clear()
+        self._release_all("abandoned", "garbage_collected")
+        if responses:
+
+            async def close_all() -> None:
+                for response in responses:
+                    await close_quietly(response)
+
+            self._spawn(close_all)
+
+    def _release_all(self, status: CallStatus, cause: str | None) -> None:
+        try:
+            for hold in reversed(list(self._holds)):
+                hold.release()
+        finally:
+            self._registry.discard(self)
+            self.finish(status, cause)

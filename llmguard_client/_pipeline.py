@@ -1,0 +1,42 @@
+"""The layer protocol and the composition of a pipeline.
+
+Every layer is an object with one method::
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome
+
+It may act before and after ``call_next``, call it several times (retry), concurrently
+(hedge), or not at all (a bulkhead that refuses). The innermost handler (the attempt)
+takes ``(call, route)`` only. `GuardTransport` declares the order once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from llmguard_client._call import Call
+from llmguard_client._outcome import Outcome, Route
+
+Next = Callable[[Call, Route], Awaitable[Outcome]]
+
+
+class Layer(Protocol):
+    """One resilience concern, wrapped around the rest of the pipeline."""
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome: ...
+
+
+def compose(layers: Sequence[Layer], innermost: Next) -> Next:
+    """``layers[0]`` outermost, ``innermost`` last: one handler for the whole pipeline."""
+    handler = innermost
+    for layer in reversed(layers):
+        handler = _bind(layer, handler)
+    return handler
+
+
+def _bind(layer: Layer, call_next: Next) -> Next:
+    async def handler(call: Call, route: Route) -> Outcome:
+        return await layer(call, route, call_next)
+
+    handler.__qualname__ = f"{type(layer).__name__}.handler"
+    return handler

@@ -1,0 +1,31 @@
+"""Secrets never printed: URL userinfo, credential-looking query values and header values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+
+MASK = "***"
+_SECRET_QUERY_KEYS = frozenset(
+    {"key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "sig", "signature", "password", "secret"}
+)
+
+
+def redact_url(url: str | httpx.URL) -> str:
+    """``url`` with its userinfo and credential-looking query values masked."""
+    try:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+    except Exception:
+        return MASK
+    if parsed.userinfo:
+        parsed = parsed.copy_with(username=MASK, password=MASK if parsed.password else None)
+    if parsed.query:
+        params = [(k, MASK if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in parsed.params.multi_items()]
+        parsed = parsed.copy_with(params=params)
+    return str(parsed).replace("%2A%2A%2A", MASK)
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header names kept, every value masked."""
+    return {name: MASK for name in headers}

@@ -1,0 +1,257 @@
+"""The guard's OpenTelemetry instruments and what each measurement carries.
+
+`Instruments` creates every instrument once per instrumentation and records the measurements of a call
+(GenAI client metrics once per logical call, HTTP and llmguard metrics once per attempt) and of the guard
+(cool-downs, bulkhead refusals). `BudgetRegistry` feeds the budget-level gauge.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+from llmguard_client.telemetry import semconv as sc
+from llmguard_client.telemetry._otel_attributes import Attrs, time_per_output_chunk
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+
+__all__ = ["BudgetRegistry", "Instruments", "budget_registry"]
+
+
+class BudgetRegistry:
+    """The budget levels reported by one observable gauge.
+
+    An SDK meter keeps the callbacks of the *first* observable gauge registered under a name,
+    so every instrumentation sharing a meter provider shares one registry. An entry lives as
+    long as the instrumentation that registered it (a guard's default instrumentation dies
+    with the guard); a bound method is also held weakly. Each live entry keeps a stable
+    index; the lowest free one is reused, and index 0 is reported without attributes.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[weakref.ref[Any], Callable[[], Callable[[], float] | None], int]] = []
+
+    def _prune(self) -> None:
+        self._entries = [e for e in self._entries if e[0]() is not None and e[1]() is not None]
+
+    def add(self, owner: object, level: Callable[[], float]) -> None:
+        """Report ``level()`` for as long as ``owner`` (and ``level``, if a bound method) lives."""
+        self._prune()
+        used = {index for _, _, index in self._entries}
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        ref: Callable[[], Callable[[], float] | None] = (
+            weakref.WeakMethod(level) if inspect.ismethod(level) else _strong(level)
+        )
+        self._entries.append((weakref.ref(owner), ref, index))
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        """The gauge's callback: one observation per live entry."""
+        self._prune()
+        out = []
+        for _, ref, index in self._entries:
+            level = ref()
+            if level is None:
+                continue
+            try:
+                value = float(level())
+            except Exception:  # a broken level must not break the export of the others
+                continue
+            out.append(Observation(value, {sc.LLMGUARD_BUDGET_INDEX: index} if index else None))
+        return out
+
+
+def _strong(level: Callable[[], float]) -> Callable[[], Callable[[], float] | None]:
+    return lambda: level
+
+
+_GLOBAL_BUDGETS = BudgetRegistry()
+_BUDGETS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, BudgetRegistry] = weakref.WeakKeyDictionary()
+
+
+def budget_registry(meter_provider: MeterProvider | None) -> BudgetRegistry:
+    """The registry shared by every instrumentation on ``meter_provider`` (None: the global one)."""
+    if meter_provider is None:
+        return _GLOBAL_BUDGETS
+    registry = _BUDGETS_BY_PROVIDER.get(meter_provider)
+    if registry is None:
+        registry = _BUDGETS_BY_PROVIDER[meter_provider] = BudgetRegistry()
+    return registry
+
+
+class Instruments:
+    """Every instrument of one instrumentation, and the attributes of each measurement."""
+
+    __slots__ = (
+        "attempts",
+        "budget_refusals",
+        "bulkhead",
+        "calls",
+        "cooldown_s",
+        "cooldowns",
+        "duration",
+        "http_duration",
+        "tokens",
+        "tpoc",
+        "ttfc",
+    )
+
+    def __init__(self, meter: Meter, budgets: BudgetRegistry) -> None:
+        seconds = sc.UNIT_SECONDS
+        self.duration = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_DURATION,
+            unit=seconds,
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
+        )
+        self.ttfc = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            unit=seconds,
+            description="Time to receive the first chunk, measured from when the client issues the "
+            "generation request to when the first chunk is received in the response stream.",
+            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
+        )
+        self.tpoc = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+            unit=seconds,
+            description="Time per output chunk after the first one (the mean over a streamed call).",
+            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
+        )
+        self.tokens = meter.create_histogram(
+            sc.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit=sc.UNIT_TOKEN,
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=sc.GEN_AI_TOKEN_BUCKETS,
+        )
+        self.http_duration = meter.create_histogram(
+            sc.HTTP_CLIENT_REQUEST_DURATION,
+            unit=seconds,
+            description="Duration of HTTP client requests (one per physical attempt).",
+            explicit_bucket_boundaries_advisory=sc.HTTP_DURATION_BUCKETS,
+        )
+        self.calls = meter.create_counter(
+            sc.LLMGUARD_CLIENT_CALLS, unit=sc.UNIT_CALL, description="Logical calls, by cohort and status."
+        )
+        self.attempts = meter.create_counter(
+            sc.LLMGUARD_CLIENT_ATTEMPTS,
+            unit=sc.UNIT_ATTEMPT,
+            description="Physical attempts, by kind (primary, retry, hedge) and outcome.",
+        )
+        self.budget_refusals = meter.create_counter(
+            sc.LLMGUARD_CLIENT_BUDGET_REFUSALS,
+            unit=sc.UNIT_ATTEMPT,
+            description="Extra attempts (retries, hedges) refused by the shared budget.",
+        )
+        self.cooldowns = meter.create_counter(
+            sc.LLMGUARD_CLIENT_REPLICA_COOLDOWNS,
+            unit=sc.UNIT_COOLDOWN,
+            description="Replicas put in cool-down, by reason.",
+        )
+        self.cooldown_s = meter.create_histogram(
+            sc.LLMGUARD_CLIENT_REPLICA_COOLDOWN_DURATION,
+            unit=seconds,
+            description="Length of the cool-downs imposed on replicas.",
+            explicit_bucket_boundaries_advisory=sc.COOLDOWN_BUCKETS,
+        )
+        self.bulkhead = meter.create_counter(
+            sc.LLMGUARD_CLIENT_BULKHEAD_REJECTIONS,
+            unit=sc.UNIT_CALL,
+            description="Calls refused because their tier's bulkhead was full.",
+        )
+        meter.create_observable_gauge(
+            sc.LLMGUARD_CLIENT_BUDGET_LEVEL,
+            callbacks=[budgets.observe],
+            unit=sc.UNIT_ATTEMPT,
+            description="Extra attempts the shared retry budget allows now.",
+        )
+
+    # -- the guard ------------------------------------------------------------------------------
+    def replica_cooled(self, server: tuple[str, int] | None, seconds: float, reason: str) -> None:
+        attrs: Attrs = {sc.LLMGUARD_COOLDOWN_REASON: reason}
+        if server is not None:
+            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
+        self.cooldowns.add(1, attrs)
+        self.cooldown_s.record(seconds, attrs)
+
+    def bulkhead_rejected(self, tier: str) -> None:
+        self.bulkhead.add(1, {sc.LLMGUARD_TIER: tier})
+
+    # -- one call -------------------------------------------------------------------------------
+    def budget_refused(self, record: PhaseRecord) -> None:
+        self.budget_refusals.add(1, {sc.LLMGUARD_TIER: record.tier, sc.LLMGUARD_COHORT: record.cohort})
+
+    def attempt_kind_outcome(self, record: PhaseRecord, attempt: AttemptRecord) -> None:
+        """``llmguard.client.attempts``: one per attempt, whatever the span settings."""
+        attrs: Attrs = {
+            sc.LLMGUARD_TIER: record.tier,
+            sc.LLMGUARD_COHORT: record.cohort,
+            sc.LLMGUARD_ATTEMPT_KIND: attempt.kind,
+            sc.LLMGUARD_ATTEMPT_OUTCOME: attempt.outcome,
+        }
+        self.attempts.add(1, attrs)
+
+    def http_request(
+        self, record: PhaseRecord, attempt: AttemptRecord, server: tuple[str, int] | None, err: str | None
+    ) -> None:
+        """``http.client.request.duration`` of a finished attempt."""
+        finish = attempt.finish
+        if finish is None:
+            return
+        http: Attrs = {
+            sc.HTTP_REQUEST_METHOD: record.method,
+            sc.LLMGUARD_TIER: record.tier,
+            sc.LLMGUARD_COHORT: record.cohort,
+            sc.LLMGUARD_ATTEMPT_OUTCOME: attempt.outcome,
+        }
+        if server is not None:
+            http[sc.SERVER_ADDRESS], http[sc.SERVER_PORT] = server
+        if attempt.status_code is not None:
+            http[sc.HTTP_RESPONSE_STATUS_CODE] = attempt.status_code
+        if err is not None:
+            http[sc.ERROR_TYPE] = err
+        self.http_duration.record(max(finish - attempt.start, 0.0), http)
+
+    def call(
+        self, record: PhaseRecord, op: str, provider: str, err: str | None, server: tuple[str, int] | None
+    ) -> None:
+        """The GenAI client metrics and ``llmguard.client.calls``, once per logical call."""
+        attrs: Attrs = {
+            sc.GEN_AI_OPERATION_NAME: op,
+            sc.GEN_AI_PROVIDER_NAME: provider,
+            sc.LLMGUARD_TIER: record.tier,
+            sc.LLMGUARD_COHORT: record.cohort,
+        }
+        if record.model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = record.model
+        if record.response_model:
+            attrs[sc.GEN_AI_RESPONSE_MODEL] = record.response_model
+        if server is not None:
+            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
+        duration = record.duration
+        if duration is not None:
+            if err is None:
+                self.duration.record(duration, attrs)
+            else:
+                self.duration.record(duration, {**attrs, sc.ERROR_TYPE: err})
+        if record.stream and record.first_token is not None:
+            self.ttfc.record(record.first_token - record.start, attrs)
+            tpoc = time_per_output_chunk(record)
+            if tpoc is not None:
+                self.tpoc.record(tpoc, attrs)
+        if record.prompt_tokens is not None:
+            self.tokens.record(record.prompt_tokens, {**attrs, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT})
+        if record.completion_tokens is not None:
+            self.tokens.record(record.completion_tokens, {**attrs, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT})
+        calls: Attrs = {
+            sc.GEN_AI_OPERATION_NAME: op,
+            sc.LLMGUARD_TIER: record.tier,
+            sc.LLMGUARD_COHORT: record.cohort,
+            sc.LLMGUARD_STATUS: record.status,
+        }
+        if err is not None:
+            calls[sc.ERROR_TYPE] = err
+        self.calls.add(1, calls)

@@ -1,0 +1,168 @@
+"""Deadlines in virtual time: exact instants, and a first token racing the ttft deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import trio
+
+from llmguard_client import Guard, HedgePolicy, PhaseRecord, StallTimeout, Tier, TotalTimeout, TTFTTimeout
+from tests.virtual import FakeReplica, Plan, run_virtual
+
+CHAT = "/v1/chat/completions"
+BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+
+def guard_for(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"interactive": Tier(ttft=1.0, total=5.0, stall=0.5)})
+    kwargs.setdefault("hedge", None)
+    return Guard(
+        list(fakes),
+        instrumentation=None,
+        on_record=records.append,
+        transport_factory=lambda r: fakes[r.url],
+        **kwargs,
+    )
+
+
+def test_ttft_deadline_fires_at_its_exact_instant() -> None:
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=1.2)])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with guard_for(fakes, records) as guard, guard.http_client() as client:
+            start = trio.current_time()
+            with pytest.raises(TTFTTimeout, match="ttft deadline of tier 'interactive'"):
+                await client.post("http://a.test" + CHAT, json=BODY)
+            assert trio.current_time() - start == pytest.approx(1.0, abs=1e-9)
+            assert guard.snapshot().idle
+
+    run_virtual(main)
+    assert fakes["http://a.test"].open_streams == 0
+    assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
+
+
+@pytest.mark.parametrize(("plan", "error", "at"), [
+    (Plan(tokens=5, gap=0.6), StallTimeout, 0.5),  # the first gap after the first token is 0.6 > stall 0.5
+    (Plan(tokens=20, gap=0.3), TotalTimeout, 5.0),  # 0.3 s gaps never stall, but 20 of them outlive total
+])
+def test_stall_and_total_fire_at_their_exact_instants(plan: Plan, error: type[Exception], at: float) -> None:
+    fakes = {"http://a.test": FakeReplica("a", [plan])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tier = Tier(ttft=1.0, total=5.0, stall=0.5)
+        async with guard_for(fakes, records, tiers={"i": tier}) as guard, guard.http_client() as client:
+            start = trio.current_time()
+            with pytest.raises(error):
+                async with client.stream("POST", "http://a.test" + CHAT, json=BODY) as response:
+                    await response.aread()
+            elapsed = trio.current_time() - start
+            # total: from the call's start; stall: from the last chunk, so at least that long
+            assert elapsed == pytest.approx(at, abs=1e-9) if error is TotalTimeout else elapsed >= at
+            assert guard.snapshot().idle
+
+    run_virtual(main)
+    assert fakes["http://a.test"].open_streams == 0
+    assert records[0].status == "timeout"
+
+
+def test_a_hedge_fires_at_exactly_its_delay() -> None:
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        hedge = HedgePolicy(delay=0.2)
+        async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200 and b"b0" in response.content
+            assert guard.snapshot().idle
+
+    run_virtual(main)
+    primary, hedge_attempt = records[0].attempts
+    assert hedge_attempt.start - primary.start == pytest.approx(0.2, abs=1e-9)
+    assert (primary.outcome, hedge_attempt.outcome) == ("lost", "won")
+    assert fakes["http://a.test"].open_streams == 0
+
+
+def test_first_token_racing_the_ttft_deadline_is_delivered_or_refused_never_orphaned() -> None:
+    """200 calls whose first token lands within +-2 ms of the ttft deadline while the hedge loser's
+    connection takes 3 ms to close: a token in time is delivered whole, a late one is a clean
+    TTFTTimeout, and nothing is left streaming or counted in flight."""
+    offsets = [(i - 100) * 0.00002 for i in range(201) if i != 100]  # -2 ms .. +2 ms, never exactly 0
+    ttft = 1.0
+    fakes: dict[str, FakeReplica] = {}
+    for i, offset in enumerate(offsets):
+        # Each call has its own primary (token at ttft + offset) and a hedge target that never answers in time.
+        fakes[f"http://p{i}.test"] = FakeReplica(f"p{i}", [Plan(first_token_after=ttft + offset, tokens=3)])
+    slow = FakeReplica("slow", [Plan(first_token_after=60, close_takes=0.003)])
+    records: list[PhaseRecord] = []
+    outcomes: dict[float, str] = {}
+
+    async def main() -> None:
+        guards = []
+        for i in range(len(offsets)):
+            replicas = {f"http://p{i}.test": fakes[f"http://p{i}.test"], "http://slow.test": slow}
+            guard = guard_for(replicas, records, hedge=HedgePolicy(delay=0.5), tiers={"i": Tier(ttft=ttft, total=5)})
+            guards.append(guard)
+
+        async def one(i: int, offset: float) -> None:
+            async with guards[i].http_client() as client:
+                try:
+                    response = await client.post(f"http://p{i}.test" + CHAT, json=BODY)
+                    assert response.status_code == 200 and response.content.endswith(b"data: [DONE]\n\n")
+                    outcomes[offset] = "ok"
+                except TTFTTimeout:
+                    outcomes[offset] = "ttft_timeout"
+
+        async with anyio.create_task_group() as tg:
+            for i, offset in enumerate(offsets):
+                tg.start_soon(one, i, offset)
+        for guard in guards:
+            assert guard.snapshot().idle
+            await guard.aclose()
+
+    run_virtual(main)
+    assert all(outcomes[o] == "ok" for o in offsets if o < 0)
+    assert all(outcomes[o] == "ttft_timeout" for o in offsets if o > 0)
+    assert slow.open_streams == 0 and all(f.open_streams == 0 for f in fakes.values())
+    # A primary that won was read to its end; one that lost the race to the deadline was closed unread.
+    assert sum(f.completed for f in fakes.values()) == sum(1 for o in offsets if o < 0)
+    assert {r.status for r in records} == {"ok", "timeout"}
+
+
+def test_a_winner_published_while_the_deadline_fires_is_adopted() -> None:
+    """The token arrives 1 ms before the deadline; closing the loser takes 3 ms, so the deadline's
+    scope fires during that cleanup: the call is still delivered (the old path returned a 504 and
+    left the winner streaming into a connection nobody read)."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.999, tokens=3)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=60, close_takes=0.003)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with guard_for(fakes, records, hedge=HedgePolicy(delay=0.5)) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+            assert guard.snapshot().idle
+
+    run_virtual(main)
+    assert [a.outcome for a in records[0].attempts] == ["won", "lost"]
+    assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].completed == 1
+
+
+def test_httpx_client_timeout_is_not_needed_in_virtual_time() -> None:
+    """Sanity: the fake transport honours the virtual clock (a 10 s header delay costs no wall time)."""
+    fake = FakeReplica("a", [Plan(headers_after=10.0, stream=False)])
+
+    async def main() -> None:
+        start = trio.current_time()
+        response = await fake.handle_async_request(httpx.Request("POST", "http://a.test" + CHAT, json={}))
+        assert response.status_code == 200
+        assert trio.current_time() - start == pytest.approx(10.0)
+
+    run_virtual(main)

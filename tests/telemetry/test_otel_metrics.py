@@ -1,0 +1,111 @@
+"""The instruments (`_otel_metrics`): units, buckets, cardinality, guard-level metrics, the budget gauge."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
+from opentelemetry.trace import NoOpTracerProvider
+
+from llmguard_client.telemetry import semconv as sc
+from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+from tests.telemetry.otel_harness import R1, R2, Otel, begin_attempt, end_attempt, new_record, points, win
+
+
+def test_metrics_once_per_logical_call_with_units_and_buckets(otel: Otel) -> None:
+    inst = otel.instrumentation()
+    for i in range(3):
+        record = new_record(request_id=f"req-{i}", cohort="control" if i == 2 else "guarded")
+        obs = inst.call_started(record)
+        primary, _ = begin_attempt(obs, record, R1, "primary", 0.0)
+        hedge, _ = begin_attempt(obs, record, R2, "hedge", 0.1)
+        end_attempt(obs, hedge, "won", sent=0.11, headers=0.12, first_token=0.2, status_code=200, finish=0.3)
+        end_attempt(obs, primary, "lost", sent=0.01, finish=0.21)
+        win(record, hedge, finish=0.3 + i)
+        obs.call_finished(record)
+        obs.call_finished(record)  # a second end is ignored
+    assert len(otel.finished()) == 9
+
+    m = otel.metrics()
+    expected = {
+        sc.GEN_AI_CLIENT_OPERATION_DURATION: ("s", sc.GEN_AI_DURATION_BUCKETS, 3),
+        sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: ("s", sc.GEN_AI_DURATION_BUCKETS, 3),
+        sc.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: ("s", sc.GEN_AI_DURATION_BUCKETS, 3),
+        sc.GEN_AI_CLIENT_TOKEN_USAGE: ("{token}", sc.GEN_AI_TOKEN_BUCKETS, 6),  # input + output
+        sc.HTTP_CLIENT_REQUEST_DURATION: ("s", sc.HTTP_DURATION_BUCKETS, 6),  # per attempt
+    }
+    for name, (unit, buckets, count) in expected.items():
+        metric = m[name]
+        assert metric.unit == unit, name
+        pts = points(metric)
+        assert all(isinstance(p, HistogramDataPoint) for p in pts)
+        assert all(tuple(p.explicit_bounds) == tuple(buckets) for p in pts), name
+        assert sum(p.count for p in pts) == count, name
+    assert sc.GEN_AI_DURATION_BUCKETS[0] == 0.01 and sc.GEN_AI_DURATION_BUCKETS[-1] == 81.92
+    assert sc.GEN_AI_TOKEN_BUCKETS[-1] == 67108864
+
+    cohorts = {p.attributes["llmguard.cohort"]: p.count for p in points(m[sc.GEN_AI_CLIENT_OPERATION_DURATION])}
+    assert cohorts == {"guarded": 2, "control": 1}
+    calls = {p.attributes["llmguard.cohort"]: p.value for p in points(m[sc.LLMGUARD_CLIENT_CALLS])}
+    assert calls == {"guarded": 2, "control": 1}
+    assert m[sc.LLMGUARD_CLIENT_CALLS].unit == "{call}"
+    assert m[sc.LLMGUARD_CLIENT_ATTEMPTS].unit == "{attempt}"
+
+    # Low cardinality: no request id, no URL in any metric attribute.
+    for metric in m.values():
+        for p in points(metric):
+            for key, value in p.attributes.items():
+                assert key not in (sc.LLMGUARD_REQUEST_ID, sc.URL_FULL, sc.GEN_AI_RESPONSE_ID)
+                assert "req-" not in str(value) and "/" not in str(value)
+
+
+def test_guard_level_metrics(otel: Otel) -> None:
+    inst = otel.instrumentation()
+    other = otel.instrumentation()  # a second guard on the same providers
+
+    class Budget:
+        def __init__(self, level: float) -> None:
+            self.value = level
+
+        def level(self) -> float:
+            return self.value
+
+    b1, b2 = Budget(7.5), Budget(2.0)
+    inst.register_budget(b1.level)
+    other.register_budget(lambda: b2.value)  # as Guard registers it
+    inst.bulkhead_rejected("batch")
+    inst.bulkhead_rejected("batch")
+    m = otel.metrics()
+    (bulk,) = points(m[sc.LLMGUARD_CLIENT_BULKHEAD_REJECTIONS])
+    assert (bulk.value, dict(bulk.attributes)) == (2, {"llmguard.tier": "batch"})
+    assert m[sc.LLMGUARD_CLIENT_BUDGET_LEVEL].unit == "{attempt}"
+    assert all(isinstance(p, NumberDataPoint) for p in points(m[sc.LLMGUARD_CLIENT_BUDGET_LEVEL]))
+
+    def levels() -> list[tuple[float, dict[str, Any]]]:
+        pts = points(otel.metrics()[sc.LLMGUARD_CLIENT_BUDGET_LEVEL])
+        return sorted((p.value, dict(p.attributes or {})) for p in pts)
+
+    assert levels() == [(2.0, {"llmguard.budget.index": 1}), (7.5, {})]
+    b1.value = 3.0
+    del other  # an entry lives as long as the instrumentation that registered it
+    gc.collect()
+    assert levels() == [(3.0, {})]
+    third = otel.instrumentation()
+    third.register_budget(b2.level)  # the free index is reused
+    assert levels() == [(2.0, {"llmguard.budget.index": 1}), (3.0, {})]
+    del b1  # a bound method is held weakly
+    gc.collect()
+    assert levels() == [(2.0, {"llmguard.budget.index": 1})]
+
+
+def test_metrics_without_traces(otel: Otel) -> None:
+    inst = OpenTelemetryInstrumentation(NoOpTracerProvider(), otel.meter_provider)
+    record = new_record()
+    obs = inst.call_started(record)
+    attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
+    end_attempt(obs, attempt, "won", status_code=200, first_token=0.05, finish=0.1)
+    win(record, attempt, finish=0.1)
+    obs.call_finished(record)
+    assert "traceparent" not in headers and otel.finished() == []
+    assert sum(p.count for p in points(otel.metrics()[sc.GEN_AI_CLIENT_OPERATION_DURATION])) == 1

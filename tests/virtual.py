@@ -1,0 +1,117 @@
+"""The request path in virtual time: scripted in-memory replicas and a trio MockClock.
+
+`FakeReplica` is an `httpx.AsyncBaseTransport` whose answers are scripted with anyio
+sleeps (time to headers, to the first token, between tokens, stalls, resets, a slow close).
+`run_virtual` runs a test body under trio with ``MockClock(autojump_threshold=0)``: the
+clock jumps whenever every task is blocked, so a 2 s stall costs microseconds of wall time
+and every deadline, hedge and backoff lands at its exact virtual instant.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import trio
+import trio.testing
+
+
+def run_virtual(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` under trio in virtual time."""
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@dataclass
+class Plan:
+    """One scripted answer; times are (virtual) seconds."""
+
+    status: int = 200
+    headers_after: float = 0.0
+    first_token_after: float = 0.0
+    """From the headers to the first content token (a role-only chunk is sent at once)."""
+    tokens: int = 5
+    gap: float = 0.0
+    reset_after_tokens: int | None = None
+    close_takes: float = 0.0
+    """How long closing the response takes (a slow teardown while a deadline fires)."""
+    retry_after: str | None = None
+    stream: bool | None = None
+    """None: follow the request's ``stream`` flag."""
+
+
+@dataclass
+class FakeReplica(httpx.AsyncBaseTransport):
+    """A replica answering each request with the next `Plan` (the last one repeats)."""
+
+    name: str
+    plans: list[Plan] = field(default_factory=lambda: [Plan()])
+    requests: int = 0
+    open_streams: int = 0
+    closed_streams: int = 0
+    completed: int = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        plan = self.plans[min(self.requests, len(self.plans) - 1)]
+        self.requests += 1
+        body = json.loads(request.content or b"{}")
+        await anyio.sleep(plan.headers_after)
+        headers = {"retry-after": plan.retry_after} if plan.retry_after else {}
+        if plan.status >= 400:
+            return httpx.Response(plan.status, headers=headers, json={"error": {"message": "scripted"}})
+        stream = body.get("stream") if plan.stream is None else plan.stream
+        if not stream:
+            await anyio.sleep(plan.first_token_after)
+            return httpx.Response(200, json=_completion(self.name))
+        self.open_streams += 1
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream", **headers}, stream=_Events(self, plan)
+        )
+
+
+class _Events(httpx.AsyncByteStream):
+    def __init__(self, replica: FakeReplica, plan: Plan) -> None:
+        self._replica = replica
+        self._plan = plan
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        plan, base = self._plan, {"id": f"chatcmpl-{self._replica.name}", "model": "m"}
+        yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        await anyio.sleep(plan.first_token_after)
+        for i in range(plan.tokens):
+            if i and plan.gap:
+                await anyio.sleep(plan.gap)
+            if plan.reset_after_tokens is not None and i == plan.reset_after_tokens:
+                raise httpx.ReadError("scripted reset")
+            yield _sse({**base, "choices": [{"index": 0, "delta": {"content": f"{self._replica.name}{i} "}}]})
+        usage = {"prompt_tokens": 3, "completion_tokens": plan.tokens, "total_tokens": 3 + plan.tokens}
+        yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
+        yield b"data: [DONE]\n\n"
+        self._replica.completed += 1
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._plan.close_takes:
+            await anyio.sleep(self._plan.close_takes)
+        self._replica.open_streams -= 1
+        self._replica.closed_streams += 1
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _completion(name: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{name}",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": name}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
