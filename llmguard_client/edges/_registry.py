@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmguard_client.edges._runner import GuardClosedError, SyncRunner
+from llmguard_client._errors import GuardClosed
+from llmguard_client.edges._runner import SyncRunner
 
 if TYPE_CHECKING:
     from llmguard_client._guard import Guard
@@ -32,7 +33,7 @@ def runner_for(guard: Guard) -> SyncRunner:
     with _lock:
         runner = _runners.get(guard)
         if isinstance(runner, _Closed):
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner

@@ -39,17 +39,12 @@ import httpx
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from llmguard_client._errors import GuardClosed
+
 logger = logging.getLogger("llmguard_client")
 
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
-
-
-class GuardClosedError(httpx.TransportError):
-    """A sync call met a closed Guard (its event-loop thread is stopped), before or while it ran."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 class _End:
@@ -142,7 +137,7 @@ class _Exchange:
         try:
             response = await self._core.handle_async_request(self._request)
         except anyio.get_cancelled_exc_class():
-            self._head.set_exception(GuardClosedError("the call was cancelled before its response arrived"))
+            self._head.set_exception(GuardClosed("the call was cancelled before its response arrived"))
             raise
         except Exception as exc:  # the caller's thread raises it
             self._head.set_exception(exc)
@@ -189,7 +184,7 @@ class _Exchange:
             try:
                 self._loop.call_soon_threadsafe(self._want)
             except RuntimeError:  # the loop is closed
-                return _Failed(GuardClosedError("this Guard was closed while the response was being read"))
+                return _Failed(GuardClosed("this Guard was closed while the response was being read"))
         return self._items.get()
 
     def _want(self) -> None:
@@ -260,23 +255,23 @@ class SyncRunner:
         """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
         portal = self._portal
         if portal is None or self._stopped:
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         try:
             return portal.call(func)
         except FutureCancelled:
-            raise GuardClosedError("this Guard was closed while the call was running") from None
+            raise GuardClosed("this Guard was closed while the call was running") from None
 
     def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
         """Run one call through the core; returns the response head and its body to pull."""
         portal, loop = self._portal, self._loop
         if portal is None or loop is None or self._stopped:
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         head: Future[httpx.Response] = Future()
         exchange = _Exchange(self._core, request, head, loop)
         try:
             portal.start_task_soon(exchange.drive)
         except RuntimeError as exc:  # the portal stopped in between
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests") from exc
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests") from exc
         try:
             response = head.result()
         except BaseException:

@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from llmguard_client import Guard, Tier, TTFTTimeout
-from llmguard_client.edges._runner import GuardClosedError
+from llmguard_client import Guard, GuardClosed, Tier, TTFTTimeout, guard_failure
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
@@ -118,8 +117,9 @@ def test_close_from_sync_code_leaves_no_thread_no_socket(servers: list[LoopbackS
     guard.close()
     assert set(threading.enumerate()) == before
     assert eventually(lambda: client_sockets(servers) == 0)
-    with pytest.raises(GuardClosedError, match="closed"):
+    with pytest.raises(GuardClosed, match="closed") as caught:
         client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert guard_failure(caught.value) == "guard_closed"
     assert sync_threads() == []
 
 
