@@ -136,3 +136,22 @@ def test_the_httpx2_edge_runs_under_trio(servers: list[LoopbackServer]) -> None:
                 return (await response.aread()).decode()
 
     assert anyio.run(main, backend="trio").endswith("data: [DONE]\n\n")
+
+
+async def test_no_async_generator_is_left_for_the_loop_to_finalize(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    """openai >= 3 iterates a body twice (it drains after [DONE]) and leaves the first iteration
+    suspended; an edge generator left so raced the response's close at loop shutdown
+    ("aclose(): asynchronous generator is already running")."""
+    import gc
+    import inspect
+
+    guard = amake_guard()
+    client = oai(guard, servers[0])
+    stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    async for _ in stream:
+        pass
+    gc.collect()
+    left = [o for o in gc.get_objects() if inspect.isasyncgen(o) and "llmguard_client" in o.ag_code.co_filename]
+    assert left == []
