@@ -64,18 +64,18 @@ async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
     return True
 
 
-def close_guard(guard: Guard) -> None:
-    """``Guard.close()``: the same as ``await guard.aclose()``, from sync code."""
+def close_guard(guard: Guard, grace: float = 0.0) -> None:
+    """``Guard.close(grace)``: the same as ``await guard.aclose(grace)``, from sync code."""
     runner = running_runner(guard)
     if runner is not None:
         with _lock:
             _runners[guard] = _CLOSED
-        runner.stop(guard.aclose)
+        runner.stop(functools.partial(guard.aclose, grace))
         return
     if _in_event_loop():
         raise RuntimeError("Guard.close() was called from async code; use `await guard.aclose()` there")
     try:
-        anyio.run(guard.aclose)
+        anyio.run(guard.aclose, grace)
     except RuntimeError as exc:
         if "closed" not in str(exc):
             raise

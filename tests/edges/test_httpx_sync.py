@@ -176,3 +176,23 @@ def test_the_record_extension_and_headers_survive(servers: list[LoopbackServer],
     assert response.headers["x-server"] == "yes"
     assert response.extensions["llmguard"].status == "ok"
     assert json.loads(response.content)["object"] == "chat.completion"
+
+
+def test_close_with_grace_lets_a_running_stream_finish(servers: list[LoopbackServer]) -> None:
+    for server in servers:
+        server.script = Script(tokens=20, gap=0.02)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
+    client = guard.sync_http_client()
+    events: list[str] = []
+
+    def read() -> None:
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert eventually(lambda: len(events) > 0 or servers[0].started_streams == 1)
+    guard.close(grace=3.0)
+    reader.join()
+    assert events[-1] == "data: [DONE]" and sync_threads() == []
+    assert eventually(lambda: client_sockets(servers) == 0)
