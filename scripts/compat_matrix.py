@@ -131,9 +131,24 @@ def render(reports: list[dict[str, Any]], command: str) -> str:
         f"Produced by `{command}` (a venv per cell under {VENVS}; the probe is `scripts/compat_probe.py`,",
         'run against a loopback server). "ok" means the call returned the expected content, or, for a',
         'give-up, the expected error type with `guard_failure(exc) == "ttft_timeout"` and the server',
-        "request count shown (1 = nothing stacked). `record:` is the captured phase record's status.",
+        "request count shown (1 = nothing stacked). `record:` is the captured phase record's status",
+        "(`abandoned` for openai's sync streams: they stop reading at `[DONE]` and close; see issue 10).",
         "",
+        "| cell | Python | versions | checks passed | mypy --strict (user-side files) |",
+        "| --- | --- | --- | --- | --- |",
     ]
+    for report in reports:
+        if "results" not in report:
+            out.append(f"| {report['cell']} | - | - | not run | - |")
+            continue
+        checks = [r for client in report["results"].values() for r in client.values()]
+        passed = sum(r.startswith("ok") for r in checks)
+        versions = ", ".join(
+            f"{k} {v}" for k, v in report["versions"].items() if v and k in ("openai", "anthropic", "httpx", "httpx2")
+        )
+        mypy = ("ok" if report["mypy"].startswith("ok") else "FAIL") if "mypy" in report else "-"
+        out.append(f"| {report['cell']} | {report['python']} | {versions} | {passed}/{len(checks)} | {mypy} |")
+    out.append("")
     for report in reports:
         out.append(f"## {report['cell']}")
         out.append("")
@@ -159,8 +174,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="run only cells whose name contains one of these")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/compatibility.md")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the table from the stored reports")
     args = parser.parse_args()
     cells = [c for c in CELLS if not args.only or any(o in c.name for o in args.only)]
+    if args.render_only:
+        cells = []
     VENVS.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         fresh = {r["cell"]: r for r in pool.map(run_cell, cells)}
