@@ -12,7 +12,7 @@ import httpx
 from llmguard_client._clock import Clock
 from llmguard_client._config import Tier
 from llmguard_client._lease import CallLease
-from llmguard_client._replicas import ReplicaState
+from llmguard_client._replicas import ReplicaState, rebase
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.telemetry.hooks import CallObservation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
@@ -20,10 +20,14 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 if TYPE_CHECKING:
     from llmguard_client._outcome import Payment, Win
 
+__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "RequestFacts", "rebase"]
+
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
+KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
-_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", TIER_HEADER.encode(), COHORT_HEADER.encode()})
+_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode())
+_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
 
 
 @dataclass(slots=True)
@@ -106,27 +110,18 @@ class Call:
 
     def attempt_request(self, state: ReplicaState, attempt: AttemptRecord) -> httpx.Request:
         """The caller's request re-aimed at one replica, with that replica's own headers."""
-        url = rebase(self.request.url, state.base, self.replica_bases)
-        headers = httpx.Headers(self.headers)
-        for key, value in state.replica.headers.items():
-            headers[key] = value
-        extensions = dict(self.request.extensions)
-        request = httpx.Request(self.request.method, url, headers=headers, content=self.body, extensions=extensions)
+        url = state.target_for(self.request.url, self.replica_bases)
+        own = state.header_items
+        if own:
+            names = state.header_names
+            headers = [(k, v) for k, v in self.headers if k.lower() not in names] + own
+        else:
+            headers = self.headers
+        request = httpx.Request(
+            self.request.method, url, headers=headers, content=self.body, extensions=dict(self.request.extensions)
+        )
         plain: dict[str, str] = {}
-        self.observation.attempt_started(attempt, str(url), plain)
+        self.observation.attempt_started(attempt, state.url_text(url), plain)
         for key, value in plain.items():
             request.headers[key] = value
         return request
-
-
-def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
-    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
-    swapped for ``base``'s; otherwise its path is appended to ``base``. Query kept."""
-    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
-    for candidate in known:
-        if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
-            prefix = candidate.path.rstrip("/")
-            if path == prefix or path.startswith(prefix + "/"):
-                path = path[len(prefix) :]
-                break
-    return base.copy_with(path=base.path.rstrip("/") + path, query=url.query or None)

@@ -26,7 +26,7 @@ from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
 from llmguard_client.layers.hedge import HedgeDelays
-from llmguard_client.layers.rollout import Rollout
+from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
 from llmguard_client.telemetry.hooks import Instrumentation
 
 if TYPE_CHECKING:
@@ -64,7 +64,12 @@ class Guard:
     tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
                    the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
-    rollout:       fraction of calls that take the guarded path (the rest: control cohort).
+    rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
+                   through untouched), or a callable returning it (polled at most every
+                   ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
+                   variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
+    rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
+    rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -86,7 +91,9 @@ class Guard:
         budget: BudgetPolicy | None = _UNSET,
         tier_budgets: Mapping[str, BudgetPolicy] | None = None,
         bulkheads: Mapping[str, Bulkhead] | None = None,
-        rollout: float = 1.0,
+        rollout: float | FractionSource = 1.0,
+        rollout_key: KeyFunction | None = None,
+        rollout_poll_interval: float = 5.0,
         failure_mode: FailureMode = "auto",
         instrumentation: Instrumentation | None = _UNSET,
         on_record: RecordCallback | None = None,
@@ -138,7 +145,7 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
-        cohorts = Rollout(rollout)
+        cohorts = Rollout(rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env())
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
         if instrumentation is None:
@@ -167,6 +174,7 @@ class Guard:
         """Recent time-to-first-token per tier: the hedge delay and the retry layer's expectations."""
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
+        self._rollout = cohorts
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -241,7 +249,10 @@ class Guard:
                 await lease.aclose("error", "guard_closed")
             if not self._pools_closed:
                 self._pools_closed = True
-                await self._replica_set.aclose()
+                try:
+                    await self._replica_set.aclose()
+                finally:
+                    await self._transport.passthrough_pool.aclose()
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
@@ -343,6 +354,26 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    # --- rollout ------------------------------------------------------------------------------
+
+    @property
+    def rollout(self) -> float:
+        """The fraction of calls guarded now (0.0 while ``LLMGUARD_DISABLED`` is set)."""
+        return self._rollout.fraction
+
+    def set_rollout(self, fraction: float | FractionSource) -> None:
+        """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
+        passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
+        self._rollout.set(fraction)
+
+    def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.
+
+        >>> with guard.rollout_key(user.id):
+        ...     await oai.chat.completions.create(...)
+        """
+        return self._rollout.keyed(key)
 
 
 def _default_instrumentation() -> Instrumentation | None:

@@ -42,8 +42,7 @@ Finish = Callable[[CallStatus, "str | None"], None]
 async def close_quietly(response: httpx.Response) -> None:
     """Close a response under a shield, within `CLOSE_GRACE`, swallowing transport errors."""
     with (
-        anyio.CancelScope(shield=True),
-        anyio.move_on_after(CLOSE_GRACE),
+        anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLOSE_GRACE),
         contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
     ):
         await response.aclose()
@@ -176,10 +175,9 @@ class CallLease:
         self.closed = True
         self._closing = anyio.Event()
         try:
-            with anyio.CancelScope(shield=True):
-                while self._responses:
-                    response = next(iter(self._responses))
-                    await self.close_response(response)
+            while self._responses:  # each close is shielded: nothing here can be cancelled half-way
+                response = next(iter(self._responses))
+                await self.close_response(response)
         finally:
             self._release_all(status, cause)
             self._closing.set()

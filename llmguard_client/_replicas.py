@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from llmguard_client._config import Replica
 
+_TARGET_CACHE = 256
+"""Distinct request URLs remembered per replica (cleared when full)."""
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, eq=False)
 class ReplicaState:
     """One replica with its transport and the guard's view of its health."""
 
@@ -34,6 +37,35 @@ class ReplicaState:
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
     last_failure: float = -1e18
     ttft_ewma: float | None = None
+    header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """The replica's own headers, encoded once (they replace the caller's of the same name)."""
+    header_names: frozenset[bytes] = frozenset()
+    _targets: dict[tuple[str, str, int | None, bytes], httpx.URL] = field(default_factory=dict)
+    _texts: dict[httpx.URL, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        own = self.replica.headers.items()
+        self.header_items = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own]
+        self.header_names = frozenset(k for k, _ in self.header_items)
+
+    def target_for(self, url: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+        """``url`` moved onto this replica (see `rebase`), cached: a service calls few distinct paths."""
+        key = (url.scheme, url.host, url.port, url.raw_path)
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) >= _TARGET_CACHE:
+                self._targets.clear()
+            target = self._targets[key] = rebase(url, self.base, known)
+        return target
+
+    def url_text(self, url: httpx.URL) -> str:
+        """``str(url)``, cached alongside `target_for`."""
+        text = self._texts.get(url)
+        if text is None:
+            if len(self._texts) >= _TARGET_CACHE:
+                self._texts.clear()
+            text = self._texts[url] = str(url)
+        return text
 
     def __repr__(self) -> str:
         return (
@@ -158,3 +190,16 @@ class ReplicaSet:
     async def aclose(self) -> None:
         for state in self.states:
             await state.transport.aclose()
+
+
+def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
+    swapped for ``base``'s; otherwise its path is appended to ``base``. Query kept."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    for candidate in known:
+        if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
+            prefix = candidate.path.rstrip("/")
+            if path == prefix or path.startswith(prefix + "/"):
+                path = path[len(prefix) :]
+                break
+    return base.copy_with(path=base.path.rstrip("/") + path, query=url.query or None)

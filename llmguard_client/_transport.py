@@ -2,7 +2,8 @@
 
 The pipeline, outermost first (each a module of `llmguard_client.layers`)::
 
-    rollout   -> cohort guarded | control (control: one plain attempt, still measured)
+    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and
+                 every call while the guard is off) is passed through (layers.passthrough)
     bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
     deadline  -> one cancel scope until the first token; stall/total after it (the body)
     retry     -> routes the call; rounds under the shared budget and Retry-After
@@ -42,8 +43,9 @@ from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
 from llmguard_client.layers.hedge import HedgeDelays, HedgeLayer
+from llmguard_client.layers.passthrough import PassthroughPool, control_tier, passthrough
 from llmguard_client.layers.retry import RetryLayer
-from llmguard_client.layers.rollout import Rollout, RolloutLayer
+from llmguard_client.layers.rollout import Assignment, Rollout, RolloutLayer
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 
@@ -94,6 +96,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._registry = registry
         self._clock = clock
         self._bases = tuple(s.base for s in replicas.states)
+        self._rollout = rollout
+        self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
+        """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         self.layers = (
             RolloutLayer(rollout),
             BulkheadLayer(bulkheads, instrumentation),
@@ -115,7 +120,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise TypeError(wrong_client_message(request))
         if self._registry.closed:
             raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
-        call = await self._start_call(request)
+        assignment = self._rollout.assign(request)  # first: a control call never builds a Call
+        if assignment.cohort == "control":
+            return await self._pass_through(request, assignment)
+        call = await self._start_call(request, assignment)
         lease = call.lease
         try:
             with lease.phase():
@@ -135,7 +143,25 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return self._deliver(call, outcome)
         return await self._give_up(call, outcome)
 
-    async def _start_call(self, request: httpx.Request) -> Call:
+    async def _pass_through(self, request: httpx.Request, assignment: Assignment) -> httpx.Response:
+        """The control cohort (and every call while the guard is off): layers.passthrough."""
+
+        def report(record: PhaseRecord) -> None:
+            deliver_to_captures(record, request)
+            if self._on_record is not None:
+                self._on_record(record)
+
+        return await passthrough(
+            request,
+            self.passthrough_pool.for_url,
+            tier=control_tier(request, self._tiers, self._tier_var.get(), self._default_tier),
+            fraction=assignment.fraction,
+            instrumentation=self._instrumentation,
+            on_record=report,
+            clock=bind_clock(self._clock, loop_time_function()),
+        )
+
+    async def _start_call(self, request: httpx.Request, assignment: Assignment) -> Call:
         loop_time = loop_time_function()
         clock = bind_clock(self._clock, loop_time)
         now = clock()
@@ -155,6 +181,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             model=facts.model,
             stream=facts.stream,
             max_tokens=facts.max_tokens,
+            rollout_fraction=assignment.fraction,
         )
         generation = (self._hedge or _GENERATION_PATHS).applies_to(path)
         call = Call(

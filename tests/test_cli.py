@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmguard_client import cli
-from llmguard_client.bench import presets
+from llmguard_client.bench import commands, presets
 from tests.loopback import LoopbackCluster, loopback_cluster
 
 
@@ -97,7 +97,7 @@ def test_bench_writes_json_and_plot(
         assert c["n"] == 20 and c["success_ratio"] == 1.0 and c["amplification"] == 1.0
         assert c["ttft"]["p99"] is not None and len(doc["samples"][name]) == 20
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "plain" in out and "naive-retry" in out and "TTFT p99" in out
+    assert "plain" in out and "naive-retry" in out and "Latency of successful requests" in out
 
 
 def test_json_to_stdout_keeps_stdout_machine_readable(
@@ -108,7 +108,7 @@ def test_json_to_stdout_keeps_stdout_machine_readable(
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["clients"]["plain"]["n"] == 20
-    assert "TTFT p99" in err  # the human table went to stderr
+    assert "Latency of successful requests" in err  # the human tables went to stderr
 
 
 def test_closed_loop_and_profile_via_cli(cluster: LoopbackCluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,7 +139,7 @@ def test_demo_runs_both_scenarios(
     def fake_spawn(scenario: str, **kwargs: object) -> Iterator[list[str]]:
         yield cluster.urls
 
-    monkeypatch.setattr(cli, "_sim_api", lambda scenario: fake_spawn)
+    monkeypatch.setattr(commands, "_sim_api", lambda scenario: fake_spawn)
     for name in presets.DEMO_SCENARIOS:
         monkeypatch.setitem(
             presets.PRESETS,
@@ -147,13 +147,15 @@ def test_demo_runs_both_scenarios(
             presets.Preset(requests=15, rate=100.0, lengths=presets.SIM_LENGTHS.scaled(0.05), note=f"fake {name}"),
         )
     if not _has_guard():
-        monkeypatch.setattr(presets, "DEMO_CLIENTS", ("plain", "naive-retry"))
+        monkeypatch.setattr(presets, "DEMO_CLIENTS", dict.fromkeys(presets.DEMO_SCENARIOS, ("plain", "naive-retry")))
     js = tmp_path / "demo.json"
     assert cli.main(["demo", "--no-progress", "--json", str(js), "--plot", str(tmp_path / "d.png")]) == 0
     out = capsys.readouterr().out
     doc = json.loads(js.read_text())
     assert [r["scenario"] for r in doc["demo"]] == ["stragglers", "overload"]
     assert "demo summary" in out and "stragglers: " in out and "overload: " in out
+    assert [list(r["clients"]) for r in doc["demo"]] == [list(presets.DEMO_CLIENTS[s]) for s in presets.DEMO_SCENARIOS]
+    assert out.count("llmguard bench --explain") == 1  # one pointer, after the summary
     assert (tmp_path / "d.png").exists()
 
 

@@ -14,6 +14,7 @@ from llmguard_client.bench.baselines import NaiveRetryClient, OpenAIDefaultClien
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.guarded import GuardedClient, GuardedNoHedgeClient, GuardedNoRetryClient, guard_api
 from llmguard_client.bench.measure import Sample, TierSpec
+from llmguard_client.bench.rollout import RolloutClient
 
 __all__ = [
     "CLIENT_NAMES",
@@ -26,7 +27,7 @@ __all__ = [
     "parse_clients",
 ]
 
-CLIENT_NAMES = ("plain", "openai-default", "naive-retry", "guarded", "guarded-nohedge", "guarded-noretry")
+CLIENT_NAMES = ("plain", "openai-default", "naive-retry", "guarded", "guarded-nohedge", "guarded-noretry", "rollout")
 
 _CLIENTS: dict[str, type[BenchClient]] = {
     c.name: c
@@ -48,7 +49,7 @@ def parse_clients(spec: str) -> list[str]:
         name = raw.strip()
         if not name:
             continue
-        if name not in _CLIENTS:
+        if name not in CLIENT_NAMES:
             raise ValueError(f"unknown client {name!r}; choose from {', '.join(CLIENT_NAMES)}")
         if name not in names:
             names.append(name)
@@ -65,7 +66,13 @@ def make_client(
     tier: TierSpec,
     deadline: float | None = None,
     api_key: str | None = None,
+    rollout: float | None = None,
+    records: str | None = None,
 ) -> BenchClient:
+    if name == "rollout":  # bench/rollout.py: a Guard at a partial rollout, records for `llmguard compare`
+        return RolloutClient(
+            urls, model=model, tier=tier, deadline=deadline, api_key=api_key, fraction=rollout, records=records
+        )
     if name not in _CLIENTS:
         raise ValueError(f"unknown client {name!r}; choose from {', '.join(CLIENT_NAMES)}")
     return _CLIENTS[name](urls, model=model, tier=tier, deadline=deadline, api_key=api_key)

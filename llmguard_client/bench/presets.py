@@ -1,10 +1,10 @@
 """Per-scenario defaults of ``llmguard bench --sim NAME`` and ``llmguard demo``.
 
-They follow the simulated cluster's sizing (``llmguard_client.sim.scenarios``): prompts and outputs are
-the seed's lognormal mix / 10 (prompt median 57 words, cap 400; ``max_tokens`` median 20, cap 120, sent
-with ``ignore_eos``). ``stragglers`` runs a light Poisson load (40 rps against ~490 rps of capacity);
-``overload`` runs the seed's spike 30 -> 140 -> 30 rps (15 s / 20 s / 25 s, time-compressed to the number
-of requests) against ~47 rps of capacity, so the peak is ~3x and the base ~0.64x, as in the seed.
+They follow the simulated cluster's sizing (``llmguard_client.sim.scenarios``): prompts and outputs are a
+production-like lognormal mix / 10 (prompt median 57 words, cap 400; ``max_tokens`` median 20, cap 120,
+sent with ``ignore_eos``). ``stragglers`` runs a light Poisson load (40 rps against ~490 rps of capacity);
+``overload`` runs the spike 30 -> 140 -> 30 rps (15 s / 20 s / 25 s, time-compressed to the number of
+requests) against ~47 rps of capacity, so the peak is ~3x and the base ~0.64x.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmguard_client.bench.clients import TierSpec
-from llmguard_client.bench.report import SLO
+from llmguard_client.bench.summary import SLO
 from llmguard_client.bench.traffic import LengthModel
 
 SIM_LENGTHS = LengthModel().scaled(0.1)
-"""The seed's mix / 10: what the simulated scenarios are sized for."""
+"""The default mix / 10: what the simulated scenarios are sized for."""
 
 DEFAULT_TIER = TierSpec(ttft=1.0, total=10.0, stall=2.0)
-DEFAULT_SLO = SLO(ttft=1.0, tpot=0.08)  # the seed's goodput SLO: TTFT <= 1.0 s and TPOT <= 80 ms
+DEFAULT_SLO = SLO(ttft=1.0, tpot=0.08)  # goodput: TTFT <= 1.0 s and TPOT <= 80 ms
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,19 @@ PRESETS: dict[str, Preset] = {
         requests=700,
         rate=30.0,
         profile="spike",
-        note="3 KV-tight replicas (~47 rps); the seed's spike 30 -> 140 -> 30 rps (~3x at the peak)",
+        note="3 KV-tight replicas (~47 rps); a spike 30 -> 140 -> 30 rps (~3x capacity at the peak)",
     ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
 }
 
 DEMO_SCENARIOS = ("stragglers", "overload")
-DEMO_CLIENTS = ("plain", "guarded")
+DEMO_CLIENTS: dict[str, tuple[str, ...]] = {
+    "stragglers": ("plain", "guarded"),
+    "overload": ("plain", "openai-default", "naive-retry", "guarded"),
+}
+"""Per demo scenario. Under overload the retrying baselines show what retries without a budget cost the
+servers; against stragglers they change nothing (nothing fails, it is only slow), so they are left out."""
 
 
 def preset_for(scenario: str | None) -> Preset:

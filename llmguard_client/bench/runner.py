@@ -191,6 +191,10 @@ class RunSpec:
     deadline: float | None = None
     drain_timeout: float = 15.0
     api_key: str | None = None
+    rollout: float | None = None
+    """The ``rollout`` client's guarded fraction (bench/rollout.py)."""
+    records: str | None = None
+    """Where the ``rollout`` client writes its phase records (JSON lines)."""
 
 
 async def run_one_client(
@@ -209,7 +213,8 @@ async def run_one_client(
                 notes.append("previous client's work had not drained before reset")
             await reset_stats(http, urls)
         client = make_client(
-            name, urls, model=model, tier=spec.tier, deadline=spec.deadline, api_key=spec.api_key
+            name, urls, model=model, tier=spec.tier, deadline=spec.deadline, api_key=spec.api_key,
+            rollout=spec.rollout, records=spec.records,
         )
         await client.start()
         progress.begin(name, len(spec.plan.requests))

@@ -2,7 +2,7 @@
 
 A plan fixes, for each logical request, its arrival offset (open loop), its prompt length in words
 and its ``max_tokens``; the bench sends every request with ``"ignore_eos": true`` so the output
-length is ``max_tokens`` too. Lengths are lognormal, shaped like the seed's production mix (prompt
+length is ``max_tokens`` too. Lengths are lognormal, shaped like a production mix (prompt
 median 570 / p99 ~2000, capped at 4000; output median 200 / p99 ~800, capped at 1200), scaled down
 by ``LengthModel.scaled`` so a laptop-sized simulated cluster can run hundreds of them in seconds.
 

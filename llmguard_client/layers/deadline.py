@@ -152,7 +152,8 @@ class GuardBody(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         """Close the upstream connection (if still open) and finish the call's record."""
-        if self._complete:
+        scanner = self._scanner
+        if self._complete or (scanner is not None and scanner.done and not self._pending):  # the caller read [DONE]
             await self._end("ok", None)
         else:
             await self._end("abandoned", "closed_by_caller")

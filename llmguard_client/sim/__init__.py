@@ -1,4 +1,9 @@
-"""The simulated cluster (optional extra ``sim``): seed-000 engines behind OpenAI-compatible HTTP replicas.
+"""The simulated cluster (optional extra ``sim``): model inference engines behind OpenAI-compatible HTTP replicas.
+
+The engine, its admission policies and its length mix follow a published simulation of LLM serving under
+overload (a vLLM-like scheduler: 10 ms steps, a 400-token budget per step, a 90k-token KV cache, chunked
+prefill of 512; the "reference simulation" below); tests/sim/test_engine_seed.py checks the figures it
+reproduces.
 
 Pure model: `Engine` (step-driven, no I/O) and `run_open_loop` (virtual-time load). Real HTTP: `SimCluster`
 (replicas in the current event loop), `spawn_cluster` / ``python -m llmguard_client.sim`` (a subprocess).

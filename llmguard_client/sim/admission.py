@@ -1,4 +1,4 @@
-"""Admission control at submit time: the policies ``none``, ``concurrency`` and ``token`` (seed 000).
+"""Admission control at submit time: the policies ``none``, ``concurrency`` and ``token`` of the reference simulation.
 
 ``token`` keeps a reservation ledger: each admitted request reserves ``prompt + min(max_tokens, out_reserve)``
 KV tokens, and a request is rejected when the ledger would exceed ``kv_tokens * headroom``. The reservation
@@ -72,5 +72,5 @@ class Admitter:
 
 
 def retry_after_seconds(backlog_tokens: float, tokens_per_s: float, low: float, high: float) -> float:
-    """The seed's Retry-After: backlog divided by the measured token rate, clamped to ``[low, high]``."""
+    """The reference's Retry-After: backlog divided by the measured token rate, clamped to ``[low, high]``."""
     return max(low, min(high, backlog_tokens / max(tokens_per_s, 1.0)))

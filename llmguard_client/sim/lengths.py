@@ -1,4 +1,4 @@
-"""Capped lognormal length distributions (prompt and output tokens) from seed 000."""
+"""Capped lognormal length distributions (prompt and output tokens) of the reference simulation."""
 
 from __future__ import annotations
 
@@ -31,6 +31,6 @@ class LengthDist:
         return LengthDist(self.median * factor, self.sigma, max(1, round(self.cap * factor)))
 
 
-# Fitted to the seed's quantiles: prompt p50 572 / p90 1157 / p99 2059, output p50 199 / p90 433 / p99 808.
+# Fitted to the reference's quantiles: prompt p50 572 / p90 1157 / p99 2059, output p50 199 / p90 433 / p99 808.
 SEED_PROMPT_LENGTHS = LengthDist(median=570.0, sigma=0.55, cap=4000)
 SEED_OUTPUT_LENGTHS = LengthDist(median=200.0, sigma=0.60, cap=1200)

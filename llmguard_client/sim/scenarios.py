@@ -1,15 +1,16 @@
 """Named cluster scenarios: replica count, engine sizes, admission policy and per-replica faults.
 
-Scaled down from seed 000 so that three replicas and a load generator share 2 cores and a bench of 500-700
-requests ends in seconds. The workload is the seed's lognormal mix / 10 (what ``llmguard bench`` sends:
+Scaled down from the reference so that three replicas and a load generator share 2 cores and a bench of 500-700
+requests ends in seconds. The workload is the reference mix / 10 (what ``llmguard bench`` sends:
 prompts of median 57 words capped at 400, ``max_tokens`` of median 20 capped at 120 with ``ignore_eos``);
 outputs sampled by the replicas (without ``ignore_eos``) follow the same / 10 shape, and the output
-reservation of token admission is 320 / 10 = 32. Engines are far smaller than the seed's (TBUD 400 -> 128
+reservation of token admission is 320 / 10 = 32. Engines are far smaller than the reference (TBUD 400 -> 128
 per step, KV 90k -> 4096 or 1408 tokens): a healthy request's TTFT is 10-30 ms (one prefill step, one decode
 step) and its stream ~0.25 s. ``overload`` uses 40 ms steps (TTFT ~80 ms, TPOT 40 ms, streams ~1 s, so ~17
 requests share a replica) and a 1408-token KV pool, so that it is KV-bound under token admission at ~50 rps
-for the cluster: the bench's spike (the seed's 30 -> 140 -> 30 rps, time-compressed) peaks at ~2.8x capacity
-and its base (~0.6x) sees a few % of rejections, as in the seed (30 and 140 against ~50).
+for the cluster: the bench's spike (30 -> 140 -> 30 rps, time-compressed) peaks at ~2.8x capacity
+and its base (~0.6x) sees a few % of rejections, as in the reference (30 and 140 vs ~50).
+The reference is the simulation described in `llmguard_client.sim`.
 
 ``capacity_rps`` is the throughput (completions/s) of the whole cluster fed that workload at 3x that rate,
 measured in virtual time (checked by ``tests/sim/test_scenarios.py``); ``load`` is the load the scenario is
@@ -83,7 +84,7 @@ class ScenarioConfig:
 _ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, output_lengths=SIM_OUTPUT_LENGTHS)
 """~165 rps per replica at saturation: the bench's 30-40 rps never meets admission."""
 _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
-"""~17 rps per replica: KV-bound under token admission, like the seed's engine at 140 rps."""
+"""~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
 
 SCENARIOS: dict[str, ScenarioConfig] = {
     "healthy": ScenarioConfig(

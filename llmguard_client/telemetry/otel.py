@@ -98,6 +98,8 @@ class OpenTelemetryInstrumentation:
             attrs[sc.GEN_AI_REQUEST_MODEL] = model
         if record.max_tokens is not None:
             attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = record.max_tokens
+        if record.rollout_fraction is not None:
+            attrs[sc.LLMGUARD_ROLLOUT_FRACTION] = record.rollout_fraction
         span = shared.tracer.start_span(
             f"{op} {model}" if model else op,
             kind=SpanKind.CLIENT,

@@ -89,6 +89,8 @@ class PhaseRecord:
     response_model: str | None = None
     finish_reasons: list[str] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
+    rollout_fraction: float | None = None
+    """The rollout fraction in force when the call's cohort was decided (0.0: the guard was off)."""
 
     @property
     def ttft(self) -> float | None:

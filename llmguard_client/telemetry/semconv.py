@@ -78,6 +78,8 @@ URL_QUERY_KEEP: Final = frozenset({"api-version"})
 # --------------------------------------------------------------------------------------------
 LLMGUARD_TIER: Final = "llmguard.tier"
 LLMGUARD_COHORT: Final = "llmguard.cohort"
+LLMGUARD_ROLLOUT_FRACTION: Final = "llmguard.rollout.fraction"
+"""The rollout fraction in force when the call's cohort was decided (span attribute only: not a metric label)."""
 LLMGUARD_REQUEST_ID: Final = "llmguard.request_id"
 LLMGUARD_STATUS: Final = "llmguard.status"
 LLMGUARD_CAUSE: Final = "llmguard.cause"

@@ -1,0 +1,269 @@
+"""The control cohort's path: the caller's request, sent once, untouched, and measured.
+
+`passthrough` is what a call gets when the rollout puts it in the control cohort, and
+what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fraction of 0):
+
+- exactly one request, to the URL the caller built (no re-routing across replicas);
+- the caller's method, URL, headers (minus the guard's own ``x-llmguard-*``), body stream,
+  timeouts and extensions; nothing added (no ``traceparent``, no replica headers);
+- the server's answer returned as it came, error statuses included; a transport error is
+  raised as httpx raised it; no deadline, hedge, retry, bulkhead or budget applies;
+- an unknown tier or cohort header is never an error (the record names the default tier);
+- measured all the same: a `PhaseRecord` with cohort ``control``, one attempt, TTFT from the
+  SSE stream's first content token, delivered to ``on_record`` and the instrumentation.
+
+A URL on a replica's origin reuses that replica's connection pool; any other URL goes
+through one shared `httpx.AsyncHTTPTransport` that `PassthroughPool` creates on first use
+and closes with the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+import anyio
+import httpx
+
+from llmguard_client._call import TIER_HEADER, RequestFacts
+from llmguard_client._sse import SSEScanner, body_facts
+from llmguard_client.layers.attempt import error_kind
+from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
+from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
+
+logger = logging.getLogger("llmguard_client")
+
+GUARD_HEADER_PREFIX = b"x-llmguard-"
+FACTS_BODY_LIMIT = 1024 * 1024
+"""Bytes of a non-streamed answer kept to read its usage from (a larger body is passed through unread)."""
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+TransportForUrl = Callable[[httpx.URL], httpx.AsyncBaseTransport]
+
+
+class PassthroughPool:
+    """Transports for pass-through calls: a replica's own pool for its origin, one shared pool for the rest."""
+
+    def __init__(self, replicas: Iterable[tuple[httpx.URL, httpx.AsyncBaseTransport]]) -> None:
+        self._by_origin = {_origin_key(url): transport for url, transport in replicas}
+        self._other: httpx.AsyncHTTPTransport | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def for_url(self, url: httpx.URL) -> httpx.AsyncBaseTransport:
+        transport = self._by_origin.get(_origin_key(url))
+        if transport is not None:
+            return transport
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
+            if self._other is None:
+                self._other = httpx.AsyncHTTPTransport(limits=_LIMITS, retries=0)
+            return self._other
+
+    async def aclose(self) -> None:
+        """Close the shared pool (the replicas' pools belong to the replica set)."""
+        with self._lock:
+            self._closed = True
+            other, self._other = self._other, None
+        if other is not None:
+            await other.aclose()
+
+
+def control_tier(request: httpx.Request, tiers: Mapping[str, Any], scoped: str | None, default: str) -> str:
+    """The tier a control call is recorded under: as the guarded path would choose, but an unknown name
+    falls back to ``default`` instead of failing the call."""
+    for name in (request.headers.get(TIER_HEADER), scoped):
+        if name is not None and name.strip() in tiers:
+            return name.strip()
+    return default
+
+
+async def passthrough(
+    request: httpx.Request,
+    transport_for_url: TransportForUrl,
+    *,
+    tier: str,
+    fraction: float,
+    instrumentation: Instrumentation,
+    on_record: Callable[[PhaseRecord], None] | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> httpx.Response:
+    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers; measure it as control."""
+    now = clock()
+    try:
+        body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
+    except httpx.RequestNotRead:
+        body = b""
+    facts = RequestFacts.parse(request, body)
+    origin = _origin(request.url)
+    record = PhaseRecord(
+        request_id=uuid.uuid4().hex,
+        tier=tier,
+        cohort="control",
+        method=request.method,
+        path=request.url.path,
+        start=now,
+        start_unix=time.time(),
+        model=facts.model,
+        stream=facts.stream,
+        max_tokens=facts.max_tokens,
+        rollout_fraction=fraction,
+    )
+    attempt = AttemptRecord(index=0, replica=origin, kind="primary", start=now)
+    record.attempts.append(attempt)
+    end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
+    end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
+    outgoing = httpx.Request(
+        request.method,
+        request.url,
+        headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
+        stream=request.stream,
+        extensions=_stamp_sent(request.extensions, attempt, clock),
+    )
+    try:
+        response = await transport_for_url(request.url).handle_async_request(outgoing)
+    except anyio.get_cancelled_exc_class():
+        end("cancelled", "cancelled_by_caller", "cancelled")
+        raise
+    except Exception as exc:
+        cause = error_kind(exc)
+        attempt.error = cause
+        end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed")
+        raise
+    attempt.headers = clock()
+    attempt.sent = attempt.sent if attempt.sent is not None else attempt.headers
+    attempt.status_code = record.http_status = response.status_code
+    record.replica, record.sent, record.headers = origin, attempt.sent, attempt.headers
+    sse = response.status_code < 400 and "text/event-stream" in response.headers.get("content-type", "")
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        stream=_MeasuredStream(response, SSEScanner() if sse else None, end),
+        request=request,
+        extensions={**response.extensions, "llmguard": record},
+    )
+
+
+class _End:
+    """Finishes a pass-through call's record exactly once and reports it."""
+
+    def __init__(
+        self,
+        record: PhaseRecord,
+        attempt: AttemptRecord,
+        observation: CallObservation,
+        on_record: Callable[[PhaseRecord], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.record, self.attempt, self.observation = record, attempt, observation
+        self._on_record, self.clock = on_record, clock
+        self.done = False
+
+    def __call__(self, status: CallStatus, cause: str | None, outcome: AttemptOutcome) -> None:
+        if self.done:
+            return
+        self.done = True
+        record, attempt = self.record, self.attempt
+        record.finish = attempt.finish = self.clock()
+        record.status, record.cause, attempt.outcome = status, cause, outcome
+        self.observation.attempt_finished(attempt)
+        self.observation.call_finished(record)
+        if self._on_record is not None:
+            try:
+                self._on_record(record)
+            except Exception:
+                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
+
+
+class _MeasuredStream(httpx.AsyncByteStream):
+    """The server's body, byte for byte, with the first token and the end stamped on the record."""
+
+    def __init__(self, response: httpx.Response, scanner: SSEScanner | None, end: _End) -> None:
+        self._response = response
+        self._scanner = scanner
+        self._end = end
+        self._kept: list[bytes] | None = [] if scanner is None and response.status_code < 400 else None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        end, scanner = self._end, self._scanner
+        size = 0
+        stream = self._response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        try:
+            async for chunk in stream:
+                if scanner is not None:
+                    if scanner.feed(chunk) and end.record.first_token is None:
+                        end.record.first_token = end.clock()
+                elif self._kept is not None:
+                    size += len(chunk)
+                    if size <= FACTS_BODY_LIMIT:
+                        self._kept.append(chunk)
+                    else:
+                        self._kept = None
+                yield chunk
+        except Exception as exc:
+            end.attempt.error = error_kind(exc)
+            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", end.attempt.error, "failed")
+            raise
+        self._finish()
+
+    def _finish(self) -> None:
+        end, record, code = self._end, self._end.record, self._response.status_code
+        if code >= 400:
+            end.attempt.error = f"http_{code}"
+            end("http_error", "upstream_status", "failed")
+            return
+        if self._scanner is not None:
+            facts = self._scanner.facts
+            record.chunks = self._scanner.chunks
+            if record.first_token is None:  # a stream without content tokens is complete at its end
+                record.first_token = end.clock()
+        else:
+            facts = body_facts(b"".join(self._kept)) if self._kept is not None else body_facts(b"")
+            record.first_token = end.clock()  # a non-streamed answer's "first token" is its complete body
+        record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
+        record.response_id, record.response_model = facts.response_id, facts.model
+        record.finish_reasons = list(facts.finish_reasons)
+        end.attempt.first_token = record.first_token
+        end("ok", None, "won")
+
+    async def aclose(self) -> None:
+        """Close the server's response; a body closed before its end (or an SSE ``[DONE]``) is abandoned."""
+        if not self._end.done and self._scanner is not None and self._scanner.done:
+            self._finish()  # e.g. openai 2.x and the bench stop reading at [DONE]: the answer was complete
+        try:
+            await self._response.aclose()
+        finally:
+            self._end("abandoned", "closed_by_caller", "cancelled")
+
+
+def _stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecord, clock: Callable[[], float]) -> dict[str, Any]:
+    """The caller's extensions, with a ``trace`` hook that stamps ``attempt.sent`` and calls the caller's own."""
+    inner = extensions.get("trace")
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_body.complete"):
+            attempt.sent = clock()
+        if inner is not None:
+            result = inner(event, info)
+            if hasattr(result, "__await__"):
+                await result
+
+    return {**extensions, "trace": trace}
+
+
+def _origin(url: httpx.URL) -> str:
+    """scheme://host[:port], never credentials (what ``record.replica`` names)."""
+    port = f":{url.port}" if url.port is not None else ""
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    return f"{url.scheme}://{host}{port}"
+
+
+def _origin_key(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host.lower(), url.port if url.port is not None else default

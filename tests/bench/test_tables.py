@@ -1,0 +1,87 @@
+"""The terminal report fits an 80-column console: no line wider, no header cut, every client shown."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from llmguard_client.bench.runner import ClientRun
+from llmguard_client.bench.tables import SECTIONS, make_console, render, section_tables
+from tests.bench.reports import make_report, mixed_run, server
+
+FOUR = ("plain", "openai-default", "naive-retry", "guarded")
+SIX = (*FOUR, "guarded-nohedge", "guarded-noretry")
+
+
+def runs(names: tuple[str, ...], *, with_server: bool = True) -> list[ClientRun]:
+    out = [
+        mixed_run(n, 1 / (i + 1), server(10 + i, 44_654 + i, 3_368 * i) if with_server else None)
+        for i, n in enumerate(names)
+    ]
+    for run in out:
+        for s in run.samples:
+            if not s.ok and run.name.startswith("guarded"):
+                s.in_attempts = s.e2e - 0.002  # the guard's own time: 2 ms
+    return out
+
+
+def rendered(names: tuple[str, ...], width: int, **kw: bool) -> str:
+    out = io.StringIO()
+    render(make_report("stragglers", runs(names, **kw)), Console(file=out, width=width, highlight=False))
+    return out.getvalue()
+
+
+def headers() -> list[str]:
+    return [line for section in SECTIONS for c in section.columns for line in c.header.split("\n")]
+
+
+@pytest.mark.parametrize("names", [FOUR, SIX], ids=["4 clients", "6 clients"])
+@pytest.mark.parametrize("width", [80, 60])
+def test_fits_the_width_and_cuts_nothing(names: tuple[str, ...], width: int) -> None:
+    text = rendered(names, width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, max(lines, key=len)
+    assert "…" not in text
+    for section in SECTIONS:
+        assert section.title in text
+    for header in headers():
+        assert header in text, header
+    for name in names:  # a client's name is never wrapped or cut
+        assert re.search(rf"^{re.escape(name)} ", text, re.MULTILINE), name
+    guarded = sum(n.startswith("guarded") for n in names)
+    assert text.count("  ÷ plain") >= 2 * guarded  # latency + load (more when a section continues)
+
+
+def test_a_narrow_console_continues_a_section_instead_of_squeezing_it() -> None:
+    report = make_report("stragglers", runs(FOUR))
+    console = Console(file=io.StringIO(), width=50)
+    latency = next(s for s in SECTIONS if s.title.startswith("Latency"))
+    tables = section_tables(latency, report, console)
+    assert len(tables) == 2 and sum(len(t.columns) - 1 for t in tables) == 6  # the client column, repeated
+    text = rendered(FOUR, 50)
+    assert "Latency of successful requests (continued)" in text
+    assert max(len(line) for line in text.splitlines()) <= 50
+
+
+def test_columns_nobody_has_are_left_out() -> None:
+    text = rendered(("plain", "naive-retry"), 80, with_server=False)  # a --target without /sim/stats
+    assert "server req" not in text and "wasted" not in text and "loser" not in text
+    assert "attempts" in text and "server counters" not in text
+
+
+def test_verdict_per_client_and_the_pointer_to_the_glossary() -> None:
+    text = " ".join(rendered(FOUR, 80).split())
+    for name in FOUR[1:]:
+        assert f"=> {name} " in text
+    assert "Worst regression:" in text
+    assert text.rstrip().endswith("Every figure is defined by: llmguard bench --explain")
+
+
+def test_piped_output_is_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert make_console(io.StringIO()).width == 80
+    monkeypatch.setenv("COLUMNS", "100")
+    assert make_console(io.StringIO()).width == 100

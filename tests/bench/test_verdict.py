@@ -1,0 +1,70 @@
+"""Verdict lines: the headline, the best gain and the worst regression, ranked on one scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmguard_client.bench.runner import ClientRun
+from llmguard_client.bench.summary import SLO, summarize
+from llmguard_client.bench.verdict import NOISE, changes
+from tests.bench.reports import make_report, mixed_run, sample, server
+
+
+def run(name: str, *, ok: int, failed: int, ttft: float, received: int, wasted: int = 0) -> ClientRun:
+    """``ok`` successes with the given TTFT (e2e 0.5 s later) and ``failed`` 500s, out of ok + failed."""
+    samples = [sample(i, name, ttft=ttft, e2e=ttft + 0.5, tokens=11) for i in range(ok)]
+    samples += [sample(ok + i, name, status="http_500", ttft=None, e2e=0.05, http=500) for i in range(failed)]
+    return ClientRun(name, samples, server(received, 1000, wasted), wall=1.0)
+
+
+def test_headline_then_the_worst_regression() -> None:
+    line = make_report().interpretation()
+    assert line.startswith("guarded TTFT p99 is 1/9 of plain's (327 ms vs 2.94 s) at 1.10x the server load")
+    # the headline metric is the best gain, so it is not repeated; wasted work went 0.0% -> 4.5%
+    assert line.endswith(". Worst regression: wasted work 4.5% vs 0.0%.")
+    over = make_report("overload").interpretation()
+    assert over.startswith("guarded goodput") and "amplification 1.10 vs 1.00" in over
+    assert "wasted work 4.5% vs 0.0%" in over
+
+
+def test_a_lower_success_is_reported_even_when_latency_improved() -> None:
+    """As with faults: the guarded client is faster but loses a few more requests."""
+    report = make_report(
+        "faults",
+        [run("plain", ok=191, failed=9, ttft=0.2, received=200), run("guarded", ok=188, failed=12, ttft=0.1,
+                                                                     received=200)],
+    )  # fmt: skip
+    line = report.interpretation()
+    assert "Best gain: TTFT p50 100 ms vs 200 ms (0.50x)" in line
+    assert line.endswith("Worst regression: success 94.0% vs 95.5%.")  # ties go to the first in table order
+
+
+def test_nothing_changed_is_none_both_ways() -> None:
+    same = make_report("stragglers", [run("plain", ok=10, failed=0, ttft=0.1, received=10),
+                                      run("guarded", ok=10, failed=0, ttft=0.1, received=10)])  # fmt: skip
+    assert same.interpretation().endswith("Best gain: none. Worst regression: none.")
+
+
+def test_every_client_gets_its_own_verdict_against_plain() -> None:
+    report = make_report(
+        "overload",
+        [run("plain", ok=6, failed=4, ttft=0.1, received=10), run("naive-retry", ok=7, failed=3, ttft=0.4,
+                                                                  received=25)],
+    )  # fmt: skip
+    verdicts = report.verdicts()
+    assert list(verdicts) == ["naive-retry"]
+    assert verdicts["naive-retry"].startswith("naive-retry goodput 70.0% vs plain 60.0%")
+    assert "amplification 2.50 vs 1.00" in verdicts["naive-retry"]
+    assert verdicts["naive-retry"].endswith("Worst regression: TTFT p50 400 ms vs 100 ms (4.00x).")
+    assert make_report(runs=[mixed_run("guarded")]).interpretation().startswith("(add the plain client")
+
+
+def test_shares_are_compared_with_one_point_added_to_both() -> None:
+    slo = SLO()
+    g = summarize(run("guarded", ok=972, failed=28, ttft=0.1, received=1000), slo)
+    b = summarize(run("plain", ok=1000, failed=0, ttft=0.1, received=1000), slo)
+    success = next(c for c in changes(g, b) if c.metric == "success")
+    assert success.factor == pytest.approx((0.028 + 0.01) / 0.01)  # 0% -> 2.8% failed: 3.8x
+    assert (success.value, success.baseline) == ("97.2%", "100.0%")
+    load = next(c for c in changes(g, b) if c.metric == "server requests per call")
+    assert load.factor == 1.0 and 1 / NOISE < load.factor < NOISE
