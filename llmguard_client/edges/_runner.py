@@ -82,10 +82,13 @@ class SyncBody:
             yield item
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._runner.running:
-                self._runner.call(self._exchange.close)
+        if self._closed:
+            return
+        self._closed = True
+        if self._exchange.ended or not self._runner.running:
+            return  # the call already closed its response, or the Guard's stop cancels it
+        with contextlib.suppress(GuardClosed):  # the Guard is stopping right now: its stop closes the call
+            self._runner.call(self._exchange.close)
 
 
 class _Exchange:
@@ -172,6 +175,11 @@ class _Exchange:
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
+
+    @property
+    def ended(self) -> bool:
+        """The task handed over the body's end (or its failure), after closing the response."""
+        return self._ended
 
     def _put(self, item: _Item) -> None:
         if not isinstance(item, bytes):
