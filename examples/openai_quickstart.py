@@ -1,49 +1,40 @@
-"""Wrap an unmodified openai.AsyncOpenAI with a Guard, against the simulated cluster.
+"""The README's quickstart, as a file: a Guard under openai.AsyncOpenAI, and a streamed call's phase record.
 
-    pip install -e '.[sim]'
-    python examples/openai_quickstart.py
-
-Starts a 3-replica simulated cluster (5 % of requests stall 2 s before their first token),
-sends 40 streamed chat completions through the guard, and prints what the phase records say.
+    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
+    .venv/bin/python examples/openai_quickstart.py
 """
-
-from __future__ import annotations
 
 import anyio
 import openai
 
-from llmguard_client import Guard, PhaseRecord, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_client import Guard, Tier
+from llmguard_client.sim.launch import spawn_cluster  # runs `python -m llmguard_client.sim` for the demo
 
 
-async def main(urls: list[str]) -> None:
-    records: list[PhaseRecord] = []
+async def main(replicas: list[str]) -> None:
     async with Guard(
-        replicas=urls,
+        replicas=replicas,  # one model's replicas (base URLs)
         tiers={"interactive": Tier(ttft=1.0, total=30.0, stall=2.0), "batch": Tier(ttft=30, total=600)},
-        on_record=records.append,
     ) as guard:
-        client = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.http_client())
-        model = (await client.models.list()).data[0].id
-        for _ in range(40):
+        client = openai.AsyncOpenAI(
+            base_url=replicas[0] + "/v1",
+            api_key="sim",
+            http_client=guard.http_client_for(openai.AsyncOpenAI),  # httpx for openai 1.x/2.x, httpx2 for >= 3
+        )
+        with guard.capture() as calls:  # the phase record of each call made (and finished) inside
             stream = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": "word " * 50}],
-                max_tokens=20,
-                stream=True,
-                stream_options={"include_usage": True},
+                model="sim-model", messages=[{"role": "user", "content": "Hello!"}], max_tokens=20, stream=True
             )
-            async for _chunk in stream:
-                pass
-    calls = [r for r in records if r.path.endswith("/chat/completions")]
-    hedged = [r for r in calls if r.hedged]
-    worst = max(r.ttft or 0.0 for r in calls)
-    print(f"{len(calls)} calls, {len(hedged)} hedged, worst TTFT {worst * 1000:.0f} ms")
-    for r in hedged:
-        trail = " > ".join(f"{a.kind}:{a.outcome}" for a in r.attempts)
-        print(f"  {r.request_id[:8]} ttft {r.ttft * 1000 if r.ttft else float('nan'):.0f} ms  {trail}")
+            async for chunk in stream:
+                print(chunk.choices[0].delta.content or "" if chunk.choices else "", end="")
+        record = calls[0]  # a PhaseRecord: timestamps, status, cause, attempts (kind, replica, outcome)
+        print(f"\nTTFT {(record.ttft or 0.0) * 1000:.0f} ms, {record.status}, {len(record.attempts)} attempt(s)")
+        with guard.tier("batch"):  # or per call: extra_headers={"x-llmguard-tier": "batch"}
+            done = await client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "Summarise."}], max_tokens=20
+            )
+        print(done.choices[0].message.content)
 
 
-if __name__ == "__main__":
-    with spawn_cluster("stragglers") as cluster_urls:
-        anyio.run(main, cluster_urls)
+with spawn_cluster("stragglers") as urls:  # a simulated 3-replica cluster on 127.0.0.1
+    anyio.run(main, urls)

@@ -309,11 +309,11 @@ class Guard:
         inside (see `llmguard_client.capture`)."""
         return capture()
 
-    def close(self) -> None:
-        """``await guard.aclose()`` for sync code: closes the pools and stops the sync edges' thread."""
+    def close(self, grace: float = 0.0) -> None:
+        """``await guard.aclose(grace)`` for sync code; also stops the sync edges' event-loop thread."""
         from llmguard_client.edges._registry import close_guard
 
-        close_guard(self)
+        close_guard(self, grace)
 
     def __enter__(self) -> Guard:
         return self

@@ -9,6 +9,7 @@ import pytest
 from llmguard_client import Guard, Tier, capture
 from llmguard_client._capture import CAPTURES_EXTENSION, Capture, deliver_to_captures
 from llmguard_client.telemetry.record import PhaseRecord
+from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -40,7 +41,10 @@ def test_the_request_extension_wins_over_the_context_and_closed_captures_take_no
 
 
 async def test_calls_in_tasks_started_inside_are_captured(servers: list[LoopbackServer]) -> None:
-    async with Guard([s.url for s in servers], instrumentation=None) as guard, guard.http_client() as client:
+    async with (
+        Guard([s.url for s in servers], instrumentation=None, transport_factory=pools) as guard,
+        guard.http_client() as client,
+    ):
 
         async def call() -> None:
             await client.post(servers[0].url + "/v1/chat/completions", json=BODY)
@@ -58,7 +62,9 @@ async def test_a_failed_call_is_captured_with_its_cause(servers: list[LoopbackSe
     for server in servers:
         server.script = Script(stall_before_first=1.0)
     tiers = {"fast": Tier(ttft=0.2, total=5.0)}
-    async with Guard([s.url for s in servers], tiers=tiers, hedge=None, retry=None, instrumentation=None) as guard:
+    async with Guard(
+        [s.url for s in servers], tiers=tiers, hedge=None, retry=None, instrumentation=None, transport_factory=pools
+    ) as guard:
         async with guard.http_client() as client:
             with guard.capture() as calls, pytest.raises(httpx.TimeoutException):
                 await client.post(servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True})
@@ -66,7 +72,10 @@ async def test_a_failed_call_is_captured_with_its_cause(servers: list[LoopbackSe
 
 
 async def test_a_stream_read_after_the_block_is_not_captured(servers: list[LoopbackServer]) -> None:
-    async with Guard([s.url for s in servers], instrumentation=None) as guard, guard.http_client() as client:
+    async with (
+        Guard([s.url for s in servers], instrumentation=None, transport_factory=pools) as guard,
+        guard.http_client() as client,
+    ):
         with guard.capture() as calls:
             request = client.build_request(
                 "POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}

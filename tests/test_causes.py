@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from llmguard_client import BulkheadFull, Guard, Tier, TTFTTimeout, guard_failure
+from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
 if sys.version_info < (3, 11):
@@ -57,7 +58,9 @@ async def test_openai_errors_of_each_mode(servers: list[LoopbackServer]) -> None
         server.script = Script(hang_before_headers=1.0)
     tiers = {"fast": Tier(ttft=0.2, total=5.0)}
     for mode, expected in (("auto", openai.InternalServerError), ("raise", openai.APITimeoutError)):
-        async with Guard([s.url for s in servers], tiers=tiers, failure_mode=mode, instrumentation=None) as guard:
+        async with Guard(
+            [s.url for s in servers], tiers=tiers, failure_mode=mode, instrumentation=None, transport_factory=pools
+        ) as guard:
             client = openai.AsyncOpenAI(
                 base_url=servers[0].url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
             )
@@ -70,7 +73,7 @@ async def test_a_server_error_handed_back_is_marked_upstream_status(servers: lis
     """The guard hands a server's own error answer back (after any retries it allowed), marked as such."""
     for server in servers:
         server.script = Script(status=400, body={"error": {"message": "bad", "type": "invalid_request_error"}})
-    async with Guard([s.url for s in servers], instrumentation=None) as guard:
+    async with Guard([s.url for s in servers], instrumentation=None, transport_factory=pools) as guard:
         client = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=guard.httpx2_client())
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmguard_client.edges._runner import GuardClosedError, SyncRunner
+from llmguard_client._errors import GuardClosed
+from llmguard_client.edges._runner import SyncRunner
 
 if TYPE_CHECKING:
     from llmguard_client._guard import Guard
@@ -32,7 +33,7 @@ def runner_for(guard: Guard) -> SyncRunner:
     with _lock:
         runner = _runners.get(guard)
         if isinstance(runner, _Closed):
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner
@@ -63,18 +64,18 @@ async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
     return True
 
 
-def close_guard(guard: Guard) -> None:
-    """``Guard.close()``: the same as ``await guard.aclose()``, from sync code."""
+def close_guard(guard: Guard, grace: float = 0.0) -> None:
+    """``Guard.close(grace)``: the same as ``await guard.aclose(grace)``, from sync code."""
     runner = running_runner(guard)
     if runner is not None:
         with _lock:
             _runners[guard] = _CLOSED
-        runner.stop(guard.aclose)
+        runner.stop(functools.partial(guard.aclose, grace))
         return
     if _in_event_loop():
         raise RuntimeError("Guard.close() was called from async code; use `await guard.aclose()` there")
     try:
-        anyio.run(guard.aclose)
+        anyio.run(guard.aclose, grace)
     except RuntimeError as exc:
         if "closed" not in str(exc):
             raise

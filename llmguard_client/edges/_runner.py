@@ -22,9 +22,11 @@ and joins the thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
+import queue
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -37,17 +39,12 @@ import httpx
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from llmguard_client._errors import GuardClosed
+
 logger = logging.getLogger("llmguard_client")
 
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
-
-
-class GuardClosedError(httpx.TransportError):
-    """A sync call met a closed Guard (its event-loop thread is stopped), before or while it ran."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 class _End:
@@ -77,7 +74,7 @@ class SyncBody:
 
     def __iter__(self) -> Iterator[bytes]:
         while not self._closed:
-            item = self._runner.call(self._exchange.pull)
+            item = self._exchange.next_item()
             if isinstance(item, _End):
                 return
             if isinstance(item, _Failed):
@@ -85,32 +82,47 @@ class SyncBody:
             yield item
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._runner.running:
-                self._runner.call(self._exchange.close)
+        if self._closed:
+            return
+        self._closed = True
+        if self._exchange.ended or not self._runner.running:
+            return  # the call already closed its response, or the Guard's stop cancels it
+        with contextlib.suppress(GuardClosed):  # the Guard is stopping right now: its stop closes the call
+            self._runner.call(self._exchange.close)
 
 
 class _Exchange:
-    """One sync call, driven by one task on the runner's loop."""
+    """One sync call, driven by one task on the runner's loop.
 
-    def __init__(self, core: httpx.AsyncBaseTransport, request: httpx.Request, head: Future[httpx.Response]):
+    Per chunk, the caller's thread wakes the task once (``call_soon_threadsafe``: it does not wait
+    for the loop) and then blocks on a thread-safe queue; the task reads one chunk from the core and
+    puts it there. A `BlockingPortal.call` per chunk would cost two waits on the loop and a task.
+    """
+
+    def __init__(
+        self,
+        core: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        head: Future[httpx.Response],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._core = core
         self._request = request
         self._head = head
+        self._loop = loop
         self._context = _portable(contextvars.copy_context())
+        self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._ended = False
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._cancelled = False
         self._demand: tuple[MemoryObjectSendStream[None], MemoryObjectReceiveStream[None]] | None = None
-        self._chunks: tuple[MemoryObjectSendStream[_Item], MemoryObjectReceiveStream[_Item]] | None = None
 
     async def drive(self) -> None:
         for var, value in self._context:
             var.set(value)
         self._done = anyio.Event()
-        self._demand = anyio.create_memory_object_stream[None](0)
-        self._chunks = anyio.create_memory_object_stream[_Item](0)
+        self._demand = anyio.create_memory_object_stream[None](1)
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -118,22 +130,24 @@ class _Exchange:
                     scope.cancel()
                 await self._run()
         finally:
-            for end in (*self._demand, *self._chunks):
+            for end in self._demand:
                 end.close()
+            if not self._ended:  # wake a reader still waiting: the call was closed or the loop stopped
+                self._put(_Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)")))
             self._done.set()
 
     async def _run(self) -> None:
         try:
             response = await self._core.handle_async_request(self._request)
         except anyio.get_cancelled_exc_class():
-            self._head.set_exception(GuardClosedError("the call was cancelled before its response arrived"))
+            self._head.set_exception(GuardClosed("the call was cancelled before its response arrived"))
             raise
         except Exception as exc:  # the caller's thread raises it
             self._head.set_exception(exc)
             return
         try:
             self._head.set_result(response)
-            assert self._demand is not None and self._chunks is not None
+            assert self._demand is not None
             stream = response.stream
             assert isinstance(stream, httpx.AsyncByteStream)
             chunks = stream.__aiter__()
@@ -150,7 +164,7 @@ class _Exchange:
                         # Finish the call (its record is final) before the caller learns that it ended.
                         with anyio.CancelScope(shield=True):
                             await response.aclose()
-                    await self._chunks[0].send(item)
+                    self._put(item)
                     if not isinstance(item, bytes):
                         return
             finally:
@@ -162,15 +176,29 @@ class _Exchange:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
-    async def pull(self) -> _Item:
-        """Ask the driving task for the next chunk (runs on the loop, one task per call)."""
-        if self._demand is None or self._chunks is None:
-            return _Failed(GuardClosedError("the call is not running"))
-        try:
-            await self._demand[0].send(None)
-            return await self._chunks[1].receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return _Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)"))
+    @property
+    def ended(self) -> bool:
+        """The task handed over the body's end (or its failure), after closing the response."""
+        return self._ended
+
+    def _put(self, item: _Item) -> None:
+        if not isinstance(item, bytes):
+            self._ended = True
+        self._items.put(item)
+
+    def next_item(self) -> _Item:
+        """From the caller's thread: ask the task for the next chunk and wait for it."""
+        if not self._ended:
+            try:
+                self._loop.call_soon_threadsafe(self._want)
+            except RuntimeError:  # the loop is closed
+                return _Failed(GuardClosed("this Guard was closed while the response was being read"))
+        return self._items.get()
+
+    def _want(self) -> None:
+        if self._demand is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._demand[0].send_nowait(None)
 
     async def close(self) -> None:
         """Stop the call (closing the upstream response) and wait until it is done."""
@@ -194,6 +222,7 @@ class SyncRunner:
     def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
         self._core = core
         self._portal: BlockingPortal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
@@ -216,6 +245,8 @@ class SyncRunner:
 
     def _serve(self) -> None:
         async def main() -> None:
+            # The loop is asyncio's (anyio.run's default); the sync edges wake it with call_soon_threadsafe.
+            self._loop = asyncio.get_running_loop()
             async with BlockingPortal() as portal:
                 self._portal = portal
                 self._started.set()
@@ -232,23 +263,23 @@ class SyncRunner:
         """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
         portal = self._portal
         if portal is None or self._stopped:
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         try:
             return portal.call(func)
         except FutureCancelled:
-            raise GuardClosedError("this Guard was closed while the call was running") from None
+            raise GuardClosed("this Guard was closed while the call was running") from None
 
     def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
         """Run one call through the core; returns the response head and its body to pull."""
-        portal = self._portal
-        if portal is None or self._stopped:
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests")
+        portal, loop = self._portal, self._loop
+        if portal is None or loop is None or self._stopped:
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
         head: Future[httpx.Response] = Future()
-        exchange = _Exchange(self._core, request, head)
+        exchange = _Exchange(self._core, request, head, loop)
         try:
             portal.start_task_soon(exchange.drive)
         except RuntimeError as exc:  # the portal stopped in between
-            raise GuardClosedError("this Guard is closed; build a new Guard to send more requests") from exc
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests") from exc
         try:
             response = head.result()
         except BaseException:

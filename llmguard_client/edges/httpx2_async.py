@@ -42,32 +42,41 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
 
 
 class _Body(httpx2.AsyncByteStream):
-    """The core's body, passed through as it arrives; httpx errors become httpx2 ones."""
+    """The core's body, passed through as it arrives; httpx errors become httpx2 ones.
+
+    Iterated by a plain async iterator, not an async generator: SDKs iterate a body twice (openai
+    drains the rest after ``[DONE]``) and leave the first iteration suspended; a generator left so
+    would be finalized, racing the response's own close, when the event loop shuts down.
+    """
 
     def __init__(self, response: httpx.Response, request: httpx2.Request) -> None:
         self._response = response
         self._request = request
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
         stream = self._response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        chunks = stream.__aiter__()
-        try:
-            while True:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    return
-                except httpx.HTTPError as exc:
-                    raise translate_error(exc, self._request) from exc
-                yield chunk
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        return _Chunks(stream.__aiter__(), self._request)
 
     async def aclose(self) -> None:
         await self._response.aclose()
+
+
+class _Chunks:
+    __slots__ = ("_chunks", "_request")
+
+    def __init__(self, chunks: AsyncIterator[bytes], request: httpx2.Request) -> None:
+        self._chunks = chunks
+        self._request = request
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except httpx.HTTPError as exc:
+            raise translate_error(exc, self._request) from exc
 
 
 def httpx2_client(guard: Guard, **kwargs: Any) -> httpx2.AsyncClient:

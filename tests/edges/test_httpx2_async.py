@@ -120,3 +120,38 @@ async def test_openai_response_mode_gives_a_504_without_sdk_retries(
         await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES)  # max_retries=2
     assert caught.value.status_code == 504 and guard_failure(caught.value) == "ttft_timeout"
     assert sum(len(s.received) for s in servers) == 1  # x-should-retry: false, so the SDK did not retry
+
+
+def test_the_httpx2_edge_runs_under_trio(servers: list[LoopbackServer]) -> None:
+    pytest.importorskip("trio")
+    import anyio
+
+    from tests.edges.conftest import pools
+
+    async def main() -> str:
+        guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
+        async with guard, guard.httpx2_client() as client:
+            body = {**BODY, "stream": True}
+            async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=body) as response:
+                return (await response.aread()).decode()
+
+    assert anyio.run(main, backend="trio").endswith("data: [DONE]\n\n")
+
+
+async def test_no_async_generator_is_left_for_the_loop_to_finalize(
+    servers: list[LoopbackServer], amake_guard: MakeGuard
+) -> None:
+    """openai >= 3 iterates a body twice (it drains after [DONE]) and leaves the first iteration
+    suspended; an edge generator left so raced the response's close at loop shutdown
+    ("aclose(): asynchronous generator is already running")."""
+    import gc
+    import inspect
+
+    guard = amake_guard()
+    client = oai(guard, servers[0])
+    stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    async for _ in stream:
+        pass
+    gc.collect()
+    left = [o for o in gc.get_objects() if inspect.isasyncgen(o) and "llmguard_client" in o.ag_code.co_filename]
+    assert left == []

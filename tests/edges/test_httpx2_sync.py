@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from llmguard_client import Guard, Tier, TTFTTimeout, guard_failure
-from tests.edges.conftest import BODY, client_sockets, eventually, sync_threads
+from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
 httpx2 = pytest.importorskip("httpx2")
@@ -91,7 +91,7 @@ def test_legacy_httpx_client_works_at_run_time_too(servers: list[LoopbackServer]
 
 
 def test_close_leaves_no_thread_and_no_socket(servers: list[LoopbackServer]) -> None:
-    guard = Guard([s.url for s in servers], instrumentation=None)
+    guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = oai(guard, servers[0])
     for _ in range(3):
         client.chat.completions.create(model="m", messages=MESSAGES)

@@ -9,9 +9,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from llmguard_client import Guard, Tier, TTFTTimeout
-from llmguard_client.edges._runner import GuardClosedError
-from tests.edges.conftest import BODY, client_sockets, eventually, sync_threads
+from llmguard_client import Guard, GuardClosed, Tier, TTFTTimeout, guard_failure
+from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
 MakeGuard = Callable[..., Guard]
@@ -110,7 +109,7 @@ def test_many_threads_share_one_event_loop_thread(servers: list[LoopbackServer],
 
 def test_close_from_sync_code_leaves_no_thread_no_socket(servers: list[LoopbackServer]) -> None:
     before = set(threading.enumerate())
-    guard = Guard([s.url for s in servers], instrumentation=None)
+    guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
     for _ in range(6):
         assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
@@ -118,15 +117,16 @@ def test_close_from_sync_code_leaves_no_thread_no_socket(servers: list[LoopbackS
     guard.close()
     assert set(threading.enumerate()) == before
     assert eventually(lambda: client_sockets(servers) == 0)
-    with pytest.raises(GuardClosedError, match="closed"):
+    with pytest.raises(GuardClosed, match="closed") as caught:
         client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+    assert guard_failure(caught.value) == "guard_closed"
     assert sync_threads() == []
 
 
 def test_close_with_a_stream_open_ends_it_and_closes_the_upstream(servers: list[LoopbackServer]) -> None:
     for server in servers:
         server.script = Script(tokens=500, gap=0.01)
-    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
     with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
         chunks = r.iter_raw()
@@ -140,7 +140,7 @@ def test_close_with_a_stream_open_ends_it_and_closes_the_upstream(servers: list[
 
 
 def test_a_guard_dropped_without_close_stops_its_thread(servers: list[LoopbackServer]) -> None:
-    guard = Guard([s.url for s in servers], instrumentation=None)
+    guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
     assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
     assert len(sync_threads()) == 1
@@ -154,7 +154,7 @@ def test_a_guard_dropped_without_close_stops_its_thread(servers: list[LoopbackSe
 async def test_aclose_from_async_code_stops_the_sync_thread(servers: list[LoopbackServer]) -> None:
     import anyio
 
-    guard = Guard([s.url for s in servers], instrumentation=None)
+    guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
 
     def call() -> int:
@@ -176,3 +176,23 @@ def test_the_record_extension_and_headers_survive(servers: list[LoopbackServer],
     assert response.headers["x-server"] == "yes"
     assert response.extensions["llmguard"].status == "ok"
     assert json.loads(response.content)["object"] == "chat.completion"
+
+
+def test_close_with_grace_lets_a_running_stream_finish(servers: list[LoopbackServer]) -> None:
+    for server in servers:
+        server.script = Script(tokens=20, gap=0.02)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
+    client = guard.sync_http_client()
+    events: list[str] = []
+
+    def read() -> None:
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert eventually(lambda: len(events) > 0 or servers[0].started_streams == 1)
+    guard.close(grace=3.0)
+    reader.join()
+    assert events[-1] == "data: [DONE]" and sync_threads() == []
+    assert eventually(lambda: client_sockets(servers) == 0)
