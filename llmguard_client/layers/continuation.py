@@ -171,6 +171,9 @@ class CallContinuation:
         except GuardClosed:
             return None
         if not isinstance(outcome, Win):
+            last = call.record.attempts[-1]
+            if last.kind == "continuation" and last.outcome == "lost":  # its ttft scope fired: no winner beat it
+                last.outcome = "cancelled"
             return None
         self.count += 1
         broken.outcome, broken.finish = "failed", outcome.attempt.start
