@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING
 
 from llmguard_client._capture import capture
 from llmguard_client._causes import guard_failure
-from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
+from llmguard_client._config import (
+    BudgetPolicy,
+    Bulkhead,
+    ContinuationPolicy,
+    FailureMode,
+    HedgePolicy,
+    Replica,
+    RetryPolicy,
+    Tier,
+)
 from llmguard_client._errors import (
     AllAttemptsFailed,
     AllReplicasCooling,
@@ -57,6 +66,7 @@ __all__ = [
     "BudgetPolicy",
     "Bulkhead",
     "BulkheadFull",
+    "ContinuationPolicy",
     "FailureMode",
     "Guard",
     "GuardClosed",

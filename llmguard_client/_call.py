@@ -19,6 +19,7 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 if TYPE_CHECKING:
     from llmguard_client._outcome import Payment, Win
+    from llmguard_client.layers.continuation import CallContinuation
 
 __all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "RequestFacts", "rebase"]
 
@@ -89,6 +90,8 @@ class Call:
     failed_replicas: list[ReplicaState] = field(default_factory=list)
     winner: Win | None = None
     """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""
+    continuation: CallContinuation | None = None
+    """Set when the tier's `ContinuationPolicy` is on and the request qualifies (layers.continuation)."""
 
     def pay_extra(self) -> Payment | None:
         """A payment for one extra attempt (retry or hedge) from the call's budget, held by the

@@ -232,3 +232,43 @@ class Bulkhead:
     def __post_init__(self) -> None:
         _int_at_least("Bulkhead", "max_in_flight", self.max_in_flight, 1)
         _int_at_least("Bulkhead", "max_waiting", self.max_waiting, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuationPolicy:
+    """Mid-stream failover (opt-in): a streamed chat or completions answer that breaks after its first
+    token (reset, EOF before the end marker, a stall past the tier's ``stall``, an in-stream error or a
+    malformed event) is finished by another replica, sent the prompt plus the text already delivered
+    (chat: a trailing assistant message with vLLM's ``continue_final_message``). The caller sees one
+    answer. Each continuation is an extra attempt paid from the retry budget.
+
+    max_continuations: continuations per call at most.
+    min_time_left:     seconds that must be left before the tier's ``total`` deadline to send one.
+    """
+
+    max_continuations: int = 1
+    min_time_left: float = 0.2
+
+    def __post_init__(self) -> None:
+        _int_at_least("ContinuationPolicy", "max_continuations", self.max_continuations, 1, 5)
+        _positive("ContinuationPolicy", "min_time_left", self.min_time_left)
+
+
+def per_tier_continuation(
+    value: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None, tiers: Mapping[str, Tier]
+) -> dict[str, ContinuationPolicy | None]:
+    """``Guard(continuation=...)`` checked: one policy for every tier, or a mapping of some tiers to one."""
+    if value is None or isinstance(value, ContinuationPolicy):
+        return dict.fromkeys(tiers, value)
+    if not isinstance(value, Mapping):
+        raise GuardConfigError(
+            f"continuation must be a ContinuationPolicy, a mapping of tier names to ContinuationPolicy, or None; "
+            f"got {value!r}"
+        )
+    unknown = sorted(set(value) - set(tiers))
+    if unknown:
+        raise GuardConfigError(f"continuation names unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, policy in value.items():
+        if not isinstance(policy, ContinuationPolicy):
+            raise GuardConfigError(f"continuation[{name!r}] must be a ContinuationPolicy, got {policy!r}")
+    return {name: value.get(name) for name in tiers}

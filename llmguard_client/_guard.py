@@ -15,7 +15,17 @@ import httpx
 
 from llmguard_client._capture import Capture, capture
 from llmguard_client._clock import Clock, loop_clock
-from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePolicy, Replica, RetryPolicy, Tier
+from llmguard_client._config import (
+    BudgetPolicy,
+    Bulkhead,
+    ContinuationPolicy,
+    FailureMode,
+    HedgePolicy,
+    Replica,
+    RetryPolicy,
+    Tier,
+    per_tier_continuation,
+)
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
@@ -66,6 +76,8 @@ class Guard:
     tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
                    the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
+    continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
+                   its first token on another replica; None (default): off.
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
                    through untouched), or a callable returning it (polled at most every
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
@@ -102,6 +114,7 @@ class Guard:
         pool_limits: httpx.Limits | None = None,
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
+        continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
     ) -> None:
         resolved = _replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -180,6 +193,7 @@ class Guard:
             ttft_stats=self.ttft_stats,
             registry=self._registry,
             clock=clock,
+            continuation=per_tier_continuation(continuation, tiers),
         )
 
     @property

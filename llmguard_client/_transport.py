@@ -30,7 +30,7 @@ import httpx
 from llmguard_client._call import TIER_HEADER, Call, RequestFacts
 from llmguard_client._capture import deliver_to_captures
 from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
-from llmguard_client._config import FailureMode, HedgePolicy, RetryPolicy, Tier
+from llmguard_client._config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._lease import CallLease, LeaseRegistry
@@ -41,6 +41,7 @@ from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
+from llmguard_client.layers.continuation import Continuer
 from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
 from llmguard_client.layers.hedge import HedgeDelays, HedgeLayer
 from llmguard_client.layers.passthrough import PassthroughPool, control_tier, passthrough
@@ -81,6 +82,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         ttft_stats: HedgeDelays,
         registry: LeaseRegistry,
         clock: Clock = loop_clock,
+        continuation: Mapping[str, ContinuationPolicy | None] | None = None,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -107,7 +109,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             HedgeLayer(replicas, hedge, ttft_stats),
         )
         """The pipeline, outermost first; `AttemptLayer` is the innermost handler."""
-        self._pipeline: Next = compose(self.layers, AttemptLayer(registry))
+        attempt = AttemptLayer(registry)
+        self._pipeline: Next = compose(self.layers, attempt)
+        policies = dict(continuation or {})
+        self._continuer = Continuer(replicas, attempt, policies) if any(policies.values()) else None
+        """Mid-stream failover (layers.continuation); None when no tier has a `ContinuationPolicy`."""
 
     @property
     def closed(self) -> bool:
@@ -204,6 +210,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             budget=self._budgets.get(tier_name),
         )
         call.lease.finish = functools.partial(self._finish, call)
+        if self._continuer is not None and facts.stream:
+            call.continuation = self._continuer.for_call(tier_name, request.method, path, body)
         return call
 
     def _deliver(self, call: Call, win: Win) -> httpx.Response:

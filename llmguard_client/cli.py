@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         "also guarded-nohedge, guarded-noretry)",
     )
     b.add_argument(
+        "--continuation",
+        action="store_true",
+        help="also run guarded-continuation: the guarded client with ContinuationPolicy() (a stream that "
+        "breaks after its first token is finished on another replica)",
+    )
+    b.add_argument(
         "--requests", type=_positive_int, metavar="N", help="logical requests (default: per scenario)"
     )
     load = b.add_argument_group("load shape (default: per scenario)")

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -84,6 +85,10 @@ class Script:
     """Send an event whose data is not JSON just before token ``malformed_at``."""
     json_for_stream: bool = False
     """Answer a plain JSON completion even when the request asked for a stream."""
+    continued: Script | None = None
+    """The script for a continuation request (one already holding `` t0 t1 ...``); its tokens go on from there."""
+    tool_calls: bool = False
+    """Chat: stream each token as a tool call's arguments instead of content."""
 
 
 Scripter = Callable[[int, int], "Script | None"]
@@ -223,6 +228,8 @@ class LoopbackServer:
         self.received.append(Received(request.url.path, dict(request.headers), body, time.monotonic(), peer))
         self.counters["received"] += 1
         script = self._script_for(body)
+        if script.continued is not None and _continued_tokens(_protocol(request.url.path), body):
+            script = script.continued
         if script.hang_before_headers:
             until = time.monotonic() + script.hang_before_headers
             while time.monotonic() < until:
@@ -358,9 +365,12 @@ class _Encoder:
         if include is None:
             include = bool((body.get("stream_options") or {}).get("include_usage"))
         self.include_usage = include
+        self.tool_calls = script.tool_calls
         self.base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": model}
         if protocol == "completions":
             self.base = {**self.base, "id": "cmpl-test", "object": "text_completion"}
+        self.offset = _continued_tokens(protocol, body)
+        """Tokens of a continued answer already in the request (`` t0 t1 ...``): numbering goes on from there."""
         self.responses = ResponsesWire("test", 0, model)
         self.messages = MessagesWire("test", model, 7)
 
@@ -368,7 +378,9 @@ class _Encoder:
         if self.protocol == "completions":
             return {"index": 0, "text": text or "", "finish_reason": finish}
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if text is not None:
+        if text is not None and self.tool_calls:
+            delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
+        elif text is not None:
             delta["content"] = text
         return {"index": 0, "delta": delta, "finish_reason": finish}
 
@@ -384,7 +396,7 @@ class _Encoder:
             return self.responses.token_of(f" t{i}")
         if self.protocol == "messages":
             return self.messages.token_of(f" t{i}")
-        return _sse({**self.base, "choices": [self._choice(f" t{i}", None)]})
+        return _sse({**self.base, "choices": [self._choice(f" t{self.offset + i}", None)]})
 
     def closing(self) -> bytes:
         if self.protocol == "responses":
@@ -422,7 +434,19 @@ class _Encoder:
         return json.dumps(body).encode()
 
 
-def _encoder(path: str, body: dict[str, Any], script: Script, tokens: int, model: str) -> _Encoder:
+def _continued_tokens(protocol: str, body: dict[str, Any]) -> int:
+    """How many `` tN`` tokens a continuation request already holds (completions: the prompt; chat: the
+    trailing assistant message of a ``continue_final_message`` request, as vLLM continues it)."""
+    if protocol == "completions":
+        text = body.get("prompt")
+    elif protocol == "chat" and body.get("continue_final_message"):
+        text = (body.get("messages") or [{}])[-1].get("content")
+    else:
+        return 0
+    return len(re.findall(r"(?<= )t\d+", text)) if isinstance(text, str) else 0
+
+
+def _protocol(path: str) -> str:
     for suffix, protocol in (
         ("/chat/completions", "chat"),
         ("/completions", "completions"),
@@ -430,5 +454,9 @@ def _encoder(path: str, body: dict[str, Any], script: Script, tokens: int, model
         ("/messages", "messages"),
     ):
         if path.endswith(suffix):
-            return _Encoder(protocol, body, script, tokens, model)
-    return _Encoder("chat", body, script, tokens, model)  # /v1/files and the like: a chat answer, as before
+            return protocol
+    return "chat"  # /v1/files and the like: a chat answer, as before
+
+
+def _encoder(path: str, body: dict[str, Any], script: Script, tokens: int, model: str) -> _Encoder:
+    return _Encoder(_protocol(path), body, script, tokens, model)

@@ -1,7 +1,8 @@
 """The clients the bench compares, by name, each sending one streaming chat completion per planned request.
 
 * ``plain``, ``openai-default``, ``naive-retry``: the baselines (`llmguard_client.bench.baselines`);
-* ``guarded``, ``guarded-nohedge``, ``guarded-noretry``: this library (`llmguard_client.bench.guarded`).
+* ``guarded``, ``guarded-nohedge``, ``guarded-noretry``, ``guarded-continuation``: this library
+  (`llmguard_client.bench.guarded`).
 
 Every client is measured the same way, client-side (`llmguard_client.bench.measure`).
 """
@@ -12,7 +13,13 @@ from collections.abc import Callable, Sequence
 
 from llmguard_client.bench.baselines import NaiveRetryClient, OpenAIDefaultClient, PlainClient
 from llmguard_client.bench.client_base import BenchClient
-from llmguard_client.bench.guarded import GuardedClient, GuardedNoHedgeClient, GuardedNoRetryClient, guard_api
+from llmguard_client.bench.guarded import (
+    GuardedClient,
+    GuardedContinuationClient,
+    GuardedNoHedgeClient,
+    GuardedNoRetryClient,
+    guard_api,
+)
 from llmguard_client.bench.measure import Sample, TierSpec
 from llmguard_client.bench.rollout import RolloutClient
 
@@ -27,7 +34,16 @@ __all__ = [
     "parse_clients",
 ]
 
-CLIENT_NAMES = ("plain", "openai-default", "naive-retry", "guarded", "guarded-nohedge", "guarded-noretry", "rollout")
+CLIENT_NAMES = (
+    "plain",
+    "openai-default",
+    "naive-retry",
+    "guarded",
+    "guarded-nohedge",
+    "guarded-noretry",
+    "guarded-continuation",
+    "rollout",
+)
 
 _CLIENTS: dict[str, type[BenchClient]] = {
     c.name: c
@@ -38,6 +54,7 @@ _CLIENTS: dict[str, type[BenchClient]] = {
         GuardedClient,
         GuardedNoHedgeClient,
         GuardedNoRetryClient,
+        GuardedContinuationClient,
     )
 }
 

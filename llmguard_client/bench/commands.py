@@ -140,6 +140,10 @@ def run_bench(args: argparse.Namespace) -> int:
         profile = parse_profile(args.profile) if args.profile else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if getattr(args, "continuation", False):  # the guarded client with continuation on, right after it
+        at = clients.index("guarded") + 1 if "guarded" in clients else len(clients)
+        if "guarded-continuation" not in clients:
+            clients.insert(at, "guarded-continuation")
     if args.rollout is not None and args.clients == DEFAULT_CLIENTS:
         clients = ["rollout"]
     if args.records and "rollout" not in clients:

@@ -17,7 +17,7 @@ import httpx
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import HTTPStatus, Probe, TierSpec, consume_sse
 
-__all__ = ["GuardedClient", "GuardedNoHedgeClient", "GuardedNoRetryClient", "guard_api"]
+__all__ = ["GuardedClient", "GuardedContinuationClient", "GuardedNoHedgeClient", "GuardedNoRetryClient", "guard_api"]
 
 
 def guard_api() -> tuple[Any, Any]:
@@ -142,3 +142,14 @@ class GuardedNoHedgeClient(GuardedClient):
 class GuardedNoRetryClient(GuardedClient):
     name = "guarded-noretry"
     guard_kwargs = {"retry": None}  # noqa: RUF012
+
+
+class GuardedContinuationClient(GuardedClient):
+    """The guarded client with mid-stream failover by continuation (``llmguard bench --continuation``)."""
+
+    name = "guarded-continuation"
+
+    async def start(self) -> None:
+        policy = importlib.import_module("llmguard_client").ContinuationPolicy()
+        self.guard_kwargs = {"continuation": policy}
+        await super().start()

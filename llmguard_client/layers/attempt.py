@@ -62,6 +62,8 @@ class AttemptLayer:
         clock = call.clock
         attempt = AttemptRecord(index=len(call.record.attempts), replica=state.name, kind=route.kind, start=clock())
         call.record.attempts.append(attempt)
+        if call.continuation is not None and route.kind == "continuation":
+            call.continuation.mark(attempt)
         if route.payment is not None:
             route.payment.settle()
         state.in_flight += 1
@@ -81,6 +83,8 @@ class AttemptLayer:
                 return Failed([await _error_status(attempt, state, response, clock)])
             reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
                                 call.record.stream)
+            if call.continuation is not None and route.kind != "continuation":
+                reader.keep_text()  # the text delivered is what a continuation resumes from
             opening = await read_opening(_body(response), reader)
             if reader.failure is not None and call.guarded:  # before the first token: a failed attempt, like a 503
                 return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])

@@ -21,6 +21,12 @@ The control cohort gets every byte untouched: its failures are only recorded. Th
 the call's lease and closes it exactly once: at the end of the stream, on an error or a
 deadline, when the caller closes the response, when an unclosed body is garbage-collected
 (`weakref.finalize`), or when ``Guard.aclose()`` aborts the call (`GuardClosed`).
+
+With a `ContinuationPolicy` a break after the first token (reset, truncation, stall, in-stream error or
+malformed event; not the total deadline) is first handed to the call's continuation
+(`llmguard_client.layers.continuation`): if another replica takes over, the caller reads on from it as
+if nothing happened (the failing event is cut from the chunk that carried it); otherwise it gets the
+error above.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from llmguard_client._failure import describe_attempts
 from llmguard_client._outcome import Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client.layers.attempt import error_kind
+from llmguard_client.layers.continuation import CallContinuation
 from llmguard_client.protocols import StreamFailure, stream_error
+from llmguard_client.protocols.splice import cut_before_failure
 from llmguard_client.telemetry.record import CallStatus
 
 
@@ -91,6 +99,7 @@ class GuardBody(httpx.AsyncByteStream):
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
+        self._resume: CallContinuation | None = call.continuation if enforce else None
 
     def __aiter__(self) -> GuardBody:
         return self
@@ -102,6 +111,8 @@ class GuardBody(httpx.AsyncByteStream):
             self._end_delivered = not self._pending and reader.complete
             return chunk
         if reader.failure is not None and self._failure is None:  # carried by the chunk just delivered
+            if await self._continued(reader.failure.cause):
+                return await self.__anext__()
             await self._upstream_failed(reader.failure)
         if self._complete or self._ended or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
@@ -118,25 +129,48 @@ class GuardBody(httpx.AsyncByteStream):
         if lease.aborted:
             scope.cancel()
         lease._scopes.add(scope)
+        broken: BaseException | StreamFailure | None = None
+        cut_all = False
         try:
             with scope:
                 try:
                     chunk = await self._rest.__anext__()
                 except StopAsyncIteration:
                     failure = reader.end_of_body()
-                    if failure is not None:
+                    if failure is None:
+                        self._complete = True
+                        await self._end("ok", None)
+                        raise
+                    if self._resume is None:
                         await self._upstream_failed(failure)
-                    self._complete = True
-                    await self._end("ok", None)
-                    raise
+                    broken = failure
                 except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
-                    await self._end("error", error_kind(exc))
-                    raise
-                reader.feed(chunk)
-                self._end_delivered = reader.complete
-                return chunk
+                    if self._resume is None:
+                        await self._end("error", error_kind(exc))
+                        raise
+                    broken = exc
+                else:
+                    reader.feed(chunk)
+                    if reader.failure is not None and self._resume is not None:
+                        chunk = cut_before_failure(chunk)  # the failure is handled at the next read
+                        cut_all = not chunk
+                    if not cut_all:
+                        self._end_delivered = reader.complete
+                        return chunk
         finally:
             lease._scopes.discard(scope)
+        # Breaks with a continuation on are handled here, outside this read's stall scope.
+        if cut_all:
+            return await self.__anext__()
+        if isinstance(broken, StreamFailure):
+            if await self._continued(broken.cause):
+                return await self.__anext__()
+            await self._upstream_failed(broken)
+        elif broken is not None:
+            if await self._continued(error_kind(broken)):
+                return await self.__anext__()
+            await self._end("error", error_kind(broken))
+            raise broken
         if lease.aborted:
             await self._end("error", GuardClosed.cause)
             raise GuardClosed(
@@ -145,8 +179,22 @@ class GuardBody(httpx.AsyncByteStream):
                 record=call.record,
             )
         error = self._timeout(stall_tripped)
+        if stall_tripped and await self._continued(error.cause):
+            return await self.__anext__()
         await self._end("timeout", error.cause)
         raise error
+
+    async def _continued(self, cause: str) -> bool:
+        """Hand a break after the first token to the call's continuation; True if another replica took over."""
+        if self._resume is None:
+            return False
+        resumed = await self._resume.resume(self._call, self._reader, cause)
+        if resumed is None:
+            return False
+        self._pending.extend(resumed.chunks)
+        self._rest, self._reader, self._replica = resumed.rest, resumed.reader, resumed.replica
+        self._complete = False
+        return True
 
     async def _upstream_failed(self, failure: StreamFailure) -> None:
         """A failure after the first token: raised into the caller's iteration (guarded calls) with

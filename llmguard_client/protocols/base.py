@@ -103,6 +103,10 @@ class StreamReader(ABC):
         """Events from the first content token on (the token's own included) for event streams; else None."""
         return None
 
+    def keep_text(self) -> bool:
+        """Keep the answer's text from now on (for a continuation); True if this reader can."""
+        return False
+
     @abstractmethod
     def feed(self, chunk: bytes) -> bool:
         """Consume one chunk of the body; returns `first_token`."""

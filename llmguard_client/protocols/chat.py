@@ -11,7 +11,11 @@
 - usage: ``usage.prompt_tokens`` / ``usage.completion_tokens``, usually in a last ``choices: []``
   chunk (``stream_options.include_usage``).
 
-After the first token only events holding ``prompt_tokens``, a non-null ``finish_reason`` or an
+With `ChatReader.keep_text` (continuation on) every event is decoded and the answer's text kept, with a
+count of the events that carried text and whether the answer is still a plain single-choice text answer
+(`ChatReader.text_only`); a malformed event after the first token is then a failure too.
+
+Otherwise, after the first token only events holding ``prompt_tokens``, a non-null ``finish_reason`` or an
 ``"error"`` key are decoded; a chunk of whole events holding none of these (nor ``[DONE]``) is not
 even split into lines, its events are only counted.
 """
@@ -22,11 +26,13 @@ import re
 from typing import Any
 
 from llmguard_client.protocols.base import ResponseFacts
+from llmguard_client.protocols.errors import malformed
 from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
 _DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
+_NOT_TEXT = _DELTA_CONTENT[1:]
 
 
 def _message_has_content(holder: object) -> bool:
@@ -64,19 +70,69 @@ def absorb_chat_body(facts: ResponseFacts, obj: dict[str, Any]) -> None:
 class ChatReader(SSEReader):
     """Reads a Chat Completions event stream; see the module docstring."""
 
-    __slots__ = ()
+    __slots__ = ("_text", "text_events", "text_only")
     protocol = "chat"
     end_marker = "[DONE] or a finish_reason"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._text: list[str] | None = None
+        self.text_events = 0
+        """Events that carried text (kept only with `keep_text`)."""
+        self.text_only = True
+        """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
 
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:
         return chat_choice_has_content(choice)
 
+    @staticmethod
+    def text_of(choice: dict[str, Any]) -> tuple[object, bool]:
+        """(the choice's text piece, True if it carries nothing but text)."""
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return None, True
+        return delta.get("content"), not any(delta.get(k) for k in _NOT_TEXT)
+
+    def keep_text(self) -> bool:
+        if self._text is None:
+            self._text = []
+        return True
+
+    @property
+    def text(self) -> str | None:
+        """The text so far (None unless `keep_text` was called before the first chunk)."""
+        return None if self._text is None else "".join(self._text)
+
     def skippable(self, chunk: bytes) -> bool:
-        return chunk.endswith(b"\n\n") and _INTERESTING.search(chunk) is None
+        return self._text is None and chunk.endswith(b"\n\n") and _INTERESTING.search(chunk) is None
+
+    def _keep(self, obj: dict[str, Any], text: list[str]) -> None:
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return
+        if len(choices) > 1:
+            self.text_only = False
+            return
+        choice = choices[0]
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0 or choice.get("logprobs"):
+            self.text_only = False
+            return
+        piece, plain = self.text_of(choice)
+        if not plain:
+            self.text_only = False
+        if isinstance(piece, str) and piece:
+            text.append(piece)
+            self.text_events += 1
 
     def event(self, name: bytes, data: bytes) -> None:
-        if self.first_token:
+        text = self._text
+        if self.first_token and text is not None:
+            if len(data) < 16 and data.strip() == b"[DONE]":
+                self.complete = True
+                return
+            self._events += 1
+        elif self.first_token:
             # The cheap path: only events that may hold usage, a finish reason or an error are decoded.
             if (
                 b"prompt_tokens" not in data
@@ -96,12 +152,16 @@ class ChatReader(SSEReader):
             return
         obj = self.decode(data, f"a {self.protocol} stream event")
         if obj is None:
+            if text is not None and self.failure is None:  # keeping text: the answer can no longer be followed
+                self.failure = malformed(f"a {self.protocol} stream event", data)
             return
         error = obj.get("error")
         if error or name == b"error":
             self.fail_with(error or obj, obj.get("error_type"))
             return
         content = absorb_choices(self.facts, obj, self.has_content)
+        if text is not None:
+            self._keep(obj, text)
         if self.facts.finish_reasons:
             self.complete = True
         if content and not self.first_token:

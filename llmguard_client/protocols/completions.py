@@ -32,3 +32,7 @@ class CompletionsReader(ChatReader):
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:
         return text_choice_has_content(choice)
+
+    @staticmethod
+    def text_of(choice: dict[str, Any]) -> tuple[object, bool]:
+        return choice.get("text"), True

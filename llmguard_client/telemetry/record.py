@@ -22,8 +22,9 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-AttemptKind = Literal["primary", "retry", "hedge"]
-"""Why an attempt was sent: the first one, a retry after a failure, or a hedge."""
+AttemptKind = Literal["primary", "retry", "hedge", "continuation"]
+"""Why an attempt was sent: the first one, a retry after a failure, a hedge, or a continuation of a
+stream that broke after its first token (``ContinuationPolicy``)."""
 
 AttemptOutcome = Literal["pending", "won", "lost", "cancelled", "failed"]
 """won: its response reached the caller; lost: another attempt won first (it was closed);
@@ -51,6 +52,12 @@ class AttemptRecord:
     outcome: AttemptOutcome = "pending"
     error: str | None = None
     retry_after: float | None = None
+    resumed_at: int | None = None
+    """A continuation: the characters of answer text already delivered when it was sent."""
+    resumed_tokens: int | None = None
+    """A continuation: the tokens already generated (what ``max_tokens`` was reduced by)."""
+    break_cause: str | None = None
+    """A continuation: why the stream it continues broke (``read_error``, ``stream_truncated``, ...)."""
 
     @property
     def ttft(self) -> float | None:
@@ -109,6 +116,11 @@ class PhaseRecord:
     @property
     def retried(self) -> bool:
         return any(a.kind == "retry" for a in self.attempts)
+
+    @property
+    def continued(self) -> bool:
+        """A stream broke after its first token and was finished by a continuation attempt."""
+        return any(a.kind == "continuation" and a.outcome == "won" for a in self.attempts)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (no prompt, completion or header values are ever held here)."""

@@ -1,0 +1,227 @@
+"""Mid-stream failover by continuation, through the openai SDK and raw httpx, on real loopback servers.
+
+Both servers run the same script: the one that gets the call breaks after 5 tokens; a continuation
+request (one already holding `` t0 ... t4``) is answered by ``Script.continued``, which numbers its
+tokens on from there, so a spliced answer reads `` t0 ... t9``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmguard_client import (
+    BudgetPolicy,
+    ContinuationPolicy,
+    Guard,
+    GuardConfigError,
+    PhaseRecord,
+    StallTimeout,
+    Tier,
+    UpstreamStreamError,
+)
+from tests.loopback import LoopbackServer, Script
+
+WHOLE = "".join(f" t{i}" for i in range(10))
+FIRST5 = "".join(f" t{i}" for i in range(5))
+PATHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    "completions": ("/v1/completions", {"prompt": "x"}),
+}
+
+
+def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"t": Tier(ttft=1.0, total=5.0, stall=0.3)})
+    kwargs.setdefault("hedge", None)
+    kwargs.setdefault("continuation", ContinuationPolicy())
+    return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
+
+
+def script(**breaks: Any) -> Script:
+    return Script(tokens=10, continued=Script(tokens=None), **breaks)
+
+
+async def sdk_text(guard: Guard, url: str, protocol: str) -> tuple[str, list[Any]]:
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=guard.http_client(), max_retries=0)
+    usage = {"include_usage": True}
+    options: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": 10, "stream_options": usage}
+    if protocol == "chat":
+        stream: Any = await oai.chat.completions.create(messages=[{"role": "user", "content": "x"}], **options)
+    else:
+        stream = await oai.completions.create(prompt="x", **options)
+    chunks = [chunk async for chunk in stream]
+    text = "".join(
+        (c.choices[0].delta.content or "") if protocol == "chat" else c.choices[0].text for c in chunks if c.choices
+    )
+    return text, chunks
+
+
+async def raw_events(client: httpx.AsyncClient, url: str, protocol: str) -> list[bytes]:
+    path, body = PATHS[protocol]
+    payload = {"model": "m", "stream": True, "max_tokens": 10, "stream_options": {"include_usage": True}, **body}
+    async with client.stream("POST", url + path, json=payload) as response:
+        raw = b"".join([chunk async for chunk in response.aiter_raw()])
+    return [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions"])
+async def test_a_reset_after_5_tokens_ends_as_one_whole_answer_through_the_sdk(
+    servers: list[LoopbackServer], protocol: str
+) -> None:
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        text, chunks = await sdk_text(guard, servers[0].url, protocol)
+    assert text == WHOLE
+    assert {c.id for c in chunks} == {"chatcmpl-test" if protocol == "chat" else "cmpl-test"}
+    assert all(choice.index == 0 for c in chunks for choice in c.choices)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 10  # 5 delivered + 5 continued
+    (record,) = records
+    assert record.status == "ok" and record.continued
+    broken, continued = record.attempts
+    assert (broken.kind, broken.outcome, continued.kind, continued.outcome) == (
+        "primary", "failed", "continuation", "won"
+    )
+    assert broken.replica != continued.replica
+    assert (continued.resumed_at, continued.resumed_tokens) == (len(FIRST5), 5)
+    assert continued.break_cause is not None and broken.error == continued.break_cause
+    assert record.completion_tokens == 10
+    sent = [b for s in servers[:2] for b in s.bodies()]
+    assert len(sent) == 2
+    follow_up = next(b for b in sent if b["max_tokens"] == 5)
+    if protocol == "chat":
+        assert follow_up["messages"][-1] == {"role": "assistant", "content": FIRST5}
+        assert follow_up["continue_final_message"] is True and follow_up["add_generation_prompt"] is False
+    else:
+        assert follow_up["prompt"] == "x" + FIRST5
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions"])
+@pytest.mark.parametrize(
+    "breaks",
+    [
+        {"reset_after_tokens": 5},
+        {"truncate_at": 5},
+        {"error_at": 5},
+        {"malformed_at": 5},
+    ],
+    ids=["reset", "truncated", "error_event", "malformed"],
+)
+async def test_the_spliced_stream_has_one_role_delta_one_done_one_id(
+    servers: list[LoopbackServer], protocol: str, breaks: dict[str, int]
+) -> None:
+    for s in servers[:2]:
+        s.script = script(**breaks)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+        events = await raw_events(client, servers[0].url, protocol)
+    assert events.count(b"[DONE]") == 1 and events[-1] == b"[DONE]"
+    objs = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in o for o in objs)
+    assert len({o["id"] for o in objs}) == 1
+    if protocol == "chat":
+        assert sum("role" in c["delta"] for o in objs for c in o["choices"]) == 1
+        text = "".join(c["delta"].get("content") or "" for o in objs for c in o["choices"])
+    else:
+        text = "".join(c["text"] for o in objs for c in o["choices"])
+    assert text == WHOLE
+    assert objs[-1]["usage"]["completion_tokens"] == 10
+    assert records[0].status == "ok" and [a.kind for a in records[0].attempts] == ["primary", "continuation"]
+
+
+async def test_a_stall_past_the_tier_limit_is_continued(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = Script(tokens=10, stall_after_first=3.0, continued=Script(tokens=None))
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        text, _ = await sdk_text(guard, servers[0].url, "chat")
+    assert text == WHOLE
+    assert records[0].attempts[-1].break_cause == StallTimeout.cause
+    assert servers[0].wait_for(lambda: sum(s.disconnects for s in servers[:2]) == 1)  # the stalled one was closed
+
+
+async def test_without_continuation_the_caller_gets_todays_error(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = script(error_at=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records, continuation=None) as guard, guard.http_client() as client:
+        with pytest.raises(UpstreamStreamError):
+            await raw_events(client, servers[0].url, "chat")
+    assert sum(len(s.received) for s in servers[:2]) == 1
+    assert [a.kind for a in records[0].attempts] == ["primary"] and records[0].status == "error"
+
+
+async def test_a_tool_call_stream_is_not_continued(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5, tool_calls=True)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+        with pytest.raises(httpx.TransportError):
+            await raw_events(client, servers[0].url, "chat")
+    assert sum(len(s.received) for s in servers[:2]) == 1
+    assert records[0].status == "error"
+
+
+@pytest.mark.parametrize("body", [{"n": 2}, {"logprobs": True}], ids=["n2", "logprobs"])
+async def test_requests_that_cannot_be_continued_fail_as_today(
+    servers: list[LoopbackServer], body: dict[str, Any]
+) -> None:
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+        payload = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}], **body}
+        with pytest.raises(httpx.TransportError):
+            async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=payload) as response:
+                await response.aread()
+    assert sum(len(s.received) for s in servers[:2]) == 1
+
+
+async def test_a_break_too_close_to_the_total_deadline_is_not_continued(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5, gap=0.05)
+    records: list[PhaseRecord] = []
+    policy = ContinuationPolicy(min_time_left=4.9)  # total 5 s: 5 tokens 50 ms apart leave less than 4.9 s
+    async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
+        with pytest.raises(httpx.TransportError):
+            await raw_events(client, servers[0].url, "completions")
+    assert sum(len(s.received) for s in servers[:2]) == 1
+    assert len(records[0].attempts) == 1
+
+
+async def test_a_spent_budget_is_not_overdrawn_by_a_continuation(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = script(truncate_at=5)
+    records: list[PhaseRecord] = []
+    budget = BudgetPolicy(ratio=0.0, floor=0)
+    async with make_guard(servers[:2], records, budget=budget) as guard, guard.http_client() as client:
+        with pytest.raises(Exception, match="ended the stream early"):
+            await raw_events(client, servers[0].url, "chat")
+        assert guard.budget is not None and guard.budget.snapshot().pending == 0
+    assert sum(len(s.received) for s in servers[:2]) == 1
+    assert records[0].cause == "stream_truncated"
+
+
+async def test_a_failed_continuation_leaves_the_original_error(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = Script(tokens=10, reset_after_tokens=5, continued=Script(status=503))
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+        with pytest.raises(httpx.TransportError):
+            await raw_events(client, servers[0].url, "chat")
+    (record,) = records
+    assert [(a.kind, a.outcome) for a in record.attempts] == [("primary", "won"), ("continuation", "failed")]
+    assert record.status == "error"
+
+
+def test_the_policy_is_validated() -> None:
+    with pytest.raises(GuardConfigError, match="max_continuations"):
+        ContinuationPolicy(max_continuations=0)
+    with pytest.raises(GuardConfigError, match="unknown tier"):
+        Guard(["http://a.test"], continuation={"nope": ContinuationPolicy()})
