@@ -7,7 +7,7 @@ accepted, at construction time, never in the middle of a call.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -272,3 +272,22 @@ def per_tier_continuation(
         if not isinstance(policy, ContinuationPolicy):
             raise GuardConfigError(f"continuation[{name!r}] must be a ContinuationPolicy, got {policy!r}")
     return {name: value.get(name) for name in tiers}
+
+
+def resolve_replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
+    """The Guard's ``replicas`` argument checked: a non-empty list of distinct base URLs / `Replica` values."""
+    if isinstance(replicas, (str, Replica)) or not isinstance(replicas, Sequence):
+        raise GuardConfigError(
+            f"replicas must be a list of base URLs or Replica values, got {type(replicas).__name__}: {replicas!r}"
+        )
+    if not replicas:
+        raise GuardConfigError("replicas must name at least one base URL, e.g. ['http://10.0.0.1:8000']")
+    resolved = [r if isinstance(r, Replica) else Replica(r) for r in replicas]
+    seen: set[str] = set()
+    for replica in resolved:
+        url = httpx.URL(replica.name)
+        key = str(url.copy_with(scheme=url.scheme.lower(), host=url.host.lower())).rstrip("/")
+        if key in seen:
+            raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
+        seen.add(key)
+    return resolved

@@ -25,6 +25,7 @@ from llmguard_client._config import (
     RetryPolicy,
     Tier,
     per_tier_continuation,
+    resolve_replicas,
 )
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._lease import LeaseRegistry
@@ -116,7 +117,7 @@ class Guard:
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
     ) -> None:
-        resolved = _replicas(replicas)
+        resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
         if not tiers:
             raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
@@ -368,24 +369,6 @@ def _default_instrumentation() -> Instrumentation | None:
             raise
         return None
     return OpenTelemetryInstrumentation()
-
-
-def _replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
-    if isinstance(replicas, (str, Replica)) or not isinstance(replicas, Sequence):
-        raise GuardConfigError(
-            f"replicas must be a list of base URLs or Replica values, got {type(replicas).__name__}: {replicas!r}"
-        )
-    if not replicas:
-        raise GuardConfigError("replicas must name at least one base URL, e.g. ['http://10.0.0.1:8000']")
-    resolved = [r if isinstance(r, Replica) else Replica(r) for r in replicas]
-    seen: set[str] = set()
-    for replica in resolved:
-        url = httpx.URL(replica.name)
-        key = str(url.copy_with(scheme=url.scheme.lower(), host=url.host.lower())).rstrip("/")
-        if key in seen:
-            raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
-        seen.add(key)
-    return resolved
 
 
 _T = TypeVar("_T")
