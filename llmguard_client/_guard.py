@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
@@ -57,8 +58,15 @@ _UNSET: Any = object()
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (no transport-level retries: the guard decides)."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0)
+    """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
+    TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
+    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=_tls_context())
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The default verifying TLS context (certifi's CA bundle, as httpx builds it), made once per process."""
+    return httpx.create_ssl_context()
 
 
 class Guard:
