@@ -15,6 +15,7 @@ from llmguard_client._config import BudgetPolicy, Bulkhead, FailureMode, HedgePo
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._transport import GuardTransport, RecordCallback
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
 from llmguard_client.layers.rollout import Rollout
@@ -135,6 +136,8 @@ class Guard:
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory)
+        self.ttft_stats = TTFTStats(hedge or HedgePolicy(), self._replica_set.router.degraded)
+        """TTFT per replica, tier and stream kind: the hedge delay and the retry layer's expected TTFT."""
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
         self._transport = GuardTransport(
@@ -151,6 +154,7 @@ class Guard:
             instrumentation=instrumentation,
             on_record=on_record,
             clock=clock,
+            ttft_stats=self.ttft_stats,
         )
 
     @property

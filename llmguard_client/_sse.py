@@ -70,7 +70,7 @@ class ResponseFacts:
 class SSEScanner:
     """Feed it the bytes of an SSE body; it tells when the first content token has arrived."""
 
-    __slots__ = ("_data", "_partial", "_skip_lf", "chunks", "done", "facts", "first_token")
+    __slots__ = ("_data", "_partial", "_skip_lf", "chunks", "done", "facts", "first_token", "malformed")
 
     def __init__(self) -> None:
         self._partial = b""
@@ -80,6 +80,8 @@ class SSEScanner:
         self.chunks = 0
         """Data events from the first content token on (the token's own included; ``[DONE]`` not)."""
         self.done = False
+        self.malformed = 0
+        """Data events that open a JSON object and do not close it (a truncated event): a broken stream."""
         self.facts = ResponseFacts()
 
     def feed(self, chunk: bytes) -> bool:
@@ -111,10 +113,14 @@ class SSEScanner:
         if self.first_token:
             self.chunks += 1
             if not any(marker in data for marker in _LATE_MARKERS):
+                if data.startswith(b"{") and not data.endswith(b"}") and not data.rstrip().endswith(b"}"):
+                    self.malformed += 1
                 return
         try:
             obj = json.loads(data)
         except (ValueError, RecursionError):
+            if data.startswith(b"{"):
+                self.malformed += 1
             return  # not JSON (a vendor ping, a malformed event): never a token
         if self.facts.absorb(obj) and not self.first_token:
             self.first_token = True

@@ -35,6 +35,8 @@ from llmguard_client._errors import (
 )
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._replicas import ReplicaSet
+from llmguard_client._routing import stream_outcome
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.layers.attempt import AttemptWin
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
@@ -75,6 +77,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         instrumentation: Instrumentation,
         on_record: RecordCallback | None,
         clock: Callable[[], float] = time.monotonic,
+        ttft_stats: TTFTStats | None = None,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -90,7 +93,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._on_record = on_record
         self._clock = clock
         self._bases = tuple(s.base for s in replicas.states)
-        self.hedger = Hedger(replicas, hedge, clock)
+        self.hedger = Hedger(replicas, hedge, clock, ttft_stats)
         self._retrier = Retrier(self.hedger, replicas, retry, instrumentation, clock)
         self.closed = False
 
@@ -220,7 +223,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
         record.http_status = win.response.status_code
         if attempt.ttft is not None and call.guarded:
-            self.hedger.delays.observe(call.tier_name, record.stream, attempt.ttft)
+            self.hedger.ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
 
         def finalize(status: CallStatus, cause: str | None) -> None:
             now = self._clock()
@@ -231,6 +234,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             record.finish_reasons = list(facts.finish_reasons)
             record.chunks = win.scanner.chunks if win.scanner is not None else None
             win.state.in_flight -= 1
+            ok, tokens, duration = stream_outcome(status, win.scanner, facts, attempt.first_token, now)
+            self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
             release()
             call.observation.attempt_finished(attempt)
             self._finish(call, status, cause, finish=attempt.finish)

@@ -1,7 +1,8 @@
 """Hedged rounds: staggered attempts on different replicas, the first content token wins.
 
 A round starts one attempt. If no first content token has arrived after the hedge
-delay (fixed, or adaptive: a quantile of the tier's recent time-to-first-token), the
+delay (fixed, or adaptive: read from the healthy replicas' recent time-to-first-token,
+see `llmguard_client._ttft_stats`), the
 same request goes to a *different* replica, paid from the shared budget. The first
 attempt to produce a first content token (non-streaming: a complete successful body)
 wins; every other attempt is cancelled and its connection closed, and the round
@@ -22,44 +23,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from llmguard_client._call import Call
 from llmguard_client._config import HedgePolicy
-from llmguard_client._quantile import StreamingQuantile
 from llmguard_client._replicas import ReplicaSet, ReplicaState
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.layers.attempt import AttemptFailure, AttemptResult, AttemptWin, run_attempt
 from llmguard_client.telemetry.record import AttemptKind
 
 RoundResult = AttemptWin | list[AttemptFailure]
 """A round ends with a winner, or with the failures of all its attempts."""
-
-
-class HedgeDelays:
-    """The adaptive hedge delay: a quantile of recent TTFT per (tier, streaming) class."""
-
-    def __init__(self, policy: HedgePolicy) -> None:
-        self._policy = policy
-        self._samples: dict[tuple[str, bool], StreamingQuantile] = {}
-
-    def observe(self, tier: str, stream: bool, ttft: float) -> None:
-        key = (tier, stream)
-        if key not in self._samples:
-            self._samples[key] = StreamingQuantile()
-        self._samples[key].add(max(0.0, ttft))
-
-    def delay(self, tier: str, stream: bool) -> float:
-        policy = self._policy
-        if policy.delay is not None:
-            return policy.delay
-        samples = self._samples.get((tier, stream))
-        if samples is None or samples.count < policy.min_samples:
-            return policy.warmup_delay
-        estimate = samples.quantile(policy.quantile) or policy.warmup_delay
-        return min(policy.max_delay, max(policy.min_delay, estimate))
-
-    def typical(self, tier: str, stream: bool) -> float:
-        """The median recent TTFT (0 when unknown): a fresh attempt needs about this long."""
-        samples = self._samples.get((tier, stream))
-        if samples is None or samples.count == 0:
-            return 0.0
-        return samples.quantile(0.5) or 0.0
 
 
 class Hedger:
@@ -70,10 +40,12 @@ class Hedger:
         replicas: ReplicaSet,
         policy: HedgePolicy | None,
         clock: Callable[[], float] = time.monotonic,
+        ttft_stats: TTFTStats | None = None,
     ) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.delays = HedgeDelays(policy or HedgePolicy())
+        self.ttft_stats = ttft_stats or TTFTStats(policy or HedgePolicy(), replicas.router.degraded)
+        """TTFT per replica (owned by the Guard when it passes one): the hedge delay and typical TTFT."""
         self._clock = clock
 
     def _hedges_for(self, call: Call) -> int:
@@ -86,7 +58,7 @@ class Hedger:
         if self.replicas.any_cooling(now):
             return False
         remaining = call.first_token_deadline - now
-        return remaining > self.delays.typical(call.tier_name, call.record.stream)
+        return remaining > self.ttft_stats.typical(call.tier_name, call.record.stream)
 
     async def run_round(self, call: Call, first: ReplicaState, kind: AttemptKind) -> RoundResult:
         """One primary (or retry) attempt on ``first``, plus hedges; see the module docstring."""
@@ -96,7 +68,7 @@ class Hedger:
         failures: list[AttemptFailure] = []
         winner: AttemptWin | None = None
         hedges_left = self._hedges_for(call)
-        delay = self.delays.delay(call.tier_name, call.record.stream) if hedges_left else math.inf
+        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream) if hedges_left else math.inf
 
         def lost() -> bool:
             return winner is not None

@@ -71,7 +71,9 @@ class Retrier:
             rounds += 1
             result = await self.hedger.run_round(call, state, "primary" if rounds == 1 else "retry")
             if isinstance(result, AttemptWin):
-                self.replicas.succeeded(result.state, result.attempt.ttft)
+                now = self._clock()
+                self.replicas.succeeded(result.state, result.attempt.ttft, now, result.response.headers)
+                self.replicas.losers(call.record.attempts)
                 return result
             self._learn(call, result)
             last = result[-1]
@@ -92,6 +94,8 @@ class Retrier:
         now = self._clock()
         for failure in failures:
             call.failed_replicas.append(failure.state)
+            if failure.status_code is not None:
+                self.replicas.saw_headers(failure.state, now, failure.headers)
             if failure.retry_after is not None and failure.status_code in (429, 503):
                 self.replicas.cool_down(failure.state, now, failure.retry_after)
                 self._instrumentation.replica_cooled(failure.state.name, failure.retry_after, "retry_after")
@@ -121,7 +125,7 @@ class Retrier:
         now = self._clock()
         remaining = call.first_token_deadline - now
         # A retry is worth sending only if its first token can still make the deadline.
-        expected_ttft = self.hedger.delays.delay(call.tier_name, call.record.stream)
+        expected_ttft = self.hedger.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
         state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
         if state is None:
             soonest = self.replicas.cooling_wait(now)

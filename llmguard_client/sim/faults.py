@@ -22,6 +22,9 @@ class FaultConfig:
     ``reset`` aborts the TCP connection and ``malformed`` sends one unparsable event at that point too.
     ``html_500`` answers an HTML error page; ``blackhole`` reads the request and never answers until the
     client goes away. ``slow_factor`` multiplies the replica's step time. ``retry_after`` shapes 429 headers.
+    ``first_token_delay_s`` holds every request that long before its first token (a slow prefill; not counted
+    as a fault). ``slow_between`` limits ``slow_factor`` and ``first_token_delay_s`` to a window of seconds
+    after the replica started (None: always), for a replica that degrades and recovers.
     """
 
     stall_first_p: float = 0.0
@@ -35,6 +38,8 @@ class FaultConfig:
     fault_after_tokens: int = 2
     slow_factor: float = 1.0
     retry_after: RetryAfterStyle = "seconds"
+    first_token_delay_s: float = 0.0
+    slow_between: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         probabilities = (
@@ -49,6 +54,17 @@ class FaultConfig:
             raise ValueError("fault probabilities must be in [0, 1]")
         if self.slow_factor <= 0 or self.stall_first_s < 0 or self.stall_mid_s < 0 or self.fault_after_tokens < 1:
             raise ValueError("slow_factor must be > 0, stall durations >= 0, fault_after_tokens >= 1")
+        if self.first_token_delay_s < 0:
+            raise ValueError(f"first_token_delay_s must be >= 0 seconds, got {self.first_token_delay_s!r}")
+        if self.slow_between is not None and not 0 <= self.slow_between[0] < self.slow_between[1]:
+            raise ValueError(
+                f"slow_between must be (start, end) seconds with 0 <= start < end, got {self.slow_between!r}"
+            )
+
+    def slow_at(self, elapsed: float) -> bool:
+        """Whether the slowdown (``slow_factor``, ``first_token_delay_s``) applies ``elapsed`` s after the start."""
+        window = self.slow_between
+        return window is None or window[0] <= elapsed < window[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,8 @@ class _Completions:
     ) -> None:
         replica = self.replica
         faults = replica.faults
+        if faults.first_token_delay_s and replica.slow_now():
+            replica.stall(seq, faults.first_token_delay_s)
         if plan.stall_first:
             replica.counters.stalled_first += 1
             replica.stall(seq, faults.stall_first_s)

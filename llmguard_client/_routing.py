@@ -1,0 +1,355 @@
+"""Which replica gets a call: a choice that follows load and health, drains a degraded replica
+to a trickle of probes, and brings it back once it recovers.
+
+What the router knows about each replica (`ReplicaHealth`), learned from the guard's own calls:
+
+- ``ttft``: seconds to the first content token, and ``tpot``: seconds per token after the first
+  (stream time after the first token / (tokens - 1)). Both are EWMAs whose samples are clipped to
+  `Router.CLIP` x the current estimate, so one straggler nudges the estimate instead of
+  multiplying it, while a replica that stays slow gets there within a few calls. An attempt that
+  lost a hedge race before its first token is a lower bound on that replica's TTFT: it raises
+  the estimate when it is above it and is ignored otherwise.
+- ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
+  `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
+  error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
+  An overload answer (429/503 with Retry-After) is not a failure: it cools the replica instead.
+- ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
+  (`llmguard_client._ratelimit`).
+
+The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
+tokens``) x (calls in flight + 1) x (1 + `Router.FAILURE_WEIGHT` x failure): the least-cost
+replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
+random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
+estimates take the median replica's, so a fresh guard balances by load alone. A replica without
+rate-limit room ranks after every one with room; a cooling one (Retry-After) only loses ties.
+
+Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
+(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
+`Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
+``probe_every`` and one per ``probe_interval`` seconds. While drained its estimates move faster
+(`Router.DRAINED_EWMA`), and it is brought back once its estimates are under
+`Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
+speed estimates forgotten (it starts again as a replica never measured). At most
+a minority of replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown
+is never answered by piling everything onto one replica.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from llmguard_client._ratelimit import parse_rate_limits
+from llmguard_client._sse import ResponseFacts, SSEScanner
+from llmguard_client.telemetry.record import CallStatus
+
+__all__ = ["ReplicaHealth", "Routable", "Router", "stream_outcome"]
+
+logger = logging.getLogger("llmguard_client")
+
+
+@dataclass(slots=True)
+class ReplicaHealth:
+    """The router's view of one replica (read it; the router writes it)."""
+
+    ttft: float | None = None
+    """Estimated seconds to the first content token (None: no call reached one yet)."""
+    tpot: float | None = None
+    """Estimated seconds per output token after the first (None: no stream finished yet)."""
+    failure: float = 0.0
+    """Failure rate at ``failure_at`` (it fades from then on)."""
+    failure_at: float = 0.0
+    drained: bool = False
+    drained_at: float = -math.inf
+    last_pick: float = -math.inf
+    """When an attempt was last sent here."""
+    limited_until: float = -math.inf
+    """A rate-limit header said there is no room here before this time."""
+
+
+class Routable(Protocol):
+    """What the router needs of a replica (`llmguard_client._replicas.ReplicaState` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def health(self) -> ReplicaHealth: ...
+
+    def cooling(self, now: float) -> bool: ...
+
+
+S = TypeVar("S", bound=Routable)
+
+
+def _lower_median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values.sort()
+    return values[(len(values) - 1) // 2]
+
+
+class Router(Generic[S]):
+    """Chooses replicas for attempts and learns from how they went. All times are the caller's ``now``."""
+
+    EWMA = 0.2
+    DRAINED_EWMA = 0.5
+    CLIP = 4.0
+    FAILURE_EWMA = 0.1
+    FAILURE_HALF_LIFE = 10.0
+    FAILURE_WEIGHT = 10.0
+    FAILURE_FORGOTTEN = 0.01
+    """A failure rate that has faded below this counts as none (so old failures stop breaking ties)."""
+    DRAIN_RATIO = 3.0
+    RECOVER_RATIO = 2.0
+    TTFT_FLOOR = 0.05
+    TPOT_FLOOR = 0.005
+    DRAIN_FAILURE = 0.3
+    RECOVER_FAILURE = 0.15
+    DEFAULT_TOKENS = 16.0
+    TIE = 0.15
+    TIE_SECONDS = 0.02
+
+    def __init__(
+        self,
+        states: Sequence[S],
+        *,
+        full_scan_up_to: int = 3,
+        probe_interval: float = 1.0,
+        probe_every: int = 50,
+        rng: random.Random | None = None,
+    ) -> None:
+        if isinstance(full_scan_up_to, bool) or not isinstance(full_scan_up_to, int) or full_scan_up_to < 2:
+            raise ValueError(f"full_scan_up_to must be an int >= 2, got {full_scan_up_to!r}")
+        if not isinstance(probe_interval, (int, float)) or not probe_interval > 0:
+            raise ValueError(f"probe_interval must be a positive number of seconds, got {probe_interval!r}")
+        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
+            raise ValueError(f"probe_every must be an int >= 1, got {probe_every!r}")
+        self.states = list(states)
+        self._by_name = {s.name: s for s in self.states}
+        self.full_scan_up_to = full_scan_up_to
+        self.probe_interval = float(probe_interval)
+        self.probe_every = probe_every
+        self.max_drained = max(1, (len(self.states) - 1) // 2) if len(self.states) >= 2 else 0
+        self._rng = rng if rng is not None else random.Random()
+        self._turn = itertools.count()
+        self._since_probe = 0
+        self._tokens: float | None = None
+        self._ref_ttft: float | None = None
+        self._ref_tpot: float | None = None
+
+    # --- choosing -------------------------------------------------------------------------
+
+    def pick(self, now: float, candidates: list[S]) -> S | None:
+        """The replica for a call's first attempt (a probe of a drained replica when one is due);
+        ties go round-robin."""
+        if not candidates:
+            return None
+        chosen = self._probe_due(now, candidates)
+        if chosen is None:
+            self._since_probe += 1
+            healthy = [s for s in candidates if not s.health.drained] or candidates
+            if len(healthy) > self.full_scan_up_to:
+                healthy = self._rng.sample(healthy, 2)
+            chosen = self._least_cost(healthy, now, rotate=True)
+        else:
+            self._since_probe = 0
+        chosen.health.last_pick = now
+        return chosen
+
+    def pick_ready(self, now: float, candidates: list[S]) -> S | None:
+        """The replica for a retry: healthy first, then the least cost."""
+        if not candidates:
+            return None
+        healthy = [s for s in candidates if not s.health.drained] or candidates
+        chosen = self._least_cost(healthy, now, rotate=False)
+        chosen.health.last_pick = now
+        return chosen
+
+    def pick_hedge(self, now: float, candidates: list[S]) -> S | None:
+        """The replica for a hedge: healthy first, then the best TTFT (unknown counts as 0, so a
+        replica never tried is tried), then the fewest in flight."""
+        if not candidates:
+            return None
+
+        def key(s: S) -> tuple[bool, bool, float, int]:
+            h = s.health
+            speed = (h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+            return (h.drained, h.limited_until > now, speed, s.in_flight)
+
+        chosen = min(candidates, key=key)
+        chosen.health.last_pick = now
+        return chosen
+
+    def degraded(self, name: str) -> bool:
+        """True while the replica named ``name`` is drained (unknown names: False)."""
+        state = self._by_name.get(name)
+        return state is not None and state.health.drained
+
+    def _probe_due(self, now: float, candidates: list[S]) -> S | None:
+        if self._since_probe + 1 < self.probe_every:
+            return None
+        due = [
+            s
+            for s in candidates
+            if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self.probe_interval
+        ]
+        return min(due, key=lambda s: s.health.last_pick) if due else None
+
+    def _least_cost(self, states: list[S], now: float, *, rotate: bool) -> S:
+        """Replicas with rate-limit room first; then those whose cost is within `TIE` (relative) or
+        `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
+        self._refresh_references()
+        ranked = [(s.health.limited_until > now, self._cost(s, now), s) for s in states]
+        limited = min(r[0] for r in ranked)
+        ranked = [r for r in ranked if r[0] == limited]
+        best = min(r[1] for r in ranked)
+        near = [r[2] for r in ranked if r[1] <= best * (1.0 + self.TIE) + self.TIE_SECONDS]
+        equals = [s for s in near if not s.cooling(now)] or near
+        return equals[next(self._turn) % len(equals)] if rotate else equals[0]
+
+    def _cost(self, s: S, now: float) -> float:
+        h = s.health
+        ttft = h.ttft if h.ttft is not None else self._ref_ttft
+        tpot = h.tpot if h.tpot is not None else self._ref_tpot
+        if ttft is None and tpot is None:
+            expected = 1.0  # nothing known anywhere: balance by load alone
+        else:
+            expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
+        return expected * (s.in_flight + 1) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+
+    def _failure(self, h: ReplicaHealth, now: float) -> float:
+        if h.failure == 0.0:
+            return 0.0
+        rate = h.failure * math.pow(0.5, max(0.0, now - h.failure_at) / self.FAILURE_HALF_LIFE)
+        return rate if rate >= self.FAILURE_FORGOTTEN else 0.0
+
+    # --- learning -------------------------------------------------------------------------
+
+    def first_token(self, state: S, now: float, ttft: float) -> None:
+        """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started."""
+        h = state.health
+        h.ttft = self._ewma(h.ttft, max(0.0, ttft), h.drained)
+        self._reassess(state, now)
+
+    def outran(self, state: S, now: float, waited: float) -> None:
+        """An attempt on ``state`` lost a race after ``waited`` seconds with no first token."""
+        h = state.health
+        if h.ttft is None or waited > h.ttft:
+            h.ttft = self._ewma(h.ttft, max(0.0, waited), h.drained)
+            self._reassess(state, now)
+
+    def failed(self, state: S, now: float) -> None:
+        """An attempt on ``state`` failed before its first token (error status, transport error)."""
+        self._count(state.health, now, failed=True)
+        self._reassess(state, now)
+
+    def stream_finished(
+        self, state: S, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
+    ) -> None:
+        """The body of a call won by ``state`` ended: ``ok`` False for a mid-stream failure, None when the
+        caller left early (timing only); ``tokens`` output tokens over ``duration`` s after the first."""
+        h = state.health
+        if tokens is not None and tokens >= 2 and duration is not None and duration >= 0:
+            h.tpot = self._ewma(h.tpot, duration / (tokens - 1), h.drained)
+        if ok and tokens is not None and tokens >= 1:
+            self._tokens = float(tokens) if self._tokens is None else self._tokens + self.EWMA * (tokens - self._tokens)
+        if ok is not None:
+            self._count(h, now, failed=not ok)
+        self._reassess(state, now)
+
+    def saw_headers(self, state: S, now: float, headers: Mapping[str, str]) -> None:
+        """Read a response's rate-limit headers, if any (absent: nothing changes)."""
+        hint = parse_rate_limits(headers)
+        if hint is not None:
+            state.health.limited_until = now + hint.no_room_for if hint.no_room_for > 0 else -math.inf
+
+    def _ewma(self, current: float | None, sample: float, drained: bool) -> float:
+        if current is None:
+            return sample
+        sample = min(sample, self.CLIP * max(current, 1e-3))
+        return current + (self.DRAINED_EWMA if drained else self.EWMA) * (sample - current)
+
+    def _count(self, h: ReplicaHealth, now: float, *, failed: bool) -> None:
+        alpha = self.DRAINED_EWMA if h.drained else self.FAILURE_EWMA
+        current = self._failure(h, now)
+        h.failure = current + alpha * ((1.0 if failed else 0.0) - current)
+        h.failure_at = now
+
+    def _reassess(self, state: S, now: float) -> None:
+        """Refresh the reference medians, then drain or bring back ``state``."""
+        self._refresh_references()
+        h = state.health
+        if h.drained:
+            if not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
+                # A clean slate: it gets its share at once and is measured afresh, instead of waiting
+                # behind the others until calls happen to wash the drained-time estimates out.
+                h.drained, h.ttft, h.tpot = False, None, None
+                logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
+        elif self._beyond(h, now, self.DRAIN_RATIO, self.DRAIN_FAILURE) and self._drained() < self.max_drained:
+            h.drained, h.drained_at = True, now
+            logger.warning(
+                "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
+                "ttft %s, per token %s); drained to one probe per %.0f s",
+                state.name,
+                _ms(h.ttft),
+                _ms(h.tpot),
+                100 * self._failure(h, now),
+                _ms(self._ref_ttft),
+                _ms(self._ref_tpot),
+                self.probe_interval,
+            )
+
+    def _drained(self) -> int:
+        return sum(s.health.drained for s in self.states)
+
+    def _refresh_references(self) -> None:
+        """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""
+        self._ref_ttft = _lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
+        self._ref_tpot = _lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
+
+    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
+        return (
+            _worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
+            or _worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            or self._failure(h, now) >= failure
+        )
+
+
+def _worse(value: float | None, reference: float | None, ratio: float, floor: float) -> bool:
+    return value is not None and reference is not None and value >= ratio * reference and value - reference >= floor
+
+
+def _ms(seconds: float | None) -> str:
+    return "unknown" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def stream_outcome(
+    status: CallStatus, scanner: SSEScanner | None, facts: ResponseFacts, first_token: float | None, now: float
+) -> tuple[bool | None, int | None, float | None]:
+    """``(ok, tokens, duration)`` for `Router.stream_finished`, from how a delivered body ended.
+
+    ok: True for a complete body; False for a mid-stream failure (transport error, stall or total
+    timeout) or an SSE stream that ended cleanly but broken (a malformed event, or neither ``[DONE]``
+    nor a finish reason: truncated); None when the caller closed it early (nothing to blame). Timing
+    (tokens after the first token over the seconds since it) only for SSE streams.
+    """
+    ok: bool | None
+    if status == "ok":
+        ok = scanner is None or (scanner.malformed == 0 and (scanner.done or bool(facts.finish_reasons)))
+    elif status == "abandoned":
+        ok = True if scanner is not None and scanner.done and scanner.malformed == 0 else None
+    else:
+        ok = False
+    if scanner is None or first_token is None:
+        return ok, None, None
+    tokens = facts.completion_tokens if facts.completion_tokens is not None else scanner.chunks
+    return ok, tokens, now - first_token
