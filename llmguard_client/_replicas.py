@@ -44,10 +44,6 @@ class ReplicaState:
         """The router's TTFT estimate (seconds; None until a first token arrived)."""
         return self.health.ttft
 
-    @ttft_ewma.setter
-    def ttft_ewma(self, value: float | None) -> None:
-        self.health.ttft = value
-
     def cooling(self, now: float) -> bool:
         return now < self.cooling_until
 

@@ -145,6 +145,12 @@ class Router(Generic[S]):
         self._tokens: float | None = None
         self._ref_ttft: float | None = None
         self._ref_tpot: float | None = None
+        self._stale = False
+        """An estimate changed since the reference medians were computed."""
+        self._drained = 0
+        """How many replicas are drained (0 keeps the common path free of the drain logic)."""
+        self._limited_until = -math.inf
+        """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
 
     # --- choosing -------------------------------------------------------------------------
 
@@ -153,10 +159,12 @@ class Router(Generic[S]):
         ties go round-robin."""
         if not candidates:
             return None
-        chosen = self._probe_due(now, candidates)
+        chosen = self._probe_due(now, candidates) if self._drained else None
         if chosen is None:
             self._since_probe += 1
-            healthy = [s for s in candidates if not s.health.drained] or candidates
+            healthy = candidates
+            if self._drained:
+                healthy = [s for s in candidates if not s.health.drained] or candidates
             if len(healthy) > self.full_scan_up_to:
                 healthy = self._rng.sample(healthy, 2)
             chosen = self._least_cost(healthy, now, rotate=True)
@@ -169,7 +177,7 @@ class Router(Generic[S]):
         """The replica for a retry: healthy first, then the least cost."""
         if not candidates:
             return None
-        healthy = [s for s in candidates if not s.health.drained] or candidates
+        healthy = [s for s in candidates if not s.health.drained] or candidates if self._drained else candidates
         chosen = self._least_cost(healthy, now, rotate=False)
         chosen.health.last_pick = now
         return chosen
@@ -207,13 +215,15 @@ class Router(Generic[S]):
     def _least_cost(self, states: list[S], now: float, *, rotate: bool) -> S:
         """Replicas with rate-limit room first; then those whose cost is within `TIE` (relative) or
         `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
-        self._refresh_references()
-        ranked = [(s.health.limited_until > now, self._cost(s, now), s) for s in states]
-        limited = min(r[0] for r in ranked)
-        ranked = [r for r in ranked if r[0] == limited]
-        best = min(r[1] for r in ranked)
-        near = [r[2] for r in ranked if r[1] <= best * (1.0 + self.TIE) + self.TIE_SECONDS]
-        equals = [s for s in near if not s.cooling(now)] or near
+        if self._stale:
+            self._refresh_references()
+        if self._limited_until > now:  # rate-limit headers said some replica has no room
+            room = [s for s in states if s.health.limited_until <= now]
+            states = room or states
+        costs = [self._cost(s, now) for s in states]
+        bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
+        near = [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
+        equals = [s for s in near if not s.cooling(now)] or near if len(near) > 1 else near
         return equals[next(self._turn) % len(equals)] if rotate else equals[0]
 
     def _cost(self, s: S, now: float) -> float:
@@ -270,7 +280,9 @@ class Router(Generic[S]):
         """Read a response's rate-limit headers, if any (absent: nothing changes)."""
         hint = parse_rate_limits(headers)
         if hint is not None:
-            state.health.limited_until = now + hint.no_room_for if hint.no_room_for > 0 else -math.inf
+            until = now + hint.no_room_for if hint.no_room_for > 0 else -math.inf
+            state.health.limited_until = until
+            self._limited_until = max(self._limited_until, until)
 
     def _ewma(self, current: float | None, sample: float, drained: bool) -> float:
         if current is None:
@@ -287,15 +299,19 @@ class Router(Generic[S]):
     def _reassess(self, state: S, now: float) -> None:
         """Refresh the reference medians, then drain or bring back ``state``."""
         self._refresh_references()
+        self._stale = False
         h = state.health
         if h.drained:
             if not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
                 # A clean slate: it gets its share at once and is measured afresh, instead of waiting
                 # behind the others until calls happen to wash the drained-time estimates out.
                 h.drained, h.ttft, h.tpot = False, None, None
+                self._drained -= 1
+                self._stale = True
                 logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
-        elif self._beyond(h, now, self.DRAIN_RATIO, self.DRAIN_FAILURE) and self._drained() < self.max_drained:
+        elif self._beyond(h, now, self.DRAIN_RATIO, self.DRAIN_FAILURE) and self._drained < self.max_drained:
             h.drained, h.drained_at = True, now
+            self._drained += 1
             logger.warning(
                 "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
                 "ttft %s, per token %s); drained to one probe per %.0f s",
@@ -307,9 +323,6 @@ class Router(Generic[S]):
                 _ms(self._ref_tpot),
                 self.probe_interval,
             )
-
-    def _drained(self) -> int:
-        return sum(s.health.drained for s in self.states)
 
     def _refresh_references(self) -> None:
         """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""

@@ -183,7 +183,7 @@ def test_a_cool_down_is_never_shortened() -> None:
 def test_pick_hedge_prefers_the_best_ttft_ewma() -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states
-    r0.ttft_ewma, r1.ttft_ewma, r2.ttft_ewma = 0.5, 0.9, 0.2
+    r0.health.ttft, r1.health.ttft, r2.health.ttft = 0.5, 0.9, 0.2
     assert rs.pick_hedge(NOW, exclude=[]) is r2
     assert rs.pick_hedge(NOW, exclude=[r2]) is r0
     assert rs.pick_hedge(NOW, exclude=[r2, r0]) is r1
@@ -192,7 +192,7 @@ def test_pick_hedge_prefers_the_best_ttft_ewma() -> None:
 def test_pick_hedge_breaks_ttft_ties_by_load() -> None:
     rs = replica_set(3)
     for state, load in zip(rs.states, (3, 1, 2), strict=True):
-        state.ttft_ewma = 0.3
+        state.health.ttft = 0.3
         state.in_flight = load
     assert rs.pick_hedge(NOW, exclude=[]) is rs.states[1]
 
@@ -200,7 +200,7 @@ def test_pick_hedge_breaks_ttft_ties_by_load() -> None:
 def test_pick_hedge_refuses_cooling_and_open_replicas() -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states
-    r1.ttft_ewma, r2.ttft_ewma = 0.01, 0.02
+    r1.health.ttft, r2.health.ttft = 0.01, 0.02
     rs.cool_down(r1, NOW, 5.0)
     r2.open_until = NOW + 5
     assert rs.pick_hedge(NOW, exclude=[r0]) is None
@@ -215,7 +215,7 @@ def test_pick_hedge_refuses_cooling_and_open_replicas() -> None:
 def test_pick_hedge_never_returns_an_excluded_replica(ewmas: list[float | None], data: st.DataObject) -> None:
     rs = replica_set(len(ewmas))
     for state, ewma in zip(rs.states, ewmas, strict=True):
-        state.ttft_ewma = ewma
+        state.health.ttft = ewma
         state.in_flight = data.draw(st.integers(0, 3))
     excluded = data.draw(st.lists(st.sampled_from(rs.states), unique_by=id))
     picked = rs.pick_hedge(NOW, exclude=excluded)

@@ -62,8 +62,9 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
     hedge = HedgePolicy(delay=0.2, max_hedges=2)
     guard = make_guard(servers, records, hedge=hedge)
     # Make the hedge order deterministic: replica 1 has the best recent TTFT, then replica 2.
-    guard.transport.hedger.replicas.states[1].ttft_ewma = 0.01
-    guard.transport.hedger.replicas.states[2].ttft_ewma = 0.02
+    replicas = guard.transport.hedger.replicas
+    replicas.router.first_token(replicas.states[1], 0.0, 0.01)
+    replicas.router.first_token(replicas.states[2], 0.0, 0.02)
     async with guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
     assert response.status_code == 200
