@@ -15,13 +15,17 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   An overload answer (429/503 with Retry-After) is not a failure: it cools the replica instead.
 - ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
   (`llmguard_client._ratelimit`).
+- ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
+  `llmguard_client.server_hints.poll_vllm_metrics` runs.
 
 The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
-tokens``) x (calls in flight + 1) x (1 + `Router.FAILURE_WEIGHT` x failure): the least-cost
+tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
+`Router.FAILURE_WEIGHT` x failure): the least-cost
 replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates take the median replica's, so a fresh guard balances by load alone. A replica without
-rate-limit room ranks after every one with room; a cooling one (Retry-After) only loses ties.
+rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
+cooling one (Retry-After) only loses ties.
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
 (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
@@ -70,6 +74,11 @@ class ReplicaHealth:
     """When an attempt was last sent here."""
     limited_until: float = -math.inf
     """A rate-limit header said there is no room here before this time."""
+    full_until: float = -math.inf
+    """The server reported its KV cache (nearly) full; believed until this time."""
+    waiting: float = 0.0
+    """Requests the server reported queued (from every client), believed until ``waiting_until``."""
+    waiting_until: float = -math.inf
 
 
 class Routable(Protocol):
@@ -115,6 +124,7 @@ class Router(Generic[S]):
     DRAIN_FAILURE = 0.3
     RECOVER_FAILURE = 0.15
     DEFAULT_TOKENS = 16.0
+    KV_FULL = 0.95
     TIE = 0.15
     TIE_SECONDS = 0.02
 
@@ -191,7 +201,7 @@ class Router(Generic[S]):
         def key(s: S) -> tuple[bool, bool, float, int]:
             h = s.health
             speed = (h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
-            return (h.drained, h.limited_until > now, speed, s.in_flight)
+            return (h.drained, _no_room(h, now), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
         chosen.health.last_pick = now
@@ -217,8 +227,8 @@ class Router(Generic[S]):
         `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
         if self._stale:
             self._refresh_references()
-        if self._limited_until > now:  # rate-limit headers said some replica has no room
-            room = [s for s in states if s.health.limited_until <= now]
+        if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
+            room = [s for s in states if not _no_room(s.health, now)]
             states = room or states
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
@@ -234,7 +244,8 @@ class Router(Generic[S]):
             expected = 1.0  # nothing known anywhere: balance by load alone
         else:
             expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
-        return expected * (s.in_flight + 1) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+        load = s.in_flight + 1 + (h.waiting if h.waiting_until > now else 0.0)
+        return expected * load * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
 
     def _failure(self, h: ReplicaHealth, now: float) -> float:
         if h.failure == 0.0:
@@ -283,6 +294,19 @@ class Router(Generic[S]):
             until = now + hint.no_room_for if hint.no_room_for > 0 else -math.inf
             state.health.limited_until = until
             self._limited_until = max(self._limited_until, until)
+
+    def server_load(
+        self, state: S, now: float, *, waiting: float | None, kv_usage: float | None, fresh_for: float
+    ) -> None:
+        """A server's own report, believed for ``fresh_for`` seconds: ``waiting`` requests queued
+        there (counted as load beside the guard's own calls in flight), ``kv_usage`` of its KV cache
+        (0-1; from `KV_FULL` on it ranks with the replicas without room)."""
+        h = state.health
+        if waiting is not None and waiting >= 0:
+            h.waiting, h.waiting_until = waiting, now + fresh_for
+        if kv_usage is not None:
+            h.full_until = now + fresh_for if kv_usage >= self.KV_FULL else -math.inf
+            self._limited_until = max(self._limited_until, h.full_until)
 
     def _ewma(self, current: float | None, sample: float, drained: bool) -> float:
         if current is None:
@@ -335,6 +359,10 @@ class Router(Generic[S]):
             or _worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
             or self._failure(h, now) >= failure
         )
+
+
+def _no_room(h: ReplicaHealth, now: float) -> bool:
+    return h.limited_until > now or h.full_until > now
 
 
 def _worse(value: float | None, reference: float | None, ratio: float, floor: float) -> bool:

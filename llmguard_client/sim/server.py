@@ -1,8 +1,9 @@
 """The Starlette ASGI app of one replica: OpenAI-compatible completions (SSE or JSON), models, stats.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /sim/stats``,
-``POST /sim/reset``. A client disconnect (the ASGI ``http.disconnect`` message, or a failed send) aborts the
-request in the engine at once; a ``finally`` releases it on every other way out (error, cancellation).
+``POST /sim/reset``, ``GET /metrics`` (vLLM's queue and KV-cache gauges). A client disconnect (the ASGI
+``http.disconnect`` message, or a failed send) aborts the request in the engine at once; a ``finally`` releases
+it on every other way out (error, cancellation).
 """
 
 from __future__ import annotations
@@ -243,6 +244,16 @@ def build_app(replica: Replica) -> Starlette:
     async def stats(request: Request) -> Response:
         return JSONResponse(replica.stats())
 
+    async def metrics(request: Request) -> Response:
+        """The two vLLM gauges a client can route on (Prometheus text, as vLLM serves them)."""
+        engine, label = replica.engine, f'{{model_name="{replica.model}"}}'
+        text = (
+            f"vllm:num_requests_waiting{label} {float(engine.waiting)}\n"
+            f"vllm:num_requests_running{label} {float(engine.running)}\n"
+            f"vllm:kv_cache_usage_perc{label} {engine.kv_used / engine.config.kv_tokens}\n"
+        )
+        return Response(text, media_type="text/plain; version=0.0.4")
+
     async def reset(request: Request) -> Response:
         replica.reset_stats()
         return JSONResponse({"ok": True})
@@ -252,6 +263,7 @@ def build_app(replica: Replica) -> Starlette:
         Route("/v1/completions", _Completions(replica, "text"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/sim/reset", reset, methods=["POST"]),
     ]
     return Starlette(routes=routes)
