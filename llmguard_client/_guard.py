@@ -136,7 +136,8 @@ class Guard:
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory)
-        self.ttft_stats = TTFTStats(hedge or HedgePolicy(), self._replica_set.router.degraded)
+        router = self._replica_set.router
+        self.ttft_stats = TTFTStats(hedge or HedgePolicy(), router.degraded, lambda: router.epoch)
         """TTFT per replica, tier and stream kind: the hedge delay and the retry layer's expected TTFT."""
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)

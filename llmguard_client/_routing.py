@@ -159,6 +159,8 @@ class Router(Generic[S]):
         """An estimate changed since the reference medians were computed."""
         self._drained = 0
         """How many replicas are drained (0 keeps the common path free of the drain logic)."""
+        self.epoch = 0
+        """Changes whenever a replica is drained or brought back."""
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
 
@@ -331,11 +333,13 @@ class Router(Generic[S]):
                 # behind the others until calls happen to wash the drained-time estimates out.
                 h.drained, h.ttft, h.tpot = False, None, None
                 self._drained -= 1
+                self.epoch += 1
                 self._stale = True
                 logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
         elif self._beyond(h, now, self.DRAIN_RATIO, self.DRAIN_FAILURE) and self._drained < self.max_drained:
             h.drained, h.drained_at = True, now
             self._drained += 1
+            self.epoch += 1
             logger.warning(
                 "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
                 "ttft %s, per token %s); drained to one probe per %.0f s",

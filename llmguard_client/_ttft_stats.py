@@ -29,75 +29,109 @@ from llmguard_client._quantile import StreamingQuantile
 
 __all__ = ["TTFTStats"]
 
-_Class = tuple[str, bool]
-
 
 def _never_degraded(name: str) -> bool:
     return False
 
 
+def _no_epoch() -> int:
+    return 0
+
+
+class _ClassStats:
+    """One (tier, stream) class: a window per replica, and the estimates last read from them."""
+
+    __slots__ = ("delay", "epoch", "since", "typical", "windows")
+
+    def __init__(self) -> None:
+        self.windows: dict[str, StreamingQuantile] = {}
+        self.since = 0
+        """Samples added since the estimates were computed."""
+        self.epoch = -1
+        self.delay: float | None = None
+        self.typical = 0.0
+
+
 class TTFTStats:
-    """Per-replica TTFT windows for each (tier, stream) class, and the estimates read from them."""
+    """Per-replica TTFT windows for each (tier, stream) class, and the estimates read from them.
+
+    The estimates are recomputed when `RECOMPUTE_EVERY` samples have arrived since the last time, or
+    when the set of drained replicas changed, not on every read: a p95 over 128 samples per replica
+    moves slowly, and a read happens on every call.
+    """
 
     WINDOW = 128
     MIN_REPLICA_SAMPLES = 5
+    RECOMPUTE_EVERY = 4
 
-    def __init__(self, policy: HedgePolicy, degraded: Callable[[str], bool] = _never_degraded) -> None:
+    def __init__(
+        self,
+        policy: HedgePolicy,
+        degraded: Callable[[str], bool] = _never_degraded,
+        epoch: Callable[[], int] = _no_epoch,
+    ) -> None:
         """``policy`` gives the quantile, the clamps and the warm-up; ``degraded(replica)`` tells which
-        replicas to leave out (the router's drained ones)."""
+        replicas to leave out (the router's drained ones), and ``epoch()`` changes whenever that does."""
         self._policy = policy
         self._degraded = degraded
-        self._samples: dict[_Class, dict[str, StreamingQuantile]] = {}
+        self._epoch = epoch
+        self._classes: dict[tuple[str, bool], _ClassStats] = {}
 
     def observe(self, replica: str, tier: str, stream: bool, ttft: float) -> None:
         """A call of ``tier`` (streaming or not) got its first token ``ttft`` s after its attempt on
         ``replica`` started."""
-        per_replica = self._samples.setdefault((tier, stream), {})
-        window = per_replica.get(replica)
+        stats = self._classes.get((tier, stream))
+        if stats is None:
+            stats = self._classes[(tier, stream)] = _ClassStats()
+        window = stats.windows.get(replica)
         if window is None:
-            window = per_replica[replica] = StreamingQuantile(self.WINDOW)
+            window = stats.windows[replica] = StreamingQuantile(self.WINDOW)
         window.add(max(0.0, ttft))
+        stats.since += 1
 
     def hedge_delay(self, tier: str, stream: bool) -> float:
         """Seconds to wait for a first token before hedging a call of this class (see the module docstring)."""
         policy = self._policy
         if policy.delay is not None:
             return policy.delay
-        windows = self._counted(tier, stream)
-        if windows is None:
-            return policy.warmup_delay
-        estimate = _lower_median([w.quantile(policy.quantile) or 0.0 for w in windows])
-        return min(policy.max_delay, max(policy.min_delay, estimate))
+        stats = self._fresh(tier, stream)
+        return policy.warmup_delay if stats is None or stats.delay is None else stats.delay
 
     def typical(self, tier: str, stream: bool) -> float:
         """The median TTFT of the median healthy replica (0 while unknown): about how long a fresh
         attempt needs."""
-        per_replica = self._samples.get((tier, stream))
-        if not per_replica:
-            return 0.0
-        windows = self._healthy(per_replica) or [w for w in per_replica.values() if w.count]
-        if not windows:
-            return 0.0
-        return _lower_median([w.quantile(0.5) or 0.0 for w in windows])
+        stats = self._fresh(tier, stream)
+        return 0.0 if stats is None else stats.typical
 
-    def _counted(self, tier: str, stream: bool) -> list[StreamingQuantile] | None:
-        """The windows the delay is read from, or None while the class is warming up."""
-        per_replica = self._samples.get((tier, stream))
-        if not per_replica or sum(w.count for w in per_replica.values()) < self._policy.min_samples:
+    def _fresh(self, tier: str, stream: bool) -> _ClassStats | None:
+        stats = self._classes.get((tier, stream))
+        if stats is None:
             return None
-        return (
-            self._healthy(per_replica)
-            or [w for w in per_replica.values() if w.count >= self.MIN_REPLICA_SAMPLES]
-            or None
-        )
+        epoch = self._epoch()
+        if stats.since >= self.RECOMPUTE_EVERY or stats.epoch != epoch or stats.delay is None:
+            self._compute(stats)
+            stats.since, stats.epoch = 0, epoch
+        return stats
 
-    def _healthy(self, per_replica: dict[str, StreamingQuantile]) -> list[StreamingQuantile]:
-        return [
-            w for name, w in per_replica.items() if w.count >= self.MIN_REPLICA_SAMPLES and not self._degraded(name)
-        ]
+    def _compute(self, stats: _ClassStats) -> None:
+        policy = self._policy
+        enough = [(name, w) for name, w in stats.windows.items() if w.count >= self.MIN_REPLICA_SAMPLES]
+        healthy = [w for name, w in enough if not self._degraded(name)] or [w for _, w in enough]
+        if healthy:
+            stats.typical = _lower_median([w.quantile(0.5) or 0.0 for w in healthy])
+        else:
+            known = [w for w in stats.windows.values() if w.count]
+            stats.typical = _lower_median([w.quantile(0.5) or 0.0 for w in known]) if known else 0.0
+        if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
+            stats.delay = None  # warming up
+            return
+        estimate = _lower_median([w.quantile(policy.quantile) or 0.0 for w in healthy])
+        stats.delay = min(policy.max_delay, max(policy.min_delay, estimate))
 
     def __repr__(self) -> str:
-        classes = {f"{tier}/{'stream' if stream else 'body'}": len(r) for (tier, stream), r in self._samples.items()}
+        classes = {
+            f"{tier}/{'stream' if stream else 'body'}": len(c.windows) for (tier, stream), c in self._classes.items()
+        }
         return f"TTFTStats(replicas per class={classes})"
 
 

@@ -86,3 +86,20 @@ def test_typical_is_zero_while_unknown() -> None:
     feed(stats, "r0", [0.2, 0.4])  # fewer than MIN_REPLICA_SAMPLES: still the best guess there is
     assert stats.typical("t", True) == pytest.approx(0.3)
     assert "t/stream" in repr(stats)
+
+
+def test_estimates_are_recomputed_when_the_drained_set_changes_or_samples_arrive() -> None:
+    drained: set[str] = set()
+    epoch = [0]
+    stats = TTFTStats(POLICY, degraded=lambda name: name in drained, epoch=lambda: epoch[0])
+    for name, low in (("r0", 0.04), ("r1", 0.2), ("r2", 0.4)):
+        feed(stats, name, spread(low))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.39, rel=0.01)  # the median replica: r1
+    drained.add("r1")
+    assert stats.hedge_delay("t", True) == pytest.approx(0.39, rel=0.01)  # cached until the epoch moves
+    epoch[0] += 1
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)  # lower median of r0 and r2
+    feed(stats, "r0", [0.5] * (TTFTStats.RECOMPUTE_EVERY - 1))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+    feed(stats, "r0", [0.5])  # RECOMPUTE_EVERY new samples: read afresh (r0's p95 moved up)
+    assert stats.hedge_delay("t", True) > 0.078 * 1.01

@@ -44,7 +44,9 @@ class Hedger:
     ) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.ttft_stats = ttft_stats or TTFTStats(policy or HedgePolicy(), replicas.router.degraded)
+        self.ttft_stats = ttft_stats or TTFTStats(
+            policy or HedgePolicy(), replicas.router.degraded, lambda: replicas.router.epoch
+        )
         """TTFT per replica (owned by the Guard when it passes one): the hedge delay and typical TTFT."""
         self._clock = clock
 
