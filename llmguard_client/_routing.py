@@ -49,10 +49,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from llmguard_client._ratelimit import parse_rate_limits
-from llmguard_client._sse import ResponseFacts, SSEScanner
-from llmguard_client.telemetry.record import CallStatus
 
-__all__ = ["ReplicaHealth", "Routable", "Router", "stream_outcome"]
+__all__ = ["ReplicaHealth", "Routable", "Router"]
 
 logger = logging.getLogger("llmguard_client")
 
@@ -323,34 +321,44 @@ class Router(Generic[S]):
         h.failure_at = now
 
     def _reassess(self, state: S, now: float) -> None:
-        """Refresh the reference medians, then drain or bring back ``state``."""
+        """Refresh the reference medians; bring ``state`` back if it is drained and its own calls
+        show it recovered; drain any replica (``state`` first) whose estimates are now beyond the
+        limits: a replica the costs already keep away gets no calls of its own to judge it by."""
         self._refresh_references()
         self._stale = False
         h = state.health
-        if h.drained:
-            if not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
-                # A clean slate: it gets its share at once and is measured afresh, instead of waiting
-                # behind the others until calls happen to wash the drained-time estimates out.
-                h.drained, h.ttft, h.tpot = False, None, None
-                self._drained -= 1
-                self.epoch += 1
-                self._stale = True
-                logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
-        elif self._beyond(h, now, self.DRAIN_RATIO, self.DRAIN_FAILURE) and self._drained < self.max_drained:
-            h.drained, h.drained_at = True, now
-            self._drained += 1
+        if h.drained and not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
+            # A clean slate: it gets its share at once and is measured afresh, instead of waiting
+            # behind the others until calls happen to wash the drained-time estimates out.
+            h.drained, h.ttft, h.tpot = False, None, None
+            self._drained -= 1
             self.epoch += 1
-            logger.warning(
-                "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
-                "ttft %s, per token %s); drained to one probe per %.0f s",
-                state.name,
-                _ms(h.ttft),
-                _ms(h.tpot),
-                100 * self._failure(h, now),
-                _ms(self._ref_ttft),
-                _ms(self._ref_tpot),
-                self.probe_interval,
-            )
+            self._stale = True
+            logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
+            return
+        for candidate in (state, *self.states):
+            if self._drained >= self.max_drained:
+                return
+            c = candidate.health
+            if not c.drained and self._beyond(c, now, self.DRAIN_RATIO, self.DRAIN_FAILURE):
+                self._drain(candidate, now)
+
+    def _drain(self, state: S, now: float) -> None:
+        h = state.health
+        h.drained, h.drained_at = True, now
+        self._drained += 1
+        self.epoch += 1
+        logger.warning(
+            "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
+            "ttft %s, per token %s); drained to one probe per %.0f s",
+            state.name,
+            _ms(h.ttft),
+            _ms(h.tpot),
+            100 * self._failure(h, now),
+            _ms(self._ref_ttft),
+            _ms(self._ref_tpot),
+            self.probe_interval,
+        )
 
     def _refresh_references(self) -> None:
         """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""
@@ -376,25 +384,3 @@ def _worse(value: float | None, reference: float | None, ratio: float, floor: fl
 def _ms(seconds: float | None) -> str:
     return "unknown" if seconds is None else f"{seconds * 1000:.0f} ms"
 
-
-def stream_outcome(
-    status: CallStatus, scanner: SSEScanner | None, facts: ResponseFacts, first_token: float | None, now: float
-) -> tuple[bool | None, int | None, float | None]:
-    """``(ok, tokens, duration)`` for `Router.stream_finished`, from how a delivered body ended.
-
-    ok: True for a complete body; False for a mid-stream failure (transport error, stall or total
-    timeout) or an SSE stream that ended cleanly but broken (a malformed event, or neither ``[DONE]``
-    nor a finish reason: truncated); None when the caller closed it early (nothing to blame). Timing
-    (tokens after the first token over the seconds since it) only for SSE streams.
-    """
-    ok: bool | None
-    if status == "ok":
-        ok = scanner is None or (scanner.malformed == 0 and (scanner.done or bool(facts.finish_reasons)))
-    elif status == "abandoned":
-        ok = True if scanner is not None and scanner.done and scanner.malformed == 0 else None
-    else:
-        ok = False
-    if scanner is None or first_token is None:
-        return ok, None, None
-    tokens = facts.completion_tokens if facts.completion_tokens is not None else scanner.chunks
-    return ok, tokens, now - first_token

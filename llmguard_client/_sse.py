@@ -18,6 +18,8 @@ import contextlib
 import json
 from typing import Any
 
+from llmguard_client.telemetry.record import CallStatus
+
 _CONTENT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning")
 # After the first token only events that may carry usage or a non-null finish reason are decoded.
 _LATE_MARKERS = (b"prompt_tokens", b'"finish_reason":"', b'"finish_reason": "')
@@ -133,3 +135,27 @@ def body_facts(body: bytes) -> ResponseFacts:
     with contextlib.suppress(ValueError, RecursionError):
         facts.absorb(json.loads(body))
     return facts
+
+
+def stream_outcome(
+    status: CallStatus, scanner: SSEScanner | None, facts: ResponseFacts, first_token: float | None, now: float
+) -> tuple[bool | None, int | None, float | None]:
+    """``(ok, tokens, duration)`` for `llmguard_client._routing.Router.stream_finished`, from how a
+    delivered body ended.
+
+    ok: True for a complete body; False for a mid-stream failure (transport error, stall or total
+    timeout) or an SSE stream that ended cleanly but broken (a malformed event, or neither ``[DONE]``
+    nor a finish reason: truncated); None when the caller closed it early (nothing to blame). Timing
+    (tokens after the first token over the seconds since it) only for SSE streams.
+    """
+    ok: bool | None
+    if status == "ok":
+        ok = scanner is None or (scanner.malformed == 0 and (scanner.done or bool(facts.finish_reasons)))
+    elif status == "abandoned":
+        ok = True if scanner is not None and scanner.done and scanner.malformed == 0 else None
+    else:
+        ok = False
+    if scanner is None or first_token is None:
+        return ok, None, None
+    tokens = facts.completion_tokens if facts.completion_tokens is not None else scanner.chunks
+    return ok, tokens, now - first_token

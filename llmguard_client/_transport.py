@@ -35,7 +35,7 @@ from llmguard_client._errors import (
 )
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._replicas import ReplicaSet
-from llmguard_client._routing import stream_outcome
+from llmguard_client._sse import stream_outcome
 from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.layers.attempt import AttemptWin
 from llmguard_client.layers.budget import RetryBudget

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from llmguard_client._ratelimit import MAX_RESET, parse_duration, parse_rate_limits
-from llmguard_client._routing import ReplicaHealth, Router, stream_outcome
-from llmguard_client._sse import SSEScanner
+from llmguard_client._routing import ReplicaHealth, Router
+from llmguard_client._sse import SSEScanner, stream_outcome
 
 NOW = 1000.0
 FAST, SLOW = 0.020, 0.200  # seconds to first token: a healthy replica and one 10x slower
@@ -195,6 +195,16 @@ def test_a_drained_replica_that_recovers_is_brought_back() -> None:
     assert not r1.health.drained and probe <= 4
     assert (r1.health.ttft, r1.health.tpot) == (None, None)  # measured afresh from here
     assert "r1" in picks(router, states, 6, now=NOW + 20)
+
+
+def test_a_replica_the_costs_keep_away_is_judged_when_the_others_are_measured() -> None:
+    """It gets no calls of its own to be judged by: the others' events reassess it too."""
+    router, states = cluster()
+    router.stream_finished(states[0], NOW, ok=True, tokens=21, duration=20 * 0.05)  # 50 ms per token
+    assert not states[0].health.drained  # nothing to compare with yet
+    for state in states[1:]:
+        router.stream_finished(state, NOW, ok=True, tokens=21, duration=20 * 0.01)
+    assert states[0].health.drained
 
 
 def test_no_more_than_a_minority_is_drained() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from llmguard_client import Guard, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
 
@@ -45,4 +47,33 @@ async def test_new_calls_steer_away_from_a_slow_replica_and_return_when_it_recov
         assert not router.degraded(slow.url)
         # A probe or two saw it fast; once back it takes its share of the remaining calls.
         assert len(slow.received) >= 1 + 8
+    assert [s.in_flight for s in guard.transport.hedger.replicas.states] == [0, 0, 0]
+
+
+async def test_a_replica_that_breaks_streams_after_the_first_token_is_drained(servers: list[LoopbackServer]) -> None:
+    """Mid-stream failures reach the replica's health through the delivered body's end (they cannot be
+    retried: the caller already has tokens), so later calls avoid the replica that causes them."""
+    breaking = servers[0]
+    breaking.script = Script(tokens=6, reset_after_tokens=2)
+    records: list[PhaseRecord] = []
+    guard = Guard(
+        replicas=[s.url for s in servers],
+        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
+        hedge=None,
+        instrumentation=None,
+        on_record=records.append,
+    )
+    router = guard.transport.hedger.replicas.router
+    failed = 0
+    async with guard, guard.http_client() as client:
+        for _ in range(30):
+            try:
+                async with client.stream("POST", servers[1].url + CHAT, json=BODY) as response:
+                    await response.aread()
+            except httpx.HTTPError:
+                failed += 1
+    # Every call it took broke, and the failure rate (x10 in its cost) keeps the calls away after one or two.
+    assert failed == len(breaking.received) <= 3
+    assert breaking.url in {s.name for s in router.states if s.health.failure > 0}
+    assert sum(r.status == "ok" for r in records) == 30 - failed
     assert [s.in_flight for s in guard.transport.hedger.replicas.states] == [0, 0, 0]

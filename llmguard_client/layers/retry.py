@@ -71,9 +71,14 @@ class Retrier:
             rounds += 1
             result = await self.hedger.run_round(call, state, "primary" if rounds == 1 else "retry")
             if isinstance(result, AttemptWin):
+                # Speed is learned from streams only: a non-streaming "first token" is the whole body.
+                streamed = result.scanner is not None
                 now = self._clock()
-                self.replicas.succeeded(result.state, result.attempt.ttft, now, result.response.headers)
-                self.replicas.losers(call.record.attempts)
+                self.replicas.succeeded(
+                    result.state, result.attempt.ttft if streamed else None, now, result.response.headers
+                )
+                if streamed:
+                    self.replicas.losers(call.record.attempts)
                 return result
             self._learn(call, result)
             last = result[-1]
