@@ -131,7 +131,7 @@ class Router(Generic[S]):
         states: Sequence[S],
         *,
         full_scan_up_to: int = 3,
-        probe_interval: float = 1.0,
+        probe_interval: float = 2.0,
         probe_every: int = 50,
         rng: random.Random | None = None,
     ) -> None:

@@ -59,10 +59,10 @@ PRESETS: dict[str, Preset] = {
         "good = TTFT <= 0.5 s and TPOT <= 30 ms (3x a healthy replica's)",
     ),
     "degrading": Preset(
-        requests=500,
+        requests=700,
         rate=40.0,
         slo=SLO(ttft=0.5, tpot=0.03),
-        note="3 replicas, one degraded from 4 s to 9 s after the cluster starts; Poisson 40 rps",
+        note="3 replicas, one degraded from 4 s to 9 s after the cluster starts (of ~17 s); Poisson 40 rps",
     ),
 }
 
