@@ -12,7 +12,9 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
 - ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
   `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
   error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
-  An overload answer (429/503 with Retry-After) is not a failure: it cools the replica instead.
+  A failure after the first token counts `Router.MID_STREAM_WEIGHT` (2) times: the caller sees it,
+  while one before the first token costs a retry or a hedge. An overload answer (429/503 with
+  Retry-After) is not a failure: it cools the replica instead.
 - ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
   (`llmguard_client._ratelimit`).
 - ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
@@ -64,7 +66,8 @@ class ReplicaHealth:
     tpot: float | None = None
     """Estimated seconds per output token after the first (None: no stream finished yet)."""
     failure: float = 0.0
-    """Failure rate at ``failure_at`` (it fades from then on)."""
+    """Failure rate at ``failure_at`` (it fades from then on); a failure after the first token counts
+    `Router.MID_STREAM_WEIGHT` times."""
     failure_at: float = 0.0
     drained: bool = False
     drained_at: float = -math.inf
@@ -113,6 +116,8 @@ class Router(Generic[S]):
     FAILURE_EWMA = 0.1
     FAILURE_HALF_LIFE = 10.0
     FAILURE_WEIGHT = 10.0
+    MID_STREAM_WEIGHT = 2.0
+    """A failure after the first token reaches the caller; one before it is retried or hedged away."""
     FAILURE_FORGOTTEN = 0.01
     """A failure rate that has faded below this counts as none (so old failures stop breaking ties)."""
     DRAIN_RATIO = 3.0
@@ -284,7 +289,7 @@ class Router(Generic[S]):
         if ok and tokens is not None and tokens >= 1:
             self._tokens = float(tokens) if self._tokens is None else self._tokens + self.EWMA * (tokens - self._tokens)
         if ok is not None:
-            self._count(h, now, failed=not ok)
+            self._count(h, now, failed=not ok, weight=self.MID_STREAM_WEIGHT)
         self._reassess(state, now)
 
     def saw_headers(self, state: S, now: float, headers: Mapping[str, str]) -> None:
@@ -314,10 +319,10 @@ class Router(Generic[S]):
         sample = min(sample, self.CLIP * max(current, 1e-3))
         return current + (self.DRAINED_EWMA if drained else self.EWMA) * (sample - current)
 
-    def _count(self, h: ReplicaHealth, now: float, *, failed: bool) -> None:
+    def _count(self, h: ReplicaHealth, now: float, *, failed: bool, weight: float = 1.0) -> None:
         alpha = self.DRAINED_EWMA if h.drained else self.FAILURE_EWMA
         current = self._failure(h, now)
-        h.failure = current + alpha * ((1.0 if failed else 0.0) - current)
+        h.failure = current + alpha * ((weight if failed else 0.0) - current)
         h.failure_at = now
 
     def _reassess(self, state: S, now: float) -> None:

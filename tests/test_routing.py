@@ -266,11 +266,12 @@ def test_mid_stream_failures_count_and_drain_a_replica_that_keeps_breaking_strea
     r0 = states[0]
     warm(router, states, [FAST, FAST, FAST])
     router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)
-    assert r0.health.failure == pytest.approx(0.1)
+    assert r0.health.failure == pytest.approx(0.2)  # counts twice: the caller saw it
     router.stream_finished(r0, NOW, ok=None, tokens=3, duration=0.02)  # the caller left: not a failure either way
-    assert r0.health.failure == pytest.approx(0.1)
-    for _ in range(3):
-        router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)
+    assert r0.health.failure == pytest.approx(0.2)
+    router.failed(states[1], NOW)  # before the first token: retried or hedged away, counts once
+    assert states[1].health.failure == pytest.approx(0.1)
+    router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)  # 0.2 + 0.1 x (2 - 0.2) = 0.38
     assert r0.health.failure >= router.DRAIN_FAILURE and r0.health.drained
 
 
