@@ -15,6 +15,9 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   A failure after the first token counts `Router.MID_STREAM_WEIGHT` (2) times: the caller sees it,
   while one before the first token costs a retry or a hedge. An overload answer (429/503 with
   Retry-After) is not a failure: it cools the replica instead.
+- ``unanswered_since``: while a replica has calls in flight and has produced no first token (nor
+  failed) for longer than its TTFT estimate, that silence counts as its TTFT in its cost, so a
+  replica that stalls all at once loses new calls within one TTFT, before any sample arrives.
 - ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
   (`llmguard_client._ratelimit`).
 - ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
@@ -47,9 +50,9 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
+from llmguard_client._health import ReplicaHealth, Routable, lower_median, ms, no_room, sent, silent, worse
 from llmguard_client._ratelimit import parse_rate_limits
 
 __all__ = ["ReplicaHealth", "Routable", "Router"]
@@ -57,61 +60,14 @@ __all__ = ["ReplicaHealth", "Routable", "Router"]
 logger = logging.getLogger("llmguard_client")
 
 
-@dataclass(slots=True)
-class ReplicaHealth:
-    """The router's view of one replica (read it; the router writes it)."""
-
-    ttft: float | None = None
-    """Estimated seconds to the first content token (None: no call reached one yet)."""
-    tpot: float | None = None
-    """Estimated seconds per output token after the first (None: no stream finished yet)."""
-    failure: float = 0.0
-    """Failure rate at ``failure_at`` (it fades from then on); a failure after the first token counts
-    `Router.MID_STREAM_WEIGHT` times."""
-    failure_at: float = 0.0
-    drained: bool = False
-    drained_at: float = -math.inf
-    last_pick: float = -math.inf
-    """When an attempt was last sent here."""
-    limited_until: float = -math.inf
-    """A rate-limit header said there is no room here before this time."""
-    full_until: float = -math.inf
-    """The server reported its KV cache (nearly) full; believed until this time."""
-    waiting: float = 0.0
-    """Requests the server reported queued (from every client), believed until ``waiting_until``."""
-    waiting_until: float = -math.inf
-
-
-class Routable(Protocol):
-    """What the router needs of a replica (`llmguard_client._replicas.ReplicaState` has it)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def in_flight(self) -> int: ...
-
-    @property
-    def health(self) -> ReplicaHealth: ...
-
-    def cooling(self, now: float) -> bool: ...
-
-
 S = TypeVar("S", bound=Routable)
-
-
-def _lower_median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    values.sort()
-    return values[(len(values) - 1) // 2]
 
 
 class Router(Generic[S]):
     """Chooses replicas for attempts and learns from how they went. All times are the caller's ``now``."""
 
     EWMA = 0.2
-    DRAINED_EWMA = 0.5
+    DRAINED_EWMA = 0.7
     CLIP = 4.0
     FAILURE_EWMA = 0.1
     FAILURE_HALF_LIFE = 10.0
@@ -185,7 +141,7 @@ class Router(Generic[S]):
             chosen = self._least_cost(healthy, now, rotate=True)
         else:
             self._since_probe = 0
-        chosen.health.last_pick = now
+        sent(chosen.health, now)
         return chosen
 
     def pick_ready(self, now: float, candidates: list[S]) -> S | None:
@@ -194,7 +150,7 @@ class Router(Generic[S]):
             return None
         healthy = [s for s in candidates if not s.health.drained] or candidates if self._drained else candidates
         chosen = self._least_cost(healthy, now, rotate=False)
-        chosen.health.last_pick = now
+        sent(chosen.health, now)
         return chosen
 
     def pick_hedge(self, now: float, candidates: list[S]) -> S | None:
@@ -205,11 +161,11 @@ class Router(Generic[S]):
 
         def key(s: S) -> tuple[bool, bool, float, int]:
             h = s.health
-            speed = (h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
-            return (h.drained, _no_room(h, now), speed, s.in_flight)
+            speed = silent(s, now, h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+            return (h.drained, no_room(h, now), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
-        chosen.health.last_pick = now
+        sent(chosen.health, now)
         return chosen
 
     def degraded(self, name: str) -> bool:
@@ -233,7 +189,7 @@ class Router(Generic[S]):
         if self._stale:
             self._refresh_references()
         if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
-            room = [s for s in states if not _no_room(s.health, now)]
+            room = [s for s in states if not no_room(s.health, now)]
             states = room or states
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
@@ -244,6 +200,8 @@ class Router(Generic[S]):
     def _cost(self, s: S, now: float) -> float:
         h = s.health
         ttft = h.ttft if h.ttft is not None else self._ref_ttft
+        if h.unanswered_since is not None and ttft is not None:
+            ttft = silent(s, now, ttft)
         tpot = h.tpot if h.tpot is not None else self._ref_tpot
         if ttft is None and tpot is None:
             expected = 1.0  # nothing known anywhere: balance by load alone
@@ -264,17 +222,20 @@ class Router(Generic[S]):
         """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started."""
         h = state.health
         h.ttft = self._ewma(h.ttft, max(0.0, ttft), h.drained)
+        h.unanswered_since = None
         self._reassess(state, now)
 
     def outran(self, state: S, now: float, waited: float) -> None:
         """An attempt on ``state`` lost a race after ``waited`` seconds with no first token."""
         h = state.health
+        h.unanswered_since = None
         if h.ttft is None or waited > h.ttft:
             h.ttft = self._ewma(h.ttft, max(0.0, waited), h.drained)
             self._reassess(state, now)
 
     def failed(self, state: S, now: float) -> None:
         """An attempt on ``state`` failed before its first token (error status, transport error)."""
+        state.health.unanswered_since = None
         self._count(state.health, now, failed=True)
         self._reassess(state, now)
 
@@ -357,35 +318,22 @@ class Router(Generic[S]):
             "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
             "ttft %s, per token %s); drained to one probe per %.0f s",
             state.name,
-            _ms(h.ttft),
-            _ms(h.tpot),
+            ms(h.ttft),
+            ms(h.tpot),
             100 * self._failure(h, now),
-            _ms(self._ref_ttft),
-            _ms(self._ref_tpot),
+            ms(self._ref_ttft),
+            ms(self._ref_tpot),
             self.probe_interval,
         )
 
     def _refresh_references(self) -> None:
         """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""
-        self._ref_ttft = _lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
-        self._ref_tpot = _lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
+        self._ref_ttft = lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
+        self._ref_tpot = lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
 
     def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
         return (
-            _worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
-            or _worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
+            or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
             or self._failure(h, now) >= failure
         )
-
-
-def _no_room(h: ReplicaHealth, now: float) -> bool:
-    return h.limited_until > now or h.full_until > now
-
-
-def _worse(value: float | None, reference: float | None, ratio: float, floor: float) -> bool:
-    return value is not None and reference is not None and value >= ratio * reference and value - reference >= floor
-
-
-def _ms(seconds: float | None) -> str:
-    return "unknown" if seconds is None else f"{seconds * 1000:.0f} ms"
-

@@ -248,6 +248,24 @@ def test_pick_hedge_prefers_the_best_ttft_and_tries_an_unknown_replica() -> None
     assert router.pick_hedge(NOW, states) is r2  # never tried: counts as 0
 
 
+def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, states, [FAST, FAST], tpot=0.0)
+    assert router.pick(NOW, states) is r0  # turns: r0 now has a call in flight
+    r0.in_flight = 1
+    assert router.pick(NOW + 0.01, states) is r1
+    r1.in_flight = 1
+    router.first_token(r1, NOW + 0.03, FAST)  # r1 answers; r0 stays silent
+    assert r1.health.unanswered_since is None and r0.health.unanswered_since == NOW
+    # 300 ms with a call in flight and no first token from r0: costed as 2 x 300 ms, r1 as 2 x 20 ms
+    assert router.pick(NOW + 0.3, states) is r1
+    router.first_token(r0, NOW + 0.31, 0.31)  # its first token came: a real sample now
+    assert r0.health.unanswered_since is None
+    r0.in_flight = 0
+    assert r0.health.ttft == pytest.approx(FAST + 0.2 * (4 * FAST - FAST))  # clipped to 4x
+
+
 def test_a_lost_race_raises_the_ttft_estimate_but_never_lowers_it() -> None:
     router, states = cluster()
     r0 = states[0]
