@@ -129,6 +129,8 @@ class ReplicaSet:
         when = now if now is not None else state.health.failure_at  # no clock given: nothing fades
         if ttft is not None:
             self.router.first_token(state, when, ttft)
+        else:
+            self.router.answered(state)
         if headers is not None:
             self.router.saw_headers(state, when, headers)
 

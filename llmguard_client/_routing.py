@@ -225,6 +225,11 @@ class Router(Generic[S]):
         h.unanswered_since = None
         self._reassess(state, now)
 
+    def answered(self, state: S) -> None:
+        """An attempt on ``state`` won without a first-token time worth learning from (a
+        non-streaming body): the replica is not silent."""
+        state.health.unanswered_since = None
+
     def outran(self, state: S, now: float, waited: float) -> None:
         """An attempt on ``state`` lost a race after ``waited`` seconds with no first token."""
         h = state.health

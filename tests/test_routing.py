@@ -260,6 +260,8 @@ def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() 
     assert r1.health.unanswered_since is None and r0.health.unanswered_since == NOW
     # 300 ms with a call in flight and no first token from r0: costed as 2 x 300 ms, r1 as 2 x 20 ms
     assert router.pick(NOW + 0.3, states) is r1
+    router.answered(r1)  # a non-streaming win also ends the silence
+    assert r1.health.unanswered_since is None
     router.first_token(r0, NOW + 0.31, 0.31)  # its first token came: a real sample now
     assert r0.health.unanswered_since is None
     r0.in_flight = 0
