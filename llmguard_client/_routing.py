@@ -12,7 +12,7 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
 - ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
   `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
   error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
-  A failure after the first token counts `Router.MID_STREAM_WEIGHT` (2) times: the caller sees it,
+  A failure after the first token counts `Router.MID_STREAM_WEIGHT` (3) times: the caller sees it,
   while one before the first token costs a retry or a hedge. An overload answer (429/503 with
   Retry-After) is not a failure: it cools the replica instead.
 - ``unanswered_since``: while a replica has calls in flight and has produced no first token (nor
@@ -72,16 +72,16 @@ class Router(Generic[S]):
     FAILURE_EWMA = 0.1
     FAILURE_HALF_LIFE = 10.0
     FAILURE_WEIGHT = 10.0
-    MID_STREAM_WEIGHT = 2.0
+    MID_STREAM_WEIGHT = 3.0
     """A failure after the first token reaches the caller; one before it is retried or hedged away."""
     FAILURE_FORGOTTEN = 0.01
     """A failure rate that has faded below this counts as none (so old failures stop breaking ties)."""
-    DRAIN_RATIO = 3.0
-    RECOVER_RATIO = 2.0
+    DRAIN_RATIO = 4.0
+    RECOVER_RATIO = 2.5
     TTFT_FLOOR = 0.05
     TPOT_FLOOR = 0.005
-    DRAIN_FAILURE = 0.3
-    RECOVER_FAILURE = 0.15
+    DRAIN_FAILURE = 0.5
+    RECOVER_FAILURE = 0.25
     DEFAULT_TOKENS = 16.0
     KV_FULL = 0.95
     TIE = 0.15

@@ -150,9 +150,21 @@ def test_a_replica_10x_slower_to_first_token_is_drained_within_a_few_calls() -> 
 def test_a_replica_5x_slower_per_token_is_drained() -> None:
     router, states = cluster()
     warm(router, states, [FAST, FAST, FAST], tpot=0.01)
-    for _ in range(5):
+    streams = 0
+    while not states[2].health.drained and streams < 20:
         router.stream_finished(states[2], NOW, ok=True, tokens=21, duration=20 * 0.05)
-    assert states[2].health.drained
+        streams += 1
+    assert states[2].health.drained and streams <= 8  # the EWMA climbs x1.6 a stream at most, to 4x
+
+
+def test_a_replica_3x_slower_is_not_drained_only_costed() -> None:
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, 3 * FAST], tpot=0.01)
+    for _ in range(30):
+        router.stream_finished(states[2], NOW, ok=True, tokens=21, duration=20 * 0.03)
+    assert not states[2].health.drained
+    states[0].in_flight = states[1].in_flight = 4  # 5 x 0.18 s against 1 x 0.54 s
+    assert router.pick(NOW, states) is states[2]
 
 
 def test_one_straggler_does_not_drain_a_healthy_replica() -> None:
@@ -286,12 +298,13 @@ def test_mid_stream_failures_count_and_drain_a_replica_that_keeps_breaking_strea
     r0 = states[0]
     warm(router, states, [FAST, FAST, FAST])
     router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)
-    assert r0.health.failure == pytest.approx(0.2)  # counts twice: the caller saw it
+    assert r0.health.failure == pytest.approx(0.3)  # counts three times: the caller saw it
     router.stream_finished(r0, NOW, ok=None, tokens=3, duration=0.02)  # the caller left: not a failure either way
-    assert r0.health.failure == pytest.approx(0.2)
+    assert r0.health.failure == pytest.approx(0.3)
     router.failed(states[1], NOW)  # before the first token: retried or hedged away, counts once
     assert states[1].health.failure == pytest.approx(0.1)
-    router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)  # 0.2 + 0.1 x (2 - 0.2) = 0.38
+    assert not r0.health.drained  # one broken stream is not a pattern
+    router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)  # 0.3 + 0.1 x (3 - 0.3) = 0.57
     assert r0.health.failure >= router.DRAIN_FAILURE and r0.health.drained
 
 
