@@ -33,11 +33,11 @@ from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._transport import GuardTransport, RecordCallback
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.hedge import HedgeDelays
 from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -181,8 +181,9 @@ class Guard:
         self._registry = LeaseRegistry()
         self._pools_closed = False
         self._clock = clock
-        self.ttft_stats = HedgeDelays(hedge or HedgePolicy())
-        """Recent time-to-first-token per tier: the hedge delay and the retry layer's expectations."""
+        router = self._replica_set.router
+        self.ttft_stats = TTFTStats(hedge or HedgePolicy(), router.degraded, lambda: router.epoch)
+        """TTFT per replica, tier and stream kind: the hedge delay and the retry layer's expected TTFT."""
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
         self._rollout = cohorts

@@ -1,18 +1,21 @@
-"""The replica set: routing, per-replica cool-downs, circuit state and TTFT history.
+"""The replica set: routing, per-replica cool-downs, circuit state and health.
 
 State here outlives a call and is shared by every call of one `Guard`. All of it
-is touched from one event loop, so no locks are needed.
+is touched from one event loop, so no locks are needed. Which replica gets an
+attempt is the `llmguard_client._routing.Router`'s choice, among those this set
+allows (not excluded, circuit closed, and for retries and hedges not cooling).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from llmguard_client._config import Replica
+from llmguard_client._routing import ReplicaHealth, Router
+from llmguard_client.telemetry.record import AttemptRecord
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
@@ -36,7 +39,13 @@ class ReplicaState:
     tripped: bool = False
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
     last_failure: float = -1e18
-    ttft_ewma: float | None = None
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    """Speed, failures, drain and rate-limit room, as the router sees them."""
+
+    @property
+    def ttft_ewma(self) -> float | None:
+        """The router's TTFT estimate (seconds; None until a first token arrived)."""
+        return self.health.ttft
     header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
     """The replica's own headers, encoded once (they replace the caller's of the same name)."""
     header_names: frozenset[bytes] = frozenset()
@@ -87,17 +96,18 @@ class ReplicaState:
 class ReplicaSet:
     """Picks replicas for attempts and remembers what each one said."""
 
-    _EWMA_WEIGHT = 0.2
-    FAILURE_MEMORY = 5.0
-    """Seconds a replica that failed is ranked after the ones that did not."""
-
     def __init__(
-        self, replicas: Sequence[Replica], transport_factory: Callable[[Replica], httpx.AsyncBaseTransport]
+        self,
+        replicas: Sequence[Replica],
+        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
+        router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
     ) -> None:
         self.states = [
             ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
         ]
-        self._turn = itertools.count()
+        self._by_name = {s.name: s for s in self.states}
+        self.router = router(self.states)
+        """Chooses among the replicas this set allows, and learns their speed and failures."""
 
     def __len__(self) -> int:
         return len(self.states)
@@ -108,47 +118,28 @@ class ReplicaSet:
     # --- choosing -------------------------------------------------------------------------
 
     def pick(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
-        """The replica for a call's first attempt: the least loaded of those whose circuit is
-        closed, round-robin among equals; None when every replica is excluded or open.
+        """The replica for a call's first attempt, among those not excluded whose circuit is closed
+        (None when there is none): the router's least-cost choice, or a probe of a drained replica.
 
-        A replica cooling down after a Retry-After is a signal, not a wall: it ranks after a
-        ready replica with as many calls in flight, but is not avoided beyond that. Its
-        Retry-After was computed for the rejected call, and its admission may well take other
-        calls now; steering every new call away concentrates load on the other replicas and
-        was measured to lose goodput against a plain round-robin client (docs/benchmarks.md).
+        A replica cooling down after a Retry-After is a signal, not a wall: it only loses ties.
+        Its Retry-After was computed for the rejected call, and its admission may well take other
+        calls now; steering every new call away concentrates load on the other replicas and was
+        measured to lose goodput against a plain round-robin client (docs/benchmarks.md).
         """
         excluded = set(map(id, exclude))
-        candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
-        if not candidates:
-            return None
-        return self._least_loaded(candidates, now, rotate=True)
+        return self.router.pick(now, [s for s in self.states if id(s) not in excluded and not s.open(now)])
 
     def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
-        excluded = set(map(id, exclude))
-        ready = [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
-        return self._least_loaded(ready, now, rotate=False) if ready else None
+        return self.router.pick_ready(now, self._ready(now, exclude))
 
     def pick_hedge(self, now: float, exclude: Iterable[ReplicaState]) -> ReplicaState | None:
-        """A different replica for a hedge: ready, the best recent TTFT first, then the least loaded."""
+        """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
+        return self.router.pick_hedge(now, self._ready(now, exclude))
+
+    def _ready(self, now: float, exclude: Iterable[ReplicaState]) -> list[ReplicaState]:
         excluded = set(map(id, exclude))
-        ready = [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
-        if not ready:
-            return None
-        return min(ready, key=lambda s: (s.ttft_ewma if s.ttft_ewma is not None else 0.0, s.in_flight))
-
-    def _least_loaded(self, states: list[ReplicaState], now: float, *, rotate: bool) -> ReplicaState:
-        """Replicas without a failure in the last `FAILURE_MEMORY` seconds first, then the fewest
-        attempts in flight, then those not cooling; ties go round-robin (only calls' first picks
-        advance the rotation)."""
-        recent = now - self.FAILURE_MEMORY
-
-        def rank(s: ReplicaState) -> tuple[bool, int, bool]:
-            return (s.last_failure > recent, s.in_flight, s.cooling(now))
-
-        best = min(map(rank, states))
-        equals = [s for s in states if rank(s) == best]
-        return equals[next(self._turn) % len(equals)] if rotate else equals[0]
+        return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
 
     def cooling_wait(self, now: float) -> float | None:
         """Seconds until the first replica whose circuit is closed ends its Retry-After
@@ -168,18 +159,51 @@ class ReplicaSet:
     def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
         state.cooling_until = max(state.cooling_until, now + seconds)
 
-    def succeeded(self, state: ReplicaState, ttft: float | None) -> None:
+    def succeeded(
+        self,
+        state: ReplicaState,
+        ttft: float | None,
+        now: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
+        closes, and the router learns its TTFT and any rate-limit headers."""
         state.consecutive_failures = 0
         state.open_until = 0.0
         state.tripped = False
+        when = now if now is not None else state.health.failure_at  # no clock given: nothing fades
         if ttft is not None:
-            w = self._EWMA_WEIGHT
-            state.ttft_ewma = ttft if state.ttft_ewma is None else (1 - w) * state.ttft_ewma + w * ttft
+            self.router.first_token(state, when, ttft)
+        else:
+            self.router.answered(state)
+        if headers is not None:
+            self.router.saw_headers(state, when, headers)
+
+    def losers(self, attempts: Iterable[AttemptRecord]) -> None:
+        """Attempts that lost a race before their first token: how long each waited is a lower
+        bound on its replica's TTFT."""
+        for attempt in attempts:
+            if attempt.outcome == "lost" and attempt.first_token is None and attempt.finish is not None:
+                state = self._by_name.get(attempt.replica)
+                if state is not None:
+                    self.router.outran(state, attempt.finish, attempt.finish - attempt.start)
+
+    def stream_finished(
+        self, state: ReplicaState, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
+    ) -> None:
+        """The body of a call won by ``state`` ended (see `Router.stream_finished`); the transport
+        calls it once per delivered response, when the caller's stream ends or is closed."""
+        self.router.stream_finished(state, now, ok=ok, tokens=tokens, duration=duration)
+
+    def saw_headers(self, state: ReplicaState, now: float, headers: Mapping[str, str]) -> None:
+        """A failed attempt's response headers (rate-limit room); wins pass theirs to `succeeded`."""
+        self.router.saw_headers(state, now, headers)
 
     def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
         """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
         state.consecutive_failures += 1
         state.last_failure = now
+        self.router.failed(state, now)
         if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
             state.open_until = now + cooldown
             state.consecutive_failures = 0

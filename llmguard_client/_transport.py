@@ -37,13 +37,14 @@ from llmguard_client._lease import CallLease, LeaseRegistry
 from llmguard_client._outcome import Failed, Route, Win
 from llmguard_client._pipeline import Next, compose
 from llmguard_client._replicas import ReplicaSet
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client.layers.continuation import Continuer
 from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
-from llmguard_client.layers.hedge import HedgeDelays, HedgeLayer
+from llmguard_client.layers.hedge import HedgeLayer
 from llmguard_client.layers.passthrough import PassthroughPool, control_tier, passthrough
 from llmguard_client.layers.retry import RetryLayer
 from llmguard_client.layers.rollout import Assignment, Rollout, RolloutLayer
@@ -79,7 +80,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         failure_mode: FailureMode,
         instrumentation: Instrumentation,
         on_record: RecordCallback | None,
-        ttft_stats: HedgeDelays,
+        ttft_stats: TTFTStats,
         registry: LeaseRegistry,
         clock: Clock = loop_clock,
         continuation: Mapping[str, ContinuationPolicy | None] | None = None,
@@ -222,7 +223,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
         record.http_status = win.response.status_code
         if attempt.ttft is not None and call.guarded:
-            self._ttft_stats.observe(call.tier_name, record.stream, attempt.ttft)
+            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
@@ -242,6 +243,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             attempt = win.attempt
             if attempt.outcome == "won":
                 attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
+                ok, tokens, duration = _stream_outcome(status, win, now)
+                self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
                 record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
                 record.response_id, record.response_model = facts.response_id, facts.model
@@ -325,3 +328,23 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
+
+
+def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
+    """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
+    complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
+    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
+    first token over the seconds since it) only for event streams."""
+    reader = win.reader
+    ok: bool | None
+    if status == "ok":
+        ok = reader.failure is None
+    elif status == "abandoned":
+        ok = True if reader.complete and reader.failure is None else None
+    else:
+        ok = False
+    first_token = win.attempt.first_token
+    if reader.chunks is None or first_token is None:
+        return ok, None, None
+    tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
+    return ok, tokens, now - first_token

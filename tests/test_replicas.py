@@ -1,4 +1,5 @@
-"""ReplicaSet routing and health: least-loaded round-robin, cool-downs, circuits, hedge targets.
+"""ReplicaSet routing and health: least cost (load first, when nothing else is known) in turns,
+cool-downs, circuits, hedge targets.
 
 Every test injects ``now``; nothing here sleeps.
 """
@@ -6,6 +7,7 @@ Every test injects ``now``; nothing here sleeps.
 from __future__ import annotations
 
 import itertools
+import random
 from collections import Counter
 
 import httpx
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from llmguard_client._config import Replica
 from llmguard_client._replicas import ReplicaSet, ReplicaState
+from llmguard_client._routing import Router
 
 NOW = 1000.0
 
@@ -115,12 +118,12 @@ def test_pick_never_returns_an_excluded_replica() -> None:
     assert rs.pick(NOW, exclude=rs.states) is None
 
 
-def test_pick_ranks_a_recently_failed_replica_last_until_the_memory_passes() -> None:
+def test_pick_ranks_a_recently_failed_replica_last_until_the_failure_fades() -> None:
     rs = replica_set(2)
     r0, _ = rs.states
     rs.failed(r0, NOW, threshold=5, cooldown=5.0)
     assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
-    later = NOW + ReplicaSet.FAILURE_MEMORY + 0.1
+    later = NOW + 4 * rs.router.FAILURE_HALF_LIFE  # 0.1 / 16 is below FAILURE_FORGOTTEN
     assert set(names([rs.pick(later) for _ in range(4)])) == {"r0", "r1"}
 
 
@@ -180,7 +183,7 @@ def test_a_cool_down_is_never_shortened() -> None:
 def test_pick_hedge_prefers_the_best_ttft_ewma() -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states
-    r0.ttft_ewma, r1.ttft_ewma, r2.ttft_ewma = 0.5, 0.9, 0.2
+    r0.health.ttft, r1.health.ttft, r2.health.ttft = 0.5, 0.9, 0.2
     assert rs.pick_hedge(NOW, exclude=[]) is r2
     assert rs.pick_hedge(NOW, exclude=[r2]) is r0
     assert rs.pick_hedge(NOW, exclude=[r2, r0]) is r1
@@ -189,7 +192,7 @@ def test_pick_hedge_prefers_the_best_ttft_ewma() -> None:
 def test_pick_hedge_breaks_ttft_ties_by_load() -> None:
     rs = replica_set(3)
     for state, load in zip(rs.states, (3, 1, 2), strict=True):
-        state.ttft_ewma = 0.3
+        state.health.ttft = 0.3
         state.in_flight = load
     assert rs.pick_hedge(NOW, exclude=[]) is rs.states[1]
 
@@ -197,7 +200,7 @@ def test_pick_hedge_breaks_ttft_ties_by_load() -> None:
 def test_pick_hedge_refuses_cooling_and_open_replicas() -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states
-    r1.ttft_ewma, r2.ttft_ewma = 0.01, 0.02
+    r1.health.ttft, r2.health.ttft = 0.01, 0.02
     rs.cool_down(r1, NOW, 5.0)
     r2.open_until = NOW + 5
     assert rs.pick_hedge(NOW, exclude=[r0]) is None
@@ -212,7 +215,7 @@ def test_pick_hedge_refuses_cooling_and_open_replicas() -> None:
 def test_pick_hedge_never_returns_an_excluded_replica(ewmas: list[float | None], data: st.DataObject) -> None:
     rs = replica_set(len(ewmas))
     for state, ewma in zip(rs.states, ewmas, strict=True):
-        state.ttft_ewma = ewma
+        state.health.ttft = ewma
         state.in_flight = data.draw(st.integers(0, 3))
     excluded = data.draw(st.lists(st.sampled_from(rs.states), unique_by=id))
     picked = rs.pick_hedge(NOW, exclude=excluded)
@@ -247,7 +250,7 @@ def test_circuit_closes_after_its_cool_down() -> None:
         rs.failed(r0, NOW, threshold=3, cooldown=5.0)
     assert r0.open(NOW + 4.99)
     assert not r0.open(NOW + 5.0)
-    later = NOW + 5.0 + ReplicaSet.FAILURE_MEMORY + 1
+    later = NOW + 5.0 + 4 * rs.router.FAILURE_HALF_LIFE  # the failures have faded
     assert "r0" in names([rs.pick(later) for _ in range(4)])
     assert rs.pick_ready(later, exclude=[rs.states[1]]) is r0
 
@@ -364,6 +367,18 @@ async def test_aclose_closes_every_transport() -> None:
 
 
 def test_round_robin_covers_every_replica_over_many_rounds() -> None:
-    rs = replica_set(4)
+    rs = replica_set(3)
+    counts = Counter(names([rs.pick(NOW) for _ in itertools.repeat(None, 300)]))
+    assert counts == {"r0": 100, "r1": 100, "r2": 100}
+
+
+def test_above_three_replicas_two_drawn_at_random_share_the_calls_evenly() -> None:
+    replicas = [Replica(f"http://r{i}:8000") for i in range(4)]
+    rs = ReplicaSet(
+        replicas,
+        lambda r: httpx.MockTransport(lambda q: httpx.Response(200)),
+        router=lambda states: Router(states, rng=random.Random(7)),
+    )
     counts = Counter(names([rs.pick(NOW) for _ in itertools.repeat(None, 400)]))
-    assert counts == {"r0": 100, "r1": 100, "r2": 100, "r3": 100}
+    assert set(counts) == {"r0", "r1", "r2", "r3"}
+    assert all(70 <= n <= 130 for n in counts.values()), counts

@@ -57,6 +57,19 @@ PRESETS: dict[str, Preset] = {
     ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
+    "degraded": Preset(
+        requests=500,
+        rate=40.0,
+        slo=SLO(ttft=0.5, tpot=0.03),
+        note="3 replicas, one 10x slower to its first token and 5x per token; Poisson 40 rps; "
+        "good = TTFT <= 0.5 s and TPOT <= 30 ms (3x a healthy replica's)",
+    ),
+    "degrading": Preset(
+        requests=700,
+        rate=40.0,
+        slo=SLO(ttft=0.5, tpot=0.03),
+        note="3 replicas, one degraded from 4 s to 9 s after the cluster starts (of ~17 s); Poisson 40 rps",
+    ),
 }
 
 DEMO_SCENARIOS = ("stragglers", "overload")

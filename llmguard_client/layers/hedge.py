@@ -1,7 +1,8 @@
 """Hedged rounds: staggered attempts on different replicas, the first content token wins.
 
 A round starts one attempt. If no first content token has arrived after the hedge
-delay (fixed, or adaptive: a quantile of the tier's recent time-to-first-token), the
+delay (fixed, or adaptive: read from the healthy replicas' recent time-to-first-token,
+see `llmguard_client._ttft_stats`), the
 same request goes to a *different* replica, paid from the shared budget. The first
 attempt to produce a first content token (non-streaming: a complete successful body)
 wins; every other attempt is cancelled and its connection closed, and the round
@@ -25,49 +26,17 @@ from llmguard_client._call import Call
 from llmguard_client._config import HedgePolicy
 from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
-from llmguard_client._quantile import StreamingQuantile
 from llmguard_client._replicas import ReplicaSet, ReplicaState
-
-
-class HedgeDelays:
-    """Recent time-to-first-token per (tier, streaming) class, owned by the `Guard`: the
-    hedge layer reads its delay, the retry layer what a fresh attempt typically needs."""
-
-    def __init__(self, policy: HedgePolicy) -> None:
-        self._policy = policy
-        self._samples: dict[tuple[str, bool], StreamingQuantile] = {}
-
-    def observe(self, tier: str, stream: bool, ttft: float) -> None:
-        key = (tier, stream)
-        if key not in self._samples:
-            self._samples[key] = StreamingQuantile()
-        self._samples[key].add(max(0.0, ttft))
-
-    def delay(self, tier: str, stream: bool) -> float:
-        policy = self._policy
-        if policy.delay is not None:
-            return policy.delay
-        samples = self._samples.get((tier, stream))
-        if samples is None or samples.count < policy.min_samples:
-            return policy.warmup_delay
-        estimate = samples.quantile(policy.quantile) or policy.warmup_delay
-        return min(policy.max_delay, max(policy.min_delay, estimate))
-
-    def typical(self, tier: str, stream: bool) -> float:
-        """The median recent TTFT (0 when unknown): a fresh attempt needs about this long."""
-        samples = self._samples.get((tier, stream))
-        if samples is None or samples.count == 0:
-            return 0.0
-        return samples.quantile(0.5) or 0.0
+from llmguard_client._ttft_stats import TTFTStats
 
 
 class HedgeLayer:
     """Races hedges against the routed attempt; owns no per-call state."""
 
-    def __init__(self, replicas: ReplicaSet, policy: HedgePolicy | None, delays: HedgeDelays) -> None:
+    def __init__(self, replicas: ReplicaSet, policy: HedgePolicy | None, ttft_stats: TTFTStats) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.delays = delays
+        self.ttft_stats = ttft_stats
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         hedges = self._hedges_for(call)
@@ -86,7 +55,7 @@ class HedgeLayer:
         send, receive = anyio.create_memory_object_stream[Outcome](max_buffer_size=self.policy.max_hedges + 1)
         used: list[ReplicaState] = [route.replica]
         failures: list[AttemptFailure] = []
-        delay = self.delays.delay(call.tier_name, call.record.stream)
+        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
 
         async def run(attempt_route: Route, out: MemoryObjectSendStream[Outcome]) -> None:
             async with out:
@@ -161,7 +130,7 @@ class HedgeLayer:
         if self.replicas.any_cooling(now):
             return False
         remaining = call.first_token_deadline - now
-        return remaining > self.delays.typical(call.tier_name, call.record.stream)
+        return remaining > self.ttft_stats.typical(call.tier_name, call.record.stream)
 
 
 async def _receive_until(receive: MemoryObjectReceiveStream[Outcome], wait: float) -> Outcome | None:

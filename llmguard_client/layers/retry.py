@@ -32,7 +32,7 @@ from llmguard_client._errors import AllAttemptsFailed, AllReplicasCooling, Budge
 from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client._replicas import ReplicaSet, ReplicaState
-from llmguard_client.layers.hedge import HedgeDelays
+from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.telemetry.hooks import Instrumentation
 
 
@@ -43,12 +43,12 @@ class RetryLayer:
         self,
         replicas: ReplicaSet,
         policy: RetryPolicy | None,
-        delays: HedgeDelays,
+        ttft_stats: TTFTStats,
         instrumentation: Instrumentation,
     ) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.delays = delays
+        self.ttft_stats = ttft_stats
         self._instrumentation = instrumentation
         initial = policy.backoff_initial if policy else 0.05
         maximum = policy.backoff_max if policy else 2.0
@@ -73,7 +73,13 @@ class RetryLayer:
             kind = route.kind if rounds == 1 else "retry"
             outcome = await call_next(call, Route(state, kind, payment))
             if isinstance(outcome, Win):
-                self.replicas.succeeded(outcome.state, outcome.attempt.ttft)
+                # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
+                streamed = outcome.reader.chunks is not None
+                self.replicas.succeeded(
+                    outcome.state, outcome.attempt.ttft if streamed else None, call.clock(), outcome.response.headers
+                )
+                if streamed:
+                    self.replicas.losers(call.record.attempts)
                 return outcome
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
@@ -91,6 +97,8 @@ class RetryLayer:
         now = call.clock()
         for failure in failures:
             call.failed_replicas.append(failure.state)
+            if failure.status_code is not None:
+                self.replicas.saw_headers(failure.state, now, failure.headers)
             policy = self.policy or RetryPolicy()
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 seconds, why = failure.retry_after, "retry_after"
@@ -122,7 +130,7 @@ class RetryLayer:
         now = call.clock()
         remaining = call.first_token_deadline - now
         # A retry is worth sending only if its first token can still make the deadline.
-        expected_ttft = self.delays.delay(call.tier_name, call.record.stream)
+        expected_ttft = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
         state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
         if state is None:
             soonest = self.replicas.cooling_wait(now)

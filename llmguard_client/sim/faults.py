@@ -31,6 +31,10 @@ class FaultConfig:
     500) before any token, without running the request; ``error_mid`` sends one after ``fault_after_tokens``
     tokens; ``truncate`` ends the body there without finish reason or end marker. ``overload_signal`` says how
     admission rejections are answered (`OverloadSignal`).
+
+    ``first_token_delay_s`` holds every request that long before its first token (a slow prefill; not counted
+    as a fault). ``slow_between`` limits ``slow_factor`` and ``first_token_delay_s`` to a window of seconds
+    after the replica started (None: always), for a replica that degrades and recovers.
     """
 
     stall_first_p: float = 0.0
@@ -48,6 +52,8 @@ class FaultConfig:
     error_mid_p: float = 0.0
     truncate_p: float = 0.0
     overload_signal: OverloadSignal = "http"
+    first_token_delay_s: float = 0.0
+    slow_between: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         probabilities = (
@@ -72,6 +78,17 @@ class FaultConfig:
     def stream_faults(self) -> bool:
         """True if any failure inside a 200 stream can be drawn."""
         return bool(self.error_first_p or self.error_mid_p or self.truncate_p)
+        if self.first_token_delay_s < 0:
+            raise ValueError(f"first_token_delay_s must be >= 0 seconds, got {self.first_token_delay_s!r}")
+        if self.slow_between is not None and not 0 <= self.slow_between[0] < self.slow_between[1]:
+            raise ValueError(
+                f"slow_between must be (start, end) seconds with 0 <= start < end, got {self.slow_between!r}"
+            )
+
+    def slow_at(self, elapsed: float) -> bool:
+        """Whether the slowdown (``slow_factor``, ``first_token_delay_s``) applies ``elapsed`` s after the start."""
+        window = self.slow_between
+        return window is None or window[0] <= elapsed < window[1]
 
 
 @dataclass(frozen=True, slots=True)

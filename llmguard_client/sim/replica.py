@@ -57,8 +57,11 @@ class Replica:
         self.index = index
         self.faults = faults or FaultConfig()
         self.model = model
-        config = dataclasses.replace(engine_config, step_time_factor=self.faults.slow_factor)
+        # A slowdown limited to a window is applied per step by `run`; an unlimited one is the engine's own.
+        factor = self.faults.slow_factor if self.faults.slow_between is None else 1.0
+        config = dataclasses.replace(engine_config, step_time_factor=factor)
         self.engine = Engine(config, random.Random(f"{seed}:{index}:engine"))
+        self._started: float | None = None
         self.counters = ReplicaCounters()
         self._fault_rng = random.Random(f"{seed}:{index}:faults")
         self._waiters: dict[int, anyio.Event] = {}
@@ -75,6 +78,18 @@ class Replica:
         seq = self.engine.submit(request, anyio.current_time())
         self._kick.set()
         return seq
+
+    def slow_now(self) -> bool:
+        """Whether the replica's slowdown applies now (always, unless ``faults.slow_between`` limits it)."""
+        started = self._started if self._started is not None else anyio.current_time()
+        return self.faults.slow_at(anyio.current_time() - started)
+
+    def _step_period(self, at: float) -> float:
+        period = self.engine.config.step_period
+        faults = self.faults
+        if faults.slow_between is not None and self._started is not None and faults.slow_at(at - self._started):
+            period *= faults.slow_factor
+        return period
 
     def stall(self, seq: Sequence, seconds: float) -> None:
         """Hold ``seq`` for ``seconds`` from now; it keeps its slot."""
@@ -100,8 +115,7 @@ class Replica:
     async def run(self) -> None:
         """Step the engine in real time, drift-corrected, until cancelled."""
         engine = self.engine
-        period = engine.config.step_period
-        next_t = anyio.current_time()
+        next_t = self._started = anyio.current_time()
         while True:
             if engine.idle:
                 self._kick = anyio.Event()
@@ -115,6 +129,7 @@ class Replica:
                 await anyio.sleep(next_t - now)
                 now = anyio.current_time()
             steps = 0
+            period = self._step_period(next_t)
             while next_t <= now and steps < MAX_CATCH_UP_STEPS:
                 self._wake(engine.step(next_t))
                 next_t += period

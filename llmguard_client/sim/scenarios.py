@@ -86,6 +86,10 @@ _ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, 
 _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
 """~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
 
+_DEGRADED = FaultConfig(slow_factor=5.0, first_token_delay_s=0.09)
+"""A degraded replica: 5x slower steps (TTFT ~90 ms, 50 ms per token) plus a 90 ms prefill delay, so its TTFT
+(~180 ms) is ~10x a healthy replica's (~18 ms) and its time per token 5x."""
+
 SCENARIOS: dict[str, ScenarioConfig] = {
     "healthy": ScenarioConfig(
         name="healthy",
@@ -139,6 +143,29 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         load=LoadHint(base_rps=30.0, peak_rps=140.0),
         capacity_rps=50.0,
         faults=(FaultConfig(overload_signal="in_stream"),),
+    ),
+    "degraded": ScenarioConfig(
+        name="degraded",
+        description=(
+            "3 roomy replicas, light load; r1 is degraded for the whole run: 10x slower to its first token "
+            "(5x slower steps plus a 90 ms prefill delay) and 5x slower per token"
+        ),
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=40.0, peak_rps=40.0),
+        capacity_rps=363.0,
+        faults=(FaultConfig(), _DEGRADED, FaultConfig()),
+    ),
+    "degrading": ScenarioConfig(
+        name="degrading",
+        description=(
+            "as degraded, but r1 is degraded only from 4 s to 9 s after the cluster starts, healthy before and after"
+        ),
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=40.0, peak_rps=40.0),
+        capacity_rps=490.0,
+        faults=(FaultConfig(), dataclasses.replace(_DEGRADED, slow_between=(4.0, 9.0)), FaultConfig()),
     ),
 }
 

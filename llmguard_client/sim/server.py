@@ -1,9 +1,10 @@
 """The Starlette ASGI app of one replica: OpenAI-compatible completions (SSE or JSON), models, stats.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI Responses API),
-``POST /v1/messages`` (Anthropic Messages), ``GET /v1/models``, ``GET /sim/stats``, ``POST /sim/reset``. A client
-disconnect (the ASGI ``http.disconnect`` message, or a failed send) aborts the request in the engine at once; a
-``finally`` releases it on every other way out (error, cancellation)."""
+``POST /v1/messages`` (Anthropic Messages), ``GET /v1/models``, ``GET /sim/stats``, ``POST /sim/reset``,
+``GET /metrics`` (vLLM's queue and KV-cache gauges). A client disconnect (the ASGI ``http.disconnect``
+message, or a failed send) aborts the request in the engine at once; a ``finally`` releases it on every other
+way out (error, cancellation)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,8 @@ class _Completions:
     ) -> None:
         replica = self.replica
         faults = replica.faults
+        if faults.first_token_delay_s and replica.slow_now():
+            replica.stall(seq, faults.first_token_delay_s)
         if plan.stall_first:
             replica.counters.stalled_first += 1
             replica.stall(seq, faults.stall_first_s)
@@ -280,6 +283,16 @@ def build_app(replica: Replica) -> Starlette:
     async def stats(request: Request) -> Response:
         return JSONResponse(replica.stats())
 
+    async def metrics(request: Request) -> Response:
+        """The two vLLM gauges a client can route on (Prometheus text, as vLLM serves them)."""
+        engine, label = replica.engine, f'{{model_name="{replica.model}"}}'
+        text = (
+            f"vllm:num_requests_waiting{label} {float(engine.waiting)}\n"
+            f"vllm:num_requests_running{label} {float(engine.running)}\n"
+            f"vllm:kv_cache_usage_perc{label} {engine.kv_used / engine.config.kv_tokens}\n"
+        )
+        return Response(text, media_type="text/plain; version=0.0.4")
+
     async def reset(request: Request) -> Response:
         replica.reset_stats()
         return JSONResponse({"ok": True})
@@ -291,6 +304,7 @@ def build_app(replica: Replica) -> Starlette:
         Route("/v1/messages", _Completions(replica, "messages"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/sim/reset", reset, methods=["POST"]),
     ]
     return Starlette(routes=routes)

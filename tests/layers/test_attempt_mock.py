@@ -78,7 +78,11 @@ def make_guard(
     kw.setdefault("failure_mode", "raise")
     if records is not None:
         kw["on_record"] = records.append
-    return Guard(replicas or [R1, R2], transport_factory=upstream.factory, instrumentation=None, **kw)
+    guard = Guard(replicas or [R1, R2], transport_factory=upstream.factory, instrumentation=None, **kw)
+    # These tests count requests per replica: make every replica's cost a tie, so calls take turns
+    # whatever the mock's sub-millisecond timing noise says about their speed.
+    guard._replica_set.router.TIE_SECONDS = 60.0
+    return guard
 
 
 def record_of(response: httpx.Response) -> PhaseRecord:

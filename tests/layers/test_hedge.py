@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, HedgePolicy, PhaseRecord, Tier
-from llmguard_client.layers.hedge import HedgeDelays
 from tests.loopback import LoopbackServer, Script
 
 CHAT = "/v1/chat/completions"
@@ -65,8 +64,9 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
     hedge = HedgePolicy(delay=0.2, max_hedges=2)
     guard = make_guard(servers, records, hedge=hedge)
     # Make the hedge order deterministic: replica 1 has the best recent TTFT, then replica 2.
-    guard._replica_set.states[1].ttft_ewma = 0.01
-    guard._replica_set.states[2].ttft_ewma = 0.02
+    replicas = guard._replica_set
+    replicas.router.first_token(replicas.states[1], 0.0, 0.01)
+    replicas.router.first_token(replicas.states[2], 0.0, 0.02)
     async with guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
     assert response.status_code == 200
@@ -123,15 +123,3 @@ async def test_non_generation_paths_are_not_hedged(servers: list[LoopbackServer]
     async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
         await client.post(servers[0].url + "/v1/files", json=BODY)
     assert len(records[0].attempts) == 1
-
-
-def test_adaptive_delay_follows_the_tier_quantile() -> None:
-    delays = HedgeDelays(HedgePolicy(min_samples=20, warmup_delay=0.5, min_delay=0.05, max_delay=2.0))
-    assert delays.delay("t", True) == 0.5  # warm-up
-    for i in range(100):
-        delays.observe("t", True, 0.1 + i / 1000)  # 0.100 .. 0.199 s
-    assert delays.delay("t", True) == pytest.approx(0.19405, abs=1e-3)  # p95
-    assert delays.delay("t", False) == 0.5  # streaming and non-streaming are separate
-    for _ in range(300):
-        delays.observe("t", True, 10.0)
-    assert delays.delay("t", True) == 2.0  # clamped to max_delay; old samples aged out

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import llmguard_client.sim as sim
+from llmguard_client.sim.faults import FaultConfig
 from llmguard_client.sim.scenarios import SCENARIOS, get_scenario
 from llmguard_client.sim.virtual import measure_capacity
 
@@ -21,16 +22,20 @@ def test_required_scenarios_exist() -> None:
     assert SCENARIOS["overload"].load.peak_rps / SCENARIOS["overload"].capacity_rps == pytest.approx(3.0, rel=0.1)
     assert SCENARIOS["overload"].load.base_rps / SCENARIOS["overload"].capacity_rps == pytest.approx(0.6, rel=0.1)
     assert len({SCENARIOS["faults"].faults_for(i) for i in range(3)}) == 3
+    slow = SCENARIOS["degraded"].faults_for(1)
+    assert (slow.slow_factor, slow.slow_between) == (5.0, None) and slow.first_token_delay_s > 0
+    assert SCENARIOS["degraded"].faults_for(0) == SCENARIOS["degraded"].faults_for(2) == FaultConfig()
+    assert SCENARIOS["degrading"].faults_for(1).slow_between == (4.0, 9.0)
 
 
 def test_replica_override_and_unknown_name() -> None:
     assert get_scenario("overload", 5).replicas == 5
     assert get_scenario("overload", 6).capacity_rps == pytest.approx(2 * SCENARIOS["overload"].capacity_rps)
-    with pytest.raises(KeyError, match="known: faults, healthy"):
+    with pytest.raises(KeyError, match="known: degraded, degrading, faults, healthy"):
         get_scenario("nope")
 
 
-@pytest.mark.parametrize("name", ["overload", "faults"])
+@pytest.mark.parametrize("name", ["overload", "faults", "degraded"])
 def test_stated_capacity_matches_the_engine(name: str) -> None:
     scenario, load = SCENARIOS[name], SCENARIOS[name].load
     total = 0.0

@@ -1,0 +1,187 @@
+"""Optional server hints: a vLLM server's own queue length and KV-cache use, from its ``/metrics``.
+
+Without this the guard learns each replica's load from its own calls only. Several clients sharing
+the replicas each see only their own calls in flight; vLLM's Prometheus endpoint reports what every
+client put there::
+
+    vllm:num_requests_waiting{model_name="..."} 3.0       requests queued, not yet scheduled
+    vllm:kv_cache_usage_perc{model_name="..."} 0.42       (vLLM >= 0.10; older: vllm:gpu_cache_usage_perc)
+
+`poll_vllm_metrics` reads them at a bounded rate and hands them to the router: queued requests count
+as load beside the guard's own calls in flight, and a KV cache at 95 % or more ranks the replica with
+those that have no room. It is a coroutine *you* run in a task group you own, so nothing runs
+behind your back and cancelling the group stops it::
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=2.0))
+        ...  # use the guard
+        tg.cancel_scope.cancel()
+
+Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus ``/metrics``
+(``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
+again; any other failure or an unreadable body just leaves that replica without a hint until the
+next round. A hint is believed for three polling intervals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import httpx
+
+from llmguard_client._errors import GuardConfigError
+from llmguard_client._lease import close_quietly
+
+if TYPE_CHECKING:
+    from llmguard_client._guard import Guard
+    from llmguard_client._replicas import ReplicaSet, ReplicaState
+
+__all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics"]
+
+logger = logging.getLogger("llmguard_client")
+
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+BODY_LIMIT = 1024 * 1024
+"""Bytes of a /metrics answer read at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What one ``/metrics`` answer said (None: the metric was absent)."""
+
+    waiting: float | None
+    kv_usage: float | None
+
+
+def parse_vllm_metrics(text: str) -> ServerLoad:
+    """Queued requests (summed over label sets) and KV-cache use (the highest, 0-1) from Prometheus text."""
+    waiting: float | None = None
+    kv: float | None = None
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in WAITING and name not in KV_USAGE:
+            continue
+        rest = line.rsplit("}", 1)[1] if "{" in line else line[len(name) :]  # "name{labels} value [time]"
+        try:
+            value = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if not math.isfinite(value) or value < 0:
+            continue
+        if name in WAITING:
+            waiting = value if waiting is None else waiting + value
+        else:
+            kv = value if kv is None else max(kv, value)
+    return ServerLoad(waiting, kv)
+
+
+def metrics_url(base: httpx.URL) -> httpx.URL:
+    """``/metrics`` next to the OpenAI API: a trailing ``/v1`` of the replica's base is dropped."""
+    path = base.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return base.copy_with(path=path + "/metrics", query=None)
+
+
+async def poll_once(
+    replicas: ReplicaSet,
+    *,
+    request_timeout: float = 1.0,
+    fresh_for: float = 6.0,
+    skip: set[str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, ServerLoad | None]:
+    """Read every replica's ``/metrics`` at once (each within ``request_timeout`` s) and hand what they say to
+    the router; returns the hint per replica name (None: no hint). Names in ``skip`` are not polled;
+    a replica that answers 404 is added to it."""
+    skip = skip if skip is not None else set()
+    out: dict[str, ServerLoad | None] = {}
+
+    async def one(state: ReplicaState) -> None:
+        load = await _fetch(state, request_timeout, skip)
+        out[state.name] = load
+        if load is not None:
+            replicas.router.server_load(
+                state, clock(), waiting=load.waiting, kv_usage=load.kv_usage, fresh_for=fresh_for
+            )
+
+    async with anyio.create_task_group() as tg:
+        for state in replicas.states:
+            if state.name not in skip:
+                tg.start_soon(one, state)
+    return out
+
+
+async def poll_vllm_metrics(
+    guard: Guard,
+    *,
+    every: float = 2.0,
+    request_timeout: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll every replica's ``/metrics`` once per ``every`` seconds (at least 0.5) until cancelled,
+    each request bounded by ``request_timeout`` (default: 1 s or ``every`` if shorter)."""
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0.5:
+        raise GuardConfigError(f"poll_vllm_metrics: every must be at least 0.5 seconds, got {every!r}")
+    if request_timeout is None:
+        request_timeout = min(1.0, every)
+    if (
+        isinstance(request_timeout, bool)
+        or not isinstance(request_timeout, (int, float))
+        or not 0 < request_timeout <= every
+    ):
+        raise GuardConfigError(
+            f"poll_vllm_metrics: request_timeout must be > 0 and <= every ({every}), got {request_timeout!r}"
+        )
+    replicas = guard._replica_set
+    skip: set[str] = set()
+    while len(skip) < len(replicas.states):
+        started = anyio.current_time()
+        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=clock)
+        await anyio.sleep(max(0.0, started + every - anyio.current_time()))
+    logger.info("llmguard: no replica serves /metrics; server hints stop")
+
+
+async def _fetch(state: ReplicaState, request_timeout: float, skip: set[str]) -> ServerLoad | None:
+    request = httpx.Request("GET", metrics_url(state.base), headers=state.replica.headers)
+    response: httpx.Response | None = None
+    with anyio.move_on_after(request_timeout):
+        try:
+            response = await state.transport.handle_async_request(request)
+            if response.status_code == 404:
+                skip.add(state.name)
+                logger.info("llmguard: %s has no /metrics (404); not polled again", state.name)
+                return None
+            if response.status_code != 200:
+                return None
+            body = await _read(response)
+            return parse_vllm_metrics(body.decode("utf-8", "replace"))
+        except (httpx.HTTPError, OSError) as exc:
+            logger.debug("llmguard: /metrics of %s failed: %r", state.name, exc)
+            return None
+        finally:
+            if response is not None:
+                await close_quietly(response)
+    return None
+
+
+async def _read(response: httpx.Response) -> bytes:
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in stream:
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= BODY_LIMIT:
+            break
+    return b"".join(parts)

@@ -1,0 +1,129 @@
+"""Optional server hints: vLLM /metrics parsed, polled at a bounded rate, and used by the router."""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import httpx
+import pytest
+
+from llmguard_client import Guard, GuardConfigError, Replica
+from llmguard_client.server_hints import ServerLoad, metrics_url, parse_vllm_metrics, poll_once, poll_vllm_metrics
+from llmguard_client.sim.cluster import SimCluster
+from tests.sim.conftest import one_off
+
+VLLM = """\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.97
+vllm:num_requests_waiting_by_reason{reason="x"} 9.0
+"""
+
+
+def test_parse_sums_the_queue_and_takes_the_fullest_kv_cache() -> None:
+    assert parse_vllm_metrics(VLLM) == ServerLoad(waiting=5.0, kv_usage=0.97)
+    old = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_waiting 1\n'
+    assert parse_vllm_metrics(old) == ServerLoad(waiting=1.0, kv_usage=0.5)
+    assert parse_vllm_metrics("") == ServerLoad(None, None)
+    assert parse_vllm_metrics("vllm:num_requests_waiting{} NaN\nvllm:kv_cache_usage_perc oops\n") == ServerLoad(
+        None, None
+    )
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ("http://h:8000/v1", "http://h:8000/metrics"),
+        ("http://h:8000/v1/", "http://h:8000/metrics"),
+        ("http://h:8000", "http://h:8000/metrics"),
+        ("https://h/prefix/v1", "https://h/prefix/metrics"),
+    ],
+)
+def test_metrics_url_sits_next_to_the_api(base: str, expected: str) -> None:
+    assert str(metrics_url(httpx.URL(base.rstrip("/")))) == expected
+
+
+class Metrics:
+    """A transport per replica answering /metrics with a script; counts the polls."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, tuple[int, str]] = {}
+        self.polls: dict[str, int] = {}
+        self.headers: list[httpx.Headers] = []
+
+    def factory(self, replica: Replica) -> httpx.AsyncBaseTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            assert request.url.path.endswith("/metrics")
+            self.polls[replica.name] = self.polls.get(replica.name, 0) + 1
+            self.headers.append(request.headers)
+            status, text = self.bodies.get(replica.name, (200, ""))
+            return httpx.Response(status, text=text)
+
+        return httpx.MockTransport(handle)
+
+
+async def test_a_queue_at_the_server_counts_as_load_and_a_full_kv_cache_ranks_last() -> None:
+    metrics = Metrics()
+    replicas = [Replica("http://a:1/v1", headers={"authorization": "Bearer A"}), Replica("http://b:1/v1")]
+    metrics.bodies = {"http://a:1/v1": (200, "vllm:num_requests_waiting 4\n"), "http://b:1/v1": (200, "")}
+    async with Guard(replicas, transport_factory=metrics.factory, instrumentation=None) as guard:
+        rs = guard._replica_set
+        a, b = rs.states
+        hints = await poll_once(rs, clock=lambda: 100.0, fresh_for=6.0)
+        assert hints == {"http://a:1/v1": ServerLoad(4.0, None), "http://b:1/v1": ServerLoad(None, None)}
+        assert metrics.headers[0]["authorization"] == "Bearer A" or metrics.headers[1]["authorization"] == "Bearer A"
+        b.in_flight = 3  # 4 queued at a's server weigh more than the guard's own 3 at b
+        assert rs.pick(101.0) is b
+        assert rs.pick(106.1) is a  # the hint is stale: only what the guard sees counts
+        metrics.bodies["http://b:1/v1"] = (200, "vllm:kv_cache_usage_perc 0.99\n")
+        await poll_once(rs, clock=lambda: 200.0, fresh_for=6.0)
+        b.in_flight = 0
+        assert rs.pick(201.0) is a and rs.pick_ready(201.0) is a and rs.pick_hedge(201.0, exclude=[]) is a
+        assert rs.pick(206.1) is b
+
+
+async def test_a_replica_without_metrics_is_not_polled_again() -> None:
+    metrics = Metrics()
+    metrics.bodies = {"http://a:1": (404, "not found"), "http://b:1": (500, "oops")}
+    async with Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+        rs = guard._replica_set
+        skip: set[str] = set()
+        assert await poll_once(rs, skip=skip) == {"http://a:1": None, "http://b:1": None}
+        assert skip == {"http://a:1"}
+        await poll_once(rs, skip=skip)
+        assert metrics.polls == {"http://a:1": 1, "http://b:1": 2}
+
+
+async def test_the_poller_runs_at_its_rate_in_your_task_group_and_stops_when_cancelled() -> None:
+    metrics = Metrics()
+    async with Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
+            await anyio.sleep(0.75)
+            tg.cancel_scope.cancel()
+        assert metrics.polls == {"http://a:1": 2, "http://b:1": 2}  # at 0 s and 0.5 s
+        with pytest.raises(GuardConfigError, match=r"every must be at least 0\.5 seconds"):
+            await poll_vllm_metrics(guard, every=0.1)
+        with pytest.raises(GuardConfigError, match="request_timeout must be > 0 and <= every"):
+            await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
+
+
+async def test_the_poller_ends_when_no_replica_serves_metrics() -> None:
+    metrics = Metrics()
+    metrics.bodies = {"http://a:1": (404, "")}
+    async with Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+        with anyio.fail_after(2):
+            await poll_vllm_metrics(guard, every=0.5)
+        assert metrics.polls == {"http://a:1": 1}
+
+
+async def test_polling_the_simulated_cluster_over_http() -> None:
+    async with SimCluster(one_off(replicas=2)) as cluster:
+        async with Guard([u + "/v1" for u in cluster.urls], instrumentation=None) as guard:
+            hints = await poll_once(guard._replica_set)
+    assert list(hints.values()) == [ServerLoad(0.0, 0.0), ServerLoad(0.0, 0.0)]
