@@ -73,17 +73,17 @@ class FaultConfig:
             raise ValueError("slow_factor must be > 0, stall durations >= 0, fault_after_tokens >= 1")
         if self.overload_signal not in ("http", "in_stream"):
             raise ValueError(f"overload_signal must be 'http' or 'in_stream', got {self.overload_signal!r}")
-
-    @property
-    def stream_faults(self) -> bool:
-        """True if any failure inside a 200 stream can be drawn."""
-        return bool(self.error_first_p or self.error_mid_p or self.truncate_p)
         if self.first_token_delay_s < 0:
             raise ValueError(f"first_token_delay_s must be >= 0 seconds, got {self.first_token_delay_s!r}")
         if self.slow_between is not None and not 0 <= self.slow_between[0] < self.slow_between[1]:
             raise ValueError(
                 f"slow_between must be (start, end) seconds with 0 <= start < end, got {self.slow_between!r}"
             )
+
+    @property
+    def stream_faults(self) -> bool:
+        """True if any failure inside a 200 stream can be drawn."""
+        return bool(self.error_first_p or self.error_mid_p or self.truncate_p)
 
     def slow_at(self, elapsed: float) -> bool:
         """Whether the slowdown (``slow_factor``, ``first_token_delay_s``) applies ``elapsed`` s after the start."""
