@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gc
 import math
 import random
 import sys
@@ -259,7 +260,8 @@ def _status(response: httpx.Response) -> str:
 class Sample:
     calls: int
     seconds: float
-    lag: list[float]
+    lag: str
+    """Event-loop lag during the segment, p50/p99/max ms (not the samples: kept, they would grow RSS)."""
     rss: float
     sockets: int
     pooled: int
@@ -269,7 +271,7 @@ class Sample:
     def line(self, base_sockets: int) -> str:
         return (
             f"after {self.calls:>6} calls  {self.seconds:7.1f} s  loop lag p50/p99/max "
-            f"{_ms(self.lag, 50)}/{_ms(self.lag, 99)}/{_ms(self.lag, 100)} ms  RSS {self.rss:7.2f} MiB  "
+            f"{self.lag} ms  RSS {self.rss:7.2f} MiB  "
             f"sockets {self.sockets - base_sockets:>3} (pooled connections {self.pooled:>3})  "
             f"tasks {self.tasks}  idle {self.idle}"
         )
@@ -291,7 +293,8 @@ async def sample(guard: Guard, calls: int, started: float, lag: list[float], bas
         await anyio.sleep(0.01)
     snap = guard.snapshot()
     pooled = sum(r.open_connections or 0 for r in snap.replicas)
-    return Sample(calls, seconds, lag, h.rss_mb(), h.open_sockets(), pooled, h.asyncio_tasks(),
+    lag_text = f"{_ms(lag, 50)}/{_ms(lag, 99)}/{_ms(lag, 100)}"
+    return Sample(calls, seconds, lag_text, h.rss_mb(), h.open_sockets(), pooled, h.asyncio_tasks(),
                   snap.idle and snap.calls_in_flight == 0)
 
 
@@ -307,6 +310,7 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
     ends = sorted({warm, *range(warm + args.every, args.calls, args.every), args.calls})
     samples: list[Sample] = []
     tm_start: tracemalloc.Snapshot | None = None
+    tm_traced = 0
     started, cpu0 = time.perf_counter(), h.cpu_seconds()
     lag = h.LoopLag()
     for end in ends:
@@ -319,10 +323,18 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
         samples.append(await sample(guard, end, started, lag.take(), base_tasks))
         print(samples[-1].line(base_sockets), flush=True)
         if end == warm and args.tracemalloc:
-            tracemalloc.start(12)
+            tracemalloc.start(4)  # 4 frames: enough to place a site, cheap enough to run
             tm_start = tracemalloc.take_snapshot()
+            tm_traced = tracemalloc.get_traced_memory()[0]
     wall, cpu = time.perf_counter() - started, h.cpu_seconds() - cpu0
     tm_end = tracemalloc.take_snapshot() if tm_start is not None else None
+    if tm_start is not None and tm_end is not None:
+        traced = tracemalloc.get_traced_memory()[0] - tm_traced
+        grown = sum(stat.size_diff for stat in tm_end.compare_to(tm_start, "filename"))
+        live_exceptions = sum(isinstance(o, BaseException) for o in gc.get_objects())
+        print(f"tracemalloc: traced memory {traced / 1024:+.1f} KiB since the warm-up; sum of per-file growth "
+              f"{grown / 1024:+.1f} KiB; live exception objects: {live_exceptions}")
+        tracemalloc.stop()
     end_snapshot = guard.snapshot()
     await soak.aclose()
     await guard.aclose()
@@ -402,7 +414,7 @@ def report_tracemalloc(start: tracemalloc.Snapshot, end: tracemalloc.Snapshot) -
     print("\nTop 3 by traceback:")
     for stat in end.compare_to(start, "traceback")[:3]:
         print(f"  {stat.size_diff / 1024:+.1f} KiB, {stat.count_diff:+d} blocks")
-        for line in stat.traceback.format(limit=12):
+        for line in stat.traceback.format():
             print(f"    {line}")
 
 
