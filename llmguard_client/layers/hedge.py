@@ -71,6 +71,10 @@ class Hedger:
         winner: AttemptWin | None = None
         hedges_left = self._hedges_for(call)
         delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream) if hedges_left else math.inf
+        if hedges_left and first.health.drained and self.policy is not None and self.policy.delay is None:
+            # A probe of a drained replica is expected to be slow: hedge it after a typical healthy TTFT.
+            typical = self.ttft_stats.typical(call.tier_name, call.record.stream)
+            delay = min(delay, max(self.policy.min_delay, typical))
 
         def lost() -> bool:
             return winner is not None
