@@ -19,7 +19,7 @@ async def test_new_calls_steer_away_from_a_slow_replica_and_return_when_it_recov
     servers: list[LoopbackServer],
 ) -> None:
     slow = servers[1]
-    slow.script = Script(stall_before_first=0.15, tokens=5)  # ~50x the others' first token
+    slow.script = Script(stall_before_first=0.4, tokens=5)  # ~100x the others' first token
     records: list[PhaseRecord] = []
     guard = Guard(
         replicas=[s.url for s in servers],
@@ -35,9 +35,9 @@ async def test_new_calls_steer_away_from_a_slow_replica_and_return_when_it_recov
                 assert response.status_code == 200
                 await response.aread()
         assert router.degraded(slow.url)
-        # One call found it slow; with the default probe pacing (one call in 50) none went there since.
-        assert len(slow.received) == 1
-        assert len(servers[0].received) + len(servers[2].received) == 29
+        # A call or two found it slow; with the default probe pacing (one call in 50) none went there since.
+        assert len(slow.received) <= 2
+        assert len(servers[0].received) + len(servers[2].received) == 30 - len(slow.received)
         assert all(r.status == "ok" for r in records)
 
         slow.script = Script(tokens=5)  # it recovers
@@ -47,7 +47,7 @@ async def test_new_calls_steer_away_from_a_slow_replica_and_return_when_it_recov
                 await response.aread()
         assert not router.degraded(slow.url)
         # A probe or two saw it fast; once back it takes its share of the remaining calls.
-        assert len(slow.received) >= 1 + 8
+        assert len(slow.received) >= 2 + 8
     assert [s.in_flight for s in guard.transport.hedger.replicas.states] == [0, 0, 0]
 
 
