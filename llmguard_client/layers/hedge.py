@@ -56,6 +56,10 @@ class HedgeLayer:
         used: list[ReplicaState] = [route.replica]
         failures: list[AttemptFailure] = []
         delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
+        if route.replica.health.drained and self.policy.delay is None:
+            # A probe of a drained replica is expected to be slow: hedge it after a typical healthy TTFT.
+            typical = self.ttft_stats.typical(call.tier_name, call.record.stream)
+            delay = min(delay, max(self.policy.min_delay, typical))
 
         async def run(attempt_route: Route, out: MemoryObjectSendStream[Outcome]) -> None:
             async with out:
