@@ -335,13 +335,15 @@ async def test_set_rollout_under_concurrent_calls_each_call_uses_one_fraction_an
             async def one(i: int) -> None:
                 # The key doubles as the model name, so the record tells which key the call had.
                 body, headers = {"model": f"user-{i}"}, {"x-llmguard-key": f"user-{i}"}
+                # Staggered starts: calls started in one loop iteration would all read the same fraction.
+                await anyio.sleep((i % 40) * 0.0005)
                 response = await client.post("http://r1.test:8000/v1/chat/completions", json=body, headers=headers)
                 assert response.status_code == 200
 
             async def flip_from_a_task() -> None:
-                for i in range(200):
+                for i in range(2000):
                     guard.set_rollout(fractions[i % len(fractions)])
-                    await anyio.lowlevel.checkpoint()
+                    await anyio.sleep(0.0001)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(flip_from_a_task)
