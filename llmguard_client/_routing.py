@@ -35,12 +35,14 @@ cooling one (Retry-After) only loses ties.
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
 (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
-``probe_every`` and one per ``probe_interval`` seconds. While drained its estimates move faster
+``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
+replica signals overload with a Retry-After: then slowness is load, and draining one replica would
+pile its share onto others that are overloaded too. While drained its estimates move faster
 (`Router.DRAINED_EWMA`), and it is brought back once its estimates are under
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
-speed estimates forgotten (it starts again as a replica never measured). At most
-a minority of replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown
-is never answered by piling everything onto one replica.
+speed estimates forgotten (it starts again as a replica never measured). At most a minority of
+replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
+answered by piling everything onto one replica.
 """
 
 from __future__ import annotations
@@ -307,11 +309,14 @@ class Router(Generic[S]):
             self._stale = True
             logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
             return
+        # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
+        # replica: draining one for speed would pile its share onto replicas that are overloaded too.
+        speed = not any(s.cooling(now) for s in self.states)
         for candidate in (state, *self.states):
             if self._drained >= self.max_drained:
                 return
             c = candidate.health
-            if not c.drained and self._beyond(c, now, self.DRAIN_RATIO, self.DRAIN_FAILURE):
+            if not c.drained and self._beyond(c, now, self.DRAIN_RATIO, self.DRAIN_FAILURE, speed=speed):
                 self._drain(candidate, now)
 
     def _drain(self, state: S, now: float) -> None:
@@ -336,9 +341,11 @@ class Router(Generic[S]):
         self._ref_ttft = lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
         self._ref_tpot = lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
 
-    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
+    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float, *, speed: bool = True) -> bool:
         return (
-            worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
-            or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
-            or self._failure(h, now) >= failure
-        )
+            speed
+            and (
+                worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
+                or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            )
+        ) or self._failure(h, now) >= failure

@@ -170,6 +170,22 @@ def test_a_replica_3x_slower_is_not_drained_only_costed() -> None:
     assert router.pick(NOW, states) is states[2]
 
 
+def test_no_replica_is_drained_for_speed_while_one_signals_overload() -> None:
+    """Under overload, queues make replicas slow by turns: that is load, not a degraded replica."""
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, FAST])
+    states[2].cooling_until = NOW + 3  # a 429 with Retry-After
+    for _ in range(6):
+        router.first_token(states[1], NOW, SLOW)
+    assert not states[1].health.drained
+    router.first_token(states[1], NOW + 3, SLOW)  # the cool-down is over: now it is a slow replica
+    assert states[1].health.drained
+    states[0].cooling_until = NOW + 10
+    router.stream_finished(states[0], NOW + 3, ok=False, tokens=3, duration=0.1)
+    router.stream_finished(states[0], NOW + 3, ok=False, tokens=3, duration=0.1)
+    assert router.max_drained == 1 and not states[0].health.drained  # failures still count, but one at most
+
+
 def test_one_straggler_does_not_drain_a_healthy_replica() -> None:
     router, states = cluster()
     warm(router, states, [FAST, FAST, FAST])
