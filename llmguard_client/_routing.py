@@ -124,6 +124,8 @@ class Router(Generic[S]):
         """Changes whenever a replica is drained or brought back."""
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
+        self._judged_refs: tuple[float | None, float | None] = (None, None)
+        """The reference medians when every replica was last judged for draining."""
 
     # --- choosing -------------------------------------------------------------------------
 
@@ -309,15 +311,26 @@ class Router(Generic[S]):
             self._stale = True
             logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
             return
-        # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
-        # replica: draining one for speed would pile its share onto replicas that are overloaded too.
-        speed = not any(s.cooling(now) for s in self.states)
-        for candidate in (state, *self.states):
+        # The others' estimates only change with their own calls; their standing changes with the
+        # medians, so they are judged again when those moved by a tenth since they last were.
+        others: Sequence[S] = ()
+        if _moved(self._judged_refs, (self._ref_ttft, self._ref_tpot)):
+            others, self._judged_refs = self.states, (self._ref_ttft, self._ref_tpot)
+        for candidate in (state, *others):
             if self._drained >= self.max_drained:
                 return
-            c = candidate.health
-            if not c.drained and self._beyond(c, now, self.DRAIN_RATIO, self.DRAIN_FAILURE, speed=speed):
+            if not candidate.health.drained and self._drainable(candidate.health, now):
                 self._drain(candidate, now)
+
+    def _drainable(self, h: ReplicaHealth, now: float) -> bool:
+        if self._failure(h, now) >= self.DRAIN_FAILURE:
+            return True
+        slow = worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR) or worse(
+            h.tpot, self._ref_tpot, self.DRAIN_RATIO, self.TPOT_FLOOR
+        )
+        # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
+        # replica: draining one for speed would pile its share onto replicas that are overloaded too.
+        return slow and not any(s.cooling(now) for s in self.states)
 
     def _drain(self, state: S, now: float) -> None:
         h = state.health
@@ -341,11 +354,17 @@ class Router(Generic[S]):
         self._ref_ttft = lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
         self._ref_tpot = lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
 
-    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float, *, speed: bool = True) -> bool:
+    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
         return (
-            speed
-            and (
-                worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
-                or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
-            )
-        ) or self._failure(h, now) >= failure
+            worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
+            or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            or self._failure(h, now) >= failure
+        )
+
+
+def _moved(before: tuple[float | None, float | None], now: tuple[float | None, float | None]) -> bool:
+    """Whether either median appeared or moved by more than a tenth."""
+    return any(
+        (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > 0.1 * a)
+        for a, b in zip(before, now, strict=True)
+    )

@@ -62,7 +62,7 @@ class TTFTStats:
 
     WINDOW = 128
     MIN_REPLICA_SAMPLES = 5
-    RECOMPUTE_EVERY = 4
+    RECOMPUTE_EVERY = 8
 
     def __init__(
         self,
