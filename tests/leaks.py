@@ -24,7 +24,11 @@ def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(Guard, "__init__", tracking_init)
     yield
-    gc.collect()  # an unclosed body dropped by the test is released by its finalizer
+    # An unclosed body dropped by the test is released by its finalizer: collect, then freeze what
+    # survives so the next test's collection walks only the objects created since (a full walk of
+    # the session's heap took ~0.2 s per test, two thirds of the suite's time).
+    gc.collect()
+    gc.freeze()
     for ref in built:
         guard = ref()
         if guard is not None:

@@ -106,6 +106,20 @@ class Received:
     """The client's ``host:port``: the same peer means the same (reused) connection."""
 
 
+class ConcurrencyGauge:
+    """Streams running at once across the servers that share it (one cluster), and the most seen."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.running += delta
+            self.max_running = max(self.max_running, self.running)
+
+
 class LoopbackServer:
     def __init__(
         self,
@@ -115,8 +129,10 @@ class LoopbackServer:
         model: str = "test-model",
         attempts: collections.Counter[int] | None = None,
         lock: threading.Lock | None = None,
+        gauge: ConcurrencyGauge | None = None,
     ) -> None:
         self.name = name
+        self.gauge = gauge or ConcurrencyGauge()
         self.model = model
         self.default = default or Script()
         self.script = self.default
@@ -260,6 +276,7 @@ class LoopbackServer:
         self.token_times = []
         self.running += 1
         self.max_running = max(self.max_running, self.running)
+        self.gauge.add(1)
         finished = False
         produced = 0
         try:
@@ -296,6 +313,7 @@ class LoopbackServer:
             self.counters["completed"] += 1
         finally:
             self.running -= 1
+            self.gauge.add(-1)
             self.counters["work_tokens"] += produced
             if not finished:
                 self.disconnects += 1
@@ -322,6 +340,7 @@ class LoopbackCluster:
     """Servers standing in for a cluster's replicas; they share one attempt counter per request index."""
 
     servers: list[LoopbackServer]
+    gauge: ConcurrencyGauge
 
     @property
     def urls(self) -> list[str]:
@@ -330,6 +349,7 @@ class LoopbackCluster:
     def reset(self) -> None:
         for s in self.servers:
             s.reset()
+        self.gauge.max_running = self.gauge.running
 
     def bodies(self) -> list[dict[str, Any]]:
         return [b for s in self.servers for b in s.bodies()]
@@ -344,14 +364,17 @@ def loopback_cluster(n: int = 2, *, default: Script | None = None) -> Iterator[L
     """``n`` started servers whose default script streams the request's ``max_tokens`` 2 ms apart."""
     attempts: collections.Counter[int] = collections.Counter()
     lock = threading.Lock()
+    gauge = ConcurrencyGauge()
     default = default or Script(tokens=None, gap=0.002)
-    servers = [LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock) for i in range(n)]
+    servers = [
+        LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock, gauge=gauge) for i in range(n)
+    ]
     started: list[LoopbackServer] = []
     try:
         for s in servers:
             s.start()
             started.append(s)
-        yield LoopbackCluster(servers)
+        yield LoopbackCluster(servers, gauge)
     finally:
         for s in started:
             s.stop()

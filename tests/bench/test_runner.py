@@ -96,7 +96,7 @@ def test_closed_loop_caps_concurrency(cluster: LoopbackCluster) -> None:
     plan = make_plan(24, seed=1, concurrency=3, lengths=LengthModel().scaled(0.05))
     runs, _, _ = run_clients(["plain"], RunSpec(plan, TierSpec()), urls=cluster.urls)
     assert all(s.ok for s in runs[0].samples)
-    assert sum(s.max_running for s in cluster.servers) <= 3 + 1  # per-replica maxima, summed
+    assert 1 < cluster.gauge.max_running <= 3  # streams open at once across the cluster
 
 
 def test_429s_retry_storm_and_amplification(cluster: LoopbackCluster) -> None:
