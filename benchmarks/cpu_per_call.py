@@ -2,12 +2,14 @@
 
 A loopback server in a separate process streams 64-token chat completions as fast as it can, so the CPU this
 process spends (time.process_time) is the client's alone. Each round runs a batch of calls through both
-clients in random order; the ratio guarded/plain is over the sum of all rounds. Both clients use the same
+clients in random order; the ratio guarded/plain is over the sum of all rounds, with a 95 % bootstrap
+interval over rounds. A second plain client ("plain-again") runs beside them: its ratio to plain shows how
+far this machine's noise alone moves the figure in the same run. Both clients use the same
 HTTP library (httpx): plain is ``AsyncOpenAI(http_client=httpx.AsyncClient())``, guarded is
 ``AsyncOpenAI(http_client=guard.http_client())`` with the default OpenTelemetry instrumentation (a no-op
 without an SDK, as in most deployments) and hedging on (two replicas, as a real deployment would have).
 
-    python benchmarks/cpu_per_call.py [--calls 200] [--rounds 10] [--tokens 64] [--profile]
+    python -m benchmarks.cpu_per_call [--calls 20] [--rounds 50] [--tokens 64] [--profile]
 """
 
 from __future__ import annotations
@@ -56,13 +58,17 @@ async def one_call(client: openai.AsyncOpenAI) -> int:
 async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
     (p1, url1), (p2, url2) = start_server(tokens), start_server(tokens)
     guard = Guard([url1, url2], tiers={"i": Tier(ttft=10, total=60, stall=10)})
-    plain = openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None))
-    guarded = openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=guard.http_client())
-    clients = {"plain": plain, "guarded": guarded}
+    clients = {
+        "plain": openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None)),
+        "plain-again": openai.AsyncOpenAI(
+            base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None)
+        ),
+        "guarded": openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=guard.http_client()),
+    }
     for client in clients.values():  # warm up pools and imports
         for _ in range(20):
             await one_call(client)
-    cpu = {"plain": 0.0, "guarded": 0.0}
+    per_round: dict[str, list[float]] = {name: [] for name in clients}
     rng = random.Random(1)
     profiler = None
     if profile:
@@ -78,31 +84,45 @@ async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
             start = time.process_time()
             for _ in range(calls):
                 await one_call(clients[name])
-            cpu[name] += time.process_time() - start
+            per_round[name].append(time.process_time() - start)
             if profiler is not None and name == "guarded":
                 profiler.disable()
-    await plain.close()
-    await guarded.close()
+    for client in clients.values():
+        await client.close()
     await guard.aclose()
     p1.terminate()
     p2.terminate()
     total = calls * rounds
-    print(f"{total} streamed calls of {tokens} tokens per client, {rounds} interleaved rounds")
-    print("| client | client CPU per call (µs) |")
-    print("|---|---|")
-    for name, seconds in cpu.items():
-        print(f"| {name} | {seconds / total * 1e6:.0f} |")
-    print(f"| guarded / plain | {cpu['guarded'] / cpu['plain']:.3f}x |")
+    print(f"{total} streamed calls of {tokens} tokens per client, {rounds} interleaved rounds of {calls}")
+    print("| client | client CPU per call (µs) | / plain | 95 % interval (rounds resampled) |")
+    print("|---|---|---|---|")
+    for name, seconds in per_round.items():
+        ratio, low, high = ratio_interval(seconds, per_round["plain"], rng)
+        print(f"| {name} | {sum(seconds) / total * 1e6:.0f} | {ratio:.3f}x | {low:.3f}-{high:.3f} |")
+    print("(plain-again is a second, identical plain client: its ratio is this run's noise floor)")
     if profiler is not None:
         import pstats
 
         pstats.Stats(profiler).sort_stats("cumtime").print_stats("llmguard", 30)
 
 
+def ratio_interval(
+    numerator: list[float], denominator: list[float], rng: random.Random, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """The ratio of sums, and a 95 % bootstrap interval over rounds (paired: a round's two blocks ran together)."""
+    pairs = list(zip(numerator, denominator, strict=True))
+    ratios = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(sum(n for n, _ in sample) / sum(d for _, d in sample))
+    ratios.sort()
+    return sum(numerator) / sum(denominator), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20, help="calls per client per round")
+    parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the guarded calls")
     args = parser.parse_args()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import anyio
 import httpx
@@ -37,6 +38,12 @@ CLOSE_GRACE = 2.0
 """Seconds a shielded close of one response may take before it is abandoned."""
 
 Finish = Callable[[CallStatus, "str | None"], None]
+
+
+class Cancellable(Protocol):
+    """A wait of the call that `CallLease.abort` ends: a cancel scope or a stream's read watchdog."""
+
+    def cancel(self) -> None: ...
 
 
 async def close_quietly(response: httpx.Response) -> None:
@@ -108,7 +115,7 @@ class LeaseRegistry:
 class CallLease:
     """Owns a call's acquisitions; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_closing", "_holds", "_registry", "_responses", "_scopes", "_spawn", "aborted",
+    __slots__ = ("__weakref__", "_closing", "_holds", "_registry", "_responses", "_spawn", "aborted", "cancellables",
                  "closed", "finish")
 
     def __init__(self, registry: LeaseRegistry, finish: Finish | None = None) -> None:
@@ -117,7 +124,8 @@ class CallLease:
         """Called exactly once, last, with the call's final (status, cause)."""
         self._holds: dict[Hold, None] = {}
         self._responses: dict[httpx.Response, None] = {}
-        self._scopes: set[anyio.CancelScope] = set()
+        self.cancellables: set[Cancellable] = set()
+        """The call's current waits, ended by `abort`."""
         self._spawn: Spawner = current_spawner()
         self._closing: anyio.Event | None = None
         self.aborted = False
@@ -151,18 +159,18 @@ class CallLease:
         with anyio.CancelScope() as scope:
             if self.aborted:
                 scope.cancel()
-            self._scopes.add(scope)
+            self.cancellables.add(scope)
             try:
                 yield scope
             finally:
-                self._scopes.discard(scope)
+                self.cancellables.discard(scope)
 
     # --- ending ---------------------------------------------------------------------------
 
     def abort(self) -> None:
         """End the call from outside (``Guard.aclose``): every wait of it is cancelled."""
         self.aborted = True
-        for scope in list(self._scopes):
+        for scope in list(self.cancellables):
             scope.cancel()
 
     async def aclose(self, status: CallStatus, cause: str | None) -> None:

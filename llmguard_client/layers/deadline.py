@@ -46,6 +46,7 @@ from llmguard_client._outcome import Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client.layers.attempt import error_kind
 from llmguard_client.layers.continuation import CallContinuation
+from llmguard_client.layers.watchdog import ReadWatchdog
 from llmguard_client.protocols import StreamFailure, stream_error
 from llmguard_client.protocols.splice import cut_before_failure
 from llmguard_client.telemetry.record import CallStatus
@@ -100,6 +101,14 @@ class GuardBody(httpx.AsyncByteStream):
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
         self._resume: CallContinuation | None = call.continuation if enforce else None
+        self._stall_tripped = False
+        self._watchdog: ReadWatchdog | None = None
+        if win.rest is not None:
+            self._watchdog = ReadWatchdog.for_response(win.response, self._stall, self._deadline - call.clock())
+            if self._watchdog is not None:
+                call.lease.cancellables.add(self._watchdog)
+                if call.lease.aborted:
+                    self._watchdog.cancel()
 
     def __aiter__(self) -> GuardBody:
         return self
@@ -117,49 +126,35 @@ class GuardBody(httpx.AsyncByteStream):
         if self._complete or self._ended or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
             raise StopAsyncIteration
-        call = self._call
-        lease = call.lease
-        now = call.clock()
-        left = self._deadline - now
-        stall_tripped = self._stall <= left
-        wait = min(self._stall, left)
-        # One scope per read, its deadline on the loop's own time line (no anyio.current_time per chunk).
-        at = now + wait if call.clock is call.loop_time else call.loop_time() + wait
-        scope = anyio.CancelScope(deadline=at)
-        if lease.aborted:
-            scope.cancel()
-        lease._scopes.add(scope)
         broken: BaseException | StreamFailure | None = None
         cut_all = False
         try:
-            with scope:
-                try:
-                    chunk = await self._rest.__anext__()
-                except StopAsyncIteration:
-                    failure = reader.end_of_body()
-                    if failure is None:
-                        self._complete = True
-                        await self._end("ok", None)
-                        raise
-                    if self._resume is None:
-                        await self._upstream_failed(failure)
-                    broken = failure
-                except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
-                    if self._resume is None:
-                        await self._end("error", error_kind(exc))
-                        raise
-                    broken = exc
-                else:
-                    reader.feed(chunk)
-                    if reader.failure is not None and self._resume is not None:
-                        chunk = cut_before_failure(chunk)  # the failure is handled at the next read
-                        cut_all = not chunk
-                    if not cut_all:
-                        self._end_delivered = reader.complete
-                        return chunk
-        finally:
-            lease._scopes.discard(scope)
-        # Breaks with a continuation on are handled here, outside this read's stall scope.
+            read = await self._read()
+        except StopAsyncIteration:
+            failure = reader.end_of_body()
+            if failure is None:
+                self._complete = True
+                await self._end("ok", None)
+                raise
+            if self._resume is None:
+                await self._upstream_failed(failure)
+            broken = failure
+        except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
+            if self._resume is None:
+                await self._end("error", error_kind(exc))
+                raise
+            broken = exc
+        else:
+            if read is not None:
+                chunk = read
+                reader.feed(chunk)
+                if reader.failure is not None and self._resume is not None:
+                    chunk = cut_before_failure(chunk)  # the failure is handled at the next read
+                    cut_all = not chunk
+                if not cut_all:
+                    self._end_delivered = reader.complete
+                    return chunk
+        # Breaks with a continuation on are handled here, outside the read's deadline.
         if cut_all:
             return await self.__anext__()
         if isinstance(broken, StreamFailure):
@@ -171,18 +166,56 @@ class GuardBody(httpx.AsyncByteStream):
                 return await self.__anext__()
             await self._end("error", error_kind(broken))
             raise broken
-        if lease.aborted:
+        call = self._call
+        if call.lease.aborted:
             await self._end("error", GuardClosed.cause)
             raise GuardClosed(
                 "the Guard was closed while this stream was being read; the connection was closed",
                 request=call.request,
                 record=call.record,
             )
-        error = self._timeout(stall_tripped)
-        if stall_tripped and await self._continued(error.cause):
+        error = self._timeout(self._stall_tripped)
+        if self._stall_tripped and await self._continued(error.cause):
             return await self.__anext__()
         await self._end("timeout", error.cause)
         raise error
+
+    async def _read(self) -> bytes | None:
+        """The next chunk of the live remainder; None if a deadline or ``Guard.aclose`` ended the read
+        (``_stall_tripped`` says which deadline). EOF and transport errors propagate."""
+        assert self._rest is not None
+        watchdog = self._watchdog
+        if watchdog is not None:  # asyncio over an HTTP/1.1 socket: one timer for the whole stream
+            if watchdog.tripped is not None:
+                return None
+            watchdog.start_read()
+            try:
+                return await self._rest.__anext__()
+            except (StopAsyncIteration, httpx.HTTPError, OSError, anyio.BrokenResourceError):
+                if watchdog.tripped is None:
+                    raise
+                self._stall_tripped = watchdog.tripped == "stall"
+                return None
+            finally:
+                watchdog.reading = False
+        # Elsewhere one cancel scope per read, its deadline on the loop's own time line.
+        call = self._call
+        lease = call.lease
+        now = call.clock()
+        left = self._deadline - now
+        self._stall_tripped = self._stall <= left
+        wait = min(self._stall, left)
+        at = now + wait if call.clock is call.loop_time else call.loop_time() + wait
+        scope = anyio.CancelScope(deadline=at)
+        if lease.aborted:
+            scope.cancel()
+        lease.cancellables.add(scope)
+        try:
+            with scope:
+                return await self._rest.__anext__()
+        finally:
+            lease.cancellables.discard(scope)
+        return None
 
     async def _continued(self, cause: str) -> bool:
         """Hand a break after the first token to the call's continuation; True if another replica took over."""
@@ -194,7 +227,16 @@ class GuardBody(httpx.AsyncByteStream):
         self._pending.extend(resumed.chunks)
         self._rest, self._reader, self._replica = resumed.rest, resumed.reader, resumed.replica
         self._complete = False
+        self._rewatch()
         return True
+
+    def _rewatch(self) -> None:
+        """After a continuation: watch the new response's socket, or fall back to a scope per read."""
+        watchdog, winner = self._watchdog, self._call.winner
+        if watchdog is not None and (winner is None or not watchdog.rebind(winner.response)):
+            watchdog.close()
+            self._call.lease.cancellables.discard(watchdog)
+            self._watchdog = None
 
     async def _upstream_failed(self, failure: StreamFailure) -> None:
         """A failure after the first token: raised into the caller's iteration (guarded calls) with
@@ -231,6 +273,9 @@ class GuardBody(httpx.AsyncByteStream):
         if not self._ended:
             self._ended = True
             self._gc.detach()
+            if self._watchdog is not None:
+                self._watchdog.close()
+                self._call.lease.cancellables.discard(self._watchdog)
         await self._call.lease.aclose(status, cause)
 
     async def aclose(self) -> None:

@@ -1,0 +1,114 @@
+"""Stall and total limits of a live stream with one lazily re-armed timer instead of a cancel scope per read.
+
+A streamed answer is read chunk by chunk, tens of times a second; bounding each read with its own cancel
+scope costs a scope, a timer and their bookkeeping per chunk (measured: ~5 % of a streamed call's client
+CPU through the openai SDK, more than every other guard cost per chunk together). On asyncio, over a plain
+HTTP/1.1 socket, `ReadWatchdog` does the same job with one timer per stall period: each read only stamps
+the time it started; the timer, when it fires, re-arms itself for ``read start + stall`` (or the total
+deadline) if the current read is younger than that, and otherwise shuts the socket down, which ends the
+pending read at once with a transport error (the server sees the disconnect). The body then reports the
+stall, total deadline or abort the watchdog recorded in ``tripped``.
+
+Elsewhere (trio, HTTP/2, where one socket carries other streams, or a transport without a socket) the body
+keeps one cancel scope per read: `for_response` returns None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+from typing import Literal
+
+import httpx
+
+Trip = Literal["stall", "total", "abort"]
+
+
+class ReadWatchdog:
+    """Bounds each read of one stream by ``stall`` seconds and by an absolute ``total_at`` (loop time)."""
+
+    __slots__ = ("_loop", "_socket", "_stall", "_timer", "_total_at", "reading", "since", "tripped")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, stall: float, total_at: float) -> None:
+        self._loop = loop
+        self._socket = sock
+        self._stall = stall
+        self._total_at = total_at
+        self._timer: asyncio.TimerHandle | None = None
+        self.since = 0.0
+        """Loop time the current (or last) read started."""
+        self.reading = False
+        self.tripped: Trip | None = None
+        """Why the stream was interrupted, once it was."""
+
+    @classmethod
+    def for_response(cls, response: httpx.Response, stall: float, total_left: float) -> ReadWatchdog | None:
+        """A watchdog over ``response``'s socket, or None where a cancel scope per read must do."""
+        sock = _http11_socket(response)
+        if sock is None:
+            return None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return cls(loop, sock, stall, loop.time() + total_left)
+
+    def rebind(self, response: httpx.Response) -> bool:
+        """Watch ``response`` (a continuation's) instead; False if it has no socket to watch."""
+        sock = _http11_socket(response)
+        if sock is None or self.tripped == "abort":
+            return False
+        self._socket = sock
+        self.tripped = None
+        return True
+
+    def start_read(self) -> None:
+        """A read begins: it may last ``stall`` seconds, and not past the total deadline."""
+        self.since = since = self._loop.time()
+        self.reading = True
+        if self._timer is None and self.tripped is None:
+            due = min(since + self._stall, self._total_at)
+            if due != math.inf:
+                self._timer = self._loop.call_at(due, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self.reading or self.tripped is not None:
+            return  # the next read re-arms the timer
+        stall_at = self.since + self._stall
+        due = min(stall_at, self._total_at)
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self._interrupt("stall" if stall_at <= self._total_at else "total")
+
+    def cancel(self) -> None:
+        """End the stream from outside (``Guard.aclose``): the pending or next read fails at once."""
+        if self.tripped is None:
+            self._interrupt("abort")
+
+    def close(self) -> None:
+        """The stream ended: drop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _interrupt(self, why: Trip) -> None:
+        self.tripped = why
+        self.close()
+        with contextlib.suppress(OSError):  # already closed by the peer or by us
+            self._socket.shutdown(socket.SHUT_RDWR)
+
+
+def _http11_socket(response: httpx.Response) -> socket.socket | None:
+    """The socket under an HTTP/1.1 response read on asyncio, if there is one to shut down."""
+    if response.extensions.get("http_version") != b"HTTP/1.1":
+        return None
+    stream = response.extensions.get("network_stream")
+    get_extra_info = getattr(stream, "get_extra_info", None)
+    if get_extra_info is None:
+        return None
+    sock = get_extra_info("socket")
+    return sock if hasattr(sock, "shutdown") else None

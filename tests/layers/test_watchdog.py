@@ -1,0 +1,152 @@
+"""The read watchdog: one lazily re-armed timer bounds a live stream's reads on asyncio over HTTP/1.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client import GuardClosed, PhaseRecord, StallTimeout, Tier
+from llmguard_client.layers.deadline import GuardBody
+from llmguard_client.layers.watchdog import ReadWatchdog
+from tests.loopback import LoopbackServer, Script
+from tests.test_transport import CHAT, STREAM_BODY, make_guard
+
+MARGIN = 0.25  # generous: this 2-core machine is shared
+
+
+async def test_a_stall_shuts_the_socket_down_and_the_pending_read_ends() -> None:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        started = time.monotonic()
+        data = await asyncio.wait_for(loop.sock_recv(ours, 10), 5)  # the peer sends nothing
+        assert data == b""  # the shutdown ended the read
+        assert watchdog.tripped == "stall"
+        assert 0.05 <= time.monotonic() - started < 0.05 + MARGIN
+    finally:
+        ours.close()
+        theirs.close()
+
+
+async def test_the_total_deadline_wins_when_it_comes_first() -> None:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        watchdog = ReadWatchdog(loop, ours, stall=10, total_at=loop.time() + 0.05)
+        watchdog.start_read()
+        await asyncio.sleep(0.1 + MARGIN)
+        assert watchdog.tripped == "total"
+    finally:
+        ours.close()
+        theirs.close()
+
+
+async def test_no_read_in_progress_is_never_interrupted() -> None:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.reading = False  # the read returned at once; the caller then works for a while
+        await asyncio.sleep(0.2)
+        assert watchdog.tripped is None
+        theirs.sendall(b"x")
+        assert ours.recv(1) == b"x"  # the socket is intact
+    finally:
+        ours.close()
+        theirs.close()
+
+
+async def test_cancel_interrupts_and_close_drops_the_timer() -> None:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.close()
+        await asyncio.sleep(0.15)
+        assert watchdog.tripped is None  # the timer was dropped
+        watchdog.cancel()
+        assert watchdog.tripped == "abort"
+        assert theirs.recv(1) == b""  # the peer sees the shutdown
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_response_without_a_socket_gets_no_watchdog() -> None:
+    response = httpx.Response(200, extensions={"http_version": b"HTTP/1.1"})
+    assert ReadWatchdog.for_response(response, stall=1, total_left=1) is None
+    assert ReadWatchdog.for_response(httpx.Response(200, extensions={"http_version": b"HTTP/2"}), 1, 1) is None
+
+
+async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=3)
+    url = servers[0].url + CHAT
+    async with httpx.AsyncClient() as client, client.stream("POST", url, json=STREAM_BODY) as response:
+        assert ReadWatchdog.for_response(response, stall=1, total_left=1) is not None
+        await response.aread()
+
+
+async def test_gaps_shorter_than_the_stall_never_cut_a_long_stream(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=16, gap=0.05)  # 0.8 s in all: many stall periods, each gap well inside one
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.2)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body = await response.aread()
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert records[0].status == "ok"
+
+
+async def test_a_caller_pausing_between_reads_is_not_a_stall(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.1)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            chunks: list[bytes] = []
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+                await asyncio.sleep(0.15)  # longer than the stall limit, but no read is waiting
+    assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
+    assert records[0].status == "ok"
+
+
+async def test_guard_close_between_reads_ends_the_next_read(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=500, gap=0.01)
+    records: list[PhaseRecord] = []
+    guard = make_guard(servers[:1], records, tiers={"t": Tier(ttft=2.0, total=30.0, stall=5.0)})
+    async with guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            iterator = response.aiter_raw()
+            await iterator.__anext__()
+            await guard.aclose()
+            with pytest.raises(GuardClosed):
+                async for _ in iterator:
+                    pass
+    assert records[0].cause == "guard_closed"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_a_stalled_guarded_stream_ends_in_stall_timeout_on_the_watchdog(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5, stall_after_first=5.0)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=1.0, total=10.0, stall=0.2)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the guard's body
+            assert isinstance(body, GuardBody) and body._watchdog is not None
+            with pytest.raises(StallTimeout):
+                await response.aread()
+            assert body._watchdog is None or body._watchdog.tripped == "stall"
+    assert records[0].cause == "stall_timeout"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
