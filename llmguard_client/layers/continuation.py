@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from llmguard_client._clock import Clock, loop_clock, scope_until
 from llmguard_client._config import ContinuationPolicy
 from llmguard_client._errors import GuardClosed
-from llmguard_client._outcome import Outcome, Payment, Route, Win
+from llmguard_client._outcome import Failed, Outcome, Payment, Route, Win
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.protocols.chat import ChatReader
@@ -227,10 +227,18 @@ class CallContinuation:
             last = call.record.attempts[-1]
             if last.kind == "continuation" and last.outcome == "lost":  # its ttft scope fired: no winner beat it
                 last.outcome = "cancelled"
+            if isinstance(outcome, Failed) and any(
+                not f.overload and (f.is_transport_error or (f.status_code or 0) >= 500) for f in outcome.failures
+            ):
+                self.replicas.router.failed(state, call.clock())  # the router's health, as for any failed attempt
             self.tried.append(state)
             failed = True
         broken.outcome, broken.finish = "failed", outcome.attempt.start
         call.observation.attempt_finished(broken)
+        # The call's end reports only its last winner to the router: tell it now of the broken replica's
+        # mid-stream failure, as the call's end would have without continuation.
+        lasted = None if broken.first_token is None else broken.finish - broken.first_token
+        self.replicas.stream_finished(win.state, broken.finish, ok=False, tokens=tokens - self.tokens, duration=lasted)
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
         splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
         self.text, self.tokens, self.splicer = text, tokens, splicer

@@ -291,3 +291,20 @@ async def test_a_stream_cut_by_the_total_deadline_is_not_continued(servers: list
     assert [a.kind for a in record.attempts] == ["primary"]
     assert record.status == "timeout" and record.not_continued == "total_deadline"
     assert sum(len(s.received) for s in servers[:2]) == 1
+
+
+async def test_the_broken_replica_is_reported_to_the_router_as_a_mid_stream_failure(
+    servers: list[LoopbackServer],
+) -> None:
+    """Without continuation the call's end tells the router its replica failed mid-stream; with it the call's
+    last winner is the continuation, so the broken replica's failure is reported when it is replaced."""
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        text, _ = await sdk_text(guard, servers[0].url, "chat")
+        health = {s.name: s.health for s in guard._replica_set.states}
+    assert text == WHOLE
+    broken, continued = records[0].attempts
+    assert health[broken.replica].failure > 0
+    assert health[continued.replica].failure == 0
