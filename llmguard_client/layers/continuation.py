@@ -235,10 +235,12 @@ class CallContinuation:
             failed = True
         broken.outcome, broken.finish = "failed", outcome.attempt.start
         call.observation.attempt_finished(broken)
-        # The call's end reports only its last winner to the router: tell it now of the broken replica's
-        # mid-stream failure, as the call's end would have without continuation.
+        # The call's end reports only its last winner to the router, so the broken replica is reported now: its
+        # stream's pace, and a failure of the weight of one before the first token (it cost one extra request,
+        # as a retry does), not the heavier weight of a failure the caller sees.
         lasted = None if broken.first_token is None else broken.finish - broken.first_token
-        self.replicas.stream_finished(win.state, broken.finish, ok=False, tokens=tokens - self.tokens, duration=lasted)
+        self.replicas.stream_finished(win.state, broken.finish, ok=None, tokens=tokens - self.tokens, duration=lasted)
+        self.replicas.router.failed(win.state, broken.finish)
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
         splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
         self.text, self.tokens, self.splicer = text, tokens, splicer
