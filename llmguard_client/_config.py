@@ -240,18 +240,30 @@ class ContinuationPolicy:
     token (reset, EOF before the end marker, a stall past the tier's ``stall``, an in-stream error or a
     malformed event) is finished by another replica, sent the prompt plus the text already delivered
     (chat: a trailing assistant message with vLLM's ``continue_final_message``). The caller sees one
-    answer. Each continuation is an extra attempt paid from the retry budget.
+    answer.
 
-    max_continuations: continuations per call at most.
+    max_continuations: continuation attempts per call at most: a second one may try a third replica after a
+                       continuation failed before its first token, or finish a continuation that broke too.
     min_time_left:     seconds that must be left before the tier's ``total`` deadline to send one.
+    budget:            the continuations' own sliding-window budget: at most ``ratio`` x the continuable
+                       calls (streamed single-choice chat/completions) of the last ``window`` seconds, plus
+                       ``floor``. Separate from the retry/hedge budget: a continuation replaces the rest of a
+                       broken answer instead of repeating it, and must not starve the retries and hedges of
+                       calls that have not started yet (nor they it).
     """
 
-    max_continuations: int = 1
+    max_continuations: int = 2
     min_time_left: float = 0.2
+    budget: BudgetPolicy = BudgetPolicy()
 
     def __post_init__(self) -> None:
         _int_at_least("ContinuationPolicy", "max_continuations", self.max_continuations, 1, 5)
         _positive("ContinuationPolicy", "min_time_left", self.min_time_left)
+        if not isinstance(self.budget, BudgetPolicy):
+            raise GuardConfigError(
+                f"ContinuationPolicy.budget must be a BudgetPolicy (e.g. BudgetPolicy(ratio=0.1, floor=3)), "
+                f"got {self.budget!r}"
+            )
 
 
 def per_tier_continuation(

@@ -113,7 +113,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         attempt = AttemptLayer(registry)
         self._pipeline: Next = compose(self.layers, attempt)
         policies = dict(continuation or {})
-        self._continuer = Continuer(replicas, attempt, policies) if any(policies.values()) else None
+        self._continuer = Continuer(replicas, attempt, policies, clock) if any(policies.values()) else None
         """Mid-stream failover (layers.continuation); None when no tier has a `ContinuationPolicy`."""
 
     @property

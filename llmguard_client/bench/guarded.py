@@ -117,6 +117,9 @@ class GuardedClient(BenchClient):
             code = getattr(a, "status_code", None)
             kind, outcome = getattr(a, "kind", "?"), getattr(a, "outcome", "?")
             parts.append(f"{kind}@{replica}:{outcome}{'/' + str(code) if code else ''}")
+        skipped = getattr(probe.extra.get("record"), "not_continued", None)
+        if skipped is not None:
+            parts.append(f"not_continued:{skipped}")
         return ">".join(parts)
 
     def classify(self, exc: Exception, probe: Probe) -> tuple[str, int | None, str | None]:

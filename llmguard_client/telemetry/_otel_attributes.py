@@ -22,6 +22,7 @@ __all__ = [
     "UrlCache",
     "attempt_error_type",
     "call_error_type",
+    "continuation_attributes",
     "epoch_ns",
     "operation_name",
     "scrub_url",
@@ -83,6 +84,16 @@ def attempt_error_type(attempt: AttemptRecord) -> str | None:
     if outcome == "failed":
         return attempt.error or sc.ERROR_TYPE_OTHER
     return attempt.error  # a winner whose body then failed (read_error), else None
+
+
+def continuation_attributes(attempt: AttemptRecord, attrs: Attrs) -> None:
+    """Add a continuation attempt's offset (characters and tokens it resumed at) and its break's cause."""
+    if attempt.resumed_at is not None:
+        attrs[sc.LLMGUARD_RESUMED_AT] = attempt.resumed_at
+    if attempt.resumed_tokens is not None:
+        attrs[sc.LLMGUARD_RESUMED_TOKENS] = attempt.resumed_tokens
+    if attempt.break_cause is not None:
+        attrs[sc.LLMGUARD_BREAK_CAUSE] = attempt.break_cause
 
 
 def scrub_url(url: str) -> str:

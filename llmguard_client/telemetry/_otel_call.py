@@ -22,6 +22,7 @@ from llmguard_client.telemetry._otel_attributes import (
     UrlCache,
     attempt_error_type,
     call_error_type,
+    continuation_attributes,
     epoch_ns,
 )
 from llmguard_client.telemetry._otel_metrics import Instruments
@@ -97,6 +98,8 @@ class CallObserver:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
         if attempt.index > 0:
             attrs[sc.HTTP_REQUEST_RESEND_COUNT] = attempt.index
+        if attempt.kind == "continuation":
+            continuation_attributes(attempt, attrs)
         span = shared.tracer.start_span(
             record.method,
             context=self._context(),
@@ -186,6 +189,10 @@ class CallObserver:
         }
         if record.cause:
             attrs[sc.LLMGUARD_CAUSE] = record.cause
+        if record.continued:
+            attrs[sc.LLMGUARD_CONTINUED] = True
+        if record.not_continued is not None:
+            attrs[sc.LLMGUARD_NOT_CONTINUED] = record.not_continued
         if self._refusals:
             attrs[sc.LLMGUARD_BUDGET_REFUSALS] = self._refusals
         if record.response_model:

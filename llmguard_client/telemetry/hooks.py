@@ -27,7 +27,7 @@ class CallObservation(Protocol):
         """The call ended (success, failure, cancellation or end of stream); the record is final."""
 
     def budget_refused(self, record: PhaseRecord) -> None:
-        """An extra attempt (retry or hedge) for this call was refused by the budget."""
+        """An extra attempt (retry or hedge; or a continuation, by its own budget) for this call was refused."""
 
 
 class Instrumentation(Protocol):

@@ -30,6 +30,24 @@ AttemptOutcome = Literal["pending", "won", "lost", "cancelled", "failed"]
 """won: its response reached the caller; lost: another attempt won first (it was closed);
 cancelled: the call ended (deadline, caller) while it ran; failed: it errored or got an error status."""
 
+NotContinued = Literal[
+    "no_text",
+    "not_text",
+    "max_continuations",
+    "time_left",
+    "max_tokens",
+    "no_replica",
+    "budget",
+    "guard_closed",
+    "continuation_failed",
+    "total_deadline",
+]
+"""Why a stream that broke after its first token was not continued (``ContinuationPolicy`` on): no answer text
+was kept or delivered; the answer is not a plain single-choice text answer (tool calls, logprobs, ``n > 1``);
+the policy's ``max_continuations`` were used; less than its ``min_time_left`` was left before ``total``; no
+tokens left under ``max_tokens``; no other replica to send it to; the retry budget refused it; the Guard was
+closed; the continuation attempt failed or got no first token in time; the break was the total deadline."""
+
 CallStatus = Literal["pending", "ok", "timeout", "http_error", "error", "rejected", "cancelled", "abandoned"]
 """ok; timeout (see ``cause``); http_error (a server error status reached the caller);
 error (a transport error); rejected (the guard refused: budget, cool-down, bulkhead);
@@ -97,6 +115,9 @@ class PhaseRecord:
     finish_reasons: list[str] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
     rollout_fraction: float | None = None
+    not_continued: NotContinued | None = None
+    """Continuation on: why the last break after the first token was not continued (None if it was, or
+    if nothing broke)."""
     """The rollout fraction in force when the call's cohort was decided (0.0: the guard was off)."""
 
     @property

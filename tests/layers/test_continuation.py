@@ -22,6 +22,7 @@ from llmguard_client import (
     PhaseRecord,
     StallTimeout,
     Tier,
+    TotalTimeout,
     UpstreamStreamError,
 )
 from tests.loopback import LoopbackServer, Script
@@ -165,7 +166,7 @@ async def test_a_tool_call_stream_is_not_continued(servers: list[LoopbackServer]
         with pytest.raises(httpx.TransportError):
             await raw_events(client, servers[0].url, "chat")
     assert sum(len(s.received) for s in servers[:2]) == 1
-    assert records[0].status == "error"
+    assert records[0].status == "error" and records[0].not_continued == "not_text"
 
 
 @pytest.mark.parametrize("body", [{"n": 2}, {"logprobs": True}], ids=["n2", "logprobs"])
@@ -192,20 +193,71 @@ async def test_a_break_too_close_to_the_total_deadline_is_not_continued(servers:
         with pytest.raises(httpx.TransportError):
             await raw_events(client, servers[0].url, "completions")
     assert sum(len(s.received) for s in servers[:2]) == 1
-    assert len(records[0].attempts) == 1
+    assert len(records[0].attempts) == 1 and records[0].not_continued == "time_left"
 
 
-async def test_a_spent_budget_is_not_overdrawn_by_a_continuation(servers: list[LoopbackServer]) -> None:
+async def test_a_spent_continuation_budget_is_not_overdrawn(servers: list[LoopbackServer]) -> None:
     for s in servers[:2]:
         s.script = script(truncate_at=5)
     records: list[PhaseRecord] = []
-    budget = BudgetPolicy(ratio=0.0, floor=0)
-    async with make_guard(servers[:2], records, budget=budget) as guard, guard.http_client() as client:
+    policy = ContinuationPolicy(budget=BudgetPolicy(ratio=0.0, floor=0))
+    async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
         with pytest.raises(Exception, match="ended the stream early"):
             await raw_events(client, servers[0].url, "chat")
-        assert guard.budget is not None and guard.budget.snapshot().pending == 0
+        (budget,) = set(guard.transport._continuer.budgets.values())  # type: ignore[union-attr]
+        assert budget.snapshot().pending == 0 and budget.snapshot().refused == 1
     assert sum(len(s.received) for s in servers[:2]) == 1
-    assert records[0].cause == "stream_truncated"
+    (record,) = records
+    assert record.cause == "stream_truncated" and record.not_continued == "budget"
+
+
+async def test_a_spent_retry_budget_does_not_block_a_continuation(servers: list[LoopbackServer]) -> None:
+    """Continuations have their own budget: retries and hedges of other calls cannot starve them."""
+    for s in servers[:2]:
+        s.script = script(truncate_at=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records, budget=BudgetPolicy(ratio=0.0, floor=0)) as guard:
+        text, _ = await sdk_text(guard, servers[0].url, "chat")
+        assert guard.budget is not None and guard.budget.snapshot().spent == 0
+    assert text == WHOLE
+    assert records[0].continued and records[0].not_continued is None
+
+
+@pytest.mark.parametrize("protocol", ["chat", "completions"])
+async def test_a_continuation_that_fails_is_tried_once_more_on_a_third_replica(
+    servers: list[LoopbackServer], protocol: str
+) -> None:
+    # Whichever replica each request reaches: the call breaks after 5 tokens, its first continuation gets a
+    # 500, the second one finishes the answer.
+    answers = iter([script(reset_after_tokens=5), Script(status=500), Script(tokens=None)])
+    for s in servers:
+        s.scripter = lambda index, attempt: next(answers)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers, records) as guard:
+        text, _ = await sdk_text(guard, servers[0].url, protocol)
+    (record,) = records
+    assert text == WHOLE and record.status == "ok" and record.not_continued is None
+    assert [(a.kind, a.outcome) for a in record.attempts] == [
+        ("primary", "failed"), ("continuation", "failed"), ("continuation", "won")
+    ]
+    assert len({a.replica for a in record.attempts}) == 3
+    assert record.attempts[1].status_code == 500
+    assert record.attempts[2].resumed_at == len(FIRST5) and record.attempts[2].break_cause is not None
+
+
+async def test_max_continuations_1_sends_no_second_one(servers: list[LoopbackServer]) -> None:
+    answers = iter([script(reset_after_tokens=5), Script(status=500), Script(tokens=None)])
+    for s in servers:
+        s.scripter = lambda index, attempt: next(answers)
+    records: list[PhaseRecord] = []
+    policy = ContinuationPolicy(max_continuations=1)
+    async with make_guard(servers, records, continuation=policy) as guard, guard.http_client() as client:
+        with pytest.raises(httpx.TransportError):
+            await raw_events(client, servers[0].url, "chat")
+    (record,) = records
+    assert [a.kind for a in record.attempts] == ["primary", "continuation"]
+    assert record.not_continued == "continuation_failed"
+    assert sum(len(s.received) for s in servers) == 2
 
 
 async def test_a_failed_continuation_leaves_the_original_error(servers: list[LoopbackServer]) -> None:
@@ -217,7 +269,7 @@ async def test_a_failed_continuation_leaves_the_original_error(servers: list[Loo
             await raw_events(client, servers[0].url, "chat")
     (record,) = records
     assert [(a.kind, a.outcome) for a in record.attempts] == [("primary", "won"), ("continuation", "failed")]
-    assert record.status == "error"
+    assert record.status == "error" and record.not_continued == "continuation_failed"
 
 
 def test_the_policy_is_validated() -> None:
@@ -225,3 +277,34 @@ def test_the_policy_is_validated() -> None:
         ContinuationPolicy(max_continuations=0)
     with pytest.raises(GuardConfigError, match="unknown tier"):
         Guard(["http://a.test"], continuation={"nope": ContinuationPolicy()})
+
+
+async def test_a_stream_cut_by_the_total_deadline_is_not_continued(servers: list[LoopbackServer]) -> None:
+    for s in servers[:2]:
+        s.script = script(gap=0.1)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.5, total=0.6, stall=0.5)}
+    async with make_guard(servers[:2], records, tiers=tiers) as guard, guard.http_client() as client:
+        with pytest.raises(TotalTimeout):
+            await raw_events(client, servers[0].url, "chat")
+    (record,) = records
+    assert [a.kind for a in record.attempts] == ["primary"]
+    assert record.status == "timeout" and record.not_continued == "total_deadline"
+    assert sum(len(s.received) for s in servers[:2]) == 1
+
+
+async def test_the_broken_replica_is_reported_to_the_router_as_a_mid_stream_failure(
+    servers: list[LoopbackServer],
+) -> None:
+    """Without continuation the call's end tells the router its replica failed mid-stream; with it the call's
+    last winner is the continuation, so the broken replica's failure is reported when it is replaced."""
+    for s in servers[:2]:
+        s.script = script(reset_after_tokens=5)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        text, _ = await sdk_text(guard, servers[0].url, "chat")
+        health = {s.name: s.health for s in guard._replica_set.states}
+    assert text == WHOLE
+    broken, continued = records[0].attempts
+    assert health[broken.replica].failure > 0
+    assert health[continued.replica].failure == 0
