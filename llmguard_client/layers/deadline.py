@@ -177,7 +177,7 @@ class GuardBody(httpx.AsyncByteStream):
         error = self._timeout(self._stall_tripped)
         if self._stall_tripped and await self._continued(error.cause):
             return await self.__anext__()
-        if not stall_tripped and self._resume is not None:
+        if not self._stall_tripped and self._resume is not None:
             call.record.not_continued = "total_deadline"
         await self._end("timeout", error.cause)
         raise error
