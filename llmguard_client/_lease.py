@@ -115,8 +115,8 @@ class LeaseRegistry:
 class CallLease:
     """Owns a call's acquisitions; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_closing", "_holds", "_registry", "_responses", "_spawn", "aborted", "cancellables",
-                 "closed", "finish")
+    __slots__ = ("__weakref__", "_closed_event", "_closing", "_holds", "_registry", "_responses", "_spawn",
+                 "aborted", "cancellables", "closed", "finish")
 
     def __init__(self, registry: LeaseRegistry, finish: Finish | None = None) -> None:
         self._registry = registry
@@ -127,7 +127,10 @@ class CallLease:
         self.cancellables: set[Cancellable] = set()
         """The call's current waits, ended by `abort`."""
         self._spawn: Spawner = current_spawner()
-        self._closing: anyio.Event | None = None
+        self._closing = False
+        """`aclose` is closing the responses now."""
+        self._closed_event: anyio.Event | None = None
+        """Set when that close is done; made only if a second closer has to wait for it."""
         self.aborted = False
         """`Guard.aclose()` ended this call."""
         self.closed = False
@@ -176,19 +179,22 @@ class CallLease:
     async def aclose(self, status: CallStatus, cause: str | None) -> None:
         """Close owned responses, release every hold, finish the record: once (later calls wait)."""
         if self.closed:
-            if self._closing is not None:
+            if self._closing:  # another closer is still at it: wait for it to finish
+                if self._closed_event is None:
+                    self._closed_event = anyio.Event()
                 with anyio.CancelScope(shield=True):
-                    await self._closing.wait()
+                    await self._closed_event.wait()
             return
-        self.closed = True
-        self._closing = anyio.Event()
+        self.closed = self._closing = True
         try:
             while self._responses:  # each close is shielded: nothing here can be cancelled half-way
                 response = next(iter(self._responses))
                 await self.close_response(response)
         finally:
             self._release_all(status, cause)
-            self._closing.set()
+            self._closing = False
+            if self._closed_event is not None:
+                self._closed_event.set()
 
     def close_from_gc(self) -> None:
         """The caller dropped the body unclosed: release now, close connections on the loop soon."""

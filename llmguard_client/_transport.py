@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
@@ -178,7 +178,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         facts = RequestFacts.parse(request, body)
         path = request.url.path
         record = PhaseRecord(
-            request_id=uuid.uuid4().hex,
+            request_id=os.urandom(16).hex(),  # a random 128-bit id, like uuid4().hex at a quarter of the cost
             tier=tier_name,
             cohort="guarded",
             method=request.method,

@@ -209,3 +209,31 @@ def test_response_closed_by_the_lease_even_if_the_attempt_never_returned() -> No
 
     anyio.run(main)
     assert closed == [True]
+
+
+def test_a_second_close_waits_until_the_first_has_closed_everything() -> None:
+    events: list[str] = []
+
+    class SlowStream(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[override]
+            yield b""
+
+        async def aclose(self) -> None:
+            await anyio.sleep(1.0)
+            events.append("response closed")
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry(), finish=lambda status, cause: events.append(f"finished {status}"))
+        lease.own(httpx.Response(200, stream=SlowStream()))
+
+        async def close(name: str, status: Any) -> None:
+            await lease.aclose(status, None)
+            events.append(f"{name} returned")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close, "first", "ok")
+            await anyio.sleep(0.1)
+            tg.start_soon(close, "second", "error")
+
+    run_virtual(main)
+    assert events == ["response closed", "finished ok", "first returned", "second returned"]
