@@ -103,3 +103,25 @@ def test_estimates_are_recomputed_when_the_drained_set_changes_or_samples_arrive
     assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
     feed(stats, "r0", [0.5])  # RECOMPUTE_EVERY new samples: read afresh (r0's p95 moved up)
     assert stats.hedge_delay("t", True) > 0.078 * 1.01
+
+
+def test_a_call_on_a_slower_replica_waits_for_that_replicas_own_quantile_up_to_a_cap() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(0.040))
+    feed(stats, "r1", spread(0.044))
+    feed(stats, "r2", spread(0.060))  # slower, not drained: its p95 is 0.117 s
+    feed(stats, "r3", spread(0.400))  # degraded, not yet drained: its p95 is 0.78 s
+    healthy = stats.hedge_delay("t", True)
+    assert healthy == pytest.approx(0.044 * 1.95, rel=0.01)  # rule 3: the lower median of the p95s
+    assert stats.hedge_delay("t", True, "r0") == healthy  # a faster replica's calls: the shared delay
+    assert stats.hedge_delay("t", True, "r2") == pytest.approx(0.060 * 1.95, rel=0.01)  # its own p95
+    assert stats.hedge_delay("t", True, "r3") == pytest.approx(TTFTStats.OWN_DELAY_CAP * healthy)  # capped
+    assert stats.hedge_delay("t", True, "unknown") == healthy
+
+
+def test_a_drained_replicas_own_quantile_is_not_used() -> None:
+    drained = {"r2"}
+    stats = TTFTStats(POLICY, degraded=lambda name: name in drained)
+    for name, low in (("r0", 0.040), ("r1", 0.044), ("r2", 0.060)):
+        feed(stats, name, spread(low))
+    assert stats.hedge_delay("t", True, "r2") == stats.hedge_delay("t", True)

@@ -55,7 +55,7 @@ class HedgeLayer:
         send, receive = anyio.create_memory_object_stream[Outcome](max_buffer_size=self.policy.max_hedges + 1)
         used: list[ReplicaState] = [route.replica]
         failures: list[AttemptFailure] = []
-        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
+        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream, route.replica.name)
         if route.replica.health.drained and self.policy.delay is None:
             # A probe of a drained replica is expected to be slow: hedge it after a typical healthy TTFT.
             typical = self.ttft_stats.typical(call.tier_name, call.record.stream)
