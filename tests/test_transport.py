@@ -20,6 +20,7 @@ from llmguard_client import (
     TTFTTimeout,
     UnknownTierError,
 )
+from llmguard_client.layers.deadline import GuardBody
 from tests.loopback import LoopbackServer, Script
 
 CHAT = "/v1/chat/completions"
@@ -113,6 +114,8 @@ async def test_stall_deadline_after_first_token(servers: list[LoopbackServer]) -
     tiers = {"t": Tier(ttft=1.0, total=10.0, stall=0.3)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the guard's body
+            assert isinstance(body, GuardBody) and body._watchdog is not None  # asyncio, HTTP/1.1: one timer
             chunks: list[bytes] = []
             with pytest.raises(StallTimeout):
                 async for chunk in response.aiter_raw():
