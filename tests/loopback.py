@@ -148,7 +148,10 @@ class LoopbackServer:
         self._lock = lock or threading.Lock()
         self.token_times: list[float] = []
         """``time.monotonic()`` when each content token of the last stream was handed to the server."""
-        sock = socket.socket()
+        # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it uvicorn's separate header and body writes wait out a 40 ms delayed ACK on every reused
+        # connection (Nagle).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self._sock = sock
