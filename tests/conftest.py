@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.leaks import no_leaks
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, stop_all
 
 __all__ = ["no_leaks"]
 
@@ -18,8 +18,7 @@ def _servers() -> Iterator[list[LoopbackServer]]:
     for server in servers:
         server.start()
     yield servers
-    for server in servers:
-        server.stop()
+    stop_all(servers)
 
 
 @pytest.fixture
