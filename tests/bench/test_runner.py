@@ -103,7 +103,7 @@ def test_429s_retry_storm_and_amplification(cluster: LoopbackCluster) -> None:
     # every 4th request is refused on its first attempt (cluster-wide) with Retry-After: 0
     refused = Script(status=429, headers={"retry-after": "0"})
     cluster.set_scripter(lambda index, attempt: refused if index % 4 == 0 and attempt == 1 else None)
-    plan = make_plan(40, seed=2, rate=100.0, lengths=SMALL)
+    plan = make_plan(40, seed=2, rate=400.0, lengths=SMALL)  # the rate is not under test: 0.1 s per client
     runs, _, _ = run_clients(["plain", "naive-retry", "openai-default"], RunSpec(plan, TierSpec()), urls=cluster.urls)
     report = BenchReport("t", plan, SLO(1.0, 0.1), TierSpec(), "reset", "test-model", runs)
     plain, naive, oa = (report.summary(n) for n in ("plain", "naive-retry", "openai-default"))
@@ -188,7 +188,7 @@ def test_request_body_is_what_the_server_gets(cluster: LoopbackCluster) -> None:
 
 @pytest.mark.skipif(not _has_guard(), reason="llmguard_client.Guard not available yet")
 def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
-    plan = make_plan(30, seed=4, rate=100.0, lengths=SMALL)
+    plan = make_plan(30, seed=4, rate=400.0, lengths=SMALL)  # the rate is not under test
     runs, _, _ = run_clients(
         ["plain", "guarded"], RunSpec(plan, TierSpec(ttft=1.0, total=5.0, stall=2.0)), urls=cluster.urls
     )
