@@ -12,7 +12,6 @@ from llmguard_client.sim.faults import FaultConfig
 from tests.sim.conftest import chat_body, one_off
 from tests.sim.test_http_faults import stream_timings
 
-
 DELAY = 0.2
 """The first-token delay (s): several 10 ms engine steps, and short, because these tests wait it out."""
 
