@@ -7,11 +7,12 @@ import importlib
 from collections.abc import Iterator
 
 import anyio
+import httpx
 import pytest
 
 from llmguard_client.bench.clients import TierSpec, make_client, parse_clients
 from llmguard_client.bench.report import SLO, BenchReport
-from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients
+from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
 from llmguard_client.bench.traffic import LengthModel, make_plan, request_body
 from tests.loopback import LoopbackCluster, Script
 
@@ -196,3 +197,28 @@ def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
     assert all(s.ok for s in guarded.samples), [s.cause for s in guarded.samples if not s.ok]
     assert all(s.attempts is not None and s.attempts >= 1 for s in guarded.samples)
     assert [s.completion_tokens for s in guarded.samples] == [r.max_tokens for r in plan.requests]
+
+
+def test_wait_drained_polls_until_no_stream_runs_or_patience_runs_out(cluster: LoopbackCluster) -> None:
+    cluster.servers[0].script = Script(tokens=4, gap=0.1)  # one stream running for about 0.3 s
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:
+            running = anyio.Event()
+
+            async def stream() -> None:
+                async with http.stream("POST", cluster.urls[0] + "/v1/chat/completions", json=body) as response:
+                    async for _ in response.aiter_raw():  # the first chunk: the server counts it as running
+                        running.set()
+
+            tg.start_soon(stream)
+            await running.wait()
+            drained, stats = await wait_drained(http, cluster.urls, 0.0)  # no patience: one look, still busy
+            assert not drained and [s["running"] for s in stats] == [1, 0]
+            started = anyio.current_time()
+            drained, stats = await wait_drained(http, cluster.urls, 5.0)
+            assert drained and [s["running"] for s in stats] == [0, 0]
+            assert anyio.current_time() - started >= 0.1  # it looked again after the stream ended, not at once
+
+    anyio.run(go)
