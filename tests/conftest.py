@@ -26,3 +26,12 @@ def servers(_servers: list[LoopbackServer]) -> list[LoopbackServer]:
     for server in _servers:
         server.reset()
     return _servers
+
+
+FIRST = ("tests/test_stress.py",)
+"""Modules of the longest tests (4-6 s each): run first, so that xdist does not deal one of them last
+and leave the other worker idle while it runs."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in FIRST)  # stable: the rest keep their order
