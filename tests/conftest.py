@@ -1,4 +1,4 @@
-"""Shared fixtures: three real loopback servers, reset before each test."""
+"""Shared fixtures: three real loopback servers and a two-replica loopback cluster, reset before each test."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.leaks import no_leaks
-from tests.loopback import LoopbackServer, stop_all
+from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
 
 __all__ = ["no_leaks"]
 
@@ -26,6 +26,20 @@ def servers(_servers: list[LoopbackServer]) -> list[LoopbackServer]:
     for server in _servers:
         server.reset()
     return _servers
+
+
+@pytest.fixture(scope="session")
+def _cluster() -> Iterator[LoopbackCluster]:
+    with loopback_cluster(2) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
+    """Two loopback replicas streaming ``max_tokens`` chunks, counters and scripts reset for each test."""
+    _cluster.reset()
+    yield _cluster
+    _cluster.reset()
 
 
 FIRST = ("tests/test_stress.py",)
