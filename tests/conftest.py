@@ -1,4 +1,4 @@
-"""Shared fixtures: three real loopback servers, reset before each test."""
+"""Shared fixtures: three real loopback servers and a two-replica loopback cluster, reset before each test."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.leaks import no_leaks
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
 
 __all__ = ["no_leaks"]
 
@@ -18,8 +18,7 @@ def _servers() -> Iterator[list[LoopbackServer]]:
     for server in servers:
         server.start()
     yield servers
-    for server in servers:
-        server.stop()
+    stop_all(servers)
 
 
 @pytest.fixture
@@ -27,3 +26,26 @@ def servers(_servers: list[LoopbackServer]) -> list[LoopbackServer]:
     for server in _servers:
         server.reset()
     return _servers
+
+
+@pytest.fixture(scope="session")
+def _cluster() -> Iterator[LoopbackCluster]:
+    with loopback_cluster(2) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
+    """Two loopback replicas streaming ``max_tokens`` chunks, counters and scripts reset for each test."""
+    _cluster.reset()
+    yield _cluster
+    _cluster.reset()
+
+
+FIRST = ("tests/test_stress.py",)
+"""Modules of the longest tests (4-6 s each): run first, so that xdist does not deal one of them last
+and leave the other worker idle while it runs."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in FIRST)  # stable: the rest keep their order

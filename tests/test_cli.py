@@ -14,13 +14,7 @@ import pytest
 
 from llmguard_client import cli
 from llmguard_client.bench import commands, presets
-from tests.loopback import LoopbackCluster, loopback_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LoopbackCluster]:
-    with loopback_cluster(2) as c:
-        yield c
+from tests.loopback import LoopbackCluster
 
 
 def _has_guard() -> bool:

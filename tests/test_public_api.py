@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources
-import json
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import llmguard_client
+from tests.probe import modules_after_import
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,15 +60,7 @@ def test_version_is_a_string() -> None:
 
 
 def test_importing_the_package_does_not_import_sim_or_bench() -> None:
-    code = (
-        "import json, sys\n"
-        "import llmguard_client\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('llmguard_client'))))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True
-    )
-    loaded = json.loads(done.stdout)
+    loaded = sorted(m for m in modules_after_import() if m.startswith("llmguard_client"))
     assert "llmguard_client" in loaded and "llmguard_client._guard" in loaded  # the probe really imported it
     heavy = [m for m in loaded if m.split(".")[:2] in (["llmguard_client", "sim"], ["llmguard_client", "bench"])]
     assert heavy == []
@@ -76,15 +68,7 @@ def test_importing_the_package_does_not_import_sim_or_bench() -> None:
 
 
 def test_importing_the_package_does_not_import_the_sim_extras_server_or_plotting() -> None:
-    code = (
-        "import json, sys\n"
-        "import llmguard_client\n"
-        "print(json.dumps([m for m in ('uvicorn', 'starlette', 'matplotlib') if m in sys.modules]))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True
-    )
-    assert json.loads(done.stdout) == []
+    assert [m for m in ("uvicorn", "starlette", "matplotlib") if m in modules_after_import()] == []
 
 
 def test_the_wheel_ships_the_typing_marker_and_the_license() -> None:

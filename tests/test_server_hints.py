@@ -12,6 +12,7 @@ from llmguard_client import Guard, GuardConfigError, Replica
 from llmguard_client.server_hints import ServerLoad, metrics_url, parse_vllm_metrics, poll_once, poll_vllm_metrics
 from llmguard_client.sim.cluster import SimCluster
 from tests.sim.conftest import one_off
+from tests.virtual import run_virtual
 
 VLLM = """\
 # HELP vllm:num_requests_waiting Number of requests waiting to be processed.
@@ -99,27 +100,36 @@ async def test_a_replica_without_metrics_is_not_polled_again() -> None:
         assert metrics.polls == {"http://a:1": 1, "http://b:1": 2}
 
 
-async def test_the_poller_runs_at_its_rate_in_your_task_group_and_stops_when_cancelled() -> None:
+def test_the_poller_runs_at_its_rate_in_your_task_group_and_stops_when_cancelled() -> None:
     metrics = Metrics()
-    async with Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
-            await anyio.sleep(0.75)
-            tg.cancel_scope.cancel()
-        assert metrics.polls == {"http://a:1": 2, "http://b:1": 2}  # at 0 s and 0.5 s
-        with pytest.raises(GuardConfigError, match=r"every must be at least 0\.5 seconds"):
-            await poll_vllm_metrics(guard, every=0.1)
-        with pytest.raises(GuardConfigError, match="request_timeout must be > 0 and <= every"):
-            await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
+
+    async def main() -> None:  # in virtual time: the poller sleeps on the event loop's clock
+        guard = Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None)
+        async with guard:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
+                await anyio.sleep(0.75)
+                tg.cancel_scope.cancel()
+            assert metrics.polls == {"http://a:1": 2, "http://b:1": 2}  # at 0 s and 0.5 s
+            with pytest.raises(GuardConfigError, match=r"every must be at least 0\.5 seconds"):
+                await poll_vllm_metrics(guard, every=0.1)
+            with pytest.raises(GuardConfigError, match="request_timeout must be > 0 and <= every"):
+                await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
+
+    run_virtual(main)
 
 
-async def test_the_poller_ends_when_no_replica_serves_metrics() -> None:
+def test_the_poller_ends_when_no_replica_serves_metrics() -> None:
     metrics = Metrics()
     metrics.bodies = {"http://a:1": (404, "")}
-    async with Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
-        with anyio.fail_after(2):
-            await poll_vllm_metrics(guard, every=0.5)
-        assert metrics.polls == {"http://a:1": 1}
+
+    async def main() -> None:  # in virtual time
+        async with Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+            with anyio.fail_after(2):
+                await poll_vllm_metrics(guard, every=0.5)
+            assert metrics.polls == {"http://a:1": 1}
+
+    run_virtual(main)
 
 
 async def test_polling_the_simulated_cluster_over_http() -> None:

@@ -268,7 +268,7 @@ async def test_control_cohort_is_one_plain_measured_attempt(servers: list[Loopba
 async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[LoopbackServer]) -> None:
     from llmguard_client import Bulkhead
 
-    servers[0].script = Script(tokens=50, gap=0.02)  # holds the only slot for about a second
+    servers[0].script = Script(tokens=30, gap=0.02)  # holds the only slot for about 0.6 s, twice the ttft
     records: list[PhaseRecord] = []
     tiers = {"t": Tier(ttft=0.3, total=5.0, stall=1.0)}
     bulkheads = {"t": Bulkhead(max_in_flight=1, max_waiting=1)}

@@ -7,11 +7,12 @@ import importlib
 from collections.abc import Iterator
 
 import anyio
+import httpx
 import pytest
 
 from llmguard_client.bench.clients import TierSpec, make_client, parse_clients
 from llmguard_client.bench.report import SLO, BenchReport
-from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients
+from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
 from llmguard_client.bench.traffic import LengthModel, make_plan, request_body
 from tests.loopback import LoopbackCluster, Script
 
@@ -103,7 +104,7 @@ def test_429s_retry_storm_and_amplification(cluster: LoopbackCluster) -> None:
     # every 4th request is refused on its first attempt (cluster-wide) with Retry-After: 0
     refused = Script(status=429, headers={"retry-after": "0"})
     cluster.set_scripter(lambda index, attempt: refused if index % 4 == 0 and attempt == 1 else None)
-    plan = make_plan(40, seed=2, rate=100.0, lengths=SMALL)
+    plan = make_plan(40, seed=2, rate=400.0, lengths=SMALL)  # the rate is not under test: 0.1 s per client
     runs, _, _ = run_clients(["plain", "naive-retry", "openai-default"], RunSpec(plan, TierSpec()), urls=cluster.urls)
     report = BenchReport("t", plan, SLO(1.0, 0.1), TierSpec(), "reset", "test-model", runs)
     plain, naive, oa = (report.summary(n) for n in ("plain", "naive-retry", "openai-default"))
@@ -188,7 +189,7 @@ def test_request_body_is_what_the_server_gets(cluster: LoopbackCluster) -> None:
 
 @pytest.mark.skipif(not _has_guard(), reason="llmguard_client.Guard not available yet")
 def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
-    plan = make_plan(30, seed=4, rate=100.0, lengths=SMALL)
+    plan = make_plan(30, seed=4, rate=400.0, lengths=SMALL)  # the rate is not under test
     runs, _, _ = run_clients(
         ["plain", "guarded"], RunSpec(plan, TierSpec(ttft=1.0, total=5.0, stall=2.0)), urls=cluster.urls
     )
@@ -196,3 +197,28 @@ def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
     assert all(s.ok for s in guarded.samples), [s.cause for s in guarded.samples if not s.ok]
     assert all(s.attempts is not None and s.attempts >= 1 for s in guarded.samples)
     assert [s.completion_tokens for s in guarded.samples] == [r.max_tokens for r in plan.requests]
+
+
+def test_wait_drained_polls_until_no_stream_runs_or_patience_runs_out(cluster: LoopbackCluster) -> None:
+    cluster.servers[0].script = Script(tokens=4, gap=0.1)  # one stream running for about 0.3 s
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:
+            running = anyio.Event()
+
+            async def stream() -> None:
+                async with http.stream("POST", cluster.urls[0] + "/v1/chat/completions", json=body) as response:
+                    async for _ in response.aiter_raw():  # the first chunk: the server counts it as running
+                        running.set()
+
+            tg.start_soon(stream)
+            await running.wait()
+            drained, stats = await wait_drained(http, cluster.urls, 0.0)  # no patience: one look, still busy
+            assert not drained and [s["running"] for s in stats] == [1, 0]
+            started = anyio.current_time()
+            drained, stats = await wait_drained(http, cluster.urls, 5.0)
+            assert drained and [s["running"] for s in stats] == [0, 0]
+            assert anyio.current_time() - started >= 0.1  # it looked again after the stream ended, not at once
+
+    anyio.run(go)

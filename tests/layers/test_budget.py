@@ -126,7 +126,7 @@ params = {
 }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(**params)
 def test_invariant_against_exact_log(
     ratio: float, floor: int, window: float, start: float, events: list[Event]
@@ -134,7 +134,7 @@ def test_invariant_against_exact_log(
     run(ratio, floor, window, start, events, MAX_BUCKETS)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, database=None)
 @given(**params, max_buckets=st.integers(1, 3))
 def test_invariant_survives_bucket_merging(
     ratio: float, floor: int, window: float, start: float, events: list[Event], max_buckets: int

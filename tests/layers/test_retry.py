@@ -70,7 +70,9 @@ async def test_openai_against_always_429_sees_no_stacked_retries(servers: list[L
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.1, floor=2, window=60.0)
     calls = 10
-    async with make_guard([servers[0].url], records, budget=budget) as guard:
+    # A short cool-down after each Retry-After-less 429: the default 1 s only made the budgeted retries wait.
+    retry = RetryPolicy(overload_cooldown=0.05)
+    async with make_guard([servers[0].url], records, budget=budget, retry=retry) as guard:
         oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
         for _ in range(calls):
             started = time.monotonic()

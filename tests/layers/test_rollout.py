@@ -332,22 +332,32 @@ async def test_set_rollout_under_concurrent_calls_each_call_uses_one_fraction_an
     try:
         async with guard, guard.http_client() as client:
 
+            pending = 400
+            all_ended = anyio.Event()
+
             async def one(i: int) -> None:
+                nonlocal pending
                 # The key doubles as the model name, so the record tells which key the call had.
                 body, headers = {"model": f"user-{i}"}, {"x-llmguard-key": f"user-{i}"}
                 # Staggered starts: calls started in one loop iteration would all read the same fraction.
                 await anyio.sleep((i % 40) * 0.0005)
                 response = await client.post("http://r1.test:8000/v1/chat/completions", json=body, headers=headers)
                 assert response.status_code == 200
+                pending -= 1
+                if not pending:
+                    all_ended.set()
 
             async def flip_from_a_task() -> None:
-                for i in range(2000):
+                # Flips for as long as any call is in flight (a fixed 2000 flips outlasted the calls by ~2 s).
+                i = 0
+                while not all_ended.is_set():
                     guard.set_rollout(fractions[i % len(fractions)])
+                    i += 1
                     await anyio.sleep(0.0001)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(flip_from_a_task)
-                for i in range(400):
+                for i in range(pending):
                     tg.start_soon(one, i)
     finally:
         stop.set()

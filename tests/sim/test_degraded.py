@@ -12,28 +12,32 @@ from llmguard_client.sim.faults import FaultConfig
 from tests.sim.conftest import chat_body, one_off
 from tests.sim.test_http_faults import stream_timings
 
+DELAY = 0.2
+"""The first-token delay (s): several 10 ms engine steps, and short, because these tests wait it out."""
+
 
 async def test_first_token_delay_holds_every_request_and_is_not_a_fault() -> None:
-    scenario = one_off(faults=(FaultConfig(first_token_delay_s=0.4), FaultConfig()), replicas=2)
+    scenario = one_off(faults=(FaultConfig(first_token_delay_s=DELAY), FaultConfig()), replicas=2)
     async with SimCluster(scenario) as cluster:
         _, slow = await stream_timings(cluster.urls[0] + "/v1/chat/completions", chat_body(max_tokens=3))
         _, fast = await stream_timings(cluster.urls[1] + "/v1/chat/completions", chat_body(max_tokens=3))
         # Relative checks: on a loaded machine both streams run late by about the same amount.
-        assert slow[0] >= 0.4 and fast[0] < slow[0]
+        assert slow[0] >= DELAY and fast[0] < slow[0]
         assert slow[-1] - slow[0] < slow[0] - fast[0]  # only the first token waits
         assert cluster.replicas[0].counters.stalled_first == 0
 
 
 async def test_a_slowdown_window_applies_only_inside_it() -> None:
-    degraded = FaultConfig(slow_factor=8.0, first_token_delay_s=0.4, slow_between=(0.0, 1.5))
+    # The window outlasts the slow stream (DELAY + 5 steps of 80 ms, about 0.6 s) with room for a loaded machine.
+    degraded = FaultConfig(slow_factor=8.0, first_token_delay_s=DELAY, slow_between=(0.0, 1.0))
     async with SimCluster(one_off(faults=(degraded,))) as cluster:
         url = cluster.urls[0] + "/v1/chat/completions"
         assert cluster.replicas[0].slow_now()
         _, during = await stream_timings(url, chat_body(max_tokens=5))
-        await anyio.sleep(max(0.0, 1.6 - during[-1]))
+        await anyio.sleep(max(0.0, 1.1 - during[-1]))
         assert not cluster.replicas[0].slow_now()
         _, after = await stream_timings(url, chat_body(max_tokens=5))
-        assert during[0] >= 0.4 and after[0] < during[0]
+        assert during[0] >= DELAY and after[0] < during[0]
         assert (during[-1] - during[0]) > 2 * (after[-1] - after[0])  # 80 ms steps, then 10 ms
 
 

@@ -108,7 +108,10 @@ def ns_of(record: PhaseRecord, t: float | None) -> int:
 async def test_e2e_failed_call(otel: Otel, servers: list[LoopbackServer]) -> None:
     for server in servers[:2]:
         server.script = Script(status=503, body={"error": {"message": "overloaded", "type": "x"}})
-    async with e2e_guard(otel, [s.url for s in servers[:2]]) as guard, guard.http_client() as client:
+    from llmguard_client import RetryPolicy
+
+    retry = RetryPolicy(overload_cooldown=0.05)  # both replicas cool after a 503: not a 1 s wait for the retry
+    async with e2e_guard(otel, [s.url for s in servers[:2]], retry=retry) as guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=STREAM_BODY)
     assert response.status_code == 503
     logical, attempts = by_name(otel.finished())
