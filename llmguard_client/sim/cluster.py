@@ -51,7 +51,9 @@ class SimCluster:
         loop = asyncio.get_running_loop()
         try:
             for replica in self.replicas:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+                # listener says TCP; without it a reused connection waited out a 40 ms delayed ACK.
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((self.host, 0))
                 config = uvicorn.Config(
