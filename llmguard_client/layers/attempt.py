@@ -19,6 +19,7 @@ the disconnect and stops generating.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -72,7 +73,7 @@ class AttemptLayer:
         won = False
         try:
             request = call.attempt_request(state, attempt)
-            _trace_sent(request, attempt, clock)
+            request.extensions = stamp_sent(request.extensions, attempt, clock)
             response = await state.transport.handle_async_request(request)
             call.lease.own(response)
             attempt.headers = clock()
@@ -183,9 +184,10 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     return b"".join(parts)[:limit]
 
 
-def _trace_sent(request: httpx.Request, attempt: AttemptRecord, clock: Clock) -> None:
-    """Stamp ``attempt.sent`` when httpcore reports the request body written."""
-    inner = request.extensions.get("trace")
+def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecord, clock: Clock) -> dict[str, Any]:
+    """``extensions`` with a ``trace`` hook that stamps ``attempt.sent`` when httpcore reports the request body
+    written, and still calls the caller's own hook."""
+    inner = extensions.get("trace")
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event.endswith("send_request_body.complete"):
@@ -195,4 +197,4 @@ def _trace_sent(request: httpx.Request, attempt: AttemptRecord, clock: Clock) ->
             if hasattr(result, "__await__"):
                 await result
 
-    request.extensions["trace"] = trace
+    return {**extensions, "trace": trace}

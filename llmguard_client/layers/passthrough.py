@@ -30,7 +30,7 @@ import anyio
 import httpx
 
 from llmguard_client._call import TIER_HEADER, RequestFacts
-from llmguard_client.layers.attempt import error_kind
+from llmguard_client.layers.attempt import error_kind, stamp_sent
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
 from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
@@ -123,7 +123,7 @@ async def passthrough(
         request.url,
         headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
         stream=request.stream,
-        extensions=_stamp_sent(request.extensions, attempt, clock),
+        extensions=stamp_sent(request.extensions, attempt, clock),
     )
     try:
         response = await transport_for_url(request.url).handle_async_request(outgoing)
@@ -237,21 +237,6 @@ class _MeasuredStream(httpx.AsyncByteStream):
             await self._response.aclose()
         finally:
             self._end("abandoned", "closed_by_caller", "cancelled")
-
-
-def _stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecord, clock: Callable[[], float]) -> dict[str, Any]:
-    """The caller's extensions, with a ``trace`` hook that stamps ``attempt.sent`` and calls the caller's own."""
-    inner = extensions.get("trace")
-
-    async def trace(event: str, info: dict[str, Any]) -> None:
-        if event.endswith("send_request_body.complete"):
-            attempt.sent = clock()
-        if inner is not None:
-            result = inner(event, info)
-            if hasattr(result, "__await__"):
-                await result
-
-    return {**extensions, "trace": trace}
 
 
 def _origin(url: httpx.URL) -> str:
