@@ -11,19 +11,29 @@ attempt does not end the round while another is running, and it fires the next h
 at once. Racing on response headers would do nothing for an SSE stream, whose headers
 arrive before any token.
 
+The routed (primary) attempt runs in the caller's own task; a hedge, when the delay passes,
+runs in a task of the round's task group. Most calls get their first token before the delay,
+so most rounds spawn no task at all: on asyncio the delay is one loop timer (`_HedgeTimer`),
+elsewhere a sleeping task. A hedge that wins cancels the primary.
+
 The winner is published on ``call.winner`` the moment it is known: if a deadline fires
 while the losers are being closed, the deadline layer still delivers it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections import deque
+from collections.abc import Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import sniffio
+from anyio.abc import TaskGroup
 
 from llmguard_client._call import Call
 from llmguard_client._config import HedgePolicy
+from llmguard_client._errors import GuardClosed
 from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client._replicas import ReplicaSet, ReplicaState
@@ -45,66 +55,45 @@ class HedgeLayer:
         return await self._race(call, route, call_next, hedges)
 
     def _hedges_for(self, call: Call) -> int:
-        if self.policy is None or not call.hedgeable or not call.guarded or len(self.replicas) < 2:
+        if self.policy is None or not call.guarded or not call.hedgeable or len(self.replicas) < 2:
             return 0
         return self.policy.max_hedges
 
-    async def _race(self, call: Call, route: Route, call_next: Next, hedges_left: int) -> Outcome:
-        assert route.replica is not None and self.policy is not None
-        clock = call.clock
-        send, receive = anyio.create_memory_object_stream[Outcome](max_buffer_size=self.policy.max_hedges + 1)
-        used: list[ReplicaState] = [route.replica]
-        failures: list[AttemptFailure] = []
-        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream, route.replica.name)
-        if route.replica.health.drained and self.policy.delay is None:
+    def _delay(self, call: Call, primary: ReplicaState) -> float:
+        assert self.policy is not None
+        delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream, primary.name)
+        if primary.health.drained and self.policy.delay is None:
             # A probe of a drained replica is expected to be slow: hedge it after a typical healthy TTFT.
             typical = self.ttft_stats.typical(call.tier_name, call.record.stream)
             delay = min(delay, max(self.policy.min_delay, typical))
+        return delay
 
-        async def run(attempt_route: Route, out: MemoryObjectSendStream[Outcome]) -> None:
-            async with out:
-                out.send_nowait(await call_next(call, attempt_route))
-
+    async def _race(self, call: Call, route: Route, call_next: Next, hedges: int) -> Outcome:
+        assert route.replica is not None and self.policy is not None
+        round_ = _Round(self, call, call_next, [route.replica], hedges, self._delay(call, route.replica))
         try:
             async with anyio.create_task_group() as tg:
+                round_.begin(tg)
                 try:
-                    tg.start_soon(run, route, send.clone())
-                    running = 1
-                    next_hedge_at = clock() + delay
-                    while running:
-                        result = await _receive_until(receive, next_hedge_at - clock())
-                        if result is None:  # the hedge delay passed with no first token
-                            next_hedge_at = math.inf
-                            hedge = self._hedge_route(call, used) if hedges_left else None
-                            if hedge is not None:
-                                hedges_left -= 1
-                                tg.start_soon(run, hedge, send.clone())
-                                running += 1
-                                next_hedge_at = clock() + delay if hedges_left else math.inf
-                            continue
-                        running -= 1
-                        if isinstance(result, Win):
-                            call.winner = result
-                            break
-                        failures.extend(result.failures)
-                        if result.reason is not None:  # the guard itself stopped an attempt: end the round
-                            return Failed(failures, result.reason)
-                        if running and hedges_left and self.policy.on_failure:
-                            next_hedge_at = clock()
+                    with round_.primary_scope:  # cancelled by a hedge that wins
+                        await round_.attempt(route)
+                    outcome = await round_.decide()
                 finally:
-                    send.close()
-                    tg.cancel_scope.cancel()
+                    round_.end()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._settle_extras(call, receive)
-            receive.close()
-        return call.winner if call.winner is not None else Failed(failures)
+            if round_.results:  # a second winner, or one that landed as a deadline fired
+                with anyio.CancelScope(shield=True):
+                    await self._settle_extras(call, round_.results)
+        if outcome is None:
+            return call.winner if call.winner is not None else Failed(round_.failures)
+        return outcome
 
-    async def _settle_extras(self, call: Call, receive: MemoryObjectReceiveStream[Outcome]) -> None:
+    async def _settle_extras(self, call: Call, results: deque[Outcome]) -> None:
         """Results that arrived after the round was decided: a second winner in the same instant
         is closed; a winner that landed while a deadline was firing is adopted (if its token came
         in time), never orphaned."""
-        for extra in _drain(receive):
+        while results:
+            extra = results.popleft()
             if not isinstance(extra, Win) or extra is call.winner:
                 continue
             token = extra.attempt.first_token
@@ -116,7 +105,7 @@ class HedgeLayer:
             extra.in_flight.release()
             call.observation.attempt_finished(extra.attempt)
 
-    def _hedge_route(self, call: Call, used: list[ReplicaState]) -> Route | None:
+    def hedge_route(self, call: Call, used: list[ReplicaState]) -> Route | None:
         now = call.clock()
         if not self._hedge_allowed(call, now):
             return None
@@ -137,22 +126,182 @@ class HedgeLayer:
         return remaining > self.ttft_stats.typical(call.tier_name, call.record.stream)
 
 
-async def _receive_until(receive: MemoryObjectReceiveStream[Outcome], wait: float) -> Outcome | None:
-    """The next attempt result, or None if ``wait`` seconds pass first."""
-    if wait <= 0:
+class _Round:
+    """One hedged round: the primary in the caller's task, hedges in tasks of the round's group.
+
+    Each attempt's outcome is handled the moment it arrives (`_arrived`): a winner is published
+    and the other attempts cancelled, a failure fires the next hedge at once (``on_failure``);
+    the caller's task then judges them in arrival order (`decide`)."""
+
+    def __init__(
+        self, layer: HedgeLayer, call: Call, call_next: Next, used: list[ReplicaState], hedges: int, delay: float
+    ) -> None:
+        assert layer.policy is not None
+        self.policy = layer.policy
+        self.layer = layer
+        self.call = call
+        self.call_next = call_next
+        self.used = used
+        self.hedges_left = hedges
+        self.results: deque[Outcome] = deque()
+        """Outcomes not yet judged, in arrival order."""
+        self.failures: list[AttemptFailure] = []
+        self.live = 1
+        """Attempts still running (the primary counts)."""
+        self.decided = False
+        self.primary_scope = anyio.CancelScope()
+        self.timer = _HedgeTimer(call, delay, self._timer_fired)
+        self._task_group: TaskGroup | None = None
+        self._spawned = False
+        """A hedge (or, off asyncio, the timer's task) was started in the group."""
+        self._wakeup: anyio.Event | None = None
+
+    def begin(self, task_group: TaskGroup) -> None:
+        self._task_group = task_group
+        self._spawned = self.timer.start(task_group)
+
+    def end(self) -> None:
+        """The round is decided (or cancelled): no more hedges; running ones are cancelled."""
+        self.decided = True
+        self.timer.close()
+        if self._task_group is not None and self._spawned:  # cancelling an empty group still costs a loop pass
+            self._task_group.cancel_scope.cancel()
+        self._task_group = None
+
+    def _timer_fired(self) -> None:
+        self.start_hedge()
+
+    def start_hedge(self) -> None:
+        """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""
+        if self.decided or not self.hedges_left or self._task_group is None:
+            return
+        route = self.layer.hedge_route(self.call, self.used)
+        if route is None:  # not allowed or not paid for: no more hedges this round
+            self.timer.cancel()
+            return
+        self.hedges_left -= 1
+        self.live += 1
+        self._spawned = True
+        self._task_group.start_soon(self.attempt, route)
+        if self.hedges_left:
+            self.timer.rearm()
+        else:
+            self.timer.cancel()
+
+    async def attempt(self, route: Route) -> None:
+        """Run one attempt (the primary in the caller's task, a hedge in its own) and hand over its outcome."""
         try:
-            return receive.receive_nowait()
-        except anyio.WouldBlock:
-            return None
-    with anyio.move_on_after(wait):
-        return await receive.receive()
+            outcome = await self.call_next(self.call, route)
+        except GuardClosed as closed:  # the Guard closed under this attempt: the round ends with it
+            outcome = Failed(reason=closed)
+        finally:
+            self.live -= 1
+        self._arrived(outcome, hedge=route.kind == "hedge")
+
+    def _arrived(self, outcome: Outcome, *, hedge: bool) -> None:
+        self.results.append(outcome)
+        call = self.call
+        if isinstance(outcome, Win):
+            if call.winner is None:
+                call.winner = outcome  # published at once: the others, cancelled next, are "lost"
+                if hedge:
+                    self.primary_scope.cancel()
+        elif outcome.reason is not None:
+            if hedge:
+                self.primary_scope.cancel()
+        elif self.live and self.policy.on_failure and call.winner is None:
+            self.start_hedge()
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def decide(self) -> Outcome | None:
+        """The round's outcome: the winner, a failure the guard chose (its reason), or None when
+        every attempt failed."""
+        call = self.call
+        while True:
+            while self.results:
+                result = self.results.popleft()
+                if isinstance(result, Win):
+                    if result is not call.winner:
+                        self.results.appendleft(result)  # a second winner: closed when the round settles
+                    return call.winner
+                self.failures.extend(result.failures)
+                if result.reason is not None:  # the guard itself stopped an attempt: end the round
+                    return Failed(self.failures, result.reason)
+            if call.winner is not None:  # won while the primary was being cancelled
+                return call.winner
+            if not self.live:
+                return None
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+            self._wakeup = None
+
+
+class _HedgeTimer:
+    """Calls ``fire`` ``delay`` seconds after `start` or the last `rearm`: on asyncio a loop timer
+    (no task), elsewhere a sleeping task in the round's task group."""
+
+    def __init__(self, call: Call, delay: float, fire: Callable[[], None]) -> None:
+        self._clock = call.clock
+        self._delay = delay
+        self._fire = fire
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._task_group: TaskGroup | None = None
+        self._sleeping = False
+        self._due = math.inf
+
+    def start(self, task_group: TaskGroup) -> bool:
+        """Arm the timer; True if that started a task in ``task_group``."""
+        if sniffio.current_async_library() == "asyncio":
+            self._loop = asyncio.get_running_loop()
+        else:
+            self._task_group = task_group
+        self.rearm()
+        return self._sleeping
+
+    def rearm(self) -> None:
+        self.cancel()
+        if self._loop is not None:
+            self._handle = self._loop.call_at(self._loop.time() + self._delay, self._on_loop_timer)
+            return
+        self._due = self._clock() + self._delay
+        if not self._sleeping and self._task_group is not None:
+            self._sleeping = True
+            self._task_group.start_soon(self._sleep)
+
+    def cancel(self) -> None:
+        self._due = math.inf
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def close(self) -> None:
+        """Cancel for good, and drop the callback (it refers back to the round)."""
+        self.cancel()
+        self._fire = _never
+
+    def _on_loop_timer(self) -> None:
+        self._handle = None
+        # A loop callback runs outside any task, where sniffio cannot tell the library; anyio asks it.
+        token = sniffio.current_async_library_cvar.set("asyncio")
+        try:
+            self._fire()
+        finally:
+            sniffio.current_async_library_cvar.reset(token)
+
+    async def _sleep(self) -> None:
+        try:
+            while self._due != math.inf:
+                wait = self._due - self._clock()
+                if wait > 0:
+                    await anyio.sleep(wait)
+                    continue
+                self._due = math.inf
+                self._fire()
+        finally:
+            self._sleeping = False
+
+
+def _never() -> None:
     return None
-
-
-def _drain(receive: MemoryObjectReceiveStream[Outcome]) -> list[Outcome]:
-    out: list[Outcome] = []
-    while True:
-        try:
-            out.append(receive.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-            return out
