@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._clock import Clock
+from llmguard_client._clock import Clock, loop_deadline
 from llmguard_client._config import Tier
-from llmguard_client._lease import CallLease
+from llmguard_client._lease import CallLease, Phase
 from llmguard_client._replicas import ReplicaState, rebase
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.telemetry.hooks import CallObservation
@@ -28,6 +28,8 @@ COHORT_HEADER = "x-llmguard-cohort"
 KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
 _GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode())
+_BODY_METHODS = ("POST", "PUT", "PATCH")
+"""Methods httpx sends ``Content-Length: 0`` for when the body is empty."""
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
 
 
@@ -93,6 +95,11 @@ class Call:
     continuation: CallContinuation | None = None
     """Set when the tier's `ContinuationPolicy` is on and the request qualifies (layers.continuation)."""
 
+    def phase_until(self, deadline: float) -> Phase:
+        """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes
+        (`CallLease.phase`)."""
+        return self.lease.phase(loop_deadline(self.clock, self.loop_time, deadline))
+
     def pay_extra(self) -> Payment | None:
         """A payment for one extra attempt (retry or hedge) from the call's budget, held by the
         lease until the attempt is sent; None when the budget refuses."""
@@ -117,12 +124,23 @@ class Call:
         own = state.header_items
         if own:
             names = state.header_names
-            headers = [(k, v) for k, v in self.headers if k.lower() not in names] + own
+            forwarded = [(k, v) for k, v in self.headers if k.lower() not in names] + own
         else:
-            headers = self.headers
+            forwarded = self.headers
+        # Host and Content-Length given up front with the body as a ready stream: httpx then skips
+        # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
+        headers = [(b"Host", url.netloc), *forwarded]
+        body = self.body
+        if body or self.request.method in _BODY_METHODS:
+            headers.append((b"Content-Length", str(len(body)).encode()))
         request = httpx.Request(
-            self.request.method, url, headers=headers, content=self.body, extensions=dict(self.request.extensions)
+            self.request.method,
+            url,
+            headers=headers,
+            stream=httpx.ByteStream(body),
+            extensions=dict(self.request.extensions),
         )
+        request.read()
         plain: dict[str, str] = {}
         self.observation.attempt_started(attempt, state.url_text(url), plain)
         for key, value in plain.items():
