@@ -39,7 +39,6 @@ import anyio
 import httpx
 
 from llmguard_client._call import Call
-from llmguard_client._clock import scope_until
 from llmguard_client._errors import GuardClosed, GuardTimeout, StallTimeout, TotalTimeout, TTFTTimeout
 from llmguard_client._failure import describe_attempts
 from llmguard_client._outcome import Failed, Outcome, Route, Win
@@ -70,7 +69,7 @@ class DeadlineLayer:
         if not call.guarded:
             return await call_next(call, route)
         outcome: Outcome | None = None
-        with scope_until(call.clock, call.first_token_deadline):
+        with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
             outcome = await call_next(call, route)
         if outcome is not None:
             return outcome
@@ -128,8 +127,22 @@ class GuardBody(httpx.AsyncByteStream):
             raise StopAsyncIteration
         broken: BaseException | StreamFailure | None = None
         cut_all = False
+        watchdog = self._watchdog
+        read: bytes | None
         try:
-            read = await self._read()
+            if watchdog is not None and watchdog.tripped is None:  # the steady state, inlined: once per chunk
+                watchdog.start_read()
+                try:
+                    read = await self._rest.__anext__()
+                except (StopAsyncIteration, httpx.HTTPError, OSError, anyio.BrokenResourceError):
+                    if watchdog.tripped is None:
+                        raise
+                    self._stall_tripped = watchdog.tripped == "stall"
+                    read = None
+                finally:
+                    watchdog.reading = False
+            else:
+                read = await self._read()
         except StopAsyncIteration:
             failure = reader.end_of_body()
             if failure is None:
@@ -183,24 +196,13 @@ class GuardBody(httpx.AsyncByteStream):
         raise error
 
     async def _read(self) -> bytes | None:
-        """The next chunk of the live remainder; None if a deadline or ``Guard.aclose`` ended the read
-        (``_stall_tripped`` says which deadline). EOF and transport errors propagate."""
+        """The next chunk of the live remainder when no watchdog watches it (`__anext__` reads under a
+        watchdog itself); None if a deadline or ``Guard.aclose`` ended the read (``_stall_tripped`` says
+        which deadline). EOF and transport errors propagate."""
         assert self._rest is not None
-        watchdog = self._watchdog
-        if watchdog is not None:  # asyncio over an HTTP/1.1 socket: one timer for the whole stream
-            if watchdog.tripped is not None:
-                return None
-            watchdog.start_read()
-            try:
-                return await self._rest.__anext__()
-            except (StopAsyncIteration, httpx.HTTPError, OSError, anyio.BrokenResourceError):
-                if watchdog.tripped is None:
-                    raise
-                self._stall_tripped = watchdog.tripped == "stall"
-                return None
-            finally:
-                watchdog.reading = False
-        # Elsewhere one cancel scope per read, its deadline on the loop's own time line.
+        if self._watchdog is not None:  # it tripped: the stream was interrupted
+            return None
+        # Without one (trio, HTTP/2, no socket): one cancel scope per read, on the loop's own time line.
         call = self._call
         lease = call.lease
         now = call.clock()

@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import math
 import socket
+import time
+import weakref
 from typing import Literal
 
 import httpx
@@ -29,10 +31,12 @@ Trip = Literal["stall", "total", "abort"]
 class ReadWatchdog:
     """Bounds each read of one stream by ``stall`` seconds and by an absolute ``total_at`` (loop time)."""
 
-    __slots__ = ("_loop", "_socket", "_stall", "_timer", "_total_at", "reading", "since", "tripped")
+    __slots__ = ("_loop", "_now", "_socket", "_stall", "_timer", "_total_at", "reading", "since", "tripped")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, stall: float, total_at: float) -> None:
         self._loop = loop
+        # asyncio's own loops tell time with time.monotonic: read it directly (once per chunk).
+        self._now = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         self._socket = sock
         self._stall = stall
         self._total_at = total_at
@@ -66,7 +70,7 @@ class ReadWatchdog:
 
     def start_read(self) -> None:
         """A read begins: it may last ``stall`` seconds, and not past the total deadline."""
-        self.since = since = self._loop.time()
+        self.since = since = self._now()
         self.reading = True
         if self._timer is None and self.tripped is None:
             due = min(since + self._stall, self._total_at)
@@ -102,13 +106,24 @@ class ReadWatchdog:
             self._socket.shutdown(socket.SHUT_RDWR)
 
 
+_sockets: weakref.WeakKeyDictionary[object, socket.socket | None] = weakref.WeakKeyDictionary()
+"""Each pooled connection's socket, looked up once (anyio builds every extra attribute, with a
+``getpeername`` call, on each lookup) and forgotten with the connection."""
+
+
 def _http11_socket(response: httpx.Response) -> socket.socket | None:
     """The socket under an HTTP/1.1 response read on asyncio, if there is one to shut down."""
-    if response.extensions.get("http_version") != b"HTTP/1.1":
+    extensions = response.extensions
+    if extensions.get("http_version") != b"HTTP/1.1":
         return None
-    stream = response.extensions.get("network_stream")
+    stream = extensions.get("network_stream")
+    try:
+        return _sockets[stream]
+    except (KeyError, TypeError):  # not seen yet, or a stream that takes no weak reference
+        pass
     get_extra_info = getattr(stream, "get_extra_info", None)
-    if get_extra_info is None:
-        return None
-    sock = get_extra_info("socket")
-    return sock if hasattr(sock, "shutdown") else None
+    sock = get_extra_info("socket") if get_extra_info is not None else None
+    found = sock if hasattr(sock, "shutdown") else None
+    with contextlib.suppress(TypeError):
+        _sockets[stream] = found
+    return found
