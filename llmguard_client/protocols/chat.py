@@ -70,9 +70,11 @@ def absorb_chat_body(facts: ResponseFacts, obj: dict[str, Any]) -> None:
 class ChatReader(SSEReader):
     """Reads a Chat Completions event stream; see the module docstring."""
 
-    __slots__ = ("_text", "text_events", "text_only")
+    __slots__ = ("_head", "_tail", "_text", "text_events", "text_only")
     protocol = "chat"
     end_marker = "[DONE] or a finish_reason"
+    _text_key = b'"content":"'
+    """What opens the text string of a typical chunk (see `_learn_shape`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,6 +83,8 @@ class ChatReader(SSEReader):
         """Events that carried text (kept only with `keep_text`)."""
         self.text_only = True
         """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
+        self._head = b""
+        self._tail = b""
 
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:
@@ -105,7 +109,31 @@ class ChatReader(SSEReader):
         return None if self._text is None else "".join(self._text)
 
     def skippable(self, chunk: bytes) -> bool:
-        return self._text is None and chunk.endswith(b"\n\n") and _INTERESTING.search(chunk) is None
+        if self._text is not None or not chunk.endswith(b"\n\n"):
+            return False
+        head, tail = self._head, self._tail
+        if head and chunk.startswith(head) and chunk.endswith(tail) and len(chunk) >= len(head) + len(tail):
+            # The shape of the last plain chunk with another text in it: skippable as that one was.
+            text = chunk[len(head) : len(chunk) - len(tail)]
+            if not (b'"' in text or b"\n" in text or b"\r" in text or text.endswith(b"\\")):
+                return True
+        if _INTERESTING.search(chunk) is not None:
+            return False
+        self._learn_shape(chunk)
+        return True
+
+    def _learn_shape(self, chunk: bytes) -> None:
+        """Remember a plain one-event chunk as the bytes before and after its text string: the next
+        chunks of a stream differ only there, and a text without a quote, line break or trailing
+        backslash cannot change what the rest of the event says (it stays inside its JSON string)."""
+        start = chunk.find(self._text_key)
+        if start < 0 or chunk.count(b"\n\n") != 1:
+            return
+        start += len(self._text_key)
+        end = chunk.find(b'"', start)
+        if end < 0 or chunk[start:end].endswith(b"\\"):
+            return
+        self._head, self._tail = chunk[:start], chunk[end:]
 
     def _keep(self, obj: dict[str, Any], text: list[str]) -> None:
         choices = obj.get("choices")

@@ -608,3 +608,58 @@ def test_an_event_name_split_from_its_data_is_not_lost_on_the_cheap_path() -> No
 def test_the_cheap_path_counts_whole_events_of_a_chunk() -> None:
     scanner, _ = scan(event(CONTENT), event(chunk({"content": "a"})) * 3, b"data: [DONE]\n\n")
     assert scanner.chunks == 4 and scanner.complete
+
+
+def _plain(text: str, *, created: int = 1, finish: str | None = None) -> bytes:
+    """A compact one-event chunk as vLLM and OpenAI send them (the shape `ChatReader` learns)."""
+    obj = {**chunk({"content": text}, finish=finish), "created": created}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize(
+    ("late", "expect"),
+    [
+        (_plain("x", finish="stop"), {"complete": True, "finish": ["stop"]}),
+        (b'data: {"error":{"message":"boom","code":503}}\n\n', {"failure": "error_event"}),
+        (_plain('say \\"hi\\"') + event(USAGE), {"usage": 7}),
+        (_plain("a") + b"data: [DONE]\n\n", {"complete": True}),
+        (_plain("b", created=2) + b'data: {"error":"late"}\n\n', {"failure": "error_event"}),
+        (_plain("c").replace(b"\n\n", b"\r\n\r\n"), {"events": 1}),
+    ],
+    ids=["finish", "error", "escaped-quote-then-usage", "done", "new-shape-then-error", "crlf"],
+)
+def test_after_a_learnt_chunk_shape_every_marker_is_still_found(late: bytes, expect: dict[str, Any]) -> None:
+    """Plain chunks of one shape are skipped by comparing the bytes around their text; anything else
+    in a chunk (a finish reason, an error, usage, [DONE], a quote, CR line ends) is still judged."""
+    reader = ChatReader()
+    for text in ("", "Hel", "lo", "there"):
+        reader.feed(_plain(text))
+    assert reader.first_token and reader._head and reader._tail  # the shape was learnt
+    before = reader.chunks
+    reader.feed(_plain("more text"))  # same shape: counted without decoding
+    assert reader.chunks == (before or 0) + 1 and reader.failure is None
+    reader.feed(late)
+    if "complete" in expect:
+        assert reader.complete
+    if "finish" in expect:
+        assert reader.facts.finish_reasons == expect["finish"]
+    if "failure" in expect:
+        assert reader.failure is not None and reader.failure.kind == expect["failure"]
+    else:
+        assert reader.failure is None
+    if "usage" in expect:
+        assert reader.facts.prompt_tokens == expect["usage"]
+    if "events" in expect:
+        assert reader.chunks == (before or 0) + 1 + expect["events"]
+
+
+def test_a_text_that_could_end_its_string_is_never_taken_for_the_learnt_shape() -> None:
+    reader = ChatReader()
+    for text in ("", "a", "b"):
+        reader.feed(_plain(text))
+    head, tail = reader._head, reader._tail
+    # Spliced by hand: a quote in the text closes the string early, so the bytes after it are decoded and
+    # the finish reason they carry is found, though the chunk starts and ends like the learnt shape.
+    sneaky = head + b'x"},"finish_reason":"length"},{"index":1,"delta":{"content":"' + tail
+    reader.feed(sneaky)
+    assert reader.complete and reader.facts.finish_reasons == ["length"]
