@@ -44,6 +44,8 @@ def bind_clock(clock: Clock, loop_time: Clock) -> Clock:
     return loop_time if clock is loop_clock else clock
 
 
-def scope_until(clock: Clock, deadline: float) -> anyio.CancelScope:
-    """A cancel scope that expires at ``deadline`` on ``clock`` (at once if it has passed)."""
-    return anyio.move_on_after(max(0.0, deadline - clock()))
+def loop_deadline(call_clock: Clock, loop_time: Clock, deadline: float) -> float:
+    """``deadline`` (on ``call_clock``) as a cancel scope deadline, on the loop's time line."""
+    if call_clock is loop_time:
+        return deadline
+    return loop_time() + max(0.0, deadline - call_clock())

@@ -25,7 +25,9 @@ Lifetime::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
 from typing import Protocol
 
 import anyio
@@ -46,12 +48,17 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-async def close_quietly(response: httpx.Response) -> None:
-    """Close a response under a shield, within `CLOSE_GRACE`, swallowing transport errors."""
+async def close_quietly(response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
+    """Close a response (and the iterator ``reading`` its body) under a shield, within `CLOSE_GRACE`,
+    swallowing transport errors."""
     with (
         anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLOSE_GRACE),
         contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
     ):
+        aclose = getattr(reading, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):  # still running in a read that is being interrupted
+                await aclose()
         await response.aclose()
 
 
@@ -84,6 +91,29 @@ class Hold:
         lease, self._lease = self._lease, None
         if lease is not None:
             lease._holds.pop(self, None)
+
+
+class Phase:
+    """`CallLease.phase`: a cancel scope registered with the lease while it is entered."""
+
+    __slots__ = ("_lease", "_scope")
+
+    def __init__(self, lease: CallLease, scope: anyio.CancelScope) -> None:
+        self._lease = lease
+        self._scope = scope
+
+    def __enter__(self) -> anyio.CancelScope:
+        scope = self._scope.__enter__()
+        if self._lease.aborted:
+            scope.cancel()
+        self._lease.cancellables.add(scope)
+        return scope
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self._lease.cancellables.discard(self._scope)
+        return bool(self._scope.__exit__(exc_type, exc, tb))
 
 
 class LeaseRegistry:
@@ -123,7 +153,7 @@ class CallLease:
         self.finish: Finish = finish or _no_finish
         """Called exactly once, last, with the call's final (status, cause)."""
         self._holds: dict[Hold, None] = {}
-        self._responses: dict[httpx.Response, None] = {}
+        self._responses: dict[httpx.Response, AsyncIterator[bytes] | None] = {}
         self.cancellables: set[Cancellable] = set()
         """The call's current waits, ended by `abort`."""
         self._spawn: Spawner = current_spawner()
@@ -147,26 +177,20 @@ class CallLease:
             self._holds[hold] = None
         return hold
 
-    def own(self, response: httpx.Response) -> None:
-        """The lease closes ``response`` at the end unless `close_response` does it first."""
-        self._responses[response] = None
+    def own(self, response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
+        """The lease closes ``response`` (and ``reading``, the iterator over its body, once there is
+        one) at the end unless `close_response` does it first."""
+        self._responses[response] = reading
 
     async def close_response(self, response: httpx.Response) -> None:
         """Close one owned response now (shielded)."""
-        self._responses.pop(response, None)
-        await close_quietly(response)
+        reading = self._responses.pop(response, None)
+        await close_quietly(response, reading)
 
-    @contextlib.contextmanager
-    def phase(self) -> Iterator[anyio.CancelScope]:
-        """A cancel scope `abort` cancels: wraps every wait of the call (attempts, body reads)."""
-        with anyio.CancelScope() as scope:
-            if self.aborted:
-                scope.cancel()
-            self.cancellables.add(scope)
-            try:
-                yield scope
-            finally:
-                self.cancellables.discard(scope)
+    def phase(self, deadline: float = math.inf) -> Phase:
+        """A cancel scope `abort` cancels, expiring at ``deadline`` (loop time, as anyio's): wraps
+        every wait of the call (a bulkhead queue, attempts, backoff, body reads)."""
+        return Phase(self, anyio.CancelScope(deadline=deadline))
 
     # --- ending ---------------------------------------------------------------------------
 
@@ -201,14 +225,14 @@ class CallLease:
         if self.closed:
             return
         self.closed = True
-        responses = list(self._responses)
+        responses = list(self._responses.items())
         self._responses.clear()
         self._release_all("abandoned", "garbage_collected")
         if responses:
 
             async def close_all() -> None:
-                for response in responses:
-                    await close_quietly(response)
+                for response, reading in responses:
+                    await close_quietly(response, reading)
 
             self._spawn(close_all)
 
@@ -218,4 +242,5 @@ class CallLease:
                 hold.release()
         finally:
             self._registry.discard(self)
-            self.finish(status, cause)
+            finish, self.finish = self.finish, _no_finish  # drop it: it refers back to the call
+            finish(status, cause)

@@ -132,9 +132,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return await self._pass_through(request, assignment)
         call = await self._start_call(request, assignment)
         lease = call.lease
-        try:
-            with lease.phase():
-                outcome = await self._pipeline(call, Route())
+        try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
+            outcome = await self._pipeline(call, Route())
         except anyio.get_cancelled_exc_class():
             await lease.aclose("cancelled", "cancelled_by_caller")
             raise

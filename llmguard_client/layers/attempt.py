@@ -87,6 +87,8 @@ class AttemptLayer:
             if call.continuation is not None and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
             opening = await read_opening(_body(response), reader)
+            if opening.rest is not None:
+                call.lease.own(response, opening.rest)
             if reader.failure is not None and call.guarded:  # before the first token: a failed attempt, like a 503
                 return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
             attempt.first_token = clock()

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 import anyio
 
 from llmguard_client._call import Call
-from llmguard_client._clock import scope_until
 from llmguard_client._config import Bulkhead
 from llmguard_client._errors import BulkheadFull
 from llmguard_client._outcome import Failed, Outcome, Route
@@ -65,7 +64,7 @@ class BulkheadLayer:
         bulkhead = self.bulkheads.get(call.tier_name) if call.guarded else None
         if bulkhead is not None:
             admitted: bool | None = None
-            with scope_until(call.clock, call.first_token_deadline):
+            with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
                 admitted = await bulkhead.acquire()
             if admitted is None:
                 return Failed(reason=ttft_timeout(call, "while waiting for a bulkhead slot"))

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from llmguard_client._clock import Clock, loop_clock, scope_until
+from llmguard_client._clock import Clock, loop_clock
 from llmguard_client._config import ContinuationPolicy
 from llmguard_client._errors import GuardClosed
 from llmguard_client._outcome import Failed, Outcome, Payment, Route, Win
@@ -218,7 +218,7 @@ class CallContinuation:
             self.count += 1
             outcome: Outcome | None = None
             try:
-                with call.lease.phase(), scope_until(call.clock, min(call.total_deadline, now + call.tier.ttft)):
+                with call.phase_until(min(call.total_deadline, now + call.tier.ttft)):
                     outcome = await self.attempt(call, Route(state, "continuation", payment))
             except GuardClosed:
                 return "guard_closed"
