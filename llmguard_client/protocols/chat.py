@@ -70,7 +70,7 @@ def absorb_chat_body(facts: ResponseFacts, obj: dict[str, Any]) -> None:
 class ChatReader(SSEReader):
     """Reads a Chat Completions event stream; see the module docstring."""
 
-    __slots__ = ("_head", "_tail", "_text", "text_events", "text_only")
+    __slots__ = ("_head", "_shape_size", "_tail", "_text", "text_events", "text_only")
     protocol = "chat"
     end_marker = "[DONE] or a finish_reason"
     _text_key = b'"content":"'
@@ -84,7 +84,9 @@ class ChatReader(SSEReader):
         self.text_only = True
         """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
         self._head = b""
+        """A plain chunk's bytes before its text (see `_learn_shape`); empty until one is learnt."""
         self._tail = b""
+        self._shape_size = 0
 
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:
@@ -108,15 +110,26 @@ class ChatReader(SSEReader):
         """The text so far (None unless `keep_text` was called before the first chunk)."""
         return None if self._text is None else "".join(self._text)
 
+    def feed(self, chunk: bytes) -> bool:
+        head = self._head
+        if (
+            head
+            and chunk.startswith(head)
+            and chunk.endswith(self._tail)
+            and len(chunk) >= self._shape_size
+            and self.failure is None
+            and not (self._partial or self._data or self._event)
+        ):
+            # The shape of the last plain chunk with another text in it: counted as that one was.
+            text = chunk[len(head) : len(chunk) - len(self._tail)]
+            if not (b'"' in text or b"\n" in text or b"\r" in text or text.endswith(b"\\")):
+                self._events += 1
+                return True
+        return super().feed(chunk)
+
     def skippable(self, chunk: bytes) -> bool:
         if self._text is not None or not chunk.endswith(b"\n\n"):
             return False
-        head, tail = self._head, self._tail
-        if head and chunk.startswith(head) and chunk.endswith(tail) and len(chunk) >= len(head) + len(tail):
-            # The shape of the last plain chunk with another text in it: skippable as that one was.
-            text = chunk[len(head) : len(chunk) - len(tail)]
-            if not (b'"' in text or b"\n" in text or b"\r" in text or text.endswith(b"\\")):
-                return True
         if _INTERESTING.search(chunk) is not None:
             return False
         self._learn_shape(chunk)
@@ -134,6 +147,7 @@ class ChatReader(SSEReader):
         if end < 0 or chunk[start:end].endswith(b"\\"):
             return
         self._head, self._tail = chunk[:start], chunk[end:]
+        self._shape_size = start + len(chunk) - end
 
     def _keep(self, obj: dict[str, Any], text: list[str]) -> None:
         choices = obj.get("choices")
