@@ -95,8 +95,8 @@ class SSEReader(StreamReader):
         """``data`` as a JSON object; otherwise None, and before the first token a ``malformed`` failure
         (after it the event is passed through unjudged: the caller's parser sees it)."""
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError):
+            obj = json.loads(data.decode())  # event streams are UTF-8: no encoding to detect
+        except (ValueError, RecursionError):  # (a UnicodeDecodeError is a ValueError)
             obj = None
         if isinstance(obj, dict):
             return obj

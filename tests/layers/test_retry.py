@@ -56,7 +56,7 @@ async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(serv
         started = time.monotonic()
         response = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-stainless-lang": "python"})
         elapsed = time.monotonic() - started
-    assert elapsed < 0.05
+    assert elapsed < 2.0  # at once: not the 30 s the servers asked for (generous: the machine is shared)
     assert response.status_code == 429
     assert response.headers["retry-after"] == "30"  # the server's own answer, handed back
     assert response.headers["x-should-retry"] == "false"
