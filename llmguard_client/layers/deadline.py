@@ -201,6 +201,7 @@ class GuardBody(httpx.AsyncByteStream):
         which deadline). EOF and transport errors propagate."""
         assert self._rest is not None
         if self._watchdog is not None:  # it tripped: the stream was interrupted
+            self._stall_tripped = self._watchdog.tripped == "stall"
             return None
         # Without one (trio, HTTP/2, no socket): one cancel scope per read, on the loop's own time line.
         call = self._call

@@ -40,7 +40,7 @@ class ReadWatchdog:
         self._socket = sock
         self._stall = stall
         self._total_at = total_at
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self.since = 0.0
         """Loop time the current (or last) read started."""
         self.reading = False
@@ -84,9 +84,24 @@ class ReadWatchdog:
         stall_at = self.since + self._stall
         due = min(stall_at, self._total_at)
         if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._check)
+            self._rearm()
             return
-        self._interrupt("stall" if stall_at <= self._total_at else "total")
+        # Confirm one loop pass later: bytes that arrived while the loop was busy have woken the reading
+        # task by then (its wake-up was queued before this), so the client's own lag is not a stall.
+        self._timer = self._loop.call_soon(self._confirm, self.since)
+
+    def _confirm(self, since: float) -> None:
+        self._timer = None
+        if not self.reading or self.tripped is not None or self.since != since:
+            if self.reading and self.tripped is None:  # a new read began meanwhile: watch it
+                self._rearm()
+            return
+        self._interrupt("stall" if since + self._stall <= self._total_at else "total")
+
+    def _rearm(self) -> None:
+        due = min(self.since + self._stall, self._total_at)
+        if due != math.inf:
+            self._timer = self._loop.call_at(due, self._check)
 
     def cancel(self) -> None:
         """End the stream from outside (``Guard.aclose``): the pending or next read fails at once."""

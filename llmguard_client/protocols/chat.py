@@ -73,8 +73,8 @@ class ChatReader(SSEReader):
     __slots__ = ("_head", "_shape_size", "_tail", "_text", "text_events", "text_only")
     protocol = "chat"
     end_marker = "[DONE] or a finish_reason"
-    _text_key = b'"content":"'
-    """What opens the text string of a typical chunk (see `_learn_shape`)."""
+    _text_key = b'"content":'
+    """The key of the text string of a typical chunk (see `_learn_shape`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,6 +143,11 @@ class ChatReader(SSEReader):
         if start < 0 or chunk.count(b"\n\n") != 1:
             return
         start += len(self._text_key)
+        if chunk[start : start + 1] == b" ":  # json.dumps' default separators: "content": "..."
+            start += 1
+        if chunk[start : start + 1] != b'"':
+            return
+        start += 1
         end = chunk.find(b'"', start)
         if end < 0 or chunk[start:end].endswith(b"\\"):
             return

@@ -28,7 +28,7 @@ class CompletionsReader(ChatReader):
 
     __slots__ = ()
     protocol = "completions"
-    _text_key = b'"text":"'
+    _text_key = b'"text":'
 
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:

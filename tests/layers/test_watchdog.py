@@ -123,3 +123,25 @@ async def test_guard_close_between_reads_ends_the_next_read(servers: list[Loopba
                     pass
     assert records[0].cause == "guard_closed"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_bytes_that_arrived_while_the_loop_was_blocked_are_not_a_stall(pair: tuple[socket.socket, ...]) -> None:
+    """The server answered in time; the client's own loop was busy past the stall limit before it could
+    resume the read. The watchdog confirms a stall one loop pass later, after the read's wake-up."""
+    loop, (ours, theirs) = asyncio.get_running_loop(), pair
+    watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
+
+    async def read() -> bytes:
+        watchdog.start_read()
+        try:
+            return await loop.sock_recv(ours, 10)
+        finally:
+            watchdog.reading = False
+
+    task = asyncio.ensure_future(read())
+    await asyncio.sleep(0)  # the read is waiting
+    theirs.sendall(b"token")
+    time.sleep(0.15)  # the loop is blocked: the data is there, the stall timer is overdue
+    assert await asyncio.wait_for(task, 5) == b"token"
+    assert watchdog.tripped is None
+    watchdog.close()

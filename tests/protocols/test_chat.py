@@ -610,10 +610,25 @@ def test_the_cheap_path_counts_whole_events_of_a_chunk() -> None:
     assert scanner.chunks == 4 and scanner.complete
 
 
-def _plain(text: str, *, created: int = 1, finish: str | None = None) -> bytes:
-    """A compact one-event chunk as vLLM and OpenAI send them (the shape `ChatReader` learns)."""
+def _plain(text: str, *, created: int = 1, finish: str | None = None, compact: bool = True) -> bytes:
+    """A one-event chunk as vLLM and OpenAI send them (compact), or as ``json.dumps`` writes it by
+    default (with spaces): the shape `ChatReader` learns."""
     obj = {**chunk({"content": text}, finish=finish), "created": created}
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    separators = (",", ":") if compact else (", ", ": ")
+    return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
+def test_the_shape_is_learnt_from_compact_and_spaced_json(compact: bool) -> None:
+    reader = ChatReader()
+    for text in ("", "Hel", "lo"):
+        reader.feed(_plain(text, compact=compact))
+    assert reader._head.endswith(b'"content":"' if compact else b'"content": "')
+    assert reader._tail.startswith(b'"}')
+    before = reader.chunks or 0
+    reader.feed(_plain(" world", compact=compact))
+    reader.feed(_plain("", finish="stop", compact=compact))
+    assert reader.chunks == before + 2 and reader.complete and reader.facts.finish_reasons == ["stop"]
 
 
 @pytest.mark.parametrize(
