@@ -18,14 +18,16 @@ from tests.sim.conftest import ENGINE, chat_body, one_off
 
 
 async def stream_timings(url: str, body: dict[str, object], timeout: float = 10.0) -> tuple[float, list[float]]:
-    """Seconds to the response headers and to every content token."""
-    start = time.monotonic()
+    """Seconds to the response headers and to every content token, from when the request is sent (building
+    the client, ~30 ms of CPU for its TLS context and much more on a loaded machine, is not timed)."""
     tokens: list[float] = []
-    async with httpx.AsyncClient(timeout=timeout) as http, http.stream("POST", url, json=body) as response:
-        headers_at = time.monotonic() - start
-        async for line in response.aiter_lines():
-            if '"content":" tok"' in line:
-                tokens.append(time.monotonic() - start)
+    async with httpx.AsyncClient(timeout=timeout) as http:
+        start = time.monotonic()
+        async with http.stream("POST", url, json=body) as response:
+            headers_at = time.monotonic() - start
+            async for line in response.aiter_lines():
+                if '"content":" tok"' in line:
+                    tokens.append(time.monotonic() - start)
     return headers_at, tokens
 
 
