@@ -141,7 +141,7 @@ async def test_bytes_that_arrived_while_the_loop_was_blocked_are_not_a_stall(pai
     task = asyncio.ensure_future(read())
     await asyncio.sleep(0)  # the read is waiting
     theirs.sendall(b"token")
-    time.sleep(0.15)  # the loop is blocked: the data is there, the stall timer is overdue
+    time.sleep(0.15)  # noqa: ASYNC251 - on purpose: the loop is blocked, the data is there, the stall timer overdue
     assert await asyncio.wait_for(task, 5) == b"token"
     assert watchdog.tripped is None
     watchdog.close()
