@@ -25,7 +25,6 @@ Lifetime::
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Protocol
@@ -187,7 +186,7 @@ class CallLease:
         reading = self._responses.pop(response, None)
         await close_quietly(response, reading)
 
-    def phase(self, deadline: float = math.inf) -> Phase:
+    def phase(self, deadline: float) -> Phase:
         """A cancel scope `abort` cancels, expiring at ``deadline`` (loop time, as anyio's): wraps
         every wait of the call (a bulkhead queue, attempts, backoff, body reads)."""
         return Phase(self, anyio.CancelScope(deadline=deadline))

@@ -150,7 +150,7 @@ class _Round:
         """Attempts still running (the primary counts)."""
         self.decided = False
         self.primary_scope = anyio.CancelScope()
-        self.timer = _HedgeTimer(call, delay, self._timer_fired)
+        self.timer = _HedgeTimer(call, delay, self.start_hedge)
         self._task_group: TaskGroup | None = None
         self._spawned = False
         """A hedge (or, off asyncio, the timer's task) was started in the group."""
@@ -167,9 +167,6 @@ class _Round:
         if self._task_group is not None and self._spawned:  # cancelling an empty group still costs a loop pass
             self._task_group.cancel_scope.cancel()
         self._task_group = None
-
-    def _timer_fired(self) -> None:
-        self.start_hedge()
 
     def start_hedge(self) -> None:
         """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""

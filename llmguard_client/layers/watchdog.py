@@ -70,20 +70,16 @@ class ReadWatchdog:
 
     def start_read(self) -> None:
         """A read begins: it may last ``stall`` seconds, and not past the total deadline."""
-        self.since = since = self._now()
+        self.since = self._now()
         self.reading = True
         if self._timer is None and self.tripped is None:
-            due = min(since + self._stall, self._total_at)
-            if due != math.inf:
-                self._timer = self._loop.call_at(due, self._check)
+            self._rearm()
 
     def _check(self) -> None:
         self._timer = None
         if not self.reading or self.tripped is not None:
             return  # the next read re-arms the timer
-        stall_at = self.since + self._stall
-        due = min(stall_at, self._total_at)
-        if self._loop.time() < due:
+        if self._loop.time() < self._due():
             self._rearm()
             return
         # Confirm one loop pass later: bytes that arrived while the loop was busy have woken the reading
@@ -98,8 +94,12 @@ class ReadWatchdog:
             return
         self._interrupt("stall" if since + self._stall <= self._total_at else "total")
 
+    def _due(self) -> float:
+        """When the current read overruns: ``stall`` after it began, or the total deadline if sooner."""
+        return min(self.since + self._stall, self._total_at)
+
     def _rearm(self) -> None:
-        due = min(self.since + self._stall, self._total_at)
+        due = self._due()
         if due != math.inf:
             self._timer = self._loop.call_at(due, self._check)
 
