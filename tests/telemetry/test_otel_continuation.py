@@ -13,15 +13,9 @@ from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, Tier
 from llmguard_client.telemetry import semconv as sc
 from tests.loopback import LoopbackServer, Script
 from tests.telemetry.otel_harness import Otel, by_name, points
+from tests.test_transport import CHAT, STREAM_BODY
 
-CHAT = "/v1/chat/completions"
-BODY: dict[str, Any] = {
-    "model": "m",
-    "messages": [{"role": "user", "content": "x"}],
-    "stream": True,
-    "stream_options": {"include_usage": True},
-    "max_tokens": 10,
-}
+BODY: dict[str, Any] = {**STREAM_BODY, "max_tokens": 10}
 FIRST5 = "".join(f" t{i}" for i in range(5))
 
 
