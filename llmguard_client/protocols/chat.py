@@ -31,6 +31,9 @@ from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
+_UNSAFE_TEXT = re.compile(rb'["\r\n]')
+"""What a learnt shape's text must not hold (it could end the JSON string or the event)."""
+_BACKSLASH = 0x5C
 _DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
 _NOT_TEXT = _DELTA_CONTENT[1:]
 
@@ -111,21 +114,17 @@ class ChatReader(SSEReader):
         return None if self._text is None else "".join(self._text)
 
     def feed(self, chunk: bytes) -> bool:
-        head = self._head
-        if (
-            head
-            and chunk.startswith(head)
-            and chunk.endswith(self._tail)
-            and len(chunk) >= self._shape_size
-            and self.failure is None
-            and not (self._partial or self._data or self._event)
-        ):
+        head = self._head  # set only while no event is half-read and nothing failed (see below)
+        if head and chunk.startswith(head) and chunk.endswith(self._tail) and len(chunk) >= self._shape_size:
             # The shape of the last plain chunk with another text in it: counted as that one was.
-            text = chunk[len(head) : len(chunk) - len(self._tail)]
-            if not (b'"' in text or b"\n" in text or b"\r" in text or text.endswith(b"\\")):
+            end = len(chunk) - len(self._tail)
+            if _UNSAFE_TEXT.search(chunk, len(head), end) is None and chunk[end - 1] != _BACKSLASH:
                 self._events += 1
                 return True
-        return super().feed(chunk)
+        first_token = super().feed(chunk)
+        if head and (self._partial or self._data or self._event or self.failure is not None):
+            self._head = b""  # the next chunk continues this one, or the stream failed: no shortcut
+        return first_token
 
     def skippable(self, chunk: bytes) -> bool:
         if self._text is not None or not chunk.endswith(b"\n\n"):
@@ -182,10 +181,10 @@ class ChatReader(SSEReader):
         elif self.first_token:
             # The cheap path: only events that may hold usage, a finish reason or an error are decoded.
             if (
-                b"prompt_tokens" not in data
-                and b'"finish_reason":"' not in data
-                and b'"finish_reason": "' not in data
-                and b'"error"' not in data
+                data.find(b"prompt_tokens") < 0  # find, not `in`: bytes' `in` first tries the
+                and data.find(b'"finish_reason":"') < 0  # needle as an int, an exception per test
+                and data.find(b'"finish_reason": "') < 0
+                and data.find(b'"error"') < 0
                 and name != b"error"
             ):
                 if len(data) < 16 and data.strip() == b"[DONE]":

@@ -41,7 +41,7 @@ class MessagesReader(SSEReader):
     def event(self, name: bytes, data: bytes) -> None:
         if self.first_token:
             self._events += 1
-            if b'"content_block_delta"' in data:
+            if data.find(b'"content_block_delta"') >= 0:
                 return
         obj = self.decode(data, "a Messages event")
         if obj is None:

@@ -48,7 +48,7 @@ class ResponsesReader(SSEReader):
     def event(self, name: bytes, data: bytes) -> None:
         if self.first_token:
             self._events += 1
-            if b'.delta"' in data:
+            if data.find(b'.delta"') >= 0:
                 return
         obj = self.decode(data, "a Responses API event")
         if obj is None:

@@ -77,7 +77,7 @@ def continuation_body(kind: Kind, original: dict[str, Any], text: str, tokens: i
 
 def _events(chunk: bytes) -> list[bytes]:
     """The events of a chunk (each with its blank line), LF line endings."""
-    if b"\r" in chunk:
+    if 13 in chunk:
         chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     parts = chunk.split(b"\n\n")
     out = [p + b"\n\n" for p in parts[:-1]]
@@ -132,7 +132,7 @@ class Splicer:
     def rewrite(self, chunk: bytes) -> bytes:
         """The caller's bytes for ``chunk`` (possibly empty: a partial event, a dropped role delta)."""
         data = self._buffer + chunk
-        if b"\r" in data:
+        if 13 in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         cut = data.rfind(b"\n\n")
         if cut < 0:

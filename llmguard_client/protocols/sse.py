@@ -48,7 +48,9 @@ class SSEReader(StreamReader):
             self._skip_lf = False
             if data.startswith(b"\n"):
                 data = data[1:]
-        if b"\r" in data:  # CRLF or bare-CR line endings (rare): normalise to LF
+        # CRLF or bare-CR line endings (rare): normalise to LF. The CR is tested as an int: with a bytes
+        # needle, bytes' `in` first tries it as an int and raises inside (~3x the cost).
+        if 13 in data:
             self._skip_lf = data.endswith(b"\r")
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
