@@ -226,7 +226,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win, enforce=call.guarded),
+            stream=GuardBody(call, win),
             request=call.request,
             extensions={**win.response.extensions, "llmguard": record},
         )

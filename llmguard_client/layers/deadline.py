@@ -17,7 +17,7 @@ raises `UpstreamStreamError` at the read after the chunk that carried it (the ch
 any tokens before the error, is delivered first), and an EOF before the protocol's end marker
 raises `StreamTruncated`; the call is recorded ``error`` with the failure's cause. A caller that
 closes the body after the end marker (openai 2.x stops at ``[DONE]``) leaves a call recorded ``ok``.
-The control cohort gets every byte untouched: its failures are only recorded. The body holds
+(The control cohort never gets here: `llmguard_client.layers.passthrough` serves it.) The body holds
 the call's lease and closes it exactly once: at the end of the stream, on an error or a
 deadline, when the caller closes the response, when an unclosed body is garbage-collected
 (`weakref.finalize`), or when ``Guard.aclose()`` aborts the call (`GuardClosed`).
@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
+from typing import NoReturn
 
 import anyio
 import httpx
@@ -78,20 +79,23 @@ class DeadlineLayer:
         return Failed(reason=ttft_timeout(call, "in-flight attempts were closed"))
 
 
+_READ_ERRORS = (StopAsyncIteration, httpx.HTTPError, OSError, anyio.BrokenResourceError)
+"""How a read of the live remainder ends other than with a chunk: EOF, or a transport error."""
+
+
 class GuardBody(httpx.AsyncByteStream):
     """The winner's body: replayed prefix, then the live remainder under stall/total deadlines,
     judged by its protocol reader."""
 
-    def __init__(self, call: Call, win: Win, *, enforce: bool) -> None:
+    def __init__(self, call: Call, win: Win) -> None:
         self._call = call
         self._pending = deque(win.chunks)
         win.chunks = []
         self._rest = win.rest
         self._reader = win.reader
         self._replica = win.state.name
-        self._enforce = enforce
-        self._stall = call.tier.stall if enforce and call.tier.stall else math.inf
-        self._deadline = call.total_deadline if enforce else math.inf
+        self._stall = call.tier.stall or math.inf
+        self._deadline = call.total_deadline
         self._complete = win.rest is None and win.reader.failure is None
         self._end_delivered = False
         """The chunk holding the protocol's end marker has been handed to the caller."""
@@ -99,9 +103,11 @@ class GuardBody(httpx.AsyncByteStream):
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
-        self._resume: CallContinuation | None = call.continuation if enforce else None
+        self._resume: CallContinuation | None = call.continuation
         self._stall_tripped = False
         self._watchdog: ReadWatchdog | None = None
+        self._steady: ReadWatchdog | None = None
+        """The watchdog while the next chunk is simply the next live read (nothing replayed, failed, ended)."""
         if win.rest is not None:
             self._watchdog = ReadWatchdog.for_response(win.response, self._stall, self._deadline - call.clock())
             if self._watchdog is not None:
@@ -113,6 +119,33 @@ class GuardBody(httpx.AsyncByteStream):
         return self
 
     async def __anext__(self) -> bytes:
+        watchdog = self._steady
+        if watchdog is not None and watchdog.tripped is None:
+            # The steady state, once per chunk, inlined: a live read under the watchdog.
+            watchdog.start_read()
+            try:
+                chunk = await self._rest.__anext__()  # type: ignore[union-attr]  # steady: rest is set
+            except BaseException as exc:
+                watchdog.reading = False
+                if not isinstance(exc, _READ_ERRORS):
+                    raise  # a cancellation: the caller's own
+                error = exc
+            else:
+                watchdog.reading = False
+                reader = self._reader
+                reader.feed(chunk)
+                if reader.failure is None:
+                    self._end_delivered = reader.complete
+                    return chunk
+                self._steady = None
+                return await self._delivering(chunk)
+            self._steady = None
+            return await self._read_ended(error)
+        return await self._next()
+
+    async def _next(self) -> bytes:
+        """Every chunk but the steady state's: the replayed prefix, a failure the last chunk carried,
+        the end, reads without a watchdog (or after it tripped)."""
         reader = self._reader
         if self._pending:
             chunk = self._pending.popleft()
@@ -125,75 +158,20 @@ class GuardBody(httpx.AsyncByteStream):
         if self._complete or self._ended or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
             raise StopAsyncIteration
-        broken: BaseException | StreamFailure | None = None
-        cut_all = False
         watchdog = self._watchdog
-        read: bytes | None
+        if watchdog is not None and watchdog.tripped is None:
+            self._steady = watchdog
+            return await self.__anext__()
         try:
-            if watchdog is not None and watchdog.tripped is None:  # the steady state, inlined: once per chunk
-                watchdog.start_read()
-                try:
-                    read = await self._rest.__anext__()
-                except (StopAsyncIteration, httpx.HTTPError, OSError, anyio.BrokenResourceError):
-                    if watchdog.tripped is None:
-                        raise
-                    self._stall_tripped = watchdog.tripped == "stall"
-                    read = None
-                finally:
-                    watchdog.reading = False
-            else:
-                read = await self._read()
-        except StopAsyncIteration:
-            failure = reader.end_of_body()
-            if failure is None:
-                self._complete = True
-                await self._end("ok", None)
-                raise
-            if self._resume is None:
-                await self._upstream_failed(failure)
-            broken = failure
-        except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
-            if self._resume is None:
-                await self._end("error", error_kind(exc))
-                raise
-            broken = exc
+            read = await self._read()
+        except _READ_ERRORS as exc:
+            error = exc
         else:
-            if read is not None:
-                chunk = read
-                reader.feed(chunk)
-                if reader.failure is not None and self._resume is not None:
-                    chunk = cut_before_failure(chunk)  # the failure is handled at the next read
-                    cut_all = not chunk
-                if not cut_all:
-                    self._end_delivered = reader.complete
-                    return chunk
-        # Breaks with a continuation on are handled here, outside the read's deadline.
-        if cut_all:
-            return await self.__anext__()
-        if isinstance(broken, StreamFailure):
-            if await self._continued(broken.cause):
-                return await self.__anext__()
-            await self._upstream_failed(broken)
-        elif broken is not None:
-            if await self._continued(error_kind(broken)):
-                return await self.__anext__()
-            await self._end("error", error_kind(broken))
-            raise broken
-        call = self._call
-        if call.lease.aborted:
-            await self._end("error", GuardClosed.cause)
-            raise GuardClosed(
-                "the Guard was closed while this stream was being read; the connection was closed",
-                request=call.request,
-                record=call.record,
-            )
-        error = self._timeout(self._stall_tripped)
-        if self._stall_tripped and await self._continued(error.cause):
-            return await self.__anext__()
-        if not self._stall_tripped and self._resume is not None:
-            call.record.not_continued = "total_deadline"
-        await self._end("timeout", error.cause)
-        raise error
+            if read is None:
+                return await self._interrupted()
+            reader.feed(read)
+            return await self._delivering(read)
+        return await self._read_ended(error)
 
     async def _read(self) -> bytes | None:
         """The next chunk of the live remainder when no watchdog watches it (`__anext__` reads under a
@@ -222,6 +200,56 @@ class GuardBody(httpx.AsyncByteStream):
             lease.cancellables.discard(scope)
         return None
 
+    async def _delivering(self, chunk: bytes) -> bytes:
+        """A chunk just read and fed to the reader: handed over (with a continuation on, only up to
+        a failure it carries; the failure itself is handled at the next read)."""
+        reader = self._reader
+        if reader.failure is not None and self._resume is not None:
+            chunk = cut_before_failure(chunk)
+            if not chunk:
+                return await self.__anext__()
+        self._end_delivered = reader.complete
+        return chunk
+
+    async def _read_ended(self, error: BaseException) -> bytes:
+        """A read ended without a chunk: interrupted by the watchdog, EOF, or a transport error.
+        With a continuation on, a break is handed to it; otherwise it ends the call."""
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog.tripped is not None:  # the watchdog shut the socket
+            self._stall_tripped = watchdog.tripped == "stall"
+            return await self._interrupted()
+        if isinstance(error, StopAsyncIteration):
+            failure = self._reader.end_of_body()
+            if failure is None:
+                self._complete = True
+                await self._end("ok", None)
+                raise StopAsyncIteration
+            if await self._continued(failure.cause):
+                return await self.__anext__()
+            await self._upstream_failed(failure)
+        if await self._continued(error_kind(error)):
+            return await self.__anext__()
+        await self._end("error", error_kind(error))
+        raise error
+
+    async def _interrupted(self) -> bytes:
+        """A read ended by a deadline (``_stall_tripped`` says which) or by ``Guard.aclose``."""
+        call = self._call
+        if call.lease.aborted:
+            await self._end("error", GuardClosed.cause)
+            raise GuardClosed(
+                "the Guard was closed while this stream was being read; the connection was closed",
+                request=call.request,
+                record=call.record,
+            )
+        error = self._timeout(self._stall_tripped)
+        if self._stall_tripped and await self._continued(error.cause):
+            return await self.__anext__()
+        if not self._stall_tripped and self._resume is not None:
+            call.record.not_continued = "total_deadline"
+        await self._end("timeout", error.cause)
+        raise error
+
     async def _continued(self, cause: str) -> bool:
         """Hand a break after the first token to the call's continuation; True if another replica took over."""
         if self._resume is None:
@@ -243,12 +271,9 @@ class GuardBody(httpx.AsyncByteStream):
             self._call.lease.cancellables.discard(watchdog)
             self._watchdog = None
 
-    async def _upstream_failed(self, failure: StreamFailure) -> None:
-        """A failure after the first token: raised into the caller's iteration (guarded calls) with
-        the connection closed, or, for the control cohort, only remembered for the record."""
+    async def _upstream_failed(self, failure: StreamFailure) -> NoReturn:
+        """A failure after the first token: raised into the caller's iteration with the connection closed."""
         self._failure = failure
-        if not self._enforce:
-            return
         call = self._call
         error = stream_error(
             failure, replica=self._replica, request=call.request, record=call.record, after_first_token=True
@@ -275,6 +300,7 @@ class GuardBody(httpx.AsyncByteStream):
         )
 
     async def _end(self, status: CallStatus, cause: str | None) -> None:
+        self._steady = None
         if not self._ended:
             self._ended = True
             self._gc.detach()

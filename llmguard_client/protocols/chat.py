@@ -31,9 +31,9 @@ from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
-_UNSAFE_TEXT = re.compile(rb'["\r\n]')
-"""What a learnt shape's text must not hold (it could end the JSON string or the event)."""
-_BACKSLASH = 0x5C
+_UNSAFE_TEXT = re.compile(rb'["\r\n]|\\\Z')
+"""What a learnt shape's text must not hold: a quote or line break, or a backslash at its end (any of
+which could end the JSON string or the event). Searched between the head and the tail."""
 _DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
 _NOT_TEXT = _DELTA_CONTENT[1:]
 
@@ -73,7 +73,7 @@ def absorb_chat_body(facts: ResponseFacts, obj: dict[str, Any]) -> None:
 class ChatReader(SSEReader):
     """Reads a Chat Completions event stream; see the module docstring."""
 
-    __slots__ = ("_head", "_shape_size", "_tail", "_text", "text_events", "text_only")
+    __slots__ = ("_head", "_head_size", "_tail", "_tail_size", "_text", "text_events", "text_only")
     protocol = "chat"
     end_marker = "[DONE] or a finish_reason"
     _text_key = b'"content":'
@@ -89,7 +89,7 @@ class ChatReader(SSEReader):
         self._head = b""
         """A plain chunk's bytes before its text (see `_learn_shape`); empty until one is learnt."""
         self._tail = b""
-        self._shape_size = 0
+        self._head_size = self._tail_size = 0
 
     @staticmethod
     def has_content(choice: dict[str, Any]) -> bool:
@@ -115,10 +115,10 @@ class ChatReader(SSEReader):
 
     def feed(self, chunk: bytes) -> bool:
         head = self._head  # set only while no event is half-read and nothing failed (see below)
-        if head and chunk.startswith(head) and chunk.endswith(self._tail) and len(chunk) >= self._shape_size:
+        if head and chunk.startswith(head) and chunk.endswith(self._tail):
             # The shape of the last plain chunk with another text in it: counted as that one was.
-            end = len(chunk) - len(self._tail)
-            if _UNSAFE_TEXT.search(chunk, len(head), end) is None and chunk[end - 1] != _BACKSLASH:
+            end = len(chunk) - self._tail_size
+            if end >= self._head_size and _UNSAFE_TEXT.search(chunk, self._head_size, end) is None:
                 self._events += 1
                 return True
         first_token = super().feed(chunk)
@@ -151,7 +151,7 @@ class ChatReader(SSEReader):
         if end < 0 or chunk[start:end].endswith(b"\\"):
             return
         self._head, self._tail = chunk[:start], chunk[end:]
-        self._shape_size = start + len(chunk) - end
+        self._head_size, self._tail_size = start, len(chunk) - end
 
     def _keep(self, obj: dict[str, Any], text: list[str]) -> None:
         choices = obj.get("choices")

@@ -678,3 +678,15 @@ def test_a_text_that_could_end_its_string_is_never_taken_for_the_learnt_shape() 
     sneaky = head + b'x"},"finish_reason":"length"},{"index":1,"delta":{"content":"' + tail
     reader.feed(sneaky)
     assert reader.complete and reader.facts.finish_reasons == ["length"]
+
+
+def test_a_chunk_of_the_learnt_shape_that_completes_a_half_read_event_is_judged_with_it() -> None:
+    """The shortcut holds only between whole events: after ``event: error`` arrives alone, the next
+    chunk, though it has the learnt shape, is that error event's data."""
+    reader = ChatReader()
+    for text in ("", "a", "b"):
+        reader.feed(_plain(text))
+    assert reader._head
+    reader.feed(b"event: error\n")
+    reader.feed(_plain("boom"))
+    assert reader.failure is not None and reader.failure.kind == "error_event"
