@@ -34,14 +34,24 @@ class TierBulkhead:
 
     async def acquire(self) -> bool:
         """Take a slot, waiting in line if the line has room; False (at once) if it has none."""
+        taken = self.try_acquire()
+        return taken if taken is not None else await self.wait()
+
+    def try_acquire(self) -> bool | None:
+        """A free slot, taken without yielding (True, never counted as waiting); False if there is none
+        and the line is full (counted as rejected); None if the caller may `wait` in line."""
         try:
-            self._slots.acquire_nowait()  # a free slot: taken without yielding, so never counted as waiting
+            self._slots.acquire_nowait()
             return True
         except anyio.WouldBlock:
             pass
         if self.waiting >= self.config.max_waiting:
             self.rejected += 1
             return False
+        return None
+
+    async def wait(self) -> bool:
+        """Wait in line for a slot (after `try_acquire` said None); True once it is taken."""
         self.waiting += 1
         try:
             await self._slots.acquire()
@@ -63,11 +73,12 @@ class BulkheadLayer:
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         bulkhead = self.bulkheads.get(call.tier_name) if call.guarded else None
         if bulkhead is not None:
-            admitted: bool | None = None
-            with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
-                admitted = await bulkhead.acquire()
-            if admitted is None:
-                return Failed(reason=ttft_timeout(call, "while waiting for a bulkhead slot"))
+            admitted = bulkhead.try_acquire()
+            if admitted is None:  # only a wait in line needs a cancel scope (and its timer)
+                with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
+                    admitted = await bulkhead.wait()
+                if admitted is None:
+                    return Failed(reason=ttft_timeout(call, "while waiting for a bulkhead slot"))
             if not admitted:
                 self._instrumentation.bulkhead_rejected(call.tier_name)
                 return Failed(
