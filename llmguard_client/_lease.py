@@ -25,6 +25,7 @@ Lifetime::
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Protocol
@@ -49,9 +50,15 @@ class Cancellable(Protocol):
 
 async def close_quietly(response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
     """Close a response (and the iterator ``reading`` its body) under a shield, within `CLOSE_GRACE`,
-    swallowing transport errors."""
+    swallowing transport errors. A body read to its end (``reading`` an async generator that finished)
+    is closed without the grace timer: that close waits on nothing (the connection goes back to its pool)."""
+    if reading is not None and getattr(reading, "ag_frame", reading) is None:  # finished: nothing to close
+        reading = None
+        deadline = math.inf
+    else:
+        deadline = anyio.current_time() + CLOSE_GRACE
     with (
-        anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLOSE_GRACE),
+        anyio.CancelScope(shield=True, deadline=deadline),
         contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
     ):
         aclose = getattr(reading, "aclose", None)

@@ -21,7 +21,7 @@ from llmguard_client import (
     RetryPolicy,
     Tier,
 )
-from llmguard_client._lease import CallLease, LeaseRegistry
+from llmguard_client._lease import CallLease, LeaseRegistry, close_quietly
 from tests.virtual import FakeReplica, Plan, run_virtual
 
 CHAT = "/v1/chat/completions"
@@ -237,3 +237,36 @@ def test_a_second_close_waits_until_the_first_has_closed_everything() -> None:
 
     run_virtual(main)
     assert events == ["response closed", "finished ok", "first returned", "second returned"]
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self) -> None:
+        self.closed = False
+        self.read_to_end = False
+
+    async def __aiter__(self) -> Any:
+        try:
+            yield b"a"
+            yield b"b"
+            self.read_to_end = True
+        finally:
+            self.closed = True  # the generator was finished or closed
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("read_to_end", [True, False], ids=["finished", "half-read"])
+async def test_close_quietly_closes_the_response_and_a_half_read_body_iterator(read_to_end: bool) -> None:
+    body = _Body()
+    response = httpx.Response(200, stream=body)
+    reading = aiter(body)
+    assert await anext(reading) == b"a"
+    if read_to_end:
+        assert await anext(reading) == b"b"
+        with pytest.raises(StopAsyncIteration):
+            await anext(reading)
+    await close_quietly(response, reading)
+    assert response.is_closed and body.closed
+    assert body.read_to_end is read_to_end
+    assert reading.ag_frame is None  # type: ignore[attr-defined]  # the generator is finished either way

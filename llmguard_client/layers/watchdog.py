@@ -69,10 +69,11 @@ class ReadWatchdog:
         return True
 
     def start_read(self) -> None:
-        """A read begins: it may last ``stall`` seconds, and not past the total deadline."""
+        """A read begins (only while nothing `tripped`): it may last ``stall`` seconds, and not past the
+        total deadline."""
         self.since = self._now()
         self.reading = True
-        if self._timer is None and self.tripped is None:
+        if self._timer is None:
             self._rearm()
 
     def _check(self) -> None:
