@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from llmguard_client._outcome import Payment, Win
     from llmguard_client.layers.continuation import CallContinuation
 
-__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "RequestFacts", "rebase"]
+__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"]
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
@@ -31,6 +31,38 @@ _GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encod
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 """Methods httpx sends ``Content-Length: 0`` for when the body is empty."""
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
+_SDK_PREFIX = b"x-stainless-"
+"""Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
+
+
+class CallerHeaders:
+    """The caller's headers, read once per call in a single pass (an SDK sends a dozen or more; asking
+    them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
+    whether a Stainless-built SDK sent them, and whether any of the guard's own headers is present."""
+
+    __slots__ = ("_has_own", "_request", "forwarded", "from_sdk")
+
+    def __init__(self, request: httpx.Request) -> None:
+        self._request = request
+        forwarded: list[tuple[bytes, bytes]] = []
+        has_own = from_sdk = False
+        for key, value in request.headers.raw:
+            low = key.lower()
+            if low in _STRIPPED:
+                has_own = has_own or low in _GUARD_HEADERS
+                continue
+            if not from_sdk and low[:12] == _SDK_PREFIX:
+                from_sdk = True
+            forwarded.append((key, value))
+        self.forwarded = forwarded
+        """The caller's headers minus the guard's own and those rebuilt per attempt, in order."""
+        self.from_sdk = from_sdk
+        """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
+        self._has_own = has_own
+
+    def own(self, name: str) -> str | None:
+        """The value of one of the guard's own headers (`TIER_HEADER`, `COHORT_HEADER`, `KEY_HEADER`)."""
+        return self._request.headers.get(name) if self._has_own else None
 
 
 @dataclass(slots=True)
@@ -112,11 +144,6 @@ class Call:
             self.observation.budget_refused(self.record)
             return None
         return Payment(ticket, self.lease.hold(ticket.refund))
-
-    @staticmethod
-    def forwarded_headers(request: httpx.Request) -> list[tuple[bytes, bytes]]:
-        """The caller's headers minus the guard's own and those rebuilt per attempt."""
-        return [(k, v) for k, v in request.headers.raw if k.lower() not in _STRIPPED]
 
     def attempt_request(self, state: ReplicaState, attempt: AttemptRecord) -> httpx.Request:
         """The caller's request re-aimed at one replica, with that replica's own headers."""

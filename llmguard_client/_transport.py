@@ -27,7 +27,7 @@ from contextvars import ContextVar
 import anyio
 import httpx
 
-from llmguard_client._call import TIER_HEADER, Call, RequestFacts
+from llmguard_client._call import TIER_HEADER, Call, CallerHeaders, RequestFacts
 from llmguard_client._capture import deliver_to_captures
 from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
 from llmguard_client._config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
@@ -127,10 +127,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise TypeError(wrong_client_message(request))
         if self._registry.closed:
             raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
-        assignment = self._rollout.assign(request)  # first: a control call never builds a Call
+        headers = CallerHeaders(request)
+        assignment = self._rollout.assign(request, headers)  # first: a control call never builds a Call
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment)
-        call = await self._start_call(request, assignment)
+        call = await self._start_call(request, headers, assignment)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
             outcome = await self._pipeline(call, Route())
@@ -167,11 +168,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             clock=bind_clock(self._clock, loop_time_function()),
         )
 
-    async def _start_call(self, request: httpx.Request, assignment: Assignment) -> Call:
+    async def _start_call(self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment) -> Call:
         loop_time = loop_time_function()
         clock = bind_clock(self._clock, loop_time)
         now = clock()
-        tier_name = self._resolve_tier(request)
+        tier_name = self._resolve_tier(headers)
         tier = self._tiers[tier_name]
         body = await request.aread()
         facts = RequestFacts.parse(request, body)
@@ -193,10 +194,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         call = Call(
             request=request,
             body=body,
-            headers=Call.forwarded_headers(request),
+            headers=headers.forwarded,
             tier_name=tier_name,
             tier=tier,
-            respond_with_errors=self._respond_with_errors(request),
+            respond_with_errors=self._respond_with_errors(headers),
             record=record,
             observation=self._instrumentation.call_started(record),
             lease=CallLease(self._registry),
@@ -309,8 +310,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     # --- per-call choices -----------------------------------------------------------------
 
-    def _resolve_tier(self, request: httpx.Request) -> str:
-        name: str | None = request.headers.get(TIER_HEADER) or self._tier_var.get() or self._default_tier
+    def _resolve_tier(self, headers: CallerHeaders) -> str:
+        name: str | None = headers.own(TIER_HEADER) or self._tier_var.get() or self._default_tier
         assert name is not None
         name = name.strip()
         if name not in self._tiers:
@@ -320,9 +321,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             )
         return name
 
-    def _respond_with_errors(self, request: httpx.Request) -> bool:
+    def _respond_with_errors(self, headers: CallerHeaders) -> bool:
         if self._failure_mode == "auto":
-            return any(key.lower().startswith(b"x-stainless-") for key, _ in request.headers.raw)
+            return headers.from_sdk
         return self._failure_mode == "response"
 
     async def aclose(self) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client._call import Call, RequestFacts, rebase
+from llmguard_client._call import CallerHeaders, RequestFacts, rebase
 
 R1 = httpx.URL("http://10.0.0.1:8000")
 R2 = httpx.URL("http://10.0.0.2:9000")
@@ -184,7 +184,7 @@ def test_forwarded_headers_drop_host_length_and_guard_headers() -> None:
             ("x-custom", "2"),
         ],
     )
-    forwarded = Call.forwarded_headers(request)
+    forwarded = CallerHeaders(request).forwarded
     keys = [k.lower() for k, _ in forwarded]
     for dropped in (b"host", b"content-length", b"x-llmguard-tier", b"x-llmguard-cohort"):
         assert dropped not in keys
@@ -200,9 +200,20 @@ def test_forwarded_headers_drop_transfer_encoding() -> None:
 
     request = httpx.Request("POST", "http://h/v1/completions", content=body())
     assert request.headers.get("transfer-encoding") == "chunked"
-    assert b"transfer-encoding" not in [k.lower() for k, _ in Call.forwarded_headers(request)]
+    assert b"transfer-encoding" not in [k.lower() for k, _ in CallerHeaders(request).forwarded]
 
 
 def test_forwarded_headers_keep_the_caller_order() -> None:
     request = httpx.Request("GET", "http://h/v1/models", headers=[("b", "1"), ("a", "2"), ("c", "3")])
-    assert [k for k, _ in Call.forwarded_headers(request) if k in (b"a", b"b", b"c")] == [b"b", b"a", b"c"]
+    assert [k for k, _ in CallerHeaders(request).forwarded if k in (b"a", b"b", b"c")] == [b"b", b"a", b"c"]
+
+
+def test_caller_headers_tell_an_sdk_call_and_the_guards_own_headers() -> None:
+    sdk = httpx.Request("POST", "http://h/v1/chat/completions", headers=[("X-Stainless-Lang", "python")])
+    plain = httpx.Request("POST", "http://h/v1/chat/completions", headers=[("x-stainless", "no"), ("x-custom", "1")])
+    assert CallerHeaders(sdk).from_sdk and not CallerHeaders(plain).from_sdk
+    assert CallerHeaders(plain).own("x-llmguard-tier") is None
+    pinned = httpx.Request("GET", "http://h/v1/models", headers=[("X-LLMGuard-Tier", " batch "), ("x-a", "1")])
+    read = CallerHeaders(pinned)
+    assert read.own("x-llmguard-tier") == " batch " and read.own("x-llmguard-cohort") is None
+    assert [k for k, _ in read.forwarded if k.lower().startswith(b"x-")] == [b"x-a"]

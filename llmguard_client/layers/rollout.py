@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call
+from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call, CallerHeaders
 from llmguard_client._errors import GuardConfigError
 from llmguard_client._outcome import Outcome, Route
 from llmguard_client._pipeline import Next
@@ -209,26 +209,28 @@ class Rollout:
 
     # --- the cohort -------------------------------------------------------------------------
 
-    def assign(self, request: httpx.Request) -> Assignment:
-        """Decide one call's cohort (see the module docstring for the order of the rules)."""
+    def assign(self, request: httpx.Request, headers: CallerHeaders | None = None) -> Assignment:
+        """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
+        the request's, if they were read already."""
         fraction = self.fraction
         if fraction <= 0.0:
             return Assignment("control", 0.0, "off")
-        pinned = request.headers.get(COHORT_HEADER)
+        headers = headers or CallerHeaders(request)
+        pinned = headers.own(COHORT_HEADER)
         if pinned is not None:
             cohort = pinned.strip().lower()
             if cohort == "guarded" or cohort == "control":
-                return Assignment(cohort, fraction, "pin")
+                return Assignment("guarded" if cohort == "guarded" else "control", fraction, "pin")
             raise GuardConfigError(f"{COHORT_HEADER} must be one of {', '.join(COHORTS)}; got {pinned!r}")
-        key = self._key(request)
+        key = self._key(request, headers)
         if key is not None:
             return Assignment("guarded" if key_position(key) < fraction else "control", fraction, "key")
         if fraction >= 1.0:
             return Assignment("guarded", fraction, "call")
         return Assignment("guarded" if self._rng.random() < fraction else "control", fraction, "call")
 
-    def _key(self, request: httpx.Request) -> str | None:
-        header: str | None = request.headers.get(KEY_HEADER)
+    def _key(self, request: httpx.Request, headers: CallerHeaders) -> str | None:
+        header = headers.own(KEY_HEADER)
         if header is not None and header.strip():
             return header.strip()
         scoped = self.key_var.get()
