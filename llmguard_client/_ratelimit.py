@@ -55,9 +55,10 @@ def parse_duration(text: str) -> float | None:
 
 
 def _remaining(headers: Mapping[str, str], name: str) -> int | None:
-    raw = headers.get(f"x-ratelimit-remaining-{name}")
-    if raw is None:
+    key = f"x-ratelimit-remaining-{name}"
+    if key not in headers:  # usually absent: httpx's `in` scans the headers, its `get` raises inside as well
         return None
+    raw = headers[key]
     try:
         return int(float(raw.strip()))
     except (ValueError, OverflowError):
