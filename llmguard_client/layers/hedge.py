@@ -12,9 +12,11 @@ at once. Racing on response headers would do nothing for an SSE stream, whose he
 arrive before any token.
 
 The routed (primary) attempt runs in the caller's own task; a hedge, when the delay passes,
-runs in a task of the round's task group. Most calls get their first token before the delay,
-so most rounds spawn no task at all: on asyncio the delay is one loop timer (`_HedgeTimer`),
-elsewhere a sleeping task. A hedge that wins cancels the primary.
+runs in a task of its own. Most calls get their first token before the delay, so most rounds
+start no task at all. On asyncio the delay is one loop timer (`_HedgeTimer`) and hedges are loop
+tasks the round joins itself (`llmguard_client.layers.loop_tasks`: no task group to enter and
+leave on every call); elsewhere the round has a task group, and the delay is a sleeping task in
+it. A hedge that wins cancels the primary.
 
 The winner is published on ``call.winner`` the moment it is known: if a deadline fires
 while the losers are being closed, the deadline layer still delivers it.
@@ -38,6 +40,9 @@ from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client._ttft_stats import TTFTStats
+from llmguard_client.layers.loop_tasks import LoopTasks
+
+_Spawner = TaskGroup | LoopTasks
 
 
 class HedgeLayer:
@@ -72,14 +77,17 @@ class HedgeLayer:
         assert route.replica is not None and self.policy is not None
         round_ = _Round(self, call, call_next, [route.replica], hedges, self._delay(call, route.replica))
         try:
-            async with anyio.create_task_group() as tg:
-                round_.begin(tg)
+            if sniffio.current_async_library() == "asyncio":  # hedges as loop tasks: no task group (loop_tasks)
+                hedges_running = LoopTasks(asyncio.get_running_loop(), round_.stop)
+                round_.begin(hedges_running, hedges_running.cancel)
                 try:
-                    with round_.primary_scope:  # cancelled by a hedge that wins
-                        await round_.attempt(route)
-                    outcome = await round_.decide()
+                    outcome = await round_.run(route)
                 finally:
-                    round_.end()
+                    await hedges_running.join()
+            else:
+                async with anyio.create_task_group() as tg:
+                    round_.begin(tg, tg.cancel_scope.cancel)
+                    outcome = await round_.run(route)
         finally:
             if round_.results:  # a second winner, or one that landed as a deadline fired
                 with anyio.CancelScope(shield=True):
@@ -127,7 +135,7 @@ class HedgeLayer:
 
 
 class _Round:
-    """One hedged round: the primary in the caller's task, hedges in tasks of the round's group.
+    """One hedged round: the primary in the caller's task, hedges in tasks of their own.
 
     Each attempt's outcome is handled the moment it arrives (`_arrived`): a winner is published
     and the other attempts cancelled, a failure fires the next hedge at once (``on_failure``);
@@ -151,26 +159,43 @@ class _Round:
         self.decided = False
         self.primary_scope = anyio.CancelScope()
         self.timer = _HedgeTimer(call, delay, self.start_hedge)
-        self._task_group: TaskGroup | None = None
+        self._tasks: _Spawner | None = None
+        """Where hedges (and, off asyncio, the timer's sleep) run: loop tasks, or the round's task group."""
+        self._cancel_tasks: Callable[[], None] = _never
         self._spawned = False
-        """A hedge (or, off asyncio, the timer's task) was started in the group."""
+        """A task was started there."""
         self._wakeup: anyio.Event | None = None
 
-    def begin(self, task_group: TaskGroup) -> None:
-        self._task_group = task_group
-        self._spawned = self.timer.start(task_group)
+    def begin(self, tasks: _Spawner, cancel_tasks: Callable[[], None]) -> None:
+        self._tasks, self._cancel_tasks = tasks, cancel_tasks
+        self._spawned = self.timer.start(tasks)
+
+    async def run(self, route: Route) -> Outcome | None:
+        """The primary attempt in this task, then the round's outcome (see `decide`)."""
+        try:
+            with self.primary_scope:  # cancelled by a hedge that wins
+                await self.attempt(route)
+            return await self.decide()
+        finally:
+            self.end()
 
     def end(self) -> None:
         """The round is decided (or cancelled): no more hedges; running ones are cancelled."""
         self.decided = True
         self.timer.close()
-        if self._task_group is not None and self._spawned:  # cancelling an empty group still costs a loop pass
-            self._task_group.cancel_scope.cancel()
-        self._task_group = None
+        if self._spawned:  # cancelling an empty task group still costs a loop pass
+            self._cancel_tasks()
+        self._tasks, self._cancel_tasks = None, _never
+
+    def stop(self) -> None:
+        """A hedge task ended with an unexpected error: stop the round (the error is raised when it is joined)."""
+        self.primary_scope.cancel()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def start_hedge(self) -> None:
         """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""
-        if self.decided or not self.hedges_left or self._task_group is None:
+        if self.decided or not self.hedges_left or self._tasks is None:
             return
         route = self.layer.hedge_route(self.call, self.used)
         if route is None:  # not allowed or not paid for: no more hedges this round
@@ -179,7 +204,7 @@ class _Round:
         self.hedges_left -= 1
         self.live += 1
         self._spawned = True
-        self._task_group.start_soon(self.attempt, route)
+        self._tasks.start_soon(self.attempt, route)
         if self.hedges_left:
             self.timer.rearm()
         else:
@@ -244,16 +269,16 @@ class _HedgeTimer:
         self._fire = fire
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._task_group: TaskGroup | None = None
+        self._task_group: _Spawner | None = None
         self._sleeping = False
         self._due = math.inf
 
-    def start(self, task_group: TaskGroup) -> bool:
-        """Arm the timer; True if that started a task in ``task_group``."""
-        if sniffio.current_async_library() == "asyncio":
+    def start(self, tasks: _Spawner) -> bool:
+        """Arm the timer; True if that started a task in ``tasks`` (off asyncio, the round's task group)."""
+        if isinstance(tasks, LoopTasks):
             self._loop = asyncio.get_running_loop()
         else:
-            self._task_group = task_group
+            self._task_group = tasks
         self.rearm()
         return self._sleeping
 
