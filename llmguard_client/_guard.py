@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
@@ -32,6 +31,7 @@ from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._lease import LeaseRegistry
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._snapshot import GuardSnapshot, build_snapshot
+from llmguard_client._tls import default_tls_context
 from llmguard_client._transport import GuardTransport, RecordCallback
 from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.edges._registry import stop_sync_runner
@@ -60,13 +60,7 @@ _UNSET: Any = object()
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
     """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
     TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=_tls_context())
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """The default verifying TLS context (certifi's CA bundle, as httpx builds it), made once per process."""
-    return httpx.create_ssl_context()
+    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=default_tls_context())
 
 
 class Guard:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,25 +10,6 @@ from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
 
 __all__ = ["no_leaks"]
-
-THIRD_PARTY_NOT_REWRITTEN = ("hypothesis",)
-"""Packages pytest would assertion-rewrite only because they ship a pytest plugin. Rewriting all of
-hypothesis costs ~1.2 s of CPU in every process that imports it (nothing caches the result when
-bytecode writing is off), including the xdist controller, whose hypothesis plugin imports it for the
-terminal summary after the last test; its own asserts need no introspection."""
-
-
-def _skip_third_party_rewrite() -> None:
-    # pytest has no public switch for this: drop the names from its import hook's set (a no-op if a
-    # pytest version keeps it elsewhere, or with --assert=plain).
-    for finder in sys.meta_path:
-        marked = getattr(finder, "_must_rewrite", None)
-        if isinstance(marked, set) and "hypothesis" not in sys.modules:
-            marked.difference_update(THIRD_PARTY_NOT_REWRITTEN)
-            getattr(finder, "_marked_for_rewrite_cache", {}).clear()
-
-
-_skip_third_party_rewrite()
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +43,9 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
 
 
 FIRST = ("tests/test_stress.py",)
-"""Modules of the longest tests (4-6 s each): run first, so that xdist does not deal one of them last
-and leave the other worker idle while it runs."""
+"""Modules of the longest tests (4-10 s each): run first, so that xdist does not deal one of them last and
+leave the other workers idle while it runs. With ``--dist loadgroup`` xdist deals the xdist groups first, then
+each other test alone in this order, so these spread over the workers."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from llmguard_client._tls import default_tls_context
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import HTTPStatus, Probe, consume_sse, count_attempt
 
@@ -42,6 +43,7 @@ class PlainClient(BenchClient):
             limits=POOL_LIMITS,
             headers=self.headers,
             event_hooks={"request": [count_attempt]},
+            verify=default_tls_context(),
         )
 
     async def aclose(self) -> None:
@@ -86,7 +88,9 @@ class OpenAIDefaultClient(BenchClient):
             openai.AsyncOpenAI(
                 base_url=u + "/v1",
                 api_key=self.api_key or "bench",
-                http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count_attempt]}),
+                http_client=openai.DefaultAsyncHttpxClient(
+                    event_hooks={"request": [count_attempt]}, verify=default_tls_context()
+                ),
             )
             for u in self.urls
         ]

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
+from llmguard_client._tls import default_tls_context
 from llmguard_client.bench.clients import BenchClient, Sample, TierSpec, make_client
 from llmguard_client.bench.traffic import TrafficPlan, request_body
 
@@ -84,7 +85,7 @@ async def preflight(
     model = "bench"
     has_stats = True
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=probe_timeout, headers=headers) as http:
+    async with httpx.AsyncClient(timeout=probe_timeout, headers=headers, verify=default_tls_context()) as http:
         for i, url in enumerate(urls):
             try:
                 r = await http.get(f"{url}/v1/models")
@@ -206,7 +207,7 @@ async def run_one_client(
     progress: ProgressSink,
 ) -> ClientRun:
     notes: list[str] = []
-    async with httpx.AsyncClient(timeout=10.0) as http:
+    async with httpx.AsyncClient(timeout=10.0, verify=default_tls_context()) as http:
         if counters != "none":
             drained, _ = await wait_drained(http, urls, spec.drain_timeout)
             if not drained:
