@@ -30,6 +30,7 @@ import anyio
 import httpx
 
 from llmguard_client._call import TIER_HEADER, RequestFacts
+from llmguard_client._tls import default_tls_context
 from llmguard_client.layers.attempt import error_kind, stamp_sent
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
@@ -62,7 +63,7 @@ class PassthroughPool:
             if self._closed:
                 raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
             if self._other is None:
-                self._other = httpx.AsyncHTTPTransport(limits=_LIMITS, retries=0)
+                self._other = httpx.AsyncHTTPTransport(limits=_LIMITS, retries=0, verify=default_tls_context())
             return self._other
 
     async def aclose(self) -> None:
