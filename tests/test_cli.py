@@ -15,7 +15,6 @@ import pytest
 from llmguard_client import cli
 from llmguard_client.bench import commands, presets
 from tests.loopback import LoopbackCluster
-from tests.xdist_groups import MATPLOTLIB
 
 
 def _has_guard() -> bool:
@@ -76,7 +75,6 @@ def test_process_exit_code_and_no_traceback() -> None:
     assert proc.stderr.startswith("llmguard: error: cannot reach")
 
 
-@MATPLOTLIB
 def test_bench_writes_json_and_plot(
     cluster: LoopbackCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -126,7 +124,6 @@ def test_closed_loop_and_profile_via_cli(cluster: LoopbackCluster, capsys: pytes
     assert doc["plan"]["mode"] == "profile" and doc["plan"]["profile"][1][0] == pytest.approx(280)
 
 
-@MATPLOTLIB
 def test_demo_runs_both_scenarios(
     cluster: LoopbackCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

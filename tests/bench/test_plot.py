@@ -8,7 +8,6 @@ import pytest
 
 from llmguard_client.bench.plot import ccdf, plot_latency
 from tests.bench.reports import TTFTS, make_report, mixed_run
-from tests.xdist_groups import MATPLOTLIB
 
 
 def test_ccdf_is_the_share_of_requests_at_least_that_slow() -> None:
@@ -18,7 +17,6 @@ def test_ccdf_is_the_share_of_requests_at_least_that_slow() -> None:
     assert ys == pytest.approx([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
 
 
-@MATPLOTLIB
 def test_plot_writes_a_png_with_log_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.figure
 
