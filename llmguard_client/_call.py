@@ -119,8 +119,6 @@ class Call:
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
-    guarded: bool = True
-    """Set by the rollout layer: False for the control cohort (one plain attempt, still measured)."""
     failed_replicas: list[ReplicaState] = field(default_factory=list)
     winner: Win | None = None
     """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""

@@ -222,7 +222,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.replica = attempt.replica
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
         record.http_status = win.response.status_code
-        if attempt.ttft is not None and call.guarded:
+        if attempt.ttft is not None:
             self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
         return httpx.Response(
             win.response.status_code,
@@ -282,14 +282,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             call.record.http_status = last.status_code
             call.record.replica = last.attempt.replica
             await lease.aclose("rejected" if error is not None else "http_error", cause)
-            if not call.guarded:  # the control cohort gets the server's answer untouched
-                return upstream_response(last, None, call.request, call.record, no_retry=False)
             no_retry = self._retry is not None or error is not None
             return upstream_response(last, cause, call.request, call.record, no_retry=no_retry)
         if error is None:
             assert last is not None and last.error is not None
-            if not call.guarded or not isinstance(last.error, (httpx.HTTPError, OSError)):
-                # Control calls fail as plain httpx would; an unexpected error is never disguised.
+            if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
                 await lease.aclose("error", last.attempt.error)
                 raise last.error
             error = AllAttemptsFailed(

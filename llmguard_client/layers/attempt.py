@@ -5,7 +5,7 @@ An attempt ends in exactly one of two ways:
   answer no protocol reader claims: its first bytes), or the stream ended complete without
   one. The open response, the bytes read so far and the replica's in-flight count stay with
   the call's lease, which closes them when the call ends.
-- `Failed`: an error status (its body read, bounded), a transport error, or (guarded calls)
+- `Failed`: an error status (its body read, bounded), a transport error, or
   a 200 that failed before its first token: an in-stream error event, a malformed event, a
   plain body where a stream was asked for, an EOF before the end marker
   (`llmguard_client.protocols`). Its connection is closed and its in-flight count released
@@ -89,7 +89,7 @@ class AttemptLayer:
             opening = await read_opening(_body(response), reader)
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)
-            if reader.failure is not None and call.guarded:  # before the first token: a failed attempt, like a 503
+            if reader.failure is not None:  # before the first token: a failed attempt, like a 503
                 return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
             attempt.first_token = clock()
             if opening.rest is None:

@@ -71,7 +71,7 @@ class BulkheadLayer:
         self._instrumentation = instrumentation
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        bulkhead = self.bulkheads.get(call.tier_name) if call.guarded else None
+        bulkhead = self.bulkheads.get(call.tier_name)
         if bulkhead is not None:
             admitted = bulkhead.try_acquire()
             if admitted is None:  # only a wait in line needs a cancel scope (and its timer)

@@ -68,8 +68,6 @@ class DeadlineLayer:
     """Bounds everything before the first token by the call's first-token deadline."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        if not call.guarded:
-            return await call_next(call, route)
         outcome: Outcome | None = None
         with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
             outcome = await call_next(call, route)

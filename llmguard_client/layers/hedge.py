@@ -60,7 +60,7 @@ class HedgeLayer:
         return await self._race(call, route, call_next, hedges)
 
     def _hedges_for(self, call: Call) -> int:
-        if self.policy is None or not call.guarded or not call.hedgeable or len(self.replicas) < 2:
+        if self.policy is None or not call.hedgeable or len(self.replicas) < 2:
             return 0
         return self.policy.max_hedges
 

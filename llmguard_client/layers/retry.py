@@ -123,7 +123,7 @@ class RetryLayer:
 
     def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState, Payment] | Failed:
         """(seconds to wait, replica, payment) for the next round, or why the call ends now."""
-        if self.policy is None or not call.guarded or not self._retryable(call, last):
+        if self.policy is None or not self._retryable(call, last):
             return Failed()
         if rounds >= self.policy.max_attempts:
             return Failed()

@@ -266,16 +266,14 @@ class RolloutLayer:
 
     The cohort is decided before a `Call` is built (`Rollout.assign` in
     `GuardTransport.handle_async_request`): a control call is passed through
-    (`llmguard_client.layers.passthrough`) and never reaches the pipeline. Here a guarded
-    call is marked as such and counted toward the retry budget.
+    (`llmguard_client.layers.passthrough`) and never reaches the pipeline. Here each
+    call is counted toward the retry budget (the pipeline serves guarded calls only).
     """
 
     def __init__(self, rollout: Rollout) -> None:
         self.rollout = rollout
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        call.guarded = True
-        call.record.cohort = "guarded"
         if call.budget is not None:
             call.budget.record_request()
         return await call_next(call, route)
