@@ -269,7 +269,7 @@ class _HedgeTimer:
         self._fire = fire
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._task_group: _Spawner | None = None
+        self._task_group: TaskGroup | None = None
         self._sleeping = False
         self._due = math.inf
 

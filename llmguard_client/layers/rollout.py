@@ -215,7 +215,7 @@ class Rollout:
         fraction = self.fraction
         if fraction <= 0.0:
             return Assignment("control", 0.0, "off")
-        headers = headers or CallerHeaders(request)
+        headers = headers if headers is not None else CallerHeaders(request)
         pinned = headers.own(COHORT_HEADER)
         if pinned is not None:
             cohort = pinned.strip().lower()
