@@ -284,6 +284,7 @@ class LoopbackServer:
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         self.gauge.add(1)
+        open_ = True
         finished = False
         produced = 0
         try:
@@ -314,13 +315,19 @@ class LoopbackServer:
                 produced += 1
                 self.token_times.append(time.monotonic())
                 yield encoder.token(i)
+            # The stream stops counting as open before its last bytes go out: a client reading them may open its
+            # next stream before this generator is resumed to run its finally.
+            open_ = False
+            self.running -= 1
+            self.gauge.add(-1)
             yield encoder.closing()
             finished = True
             self.completed += 1
             self.counters["completed"] += 1
         finally:
-            self.running -= 1
-            self.gauge.add(-1)
+            if open_:
+                self.running -= 1
+                self.gauge.add(-1)
             self.counters["work_tokens"] += produced
             if not finished:
                 self.disconnects += 1
