@@ -107,6 +107,8 @@ async def test_openai_raise_mode_without_sdk_retries_gives_api_timeout_once(
     with pytest.raises(openai.APITimeoutError) as caught:
         await oai(guard, servers[0], max_retries=0).chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "ttft_timeout"
+    # The guard gave up before the server answered; on a busy machine before its handler ran, too.
+    assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)
     assert sum(len(s.received) for s in servers) == 1
 
 
@@ -119,6 +121,7 @@ async def test_openai_response_mode_gives_a_504_without_sdk_retries(
     with pytest.raises(openai.InternalServerError) as caught:
         await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES)  # max_retries=2
     assert caught.value.status_code == 504 and guard_failure(caught.value) == "ttft_timeout"
+    assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)  # as above
     assert sum(len(s.received) for s in servers) == 1  # x-should-retry: false, so the SDK did not retry
 
 
