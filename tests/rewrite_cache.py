@@ -65,5 +65,8 @@ def pytest_collection(session: pytest.Session) -> None:
         cache_dir = get_cache_dir(source)
         pyc = cache_dir / (source.name[:-3] + PYC_TAIL)
         if _read_pyc(source, pyc) is None and try_makedirs(cache_dir):
-            source_key, code = _rewrite_test(source, config)
+            try:
+                source_key, code = _rewrite_test(source, config)
+            except (OSError, SyntaxError):  # left to the collection, which reports it against the module
+                continue
             _write_pyc(state, code, source_key, pyc)
