@@ -21,6 +21,7 @@ from llmguard_client import (
     UnknownTierError,
 )
 from llmguard_client.layers.deadline import GuardBody
+from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 
 CHAT = "/v1/chat/completions"
@@ -41,7 +42,7 @@ def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwar
 
 
 async def direct_stream(url: str) -> bytes:
-    async with httpx.AsyncClient() as client, client.stream("POST", url + CHAT, json=STREAM_BODY) as response:
+    async with plain_httpx() as client, client.stream("POST", url + CHAT, json=STREAM_BODY) as response:
         return b"".join([chunk async for chunk in response.aiter_raw()])
 
 

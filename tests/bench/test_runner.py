@@ -7,13 +7,13 @@ import importlib
 from collections.abc import Iterator
 
 import anyio
-import httpx
 import pytest
 
 from llmguard_client.bench.clients import TierSpec, make_client, parse_clients
 from llmguard_client.bench.report import SLO, BenchReport
 from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
 from llmguard_client.bench.traffic import LengthModel, make_plan, request_body
+from tests.clients import plain_httpx
 from tests.loopback import LoopbackCluster, Script
 
 SMALL = LengthModel().scaled(0.02)  # prompts ~11 words, outputs ~4 tokens
@@ -204,7 +204,7 @@ def test_wait_drained_polls_until_no_stream_runs_or_patience_runs_out(cluster: L
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
 
     async def go() -> None:
-        async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:
+        async with plain_httpx() as http, anyio.create_task_group() as tg:
             running = anyio.Event()
 
             async def stream() -> None:

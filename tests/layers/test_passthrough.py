@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmguard_client import Guard, OpenTelemetryInstrumentation, PhaseRecord, Tier
 from llmguard_client.layers.rollout import key_position
+from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 from tests.recording import RecordingServer
 
@@ -66,7 +67,7 @@ async def test_off_is_a_byte_for_byte_pass_through(
 ) -> None:
     first, second, outside = recorders
     dest = first if target == "replica" else outside
-    async with httpx.AsyncClient() as plain:
+    async with plain_httpx() as plain:
         expected = await send(plain, dest.url, kind, {})
     records: list[PhaseRecord] = []
     guard = guard_off(mode, [first.url, second.url], monkeypatch, on_record=records.append)
@@ -90,7 +91,7 @@ async def test_a_control_key_at_ten_percent_is_passed_through_and_a_guarded_key_
     first, second, _ = recorders
     control_key = next(k for k in (f"user-{i}" for i in range(100)) if key_position(k) >= 0.1)
     guarded_key = next(k for k in (f"user-{i}" for i in range(100)) if key_position(k) < 0.1)
-    async with httpx.AsyncClient() as plain:
+    async with plain_httpx() as plain:
         await send(plain, first.url, "json", {})
     records: list[PhaseRecord] = []
     guard = Guard([first.url, second.url], tiers=TIERS, default_tier="batch", rollout=0.1, on_record=records.append)

@@ -12,6 +12,7 @@ import pytest
 
 from llmguard_client import GuardClosed, PhaseRecord, Tier
 from llmguard_client.layers.watchdog import ReadWatchdog
+from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 from tests.test_transport import CHAT, STREAM_BODY, make_guard
 
@@ -79,7 +80,7 @@ def test_a_response_without_a_socket_gets_no_watchdog() -> None:
 async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(tokens=3)
     url = servers[0].url + CHAT
-    async with httpx.AsyncClient() as client, client.stream("POST", url, json=STREAM_BODY) as response:
+    async with plain_httpx() as client, client.stream("POST", url, json=STREAM_BODY) as response:
         assert ReadWatchdog.for_response(response, stall=1, total_left=1) is not None
         await response.aread()
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import anyio
-import httpx
 import pytest
 
 from llmguard_client.server_hints import parse_vllm_metrics
 from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.faults import FaultConfig
+from tests.clients import plain_httpx
 from tests.sim.conftest import chat_body, one_off
 from tests.sim.test_http_faults import stream_timings
 
@@ -50,7 +50,7 @@ def test_bad_degradation_knobs_are_refused() -> None:
 
 
 async def test_metrics_report_the_queue_and_kv_use_as_vllm_does() -> None:
-    async with SimCluster(one_off()) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
         response = await http.get(cluster.urls[0] + "/metrics")
         assert response.status_code == 200
         load = parse_vllm_metrics(response.text)

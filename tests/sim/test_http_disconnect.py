@@ -6,11 +6,11 @@ import contextlib
 import dataclasses
 
 import httpx
-import openai
 
 from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.faults import FaultConfig
 from llmguard_client.sim.replica import Replica
+from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 
 
@@ -22,7 +22,7 @@ def drained(replica: Replica) -> bool:
 async def test_closing_mid_stream_stops_generation_within_two_steps() -> None:
     # 50 ms steps: "two steps" leaves 100 ms for the disconnect to travel through a loaded event loop.
     engine = dataclasses.replace(ENGINE, step_s=0.05)
-    async with SimCluster(one_off(engine)) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(engine)) as cluster, plain_httpx() as http:
         replica = cluster.replicas[0]
         url = cluster.urls[0] + "/v1/chat/completions"
         async with http.stream("POST", url, json=chat_body(words=20, max_tokens=500)) as response:
@@ -46,7 +46,7 @@ async def test_closing_mid_stream_stops_generation_within_two_steps() -> None:
 async def test_openai_stream_close_releases_the_reservation() -> None:
     async with SimCluster(one_off()) as cluster:
         replica = cluster.replicas[0]
-        async with openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client:
+        async with plain_sdk(cluster.urls[0], max_retries=0) as client:
             stream = await client.chat.completions.create(
                 model="m",
                 messages=[{"role": "user", "content": "a b c"}],
@@ -63,7 +63,7 @@ async def test_openai_stream_close_releases_the_reservation() -> None:
 
 
 async def test_giving_up_on_a_non_stream_request_aborts_it() -> None:
-    async with SimCluster(one_off()) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
         replica = cluster.replicas[0]
         body = chat_body(max_tokens=1000, stream=False)
         with contextlib.suppress(httpx.ReadTimeout):
@@ -75,7 +75,7 @@ async def test_giving_up_on_a_non_stream_request_aborts_it() -> None:
 async def test_disconnect_while_stalled_before_the_first_token_releases_the_slot() -> None:
     async with SimCluster(one_off(faults=(FaultConfig(stall_first_p=1.0, stall_first_s=30.0),))) as cluster:
         replica = cluster.replicas[0]
-        async with httpx.AsyncClient() as http:
+        async with plain_httpx() as http:
             url = cluster.urls[0] + "/v1/chat/completions"
             async with http.stream("POST", url, json=chat_body(max_tokens=10)) as response:
                 assert response.status_code == 200

@@ -14,6 +14,7 @@ import pytest
 from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.engine import EngineConfig
 from llmguard_client.sim.faults import FaultConfig, RetryAfterStyle
+from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import ENGINE, chat_body, one_off
 
 
@@ -21,7 +22,7 @@ async def stream_timings(url: str, body: dict[str, object], timeout: float = 10.
     """Seconds to the response headers and to every content token, from when the request is sent (building
     the client, ~30 ms of CPU for its TLS context and much more on a loaded machine, is not timed)."""
     tokens: list[float] = []
-    async with httpx.AsyncClient(timeout=timeout) as http:
+    async with plain_httpx(timeout=timeout) as http:
         start = time.monotonic()
         async with http.stream("POST", url, json=body) as response:
             headers_at = time.monotonic() - start
@@ -62,7 +63,7 @@ async def test_slow_replica_multiplies_step_time() -> None:
 
 async def test_connection_reset_mid_stream() -> None:
     faults = FaultConfig(reset_p=1.0, fault_after_tokens=2)
-    async with SimCluster(one_off(faults=(faults,))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(faults,))) as cluster, plain_httpx() as http:
         replica = cluster.replicas[0]
         lines: list[str] = []
         with pytest.raises(httpx.RemoteProtocolError):
@@ -79,14 +80,14 @@ async def test_connection_reset_mid_stream() -> None:
 
 
 async def test_connection_reset_non_stream() -> None:
-    async with SimCluster(one_off(faults=(FaultConfig(reset_p=1.0),))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(FaultConfig(reset_p=1.0),))) as cluster, plain_httpx() as http:
         with pytest.raises(httpx.RemoteProtocolError):
             await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body(max_tokens=3, stream=False))
 
 
 async def test_malformed_event() -> None:
     faults = FaultConfig(malformed_p=1.0, fault_after_tokens=1)
-    async with SimCluster(one_off(faults=(faults,))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(faults,))) as cluster, plain_httpx() as http:
         response = await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body(max_tokens=3))
         assert cluster.replicas[0].counters.malformed == 1
     events = [e for e in response.text.split("\n\n") if e]
@@ -105,11 +106,11 @@ async def test_malformed_event() -> None:
 
 async def test_html_500() -> None:
     async with SimCluster(one_off(faults=(FaultConfig(html_500_p=1.0),))) as cluster:
-        async with httpx.AsyncClient() as http:
+        async with plain_httpx() as http:
             response = await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body())
         assert response.status_code == 500 and response.headers["content-type"].startswith("text/html")
         assert response.text.startswith("<html>")
-        async with openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client:
+        async with plain_sdk(cluster.urls[0], max_retries=0) as client:
             with pytest.raises(openai.InternalServerError):
                 await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert cluster.replicas[0].engine.stats.submitted == 0
@@ -117,7 +118,7 @@ async def test_html_500() -> None:
 
 async def test_headers_never_sent() -> None:
     async with SimCluster(one_off(faults=(FaultConfig(blackhole_p=1.0),))) as cluster:
-        async with httpx.AsyncClient(timeout=0.3) as http:
+        async with plain_httpx(timeout=0.3) as http:
             with pytest.raises(httpx.ReadTimeout):
                 await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body())
         replica = cluster.replicas[0]
@@ -132,7 +133,7 @@ TIGHT = EngineConfig(step_s=0.02, tbud=128, kv_tokens=100, policy="token", out_r
 
 async def test_token_admission_429_and_retry_after_styles() -> None:
     scenario = one_off(TIGHT, faults=tuple(FaultConfig(retry_after=s) for s in STYLES), replicas=len(STYLES))
-    async with SimCluster(scenario) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(scenario) as cluster, plain_httpx() as http:
         rejections: dict[str, httpx.Response] = {}
         for style, url in zip(STYLES, cluster.urls, strict=True):
             endpoint = url + "/v1/chat/completions"
@@ -163,11 +164,11 @@ async def test_token_admission_429_and_retry_after_styles() -> None:
 
 
 async def test_openai_sees_a_rate_limit_error_with_retry_after() -> None:
-    async with SimCluster(one_off(TIGHT)) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(TIGHT)) as cluster, plain_httpx() as http:
         url = cluster.urls[0]
         async with (
             http.stream("POST", url + "/v1/chat/completions", json=chat_body(words=50, max_tokens=40)),
-            openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client,
+            plain_sdk(url, max_retries=0) as client,
         ):
             with pytest.raises(openai.RateLimitError) as info:
                 await client.chat.completions.create(
@@ -180,7 +181,7 @@ async def test_fault_draws_are_reproducible() -> None:
     faults = (FaultConfig(html_500_p=0.5),)
     codes: list[list[int]] = []
     for _ in range(2):
-        async with SimCluster(one_off(faults=faults), seed=7) as cluster, httpx.AsyncClient() as http:
+        async with SimCluster(one_off(faults=faults), seed=7) as cluster, plain_httpx() as http:
             url = cluster.urls[0] + "/v1/chat/completions"
             codes.append([(await http.post(url, json=chat_body(max_tokens=1))).status_code for _ in range(8)])
     assert codes[0] == codes[1] and {200, 500} == set(codes[0])

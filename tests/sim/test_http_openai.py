@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 
 import anyio
-import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from llmguard_client.sim.cluster import SimCluster
+from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import chat_body, one_off
 
 
 def make_client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    return plain_sdk(url, max_retries=0)
 
 
 async def test_chat_stream_with_usage_parsed_by_openai() -> None:
@@ -41,7 +41,7 @@ async def test_chat_stream_with_usage_parsed_by_openai() -> None:
 
 
 async def test_raw_sse_framing_ends_with_done() -> None:
-    async with SimCluster(one_off()) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
         response = await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body(max_tokens=3))
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -126,7 +126,7 @@ async def test_models_stats_and_reset() -> None:
         await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "a b"}], max_tokens=3, extra_body={"ignore_eos": True}
         )
-        async with httpx.AsyncClient() as http:
+        async with plain_httpx() as http:
             stats = (await http.get(cluster.urls[1] + "/sim/stats")).json()
             other = (await http.get(cluster.urls[0] + "/sim/stats")).json()
             assert (await http.post(cluster.urls[1] + "/sim/reset")).status_code == 200
@@ -148,7 +148,7 @@ async def test_models_stats_and_reset() -> None:
     [b"not json", b"[]", b'{"messages": []}', b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}'],
 )
 async def test_bad_requests_get_400(body: bytes) -> None:
-    async with SimCluster(one_off()) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
         response = await http.post(cluster.urls[0] + "/v1/chat/completions", content=body)
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"

@@ -8,7 +8,6 @@ import random
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from llmguard_client.protocols import reader_for
@@ -16,6 +15,7 @@ from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.engine import EngineConfig
 from llmguard_client.sim.faults import FaultConfig, draw_faults
 from llmguard_client.sim.scenarios import SCENARIOS
+from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import chat_body, one_off
 
 TIGHT = EngineConfig(step_s=0.02, tbud=128, kv_tokens=100, policy="token", out_reserve=32)
@@ -57,7 +57,7 @@ def judge(path: str, content_type: str, raw: bytes, stream: bool = True) -> Any:
 
 @pytest.mark.parametrize("path", list(BODIES))
 async def test_every_endpoint_streams_a_complete_answer_with_usage(path: str) -> None:
-    async with SimCluster(one_off()) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
         status, content_type, raw = await read(http, cluster.urls[0], path, BODIES[path])
         plain = await http.post(cluster.urls[0] + path, json={**BODIES[path], "stream": False})
     assert status == 200
@@ -71,7 +71,7 @@ async def test_every_endpoint_streams_a_complete_answer_with_usage(path: str) ->
 async def test_openai_responses_stream_from_the_sim() -> None:
     async with (
         SimCluster(one_off()) as cluster,
-        openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client,
+        plain_sdk(cluster.urls[0], max_retries=0) as client,
     ):
         stream = await client.responses.create(model="m", input=PROMPT, max_output_tokens=4, stream=True)
         events = [event async for event in stream]
@@ -81,7 +81,7 @@ async def test_openai_responses_stream_from_the_sim() -> None:
 
 @pytest.mark.parametrize("path", list(BODIES))
 async def test_vllm_style_overload_is_a_200_with_an_error_event(path: str) -> None:
-    async with SimCluster(one_off(TIGHT, faults=(VLLM_STYLE,))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(TIGHT, faults=(VLLM_STYLE,))) as cluster, plain_httpx() as http:
         url = cluster.urls[0]
         big = {**BODIES[path], "max_tokens": 40, "max_output_tokens": 40}
         words = " ".join(["word"] * 50)
@@ -109,7 +109,7 @@ async def test_vllm_style_overload_is_a_200_with_an_error_event(path: str) -> No
 
 @pytest.mark.parametrize("path", list(BODIES))
 async def test_an_error_event_before_the_first_token(path: str) -> None:
-    async with SimCluster(one_off(faults=(FaultConfig(error_first_p=1.0),))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(FaultConfig(error_first_p=1.0),))) as cluster, plain_httpx() as http:
         status, content_type, raw = await read(http, cluster.urls[0], path, BODIES[path])
         assert cluster.replicas[0].counters.error_first == 1
         assert cluster.replicas[0].engine.stats.admitted == 0  # never ran
@@ -121,7 +121,7 @@ async def test_an_error_event_before_the_first_token(path: str) -> None:
 @pytest.mark.parametrize("path", list(BODIES))
 async def test_an_error_event_after_the_first_tokens(path: str) -> None:
     faults = FaultConfig(error_mid_p=1.0, fault_after_tokens=2)
-    async with SimCluster(one_off(faults=(faults,))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(faults,))) as cluster, plain_httpx() as http:
         status, content_type, raw = await read(http, cluster.urls[0], path, BODIES[path])
         replica = cluster.replicas[0]
         assert replica.counters.error_mid == 1
@@ -134,7 +134,7 @@ async def test_an_error_event_after_the_first_tokens(path: str) -> None:
 @pytest.mark.parametrize("path", list(BODIES))
 async def test_truncation_after_the_first_tokens(path: str) -> None:
     faults = FaultConfig(truncate_p=1.0, fault_after_tokens=2)
-    async with SimCluster(one_off(faults=(faults,))) as cluster, httpx.AsyncClient() as http:
+    async with SimCluster(one_off(faults=(faults,))) as cluster, plain_httpx() as http:
         status, content_type, raw = await read(http, cluster.urls[0], path, BODIES[path])  # a clean EOF
         assert cluster.replicas[0].counters.truncated == 1
     reader = judge(path, content_type, raw)

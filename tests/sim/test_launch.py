@@ -10,19 +10,23 @@ import sys
 import httpx
 import pytest
 
+from llmguard_client._tls import default_tls_context
 from llmguard_client.sim.launch import ClusterStartError, spawn_cluster
+
+TLS = default_tls_context()
+"""One TLS context for the module's calls (each ``httpx.get`` would otherwise load the CA bundle)."""
 
 
 def test_spawn_cluster_serves_and_stops() -> None:
     with spawn_cluster("healthy", replicas=2, seed=3) as urls:
         assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
         for url in urls:
-            assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "sim-model"
+            assert httpx.get(url + "/v1/models", verify=TLS).json()["data"][0]["id"] == "sim-model"
         body = {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2, "ignore_eos": True}
-        reply = httpx.post(urls[0] + "/v1/chat/completions", json=body).json()
+        reply = httpx.post(urls[0] + "/v1/chat/completions", json=body, verify=TLS).json()
         assert reply["usage"]["completion_tokens"] == 2
     with pytest.raises(httpx.ConnectError):
-        httpx.get(urls[0] + "/v1/models")
+        httpx.get(urls[0] + "/v1/models", verify=TLS)
 
 
 def test_spawn_cluster_reports_a_failed_start() -> None:
@@ -37,6 +41,6 @@ def test_module_prints_the_ready_line_and_exits_on_sigterm() -> None:
         line = proc.stdout.readline()
         urls = json.loads(line)["urls"]
         assert len(urls) == 3
-        assert httpx.get(urls[2] + "/sim/stats").json()["kv_total"] == 1408
+        assert httpx.get(urls[2] + "/sim/stats", verify=TLS).json()["kv_total"] == 1408
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
