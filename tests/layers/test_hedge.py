@@ -61,7 +61,7 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
     servers[1].script = Script(status=500)
     servers[2].script = Script(tokens=3)
     records: list[PhaseRecord] = []
-    delay = 0.2
+    delay = 0.4  # long enough that loop lag on a busy machine is not mistaken for a second delay
     hedge = HedgePolicy(delay=delay, max_hedges=2)
     guard = make_guard(servers, records, hedge=hedge)
     # Make the hedge order deterministic: replica 1 has the best recent TTFT, then replica 2.
@@ -75,7 +75,8 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
     assert (first_hedge.replica, first_hedge.outcome, first_hedge.error) == (servers[1].url, "failed", "http_500")
     assert (second_hedge.replica, second_hedge.outcome) == (servers[2].url, "won")
     assert first_hedge.finish is not None
-    assert second_hedge.start - first_hedge.finish < delay  # at once, not after another full delay
+    # At once, not after another full delay; the exact instant is asserted in virtual time (test_deadline.py).
+    assert second_hedge.start - first_hedge.finish < delay
     assert primary.outcome == "lost"
 
 
