@@ -22,7 +22,7 @@ from llmguard_client import (
     Tier,
 )
 from llmguard_client._lease import CallLease, LeaseRegistry, close_quietly
-from tests.virtual import FakeReplica, Plan, run_virtual
+from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -33,10 +33,7 @@ def make(plans: dict[str, list[Plan]], records: list[PhaseRecord], **kwargs: Any
     fakes = {url: FakeReplica(url[7], p) for url, p in plans.items()}
     kwargs.setdefault("tiers", {"i": Tier(ttft=10.0, total=30.0, stall=5.0)})
     kwargs.setdefault("hedge", HedgePolicy(delay=1.0))
-    guard = Guard(
-        list(fakes), instrumentation=None, on_record=records.append, transport_factory=lambda r: fakes[r.url], **kwargs
-    )
-    return guard, fakes
+    return virtual_guard(fakes, records, **kwargs), fakes
 
 
 def assert_released(guard: Guard, fakes: dict[str, FakeReplica]) -> None:

@@ -19,11 +19,20 @@ import httpx
 import trio
 import trio.testing
 
+from llmguard_client import Guard, PhaseRecord
+
 
 def run_virtual(main: Callable[[], Awaitable[None]]) -> None:
     """Run ``main`` under trio in virtual time."""
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
+
+
+def virtual_guard(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    """A Guard over ``fakes`` (replica URL -> `FakeReplica`) that appends each call's record to ``records``."""
+    return Guard(
+        list(fakes), instrumentation=None, on_record=records.append, transport_factory=lambda r: fakes[r.url], **kwargs
+    )
 
 @dataclass
 class Plan:
@@ -41,6 +50,8 @@ class Plan:
     retry_after: str | None = None
     stream: bool | None = None
     """None: follow the request's ``stream`` flag."""
+    refused: bool = False
+    """The connection is refused (an ``httpx.ConnectError`` after ``headers_after``)."""
 
 
 @dataclass
@@ -59,6 +70,8 @@ class FakeReplica(httpx.AsyncBaseTransport):
         self.requests += 1
         body = json.loads(request.content or b"{}")
         await anyio.sleep(plan.headers_after)
+        if plan.refused:
+            raise httpx.ConnectError("scripted: connection refused", request=request)
         headers = {"retry-after": plan.retry_after} if plan.retry_after else {}
         if plan.status >= 400:
             return httpx.Response(plan.status, headers=headers, json={"error": {"message": "scripted"}})

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from llmguard_client import Guard, HedgePolicy, PhaseRecord, StallTimeout, Tier, TotalTimeout, TTFTTimeout
-from tests.virtual import FakeReplica, Plan, run_virtual
+from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -19,13 +19,7 @@ BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "
 def guard_for(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:
     kwargs.setdefault("tiers", {"interactive": Tier(ttft=1.0, total=5.0, stall=0.5)})
     kwargs.setdefault("hedge", None)
-    return Guard(
-        list(fakes),
-        instrumentation=None,
-        on_record=records.append,
-        transport_factory=lambda r: fakes[r.url],
-        **kwargs,
-    )
+    return virtual_guard(fakes, records, **kwargs)
 
 
 def test_ttft_deadline_fires_at_its_exact_instant() -> None:
