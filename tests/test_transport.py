@@ -229,7 +229,7 @@ async def test_openai_does_not_stack_retries_on_a_guard_timeout(servers: list[Lo
     assert caught.value.status_code == 504
     assert caught.value.response.headers["x-llmguard-cause"] == "ttft_timeout"
     assert "tier 't'" in caught.value.message and "0.5s" in caught.value.message
-    assert 0.5 <= elapsed < 0.5 + 0.2
+    assert 0.5 <= elapsed < 0.5 + 0.5  # an SDK retry would add its backoff (>= 0.375 s) and another 0.5 s
     assert len(records) == 1  # one logical call reached the guard: the SDK did not retry
     # The guard gave up before the server answered; on a busy machine before its handler ran, too.
     assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)

@@ -36,7 +36,7 @@ async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: lis
     assert (hedge.kind, hedge.replica, hedge.outcome) == ("hedge", servers[1].url, "won")
     # The delay runs from the round's start; the primary's record starts when its task first runs, a few ms
     # later on a busy machine. The exact instant is asserted in virtual time (test_deadline.py).
-    assert 0.2 - 0.02 <= hedge.start - primary.start < 0.2 + 0.05
+    assert 0.2 - 0.1 <= hedge.start - primary.start < 0.2 + 0.3  # generous: loop lag on a shared machine
     assert ttft is not None and ttft < 0.5 and time.monotonic() - started < 1.0
     # The winner's stream is delivered intact and in order.
     tokens = [part.split('"')[0] for part in body.split('"content": "')[2:]]
