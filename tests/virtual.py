@@ -27,12 +27,12 @@ def run_virtual(main: Callable[[], Awaitable[None]]) -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-
 def virtual_guard(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:
     """A Guard over ``fakes`` (replica URL -> `FakeReplica`) that appends each call's record to ``records``."""
     return Guard(
         list(fakes), instrumentation=None, on_record=records.append, transport_factory=lambda r: fakes[r.url], **kwargs
     )
+
 
 @dataclass
 class Plan:

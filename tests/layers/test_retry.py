@@ -1,4 +1,4 @@
-"""Retries under the shared budget, against real loopback servers (and one exact instant in virtual time)."""
+"""Retries under the shared budget, against real loopback servers; exact instants in virtual time."""
 
 from __future__ import annotations
 
