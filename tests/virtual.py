@@ -28,7 +28,6 @@ import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
 
-
 BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 """Run a test once per backend: it takes a ``backend`` argument and hands it to `run_virtual`."""
 

@@ -13,7 +13,7 @@ import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
