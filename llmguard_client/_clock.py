@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -88,7 +89,7 @@ class Tasks(Protocol):
         """Cancel every task and timer started here (the ``async with`` exit still waits for them)."""
 
 
-class TimeSource:
+class TimeSource(ABC):
     """Now, the loop's time line, sleeps, timers and tasks for one call; see the module docstring."""
 
     __slots__ = ("loop_time", "now")
@@ -113,15 +114,15 @@ class TimeSource:
         """Timers that need no task (asyncio), or None where a timer is a sleeping task (trio)."""
         return None
 
+    @abstractmethod
     def tasks(self, lease: CallLease, on_error: Callable[[], None]) -> Tasks:
         """Where a hedged round runs its hedges and its timer; ``on_error`` is called when a task ends
         with an error (the round then stops; the error is raised when the ``async with`` exits)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def spawn_threadsafe(self, close: Close) -> None:
         """Run ``close()`` soon on this call's loop, from any thread: a garbage collector's finalizer
         cannot await. A loop that has already stopped closed its sockets itself."""
-        raise NotImplementedError
 
 
 def current_time_source(clock: Clock = loop_clock) -> TimeSource:
