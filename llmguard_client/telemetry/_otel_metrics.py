@@ -28,8 +28,11 @@ class BudgetRegistry:
     An SDK meter keeps the callbacks of the *first* observable gauge registered under a name,
     so every instrumentation sharing a meter provider shares one registry. An entry lives as
     long as the instrumentation that registered it (a guard's default instrumentation dies
-    with the guard); a bound method is also held weakly. Each live entry keeps a stable
+    with the guard); a bound method is also held weakly (the guard registers its budget's
+    ``published_level``: nothing here refers to the guard). Each live entry keeps a stable
     index; the lowest free one is reused, and index 0 is reported without attributes.
+
+    `observe` runs on the exporter's thread: it only calls the registered functions.
     """
 
     __slots__ = ("_entries",)
