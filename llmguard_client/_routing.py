@@ -33,7 +33,7 @@ rate-limit room (or whose server reports its KV cache full) ranks after every on
 cooling one (Retry-After) only loses ties.
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
-(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
+(the median of the replicas that are succeeding: failing under `Router.RECOVER_FAILURE`) (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
 ``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
 replica signals overload with a Retry-After: then slowness is load, and draining one replica would
@@ -191,7 +191,7 @@ class Router(Generic[S]):
         """Replicas with rate-limit room first; then those whose cost is within `TIE` (relative) or
         `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
         if self._stale:
-            self._refresh_references()
+            self._refresh_references(now)
         if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
             room = [s for s in states if not no_room(s.health, now)]
             states = room or states
@@ -299,7 +299,7 @@ class Router(Generic[S]):
         """Refresh the reference medians; bring ``state`` back if it is drained and its own calls
         show it recovered; drain any replica (``state`` first) whose estimates are now beyond the
         limits: a replica the costs already keep away gets no calls of its own to judge it by."""
-        self._refresh_references()
+        self._refresh_references(now)
         self._stale = False
         h = state.health
         if h.drained and not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
@@ -349,10 +349,13 @@ class Router(Generic[S]):
             self.probe_interval,
         )
 
-    def _refresh_references(self) -> None:
-        """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""
-        self._ref_ttft = lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
-        self._ref_tpot = lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
+    def _refresh_references(self, now: float) -> None:
+        """The median succeeding replica's TTFT and TPOT: what "slow" and "unknown" are measured against.
+        A replica failing at `RECOVER_FAILURE` or more is left out (unless every one is): one that answers
+        its first token in 1 ms and then breaks the stream must not make the healthy ones look slow."""
+        states = [s for s in self.states if self._failure(s.health, now) < self.RECOVER_FAILURE] or self.states
+        self._ref_ttft = lower_median([s.health.ttft for s in states if s.health.ttft is not None])
+        self._ref_tpot = lower_median([s.health.tpot for s in states if s.health.tpot is not None])
 
     def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
         return (
