@@ -115,6 +115,11 @@ class Replica:
         """Credentials masked: reprs end up in logs and tracebacks."""
         return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r})"
 
+    def __hash__(self) -> int:
+        """Hashable like the other frozen configs (a set member, a dict key): the headers, a dict kept
+        private to the instance, are hashed by their items."""
+        return hash((self.url, frozenset(self.headers.items())))
+
 
 @dataclass(frozen=True, slots=True)
 class HedgePolicy:

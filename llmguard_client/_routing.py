@@ -33,7 +33,7 @@ rate-limit room (or whose server reports its KV cache full) ranks after every on
 cooling one (Retry-After) only loses ties.
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
-(the median of the replicas that are succeeding: failing under `Router.RECOVER_FAILURE`) (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
+(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
 ``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
 replica signals overload with a Retry-After: then slowness is load, and draining one replica would
@@ -42,7 +42,9 @@ pile its share onto others that are overloaded too. While drained its estimates 
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
 speed estimates forgotten (it starts again as a replica never measured). At most a minority of
 replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
-answered by piling everything onto one replica.
+answered by piling everything onto one replica. The median is that of the replicas that are
+succeeding (failure rate under `Router.RECOVER_FAILURE`): a replica that answers its first token at
+once and then breaks the stream is no yardstick for the others' speed.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
-from llmguard_client._health import ReplicaHealth, Routable, lower_median, ms, no_room, sent, silent, worse
+from llmguard_client._health import ReplicaHealth, Routable, ms, no_room, sent, silent, worse
+from llmguard_client._quantile import lower_median
 from llmguard_client._ratelimit import parse_rate_limits
 
 __all__ = ["ReplicaHealth", "Routable", "Router"]
