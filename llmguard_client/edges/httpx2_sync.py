@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
+from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
@@ -30,7 +31,13 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         inner = core_request(request, request.read())
         try:
-            response, body = runner_for(self._guard).send(inner)
+            try:
+                response, body = runner_for(self._guard).send(inner)
+            except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+                refusal = self._guard.transport.refuse(inner, closed)
+                return httpx2.Response(
+                    refusal.status_code, headers=refusal.headers.raw, content=refusal.content, request=request
+                )
         except httpx.HTTPError as exc:
             raise translate_error(exc, request) from exc
         return httpx2.Response(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
+from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
 
@@ -34,7 +35,10 @@ class SyncGuardTransport(httpx.BaseTransport):
         captures = active_captures()
         if captures:
             request.extensions = {**request.extensions, CAPTURES_EXTENSION: captures}
-        response, body = runner_for(self._guard).send(request)
+        try:
+            response, body = runner_for(self._guard).send(request)
+        except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+            return self._guard.transport.refuse(request, closed)
         return httpx.Response(
             response.status_code,
             headers=response.headers.raw,
