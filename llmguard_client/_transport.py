@@ -40,7 +40,6 @@ from llmguard_client._outcome import Failed, Route, Win
 from llmguard_client._pipeline import Next, compose
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._ttft_stats import TTFTStats
-from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
@@ -363,3 +362,13 @@ def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | No
         return ok, None, None
     tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
     return ok, tokens, now - first_token
+
+
+def wrong_client_message(request: object) -> str:
+    """Why `guard.transport` (an httpx transport) cannot serve ``request``, and what to use instead."""
+    kind = type(request).__module__.split(".")[0]
+    return (
+        f"guard.transport is an httpx transport, but it was given a {kind} request ({type(request).__name__}); "
+        "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
+        "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
+    )

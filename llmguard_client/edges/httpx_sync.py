@@ -13,7 +13,7 @@ from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 DEFAULT_TIMEOUT = httpx.Timeout(None, connect=10.0)
 """The clients' own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
@@ -27,7 +27,7 @@ class SyncGuardTransport(httpx.BaseTransport):
     nothing: the Guard owns the pools and the thread (``guard.close()``).
     """
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: GuardHandle) -> None:
         self._guard = guard
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -59,7 +59,7 @@ class _Body(httpx.SyncByteStream):
         self._body.close()
 
 
-def sync_http_client(guard: Guard, **kwargs: Any) -> httpx.Client:
+def sync_http_client(guard: GuardHandle, **kwargs: Any) -> httpx.Client:
     """An `httpx.Client` whose transport is the guard (see `SyncGuardTransport`)."""
     kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx.Client(transport=SyncGuardTransport(guard), **kwargs)
