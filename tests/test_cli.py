@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import json
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +159,44 @@ def test_sim_missing_or_unknown_scenario_is_a_usage_error(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
     assert "unknown scenario" in err or "needs the simulated cluster" in err
+
+
+class _StallingProgress:
+    """A progress sink that blocks the event loop for ``stall`` s at each client's first answer, as a
+    starved machine would: the load generator really falls behind its plan."""
+
+    def __init__(self, stall: float) -> None:
+        self.stall = stall
+        self.first = False
+
+    def begin(self, client: str, total: int) -> None:
+        self.first = True
+
+    def advance(self, sample: object) -> None:
+        if self.first:
+            self.first = False
+            time.sleep(self.stall)
+
+    def end(self, client: str) -> None:
+        pass
+
+
+def test_a_run_behind_plan_is_invalid_and_gets_no_verdict(
+    cluster: LoopbackCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @contextlib.contextmanager
+    def stalling(enabled: bool) -> Iterator[_StallingProgress]:
+        yield _StallingProgress(1.2)  # the default tier (TTFT 1 s) tolerates 0.5 s
+
+    monkeypatch.setattr(commands, "_progress", stalling)
+    js = tmp_path / "r.json"
+    argv = ["bench", "--target", ",".join(cluster.urls), "--clients", "plain,naive-retry", *SMALL, "--json", str(js)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    assert doc["valid"] is False and doc["verdicts"] == {}
+    assert min(doc["generator_behind_s"].values()) > 0.5
+    text = " ".join(out.split())
+    assert "INVALID the load generator fell behind plan by up to" in text
+    assert "=> NO VERDICT: this run is INVALID" in text and "fewer calls/s" in text
+    assert "=> naive-retry" not in text and "Worst regression" not in text
