@@ -116,8 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bench",
         help="load-test clients side by side on the same seeded traffic",
-        description="Replay the same seeded traffic through each client, one after another, and report "
-        "latency percentiles, goodput, timeouts, 429s and server-side amplification side by side.",
+        description=textwrap.fill(  # filled here: the raw formatter keeps the scenario list below as it is
+            "Replay the same seeded traffic through each client, one after another, and report latency "
+            "percentiles, goodput, timeouts, 429s and server-side amplification side by side.",
+            76,
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.lazy_epilog = _scenarios_epilog

@@ -104,5 +104,3 @@ def changes(g: ClientSummary, b: ClientSummary) -> list[Change]:
 
 METRIC_NAMES = ("success", "goodput", "timeouts", "429s", "other errors", "TTFT p99", "e2e p99")
 """The figures compared with the best baseline in a verdict, in report order."""
-
-

@@ -27,7 +27,9 @@ RULE = (
 )
 """The rule in words, for --help, --explain and the report."""
 
-ADVICE = "re-run with fewer calls/s (--rate), fewer or smaller requests, fewer clients (--clients), or on a quieter machine"
+ADVICE = (
+    "re-run with fewer calls/s (--rate), fewer or smaller requests, fewer clients (--clients), or on a quieter machine"
+)
 
 
 def tolerance(tier: TierSpec) -> float:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llmguard_client.bench.changes import NOISE, Change, changes, load_change
-from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.formatting import fmt_pct, fmt_ratio, fmt_s
+from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.summary import ClientSummary, ratio
 
 if TYPE_CHECKING:
@@ -119,8 +119,9 @@ def deadline_trade(g: ClientSummary, baselines: Sequence[ClientSummary], tier: T
         f"Success {fmt_pct(g.success_ratio)} is lower than {b.client}'s {fmt_pct(b.success_ratio)} because "
         "deadlines cut slow requests: "
         f"{g.deadline_failures / failed:.0%} of {g.client}'s failures hit a deadline, while {fmt_pct(late)} of "
-        f"{b.client}'s requests succeeded later than the tier allows (TTFT > {tier.ttft:g} s or total > {tier.total:g} s); "
-        f"a caller with that deadline would count those as failures."
+        f"{b.client}'s requests succeeded later than the tier allows "
+        f"(TTFT > {tier.ttft:g} s or total > {tier.total:g} s); a caller with that deadline would count those as "
+        "failures."
     )
 
 

@@ -148,7 +148,10 @@ def render_text(report: Report, width: int | None = None) -> str:
     if any("goodput" in g.figures for g in report.groups):
         columns.insert(1, ("goodput", "goodput"))
     titles = [title.split("\n") for title, _ in columns]  # headers of one or two lines
-    rows = [["", "", "", *(t[0] if len(t) > 1 else "" for t in titles)], ["tier", "cohort", "calls", *(t[-1] for t in titles)]]
+    rows = [
+        ["", "", "", *(t[0] if len(t) > 1 else "" for t in titles)],
+        ["tier", "cohort", "calls", *(t[-1] for t in titles)],
+    ]
     for g in report.groups:
         cells = [g.tier, g.cohort, str(g.calls)]
         for title, name in columns:
