@@ -15,6 +15,7 @@ from llmguard_client.bench.runner import COUNTERS_NOTE, ClientRun, CountersMode
 from llmguard_client.bench.summary import LATENCY_KEYS, SLO, ClientSummary, latency, ratio, summarize
 from llmguard_client.bench.traffic import TrafficPlan
 from llmguard_client.bench.validity import invalid_reason
+from llmguard_client.bench.verdict import interpret
 
 __all__ = ["BenchReport"]
 
@@ -62,8 +63,6 @@ class BenchReport:
 
     def interpretation(self, client: str | None = None) -> str:
         """The verdict on ``client`` (default: the guarded one); for an invalid run, why there is none."""
-        from llmguard_client.bench.verdict import interpret
-
         return interpret(self, client)
 
     def verdicts(self) -> dict[str, str]:

@@ -12,15 +12,26 @@ finished late, one more sentence says so. A run whose load generator fell behind
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmguard_client.bench.changes import NOISE, Change, changes, load_change
 from llmguard_client.bench.formatting import fmt_pct, fmt_ratio, fmt_s
 from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.summary import ClientSummary, ratio
 
-if TYPE_CHECKING:
-    from llmguard_client.bench.report import BenchReport
+
+class Judged(Protocol):
+    """What a verdict reads of a report (`llmguard_client.bench.report.BenchReport`, which calls `interpret`)."""
+
+    summaries: list[ClientSummary]
+    invalid: str | None
+    scenario: str | None
+    tier: TierSpec
+
+    def summary(self, client: str) -> ClientSummary | None: ...
+
+    @property
+    def baseline(self) -> ClientSummary | None: ...
 
 __all__ = [
     "NOISE",
@@ -40,7 +51,7 @@ def is_baseline(client: str) -> bool:
     return not (client.startswith("guarded") or client == "rollout")
 
 
-def baselines_for(report: BenchReport, g: ClientSummary) -> list[ClientSummary]:
+def baselines_for(report: Judged, g: ClientSummary) -> list[ClientSummary]:
     """What ``g`` is judged against: every baseline for a guarded client, plain for a baseline."""
     if is_baseline(g.client):
         return [b for b in (report.baseline,) if b is not None and b is not g]
@@ -57,7 +68,7 @@ def against_best(g: ClientSummary, baselines: Sequence[ClientSummary]) -> list[C
     return list(best.values())
 
 
-def pick_challenger(report: BenchReport) -> ClientSummary | None:
+def pick_challenger(report: Judged) -> ClientSummary | None:
     """The client the headline verdict is about: the guarded one if it ran, else the first non-plain."""
     for name in ("guarded", "guarded-nohedge", "guarded-noretry"):
         s = report.summary(name)
@@ -71,7 +82,7 @@ def _by_name(baselines: Sequence[ClientSummary], name: str) -> ClientSummary:
     return next(b for b in baselines if b.client == name)
 
 
-def _headline(report: BenchReport, g: ClientSummary, baselines: Sequence[ClientSummary], best: list[Change]) -> str:
+def _headline(report: Judged, g: ClientSummary, baselines: Sequence[ClientSummary], best: list[Change]) -> str:
     of = {c.metric: c for c in best}
     ref = report.baseline or baselines[0]
     overloaded = report.scenario == "overload" or (ref.success_ratio < 0.9 and report.scenario != "stragglers")
@@ -125,7 +136,7 @@ def deadline_trade(g: ClientSummary, baselines: Sequence[ClientSummary], tier: T
     )
 
 
-def interpret(report: BenchReport, client: str | None = None) -> str:
+def interpret(report: Judged, client: str | None = None) -> str:
     """The verdict on ``client`` (default: `pick_challenger`); no verdict when the run is invalid."""
     if report.invalid is not None:
         from llmguard_client.bench.validity import no_verdict
