@@ -93,8 +93,10 @@ class Guard:
     pool_limits:   each replica's connection pool limits (default `DEFAULT_POOL_LIMITS`).
     transport_factory: builds each replica's inner transport (default: an httpx pool each,
                    with ``pool_limits``).
-    clock:         the time source (default: the running event loop's clock); tests inject
-                   none and run in virtual time instead (trio's ``MockClock``).
+    clock:         the clock every deadline, budget, hint and poll interval is read on (default: the
+                   running event loop's); timers and tasks go through each call's time source
+                   (``llmguard_client._clock``). Tests inject none and run in virtual time instead
+                   (looptime on asyncio, ``MockClock`` on trio).
     """
 
     def __init__(
@@ -149,7 +151,9 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
-        cohorts = Rollout(rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env())
+        cohorts = Rollout(
+            rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
+        )
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
         if instrumentation is None:

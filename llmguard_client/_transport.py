@@ -31,7 +31,7 @@ import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, CallerHeaders, RequestFacts
 from llmguard_client._capture import deliver_to_captures
-from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
+from llmguard_client._clock import Clock, current_time_source, loop_clock
 from llmguard_client._config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
@@ -180,14 +180,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
             fraction=assignment.fraction,
             instrumentation=self._instrumentation,
             on_record=report,
-            clock=bind_clock(self._clock, loop_time_function()),
+            clock=current_time_source(self._clock).now,
         )
 
     async def _start_call(
         self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
     ) -> Call:
-        loop_time = loop_time_function()
-        clock = bind_clock(self._clock, loop_time)
+        time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
+        clock = time_source.now
         now = clock()
         tier = self._tiers[tier_name]
         body = await request.aread()
@@ -216,9 +216,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             respond_with_errors=self._respond_with_errors(headers),
             record=record,
             observation=self._instrumentation.call_started(record),
-            lease=CallLease(self._registry),
+            lease=CallLease(self._registry, time=time_source),
             clock=clock,
-            loop_time=loop_time,
+            time=time_source,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             hedgeable=generation,

@@ -28,7 +28,6 @@ import math
 import os
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call, CallerHeaders
+from llmguard_client._clock import loop_clock
 from llmguard_client._errors import GuardConfigError, UnknownCohortError
 from llmguard_client._outcome import Outcome, Route
 from llmguard_client._pipeline import Next
@@ -134,7 +134,7 @@ class Rollout:
         poll_interval: float = 5.0,
         disabled: bool = False,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_clock,
     ) -> None:
         if key is not None and not callable(key):
             raise GuardConfigError(f"rollout_key must be a function(request) -> str | None, got {key!r}")
@@ -157,6 +157,7 @@ class Rollout:
         self._source: FractionSource | None = None
         self._fraction = 0.0
         self._next_poll = 0.0
+        self._polled_at = -math.inf
         self._failing = False
         self._key_failing = False
         self.set(fraction)
@@ -181,15 +182,22 @@ class Rollout:
 
     def _current(self) -> float:
         source = self._source
-        if source is not None and self._clock() >= self._next_poll and self._polling.acquire(blocking=False):
+        if source is not None and self._due() and self._polling.acquire(blocking=False):
             try:  # one poller at a time; the others use the last value rather than wait
                 self._poll(source)
             finally:
                 self._polling.release()
         return self._fraction
 
+    def _due(self) -> bool:
+        """Time to poll again: the interval has passed, or the clock reads before the last poll (a read from
+        another time line: from sync code, trio's loop clock is not ``time.monotonic``)."""
+        now = self._clock()
+        return now >= self._next_poll or now < self._polled_at
+
     def _poll(self, source: FractionSource) -> None:
-        self._next_poll = self._clock() + self._poll_interval
+        self._polled_at = now = self._clock()
+        self._next_poll = now + self._poll_interval
         try:
             value = check_fraction(source(), "the rollout source's value")
         except Exception as exc:
