@@ -30,14 +30,19 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
-if TYPE_CHECKING:
-    from llmguard_client._lease import CallLease
+
+class Owner(Protocol):
+    """What owns a call's tasks (its `llmguard_client._lease.Owner`): whether it was aborted, and the
+    cancel scopes its abort cancels. A protocol, since the lease itself is built on this module's time."""
+
+    aborted: bool
+    cancellables: set[Any]
 
 Clock = Callable[[], float]
 """Seconds on a monotonic time line."""
@@ -115,7 +120,7 @@ class TimeSource(ABC):
         return None
 
     @abstractmethod
-    def tasks(self, lease: CallLease, on_error: Callable[[], None]) -> Tasks:
+    def tasks(self, lease: Owner, on_error: Callable[[], None]) -> Tasks:
         """Where a hedged round runs its hedges and its timer; ``on_error`` is called when a task ends
         with an error (the round then stops; the error is raised when the ``async with`` exits)."""
 
@@ -136,9 +141,9 @@ def current_time_source(clock: Clock = loop_clock) -> TimeSource:
 
 
 async def _run_leased(
-    scope: anyio.CancelScope, lease: CallLease, run: Callable[..., Awaitable[None]], args: tuple[object, ...]
+    scope: anyio.CancelScope, lease: Owner, run: Callable[..., Awaitable[None]], args: tuple[object, ...]
 ) -> None:
-    """Run ``run(*args)`` under ``scope``, registered with ``lease`` so that `CallLease.abort`
+    """Run ``run(*args)`` under ``scope``, registered with ``lease`` so that `Owner.abort`
     (``Guard.aclose``) cancels it at once, whatever task it runs in."""
     if lease.aborted:
         scope.cancel()
@@ -176,7 +181,7 @@ class AsyncioTime(TimeSource):
         """Call ``fn()`` at the loop's next pass (after the callbacks already queued)."""
         return self._loop.call_soon(_as_asyncio, fn)
 
-    def tasks(self, lease: CallLease, on_error: Callable[[], None]) -> LoopTasks:
+    def tasks(self, lease: Owner, on_error: Callable[[], None]) -> LoopTasks:
         return LoopTasks(self, lease, on_error)
 
     def spawn_threadsafe(self, close: Close) -> None:
@@ -211,7 +216,7 @@ class LoopTasks:
 
     __slots__ = ("_done", "_error", "_lease", "_on_error", "_scopes", "_tasks", "_time", "_timers")
 
-    def __init__(self, time_source: AsyncioTime, lease: CallLease, on_error: Callable[[], None]) -> None:
+    def __init__(self, time_source: AsyncioTime, lease: Owner, on_error: Callable[[], None]) -> None:
         self._time = time_source
         self._lease = lease
         self._on_error = on_error
@@ -297,7 +302,7 @@ class AnyioTime(TimeSource):
 
             self._trio_token = trio.lowlevel.current_trio_token()
 
-    def tasks(self, lease: CallLease, on_error: Callable[[], None]) -> GroupTasks:
+    def tasks(self, lease: Owner, on_error: Callable[[], None]) -> GroupTasks:
         return GroupTasks(self, lease)
 
     def spawn_threadsafe(self, close: Close) -> None:
@@ -315,7 +320,7 @@ class GroupTasks:
 
     __slots__ = ("_group", "_lease", "_started", "_time")
 
-    def __init__(self, time_source: AnyioTime, lease: CallLease) -> None:
+    def __init__(self, time_source: AnyioTime, lease: Owner) -> None:
         self._time = time_source
         self._lease = lease
         self._group: TaskGroup = anyio.create_task_group()
