@@ -19,7 +19,6 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 if TYPE_CHECKING:
     from llmguard_client._outcome import Payment, Win
-    from llmguard_client.layers.continuation import CallContinuation
 
 __all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"]
 
@@ -122,8 +121,9 @@ class Call:
     failed_replicas: list[ReplicaState] = field(default_factory=list)
     winner: Win | None = None
     """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""
-    continuation: CallContinuation | None = None
-    """Set when the tier's `ContinuationPolicy` is on and the request qualifies (layers.continuation)."""
+    keeps_text: bool = False
+    """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
+    its attempts' readers keep the text they deliver, which a continuation resumes from."""
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes

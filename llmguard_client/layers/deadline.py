@@ -86,7 +86,7 @@ class GuardBody(httpx.AsyncByteStream):
     """The winner's body: replayed prefix, then the live remainder under stall/total deadlines,
     judged by its protocol reader."""
 
-    def __init__(self, call: Call, win: Win) -> None:
+    def __init__(self, call: Call, win: Win, continuation: CallContinuation | None = None) -> None:
         self._call = call
         self._lease: CallLease | None = call.lease
         """The call's lease until it is closed (then None)."""
@@ -104,7 +104,7 @@ class GuardBody(httpx.AsyncByteStream):
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
-        self._resume: CallContinuation | None = call.continuation
+        self._resume = continuation
         self._stall_tripped = False
         self._watchdog: ReadWatchdog | None = None
         self._steady: ReadWatchdog | None = None
