@@ -38,8 +38,9 @@ from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
+from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.record import RecordLogger
 
 if TYPE_CHECKING:
     import httpx2
@@ -150,6 +151,7 @@ class Guard:
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
         cohorts = Rollout(rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env())
+        log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
         if instrumentation is None:
@@ -181,6 +183,7 @@ class Guard:
         if self.budget is not None:
             instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
         self._rollout = cohorts
+        self._on_record = on_record
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -260,6 +263,8 @@ class Guard:
                     await self._replica_set.aclose()
                 finally:
                     await self._transport.passthrough_pool.aclose()
+                    if isinstance(self._on_record, RecordLogger):
+                        self._on_record.close()  # its file, if it writes one
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
