@@ -112,7 +112,7 @@ def run(command: str, cwd: Path, env: dict[str, str], where: str) -> str:
     )
     if proc.returncode != 0:
         raise DocError(f"{where}: `{command}` exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-    output = (proc.stdout + proc.stderr).rstrip("\n")
+    output = "\n".join(line.rstrip() for line in (proc.stdout + proc.stderr).rstrip("\n").split("\n"))
     return f"$ {command}\n{output}" if output else f"$ {command}"
 
 
@@ -127,6 +127,9 @@ def process(path: Path, *, check: bool) -> list[str]:
         work.mkdir()
         bin_dir.mkdir()
         env = _shims(bin_dir)
+        venv = work / ".venv"  # the README's `.venv/bin/...` commands, after its install line
+        venv.mkdir()
+        (venv / "bin").symlink_to(bin_dir, target_is_directory=True)
         for block in blocks(lines, name):
             body = "\n".join(lines[block.start : block.end])
             where = f"{name}:{block.start}"
