@@ -38,8 +38,9 @@ from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
+from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.record import RecordLogger
 
 if TYPE_CHECKING:
     import httpx2
@@ -154,6 +155,7 @@ class Guard:
         cohorts = Rollout(
             rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
         )
+        log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
         if instrumentation is None:
@@ -185,6 +187,7 @@ class Guard:
         if self.budget is not None:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
+        self._on_record = on_record
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -264,6 +267,8 @@ class Guard:
                     await self._replica_set.aclose()
                 finally:
                     await self._transport.passthrough_pool.aclose()
+                    if isinstance(self._on_record, RecordLogger):
+                        self._on_record.close()  # its file, if it writes one
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,

@@ -108,6 +108,27 @@ def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def log_rollout_state(rollout: Rollout, replicas: int) -> None:
+    """One INFO line on ``llmguard_client`` when a Guard is built: is it on, for which fraction of calls."""
+    if rollout.disabled:
+        logger.info("llmguard guard OFF: %s is set; every call is passed through unguarded (control)", DISABLE_ENV)
+        return
+    source = f", from {rollout.source!r}" if rollout.source is not None else ""
+    fraction = rollout.fraction
+    if fraction == 0.0:
+        logger.info(
+            "llmguard guard on for no calls (rollout=0%s): every call is passed through until it is raised", source
+        )
+    else:
+        logger.info(
+            "llmguard guard on: %g%% of calls guarded (rollout=%g%s), %d replica(s)",
+            fraction * 100,
+            fraction,
+            source,
+            replicas,
+        )
+
+
 def key_position(key: str) -> float:
     """Where a rollout key falls in [0, 1): stable across processes, runs and platforms."""
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=b"llmguard.rollout").digest()
@@ -163,6 +184,11 @@ class Rollout:
         self.set(fraction)
 
     # --- the fraction ---------------------------------------------------------------------
+
+    @property
+    def source(self) -> FractionSource | None:
+        """The callable the fraction is polled from, or None for a fixed number."""
+        return self._source
 
     @property
     def fraction(self) -> float:
