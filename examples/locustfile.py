@@ -34,9 +34,11 @@ class Plain(PlainChatUser):
     """Straight to the replicas with the openai SDK."""
 
     wait_time = constant(0.05)
+    max_tokens = 8  # short answers: the comparison is about the first token
 
 
 class Guarded(GuardedChatUser):
     """The same calls through a Guard (default policies: hedging on the first token, retries, deadlines)."""
 
     wait_time = constant(0.05)
+    max_tokens = 8
