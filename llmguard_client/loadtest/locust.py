@@ -28,6 +28,7 @@ asyncio keeps one running loop per OS thread, so a second Guard's loop cannot st
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import logging
@@ -247,7 +248,9 @@ def _warm_up() -> None:
         )  # fmt: skip
     finally:
         client.close()
-    importlib.import_module("llmguard_client.edges.httpx2_sync")
+    for edge in ("httpx_sync", "httpx2_sync"):  # openai 1.x/2.x take the first, >= 3 the second (needs httpx2)
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"llmguard_client.edges.{edge}")
 
 
 _warm_up()
