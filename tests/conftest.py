@@ -42,7 +42,7 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
 
 
-FIRST = ("tests/test_stress.py",)
+FIRST = ("tests/loadtest/test_locust.py", "tests/test_stress.py")
 """Modules of the longest tests (4-10 s each): run first, so that xdist does not deal one of them last and
 leave the other workers idle while it runs. With ``--dist loadgroup`` xdist deals the xdist groups first, then
 each other test alone in this order, so these spread over the workers."""
