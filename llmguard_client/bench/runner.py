@@ -141,6 +141,10 @@ async def replay(
     on_sample: Callable[[Sample], None] = lambda s: None,
 ) -> tuple[list[Sample], float]:
     """Send every planned request through ``client`` as the plan says; return samples by index + wall time."""
+    if plan.mode == "conversations":
+        from llmguard_client.bench.conversations import replay_conversations
+
+        return await replay_conversations(client, plan, model, on_sample)
     samples: list[Sample | None] = [None] * len(plan.requests)
     bodies = [request_body(r, model) for r in plan.requests]
     cap = plan.concurrency
