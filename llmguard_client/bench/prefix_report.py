@@ -42,15 +42,15 @@ def cache_lines(runs: Sequence[ClientRun], plan: TrafficPlan) -> list[str]:
         return []
     turns = turn_of(plan) if plan.mode == "conversations" else None
     width = max(len(r.name) for r in runs)
-    lines = ["prefix cache (tokens hit / queried, per replica) and TTFT p50 by turn:"]
+    lines = ["prefix cache hit rate (tokens hit / queried) per replica, and TTFT p50 by turn:"]
     for run in runs:
         line = f"  {run.name:<{width}}  "
         if run.server is not None:
             per, overall = hit_rates(run.server.replicas)
-            line += " ".join(f"r{i} {_pct(v)}" for i, v in enumerate(per)) + f"  all {_pct(overall)}"
+            line += " ".join(f"r{i} {_pct(v)}" for i, v in enumerate(per)) + f" all {_pct(overall)}"
         if turns is not None:
             first = [s.ttft for s in run.samples if s.ttft is not None and s.ok and turns[s.index] == 0]
             later = [s.ttft for s in run.samples if s.ttft is not None and s.ok and turns[s.index] > 0]
-            line += f"  |  TTFT first turns {_ms(percentile(first, 50))}, later turns {_ms(percentile(later, 50))}"
+            line += f" | TTFT 1st turns {_ms(percentile(first, 50))}, later {_ms(percentile(later, 50))}"
         lines.append(line)
     return lines
