@@ -120,9 +120,10 @@ class Engine:
         return list(self._rates.history)
 
     def reset_stats(self) -> None:
-        """Zero the counters and the history, whose clock restarts at the next step (in-flight requests stay)."""
+        """Zero the counters and the history, whose clock restarts at the next step, and empty the prefix cache
+        (so that a bench's next client starts cold); in-flight requests stay."""
         self.stats = EngineStats()
-        self.prefix_cache.reset_counters()
+        self.prefix_cache.clear()
         self._rates.history.clear()
         self._t0 = None
         self._next_sample = 0.0

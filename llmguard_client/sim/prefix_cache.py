@@ -121,3 +121,8 @@ class PrefixCache:
     def reset_counters(self) -> None:
         """Zero the counters (the cached blocks stay)."""
         self.counters = CacheCounters()
+
+    def clear(self) -> None:
+        """Drop every cached block and zero the counters."""
+        self._blocks.clear()
+        self.reset_counters()

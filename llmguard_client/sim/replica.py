@@ -194,6 +194,6 @@ class Replica:
         }
 
     def reset_stats(self) -> None:
-        """Zero the counters and the history (in-flight requests are kept)."""
+        """Zero the counters and the history and empty the prefix cache (in-flight requests are kept)."""
         self.engine.reset_stats()
         self.counters = ReplicaCounters()

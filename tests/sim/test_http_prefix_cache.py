@@ -45,6 +45,11 @@ async def test_a_second_turn_hits_its_first_turns_prefix_and_metrics_count_it_in
         assert parse_vllm_metrics(text).waiting == 0.0  # the usual gauges still parse
         stats = (await http.get(url + "/sim/stats")).json()
         assert (stats["prefix_cache_queries"], stats["prefix_cache_hits"]) == (409, 192)
+        await http.post(url + "/sim/reset")  # a bench's next client starts with a cold cache
+        await http.post(url + "/v1/chat/completions", json=turn_body("hello there"))
+        text = (await http.get(url + "/metrics")).text
+        assert metric(text, "vllm:prefix_cache_queries_total") == 202
+        assert metric(text, "vllm:prefix_cache_hits_total") == 0
 
 
 async def test_without_a_cache_metrics_carry_no_prefix_counters() -> None:
