@@ -115,6 +115,11 @@ class Replica:
         """Credentials masked: reprs end up in logs and tracebacks."""
         return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r})"
 
+    def __hash__(self) -> int:
+        """Hashable like the other frozen configs (a set member, a dict key): the headers, a dict kept
+        private to the instance, are hashed by their items."""
+        return hash((self.url, frozenset(self.headers.items())))
+
 
 @dataclass(frozen=True, slots=True)
 class HedgePolicy:
@@ -163,8 +168,8 @@ class HedgePolicy:
 class RetryPolicy:
     """Which failures are retried, how often, and how long to back off.
 
-    Backoff is exponential with full jitter (tenacity's ``wait_random_exponential``)
-    from ``backoff_initial`` up to ``backoff_max``; a server's Retry-After replaces it
+    Backoff is exponential with full jitter (uniform in [0, min(``backoff_max``,
+    ``backoff_initial`` x 2^(round-1))], `llmguard_client.layers.retry.Backoff`); a server's Retry-After replaces it
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows, and only if it fits the tier deadline.
 

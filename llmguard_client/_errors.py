@@ -6,8 +6,10 @@ keeps working::
 
     LLMGuardError                       base of everything below
     ├── GuardConfigError(ValueError)    bad configuration, raised at construction
-    │   └── UnknownTierError            a tier name that is not configured
     └── GuardFailure                    the guard gave up on a call (carries .record, .cause)
+        ├── GuardRequestError(ValueError)   a call's own x-llmguard-* header names nothing configured (400)
+        │   ├── UnknownTierError        a tier name that is not configured (also a GuardConfigError)
+        │   └── UnknownCohortError      an x-llmguard-cohort other than guarded / control
         ├── GuardTimeout(httpx.TimeoutException)
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
@@ -55,10 +57,6 @@ class GuardConfigError(LLMGuardError, ValueError):
     """The configuration is invalid; the message names the field and what is accepted."""
 
 
-class UnknownTierError(GuardConfigError):
-    """A call asked for a tier that is not configured."""
-
-
 class GuardFailure(LLMGuardError):
     """The guard gave up on a call.
 
@@ -84,6 +82,31 @@ class GuardFailure(LLMGuardError):
         self.record = record
         self.retry_after = retry_after
         self._guard_request = request
+
+
+class GuardRequestError(GuardFailure, ValueError):
+    """A call's own ``x-llmguard-*`` header asks for something the guard does not have.
+
+    Checked for every call, whatever its rollout cohort (and while the guard is off), before
+    anything is sent: the call would fail the same way again, so it is never retried (in response
+    mode a 400 answer with ``x-should-retry: false``).
+    """
+
+    cause = "bad_request"
+    status_code = 400
+
+
+class UnknownTierError(GuardRequestError, GuardConfigError):
+    """A tier name that is not configured: in a call's ``x-llmguard-tier`` header (cause
+    ``unknown_tier``, a 400 in response mode), or given to ``guard.tier()`` or at construction."""
+
+    cause = "unknown_tier"
+
+
+class UnknownCohortError(GuardRequestError):
+    """A call's ``x-llmguard-cohort`` header is neither ``guarded`` nor ``control``."""
+
+    cause = "unknown_cohort"
 
 
 class GuardTimeout(GuardFailure, httpx.TimeoutException):

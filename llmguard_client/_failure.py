@@ -4,7 +4,8 @@ The openai SDK (like every Stainless-generated SDK) retries whatever a transport
 raises, up to ``max_retries`` times with sleeps, but obeys ``x-should-retry: false``
 on a response. So in *response mode* a guard failure comes back the way a proxy would
 answer: 504 for a deadline, 429/503 for overload (with Retry-After when known), 502
-when every attempt failed, always with ``x-should-retry: false``, an OpenAI-format
+when every attempt failed, 503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
+naming no tier or cohort (`GuardRequestError`), always with ``x-should-retry: false``, an OpenAI-format
 JSON error whose message names the tier, the limit, the elapsed time and the
 attempts, and the machine-readable cause in ``x-llmguard-cause``. The SDK then raises
 its usual typed error (``APIStatusError`` subclasses) at once.
@@ -44,16 +45,17 @@ def _retry_after_headers(seconds: float | None) -> dict[str, str]:
     return {"retry-after": str(max(0, math.ceil(seconds))), "retry-after-ms": str(max(0, round(seconds * 1000)))}
 
 
-def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseRecord) -> httpx.Response:
-    """A proxy-style error response for a failure the guard decided."""
+def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseRecord | None) -> httpx.Response:
+    """A proxy-style error response for a failure the guard decided (``record`` None: the call was
+    refused before it started, e.g. after ``Guard.aclose()`` or for an unknown tier)."""
     body = {
         "error": {
             "message": error.message,
             "type": "llmguard_error",
             "code": error.cause,
             "param": None,
-            "tier": record.tier,
-            "attempts": len(record.attempts),
+            "tier": record.tier if record is not None else None,
+            "attempts": len(record.attempts) if record is not None else 0,
         }
     }
     headers = {
@@ -67,7 +69,7 @@ def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseR
         headers=headers,
         content=json.dumps(body).encode(),
         request=request,
-        extensions={"llmguard": record},
+        extensions={"llmguard": record} if record is not None else {},
     )
 
 

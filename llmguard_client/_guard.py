@@ -179,7 +179,7 @@ class Guard:
         self.ttft_stats = TTFTStats(hedge or HedgePolicy(), router.degraded, lambda: router.epoch)
         """TTFT per replica, tier and stream kind: the hedge delay and the retry layer's expected TTFT."""
         if self.budget is not None:
-            instrumentation.register_budget(lambda: self.budget.level if self.budget is not None else 0.0)
+            instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
         self._transport = GuardTransport(
             replicas=self._replica_set,

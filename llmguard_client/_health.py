@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ReplicaHealth", "Routable", "lower_median", "ms", "no_room", "sent", "silent", "worse"]
+__all__ = ["ReplicaHealth", "Routable", "ms", "no_room", "sent", "silent", "worse"]
 
 
 @dataclass(slots=True)
@@ -50,15 +50,6 @@ class Routable(Protocol):
     def health(self) -> ReplicaHealth: ...
 
     def cooling(self, now: float) -> bool: ...
-
-
-def lower_median(values: list[float]) -> float | None:
-    """The lower middle value (``values`` is sorted in place), or None if there is none: robust to a
-    slow minority, and with two values the faster one."""
-    if not values:
-        return None
-    values.sort()
-    return values[(len(values) - 1) // 2]
 
 
 def sent(h: ReplicaHealth, now: float) -> None:

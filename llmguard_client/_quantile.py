@@ -1,5 +1,6 @@
-"""Quantiles, one definition for the whole package: of a sample (`percentile`) and over a sliding window
-of the most recent samples in bounded memory (`StreamingQuantile`).
+"""Quantiles, one definition for the whole package: of a sample (`percentile`), over a sliding window
+of the most recent samples in bounded memory (`StreamingQuantile`), and the lower median across
+replicas (`lower_median`) that the router and the hedge delay compare replicas by.
 
 Both interpolate linearly between order statistics (Hyndman & Fan type 7: numpy's default,
 ``statistics.quantiles(method="inclusive")``).
@@ -12,7 +13,16 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-__all__ = ["StreamingQuantile", "percentile"]
+__all__ = ["StreamingQuantile", "lower_median", "percentile"]
+
+
+def lower_median(values: list[float]) -> float | None:
+    """The lower middle value (``values`` is sorted in place), or None if there is none: robust to a
+    slow minority, and with two values the faster one."""
+    if not values:
+        return None
+    values.sort()
+    return values[(len(values) - 1) // 2]
 
 
 def _interpolate(ordered: Sequence[float], q: float) -> float:

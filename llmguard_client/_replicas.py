@@ -38,7 +38,6 @@ class ReplicaState:
     consecutive_failures: int = 0
     tripped: bool = False
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
-    last_failure: float = -1e18
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     """Speed, failures, drain and rate-limit room, as the router sees them."""
 
@@ -202,7 +201,6 @@ class ReplicaSet:
     def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
         """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
         state.consecutive_failures += 1
-        state.last_failure = now
         self.router.failed(state, now)
         if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
             state.open_until = now + cooldown

@@ -42,7 +42,9 @@ pile its share onto others that are overloaded too. While drained its estimates 
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
 speed estimates forgotten (it starts again as a replica never measured). At most a minority of
 replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
-answered by piling everything onto one replica.
+answered by piling everything onto one replica. The median is that of the replicas that are
+succeeding (failure rate under `Router.RECOVER_FAILURE`): a replica that answers its first token at
+once and then breaks the stream is no yardstick for the others' speed.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
-from llmguard_client._health import ReplicaHealth, Routable, lower_median, ms, no_room, sent, silent, worse
+from llmguard_client._health import ReplicaHealth, Routable, ms, no_room, sent, silent, worse
+from llmguard_client._quantile import lower_median
 from llmguard_client._ratelimit import parse_rate_limits
 
 __all__ = ["ReplicaHealth", "Routable", "Router"]
@@ -191,7 +194,7 @@ class Router(Generic[S]):
         """Replicas with rate-limit room first; then those whose cost is within `TIE` (relative) or
         `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
         if self._stale:
-            self._refresh_references()
+            self._refresh_references(now)
         if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
             room = [s for s in states if not no_room(s.health, now)]
             states = room or states
@@ -299,7 +302,7 @@ class Router(Generic[S]):
         """Refresh the reference medians; bring ``state`` back if it is drained and its own calls
         show it recovered; drain any replica (``state`` first) whose estimates are now beyond the
         limits: a replica the costs already keep away gets no calls of its own to judge it by."""
-        self._refresh_references()
+        self._refresh_references(now)
         self._stale = False
         h = state.health
         if h.drained and not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
@@ -349,10 +352,13 @@ class Router(Generic[S]):
             self.probe_interval,
         )
 
-    def _refresh_references(self) -> None:
-        """The median replica's TTFT and TPOT: what "slow" and "unknown" are measured against."""
-        self._ref_ttft = lower_median([s.health.ttft for s in self.states if s.health.ttft is not None])
-        self._ref_tpot = lower_median([s.health.tpot for s in self.states if s.health.tpot is not None])
+    def _refresh_references(self, now: float) -> None:
+        """The median succeeding replica's TTFT and TPOT: what "slow" and "unknown" are measured against.
+        A replica failing at `RECOVER_FAILURE` or more is left out (unless every one is): one that answers
+        its first token in 1 ms and then breaks the stream must not make the healthy ones look slow."""
+        states = [s for s in self.states if self._failure(s.health, now) < self.RECOVER_FAILURE] or self.states
+        self._ref_ttft = lower_median([s.health.ttft for s in states if s.health.ttft is not None])
+        self._ref_tpot = lower_median([s.health.tpot for s in states if s.health.tpot is not None])
 
     def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
         return (

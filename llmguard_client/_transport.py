@@ -3,7 +3,9 @@
 The pipeline, outermost first (each a module of `llmguard_client.layers`)::
 
     rollout   -> cohort guarded | control: decided before the Call is built; a control call (and
-                 every call while the guard is off) is passed through (layers.passthrough)
+                 every call while the guard is off) is passed through (layers.passthrough). Before
+                 it, for every call: refused at once after ``Guard.aclose()`` or for an unknown tier
+                 or cohort header (`GuardTransport.refuse`)
     bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
     deadline  -> one cancel scope until the first token; stall/total after it (the body)
     retry     -> routes the call; rounds under the shared budget and Retry-After
@@ -38,14 +40,13 @@ from llmguard_client._outcome import Failed, Route, Win
 from llmguard_client._pipeline import Next, compose
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._ttft_stats import TTFTStats
-from llmguard_client.edges.sdk import wrong_client_message
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client.layers.continuation import Continuer
 from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
 from llmguard_client.layers.hedge import HedgeLayer
-from llmguard_client.layers.passthrough import PassthroughPool, control_tier, passthrough
+from llmguard_client.layers.passthrough import PassthroughPool, passthrough
 from llmguard_client.layers.retry import RetryLayer
 from llmguard_client.layers.rollout import Assignment, Rollout, RolloutLayer
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -125,13 +126,17 @@ class GuardTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
-        if self._registry.closed:
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
         headers = CallerHeaders(request)
-        assignment = self._rollout.assign(request, headers)  # first: a control call never builds a Call
+        try:  # refused before anything starts: closed, or a guard header naming nothing configured
+            if self._registry.closed:
+                raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
+            tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
+            assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
+        except GuardFailure as refused:
+            return self.refuse(request, refused, headers)
         if assignment.cohort == "control":
-            return await self._pass_through(request, assignment)
-        call = await self._start_call(request, headers, assignment)
+            return await self._pass_through(request, assignment, tier_name)
+        call = await self._start_call(request, headers, assignment, tier_name)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
             outcome = await self._pipeline(call, Route())
@@ -150,7 +155,17 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return self._deliver(call, outcome)
         return await self._give_up(call, outcome)
 
-    async def _pass_through(self, request: httpx.Request, assignment: Assignment) -> httpx.Response:
+    def refuse(
+        self, request: httpx.Request, error: GuardFailure, headers: CallerHeaders | None = None
+    ) -> httpx.Response:
+        """A call refused before it started (``error``: `GuardClosed`, `GuardRequestError`): in response
+        mode a proxy-style answer with ``x-should-retry: false`` (an SDK raises it at once instead of
+        retrying a "connection error" with backoff), else ``error`` is raised. The sync edges use it too."""
+        if self._respond_with_errors(headers if headers is not None else CallerHeaders(request)):
+            return failure_response(error, request, None)
+        raise error
+
+    async def _pass_through(self, request: httpx.Request, assignment: Assignment, tier: str) -> httpx.Response:
         """The control cohort (and every call while the guard is off): layers.passthrough."""
 
         def report(record: PhaseRecord) -> None:
@@ -161,18 +176,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return await passthrough(
             request,
             self.passthrough_pool.for_url,
-            tier=control_tier(request, self._tiers, self._tier_var.get(), self._default_tier),
+            tier=tier,
             fraction=assignment.fraction,
             instrumentation=self._instrumentation,
             on_record=report,
             clock=bind_clock(self._clock, loop_time_function()),
         )
 
-    async def _start_call(self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment) -> Call:
+    async def _start_call(
+        self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
+    ) -> Call:
         loop_time = loop_time_function()
         clock = bind_clock(self._clock, loop_time)
         now = clock()
-        tier_name = self._resolve_tier(headers)
         tier = self._tiers[tier_name]
         body = await request.aread()
         facts = RequestFacts.parse(request, body)
@@ -307,14 +323,15 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     # --- per-call choices -----------------------------------------------------------------
 
-    def _resolve_tier(self, headers: CallerHeaders) -> str:
+    def _resolve_tier(self, headers: CallerHeaders, request: httpx.Request) -> str:
         name: str | None = headers.own(TIER_HEADER) or self._tier_var.get() or self._default_tier
         assert name is not None
         name = name.strip()
         if name not in self._tiers:
             raise UnknownTierError(
                 f"unknown tier {name!r} (from the {TIER_HEADER} header or guard.tier()); "
-                f"configured tiers: {', '.join(sorted(self._tiers))}"
+                f"configured tiers: {', '.join(sorted(self._tiers))}",
+                request=request,
             )
         return name
 
@@ -345,3 +362,13 @@ def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | No
         return ok, None, None
     tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
     return ok, tokens, now - first_token
+
+
+def wrong_client_message(request: object) -> str:
+    """Why `guard.transport` (an httpx transport) cannot serve ``request``, and what to use instead."""
+    kind = type(request).__module__.split(".")[0]
+    return (
+        f"guard.transport is an httpx transport, but it was given a {kind} request ({type(request).__name__}); "
+        "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
+        "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
+    )

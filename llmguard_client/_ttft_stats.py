@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmguard_client._config import HedgePolicy
-from llmguard_client._quantile import StreamingQuantile
+from llmguard_client._quantile import StreamingQuantile, lower_median
 
 __all__ = ["TTFTStats"]
 
@@ -131,16 +131,16 @@ class TTFTStats:
         enough = {name: w for name, w in stats.windows.items() if w.count >= self.MIN_REPLICA_SAMPLES}
         healthy = {name: w for name, w in enough.items() if not self._degraded(name)} or enough
         if healthy:
-            stats.typical = _lower_median([w.quantile(0.5) or 0.0 for w in healthy.values()])
+            stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in healthy.values()]) or 0.0
         else:
-            known = [w for w in stats.windows.values() if w.count]
-            stats.typical = _lower_median([w.quantile(0.5) or 0.0 for w in known]) if known else 0.0
+            known = [w.quantile(0.5) or 0.0 for w in stats.windows.values() if w.count]
+            stats.typical = lower_median(known) or 0.0
         stats.own = {}
         if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
             stats.delay = None  # warming up
             return
         quantiles = {name: w.quantile(policy.quantile) or 0.0 for name, w in healthy.items()}
-        estimate = _lower_median(list(quantiles.values()))
+        estimate = lower_median(list(quantiles.values())) or 0.0
         stats.delay = delay = min(policy.max_delay, max(policy.min_delay, estimate))
         cap = min(policy.max_delay, self.OWN_DELAY_CAP * delay)
         stats.own = {name: min(cap, q) for name, q in quantiles.items() if q > delay}
@@ -150,8 +150,3 @@ class TTFTStats:
             f"{tier}/{'stream' if stream else 'body'}": len(c.windows) for (tier, stream), c in self._classes.items()
         }
         return f"TTFTStats(replicas per class={classes})"
-
-
-def _lower_median(values: list[float]) -> float:
-    values.sort()
-    return values[(len(values) - 1) // 2]

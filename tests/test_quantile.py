@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client._quantile import StreamingQuantile, percentile
+from llmguard_client._quantile import StreamingQuantile, lower_median, percentile
 
 samples = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 q_open = st.floats(min_value=0, max_value=1, exclude_min=True, exclude_max=True)
@@ -181,3 +181,11 @@ def test_percentile_and_the_window_agree(xs: list[float], q: float) -> None:
     for x in xs:
         est.add(x)
     assert percentile(xs, q * 100) == pytest.approx(est.quantile(q), rel=1e-12, abs=1e-9)
+
+
+def test_lower_median_is_the_lower_middle_value() -> None:
+    assert lower_median([]) is None
+    assert lower_median([0.3]) == 0.3
+    assert lower_median([0.05, 0.001]) == 0.001  # of two, the faster one
+    assert lower_median([0.4, 0.1, 0.2]) == 0.2
+    assert lower_median([0.4, 0.1, 0.3, 0.2]) == 0.2

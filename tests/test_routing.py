@@ -411,3 +411,19 @@ def test_a_replica_without_room_ranks_last_until_its_reset() -> None:
     assert r0.health.limited_until == -math.inf
     router.saw_headers(r0, NOW, httpx.Headers({"content-type": "text/event-stream"}))  # says nothing
     assert r0.health.limited_until == -math.inf
+
+
+def test_degradation_is_judged_against_succeeding_replicas_only(caplog: pytest.LogCaptureFixture) -> None:
+    """A replica that answers its first token in 1 ms and then breaks every stream is no yardstick: the healthy
+    replica (60 ms) is not called degraded against it; the breaking one is drained for its failures."""
+    router, (breaking, healthy) = cluster(2)
+    caplog.set_level("WARNING", logger="llmguard_client")
+    for i in range(10):
+        now = NOW + i
+        router.first_token(breaking, now, 0.001)
+        router.stream_finished(breaking, now, ok=False, tokens=3, duration=0.002)
+        router.first_token(healthy, now, 0.060)
+        router.stream_finished(healthy, now, ok=True, tokens=21, duration=0.2)
+    assert breaking.health.drained and not healthy.health.drained
+    drained = [r.getMessage() for r in caplog.records if "is degraded" in r.getMessage()]
+    assert len(drained) == 1 and drained[0].startswith("llmguard: replica r0 is degraded"), drained

@@ -12,6 +12,7 @@ import pytest
 
 from llmguard_client import (
     Guard,
+    GuardFailure,
     PhaseRecord,
     Replica,
     StallTimeout,
@@ -19,6 +20,7 @@ from llmguard_client import (
     TotalTimeout,
     TTFTTimeout,
     UnknownTierError,
+    guard_failure,
 )
 from llmguard_client.layers.deadline import GuardBody
 from tests.clients import plain_httpx
@@ -176,10 +178,31 @@ async def test_tier_header_is_stripped_and_selects_the_tier(servers: list[Loopba
 
 async def test_unknown_tier_is_a_clear_error(servers: list[LoopbackServer]) -> None:
     async with make_guard(servers[:1], []) as guard, guard.http_client() as client:
-        with pytest.raises(UnknownTierError, match="configured tiers: batch, interactive"):
+        with pytest.raises(UnknownTierError, match="configured tiers: batch, interactive") as caught:
             await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
         with pytest.raises(UnknownTierError, match="'gold'"), guard.tier("gold"):
             pass
+    assert isinstance(caught.value, GuardFailure) and guard_failure(caught.value) == "unknown_tier"
+    assert servers[0].received == []
+
+
+async def test_refused_calls_in_response_mode_are_answers_not_to_be_retried(servers: list[LoopbackServer]) -> None:
+    guard = make_guard(servers[:1], [], failure_mode="response")
+    async with guard, guard.http_client() as client:
+        typo = await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
+    async with guard.http_client() as client:
+        closed = await client.post(servers[0].url + CHAT, json={})
+    assert (typo.status_code, typo.headers["x-llmguard-cause"], typo.headers["x-should-retry"]) == (
+        400,
+        "unknown_tier",
+        "false",
+    )
+    assert "'gold'" in typo.json()["error"]["message"] and typo.json()["error"]["code"] == "unknown_tier"
+    assert (closed.status_code, closed.headers["x-llmguard-cause"], closed.headers["x-should-retry"]) == (
+        503,
+        "guard_closed",
+        "false",
+    )
     assert servers[0].received == []
 
 

@@ -25,6 +25,7 @@ import anyio
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import Sample
 from llmguard_client.bench.rates import RateProfile
+from llmguard_client.bench.runner import Replayed
 from llmguard_client.bench.traffic import _VOCAB, LengthModel, PlannedRequest, TrafficPlan, _profile_arrivals
 
 __all__ = [
@@ -172,18 +173,24 @@ def _conversations(plan: TrafficPlan) -> Sequence[Conversation]:
 
 async def replay_conversations(
     client: BenchClient, plan: TrafficPlan, model: str, on_sample: Callable[[Sample], None] = lambda s: None
-) -> tuple[list[Sample], float]:
-    """Run every conversation of ``plan`` through ``client``, each turn after the previous one ended."""
+) -> Replayed:
+    """Run every conversation of ``plan`` through ``client``, each turn after the previous one ended.
+
+    ``behind`` is how late a turn was sent at most, against its conversation's start (first turns) or the end
+    of the previous turn plus the think time (later turns)."""
     samples: list[Sample | None] = [None] * len(plan.requests)
     start = time.perf_counter() + 0.02
+    behind = 0.0
 
     async def converse(conv: Conversation) -> None:
+        nonlocal behind
         for k in range(conv.turns):
             req = plan.requests[conv.first + k]
             at = start + conv.start if k == 0 else time.perf_counter() + conv.think_s[k - 1]
             delay = at - time.perf_counter()
             if delay > 0:
                 await anyio.sleep(delay)
+            behind = max(behind, time.perf_counter() - at)
             sample = await client.run(req, turn_body(conv, k, model), at)
             samples[req.index] = sample
             on_sample(sample)
@@ -197,4 +204,4 @@ async def replay_conversations(
     wall = time.perf_counter() - start
     done = [s for s in samples if s is not None]
     assert len(done) == len(plan.requests)
-    return done, wall
+    return Replayed(done, wall, behind)

@@ -114,10 +114,12 @@ class RetryBudget:
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
     Meant for a single event loop: no locks. ``clock`` must be non-decreasing (a clock that goes
-    backwards is treated as standing still).
+    backwards is treated as standing still). Other threads (a metrics exporter) read only
+    :meth:`published_level`.
     """
 
     __slots__ = (
+        "__weakref__",
         "_buckets",
         "_clock",
         "_floor",
@@ -126,6 +128,7 @@ class RetryBudget:
         "_next_seq",
         "_now",
         "_pending",
+        "_published",
         "_ratio",
         "_refused",
         "_requests",
@@ -160,6 +163,7 @@ class RetryBudget:
         self._spent = 0
         self._pending = 0
         self._refused = 0
+        self._published = float(floor)
 
     @property
     def ratio(self) -> float:
@@ -178,8 +182,10 @@ class RetryBudget:
 
     def record_request(self) -> None:
         """Record that one logical call started (earns ``ratio`` extra attempts for ``window`` s)."""
-        self._current(self._tick()).requests += 1
+        now = self._tick()
+        self._current(now).requests += 1
         self._requests += 1
+        self._publish(now)
 
     def try_acquire(self) -> BudgetTicket | None:
         """Reserve one extra attempt (retry or hedge); None if the budget refuses (counted in ``refused``)."""
@@ -187,6 +193,7 @@ class RetryBudget:
         requests, extras = self._window_counts(now)
         if extras + 1 > self._ratio * requests + self._floor:
             self._refused += 1
+            self._publish(now)
             return None
         bucket = self._current(now)
         bucket.extras += 1
@@ -195,13 +202,13 @@ class RetryBudget:
         bucket.seq_hi = seq
         self._spent += 1
         self._pending += 1
+        self._publish(now)
         return BudgetTicket(self, seq)
 
     @property
     def level(self) -> float:
         """Extra attempts available right now (fractional; ``try_acquire`` succeeds iff ``>= 1``)."""
-        requests, extras = self._window_counts(self._tick())
-        return max(0.0, self._ratio * requests + self._floor - extras)
+        return self._publish(self._tick())
 
     @property
     def spent(self) -> int:
@@ -215,9 +222,10 @@ class RetryBudget:
 
     def snapshot(self) -> BudgetSnapshot:
         """Return the current level and counters as an immutable value."""
-        requests, extras = self._window_counts(self._tick())
+        now = self._tick()
+        requests, extras = self._window_counts(now)
         return BudgetSnapshot(
-            level=max(0.0, self._ratio * requests + self._floor - extras),
+            level=self._publish(now),
             spent=self._spent,
             refused=self._refused,
             requests=self._requests,
@@ -289,5 +297,23 @@ class RetryBudget:
         for bucket in self._buckets:
             if bucket.seq_lo <= seq <= bucket.seq_hi:
                 bucket.extras -= 1
+                self._publish(self._now)
                 return
         # The bucket already aged out of every window: only the lifetime counter changes.
+
+    # -- the published level: the one value another thread may read ---------------------------
+
+    def published_level(self) -> float:
+        """The level as of the budget's last operation; safe to call from any thread (a metrics exporter).
+
+        Every operation on the loop (a call recorded, an attempt acquired, refused or refunded, a read
+        of `level` or `snapshot`) publishes the level it leaves; this only reads that float, never the
+        window. While no call runs it is not refreshed as old attempts age out of the window.
+        """
+        return self._published
+
+    def _publish(self, now: float) -> float:
+        """Compute the level at ``now`` (on the loop) and publish it; return it."""
+        requests, extras = self._window_counts(now)
+        level = self._published = max(0.0, self._ratio * requests + self._floor - extras)
+        return level

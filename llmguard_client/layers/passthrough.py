@@ -8,7 +8,9 @@ what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fracti
   timeouts and extensions; nothing added (no ``traceparent``, no replica headers);
 - the server's answer returned as it came, error statuses included; a transport error is
   raised as httpx raised it; no deadline, hedge, retry, bulkhead or budget applies;
-- an unknown tier or cohort header is never an error (the record names the default tier);
+- the tier (the record's) is resolved as for a guarded call: an ``x-llmguard-tier`` or
+  ``x-llmguard-cohort`` header naming nothing configured fails the call before it is sent
+  (`llmguard_client.GuardRequestError`), so a typo fails at 5 % exactly as at 100 %;
 - measured all the same: a `PhaseRecord` with cohort ``control``, one attempt, TTFT from the
   SSE stream's first content token, delivered to ``on_record`` and the instrumentation.
 
@@ -23,13 +25,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import anyio
 import httpx
 
-from llmguard_client._call import TIER_HEADER, RequestFacts
+from llmguard_client._call import RequestFacts
 from llmguard_client._tls import default_tls_context
 from llmguard_client.layers.attempt import error_kind, stamp_sent
 from llmguard_client.protocols import StreamReader, reader_for
@@ -73,15 +74,6 @@ class PassthroughPool:
             other, self._other = self._other, None
         if other is not None:
             await other.aclose()
-
-
-def control_tier(request: httpx.Request, tiers: Mapping[str, Any], scoped: str | None, default: str) -> str:
-    """The tier a control call is recorded under: as the guarded path would choose, but an unknown name
-    falls back to ``default`` instead of failing the call."""
-    for name in (request.headers.get(TIER_HEADER), scoped):
-        if name is not None and name.strip() in tiers:
-            return name.strip()
-    return default
 
 
 async def passthrough(

@@ -16,12 +16,16 @@ After a round fails, `Retrier` decides whether and where to try again:
   with the last server answer. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need);
-- backoff between retries is tenacity's ``wait_random_exponential`` (full jitter);
+- backoff between retries is full jitter over tenacity's ``wait_exponential`` window (what
+  ``wait_random_exponential`` does), drawn from the layer's own `random.Random` (`Backoff`), so
+  a test can seed it; tenacity's own draw uses the global ``random`` module;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
 """
 
 from __future__ import annotations
+
+import random
 
 import anyio
 import tenacity
@@ -36,6 +40,24 @@ from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.telemetry.hooks import Instrumentation
 
 
+class Backoff:
+    """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))].
+
+    The window is tenacity's ``wait_exponential``; the draw comes from ``rng`` (seed it for a
+    reproducible sequence) rather than the global ``random`` module that tenacity's
+    ``wait_random_exponential`` draws from.
+    """
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        self._window = tenacity.wait_exponential(multiplier=initial, max=maximum)
+        self._rng = rng if rng is not None else random.Random()
+
+    def __call__(self, round_number: int) -> float:
+        state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = round_number  # all that wait_exponential reads
+        return self._rng.uniform(0.0, self._window(state))
+
+
 class RetryLayer:
     """Routes the call's first round, then runs rounds until one wins or retrying is not worth it."""
 
@@ -45,6 +67,7 @@ class RetryLayer:
         policy: RetryPolicy | None,
         ttft_stats: TTFTStats,
         instrumentation: Instrumentation,
+        rng: random.Random | None = None,
     ) -> None:
         self.replicas = replicas
         self.policy = policy
@@ -52,7 +75,8 @@ class RetryLayer:
         self._instrumentation = instrumentation
         initial = policy.backoff_initial if policy else 0.05
         maximum = policy.backoff_max if policy else 2.0
-        self._backoff = tenacity.wait_random_exponential(multiplier=initial, max=maximum)
+        self.backoff = Backoff(initial, maximum, rng)
+        """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         state = route.replica or self.replicas.pick(call.clock())
@@ -153,9 +177,7 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:
-            retry_state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})
-            retry_state.attempt_number = rounds
-            wait = float(self._backoff(retry_state))
+            wait = self.backoff(rounds)
             if last.retry_after is not None:
                 wait = max(wait, last.retry_after)
         if wait + expected_ttft >= remaining:

@@ -2,8 +2,9 @@
 
 A call's cohort is decided first, before anything else the guard does::
 
-    off (LLMGUARD_DISABLED, or a fraction of 0)   -> control, whatever the headers say
-    x-llmguard-cohort: guarded|control             -> pinned
+    off (LLMGUARD_DISABLED, or a fraction of 0)   -> control, whatever the (valid) headers say
+    x-llmguard-cohort: guarded|control             -> pinned (any other value: `UnknownCohortError`,
+                                                      even while off, so a typo fails at 0 % as at 100 %)
     a key (x-llmguard-key header, guard.rollout_key(...), Guard(rollout_key=fn))
                                                    -> sticky: guarded iff hash(key) < fraction
     no key                                         -> per call: guarded with probability fraction
@@ -36,7 +37,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call, CallerHeaders
-from llmguard_client._errors import GuardConfigError
+from llmguard_client._errors import GuardConfigError, UnknownCohortError
 from llmguard_client._outcome import Outcome, Route
 from llmguard_client._pipeline import Next
 
@@ -212,16 +213,18 @@ class Rollout:
     def assign(self, request: httpx.Request, headers: CallerHeaders | None = None) -> Assignment:
         """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
         the request's, if they were read already."""
+        headers = headers if headers is not None else CallerHeaders(request)
+        pinned = headers.own(COHORT_HEADER)
+        cohort = pinned.strip().lower() if pinned is not None else None
+        if cohort is not None and cohort != "guarded" and cohort != "control":  # checked even while off
+            raise UnknownCohortError(
+                f"the {COHORT_HEADER} header must be one of {', '.join(COHORTS)}; got {pinned!r}", request=request
+            )
         fraction = self.fraction
         if fraction <= 0.0:
             return Assignment("control", 0.0, "off")
-        headers = headers if headers is not None else CallerHeaders(request)
-        pinned = headers.own(COHORT_HEADER)
-        if pinned is not None:
-            cohort = pinned.strip().lower()
-            if cohort == "guarded" or cohort == "control":
-                return Assignment("guarded" if cohort == "guarded" else "control", fraction, "pin")
-            raise GuardConfigError(f"{COHORT_HEADER} must be one of {', '.join(COHORTS)}; got {pinned!r}")
+        if cohort is not None:
+            return Assignment("guarded" if cohort == "guarded" else "control", fraction, "pin")
         key = self._key(request, headers)
         if key is not None:
             return Assignment("guarded" if key_position(key) < fraction else "control", fraction, "key")

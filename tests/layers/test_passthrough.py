@@ -12,14 +12,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmguard_client import Guard, OpenTelemetryInstrumentation, PhaseRecord, Tier
+from llmguard_client import Guard, OpenTelemetryInstrumentation, PhaseRecord, Tier, UnknownTierError, guard_failure
 from llmguard_client.layers.rollout import key_position
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 from tests.recording import RecordingServer
 
 TIERS = {"interactive": Tier(ttft=0.05, total=0.2, stall=0.05), "batch": Tier(ttft=5.0, total=10.0)}
-GUARD_HEADERS = {"x-llmguard-tier": "no-such-tier", "x-llmguard-cohort": "treatment", "X-LLMGuard-Key": "user-7"}
+GUARD_HEADERS = {"x-llmguard-tier": "interactive", "x-llmguard-cohort": "guarded", "X-LLMGuard-Key": "user-7"}
+"""Valid guard headers (a pin to guarded included): while off, they are stripped and ignored."""
 
 
 @pytest.fixture
@@ -83,6 +84,28 @@ async def test_off_is_a_byte_for_byte_pass_through(
     assert len(record.attempts) == 1 and record.replica == dest.url
     assert record.ttft is not None and record.http_status == 200
     assert got.extensions["llmguard"] is record
+
+
+@pytest.mark.parametrize("mode", ["env", "rollout=0", "set_rollout(0)", "pinned control", "control key"])
+async def test_a_tier_typo_fails_in_the_control_cohort_as_it_would_guarded(
+    recorders: list[RecordingServer], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    first, second, _ = recorders
+    headers = {"x-llmguard-tier": "interactve"}
+    records: list[PhaseRecord] = []
+    if mode == "pinned control":
+        guard = Guard([first.url, second.url], tiers=TIERS, rollout=1.0, on_record=records.append)
+        headers["x-llmguard-cohort"] = "control"
+    elif mode == "control key":
+        guard = Guard([first.url, second.url], tiers=TIERS, rollout=0.1, on_record=records.append)
+        headers["x-llmguard-key"] = next(k for k in (f"user-{i}" for i in range(100)) if key_position(k) >= 0.1)
+    else:
+        guard = guard_off(mode, [first.url, second.url], monkeypatch, on_record=records.append)
+    async with guard, guard.http_client() as client:
+        with pytest.raises(UnknownTierError, match=r"'interactve'.*configured tiers: batch, interactive") as caught:
+            await send(client, first.url, "json", headers)
+    assert guard_failure(caught.value) == "unknown_tier" and caught.value.status_code == 400
+    assert first.requests == [] and second.requests == [] and records == []
 
 
 async def test_a_control_key_at_ten_percent_is_passed_through_and_a_guarded_key_is_not(

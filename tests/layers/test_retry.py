@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from typing import Any
@@ -12,6 +13,7 @@ import openai
 import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
+from llmguard_client.layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
 
@@ -211,3 +213,16 @@ async def test_a_retry_cancelled_while_waiting_is_refunded(servers: list[Loopbac
             await client.post(servers[0].url + CHAT, json=BODY)  # waits out the 1 s Retry-After
         assert guard.budget is not None and guard.budget.spent == 0
     assert records[0].status == "cancelled" and len(servers[0].received) == 1
+
+
+def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
+    """Full jitter over tenacity's exponential window, drawn from the layer's own `random.Random`."""
+    draws = random.Random(7)
+    expected = [draws.uniform(0.0, min(2.0, 0.05 * 2 ** (n - 1))) for n in range(1, 9)]
+    random.seed(1)
+    global_state = random.getstate()
+    backoff = Backoff(0.05, 2.0, random.Random(7))
+    assert [backoff(n) for n in range(1, 9)] == expected
+    assert random.getstate() == global_state  # the global random module is left alone
+    seeded = RetryLayer(None, RetryPolicy(), None, None, rng=random.Random(7))  # type: ignore[arg-type]
+    assert [seeded.backoff(n) for n in range(1, 9)] == expected

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier
+from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier, UnknownCohortError
 from llmguard_client.layers.rollout import Rollout, disabled_by_env, flag_fraction, key_position
 
 URL = "http://r1.test:8000/v1/chat/completions"
@@ -143,15 +143,18 @@ def test_a_raising_key_function_falls_back_to_per_call_and_logs_once(caplog: pyt
 def test_a_pin_wins_over_the_key_while_the_guard_is_on() -> None:
     rollout = Rollout(1.0)
     assert rollout.assign(req("anyone", **{"x-llmguard-cohort": " Control "})).cohort == "control"
-    with pytest.raises(GuardConfigError, match="guarded, control"):
+    with pytest.raises(UnknownCohortError, match="guarded, control"):
         rollout.assign(req(**{"x-llmguard-cohort": "treatment"}))
 
 
-def test_fraction_zero_is_off_pins_and_bad_pins_included() -> None:
+def test_fraction_zero_is_off_whatever_the_pin_but_a_bad_pin_still_fails() -> None:
     rollout = Rollout(0.0)
-    for headers in ({"x-llmguard-cohort": "guarded"}, {"x-llmguard-cohort": "treatment"}, {}):
+    for headers in ({"x-llmguard-cohort": "guarded"}, {"x-llmguard-cohort": "control"}, {}):
         assignment = rollout.assign(req("k", **headers))
         assert (assignment.cohort, assignment.fraction, assignment.by) == ("control", 0.0, "off")
+    with pytest.raises(UnknownCohortError, match="'treatment'") as caught:  # fails at 0 % as it would at 100 %
+        rollout.assign(req("k", **{"x-llmguard-cohort": "treatment"}))
+    assert caught.value.cause == "unknown_cohort" and caught.value.status_code == 400
 
 
 @pytest.mark.parametrize(
