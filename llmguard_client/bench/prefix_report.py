@@ -37,20 +37,24 @@ def _ms(value: float | None) -> str:
 
 
 def cache_lines(runs: Sequence[ClientRun], plan: TrafficPlan) -> list[str]:
-    """One line per client: hit rate per replica and overall, TTFT p50 of first and later turns."""
+    """A header, then one line per client: hit rate per replica and overall, TTFT p50 of first / later turns."""
     if not any(r.server and any(s.get("prefix_cache_queries") for s in r.server.replicas) for r in runs):
         return []
     turns = turn_of(plan) if plan.mode == "conversations" else None
     width = max(len(r.name) for r in runs)
-    lines = ["prefix cache hit rate (tokens hit / queried) per replica, and TTFT p50 by turn:"]
+    replicas = max(len(r.server.replicas) for r in runs if r.server is not None)
+    lines = [
+        f"prefix cache hit rate (tokens) of {' '.join(f'r{i}' for i in range(replicas))} and overall"
+        + ("; TTFT p50 of first / later turns:" if turns is not None else ":")
+    ]
     for run in runs:
-        line = f"  {run.name:<{width}}  "
+        line = f"  {run.name:<{width}} "
         if run.server is not None:
             per, overall = hit_rates(run.server.replicas)
-            line += " ".join(f"r{i} {_pct(v)}" for i, v in enumerate(per)) + f" all {_pct(overall)}"
+            line += "".join(f" {_pct(v):>4}" for v in per) + f"  all {_pct(overall):>4}"
         if turns is not None:
             first = [s.ttft for s in run.samples if s.ttft is not None and s.ok and turns[s.index] == 0]
             later = [s.ttft for s in run.samples if s.ttft is not None and s.ok and turns[s.index] > 0]
-            line += f" | TTFT 1st turns {_ms(percentile(first, 50))}, later {_ms(percentile(later, 50))}"
+            line += f"  TTFT {_ms(percentile(first, 50))} / {_ms(percentile(later, 50))}"
         lines.append(line)
     return lines

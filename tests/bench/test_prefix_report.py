@@ -30,7 +30,10 @@ def test_lines_show_each_client_and_the_first_turns_apart_from_the_later_ones() 
     samples = [_sample(i, 0.040 if i in first else 0.020) for i in range(12)]
     stats = ServerStats([{"prefix_cache_queries": 100, "prefix_cache_hits": 95}, {"prefix_cache_queries": 100}])
     lines = cache_lines([ClientRun("plain", samples, stats, 1.0)], plan)
-    assert lines[1] == "  plain  r0 95% r1 0% all 48% | TTFT 1st turns 40 ms, later 20 ms"
+    assert lines == [
+        "prefix cache hit rate (tokens) of r0 r1 and overall; TTFT p50 of first / later turns:",
+        "  plain   95%   0%  all  48%  TTFT 40 ms / 20 ms",
+    ]
 
 
 def test_nothing_is_printed_without_a_prefix_cache() -> None:
