@@ -44,8 +44,8 @@ def cache_lines(runs: Sequence[ClientRun], plan: TrafficPlan) -> list[str]:
     width = max(len(r.name) for r in runs)
     replicas = max(len(r.server.replicas) for r in runs if r.server is not None)
     lines = [
-        f"prefix cache hit rate (tokens) of {' '.join(f'r{i}' for i in range(replicas))} and overall"
-        + ("; TTFT p50 of first / later turns:" if turns is not None else ":")
+        f"prefix cache hit rate (tokens) {' '.join(f'r{i}' for i in range(replicas))}, all"
+        + ("; TTFT p50 first / later turns:" if turns is not None else ":")
     ]
     for run in runs:
         line = f"  {run.name:<{width}} "

@@ -31,7 +31,7 @@ def test_lines_show_each_client_and_the_first_turns_apart_from_the_later_ones() 
     stats = ServerStats([{"prefix_cache_queries": 100, "prefix_cache_hits": 95}, {"prefix_cache_queries": 100}])
     lines = cache_lines([ClientRun("plain", samples, stats, 1.0)], plan)
     assert lines == [
-        "prefix cache hit rate (tokens) of r0 r1 and overall; TTFT p50 of first / later turns:",
+        "prefix cache hit rate (tokens) r0 r1, all; TTFT p50 first / later turns:",
         "  plain   95%   0%  all  48%  TTFT 40 ms / 20 ms",
     ]
 
