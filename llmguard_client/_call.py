@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._clock import Clock, loop_deadline
+from llmguard_client._clock import Clock, TimeSource
 from llmguard_client._config import Tier
 from llmguard_client._lease import CallLease, Phase
 from llmguard_client._replicas import ReplicaState, rebase
@@ -19,7 +19,6 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 if TYPE_CHECKING:
     from llmguard_client._outcome import Payment, Win
-    from llmguard_client.layers.continuation import CallContinuation
 
 __all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"]
 
@@ -106,9 +105,9 @@ class Call:
     observation: CallObservation
     lease: CallLease
     clock: Clock
-    """The Guard's clock, bound for this call: every deadline below is on it."""
-    loop_time: Clock
-    """The event loop's own time (what cancel scope deadlines are on); the same as ``clock`` by default."""
+    """The Guard's clock, bound for this call (``time.now``): every deadline below is on it."""
+    time: TimeSource
+    """The call's time source (`llmguard_client._clock`): its loop's time line, timers and tasks."""
     first_token_deadline: float
     """Absolute time (on ``clock``) by which the first content token must arrive."""
     total_deadline: float
@@ -122,13 +121,14 @@ class Call:
     failed_replicas: list[ReplicaState] = field(default_factory=list)
     winner: Win | None = None
     """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""
-    continuation: CallContinuation | None = None
-    """Set when the tier's `ContinuationPolicy` is on and the request qualifies (layers.continuation)."""
+    keeps_text: bool = False
+    """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
+    its attempts' readers keep the text they deliver, which a continuation resumes from."""
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes
         (`CallLease.phase`)."""
-        return self.lease.phase(loop_deadline(self.clock, self.loop_time, deadline))
+        return self.lease.phase(self.time.loop_deadline(deadline))
 
     def pay_extra(self) -> Payment | None:
         """A payment for one extra attempt (retry or hedge) from the call's budget, held by the

@@ -38,8 +38,9 @@ from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import TierBulkhead
-from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env
+from llmguard_client.layers.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.record import RecordLogger
 
 if TYPE_CHECKING:
     import httpx2
@@ -93,8 +94,10 @@ class Guard:
     pool_limits:   each replica's connection pool limits (default `DEFAULT_POOL_LIMITS`).
     transport_factory: builds each replica's inner transport (default: an httpx pool each,
                    with ``pool_limits``).
-    clock:         the time source (default: the running event loop's clock); tests inject
-                   none and run in virtual time instead (trio's ``MockClock``).
+    clock:         the clock every deadline, budget, hint and poll interval is read on (default: the
+                   running event loop's); timers and tasks go through each call's time source
+                   (``llmguard_client._clock``). Tests inject none and run in virtual time instead
+                   (looptime on asyncio, ``MockClock`` on trio).
     """
 
     def __init__(
@@ -149,7 +152,10 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
-        cohorts = Rollout(rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env())
+        cohorts = Rollout(
+            rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
+        )
+        log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
             instrumentation = _default_instrumentation()
         if instrumentation is None:
@@ -181,6 +187,7 @@ class Guard:
         if self.budget is not None:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
+        self._on_record = on_record
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -260,6 +267,8 @@ class Guard:
                     await self._replica_set.aclose()
                 finally:
                     await self._transport.passthrough_pool.aclose()
+                    if isinstance(self._on_record, RecordLogger):
+                        self._on_record.close()  # its file, if it writes one
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,

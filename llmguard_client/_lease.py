@@ -13,6 +13,10 @@ left is released by `CallLease.aclose`, exactly once, on every path:
 - a `weakref.finalize` on that body stream, if the caller drops it unclosed;
 - `Guard.aclose()`, which aborts every live lease (`abort`) and then closes it.
 
+`abort` cancels every wait the call registered (`cancellables`): its phases, its body reads, and
+the tasks its hedges run in (`llmguard_client._clock`: on every backend), so nothing of the call
+goes on after ``Guard.aclose()``. A response that still arrives after the end is refused by `own`.
+
 Lifetime::
 
     transport: lease = CallLease(...)          registry.add
@@ -33,7 +37,8 @@ from typing import Protocol
 import anyio
 import httpx
 
-from llmguard_client._reaper import Spawner, current_spawner
+from llmguard_client._clock import TimeSource, current_time_source
+from llmguard_client._errors import GuardClosed
 from llmguard_client.telemetry.record import CallStatus
 
 CLOSE_GRACE = 2.0
@@ -151,10 +156,10 @@ class LeaseRegistry:
 class CallLease:
     """Owns a call's acquisitions; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_closed_event", "_closing", "_holds", "_registry", "_responses", "_spawn",
+    __slots__ = ("__weakref__", "_closed_event", "_closing", "_holds", "_registry", "_responses", "_time",
                  "aborted", "cancellables", "closed", "finish")
 
-    def __init__(self, registry: LeaseRegistry, finish: Finish | None = None) -> None:
+    def __init__(self, registry: LeaseRegistry, finish: Finish | None = None, time: TimeSource | None = None) -> None:
         self._registry = registry
         self.finish: Finish = finish or _no_finish
         """Called exactly once, last, with the call's final (status, cause)."""
@@ -162,7 +167,8 @@ class CallLease:
         self._responses: dict[httpx.Response, AsyncIterator[bytes] | None] = {}
         self.cancellables: set[Cancellable] = set()
         """The call's current waits, ended by `abort`."""
-        self._spawn: Spawner = current_spawner()
+        self._time = time if time is not None else current_time_source()
+        """The call's loop: where `close_from_gc` closes connections."""
         self._closing = False
         """`aclose` is closing the responses now."""
         self._closed_event: anyio.Event | None = None
@@ -185,8 +191,14 @@ class CallLease:
 
     def own(self, response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
         """The lease closes ``response`` (and ``reading``, the iterator over its body, once there is
-        one) at the end unless `close_response` does it first."""
+        one) at the end unless `close_response` does it first.
+
+        After the end (an answer that came in after ``Guard.aclose()`` closed the call) nobody would:
+        raises `GuardClosed`, so the attempt fails and never wins, and closes it with `close_response`,
+        as it closes any failed attempt's response."""
         self._responses[response] = reading
+        if self.closed:
+            raise GuardClosed("the call ended (the Guard was closed) before this answer arrived; it is closed")
 
     async def close_response(self, response: httpx.Response) -> None:
         """Close one owned response now (shielded)."""
@@ -240,7 +252,7 @@ class CallLease:
                 for response, reading in responses:
                     await close_quietly(response, reading)
 
-            self._spawn(close_all)
+            self._time.spawn_threadsafe(close_all)
 
     def _release_all(self, status: CallStatus, cause: str | None) -> None:
         try:

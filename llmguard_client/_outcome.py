@@ -46,6 +46,8 @@ class Route:
     replica: ReplicaState | None = None
     kind: AttemptKind = "primary"
     payment: Payment | None = None
+    resumes: tuple[int, int, str] | None = None
+    """A continuation's starting point: characters and tokens already delivered, and the break's cause."""
 
 
 @dataclass(slots=True, eq=False)

@@ -31,7 +31,7 @@ import httpx
 
 from llmguard_client._call import TIER_HEADER, Call, CallerHeaders, RequestFacts
 from llmguard_client._capture import deliver_to_captures
-from llmguard_client._clock import Clock, bind_clock, loop_clock, loop_time_function
+from llmguard_client._clock import Clock, current_time_source, loop_clock
 from llmguard_client._config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client._errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client._failure import describe_attempts, failure_response, upstream_response
@@ -43,7 +43,7 @@ from llmguard_client._ttft_stats import TTFTStats
 from llmguard_client.layers.attempt import AttemptLayer
 from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.layers.bulkhead import BulkheadLayer, TierBulkhead
-from llmguard_client.layers.continuation import Continuer
+from llmguard_client.layers.continuation import CallContinuation, Continuer
 from llmguard_client.layers.deadline import DeadlineLayer, GuardBody
 from llmguard_client.layers.hedge import HedgeLayer
 from llmguard_client.layers.passthrough import PassthroughPool, passthrough
@@ -137,6 +137,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call = await self._start_call(request, headers, assignment, tier_name)
+        continuation = self._continuation_for(call)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
             outcome = await self._pipeline(call, Route())
@@ -152,7 +153,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if lease.aborted:
                 outcome = Failed(reason=self._closed_error(call))
         if isinstance(outcome, Win):
-            return self._deliver(call, outcome)
+            return self._deliver(call, outcome, continuation)
         return await self._give_up(call, outcome)
 
     def refuse(
@@ -180,14 +181,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
             fraction=assignment.fraction,
             instrumentation=self._instrumentation,
             on_record=report,
-            clock=bind_clock(self._clock, loop_time_function()),
+            clock=current_time_source(self._clock).now,
         )
 
     async def _start_call(
         self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
     ) -> Call:
-        loop_time = loop_time_function()
-        clock = bind_clock(self._clock, loop_time)
+        time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
+        clock = time_source.now
         now = clock()
         tier = self._tiers[tier_name]
         body = await request.aread()
@@ -216,9 +217,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             respond_with_errors=self._respond_with_errors(headers),
             record=record,
             observation=self._instrumentation.call_started(record),
-            lease=CallLease(self._registry),
+            lease=CallLease(self._registry, time=time_source),
             clock=clock,
-            loop_time=loop_time,
+            time=time_source,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             hedgeable=generation,
@@ -227,11 +228,17 @@ class GuardTransport(httpx.AsyncBaseTransport):
             budget=self._budgets.get(tier_name),
         )
         call.lease.finish = functools.partial(self._finish, call)
-        if self._continuer is not None and facts.stream:
-            call.continuation = self._continuer.for_call(tier_name, request.method, path, body)
         return call
 
-    def _deliver(self, call: Call, win: Win) -> httpx.Response:
+    def _continuation_for(self, call: Call) -> CallContinuation | None:
+        """The call's continuation state when its tier's `ContinuationPolicy` is on and the request qualifies."""
+        if self._continuer is None or not call.record.stream:
+            return None
+        continuation = self._continuer.for_call(call.tier_name, call.request.method, call.request.url.path, call.body)
+        call.keeps_text = continuation is not None
+        return continuation
+
+    def _deliver(self, call: Call, win: Win, continuation: CallContinuation | None) -> httpx.Response:
         record, attempt = call.record, win.attempt
         call.winner = win
         attempt.outcome = "won"
@@ -243,7 +250,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win),
+            stream=GuardBody(call, win, continuation),
             request=call.request,
             extensions={**win.response.extensions, "llmguard": record},
         )

@@ -1,4 +1,4 @@
-"""One lease per call: whatever a call acquired is released once, on every path (virtual time)."""
+"""One lease per call: whatever a call acquired is released once, on every path (virtual time, both backends)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-import trio
 
 from llmguard_client import (
     BudgetPolicy,
@@ -22,7 +21,7 @@ from llmguard_client import (
     Tier,
 )
 from llmguard_client._lease import CallLease, LeaseRegistry, close_quietly
-from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -57,7 +56,8 @@ PHASES = {
 
 
 @pytest.mark.parametrize("phase", sorted(PHASES))
-def test_caller_cancel_releases_everything(phase: str) -> None:
+@BACKENDS
+def test_caller_cancel_releases_everything(phase: str, backend: str) -> None:
     plans, options, cancel_after = PHASES[phase]
     records: list[PhaseRecord] = []
     guard, fakes = make(plans, records, budget=BudgetPolicy(floor=5), **options)
@@ -75,11 +75,12 @@ def test_caller_cancel_releases_everything(phase: str) -> None:
             budget = guard.snapshot().budget
             assert budget is not None and budget.pending == 0
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records and all(r.status == "cancelled" for r in records)
 
 
-def test_caller_cancel_mid_stream_then_close_releases_everything() -> None:
+@BACKENDS
+def test_caller_cancel_mid_stream_then_close_releases_everything(backend: str) -> None:
     records: list[PhaseRecord] = []
     guard, fakes = make({A: [Plan(tokens=50, gap=0.5)]}, records)
 
@@ -92,11 +93,12 @@ def test_caller_cancel_mid_stream_then_close_releases_everything() -> None:
                 assert guard.snapshot().calls_in_flight == 1  # still open: the caller may read on
             assert_released(guard, fakes)
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records[0].status == "abandoned" and records[0].cause == "closed_by_caller"
 
 
-def test_an_unclosed_stream_is_released_when_garbage_collected() -> None:
+@BACKENDS
+def test_an_unclosed_stream_is_released_when_garbage_collected(backend: str) -> None:
     records: list[PhaseRecord] = []
     guard, fakes = make({A: [Plan(tokens=50, gap=0.5)]}, records)
 
@@ -109,11 +111,12 @@ def test_an_unclosed_stream_is_released_when_garbage_collected() -> None:
             await anyio.sleep(0.01)  # the connection is closed by a system task on the loop
             assert_released(guard, fakes)
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records[0].status == "abandoned" and records[0].cause == "garbage_collected"
 
 
-def test_aclose_aborts_calls_waiting_and_streaming() -> None:
+@BACKENDS
+def test_aclose_aborts_calls_waiting_and_streaming(backend: str) -> None:
     records: list[PhaseRecord] = []
     guard, fakes = make({A: [Plan(first_token_after=50)], B: [Plan(tokens=100, gap=0.5)]}, records, hedge=None)
     errors: list[BaseException] = []
@@ -133,21 +136,22 @@ def test_aclose_aborts_calls_waiting_and_streaming() -> None:
                 tg.start_soon(call)
             await anyio.sleep(2.0)
             assert guard.snapshot().calls_in_flight == 10
-            closed_at = trio.current_time()
+            closed_at = now()
             await guard.aclose()
-            assert trio.current_time() == closed_at  # no waiting without a grace period
+            assert now() == closed_at  # no waiting without a grace period
         assert_released(guard, fakes)
         with pytest.raises(GuardClosed):
             await client.post(A + CHAT, json=BODY)
         await client.aclose()
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert len(errors) == 10
     assert {r.cause for r in records} == {"guard_closed"}
     assert sum(f.requests for f in fakes.values()) == 10  # nothing was sent after the close
 
 
-def test_aclose_with_grace_lets_calls_finish() -> None:
+@BACKENDS
+def test_aclose_with_grace_lets_calls_finish(backend: str) -> None:
     records: list[PhaseRecord] = []
     guard, fakes = make({A: [Plan(tokens=4, gap=0.5)]}, records, hedge=None)
 
@@ -158,7 +162,7 @@ def test_aclose_with_grace_lets_calls_finish() -> None:
             await guard.aclose(grace=10.0)
         assert_released(guard, fakes)
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records[0].status == "ok"
 
 
@@ -208,7 +212,29 @@ def test_response_closed_by_the_lease_even_if_the_attempt_never_returned() -> No
     assert closed == [True]
 
 
-def test_a_second_close_waits_until_the_first_has_closed_everything() -> None:
+def test_a_response_owned_after_the_end_is_refused_and_closed_with_its_body() -> None:
+    """An answer that arrives after ``Guard.aclose()`` closed the call: `own` raises `GuardClosed` (the
+    attempt fails, never wins), and the attempt's `close_response` closes it and its body iterator."""
+    body = _Body()
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry())
+        lease.abort()
+        await lease.aclose("error", "guard_closed")
+        response = httpx.Response(200, stream=body)
+        reading = body.__aiter__()
+        await reading.__anext__()
+        with pytest.raises(GuardClosed, match="before this answer arrived"):
+            lease.own(response, reading)
+        await lease.close_response(response)
+        assert response.is_closed
+
+    anyio.run(main)
+    assert body.closed
+
+
+@BACKENDS
+def test_a_second_close_waits_until_the_first_has_closed_everything(backend: str) -> None:
     events: list[str] = []
 
     class SlowStream(httpx.AsyncByteStream):
@@ -232,7 +258,7 @@ def test_a_second_close_waits_until_the_first_has_closed_everything() -> None:
             await anyio.sleep(0.1)
             tg.start_soon(close, "second", "error")
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert events == ["response closed", "finished ok", "first returned", "second returned"]
 
 

@@ -63,8 +63,8 @@ class AttemptLayer:
         clock = call.clock
         attempt = AttemptRecord(index=len(call.record.attempts), replica=state.name, kind=route.kind, start=clock())
         call.record.attempts.append(attempt)
-        if call.continuation is not None and route.kind == "continuation":
-            call.continuation.mark(attempt)
+        if route.resumes is not None:
+            attempt.resumed_at, attempt.resumed_tokens, attempt.break_cause = route.resumes
         if route.payment is not None:
             route.payment.settle()
         state.in_flight += 1
@@ -84,7 +84,7 @@ class AttemptLayer:
                 return Failed([await _error_status(attempt, state, response, clock)])
             reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
                                 call.record.stream)
-            if call.continuation is not None and route.kind != "continuation":
+            if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
             opening = await read_opening(_body(response), reader)
             if opening.rest is not None:

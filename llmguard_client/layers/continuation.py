@@ -37,7 +37,7 @@ from llmguard_client.layers.budget import RetryBudget
 from llmguard_client.protocols.chat import ChatReader
 from llmguard_client.protocols.completions import CompletionsReader
 from llmguard_client.protocols.splice import Kind, Splicer, continuable_request, continuation_body
-from llmguard_client.telemetry.record import AttemptRecord, NotContinued
+from llmguard_client.telemetry.record import NotContinued
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -144,11 +144,6 @@ class CallContinuation:
     tried: list[ReplicaState] = field(default_factory=list)
     _marks: tuple[int, int, str] | None = None
 
-    def mark(self, attempt: AttemptRecord) -> None:
-        """Called by the attempt layer on a continuation attempt's record as it starts."""
-        if self._marks is not None:
-            attempt.resumed_at, attempt.resumed_tokens, attempt.break_cause = self._marks
-
     def _part(self, reader: object) -> tuple[str, int, bool] | None:
         """(text, tokens, still a plain text answer) of the current part, or None if it kept no text."""
         if self.splicer is not None:
@@ -219,7 +214,7 @@ class CallContinuation:
             outcome: Outcome | None = None
             try:
                 with call.phase_until(min(call.total_deadline, now + call.tier.ttft)):
-                    outcome = await self.attempt(call, Route(state, "continuation", payment))
+                    outcome = await self.attempt(call, Route(state, "continuation", payment, self._marks))
             except GuardClosed:
                 return "guard_closed"
             if isinstance(outcome, Win):

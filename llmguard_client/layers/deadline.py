@@ -86,7 +86,7 @@ class GuardBody(httpx.AsyncByteStream):
     """The winner's body: replayed prefix, then the live remainder under stall/total deadlines,
     judged by its protocol reader."""
 
-    def __init__(self, call: Call, win: Win) -> None:
+    def __init__(self, call: Call, win: Win, continuation: CallContinuation | None = None) -> None:
         self._call = call
         self._lease: CallLease | None = call.lease
         """The call's lease until it is closed (then None)."""
@@ -104,13 +104,13 @@ class GuardBody(httpx.AsyncByteStream):
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
-        self._resume: CallContinuation | None = call.continuation
+        self._resume = continuation
         self._stall_tripped = False
         self._watchdog: ReadWatchdog | None = None
         self._steady: ReadWatchdog | None = None
         """The watchdog while the next chunk is simply the next live read (nothing replayed, failed, ended)."""
         if win.rest is not None:
-            self._watchdog = ReadWatchdog.for_response(win.response, self._stall, self._deadline - call.clock())
+            self._watchdog = ReadWatchdog.for_response(win.response, self._stall, self._deadline, call.time)
             if self._watchdog is not None:
                 call.lease.cancellables.add(self._watchdog)
                 if call.lease.aborted:
@@ -189,9 +189,7 @@ class GuardBody(httpx.AsyncByteStream):
         now = call.clock()
         left = self._deadline - now
         self._stall_tripped = self._stall <= left
-        wait = min(self._stall, left)
-        at = now + wait if call.clock is call.loop_time else call.loop_time() + wait
-        scope = anyio.CancelScope(deadline=at)
+        scope = anyio.CancelScope(deadline=call.time.loop_deadline(now + min(self._stall, left)))
         if lease.aborted:
             scope.cancel()
         lease.cancellables.add(scope)

@@ -13,10 +13,11 @@ arrive before any token.
 
 The routed (primary) attempt runs in the caller's own task; a hedge, when the delay passes,
 runs in a task of its own. Most calls get their first token before the delay, so most rounds
-start no task at all. On asyncio the delay is one loop timer (`_HedgeTimer`) and hedges are loop
-tasks the round joins itself (`llmguard_client.layers.loop_tasks`: no task group to enter and
-leave on every call); elsewhere the round has a task group, and the delay is a sleeping task in
-it. A hedge that wins cancels the primary.
+start no task at all. The delay is one timer and the hedges are tasks of the call's time source
+(`llmguard_client._clock.TimeSource.tasks`): on asyncio a loop timer and loop tasks the round
+joins itself (no task group to enter and leave on every call), elsewhere a task group. Either way
+each hedge's task is registered with the call's lease, so ``Guard.aclose()`` cancels it at once.
+A hedge that wins cancels the primary.
 
 The winner is published on ``call.winner`` the moment it is known: if a deadline fires
 while the losers are being closed, the deadline layer still delivers it.
@@ -24,25 +25,18 @@ while the losers are being closed, the deadline layer still delivers it.
 
 from __future__ import annotations
 
-import asyncio
-import math
 from collections import deque
-from collections.abc import Callable
 
 import anyio
-import sniffio
-from anyio.abc import TaskGroup
 
 from llmguard_client._call import Call
+from llmguard_client._clock import Tasks, TimerHandle
 from llmguard_client._config import HedgePolicy
 from llmguard_client._errors import GuardClosed
 from llmguard_client._outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._pipeline import Next
 from llmguard_client._replicas import ReplicaSet, ReplicaState
 from llmguard_client._ttft_stats import TTFTStats
-from llmguard_client.layers.loop_tasks import LoopTasks
-
-_Spawner = TaskGroup | LoopTasks
 
 
 class HedgeLayer:
@@ -77,17 +71,9 @@ class HedgeLayer:
         assert route.replica is not None and self.policy is not None
         round_ = _Round(self, call, call_next, [route.replica], hedges, self._delay(call, route.replica))
         try:
-            if sniffio.current_async_library() == "asyncio":  # hedges as loop tasks: no task group (loop_tasks)
-                hedges_running = LoopTasks(asyncio.get_running_loop(), round_.stop)
-                round_.begin(hedges_running, hedges_running.cancel)
-                try:
-                    outcome = await round_.run(route)
-                finally:
-                    await hedges_running.join()
-            else:
-                async with anyio.create_task_group() as tg:
-                    round_.begin(tg, tg.cancel_scope.cancel)
-                    outcome = await round_.run(route)
+            async with call.time.tasks(call.lease, round_.stop) as tasks:
+                round_.begin(tasks)
+                outcome = await round_.run(route)
         finally:
             if round_.results:  # a second winner, or one that landed as a deadline fired
                 with anyio.CancelScope(shield=True):
@@ -158,17 +144,27 @@ class _Round:
         """Attempts still running (the primary counts)."""
         self.decided = False
         self.primary_scope = anyio.CancelScope()
-        self.timer = _HedgeTimer(call, delay, self.start_hedge)
-        self._tasks: _Spawner | None = None
-        """Where hedges (and, off asyncio, the timer's sleep) run: loop tasks, or the round's task group."""
-        self._cancel_tasks: Callable[[], None] = _never
-        self._spawned = False
-        """A task was started there."""
+        self.delay = delay
+        self.timer: TimerHandle | None = None
+        """The next hedge's timer, while one is armed."""
+        self._tasks: Tasks | None = None
+        """Where the hedges and the timer run (`TimeSource.tasks`), until the round is decided."""
         self._wakeup: anyio.Event | None = None
 
-    def begin(self, tasks: _Spawner, cancel_tasks: Callable[[], None]) -> None:
-        self._tasks, self._cancel_tasks = tasks, cancel_tasks
-        self._spawned = self.timer.start(tasks)
+    def begin(self, tasks: Tasks) -> None:
+        self._tasks = tasks
+        self.arm()
+
+    def arm(self) -> None:
+        """Fire the next hedge ``delay`` seconds from now."""
+        assert self._tasks is not None
+        self.disarm()
+        self.timer = self._tasks.call_at(self.call.clock() + self.delay, self.start_hedge)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     async def run(self, route: Route) -> Outcome | None:
         """The primary attempt in this task, then the round's outcome (see `decide`)."""
@@ -182,10 +178,10 @@ class _Round:
     def end(self) -> None:
         """The round is decided (or cancelled): no more hedges; running ones are cancelled."""
         self.decided = True
-        self.timer.close()
-        if self._spawned:  # cancelling an empty task group still costs a loop pass
-            self._cancel_tasks()
-        self._tasks, self._cancel_tasks = None, _never
+        self.disarm()
+        if self._tasks is not None:
+            self._tasks.cancel()
+            self._tasks = None
 
     def stop(self) -> None:
         """A hedge task ended with an unexpected error: stop the round (the error is raised when it is joined)."""
@@ -199,16 +195,15 @@ class _Round:
             return
         route = self.layer.hedge_route(self.call, self.used)
         if route is None:  # not allowed or not paid for: no more hedges this round
-            self.timer.cancel()
+            self.disarm()
             return
         self.hedges_left -= 1
         self.live += 1
-        self._spawned = True
         self._tasks.start_soon(self.attempt, route)
         if self.hedges_left:
-            self.timer.rearm()
+            self.arm()
         else:
-            self.timer.cancel()
+            self.disarm()
 
     async def attempt(self, route: Route) -> None:
         """Run one attempt (the primary in the caller's task, a hedge in its own) and hand over its outcome."""
@@ -257,73 +252,3 @@ class _Round:
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
             self._wakeup = None
-
-
-class _HedgeTimer:
-    """Calls ``fire`` ``delay`` seconds after `start` or the last `rearm`: on asyncio a loop timer
-    (no task), elsewhere a sleeping task in the round's task group."""
-
-    def __init__(self, call: Call, delay: float, fire: Callable[[], None]) -> None:
-        self._clock = call.clock
-        self._delay = delay
-        self._fire = fire
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._task_group: TaskGroup | None = None
-        self._sleeping = False
-        self._due = math.inf
-
-    def start(self, tasks: _Spawner) -> bool:
-        """Arm the timer; True if that started a task in ``tasks`` (off asyncio, the round's task group)."""
-        if isinstance(tasks, LoopTasks):
-            self._loop = asyncio.get_running_loop()
-        else:
-            self._task_group = tasks
-        self.rearm()
-        return self._sleeping
-
-    def rearm(self) -> None:
-        self.cancel()
-        if self._loop is not None:
-            self._handle = self._loop.call_at(self._loop.time() + self._delay, self._on_loop_timer)
-            return
-        self._due = self._clock() + self._delay
-        if not self._sleeping and self._task_group is not None:
-            self._sleeping = True
-            self._task_group.start_soon(self._sleep)
-
-    def cancel(self) -> None:
-        self._due = math.inf
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def close(self) -> None:
-        """Cancel for good, and drop the callback (it refers back to the round)."""
-        self.cancel()
-        self._fire = _never
-
-    def _on_loop_timer(self) -> None:
-        self._handle = None
-        # A loop callback runs outside any task, where sniffio cannot tell the library; anyio asks it.
-        token = sniffio.current_async_library_cvar.set("asyncio")
-        try:
-            self._fire()
-        finally:
-            sniffio.current_async_library_cvar.reset(token)
-
-    async def _sleep(self) -> None:
-        try:
-            while self._due != math.inf:
-                wait = self._due - self._clock()
-                if wait > 0:
-                    await anyio.sleep(wait)
-                    continue
-                self._due = math.inf
-                self._fire()
-        finally:
-            self._sleeping = False
-
-
-def _never() -> None:
-    return None

@@ -28,7 +28,6 @@ import math
 import os
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from llmguard_client._call import COHORT_HEADER, KEY_HEADER, Call, CallerHeaders
+from llmguard_client._clock import loop_clock
 from llmguard_client._errors import GuardConfigError, UnknownCohortError
 from llmguard_client._outcome import Outcome, Route
 from llmguard_client._pipeline import Next
@@ -108,6 +108,27 @@ def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def log_rollout_state(rollout: Rollout, replicas: int) -> None:
+    """One INFO line on ``llmguard_client`` when a Guard is built: is it on, for which fraction of calls."""
+    if rollout.disabled:
+        logger.info("llmguard guard OFF: %s is set; every call is passed through unguarded (control)", DISABLE_ENV)
+        return
+    source = f", from {rollout.source!r}" if rollout.source is not None else ""
+    fraction = rollout.fraction
+    if fraction == 0.0:
+        logger.info(
+            "llmguard guard on for no calls (rollout=0%s): every call is passed through until it is raised", source
+        )
+    else:
+        logger.info(
+            "llmguard guard on: %g%% of calls guarded (rollout=%g%s), %d replica(s)",
+            fraction * 100,
+            fraction,
+            source,
+            replicas,
+        )
+
+
 def key_position(key: str) -> float:
     """Where a rollout key falls in [0, 1): stable across processes, runs and platforms."""
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=b"llmguard.rollout").digest()
@@ -134,7 +155,7 @@ class Rollout:
         poll_interval: float = 5.0,
         disabled: bool = False,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_clock,
     ) -> None:
         if key is not None and not callable(key):
             raise GuardConfigError(f"rollout_key must be a function(request) -> str | None, got {key!r}")
@@ -157,11 +178,17 @@ class Rollout:
         self._source: FractionSource | None = None
         self._fraction = 0.0
         self._next_poll = 0.0
+        self._polled_at = -math.inf
         self._failing = False
         self._key_failing = False
         self.set(fraction)
 
     # --- the fraction ---------------------------------------------------------------------
+
+    @property
+    def source(self) -> FractionSource | None:
+        """The callable the fraction is polled from, or None for a fixed number."""
+        return self._source
 
     @property
     def fraction(self) -> float:
@@ -181,15 +208,22 @@ class Rollout:
 
     def _current(self) -> float:
         source = self._source
-        if source is not None and self._clock() >= self._next_poll and self._polling.acquire(blocking=False):
+        if source is not None and self._due() and self._polling.acquire(blocking=False):
             try:  # one poller at a time; the others use the last value rather than wait
                 self._poll(source)
             finally:
                 self._polling.release()
         return self._fraction
 
+    def _due(self) -> bool:
+        """Time to poll again: the interval has passed, or the clock reads before the last poll (a read from
+        another time line: from sync code, trio's loop clock is not ``time.monotonic``)."""
+        now = self._clock()
+        return now >= self._next_poll or now < self._polled_at
+
     def _poll(self, source: FractionSource) -> None:
-        self._next_poll = self._clock() + self._poll_interval
+        self._polled_at = now = self._clock()
+        self._next_poll = now + self._poll_interval
         try:
             value = check_fraction(source(), "the rollout source's value")
         except Exception as exc:

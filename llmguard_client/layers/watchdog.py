@@ -2,8 +2,10 @@
 
 A streamed answer is read chunk by chunk, tens of times a second; bounding each read with its own cancel
 scope costs a scope, a timer and their bookkeeping per chunk (measured: ~5 % of a streamed call's client
-CPU through the openai SDK, more than every other guard cost per chunk together). On asyncio, over a plain
-HTTP/1.1 socket, `ReadWatchdog` does the same job with one timer per stall period: each read only stamps
+CPU through the openai SDK, more than every other guard cost per chunk together). Where the call's time
+source has timers that need no task (`llmguard_client._clock.TimeSource.loop_timers`: asyncio's loop
+timers), over a plain HTTP/1.1 socket, `ReadWatchdog` does the same job with one timer per stall period:
+each read only stamps
 the time it started; the timer, when it fires, re-arms itself for ``read start + stall`` (or the total
 deadline) if the current read is younger than that, and otherwise shuts the socket down, which ends the
 pending read at once with a transport error (the server sees the disconnect). The body then reports the
@@ -11,53 +13,56 @@ stall, total deadline or abort the watchdog recorded in ``tripped``.
 
 Elsewhere (trio, HTTP/2, where one socket carries other streams, or a transport without a socket) the body
 keeps one cancel scope per read: `for_response` returns None.
+
+All times here are on the call's clock (``TimeSource.now``); the time source puts its timers on the loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import math
 import socket
-import time
 import weakref
 from typing import Literal
 
 import httpx
 
+from llmguard_client._clock import LoopTimers, TimerHandle, TimeSource
+
 Trip = Literal["stall", "total", "abort"]
 
 
 class ReadWatchdog:
-    """Bounds each read of one stream by ``stall`` seconds and by an absolute ``total_at`` (loop time)."""
+    """Bounds each read of one stream by ``stall`` seconds and by an absolute ``total_at`` (on ``timers.now``)."""
 
-    __slots__ = ("_loop", "_now", "_socket", "_stall", "_timer", "_total_at", "reading", "since", "tripped")
+    __slots__ = ("_now", "_socket", "_stall", "_timer", "_timers", "_total_at", "reading", "since", "tripped")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, stall: float, total_at: float) -> None:
-        self._loop = loop
-        # asyncio's own loops tell time with time.monotonic: read it directly (once per chunk).
-        self._now = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
+    def __init__(self, timers: LoopTimers, sock: socket.socket, stall: float, total_at: float) -> None:
+        self._timers = timers
+        self._now = timers.now  # read once per chunk: time.monotonic itself on asyncio's own loops
         self._socket = sock
         self._stall = stall
         self._total_at = total_at
-        self._timer: asyncio.Handle | None = None
+        self._timer: TimerHandle | None = None
         self.since = 0.0
-        """Loop time the current (or last) read started."""
+        """When the current (or last) read started."""
         self.reading = False
         self.tripped: Trip | None = None
         """Why the stream was interrupted, once it was."""
 
     @classmethod
-    def for_response(cls, response: httpx.Response, stall: float, total_left: float) -> ReadWatchdog | None:
+    def for_response(
+        cls, response: httpx.Response, stall: float, total_at: float, time_source: TimeSource
+    ) -> ReadWatchdog | None:
         """A watchdog over ``response``'s socket, or None where a cancel scope per read must do."""
+        timers = time_source.loop_timers()
+        if timers is None:
+            return None
         sock = _http11_socket(response)
         if sock is None:
             return None
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return None
-        return cls(loop, sock, stall, loop.time() + total_left)
+        return cls(timers, sock, stall, total_at)
 
     def rebind(self, response: httpx.Response) -> bool:
         """Watch ``response`` (a continuation's) instead; False if it has no socket to watch."""
@@ -80,12 +85,12 @@ class ReadWatchdog:
         self._timer = None
         if not self.reading or self.tripped is not None:
             return  # the next read re-arms the timer
-        if self._loop.time() < self._due():
+        if self._now() < self._due():
             self._rearm()
             return
         # Confirm one loop pass later: bytes that arrived while the loop was busy have woken the reading
         # task by then (its wake-up was queued before this), so the client's own lag is not a stall.
-        self._timer = self._loop.call_soon(self._confirm, self.since)
+        self._timer = self._timers.call_soon(functools.partial(self._confirm, self.since))
 
     def _confirm(self, since: float) -> None:
         self._timer = None
@@ -102,7 +107,7 @@ class ReadWatchdog:
     def _rearm(self) -> None:
         due = self._due()
         if due != math.inf:
-            self._timer = self._loop.call_at(due, self._check)
+            self._timer = self._timers.call_at(due, self._check)
 
     def cancel(self) -> None:
         """End the stream from outside (``Guard.aclose``): the pending or next read fails at once."""

@@ -1,4 +1,5 @@
-"""Mid-stream failover by continuation, through the openai SDK and raw httpx, on real loopback servers.
+"""Mid-stream failover by continuation: exact instants in virtual time on both backends; through the openai
+SDK and raw httpx on real loopback servers.
 
 Both servers run the same script: the one that gets the call breaks after 5 tokens; a continuation
 request (one already holding `` t0 ... t4``) is answered by ``Script.continued``, which numbers its
@@ -26,6 +27,7 @@ from llmguard_client import (
     UpstreamStreamError,
 )
 from tests.loopback import LoopbackServer, Script
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 WHOLE = "".join(f" t{i}" for i in range(10))
 FIRST5 = "".join(f" t{i}" for i in range(5))
@@ -40,6 +42,33 @@ def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwar
     kwargs.setdefault("hedge", None)
     kwargs.setdefault("continuation", ContinuationPolicy())
     return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
+
+
+@BACKENDS
+def test_a_stall_is_continued_on_another_replica_at_its_exact_instant(backend: str) -> None:
+    """The first token comes at once, the next one 0.6 s later: the 0.5 s stall limit passes at exactly
+    0.5 s, and the continuation is sent to the other replica at that instant."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(tokens=5, gap=0.6)]), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=1.0, total=5.0, stall=0.5)}
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None, continuation=ContinuationPolicy())
+        async with guard, guard.http_client() as client:
+            start = now()
+            async with client.stream("POST", "http://a.test" + PATHS["chat"][0], json=body) as response:
+                text = (await response.aread()).decode()
+            assert now() - start == pytest.approx(0.5, abs=1e-9)
+            assert guard.snapshot().idle
+        assert '"a0 "' in text and '"b0 "' in text and text.endswith("data: [DONE]\n\n")
+
+    run_virtual(main, backend)
+    primary, continued = records[0].attempts
+    assert (primary.error, continued.kind, continued.replica) == ("stall_timeout", "continuation", "http://b.test")
+    assert primary.finish is not None and primary.finish - primary.start == pytest.approx(0.5, abs=1e-9)
+    assert continued.start == pytest.approx(primary.finish, abs=1e-9)
+    assert records[0].status == "ok" and fakes["http://a.test"].open_streams == 0
 
 
 def script(**breaks: Any) -> Script:

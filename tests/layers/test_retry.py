@@ -15,7 +15,7 @@ import pytest
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
 from llmguard_client.layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -52,7 +52,8 @@ async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[L
     assert len(servers[0].received) == 1 and len(servers[1].received) == 4
 
 
-def test_a_429_is_retried_on_another_replica_at_the_instant_it_came() -> None:
+@BACKENDS
+def test_a_429_is_retried_on_another_replica_at_the_instant_it_came(backend: str) -> None:
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="5", headers_after=0.03)]),
         "http://b.test": FakeReplica("b"),
@@ -65,7 +66,7 @@ def test_a_429_is_retried_on_another_replica_at_the_instant_it_came() -> None:
             response = await client.post("http://a.test" + CHAT, json=BODY)
             assert response.status_code == 200 and b"b0" in response.content
 
-    run_virtual(main)
+    run_virtual(main, backend)
     first, retry = records[0].attempts
     assert (first.replica, first.status_code, first.retry_after) == ("http://a.test", 429, 5.0)
     assert first.finish == pytest.approx(first.start + 0.03, abs=1e-9)
@@ -156,7 +157,8 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None
     assert records[-1].attempts == []  # no attempt: not even a connect
 
 
-def test_an_open_circuit_fails_the_call_without_any_time_passing() -> None:
+@BACKENDS
+def test_an_open_circuit_fails_the_call_without_any_time_passing(backend: str) -> None:
     fakes = {url: FakeReplica(url[7], [Plan(refused=True)]) for url in ("http://a.test", "http://b.test")}
     records: list[PhaseRecord] = []
 
@@ -172,7 +174,7 @@ def test_an_open_circuit_fails_the_call_without_any_time_passing() -> None:
             assert anyio.current_time() == started  # no connect, no backoff
             assert sum(f.requests for f in fakes.values()) == requests
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records[-1].attempts == []
 
 

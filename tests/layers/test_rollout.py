@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier, UnknownCohortError
 from llmguard_client.layers.rollout import Rollout, disabled_by_env, flag_fraction, key_position
+from tests.virtual import BACKENDS, run_virtual
 
 URL = "http://r1.test:8000/v1/chat/completions"
 REQUEST = httpx.Request("POST", URL)
@@ -264,6 +265,45 @@ def test_a_source_failing_from_the_start_leaves_the_guard_off(caplog: pytest.Log
         rollout = Rollout(down)
     assert rollout.fraction == 0.0 and rollout.assign(req("k")).by == "off"
     assert "no flag service" in caplog.text
+
+
+@BACKENDS
+def test_a_guards_fraction_source_is_polled_on_the_loops_clock(backend: str) -> None:
+    """The Guard's rollout polls on the Guard's clock (the loop's): in virtual time too, once per interval."""
+    polls: list[float] = []
+
+    def source() -> float:
+        polls.append(anyio.current_time())
+        return 0.5
+
+    async def main() -> None:
+        start = anyio.current_time()
+        guard = Guard(["http://r1.test:8000"], rollout=source, rollout_poll_interval=5.0, instrumentation=None)
+        async with guard:
+            for wait in (0.0, 4.9, 0.1, 3.0, 2.0):  # read at 0, 4.9, 5.0, 8.0, 10.0 s
+                await anyio.sleep(wait)
+                assert guard.rollout == 0.5
+        assert [round(p - start, 6) for p in polls] == [0.0, 5.0, 10.0]
+
+    run_virtual(main, backend)
+
+
+def test_a_poll_from_another_time_line_is_not_held_back() -> None:
+    """A clock that reads before the last poll (trio's loop clock, then sync code's time.monotonic) polls
+    at once rather than waiting for the first time line's interval."""
+    clock = [100_000.0]
+    polled: list[float] = []
+
+    def source() -> float:
+        polled.append(clock[0])
+        return 0.5
+
+    rollout = Rollout(source, poll_interval=5.0, clock=lambda: clock[0])
+    clock[0] = 50.0
+    assert rollout.fraction == 0.5
+    clock[0] = 50.1
+    assert rollout.fraction == 0.5
+    assert polled == [100_000.0, 50.0]  # polled again at 50 (before the last poll), not again at 50.1
 
 
 def test_a_number_detaches_the_source_and_a_stale_poll_cannot_overwrite_it() -> None:

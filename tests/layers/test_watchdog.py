@@ -1,4 +1,7 @@
-"""The read watchdog: one lazily re-armed timer bounds a live stream's reads on asyncio over HTTP/1.1."""
+"""The read watchdog: one lazily re-armed timer bounds a live stream's reads on asyncio over HTTP/1.1.
+
+The socket-pair tests run in virtual time (`tests.virtual.run_virtual` on asyncio, with looptime: the loop's
+clock jumps to its next timer while nothing is readable), so the stall and total instants are exact."""
 
 from __future__ import annotations
 
@@ -11,12 +14,12 @@ import httpx
 import pytest
 
 from llmguard_client import GuardClosed, PhaseRecord, Tier
+from llmguard_client._clock import AsyncioTime, current_time_source
 from llmguard_client.layers.watchdog import ReadWatchdog
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 from tests.test_transport import CHAT, STREAM_BODY, make_guard
-
-MARGIN = 0.25  # generous: this 2-core machine is shared
+from tests.virtual import run_virtual
 
 
 @pytest.fixture
@@ -29,59 +32,75 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     theirs.close()
 
 
-async def test_a_stall_shuts_the_socket_down_and_the_pending_read_ends(pair: tuple[socket.socket, ...]) -> None:
-    loop, (ours, _) = asyncio.get_running_loop(), pair
-    watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
-    watchdog.start_read()
-    started = time.monotonic()
-    data = await asyncio.wait_for(loop.sock_recv(ours, 10), 5)  # the peer sends nothing
-    assert data == b""  # the shutdown ended the read
-    assert watchdog.tripped == "stall"
-    assert 0.05 <= time.monotonic() - started < 0.05 + MARGIN
+def test_a_stall_shuts_the_socket_down_and_the_pending_read_ends(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, _) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        started = loop.time()
+        data = await asyncio.wait_for(loop.sock_recv(ours, 10), 5)  # the peer sends nothing
+        assert data == b""  # the shutdown ended the read
+        assert watchdog.tripped == "stall"
+        assert loop.time() - started == pytest.approx(0.05, abs=1e-9)
+
+    run_virtual(main, "asyncio")
 
 
-async def test_the_total_deadline_wins_when_it_comes_first(pair: tuple[socket.socket, ...]) -> None:
-    loop, (ours, _) = asyncio.get_running_loop(), pair
-    watchdog = ReadWatchdog(loop, ours, stall=10, total_at=loop.time() + 0.05)
-    watchdog.start_read()
-    await asyncio.sleep(0.1 + MARGIN)
-    assert watchdog.tripped == "total"
+def test_the_total_deadline_wins_when_it_comes_first(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, _) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=10, total_at=loop.time() + 0.05)
+        watchdog.start_read()
+        started = loop.time()
+        assert await asyncio.wait_for(loop.sock_recv(ours, 10), 5) == b""
+        assert watchdog.tripped == "total"
+        assert loop.time() - started == pytest.approx(0.05, abs=1e-9)
+
+    run_virtual(main, "asyncio")
 
 
-async def test_no_read_in_progress_is_never_interrupted(pair: tuple[socket.socket, ...]) -> None:
-    loop, (ours, theirs) = asyncio.get_running_loop(), pair
-    watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
-    watchdog.start_read()
-    watchdog.reading = False  # the read returned at once; the caller then works for a while
-    await asyncio.sleep(0.2)
-    assert watchdog.tripped is None
-    theirs.sendall(b"x")
-    assert await asyncio.wait_for(loop.sock_recv(ours, 1), 5) == b"x"  # the socket is intact
+def test_no_read_in_progress_is_never_interrupted(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, theirs) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.reading = False  # the read returned at once; the caller then works for a while
+        await asyncio.sleep(0.2)
+        assert watchdog.tripped is None
+        theirs.sendall(b"x")
+        assert await asyncio.wait_for(loop.sock_recv(ours, 1), 5) == b"x"  # the socket is intact
+
+    run_virtual(main, "asyncio")
 
 
-async def test_cancel_interrupts_and_close_drops_the_timer(pair: tuple[socket.socket, ...]) -> None:
-    loop, (ours, theirs) = asyncio.get_running_loop(), pair
-    watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
-    watchdog.start_read()
-    watchdog.close()
-    await asyncio.sleep(0.15)
-    assert watchdog.tripped is None  # the timer was dropped
-    watchdog.cancel()
-    assert watchdog.tripped == "abort"
-    assert theirs.recv(1) == b""  # the peer sees the shutdown
+def test_cancel_interrupts_and_close_drops_the_timer(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, theirs) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.close()
+        await asyncio.sleep(0.15)
+        assert watchdog.tripped is None  # the timer was dropped
+        watchdog.cancel()
+        assert watchdog.tripped == "abort"
+        assert theirs.recv(1) == b""  # the peer sees the shutdown
+
+    run_virtual(main, "asyncio")
 
 
-def test_a_response_without_a_socket_gets_no_watchdog() -> None:
+async def test_a_response_without_a_socket_gets_no_watchdog() -> None:
     response = httpx.Response(200, extensions={"http_version": b"HTTP/1.1"})
-    assert ReadWatchdog.for_response(response, stall=1, total_left=1) is None
-    assert ReadWatchdog.for_response(httpx.Response(200, extensions={"http_version": b"HTTP/2"}), 1, 1) is None
+    time_source = current_time_source()
+    assert ReadWatchdog.for_response(response, stall=1, total_at=1, time_source=time_source) is None
+    http2 = httpx.Response(200, extensions={"http_version": b"HTTP/2"})
+    assert ReadWatchdog.for_response(http2, 1, 1, time_source) is None
 
 
 async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(tokens=3)
     url = servers[0].url + CHAT
     async with plain_httpx() as client, client.stream("POST", url, json=STREAM_BODY) as response:
-        assert ReadWatchdog.for_response(response, stall=1, total_left=1) is not None
+        assert ReadWatchdog.for_response(response, stall=1, total_at=1e9, time_source=current_time_source()) is not None
         await response.aread()
 
 
@@ -130,7 +149,7 @@ async def test_bytes_that_arrived_while_the_loop_was_blocked_are_not_a_stall(pai
     """The server answered in time; the client's own loop was busy past the stall limit before it could
     resume the read. The watchdog confirms a stall one loop pass later, after the read's wake-up."""
     loop, (ours, theirs) = asyncio.get_running_loop(), pair
-    watchdog = ReadWatchdog(loop, ours, stall=0.05, total_at=loop.time() + 10)
+    watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
 
     async def read() -> bytes:
         watchdog.start_read()
