@@ -141,7 +141,9 @@ def run_bench(args: argparse.Namespace) -> int:
     import anyio
 
     from llmguard_client.bench.clients import TierSpec, parse_clients
+    from llmguard_client.bench.conversations import make_conversation_plan
     from llmguard_client.bench.plot import plot_latency
+    from llmguard_client.bench.prefix_report import cache_lines
     from llmguard_client.bench.presets import preset_for
     from llmguard_client.bench.rates import parse_profile
     from llmguard_client.bench.runlog import captured
@@ -189,7 +191,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--tier-ttft ({tier.ttft:g}) must not exceed --tier-total ({tier.total:g})")
     slo = SLO(ttft=args.ttft_slo or preset.slo.ttft, tpot=args.tpot_slo or preset.slo.tpot)
     try:
-        plan = make_plan(
+        plan = (make_conversation_plan if preset.conversations else make_plan)(
             args.requests or preset.requests,
             seed=args.seed,
             lengths=preset.lengths.scaled(args.length_scale) if args.length_scale else preset.lengths,
@@ -214,6 +216,8 @@ def run_bench(args: argparse.Namespace) -> int:
     with captured() as logs:
         report = _bench_run(args, spec, slo, clients, spawn, urls, logs)
         render(report, console)
+        for line in cache_lines(report.runs, plan):
+            console.print(line, highlight=False)
         if args.json:
             _write_json(report.to_dict(), args.json)
         if args.plot:

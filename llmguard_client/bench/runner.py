@@ -154,6 +154,10 @@ async def replay(
 ) -> Replayed:
     """Send every planned request through ``client`` as the plan says; return samples by index, wall time
     and how far the generator fell behind plan."""
+    if plan.mode == "conversations":
+        from llmguard_client.bench.conversations import replay_conversations
+
+        return await replay_conversations(client, plan, model, on_sample)
     samples: list[Sample | None] = [None] * len(plan.requests)
     bodies = [request_body(r, model) for r in plan.requests]
     cap = plan.concurrency
