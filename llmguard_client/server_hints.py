@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 
-from llmguard_client._clock import Clock, current_time_source, loop_clock
-from llmguard_client._errors import GuardConfigError
-from llmguard_client._lease import close_quietly
+from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.lease import close_quietly
+from llmguard_client.errors import GuardConfigError
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
-    from llmguard_client._replicas import ReplicaSet, ReplicaState
+    from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+    from llmguard_client.guard import Guard
 
 __all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics"]
 

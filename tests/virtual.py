@@ -8,7 +8,7 @@ sleeps (time to headers, to the first token, between tokens, stalls, resets, a s
 wall time and every deadline, hedge and backoff lands at its exact virtual instant.
 
 Both backends matter: production runs the guard on asyncio, where the time source
-(`llmguard_client._clock`) uses loop timers and loop tasks; on trio it uses cancel scopes and
+(`llmguard_client._core.clock`) uses loop timers and loop tasks; on trio it uses cancel scopes and
 a task group. Tests parametrized with `BACKENDS` run the same body through each.
 """
 

@@ -23,9 +23,8 @@ from typing import Any
 import anyio
 
 from llmguard_client.bench.client_base import BenchClient
-from llmguard_client.bench.measure import Sample
+from llmguard_client.bench.measure import Replayed, Sample
 from llmguard_client.bench.rates import RateProfile
-from llmguard_client.bench.runner import Replayed
 from llmguard_client.bench.traffic import _VOCAB, LengthModel, PlannedRequest, TrafficPlan, _profile_arrivals
 
 __all__ = [

@@ -14,13 +14,15 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import httpx
 
-from llmguard_client._tls import default_tls_context
+from llmguard_client._core.tls import default_tls_context
 from llmguard_client.bench.clients import BenchClient, Sample, TierSpec, make_client
+from llmguard_client.bench.conversations import replay_conversations
+from llmguard_client.bench.measure import Replayed
 from llmguard_client.bench.traffic import TrafficPlan, request_body
 
 CountersMode = Literal["reset", "fresh", "none"]
@@ -62,15 +64,6 @@ class ClientRun:
     behind: float = 0.0
     """How far the load generator itself fell behind the planned arrivals, at most (seconds): a busy event
     loop or machine, not waits for a ``--concurrency`` slot (those are part of the plan)."""
-
-
-class Replayed(NamedTuple):
-    """What `replay` returns."""
-
-    samples: list[Sample]
-    wall: float
-    behind: float
-    """Seconds the load generator fell behind plan, at most (see `ClientRun.behind`)."""
 
 
 class ProgressSink(Protocol):
@@ -155,8 +148,6 @@ async def replay(
     """Send every planned request through ``client`` as the plan says; return samples by index, wall time
     and how far the generator fell behind plan."""
     if plan.mode == "conversations":
-        from llmguard_client.bench.conversations import replay_conversations
-
         return await replay_conversations(client, plan, model, on_sample)
     samples: list[Sample | None] = [None] * len(plan.requests)
     bodies = [request_body(r, model) for r in plan.requests]

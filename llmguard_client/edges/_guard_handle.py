@@ -8,8 +8,8 @@ if TYPE_CHECKING:
     import httpx
     import httpx2
 
-    from llmguard_client._replicas import ReplicaSet
-    from llmguard_client._transport import GuardTransport
+    from llmguard_client._core.transport import GuardTransport
+    from llmguard_client._state.replicas import ReplicaSet
 
 
 class GuardHandle(Protocol):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._runner import SyncRunner
+from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
-from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.errors import GuardClosed
+from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmguard_client._causes import guard_failure
+from llmguard_client.causes import guard_failure
 
 if TYPE_CHECKING:
     import openai

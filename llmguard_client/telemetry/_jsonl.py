@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import IO
 
-from llmguard_client._errors import GuardConfigError
+from llmguard_client.errors import GuardConfigError
 
 logger = logging.getLogger("llmguard_client")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmguard_client import cli
-from llmguard_client.layers.rollout import key_position
+from llmguard_client._rollout.rollout import key_position
 from tests.loopback import LoopbackCluster
 
 SMALL = ["--requests", "40", "--rate", "100", "--length-scale", "0.02", "--no-progress"]

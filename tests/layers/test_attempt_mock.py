@@ -395,7 +395,7 @@ async def test_control_cohort_error_answer_carries_no_guard_header() -> None:
 async def test_cohort_header_pins_the_guarded_cohort() -> None:
     upstream = Upstream(server_error)
     records: list[PhaseRecord] = []
-    # rollout=0.0 is "off" (the pin is ignored then: tests/layers/test_rollout.py); any fraction > 0 honours it.
+    # rollout=0.0 is "off" (the pin is ignored then: tests/rollout/test_rollout.py); any fraction > 0 honours it.
     async with make_guard(upstream, records=records, rollout=0.001) as guard, guard.http_client() as client:
         response = await client.post(R1 + CHAT, json=BODY, headers={"x-llmguard-cohort": "guarded"})
     assert records[0].cohort == "guarded"

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
-from llmguard_client.layers.retry import Backoff, RetryLayer
+from llmguard_client._layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
 
 
 def make_record() -> PhaseRecord:

@@ -13,7 +13,8 @@ import pytest
 
 from llmguard_client import Guard, GuardConfigError, cli
 from llmguard_client.compare.load import read_path
-from llmguard_client.telemetry.record import PhaseRecord, RecordLogger
+from llmguard_client.telemetry.record import PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
 from tests.loopback import LoopbackCluster
 
 
