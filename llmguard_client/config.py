@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import httpx
 
 from llmguard_client._core.redact import redact_headers, redact_url
-from llmguard_client.errors import GuardConfigError
+from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
 """How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error
@@ -308,3 +308,20 @@ def resolve_replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
             raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
         seen.add(key)
     return resolved
+
+
+_T = TypeVar("_T")
+
+
+def per_tier(
+    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
+) -> dict[str, _T]:
+    """A per-tier option checked: known tier names, values of ``kind``."""
+    checked = dict(values or {})
+    unknown = sorted(set(checked) - set(tiers))
+    if unknown:
+        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, value in checked.items():
+        if not isinstance(value, kind):
+            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
+    return checked

@@ -20,6 +20,7 @@ from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.fleet import make_fleet
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
@@ -32,6 +33,7 @@ from llmguard_client.config import (
     Replica,
     RetryPolicy,
     Tier,
+    per_tier,
     per_tier_continuation,
     resolve_replicas,
 )
@@ -80,6 +82,9 @@ class Guard:
     tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
                    the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
+    fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
+                   of one service: cool-downs, open circuits and the rollout flag reach all (docs/fleet.md).
+    name:          the service's name, needed with ``fleet``: it namespaces the keys (e.g. "checkout").
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
@@ -121,14 +126,16 @@ class Guard:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
+        fleet: str | None = None,
+        name: str | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
         if not tiers:
             raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
-        for name, tier in tiers.items():
-            if not isinstance(name, str) or not name.strip() or not isinstance(tier, Tier):
-                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {name!r}: {tier!r}")
+        for label, tier in tiers.items():
+            if not isinstance(label, str) or not label.strip() or not isinstance(tier, Tier):
+                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {label!r}: {tier!r}")
         default_tier = default_tier if default_tier is not None else next(iter(tiers))
         if default_tier not in tiers:
             raise UnknownTierError(f"default_tier {default_tier!r} is not one of the tiers: {', '.join(sorted(tiers))}")
@@ -144,8 +151,8 @@ class Guard:
         for label, value, kind in policies:
             if value is not None and not isinstance(value, kind):
                 raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
-        bulkheads = _per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
-        tier_budgets = _per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
+        bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
+        tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
             raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
         if pool_limits is not None and transport_factory is not None:
@@ -177,6 +184,10 @@ class Guard:
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory)
+        self._fleet = make_fleet(
+            fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
+        )
+        self.name = name
         self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
         self._registry = LeaseRegistry()
         self._pools_closed = False
@@ -264,6 +275,8 @@ class Guard:
             if not self._pools_closed:
                 self._pools_closed = True
                 try:
+                    if self._fleet is not None:
+                        await self._fleet.aclose()
                     await self._replica_set.aclose()
                 finally:
                     await self._transport.passthrough_pool.aclose()
@@ -272,7 +285,7 @@ class Guard:
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
-        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
+        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets; the fleet store."""
         return build_snapshot(
             self._clock(),
             self._registry,
@@ -281,6 +294,7 @@ class Guard:
             self._bulkheads,
             self.budget,
             self.tier_budgets,
+            self._fleet.snapshot() if self._fleet is not None else None,
         )
 
     def __repr__(self) -> str:
@@ -289,6 +303,8 @@ class Guard:
         return f"<Guard {state} replicas=[{names}] tiers={sorted(self.tiers)} default_tier={self.default_tier!r}>"
 
     async def __aenter__(self) -> Guard:
+        if self._fleet is not None:
+            self._fleet.store.start()  # connect now rather than on the first call
         return self
 
     async def __aexit__(
@@ -381,20 +397,3 @@ def _default_instrumentation() -> Instrumentation | None:
             raise
         return None
     return OpenTelemetryInstrumentation()
-
-
-_T = TypeVar("_T")
-
-
-def _per_tier(
-    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
-) -> dict[str, _T]:
-    """A per-tier option checked: known tier names, values of ``kind``."""
-    checked = dict(values or {})
-    unknown = sorted(set(checked) - set(tiers))
-    if unknown:
-        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-    for name, value in checked.items():
-        if not isinstance(value, kind):
-            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
-    return checked
