@@ -94,4 +94,3 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
         f"{name}: {value:g} of calls guarded on every process "
         f"(fraction {stored_text}, kill switch {'ON' if killed else 'off'})"
     )
-

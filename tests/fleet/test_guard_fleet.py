@@ -19,7 +19,7 @@ BODY = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], 
 
 async def until(condition: Callable[[], bool], seconds: float = 15.0) -> None:
     with anyio.fail_after(seconds):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
             await anyio.sleep(0.01)
 
 

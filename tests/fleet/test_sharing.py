@@ -20,8 +20,19 @@ RETRY_AFTER = 30
 def start_processes(url: str, replicas: list[str], start: float) -> list[subprocess.Popen[str]]:
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.fleet.fleet_process", "calls", url, "checkout", f"{start:.3f}",
-             f"{i * STAGGER:.3f}", str(CALLS), str(INTERVAL), *replicas],
+            [
+                sys.executable,
+                "-m",
+                "tests.fleet.fleet_process",
+                "calls",
+                url,
+                "checkout",
+                f"{start:.3f}",
+                f"{i * STAGGER:.3f}",
+                str(CALLS),
+                str(INTERVAL),
+                *replicas,
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )

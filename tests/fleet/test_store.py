@@ -22,7 +22,7 @@ def make_store(url: str, **kwargs: float) -> FleetStore:
 async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     """Wait for ``condition`` (a generous bound: behaviour, not speed, is what is asserted)."""
     with anyio.fail_after(seconds):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
             await anyio.sleep(0.01)
 
 
@@ -179,5 +179,3 @@ async def test_calls_from_many_tasks_share_one_store(redis_server: RedisServer) 
         assert sorted(results) == list(range(1, 21))
     finally:
         await store.aclose()
-
-

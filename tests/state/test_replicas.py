@@ -98,7 +98,7 @@ def test_cooling_is_a_wall_while_another_replica_is_ready() -> None:
 
 def test_one_probe_per_cool_down_once_half_of_it_passed() -> None:
     rs = replica_set(2)
-    r0, r1 = rs.states
+    r0, _ = rs.states
     rs.cool_down(r0, NOW, 4.0)
     assert names([rs.pick(NOW + 1.9) for _ in range(3)]) == ["r1", "r1", "r1"]
     assert names([rs.pick(NOW + 2.0) for _ in range(3)]) == ["r0", "r1", "r1"]  # the probe, then the wall
