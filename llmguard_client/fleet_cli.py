@@ -89,7 +89,7 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
     killed = parse_flag(None, kill) == 0.0
     if value is None:
         return f"{name}: no fleet-wide rollout set; each process uses its own Guard(rollout=...)"
-    stored_text = "unset" if stored is None else stored.decode()
+    stored_text = "unset" if stored is None else stored.decode() if isinstance(stored, bytes) else str(stored)
     return (
         f"{name}: {value:g} of calls guarded on every process "
         f"(fraction {stored_text}, kill switch {'ON' if killed else 'off'})"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import itertools
 import json
 import time
 
-import anyio
 import httpx
 import openai
 import pytest
@@ -203,7 +203,7 @@ async def test_a_rate_limited_window_answers_429_with_a_long_retry_after() -> No
         refused = await http.post(url, json=chat_body(max_tokens=2))
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "30" and refused.headers["retry-after-ms"] == "30000"
-        await anyio.sleep(2.1)  # the window is over: served again
+        await asyncio.sleep(2.1)  # the window is over: served again
         served = await http.post(url, json=chat_body(max_tokens=2))
         assert served.status_code == 200
         assert cluster.replicas[0].counters.rate_limited == 1

@@ -107,6 +107,10 @@ class FleetStore:
         return f"llmguard:{self.name}:" + ":".join(parts)
 
     @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    @property
     def available(self) -> bool:
         """Connected and not degraded right now."""
         return self._state == "connected"
@@ -234,7 +238,7 @@ class FleetStore:
                 if client is not None:
                     with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                         await client.aclose()
-            if self._state == "closed":
+            if self.closed:
                 return
             if self.resyncs > reached:
                 delay = self.backoff_initial  # it was connected: the next outage starts from a short wait
@@ -269,7 +273,7 @@ class FleetStore:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _guarded(self, task: Callable[..., Awaitable[None]], *args: object) -> None:
         """Run one of the session's tasks; its failure degrades the store, which ends the session."""

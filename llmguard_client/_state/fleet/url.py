@@ -53,7 +53,7 @@ class FleetURL:
             "retry": Retry(NoBackoff(), 0),
         }
         if self.cluster:
-            return RedisCluster.from_url(self.url, **options)  # type: ignore[arg-type]
+            return RedisCluster.from_url(self.url, **options)
         return Redis.from_url(self.url, **options)  # type: ignore[arg-type]
 
 
