@@ -225,8 +225,8 @@ class RateLimiter:
         async def op(redis: Any) -> tuple[bool, float] | None:
             try:
                 reply = await redis.evalsha(_SCRIPT_SHA, 1, key, *args)
-            except Exception as exc:  # the server lost its script cache (a restart): send the script itself
-                if "NOSCRIPT" not in str(exc):
+            except Exception as exc:  # not cached (first use, a restart): send the script itself, which caches it
+                if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
                     raise
                 reply = await redis.eval(FLEET_SCRIPT, 1, key, *args)
             return bool(int(reply[0])), float(reply[1])
