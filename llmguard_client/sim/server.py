@@ -129,7 +129,7 @@ class _Completions:
             while (await receive())["type"] != "http.disconnect":
                 pass
             return
-        charge, limit_headers = parsed.prompt_tokens + (parsed.max_tokens or 0), []
+        charge, limit_headers = parsed.prompt_tokens + (parsed.max_tokens or 0), list[tuple[str, str]]()
         if self.provider is not None:
             admitted, limit_headers = self.provider.admit(charge)
             if not admitted:
@@ -267,8 +267,8 @@ class _Completions:
                 self.replica.counters.malformed += 1
                 body = body[: len(body) // 2]
             if not plan.reset:
-                headers = [("x-sim-replica", str(self.replica.index)), *extra]
-                await _send_bytes(send, 200, body, "application/json", headers)
+                plain = [("x-sim-replica", str(self.replica.index)), *extra]
+                await _send_bytes(send, 200, body, "application/json", plain)
                 return "done"
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
