@@ -29,6 +29,7 @@ from llmguard_client._config import (
 )
 from llmguard_client._errors import GuardConfigError, UnknownTierError
 from llmguard_client._lease import LeaseRegistry
+from llmguard_client._pool import replica_transport
 from llmguard_client._replicas import ReplicaSet
 from llmguard_client._snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._tls import default_tls_context
@@ -51,16 +52,17 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
 DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
-"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: httpcore 1.0's
-pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
-the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
+"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: every pass of the
+pool's assignment (at each request and each response's end) probes each idle connection's socket, so a
+burst on a pool of 250 idle connections spends a third of its CPU there (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
-    TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=default_tls_context())
+    """One connection pool per replica (`replica_transport`: httpx's, with a connection assignment that
+    serves a burst at once), all sharing one TLS context: building one loads the CA bundle, 0.3-1.7 s each
+    on a busy 2-core machine."""
+    return replica_transport(limits, default_tls_context())
 
 
 class Guard:
