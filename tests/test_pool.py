@@ -8,6 +8,8 @@ a connection, and only the assignment pass runs (in an event loop: handing out a
 
 from __future__ import annotations
 
+import time
+
 import httpcore
 import httpx
 import pytest
@@ -103,6 +105,26 @@ async def test_closed_connections_are_dropped_and_expired_ones_closed_but_a_held
     assert pool._assign_requests_to_connections() == [expired]
     assert pool._connections == [held]
     assert held.expiry_checks == 0
+
+
+async def test_between_sweeps_only_the_idle_connection_handed_out_is_probed() -> None:
+    idle = [FakeConnection() for _ in range(3)]
+    pool = make_pool(*idle)
+    pool._swept_at = time.monotonic()  # every idle connection was just probed
+    (request,) = queue(pool, 1)
+    assert pool._assign_requests_to_connections() == []
+    assert request.connection is idle[0]
+    assert [c.expiry_checks for c in idle] == [1, 0, 0]
+
+
+async def test_an_expired_idle_connection_is_closed_instead_of_handed_out() -> None:
+    expired, fresh = FakeConnection(expired=True), FakeConnection()
+    pool = make_pool(expired, fresh)
+    pool._swept_at = time.monotonic()
+    (request,) = queue(pool, 1)
+    assert pool._assign_requests_to_connections() == [expired]
+    assert request.connection is fresh
+    assert pool._connections == [fresh]
 
 
 async def test_a_full_pool_closes_an_idle_connection_to_another_origin_to_make_room() -> None:
