@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import httpcore
 import httpx
 import pytest
 from httpcore._async.connection_pool import AsyncPoolRequest
+from httpcore._async.http11 import HTTPConnectionState
+from httpcore._backends.mock import AsyncMockStream
 
 from llmguard_client import Guard, Tier
-from llmguard_client._pool import ReplicaPool, replica_transport
+from llmguard_client._pool import FastLock, ReplicaPool, replica_transport
 from llmguard_client._tls import default_tls_context
 
 URL = "http://replica.test:8000/v1/chat/completions"
@@ -143,6 +146,48 @@ async def test_a_full_pool_leaves_requests_queued() -> None:
     requests = queue(pool, 3)
     assert pool._assign_requests_to_connections() == []
     assert all(r.is_queued() for r in requests)
+
+
+async def test_a_free_lock_is_taken_without_letting_other_tasks_run() -> None:
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)  # runs at the first yield of this task
+        async with FastLock():
+            assert ran == []
+    assert ran == ["other"]
+
+
+async def test_a_taken_lock_still_makes_the_next_one_wait() -> None:
+    lock, order = FastLock(), []
+
+    async def second() -> None:
+        async with lock:
+            order.append("second")
+
+    async with anyio.create_task_group() as tg:
+        async with lock:
+            tg.start_soon(second)
+            await anyio.sleep(0.01)
+            order.append("first")
+    assert order == ["first", "second"]
+
+
+async def test_new_connections_and_idle_ones_handed_out_get_locks_that_do_not_yield() -> None:
+    pool = ReplicaPool(max_connections=10, max_keepalive_connections=5)
+    origin = httpcore.URL(URL).origin
+    created = pool.create_connection(origin)
+    assert isinstance(created, httpcore.AsyncHTTPConnection) and type(created._request_lock) is FastLock
+    http11 = httpcore.AsyncHTTP11Connection(origin, AsyncMockStream([]))
+    http11._state = HTTPConnectionState.IDLE
+    created._connection = http11
+    pool._connections = [created]
+    (request,) = queue(pool, 1)
+    pool._assign_requests_to_connections()
+    assert request.connection is created and type(http11._state_lock) is FastLock
 
 
 async def test_the_guards_default_pools_use_the_single_pass_assignment() -> None:
