@@ -51,10 +51,9 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
-"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: every pass of the
-pool's assignment (at each request and each response's end) probes each idle connection's socket, so a
-burst on a pool of 250 idle connections spends a third of its CPU there (`benchmarks/burst.py`)."""
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
+the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
 
 
