@@ -1,13 +1,13 @@
 """A burst through the guard against the same burst through the raw openai client, side by side.
 
-    python -m benchmarks.burst [--calls 250] [--waves 3] [--pool-connections 20] [--ttft 5.0] [--runs 1]
+    python -m benchmarks.burst [--calls 250] [--waves 3] [--pool-connections N] [--ttft 5.0] [--runs 1]
 
 One healthy replica (`benchmarks.replica_server` in its own process, so its CPU does not share the
 client's GIL: first token after 36 ms, then 8 tokens 2 ms apart). Two ``openai.AsyncOpenAI`` clients
 in this process: the raw one (the SDK's own pool) and a guarded one
 (``http_client=guard.http_client_for(openai.AsyncOpenAI)``, one replica, tier ttft ``--ttft`` s, so no
 deadline cuts anything at the default 5 s; ``--pool-connections`` is the guard's
-``max_keepalive_connections`` per replica). Each wave is ``--calls`` streamed calls released at the
+``max_keepalive_connections`` per replica, default `DEFAULT_POOL_LIMITS`'s). Each wave is ``--calls`` streamed calls released at the
 same instant and read to their end, first through the raw client, then through the guarded one (the
 two never run at once); the first wave of each opens its connections (cold), the next ones reuse
 what the pool kept (warm). Per wave and client: calls whose first token came within 1 s, calls that
@@ -35,7 +35,7 @@ import openai
 
 import llmguard_client
 from benchmarks import _harness as h
-from llmguard_client import Guard, Tier
+from llmguard_client import DEFAULT_POOL_LIMITS, Guard, Tier
 from llmguard_client._quantile import percentile
 
 WITHIN = 1.0
@@ -156,10 +156,18 @@ def row(run: int, index: int, client: str, wave: Wave, raw: Wave | None) -> str:
             f"{pool}{ratio or '-'} | {failures} |")
 
 
+def guard_limits(args: argparse.Namespace) -> httpx.Limits:
+    """The guard's pool limits: its default, with ``--pool-connections`` and ``--keepalive-expiry`` if given."""
+    keepalive = args.pool_connections
+    if keepalive is None:
+        keepalive = DEFAULT_POOL_LIMITS.max_keepalive_connections
+    return httpx.Limits(max_connections=DEFAULT_POOL_LIMITS.max_connections, max_keepalive_connections=keepalive,
+                        keepalive_expiry=args.keepalive_expiry)
+
+
 async def run(url: str, args: argparse.Namespace, number: int) -> list[tuple[Wave | None, Wave | None]]:
     expiry = args.keepalive_expiry
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=args.pool_connections,
-                          keepalive_expiry=expiry)
+    limits = guard_limits(args)
     tiers = {"burst": Tier(ttft=args.ttft, total=30.0, stall=5.0)}
     pairs: list[tuple[Wave | None, Wave | None]] = []
     own = None if expiry == 5.0 else openai.DefaultAsyncHttpxClient(  # the SDK's own pool limits, another expiry
@@ -191,7 +199,7 @@ async def main(args: argparse.Namespace) -> bool:
     replica_opts = ["--first-token-delay", "0.036", "--tokens", "8", "--gap", "0.002"]
     with h.replica_processes([replica_opts]) as (url,):
         print(f"measured: {llmguard_client.__file__}; openai {openai.__version__}; {args.calls} calls per wave, "
-              f"{args.waves} waves; guard: tier ttft {args.ttft} s, pool (1000, {args.pool_connections}) per "
+              f"{args.waves} waves; guard: tier ttft {args.ttft} s, pool {h.label(guard_limits(args))} per "
               f"replica; keep-alive expiry {args.keepalive_expiry} s")
         print()
         pool = "re-queued | calls re-queued | longest wait before it, ms | " if PROBE else ""
@@ -211,8 +219,8 @@ def cli() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.burst", description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=250, help="concurrent calls per wave")
     parser.add_argument("--waves", type=int, default=3, help="waves per client (the first one cold)")
-    parser.add_argument("--pool-connections", type=int, default=20,
-                        help="the guard's max_keepalive_connections per replica")
+    parser.add_argument("--pool-connections", type=int, default=None,
+                        help="the guard's max_keepalive_connections per replica (default: DEFAULT_POOL_LIMITS)")
     parser.add_argument("--ttft", type=float, default=5.0, help="the guard tier's ttft deadline, seconds")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between two waves")
     parser.add_argument("--runs", type=int, default=1, help="times the whole sequence is repeated, fresh clients")
@@ -226,7 +234,7 @@ def cli() -> None:
         global PROBE
         PROBE = PoolStats()
         PROBE.install()
-    if args.calls < 1 or args.waves < 1 or args.runs < 1 or args.pool_connections < 0:
+    if args.calls < 1 or args.waves < 1 or args.runs < 1 or (args.pool_connections or 0) < 0:
         parser.error("--calls, --waves and --runs must be >= 1, --pool-connections >= 0")
     if not anyio.run(main, args):
         sys.exit(1)
