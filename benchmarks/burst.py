@@ -2,16 +2,15 @@
 
     python -m benchmarks.burst [--calls 250] [--waves 3] [--pool-connections N] [--ttft 5.0] [--runs 1]
 
-One healthy replica (`benchmarks.replica_server` in its own process, so its CPU does not share the
-client's GIL: first token after 36 ms, then 8 tokens 2 ms apart). Two ``openai.AsyncOpenAI`` clients
-in this process: the raw one (the SDK's own pool) and a guarded one
-(``http_client=guard.http_client_for(openai.AsyncOpenAI)``, one replica, tier ttft ``--ttft`` s, so no
-deadline cuts anything at the default 5 s; ``--pool-connections`` is the guard's
-``max_keepalive_connections`` per replica, default `DEFAULT_POOL_LIMITS`'s). Each wave is ``--calls`` streamed calls released at the
-same instant and read to their end, first through the raw client, then through the guarded one (the
-two never run at once); the first wave of each opens its connections (cold), the next ones reuse
-what the pool kept (warm). Per wave and client: calls whose first token came within 1 s, calls that
-ended in an error, time to first token p50/p99 (as the caller saw it), how late a 10 ms sleep woke
+One healthy replica (`benchmarks.replica_server` in its own process, so its CPU does not share the client's
+GIL: first token after 36 ms, then 8 tokens 2 ms apart). Two ``openai.AsyncOpenAI`` clients in this process:
+the raw one (the SDK's own pool) and a guarded one (``http_client=guard.http_client_for(openai.AsyncOpenAI)``,
+one replica, tier ttft ``--ttft`` s, so no deadline cuts anything at the default 5 s; ``--pool-connections``
+is the guard's ``max_keepalive_connections`` per replica, default `DEFAULT_POOL_LIMITS`'s). Each wave is
+``--calls`` streamed calls released at the same instant and read to their end, first through the raw client,
+then through the guarded one (the two never run at once); the first wave of each opens its connections (cold),
+the next ones reuse what the pool kept (warm). Per wave and client: calls whose first token came within 1 s,
+calls that ended in an error, time to first token p50/p99 (as the caller saw it), how late a 10 ms sleep woke
 (event-loop lag, p99), new connections the server accepted, and the client process's CPU seconds.
 """
 
@@ -36,7 +35,7 @@ import openai
 import llmguard_client
 from benchmarks import _harness as h
 from llmguard_client import DEFAULT_POOL_LIMITS, Guard, Tier
-from llmguard_client._quantile import percentile
+from llmguard_client._state.quantile import percentile
 
 WITHIN = 1.0
 """A call counts as served in time when its first token came within this many seconds."""

@@ -1,6 +1,6 @@
 """How far past each tier limit a call really ends: ttft, stall and total, on a real loopback server.
 
-    python benchmarks/deadline_accuracy.py [--runs 20]
+    python -m benchmarks.deadline_accuracy [--runs 20]
 
 Each run trips one deadline (a server that stalls) and measures the wall time from the limit's reference
 point (call start for ttft/total, last chunk for stall) to the moment the caller sees the exception.
@@ -14,7 +14,7 @@ import time
 import anyio
 
 from llmguard_client import Guard, GuardTimeout, Tier
-from llmguard_client._quantile import percentile
+from llmguard_client._state.quantile import percentile
 from tests.loopback import LoopbackServer, Script
 
 BODY = {"model": "m", "messages": [], "stream": True}

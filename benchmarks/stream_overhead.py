@@ -4,7 +4,7 @@ The server (a loopback test server in a thread) streams N SSE content chunks as 
 reads them all. Reported: client CPU seconds per chunk (time.process_time covers both threads, so the
 server's share is the same in both rows and the difference is the guard's), and the ratio guarded/plain.
 
-    python benchmarks/stream_overhead.py [--chunks 5000] [--rounds 5]
+    python -m benchmarks.stream_overhead [--chunks 5000] [--rounds 5]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CPU per call of the sync edge vs the async one, plain vs guarded, on one loopback server.
 
-    python benchmarks/sync_cpu.py [--calls 300] [--concurrency 16] [--tokens 20]
+    python -m benchmarks.sync_cpu [--calls 300] [--concurrency 16] [--tokens 20]
 
 openai 3.x streamed calls (``--tokens`` content chunks each), ``--concurrency`` at a time: threads for the
 sync clients, tasks for the async ones. Reported: process CPU milliseconds per call (the in-process server's

@@ -1,7 +1,6 @@
-"""Sync path vs async path in the stragglers scenario: does ``openai.OpenAI`` through the guard cut TTFT
-p99 as much as ``openai.AsyncOpenAI`` through it?
+"""Sync vs async path under stragglers: does the guard cut TTFT p99 as much for openai.OpenAI as for AsyncOpenAI?
 
-    python benchmarks/sync_stragglers.py [--requests 400] [--rate 40] [--seed 0]
+    python -m benchmarks.sync_stragglers [--requests 400] [--rate 40] [--seed 0]
 
 Four runs, each against a fresh simulated cluster (``python -m llmguard_client.sim --scenario stragglers``:
 3 replicas, 5 % of requests stall 2 s before their first token), with the same Poisson arrivals and

@@ -17,7 +17,7 @@ Two shapes: ``plain`` (one attempt, streamed) and ``hedged`` (a primary that los
 that wins). Rounds run every mode in turn; the figure is the best round's elapsed / calls in
 microseconds (the median in brackets), and the overhead is that minus the baseline's.
 
-    python benchmarks/telemetry_overhead.py [--calls 2000] [--repeats 15]
+    python -m benchmarks.telemetry_overhead [--calls 2000] [--repeats 15]
 """
 
 from __future__ import annotations

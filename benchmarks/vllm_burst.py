@@ -4,10 +4,10 @@ vLLM 0.32 rejects a queue overflow (``--max-num-queued-reqs``) with a plain 503 
 and with HTTP 200 + ``data: {"error": {..., "code": 503}}`` + ``[DONE]`` for streams that race past that check.
 This sends ``--calls`` simultaneous openai-SDK streams through: plain openai clients round-robin over the two
 replicas (``max_retries=0`` and the defaults), then the guard (default budget, then a generous one), and prints
-what the callers got and what the guard recorded.
+what the callers got and what the guard recorded. Needs a vLLM (0.32) server on loopback, serving any model,
+started with ``--max-num-seqs 1 --max-num-queued-reqs 1``:
 
-    PORT=8031 /work/shared/tools/vllm/setup.sh serve --max-num-seqs 1 --max-num-queued-reqs 1
-    python benchmarks/vllm_burst.py --vllm http://127.0.0.1:8031 [--calls 12]
+    python -m benchmarks.vllm_burst --vllm http://127.0.0.1:8031 [--calls 12]
 """
 
 from __future__ import annotations

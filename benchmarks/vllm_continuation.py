@@ -1,11 +1,12 @@
-"""Mid-stream failover by continuation against a real vLLM server (issue 14).
+"""Mid-stream failover by continuation against a real vLLM server.
 
-    LLMGUARD_VLLM_DIR=/work/vllm-proto PORT=8031 /work/shared/tools/vllm/setup.sh serve
+Needs a vLLM (0.32) OpenAI-compatible server on loopback, serving any model:
+
     python -m benchmarks.vllm_continuation --vllm http://127.0.0.1:8031 [--cut-after 8] [--max-tokens 24]
 
 The guard's two replicas are two loopback proxies (`benchmarks._cutting_proxy`) in front of the **same** vLLM
-engine (one engine fits this 2-core machine; what is tested is vLLM's handling of the continuation request, not a
-second machine). The first stream either proxy carries is reset after ``--cut-after`` server-sent events; the guard
+engine (one engine is enough: what is tested is vLLM's handling of the continuation request, not a second
+machine). The first stream either proxy carries is reset after ``--cut-after`` server-sent events; the guard
 (`ContinuationPolicy()` on) sends the rest of the request to the other proxy. For ``/v1/chat/completions`` and
 ``/v1/completions``, through the openai SDK, streamed, it prints the text before the cut and the continuation's
 text, the role deltas, ids and ``[DONE]`` markers in the bytes the SDK read, the usage, the attempt trail, and

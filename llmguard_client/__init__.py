@@ -11,9 +11,11 @@ through OpenTelemetry, all behind one httpx transport::
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from llmguard_client._capture import capture
-from llmguard_client._causes import guard_failure
-from llmguard_client._config import (
+from llmguard_client._core.transport import GuardTransport
+from llmguard_client._state.retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._state.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
+from llmguard_client.causes import guard_failure
+from llmguard_client.config import (
     BudgetPolicy,
     Bulkhead,
     ContinuationPolicy,
@@ -23,7 +25,7 @@ from llmguard_client._config import (
     RetryPolicy,
     Tier,
 )
-from llmguard_client._errors import (
+from llmguard_client.errors import (
     AllAttemptsFailed,
     AllReplicasCooling,
     BudgetExhausted,
@@ -31,6 +33,7 @@ from llmguard_client._errors import (
     GuardClosed,
     GuardConfigError,
     GuardFailure,
+    GuardRequestError,
     GuardStreamError,
     GuardTimeout,
     GuardUnavailable,
@@ -39,14 +42,14 @@ from llmguard_client._errors import (
     StreamTruncated,
     TotalTimeout,
     TTFTTimeout,
+    UnknownCohortError,
     UnknownTierError,
     UpstreamStreamError,
 )
-from llmguard_client._guard import DEFAULT_POOL_LIMITS, Guard
-from llmguard_client._retry_after import RETRY_AFTER_CAP, parse_retry_after
-from llmguard_client._snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
-from llmguard_client._transport import GuardTransport
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
+from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
+from llmguard_client.telemetry.capture import capture
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
 
 if TYPE_CHECKING:
     from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
@@ -72,6 +75,7 @@ __all__ = [
     "GuardClosed",
     "GuardConfigError",
     "GuardFailure",
+    "GuardRequestError",
     "GuardSnapshot",
     "GuardStreamError",
     "GuardTimeout",
@@ -91,6 +95,7 @@ __all__ = [
     "Tier",
     "TierSnapshot",
     "TotalTimeout",
+    "UnknownCohortError",
     "UnknownTierError",
     "UpstreamStreamError",
     "__version__",

@@ -21,7 +21,8 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 from typing import IO, NoReturn
 
 from llmguard_client.bench import commands
@@ -32,8 +33,31 @@ DEFAULT_CLIENTS = commands.DEFAULT_CLIENTS
 
 
 class _Parser(argparse.ArgumentParser):
+    lazy_epilog: Callable[[], str] | None = None
+    """Computed when the help is shown (the scenario list needs the simulated cluster's import)."""
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
+
+
+def _scenarios_epilog() -> str:
+    """``--sim`` scenarios, one line each, and the rule that invalidates a run."""
+    from llmguard_client.bench.validity import RULE
+
+    try:
+        from llmguard_client.sim.scenarios import SCENARIOS
+    except ImportError as exc:
+        scenarios = [f"  (the simulated cluster is not available: {exc})"]
+    else:
+        width = max(len(name) for name in SCENARIOS)
+        scenarios = [f"  {name:<{width}}  {s.summary}" for name, s in SCENARIOS.items()]
+    rule = textwrap.wrap(RULE + " Re-run with fewer calls/s, fewer clients, or on a quieter machine.", 76)
+    return "\n".join(["--sim scenarios:", *scenarios, "", *rule])
 
 
 def _positive_float(text: str) -> float:
@@ -87,17 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description="Load-test OpenAI-compatible endpoints with and without llmguard."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     b = sub.add_parser(
         "bench",
-        help="replay the same planned traffic through several clients and compare them",
-        description="Replay the same seeded traffic through each client, one after another, and report "
-        "latency percentiles, goodput, timeouts, 429s and server-side amplification side by side.",
+        help="load-test clients side by side on the same seeded traffic",
+        description=textwrap.fill(  # filled here: the raw formatter keeps the scenario list below as it is
+            "Replay the same seeded traffic through each client, one after another, and report latency "
+            "percentiles, goodput, timeouts, 429s and server-side amplification side by side.",
+            76,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    b.lazy_epilog = _scenarios_epilog
     where = b.add_mutually_exclusive_group()  # one of them is required unless --explain
     where.add_argument("--target", metavar="URL[,URL...]", help="replica base URLs (http://host:port)")
-    where.add_argument("--sim", metavar="SCENARIO", help="start the simulated cluster with this scenario")
+    where.add_argument(
+        "--sim", metavar="SCENARIO", help="start the simulated cluster with this scenario (listed below)"
+    )
     b.add_argument(
         "--clients",
         default=DEFAULT_CLIENTS,
@@ -183,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "demo",
-        help="two scenarios on the simulated cluster, with and without the guard (about 2 min)",
+        help="stragglers and overload on the simulated cluster (~2 min)",
         description="Run the 'stragglers' scenario (slow first tokens; plain vs guarded) and the 'overload' "
         "scenario (a 3x traffic spike; plain, openai-default, naive-retry and guarded) on the simulated "
         "cluster, and print each report with one verdict per client.",
@@ -194,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     from llmguard_client.compare.command import add_parser as add_compare
 
     add_compare(sub)
+    parser.usage = f"%(prog)s [-h] {{{','.join(sub.choices)}}} ..."  # every command, none left out
     return parser
 
 

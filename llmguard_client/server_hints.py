@@ -20,27 +20,28 @@ behind your back and cancelling the group stops it::
 Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus ``/metrics``
 (``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
 again; any other failure or an unreadable body just leaves that replica without a hint until the
-next round. A hint is believed for three polling intervals.
+next round. A hint is believed for three polling intervals, on the Guard's clock (the one its router
+reads: the event loop's by default, ``Guard(clock=...)`` if injected), so hints steer under trio and in
+virtual time too.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
-from llmguard_client._errors import GuardConfigError
-from llmguard_client._lease import close_quietly
+from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.lease import close_quietly
+from llmguard_client.errors import GuardConfigError
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
-    from llmguard_client._replicas import ReplicaSet, ReplicaState
+    from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+    from llmguard_client.guard import Guard
 
 __all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics"]
 
@@ -98,11 +99,11 @@ async def poll_once(
     request_timeout: float = 1.0,
     fresh_for: float = 6.0,
     skip: set[str] | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = loop_clock,
 ) -> dict[str, ServerLoad | None]:
     """Read every replica's ``/metrics`` at once (each within ``request_timeout`` s) and hand what they say to
-    the router; returns the hint per replica name (None: no hint). Names in ``skip`` are not polled;
-    a replica that answers 404 is added to it."""
+    the router, stamped with ``clock`` (the Guard's: the event loop's by default); returns the hint per
+    replica name (None: no hint). Names in ``skip`` are not polled; a replica that answers 404 is added to it."""
     skip = skip if skip is not None else set()
     out: dict[str, ServerLoad | None] = {}
 
@@ -126,10 +127,11 @@ async def poll_vllm_metrics(
     *,
     every: float = 2.0,
     request_timeout: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock | None = None,
 ) -> None:
     """Poll every replica's ``/metrics`` once per ``every`` seconds (at least 0.5) until cancelled,
-    each request bounded by ``request_timeout`` (default: 1 s or ``every`` if shorter)."""
+    each request bounded by ``request_timeout`` (default: 1 s or ``every`` if shorter). Hints are
+    stamped with ``clock``, by default the Guard's own (what its router reads them against)."""
     if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0.5:
         raise GuardConfigError(f"poll_vllm_metrics: every must be at least 0.5 seconds, got {every!r}")
     if request_timeout is None:
@@ -143,11 +145,13 @@ async def poll_vllm_metrics(
             f"poll_vllm_metrics: request_timeout must be > 0 and <= every ({every}), got {request_timeout!r}"
         )
     replicas = guard._replica_set
+    time_source = current_time_source(clock if clock is not None else guard._clock)
+    now = time_source.now
     skip: set[str] = set()
     while len(skip) < len(replicas.states):
-        started = anyio.current_time()
-        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=clock)
-        await anyio.sleep(max(0.0, started + every - anyio.current_time()))
+        started = now()
+        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=now)
+        await time_source.sleep_until(started + every)
     logger.info("llmguard: no replica serves /metrics; server hints stop")
 
 

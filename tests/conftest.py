@@ -8,8 +8,9 @@ import pytest
 
 from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
+from tests.redis_server import _shared_redis, redis_factory, redis_server
 
-__all__ = ["no_leaks"]
+__all__ = ["_shared_redis", "no_leaks", "redis_factory", "redis_server"]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,7 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
 
 
-FIRST = ("tests/test_stress.py",)
+FIRST = ("tests/loadtest/test_locust.py", "tests/test_stress.py")
 """Modules of the longest tests (4-10 s each): run first, so that xdist does not deal one of them last and
 leave the other workers idle while it runs. With ``--dist loadgroup`` xdist deals the xdist groups first, then
 each other test alone in this order, so these spread over the workers."""

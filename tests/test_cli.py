@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
+import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,3 +161,145 @@ def test_sim_missing_or_unknown_scenario_is_a_usage_error(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
     assert "unknown scenario" in err or "needs the simulated cluster" in err
+
+
+class _StallingProgress:
+    """A progress sink that blocks the event loop for ``stall`` s at each client's first answer, as a
+    starved machine would: the load generator really falls behind its plan."""
+
+    def __init__(self, stall: float) -> None:
+        self.stall = stall
+        self.first = False
+
+    def begin(self, client: str, total: int) -> None:
+        self.first = True
+
+    def advance(self, sample: object) -> None:
+        if self.first:
+            self.first = False
+            time.sleep(self.stall)
+
+    def end(self, client: str) -> None:
+        pass
+
+
+def test_a_run_behind_plan_is_invalid_and_gets_no_verdict(
+    cluster: LoopbackCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @contextlib.contextmanager
+    def stalling(enabled: bool) -> Iterator[_StallingProgress]:
+        yield _StallingProgress(1.2)  # the default tier (TTFT 1 s) tolerates 0.5 s
+
+    monkeypatch.setattr(commands, "_progress", stalling)
+    js = tmp_path / "r.json"
+    argv = ["bench", "--target", ",".join(cluster.urls), "--clients", "plain,naive-retry", *SMALL, "--json", str(js)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    assert doc["valid"] is False and doc["verdicts"] == {}
+    assert min(doc["generator_behind_s"].values()) > 0.5
+    text = " ".join(out.split())
+    assert "INVALID the load generator fell behind plan by up to" in text
+    assert "=> NO VERDICT: this run is INVALID" in text and "fewer calls/s" in text
+    assert "=> naive-retry" not in text and "Worst regression" not in text
+
+
+DEGRADED = (
+    "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica ttft %s, per token "
+    "%s); drained to one probe per %.0f s"
+)
+
+
+class _LoggingProgress:
+    """A progress sink that logs the router's degraded-replica warning through the library logger at each
+    client's first answer, i.e. in the middle of the run; ``console`` is where rich would draw the bars."""
+
+    def __init__(self, console: object = None) -> None:
+        if console is not None:
+            self.console = console
+        self.first = False
+
+    def begin(self, client: str, total: int) -> None:
+        self.first = True
+
+    def advance(self, sample: object) -> None:
+        if self.first:
+            self.first = False
+            args = ("http://127.0.0.1:9", "812 ms", "95 ms", 0.0, "31 ms", "9 ms", 2.0)
+            logging.getLogger("llmguard_client").warning(DEGRADED, *args)
+
+    def end(self, client: str) -> None:
+        pass
+
+
+def _bench_argv(cluster: LoopbackCluster) -> list[str]:
+    clients = "plain,naive-retry,guarded" if _has_guard() else "plain,naive-retry"
+    return ["bench", "--target", ",".join(cluster.urls), "--clients", clients, *SMALL]
+
+
+def test_log_records_of_a_run_go_below_the_report_and_it_fits_80_columns(
+    cluster: LoopbackCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @contextlib.contextmanager
+    def logging_progress(enabled: bool) -> Iterator[_LoggingProgress]:
+        yield _LoggingProgress()  # no console: as with --no-progress
+
+    monkeypatch.setattr(commands, "_progress", logging_progress)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(_bench_argv(cluster)) == 0
+    out, err = capsys.readouterr()
+    assert "degraded" not in err  # not left to Python's last-resort handler
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    start = next(i for i, line in enumerate(lines) if line.startswith("llmguard bench: "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("Every figure is defined by"))
+    report, below = "\n".join(lines[start : end + 1]), " ".join(" ".join(lines[end + 1 :]).split())
+    assert "degraded" not in report and "log " not in report
+    assert "log warning llmguard_client: llmguard: replica http://127.0.0.1:9 is degraded" in below
+    clients = _bench_argv(cluster)[4].count(",") + 1
+    assert f"drained to one probe per 2 s (x{clients})" in below  # once per client, printed once with its count
+
+
+def test_log_records_go_above_live_progress_bars(
+    cluster: LoopbackCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rich.console import Console
+
+    bars = io.StringIO()
+
+    @contextlib.contextmanager
+    def live(enabled: bool) -> Iterator[_LoggingProgress]:
+        yield _LoggingProgress(Console(file=bars, width=80))
+
+    monkeypatch.setattr(commands, "_progress", live)
+    assert cli.main(_bench_argv(cluster)) == 0
+    out, err = capsys.readouterr()
+    assert "degraded" not in out and "degraded" not in err
+    assert bars.getvalue().count("is degraded") == _bench_argv(cluster)[4].count(",") + 1
+
+
+def test_top_level_help_lists_every_command_on_one_line_each(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "usage: llmguard [-h] {bench,demo,compare} ..."
+    for command in ("bench", "demo", "compare"):
+        (line,) = [line for line in out.splitlines() if line.startswith(f"    {command} ")]
+        assert len(line.split(None, 1)[1]) > 20 and len(line) <= 80, line  # its help, on the same line
+
+
+def test_bench_help_lists_the_scenarios_and_the_invalid_run_rule(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmguard_client.sim.scenarios import SCENARIOS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    listed = out.split("--sim scenarios:\n", 1)[1]
+    for name, scenario in SCENARIOS.items():
+        assert f"  {name} " in listed and scenario.summary in listed, name
+    assert "is INVALID and gets no verdict" in " ".join(listed.split())

@@ -420,3 +420,12 @@ def test_a_valid_guard_keeps_its_configuration() -> None:
     g = guard([A, Replica(B, headers={"authorization": "Bearer b"})], tiers=tiers, default_tier="slow")
     assert [r.name for r in g.replicas] == [A, B]
     assert dict(g.tiers) == tiers and g.default_tier == "slow"
+
+
+def test_a_replica_is_hashable_and_equal_replicas_hash_alike() -> None:
+    keyed = Replica("http://a.test", headers={"authorization": "Bearer k"})
+    same = Replica("http://a.test", headers={"authorization": "Bearer k"})
+    other = Replica("http://a.test", headers={"authorization": "Bearer other"})
+    assert keyed == same and hash(keyed) == hash(same) and keyed != other
+    assert len({keyed, same, other, Replica("http://a.test")}) == 3
+    assert {keyed: "primary"}[same] == "primary"

@@ -61,7 +61,7 @@ def test_version_is_a_string() -> None:
 
 def test_importing_the_package_does_not_import_sim_or_bench() -> None:
     loaded = sorted(m for m in modules_after_import() if m.startswith("llmguard_client"))
-    assert "llmguard_client" in loaded and "llmguard_client._guard" in loaded  # the probe really imported it
+    assert "llmguard_client" in loaded and "llmguard_client.guard" in loaded  # the probe really imported it
     heavy = [m for m in loaded if m.split(".")[:2] in (["llmguard_client", "sim"], ["llmguard_client", "bench"])]
     assert heavy == []
     assert "llmguard_client.cli" not in loaded
@@ -80,7 +80,7 @@ def test_the_wheel_ships_the_typing_marker_and_the_license() -> None:
     builder = wheel.WheelBuilder(str(ROOT))
     shipped = {f.distribution_path for f in builder.recurse_included_files()}
     assert "llmguard_client/py.typed" in shipped
-    assert "llmguard_client/_guard.py" in shipped
+    assert "llmguard_client/guard.py" in shipped
     assert builder.metadata.core.license_files == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 

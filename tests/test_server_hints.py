@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 
 from llmguard_client import Guard, GuardConfigError, Replica
+from llmguard_client._core.clock import loop_clock
 from llmguard_client.server_hints import ServerLoad, metrics_url, parse_vllm_metrics, poll_once, poll_vllm_metrics
 from llmguard_client.sim.cluster import SimCluster
 from tests.sim.conftest import one_off
-from tests.virtual import run_virtual
+from tests.virtual import BACKENDS, run_virtual
 
 VLLM = """\
 # HELP vllm:num_requests_waiting Number of requests waiting to be processed.
@@ -117,6 +119,35 @@ def test_the_poller_runs_at_its_rate_in_your_task_group_and_stops_when_cancelled
                 await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
 
     run_virtual(main)
+
+
+@BACKENDS
+@pytest.mark.parametrize("offset", [None, 500.0])
+def test_hints_are_stamped_on_the_guards_clock(backend: str, offset: float | None) -> None:
+    """The router reads hints against the Guard's clock (the loop's, or an injected one): a hint is
+    believed right after the poll and stale three polling intervals later, in virtual time too."""
+    metrics = Metrics()
+    metrics.bodies = {"http://a:1": (200, "vllm:num_requests_waiting 4\n"), "http://b:1": (200, "")}
+
+    async def main() -> None:
+        kwargs: dict[str, Any] = {} if offset is None else {"clock": lambda: loop_clock() + offset}
+        guard = Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None, **kwargs)
+        async with guard:
+            rs = guard._replica_set
+            a, b = rs.states
+            b.in_flight = 3  # 4 queued at a's server weigh more than the guard's own 3 at b
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
+                    await anyio.sleep(0.2)
+                    assert rs.pick(guard._clock()) is b  # the hint steers
+                    tg.cancel_scope.cancel()  # the last poll was at 0 s: believed until 1.5 s
+                await anyio.sleep(1.31)
+                assert rs.pick(guard._clock()) is a  # stale: only what the guard sees counts
+            finally:
+                b.in_flight = 0
+
+    run_virtual(main, backend)
 
 
 def test_the_poller_ends_when_no_replica_serves_metrics() -> None:

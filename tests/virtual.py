@@ -1,10 +1,15 @@
-"""The request path in virtual time: scripted in-memory replicas and a trio MockClock.
+"""The request path in virtual time, on both backends: scripted in-memory replicas.
 
 `FakeReplica` is an `httpx.AsyncBaseTransport` whose answers are scripted with anyio
 sleeps (time to headers, to the first token, between tokens, stalls, resets, a slow close).
-`run_virtual` runs a test body under trio with ``MockClock(autojump_threshold=0)``: the
-clock jumps whenever every task is blocked, so a 2 s stall costs microseconds of wall time
-and every deadline, hedge and backoff lands at its exact virtual instant.
+`run_virtual` runs a test body in virtual time on one backend: asyncio with ``looptime``
+(the loop's clock jumps to the next timer whenever the loop is idle) or trio with
+``MockClock(autojump_threshold=0)`` (the same, trio's way). A 2 s stall costs microseconds of
+wall time and every deadline, hedge and backoff lands at its exact virtual instant.
+
+Both backends matter: production runs the guard on asyncio, where the time source
+(`llmguard_client._core.clock`) uses loop timers and loop tasks; on trio it uses cancel scopes and
+a task group. Tests parametrized with `BACKENDS` run the same body through each.
 """
 
 from __future__ import annotations
@@ -16,15 +21,39 @@ from typing import Any
 
 import anyio
 import httpx
+import looptime
+import pytest
 import trio
 import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
 
+BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
+"""Run a test once per backend: it takes a ``backend`` argument and hands it to `run_virtual`."""
 
-def run_virtual(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main`` under trio in virtual time."""
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+def run_virtual(main: Callable[[], Awaitable[None]], backend: str = "trio") -> None:
+    """Run ``main`` in virtual time on ``backend`` ("asyncio" with looptime, or "trio" with MockClock)."""
+    if backend == "trio":
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        return
+    if backend != "asyncio":
+        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+    loop = looptime.new_event_loop(start=1000.0)  # time compaction on; not 0, like a real monotonic clock
+    try:
+        loop.run_until_complete(_asyncio_main(main))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+async def _asyncio_main(main: Callable[[], Awaitable[None]]) -> None:
+    await main()
+
+
+def now() -> float:
+    """The running loop's (virtual) time, on either backend."""
+    return anyio.current_time()
 
 
 def virtual_guard(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:

@@ -13,7 +13,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmguard_client.bench.report import BenchReport
+    from llmguard_client.bench.runlog import RunLog
+    from llmguard_client.bench.runner import RunSpec
+    from llmguard_client.bench.summary import SLO
 
 __all__ = ["UsageError", "explain", "run_bench", "run_demo"]
 
@@ -75,6 +81,16 @@ def _progress(enabled: bool) -> Iterator[Any]:
         yield bar
 
 
+@contextlib.contextmanager
+def _live_logs(logs: RunLog, bar: object) -> Iterator[None]:
+    """While the progress bars are live, log records are printed above them, on their console."""
+    logs.live = getattr(bar, "console", None)
+    try:
+        yield
+    finally:
+        logs.live = None
+
+
 def _console(to_stderr: bool) -> Any:
     try:
         from llmguard_client.bench.tables import make_console
@@ -125,11 +141,13 @@ def run_bench(args: argparse.Namespace) -> int:
     import anyio
 
     from llmguard_client.bench.clients import TierSpec, parse_clients
+    from llmguard_client.bench.conversations import make_conversation_plan
     from llmguard_client.bench.plot import plot_latency
+    from llmguard_client.bench.prefix_report import cache_lines
     from llmguard_client.bench.presets import preset_for
     from llmguard_client.bench.rates import parse_profile
-    from llmguard_client.bench.report import BenchReport
-    from llmguard_client.bench.runner import RunSpec, preflight, run_clients
+    from llmguard_client.bench.runlog import captured
+    from llmguard_client.bench.runner import RunSpec, preflight
     from llmguard_client.bench.summary import SLO
     from llmguard_client.bench.tables import render
     from llmguard_client.bench.traffic import make_plan
@@ -173,7 +191,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--tier-ttft ({tier.ttft:g}) must not exceed --tier-total ({tier.total:g})")
     slo = SLO(ttft=args.ttft_slo or preset.slo.ttft, tpot=args.tpot_slo or preset.slo.tpot)
     try:
-        plan = make_plan(
+        plan = (make_conversation_plan if preset.conversations else make_plan)(
             args.requests or preset.requests,
             seed=args.seed,
             lengths=preset.lengths.scaled(args.length_scale) if args.length_scale else preset.lengths,
@@ -195,7 +213,36 @@ def run_bench(args: argparse.Namespace) -> int:
     spec.rollout, spec.records = args.rollout, args.records
     to_stderr = args.json == "-"
     console = _console(to_stderr)
-    with _progress(not args.no_progress) as bar:
+    with captured() as logs:
+        report = _bench_run(args, spec, slo, clients, spawn, urls, logs)
+        render(report, console)
+        for line in cache_lines(report.runs, plan):
+            console.print(line, highlight=False)
+        if args.json:
+            _write_json(report.to_dict(), args.json)
+        if args.plot:
+            plot_latency([report], args.plot)
+            console.print(f"Latency plot written to {args.plot}")
+        if args.records:
+            console.print(f"phase records written to {args.records}: llmguard compare {args.records}")
+        logs.print_after(console)
+    return 0
+
+
+def _bench_run(
+    args: argparse.Namespace,
+    spec: RunSpec,
+    slo: SLO,
+    clients: list[str],
+    spawn: Callable[..., contextlib.AbstractContextManager[list[str]]] | None,
+    urls: list[str] | None,
+    logs: RunLog,
+) -> BenchReport:
+    """Run every client of ``llmguard bench``; log records emitted while the bars are live go above them."""
+    from llmguard_client.bench.report import BenchReport
+    from llmguard_client.bench.runner import run_clients
+
+    with _progress(not args.no_progress) as bar, _live_logs(logs, bar):
         if spawn is not None:
             scenario = args.sim
 
@@ -209,24 +256,16 @@ def run_bench(args: argparse.Namespace) -> int:
             runs, counters, model = run_clients(clients, spec, urls=urls, progress=bar)
     report = BenchReport(
         title=f"sim:{args.sim}" if args.sim else "target",
-        plan=plan,
+        plan=spec.plan,
         slo=slo,
-        tier=tier,
+        tier=spec.tier,
         counters=counters,
         model=model,
         runs=runs,
         scenario=args.sim,
         target=urls or [],
     )
-    render(report, console)
-    if args.json:
-        _write_json(report.to_dict(), args.json)
-    if args.plot:
-        plot_latency([report], args.plot)
-        console.print(f"Latency plot written to {args.plot}")
-    if args.records:
-        console.print(f"phase records written to {args.records}: llmguard compare {args.records}")
-    return 0
+    return report
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -234,12 +273,9 @@ def run_demo(args: argparse.Namespace) -> int:
     import time
 
     from llmguard_client.bench.plot import plot_latency
-    from llmguard_client.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS, preset_for
-    from llmguard_client.bench.rates import parse_profile
-    from llmguard_client.bench.report import BenchReport
-    from llmguard_client.bench.runner import RunSpec, run_clients
-    from llmguard_client.bench.tables import EXPLAIN_HINT, hanging, render
-    from llmguard_client.bench.traffic import make_plan
+    from llmguard_client.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS
+    from llmguard_client.bench.runlog import captured
+    from llmguard_client.bench.tables import EXPLAIN_HINT, hanging
 
     _check_outputs(args)
     spawns = {name: _sim_api(name) for name in DEMO_SCENARIOS}
@@ -248,6 +284,35 @@ def run_demo(args: argparse.Namespace) -> int:
     console = _console(to_stderr)
     reports: list[BenchReport] = []
     t0 = time.perf_counter()
+    with captured() as logs:
+        _demo_scenarios(args, console, spawns, reports, logs)
+    console.print(f"[bold]demo summary[/bold] ({time.perf_counter() - t0:.0f} s):")
+    for r in reports:
+        console.print(hanging(f"  {r.scenario}:", [r.interpretation()]))
+    console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
+    if args.json:
+        _write_json({"demo": [r.to_dict() for r in reports]}, args.json)
+    if args.plot:
+        plot_latency(reports, args.plot)
+        console.print(f"Latency plot written to {args.plot}")
+    return 0
+
+
+def _demo_scenarios(
+    args: argparse.Namespace,
+    console: Any,
+    spawns: dict[str, Callable[..., contextlib.AbstractContextManager[list[str]]]],
+    reports: list[BenchReport],
+    logs: RunLog,
+) -> None:
+    """Run and print each demo scenario, appending its report to ``reports``."""
+    from llmguard_client.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS, preset_for
+    from llmguard_client.bench.rates import parse_profile
+    from llmguard_client.bench.report import BenchReport
+    from llmguard_client.bench.runner import RunSpec, run_clients
+    from llmguard_client.bench.tables import render
+    from llmguard_client.bench.traffic import make_plan
+
     for scenario in DEMO_SCENARIOS:
         preset = preset_for(scenario)
         plan = make_plan(
@@ -268,7 +333,7 @@ def run_demo(args: argparse.Namespace) -> int:
             return spawn(scenario, seed=args.seed)
 
         console.print(f"[bold]== {scenario}[/bold]: {preset.note}")
-        with _progress(not args.no_progress) as bar:
+        with _progress(not args.no_progress) as bar, _live_logs(logs, bar):
             runs, counters, model = run_clients(
                 DEMO_CLIENTS[scenario], spec, cluster=cluster, fresh_cluster=True, progress=bar
             )
@@ -283,15 +348,6 @@ def run_demo(args: argparse.Namespace) -> int:
             scenario=scenario,
         )
         render(report, console, explain_hint=False)
+        logs.print_after(console)  # below the report, never inside it
         console.print()
         reports.append(report)
-    console.print(f"[bold]demo summary[/bold] ({time.perf_counter() - t0:.0f} s):")
-    for r in reports:
-        console.print(hanging(f"  {r.scenario}:", [r.interpretation()]))
-    console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
-    if args.json:
-        _write_json({"demo": [r.to_dict() for r in reports]}, args.json)
-    if args.plot:
-        plot_latency(reports, args.plot)
-        console.print(f"Latency plot written to {args.plot}")
-    return 0

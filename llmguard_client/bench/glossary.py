@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llmguard_client.bench.validity import RULE
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -85,10 +87,20 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ),
     (
         "verdict",
-        "One line per client against plain: the headline (TTFT p99 at a server load, or goodput under "
-        "overload), the best gain and the worst regression. They are ranked by the factor between the two "
-        "figures; shares of failed requests are compared with one point added to both (0% -> 2.8% is 3.8x), "
-        "and factors within 5% of 1 count as neither.",
+        "One line per client. A guarded client is compared with every baseline that ran (plain, "
+        "openai-default, naive-retry), on each figure with the baseline that did best on it, named in the "
+        "line; a baseline is compared with plain. The line gives the headline (TTFT p99 at a server load, or "
+        "goodput and success under overload), the best gain and the worst regression, ranked by the factor "
+        "between the two figures; shares of failed requests are compared with one point added to both "
+        "(0% -> 2.8% is 3.8x), and factors within 5% of 1 count as neither. When the guarded client succeeds "
+        "less often because its deadlines cut requests that a baseline finished later than the tier allows, "
+        "one more sentence says so.",
+    ),
+    (
+        "on plan / INVALID",
+        "How far the load generator fell behind the planned arrivals (waits for a --concurrency slot do not "
+        "count). " + RULE + " A generator that cannot send on time cannot time first tokens or fire deadlines "
+        "on time either: re-run with fewer calls/s, fewer clients, or on a quieter machine.",
     ),
     (
         "percentiles",

@@ -12,7 +12,7 @@ import json
 import time
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -150,3 +150,12 @@ async def consume_sse(response: httpx.Response, probe: Probe) -> None:
         if data:
             _on_chunk(probe, json.loads(data))
     raise StreamError("stream ended without [DONE]")
+
+
+class Replayed(NamedTuple):
+    """What `replay` returns."""
+
+    samples: list[Sample]
+    wall: float
+    behind: float
+    """Seconds the load generator fell behind plan, at most (see `ClientRun.behind`)."""

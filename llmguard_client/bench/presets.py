@@ -32,6 +32,8 @@ class Preset:
     slo: SLO = field(default_factory=lambda: DEFAULT_SLO)
     tier: TierSpec = field(default_factory=lambda: DEFAULT_TIER)
     note: str = ""
+    conversations: bool = False
+    """Multi-turn traffic (`llmguard_client.bench.conversations`) instead of independent requests."""
 
 
 GENERIC = Preset(note="generic defaults")
@@ -69,6 +71,13 @@ PRESETS: dict[str, Preset] = {
         rate=40.0,
         slo=SLO(ttft=0.5, tpot=0.03),
         note="3 replicas, one degraded from 4 s to 9 s after the cluster starts (of ~17 s); Poisson 40 rps",
+    ),
+    "multiturn": Preset(
+        requests=400,
+        rate=30.0,
+        conversations=True,
+        note="3 replicas with prefix caches; conversations of 2-6 turns on 1,000-1,500-word system prompts, "
+        "turns at ~30 rps",
     ),
 }
 

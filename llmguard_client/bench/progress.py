@@ -33,6 +33,11 @@ class RichProgress:
         self._ok = 0
         self._failed = 0
 
+    @property
+    def console(self) -> Console:
+        """Where the bars are drawn; what is printed here while they are live appears above them."""
+        return self._progress.console
+
     def __enter__(self) -> RichProgress:
         self._progress.start()
         return self

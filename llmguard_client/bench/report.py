@@ -14,6 +14,8 @@ from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.runner import COUNTERS_NOTE, ClientRun, CountersMode
 from llmguard_client.bench.summary import LATENCY_KEYS, SLO, ClientSummary, latency, ratio, summarize
 from llmguard_client.bench.traffic import TrafficPlan
+from llmguard_client.bench.validity import invalid_reason
+from llmguard_client.bench.verdict import interpret
 
 __all__ = ["BenchReport"]
 
@@ -30,9 +32,12 @@ class BenchReport:
     scenario: str | None = None
     target: list[str] = field(default_factory=list)
     summaries: list[ClientSummary] = field(init=False)
+    invalid: str | None = field(init=False)
+    """Why the run is INVALID (its load generator fell behind plan), or None; an invalid run has no verdict."""
 
     def __post_init__(self) -> None:
-        self.summaries = [summarize(r, self.slo) for r in self.runs]
+        self.summaries = [summarize(r, self.slo, self.tier) for r in self.runs]
+        self.invalid = invalid_reason(self.runs, self.tier)
 
     def summary(self, client: str) -> ClientSummary | None:
         return next((s for s in self.summaries if s.client == client), None)
@@ -57,14 +62,12 @@ class BenchReport:
         return out
 
     def interpretation(self, client: str | None = None) -> str:
-        """The verdict on ``client`` (default: the guarded one) against plain."""
-        from llmguard_client.bench.verdict import interpret
-
+        """The verdict on ``client`` (default: the guarded one); for an invalid run, why there is none."""
         return interpret(self, client)
 
     def verdicts(self) -> dict[str, str]:
-        """client -> its verdict against plain, for every client but plain."""
-        if self.baseline is None:
+        """client -> its verdict, for every client but plain; empty when the run is invalid or has no plain."""
+        if self.baseline is None or self.invalid is not None:
             return {}
         return {s.client: self.interpretation(s.client) for s in self.summaries if s.client != "plain"}
 
@@ -76,6 +79,9 @@ class BenchReport:
             "model": self.model,
             "counters": self.counters,
             "counters_note": COUNTERS_NOTE[self.counters],
+            "valid": self.invalid is None,
+            "invalid_reason": self.invalid,
+            "generator_behind_s": {r.name: r.behind for r in self.runs},
             "plan": self.plan.to_dict(),
             "slo": asdict(self.slo),
             "tier": asdict(self.tier),

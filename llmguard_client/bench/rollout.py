@@ -44,7 +44,7 @@ class RolloutClient(GuardedClient):
         self._handler: logging.FileHandler | None = None
 
     async def start(self) -> None:
-        from llmguard_client.telemetry.record import RecordLogger
+        from llmguard_client.telemetry.record_logger import RecordLogger
 
         on_record = None
         if self.records is not None:

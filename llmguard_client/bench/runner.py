@@ -19,8 +19,10 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
-from llmguard_client._tls import default_tls_context
+from llmguard_client._core.tls import default_tls_context
 from llmguard_client.bench.clients import BenchClient, Sample, TierSpec, make_client
+from llmguard_client.bench.conversations import replay_conversations
+from llmguard_client.bench.measure import Replayed
 from llmguard_client.bench.traffic import TrafficPlan, request_body
 
 CountersMode = Literal["reset", "fresh", "none"]
@@ -59,6 +61,9 @@ class ClientRun:
     wall: float
     """Seconds from the first send to the last request's end."""
     notes: list[str] = field(default_factory=list)
+    behind: float = 0.0
+    """How far the load generator itself fell behind the planned arrivals, at most (seconds): a busy event
+    loop or machine, not waits for a ``--concurrency`` slot (those are part of the plan)."""
 
 
 class ProgressSink(Protocol):
@@ -139,11 +144,15 @@ async def replay(
     plan: TrafficPlan,
     model: str,
     on_sample: Callable[[Sample], None] = lambda s: None,
-) -> tuple[list[Sample], float]:
-    """Send every planned request through ``client`` as the plan says; return samples by index + wall time."""
+) -> Replayed:
+    """Send every planned request through ``client`` as the plan says; return samples by index, wall time
+    and how far the generator fell behind plan."""
+    if plan.mode == "conversations":
+        return await replay_conversations(client, plan, model, on_sample)
     samples: list[Sample | None] = [None] * len(plan.requests)
     bodies = [request_body(r, model) for r in plan.requests]
     cap = plan.concurrency
+    behind = 0.0
 
     async def one(i: int, scheduled_at: float) -> None:
         s = await client.run(plan.requests[i], bodies[i], scheduled_at)
@@ -166,6 +175,8 @@ async def replay(
             limiter = anyio.CapacityLimiter(cap) if cap is not None else None
 
             async def capped(i: int, scheduled_at: float) -> None:
+                nonlocal behind  # measured before any wait for a --concurrency slot
+                behind = max(behind, time.perf_counter() - scheduled_at)
                 if limiter is None:
                     await one(i, scheduled_at)
                 else:
@@ -181,7 +192,7 @@ async def replay(
     wall = time.perf_counter() - start
     done = [s for s in samples if s is not None]
     assert len(done) == len(plan.requests)
-    return done, wall
+    return Replayed(done, wall, behind)
 
 
 @dataclass
@@ -220,7 +231,7 @@ async def run_one_client(
         await client.start()
         progress.begin(name, len(spec.plan.requests))
         try:
-            samples, wall = await replay(client, spec.plan, model, progress.advance)
+            samples, wall, behind = await replay(client, spec.plan, model, progress.advance)
         finally:
             progress.end(name)
             await client.aclose()
@@ -230,10 +241,9 @@ async def run_one_client(
             server = ServerStats(stats, drained)
             if not drained:
                 notes.append(f"server still busy {spec.drain_timeout:g} s after the last request")
-    lag = max((s.lag for s in samples), default=0.0)
-    if lag > 0.25:
-        notes.append(f"load generator fell behind plan by up to {lag:.2f} s")
-    return ClientRun(name, samples, server, wall, notes)
+    if behind > 0.25:
+        notes.append(f"load generator fell behind plan by up to {behind:.2f} s")
+    return ClientRun(name, samples, server, wall, notes, behind)
 
 
 ClusterFactory = Callable[[], contextlib.AbstractContextManager[list[str]]]

@@ -9,9 +9,11 @@ Definitions (each metric is explained for users by ``llmguard bench --explain``,
 * 429 ratio       requests whose final answer was HTTP 429.
 * latency         TTFT / e2e / TPOT percentiles over *successful* requests (the plot shows all requests:
                   failures never arrive, so the curve levels off at the failure share).
-* percentiles     `llmguard_client._quantile.percentile` (linear interpolation, numpy's default), p in [0, 100].
+* percentiles     `llmguard_client._state.quantile.percentile` (linear interpolation, numpy's default), p in [0, 100].
 * amplification   sum of the replicas' ``received`` / logical requests (server-side), plus the
                   client-side attempts / logical requests where the client can count them.
+* deadline failures  requests that ended in a client-side timeout (status ``timeout``).
+* late successes  successful requests later than the guard tier allows: TTFT > tier ttft or e2e > tier total.
 * wasted tokens   ``aborted_work_tokens`` (work done for requests whose client went away: hedge losers,
                   timeouts), also as a % of ``work_tokens``; loser aborts = ``aborted_by_disconnect``.
 """
@@ -22,7 +24,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llmguard_client._quantile import percentile
+from llmguard_client._state.quantile import percentile
+from llmguard_client.bench.measure import Sample, TierSpec
 from llmguard_client.bench.runner import ClientRun
 
 __all__ = ["LATENCY_KEYS", "PCTS", "SLO", "ClientSummary", "latency", "ratio", "summarize"]
@@ -78,6 +81,10 @@ class ClientSummary:
     loser_aborts: float | None = None
     preemptions: float | None = None
     server_drained: bool | None = None
+    deadline_failures: int = 0
+    """Failed requests that ended in a client-side timeout (a deadline)."""
+    late_successes: int = 0
+    """Successful requests later than the tier allows (TTFT > tier ttft or e2e > tier total)."""
     status_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -85,8 +92,9 @@ class ClientSummary:
         return asdict(self)
 
 
-def summarize(run: ClientRun, slo: SLO) -> ClientSummary:
-    """The statistics of one client's run; server-side figures only when the run has server counters."""
+def summarize(run: ClientRun, slo: SLO, tier: TierSpec | None = None) -> ClientSummary:
+    """The statistics of one client's run; server-side figures only when the run has server counters;
+    late successes only when ``tier`` is given."""
     samples = run.samples
     n = len(samples)
     ok = [s for s in samples if s.ok]
@@ -127,6 +135,8 @@ def summarize(run: ClientRun, slo: SLO) -> ClientSummary:
         wall_s=run.wall,
         client_attempts=client_attempts,
         client_amplification=ratio(client_attempts, n) if client_attempts is not None else None,
+        deadline_failures=sum(1 for s in samples if s.status == "timeout"),
+        late_successes=0 if tier is None else sum(1 for s in ok if _late(s, tier)),
         status_counts=dict(sorted(counts.items())),
         notes=list(run.notes),
     )
@@ -142,6 +152,10 @@ def summarize(run: ClientRun, slo: SLO) -> ClientSummary:
         summary.preemptions = srv.total("preemptions")
         summary.server_drained = srv.drained
     return summary
+
+
+def _late(s: Sample, tier: TierSpec) -> bool:
+    return (s.ttft is not None and s.ttft > tier.ttft) or s.e2e > tier.total
 
 
 LATENCY_KEYS = tuple(f"{m}_p{p}" for m in ("ttft", "e2e") for p in PCTS)

@@ -23,7 +23,17 @@ if TYPE_CHECKING:
 
     from llmguard_client.bench.report import BenchReport
 
-__all__ = ["EXPLAIN_HINT", "SECTIONS", "Column", "Section", "hanging", "make_console", "render", "section_tables"]
+__all__ = [
+    "EXPLAIN_HINT",
+    "SECTIONS",
+    "Column",
+    "Section",
+    "hanging",
+    "make_console",
+    "render",
+    "scenario_line",
+    "section_tables",
+]
 
 EXPLAIN_HINT = "Every figure is defined by: llmguard bench --explain"
 
@@ -160,12 +170,14 @@ def _preamble(report: BenchReport) -> Table:
     grid.add_column()
     load, sizes, seed = ([*report.plan.describe().split("; "), "", ""])[:3]
     for key, value in (
+        ("scenario", scenario_line(report.scenario)),
         ("traffic", f"{load} ({seed})" if seed else load),
         ("sizes", sizes),
         ("model", report.model),
         ("guard tier", f"TTFT {tier.ttft:g} s, total {tier.total:g} s, stall {stall}"),
         ("goodput SLO", f"TTFT <= {slo.ttft:g} s and TPOT <= {slo.tpot * 1000:g} ms"),
         ("servers", COUNTERS_NOTE[report.counters].removeprefix("server counters: ")),
+        ("on plan", _on_plan(report)),
     ):
         if not value:
             continue
@@ -173,9 +185,21 @@ def _preamble(report: BenchReport) -> Table:
     return grid
 
 
+def _on_plan(report: BenchReport) -> str:
+    """How far the load generator fell behind plan, against the tolerance (`llmguard_client.bench.validity`)."""
+    from llmguard_client.bench.validity import tolerance
+
+    if report.plan.mode == "closed" or not report.runs:
+        return ""
+    behind = max(r.behind for r in report.runs)
+    return f"generator at most {behind:.2f} s behind (over {tolerance(report.tier):.2f} s: INVALID, no verdict)"
+
+
 def render(report: BenchReport, console: Console, *, explain_hint: bool = True) -> None:
     """The report's header, its sections, the runs' notes and one verdict per client against plain."""
     console.print(f"[bold]llmguard bench: {report.title}[/bold]")
+    if report.invalid is not None:
+        console.print(hanging("[bold red]INVALID[/bold red]", [f"{report.invalid}; no verdict below."]))
     console.print(_preamble(report))
     for section in SECTIONS:
         for i, table in enumerate(section_tables(section, report, console)):
@@ -186,9 +210,24 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
     for s in report.summaries:
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
-    console.print(hanging("[bold green]=>[/bold green]", report.verdicts().values()))
+    if report.invalid is not None:
+        console.print(hanging("[bold red]=>[/bold red]", [report.interpretation()]))
+    else:
+        console.print(hanging("[bold green]=>[/bold green]", report.verdicts().values()))
     if explain_hint:
         console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
+
+
+def scenario_line(name: str | None) -> str:
+    """``stragglers: 5 % of requests stall ...``: what a simulated scenario models ('' without one)."""
+    if not name:
+        return ""
+    try:
+        from llmguard_client.sim.scenarios import SCENARIOS
+    except ImportError:
+        return name
+    scenario = SCENARIOS.get(name)
+    return f"{name}: {scenario.summary}" if scenario is not None and scenario.summary else name
 
 
 def hanging(label: str, paragraphs: Iterable[str]) -> Table:

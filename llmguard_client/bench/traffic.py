@@ -15,6 +15,7 @@ Arrivals are one of:
   request as soon as its previous one ends).
 
 Open loop with ``concurrency`` set caps the requests in flight (arrivals wait for a free slot).
+Multi-turn conversations (mode ``conversations``) are planned by `llmguard_client.bench.conversations`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Literal
 
 from llmguard_client.bench.rates import RateProfile
 
-Mode = Literal["poisson", "profile", "closed"]
+Mode = Literal["poisson", "profile", "closed", "conversations"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class TrafficPlan:
     rate: float | None = None
     profile: RateProfile | None = None
     concurrency: int | None = None
+    conversations: tuple[Any, ...] = ()
+    """Mode ``conversations``: the `llmguard_client.bench.conversations.Conversation` of every turn."""
     _fingerprint: str = field(default="", compare=False, repr=False)
 
     def __len__(self) -> int:
@@ -115,6 +118,8 @@ class TrafficPlan:
         n = len(self.requests)
         if self.mode == "closed":
             load = f"closed loop, {self.concurrency} concurrent"
+        elif self.mode == "conversations":
+            load = f"{len(self.conversations)} conversations, turns at ~{self.rate:g} rps, each after the last ended"
         elif self.mode == "poisson":
             load = f"open-loop Poisson at {self.rate:g} rps"
         else:

@@ -1,111 +1,74 @@
-"""One verdict line per client against ``plain``, computed from the numbers: a headline, the best gain and
-the worst regression.
+"""One verdict line per client, computed from the numbers: a headline, the best gain and the worst regression.
 
-The headline is the TTFT tail (p99) at a given server load, or goodput when the baseline is overloaded.
-Gains and regressions are ranked on one scale, the factor between the two clients' figures: latency and
-load as they are (a 1 ms floor on latency), shares of requests through what went wrong (1 - success,
-timeouts, ...) with one percentage point added to both sides, so 0 % -> 2.8 % counts as 3.8x. Factors
-within 5 % of 1 are noise and reported as neither.
+A guarded client is compared with every baseline that ran (plain, openai-default, naive-retry): on each figure
+with the baseline that did best on it, named in the line, so a gain over plain never hides a loss to another
+baseline. A baseline is compared with plain. The headline is the TTFT tail (p99) at a given server load, or
+goodput when plain is overloaded. Gains and regressions are ranked by `llmguard_client.bench.changes`.
+When a guarded client succeeds less often than a baseline because its deadlines cut requests that the baseline
+finished late, one more sentence says so. A run whose load generator fell behind plan gets no verdict
+(`llmguard_client.bench.validity`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from llmguard_client.bench.changes import NOISE, Change, changes, load_change
 from llmguard_client.bench.formatting import fmt_pct, fmt_ratio, fmt_s
+from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.summary import ClientSummary, ratio
 
-if TYPE_CHECKING:
-    from llmguard_client.bench.report import BenchReport
 
-__all__ = ["NOISE", "Change", "changes", "interpret", "pick_challenger"]
+class Judged(Protocol):
+    """What a verdict reads of a report (`llmguard_client.bench.report.BenchReport`, which calls `interpret`)."""
 
-NOISE = 1.05
-"""Factors in [1/NOISE, NOISE] are neither a gain nor a regression."""
+    summaries: list[ClientSummary]
+    invalid: str | None
+    scenario: str | None
+    tier: TierSpec
 
-_SHARE_FLOOR = 0.01
-_SECONDS_FLOOR = 0.001
+    def summary(self, client: str) -> ClientSummary | None: ...
 
+    @property
+    def baseline(self) -> ClientSummary | None: ...
 
-@dataclass(frozen=True)
-class Change:
-    """One metric of a client against the baseline; ``factor`` > 1 means worse, < 1 better."""
-
-    metric: str
-    value: str
-    baseline: str
-    factor: float
-    """The ranking factor (with the floors described above)."""
-    shown: str = ""
-    """The plain ratio of the two figures, where it reads better than the figures alone."""
-
-    def describe(self) -> str:
-        text = f"{self.metric} {self.value} vs {self.baseline}"
-        return f"{text} ({self.shown})" if self.shown else text
+__all__ = [
+    "NOISE",
+    "Change",
+    "against_best",
+    "baselines_for",
+    "changes",
+    "deadline_trade",
+    "interpret",
+    "is_baseline",
+    "pick_challenger",
+]
 
 
-_Metric = Callable[[ClientSummary, ClientSummary], "Change | None"]
+def is_baseline(client: str) -> bool:
+    """plain, openai-default, naive-retry...: every client that is not the guard."""
+    return not (client.startswith("guarded") or client == "rollout")
 
 
-def _share(metric: str, bad: Callable[[ClientSummary], float], shown: Callable[[ClientSummary], float]) -> _Metric:
-    def change(g: ClientSummary, b: ClientSummary) -> Change | None:
-        bg, bb = bad(g), bad(b)
-        return Change(metric, fmt_pct(shown(g)), fmt_pct(shown(b)), (bg + _SHARE_FLOOR) / (bb + _SHARE_FLOOR))
-
-    return change
-
-
-def _seconds(metric: str, field: str, p: str) -> _Metric:
-    def change(g: ClientSummary, b: ClientSummary) -> Change | None:
-        vg, vb = getattr(g, field)[p], getattr(b, field)[p]
-        if vg is None or vb is None:
-            return None
-        factor = (vg + _SECONDS_FLOOR) / (vb + _SECONDS_FLOOR)
-        return Change(metric, fmt_s(vg), fmt_s(vb), factor, fmt_ratio(vg / vb) if vb > 0 else "")
-
-    return change
+def baselines_for(report: Judged, g: ClientSummary) -> list[ClientSummary]:
+    """What ``g`` is judged against: every baseline for a guarded client, plain for a baseline."""
+    if is_baseline(g.client):
+        return [b for b in (report.baseline,) if b is not None and b is not g]
+    return [s for s in report.summaries if is_baseline(s.client)]
 
 
-def _load(g: ClientSummary, b: ClientSummary) -> Change | None:
-    if g.amplification is not None and b.amplification is not None:
-        metric, vg, vb = "server requests per call", g.amplification, b.amplification
-    elif g.client_amplification is not None and b.client_amplification is not None:
-        metric, vg, vb = "attempts per call", g.client_amplification, b.client_amplification
-    else:
-        return None
-    factor = ratio(vg, vb)
-    return None if factor is None else Change(metric, f"{vg:.2f}", f"{vb:.2f}", factor)
+def against_best(g: ClientSummary, baselines: Sequence[ClientSummary]) -> list[Change]:
+    """Per figure, ``g`` against the baseline that did best on it (ties: the first baseline)."""
+    best: dict[str, Change] = {}
+    for b in baselines:
+        for c in changes(g, b):
+            if c.metric not in best or c.factor > best[c.metric].factor:
+                best[c.metric] = c
+    return list(best.values())
 
 
-def _wasted(g: ClientSummary, b: ClientSummary) -> Change | None:
-    if g.wasted_pct is None or b.wasted_pct is None:
-        return None
-    factor = (g.wasted_pct / 100 + _SHARE_FLOOR) / (b.wasted_pct / 100 + _SHARE_FLOOR)
-    return Change("wasted work", f"{g.wasted_pct:.1f}%", f"{b.wasted_pct:.1f}%", factor)
-
-
-_METRICS: tuple[_Metric, ...] = (
-    _share("success", lambda s: 1 - s.success_ratio, lambda s: s.success_ratio),
-    _share("goodput", lambda s: 1 - s.goodput_ratio, lambda s: s.goodput_ratio),
-    _share("timeouts", lambda s: s.timeout_ratio, lambda s: s.timeout_ratio),
-    _share("429s", lambda s: s.ratio_429, lambda s: s.ratio_429),
-    _share("other errors", lambda s: s.other_error_ratio, lambda s: s.other_error_ratio),
-    *(_seconds(f"TTFT p{p}", "ttft", f"p{p}") for p in (50, 95, 99)),
-    *(_seconds(f"e2e p{p}", "e2e", f"p{p}") for p in (50, 95, 99)),
-    _seconds("TPOT p99", "tpot", "p99"),
-    _load,
-    _wasted,
-)
-
-
-def changes(g: ClientSummary, b: ClientSummary) -> list[Change]:
-    """Every metric both clients have, in table order."""
-    return [c for metric in _METRICS if (c := metric(g, b)) is not None]
-
-
-def pick_challenger(report: BenchReport) -> ClientSummary | None:
+def pick_challenger(report: Judged) -> ClientSummary | None:
     """The client the headline verdict is about: the guarded one if it ran, else the first non-plain."""
     for name in ("guarded", "guarded-nohedge", "guarded-noretry"):
         s = report.summary(name)
@@ -115,56 +78,84 @@ def pick_challenger(report: BenchReport) -> ClientSummary | None:
     return others[0] if others else None
 
 
-def _headline(report: BenchReport, g: ClientSummary, b: ClientSummary) -> str:
-    load = _load(g, b)
+def _by_name(baselines: Sequence[ClientSummary], name: str) -> ClientSummary:
+    return next(b for b in baselines if b.client == name)
+
+
+def _headline(report: Judged, g: ClientSummary, baselines: Sequence[ClientSummary], best: list[Change]) -> str:
+    of = {c.metric: c for c in best}
+    ref = report.baseline or baselines[0]
+    overloaded = report.scenario == "overload" or (ref.success_ratio < 0.9 and report.scenario != "stragglers")
+    if overloaded:
+        parts = [of[m].describe() for m in ("goodput", "success", "timeouts", "429s") if m in of]
+        goodput = of.get("goodput")
+        if goodput is not None:
+            gp = ratio(g.goodput_ratio, _by_name(baselines, goodput.against).goodput_ratio)
+            parts[0] += f" ({gp:.2f}x)" if gp is not None else ""
+        parts += [of[m].describe() for m in ("server requests per call", "attempts per call", "wasted work") if m in of]
+        return ", ".join(parts)
+    tail = of.get("TTFT p99")
+    if tail is None:
+        success = of["success"]
+        return f"no successful requests to compare TTFT ({success.describe()})"
+    b = _by_name(baselines, tail.against)
+    gt, bt = g.ttft["p99"], b.ttft["p99"]
+    assert gt is not None and bt is not None
+    r = ratio(gt, bt)
+    load = load_change(g, b)
     load_s = (
         f"{load.factor:.2f}x the {'server load' if load.metric.startswith('server') else 'attempts'}"
         if load is not None
         else "unknown server load"
     )
-    overloaded = report.scenario == "overload" or (b.success_ratio < 0.9 and report.scenario != "stragglers")
-    if overloaded:
-        amp = (
-            f"amplification {g.amplification:.2f} vs {b.amplification:.2f}"
-            if g.amplification is not None and b.amplification is not None
-            else f"attempts {load_s}"
-        )
-        gp = ratio(g.goodput_ratio, b.goodput_ratio)
-        gp_s = f" ({gp:.2f}x)" if gp is not None else ""
-        wasted = (
-            f", wasted work {g.wasted_pct:.1f}% vs {b.wasted_pct:.1f}%"
-            if g.wasted_pct is not None and b.wasted_pct is not None
-            else ""
-        )
-        return (
-            f"{g.client} goodput {g.goodput_ratio:.1%} vs {b.client} {b.goodput_ratio:.1%}{gp_s}, "
-            f"timeouts {g.timeout_ratio:.1%} vs {b.timeout_ratio:.1%}, "
-            f"429s {g.ratio_429:.1%} vs {b.ratio_429:.1%}, {amp}{wasted}"
-        )
-    gt, bt = g.ttft["p99"], b.ttft["p99"]
-    r = ratio(gt, bt)
-    if r is None:
-        return (
-            f"{g.client} vs {b.client}: no successful requests to compare TTFT "
-            f"(success {g.success_ratio:.0%} vs {b.success_ratio:.0%})"
-        )
-    head = f"{g.client} TTFT p99 is {fmt_ratio(r)} of {b.client}'s ({fmt_s(gt)} vs {fmt_s(bt)}) at {load_s}"
-    return f"{head}; goodput {g.goodput_ratio:.1%} vs {b.goodput_ratio:.1%}"
+    head = f"TTFT p99 is {fmt_ratio(r or 0.0)} of {b.client}'s ({fmt_s(gt)} vs {fmt_s(bt)}) at {load_s}"
+    goodput = of.get("goodput")
+    return f"{head}; {goodput.describe()}" if goodput is not None else head
 
 
-def interpret(report: BenchReport, client: str | None = None) -> str:
-    """The verdict on ``client`` (default: `pick_challenger`) against ``plain``."""
-    b = report.baseline
+def deadline_trade(g: ClientSummary, baselines: Sequence[ClientSummary], tier: TierSpec) -> str | None:
+    """Why ``g`` succeeds less often than the most successful baseline, when its deadlines are the reason:
+    most of its failures hit a deadline, and that baseline's extra successes came later than the tier allows."""
+    if is_baseline(g.client) or not baselines:
+        return None
+    b = max(baselines, key=lambda s: s.success_ratio)
+    gap = b.success_ratio - g.success_ratio
+    failed = g.n - g.ok
+    if gap <= 0 or (1 - g.success_ratio + 0.01) / (1 - b.success_ratio + 0.01) <= NOISE or not failed:
+        return None
+    late = b.late_successes / b.n if b.n else 0.0
+    if g.deadline_failures / failed < 0.5 or late < gap / 2:
+        return None
+    return (
+        f"Success {fmt_pct(g.success_ratio)} is lower than {b.client}'s {fmt_pct(b.success_ratio)} because "
+        "deadlines cut slow requests: "
+        f"{g.deadline_failures / failed:.0%} of {g.client}'s failures hit a deadline, while {fmt_pct(late)} of "
+        f"{b.client}'s requests succeeded later than the tier allows "
+        f"(TTFT > {tier.ttft:g} s or total > {tier.total:g} s); a caller with that deadline would count those as "
+        "failures."
+    )
+
+
+def interpret(report: Judged, client: str | None = None) -> str:
+    """The verdict on ``client`` (default: `pick_challenger`); no verdict when the run is invalid."""
+    if report.invalid is not None:
+        from llmguard_client.bench.validity import no_verdict
+
+        return no_verdict(report.invalid)
     g = report.summary(client) if client is not None else pick_challenger(report)
-    if b is None or g is None:
+    baselines = baselines_for(report, g) if g is not None else []
+    if g is None or not baselines:
         return "(add the plain client to compare against a baseline)"
-    found = changes(g, b)
+    found = against_best(g, baselines)
     best = min(found, key=lambda c: c.factor, default=None)
     worst = max(found, key=lambda c: c.factor, default=None)
-    headline = _headline(report, g, b)
+    who = g.client if len(baselines) == 1 else f"{g.client} (each figure against the best baseline)"
+    headline = f"{who} {_headline(report, g, baselines, found)}"
+    trade = deadline_trade(g, baselines, report.tier)
     worst_s = worst.describe() if worst is not None and worst.factor > NOISE else "none"
+    end = f" {trade}" if trade else ""
     if best is None or best.factor >= 1 / NOISE:
-        return f"{headline}. Best gain: none. Worst regression: {worst_s}."
+        return f"{headline}. Best gain: none. Worst regression: {worst_s}.{end}"
     if best.metric in headline:  # the headline already says it
-        return f"{headline}. Worst regression: {worst_s}."
-    return f"{headline}. Best gain: {best.describe()}. Worst regression: {worst_s}."
+        return f"{headline}. Worst regression: {worst_s}.{end}"
+    return f"{headline}. Best gain: {best.describe()}. Worst regression: {worst_s}.{end}"

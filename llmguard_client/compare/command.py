@@ -8,7 +8,7 @@ import math
 import sys
 from typing import IO, Any
 
-from llmguard_client.compare.load import read_path
+from llmguard_client.compare.load import Records, read_path
 from llmguard_client.compare.render import Report, render_text
 from llmguard_client.compare.summary import METRICS, differences, goodput, summarize
 from llmguard_client.compare.verdict import Thresholds, decide
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``compare`` on the CLI's subparsers."""
     c: argparse.ArgumentParser = sub.add_parser(
         "compare",
-        help="compare the guarded and control cohorts of a rollout from RecordLogger JSON lines",
+        help="a rollout's guarded vs control cohorts: widen, hold, roll back",
         description="Per cohort and tier: calls, success, timeouts, 429s, TTFT p50/p95/p99, e2e p99, attempts "
         "and server load per call; guarded - control with bootstrap CIs; a verdict: widen, hold or roll back "
         "(docs/rollout.md).",
@@ -75,6 +75,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return c
 
 
+def no_records(source: str, records: Records) -> str:
+    """What to check when ``source`` held no phase record."""
+    name = "stdin" if source == "-" else source
+    if records.lines == 0:
+        found = "it is empty"
+    else:
+        found = f"read {records.lines} lines, skipped {records.skipped} that were not records"
+        if records.objects:
+            found += f" ({records.objects} JSON objects without cohort, tier and status)"
+    return (
+        f"no phase records in {name}: {found}. Check that the records were written: RecordLogger() logs "
+        "each record through the logging module at INFO (logger 'llmguard_client.record'), so nothing is "
+        "written unless logging is configured to keep INFO records, e.g. logging.basicConfig(level=logging.INFO, "
+        "filename='records.jsonl'); or give it a path: RecordLogger(\"records.jsonl\"). The file must hold "
+        "JSON lines, one record per line (a logging prefix before the '{' is fine)."
+    )
+
+
 def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | None = None) -> int:
     out = out if out is not None else sys.stdout
     if args.resamples < 100:
@@ -99,10 +117,7 @@ def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | N
             raise InputError(f"--tier {', '.join(unknown)}: not in the records (tiers: {', '.join(known) or 'none'})")
         calls = [c for c in calls if c.tier in args.tier]
     if not calls:
-        raise InputError(
-            f"no phase records in {args.records} ({records.skipped} lines were not records): expected the JSON "
-            "lines of RecordLogger, one object with cohort, tier and status per line"
-        )
+        raise InputError(no_records(args.records, records))
     metrics = [*METRICS, goodput(args.ttft_slo)] if args.ttft_slo is not None else list(METRICS)
     groups = summarize(calls, metrics)
     diffs = differences(calls, metrics, resamples=args.resamples, confidence=args.confidence, seed=args.seed)

@@ -42,6 +42,10 @@ class Records:
     calls: list[Call]
     skipped: int
     """Lines that were not records (blank lines are not counted)."""
+    lines: int = 0
+    """Lines read, blank ones included."""
+    objects: int = 0
+    """Skipped lines that held a JSON object, just not a record (no cohort, tier or status)."""
 
 
 def read_path(path: str, stdin: IO[str] | None = None) -> Records:
@@ -54,14 +58,22 @@ def read_path(path: str, stdin: IO[str] | None = None) -> Records:
 
 def read_records(lines: Iterable[str]) -> Records:
     calls: list[Call] = []
-    skipped = 0
-    for obj in _objects(lines):
+    skipped = objects = read = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal read
+        for line in lines:
+            read += 1
+            yield line
+
+    for obj in _objects(counted()):
         call = _call(obj) if obj is not None else None
         if call is None:
             skipped += 1
+            objects += obj is not None
         else:
             calls.append(call)
-    return Records(calls, skipped)
+    return Records(calls, skipped, read, objects)
 
 
 def _objects(lines: Iterable[str]) -> Iterator[dict[str, Any] | None]:

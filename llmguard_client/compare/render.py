@@ -1,7 +1,14 @@
-"""The comparison as a plain-text report or a JSON document."""
+"""The comparison as a plain-text report or a JSON document.
+
+The text fits the terminal's width (``COLUMNS`` when set, 80 when the output is not a terminal): a table too
+wide for it continues in another table that repeats its first columns, and prose wraps. Plain text, not rich,
+so that ``llmguard compare`` runs on an install without the ``[sim]`` extra.
+"""
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,28 +98,60 @@ def _table(rows: Sequence[Sequence[str]], right: int) -> list[str]:
     ]
 
 
-def render_text(report: Report) -> str:
+def _fitted(rows: Sequence[Sequence[str]], keys: int, width: int) -> list[str]:
+    """`_table`, split into several tables (each repeating the first ``keys`` columns) so lines fit ``width``."""
+    groups: list[list[int]] = []
+    for i in range(keys, len(rows[0])):
+        if groups and _width(rows, [*range(keys), *groups[-1], i]) <= width:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    lines: list[str] = []
+    for n, group in enumerate(groups):
+        lines += [""] if n else []
+        lines += _table([[row[i] for i in (*range(keys), *group)] for row in rows], right=keys)
+    return lines
+
+
+def _width(rows: Sequence[Sequence[str]], columns: Sequence[int]) -> int:
+    return sum(max(len(row[i]) for row in rows) for i in columns) + 2 * (len(columns) - 1)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
+def render_text(report: Report, width: int | None = None) -> str:
+    """The report as text no wider than ``width`` (default: the terminal's, see the module docstring)."""
+    width = max(40, width or shutil.get_terminal_size((80, 24)).columns)
     fractions = sorted({f for g in report.groups for f in g.fractions})
     seen = ", ".join(f"{f:g}" for f in fractions) if fractions else "not recorded"
     lines = [
-        f"llmguard compare {report.source}: {report.records} records ({report.skipped} other lines skipped); "
-        f"rollout fraction(s) seen: {seen}",
+        *_wrap(
+            f"llmguard compare {report.source}: {report.records} records ({report.skipped} other lines "
+            f"skipped); rollout fraction(s) seen: {seen}",
+            width,
+        ),
         "",
     ]
     columns = [
         ("success", "success"),
         ("timeouts", ""),
         ("429s", ""),
-        ("TTFT p50", "ttft_p50"),
-        ("TTFT p95", "ttft_p95"),
-        ("TTFT p99", "ttft_p99"),
-        ("e2e p99", "e2e_p99"),
-        ("attempts/call", "attempts"),
-        ("server load/call", "server_load"),
+        ("TTFT\np50", "ttft_p50"),
+        ("TTFT\np95", "ttft_p95"),
+        ("TTFT\np99", "ttft_p99"),
+        ("e2e\np99", "e2e_p99"),
+        ("attempts\n/call", "attempts"),
+        ("server load\n/call", "server_load"),
     ]
     if any("goodput" in g.figures for g in report.groups):
         columns.insert(1, ("goodput", "goodput"))
-    rows = [["tier", "cohort", "calls", *(title for title, _ in columns)]]
+    titles = [title.split("\n") for title, _ in columns]  # headers of one or two lines
+    rows = [
+        ["", "", "", *(t[0] if len(t) > 1 else "" for t in titles)],
+        ["tier", "cohort", "calls", *(t[-1] for t in titles)],
+    ]
     for g in report.groups:
         cells = [g.tier, g.cohort, str(g.calls)]
         for title, name in columns:
@@ -123,10 +162,14 @@ def render_text(report: Report) -> str:
             else:
                 cells.append(_value(UNITS.get(name, "ratio"), g.figures.get(name)))
         rows.append(cells)
-    lines += _table(rows, right=2)
+    lines += _fitted(rows, 2, width)
     lines += [
         "",
-        f"guarded - control, {report.confidence:.0%} bootstrap CI ({report.resamples} resamples, seed {report.seed}):",
+        *_wrap(
+            f"guarded - control, {report.confidence:.0%} bootstrap CI ({report.resamples} resamples, "
+            f"seed {report.seed}):",
+            width,
+        ),
     ]
     rows = [["scope", "metric", "guarded", "control", "difference", "CI", "significant"]]
     for d in report.diffs:
@@ -139,8 +182,8 @@ def render_text(report: Report) -> str:
         rows.append([*row, ci, significant])
     if len(rows) == 1:
         rows.append(["-", "(needs calls in both cohorts)", "", "", "", "", ""])
-    lines += _table(rows, right=2)
-    lines += ["", report.verdict.line()]
+    lines += _fitted(rows, 2, width)
+    lines += ["", *_wrap(report.verdict.line(), width)]
     return "\n".join(lines) + "\n"
 
 

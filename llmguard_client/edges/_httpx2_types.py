@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import httpx2
 
-from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
-from llmguard_client._errors import GuardFailure
+from llmguard_client.errors import GuardFailure
+from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
 _DROPPED_EXTENSIONS = frozenset({"network_stream"})
 """Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmguard_client._errors import GuardClosed
 from llmguard_client.edges._runner import SyncRunner
+from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 
 class _Closed:
@@ -24,11 +24,11 @@ class _Closed:
 
 
 _CLOSED = _Closed()
-_runners: weakref.WeakKeyDictionary[Guard, SyncRunner | _Closed] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakKeyDictionary[GuardHandle, SyncRunner | _Closed] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def runner_for(guard: Guard) -> SyncRunner:
+def runner_for(guard: GuardHandle) -> SyncRunner:
     """The Guard's event-loop thread for sync calls, started on first use."""
     with _lock:
         runner = _runners.get(guard)
@@ -43,13 +43,13 @@ def runner_for(guard: Guard) -> SyncRunner:
         return runner
 
 
-def running_runner(guard: Guard) -> SyncRunner | None:
+def running_runner(guard: GuardHandle) -> SyncRunner | None:
     """The Guard's event-loop thread if one is running."""
     runner = _runners.get(guard)
     return runner if isinstance(runner, SyncRunner) and runner.running else None
 
 
-async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
+async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
     """Called first by ``Guard.aclose()``. If sync calls started the Guard's event-loop thread, close
     the Guard there (its pools belong to that loop), stop the thread and return True; the caller has
     nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
@@ -64,7 +64,7 @@ async def stop_sync_runner(guard: Guard, grace: float = 0.0) -> bool:
     return True
 
 
-def close_guard(guard: Guard, grace: float = 0.0) -> None:
+def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
     """``Guard.close(grace)``: the same as ``await guard.aclose(grace)``, from sync code."""
     runner = running_runner(guard)
     if runner is not None:

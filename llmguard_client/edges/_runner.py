@@ -39,7 +39,7 @@ import httpx
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from llmguard_client._errors import GuardClosed
+from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
 

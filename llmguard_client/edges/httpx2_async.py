@@ -11,7 +11,7 @@ import httpx2
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
 """The client's own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
@@ -79,7 +79,7 @@ class _Chunks:
             raise translate_error(exc, self._request) from exc
 
 
-def httpx2_client(guard: Guard, **kwargs: Any) -> httpx2.AsyncClient:
+def httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.AsyncClient:
     """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`)."""
     kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport), **kwargs)

@@ -11,9 +11,10 @@ import httpx2
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
 
@@ -24,13 +25,19 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
     ``close()`` does nothing: the Guard owns the pools and the thread (``guard.close()``).
     """
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: GuardHandle) -> None:
         self._guard = guard
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         inner = core_request(request, request.read())
         try:
-            response, body = runner_for(self._guard).send(inner)
+            try:
+                response, body = runner_for(self._guard).send(inner)
+            except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+                refusal = self._guard.transport.refuse(inner, closed)
+                return httpx2.Response(
+                    refusal.status_code, headers=refusal.headers.raw, content=refusal.content, request=request
+                )
         except httpx.HTTPError as exc:
             raise translate_error(exc, request) from exc
         return httpx2.Response(
@@ -57,7 +64,7 @@ class _Body(httpx2.SyncByteStream):
         self._body.close()
 
 
-def sync_httpx2_client(guard: Guard, **kwargs: Any) -> httpx2.Client:
+def sync_httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.Client:
     """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`)."""
     kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx2.Client(transport=SyncHttpx2GuardTransport(guard), **kwargs)

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._capture import CAPTURES_EXTENSION, active_captures
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.errors import GuardClosed
+from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 DEFAULT_TIMEOUT = httpx.Timeout(None, connect=10.0)
 """The clients' own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
@@ -26,7 +27,7 @@ class SyncGuardTransport(httpx.BaseTransport):
     nothing: the Guard owns the pools and the thread (``guard.close()``).
     """
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: GuardHandle) -> None:
         self._guard = guard
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -34,7 +35,10 @@ class SyncGuardTransport(httpx.BaseTransport):
         captures = active_captures()
         if captures:
             request.extensions = {**request.extensions, CAPTURES_EXTENSION: captures}
-        response, body = runner_for(self._guard).send(request)
+        try:
+            response, body = runner_for(self._guard).send(request)
+        except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+            return self._guard.transport.refuse(request, closed)
         return httpx.Response(
             response.status_code,
             headers=response.headers.raw,
@@ -55,7 +59,7 @@ class _Body(httpx.SyncByteStream):
         self._body.close()
 
 
-def sync_http_client(guard: Guard, **kwargs: Any) -> httpx.Client:
+def sync_http_client(guard: GuardHandle, **kwargs: Any) -> httpx.Client:
     """An `httpx.Client` whose transport is the guard (see `SyncGuardTransport`)."""
     kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx.Client(transport=SyncGuardTransport(guard), **kwargs)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from llmguard_client._guard import Guard
+    from llmguard_client.edges._guard_handle import GuardHandle
 
 H_contra = TypeVar("H_contra", contravariant=True)
 
@@ -28,7 +28,7 @@ class TakesHttpClient(Protocol[H_contra]):
     def __call__(self, *, http_client: H_contra | None = ...) -> object: ...
 
 
-def http_client_for(guard: Guard, sdk: Callable[..., object], **kwargs: Any) -> Any:
+def http_client_for(guard: GuardHandle, sdk: Callable[..., object], **kwargs: Any) -> Any:
     """The guarded client (httpx or httpx2, async or sync) that ``sdk``'s ``http_client`` takes."""
     annotation = _http_client_annotation(sdk)
     flavor2 = "httpx2" in annotation
@@ -60,13 +60,3 @@ def _http_client_annotation(sdk: Callable[..., object]) -> str:
 
 def _name(sdk: object) -> str:
     return getattr(sdk, "__qualname__", None) or repr(sdk)
-
-
-def wrong_client_message(request: object) -> str:
-    """Why `guard.transport` (an httpx transport) cannot serve ``request``, and what to use instead."""
-    kind = type(request).__module__.split(".")[0]
-    return (
-        f"guard.transport is an httpx transport, but it was given a {kind} request ({type(request).__name__}); "
-        "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
-        "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
-    )

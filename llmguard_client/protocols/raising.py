@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from llmguard_client._errors import GuardStreamError, StreamTruncated, UpstreamStreamError
+from llmguard_client.errors import GuardStreamError, StreamTruncated, UpstreamStreamError
 from llmguard_client.protocols.base import StreamFailure
 from llmguard_client.telemetry.record import PhaseRecord
 

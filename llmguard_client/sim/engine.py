@@ -14,6 +14,10 @@ request's token or chunk does not fit, the most recently scheduled running reque
 dropped and it goes back to the head of the waiting queue, to re-prefill its prompt plus the tokens it had
 generated later (``recompute_tokens`` counts that redone work; ``prefill_tokens`` includes it).
 
+With ``prefix_cache_tokens`` > 0 the engine keeps a `PrefixCache`: an admitted request's leading cached blocks
+(``EngineRequest.block_hashes``) are skipped by prefill (they take KV when it is scheduled, but no budget), and
+its prompt's blocks are cached once its prefill is done; ``prefix_cache.counters`` count queried and hit tokens.
+
 Admission (`llmguard_client.sim.admission`) happens in `Engine.submit`; every reservation and every KV token
 is released on every way out: finish, `Engine.abort` (disconnect, error) or preemption (KV only). The types
 the engine works on live in `llmguard_client.sim.engine_types` and are re-exported here.
@@ -36,6 +40,7 @@ from llmguard_client.sim.engine_types import (
     SeqState,
     Sequence,
 )
+from llmguard_client.sim.prefix_cache import PrefixCache
 
 __all__ = [
     "Engine",
@@ -70,6 +75,7 @@ class Engine:
         self._next_sample = 0.0
         self._watermark = int(config.kv_tokens * config.kv_watermark)
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens, config.cache_block_tokens)
         self._rates = Rates(
             work_per_s=config.tbud / config.step_period,
             avg_cost=float(config.out_reserve),
@@ -114,8 +120,10 @@ class Engine:
         return list(self._rates.history)
 
     def reset_stats(self) -> None:
-        """Zero the counters and the history, whose clock restarts at the next step (in-flight requests stay)."""
+        """Zero the counters and the history, whose clock restarts at the next step, and empty the prefix cache
+        (so that a bench's next client starts cold); in-flight requests stay."""
         self.stats = EngineStats()
+        self.prefix_cache.clear()
         self._rates.history.clear()
         self._t0 = None
         self._next_sample = 0.0
@@ -155,6 +163,9 @@ class Engine:
             expected_output=min(request.max_tokens, cfg.out_reserve),
             prefill_target=request.prompt_tokens,
         )
+        if self.prefix_cache.enabled:
+            seq.cached = self.prefix_cache.lookup(request.block_hashes, request.prompt_tokens)
+            seq.block_hashes = request.block_hashes
         self._next_id += 1
         self.stats.admitted += 1
         self._waiting.append(seq)
@@ -280,13 +291,17 @@ class Engine:
         while waiting and budget > 0 and len(self._running) < cfg.max_running:
             seq = waiting[0]
             paused = seq.paused_until > now
-            chunk = 0 if paused else min(seq.prefill_target, cfg.prefill_chunk, budget)
-            need = max(chunk, 1)
+            skip = seq.cached  # waiting requests have nothing prefilled: the cached head is free of budget
+            chunk = 0 if paused else min(seq.prefill_target - skip, cfg.prefill_chunk, budget)
+            need = max(skip + chunk, 1)
             if cfg.kv_tokens - self._kv_used - need < (self._watermark if self._running else 0):
                 break  # FIFO: the head waits until its first chunk fits
             waiting.popleft()
             seq.state = SeqState.RUNNING
             self._running.append(seq)
+            if skip:
+                seq.prefilled = seq.kv = skip
+                self._kv_used += skip
             if chunk:
                 budget -= self._prefill_chunk(seq, chunk)
         return budget
@@ -300,6 +315,9 @@ class Engine:
         seq.work += chunk
         self.stats.prefill_tokens += chunk
         self.stats.recompute_tokens += recompute
+        if seq.block_hashes and seq.prefilled >= seq.prompt_tokens:
+            self.prefix_cache.insert(seq.block_hashes)
+            seq.block_hashes = ()
         return chunk
 
     def _release(self, seq: Sequence, state: SeqState) -> None:

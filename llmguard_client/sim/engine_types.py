@@ -47,6 +47,10 @@ class EngineConfig:
     rate_tau_s: float = 1.0
     history_every_s: float = 0.5
     history_len: int = 240
+    prefix_cache_tokens: int = 0
+    """Capacity of the replica's prefix cache in tokens (0: no prefix caching, the default)."""
+    cache_block_tokens: int = 16
+    """Tokens per cached block: only whole blocks are cached and hit (16, like vLLM)."""
 
     def __post_init__(self) -> None:
         if self.step_s <= 0 or self.step_time_factor <= 0:
@@ -59,6 +63,11 @@ class EngineConfig:
             raise ValueError(f"unknown admission policy {self.policy!r}")
         if self.model_len > self.kv_tokens:
             raise ValueError("max_model_len cannot exceed kv_tokens")
+        if self.prefix_cache_tokens < 0 or self.cache_block_tokens < 1:
+            raise ValueError(
+                f"prefix_cache_tokens must be >= 0 (0 disables the cache) and cache_block_tokens >= 1, got "
+                f"{self.prefix_cache_tokens} and {self.cache_block_tokens}"
+            )
 
     @property
     def model_len(self) -> int:
@@ -73,11 +82,13 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
-    """What the engine needs to know about a request. ``output_tokens=None`` samples the output length."""
+    """What the engine needs to know about a request. ``output_tokens=None`` samples the output length;
+    ``block_hashes`` identify the prompt's full blocks for the prefix cache (`llmguard_client.sim.prefix_cache`)."""
 
     prompt_tokens: int
     max_tokens: int
     output_tokens: int | None = None
+    block_hashes: tuple[bytes, ...] = ()
 
 
 class SeqState(enum.Enum):
@@ -114,6 +125,10 @@ class Sequence:
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
+    cached: int = 0
+    """Prompt tokens found in the prefix cache: skipped by prefill (they still take KV)."""
+    block_hashes: tuple[bytes, ...] = ()
+    """The prompt's block hashes, until its prefill is done and they are cached."""
 
     @property
     def done(self) -> bool:

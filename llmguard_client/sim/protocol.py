@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from llmguard_client.sim.prefix_cache import BlockHasher
+
 __all__ = ["BadRequest", "CompletionRequest", "Kind", "count_words", "parse_request"]
 
 Kind = Literal["chat", "text", "responses", "messages"]
@@ -28,6 +30,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    block_hashes: tuple[bytes, ...] = ()
+    """The prompt's chained block hashes (`llmguard_client.sim.prefix_cache`); empty unless asked for."""
 
 
 def count_words(content: object) -> int:
@@ -67,8 +71,36 @@ def _prompt_words(kind: str, body: dict[str, Any]) -> int:
     raise BadRequest("'prompt' must be a string or a list of strings")
 
 
-def parse_request(raw: bytes, kind: Kind, default_model: str) -> CompletionRequest:
-    """Parse and validate a request body of ``kind`` (see `Kind`)."""
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _block_hashes(kind: str, body: dict[str, Any], block_tokens: int) -> tuple[bytes, ...]:
+    """The prompt's block hashes, over its words in prompt order (system / instructions first)."""
+    hasher = BlockHasher(block_tokens)
+    if kind == "text":
+        prompt = body.get("prompt")
+        for part in prompt if isinstance(prompt, list) else [prompt]:
+            hasher.feed(part if isinstance(part, str) else "")
+        return hasher.hashes()
+    head = body.get("system") if kind == "messages" else body.get("instructions") if kind == "responses" else None
+    hasher.feed(_text_of(head), "system")
+    items = body.get("input") if kind == "responses" else body.get("messages")
+    if isinstance(items, str):
+        hasher.feed(items, "user")
+    elif isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict):
+                hasher.feed(_text_of(item.get("content")), str(item.get("role", "")))
+    return hasher.hashes()
+
+
+def parse_request(raw: bytes, kind: Kind, default_model: str, *, block_tokens: int = 0) -> CompletionRequest:
+    """Parse and validate a request body of ``kind`` (see `Kind`); ``block_tokens`` > 0 also hashes its blocks."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -90,4 +122,5 @@ def parse_request(raw: bytes, kind: Kind, default_model: str) -> CompletionReque
         stream=bool(body.get("stream")),
         include_usage=include_usage,
         ignore_eos=bool(body.get("ignore_eos")),
+        block_hashes=_block_hashes(kind, body, block_tokens) if block_tokens > 0 else (),
     )

@@ -174,6 +174,8 @@ class Replica:
             "kv_used": engine.kv_used,
             "kv_total": engine.config.kv_tokens,
             "reserved": engine.reserved,
+            "prefix_cache_queries": engine.prefix_cache.counters.queries,
+            "prefix_cache_hits": engine.prefix_cache.counters.hits,
             "steps": s.steps,
             "missed_steps": c.missed_steps,
             "faults": {
@@ -192,6 +194,6 @@ class Replica:
         }
 
     def reset_stats(self) -> None:
-        """Zero the counters and the history (in-flight requests are kept)."""
+        """Zero the counters and the history and empty the prefix cache (in-flight requests are kept)."""
         self.engine.reset_stats()
         self.counters = ReplicaCounters()

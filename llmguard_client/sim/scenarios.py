@@ -31,6 +31,7 @@ __all__ = [
     "SIM_MAX_TOKENS",
     "SIM_OUTPUT_LENGTHS",
     "SIM_PROMPT_WORDS",
+    "MULTITURN_PROMPT_WORDS",
     "LoadHint",
     "ScenarioConfig",
     "get_scenario",
@@ -66,6 +67,8 @@ class ScenarioConfig:
     capacity_rps: float
     faults: tuple[FaultConfig, ...] = ()
     model: str = "sim-model"
+    summary: str = ""
+    """What the scenario models, in one short line (``llmguard bench --help`` and the report's header)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -86,6 +89,16 @@ _ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, 
 _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
 """~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
 
+_CACHING = EngineConfig(
+    tbud=512, kv_tokens=32_768, policy="token", out_reserve=32, output_lengths=SIM_OUTPUT_LENGTHS,
+    prefix_cache_tokens=16_384,
+)
+"""Long prompts, a prefix cache of 16k tokens (~10 conversations): a 1,300-token prompt prefills in 3 steps
+(TTFT ~40 ms), its cached continuation in one (~20 ms), as measured on vLLM CPU engines (47 -> 19 ms).
+~35 rps per replica with nothing cached."""
+MULTITURN_PROMPT_WORDS = LengthDist(median=1_450.0, sigma=0.15, cap=4_700)
+"""Prompt sizes of the multiturn conversations: a 1,000-1,500-word system prompt plus the turns so far."""
+
 _DEGRADED = FaultConfig(slow_factor=5.0, first_token_delay_s=0.09)
 """A degraded replica: 5x slower steps (TTFT ~90 ms, 50 ms per token) plus a 90 ms prefill delay, so its TTFT
 (~180 ms) is ~10x a healthy replica's (~18 ms) and its time per token 5x."""
@@ -93,6 +106,7 @@ _DEGRADED = FaultConfig(slow_factor=5.0, first_token_delay_s=0.09)
 SCENARIOS: dict[str, ScenarioConfig] = {
     "healthy": ScenarioConfig(
         name="healthy",
+        summary="3 healthy replicas, no faults: what the guard costs",
         description="3 roomy replicas, token admission, no faults",
         replicas=3,
         engine=_ROOMY,
@@ -101,6 +115,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "stragglers": ScenarioConfig(
         name="stragglers",
+        summary="5 % of requests stall 2 s before their first token",
         description="3 roomy replicas, light load; 5 % of requests stall 2 s before their first token",
         replicas=3,
         engine=_ROOMY,
@@ -110,6 +125,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "overload": ScenarioConfig(
         name="overload",
+        summary="a 30 -> 140 -> 30 rps spike on ~50 rps of capacity",
         description="3 KV-tight replicas (40 ms steps), token admission: ~50 rps in all, so 30 -> 140 -> 30 is ~3x",
         replicas=3,
         engine=_TIGHT,
@@ -118,6 +134,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "faults": ScenarioConfig(
         name="faults",
+        summary="resets, HTML 500s, black holes, stalls, bad Retry-After",
         description=(
             "3 roomy replicas with a mix of faults: r0 resets and malformed events, r1 HTML 500s, black holes "
             "and mid-stream stalls, r2 three times slower with pre-token stalls and garbage Retry-After"
@@ -134,6 +151,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "overload-in-stream": ScenarioConfig(
         name="overload-in-stream",
+        summary="overload, refused as HTTP 200 + an in-stream 503 event",
         description=(
             "overload's cluster and spike, but rejections signalled the vLLM 0.32 way: HTTP 200 + an in-stream "
             "error event (code 503) + [DONE] for streams, a plain 503 otherwise, never a Retry-After"
@@ -146,6 +164,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "degraded": ScenarioConfig(
         name="degraded",
+        summary="one replica 10x slower to first token, 5x per token",
         description=(
             "3 roomy replicas, light load; r1 is degraded for the whole run: 10x slower to its first token "
             "(5x slower steps plus a 90 ms prefill delay) and 5x slower per token"
@@ -158,6 +177,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "degrading": ScenarioConfig(
         name="degrading",
+        summary="one replica degraded from 4 s to 9 s, healthy otherwise",
         description=(
             "as degraded, but r1 is degraded only from 4 s to 9 s after the cluster starts, healthy before and after"
         ),
@@ -166,6 +186,15 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         load=LoadHint(base_rps=40.0, peak_rps=40.0),
         capacity_rps=490.0,
         faults=(FaultConfig(), dataclasses.replace(_DEGRADED, slow_between=(4.0, 9.0)), FaultConfig()),
+    ),
+    "multiturn": ScenarioConfig(
+        name="multiturn",
+        description="3 replicas with 16k-token prefix caches; conversations of 2-6 turns on 1,000-1,500-token prompts",
+        replicas=3,
+        engine=_CACHING,
+        load=LoadHint(base_rps=30.0, peak_rps=30.0, prompt_words=MULTITURN_PROMPT_WORDS),
+        capacity_rps=104.0,
+        summary="conversations of 2-6 turns; replicas cache prompt prefixes",
     ),
 }
 

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmguard_client.sim.engine import EngineRequest, Rejected, RequestTooLarge, Sequence
 from llmguard_client.sim.faults import FaultPlan, retry_after_headers
+from llmguard_client.sim.prefix_cache import CacheCounters
 from llmguard_client.sim.protocol import BadRequest, CompletionRequest, Kind, parse_request
 from llmguard_client.sim.replica import Replica
 from llmguard_client.sim.wire import error_body
@@ -101,7 +102,9 @@ class _Completions:
         replica = self.replica
         replica.counters.received += 1
         try:
-            parsed = parse_request(await Request(scope, receive).body(), self.kind, replica.model)
+            config = replica.engine.config
+            block = config.cache_block_tokens if config.prefix_cache_tokens else 0
+            parsed = parse_request(await Request(scope, receive).body(), self.kind, replica.model, block_tokens=block)
         except ClientDisconnect:
             return
         except BadRequest as exc:
@@ -135,7 +138,9 @@ class _Completions:
         replica = self.replica
         model_len = replica.engine.config.model_len
         max_tokens = parsed.max_tokens if parsed.max_tokens is not None else max(1, model_len - parsed.prompt_tokens)
-        request = EngineRequest(parsed.prompt_tokens, max_tokens, max_tokens if parsed.ignore_eos else None)
+        request = EngineRequest(
+            parsed.prompt_tokens, max_tokens, max_tokens if parsed.ignore_eos else None, parsed.block_hashes
+        )
         try:
             return replica.submit(request)
         except Rejected as rejected:
@@ -273,6 +278,19 @@ class _Completions:
         return "reset"
 
 
+def prefix_cache_metrics(counters: CacheCounters, label: str) -> str:
+    """vLLM v1's prefix-cache counters (in tokens), with their HELP and TYPE lines as prometheus_client writes."""
+    lines = []
+    for name, value, what in (
+        ("queries", counters.queries, "Prefix cache queries, in terms of number of queried tokens."),
+        ("hits", counters.hits, "Prefix cache hits, in terms of number of cached tokens."),
+    ):
+        metric = f"vllm:prefix_cache_{name}"
+        lines += [f"# HELP {metric}_total {what}", f"# TYPE {metric}_total counter"]
+        lines.append(f"{metric}_total{label} {float(value)}")
+    return "\n".join(lines) + "\n"
+
+
 def build_app(replica: Replica) -> Starlette:
     """The ASGI app serving ``replica``."""
 
@@ -284,13 +302,15 @@ def build_app(replica: Replica) -> Starlette:
         return JSONResponse(replica.stats())
 
     async def metrics(request: Request) -> Response:
-        """The two vLLM gauges a client can route on (Prometheus text, as vLLM serves them)."""
+        """vLLM's queue and KV gauges, plus its prefix-cache counters when the cache is on (Prometheus text)."""
         engine, label = replica.engine, f'{{model_name="{replica.model}"}}'
         text = (
             f"vllm:num_requests_waiting{label} {float(engine.waiting)}\n"
             f"vllm:num_requests_running{label} {float(engine.running)}\n"
             f"vllm:kv_cache_usage_perc{label} {engine.kv_used / engine.config.kv_tokens}\n"
         )
+        if engine.prefix_cache.enabled:
+            text += prefix_cache_metrics(engine.prefix_cache.counters, label)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def reset(request: Request) -> Response:

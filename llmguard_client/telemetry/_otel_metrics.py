@@ -15,7 +15,8 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from llmguard_client.telemetry import semconv as sc
-from llmguard_client.telemetry._otel_attributes import Attrs, time_per_output_chunk
+from llmguard_client.telemetry._otel_attributes import Attrs
+from llmguard_client.telemetry._otel_genai_metrics import gen_ai_metrics
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 __all__ = ["BudgetRegistry", "Instruments", "budget_registry"]
@@ -27,8 +28,11 @@ class BudgetRegistry:
     An SDK meter keeps the callbacks of the *first* observable gauge registered under a name,
     so every instrumentation sharing a meter provider shares one registry. An entry lives as
     long as the instrumentation that registered it (a guard's default instrumentation dies
-    with the guard); a bound method is also held weakly. Each live entry keeps a stable
+    with the guard); a bound method is also held weakly (the guard registers its budget's
+    ``published_level``: nothing here refers to the guard). Each live entry keeps a stable
     index; the lowest free one is reused, and index 0 is reported without attributes.
+
+    `observe` runs on the exporter's thread: it only calls the registered functions.
     """
 
     __slots__ = ("_entries",)
@@ -93,40 +97,14 @@ class Instruments:
         "calls",
         "cooldown_s",
         "cooldowns",
-        "duration",
+        "genai",
         "http_duration",
-        "tokens",
-        "tpoc",
-        "ttfc",
     )
 
-    def __init__(self, meter: Meter, budgets: BudgetRegistry) -> None:
+    def __init__(self, meter: Meter, budgets: BudgetRegistry, latest: bool = False) -> None:
+        """``latest``: emit the GenAI metrics under the latest names (see `_otel_genai_metrics`)."""
         seconds = sc.UNIT_SECONDS
-        self.duration = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_DURATION,
-            unit=seconds,
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
-        )
-        self.ttfc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-            unit=seconds,
-            description="Time to receive the first chunk, measured from when the client issues the "
-            "generation request to when the first chunk is received in the response stream.",
-            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
-        )
-        self.tpoc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
-            unit=seconds,
-            description="Time per output chunk after the first one (the mean over a streamed call).",
-            explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
-        )
-        self.tokens = meter.create_histogram(
-            sc.GEN_AI_CLIENT_TOKEN_USAGE,
-            unit=sc.UNIT_TOKEN,
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=sc.GEN_AI_TOKEN_BUCKETS,
-        )
+        self.genai = gen_ai_metrics(meter, latest)
         self.http_duration = meter.create_histogram(
             sc.HTTP_CLIENT_REQUEST_DURATION,
             unit=seconds,
@@ -231,21 +209,7 @@ class Instruments:
             attrs[sc.GEN_AI_RESPONSE_MODEL] = record.response_model
         if server is not None:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
-        duration = record.duration
-        if duration is not None:
-            if err is None:
-                self.duration.record(duration, attrs)
-            else:
-                self.duration.record(duration, {**attrs, sc.ERROR_TYPE: err})
-        if record.stream and record.first_token is not None:
-            self.ttfc.record(record.first_token - record.start, attrs)
-            tpoc = time_per_output_chunk(record)
-            if tpoc is not None:
-                self.tpoc.record(tpoc, attrs)
-        if record.prompt_tokens is not None:
-            self.tokens.record(record.prompt_tokens, {**attrs, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT})
-        if record.completion_tokens is not None:
-            self.tokens.record(record.completion_tokens, {**attrs, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT})
+        self.genai.record(record, op, attrs, err)
         calls: Attrs = {
             sc.GEN_AI_OPERATION_NAME: op,
             sc.LLMGUARD_TIER: record.tier,

@@ -43,7 +43,12 @@ class Instrumentation(Protocol):
         """A call was refused because its tier's bulkhead was full."""
 
     def register_budget(self, level: Callable[[], float]) -> None:
-        """Report the shared retry budget's level (extra attempts available now) on demand."""
+        """Report the shared retry budget's level (extra attempts available now) on demand.
+
+        ``level`` may be called from a metrics exporter's thread, so it must only read a value the loop
+        published (`RetryBudget.published_level`); a bound method is held weakly, so that registering
+        one does not keep its object alive.
+        """
 
 
 class _NoCall:

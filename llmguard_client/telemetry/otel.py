@@ -59,6 +59,10 @@ class OpenTelemetryInstrumentation:
         each HTTP request: the per-attempt spans and the ``http.client.request.duration`` metric are
         then left to it (no duplicates); ``traceparent`` then names the logical span.
     :param provider_name: ``gen_ai.provider.name`` (``openai``, ``azure.ai.openai``, ``x_ai``...).
+
+    The GenAI metrics keep their v1.41.0 names unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` lists
+    ``gen_ai_latest_experimental`` when the instrumentation is built: then the latest names
+    (``gen_ai.client.inference.*``, ``gen_ai.client.embeddings.*``) are emitted instead.
     """
 
     __slots__ = ("__weakref__", "_budgets", "_shared", "_signals")
@@ -75,7 +79,7 @@ class OpenTelemetryInstrumentation:
         meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)
         self._signals = SignalState(tracer_provider, meter_provider)
         self._budgets = budget_registry(meter_provider)
-        instruments = Instruments(meter, self._budgets)
+        instruments = Instruments(meter, self._budgets, latest=sc.gen_ai_latest())
         self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name)
 
     # -- Instrumentation protocol ---------------------------------------------------------------

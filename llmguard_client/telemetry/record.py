@@ -1,4 +1,4 @@
-"""The plain per-request phase record, and a `logging` adapter that writes it as one line.
+"""The plain per-request phase record (`RecordLogger`, in `llmguard_client.telemetry.record_logger`, writes it).
 
 Every logical call through the guard produces one `PhaseRecord`, delivered to
 ``Guard(on_record=...)`` when the call ends and readable on the response as
@@ -17,8 +17,6 @@ Phases, in order (each ``None`` when the call never got there)::
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -149,25 +147,3 @@ class PhaseRecord:
         out["ttft"] = self.ttft
         out["duration"] = self.duration
         return out
-
-
-class RecordLogger:
-    """An ``on_record`` callback that logs each record as one structured JSON line.
-
-    >>> guard = Guard(..., on_record=RecordLogger())
-    """
-
-    __slots__ = ("_level", "_logger")
-
-    def __init__(self, logger: logging.Logger | str = "llmguard_client.record", level: int = logging.INFO):
-        self._logger = logging.getLogger(logger) if isinstance(logger, str) else logger
-        self._level = level
-
-    def __call__(self, record: PhaseRecord) -> None:
-        if self._logger.isEnabledFor(self._level):
-            self._logger.log(
-                self._level,
-                "%s",
-                json.dumps(record.to_dict(), separators=(",", ":"), default=str),
-                extra={"llmguard": record},
-            )

@@ -3,6 +3,9 @@
 The ``gen_ai.*`` names come from the OpenTelemetry semantic conventions v1.41.0, the last
 core release that still held the GenAI conventions; all of them have *Development*
 status there and may be renamed later, which is why no other module spells them out.
+The GenAI conventions now live in their own repository (semantic-conventions-genai, v0.1.0),
+which renames the client metrics; those names are emitted instead when
+``OTEL_SEMCONV_STABILITY_OPT_IN`` lists ``gen_ai_latest_experimental`` (see `gen_ai_latest`).
 ``http.*``, ``url.*``, ``server.*`` and ``error.type`` are Stable HTTP/general conventions.
 The ``llmguard.*`` names are this library's own.
 
@@ -11,6 +14,8 @@ See ``docs/observability.md`` for what each span, attribute and metric means.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Final
 
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
@@ -34,6 +39,8 @@ GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chun
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+GEN_AI_TOKEN_MODALITY: Final = "gen_ai.token.modality"
+"""Latest GenAI set only: on the ``gen_ai.client.inference.usage.*`` counters."""
 
 # gen_ai.operation.name well-known values
 OPERATION_CHAT: Final = "chat"
@@ -54,6 +61,9 @@ PROVIDER_OPENAI: Final = "openai"
 # gen_ai.token.type values
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
+
+# gen_ai.token.modality values: OpenAI-compatible usage has no per-modality split
+TOKEN_MODALITY_UNKNOWN: Final = "unknown"
 
 # --------------------------------------------------------------------------------------------
 # HTTP / URL / server / error attributes (Stable)
@@ -116,10 +126,41 @@ LLMGUARD_PHASE_FINISH: Final = "llmguard.phase.finish_s"
 # --------------------------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------------------------
+# GenAI client metrics, default set (semantic conventions v1.41.0).
 GEN_AI_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
 GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
 GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
 GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+
+# GenAI client metrics, latest set (semantic-conventions-genai v0.1.0), emitted instead of the default
+# set when opted in. Inference = every operation but embeddings, which has metrics of its own.
+GEN_AI_CLIENT_INFERENCE_DURATION: Final = "gen_ai.client.inference.duration"
+GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
+GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.inference.time_per_output_chunk"
+GEN_AI_CLIENT_INFERENCE_USAGE_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.input_tokens"
+"""Counter (not a histogram): tokens spent, for totals and rates."""
+GEN_AI_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS: Final = "gen_ai.client.inference.usage.output_tokens"
+GEN_AI_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS: Final = "gen_ai.client.inference.operation.input_tokens"
+"""Histogram: tokens per operation, for percentiles (not for totals)."""
+GEN_AI_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS: Final = "gen_ai.client.inference.operation.output_tokens"
+GEN_AI_CLIENT_EMBEDDINGS_DURATION: Final = "gen_ai.client.embeddings.duration"
+GEN_AI_CLIENT_EMBEDDINGS_OPERATION_INPUT_TOKENS: Final = "gen_ai.client.embeddings.operation.input_tokens"
+
+SEMCONV_OPT_IN_ENV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+"""OpenTelemetry's comma-separated list of convention categories to emit in their newer form."""
+GEN_AI_LATEST_EXPERIMENTAL: Final = "gen_ai_latest_experimental"
+"""The value of that list that switches the GenAI metrics to the latest set."""
+
+
+def gen_ai_latest(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` (a comma-separated list) holds ``gen_ai_latest_experimental``.
+
+    Read once, when an instrumentation is built, as OpenTelemetry's own instrumentations do.
+    """
+    values = environ.get(SEMCONV_OPT_IN_ENV, "")
+    return GEN_AI_LATEST_EXPERIMENTAL in (v.strip() for v in values.split(","))
+
+
 HTTP_CLIENT_REQUEST_DURATION: Final = "http.client.request.duration"
 
 LLMGUARD_CLIENT_CALLS: Final = "llmguard.client.calls"
@@ -140,12 +181,12 @@ UNIT_COOLDOWN: Final = "{cooldown}"
 GEN_AI_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
-"""For gen_ai.client.operation.duration, .time_to_first_chunk and .time_per_output_chunk."""
+"""For every GenAI duration histogram: ``gen_ai.client.operation.*``, ``gen_ai.client.inference.*``, embeddings."""
 
 GEN_AI_TOKEN_BUCKETS: Final[tuple[float, ...]] = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
 )  # fmt: skip
-"""For gen_ai.client.token.usage."""
+"""For gen_ai.client.token.usage and the ``*.operation.*_tokens`` histograms of the latest set."""
 
 HTTP_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

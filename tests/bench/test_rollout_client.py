@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmguard_client import cli
-from llmguard_client.layers.rollout import key_position
+from llmguard_client._rollout.rollout import key_position
 from tests.loopback import LoopbackCluster
 
 SMALL = ["--requests", "40", "--rate", "100", "--length-scale", "0.02", "--no-progress"]
@@ -34,8 +34,8 @@ def test_bench_rollout_writes_records_that_compare_reads(
 
     assert cli.main(["compare", str(records), "--min-calls", "5"]) == 0
     report = capsys.readouterr().out
-    assert "40 records (0 other lines skipped); rollout fraction(s) seen: 0.5" in report
-    assert report.splitlines()[-1].startswith("verdict: ")
+    assert "40 records (0 other lines skipped); rollout fraction(s) seen: 0.5" in " ".join(report.split())
+    assert report.split("\n\n")[-1].startswith("verdict: ")  # the last paragraph (it wraps to the width)
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def test_open_loop_follows_the_planned_arrivals(cluster: LoopbackCluster) -> Non
         client = make_client("plain", cluster.urls, model="test-model", tier=TierSpec())
         await client.start()
         try:
-            samples, wall = await replay(client, plan, "test-model")
+            samples, wall, _ = await replay(client, plan, "test-model")
         finally:
             await client.aclose()
         assert wall >= plan.duration

@@ -85,3 +85,24 @@ def test_piped_output_is_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert make_console(io.StringIO()).width == 80
     monkeypatch.setenv("COLUMNS", "100")
     assert make_console(io.StringIO()).width == 100
+
+
+def test_the_header_says_what_the_scenario_models_and_how_far_the_generator_fell_behind() -> None:
+    from llmguard_client.sim.scenarios import SCENARIOS
+
+    text = " ".join(rendered(FOUR, 80).split())
+    assert f"scenario stragglers: {SCENARIOS['stragglers'].summary}" in text
+    assert "on plan generator at most 0.00 s behind (over 0.50 s: INVALID, no verdict)" in text
+    assert "INVALID the load generator" not in text
+
+
+def test_an_invalid_run_is_marked_at_the_top_and_has_no_verdict() -> None:
+    bad = runs(FOUR)
+    bad[2].behind = 18.06
+    out = io.StringIO()
+    render(make_report("stragglers", bad), Console(file=out, width=80, highlight=False))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[1].startswith("INVALID the load generator fell behind plan by up to 18.06 s (naive-retry)")
+    text = " ".join(out.getvalue().split())
+    assert "=> NO VERDICT: this run is INVALID" in text and "=> guarded" not in text

@@ -15,7 +15,8 @@ from llmguard_client import cli
 from llmguard_client.compare.load import Call, read_records
 from llmguard_client.compare.summary import ALL_TIERS, METRICS, differences, goodput, summarize
 from llmguard_client.compare.verdict import Thresholds, decide
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
 
 
 def call(cohort: str, ttft: float | None = 0.1, status: str = "ok", tier: str = "interactive", **kw: Any) -> Call:
@@ -230,9 +231,9 @@ def test_cli_text_report_and_verdict(tmp_path: Path, capsys: pytest.CaptureFixtu
     write_calls(path)
     assert cli.main(["compare", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "2000 records (0 other lines skipped); rollout fraction(s) seen: 0.1" in out
+    assert "2000 records (0 other lines skipped); rollout fraction(s) seen: 0.1" in " ".join(out.split())
     assert "interactive  guarded    200" in out and "interactive  control   1800" in out
-    assert out.strip().splitlines()[-1].startswith("verdict: WIDEN - TTFT p99 -")
+    assert out.split("\n\n")[-1].startswith("verdict: WIDEN - TTFT p99 -")  # the last paragraph
 
 
 def test_cli_json_is_reproducible_and_reads_stdin(
@@ -269,7 +270,40 @@ def test_cli_ttft_slo_adds_a_goodput_column(tmp_path: Path, capsys: pytest.Captu
     write_calls(path)
     assert cli.main(["compare", str(path), "--ttft-slo", "1.0"]) == 0
     out = capsys.readouterr().out
-    assert "  goodput  " in out.splitlines()[2] and "goodput (TTFT<=1s)" in out
+    header = next(line for line in out.splitlines() if line.startswith("tier "))
+    assert "  goodput  " in header and "goodput (TTFT<=1s)" in out
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_cli_text_fits_columns(
+    columns: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    path = tmp_path / "out.jsonl"
+    write_calls(path)
+    assert cli.main(["compare", str(path), "--ttft-slo", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns, max(out.splitlines(), key=len)
+    for header in ("success", "goodput", "TTFT", "p99", "attempts", "server load", "CI", "significant"):
+        assert header in out, header
+    # a table too wide continues in another that repeats the tier and cohort of each row
+    assert sum(line.startswith("tier ") for line in out.splitlines()) >= 2
+    assert " ".join(out.split()).endswith("guarded attempts/call 1.030 <= 1.2")
+
+
+def test_no_records_says_what_to_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "app.log"
+    path.write_text('starting\n{"event": "ready"}\n\nstopping\n')
+    assert cli.main(["compare", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"no phase records in {path}: read 4 lines, skipped 3 that were not records" in err
+    assert "(1 JSON objects without cohort, tier and status)" in err
+    assert "through the logging module at INFO" in err and 'RecordLogger("records.jsonl")' in err
+    assert "JSON lines, one record per line" in err
+    (tmp_path / "empty.jsonl").write_text("")
+    assert cli.main(["compare", str(tmp_path / "empty.jsonl")]) == 2
+    assert "empty.jsonl: it is empty. Check that the records were written" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from llmguard_client import (
     Guard,
     GuardClosed,
     GuardConfigError,
+    GuardRequestError,
     PhaseRecord,
     Replica,
     RetryPolicy,
@@ -394,7 +395,7 @@ async def test_control_cohort_error_answer_carries_no_guard_header() -> None:
 async def test_cohort_header_pins_the_guarded_cohort() -> None:
     upstream = Upstream(server_error)
     records: list[PhaseRecord] = []
-    # rollout=0.0 is "off" (the pin is ignored then: tests/layers/test_rollout.py); any fraction > 0 honours it.
+    # rollout=0.0 is "off" (the pin is ignored then: tests/rollout/test_rollout.py); any fraction > 0 honours it.
     async with make_guard(upstream, records=records, rollout=0.001) as guard, guard.http_client() as client:
         response = await client.post(R1 + CHAT, json=BODY, headers={"x-llmguard-cohort": "guarded"})
     assert records[0].cohort == "guarded"
@@ -412,10 +413,10 @@ async def test_cohort_header_pins_the_control_cohort() -> None:
     assert "x-llmguard-cohort" not in upstream.seen[0][1].headers
 
 
-async def test_bad_cohort_header_is_a_config_error() -> None:
+async def test_bad_cohort_header_is_a_request_error() -> None:
     upstream = Upstream()
     async with make_guard(upstream) as guard, guard.http_client() as client:
-        with pytest.raises(GuardConfigError, match="guarded, control"):
+        with pytest.raises(GuardRequestError, match="guarded, control"):
             await client.post(R1 + CHAT, json=BODY, headers={"x-llmguard-cohort": "treatment"})
     assert upstream.seen == []
 

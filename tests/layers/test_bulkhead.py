@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 
 from llmguard_client import Bulkhead
-from llmguard_client.layers.bulkhead import TierBulkhead
+from llmguard_client._layers.bulkhead import TierBulkhead
 
 
 async def test_a_burst_that_finds_free_slots_is_not_counted_as_waiting() -> None:

@@ -7,10 +7,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-import trio
 
 from llmguard_client import Guard, HedgePolicy, PhaseRecord, StallTimeout, Tier, TotalTimeout, TTFTTimeout
-from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -22,19 +21,20 @@ def guard_for(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwarg
     return virtual_guard(fakes, records, **kwargs)
 
 
-def test_ttft_deadline_fires_at_its_exact_instant() -> None:
+@BACKENDS
+def test_ttft_deadline_fires_at_its_exact_instant(backend: str) -> None:
     fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=1.2)])}
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         async with guard_for(fakes, records) as guard, guard.http_client() as client:
-            start = trio.current_time()
+            start = now()
             with pytest.raises(TTFTTimeout, match="ttft deadline of tier 'interactive'"):
                 await client.post("http://a.test" + CHAT, json=BODY)
-            assert trio.current_time() - start == pytest.approx(1.0, abs=1e-9)
+            assert now() - start == pytest.approx(1.0, abs=1e-9)
             assert guard.snapshot().idle
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert fakes["http://a.test"].open_streams == 0
     assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
 
@@ -43,74 +43,32 @@ def test_ttft_deadline_fires_at_its_exact_instant() -> None:
     (Plan(tokens=5, gap=0.6), StallTimeout, 0.5),  # the first gap after the first token is 0.6 > stall 0.5
     (Plan(tokens=20, gap=0.3), TotalTimeout, 5.0),  # 0.3 s gaps never stall, but 20 of them outlive total
 ])
-def test_stall_and_total_fire_at_their_exact_instants(plan: Plan, error: type[Exception], at: float) -> None:
+@BACKENDS
+def test_stall_and_total_fire_at_their_exact_instants(
+    plan: Plan, error: type[Exception], at: float, backend: str
+) -> None:
     fakes = {"http://a.test": FakeReplica("a", [plan])}
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         tier = Tier(ttft=1.0, total=5.0, stall=0.5)
         async with guard_for(fakes, records, tiers={"i": tier}) as guard, guard.http_client() as client:
-            start = trio.current_time()
+            start = now()
             with pytest.raises(error):
                 async with client.stream("POST", "http://a.test" + CHAT, json=BODY) as response:
                     await response.aread()
-            elapsed = trio.current_time() - start
+            elapsed = now() - start
             # total: from the call's start; stall: from the last chunk, so at least that long
             assert elapsed == pytest.approx(at, abs=1e-9) if error is TotalTimeout else elapsed >= at
             assert guard.snapshot().idle
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert fakes["http://a.test"].open_streams == 0
     assert records[0].status == "timeout"
 
 
-def test_a_hedge_fires_at_exactly_its_delay() -> None:
-    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        hedge = HedgePolicy(delay=0.2)
-        async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
-            response = await client.post("http://a.test" + CHAT, json=BODY)
-            assert response.status_code == 200 and b"b0" in response.content
-            assert guard.snapshot().idle
-
-    run_virtual(main)
-    primary, hedge_attempt = records[0].attempts
-    assert hedge_attempt.start - primary.start == pytest.approx(0.2, abs=1e-9)
-    assert (primary.outcome, hedge_attempt.outcome) == ("lost", "won")
-    assert fakes["http://a.test"].open_streams == 0
-
-
-
-def test_a_failed_hedge_fires_the_next_one_at_its_failure() -> None:
-    fakes = {
-        "http://a.test": FakeReplica("a", [Plan(first_token_after=5)]),
-        "http://b.test": FakeReplica("b", [Plan(status=500, headers_after=0.05)]),
-        "http://c.test": FakeReplica("c"),
-    }
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        hedge = HedgePolicy(delay=0.2, max_hedges=2)
-        async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
-            replicas = guard._replica_set  # the hedge order: b has the best recent TTFT, then c
-            replicas.router.first_token(replicas.states[1], 0.0, 0.01)
-            replicas.router.first_token(replicas.states[2], 0.0, 0.02)
-            response = await client.post("http://a.test" + CHAT, json=BODY)
-            assert response.status_code == 200 and b"c0" in response.content
-            assert guard.snapshot().idle
-
-    run_virtual(main)
-    primary, first_hedge, second_hedge = records[0].attempts
-    assert (first_hedge.replica, first_hedge.error) == ("http://b.test", "http_500")
-    assert first_hedge.start - primary.start == pytest.approx(0.2, abs=1e-9)
-    assert first_hedge.finish is not None
-    assert first_hedge.finish - first_hedge.start == pytest.approx(0.05, abs=1e-9)
-    assert second_hedge.start == pytest.approx(first_hedge.finish, abs=1e-9)  # not another 0.2 s later
-    assert (second_hedge.replica, second_hedge.outcome, primary.outcome) == ("http://c.test", "won", "lost")
-
-def test_first_token_racing_the_ttft_deadline_is_delivered_or_refused_never_orphaned() -> None:
+@BACKENDS
+def test_first_token_racing_the_ttft_deadline_is_delivered_or_refused_never_orphaned(backend: str) -> None:
     """200 calls whose first token lands within +-2 ms of the ttft deadline while the hedge loser's
     connection takes 3 ms to close: a token in time is delivered whole, a late one is a clean
     TTFTTimeout, and nothing is left streaming or counted in flight."""
@@ -147,7 +105,7 @@ def test_first_token_racing_the_ttft_deadline_is_delivered_or_refused_never_orph
             assert guard.snapshot().idle
             await guard.aclose()
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert all(outcomes[o] == "ok" for o in offsets if o < 0)
     assert all(outcomes[o] == "ttft_timeout" for o in offsets if o > 0)
     assert slow.open_streams == 0 and all(f.open_streams == 0 for f in fakes.values())
@@ -156,7 +114,8 @@ def test_first_token_racing_the_ttft_deadline_is_delivered_or_refused_never_orph
     assert {r.status for r in records} == {"ok", "timeout"}
 
 
-def test_a_winner_published_while_the_deadline_fires_is_adopted() -> None:
+@BACKENDS
+def test_a_winner_published_while_the_deadline_fires_is_adopted(backend: str) -> None:
     """The token arrives 1 ms before the deadline; closing the loser takes 3 ms, so the deadline's
     scope fires during that cleanup: the call is still delivered (the old path returned a 504 and
     left the winner streaming into a connection nobody read)."""
@@ -172,19 +131,20 @@ def test_a_winner_published_while_the_deadline_fires_is_adopted() -> None:
             assert response.status_code == 200
             assert guard.snapshot().idle
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert [a.outcome for a in records[0].attempts] == ["won", "lost"]
     assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].completed == 1
 
 
-def test_httpx_client_timeout_is_not_needed_in_virtual_time() -> None:
+@BACKENDS
+def test_httpx_client_timeout_is_not_needed_in_virtual_time(backend: str) -> None:
     """Sanity: the fake transport honours the virtual clock (a 10 s header delay costs no wall time)."""
     fake = FakeReplica("a", [Plan(headers_after=10.0, stream=False)])
 
     async def main() -> None:
-        start = trio.current_time()
+        start = now()
         response = await fake.handle_async_request(httpx.Request("POST", "http://a.test" + CHAT, json={}))
         assert response.status_code == 200
-        assert trio.current_time() - start == pytest.approx(10.0)
+        assert now() - start == pytest.approx(10.0)
 
-    run_virtual(main)
+    run_virtual(main, backend)

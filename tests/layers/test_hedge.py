@@ -1,4 +1,5 @@
-"""Hedged rounds against real loopback servers: first content token wins, losers are closed."""
+"""Hedged rounds: exact instants in virtual time on both backends, and real loopback servers: first content
+token wins, losers are closed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, HedgePolicy, PhaseRecord, Tier
+from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -20,6 +22,92 @@ def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwar
     kwargs.setdefault("tiers", {"t": Tier(ttft=3.0, total=10.0, stall=2.0)})
     kwargs.setdefault("hedge", HedgePolicy(delay=0.2))
     return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
+
+
+def guard_for(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"interactive": Tier(ttft=1.0, total=5.0, stall=0.5)})
+    return virtual_guard(fakes, records, **kwargs)
+
+
+@BACKENDS
+def test_a_hedge_fires_at_exactly_its_delay(backend: str) -> None:
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        hedge = HedgePolicy(delay=0.2)
+        async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200 and b"b0" in response.content
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    primary, hedge_attempt = records[0].attempts
+    assert hedge_attempt.start - primary.start == pytest.approx(0.2, abs=1e-9)
+    assert (primary.outcome, hedge_attempt.outcome) == ("lost", "won")
+    assert fakes["http://a.test"].open_streams == 0
+
+
+
+@BACKENDS
+def test_a_failed_hedge_fires_the_next_one_at_its_failure(backend: str) -> None:
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=5)]),
+        "http://b.test": FakeReplica("b", [Plan(status=500, headers_after=0.05)]),
+        "http://c.test": FakeReplica("c"),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        hedge = HedgePolicy(delay=0.2, max_hedges=2)
+        async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
+            replicas = guard._replica_set  # the hedge order: b has the best recent TTFT, then c
+            replicas.router.first_token(replicas.states[1], 0.0, 0.01)
+            replicas.router.first_token(replicas.states[2], 0.0, 0.02)
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200 and b"c0" in response.content
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    primary, first_hedge, second_hedge = records[0].attempts
+    assert (first_hedge.replica, first_hedge.error) == ("http://b.test", "http_500")
+    assert first_hedge.start - primary.start == pytest.approx(0.2, abs=1e-9)
+    assert first_hedge.finish is not None
+    assert first_hedge.finish - first_hedge.start == pytest.approx(0.05, abs=1e-9)
+    assert second_hedge.start == pytest.approx(first_hedge.finish, abs=1e-9)  # not another 0.2 s later
+    assert (second_hedge.replica, second_hedge.outcome, primary.outcome) == ("http://c.test", "won", "lost")
+
+
+@BACKENDS
+def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backend: str) -> None:
+    """The primary fails at 0.15 s and closing its connection takes 1 s; ``Guard.aclose()`` at 0.3 s
+    aborts the call while that close runs, and the hedge's replica answers at 0.5 s, after the call's
+    lease was closed. That answer must be closed (abort cancels the hedge's task), never delivered."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(headers_after=0.15, reset_after_tokens=0, close_takes=1.0)]),
+        "http://b.test": FakeReplica("b", [Plan(headers_after=0.4)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = guard_for(fakes, records, tiers={"i": Tier(ttft=5.0, total=10.0)}, hedge=HedgePolicy(delay=0.1))
+        async with guard.http_client() as client:
+
+            async def call() -> None:
+                with pytest.raises(GuardClosed):
+                    await client.post("http://a.test" + CHAT, json=BODY)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(0.3)
+                await guard.aclose()
+            await anyio.sleep(2.0)  # anything still running would have finished by now
+
+    run_virtual(main, backend)
+    assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].open_streams == 0
+    assert records[0].status == "error" and records[0].cause == "guard_closed"
+    assert "won" not in [a.outcome for a in records[0].attempts]
+
 
 
 async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: list[LoopbackServer]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from typing import Any
@@ -12,8 +13,9 @@ import openai
 import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
+from llmguard_client._layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -50,7 +52,8 @@ async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[L
     assert len(servers[0].received) == 1 and len(servers[1].received) == 4
 
 
-def test_a_429_is_retried_on_another_replica_at_the_instant_it_came() -> None:
+@BACKENDS
+def test_a_429_is_retried_on_another_replica_at_the_instant_it_came(backend: str) -> None:
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="5", headers_after=0.03)]),
         "http://b.test": FakeReplica("b"),
@@ -63,7 +66,7 @@ def test_a_429_is_retried_on_another_replica_at_the_instant_it_came() -> None:
             response = await client.post("http://a.test" + CHAT, json=BODY)
             assert response.status_code == 200 and b"b0" in response.content
 
-    run_virtual(main)
+    run_virtual(main, backend)
     first, retry = records[0].attempts
     assert (first.replica, first.status_code, first.retry_after) == ("http://a.test", 429, 5.0)
     assert first.finish == pytest.approx(first.start + 0.03, abs=1e-9)
@@ -154,7 +157,8 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None
     assert records[-1].attempts == []  # no attempt: not even a connect
 
 
-def test_an_open_circuit_fails_the_call_without_any_time_passing() -> None:
+@BACKENDS
+def test_an_open_circuit_fails_the_call_without_any_time_passing(backend: str) -> None:
     fakes = {url: FakeReplica(url[7], [Plan(refused=True)]) for url in ("http://a.test", "http://b.test")}
     records: list[PhaseRecord] = []
 
@@ -170,7 +174,7 @@ def test_an_open_circuit_fails_the_call_without_any_time_passing() -> None:
             assert anyio.current_time() == started  # no connect, no backoff
             assert sum(f.requests for f in fakes.values()) == requests
 
-    run_virtual(main)
+    run_virtual(main, backend)
     assert records[-1].attempts == []
 
 
@@ -211,3 +215,16 @@ async def test_a_retry_cancelled_while_waiting_is_refunded(servers: list[Loopbac
             await client.post(servers[0].url + CHAT, json=BODY)  # waits out the 1 s Retry-After
         assert guard.budget is not None and guard.budget.spent == 0
     assert records[0].status == "cancelled" and len(servers[0].received) == 1
+
+
+def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
+    """Full jitter over tenacity's exponential window, drawn from the layer's own `random.Random`."""
+    draws = random.Random(7)
+    expected = [draws.uniform(0.0, min(2.0, 0.05 * 2 ** (n - 1))) for n in range(1, 9)]
+    random.seed(1)
+    global_state = random.getstate()
+    backoff = Backoff(0.05, 2.0, random.Random(7))
+    assert [backoff(n) for n in range(1, 9)] == expected
+    assert random.getstate() == global_state  # the global random module is left alone
+    seeded = RetryLayer(None, RetryPolicy(), None, None, rng=random.Random(7))  # type: ignore[arg-type]
+    assert [seeded.backoff(n) for n in range(1, 9)] == expected

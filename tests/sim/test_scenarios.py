@@ -34,7 +34,7 @@ def test_replica_override_and_unknown_name() -> None:
         get_scenario("nope")
 
 
-@pytest.mark.parametrize("name", ["overload", "faults", "degraded"])
+@pytest.mark.parametrize("name", ["overload", "faults", "degraded", "multiturn"])
 def test_stated_capacity_matches_the_engine(name: str) -> None:
     scenario, load = SCENARIOS[name], SCENARIOS[name].load
     total = 0.0

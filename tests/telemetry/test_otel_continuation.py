@@ -11,9 +11,9 @@ from opentelemetry.trace import StatusCode
 
 from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, Tier
 from llmguard_client.telemetry import semconv as sc
+from tests.core.test_transport import CHAT, STREAM_BODY
 from tests.loopback import LoopbackServer, Script
 from tests.telemetry.otel_harness import Otel, by_name, points
-from tests.test_transport import CHAT, STREAM_BODY
 
 BODY: dict[str, Any] = {**STREAM_BODY, "max_tokens": 10}
 FIRST5 = "".join(f" t{i}" for i in range(5))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import gc
+import threading
+import weakref
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from opentelemetry.trace import NoOpTracerProvider
 
+from llmguard_client import Guard
+from llmguard_client.telemetry import _otel_metrics
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 from tests.telemetry.otel_harness import R1, R2, Otel, begin_attempt, end_attempt, new_record, points, win
@@ -73,7 +78,7 @@ def test_guard_level_metrics(otel: Otel) -> None:
 
     b1, b2 = Budget(7.5), Budget(2.0)
     inst.register_budget(b1.level)
-    other.register_budget(lambda: b2.value)  # as Guard registers it
+    other.register_budget(lambda: b2.value)  # a plain function: held as long as the instrumentation
     inst.bulkhead_rejected("batch")
     inst.bulkhead_rejected("batch")
     m = otel.metrics()
@@ -109,3 +114,57 @@ def test_metrics_without_traces(otel: Otel) -> None:
     obs.call_finished(record)
     assert "traceparent" not in headers and otel.finished() == []
     assert sum(p.count for p in points(otel.metrics()[sc.GEN_AI_CLIENT_OPERATION_DURATION])) == 1
+
+
+# -- the budget gauge and the guard's lifetime ------------------------------------------------------
+def live_global_budgets() -> int:
+    return sum(1 for owner, level, _ in _otel_metrics._GLOBAL_BUDGETS._entries if owner() and level())
+
+
+async def test_a_guard_with_the_default_instrumentation_is_collected_after_aclose() -> None:
+    """The global budget registry must not keep a dropped guard (and its pools, tiers, stats) alive."""
+    before = live_global_budgets()
+    guard = Guard(replicas=["http://127.0.0.1:9/v1"])  # default instrumentation: the global providers
+    assert live_global_budgets() == before + 1  # its budget is reported
+    await guard.aclose()
+    ref = weakref.ref(guard)
+    del guard
+    gc.collect()
+    assert ref() is None
+    assert live_global_budgets() == before
+
+
+async def test_the_budget_gauge_reads_a_published_level_and_never_touches_the_window(otel: Otel) -> None:
+    """The gauge's callback runs on the exporter's thread; the budget is single-loop and lock-free."""
+    guard = Guard(replicas=["http://127.0.0.1:9/v1"], instrumentation=otel.instrumentation())
+    budget = guard.budget
+    assert budget is not None and (budget.ratio, budget.floor) == (0.1, 3)
+    budget.record_request()
+    ticket = budget.try_acquire()  # level: 0.1 x 1 request + 3 - 1 extra = 2.1
+    assert ticket is not None
+    ticket.settle()
+
+    reads: list[str] = []
+    loop_clock = budget._clock
+
+    def watched_clock() -> float:  # every operation on the window reads the clock first
+        reads.append(threading.current_thread().name)
+        return loop_clock() + 100.0  # late enough that a read from here would empty the window
+
+    budget._clock = watched_clock
+    window = [(b.first, b.last, b.requests, b.extras) for b in budget._buckets]
+    collected: list[list[float]] = []
+
+    def export() -> None:  # as a PeriodicExportingMetricReader does, on its own thread
+        collected.append([p.value for p in points(otel.metrics()[sc.LLMGUARD_CLIENT_BUDGET_LEVEL])])
+
+    exporter = threading.Thread(target=export, name="exporter")
+    try:
+        exporter.start()
+        exporter.join()
+        assert collected == [[pytest.approx(2.1)]]
+        assert reads == []
+        assert [(b.first, b.last, b.requests, b.extras) for b in budget._buckets] == window
+    finally:
+        budget._clock = loop_clock
+        await guard.aclose()

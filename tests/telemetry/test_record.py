@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord, RecordLogger
+from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
 
 
 def make_record() -> PhaseRecord:
@@ -111,7 +112,7 @@ def test_record_logger_does_no_work_when_disabled(
         return {}
 
     monkeypatch.setattr(PhaseRecord, "to_dict", to_dict)
-    on_record = RecordLogger("llmguard_client.quiet", level=logging.DEBUG)
+    on_record = RecordLogger(logger="llmguard_client.quiet", level=logging.DEBUG)
     with caplog.at_level(logging.INFO, logger="llmguard_client.quiet"):
         on_record(record)
     assert caplog.records == [] and calls == []

@@ -1,0 +1,93 @@
+"""How a call the guard gave up on reaches the caller.
+
+The openai SDK (like every Stainless-generated SDK) retries whatever a transport
+raises, up to ``max_retries`` times with sleeps, but obeys ``x-should-retry: false``
+on a response. So in *response mode* a guard failure comes back the way a proxy would
+answer: 504 for a deadline, 429/503 for overload (with Retry-After when known), 502
+when every attempt failed, 503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
+naming no tier or cohort (`GuardRequestError`), always with ``x-should-retry: false``, an OpenAI-format
+JSON error whose message names the tier, the limit, the elapsed time and the
+attempts, and the machine-readable cause in ``x-llmguard-cause``. The SDK then raises
+its usual typed error (``APIStatusError`` subclasses) at once.
+
+When a server did answer (a 429, a 503, a 500...), the caller gets that answer
+itself, with the same two headers added. In *raise mode* (plain httpx callers), the
+guard's own failures are raised as `GuardFailure` subclasses of httpx's exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+
+from llmguard_client._core.call import CAUSE_HEADER
+from llmguard_client._core.outcome import AttemptFailure
+from llmguard_client.errors import GuardFailure
+from llmguard_client.telemetry.record import PhaseRecord
+
+_DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+def describe_attempts(record: PhaseRecord) -> str:
+    """'2 attempt(s): primary http://a: cancelled; hedge http://b: failed (http_503)'."""
+    parts = []
+    for a in record.attempts:
+        detail = f" ({a.error})" if a.error else ""
+        parts.append(f"{a.kind} {a.replica}: {a.outcome}{detail}")
+    return f"{len(record.attempts)} attempt(s)" + (": " + "; ".join(parts) if parts else "")
+
+
+def _retry_after_headers(seconds: float | None) -> dict[str, str]:
+    if seconds is None:
+        return {}
+    return {"retry-after": str(max(0, math.ceil(seconds))), "retry-after-ms": str(max(0, round(seconds * 1000)))}
+
+
+def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseRecord | None) -> httpx.Response:
+    """A proxy-style error response for a failure the guard decided (``record`` None: the call was
+    refused before it started, e.g. after ``Guard.aclose()`` or for an unknown tier)."""
+    body = {
+        "error": {
+            "message": error.message,
+            "type": "llmguard_error",
+            "code": error.cause,
+            "param": None,
+            "tier": record.tier if record is not None else None,
+            "attempts": len(record.attempts) if record is not None else 0,
+        }
+    }
+    headers = {
+        "content-type": "application/json",
+        "x-should-retry": "false",
+        CAUSE_HEADER: error.cause,
+        **_retry_after_headers(error.retry_after),
+    }
+    return httpx.Response(
+        error.status_code,
+        headers=headers,
+        content=json.dumps(body).encode(),
+        request=request,
+        extensions={"llmguard": record} if record is not None else {},
+    )
+
+
+def upstream_response(
+    failure: AttemptFailure, cause: str | None, request: httpx.Request, record: PhaseRecord, *, no_retry: bool
+) -> httpx.Response:
+    """The last server answer, handed back as it was; ``cause`` and ``no_retry`` mark it for the caller
+    (``x-llmguard-cause``, ``x-should-retry: false``)."""
+    headers = [(k, v) for k, v in failure.headers.multi_items() if k.lower() not in _DROPPED]
+    response = httpx.Response(
+        failure.status_code or 502,
+        headers=headers,
+        content=failure.body,
+        request=request,
+        extensions={**failure.extensions, "llmguard": record},
+    )
+    if cause is not None:
+        response.headers[CAUSE_HEADER] = cause
+    if no_retry:
+        response.headers["x-should-retry"] = "false"
+    return response

@@ -1,0 +1,126 @@
+"""What the layers hand each other: a route in, an outcome out.
+
+A layer is called with the `Call` and a `Route` (which replica, why, who pays) and returns
+an `Outcome`: a `Win` (an attempt produced its first content token; its response now
+belongs to the call's lease) or `Failed` (every attempt failed, or the guard stopped the
+call: ``reason``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from llmguard_client._core.lease import Hold
+from llmguard_client._state.budget import BudgetTicket
+from llmguard_client._state.replicas import ReplicaState
+from llmguard_client.errors import GuardFailure
+from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
+from llmguard_client.protocols.errors import OVERLOAD_STATUSES
+from llmguard_client.telemetry.record import AttemptKind, AttemptRecord
+
+
+@dataclass(slots=True, eq=False)
+class Payment:
+    """The budget ticket paying for one extra attempt (``ticket`` None: the budget is unbounded)."""
+
+    ticket: BudgetTicket | None = None
+    hold: Hold | None = None
+
+    def settle(self) -> None:
+        """The attempt is being sent: the ticket is spent for good."""
+        if self.ticket is not None:
+            self.ticket.settle()
+        if self.hold is not None:
+            self.hold.discharge()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where the next attempt goes (None: the retry layer picks), why, and what pays for it."""
+
+    replica: ReplicaState | None = None
+    kind: AttemptKind = "primary"
+    payment: Payment | None = None
+    resumes: tuple[int, int, str] | None = None
+    """A continuation's starting point: characters and tokens already delivered, and the break's cause."""
+
+
+@dataclass(slots=True, eq=False)
+class Win:
+    """An attempt's first content token (or complete body) arrived."""
+
+    attempt: AttemptRecord
+    state: ReplicaState
+    response: httpx.Response
+    chunks: list[bytes]
+    """Bytes read so far: replayed to the caller first."""
+    rest: AsyncIterator[bytes] | None
+    """The unread remainder of the body; None when ``chunks`` hold all of it."""
+    reader: StreamReader
+    """Its protocol's reader, fed every chunk so far; the caller's body keeps feeding it."""
+    in_flight: Hold
+    """The replica's in-flight count, released when the call ends."""
+
+    @property
+    def facts(self) -> ResponseFacts:
+        return self.reader.facts
+
+
+@dataclass(slots=True, eq=False)
+class AttemptFailure:
+    """An attempt that produced no usable answer; its connection is closed."""
+
+    attempt: AttemptRecord
+    state: ReplicaState
+    error: BaseException | None = None
+    status_code: int | None = None
+    headers: httpx.Headers = field(default_factory=httpx.Headers)
+    body: bytes = b""
+    retry_after: float | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+    stream_failure: StreamFailure | None = None
+    """Set when a 200 answer failed before its first token (then ``status_code`` is the status the
+    failure stands for, if any, and ``body`` an equivalent JSON error)."""
+
+    @property
+    def overload(self) -> bool:
+        """The replica said it is overloaded (429/503/529, or an in-stream overload error)."""
+        if self.stream_failure is not None:
+            return bool(self.stream_failure.overload)
+        return self.status_code in OVERLOAD_STATUSES
+
+    @property
+    def is_transport_error(self) -> bool:
+        """A network-level failure (as opposed to an error status or an unexpected exception)."""
+        return isinstance(self.error, (httpx.TransportError, OSError, anyio.BrokenResourceError, anyio.EndOfStream))
+
+    @property
+    def refused(self) -> bool:
+        """The replica refused the connection: no server saw the request, so retrying it elsewhere
+        adds no load to any server (such retries are not charged to the budget)."""
+        return isinstance(self.error, httpx.ConnectError)
+
+    @property
+    def is_connect_error(self) -> bool:
+        """The request never reached the server, so resending it cannot duplicate work."""
+        return isinstance(self.error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+
+
+@dataclass(slots=True, eq=False)
+class Failed:
+    """No winner: the attempts' failures (oldest first) and, if the guard chose to stop, why."""
+
+    failures: list[AttemptFailure] = field(default_factory=list)
+    reason: GuardFailure | None = None
+
+    @property
+    def last(self) -> AttemptFailure | None:
+        return self.failures[-1] if self.failures else None
+
+
+Outcome = Win | Failed

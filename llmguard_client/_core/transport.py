@@ -1,0 +1,382 @@
+"""GuardTransport: the one integration point, an httpx transport that runs the pipeline.
+
+The pipeline, outermost first (each a module of `llmguard_client.layers`)::
+
+    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and
+                 every call while the guard is off) is passed through (_rollout.passthrough). Before
+                 it, for every call: refused at once after ``Guard.aclose()`` or for an unknown tier
+                 or cohort header (`GuardTransport.refuse`)
+    bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
+    deadline  -> one cancel scope until the first token; stall/total after it (the body)
+    retry     -> routes the call; rounds under the shared budget and Retry-After
+    hedge     -> staggered attempts on different replicas, first content token wins
+    attempt   -> one physical request to one replica
+
+Each call gets one `CallLease` that owns everything the layers acquire; a winner's
+response body (`GuardBody`) carries the lease to the caller and closes it exactly once.
+Failures are mapped to the caller in one place, `_give_up`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+
+import anyio
+import httpx
+
+from llmguard_client._core.call import TIER_HEADER, Call, CallerHeaders, RequestFacts
+from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
+from llmguard_client._core.lease import CallLease, LeaseRegistry
+from llmguard_client._core.outcome import Failed, Route, Win
+from llmguard_client._core.pipeline import Next, compose
+from llmguard_client._layers.attempt import AttemptLayer
+from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
+from llmguard_client._layers.deadline import DeadlineLayer
+from llmguard_client._layers.hedge import HedgeLayer
+from llmguard_client._layers.retry import RetryLayer
+from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
+from llmguard_client._rollout.rollout import Assignment, Rollout, RolloutLayer
+from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.replicas import ReplicaSet
+from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client._stream.body import GuardBody
+from llmguard_client._stream.continuation import CallContinuation, Continuer
+from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
+from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
+from llmguard_client.telemetry.capture import deliver_to_captures
+from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.record import CallStatus, PhaseRecord
+
+logger = logging.getLogger("llmguard_client")
+
+RecordCallback = Callable[[PhaseRecord], None]
+_GENERATION_PATHS = HedgePolicy()
+"""Which paths are idempotent-safe generation calls, when hedging is off."""
+
+
+class GuardTransport(httpx.AsyncBaseTransport):
+    """An `httpx.AsyncBaseTransport` that routes each request to the guard's replicas.
+
+    Build it through `Guard`; its ``aclose`` does nothing, because the pools belong to
+    the `Guard` (several clients may share one transport): close the `Guard`.
+    """
+
+    def __init__(
+        self,
+        *,
+        replicas: ReplicaSet,
+        tiers: Mapping[str, Tier],
+        default_tier: str,
+        tier_var: ContextVar[str | None],
+        hedge: HedgePolicy | None,
+        retry: RetryPolicy | None,
+        budgets: Mapping[str, RetryBudget | None],
+        bulkheads: Mapping[str, TierBulkhead],
+        rollout: Rollout,
+        failure_mode: FailureMode,
+        instrumentation: Instrumentation,
+        on_record: RecordCallback | None,
+        ttft_stats: TTFTStats,
+        registry: LeaseRegistry,
+        clock: Clock = loop_clock,
+        continuation: Mapping[str, ContinuationPolicy | None] | None = None,
+    ) -> None:
+        self._replicas = replicas
+        self._tiers = dict(tiers)
+        self._default_tier = default_tier
+        self._tier_var = tier_var
+        self._hedge = hedge
+        self._retry = retry
+        self._budgets = dict(budgets)
+        self._failure_mode = failure_mode
+        self._instrumentation = instrumentation
+        self._on_record = on_record
+        self._ttft_stats = ttft_stats
+        self._registry = registry
+        self._clock = clock
+        self._bases = tuple(s.base for s in replicas.states)
+        self._rollout = rollout
+        self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
+        """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
+        self.layers = (
+            RolloutLayer(rollout),
+            BulkheadLayer(bulkheads, instrumentation),
+            DeadlineLayer(),
+            RetryLayer(replicas, retry, ttft_stats, instrumentation),
+            HedgeLayer(replicas, hedge, ttft_stats),
+        )
+        """The pipeline, outermost first; `AttemptLayer` is the innermost handler."""
+        attempt = AttemptLayer(registry)
+        self._pipeline: Next = compose(self.layers, attempt)
+        policies = dict(continuation or {})
+        self._continuer = Continuer(replicas, attempt, policies, clock) if any(policies.values()) else None
+        """Mid-stream failover (_stream.continuation); None when no tier has a `ContinuationPolicy`."""
+
+    @property
+    def closed(self) -> bool:
+        return self._registry.closed
+
+    # --- the request path -----------------------------------------------------------------
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
+            raise TypeError(wrong_client_message(request))
+        headers = CallerHeaders(request)
+        try:  # refused before anything starts: closed, or a guard header naming nothing configured
+            if self._registry.closed:
+                raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
+            tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
+            assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
+        except GuardFailure as refused:
+            return self.refuse(request, refused, headers)
+        if assignment.cohort == "control":
+            return await self._pass_through(request, assignment, tier_name)
+        call = await self._start_call(request, headers, assignment, tier_name)
+        continuation = self._continuation_for(call)
+        lease = call.lease
+        try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
+            outcome = await self._pipeline(call, Route())
+        except anyio.get_cancelled_exc_class():
+            await lease.aclose("cancelled", "cancelled_by_caller")
+            raise
+        except GuardFailure as refused:  # e.g. GuardClosed from an attempt
+            outcome = Failed(reason=refused)
+        except BaseException as exc:
+            await lease.aclose("error", type(exc).__name__)
+            raise
+        else:
+            if lease.aborted:
+                outcome = Failed(reason=self._closed_error(call))
+        if isinstance(outcome, Win):
+            return self._deliver(call, outcome, continuation)
+        return await self._give_up(call, outcome)
+
+    def refuse(
+        self, request: httpx.Request, error: GuardFailure, headers: CallerHeaders | None = None
+    ) -> httpx.Response:
+        """A call refused before it started (``error``: `GuardClosed`, `GuardRequestError`): in response
+        mode a proxy-style answer with ``x-should-retry: false`` (an SDK raises it at once instead of
+        retrying a "connection error" with backoff), else ``error`` is raised. The sync edges use it too."""
+        if self._respond_with_errors(headers if headers is not None else CallerHeaders(request)):
+            return failure_response(error, request, None)
+        raise error
+
+    async def _pass_through(self, request: httpx.Request, assignment: Assignment, tier: str) -> httpx.Response:
+        """The control cohort (and every call while the guard is off): _rollout.passthrough."""
+
+        def report(record: PhaseRecord) -> None:
+            deliver_to_captures(record, request)
+            if self._on_record is not None:
+                self._on_record(record)
+
+        return await passthrough(
+            request,
+            self.passthrough_pool.for_url,
+            tier=tier,
+            fraction=assignment.fraction,
+            instrumentation=self._instrumentation,
+            on_record=report,
+            clock=current_time_source(self._clock).now,
+        )
+
+    async def _start_call(
+        self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
+    ) -> Call:
+        time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
+        clock = time_source.now
+        now = clock()
+        tier = self._tiers[tier_name]
+        body = await request.aread()
+        facts = RequestFacts.parse(request, body)
+        path = request.url.path
+        record = PhaseRecord(
+            request_id=os.urandom(16).hex(),  # a random 128-bit id, like uuid4().hex at a quarter of the cost
+            tier=tier_name,
+            cohort="guarded",
+            method=request.method,
+            path=path,
+            start=now,
+            start_unix=time.time(),
+            model=facts.model,
+            stream=facts.stream,
+            max_tokens=facts.max_tokens,
+            rollout_fraction=assignment.fraction,
+        )
+        generation = (self._hedge or _GENERATION_PATHS).applies_to(path)
+        call = Call(
+            request=request,
+            body=body,
+            headers=headers.forwarded,
+            tier_name=tier_name,
+            tier=tier,
+            respond_with_errors=self._respond_with_errors(headers),
+            record=record,
+            observation=self._instrumentation.call_started(record),
+            lease=CallLease(self._registry, time=time_source),
+            clock=clock,
+            time=time_source,
+            first_token_deadline=now + tier.ttft,
+            total_deadline=now + tier.total,
+            hedgeable=generation,
+            retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
+            replica_bases=self._bases,
+            budget=self._budgets.get(tier_name),
+        )
+        call.lease.finish = functools.partial(self._finish, call)
+        return call
+
+    def _continuation_for(self, call: Call) -> CallContinuation | None:
+        """The call's continuation state when its tier's `ContinuationPolicy` is on and the request qualifies."""
+        if self._continuer is None or not call.record.stream:
+            return None
+        continuation = self._continuer.for_call(call.tier_name, call.request.method, call.request.url.path, call.body)
+        call.keeps_text = continuation is not None
+        return continuation
+
+    def _deliver(self, call: Call, win: Win, continuation: CallContinuation | None) -> httpx.Response:
+        record, attempt = call.record, win.attempt
+        call.winner = win
+        attempt.outcome = "won"
+        record.replica = attempt.replica
+        record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
+        record.http_status = win.response.status_code
+        if attempt.ttft is not None:
+            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
+        return httpx.Response(
+            win.response.status_code,
+            headers=win.response.headers,
+            stream=GuardBody(call, win, continuation),
+            request=call.request,
+            extensions={**win.response.extensions, "llmguard": record},
+        )
+
+    # --- the end of a call ----------------------------------------------------------------
+
+    def _finish(self, call: Call, status: CallStatus, cause: str | None) -> None:
+        """The lease's last act, exactly once per call: finalise the record and report it."""
+        record = call.record
+        now = call.clock()
+        win = call.winner
+        if win is not None:
+            attempt = win.attempt
+            if attempt.outcome == "won":
+                attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
+                ok, tokens, duration = _stream_outcome(status, win, now)
+                self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
+                facts = win.facts
+                record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
+                record.response_id, record.response_model = facts.response_id, facts.model
+                record.finish_reasons = list(facts.finish_reasons)
+                record.chunks = win.reader.chunks
+            else:  # won the race, but the call ended before it was handed over
+                attempt.outcome, attempt.finish = "cancelled", now
+            call.observation.attempt_finished(attempt)
+        record.status, record.cause = status, cause
+        record.finish = win.attempt.finish if win is not None and win.attempt.outcome == "won" else now
+        call.observation.call_finished(record)
+        deliver_to_captures(record, call.request)
+        if self._on_record is not None:
+            try:
+                self._on_record(record)
+            except Exception:
+                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
+
+    def _closed_error(self, call: Call) -> GuardClosed:
+        return GuardClosed(
+            f"the Guard was closed while this call waited for its first token (tier {call.tier_name!r}, "
+            f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
+            request=call.request,
+            record=call.record,
+        )
+
+    async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
+        """End a call without a winner: the last server answer if there is one, else the guard's error."""
+        error, last, lease = outcome.reason, outcome.last, call.lease
+        if isinstance(error, GuardClosed) or lease.aborted:
+            error = error if isinstance(error, GuardClosed) else self._closed_error(call)
+            last = None
+        if last is not None and last.status_code is not None:
+            cause = error.cause if error is not None else "upstream_status"
+            call.record.http_status = last.status_code
+            call.record.replica = last.attempt.replica
+            await lease.aclose("rejected" if error is not None else "http_error", cause)
+            no_retry = self._retry is not None or error is not None
+            return upstream_response(last, cause, call.request, call.record, no_retry=no_retry)
+        if error is None:
+            assert last is not None and last.error is not None
+            if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
+                await lease.aclose("error", last.attempt.error)
+                raise last.error
+            error = AllAttemptsFailed(
+                f"every attempt failed before a response (tier {call.tier_name!r}, "
+                f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
+                request=call.request,
+                record=call.record,
+            )
+            error.__cause__ = last.error
+        status: CallStatus = "timeout" if error.cause.endswith("timeout") else (
+            "rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error"
+        )
+        await lease.aclose(status, error.cause)
+        if call.respond_with_errors:
+            call.record.http_status = error.status_code
+            return failure_response(error, call.request, call.record)
+        raise error
+
+    # --- per-call choices -----------------------------------------------------------------
+
+    def _resolve_tier(self, headers: CallerHeaders, request: httpx.Request) -> str:
+        name: str | None = headers.own(TIER_HEADER) or self._tier_var.get() or self._default_tier
+        assert name is not None
+        name = name.strip()
+        if name not in self._tiers:
+            raise UnknownTierError(
+                f"unknown tier {name!r} (from the {TIER_HEADER} header or guard.tier()); "
+                f"configured tiers: {', '.join(sorted(self._tiers))}",
+                request=request,
+            )
+        return name
+
+    def _respond_with_errors(self, headers: CallerHeaders) -> bool:
+        if self._failure_mode == "auto":
+            return headers.from_sdk
+        return self._failure_mode == "response"
+
+    async def aclose(self) -> None:
+        """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
+
+
+def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
+    """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
+    complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
+    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
+    first token over the seconds since it) only for event streams."""
+    reader = win.reader
+    ok: bool | None
+    if status == "ok":
+        ok = reader.failure is None
+    elif status == "abandoned":
+        ok = True if reader.complete and reader.failure is None else None
+    else:
+        ok = False
+    first_token = win.attempt.first_token
+    if reader.chunks is None or first_token is None:
+        return ok, None, None
+    tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
+    return ok, tokens, now - first_token
+
+
+def wrong_client_message(request: object) -> str:
+    """Why `guard.transport` (an httpx transport) cannot serve ``request``, and what to use instead."""
+    kind = type(request).__module__.split(".")[0]
+    return (
+        f"guard.transport is an httpx transport, but it was given a {kind} request ({type(request).__name__}); "
+        "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
+        "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
+    )

@@ -1,0 +1,202 @@
+"""The innermost handler: one physical request to one replica, read up to its first content token.
+
+An attempt ends in exactly one of two ways:
+- `Win`: the first content token arrived (for a non-streaming body: the whole body; for an
+  answer no protocol reader claims: its first bytes), or the stream ended complete without
+  one. The open response, the bytes read so far and the replica's in-flight count stay with
+  the call's lease, which closes them when the call ends.
+- `Failed`: an error status (its body read, bounded), a transport error, or
+  a 200 that failed before its first token: an in-stream error event, a malformed event, a
+  plain body where a stream was asked for, an EOF before the end marker
+  (`llmguard_client.protocols`). Its connection is closed and its in-flight count released
+  before it returns.
+
+Everything is registered on the lease the moment it is acquired, so an attempt cancelled at
+any point (it lost a hedge race, a deadline passed, the caller left, the Guard closed)
+leaves nothing behind: its response is closed under a shielded scope, so the server sees
+the disconnect and stops generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import httpx
+
+from llmguard_client._core.call import Call
+from llmguard_client._core.clock import Clock
+from llmguard_client._core.lease import LeaseRegistry
+from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
+from llmguard_client._state.replicas import ReplicaState
+from llmguard_client._state.retry_after import parse_retry_after
+from llmguard_client.errors import GuardClosed
+from llmguard_client.protocols import StreamFailure, read_opening, reader_for
+from llmguard_client.protocols.raising import stream_error
+from llmguard_client.telemetry.record import AttemptRecord
+
+ERROR_BODY_LIMIT = 64 * 1024
+"""Bytes of an error response kept to hand back to the caller."""
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short, stable name for a transport error (``connect_error``, ``read_error``, ...)."""
+    name = type(exc).__name__
+    out = [name[0].lower()]
+    for ch in name[1:]:
+        out.append("_" + ch.lower() if ch.isupper() else ch)
+    return "".join(out)
+
+
+class AttemptLayer:
+    """Sends one attempt; the last handler of the pipeline."""
+
+    def __init__(self, registry: LeaseRegistry) -> None:
+        self._registry = registry
+
+    async def __call__(self, call: Call, route: Route) -> Outcome:
+        state = route.replica
+        assert state is not None, "the retry layer routes every attempt"
+        if self._registry.closed:
+            raise GuardClosed("the Guard was closed; no new attempt is sent", request=call.request, record=call.record)
+        clock = call.clock
+        attempt = AttemptRecord(index=len(call.record.attempts), replica=state.name, kind=route.kind, start=clock())
+        call.record.attempts.append(attempt)
+        if route.resumes is not None:
+            attempt.resumed_at, attempt.resumed_tokens, attempt.break_cause = route.resumes
+        if route.payment is not None:
+            route.payment.settle()
+        state.in_flight += 1
+        in_flight = call.lease.hold(state.leave)
+        response: httpx.Response | None = None
+        won = False
+        try:
+            request = call.attempt_request(state, attempt)
+            request.extensions = stamp_sent(request.extensions, attempt, clock)
+            response = await state.transport.handle_async_request(request)
+            call.lease.own(response)
+            attempt.headers = clock()
+            if attempt.sent is None:
+                attempt.sent = attempt.headers
+            attempt.status_code = response.status_code
+            if response.status_code >= 400:
+                return Failed([await _error_status(attempt, state, response, clock)])
+            reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
+                                call.record.stream)
+            if call.keeps_text and route.kind != "continuation":
+                reader.keep_text()  # the text delivered is what a continuation resumes from
+            opening = await read_opening(_body(response), reader)
+            if opening.rest is not None:
+                call.lease.own(response, opening.rest)
+            if reader.failure is not None:  # before the first token: a failed attempt, like a 503
+                return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
+            attempt.first_token = clock()
+            if opening.rest is None:
+                attempt.finish = attempt.first_token
+            won = True
+            return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
+        except anyio.get_cancelled_exc_class():
+            winner = call.winner
+            attempt.outcome = "lost" if winner is not None and winner.attempt is not attempt else "cancelled"
+            attempt.finish = clock()
+            raise
+        except GuardClosed:
+            raise
+        except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
+            attempt.finish = clock()
+            attempt.outcome = "failed"
+            attempt.error = error_kind(exc)
+            return Failed([AttemptFailure(attempt, state, error=exc)])
+        finally:
+            if not won:
+                if response is not None:
+                    await call.lease.close_response(response)
+                in_flight.release()
+                call.observation.attempt_finished(attempt)
+
+
+async def _error_status(
+    attempt: AttemptRecord, state: ReplicaState, response: httpx.Response, clock: Clock
+) -> AttemptFailure:
+    body = await _read_limited(response, ERROR_BODY_LIMIT)
+    attempt.finish = clock()
+    attempt.outcome = "failed"
+    attempt.error = f"http_{response.status_code}"
+    attempt.retry_after = parse_retry_after(response.headers)
+    return AttemptFailure(
+        attempt,
+        state,
+        status_code=response.status_code,
+        headers=response.headers,
+        body=body,
+        retry_after=attempt.retry_after,
+        extensions=dict(response.extensions),
+    )
+
+
+def _body(response: httpx.Response) -> httpx.AsyncByteStream:
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    return stream
+
+
+def _stream_failure(
+    call: Call,
+    attempt: AttemptRecord,
+    state: ReplicaState,
+    failure: StreamFailure,
+    response: httpx.Response,
+    clock: Clock,
+) -> AttemptFailure:
+    """A 200 that failed before its first token, as a failed attempt: with the status its error stands
+    for (a JSON error body to hand back if it is the call's last answer), else as a stream error."""
+    attempt.finish = clock()
+    attempt.outcome = "failed"
+    attempt.error = failure.cause
+    attempt.retry_after = failure.retry_after
+    error = None
+    headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
+    if failure.retry_after is not None:
+        headers["retry-after"] = str(failure.retry_after)
+    if failure.status is None:
+        error = stream_error(failure, replica=state.name, request=call.request, after_first_token=False)
+    return AttemptFailure(
+        attempt,
+        state,
+        error=error,
+        status_code=failure.status,
+        headers=headers,
+        body=failure.body,
+        retry_after=failure.retry_after,
+        extensions=dict(response.extensions),
+        stream_failure=failure,
+    )
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+    stream = _body(response)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in stream:
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
+
+
+def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecord, clock: Clock) -> dict[str, Any]:
+    """``extensions`` with a ``trace`` hook that stamps ``attempt.sent`` when httpcore reports the request body
+    written, and still calls the caller's own hook."""
+    inner = extensions.get("trace")
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_body.complete"):
+            attempt.sent = clock()
+        if inner is not None:
+            result = inner(event, info)
+            if hasattr(result, "__await__"):
+                await result
+
+    return {**extensions, "trace": trace}

@@ -1,0 +1,244 @@
+"""The control cohort's path: the caller's request, sent once, untouched, and measured.
+
+`passthrough` is what a call gets when the rollout puts it in the control cohort, and
+what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fraction of 0):
+
+- exactly one request, to the URL the caller built (no re-routing across replicas);
+- the caller's method, URL, headers (minus the guard's own ``x-llmguard-*``), body stream,
+  timeouts and extensions; nothing added (no ``traceparent``, no replica headers);
+- the server's answer returned as it came, error statuses included; a transport error is
+  raised as httpx raised it; no deadline, hedge, retry, bulkhead or budget applies;
+- the tier (the record's) is resolved as for a guarded call: an ``x-llmguard-tier`` or
+  ``x-llmguard-cohort`` header naming nothing configured fails the call before it is sent
+  (`llmguard_client.GuardRequestError`), so a typo fails at 5 % exactly as at 100 %;
+- measured all the same: a `PhaseRecord` with cohort ``control``, one attempt, TTFT from the
+  SSE stream's first content token, delivered to ``on_record`` and the instrumentation.
+
+A URL on a replica's origin reuses that replica's connection pool; any other URL goes
+through one shared `httpx.AsyncHTTPTransport` that `PassthroughPool` creates on first use
+and closes with the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+
+import anyio
+import httpx
+
+from llmguard_client._core.call import RequestFacts
+from llmguard_client._core.tls import default_tls_context
+from llmguard_client._layers.attempt import error_kind, stamp_sent
+from llmguard_client.protocols import StreamReader, reader_for
+from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
+from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
+
+logger = logging.getLogger("llmguard_client")
+
+GUARD_HEADER_PREFIX = b"x-llmguard-"
+FACTS_BODY_LIMIT = 1024 * 1024
+"""Bytes of a non-streamed answer kept to read its usage from (a larger body is passed through unread)."""
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+TransportForUrl = Callable[[httpx.URL], httpx.AsyncBaseTransport]
+
+
+class PassthroughPool:
+    """Transports for pass-through calls: a replica's own pool for its origin, one shared pool for the rest."""
+
+    def __init__(self, replicas: Iterable[tuple[httpx.URL, httpx.AsyncBaseTransport]]) -> None:
+        self._by_origin = {_origin_key(url): transport for url, transport in replicas}
+        self._other: httpx.AsyncHTTPTransport | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def for_url(self, url: httpx.URL) -> httpx.AsyncBaseTransport:
+        transport = self._by_origin.get(_origin_key(url))
+        if transport is not None:
+            return transport
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
+            if self._other is None:
+                self._other = httpx.AsyncHTTPTransport(limits=_LIMITS, retries=0, verify=default_tls_context())
+            return self._other
+
+    async def aclose(self) -> None:
+        """Close the shared pool (the replicas' pools belong to the replica set)."""
+        with self._lock:
+            self._closed = True
+            other, self._other = self._other, None
+        if other is not None:
+            await other.aclose()
+
+
+async def passthrough(
+    request: httpx.Request,
+    transport_for_url: TransportForUrl,
+    *,
+    tier: str,
+    fraction: float,
+    instrumentation: Instrumentation,
+    on_record: Callable[[PhaseRecord], None] | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> httpx.Response:
+    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers; measure it as control."""
+    now = clock()
+    try:
+        body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
+    except httpx.RequestNotRead:
+        body = b""
+    facts = RequestFacts.parse(request, body)
+    origin = _origin(request.url)
+    record = PhaseRecord(
+        request_id=uuid.uuid4().hex,
+        tier=tier,
+        cohort="control",
+        method=request.method,
+        path=request.url.path,
+        start=now,
+        start_unix=time.time(),
+        model=facts.model,
+        stream=facts.stream,
+        max_tokens=facts.max_tokens,
+        rollout_fraction=fraction,
+    )
+    attempt = AttemptRecord(index=0, replica=origin, kind="primary", start=now)
+    record.attempts.append(attempt)
+    end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
+    end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
+    outgoing = httpx.Request(
+        request.method,
+        request.url,
+        headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
+        stream=request.stream,
+        extensions=stamp_sent(request.extensions, attempt, clock),
+    )
+    try:
+        response = await transport_for_url(request.url).handle_async_request(outgoing)
+    except anyio.get_cancelled_exc_class():
+        end("cancelled", "cancelled_by_caller", "cancelled")
+        raise
+    except Exception as exc:
+        cause = error_kind(exc)
+        attempt.error = cause
+        end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed")
+        raise
+    attempt.headers = clock()
+    attempt.sent = attempt.sent if attempt.sent is not None else attempt.headers
+    attempt.status_code = record.http_status = response.status_code
+    record.replica, record.sent, record.headers = origin, attempt.sent, attempt.headers
+    content_type = response.headers.get("content-type", "")
+    reader = None
+    if response.status_code < 400:
+        reader = reader_for(request.method, request.url.path, content_type, facts.stream)
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        stream=_MeasuredStream(response, reader, end),
+        request=request,
+        extensions={**response.extensions, "llmguard": record},
+    )
+
+
+class _End:
+    """Finishes a pass-through call's record exactly once and reports it."""
+
+    def __init__(
+        self,
+        record: PhaseRecord,
+        attempt: AttemptRecord,
+        observation: CallObservation,
+        on_record: Callable[[PhaseRecord], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.record, self.attempt, self.observation = record, attempt, observation
+        self._on_record, self.clock = on_record, clock
+        self.done = False
+
+    def __call__(self, status: CallStatus, cause: str | None, outcome: AttemptOutcome) -> None:
+        if self.done:
+            return
+        self.done = True
+        record, attempt = self.record, self.attempt
+        record.finish = attempt.finish = self.clock()
+        record.status, record.cause, attempt.outcome = status, cause, outcome
+        self.observation.attempt_finished(attempt)
+        self.observation.call_finished(record)
+        if self._on_record is not None:
+            try:
+                self._on_record(record)
+            except Exception:
+                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
+
+
+class _MeasuredStream(httpx.AsyncByteStream):
+    """The server's body, byte for byte, read by its protocol's reader to stamp the first token, the
+    end and usage on the record (a failure inside the stream is recorded, never raised)."""
+
+    def __init__(self, response: httpx.Response, reader: StreamReader | None, end: _End) -> None:
+        self._response = response
+        self._reader = reader
+        self._end = end
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        end, reader = self._end, self._reader
+        stream = self._response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        try:
+            async for chunk in stream:
+                if reader is not None and reader.feed(chunk) and end.record.first_token is None:
+                    end.record.first_token = end.clock()
+                yield chunk
+        except Exception as exc:
+            end.attempt.error = error_kind(exc)
+            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", end.attempt.error, "failed")
+            raise
+        if reader is not None:
+            reader.end_of_body()
+        self._finish()
+
+    def _finish(self) -> None:
+        end, record, code, reader = self._end, self._end.record, self._response.status_code, self._reader
+        if code >= 400 or reader is None:
+            end.attempt.error = f"http_{code}"
+            end("http_error", "upstream_status", "failed")
+            return
+        facts = reader.facts
+        record.chunks = reader.chunks
+        if record.first_token is None:  # a body or a stream without content tokens: complete at its end
+            record.first_token = end.clock()
+        record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
+        record.response_id, record.response_model = facts.response_id, facts.model
+        record.finish_reasons = list(facts.finish_reasons)
+        end.attempt.first_token = record.first_token
+        if reader.failure is not None:
+            end.attempt.error = reader.failure.cause
+            end("error", reader.failure.cause, "failed")
+        else:
+            end("ok", None, "won")
+
+    async def aclose(self) -> None:
+        """Close the server's response; a body closed before its protocol's end marker is abandoned."""
+        if not self._end.done and self._reader is not None and self._reader.complete:
+            self._finish()  # e.g. openai 2.x and the bench stop reading at [DONE]: the answer was complete
+        try:
+            await self._response.aclose()
+        finally:
+            self._end("abandoned", "closed_by_caller", "cancelled")
+
+
+def _origin(url: httpx.URL) -> str:
+    """scheme://host[:port], never credentials (what ``record.replica`` names)."""
+    port = f":{url.port}" if url.port is not None else ""
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    return f"{url.scheme}://{host}{port}"
+
+
+def _origin_key(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host.lower(), url.port if url.port is not None else default

@@ -1,0 +1,1 @@
+"""State shared across calls, owned by the Guard: replicas, routing, health, TTFT statistics, budget."""

@@ -1,0 +1,227 @@
+"""The replica set: routing, per-replica cool-downs, circuit state and health.
+
+State here outlives a call and is shared by every call of one `Guard`. All of it
+is touched from one event loop, so no locks are needed. Which replica gets an
+attempt is the `llmguard_client._state.routing.Router`'s choice, among those this set
+allows (not excluded, circuit closed, and for retries and hedges not cooling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from llmguard_client._state.routing import ReplicaHealth, Router
+from llmguard_client.config import Replica
+from llmguard_client.telemetry.record import AttemptRecord
+
+_TARGET_CACHE = 256
+"""Distinct request URLs remembered per replica (cleared when full)."""
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    """One replica with its transport and the guard's view of its health."""
+
+    replica: Replica
+    transport: httpx.AsyncBaseTransport
+    base: httpx.URL
+    name: str
+    """The replica's URL without credentials (computed once: it is read on every attempt)."""
+    in_flight: int = 0
+    cooling_until: float = 0.0
+    """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
+    open_until: float = 0.0
+    """Monotonic time before which the circuit is open (the replica kept failing)."""
+    consecutive_failures: int = 0
+    tripped: bool = False
+    """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    """Speed, failures, drain and rate-limit room, as the router sees them."""
+
+    @property
+    def ttft_ewma(self) -> float | None:
+        """The router's TTFT estimate (seconds; None until a first token arrived)."""
+        return self.health.ttft
+    header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """The replica's own headers, encoded once (they replace the caller's of the same name)."""
+    header_names: frozenset[bytes] = frozenset()
+    _targets: dict[tuple[str, str, int | None, bytes], httpx.URL] = field(default_factory=dict)
+    _texts: dict[httpx.URL, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        own = self.replica.headers.items()
+        self.header_items = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own]
+        self.header_names = frozenset(k for k, _ in self.header_items)
+
+    def target_for(self, url: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+        """``url`` moved onto this replica (see `rebase`), cached: a service calls few distinct paths."""
+        key = (url.scheme, url.host, url.port, url.raw_path)
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) >= _TARGET_CACHE:
+                self._targets.clear()
+            target = self._targets[key] = rebase(url, self.base, known)
+        return target
+
+    def url_text(self, url: httpx.URL) -> str:
+        """``str(url)``, cached alongside `target_for`."""
+        text = self._texts.get(url)
+        if text is None:
+            if len(self._texts) >= _TARGET_CACHE:
+                self._texts.clear()
+            text = self._texts[url] = str(url)
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaState(name={self.name!r}, in_flight={self.in_flight}, cooling_until={self.cooling_until}, "
+            f"open_until={self.open_until}, consecutive_failures={self.consecutive_failures})"
+        )
+
+    def leave(self) -> None:
+        """One attempt on this replica ended (the lease calls it exactly once per attempt)."""
+        self.in_flight -= 1
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooling_until
+
+    def open(self, now: float) -> bool:
+        return now < self.open_until
+
+
+class ReplicaSet:
+    """Picks replicas for attempts and remembers what each one said."""
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
+        router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
+    ) -> None:
+        self.states = [
+            ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
+        ]
+        self._by_name = {s.name: s for s in self.states}
+        self.router = router(self.states)
+        """Chooses among the replicas this set allows, and learns their speed and failures."""
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __repr__(self) -> str:
+        return f"ReplicaSet({self.states!r})"
+
+    # --- choosing -------------------------------------------------------------------------
+
+    def pick(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+        """The replica for a call's first attempt, among those not excluded whose circuit is closed
+        (None when there is none): the router's least-cost choice, or a probe of a drained replica.
+
+        A replica cooling down after a Retry-After is a signal, not a wall: it only loses ties.
+        Its Retry-After was computed for the rejected call, and its admission may well take other
+        calls now; steering every new call away concentrates load on the other replicas and was
+        measured to lose goodput against a plain round-robin client (docs/benchmarks.md).
+        """
+        excluded = set(map(id, exclude))
+        return self.router.pick(now, [s for s in self.states if id(s) not in excluded and not s.open(now)])
+
+    def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+        """A replica that is neither cooling nor open and not excluded (for retries), or None."""
+        return self.router.pick_ready(now, self._ready(now, exclude))
+
+    def pick_hedge(self, now: float, exclude: Iterable[ReplicaState]) -> ReplicaState | None:
+        """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
+        return self.router.pick_hedge(now, self._ready(now, exclude))
+
+    def _ready(self, now: float, exclude: Iterable[ReplicaState]) -> list[ReplicaState]:
+        excluded = set(map(id, exclude))
+        return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
+
+    def cooling_wait(self, now: float) -> float | None:
+        """Seconds until the first replica whose circuit is closed ends its Retry-After
+        cool-down (0 if one is ready now); None when every circuit is open."""
+        waits = [max(0.0, s.cooling_until - now) for s in self.states if not s.open(now)]
+        return min(waits) if waits else None
+
+    def any_cooling(self, now: float) -> bool:
+        """True while some replica is signalling overload (a Retry-After cool-down)."""
+        return any(s.cooling(now) for s in self.states)
+
+    def all_open(self, now: float) -> bool:
+        return all(s.open(now) for s in self.states)
+
+    # --- learning -------------------------------------------------------------------------
+
+    def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
+        state.cooling_until = max(state.cooling_until, now + seconds)
+
+    def succeeded(
+        self,
+        state: ReplicaState,
+        ttft: float | None,
+        now: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
+        closes, and the router learns its TTFT and any rate-limit headers."""
+        state.consecutive_failures = 0
+        state.open_until = 0.0
+        state.tripped = False
+        when = now if now is not None else state.health.failure_at  # no clock given: nothing fades
+        if ttft is not None:
+            self.router.first_token(state, when, ttft)
+        else:
+            self.router.answered(state)
+        if headers is not None:
+            self.router.saw_headers(state, when, headers)
+
+    def losers(self, attempts: Iterable[AttemptRecord]) -> None:
+        """Attempts that lost a race before their first token: how long each waited is a lower
+        bound on its replica's TTFT."""
+        for attempt in attempts:
+            if attempt.outcome == "lost" and attempt.first_token is None and attempt.finish is not None:
+                state = self._by_name.get(attempt.replica)
+                if state is not None:
+                    self.router.outran(state, attempt.finish, attempt.finish - attempt.start)
+
+    def stream_finished(
+        self, state: ReplicaState, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
+    ) -> None:
+        """The body of a call won by ``state`` ended (see `Router.stream_finished`); the transport
+        calls it once per delivered response, when the caller's stream ends or is closed."""
+        self.router.stream_finished(state, now, ok=ok, tokens=tokens, duration=duration)
+
+    def saw_headers(self, state: ReplicaState, now: float, headers: Mapping[str, str]) -> None:
+        """A failed attempt's response headers (rate-limit room); wins pass theirs to `succeeded`."""
+        self.router.saw_headers(state, now, headers)
+
+    def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
+        """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
+        state.consecutive_failures += 1
+        self.router.failed(state, now)
+        if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
+            state.open_until = now + cooldown
+            state.consecutive_failures = 0
+            state.tripped = True
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        for state in self.states:
+            await state.transport.aclose()
+
+
+def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
+    swapped for ``base``'s; otherwise its path is appended to ``base``. Query kept."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    for candidate in known:
+        if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
+            prefix = candidate.path.rstrip("/")
+            if path == prefix or path.startswith(prefix + "/"):
+                path = path[len(prefix) :]
+                break
+    return base.copy_with(path=base.path.rstrip("/") + path, query=url.query or None)

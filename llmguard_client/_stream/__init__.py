@@ -1,0 +1,1 @@
+"""After the first token: the body handed to the caller, its stall/total watchdog, continuation."""

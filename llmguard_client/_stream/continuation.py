@@ -1,0 +1,253 @@
+"""Mid-stream failover by continuation (opt-in, `ContinuationPolicy`).
+
+When a guarded chat/completions stream breaks after its first content token, `GuardBody` asks the
+call's `CallContinuation` to `resume` it. If the policy, the answer (a single-choice text answer, see
+`llmguard_client.protocols.splice`), the call's total deadline and the continuation budget allow, one
+continuation attempt goes through the normal `AttemptLayer` to a *different* replica, under a cancel
+scope until the first of the tier's ttft (from now) and the call's total deadline:
+
+- the broken response is closed and its replica's in-flight count released first;
+- the continuation attempt (kind ``continuation``, ``resumed_at`` / ``resumed_tokens`` /
+  ``break_cause`` set) is registered on the call's lease like any attempt, so every path closes it;
+- on its first token it becomes the call's winner; its stream reaches the caller through a `Splicer`
+  (one answer: same id and index, no second role delta, one ``[DONE]``, usage summed), judged by a
+  fresh reader of the same protocol;
+- otherwise (no replica, no budget, no time, the continuation failed) nothing changes: the caller gets
+  the error of the original break, as without continuation, and ``record.not_continued`` says why.
+
+The budget is the policy's own `RetryBudget` (``ContinuationPolicy.budget``), not the retry/hedge budget:
+a continuation finishes an answer the caller is already reading, sending only its remainder, so it
+competes neither with the retries and hedges of calls yet to start nor they with it. It stays bounded
+fleet-wide (``ratio`` x continuable calls per window + ``floor``) and per call (``max_continuations``),
+and it is only ever sent after a replica produced a first token: no retry storm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llmguard_client._core.clock import Clock, loop_clock
+from llmguard_client._core.outcome import Failed, Outcome, Payment, Route, Win
+from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+from llmguard_client.config import ContinuationPolicy
+from llmguard_client.errors import GuardClosed
+from llmguard_client.protocols.chat import ChatReader
+from llmguard_client.protocols.completions import CompletionsReader
+from llmguard_client.protocols.splice import Kind, Splicer, continuable_request, continuation_body
+from llmguard_client.telemetry.record import NotContinued
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from llmguard_client._core.call import Call
+
+    Attempt = Callable[[Call, Route], Awaitable[Outcome]]
+
+
+class SplicedRest:
+    """The continuation's unread body, rewritten by its `Splicer` (an async iterator of bytes)."""
+
+    __slots__ = ("_done", "_inner", "_splicer")
+
+    def __init__(self, inner: AsyncIterator[bytes] | None, splicer: Splicer) -> None:
+        self._inner = inner
+        self._splicer = splicer
+        self._done = inner is None
+
+    def __aiter__(self) -> SplicedRest:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._done:
+            assert self._inner is not None
+            try:
+                chunk = await self._inner.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                tail = self._splicer.flush()
+                if tail:
+                    return tail
+                break
+            out = self._splicer.rewrite(chunk)
+            if out:
+                return out
+        raise StopAsyncIteration
+
+
+@dataclass(slots=True, eq=False)
+class Resumed:
+    """What the caller's body reads next: rewritten bytes already read, the rest, and its reader."""
+
+    chunks: list[bytes]
+    rest: AsyncIterator[bytes]
+    reader: ChatReader
+    replica: str
+
+
+class Continuer:
+    """The Guard's continuation machinery: replicas, the attempt handler, the per-tier policies and the
+    continuations' budgets (one per policy object: tiers given the same policy share it)."""
+
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        attempt: Attempt,
+        policies: dict[str, ContinuationPolicy | None],
+        clock: Clock = loop_clock,
+    ) -> None:
+        self._replicas = replicas
+        self._attempt = attempt
+        self._policies = policies
+        by_policy: dict[int, RetryBudget] = {}
+        for policy in policies.values():
+            if policy is not None and id(policy) not in by_policy:
+                b = policy.budget
+                by_policy[id(policy)] = RetryBudget(b.ratio, b.floor, b.window, clock=clock)
+        self.budgets: dict[str, RetryBudget] = {
+            tier: by_policy[id(policy)] for tier, policy in policies.items() if policy is not None
+        }
+        """Each tier's continuation budget (``snapshot()`` reads it)."""
+
+    def for_call(self, tier: str, method: str, path: str, body: bytes) -> CallContinuation | None:
+        """The call's continuation state, or None when its tier has none or its request cannot be continued.
+        A call that could be continued counts toward its tier's continuation budget."""
+        policy = self._policies.get(tier)
+        if policy is None:
+            return None
+        request = continuable_request(method, path, body)
+        if request is None:
+            return None
+        budget = self.budgets[tier]
+        budget.record_request()
+        return CallContinuation(self._replicas, self._attempt, policy, budget, *request)
+
+
+@dataclass(slots=True, eq=False)
+class CallContinuation:
+    """One call's continuations: the text delivered by finished parts, the replicas tried."""
+
+    replicas: ReplicaSet
+    attempt: Attempt
+    policy: ContinuationPolicy
+    budget: RetryBudget
+    kind: Kind
+    request: dict[str, Any]
+    text: str = ""
+    """Text delivered by the parts before the current one."""
+    tokens: int = 0
+    count: int = 0
+    splicer: Splicer | None = None
+    """The current part's splicer (None while the original stream is the current part)."""
+    tried: list[ReplicaState] = field(default_factory=list)
+    _marks: tuple[int, int, str] | None = None
+
+    def _part(self, reader: object) -> tuple[str, int, bool] | None:
+        """(text, tokens, still a plain text answer) of the current part, or None if it kept no text."""
+        if self.splicer is not None:
+            s = self.splicer
+            return "".join(s.text), s.text_events, s.text_only
+        if not isinstance(reader, ChatReader):
+            return None
+        text = reader.text
+        if text is None:
+            return None
+        tokens = reader.facts.completion_tokens or reader.text_events  # continuous usage stats, when sent
+        return text, tokens, reader.text_only
+
+    def _pay(self, call: Call) -> Payment | None:
+        """A ticket of the continuation budget, held by the call's lease until the attempt is sent."""
+        ticket = self.budget.try_acquire()
+        if ticket is None:
+            call.observation.budget_refused(call.record)
+            return None
+        return Payment(ticket, call.lease.hold(ticket.refund))
+
+    async def resume(self, call: Call, reader: object, cause: str) -> Resumed | None:
+        """Continue the call's answer on another replica; None (nothing changed) when it cannot be, with
+        the reason in ``call.record.not_continued``."""
+        resumed = await self._resume(call, reader, cause)
+        if isinstance(resumed, str):
+            call.record.not_continued = resumed
+            return None
+        call.record.not_continued = None
+        return resumed
+
+    async def _resume(self, call: Call, reader: object, cause: str) -> Resumed | NotContinued:
+        win = call.winner
+        part = self._part(reader)
+        if win is None or part is None:
+            return "no_text"
+        if not part[2]:
+            return "not_text"
+        if not part[0]:
+            return "no_text"
+        text, tokens = self.text + part[0], self.tokens + part[1]
+        body = continuation_body(self.kind, self.request, text, tokens)
+        if body is None:
+            return "max_tokens"
+        broken = win.attempt
+        failed = False  # a continuation of this break was sent and failed: that is the reason, whatever follows
+        while True:
+            now = call.clock()
+            if self.count >= self.policy.max_continuations:
+                return "continuation_failed" if failed else "max_continuations"
+            if call.total_deadline - now < self.policy.min_time_left:
+                return "continuation_failed" if failed else "time_left"
+            exclude = [win.state, *self.tried]
+            state = self.replicas.pick_ready(now, exclude=exclude) or self.replicas.pick(now, exclude=exclude)
+            if state is None:
+                return "continuation_failed" if failed else "no_replica"
+            payment = self._pay(call)
+            if payment is None:
+                return "continuation_failed" if failed else "budget"
+            if not failed:
+                broken.error = cause
+                await call.lease.close_response(win.response)  # the server sees the disconnect
+                win.in_flight.release()
+                self.tried.append(win.state)
+                self._marks = (len(text), tokens, cause)
+                call.body = body  # after the first token the call's request is the continuation's
+            self.count += 1
+            outcome: Outcome | None = None
+            try:
+                with call.phase_until(min(call.total_deadline, now + call.tier.ttft)):
+                    outcome = await self.attempt(call, Route(state, "continuation", payment, self._marks))
+            except GuardClosed:
+                return "guard_closed"
+            if isinstance(outcome, Win):
+                break
+            last = call.record.attempts[-1]
+            if last.kind == "continuation" and last.outcome == "lost":  # its ttft scope fired: no winner beat it
+                last.outcome = "cancelled"
+            if isinstance(outcome, Failed) and any(
+                not f.overload and (f.is_transport_error or (f.status_code or 0) >= 500) for f in outcome.failures
+            ):
+                self.replicas.router.failed(state, call.clock())  # the router's health, as for any failed attempt
+            self.tried.append(state)
+            failed = True
+        broken.outcome, broken.finish = "failed", outcome.attempt.start
+        call.observation.attempt_finished(broken)
+        # The call's end reports only its last winner to the router, so the broken replica is reported now: its
+        # stream's pace, and a failure of the weight of one before the first token (it cost one extra request,
+        # as a retry does), not the heavier weight of a failure the caller sees.
+        lasted = None if broken.first_token is None else broken.finish - broken.first_token
+        self.replicas.stream_finished(win.state, broken.finish, ok=None, tokens=tokens - self.tokens, duration=lasted)
+        self.replicas.router.failed(win.state, broken.finish)
+        prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
+        splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
+        self.text, self.tokens, self.splicer = text, tokens, splicer
+        fresh: ChatReader = ChatReader() if self.kind == "chat" else CompletionsReader()
+        fresh.first_token = True
+        fresh.facts.response_id = win.facts.response_id
+        fresh.facts.prompt_tokens = win.facts.prompt_tokens
+        chunks = [out for out in (splicer.rewrite(c) for c in outcome.chunks) if out]
+        for chunk in chunks:
+            fresh.feed(chunk)
+        rest = SplicedRest(outcome.rest, splicer)
+        outcome.attempt.outcome = "won"
+        call.winner = Win(outcome.attempt, outcome.state, outcome.response, [], rest, fresh, outcome.in_flight)
+        self.replicas.succeeded(outcome.state, outcome.attempt.ttft)
+        return Resumed(chunks, rest, fresh, outcome.state.name)

@@ -1,0 +1,57 @@
+"""Whether a bench run can be judged at all: a load generator that fell behind its plan invalidates it.
+
+The bench sends every request from the same event loop that times it. When that loop (or the machine) is
+too busy to send on plan, it is also too busy to time first tokens or fire deadlines on time, so latencies,
+timeouts and goodput describe the load generator, not the clients. Such a run is INVALID and gets no verdict.
+
+The tolerance: the generator may fall behind the planned arrivals by at most half the guard tier's TTFT
+deadline, and never more than 1 s (0.5 s with the default 1 s tier). Waits for a ``--concurrency`` slot are
+part of the plan and do not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmguard_client.bench.measure import TierSpec
+from llmguard_client.bench.runner import ClientRun
+
+__all__ = ["MAX_BEHIND_S", "RULE", "invalid_reason", "no_verdict", "tolerance"]
+
+MAX_BEHIND_S = 1.0
+"""The tolerance never exceeds this many seconds, whatever the tier."""
+
+RULE = (
+    "A run whose load generator fell behind the planned arrivals by more than half the tier's TTFT deadline "
+    "(at most 1 s; 0.5 s with the default tier) is INVALID and gets no verdict."
+)
+"""The rule in words, for --help, --explain and the report."""
+
+ADVICE = (
+    "re-run with fewer calls/s (--rate), fewer or smaller requests, fewer clients (--clients), or on a quieter machine"
+)
+
+
+def tolerance(tier: TierSpec) -> float:
+    """Seconds the load generator may fall behind plan before the run is invalid."""
+    return min(MAX_BEHIND_S, tier.ttft / 2)
+
+
+def invalid_reason(runs: Sequence[ClientRun], tier: TierSpec) -> str | None:
+    """Why the run is invalid (the client that fell furthest behind, by how much), or None if it is valid."""
+    worst = max(runs, key=lambda r: r.behind, default=None)
+    limit = tolerance(tier)
+    if worst is None or worst.behind <= limit:
+        return None
+    return (
+        f"the load generator fell behind plan by up to {worst.behind:.2f} s ({worst.name}), more than "
+        f"the {limit:.2f} s tolerated (half the tier's {tier.ttft:g} s TTFT deadline, at most {MAX_BEHIND_S:g} s)"
+    )
+
+
+def no_verdict(reason: str) -> str:
+    """The verdict line of an invalid run: why there is none, and what to do."""
+    return (
+        f"NO VERDICT: this run is INVALID: {reason}, so its latencies, timeouts and goodput measure a starved "
+        f"load generator, not the clients. To get a verdict, {ADVICE}."
+    )

@@ -1,0 +1,310 @@
+"""Configuration values: frozen, slotted, validated when built.
+
+A bad value raises `GuardConfigError` naming the field, the value and what is
+accepted, at construction time, never in the middle of a call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+from llmguard_client._core.redact import redact_headers, redact_url
+from llmguard_client.errors import GuardConfigError
+
+FailureMode = Literal["auto", "response", "raise"]
+"""How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error
+response carrying ``x-should-retry: false``), ``raise`` (a typed httpx exception), or
+``auto`` (``response`` when the request carries the openai SDK's ``x-stainless-*``
+headers, ``raise`` otherwise)."""
+
+
+def _int_at_least(owner: str, name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        accepted = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+        raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
+
+
+def _positive(owner: str, name: str, value: float | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        accepted = "a positive finite number of seconds" + (" or None" if allow_none else "")
+        raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """Deadlines of one SLO tier, in seconds.
+
+    ttft:  from the call's start to the first content token, across every attempt,
+           backoff and hedge (for a non-streaming call: to the complete response).
+    total: from the call's start to the last byte of the response.
+    stall: the longest silence between two chunks after the first token (None: no limit
+           besides ``total``).
+    """
+
+    ttft: float
+    total: float
+    stall: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive("Tier", "ttft", self.ttft)
+        _positive("Tier", "total", self.total)
+        _positive("Tier", "stall", self.stall, allow_none=True)
+        if self.ttft > self.total:
+            raise GuardConfigError(
+                f"Tier.ttft ({self.ttft}) must not exceed Tier.total ({self.total}): "
+                "the first token has to arrive within the whole call's deadline"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One replica's base URL, and headers sent only to it (e.g. its own API key).
+
+    Header values are never logged nor put in records or telemetry.
+    """
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise GuardConfigError(
+                f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {self.url!r}"
+            )
+        try:
+            parsed = httpx.URL(self.url)
+        except Exception as exc:
+            raise GuardConfigError(f"Replica.url {self.url!r} is not a valid URL: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise GuardConfigError(
+                f"Replica.url must be an absolute http:// or https:// URL with a host, got {self.url!r}"
+            )
+        if parsed.query or parsed.fragment:
+            raise GuardConfigError(f"Replica.url must not carry a query or fragment, got {self.url!r}")
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {self.url!r}")
+        if not isinstance(self.headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
+        ):
+            raise GuardConfigError(
+                f"Replica.headers must map header names to string values (e.g. {{'authorization': 'Bearer ...'}}), "
+                f"got a {type(self.headers).__name__} with keys {sorted(map(str, dict(self.headers)))}"
+            )
+        object.__setattr__(self, "headers", dict(self.headers))
+
+    @property
+    def name(self) -> str:
+        """The replica's URL without credentials: safe to log."""
+        parsed = httpx.URL(self.url)
+        return str(parsed.copy_with(username=None, password=None)).rstrip("/")
+
+    def __repr__(self) -> str:
+        """Credentials masked: reprs end up in logs and tracebacks."""
+        return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r})"
+
+    def __hash__(self) -> int:
+        """Hashable like the other frozen configs (a set member, a dict key): the headers, a dict kept
+        private to the instance, are hashed by their items."""
+        return hash((self.url, frozenset(self.headers.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class HedgePolicy:
+    """When and how often to send the same call to another replica.
+
+    delay:         fixed seconds before a hedge, or None for adaptive: the ``quantile`` of
+                   recent time-to-first-token of the call's tier, clamped to
+                   [``min_delay``, ``max_delay``], ``warmup_delay`` until ``min_samples``.
+    max_hedges:    extra attempts per call at most.
+    on_failure:    a failed attempt before the first token sends the hedge at once.
+    paths:         path suffixes hedged by default (idempotent-safe generation calls; a
+                   Responses API call with ``store: true`` stores the loser's response too);
+                   ``hedge_all_paths=True`` hedges every path.
+    """
+
+    delay: float | None = None
+    quantile: float = 0.95
+    min_delay: float = 0.05
+    max_delay: float = 2.0
+    warmup_delay: float = 0.5
+    min_samples: int = 20
+    max_hedges: int = 1
+    on_failure: bool = True
+    paths: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/messages")
+    hedge_all_paths: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("HedgePolicy", "delay", self.delay, allow_none=True)
+        _positive("HedgePolicy", "min_delay", self.min_delay)
+        _positive("HedgePolicy", "max_delay", self.max_delay)
+        _positive("HedgePolicy", "warmup_delay", self.warmup_delay)
+        if self.min_delay > self.max_delay:
+            raise GuardConfigError(
+                f"HedgePolicy.min_delay ({self.min_delay}) must not exceed max_delay ({self.max_delay})"
+            )
+        if isinstance(self.quantile, bool) or not isinstance(self.quantile, (int, float)) or not 0 < self.quantile < 1:
+            raise GuardConfigError(f"HedgePolicy.quantile must be in (0, 1), e.g. 0.95; got {self.quantile!r}")
+        _int_at_least("HedgePolicy", "min_samples", self.min_samples, 1)
+        _int_at_least("HedgePolicy", "max_hedges", self.max_hedges, 1, 4)
+
+    def applies_to(self, path: str) -> bool:
+        return self.hedge_all_paths or path.rstrip("/").endswith(self.paths)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Which failures are retried, how often, and how long to back off.
+
+    Backoff is exponential with full jitter (uniform in [0, min(``backoff_max``,
+    ``backoff_initial`` x 2^(round-1))], `llmguard_client._layers.retry.Backoff`); a server's Retry-After replaces it
+    for the replica that sent it. A retry happens only before the first token reached
+    the caller, only if the shared budget allows, and only if it fits the tier deadline.
+
+    ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
+    (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
+    or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
+    """
+
+    max_attempts: int = 3
+    backoff_initial: float = 0.05
+    backoff_max: float = 2.0
+    retry_statuses: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
+    circuit_failures: int = 5
+    circuit_cooldown: float = 5.0
+    overload_cooldown: float = 1.0
+
+    def __post_init__(self) -> None:
+        _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
+        _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
+        _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
+        _positive("RetryPolicy", "backoff_max", self.backoff_max)
+        _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)
+        _int_at_least("RetryPolicy", "circuit_failures", self.circuit_failures, 1)
+        statuses = self.retry_statuses
+        if isinstance(statuses, (str, bytes)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in statuses
+        ):
+            raise GuardConfigError(
+                f"RetryPolicy.retry_statuses must be a set of integer HTTP statuses (408, 429, 5xx), got {statuses!r}"
+            )
+        bad = sorted(s for s in self.retry_statuses if not 400 <= s <= 599 or (s < 500 and s not in (408, 429)))
+        if bad:
+            raise GuardConfigError(
+                f"RetryPolicy.retry_statuses may hold 408, 429 and 5xx only (other 4xx are the caller's "
+                f"mistake and fail the same way again), got {bad}"
+            )
+        object.__setattr__(self, "retry_statuses", frozenset(self.retry_statuses))
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPolicy:
+    """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the
+    logical calls of the last ``window`` seconds, plus ``floor`` so a quiet client can
+    still retry."""
+
+    ratio: float = 0.1
+    floor: int = 3
+    window: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 10:
+            raise GuardConfigError(f"BudgetPolicy.ratio must be a number from 0 to 10, got {self.ratio!r}")
+        _int_at_least("BudgetPolicy", "floor", self.floor, 0)
+        _positive("BudgetPolicy", "window", self.window)
+
+
+@dataclass(frozen=True, slots=True)
+class Bulkhead:
+    """Per-tier cap on calls in flight, with a bounded waiting line; past both the call
+    fails at once (`BulkheadFull`) instead of queueing without bound."""
+
+    max_in_flight: int
+    max_waiting: int = 0
+
+    def __post_init__(self) -> None:
+        _int_at_least("Bulkhead", "max_in_flight", self.max_in_flight, 1)
+        _int_at_least("Bulkhead", "max_waiting", self.max_waiting, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuationPolicy:
+    """Mid-stream failover (opt-in): a streamed chat or completions answer that breaks after its first
+    token (reset, EOF before the end marker, a stall past the tier's ``stall``, an in-stream error or a
+    malformed event) is finished by another replica, sent the prompt plus the text already delivered
+    (chat: a trailing assistant message with vLLM's ``continue_final_message``). The caller sees one
+    answer.
+
+    max_continuations: continuation attempts per call at most: a second one may try a third replica after a
+                       continuation failed before its first token, or finish a continuation that broke too.
+    min_time_left:     seconds that must be left before the tier's ``total`` deadline to send one.
+    budget:            the continuations' own sliding-window budget: at most ``ratio`` x the continuable
+                       calls (streamed single-choice chat/completions) of the last ``window`` seconds, plus
+                       ``floor``. Separate from the retry/hedge budget: a continuation replaces the rest of a
+                       broken answer instead of repeating it, and must not starve the retries and hedges of
+                       calls that have not started yet (nor they it).
+    """
+
+    max_continuations: int = 2
+    min_time_left: float = 0.2
+    budget: BudgetPolicy = BudgetPolicy()
+
+    def __post_init__(self) -> None:
+        _int_at_least("ContinuationPolicy", "max_continuations", self.max_continuations, 1, 5)
+        _positive("ContinuationPolicy", "min_time_left", self.min_time_left)
+        if not isinstance(self.budget, BudgetPolicy):
+            raise GuardConfigError(
+                f"ContinuationPolicy.budget must be a BudgetPolicy (e.g. BudgetPolicy(ratio=0.1, floor=3)), "
+                f"got {self.budget!r}"
+            )
+
+
+def per_tier_continuation(
+    value: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None, tiers: Mapping[str, Tier]
+) -> dict[str, ContinuationPolicy | None]:
+    """``Guard(continuation=...)`` checked: one policy for every tier, or a mapping of some tiers to one."""
+    if value is None or isinstance(value, ContinuationPolicy):
+        return dict.fromkeys(tiers, value)
+    if not isinstance(value, Mapping):
+        raise GuardConfigError(
+            f"continuation must be a ContinuationPolicy, a mapping of tier names to ContinuationPolicy, or None; "
+            f"got {value!r}"
+        )
+    unknown = sorted(set(value) - set(tiers))
+    if unknown:
+        raise GuardConfigError(f"continuation names unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, policy in value.items():
+        if not isinstance(policy, ContinuationPolicy):
+            raise GuardConfigError(f"continuation[{name!r}] must be a ContinuationPolicy, got {policy!r}")
+    return {name: value.get(name) for name in tiers}
+
+
+def resolve_replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
+    """The Guard's ``replicas`` argument checked: a non-empty list of distinct base URLs / `Replica` values."""
+    if isinstance(replicas, (str, Replica)) or not isinstance(replicas, Sequence):
+        raise GuardConfigError(
+            f"replicas must be a list of base URLs or Replica values, got {type(replicas).__name__}: {replicas!r}"
+        )
+    if not replicas:
+        raise GuardConfigError("replicas must name at least one base URL, e.g. ['http://10.0.0.1:8000']")
+    resolved = [r if isinstance(r, Replica) else Replica(r) for r in replicas]
+    seen: set[str] = set()
+    for replica in resolved:
+        url = httpx.URL(replica.name)
+        key = str(url.copy_with(scheme=url.scheme.lower(), host=url.host.lower())).rstrip("/")
+        if key in seen:
+            raise GuardConfigError(f"replica {replica.name!r} is listed twice; each replica must appear once")
+        seen.add(key)
+    return resolved

@@ -1,0 +1,215 @@
+"""The exceptions llmguard_client raises.
+
+Every failure the guard decides subclasses one of httpx's own exceptions, so a
+caller's existing ``except httpx.TimeoutException`` / ``except httpx.TransportError``
+keeps working::
+
+    LLMGuardError                       base of everything below
+    ├── GuardConfigError(ValueError)    bad configuration, raised at construction
+    └── GuardFailure                    the guard gave up on a call (carries .record, .cause)
+        ├── GuardRequestError(ValueError)   a call's own x-llmguard-* header names nothing configured (400)
+        │   ├── UnknownTierError        a tier name that is not configured (also a GuardConfigError)
+        │   └── UnknownCohortError      an x-llmguard-cohort other than guarded / control
+        ├── GuardTimeout(httpx.TimeoutException)
+        │   ├── TTFTTimeout             no first content token within the tier's ttft
+        │   ├── TotalTimeout            the call outlived the tier's total deadline
+        │   └── StallTimeout            the stream went silent longer than the tier's stall
+        ├── GuardUnavailable(httpx.TransportError)
+        │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
+        │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
+        │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
+        │   ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
+        │   └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
+        └── GuardStreamError(httpx.RemoteProtocolError)   a 200 answer that was not a complete stream
+            ├── UpstreamStreamError     the server reported an error inside the stream (.code, .overload)
+            └── StreamTruncated         the body ended before the protocol's end marker
+
+``GuardStreamError`` subclasses ``httpx.RemoteProtocolError``, the error httpx itself raises when a
+peer ends a response body early ("incomplete chunked read"): a caller's ``except httpx.TransportError``
+(or ``httpx.RemoteProtocolError``) around its stream iteration keeps catching it. After the first token
+these are raised from the response body's iterator; before it they only end an attempt (it is retried
+elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is left.
+
+Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
+transport raises) the same failures are returned as proxy-style HTTP responses
+instead: see `llmguard_client._core.failure`. And whenever a server did answer (a 429, a
+503, a 500), the guard hands that answer back, in either mode, rather than raising:
+``BudgetExhausted`` and ``AllReplicasCooling`` are then only named in its
+``x-llmguard-cause`` header. They are raised (raise mode) when there is no server
+answer to hand back, e.g. an empty budget after connection errors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from llmguard_client.telemetry.record import PhaseRecord
+
+
+class LLMGuardError(Exception):
+    """Base class of every exception llmguard_client raises."""
+
+
+class GuardConfigError(LLMGuardError, ValueError):
+    """The configuration is invalid; the message names the field and what is accepted."""
+
+
+class GuardFailure(LLMGuardError):
+    """The guard gave up on a call.
+
+    ``cause`` is a stable machine-readable string (also sent as the
+    ``x-llmguard-cause`` header in response mode), ``status_code`` the HTTP status a
+    proxy would answer with, ``retry_after`` the seconds the caller should wait (or
+    None), ``record`` the call's phase record.
+    """
+
+    cause: str = "guard_failure"
+    status_code: int = 502
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: httpx.Request | None = None,
+        record: PhaseRecord | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.record = record
+        self.retry_after = retry_after
+        self._guard_request = request
+
+
+class GuardRequestError(GuardFailure, ValueError):
+    """A call's own ``x-llmguard-*`` header asks for something the guard does not have.
+
+    Checked for every call, whatever its rollout cohort (and while the guard is off), before
+    anything is sent: the call would fail the same way again, so it is never retried (in response
+    mode a 400 answer with ``x-should-retry: false``).
+    """
+
+    cause = "bad_request"
+    status_code = 400
+
+
+class UnknownTierError(GuardRequestError, GuardConfigError):
+    """A tier name that is not configured: in a call's ``x-llmguard-tier`` header (cause
+    ``unknown_tier``, a 400 in response mode), or given to ``guard.tier()`` or at construction."""
+
+    cause = "unknown_tier"
+
+
+class UnknownCohortError(GuardRequestError):
+    """A call's ``x-llmguard-cohort`` header is neither ``guarded`` nor ``control``."""
+
+    cause = "unknown_cohort"
+
+
+class GuardTimeout(GuardFailure, httpx.TimeoutException):
+    """A tier deadline passed; the in-flight attempts were closed."""
+
+    cause = "timeout"
+    status_code = 504
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.TimeoutException.__init__(self, message, request=request)  # type: ignore[arg-type]
+
+
+class TTFTTimeout(GuardTimeout):
+    cause = "ttft_timeout"
+
+
+class TotalTimeout(GuardTimeout):
+    cause = "total_timeout"
+
+
+class StallTimeout(GuardTimeout):
+    cause = "stall_timeout"
+
+
+class GuardUnavailable(GuardFailure, httpx.TransportError):
+    """No attempt could produce an answer."""
+
+    cause = "unavailable"
+    status_code = 503
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.TransportError.__init__(self, message, request=request)  # type: ignore[arg-type]
+
+
+class AllAttemptsFailed(GuardUnavailable):
+    cause = "all_attempts_failed"
+    status_code = 502
+
+
+class BudgetExhausted(GuardUnavailable):
+    cause = "budget_exhausted"
+    status_code = 503
+
+
+class AllReplicasCooling(GuardUnavailable):
+    cause = "all_replicas_cooling"
+    status_code = 429
+
+
+class BulkheadFull(GuardUnavailable):
+    cause = "bulkhead_full"
+    status_code = 503
+
+
+class GuardClosed(GuardUnavailable):
+    """The Guard was closed: no attempt starts after ``aclose()``, and calls in flight end with this."""
+
+    cause = "guard_closed"
+    status_code = 503
+
+
+class GuardStreamError(GuardFailure, httpx.RemoteProtocolError):
+    """A 200 answer that was not a complete stream of its protocol (see `llmguard_client.protocols`).
+
+    ``cause`` is ``stream_<kind>`` (``stream_error_event``, ``stream_truncated``, ``stream_malformed``,
+    ``stream_json_body``, ...); ``code`` the server's own error code or type when it sent one,
+    ``overload`` whether it signalled overload (503, 429, ``overloaded_error``).
+    """
+
+    cause = "stream_error"
+    status_code = 502
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cause: str | None = None,
+        code: str | None = None,
+        overload: bool = False,
+        **kwargs: object,
+    ) -> None:
+        request = kwargs.get("request")
+        GuardFailure.__init__(self, message, **kwargs)  # type: ignore[arg-type]
+        httpx.RemoteProtocolError.__init__(self, message, request=request)  # type: ignore[arg-type]
+        if cause is not None:
+            self.cause = cause
+        self.code = code
+        self.overload = overload
+
+
+class UpstreamStreamError(GuardStreamError):
+    """The server sent an error event inside a 200 stream (vLLM's in-stream 503, Anthropic's
+    ``event: error``, the Responses API's ``response.failed`` / ``error``)."""
+
+    cause = "stream_error_event"
+
+
+class StreamTruncated(GuardStreamError):
+    """The body ended (EOF) before the protocol's end marker: ``[DONE]`` or a finish reason,
+    ``response.completed`` / ``response.incomplete``, ``message_stop``."""
+
+    cause = "stream_truncated"

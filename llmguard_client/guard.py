@@ -1,0 +1,400 @@
+"""Guard: the configuration, the state shared by every call, and the ways in."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import httpx
+
+from llmguard_client._core.clock import Clock, loop_clock
+from llmguard_client._core.lease import LeaseRegistry
+from llmguard_client._core.tls import default_tls_context
+from llmguard_client._core.transport import GuardTransport, RecordCallback
+from llmguard_client._layers.bulkhead import TierBulkhead
+from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
+from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.pool import replica_transport
+from llmguard_client._state.replicas import ReplicaSet
+from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
+from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client.config import (
+    BudgetPolicy,
+    Bulkhead,
+    ContinuationPolicy,
+    FailureMode,
+    HedgePolicy,
+    Replica,
+    RetryPolicy,
+    Tier,
+    per_tier_continuation,
+    resolve_replicas,
+)
+from llmguard_client.edges._registry import stop_sync_runner
+from llmguard_client.edges.sdk import TakesHttpClient
+from llmguard_client.errors import GuardConfigError, UnknownTierError
+from llmguard_client.telemetry.capture import Capture, capture
+from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.record_logger import RecordLogger
+
+if TYPE_CHECKING:
+    import httpx2
+
+_H = TypeVar("_H")
+
+_DEFAULT_TIERS: Mapping[str, Tier] = {
+    "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
+    "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
+}
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
+the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
+_UNSET: Any = object()
+
+
+def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
+    """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
+    the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
+    return replica_transport(limits, default_tls_context())
+
+
+class Guard:
+    """Client-side resilience for one model served by several OpenAI-compatible replicas.
+
+    >>> guard = Guard(replicas=["http://10.0.0.1:8000", "http://10.0.0.2:8000"],
+    ...               tiers={"interactive": Tier(ttft=1.0, total=10.0, stall=2.0)})
+    >>> oai = openai.AsyncOpenAI(base_url="http://10.0.0.1:8000/v1", api_key=..., http_client=guard.http_client())
+
+    replicas:      base URLs (or `Replica` with per-replica headers) of one model's replicas.
+    tiers:         SLO tiers by name; a call picks one with the ``x-llmguard-tier`` header or
+                   ``with guard.tier(name)``, else ``default_tier``.
+    hedge:         `HedgePolicy`, on by default with >= 2 replicas; None switches hedging off.
+    retry:         `RetryPolicy`, on by default; None switches retries off.
+    budget:        `BudgetPolicy` shared by retries and hedges; None: unbounded (not advised).
+    tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
+                   the interactive tier's budget); the other tiers share ``budget``.
+    bulkheads:     per-tier `Bulkhead` limits (none by default).
+    continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
+                   its first token on another replica; None (default): off.
+    rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
+                   through untouched), or a callable returning it (polled at most every
+                   ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
+                   variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
+    rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
+    rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
+    failure_mode:  how guard failures reach the caller (see `FailureMode`).
+    instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
+    on_record:     called with each call's `PhaseRecord` when it ends.
+    pool_limits:   each replica's connection pool limits (default `DEFAULT_POOL_LIMITS`).
+    transport_factory: builds each replica's inner transport (default: an httpx pool each,
+                   with ``pool_limits``).
+    clock:         the clock every deadline, budget, hint and poll interval is read on (default: the
+                   running event loop's); timers and tasks go through each call's time source
+                   (``llmguard_client._core.clock``). Tests inject none and run in virtual time instead
+                   (looptime on asyncio, ``MockClock`` on trio).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[str | Replica],
+        tiers: Mapping[str, Tier] | None = None,
+        default_tier: str | None = None,
+        *,
+        hedge: HedgePolicy | None = _UNSET,
+        retry: RetryPolicy | None = _UNSET,
+        budget: BudgetPolicy | None = _UNSET,
+        tier_budgets: Mapping[str, BudgetPolicy] | None = None,
+        bulkheads: Mapping[str, Bulkhead] | None = None,
+        rollout: float | FractionSource = 1.0,
+        rollout_key: KeyFunction | None = None,
+        rollout_poll_interval: float = 5.0,
+        failure_mode: FailureMode = "auto",
+        instrumentation: Instrumentation | None = _UNSET,
+        on_record: RecordCallback | None = None,
+        pool_limits: httpx.Limits | None = None,
+        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
+        clock: Clock = loop_clock,
+        continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
+    ) -> None:
+        resolved = resolve_replicas(replicas)
+        tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
+        if not tiers:
+            raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
+        for name, tier in tiers.items():
+            if not isinstance(name, str) or not name.strip() or not isinstance(tier, Tier):
+                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {name!r}: {tier!r}")
+        default_tier = default_tier if default_tier is not None else next(iter(tiers))
+        if default_tier not in tiers:
+            raise UnknownTierError(f"default_tier {default_tier!r} is not one of the tiers: {', '.join(sorted(tiers))}")
+        if failure_mode not in ("auto", "response", "raise"):
+            raise GuardConfigError(f"failure_mode must be 'auto', 'response' or 'raise', got {failure_mode!r}")
+        if hedge is _UNSET:
+            hedge = HedgePolicy() if len(resolved) >= 2 else None
+        if retry is _UNSET:
+            retry = RetryPolicy()
+        if budget is _UNSET:
+            budget = BudgetPolicy()
+        policies = (("hedge", hedge, HedgePolicy), ("retry", retry, RetryPolicy), ("budget", budget, BudgetPolicy))
+        for label, value, kind in policies:
+            if value is not None and not isinstance(value, kind):
+                raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
+        bulkheads = _per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
+        tier_budgets = _per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
+        if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
+            raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
+        if pool_limits is not None and transport_factory is not None:
+            raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
+        if transport_factory is None:
+            transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
+        cohorts = Rollout(
+            rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
+        )
+        log_rollout_state(cohorts, len(resolved))
+        if instrumentation is _UNSET:
+            instrumentation = _default_instrumentation()
+        if instrumentation is None:
+            from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
+
+            instrumentation = NO_INSTRUMENTATION
+
+        self.replicas: tuple[Replica, ...] = tuple(resolved)
+        self.tiers: Mapping[str, Tier] = tiers
+        self.default_tier = default_tier
+        self.hedge_policy = hedge
+        self.retry_policy = retry
+
+        def make_budget(policy: BudgetPolicy) -> RetryBudget:
+            return RetryBudget(policy.ratio, policy.floor, policy.window, clock=clock)
+
+        self.budget = make_budget(budget) if budget is not None else None
+        """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
+        self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
+        self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
+        self._replica_set = ReplicaSet(resolved, transport_factory)
+        self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
+        self._registry = LeaseRegistry()
+        self._pools_closed = False
+        self._clock = clock
+        router = self._replica_set.router
+        self.ttft_stats = TTFTStats(hedge or HedgePolicy(), router.degraded, lambda: router.epoch)
+        """TTFT per replica, tier and stream kind: the hedge delay and the retry layer's expected TTFT."""
+        if self.budget is not None:
+            instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
+        self._rollout = cohorts
+        self._on_record = on_record
+        self._transport = GuardTransport(
+            replicas=self._replica_set,
+            tiers=tiers,
+            default_tier=default_tier,
+            tier_var=self._tier_var,
+            hedge=hedge,
+            retry=retry,
+            budgets={name: self.tier_budgets.get(name, self.budget) for name in tiers},
+            bulkheads=self._bulkheads,
+            rollout=cohorts,
+            failure_mode=failure_mode,
+            instrumentation=instrumentation,
+            on_record=on_record,
+            ttft_stats=self.ttft_stats,
+            registry=self._registry,
+            clock=clock,
+            continuation=per_tier_continuation(continuation, tiers),
+        )
+
+    @property
+    def transport(self) -> GuardTransport:
+        """The `httpx.AsyncBaseTransport`, for building your own client."""
+        return self._transport
+
+    def http_client(self, **kwargs: Any) -> httpx.AsyncClient:
+        """An `httpx.AsyncClient` whose transport is the guard.
+
+        Its own timeout defaults to 10 s to connect and none to read, because the tier
+        deadlines govern reads; pass ``timeout=`` to override. Closing the client leaves the
+        guard open (``await guard.aclose()`` closes the pools).
+        """
+        kwargs.setdefault("timeout", httpx.Timeout(None, connect=10.0))
+        return httpx.AsyncClient(transport=self._transport, **kwargs)
+
+    @contextlib.contextmanager
+    def tier(self, name: str) -> Iterator[None]:
+        """Calls made inside use tier ``name`` (a request's ``x-llmguard-tier`` header still wins)."""
+        if name not in self.tiers:
+            raise UnknownTierError(f"unknown tier {name!r}; configured tiers: {', '.join(sorted(self.tiers))}")
+        token = self._tier_var.set(name)
+        try:
+            yield
+        finally:
+            self._tier_var.reset(token)
+
+    @property
+    def closed(self) -> bool:
+        return self._registry.closed
+
+    async def aclose(self, grace: float = 0.0) -> None:
+        """Shut the guard down; when it returns, every connection it opened is closed.
+
+        At once, no new call or attempt starts (they fail with `GuardClosed`). Calls in flight
+        get ``grace`` seconds to finish (default 0); then each is aborted: a call still
+        waiting for its first token ends with `GuardClosed` (raised, or a 503 response in
+        response mode), a stream being read raises `GuardClosed` from its next read. Then the
+        connection pools are closed. Idempotent.
+        """
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+            raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+        if await stop_sync_runner(self, grace):  # sync calls ran on the Guard's own loop: closed there
+            return
+        registry = self._registry
+        if registry.closed and not registry.live and self._pools_closed:
+            return
+        registry.closed = True
+        with anyio.CancelScope(shield=True):
+            await registry.wait_empty(grace)
+            leases = list(registry.live)
+            for lease in leases:
+                lease.abort()
+            for lease in leases:
+                await lease.aclose("error", "guard_closed")
+            if not self._pools_closed:
+                self._pools_closed = True
+                try:
+                    await self._replica_set.aclose()
+                finally:
+                    await self._transport.passthrough_pool.aclose()
+                    if isinstance(self._on_record, RecordLogger):
+                        self._on_record.close()  # its file, if it writes one
+
+    def snapshot(self) -> GuardSnapshot:
+        """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
+        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
+        return build_snapshot(
+            self._clock(),
+            self._registry,
+            self._replica_set,
+            self.tiers,
+            self._bulkheads,
+            self.budget,
+            self.tier_budgets,
+        )
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self._replica_set.states)
+        state = "closed" if self._registry.closed else "open"
+        return f"<Guard {state} replicas=[{names}] tiers={sorted(self.tiers)} default_tier={self.default_tier!r}>"
+
+    async def __aenter__(self) -> Guard:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # --- other HTTP clients and sync code (llmguard_client.edges), the record of SDK calls ----
+
+    def httpx2_client(self, **kwargs: Any) -> httpx2.AsyncClient:
+        """An `httpx2.AsyncClient` through the guard: for openai >= 3 and anthropic >= 1 (needs httpx2).
+
+        Same defaults as `http_client`; closing it leaves the guard open.
+        """
+        from llmguard_client.edges.httpx2_async import httpx2_client
+
+        return httpx2_client(self, **kwargs)
+
+    def sync_http_client(self, **kwargs: Any) -> httpx.Client:
+        """An `httpx.Client` through the guard, for sync code (``openai.OpenAI`` 1.x/2.x).
+
+        Calls run on one background event-loop thread per Guard, started on first use;
+        ``guard.close()`` stops it. Same timeout default as `http_client`.
+        """
+        from llmguard_client.edges.httpx_sync import sync_http_client
+
+        return sync_http_client(self, **kwargs)
+
+    def sync_httpx2_client(self, **kwargs: Any) -> httpx2.Client:
+        """An `httpx2.Client` through the guard, for sync code (``openai.OpenAI`` >= 3, ``anthropic.Anthropic``)."""
+        from llmguard_client.edges.httpx2_sync import sync_httpx2_client
+
+        return sync_httpx2_client(self, **kwargs)
+
+    def http_client_for(self, sdk: TakesHttpClient[_H], **kwargs: Any) -> _H:
+        """The guarded client of the kind ``sdk``'s ``http_client=`` takes, typed to match, e.g.
+        ``openai.AsyncOpenAI(..., http_client=guard.http_client_for(openai.AsyncOpenAI))``."""
+        from llmguard_client.edges.sdk import http_client_for
+
+        client: _H = http_client_for(self, sdk, **kwargs)
+        return client
+
+    def capture(self) -> contextlib.AbstractContextManager[Capture]:
+        """``with guard.capture() as calls:`` collects the `PhaseRecord` of each call made and ended
+        inside (see `llmguard_client.capture`)."""
+        return capture()
+
+    def close(self, grace: float = 0.0) -> None:
+        """``await guard.aclose(grace)`` for sync code; also stops the sync edges' event-loop thread."""
+        from llmguard_client.edges._registry import close_guard
+
+        close_guard(self, grace)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- rollout ------------------------------------------------------------------------------
+
+    @property
+    def rollout(self) -> float:
+        """The fraction of calls guarded now (0.0 while ``LLMGUARD_DISABLED`` is set)."""
+        return self._rollout.fraction
+
+    def set_rollout(self, fraction: float | FractionSource) -> None:
+        """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
+        passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
+        self._rollout.set(fraction)
+
+    def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.
+
+        >>> with guard.rollout_key(user.id):
+        ...     await oai.chat.completions.create(...)
+        """
+        return self._rollout.keyed(key)
+
+
+def _default_instrumentation() -> Instrumentation | None:
+    """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
+    OpenTelemetry, so there is nothing to report to: no instrumentation."""
+    try:
+        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        return None
+    return OpenTelemetryInstrumentation()
+
+
+_T = TypeVar("_T")
+
+
+def _per_tier(
+    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
+) -> dict[str, _T]:
+    """A per-tier option checked: known tier names, values of ``kind``."""
+    checked = dict(values or {})
+    unknown = sorted(set(checked) - set(tiers))
+    if unknown:
+        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, value in checked.items():
+        if not isinstance(value, kind):
+            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
+    return checked

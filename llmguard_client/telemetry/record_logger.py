@@ -1,0 +1,65 @@
+"""`RecordLogger`: an ``on_record`` callback that writes each `PhaseRecord` as one JSON line, to a file or a logger."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from llmguard_client.errors import GuardConfigError
+from llmguard_client.telemetry._jsonl import JsonLinesFile
+from llmguard_client.telemetry.record import PhaseRecord
+
+
+class RecordLogger:
+    """An ``on_record`` callback that writes each record as one JSON line.
+
+    >>> guard = Guard(..., on_record=RecordLogger("records.jsonl"))   # a file: nothing else to set up
+    >>> guard = Guard(..., on_record=RecordLogger())                  # logging: llmguard_client.record, INFO
+
+    With a path, lines are appended to that file and flushed one by one; a file moved or removed
+    (log rotation) is followed by a fresh one at the path; the file is closed by ``close()``, which
+    the Guard calls when it is closed (a later record reopens it). An unwritable path is a
+    `GuardConfigError` at once. Without a path, each line is logged on ``logger`` at ``level``: it
+    reaches a file only through the handlers you configure (``logging.basicConfig(level=logging.INFO)``).
+    Either way ``llmguard compare`` reads the lines.
+    """
+
+    __slots__ = ("_file", "_level", "_logger")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | logging.Logger | None = None,
+        *,
+        logger: logging.Logger | str | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        if isinstance(path, logging.Logger):  # the earlier positional form, RecordLogger(a_logger)
+            path, logger = None, path if logger is None else logger
+        if path is not None and logger is not None:
+            raise GuardConfigError("RecordLogger takes a file path or a logger, not both")
+        self._file = JsonLinesFile(path) if path is not None else None
+        logger = "llmguard_client.record" if logger is None else logger
+        self._logger = logging.getLogger(logger) if isinstance(logger, str) else logger
+        self._level = level
+
+    @property
+    def path(self) -> str | None:
+        """The file written to, or None when records are logged."""
+        return None if self._file is None else self._file.path
+
+    def __call__(self, record: PhaseRecord) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record.to_dict(), separators=(",", ":"), default=str))
+        elif self._logger.isEnabledFor(self._level):
+            self._logger.log(
+                self._level,
+                "%s",
+                json.dumps(record.to_dict(), separators=(",", ":"), default=str),
+                extra={"llmguard": record},
+            )
+
+    def close(self) -> None:
+        """Close the file (if any) now; a later record reopens it. Idempotent."""
+        if self._file is not None:
+            self._file.close()

@@ -1,0 +1,155 @@
+"""The time source, on both backends in virtual time: timers at their exact instants, a round's tasks
+started, cancelled, aborted with the call's lease and joined; asyncio's loop tasks re-raise an error once."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from llmguard_client._core.clock import AsyncioTime, LoopTasks, current_time_source, loop_clock
+from llmguard_client._core.lease import CallLease, LeaseRegistry
+from tests.virtual import BACKENDS, now, run_virtual
+
+
+def _never() -> None:
+    raise AssertionError("no task here ends with an error")
+
+
+@BACKENDS
+def test_timers_fire_at_their_exact_instants_and_a_cancelled_one_never(backend: str) -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        time_source = current_time_source()
+        start = now()
+        async with time_source.tasks(CallLease(LeaseRegistry()), _never) as tasks:
+            tasks.call_at(time_source.now() + 0.2, lambda: fired.append(("b", now() - start)))
+            tasks.call_at(time_source.now() + 0.1, lambda: fired.append(("a", now() - start)))
+            tasks.call_at(time_source.now() + 0.15, lambda: fired.append(("never", 0.0))).cancel()
+            await anyio.sleep(0.3)
+
+    run_virtual(main, backend)
+    assert [name for name, _ in fired] == ["a", "b"]
+    assert [at for _, at in fired] == [pytest.approx(0.1, abs=1e-9), pytest.approx(0.2, abs=1e-9)]
+
+
+@BACKENDS
+def test_the_exit_waits_for_every_task_even_when_the_caller_is_cancelled(backend: str) -> None:
+    done: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        start = now()
+
+        async def work(name: str, seconds: float) -> None:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(seconds)
+            done.append((name, now() - start))
+
+        with anyio.move_on_after(0.01):  # the caller's deadline passes first: the exit still waits
+            async with current_time_source().tasks(CallLease(LeaseRegistry()), _never) as tasks:
+                tasks.start_soon(work, "slow", 0.05)
+                tasks.start_soon(work, "fast", 0.02)
+        assert now() - start == pytest.approx(0.05, abs=1e-9)
+
+    run_virtual(main, backend)
+    assert [name for name, _ in done] == ["fast", "slow"]
+
+
+@BACKENDS
+def test_cancel_ends_each_task_and_one_cancelled_before_it_ran_never_runs(backend: str) -> None:
+    events: list[str] = []
+
+    async def main() -> None:
+        async def sleeper() -> None:
+            try:
+                await anyio.sleep(10)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(0.01)  # cleanup that takes a while: the exit waits for it
+                events.append("cleaned up")
+
+        async def late() -> None:
+            await anyio.lowlevel.checkpoint()
+            events.append("late ran")
+
+        async with current_time_source().tasks(CallLease(LeaseRegistry()), _never) as tasks:
+            tasks.start_soon(sleeper)
+            await anyio.sleep(0.001)
+            tasks.start_soon(late)
+            tasks.cancel()
+
+    run_virtual(main, backend)
+    assert events == ["cleaned up"]
+
+
+@BACKENDS
+def test_the_leases_abort_cancels_a_task_at_once(backend: str) -> None:
+    """``Guard.aclose()`` aborts each call's lease: a hedge's task ends then, whatever task runs the round."""
+    ended: list[float] = []
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry())
+        start = now()
+
+        async def hedge() -> None:
+            try:
+                await anyio.sleep(10)
+            finally:
+                ended.append(now() - start)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.sleep, 0.5)
+            tg.start_soon(_abort_later, lease, 0.3)
+            with anyio.CancelScope(shield=True):  # not the round's own cancellation: the lease's
+                async with current_time_source().tasks(lease, _never) as tasks:
+                    tasks.start_soon(hedge)
+        await lease.aclose("error", "guard_closed")
+
+    run_virtual(main, backend)
+    assert ended == [pytest.approx(0.3, abs=1e-9)]
+
+
+async def _abort_later(lease: CallLease, seconds: float) -> None:
+    await anyio.sleep(seconds)
+    lease.abort()
+
+
+@BACKENDS
+def test_an_injected_clock_maps_deadlines_onto_the_loops_time_line(backend: str) -> None:
+    async def main() -> None:
+        time_source = current_time_source(lambda: anyio.current_time() + 500.0)
+        assert time_source.now() == pytest.approx(anyio.current_time() + 500.0)
+        assert time_source.loop_deadline(time_source.now() + 2.0) == pytest.approx(anyio.current_time() + 2.0)
+        start = now()
+        await time_source.sleep_until(time_source.now() + 1.5)
+        assert now() - start == pytest.approx(1.5, abs=1e-9)
+        default = current_time_source()
+        assert default.now is default.loop_time  # the default clock is the loop's own: no mapping per read
+        # Task-free timers (a stream's read watchdog) on asyncio only; trio's timers are sleeping tasks.
+        assert (default.loop_timers() is not None) == (backend == "asyncio")
+
+    run_virtual(main, backend)
+
+
+async def test_asyncio_loop_tasks_stop_the_round_once_and_raise_the_first_error() -> None:
+    stopped: list[str] = []
+    time_source = current_time_source()
+    assert isinstance(time_source, AsyncioTime)
+    tasks = time_source.tasks(CallLease(LeaseRegistry()), lambda: stopped.append("stop"))
+    assert isinstance(tasks, LoopTasks)
+
+    async def fail(message: str) -> None:
+        raise LookupError(message)
+
+    with pytest.raises(LookupError, match="first"):
+        async with tasks:
+            tasks.start_soon(fail, "first")
+            tasks.start_soon(fail, "second")
+    assert stopped == ["stop"]
+    await tasks.join()  # the error was handed over once; nothing left to wait for
+
+
+def test_the_default_clock_works_outside_a_loop() -> None:
+    """``Guard.snapshot()`` from sync code reads the default clock with no loop running."""
+    assert isinstance(loop_clock(), float)

@@ -1,0 +1,295 @@
+"""One lease per call: whatever a call acquired is released once, on every path (virtual time, both backends)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from llmguard_client import (
+    BudgetPolicy,
+    Bulkhead,
+    Guard,
+    GuardClosed,
+    HedgePolicy,
+    PhaseRecord,
+    RetryPolicy,
+    Tier,
+)
+from llmguard_client._core.lease import CallLease, LeaseRegistry, close_quietly
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
+
+CHAT = "/v1/chat/completions"
+BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+A, B = "http://a.test", "http://b.test"
+
+
+def make(plans: dict[str, list[Plan]], records: list[PhaseRecord], **kwargs: Any) -> tuple[Guard, dict[str, Any]]:
+    fakes = {url: FakeReplica(url[7], p) for url, p in plans.items()}
+    kwargs.setdefault("tiers", {"i": Tier(ttft=10.0, total=30.0, stall=5.0)})
+    kwargs.setdefault("hedge", HedgePolicy(delay=1.0))
+    return virtual_guard(fakes, records, **kwargs), fakes
+
+
+def assert_released(guard: Guard, fakes: dict[str, FakeReplica]) -> None:
+    snap = guard.snapshot()
+    assert snap.idle, snap
+    assert all(f.open_streams == 0 for f in fakes.values()), {u: f.open_streams for u, f in fakes.items()}
+
+
+PHASES = {
+    # phase: (plans, guard options, seconds after which the caller cancels)
+    "waiting_for_a_bulkhead_slot": ({A: [Plan(first_token_after=50)]}, {"bulkheads": {"i": Bulkhead(1, 5)}}, 0.5),
+    "before_headers": ({A: [Plan(headers_after=50)], B: [Plan(headers_after=50)]}, {}, 0.5),
+    "between_headers_and_first_token": ({A: [Plan(first_token_after=50)], B: [Plan(first_token_after=50)]}, {}, 0.5),
+    "while_hedged": ({A: [Plan(first_token_after=50)], B: [Plan(first_token_after=50)]}, {}, 2.0),
+    "in_retry_backoff": (
+        {A: [Plan(status=500)], B: [Plan(status=500)]},
+        {"retry": RetryPolicy(backoff_initial=5.0, backoff_max=5.0, max_attempts=5), "hedge": None},
+        0.5,
+    ),
+}
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+@BACKENDS
+def test_caller_cancel_releases_everything(phase: str, backend: str) -> None:
+    plans, options, cancel_after = PHASES[phase]
+    records: list[PhaseRecord] = []
+    guard, fakes = make(plans, records, budget=BudgetPolicy(floor=5), **options)
+
+    async def main() -> None:
+        async with guard, guard.http_client() as client:
+            async with anyio.create_task_group() as tg:
+                if phase == "waiting_for_a_bulkhead_slot":  # a first call takes the only slot
+                    tg.start_soon(functools.partial(client.post, A + CHAT, json=BODY))
+                    await anyio.sleep(0.1)
+                with anyio.move_on_after(cancel_after):
+                    await client.post(A + CHAT, json=BODY)
+                tg.cancel_scope.cancel()
+            assert_released(guard, fakes)
+            budget = guard.snapshot().budget
+            assert budget is not None and budget.pending == 0
+
+    run_virtual(main, backend)
+    assert records and all(r.status == "cancelled" for r in records)
+
+
+@BACKENDS
+def test_caller_cancel_mid_stream_then_close_releases_everything(backend: str) -> None:
+    records: list[PhaseRecord] = []
+    guard, fakes = make({A: [Plan(tokens=50, gap=0.5)]}, records)
+
+    async def main() -> None:
+        async with guard, guard.http_client() as client:
+            async with client.stream("POST", A + CHAT, json=BODY) as response:
+                with anyio.move_on_after(2.0):
+                    async for _ in response.aiter_raw():
+                        pass
+                assert guard.snapshot().calls_in_flight == 1  # still open: the caller may read on
+            assert_released(guard, fakes)
+
+    run_virtual(main, backend)
+    assert records[0].status == "abandoned" and records[0].cause == "closed_by_caller"
+
+
+@BACKENDS
+def test_an_unclosed_stream_is_released_when_garbage_collected(backend: str) -> None:
+    records: list[PhaseRecord] = []
+    guard, fakes = make({A: [Plan(tokens=50, gap=0.5)]}, records)
+
+    async def main() -> None:
+        async with guard, guard.http_client() as client:
+            response = await client.send(client.build_request("POST", A + CHAT, json=BODY), stream=True)
+            assert guard.snapshot().calls_in_flight == 1
+            del response
+            gc.collect()
+            await anyio.sleep(0.01)  # the connection is closed by a system task on the loop
+            assert_released(guard, fakes)
+
+    run_virtual(main, backend)
+    assert records[0].status == "abandoned" and records[0].cause == "garbage_collected"
+
+
+@BACKENDS
+def test_aclose_aborts_calls_waiting_and_streaming(backend: str) -> None:
+    records: list[PhaseRecord] = []
+    guard, fakes = make({A: [Plan(first_token_after=50)], B: [Plan(tokens=100, gap=0.5)]}, records, hedge=None)
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        client = guard.http_client()
+
+        async def call() -> None:
+            try:
+                async with client.stream("POST", A + CHAT, json=BODY) as response:
+                    await response.aread()
+            except GuardClosed as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(call)
+            await anyio.sleep(2.0)
+            assert guard.snapshot().calls_in_flight == 10
+            closed_at = now()
+            await guard.aclose()
+            assert now() == closed_at  # no waiting without a grace period
+        assert_released(guard, fakes)
+        with pytest.raises(GuardClosed):
+            await client.post(A + CHAT, json=BODY)
+        await client.aclose()
+
+    run_virtual(main, backend)
+    assert len(errors) == 10
+    assert {r.cause for r in records} == {"guard_closed"}
+    assert sum(f.requests for f in fakes.values()) == 10  # nothing was sent after the close
+
+
+@BACKENDS
+def test_aclose_with_grace_lets_calls_finish(backend: str) -> None:
+    records: list[PhaseRecord] = []
+    guard, fakes = make({A: [Plan(tokens=4, gap=0.5)]}, records, hedge=None)
+
+    async def main() -> None:
+        async with guard.http_client() as client, anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(client.post, A + CHAT, json=BODY))
+            await anyio.sleep(0.1)
+            await guard.aclose(grace=10.0)
+        assert_released(guard, fakes)
+
+    run_virtual(main, backend)
+    assert records[0].status == "ok"
+
+
+def test_aclose_rejects_a_bad_grace() -> None:
+    guard = Guard(["http://a.test"], instrumentation=None)
+    with pytest.raises(ValueError, match="grace must be a finite number of seconds >= 0"):
+        anyio.run(guard.aclose, -1.0)
+
+
+def test_a_hold_is_released_exactly_once() -> None:
+    released: list[str] = []
+
+    async def main() -> None:
+        registry = LeaseRegistry()
+        lease = CallLease(registry)
+        first = lease.hold(lambda: released.append("slot"))
+        lease.hold(lambda: released.append("ticket")).discharge()
+        first.release()
+        first.release()
+        lease.hold(lambda: released.append("in_flight"))
+        await lease.aclose("ok", None)
+        await lease.aclose("error", "again")  # idempotent
+        lease.hold(lambda: released.append("late"))  # acquired after the end: given straight back
+        assert not registry.live
+
+    anyio.run(main)
+    assert released == ["slot", "in_flight", "late"]
+
+
+def test_response_closed_by_the_lease_even_if_the_attempt_never_returned() -> None:
+    closed: list[bool] = []
+
+    class Stream(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[override]
+            yield b""
+
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry())
+        lease.own(httpx.Response(200, stream=Stream()))
+        lease.abort()
+        await lease.aclose("error", "guard_closed")
+
+    anyio.run(main)
+    assert closed == [True]
+
+
+def test_a_response_owned_after_the_end_is_refused_and_closed_with_its_body() -> None:
+    """An answer that arrives after ``Guard.aclose()`` closed the call: `own` raises `GuardClosed` (the
+    attempt fails, never wins), and the attempt's `close_response` closes it and its body iterator."""
+    body = _Body()
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry())
+        lease.abort()
+        await lease.aclose("error", "guard_closed")
+        response = httpx.Response(200, stream=body)
+        reading = body.__aiter__()
+        await reading.__anext__()
+        with pytest.raises(GuardClosed, match="before this answer arrived"):
+            lease.own(response, reading)
+        await lease.close_response(response)
+        assert response.is_closed
+
+    anyio.run(main)
+    assert body.closed
+
+
+@BACKENDS
+def test_a_second_close_waits_until_the_first_has_closed_everything(backend: str) -> None:
+    events: list[str] = []
+
+    class SlowStream(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[override]
+            yield b""
+
+        async def aclose(self) -> None:
+            await anyio.sleep(1.0)
+            events.append("response closed")
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry(), finish=lambda status, cause: events.append(f"finished {status}"))
+        lease.own(httpx.Response(200, stream=SlowStream()))
+
+        async def close(name: str, status: Any) -> None:
+            await lease.aclose(status, None)
+            events.append(f"{name} returned")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close, "first", "ok")
+            await anyio.sleep(0.1)
+            tg.start_soon(close, "second", "error")
+
+    run_virtual(main, backend)
+    assert events == ["response closed", "finished ok", "first returned", "second returned"]
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self) -> None:
+        self.closed = False
+        self.read_to_end = False
+
+    async def __aiter__(self) -> Any:
+        try:
+            yield b"a"
+            yield b"b"
+            self.read_to_end = True
+        finally:
+            self.closed = True  # the generator was finished or closed
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("read_to_end", [True, False], ids=["finished", "half-read"])
+async def test_close_quietly_closes_the_response_and_a_half_read_body_iterator(read_to_end: bool) -> None:
+    body = _Body()
+    response = httpx.Response(200, stream=body)
+    reading = aiter(body)
+    assert await anext(reading) == b"a"
+    if read_to_end:
+        assert await anext(reading) == b"b"
+        with pytest.raises(StopAsyncIteration):
+            await anext(reading)
+    await close_quietly(response, reading)
+    assert response.is_closed and body.closed
+    assert body.read_to_end is read_to_end
+    assert reading.ag_frame is None  # type: ignore[attr-defined]  # the generator is finished either way

@@ -1,0 +1,315 @@
+"""The core request path against real loopback servers, through plain httpx and the real openai SDK."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from llmguard_client import (
+    Guard,
+    GuardFailure,
+    PhaseRecord,
+    Replica,
+    StallTimeout,
+    Tier,
+    TotalTimeout,
+    TTFTTimeout,
+    UnknownTierError,
+    guard_failure,
+)
+from llmguard_client._stream.body import GuardBody
+from tests.clients import plain_httpx
+from tests.loopback import LoopbackServer, Script
+
+CHAT = "/v1/chat/completions"
+STREAM_BODY: dict[str, Any] = {
+    "model": "test-model",
+    "messages": [{"role": "user", "content": "secret prompt text"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+MARGIN = 0.25
+"""Generous, for a shared 2-core machine: the exact instants are asserted in virtual time
+(tests/layers/test_deadline.py) and the real-time accuracy (within 3-4 ms of the limit, against the first wave's
+50 ms bound) is measured by benchmarks/deadline_accuracy.py."""
+
+
+def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"interactive": Tier(ttft=1.0, total=5.0, stall=1.0), "batch": Tier(ttft=5, total=20)})
+    kwargs.setdefault("instrumentation", None)
+    kwargs.setdefault("hedge", None)
+    return Guard(replicas=[s.url for s in servers], on_record=records.append, **kwargs)
+
+
+async def direct_stream(url: str) -> bytes:
+    async with plain_httpx() as client, client.stream("POST", url + CHAT, json=STREAM_BODY) as response:
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+async def test_stream_is_replayed_byte_for_byte(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=20, gap=0.001)
+    expected = await direct_stream(servers[0].url)
+    servers[0].reset()
+    servers[0].script = Script(tokens=20, gap=0.001)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            got = b"".join([chunk async for chunk in response.aiter_raw()])
+    # Identical apart from the per-response "created" timestamp.
+    assert got.replace(b'"created"', b"").count(b"data:") == expected.count(b"data:")
+    assert [line[:60] for line in got.split(b"\n\n")] == [line[:60] for line in expected.split(b"\n\n")]
+    assert records[0].status == "ok"
+
+
+async def test_phase_record_fields_and_order(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5, gap=0.005, stall_before_first=0.05)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            assert response.extensions["llmguard"].request_id
+            await response.aread()
+    (record,) = records
+    assert record is response.extensions["llmguard"]
+    assert record.tier == "interactive" and record.cohort == "guarded" and record.stream
+    assert record.model == "test-model"
+    assert record.start <= record.queued <= record.sent <= record.headers <= record.first_token <= record.finish  # type: ignore[operator]
+    # The server holds the first token 50 ms after it got the request, so after the request was sent (the
+    # headers' stamp can itself run late on a loaded machine, so it is not the reference here).
+    assert record.first_token - record.sent >= 0.049  # type: ignore[operator]
+    assert (record.prompt_tokens, record.completion_tokens) == (7, 5)  # from the final usage chunk
+    assert record.chunks == 7  # 5 content chunks, the finish chunk and the usage chunk
+    assert record.status == "ok" and record.http_status == 200 and record.replica == servers[0].url
+    assert record.finish_reasons == ["stop"] and record.response_id == "chatcmpl-test"
+    assert len(record.attempts) == 1 and record.attempts[0].outcome == "won"
+
+
+async def test_usage_absent_when_not_requested(servers: list[LoopbackServer]) -> None:
+    records: list[PhaseRecord] = []
+    body = {**STREAM_BODY, "stream_options": {"include_usage": False}}
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=body) as response:
+            await response.aread()
+    assert records[0].prompt_tokens is None and records[0].completion_tokens is None
+
+
+async def test_ttft_counts_content_not_bytes(servers: list[LoopbackServer]) -> None:
+    """A role-only delta and keep-alive comments arrive at once, then the server stalls: ttft trips."""
+    servers[0].script = Script(role_chunk=True, keepalives_before=3, stall_before_first=5.0)
+    records: list[PhaseRecord] = []
+    tiers = {"fast": Tier(ttft=0.3, total=5.0, stall=1.0)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        started = time.monotonic()
+        with pytest.raises(TTFTTimeout) as caught:
+            await client.post(servers[0].url + CHAT, json=STREAM_BODY)
+        elapsed = time.monotonic() - started
+    assert isinstance(caught.value, httpx.TimeoutException)
+    assert 0.3 <= elapsed < 0.3 + MARGIN
+    assert "ttft" in str(caught.value) and "'fast'" in str(caught.value)
+    assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
+    assert records[0].attempts[0].headers is not None and records[0].attempts[0].first_token is None
+    # The timed-out attempt's connection was closed: the server saw the disconnect.
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_stall_deadline_after_first_token(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5, stall_after_first=5.0)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=1.0, total=10.0, stall=0.3)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the guard's body
+            assert isinstance(body, GuardBody) and body._watchdog is not None  # asyncio, HTTP/1.1: one timer
+            chunks: list[bytes] = []
+            with pytest.raises(StallTimeout):
+                async for chunk in response.aiter_raw():
+                    chunks.append(chunk)
+                    last = time.monotonic()
+            stalled_for = time.monotonic() - last
+    assert b" t0" in b"".join(chunks)
+    assert 0.3 <= stalled_for < 0.3 + MARGIN
+    assert records[0].status == "timeout" and records[0].cause == "stall_timeout"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_total_deadline_mid_stream(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=200, gap=0.01)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.5, total=0.6, stall=1.0)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        started = time.monotonic()
+        with pytest.raises(TotalTimeout) as caught:
+            async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+                async for _ in response.aiter_raw():
+                    pass
+        elapsed = time.monotonic() - started
+    assert 0.6 <= elapsed < 0.6 + MARGIN
+    assert "total deadline of tier 't' (0.6s" in str(caught.value)
+    assert records[0].cause == "total_timeout"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_non_streaming_bounded_by_ttft(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(hang_before_headers=5.0)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.3, total=5.0)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        with pytest.raises(TTFTTimeout):
+            await client.post(servers[0].url + CHAT, json={"model": "m", "messages": []})
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_tier_header_is_stripped_and_selects_the_tier(servers: list[LoopbackServer]) -> None:
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        response = await client.post(
+            servers[0].url + CHAT, json={"model": "m", "messages": []}, headers={"x-llmguard-tier": "batch"}
+        )
+        assert response.status_code == 200
+        with guard.tier("batch"):
+            await client.post(servers[0].url + CHAT, json={"model": "m", "messages": []})
+    assert [r.tier for r in records] == ["batch", "batch"]
+    assert all("x-llmguard-tier" not in r.headers for r in servers[0].received)
+
+
+async def test_unknown_tier_is_a_clear_error(servers: list[LoopbackServer]) -> None:
+    async with make_guard(servers[:1], []) as guard, guard.http_client() as client:
+        with pytest.raises(UnknownTierError, match="configured tiers: batch, interactive") as caught:
+            await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
+        with pytest.raises(UnknownTierError, match="'gold'"), guard.tier("gold"):
+            pass
+    assert isinstance(caught.value, GuardFailure) and guard_failure(caught.value) == "unknown_tier"
+    assert servers[0].received == []
+
+
+async def test_refused_calls_in_response_mode_are_answers_not_to_be_retried(servers: list[LoopbackServer]) -> None:
+    guard = make_guard(servers[:1], [], failure_mode="response")
+    async with guard, guard.http_client() as client:
+        typo = await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
+    async with guard.http_client() as client:
+        closed = await client.post(servers[0].url + CHAT, json={})
+    assert (typo.status_code, typo.headers["x-llmguard-cause"], typo.headers["x-should-retry"]) == (
+        400,
+        "unknown_tier",
+        "false",
+    )
+    assert "'gold'" in typo.json()["error"]["message"] and typo.json()["error"]["code"] == "unknown_tier"
+    assert (closed.status_code, closed.headers["x-llmguard-cause"], closed.headers["x-should-retry"]) == (
+        503,
+        "guard_closed",
+        "false",
+    )
+    assert servers[0].received == []
+
+
+async def test_routes_only_to_configured_replicas_with_their_own_headers(servers: list[LoopbackServer]) -> None:
+    records: list[PhaseRecord] = []
+    replicas = [Replica(servers[0].url, headers={"authorization": "Bearer key-A"}), servers[1].url]
+    guard = Guard(replicas=replicas, hedge=None, instrumentation=None, on_record=records.append)
+    async with guard, guard.http_client() as client:
+        for _ in range(4):
+            response = await client.post("http://llm.internal/v1/chat/completions", json={"model": "m"})
+            assert response.status_code == 200
+    assert len(servers[0].received) == 2 and len(servers[1].received) == 2
+    assert all(r.headers["authorization"] == "Bearer key-A" for r in servers[0].received)
+    assert all("authorization" not in r.headers for r in servers[1].received)
+    assert all(r.headers["host"] == f"127.0.0.1:{servers[1].port}" for r in servers[1].received)
+    assert "key-A" not in repr([r.to_dict() for r in records])
+
+
+async def test_openai_streaming_and_non_streaming(servers: list[LoopbackServer]) -> None:
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk-test", http_client=guard.http_client())
+        stream = await oai.chat.completions.create(
+            model="test-model",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == " t0 t1 t2 t3 t4"
+        completion = await oai.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "x"}])
+        assert completion.choices[0].message.content == "hello"
+    assert [r.status for r in records] == ["ok", "ok"]
+    assert records[0].completion_tokens == 5 and records[1].completion_tokens == 1
+
+
+async def test_openai_does_not_stack_retries_on_a_guard_timeout(servers: list[LoopbackServer]) -> None:
+    """openai's default max_retries=2 must not turn one 0.5 s deadline into 3 x 0.5 s plus sleeps."""
+    for server in servers[:2]:
+        server.script = Script(stall_before_first=5.0)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.5, total=5.0)}
+    async with make_guard(servers[:2], records, tiers=tiers) as guard:
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
+        assert oai.max_retries == 2
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        elapsed = time.monotonic() - started
+    assert caught.value.status_code == 504
+    assert caught.value.response.headers["x-llmguard-cause"] == "ttft_timeout"
+    assert "tier 't'" in caught.value.message and "0.5s" in caught.value.message
+    assert 0.5 <= elapsed < 0.5 + 0.5  # an SDK retry would add its backoff (>= 0.375 s) and another 0.5 s
+    assert len(records) == 1  # one logical call reached the guard: the SDK did not retry
+    # The guard gave up before the server answered; on a busy machine before its handler ran, too.
+    assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)
+    assert sum(len(s.received) for s in servers) == 1
+
+
+async def test_caller_cancel_closes_the_attempt(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(stall_before_first=5.0)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        with anyio.move_on_after(0.2):
+            await client.post(servers[0].url + CHAT, json=STREAM_BODY)
+        assert guard.snapshot().idle
+    assert records[0].status == "cancelled"
+    assert records[0].attempts[0].outcome == "cancelled"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_abandoned_stream_is_closed_and_recorded(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=100, gap=0.01)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            async for _ in response.aiter_raw():
+                break
+        assert guard.snapshot().replicas[0].in_flight == 0
+    assert records[0].status == "abandoned"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_control_cohort_is_one_plain_measured_attempt(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=500)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, rollout=0.0) as guard, guard.http_client() as client:
+        response = await client.post(servers[0].url + CHAT, json={"model": "m"})
+    assert response.status_code == 500 and "x-should-retry" not in response.headers
+    assert records[0].cohort == "control" and len(records[0].attempts) == 1
+    assert len(servers[0].received) == 1
+
+
+async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[LoopbackServer]) -> None:
+    from llmguard_client import Bulkhead
+
+    servers[0].script = Script(tokens=30, gap=0.02)  # holds the only slot for about 0.6 s, twice the ttft
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=0.3, total=5.0, stall=1.0)}
+    bulkheads = {"t": Bulkhead(max_in_flight=1, max_waiting=1)}
+    async with make_guard(servers[:1], records, tiers=tiers, bulkheads=bulkheads) as guard, guard.http_client() as c:
+        async with c.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as first:
+            started = time.monotonic()
+            with pytest.raises(TTFTTimeout, match="bulkhead slot"):
+                await c.post(servers[0].url + CHAT, json=STREAM_BODY)
+            assert 0.3 <= time.monotonic() - started < 0.3 + MARGIN
+            await first.aread()
+        assert (await c.post(servers[0].url + CHAT, json=STREAM_BODY)).status_code == 200  # the slot came back
+    assert [r.status for r in records] == ["timeout", "ok", "ok"]
+    assert records[0].attempts == [] and len(servers[0].received) == 2

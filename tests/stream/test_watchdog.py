@@ -1,0 +1,167 @@
+"""The read watchdog: one lazily re-armed timer bounds a live stream's reads on asyncio over HTTP/1.1.
+
+The socket-pair tests run in virtual time (`tests.virtual.run_virtual` on asyncio, with looptime: the loop's
+clock jumps to its next timer while nothing is readable), so the stall and total instants are exact."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from llmguard_client import GuardClosed, PhaseRecord, Tier
+from llmguard_client._core.clock import AsyncioTime, current_time_source
+from llmguard_client._stream.watchdog import ReadWatchdog
+from tests.clients import plain_httpx
+from tests.core.test_transport import CHAT, STREAM_BODY, make_guard
+from tests.loopback import LoopbackServer, Script
+from tests.virtual import run_virtual
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """Two connected sockets: the watched one (non-blocking) and its peer."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def test_a_stall_shuts_the_socket_down_and_the_pending_read_ends(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, _) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        started = loop.time()
+        data = await asyncio.wait_for(loop.sock_recv(ours, 10), 5)  # the peer sends nothing
+        assert data == b""  # the shutdown ended the read
+        assert watchdog.tripped == "stall"
+        assert loop.time() - started == pytest.approx(0.05, abs=1e-9)
+
+    run_virtual(main, "asyncio")
+
+
+def test_the_total_deadline_wins_when_it_comes_first(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, _) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=10, total_at=loop.time() + 0.05)
+        watchdog.start_read()
+        started = loop.time()
+        assert await asyncio.wait_for(loop.sock_recv(ours, 10), 5) == b""
+        assert watchdog.tripped == "total"
+        assert loop.time() - started == pytest.approx(0.05, abs=1e-9)
+
+    run_virtual(main, "asyncio")
+
+
+def test_no_read_in_progress_is_never_interrupted(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, theirs) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.reading = False  # the read returned at once; the caller then works for a while
+        await asyncio.sleep(0.2)
+        assert watchdog.tripped is None
+        theirs.sendall(b"x")
+        assert await asyncio.wait_for(loop.sock_recv(ours, 1), 5) == b"x"  # the socket is intact
+
+    run_virtual(main, "asyncio")
+
+
+def test_cancel_interrupts_and_close_drops_the_timer(pair: tuple[socket.socket, ...]) -> None:
+    async def main() -> None:
+        loop, (ours, theirs) = asyncio.get_running_loop(), pair
+        watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+        watchdog.start_read()
+        watchdog.close()
+        await asyncio.sleep(0.15)
+        assert watchdog.tripped is None  # the timer was dropped
+        watchdog.cancel()
+        assert watchdog.tripped == "abort"
+        assert theirs.recv(1) == b""  # the peer sees the shutdown
+
+    run_virtual(main, "asyncio")
+
+
+async def test_a_response_without_a_socket_gets_no_watchdog() -> None:
+    response = httpx.Response(200, extensions={"http_version": b"HTTP/1.1"})
+    time_source = current_time_source()
+    assert ReadWatchdog.for_response(response, stall=1, total_at=1, time_source=time_source) is None
+    http2 = httpx.Response(200, extensions={"http_version": b"HTTP/2"})
+    assert ReadWatchdog.for_response(http2, 1, 1, time_source) is None
+
+
+async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=3)
+    url = servers[0].url + CHAT
+    async with plain_httpx() as client, client.stream("POST", url, json=STREAM_BODY) as response:
+        assert ReadWatchdog.for_response(response, stall=1, total_at=1e9, time_source=current_time_source()) is not None
+        await response.aread()
+
+
+async def test_gaps_shorter_than_the_stall_never_cut_a_long_stream(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=16, gap=0.05)  # 0.8 s in all: many stall periods, each gap well inside one
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.2)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body = await response.aread()
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert records[0].status == "ok"
+
+
+async def test_a_caller_pausing_between_reads_is_not_a_stall(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=5)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.1)}
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            chunks: list[bytes] = []
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+                await asyncio.sleep(0.15)  # longer than the stall limit, but no read is waiting
+    assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
+    assert records[0].status == "ok"
+
+
+async def test_guard_close_between_reads_ends_the_next_read(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=500, gap=0.01)
+    records: list[PhaseRecord] = []
+    guard = make_guard(servers[:1], records, tiers={"t": Tier(ttft=2.0, total=30.0, stall=5.0)})
+    async with guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            iterator = response.aiter_raw()
+            await iterator.__anext__()
+            await guard.aclose()
+            with pytest.raises(GuardClosed):
+                async for _ in iterator:
+                    pass
+    assert records[0].cause == "guard_closed"
+    assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
+
+
+async def test_bytes_that_arrived_while_the_loop_was_blocked_are_not_a_stall(pair: tuple[socket.socket, ...]) -> None:
+    """The server answered in time; the client's own loop was busy past the stall limit before it could
+    resume the read. The watchdog confirms a stall one loop pass later, after the read's wake-up."""
+    loop, (ours, theirs) = asyncio.get_running_loop(), pair
+    watchdog = ReadWatchdog(AsyncioTime(loop), ours, stall=0.05, total_at=loop.time() + 10)
+
+    async def read() -> bytes:
+        watchdog.start_read()
+        try:
+            return await loop.sock_recv(ours, 10)
+        finally:
+            watchdog.reading = False
+
+    task = asyncio.ensure_future(read())
+    await asyncio.sleep(0)  # the read is waiting
+    theirs.sendall(b"token")
+    time.sleep(0.15)  # noqa: ASYNC251 - on purpose: the loop is blocked, the data is there, the stall timer overdue
+    assert await asyncio.wait_for(task, 5) == b"token"
+    assert watchdog.tripped is None
+    watchdog.close()

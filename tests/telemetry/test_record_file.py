@@ -1,0 +1,182 @@
+"""`RecordLogger(path)`: records appended to a file with no logging set up, rotation-safe, closed with the Guard."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from llmguard_client import Guard, GuardConfigError, cli
+from llmguard_client.compare.load import read_path
+from llmguard_client.telemetry.record import PhaseRecord
+from llmguard_client.telemetry.record_logger import RecordLogger
+from tests.loopback import LoopbackCluster
+
+
+def record(i: int, cohort: str = "guarded", ttft: float = 0.05) -> PhaseRecord:
+    rec = PhaseRecord(
+        request_id=f"r{i}",
+        tier="interactive",
+        cohort=cohort,  # type: ignore[arg-type]
+        method="POST",
+        path="/v1/chat/completions",
+        start=10.0,
+        start_unix=1.7e9,
+        rollout_fraction=0.5,
+    )
+    rec.first_token, rec.finish, rec.status, rec.http_status = 10.0 + ttft, 10.5, "ok", 200
+    return rec
+
+
+def open_fds_to(path: Path) -> int:
+    """How many of this process's file descriptors point at ``path`` (Linux /proc)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def test_lines_are_json_that_compare_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "records.jsonl"
+    writer = RecordLogger(str(path))
+    assert writer.path == str(path)
+    for i in range(40):
+        writer(record(i, "guarded" if i % 2 else "control", ttft=0.05 + 0.001 * (i % 7)))
+    writer.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 40
+    assert [json.loads(line)["request_id"] for line in lines] == [f"r{i}" for i in range(40)]
+    assert len(read_path(str(path)).calls) == 40
+    assert cli.main(["compare", str(path), "--min-calls", "10"]) == 0
+    assert "verdict:" in capsys.readouterr().out
+
+
+def test_each_line_is_flushed_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    writer = RecordLogger(path)
+    writer(record(1))
+    assert json.loads(path.read_text(encoding="utf-8"))["request_id"] == "r1"  # readable before any close
+    writer.close()
+
+
+def test_appends_to_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"earlier": true}\n', encoding="utf-8")
+    writer = RecordLogger(path)
+    writer(record(1))
+    writer.close()
+    assert path.read_text(encoding="utf-8").splitlines()[0] == '{"earlier": true}'
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_a_rotated_file_is_followed_by_a_fresh_one(tmp_path: Path) -> None:
+    path, rotated = tmp_path / "records.jsonl", tmp_path / "records.jsonl.1"
+    writer = RecordLogger(path)
+    writer(record(1))
+    path.rename(rotated)  # what logrotate (without copytruncate) does
+    writer(record(2))
+    path.unlink()  # removed outright
+    writer(record(3))
+    writer.close()
+    assert [json.loads(x)["request_id"] for x in rotated.read_text(encoding="utf-8").splitlines()] == ["r1"]
+    assert [json.loads(x)["request_id"] for x in path.read_text(encoding="utf-8").splitlines()] == ["r3"]
+    assert open_fds_to(rotated) == 0 and open_fds_to(path) == 0
+
+
+def test_close_then_write_reopens(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    writer = RecordLogger(path)
+    writer(record(1))
+    writer.close()
+    writer.close()  # idempotent
+    assert open_fds_to(path) == 0
+    writer(record(2))
+    assert open_fds_to(path) == 1
+    writer.close()
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 2
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "a_directory"])
+def test_a_bad_path_is_a_clear_error_at_once(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "no" / "such" / "dir" / "records.jsonl" if where == "missing_dir" else tmp_path
+    with pytest.raises(GuardConfigError, match="RecordLogger cannot append to") as info:
+        RecordLogger(path)
+    message = str(info.value)
+    assert str(path) in message and "existing, writable directory" in message
+
+
+@pytest.mark.parametrize("bad", [42, b"", ""])
+def test_a_path_of_the_wrong_type_is_refused(bad: object) -> None:
+    with pytest.raises(GuardConfigError, match="RecordLogger path must be a file path"):
+        RecordLogger(bad)  # type: ignore[arg-type]
+
+
+def test_a_path_and_a_logger_together_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(GuardConfigError, match="a file path or a logger, not both"):
+        RecordLogger(tmp_path / "r.jsonl", logger="myapp")
+
+
+def test_a_write_that_fails_is_logged_once_and_never_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    path = folder / "records.jsonl"
+    writer = RecordLogger(path)
+    path.unlink()
+    folder.rmdir()  # the directory went away: reopening fails
+    with caplog.at_level(logging.INFO, logger="llmguard_client"):
+        writer(record(1))
+        writer(record(2))
+        folder.mkdir()
+        writer(record(3))
+    writer.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cannot write to" in m for m in messages) == 1
+    assert any("writes to" in m and "again" in m for m in messages)
+    assert [json.loads(x)["request_id"] for x in path.read_text(encoding="utf-8").splitlines()] == ["r3"]
+
+
+def test_a_dropped_writer_closes_its_file_without_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    writer = RecordLogger(path)
+    writer(record(1))
+    assert open_fds_to(path) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ResourceWarning would fail here
+        del writer
+        gc.collect()
+    assert open_fds_to(path) == 0
+
+
+def test_a_logger_instance_still_selects_logging(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("myapp.records")
+    writer = RecordLogger(logger)
+    assert writer.path is None
+    with caplog.at_level(logging.INFO, logger="myapp.records"):
+        writer(record(1))
+    assert json.loads(caplog.records[0].getMessage())["request_id"] == "r1"
+
+
+async def test_a_guard_writes_every_call_and_closes_the_file(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    async with Guard(replicas=cluster.urls, rollout=0.5, on_record=RecordLogger(path)) as guard:
+        async with guard.http_client() as client:
+            for i in range(6):
+                headers = {"x-llmguard-cohort": "guarded" if i % 2 else "control"}
+                url = cluster.urls[0] + "/v1/chat/completions"
+                async with client.stream("POST", url, json=body, headers=headers) as response:
+                    await response.aread()
+        assert open_fds_to(path) == 1
+    assert open_fds_to(path) == 0  # closed with the Guard
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert [x["cohort"] for x in lines] == ["control", "guarded"] * 3
+    assert all(x["status"] == "ok" and x["rollout_fraction"] == 0.5 for x in lines)

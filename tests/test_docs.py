@@ -1,0 +1,141 @@
+"""The docs' commands and sample outputs come from real runs: ``scripts/render_docs.py --check`` in the suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_renderer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["render_docs"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+render_docs = load_renderer()
+
+
+@pytest.mark.parametrize("doc", render_docs.DOCS)
+def test_the_docs_show_what_their_commands_print(doc: str) -> None:
+    """Every marked command still runs, and its block still has the shape of what it prints now."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "render_docs.py"), "--check", doc],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_each_rendered_doc_has_markers() -> None:
+    for doc in render_docs.DOCS:
+        lines = (ROOT / doc).read_text(encoding="utf-8").split("\n")
+        runs = [b for b in render_docs.blocks(lines, doc) if b.kind != "file"]
+        assert runs, f"{doc} has no docs-run/docs-sample marker"
+        assert all(lines[b.start].startswith("$ ") for b in runs), f"{doc} has a marked block never rendered"
+
+
+def test_the_readme_quickstart_is_the_example_file() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").split("\n")
+    (block,) = [b for b in render_docs.blocks(lines, "README.md") if b.kind == "file"]
+    quickstart = "\n".join(lines[block.start : block.end])
+    assert quickstart in (ROOT / "examples" / "openai_quickstart.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("doc", [*render_docs.DOCS, "docs/compatibility.md"])
+def test_the_docs_speak_to_users(doc: str) -> None:
+    """No words of how the project is run: waves, numbered issues, reference seeds or sections."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    assert not re.findall(r"(?i)\bwaves?\b|\bissue \d|seed 00\d|§", text)
+
+
+# --- the renderer itself, on small docs of its own --------------------------------------------------------
+
+
+def write_doc(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "doc.md"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+DOC = """# A doc
+
+<!-- docs-file: hello.py -->
+```python
+print("hello", 3 * 14)
+```
+
+<!-- docs-run: python hello.py -->
+```text
+```
+"""
+
+
+def test_render_writes_the_command_and_its_output(tmp_path: Path) -> None:
+    path = write_doc(tmp_path, DOC)
+    assert render_docs.process(path, check=False) == []
+    assert "```text\n$ python hello.py\nhello 42\n```" in path.read_text(encoding="utf-8")
+    assert render_docs.process(path, check=True) == []
+
+
+def test_check_ignores_figures_but_not_words(tmp_path: Path) -> None:
+    path = write_doc(tmp_path, DOC)
+    render_docs.process(path, check=False)
+    rendered = path.read_text(encoding="utf-8")
+    path.write_text(rendered.replace("hello 42", "hello   7.5"), encoding="utf-8")
+    assert render_docs.process(path, check=True) == []  # another figure, other spacing: same shape
+    path.write_text(rendered.replace("hello 42", "goodbye 42"), encoding="utf-8")
+    (problem,) = render_docs.process(path, check=True)
+    assert "prints something else now" in problem and "+hello 42" in problem
+
+
+def test_a_failing_command_is_reported(tmp_path: Path) -> None:
+    path = write_doc(tmp_path, "<!-- docs-run: python -c 'raise SystemExit(3)' -->\n```text\n```\n")
+    (problem,) = render_docs.process(path, check=True)
+    assert "exited 3" in problem
+    assert render_docs.process(path, check=False) != []
+    assert path.read_text(encoding="utf-8").endswith("```text\n```\n")  # left as it was
+
+
+def test_a_sample_is_checked_by_its_pattern(tmp_path: Path) -> None:
+    path = write_doc(tmp_path, "<!-- docs-sample: echo verdict: HOLD ==> ^verdict: (WIDEN|HOLD) -->\n```\n```\n")
+    render_docs.process(path, check=False)
+    assert "$ echo verdict: HOLD\nverdict: HOLD" in path.read_text(encoding="utf-8")
+    assert render_docs.process(path, check=True) == []
+    path.write_text(path.read_text(encoding="utf-8").replace("==> ^verdict:", "==> ^the verdict:"), encoding="utf-8")
+    (problem,) = render_docs.process(path, check=True)
+    assert "matches '^the verdict:" in problem
+
+
+def test_a_marker_without_a_block_is_an_error(tmp_path: Path) -> None:
+    path = write_doc(tmp_path, "<!-- docs-run: echo hi -->\n\ntext\n")
+    with pytest.raises(render_docs.DocError, match="must be followed at once by a ``` block"):
+        render_docs.process(path, check=True)
+
+
+def test_llmguard_means_this_checkout(tmp_path: Path) -> None:
+    path = write_doc(
+        tmp_path, "<!-- docs-run: python -c 'import llmguard_client; print(llmguard_client.__file__)' -->\n```\n```\n"
+    )
+    render_docs.process(path, check=False)
+    assert str(ROOT / "llmguard_client" / "__init__.py") in path.read_text(encoding="utf-8")
+
+
+def test_shape_masks_numbers_hex_and_spacing() -> None:
+    assert render_docs.shape("TTFT p99   1.019 s  [-3.261 s, +0.00 pp]\n\n<f at 0x7fba>") == [
+        "TTFT pN N s [N s, N pp]",
+        "<f at N>",
+    ]
