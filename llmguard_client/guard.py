@@ -21,6 +21,7 @@ from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.pool import replica_transport
+from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
@@ -30,9 +31,11 @@ from llmguard_client.config import (
     ContinuationPolicy,
     FailureMode,
     HedgePolicy,
+    RateLimit,
     Replica,
     RetryPolicy,
     Tier,
+    per_tier,
     per_tier_continuation,
     resolve_replicas,
 )
@@ -82,6 +85,8 @@ class Guard:
     bulkheads:     per-tier `Bulkhead` limits (none by default).
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
+    rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
+    fleet:         a fleet store: the rate limit's bucket is then fleet-wide (else per process).
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
                    through untouched), or a callable returning it (polled at most every
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
@@ -121,6 +126,8 @@ class Guard:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
+        rate_limit: RateLimit | None = None,
+        fleet: FleetOps | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -144,8 +151,8 @@ class Guard:
         for label, value, kind in policies:
             if value is not None and not isinstance(value, kind):
                 raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
-        bulkheads = _per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
-        tier_budgets = _per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
+        bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
+        tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
             raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
         if pool_limits is not None and transport_factory is not None:
@@ -188,6 +195,8 @@ class Guard:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
         self._on_record = on_record
+        self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, fleet)
+        """The provider rate limits' buckets (None: no `RateLimit` configured)."""
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -205,6 +214,7 @@ class Guard:
             registry=self._registry,
             clock=clock,
             continuation=per_tier_continuation(continuation, tiers),
+            rate_limiter=self.rate_limiter,
         )
 
     @property
@@ -381,20 +391,3 @@ def _default_instrumentation() -> Instrumentation | None:
             raise
         return None
     return OpenTelemetryInstrumentation()
-
-
-_T = TypeVar("_T")
-
-
-def _per_tier(
-    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
-) -> dict[str, _T]:
-    """A per-tier option checked: known tier names, values of ``kind``."""
-    checked = dict(values or {})
-    unknown = sorted(set(checked) - set(tiers))
-    if unknown:
-        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-    for name, value in checked.items():
-        if not isinstance(value, kind):
-            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
-    return checked

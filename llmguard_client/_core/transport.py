@@ -10,6 +10,7 @@ The pipeline, outermost first (each a module of `llmguard_client.layers`)::
     deadline  -> one cancel scope until the first token; stall/total after it (the body)
     retry     -> routes the call; rounds under the shared budget and Retry-After
     hedge     -> staggered attempts on different replicas, first content token wins
+    ratelimit -> each attempt charged to the provider's rate limit before it is sent
     attempt   -> one physical request to one replica
 
 Each call gets one `CallLease` that owns everything the layers acquire; a winner's
@@ -39,10 +40,12 @@ from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client._layers.deadline import DeadlineLayer
 from llmguard_client._layers.hedge import HedgeLayer
+from llmguard_client._layers.rate_limit import RateLimitLayer
 from llmguard_client._layers.retry import RetryLayer
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout, RolloutLayer
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.rate_limit import RateLimiter
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
@@ -86,6 +89,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         registry: LeaseRegistry,
         clock: Clock = loop_clock,
         continuation: Mapping[str, ContinuationPolicy | None] | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -110,6 +114,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             DeadlineLayer(),
             RetryLayer(replicas, retry, ttft_stats, instrumentation),
             HedgeLayer(replicas, hedge, ttft_stats),
+            RateLimitLayer(rate_limiter, ttft_stats),
         )
         """The pipeline, outermost first; `AttemptLayer` is the innermost handler."""
         attempt = AttemptLayer(registry)
