@@ -40,15 +40,13 @@ class Case:
 CASES = [
     Case("no first token in time", Script(hang_before_headers=5.0), Tier(ttft=0.3, total=10.0)),
     Case(
-        "stream stalls after its first token", Script(tokens=5, stall_after_first=5.0), Tier(10.0, 20.0, stall=0.3), True
+        "stream stalls after its first token", Script(tokens=5, stall_after_first=5.0), Tier(10, 20, stall=0.3), True
     ),
     # ttft = total: a first token delayed by a busy machine still comes within ttft, and the cause stays "total".
     Case("stream outlives the total deadline", Script(tokens=300, gap=0.05), Tier(ttft=1.5, total=1.5), True),
     Case("every replica refuses the connection", Script(), Tier(ttft=10.0, total=20.0), dead_replicas=True),
-    Case(
-        "the tier's bulkhead is full", Script(hang_before_headers=10.0), Tier(20.0, 30.0), bulkhead_full=True
-    ),
-    Case("every replica answers 429 + Retry-After", Script(status=429, headers={"retry-after": "30"}), Tier(10.0, 20.0)),
+    Case("the tier's bulkhead is full", Script(hang_before_headers=10.0), Tier(20, 30), bulkhead_full=True),
+    Case("every replica answers 429 + Retry-After", Script(status=429, headers={"retry-after": "30"}), Tier(10, 20)),
     Case("every replica answers 500", Script(status=500), Tier(ttft=10.0, total=20.0)),
 ]
 
