@@ -81,7 +81,10 @@ async def test_500_concurrent_calls_with_two_of_three_replicas_dead(servers: lis
     assert [r.in_flight for r in guard.snapshot().replicas] == [0, 0, 0]
     # How many succeed depends on how fast this shared machine serves 500 streams in-process; what
     # must hold is that every call ended in time with a typed outcome and left nothing behind.
-    assert {r.status for r in records} <= {"ok", "timeout", "error"}
+    # "rejected" too: under a full suite's load the guard sheds some calls at once (a typed refusal, no attempt
+    # left behind); "cancelled" or "abandoned" would be a call the guard lost track of.
+    statuses = {(r.status, r.cause) for r in records}
+    assert {status for status, _ in statuses} <= {"ok", "timeout", "error", "rejected"}, statuses
     assert any(r.status == "ok" for r in records)
     await assert_clean(guard, tasks_before)
 
