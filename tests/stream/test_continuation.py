@@ -38,7 +38,9 @@ PATHS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
-    kwargs.setdefault("tiers", {"t": Tier(ttft=1.0, total=5.0, stall=0.3)})
+    # A stall limit 20x the scripted gaps and a ttft of seconds: a busy machine's late bytes must not be taken for
+    # a stall or a missed first token (the exact instants: the virtual-time test below).
+    kwargs.setdefault("tiers", {"t": Tier(ttft=10.0, total=30.0, stall=1.0)})
     kwargs.setdefault("hedge", None)
     kwargs.setdefault("continuation", ContinuationPolicy())
     return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
@@ -167,7 +169,7 @@ async def test_the_spliced_stream_has_one_role_delta_one_done_one_id(
 
 async def test_a_stall_past_the_tier_limit_is_continued(servers: list[LoopbackServer]) -> None:
     for s in servers[:2]:
-        s.script = Script(tokens=10, stall_after_first=3.0, continued=Script(tokens=None))
+        s.script = Script(tokens=10, stall_after_first=10.0, continued=Script(tokens=None))  # 10x the limit
     records: list[PhaseRecord] = []
     async with make_guard(servers[:2], records) as guard:
         text, _ = await sdk_text(guard, servers[0].url, "chat")
@@ -217,7 +219,7 @@ async def test_a_break_too_close_to_the_total_deadline_is_not_continued(servers:
     for s in servers[:2]:
         s.script = script(reset_after_tokens=5, gap=0.05)
     records: list[PhaseRecord] = []
-    policy = ContinuationPolicy(min_time_left=4.9)  # total 5 s: 5 tokens 50 ms apart leave less than 4.9 s
+    policy = ContinuationPolicy(min_time_left=29.9)  # total 30 s: 5 tokens 50 ms apart leave less than 29.9 s
     async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
         with pytest.raises(httpx.TransportError):
             await raw_events(client, servers[0].url, "completions")
@@ -310,9 +312,11 @@ def test_the_policy_is_validated() -> None:
 
 async def test_a_stream_cut_by_the_total_deadline_is_not_continued(servers: list[LoopbackServer]) -> None:
     for s in servers[:2]:
-        s.script = script(gap=0.1)
+        s.script = Script(tokens=60, gap=0.05, continued=Script(tokens=None))  # 3 s: three times the total
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.5, total=0.6, stall=0.5)}
+    # ttft = stall = total: a first token or a gap delayed by a busy machine still comes in time, and the cause
+    # stays "total".
+    tiers = {"t": Tier(ttft=1.0, total=1.0, stall=1.0)}
     async with make_guard(servers[:2], records, tiers=tiers) as guard, guard.http_client() as client:
         with pytest.raises(TotalTimeout):
             await raw_events(client, servers[0].url, "chat")
