@@ -1,24 +1,21 @@
 """GuardTransport: the one integration point, an httpx transport that runs the pipeline.
 
-The pipeline, declared once in `GuardTransport.pipeline` (a `Pipeline`), outermost first::
+The pipeline is declared once, in `GuardTransport.pipeline` (`llmguard_client._core.pipeline.Pipeline`;
+drawn in docs/architecture.md), outermost first::
 
-    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and
-                 every call while the guard is off) is passed through (_rollout.passthrough). Before
-                 it, for every call: refused at once after ``Guard.aclose()`` or for an unknown tier
-                 or cohort header (`GuardTransport.refuse`)
+    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and every call
+                 while the guard is off) is passed through (_rollout.passthrough). Before it, for every call:
+                 refused at once after ``Guard.aclose()`` or for an unknown tier or cohort header (`refuse`)
     bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
-    deadline  -> one cancel scope until the route's first token        (_layers.deadline)
+    deadline  -> one cancel scope until the route's first token
     retry     -> routes the call; rounds under the shared budget and Retry-After
     hedge     -> staggered attempts on different replicas, first content token wins
     attempt   -> one physical request to one replica
-    -- first token: the body (`GuardBody`) runs the stream stages --
-    deadlines -> stall and total limits on every read                  (_stream.watchdog)
-    reader    -> the winner's protocol reader: in-stream errors, truncation
-    continue  -> a break becomes a continuation route through deadline -> retry -> attempt
+    -- first token: the body (`GuardBody`) runs the stream stages: stall/total deadlines, the protocol
+       reader, continuation (a route through deadline -> retry -> attempt) --
 
-Each call gets one `CallLease` that owns everything the layers acquire; a winner's
-response body (`GuardBody`) carries the lease to the caller and closes it exactly once.
-Failures are mapped to the caller in one place, `_give_up`.
+Each call gets one `CallLease` that owns everything the layers acquire; a winner's response body carries
+the lease to the caller and closes it exactly once. Failures are mapped to the caller in one place, `_give_up`.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ from llmguard_client._core.call import TIER_HEADER, Call, CallerHeaders, Request
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
-from llmguard_client._core.outcome import Failed, Route, Win
+from llmguard_client._core.outcome import Failed, Route, Win, stream_outcome
 from llmguard_client._core.pipeline import Pipeline, StreamStages
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
@@ -119,19 +116,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
             HedgeLayer(replicas, hedge, ttft_stats),
         )
         policies = dict(continuation or {})
-        self.pipeline = Pipeline(
-            layers,
-            AttemptLayer(registry),
-            continuation_layers=(deadline, retry_layer),
-            stream=StreamStages(watch=ReadWatchdog.for_response),
-        )
-        """The whole pipeline: the layers before the first token, outermost first (`AttemptLayer` innermost),
-        the layers a continuation route goes through, and the stream stages after the first token."""
+        self.pipeline = Pipeline(layers, AttemptLayer(registry), (deadline, retry_layer), StreamStages(
+            ReadWatchdog.for_response))
+        """The layers before the first token (`AttemptLayer` innermost), a continuation's, the stream stages."""
         if any(policies.values()):
             continuer = Continuer(replicas, self.pipeline.continuation, retry_layer, policies, clock)
             self.pipeline.stream = StreamStages(self.pipeline.stream.watch, continuer)
         self.layers = self.pipeline.layers
-        """The layers before the first token, outermost first."""
 
     @property
     def closed(self) -> bool:
@@ -284,7 +275,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             attempt = win.attempt
             if attempt.outcome == "won":
                 attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
-                ok, tokens, duration = _stream_outcome(status, win, now)
+                ok, tokens, duration = stream_outcome(status, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
                 record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
@@ -367,26 +358,6 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
-
-
-def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
-    """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
-    complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
-    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
-    first token over the seconds since it) only for event streams."""
-    reader = win.reader
-    ok: bool | None
-    if status == "ok":
-        ok = reader.failure is None
-    elif status == "abandoned":
-        ok = True if reader.complete and reader.failure is None else None
-    else:
-        ok = False
-    first_token = win.attempt.first_token
-    if reader.chunks is None or first_token is None:
-        return ok, None, None
-    tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
-    return ok, tokens, now - first_token
 
 
 def wrong_client_message(request: object) -> str:
