@@ -20,6 +20,7 @@ from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.pool import replica_transport
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
@@ -51,17 +52,16 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
-"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: httpcore 1.0's
-pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
-the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
+the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
-    TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=default_tls_context())
+    """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
+    the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
+    return replica_transport(limits, default_tls_context())
 
 
 class Guard:

@@ -8,8 +8,9 @@ import pytest
 
 from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
+from tests.redis_server import _shared_redis, redis_factory, redis_server
 
-__all__ = ["no_leaks"]
+__all__ = ["_shared_redis", "no_leaks", "redis_factory", "redis_server"]
 
 
 @pytest.fixture(scope="session")
