@@ -21,6 +21,11 @@ After a round fails, `Retrier` decides whether and where to try again:
   a test can seed it; tenacity's own draw uses the global ``random`` module;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
+
+A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
+names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
+attempt too), its first-token deadline and its most attempts. `learn` is the one failure classification
+of every attempt; `fits_deadline` the one test of whether another attempt can still make its deadline.
 """
 
 from __future__ import annotations
@@ -82,8 +87,7 @@ class RetryLayer:
             return first
         state, payment = first
         failures: list[AttemptFailure] = []
-        failed: list[ReplicaState] = []
-        """Replicas that failed this route: its hedges and later rounds avoid them."""
+        failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         rounds = 0
         kind = route.kind
         while True:
