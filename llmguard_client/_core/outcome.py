@@ -22,7 +22,7 @@ from llmguard_client._state.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
 from llmguard_client.protocols.errors import OVERLOAD_STATUSES
-from llmguard_client.telemetry.record import AttemptKind, AttemptRecord, CallStatus
+from llmguard_client.telemetry.record import AttemptKind, AttemptRecord
 
 
 @dataclass(slots=True, eq=False)
@@ -163,23 +163,3 @@ class Failed:
 
 
 Outcome = Win | Failed
-
-
-def stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
-    """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
-    complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
-    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
-    first token over the seconds since it) only for event streams."""
-    reader = win.reader
-    ok: bool | None
-    if status == "ok":
-        ok = reader.failure is None
-    elif status == "abandoned":
-        ok = True if reader.complete and reader.failure is None else None
-    else:
-        ok = False
-    first_token = win.attempt.first_token
-    if reader.chunks is None or first_token is None:
-        return ok, None, None
-    tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
-    return ok, tokens, now - first_token

@@ -34,7 +34,7 @@ from llmguard_client._core.call import TIER_HEADER, Call, CallerHeaders, Request
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
-from llmguard_client._core.outcome import Failed, Route, Win, stream_outcome
+from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline, StreamStages
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
@@ -275,7 +275,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             attempt = win.attempt
             if attempt.outcome == "won":
                 attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
-                ok, tokens, duration = stream_outcome(status, win, now)
+                ok, tokens, duration = _stream_outcome(status, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
                 record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
@@ -358,6 +358,26 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
+
+
+def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
+    """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
+    complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
+    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
+    first token over the seconds since it) only for event streams."""
+    reader = win.reader
+    ok: bool | None
+    if status == "ok":
+        ok = reader.failure is None
+    elif status == "abandoned":
+        ok = True if reader.complete and reader.failure is None else None
+    else:
+        ok = False
+    first_token = win.attempt.first_token
+    if reader.chunks is None or first_token is None:
+        return ok, None, None
+    tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
+    return ok, tokens, now - first_token
 
 
 def wrong_client_message(request: object) -> str:
