@@ -226,5 +226,5 @@ def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
     backoff = Backoff(0.05, 2.0, random.Random(7))
     assert [backoff(n) for n in range(1, 9)] == expected
     assert random.getstate() == global_state  # the global random module is left alone
-    seeded = RetryLayer(None, RetryPolicy(), None, None, rng=random.Random(7))  # type: ignore[arg-type]
+    seeded = RetryLayer(None, RetryPolicy(), None, rng=random.Random(7))  # type: ignore[arg-type]
     assert [seeded.backoff(n) for n in range(1, 9)] == expected
