@@ -112,17 +112,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         deadline = DeadlineLayer()
         retry_layer = RetryLayer(replicas, retry, instrumentation)
+        rate_limit = RateLimitLayer(rate_limiter)
         layers = (
             RolloutLayer(rollout),
             BulkheadLayer(bulkheads, instrumentation),
             deadline,
             retry_layer,
             HedgeLayer(replicas, hedge, ttft_stats),
-            RateLimitLayer(rate_limiter, ttft_stats),
+            rate_limit,
         )
         policies = dict(continuation or {})
-        self.pipeline = Pipeline(layers, AttemptLayer(registry), (deadline, retry_layer), StreamStages(
-            ReadWatchdog.for_response))
+        self.pipeline = Pipeline(layers, AttemptLayer(registry), (deadline, retry_layer, rate_limit),
+                                 StreamStages(ReadWatchdog.for_response))
         """The layers before the first token (`AttemptLayer` innermost), a continuation's, the stream stages."""
         if any(policies.values()):
             continuer = Continuer(replicas, self.pipeline.continuation, retry_layer, policies, clock)

@@ -1,4 +1,5 @@
-"""Rate-limit admission: every attempt (primary, retry, hedge) is charged to the provider's limit before it is sent.
+"""Rate-limit admission: every attempt (primary, retry, hedge, continuation) is charged to the provider's limit
+before it is sent.
 
 The charge is one request and the attempt's tokens: a prompt estimate (the request body's bytes / 4, cheap
 and content-free: the guard never reads the prompt; JSON punctuation makes it an over-estimate, which the
@@ -7,9 +8,10 @@ call ends, a winner's charge is corrected from the ``usage`` it reported (or, fo
 from its chunk count); ``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the
 provider reports (`llmguard_client._state.rate_limit`).
 
-An attempt that does not fit waits for its share if that wait, plus the expected time to a first token,
-fits before the tier's ttft deadline; otherwise the call fails at once with `RateLimited` carrying the
-computed retry-after. A hedge never waits: one that does not fit is not sent, and the round goes on.
+An attempt that does not fit waits for its share if that wait, plus the expected time to a first token
+(`Call.expected_ttft`, the median that `fits_deadline` reads too), fits before its route's deadline;
+otherwise the call fails at once with `RateLimited` carrying the computed retry-after. A hedge never
+waits: one that does not fit is not sent, and the round goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from llmguard_client._core.outcome import Failed, Outcome, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._state.rate_limit import RateLimiter
 from llmguard_client._state.ratelimit import remaining_room
-from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.errors import RateLimited
 
 DEFAULT_OUTPUT_ESTIMATE = 256
@@ -30,14 +31,16 @@ BYTES_PER_TOKEN = 4
 """The prompt estimate: a request body's bytes per token (about 4 for English text in BPE vocabularies)."""
 
 
-def charge_for(call: Call) -> int:
-    """Tokens charged for one attempt of ``call``: its prompt estimate plus its ``max_tokens``."""
+def charge_for(call: Call, route: Route | None = None) -> int:
+    """Tokens charged for one attempt of ``call`` on ``route``: its prompt estimate plus its ``max_tokens``."""
     max_tokens = call.record.max_tokens
-    return prompt_estimate(call) + (max_tokens if max_tokens is not None else DEFAULT_OUTPUT_ESTIMATE)
+    return prompt_estimate(call, route) + (max_tokens if max_tokens is not None else DEFAULT_OUTPUT_ESTIMATE)
 
 
-def prompt_estimate(call: Call) -> int:
-    return -(-len(call.body) // BYTES_PER_TOKEN)
+def prompt_estimate(call: Call, route: Route | None = None) -> int:
+    """The prompt's tokens, estimated from the body the attempt sends (a continuation's asks for the rest)."""
+    body = call.body if route is None or route.body is None else route.body
+    return -(-len(body) // BYTES_PER_TOKEN)
 
 
 def used_tokens(call: Call, win: Win) -> int | None:
@@ -54,19 +57,18 @@ def used_tokens(call: Call, win: Win) -> int | None:
 class RateLimitLayer:
     """Admits each attempt into its provider rate limit (if the Guard or the replica has one)."""
 
-    def __init__(self, limiter: RateLimiter | None, ttft_stats: TTFTStats) -> None:
+    def __init__(self, limiter: RateLimiter | None) -> None:
         self.limiter = limiter
-        self.ttft_stats = ttft_stats
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         limiter, state = self.limiter, route.replica
         if limiter is None or state is None or not limiter.applies(state.name):
             return await call_next(call, route)
         replica = state.name
-        tokens = charge_for(call)
+        tokens = charge_for(call, route)
         hedge = route.kind == "hedge"
-        expected = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
-        max_wait = 0.0 if hedge else max(0.0, call.first_token_deadline - call.clock() - expected)
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        max_wait = 0.0 if hedge else max(0.0, deadline - call.clock() - call.expected_ttft())
         grant = await limiter.admit(replica, tokens, max_wait)
         if grant.retry_after is not None:
             if hedge:

@@ -20,11 +20,13 @@ def test_the_guard_declares_the_whole_pipeline_once() -> None:
     guard = Guard(["http://a.test", "http://b.test"], continuation=ContinuationPolicy())
     pipeline = guard.transport.pipeline
     kinds = [type(layer).__name__ for layer in pipeline.layers]
-    assert kinds == ["RolloutLayer", "BulkheadLayer", "DeadlineLayer", "RetryLayer", "HedgeLayer"]
+    assert kinds == ["RolloutLayer", "BulkheadLayer", "DeadlineLayer", "RetryLayer", "HedgeLayer", "RateLimitLayer"]
     assert isinstance(pipeline.attempt, AttemptLayer)
     deadline, retry = pipeline.layers[2], pipeline.layers[3]
     assert isinstance(deadline, DeadlineLayer) and isinstance(retry, RetryLayer)
-    assert pipeline.continuation_layers == (deadline, retry)  # the same objects: one retry, one deadline
+    rate_limit = pipeline.layers[5]
+    # the same objects: one deadline, one retry, and a continuation is charged to the rate limit like any attempt
+    assert pipeline.continuation_layers == (deadline, retry, rate_limit)
     assert pipeline.stream.watch == ReadWatchdog.for_response
     assert isinstance(pipeline.stream.continuation, Continuer)
     assert guard.transport.layers == pipeline.layers

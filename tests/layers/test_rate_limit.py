@@ -175,3 +175,16 @@ def test_a_replica_with_its_own_limit_is_charged_to_it_and_the_others_to_the_gua
     assert guard.rate_limiter.bucket("http://a").limit is own
     assert guard.rate_limiter.bucket("http://b").limit == RateLimit(requests_per_minute=99)
     assert Guard(["http://a"], instrumentation=None).rate_limiter is None
+
+
+def test_a_continuation_is_charged_for_the_body_it_sends_not_the_callers() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from llmguard_client._core.call import Call
+    from llmguard_client._core.outcome import Route
+    from llmguard_client._layers.rate_limit import charge_for
+
+    call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50)))
+    assert charge_for(call) == charge_for(call, Route()) == 100 + 50
+    assert charge_for(call, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50
