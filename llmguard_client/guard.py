@@ -21,6 +21,8 @@ from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.fleet import make_fleet
+from llmguard_client._state.pool import replica_transport
+from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
@@ -30,6 +32,7 @@ from llmguard_client.config import (
     ContinuationPolicy,
     FailureMode,
     HedgePolicy,
+    RateLimit,
     Replica,
     RetryPolicy,
     Tier,
@@ -41,6 +44,7 @@ from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 from llmguard_client.telemetry.capture import Capture, capture
+from llmguard_client.telemetry.default import default_instrumentation
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record_logger import RecordLogger
 
@@ -53,17 +57,16 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
-"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: httpcore 1.0's
-pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
-the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
+the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
-    TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=default_tls_context())
+    """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
+    the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
+    return replica_transport(limits, default_tls_context())
 
 
 class Guard:
@@ -82,11 +85,13 @@ class Guard:
     tier_budgets:  a separate `BudgetPolicy` for some tiers (e.g. so batch retries cannot spend
                    the interactive tier's budget); the other tiers share ``budget``.
     bulkheads:     per-tier `Bulkhead` limits (none by default).
-    fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
-                   of one service: cool-downs, open circuits and the rollout flag reach all (docs/fleet.md).
-    name:          the service's name, needed with ``fleet``: it namespaces the keys (e.g. "checkout").
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
+    rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
+    fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
+                   of one service: cool-downs, open circuits, the rollout flag and the rate limit's bucket are
+                   then fleet-wide (docs/fleet.md); or a store object offering ``key``/``available``/``run``.
+    name:          the service's name, needed with a ``fleet`` URL: it namespaces the keys (e.g. "checkout").
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
                    through untouched), or a callable returning it (polled at most every
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
@@ -126,7 +131,8 @@ class Guard:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
-        fleet: str | None = None,
+        rate_limit: RateLimit | None = None,
+        fleet: str | FleetOps | None = None,
         name: str | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
@@ -164,7 +170,7 @@ class Guard:
         )
         log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
-            instrumentation = _default_instrumentation()
+            instrumentation = default_instrumentation()
         if instrumentation is None:
             from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
 
@@ -187,7 +193,6 @@ class Guard:
         self._fleet = make_fleet(
             fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
         )
-        self.name = name
         self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
         self._registry = LeaseRegistry()
         self._pools_closed = False
@@ -199,6 +204,9 @@ class Guard:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
         self._on_record = on_record
+        ops = self._fleet.store if self._fleet is not None else None if isinstance(fleet, str) else fleet
+        self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, ops)
+        """The provider rate limits' buckets (None: no `RateLimit` configured)."""
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -216,6 +224,7 @@ class Guard:
             registry=self._registry,
             clock=clock,
             continuation=per_tier_continuation(continuation, tiers),
+            rate_limiter=self.rate_limiter,
         )
 
     @property
@@ -385,15 +394,3 @@ class Guard:
         ...     await oai.chat.completions.create(...)
         """
         return self._rollout.keyed(key)
-
-
-def _default_instrumentation() -> Instrumentation | None:
-    """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
-    OpenTelemetry, so there is nothing to report to: no instrumentation."""
-    try:
-        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("opentelemetry"):
-            raise
-        return None
-    return OpenTelemetryInstrumentation()

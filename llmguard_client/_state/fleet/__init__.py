@@ -45,7 +45,7 @@ class Fleet:
 
 
 def make_fleet(
-    url: str | None,
+    url: object,
     name: str | None,
     replicas: ReplicaSet,
     rollout: Rollout,
@@ -53,10 +53,13 @@ def make_fleet(
     poll_interval: float,
     clock: Callable[[], float],
 ) -> Fleet | None:
-    """``Guard(fleet=url, name=name)`` checked and built (None without ``url``: everything stays in process)."""
+    """``Guard(fleet=url, name=name)`` checked and built: None without ``url`` (everything stays in process) or
+    for a store object that is not a `FleetStore` (it serves the rate limit alone)."""
     if name is not None:
         check_name(name)
-    if url is None:
+    if isinstance(url, FleetStore):
+        return Fleet(url, replicas, rollout, poll_interval=poll_interval, clock=clock)
+    if url is None or not isinstance(url, str):
         return None
     address = parse_fleet_url(url)
     if name is None:
