@@ -10,7 +10,7 @@ import anyio
 import httpx
 import redis.asyncio as redis
 
-from llmguard_client import Guard
+from llmguard_client import Guard, RateLimit
 from tests.loopback import LoopbackServer
 from tests.redis_server import RedisServer
 
@@ -89,3 +89,19 @@ async def test_redis_killed_paused_and_restarted_fails_no_call(
     assert statuses and set(statuses) == {200}, statuses
     assert states[-4:] == ["degraded", "connected", "degraded", "connected"], states
     assert snap is not None and snap.transitions == 4 and snap.resyncs == 3 and snap.last_error
+
+
+async def test_a_fleet_url_also_makes_the_rate_limit_fleet_wide(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    limit = RateLimit(requests_per_minute=6000)
+    guard = Guard([s.url for s in servers[:2]], fleet=redis_server.url, name="checkout", rate_limit=limit)
+    async with guard, guard.http_client() as client:
+        await until(lambda: bool(guard.snapshot().fleet and guard.snapshot().fleet.connected))
+        assert await call(client, servers[0].url) == 200
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        keys = [k.decode() async for k in admin.scan_iter("llmguard:checkout:ratelimit:*")]
+    finally:
+        await admin.aclose()
+    assert keys, "the rate limit's bucket is not in the fleet store"
