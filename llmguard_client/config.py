@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import httpx
 
 from llmguard_client._core.redact import redact_headers, redact_url
-from llmguard_client.errors import GuardConfigError
+from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
 """How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error
@@ -269,6 +269,61 @@ class ContinuationPolicy:
                 f"ContinuationPolicy.budget must be a BudgetPolicy (e.g. BudgetPolicy(ratio=0.1, floor=3)), "
                 f"got {self.budget!r}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityPolicy:
+    """Cache-aware routing: a keyed call prefers the same replica, so its prompt prefix is already cached there
+    (docs/routing.md). ``Guard(affinity="auto")`` is ``AffinityPolicy()``, ``"explicit"`` is ``auto=False``.
+
+    auto:         derive a key from a chat request's system prompt and first user message when the call has
+                  no explicit one (``x-llmguard-session`` header, ``with guard.session(key)``).
+    load_factor:  a key's replica takes the call only while it holds at most ``load_factor`` x the mean load
+                  (calls in flight) of the replicas it could go to; past it the key spills to its next replica.
+    """
+
+    auto: bool = True
+    load_factor: float = 1.25
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.auto, bool):
+            raise GuardConfigError(f"AffinityPolicy.auto must be True or False, got {self.auto!r}")
+        c = self.load_factor
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 1):
+            raise GuardConfigError(
+                f"AffinityPolicy.load_factor must be a finite number >= 1 (1 = perfectly even load), got {c!r}"
+            )
+
+
+def resolve_affinity(value: object) -> AffinityPolicy | None:
+    """``Guard(affinity=...)`` checked: ``"auto"``, ``"explicit"``, an `AffinityPolicy`, or None (off)."""
+    if value is None or isinstance(value, AffinityPolicy):
+        return value
+    if value == "auto":
+        return AffinityPolicy()
+    if value == "explicit":
+        return AffinityPolicy(auto=False)
+    raise GuardConfigError(
+        f"affinity must be 'auto' (keys from the conversation, or explicit ones), 'explicit' (only the "
+        f"x-llmguard-session header or guard.session()), an AffinityPolicy, or None (off); got {value!r}"
+    )
+
+
+_T = TypeVar("_T")
+
+
+def per_tier(
+    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
+) -> dict[str, _T]:
+    """A per-tier option checked: known tier names, values of ``kind``."""
+    checked = dict(values or {})
+    unknown = sorted(set(checked) - set(tiers))
+    if unknown:
+        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, value in checked.items():
+        if not isinstance(value, kind):
+            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
+    return checked
 
 
 def per_tier_continuation(

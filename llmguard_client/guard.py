@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import httpx
@@ -19,11 +19,13 @@ from llmguard_client._core.tls import default_tls_context
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
+from llmguard_client._state.affinity_routing import ignored_session
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import (
+    AffinityPolicy,
     BudgetPolicy,
     Bulkhead,
     ContinuationPolicy,
@@ -32,7 +34,9 @@ from llmguard_client.config import (
     Replica,
     RetryPolicy,
     Tier,
+    per_tier,
     per_tier_continuation,
+    resolve_affinity,
     resolve_replicas,
 )
 from llmguard_client.edges._registry import stop_sync_runner
@@ -56,6 +60,7 @@ DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connectio
 pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
 the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
 _UNSET: Any = object()
+DEFAULT_AFFINITY: Literal["auto", "explicit"] | None = None
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
@@ -88,6 +93,9 @@ class Guard:
                    variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
     rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
     rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
+    affinity:      cache-aware routing (docs/routing.md): ``"auto"`` keys a chat call by its system prompt and
+                   first user message, ``"explicit"`` only by ``x-llmguard-session`` / ``guard.session(key)``;
+                   a keyed call prefers the same replica (`AffinityPolicy`); None: off.
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -121,6 +129,7 @@ class Guard:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
+        affinity: AffinityPolicy | Literal["auto", "explicit"] | None = DEFAULT_AFFINITY,
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -144,8 +153,8 @@ class Guard:
         for label, value, kind in policies:
             if value is not None and not isinstance(value, kind):
                 raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
-        bulkheads = _per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
-        tier_budgets = _per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
+        bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
+        tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
             raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
         if pool_limits is not None and transport_factory is not None:
@@ -176,7 +185,7 @@ class Guard:
         """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
-        self._replica_set = ReplicaSet(resolved, transport_factory)
+        self._replica_set = ReplicaSet(resolved, transport_factory, affinity=resolve_affinity(affinity))
         self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
         self._registry = LeaseRegistry()
         self._pools_closed = False
@@ -362,6 +371,12 @@ class Guard:
         passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
         self._rollout.set(fraction)
 
+    def session(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside carry the affinity ``key`` (e.g. a conversation id), as ``x-llmguard-session``
+        does: they prefer one replica, whose prompt cache holds the conversation. No effect with affinity off."""
+        affinity = self._replica_set.affinity
+        return affinity.session(key) if affinity is not None else ignored_session(key)
+
     def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
         """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.
 
@@ -382,19 +397,3 @@ def _default_instrumentation() -> Instrumentation | None:
         return None
     return OpenTelemetryInstrumentation()
 
-
-_T = TypeVar("_T")
-
-
-def _per_tier(
-    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
-) -> dict[str, _T]:
-    """A per-tier option checked: known tier names, values of ``kind``."""
-    checked = dict(values or {})
-    unknown = sorted(set(checked) - set(tiers))
-    if unknown:
-        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-    for name, value in checked.items():
-        if not isinstance(value, kind):
-            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
-    return checked

@@ -103,7 +103,7 @@ class HedgeLayer:
         now = call.clock()
         if not self._hedge_allowed(call, now):
             return None
-        state = self.replicas.pick_hedge(now, exclude=[*used, *call.failed_replicas])
+        state = self.replicas.pick_hedge(now, [*used, *call.failed_replicas], call.affinity_key)
         if state is None:
             return None
         payment = call.pay_extra()

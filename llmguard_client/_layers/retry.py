@@ -79,7 +79,7 @@ class RetryLayer:
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        state = route.replica or self.replicas.pick(call.clock())
+        state = route.replica or self.replicas.pick(call.clock(), key=call.affinity_key)
         if state is None:
             return Failed(
                 reason=AllAttemptsFailed(
@@ -155,7 +155,8 @@ class RetryLayer:
         remaining = call.first_token_deadline - now
         # A retry is worth sending only if its first token can still make the deadline.
         expected_ttft = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
-        state = self.replicas.pick_ready(now, exclude=call.failed_replicas) or self.replicas.pick_ready(now)
+        key = call.affinity_key  # a keyed call's retry goes to the key's next replica
+        state = self.replicas.pick_ready(now, call.failed_replicas, key) or self.replicas.pick_ready(now, key=key)
         if state is None:
             soonest = self.replicas.cooling_wait(now)
             if soonest is None:  # every circuit is open: nothing to wait for within a call
@@ -173,7 +174,7 @@ class RetryLayer:
                     )
                 )
             wait = soonest
-            state = self.replicas.pick(now + soonest) or last.state
+            state = self.replicas.pick(now + soonest, key=key) or last.state
         elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:
