@@ -8,7 +8,7 @@ configured replica (`affinity_order`: the same in every process) and takes the f
 - the router would send it to at all: not excluded, circuit closed, not drained as degraded, not cooling after
   a Retry-After, with rate-limit / KV-cache room, and not a straggler (calls in flight and no first token for
   `STRAGGLER_RATIO` x its TTFT estimate, and `STRAGGLER_FLOOR` s more than it);
-- holds at most ``load_factor`` x the mean load of those replicas (`affinity.choose`).
+- would hold at most ``load_factor`` x the mean load of those replicas plus ``load_slack`` (`affinity.choose`).
 
 When none qualifies, the router's own least-cost choice stands. Hedges and retries exclude the replicas the
 call already used, so they go to the key's next replica: the backup warms a cache the conversation may use.
@@ -88,7 +88,8 @@ class AffinityRouting:
         ranks = self.rank(key)
         eligible.sort(key=lambda s: ranks.get(s.name, len(ranks)))
         by_name = {s.name: s for s in eligible}
-        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), self.policy.load_factor)
+        policy = self.policy
+        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), policy.load_factor, policy.load_slack)
         return None if name is None else by_name[name]
 
     def refused(self, s: Routable, now: float) -> bool:
