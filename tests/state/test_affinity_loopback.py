@@ -85,7 +85,7 @@ async def test_a_hot_key_spills_within_the_load_bound(servers: list[LoopbackServ
     urls = [s.url for s in servers]
     for server in servers:
         server.script = Script(stall_before_first=3.0, tokens=2)  # long enough for all 200 to be in flight
-    policy = AffinityPolicy(auto=False, load_factor=1.25)
+    policy = AffinityPolicy(auto=False, load_factor=1.25, load_slack=0)
     peak: dict[str, int] = {}
     async with Guard(urls, TIERS, hedge=None, instrumentation=None, affinity=policy) as guard:
         async with guard.http_client() as client, anyio.create_task_group() as tg:

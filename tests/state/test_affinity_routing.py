@@ -4,6 +4,7 @@ within the load bound (`llmguard_client._state.affinity_routing`). Every test in
 from __future__ import annotations
 
 import json
+import math
 
 import httpx
 import pytest
@@ -101,13 +102,13 @@ def test_a_hedge_and_a_retry_go_to_the_keys_next_replica() -> None:
 
 
 def test_the_load_bound_spills_a_hot_key_and_keeps_every_replica_within_it() -> None:
-    rs = replica_set(policy=AffinityPolicy(load_factor=1.25))
+    rs = replica_set(policy=AffinityPolicy(load_factor=1.25, load_slack=2))
     for _ in range(200):  # one key, 200 calls that all stay in flight
         state = rs.pick(NOW, key="hot")
         assert state is not None
         state.in_flight += 1
     loads = {s.name: s.in_flight for s in rs.states}
-    assert max(loads.values()) <= -(-1.25 * 200 // 3)  # ceil(c x total / n)
+    assert max(loads.values()) <= math.ceil(1.25 * 200 / 3) + 2  # ceil(c x total / n) + slack
     assert max(loads, key=lambda n: loads[n]) == affinity_order("hot", URLS)[0]
 
 
@@ -132,3 +133,11 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
         pass
     with pytest.raises(TypeError, match="non-empty str"), ignored_session(3):  # type: ignore[arg-type]
         pass
+
+
+def test_the_slack_keeps_a_lightly_loaded_key_on_its_replica() -> None:
+    first = affinity_order("k", URLS)[0]
+    for slack, expected in ((0, False), (2, True)):
+        rs = replica_set(policy=AffinityPolicy(load_slack=slack))
+        by_name(rs, first).in_flight = 2  # 2 calls in flight, all on the key's replica
+        assert (first_pick(rs, "k") == first) is expected
