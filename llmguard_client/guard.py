@@ -60,7 +60,8 @@ DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connectio
 pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
 the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
 _UNSET: Any = object()
-DEFAULT_AFFINITY: Literal["auto", "explicit"] | None = None
+DEFAULT_AFFINITY: Literal["auto", "explicit"] | None = "explicit"
+"""Explicit keys only; why not "auto": docs/routing.md, "The default"."""
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
