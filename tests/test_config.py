@@ -439,7 +439,7 @@ def test_affinity_takes_auto_explicit_a_policy_or_none_and_names_what_is_accepte
     assert resolve_affinity(None) is None
     policy = AffinityPolicy(load_factor=2.0, load_slack=0)
     assert resolve_affinity(policy) is policy
-    with pytest.raises(GuardConfigError, match="affinity must be 'auto'.*got 'sticky'"):
+    with pytest.raises(GuardConfigError, match=r"affinity must be 'auto'.*got 'sticky'"):
         resolve_affinity("sticky")
     with pytest.raises(GuardConfigError, match="load_factor must be a finite number >= 1"):
         AffinityPolicy(load_factor=0.5)
