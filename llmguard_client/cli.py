@@ -199,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="one cluster for all clients, POST /sim/reset between them (default: a fresh cluster per "
         "client, so each client meets the same seeded faults)",
     )
+    fleet = b.add_argument_group("across processes (--sim with a provider rate limit, e.g. ratelimited)")
+    fleet.add_argument(
+        "--processes", type=_positive_int, metavar="N",
+        help="N client processes, each with its own Guard: plain, guarded per-process and guarded fleet side by side",
+    )
+    fleet.add_argument(
+        "--fleet", metavar="URL", help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server)"
+    )
     _add_output_options(b)
     ro = b.add_argument_group("rollout (docs/rollout.md)")
     ro.add_argument(
@@ -253,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands.explain(args)
         if args.command == "bench" and not (args.target or args.sim):
             raise UsageError("one of the arguments --target --sim is required (or --explain)")
+        if args.command == "bench" and args.processes:
+            from llmguard_client.bench.processes import run_processes
+
+            return run_processes(args)
         if args.command == "bench":
             return commands.run_bench(args)
         return commands.run_demo(args)

@@ -70,14 +70,51 @@ class Tier:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A provider's rate limit (per API key, across every caller): admission counts requests and tokens.
+
+    requests_per_minute / tokens_per_minute: the provider's limits (None: that one is not limited; at least
+        one must be given). Each is a token bucket refilled at limit / 60 per second.
+    burst: seconds of refill the bucket holds when full (its capacity is ``limit x burst / 60``). Providers
+        enforce a minute's limit over shorter periods too; a small burst keeps a fleet from spending a
+        minute's tokens in one second. A call larger than the capacity is admitted when the bucket is full.
+
+    A call is charged before it is sent (1 request, and its prompt estimate + ``max_tokens`` tokens) and
+    corrected from the ``usage`` it reports; ``x-ratelimit-remaining-*`` headers lower the bucket when
+    the provider says it has less room. A call that does not fit waits for its share within its tier's
+    ttft, or fails at once with `RateLimited` (``retry_after``: missing tokens / refill rate).
+    """
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    burst: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+            ):
+                raise GuardConfigError(f"RateLimit.{name} must be a positive finite number or None, got {value!r}")
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise GuardConfigError(
+                "RateLimit needs requests_per_minute or tokens_per_minute (or both), "
+                "e.g. RateLimit(requests_per_minute=500, tokens_per_minute=200_000)"
+            )
+        _positive("RateLimit", "burst", self.burst)
+
+
+@dataclass(frozen=True, slots=True)
 class Replica:
-    """One replica's base URL, and headers sent only to it (e.g. its own API key).
+    """One replica's base URL, headers sent only to it (e.g. its own API key), and its own provider
+    `RateLimit` when it has one (e.g. a separate API key).
 
     Header values are never logged nor put in records or telemetry.
     """
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -104,6 +141,8 @@ class Replica:
                 f"got a {type(self.headers).__name__} with keys {sorted(map(str, dict(self.headers)))}"
             )
         object.__setattr__(self, "headers", dict(self.headers))
+        if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
+            raise GuardConfigError(f"Replica.rate_limit must be a RateLimit or None, got {self.rate_limit!r}")
 
     @property
     def name(self) -> str:
@@ -113,12 +152,13 @@ class Replica:
 
     def __repr__(self) -> str:
         """Credentials masked: reprs end up in logs and tracebacks."""
-        return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r})"
+        limit = f", rate_limit={self.rate_limit!r}" if self.rate_limit is not None else ""
+        return f"Replica(url={redact_url(self.url)!r}, headers={redact_headers(self.headers)!r}{limit})"
 
     def __hash__(self) -> int:
         """Hashable like the other frozen configs (a set member, a dict key): the headers, a dict kept
         private to the instance, are hashed by their items."""
-        return hash((self.url, frozenset(self.headers.items())))
+        return hash((self.url, frozenset(self.headers.items()), self.rate_limit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +340,10 @@ class AffinityPolicy:
         _int_at_least("AffinityPolicy", "load_slack", self.load_slack, 0)
 
 
+AffinityChoice = AffinityPolicy | Literal["auto", "explicit"] | None
+"""What ``Guard(affinity=...)`` takes."""
+
+
 def resolve_affinity(value: object) -> AffinityPolicy | None:
     """``Guard(affinity=...)`` checked: ``"auto"``, ``"explicit"``, an `AffinityPolicy`, or None (off)."""
     if value is None or isinstance(value, AffinityPolicy):
@@ -312,23 +356,6 @@ def resolve_affinity(value: object) -> AffinityPolicy | None:
         f"affinity must be 'auto' (keys from the conversation, or explicit ones), 'explicit' (only the "
         f"x-llmguard-session header or guard.session()), an AffinityPolicy, or None (off); got {value!r}"
     )
-
-
-_T = TypeVar("_T")
-
-
-def per_tier(
-    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
-) -> dict[str, _T]:
-    """A per-tier option checked: known tier names, values of ``kind``."""
-    checked = dict(values or {})
-    unknown = sorted(set(checked) - set(tiers))
-    if unknown:
-        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
-    for name, value in checked.items():
-        if not isinstance(value, kind):
-            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
-    return checked
 
 
 def per_tier_continuation(
@@ -349,6 +376,23 @@ def per_tier_continuation(
         if not isinstance(policy, ContinuationPolicy):
             raise GuardConfigError(f"continuation[{name!r}] must be a ContinuationPolicy, got {policy!r}")
     return {name: value.get(name) for name in tiers}
+
+
+_T = TypeVar("_T")
+
+
+def per_tier(
+    label: str, values: Mapping[str, _T] | None, tiers: Mapping[str, Tier], kind: type[_T], shape: str
+) -> dict[str, _T]:
+    """A per-tier option of the Guard checked: known tier names, values of ``kind``."""
+    checked = dict(values or {})
+    unknown = sorted(set(checked) - set(tiers))
+    if unknown:
+        raise UnknownTierError(f"{label} name unknown tier(s) {unknown}; tiers: {', '.join(sorted(tiers))}")
+    for name, value in checked.items():
+        if not isinstance(value, kind):
+            raise GuardConfigError(f"{label}[{name!r}] must be {shape}, got {value!r}")
+    return checked
 
 
 def resolve_replicas(replicas: Sequence[str | Replica]) -> list[Replica]:

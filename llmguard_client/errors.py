@@ -19,6 +19,7 @@ keeps working::
         │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
         │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
         │   ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
+        │   ├── RateLimited             the provider's rate limit has no room within the ttft (.retry_after)
         │   └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
         └── GuardStreamError(httpx.RemoteProtocolError)   a 200 answer that was not a complete stream
             ├── UpstreamStreamError     the server reported an error inside the stream (.code, .overload)
@@ -163,6 +164,14 @@ class AllReplicasCooling(GuardUnavailable):
 class BulkheadFull(GuardUnavailable):
     cause = "bulkhead_full"
     status_code = 503
+
+
+class RateLimited(GuardUnavailable):
+    """The call does not fit the provider's rate limit (`RateLimit`) before its ttft deadline: refused
+    before it was sent. ``retry_after`` is the computed wait (missing tokens / refill rate)."""
+
+    cause = "rate_limited"
+    status_code = 429
 
 
 class GuardClosed(GuardUnavailable):

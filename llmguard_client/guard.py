@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
@@ -19,18 +19,21 @@ from llmguard_client._core.tls import default_tls_context
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
-from llmguard_client._state.affinity_routing import ignored_session
+from llmguard_client._state.affinity_routing import session_for
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.pool import replica_transport
+from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import (
-    AffinityPolicy,
+    AffinityChoice,
     BudgetPolicy,
     Bulkhead,
     ContinuationPolicy,
     FailureMode,
     HedgePolicy,
+    RateLimit,
     Replica,
     RetryPolicy,
     Tier,
@@ -55,19 +58,16 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
-DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=20)
-"""Each replica's connection pool (``Guard(pool_limits=...)``). Few idle connections kept: httpcore 1.0's
-pool costs (idle x all connections) per request, so a burst on a warm pool of 100 idle connections stalls
-the event loop; see docs/benchmarks.md, "Pool limits under a burst"."""
+DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
+the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
-DEFAULT_AFFINITY: Literal["auto", "explicit"] | None = "explicit"
-"""Explicit keys only; why not "auto": docs/routing.md, "The default"."""
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (no transport-level retries: the guard decides), all sharing one
-    TLS context: building one loads the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=default_tls_context())
+    """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
+    the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
+    return replica_transport(limits, default_tls_context())
 
 
 class Guard:
@@ -88,15 +88,15 @@ class Guard:
     bulkheads:     per-tier `Bulkhead` limits (none by default).
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
+    rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
+    fleet:         a fleet store: the rate limit's bucket is then fleet-wide (else per process).
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
                    through untouched), or a callable returning it (polled at most every
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
                    variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
     rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
     rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
-    affinity:      cache-aware routing (docs/routing.md): ``"auto"`` keys a chat call by its system prompt and
-                   first user message, ``"explicit"`` only by ``x-llmguard-session`` / ``guard.session(key)``;
-                   a keyed call prefers the same replica (`AffinityPolicy`); None: off.
+    affinity:      cache-aware routing: "explicit" (keys given), "auto", `AffinityPolicy`, None (docs/routing.md).
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -130,7 +130,9 @@ class Guard:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
-        affinity: AffinityPolicy | Literal["auto", "explicit"] | None = DEFAULT_AFFINITY,
+        rate_limit: RateLimit | None = None,
+        fleet: FleetOps | None = None,
+        affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -198,6 +200,8 @@ class Guard:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
         self._on_record = on_record
+        self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, fleet)
+        """The provider rate limits' buckets (None: no `RateLimit` configured)."""
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -215,6 +219,7 @@ class Guard:
             registry=self._registry,
             clock=clock,
             continuation=per_tier_continuation(continuation, tiers),
+            rate_limiter=self.rate_limiter,
         )
 
     @property
@@ -283,15 +288,8 @@ class Guard:
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
         circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
-        return build_snapshot(
-            self._clock(),
-            self._registry,
-            self._replica_set,
-            self.tiers,
-            self._bulkheads,
-            self.budget,
-            self.tier_budgets,
-        )
+        registry, replicas, budget = self._registry, self._replica_set, self.budget
+        return build_snapshot(self._clock(), registry, replicas, self.tiers, self._bulkheads, budget, self.tier_budgets)
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._replica_set.states)
@@ -373,10 +371,8 @@ class Guard:
         self._rollout.set(fraction)
 
     def session(self, key: str) -> contextlib.AbstractContextManager[None]:
-        """Calls made inside carry the affinity ``key`` (e.g. a conversation id), as ``x-llmguard-session``
-        does: they prefer one replica, whose prompt cache holds the conversation. No effect with affinity off."""
-        affinity = self._replica_set.affinity
-        return affinity.session(key) if affinity is not None else ignored_session(key)
+        """Calls made inside carry the affinity ``key`` (e.g. a conversation id), as ``x-llmguard-session`` does."""
+        return session_for(self._replica_set.affinity, key)
 
     def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
         """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.
@@ -397,4 +393,3 @@ def _default_instrumentation() -> Instrumentation | None:
             raise
         return None
     return OpenTelemetryInstrumentation()
-

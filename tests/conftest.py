@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
+from tests.redis_server import _shared_redis, redis_factory, redis_server
 
-__all__ = ["no_leaks"]
+__all__ = ["_shared_redis", "no_leaks", "redis_factory", "redis_server"]
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +42,25 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
     yield _cluster
     _cluster.reset()
+
+
+WORKERS_PER_CORE = 2
+"""The tests wait on sockets and timers about half their time: one worker per core leaves the cores half idle."""
+MAX_WORKERS = 8
+"""Past this, each worker's fixed cost (its loopback servers, its redis-server, collecting every module) outweighs
+what one more worker adds."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): two workers per usable core, at most `MAX_WORKERS`."""
+    return min(MAX_WORKERS, WORKERS_PER_CORE * usable_cores())
 
 
 FIRST = ("tests/loadtest/test_locust.py", "tests/test_stress.py")

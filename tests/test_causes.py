@@ -55,7 +55,7 @@ def test_a_response_header_names_the_cause_and_others_are_none() -> None:
 
 async def test_openai_errors_of_each_mode(servers: list[LoopbackServer]) -> None:
     for server in servers:
-        server.script = Script(hang_before_headers=1.0)
+        server.script = Script(hang_before_headers=5.0)
     tiers = {"fast": Tier(ttft=0.2, total=5.0)}
     for mode, expected in (("auto", openai.InternalServerError), ("raise", openai.APITimeoutError)):
         async with Guard(

@@ -4,7 +4,7 @@ the lease that owns what the call acquires, and the phase record."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -13,6 +13,7 @@ from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.replicas import ReplicaState, rebase
+from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
 from llmguard_client.telemetry.hooks import CallObservation
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
@@ -123,9 +124,10 @@ class Call:
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
-    failed_replicas: list[ReplicaState] = field(default_factory=list)
-    winner: Win | None = None
-    """The attempt whose first token won, as soon as it is known (even if a deadline fires next)."""
+    ttft_stats: TTFTStats | None = None
+    """The recent time-to-first-token of the call's class (`fits_deadline` reads its median)."""
+    delivered: Win | None = None
+    """The attempt whose stream the caller reads (set by `deliver` only; the end of the call reports it)."""
     affinity_key: str | None = None
     """The call's cache-affinity key (None: unkeyed, or affinity off): its attempts prefer the key's replicas."""
     keeps_text: bool = False
@@ -137,21 +139,34 @@ class Call:
         (`CallLease.phase`)."""
         return self.lease.phase(self.time.loop_deadline(deadline))
 
-    def pay_extra(self) -> Payment | None:
-        """A payment for one extra attempt (retry or hedge) from the call's budget, held by the
-        lease until the attempt is sent; None when the budget refuses."""
+    def deliver(self, win: Win) -> None:
+        """``win``'s stream is the one the caller reads from now on (its first token, or a continuation's)."""
+        self.delivered = win
+
+    def expected_ttft(self) -> float:
+        """About how long a fresh attempt of this call needs for its first token: the median TTFT of the
+        median healthy replica for the call's tier and kind (0 while unknown)."""
+        stats = self.ttft_stats
+        return 0.0 if stats is None else stats.typical(self.tier_name, self.record.stream)
+
+    def pay_extra(self, budget: RetryBudget | None = None) -> Payment | None:
+        """A payment for one extra attempt (retry, hedge, continuation) from ``budget`` (default: the
+        call's), held by the lease until the attempt is sent; None when the budget refuses. The one
+        place an attempt is paid for."""
         from llmguard_client._core.outcome import Payment
 
-        if self.budget is None:
+        budget = budget if budget is not None else self.budget
+        if budget is None:
             return Payment()
-        ticket = self.budget.try_acquire()
+        ticket = budget.try_acquire()
         if ticket is None:
             self.observation.budget_refused(self.record)
             return None
         return Payment(ticket, self.lease.hold(ticket.refund))
 
-    def attempt_request(self, state: ReplicaState, attempt: AttemptRecord) -> httpx.Request:
-        """The caller's request re-aimed at one replica, with that replica's own headers."""
+    def attempt_request(self, state: ReplicaState, attempt: AttemptRecord, body: bytes | None = None) -> httpx.Request:
+        """The caller's request re-aimed at one replica, with that replica's own headers (and ``body``
+        instead of the caller's, for a continuation)."""
         url = state.target_for(self.request.url, self.replica_bases)
         own = state.header_items
         if own:
@@ -162,7 +177,8 @@ class Call:
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
         headers = [(b"Host", url.netloc), *forwarded]
-        body = self.body
+        if body is None:
+            body = self.body
         if body or self.request.method in _BODY_METHODS:
             headers.append((b"Content-Length", str(len(body)).encode()))
         request = httpx.Request(

@@ -9,9 +9,10 @@ Two implementations, selected once per call by `current_time_source`:
 
 - `AsyncioTime`, for production's loop. Timers are loop timers (``loop.call_at``: no task, no
   cancel scope) and hedges are loop tasks joined by hand (`LoopTasks`), so a hedged round that
-  starts no hedge enters no task group. Measured: entering and leaving an empty task group cost
-  about a tenth of the guard's own CPU per call. `AsyncioTime.loop_timers` also lets a stream's
-  read watchdog (`llmguard_client._stream.watchdog`) keep one timer per stream.
+  starts no hedge enters no task group (entering and leaving an empty one on every call is a
+  visible share of the guard's own CPU: docs/benchmarks.md, "Instructions per call").
+  `AsyncioTime.loop_timers` also lets a stream's read watchdog (`llmguard_client._stream.watchdog`)
+  keep one timer per stream.
 - `AnyioTime`, for any other backend (trio): a timer is a sleeping task in the round's task group,
   tasks run in that group, and a stream's reads each get a cancel scope (no task-free timers).
 

@@ -47,6 +47,14 @@ CLOSE_GRACE = 2.0
 Finish = Callable[[CallStatus, "str | None"], None]
 
 
+class Occupant(Protocol):
+    """A replica as the lease counts it: its attempts in flight, and how one leaves."""
+
+    in_flight: int
+
+    def leave(self) -> None: ...
+
+
 class Cancellable(Protocol):
     """A wait of the call that `CallLease.abort` ends: a cancel scope or a stream's read watchdog."""
 
@@ -188,6 +196,22 @@ class CallLease:
         else:
             self._holds[hold] = None
         return hold
+
+    def occupy(self, replica: Occupant) -> Hold:
+        """Count one attempt in flight on ``replica`` (the one acquire site of in-flight counts): released by
+        `end_attempt` when the attempt fails, loses or breaks, else at the end of the call."""
+        replica.in_flight += 1
+        return self.hold(replica.leave)
+
+    async def end_attempt(self, in_flight: Hold, response: httpx.Response | None = None) -> None:
+        """An attempt is done before the call is (it failed, lost a race, or broke mid-stream and was
+        replaced): its response closed (shielded) and its in-flight count released, the one release site
+        of in-flight counts besides the call's end."""
+        try:
+            if response is not None:
+                await self.close_response(response)
+        finally:
+            in_flight.release()
 
     def own(self, response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
         """The lease closes ``response`` (and ``reading``, the iterator over its body, once there is

@@ -1,22 +1,23 @@
 """What the layers hand each other: a route in, an outcome out.
 
-A layer is called with the `Call` and a `Route` (which replica, why, who pays) and returns
-an `Outcome`: a `Win` (an attempt produced its first content token; its response now
-belongs to the call's lease) or `Failed` (every attempt failed, or the guard stopped the
-call: ``reason``).
+A layer is called with the `Call` and a `Route` (which replica, why, who pays, which replicas
+to avoid, which body, until when) and returns an `Outcome`: a `Win` (an attempt produced its
+first content token; its response now belongs to the call's lease) or `Failed` (every attempt
+failed, or the guard stopped the call: ``reason``; ``stopped`` says why no further attempt was
+sent). Layers hand each other values: none reads another layer's state off the `Call`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
 
 from llmguard_client._core.lease import Hold
-from llmguard_client._state.budget import BudgetTicket
+from llmguard_client._state.budget import BudgetTicket, RetryBudget
 from llmguard_client._state.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
@@ -39,15 +40,51 @@ class Payment:
             self.hold.discharge()
 
 
+Stop = Literal["no_replica", "budget", "deadline", "rounds", "not_retryable"]
+"""Why the retry layer sent no further attempt (`Failed.stopped`)."""
+
+
+class Race:
+    """The first winner of a call's attempts, as soon as it is known: a value the deadline layer
+    creates and holds, which a hedged round fills in. If the first-token deadline fires while the
+    losers are being closed, the deadline layer still delivers the winner it holds."""
+
+    __slots__ = ("winner",)
+
+    def __init__(self) -> None:
+        self.winner: Win | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where the next attempt goes (None: the retry layer picks), why, and what pays for it."""
+    """Where the next attempt goes (None: the retry layer picks), why, what pays for it, and what the
+    outer layers decided for it (a value each layer passes inward, never state on the `Call`)."""
 
     replica: ReplicaState | None = None
     kind: AttemptKind = "primary"
     payment: Payment | None = None
     resumes: tuple[int, int, str] | None = None
     """A continuation's starting point: characters and tokens already delivered, and the break's cause."""
+    avoid: tuple[ReplicaState, ...] = ()
+    """Replicas this route's attempts must not go to (a continuation: the broken and tried ones), and for a
+    hedge, the replicas that already failed this call (retry passes them in)."""
+    body: bytes | None = None
+    """The request body to send (None: the caller's). A continuation's body asks for the rest of the answer."""
+    budget: RetryBudget | None = None
+    """Pays for every attempt of this route, the first included (a continuation's own budget); None: the
+    call's budget pays for retries and hedges only."""
+    deadline: float | None = None
+    """Absolute time by which this route's first token must arrive (None: the call's first-token deadline)."""
+    rounds: int | None = None
+    """At most this many attempts for this route (None: the retry policy's ``max_attempts``)."""
+    race: Race | None = None
+    """Where a hedged round records its winner (the deadline layer's `Race`)."""
+
+    def next(self, replica: ReplicaState, kind: AttemptKind, payment: Payment | None,
+             avoid: tuple[ReplicaState, ...]) -> Route:
+        """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``."""
+        return Route(replica, kind, payment, self.resumes, avoid, self.body, self.budget, self.deadline,
+                     self.rounds, self.race)
 
 
 @dataclass(slots=True, eq=False)
@@ -117,6 +154,8 @@ class Failed:
 
     failures: list[AttemptFailure] = field(default_factory=list)
     reason: GuardFailure | None = None
+    stopped: Stop | None = None
+    """Why no further attempt was sent, when the retry layer decided it (see `Stop`)."""
 
     @property
     def last(self) -> AttemptFailure | None:

@@ -1,20 +1,22 @@
 """GuardTransport: the one integration point, an httpx transport that runs the pipeline.
 
-The pipeline, outermost first (each a module of `llmguard_client.layers`)::
+The pipeline is declared once, in `GuardTransport.pipeline` (`llmguard_client._core.pipeline.Pipeline`;
+drawn in docs/architecture.md), outermost first::
 
-    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and
-                 every call while the guard is off) is passed through (_rollout.passthrough). Before
-                 it, for every call: refused at once after ``Guard.aclose()`` or for an unknown tier
-                 or cohort header (`GuardTransport.refuse`)
+    rollout   -> cohort guarded | control: decided before the Call is built; a control call (and every call
+                 while the guard is off) is passed through (_rollout.passthrough). Before it, for every call:
+                 refused at once after ``Guard.aclose()`` or for an unknown tier or cohort header (`refuse`)
     bulkhead  -> per-tier slot, bounded waiting, fast failure          (phase: queued)
-    deadline  -> one cancel scope until the first token; stall/total after it (the body)
+    deadline  -> one cancel scope until the route's first token
     retry     -> routes the call; rounds under the shared budget and Retry-After
     hedge     -> staggered attempts on different replicas, first content token wins
+    ratelimit -> each attempt charged to the provider's rate limit before it is sent
     attempt   -> one physical request to one replica
+    -- first token: the body (`GuardBody`) runs the stream stages: stall/total deadlines, the protocol
+       reader, continuation (a route through deadline -> retry -> attempt) --
 
-Each call gets one `CallLease` that owns everything the layers acquire; a winner's
-response body (`GuardBody`) carries the lease to the caller and closes it exactly once.
-Failures are mapped to the caller in one place, `_give_up`.
+Each call gets one `CallLease` that owns everything the layers acquire; a winner's response body carries
+the lease to the caller and closes it exactly once. Failures are mapped to the caller in one place, `_give_up`.
 """
 
 from __future__ import annotations
@@ -34,19 +36,22 @@ from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.outcome import Failed, Route, Win
-from llmguard_client._core.pipeline import Next, compose
+from llmguard_client._core.pipeline import Pipeline, StreamStages
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client._layers.deadline import DeadlineLayer
 from llmguard_client._layers.hedge import HedgeLayer
+from llmguard_client._layers.rate_limit import RateLimitLayer
 from llmguard_client._layers.retry import RetryLayer
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout, RolloutLayer
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.rate_limit import RateLimiter
 from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation, Continuer
+from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client.telemetry.capture import deliver_to_captures
@@ -86,6 +91,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         registry: LeaseRegistry,
         clock: Clock = loop_clock,
         continuation: Mapping[str, ContinuationPolicy | None] | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -104,19 +110,25 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._rollout = rollout
         self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
-        self.layers = (
+        deadline = DeadlineLayer()
+        retry_layer = RetryLayer(replicas, retry, instrumentation)
+        rate_limit = RateLimitLayer(rate_limiter)
+        layers = (
             RolloutLayer(rollout),
             BulkheadLayer(bulkheads, instrumentation),
-            DeadlineLayer(),
-            RetryLayer(replicas, retry, ttft_stats, instrumentation),
+            deadline,
+            retry_layer,
             HedgeLayer(replicas, hedge, ttft_stats),
+            rate_limit,
         )
-        """The pipeline, outermost first; `AttemptLayer` is the innermost handler."""
-        attempt = AttemptLayer(registry)
-        self._pipeline: Next = compose(self.layers, attempt)
         policies = dict(continuation or {})
-        self._continuer = Continuer(replicas, attempt, policies, clock) if any(policies.values()) else None
-        """Mid-stream failover (_stream.continuation); None when no tier has a `ContinuationPolicy`."""
+        self.pipeline = Pipeline(layers, AttemptLayer(registry), (deadline, retry_layer, rate_limit),
+                                 StreamStages(ReadWatchdog.for_response))
+        """The layers before the first token (`AttemptLayer` innermost), a continuation's, the stream stages."""
+        if any(policies.values()):
+            continuer = Continuer(replicas, self.pipeline.continuation, retry_layer, policies, clock)
+            self.pipeline.stream = StreamStages(self.pipeline.stream.watch, continuer)
+        self.layers = self.pipeline.layers
 
     @property
     def closed(self) -> bool:
@@ -141,7 +153,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         continuation = self._continuation_for(call)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
-            outcome = await self._pipeline(call, Route())
+            outcome = await self.pipeline.handle(call, Route())
         except anyio.get_cancelled_exc_class():
             await lease.aclose("cancelled", "cancelled_by_caller")
             raise
@@ -227,6 +239,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
+            ttft_stats=self._ttft_stats,
         )
         if self._replicas.affinity is not None:
             call.affinity_key = self._replicas.affinity.key_for(headers.own(SESSION_HEADER), body)
@@ -235,15 +248,16 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     def _continuation_for(self, call: Call) -> CallContinuation | None:
         """The call's continuation state when its tier's `ContinuationPolicy` is on and the request qualifies."""
-        if self._continuer is None or not call.record.stream:
+        continuer = self.pipeline.stream.continuation
+        if continuer is None or not call.record.stream:
             return None
-        continuation = self._continuer.for_call(call.tier_name, call.request.method, call.request.url.path, call.body)
+        continuation = continuer.for_call(call.tier_name, call.request.method, call.request.url.path, call.body)
         call.keeps_text = continuation is not None
         return continuation
 
     def _deliver(self, call: Call, win: Win, continuation: CallContinuation | None) -> httpx.Response:
         record, attempt = call.record, win.attempt
-        call.winner = win
+        call.deliver(win)
         attempt.outcome = "won"
         record.replica = attempt.replica
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
@@ -253,7 +267,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win, continuation),
+            stream=GuardBody(call, win, self.pipeline.stream, continuation),
             request=call.request,
             extensions={**win.response.extensions, "llmguard": record},
         )
@@ -264,7 +278,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """The lease's last act, exactly once per call: finalise the record and report it."""
         record = call.record
         now = call.clock()
-        win = call.winner
+        win = call.delivered
         if win is not None:
             attempt = win.attempt
             if attempt.outcome == "won":

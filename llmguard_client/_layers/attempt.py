@@ -67,12 +67,11 @@ class AttemptLayer:
             attempt.resumed_at, attempt.resumed_tokens, attempt.break_cause = route.resumes
         if route.payment is not None:
             route.payment.settle()
-        state.in_flight += 1
-        in_flight = call.lease.hold(state.leave)
+        in_flight = call.lease.occupy(state)
         response: httpx.Response | None = None
         won = False
         try:
-            request = call.attempt_request(state, attempt)
+            request = call.attempt_request(state, attempt, route.body)
             request.extensions = stamp_sent(request.extensions, attempt, clock)
             response = await state.transport.handle_async_request(request)
             call.lease.own(response)
@@ -97,7 +96,7 @@ class AttemptLayer:
             won = True
             return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
         except anyio.get_cancelled_exc_class():
-            winner = call.winner
+            winner = None if route.race is None else route.race.winner
             attempt.outcome = "lost" if winner is not None and winner.attempt is not attempt else "cancelled"
             attempt.finish = clock()
             raise
@@ -110,9 +109,7 @@ class AttemptLayer:
             return Failed([AttemptFailure(attempt, state, error=exc)])
         finally:
             if not won:
-                if response is not None:
-                    await call.lease.close_response(response)
-                in_flight.release()
+                await call.lease.end_attempt(in_flight, response)
                 call.observation.attempt_finished(attempt)
 
 

@@ -1,21 +1,36 @@
-"""Deadlines: the one owner of a call's ttft, stall and total limits.
+"""Deadlines: the one owner of a call's ttft limits, and of the question "does another attempt fit?".
 
-Before the first token, `DeadlineLayer` runs the rest of the pipeline (retries, hedges,
-attempts, backoff) inside one cancel scope that expires at the call's absolute first-token
-deadline (start + tier ttft; the bulkhead's wait is bounded by the same instant). If a
-winner was published while the scope fired (its token arrived in time, the losers were
-still being closed), it is delivered all the same.
+Before the first token, `DeadlineLayer` runs the rest of the pipeline (retries, hedges, attempts,
+backoff) inside one cancel scope that expires at the route's first-token deadline: the call's
+(start + tier ttft; the bulkhead's wait is bounded by the same instant), or a continuation's (the
+first of its tier's ttft from the break and the call's total deadline). It hands the inner layers a
+`Race`: if a hedged round's winner landed while the scope fired (its token arrived in time, the
+losers were still being closed), the layer delivers it all the same.
 
-After the first token the stall and total limits are kept by the caller's body (`llmguard_client._stream.body`).
+`fits_deadline` is the one test of whether another attempt (a retry, a hedge, a continuation) can
+still make its first-token deadline. After the first token the stall and total limits are kept by
+the caller's body (`llmguard_client._stream.body`).
 """
 
 from __future__ import annotations
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.failure import describe_attempts
-from llmguard_client._core.outcome import Failed, Outcome, Route
+from llmguard_client._core.outcome import Failed, Outcome, Race, Route
 from llmguard_client._core.pipeline import Next
 from llmguard_client.errors import TTFTTimeout
+
+
+def fits_deadline(call: Call, now: float, wait: float = 0.0, deadline: float | None = None) -> bool:
+    """Whether an attempt sent ``wait`` seconds after ``now`` can get its first token before ``deadline``
+    (default: the call's first-token deadline), expecting the median healthy TTFT (`Call.expected_ttft`).
+
+    The median, not the p95: it is the measured time a fresh attempt typically needs, so an attempt is
+    sent while it has an even chance or better; the p95 the hedge delay reads would refuse attempts that
+    usually make it (and before samples exist it is the hedge policy's warm-up delay, not a measurement).
+    An attempt that does not make it is cancelled at the deadline anyway."""
+    end = call.first_token_deadline if deadline is None else deadline
+    return now + wait + call.expected_ttft() < end
 
 
 def ttft_timeout(call: Call, detail: str) -> TTFTTimeout:
@@ -30,14 +45,18 @@ def ttft_timeout(call: Call, detail: str) -> TTFTTimeout:
 
 
 class DeadlineLayer:
-    """Bounds everything before the first token by the call's first-token deadline."""
+    """Bounds everything before the (route's) first token by its first-token deadline."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        race = Race()
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        route = Route(route.replica, route.kind, route.payment, route.resumes, route.avoid, route.body,
+                      route.budget, deadline, route.rounds, race)
         outcome: Outcome | None = None
-        with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
+        with call.phase_until(deadline):  # Guard.aclose() ends it too
             outcome = await call_next(call, route)
         if outcome is not None:
             return outcome
-        if call.winner is not None:  # the token came in time; the scope fired while losers were closed
-            return call.winner
+        if race.winner is not None:  # the token came in time; the scope fired while losers were closed
+            return race.winner
         return Failed(reason=ttft_timeout(call, "in-flight attempts were closed"))

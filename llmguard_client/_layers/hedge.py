@@ -19,8 +19,9 @@ joins itself (no task group to enter and leave on every call), elsewhere a task 
 each hedge's task is registered with the call's lease, so ``Guard.aclose()`` cancels it at once.
 A hedge that wins cancels the primary.
 
-The winner is published on ``call.winner`` the moment it is known: if a deadline fires
-while the losers are being closed, the deadline layer still delivers it.
+The winner is recorded in the route's `Race` (the deadline layer's) the moment it is known: if a
+deadline fires while the losers are being closed, the deadline layer still delivers it. The round
+returns its winner as a value; hedges avoid the replicas the retry layer passes on the route.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import anyio
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Tasks, TimerHandle
-from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
+from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Race, Route, Win
 from llmguard_client._core.pipeline import Next
+from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._state.replicas import ReplicaSet, ReplicaState
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import HedgePolicy
@@ -69,7 +71,8 @@ class HedgeLayer:
 
     async def _race(self, call: Call, route: Route, call_next: Next, hedges: int) -> Outcome:
         assert route.replica is not None and self.policy is not None
-        round_ = _Round(self, call, call_next, [route.replica], hedges, self._delay(call, route.replica))
+        race = route.race if route.race is not None else Race()
+        round_ = _Round(self, call, route, race, call_next, hedges, self._delay(call, route.replica))
         try:
             async with call.time.tasks(call.lease, round_.stop) as tasks:
                 round_.begin(tasks)
@@ -77,47 +80,41 @@ class HedgeLayer:
         finally:
             if round_.results:  # a second winner, or one that landed as a deadline fired
                 with anyio.CancelScope(shield=True):
-                    await self._settle_extras(call, round_.results)
+                    await self._settle_extras(call, race, round_.results)
         if outcome is None:
-            return call.winner if call.winner is not None else Failed(round_.failures)
+            return race.winner if race.winner is not None else Failed(round_.failures)
         return outcome
 
-    async def _settle_extras(self, call: Call, results: deque[Outcome]) -> None:
+    async def _settle_extras(self, call: Call, race: Race, results: deque[Outcome]) -> None:
         """Results that arrived after the round was decided: a second winner in the same instant
         is closed; a winner that landed while a deadline was firing is adopted (if its token came
         in time), never orphaned."""
         while results:
             extra = results.popleft()
-            if not isinstance(extra, Win) or extra is call.winner:
+            if not isinstance(extra, Win) or extra is race.winner:
                 continue
             token = extra.attempt.first_token
-            if call.winner is None and token is not None and token <= call.first_token_deadline:
-                call.winner = extra
+            if race.winner is None and token is not None and token <= call.first_token_deadline:
+                race.winner = extra
                 continue
             extra.attempt.outcome = "lost"
-            await call.lease.close_response(extra.response)
-            extra.in_flight.release()
+            await call.lease.end_attempt(extra.in_flight, extra.response)
             call.observation.attempt_finished(extra.attempt)
 
-    def hedge_route(self, call: Call, used: list[ReplicaState]) -> Route | None:
+    def hedge_route(self, call: Call, route: Route, used: list[ReplicaState]) -> Route | None:
+        """The next hedge of ``route``: a replica not used by this round nor avoided by the route (those that
+        failed this call), paid from the call's budget; None when not allowed."""
         now = call.clock()
-        if not self._hedge_allowed(call, now):
-            return None
-        state = self.replicas.pick_hedge(now, [*used, *call.failed_replicas], call.affinity_key)
+        if self.replicas.any_cooling(now) or not fits_deadline(call, now, deadline=route.deadline):
+            return None  # no hedge while replicas signal overload, or when it could not make the deadline
+        state = self.replicas.pick_hedge(now, [*used, *route.avoid], call.affinity_key)
         if state is None:
             return None
         payment = call.pay_extra()
         if payment is None:
             return None
         used.append(state)
-        return Route(state, "hedge", payment)
-
-    def _hedge_allowed(self, call: Call, now: float) -> bool:
-        """No hedge while replicas signal overload, or when a new attempt could not make the deadline."""
-        if self.replicas.any_cooling(now):
-            return False
-        remaining = call.first_token_deadline - now
-        return remaining > self.ttft_stats.typical(call.tier_name, call.record.stream)
+        return route.next(state, "hedge", payment, route.avoid)
 
 
 class _Round:
@@ -128,14 +125,17 @@ class _Round:
     the caller's task then judges them in arrival order (`decide`)."""
 
     def __init__(
-        self, layer: HedgeLayer, call: Call, call_next: Next, used: list[ReplicaState], hedges: int, delay: float
+        self, layer: HedgeLayer, call: Call, route: Route, race: Race, call_next: Next, hedges: int, delay: float
     ) -> None:
-        assert layer.policy is not None
+        assert layer.policy is not None and route.replica is not None
         self.policy = layer.policy
         self.layer = layer
         self.call = call
+        self.route = route
+        self.race = race
+        """Where the round's winner is recorded the moment it is known."""
         self.call_next = call_next
-        self.used = used
+        self.used = [route.replica]
         self.hedges_left = hedges
         self.results: deque[Outcome] = deque()
         """Outcomes not yet judged, in arrival order."""
@@ -193,7 +193,7 @@ class _Round:
         """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""
         if self.decided or not self.hedges_left or self._tasks is None:
             return
-        route = self.layer.hedge_route(self.call, self.used)
+        route = self.layer.hedge_route(self.call, self.route, self.used)
         if route is None:  # not allowed or not paid for: no more hedges this round
             self.disarm()
             return
@@ -217,16 +217,16 @@ class _Round:
 
     def _arrived(self, outcome: Outcome, *, hedge: bool) -> None:
         self.results.append(outcome)
-        call = self.call
+        race = self.race
         if isinstance(outcome, Win):
-            if call.winner is None:
-                call.winner = outcome  # published at once: the others, cancelled next, are "lost"
+            if race.winner is None:
+                race.winner = outcome  # recorded at once: the others, cancelled next, are "lost"
                 if hedge:
                     self.primary_scope.cancel()
         elif outcome.reason is not None:
             if hedge:
                 self.primary_scope.cancel()
-        elif self.live and self.policy.on_failure and call.winner is None:
+        elif self.live and self.policy.on_failure and race.winner is None:
             self.start_hedge()
         if self._wakeup is not None:
             self._wakeup.set()
@@ -234,19 +234,19 @@ class _Round:
     async def decide(self) -> Outcome | None:
         """The round's outcome: the winner, a failure the guard chose (its reason), or None when
         every attempt failed."""
-        call = self.call
+        race = self.race
         while True:
             while self.results:
                 result = self.results.popleft()
                 if isinstance(result, Win):
-                    if result is not call.winner:
+                    if result is not race.winner:
                         self.results.appendleft(result)  # a second winner: closed when the round settles
-                    return call.winner
+                    return race.winner
                 self.failures.extend(result.failures)
                 if result.reason is not None:  # the guard itself stopped an attempt: end the round
                     return Failed(self.failures, result.reason)
-            if call.winner is not None:  # won while the primary was being cancelled
-                return call.winner
+            if race.winner is not None:  # won while the primary was being cancelled
+                return race.winner
             if not self.live:
                 return None
             self._wakeup = anyio.Event()

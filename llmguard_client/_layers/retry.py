@@ -21,6 +21,11 @@ After a round fails, `Retrier` decides whether and where to try again:
   a test can seed it; tenacity's own draw uses the global ``random`` module;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
+
+A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
+names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
+attempt too), its first-token deadline and its most attempts. `learn` is the one failure classification
+of every attempt; `fits_deadline` the one test of whether another attempt can still make its deadline.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ import tenacity
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
 from llmguard_client._core.pipeline import Next
+from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._state.replicas import ReplicaSet, ReplicaState
-from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import RetryPolicy
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -65,13 +70,11 @@ class RetryLayer:
         self,
         replicas: ReplicaSet,
         policy: RetryPolicy | None,
-        ttft_stats: TTFTStats,
         instrumentation: Instrumentation,
         rng: random.Random | None = None,
     ) -> None:
         self.replicas = replicas
         self.policy = policy
-        self.ttft_stats = ttft_stats
         self._instrumentation = instrumentation
         initial = policy.backoff_initial if policy else 0.05
         maximum = policy.backoff_max if policy else 2.0
@@ -79,23 +82,17 @@ class RetryLayer:
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        state = route.replica or self.replicas.pick(call.clock(), key=call.affinity_key)
-        if state is None:
-            return Failed(
-                reason=AllAttemptsFailed(
-                    f"every replica's circuit is open (each kept failing); tier {call.tier_name!r} call refused "
-                    "at once; they are probed again when their cool-down ends",
-                    request=call.request,
-                    record=call.record,
-                )
-            )
+        first = self._first(call, route)
+        if isinstance(first, Failed):
+            return first
+        state, payment = first
         failures: list[AttemptFailure] = []
-        payment: Payment | None = route.payment
+        failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         rounds = 0
+        kind = route.kind
         while True:
             rounds += 1
-            kind = route.kind if rounds == 1 else "retry"
-            outcome = await call_next(call, Route(state, kind, payment))
+            outcome = await call_next(call, route.next(state, kind, payment, (*route.avoid, *failed)))
             if isinstance(outcome, Win):
                 # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
                 streamed = outcome.reader.chunks is not None
@@ -107,23 +104,53 @@ class RetryLayer:
                 return outcome
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
-                return Failed(failures, outcome.reason)
-            self._learn(call, outcome.failures)
-            plan = self._plan(call, outcome.failures[-1], rounds)
+                return Failed(failures, outcome.reason, outcome.stopped)
+            self.learn(call.clock(), outcome.failures)
+            failed.extend(f.state for f in outcome.failures)
+            plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
             if isinstance(plan, Failed):
-                return Failed(failures, plan.reason)
+                return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
+            if route.kind != "continuation":
+                kind = "retry"
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
-    def _learn(self, call: Call, failures: list[AttemptFailure]) -> None:
-        """Cool down replicas that sent Retry-After; count failures toward their circuits."""
+    def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
+        """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
+        of its own (a continuation) pays for its first attempt too, and must fit its deadline."""
         now = call.clock()
+        if route.budget is None:
+            state = route.replica or self.replicas.pick(now, key=call.affinity_key)
+        else:
+            state = route.replica or self.replicas.pick_ready(now, exclude=route.avoid) or self.replicas.pick(
+                now, exclude=route.avoid
+            )
+        if state is None:
+            return Failed(
+                reason=AllAttemptsFailed(
+                    f"every replica's circuit is open (each kept failing); tier {call.tier_name!r} call refused "
+                    "at once; they are probed again when their cool-down ends",
+                    request=call.request,
+                    record=call.record,
+                ),
+                stopped="no_replica",
+            )
+        if route.budget is None:
+            return state, route.payment
+        if not fits_deadline(call, now, deadline=route.deadline):
+            return Failed(stopped="deadline")
+        payment = call.pay_extra(route.budget)
+        return (state, payment) if payment is not None else Failed(stopped="budget")
+
+    def learn(self, now: float, failures: list[AttemptFailure]) -> None:
+        """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
+        stream broken after its first token: cool down replicas that signalled overload (with or without
+        Retry-After); count transport errors and 5xx toward their circuits."""
+        policy = self.policy or RetryPolicy()
         for failure in failures:
-            call.failed_replicas.append(failure.state)
             if failure.status_code is not None:
                 self.replicas.saw_headers(failure.state, now, failure.headers)
-            policy = self.policy or RetryPolicy()
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
@@ -135,6 +162,18 @@ class RetryLayer:
             ):
                 self._instrumentation.replica_cooled(failure.state.name, policy.circuit_cooldown, "circuit_open")
 
+    def broke(self, state: ReplicaState, now: float) -> None:
+        """A stream that broke after its first token and was replaced by a continuation: counted toward its
+        replica's circuit like a transport error before the first token (it cost one extra request)."""
+        policy = self.policy or RetryPolicy()
+        if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
+            self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
+
+    def _left(self, now: float, avoid: tuple[ReplicaState, ...]) -> bool:
+        """Some replica outside ``avoid`` has its circuit closed."""
+        avoided = set(map(id, avoid))
+        return any(id(s) not in avoided and not s.open(now) for s in self.replicas.states)
+
     def _retryable(self, call: Call, failure: AttemptFailure) -> bool:
         assert self.policy is not None
         if failure.is_connect_error:
@@ -145,45 +184,49 @@ class RetryLayer:
             return failure.status_code in self.policy.retry_statuses or failure.overload
         return failure.is_transport_error
 
-    def _plan(self, call: Call, last: AttemptFailure, rounds: int) -> tuple[float, ReplicaState, Payment] | Failed:
-        """(seconds to wait, replica, payment) for the next round, or why the call ends now."""
+    def _plan(
+        self, call: Call, route: Route, last: AttemptFailure, rounds: int, failed: list[ReplicaState]
+    ) -> tuple[float, ReplicaState, Payment] | Failed:
+        """(seconds to wait, replica, payment) for the next round, or why the route ends now."""
         if self.policy is None or not self._retryable(call, last):
-            return Failed()
-        if rounds >= self.policy.max_attempts:
-            return Failed()
+            return Failed(stopped="not_retryable")
+        if rounds >= (self.policy.max_attempts if route.rounds is None else route.rounds):
+            return Failed(stopped="rounds")
         now = call.clock()
-        remaining = call.first_token_deadline - now
-        # A retry is worth sending only if its first token can still make the deadline.
-        expected_ttft = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream)
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        # A retry may go back to a replica that failed this call when no other is ready; a continuation never
+        # does (the caller is waiting mid-answer: the next replica, or the original error at once).
+        avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
-        state = self.replicas.pick_ready(now, call.failed_replicas, key) or self.replicas.pick_ready(now, key=key)
+        state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
         if state is None:
             soonest = self.replicas.cooling_wait(now)
-            if soonest is None:  # every circuit is open: nothing to wait for within a call
-                return Failed()
-            if soonest + expected_ttft >= remaining:
+            if soonest is None or (avoid and not self._left(now, avoid)):  # every circuit open, or all avoided
+                return Failed(stopped="no_replica")
+            if not fits_deadline(call, now, soonest, deadline):
                 return Failed(
                     reason=AllReplicasCooling(
                         f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
-                        f"with a first token taking about {expected_ttft:.3f}s, that does not fit "
-                        f"the {remaining:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
+                        f"with a first token taking about {call.expected_ttft():.3f}s, that does not fit "
+                        f"the {deadline - now:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
                         f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
                         request=call.request,
                         record=call.record,
                         retry_after=soonest,
-                    )
+                    ),
+                    stopped="deadline",
                 )
             wait = soonest
-            state = self.replicas.pick(now + soonest, key=key) or last.state
+            state = self.replicas.pick(now + soonest, avoid, key) or last.state
         elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:
             wait = self.backoff(rounds)
             if last.retry_after is not None:
                 wait = max(wait, last.retry_after)
-        if wait + expected_ttft >= remaining:
-            return Failed()
-        payment = Payment() if last.refused else call.pay_extra()
+        if not fits_deadline(call, now, wait, deadline):
+            return Failed(stopped="deadline")
+        payment = Payment() if last.refused else call.pay_extra(route.budget)
         if payment is None:
             return Failed(
                 reason=BudgetExhausted(
@@ -192,6 +235,7 @@ class RetryLayer:
                     request=call.request,
                     record=call.record,
                     retry_after=last.retry_after,
-                )
+                ),
+                stopped="budget",
             )
         return wait, state, payment

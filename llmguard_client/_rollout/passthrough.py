@@ -33,6 +33,7 @@ import httpx
 from llmguard_client._core.call import RequestFacts
 from llmguard_client._core.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
+from llmguard_client._state.pool import replica_transport
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
 from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
@@ -64,7 +65,7 @@ class PassthroughPool:
             if self._closed:
                 raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
             if self._other is None:
-                self._other = httpx.AsyncHTTPTransport(limits=_LIMITS, retries=0, verify=default_tls_context())
+                self._other = replica_transport(_LIMITS, default_tls_context())
             return self._other
 
     async def aclose(self) -> None:

@@ -26,7 +26,7 @@ from llmguard_client._state.affinity import affinity_order, auto_key, choose
 from llmguard_client._state.health import Routable, no_room, silent
 from llmguard_client.config import AffinityPolicy
 
-__all__ = ["AffinityRouting", "Prefer", "ignored_session"]
+__all__ = ["AffinityRouting", "Prefer", "ignored_session", "session_for"]
 
 S = TypeVar("S", bound=Routable)
 Prefer = Callable[[list[S]], S | None]
@@ -100,6 +100,11 @@ class AffinityRouting:
         if h.ttft is None:
             return False
         return silent(s, now, h.ttft) > max(self.STRAGGLER_RATIO * h.ttft, h.ttft + self.STRAGGLER_FLOOR)
+
+
+def session_for(affinity: AffinityRouting | None, key: str) -> contextlib.AbstractContextManager[None]:
+    """``guard.session(key)``: ``affinity``'s session, or with affinity off a checked key that changes nothing."""
+    return affinity.session(key) if affinity is not None else ignored_session(key)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RateLimitHint", "parse_duration", "parse_rate_limits"]
+__all__ = ["RateLimitHint", "parse_duration", "parse_rate_limits", "remaining_room"]
 
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
@@ -63,6 +63,11 @@ def _remaining(headers: Mapping[str, str], name: str) -> int | None:
         return int(float(raw.strip()))
     except (ValueError, OverflowError):
         return None
+
+
+def remaining_room(headers: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """``(requests, tokens)`` a response's ``x-ratelimit-remaining-*`` headers report (None: absent or unreadable)."""
+    return _remaining(headers, "requests"), _remaining(headers, "tokens")
 
 
 def parse_rate_limits(headers: Mapping[str, str]) -> RateLimitHint | None:

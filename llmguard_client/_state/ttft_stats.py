@@ -18,7 +18,7 @@ The rule for the adaptive hedge delay (``HedgePolicy.delay=None``), per tier and
    rule 3 (and ``max_delay``): a hedge is for a call that is slow *for its replica*, and a replica that
    is degraded but not yet drained still has its calls hedged early enough to help. A merely slower
    replica's ordinary calls were otherwise hedged, and each hedge that lost to its primary cost the
-   other replica a prefill for nothing (the ``faults`` bench: wasted work 4.5 % against plain's 0.7 %).
+   other replica a prefill for nothing (wasted work in the ``faults`` benchmark, docs/benchmarks.md).
    Drained replicas are left to rule 2: their probes are hedged after a typical healthy TTFT.
 
 A slow minority of replicas therefore cannot drag the delay up: with three replicas, one of them 10x

@@ -1,19 +1,22 @@
 """Mid-stream failover by continuation (opt-in, `ContinuationPolicy`).
 
 When a guarded chat/completions stream breaks after its first content token, `GuardBody` asks the
-call's `CallContinuation` to `resume` it. If the policy, the answer (a single-choice text answer, see
-`llmguard_client.protocols.splice`), the call's total deadline and the continuation budget allow, one
-continuation attempt goes through the normal `AttemptLayer` to a *different* replica, under a cancel
-scope until the first of the tier's ttft (from now) and the call's total deadline:
+call's `CallContinuation` to `resume` it. A continuation is a kind of route: if the policy, the answer
+(a single-choice text answer, see `llmguard_client.protocols.splice`) and the time left allow, a
+``continuation`` `Route` goes through the pipeline's own deadline, retry and attempt layers
+(`Pipeline.continuation`), like any attempt:
 
-- the broken response is closed and its replica's in-flight count released first;
-- the continuation attempt (kind ``continuation``, ``resumed_at`` / ``resumed_tokens`` /
-  ``break_cause`` set) is registered on the call's lease like any attempt, so every path closes it;
-- on its first token it becomes the call's winner; its stream reaches the caller through a `Splicer`
-  (one answer: same id and index, no second role delta, one ``[DONE]``, usage summed), judged by a
-  fresh reader of the same protocol;
-- otherwise (no replica, no budget, no time, the continuation failed) nothing changes: the caller gets
-  the error of the original break, as without continuation, and ``record.not_continued`` says why.
+- the broken response is closed and its replica's in-flight count released first (`CallLease.end_attempt`);
+- the route avoids the broken replica and those tried before, carries the continuation's request body
+  (the rest of the answer), its own budget (paid for its first attempt too) and its first-token deadline
+  (the first of the tier's ttft from now and the call's total deadline); the retry layer picks the replica,
+  pays, checks `fits_deadline`, classifies failures (cool-downs, circuits) and sends a second one to a third
+  replica within ``max_continuations``;
+- on its first token the continuation's `Win` is handed back to the body, which delivers it; its stream
+  reaches the caller through a `Splicer` (one answer: same id and index, no second role delta, one
+  ``[DONE]``, usage summed), judged by a fresh reader of the same protocol;
+- otherwise (no replica, no budget, no time, the continuation failed) the caller gets the error of the
+  original break, as without continuation, and ``record.not_continued`` says why.
 
 The budget is the policy's own `RetryBudget` (``ContinuationPolicy.budget``), not the retry/hedge budget:
 a continuation finishes an answer the caller is already reading, sending only its remainder, so it
@@ -26,10 +29,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmguard_client._core.clock import Clock, loop_clock
-from llmguard_client._core.outcome import Failed, Outcome, Payment, Route, Win
+from llmguard_client._core.outcome import Failed, Outcome, Route, Win
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import ContinuationPolicy
@@ -44,7 +47,14 @@ if TYPE_CHECKING:
 
     from llmguard_client._core.call import Call
 
-    Attempt = Callable[[Call, Route], Awaitable[Outcome]]
+    Path = Callable[[Call, Route], Awaitable[Outcome]]
+    """The pipeline's layers a continuation route goes through (`Pipeline.continuation`)."""
+
+
+class Classify(Protocol):
+    """The retry layer's failure classification, for a stream that broke after its first token."""
+
+    def broke(self, state: ReplicaState, now: float) -> None: ...
 
 
 class SplicedRest:
@@ -79,27 +89,31 @@ class SplicedRest:
 
 @dataclass(slots=True, eq=False)
 class Resumed:
-    """What the caller's body reads next: rewritten bytes already read, the rest, and its reader."""
+    """What the caller's body reads next: rewritten bytes already read, the rest, its reader, and the
+    continuation's `Win` (whose stream the caller now reads)."""
 
     chunks: list[bytes]
     rest: AsyncIterator[bytes]
     reader: ChatReader
-    replica: str
+    win: Win
 
 
 class Continuer:
-    """The Guard's continuation machinery: replicas, the attempt handler, the per-tier policies and the
-    continuations' budgets (one per policy object: tiers given the same policy share it)."""
+    """The Guard's continuation machinery: replicas, the path a continuation route takes through the
+    pipeline (its deadline, retry and attempt layers), the retry layer's failure classification, the per-tier
+    policies and the continuations' budgets (one per policy object: tiers given the same policy share it)."""
 
     def __init__(
         self,
         replicas: ReplicaSet,
-        attempt: Attempt,
+        path: Path,
+        classify: Classify,
         policies: dict[str, ContinuationPolicy | None],
         clock: Clock = loop_clock,
     ) -> None:
         self._replicas = replicas
-        self._attempt = attempt
+        self._path = path
+        self._classify = classify
         self._policies = policies
         by_policy: dict[int, RetryBudget] = {}
         for policy in policies.values():
@@ -122,7 +136,7 @@ class Continuer:
             return None
         budget = self.budgets[tier]
         budget.record_request()
-        return CallContinuation(self._replicas, self._attempt, policy, budget, *request)
+        return CallContinuation(self._replicas, self._path, self._classify, policy, budget, *request)
 
 
 @dataclass(slots=True, eq=False)
@@ -130,7 +144,8 @@ class CallContinuation:
     """One call's continuations: the text delivered by finished parts, the replicas tried."""
 
     replicas: ReplicaSet
-    attempt: Attempt
+    path: Path
+    classify: Classify
     policy: ContinuationPolicy
     budget: RetryBudget
     kind: Kind
@@ -142,7 +157,6 @@ class CallContinuation:
     splicer: Splicer | None = None
     """The current part's splicer (None while the original stream is the current part)."""
     tried: list[ReplicaState] = field(default_factory=list)
-    _marks: tuple[int, int, str] | None = None
 
     def _part(self, reader: object) -> tuple[str, int, bool] | None:
         """(text, tokens, still a plain text answer) of the current part, or None if it kept no text."""
@@ -157,28 +171,19 @@ class CallContinuation:
         tokens = reader.facts.completion_tokens or reader.text_events  # continuous usage stats, when sent
         return text, tokens, reader.text_only
 
-    def _pay(self, call: Call) -> Payment | None:
-        """A ticket of the continuation budget, held by the call's lease until the attempt is sent."""
-        ticket = self.budget.try_acquire()
-        if ticket is None:
-            call.observation.budget_refused(call.record)
-            return None
-        return Payment(ticket, call.lease.hold(ticket.refund))
-
-    async def resume(self, call: Call, reader: object, cause: str) -> Resumed | None:
-        """Continue the call's answer on another replica; None (nothing changed) when it cannot be, with
-        the reason in ``call.record.not_continued``."""
-        resumed = await self._resume(call, reader, cause)
+    async def resume(self, call: Call, win: Win, reader: object, cause: str) -> Resumed | None:
+        """Continue the answer ``win`` was streaming on another replica; None (nothing changed) when it cannot
+        be, with the reason in ``call.record.not_continued``."""
+        resumed = await self._resume(call, win, reader, cause)
         if isinstance(resumed, str):
             call.record.not_continued = resumed
             return None
         call.record.not_continued = None
         return resumed
 
-    async def _resume(self, call: Call, reader: object, cause: str) -> Resumed | NotContinued:
-        win = call.winner
+    async def _resume(self, call: Call, win: Win, reader: object, cause: str) -> Resumed | NotContinued:
         part = self._part(reader)
-        if win is None or part is None:
+        if part is None:
             return "no_text"
         if not part[2]:
             return "not_text"
@@ -188,54 +193,47 @@ class CallContinuation:
         body = continuation_body(self.kind, self.request, text, tokens)
         if body is None:
             return "max_tokens"
+        now = call.clock()
+        if self.count >= self.policy.max_continuations:
+            return "max_continuations"
+        if call.total_deadline - now < self.policy.min_time_left:
+            return "time_left"
         broken = win.attempt
-        failed = False  # a continuation of this break was sent and failed: that is the reason, whatever follows
-        while True:
-            now = call.clock()
-            if self.count >= self.policy.max_continuations:
-                return "continuation_failed" if failed else "max_continuations"
-            if call.total_deadline - now < self.policy.min_time_left:
-                return "continuation_failed" if failed else "time_left"
-            exclude = [win.state, *self.tried]
-            state = self.replicas.pick_ready(now, exclude=exclude) or self.replicas.pick(now, exclude=exclude)
-            if state is None:
-                return "continuation_failed" if failed else "no_replica"
-            payment = self._pay(call)
-            if payment is None:
-                return "continuation_failed" if failed else "budget"
-            if not failed:
-                broken.error = cause
-                await call.lease.close_response(win.response)  # the server sees the disconnect
-                win.in_flight.release()
-                self.tried.append(win.state)
-                self._marks = (len(text), tokens, cause)
-                call.body = body  # after the first token the call's request is the continuation's
-            self.count += 1
-            outcome: Outcome | None = None
-            try:
-                with call.phase_until(min(call.total_deadline, now + call.tier.ttft)):
-                    outcome = await self.attempt(call, Route(state, "continuation", payment, self._marks))
-            except GuardClosed:
-                return "guard_closed"
-            if isinstance(outcome, Win):
-                break
-            last = call.record.attempts[-1]
-            if last.kind == "continuation" and last.outcome == "lost":  # its ttft scope fired: no winner beat it
-                last.outcome = "cancelled"
-            if isinstance(outcome, Failed) and any(
-                not f.overload and (f.is_transport_error or (f.status_code or 0) >= 500) for f in outcome.failures
-            ):
-                self.replicas.router.failed(state, call.clock())  # the router's health, as for any failed attempt
-            self.tried.append(state)
-            failed = True
+        # The broken stream is closed first (the server sees the disconnect, its replica's in-flight count
+        # is released); the caller has read all it will read from it.
+        await call.lease.end_attempt(win.in_flight, win.response)
+        route = Route(
+            kind="continuation",
+            resumes=(len(text), tokens, cause),
+            avoid=(win.state, *self.tried),
+            body=body,
+            budget=self.budget,
+            deadline=min(call.total_deadline, now + call.tier.ttft),
+            rounds=self.policy.max_continuations - self.count,
+        )
+        before = len(call.record.attempts)
+        try:
+            outcome = await self.path(call, route)  # the pipeline's deadline -> retry -> attempt
+        except GuardClosed:
+            return "guard_closed"
+        sent = len(call.record.attempts) - before
+        self.count += sent
+        if sent:
+            broken.error = cause
+            self.tried.append(win.state)
+        if isinstance(outcome, Failed):
+            self.tried.extend(f.state for f in outcome.failures)
+            if sent:
+                return "continuation_failed"
+            return _NOT_SENT.get(outcome.stopped or "no_replica", "no_replica")
         broken.outcome, broken.finish = "failed", outcome.attempt.start
         call.observation.attempt_finished(broken)
         # The call's end reports only its last winner to the router, so the broken replica is reported now: its
         # stream's pace, and a failure of the weight of one before the first token (it cost one extra request,
-        # as a retry does), not the heavier weight of a failure the caller sees.
+        # as a retry does), counted toward its circuit by the retry layer's classification.
         lasted = None if broken.first_token is None else broken.finish - broken.first_token
         self.replicas.stream_finished(win.state, broken.finish, ok=None, tokens=tokens - self.tokens, duration=lasted)
-        self.replicas.router.failed(win.state, broken.finish)
+        self.classify.broke(win.state, broken.finish)
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
         splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
         self.text, self.tokens, self.splicer = text, tokens, splicer
@@ -248,6 +246,9 @@ class CallContinuation:
             fresh.feed(chunk)
         rest = SplicedRest(outcome.rest, splicer)
         outcome.attempt.outcome = "won"
-        call.winner = Win(outcome.attempt, outcome.state, outcome.response, [], rest, fresh, outcome.in_flight)
-        self.replicas.succeeded(outcome.state, outcome.attempt.ttft)
-        return Resumed(chunks, rest, fresh, outcome.state.name)
+        resumed = Win(outcome.attempt, outcome.state, outcome.response, [], rest, fresh, outcome.in_flight)
+        return Resumed(chunks, rest, fresh, resumed)
+
+
+_NOT_SENT: dict[str, NotContinued] = {"no_replica": "no_replica", "budget": "budget", "deadline": "time_left"}
+"""Why no continuation was sent, from why the retry layer sent no attempt (`Failed.stopped`)."""

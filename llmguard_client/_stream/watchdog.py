@@ -1,8 +1,8 @@
 """Stall and total limits of a live stream with one lazily re-armed timer instead of a cancel scope per read.
 
 A streamed answer is read chunk by chunk, tens of times a second; bounding each read with its own cancel
-scope costs a scope, a timer and their bookkeeping per chunk (measured: ~5 % of a streamed call's client
-CPU through the openai SDK, more than every other guard cost per chunk together). Where the call's time
+scope costs a scope, a timer and their bookkeeping per chunk, the largest per-chunk cost the guard would
+have (docs/benchmarks.md, "Per-chunk cost of a guarded stream"). Where the call's time
 source has timers that need no task (`llmguard_client._core.clock.TimeSource.loop_timers`: asyncio's loop
 timers), over a plain HTTP/1.1 socket, `ReadWatchdog` does the same job with one timer per stall period:
 each read only stamps

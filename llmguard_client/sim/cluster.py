@@ -14,6 +14,7 @@ from types import TracebackType
 
 import uvicorn
 
+from llmguard_client.sim.provider_limit import ProviderLimit
 from llmguard_client.sim.replica import Replica
 from llmguard_client.sim.scenarios import ScenarioConfig
 from llmguard_client.sim.server import build_app
@@ -42,6 +43,8 @@ class SimCluster:
             Replica(i, scenario.engine, scenario.faults_for(i), seed=seed, model=scenario.model)
             for i in range(scenario.replicas)
         ]
+        self.provider = ProviderLimit(scenario.rate_limit) if scenario.rate_limit is not None else None
+        """The provider rate limit every replica enforces together (the scenario's ``rate_limit``), if any."""
         self.urls: list[str] = []
         self._servers: list[_Server] = []
         self._serving: list[asyncio.Task[None]] = []
@@ -57,7 +60,7 @@ class SimCluster:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((self.host, 0))
                 config = uvicorn.Config(
-                    build_app(replica),
+                    build_app(replica, self.provider),
                     http="h11",
                     lifespan="off",
                     log_config=None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from llmguard_client.config import RateLimit
 from llmguard_client.sim.engine import EngineConfig
 from llmguard_client.sim.faults import FaultConfig
 from llmguard_client.sim.lengths import SEED_OUTPUT_LENGTHS, SEED_PROMPT_LENGTHS, LengthDist
@@ -69,6 +70,8 @@ class ScenarioConfig:
     model: str = "sim-model"
     summary: str = ""
     """What the scenario models, in one short line (``llmguard bench --help`` and the report's header)."""
+    rate_limit: RateLimit | None = None
+    """A hosted API's limit enforced over the whole cluster (`llmguard_client.sim.provider_limit`)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -186,6 +189,19 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         load=LoadHint(base_rps=40.0, peak_rps=40.0),
         capacity_rps=490.0,
         faults=(FaultConfig(), dataclasses.replace(_DEGRADED, slow_between=(4.0, 9.0)), FaultConfig()),
+    ),
+    "ratelimited": ScenarioConfig(
+        name="ratelimited",
+        summary="a hosted API's 1,200 RPM / 120k TPM limit over the cluster",
+        description=(
+            "3 roomy replicas behind one provider rate limit of 1,200 requests and 120,000 tokens per minute "
+            "(1 s of burst): past it, 429 + Retry-After + x-ratelimit-*, as hosted APIs answer"
+        ),
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=40.0, peak_rps=40.0),
+        capacity_rps=490.0,
+        rate_limit=RateLimit(requests_per_minute=1200, tokens_per_minute=120_000, burst=1.0),
     ),
     "multiturn": ScenarioConfig(
         name="multiturn",

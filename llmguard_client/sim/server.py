@@ -25,6 +25,7 @@ from llmguard_client.sim.engine import EngineRequest, Rejected, RequestTooLarge,
 from llmguard_client.sim.faults import FaultPlan, retry_after_headers
 from llmguard_client.sim.prefix_cache import CacheCounters
 from llmguard_client.sim.protocol import BadRequest, CompletionRequest, Kind, parse_request
+from llmguard_client.sim.provider_limit import ProviderLimit
 from llmguard_client.sim.replica import Replica
 from llmguard_client.sim.wire import error_body
 from llmguard_client.sim.wire_messages import anthropic_error_body
@@ -94,9 +95,11 @@ async def _send_stream_error(
 class _Completions:
     """The ASGI endpoint of one generation route (``kind``: see `llmguard_client.sim.protocol.Kind`)."""
 
-    def __init__(self, replica: Replica, kind: Kind) -> None:
+    def __init__(self, replica: Replica, kind: Kind, provider: ProviderLimit | None = None) -> None:
         self.replica = replica
         self.kind: Kind = kind
+        self.provider = provider
+        """The cluster's provider rate limit (`llmguard_client.sim.provider_limit`), if it has one."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         replica = self.replica
@@ -126,13 +129,22 @@ class _Completions:
             while (await receive())["type"] != "http.disconnect":
                 pass
             return
+        charge, limit_headers = parsed.prompt_tokens + (parsed.max_tokens or 0), list[tuple[str, str]]()
+        if self.provider is not None:
+            admitted, limit_headers = self.provider.admit(charge)
+            if not admitted:
+                message = "Rate limit reached for requests or tokens per min; retry after the Retry-After"
+                await _send_error(send, 429, message, "rate_limit_exceeded", limit_headers, self.kind)
+                return
         seq = await self._submit(parsed, wire, send)
-        if seq is None:
-            return
         try:
-            await self._serve(seq, parsed, plan, wire, receive, send)
+            if seq is not None:
+                await self._serve(seq, parsed, plan, wire, receive, send, limit_headers)
         finally:
-            replica.abort(seq, by_disconnect=False)  # a no-op unless something unexpected escaped _serve
+            if seq is not None:
+                replica.abort(seq, by_disconnect=False)  # a no-op unless something unexpected escaped _serve
+            if self.provider is not None:  # charged prompt + max_tokens: refund what was not used
+                self.provider.refund(charge - (parsed.prompt_tokens + seq.generated if seq is not None else 0))
 
     async def _submit(self, parsed: CompletionRequest, wire: StreamWire, send: Send) -> Sequence | None:
         replica = self.replica
@@ -161,7 +173,8 @@ class _Completions:
         return None
 
     async def _serve(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, receive: Receive, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, receive: Receive, send: Send,
+        extra: list[tuple[str, str]],
     ) -> None:
         replica = self.replica
         faults = replica.faults
@@ -189,9 +202,9 @@ class _Completions:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch_disconnect, tg.cancel_scope)
                 if parsed.stream:
-                    outcome = await self._stream(seq, parsed, plan, wire, send)
+                    outcome = await self._stream(seq, parsed, plan, wire, send, extra)
                 else:
-                    outcome = await self._respond(seq, parsed, plan, wire, send)
+                    outcome = await self._respond(seq, parsed, plan, wire, send, extra)
                 tg.cancel_scope.cancel()
         finally:
             replica.abort(seq, by_disconnect=disconnected or outcome == "gone")
@@ -202,9 +215,11 @@ class _Completions:
         return min(self.replica.faults.fault_after_tokens, seq.output_tokens)
 
     async def _stream(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send,
+        extra: list[tuple[str, str]],
     ) -> Outcome:
         headers = [*_SSE_HEADERS, (b"x-sim-replica", str(self.replica.index).encode())]
+        headers += [(k.encode(), v.encode()) for k, v in extra]
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             opening = wire.opening()
@@ -239,7 +254,8 @@ class _Completions:
         return "done"
 
     async def _respond(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send
+        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send,
+        extra: list[tuple[str, str]],
     ) -> Outcome:
         try:
             while not seq.done:
@@ -251,7 +267,8 @@ class _Completions:
                 self.replica.counters.malformed += 1
                 body = body[: len(body) // 2]
             if not plan.reset:
-                await _send_bytes(send, 200, body, "application/json", [("x-sim-replica", str(self.replica.index))])
+                plain = [("x-sim-replica", str(self.replica.index)), *extra]
+                await _send_bytes(send, 200, body, "application/json", plain)
                 return "done"
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -291,8 +308,8 @@ def prefix_cache_metrics(counters: CacheCounters, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(replica: Replica) -> Starlette:
-    """The ASGI app serving ``replica``."""
+def build_app(replica: Replica, provider: ProviderLimit | None = None) -> Starlette:
+    """The ASGI app serving ``replica`` (``provider``: the rate limit its cluster enforces, if any)."""
 
     async def models(request: Request) -> Response:
         entry = {"id": replica.model, "object": "model", "created": 0, "owned_by": "llmguard-sim"}
@@ -318,10 +335,10 @@ def build_app(replica: Replica) -> Starlette:
         return JSONResponse({"ok": True})
 
     routes = [
-        Route("/v1/chat/completions", _Completions(replica, "chat"), methods=["POST"]),
-        Route("/v1/completions", _Completions(replica, "text"), methods=["POST"]),
-        Route("/v1/responses", _Completions(replica, "responses"), methods=["POST"]),
-        Route("/v1/messages", _Completions(replica, "messages"), methods=["POST"]),
+        Route("/v1/chat/completions", _Completions(replica, "chat", provider), methods=["POST"]),
+        Route("/v1/completions", _Completions(replica, "text", provider), methods=["POST"]),
+        Route("/v1/responses", _Completions(replica, "responses", provider), methods=["POST"]),
+        Route("/v1/messages", _Completions(replica, "messages", provider), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -293,3 +293,45 @@ async def test_close_quietly_closes_the_response_and_a_half_read_body_iterator(r
     assert response.is_closed and body.closed
     assert body.read_to_end is read_to_end
     assert reading.ag_frame is None  # type: ignore[attr-defined]  # the generator is finished either way
+
+
+class _Replica:
+    """What the lease counts of a replica: its attempts in flight."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+def test_in_flight_counts_are_acquired_and_released_through_the_lease_once() -> None:
+    async def main() -> None:
+        replica = _Replica()
+        lease = CallLease(LeaseRegistry())
+        lost, kept = lease.occupy(replica), lease.occupy(replica)
+        assert replica.in_flight == 2
+        await lease.end_attempt(lost)  # a failed or lost attempt, before the call ends
+        await lease.end_attempt(lost)  # idempotent
+        assert replica.in_flight == 1 and lost.released and not kept.released
+        await lease.aclose("ok", None)  # the winner's count: at the end of the call
+        assert replica.in_flight == 0 and kept.released
+        late = lease.occupy(replica)  # an attempt that starts after the end gets nothing held
+        assert replica.in_flight == 0 and late.released
+
+    anyio.run(main)
+
+
+def test_end_attempt_closes_the_response_then_releases_the_count() -> None:
+    async def main() -> None:
+        replica = _Replica()
+        lease = CallLease(LeaseRegistry())
+        hold = lease.occupy(replica)
+        response = httpx.Response(200, stream=httpx.ByteStream(b"x"))
+        lease.own(response)
+        await lease.end_attempt(hold, response)
+        assert response.is_closed and replica.in_flight == 0
+        await lease.aclose("ok", None)
+        assert replica.in_flight == 0
+
+    anyio.run(main)

@@ -33,14 +33,18 @@ STREAM_BODY: dict[str, Any] = {
     "stream": True,
     "stream_options": {"include_usage": True},
 }
-MARGIN = 0.25
-"""Generous, for a shared 2-core machine: the exact instants are asserted in virtual time
-(tests/layers/test_deadline.py) and the real-time accuracy (within 3-4 ms of the limit, against the first wave's
-50 ms bound) is measured by benchmarks/deadline_accuracy.py."""
+SERVER_PAUSE = 5.0
+"""How long a server scripted to stall holds back. The deadlines that must fire here are 0.3-0.6 s, an order of
+magnitude shorter, and these tests only tell apart "the deadline fired" (never early, and well before the
+server's pause would have ended) from "the call waited for the server": a busy machine stretches the first by
+seconds without confusing the two. The exact instants are asserted in virtual time (tests/layers/test_deadline.py)
+and the real-time accuracy (within 3-4 ms of the limit) is measured by benchmarks/deadline_accuracy.py."""
 
 
 def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
-    kwargs.setdefault("tiers", {"interactive": Tier(ttft=1.0, total=5.0, stall=1.0), "batch": Tier(ttft=5, total=20)})
+    # Limits no test here means to reach: a busy machine delaying a first token by seconds must not time a call out
+    # (a 1 s ttft once turned an abandoned stream into a timeout under a full suite).
+    kwargs.setdefault("tiers", {"interactive": Tier(ttft=10, total=30, stall=10), "batch": Tier(ttft=20, total=40)})
     kwargs.setdefault("instrumentation", None)
     kwargs.setdefault("hedge", None)
     return Guard(replicas=[s.url for s in servers], on_record=records.append, **kwargs)
@@ -99,16 +103,16 @@ async def test_usage_absent_when_not_requested(servers: list[LoopbackServer]) ->
 
 async def test_ttft_counts_content_not_bytes(servers: list[LoopbackServer]) -> None:
     """A role-only delta and keep-alive comments arrive at once, then the server stalls: ttft trips."""
-    servers[0].script = Script(role_chunk=True, keepalives_before=3, stall_before_first=5.0)
+    servers[0].script = Script(role_chunk=True, keepalives_before=3, stall_before_first=SERVER_PAUSE)
     records: list[PhaseRecord] = []
-    tiers = {"fast": Tier(ttft=0.3, total=5.0, stall=1.0)}
+    tiers = {"fast": Tier(ttft=0.3, total=30.0, stall=10.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         started = time.monotonic()
         with pytest.raises(TTFTTimeout) as caught:
             await client.post(servers[0].url + CHAT, json=STREAM_BODY)
         elapsed = time.monotonic() - started
     assert isinstance(caught.value, httpx.TimeoutException)
-    assert 0.3 <= elapsed < 0.3 + MARGIN
+    assert 0.3 <= elapsed < SERVER_PAUSE
     assert "ttft" in str(caught.value) and "'fast'" in str(caught.value)
     assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
     assert records[0].attempts[0].headers is not None and records[0].attempts[0].first_token is None
@@ -117,9 +121,9 @@ async def test_ttft_counts_content_not_bytes(servers: list[LoopbackServer]) -> N
 
 
 async def test_stall_deadline_after_first_token(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(tokens=5, stall_after_first=5.0)
+    servers[0].script = Script(tokens=5, stall_after_first=SERVER_PAUSE)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=1.0, total=10.0, stall=0.3)}
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=0.3)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
             body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the guard's body
@@ -131,15 +135,16 @@ async def test_stall_deadline_after_first_token(servers: list[LoopbackServer]) -
                     last = time.monotonic()
             stalled_for = time.monotonic() - last
     assert b" t0" in b"".join(chunks)
-    assert 0.3 <= stalled_for < 0.3 + MARGIN
+    assert 0.3 <= stalled_for < SERVER_PAUSE
     assert records[0].status == "timeout" and records[0].cause == "stall_timeout"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 
 
 async def test_total_deadline_mid_stream(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(tokens=200, gap=0.01)
+    servers[0].script = Script(tokens=600, gap=0.01)  # 6 s: six times the total deadline
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.5, total=0.6, stall=1.0)}
+    # ttft = total: a first token delayed by a busy machine still comes within ttft, and the cause stays "total".
+    tiers = {"t": Tier(ttft=1.0, total=1.0, stall=1.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         started = time.monotonic()
         with pytest.raises(TotalTimeout) as caught:
@@ -147,16 +152,16 @@ async def test_total_deadline_mid_stream(servers: list[LoopbackServer]) -> None:
                 async for _ in response.aiter_raw():
                     pass
         elapsed = time.monotonic() - started
-    assert 0.6 <= elapsed < 0.6 + MARGIN
-    assert "total deadline of tier 't' (0.6s" in str(caught.value)
+    assert 1.0 <= elapsed < 6.0
+    assert "total deadline of tier 't' (1.0s" in str(caught.value)
     assert records[0].cause == "total_timeout"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 
 
 async def test_non_streaming_bounded_by_ttft(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(hang_before_headers=5.0)
+    servers[0].script = Script(hang_before_headers=SERVER_PAUSE)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.3, total=5.0)}
+    tiers = {"t": Tier(ttft=0.3, total=30.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         with pytest.raises(TTFTTimeout):
             await client.post(servers[0].url + CHAT, json={"model": "m", "messages": []})
@@ -242,9 +247,9 @@ async def test_openai_streaming_and_non_streaming(servers: list[LoopbackServer])
 async def test_openai_does_not_stack_retries_on_a_guard_timeout(servers: list[LoopbackServer]) -> None:
     """openai's default max_retries=2 must not turn one 0.5 s deadline into 3 x 0.5 s plus sleeps."""
     for server in servers[:2]:
-        server.script = Script(stall_before_first=5.0)
+        server.script = Script(stall_before_first=SERVER_PAUSE)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.5, total=5.0)}
+    tiers = {"t": Tier(ttft=0.5, total=30.0)}
     async with make_guard(servers[:2], records, tiers=tiers) as guard:
         oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
         assert oai.max_retries == 2
@@ -255,8 +260,8 @@ async def test_openai_does_not_stack_retries_on_a_guard_timeout(servers: list[Lo
     assert caught.value.status_code == 504
     assert caught.value.response.headers["x-llmguard-cause"] == "ttft_timeout"
     assert "tier 't'" in caught.value.message and "0.5s" in caught.value.message
-    assert 0.5 <= elapsed < 0.5 + 0.5  # an SDK retry would add its backoff (>= 0.375 s) and another 0.5 s
-    assert len(records) == 1  # one logical call reached the guard: the SDK did not retry
+    assert elapsed >= 0.5  # the deadline, never early (no upper bound: a busy machine stretches any call)
+    assert len(records) == 1  # one logical call reached the guard: the SDK did not retry (each retry is a record)
     # The guard gave up before the server answered; on a busy machine before its handler ran, too.
     assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)
     assert sum(len(s.received) for s in servers) == 1
@@ -299,16 +304,18 @@ async def test_control_cohort_is_one_plain_measured_attempt(servers: list[Loopba
 async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[LoopbackServer]) -> None:
     from llmguard_client import Bulkhead
 
-    servers[0].script = Script(tokens=30, gap=0.02)  # holds the only slot for about 0.6 s, twice the ttft
+    servers[0].script = Script(tokens=30, gap=0.02)  # its stream holds the only slot until it is read below
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.3, total=5.0, stall=1.0)}
+    # ttft 1 s: room for the first call's own first token on a busy machine; total 30 s: a wait bounded by the
+    # total instead of the ttft would last ten times longer than the bound below.
+    tiers = {"t": Tier(ttft=1.0, total=30.0, stall=10.0)}
     bulkheads = {"t": Bulkhead(max_in_flight=1, max_waiting=1)}
     async with make_guard(servers[:1], records, tiers=tiers, bulkheads=bulkheads) as guard, guard.http_client() as c:
         async with c.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as first:
             started = time.monotonic()
             with pytest.raises(TTFTTimeout, match="bulkhead slot"):
                 await c.post(servers[0].url + CHAT, json=STREAM_BODY)
-            assert 0.3 <= time.monotonic() - started < 0.3 + MARGIN
+            assert 1.0 <= time.monotonic() - started < 3.0
             await first.aread()
         assert (await c.post(servers[0].url + CHAT, json=STREAM_BODY)).status_code == 200  # the slot came back
     assert [r.status for r in records] == ["timeout", "ok", "ok"]

@@ -73,7 +73,7 @@ async def test_guard_failures_are_httpx2_and_guard_exceptions_at_once(
     servers: list[LoopbackServer], amake_guard: MakeGuard
 ) -> None:
     for server in servers:
-        server.script = Script(stall_before_first=1.0)
+        server.script = Script(stall_before_first=5.0)
     guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
     async with guard.httpx2_client() as client:
         with pytest.raises(httpx2.TimeoutException) as caught:
@@ -102,7 +102,7 @@ async def test_openai_raise_mode_without_sdk_retries_gives_api_timeout_once(
 ) -> None:
     """Native APITimeoutError semantics without stacking: failure_mode="raise" + max_retries=0."""
     for server in servers:
-        server.script = Script(hang_before_headers=1.0)
+        server.script = Script(hang_before_headers=5.0)
     guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
     with pytest.raises(openai.APITimeoutError) as caught:
         await oai(guard, servers[0], max_retries=0).chat.completions.create(model="m", messages=MESSAGES)
@@ -116,7 +116,7 @@ async def test_openai_response_mode_gives_a_504_without_sdk_retries(
     servers: list[LoopbackServer], amake_guard: MakeGuard
 ) -> None:
     for server in servers:
-        server.script = Script(hang_before_headers=1.0)
+        server.script = Script(hang_before_headers=5.0)
     guard = amake_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)})  # auto: response mode
     with pytest.raises(openai.InternalServerError) as caught:
         await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES)  # max_retries=2

@@ -49,7 +49,7 @@ def test_guard_failures_are_httpx2_and_guard_exceptions_at_once(
     servers: list[LoopbackServer], make_guard: MakeGuard
 ) -> None:
     for server in servers:
-        server.script = Script(stall_before_first=1.0)
+        server.script = Script(stall_before_first=5.0)
     guard = make_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
     with guard.sync_httpx2_client() as client, pytest.raises(httpx2.TimeoutException) as caught:
         client.post(servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True})
@@ -58,8 +58,8 @@ def test_guard_failures_are_httpx2_and_guard_exceptions_at_once(
 
 def test_a_stall_mid_stream_reaches_openai_as_api_timeout(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
     for server in servers:
-        server.script = Script(tokens=5, stall_after_first=1.0)
-    guard = make_guard(hedge=None, tiers={"t": Tier(ttft=2.0, total=5.0, stall=0.2)})
+        server.script = Script(tokens=5, stall_after_first=5.0)
+    guard = make_guard(hedge=None, tiers={"t": Tier(ttft=10.0, total=20.0, stall=0.2)})
     stream = oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES, stream=True)
     with pytest.raises(openai.APITimeoutError) as caught:
         for _ in stream:
@@ -72,7 +72,7 @@ def test_openai_raise_mode_without_sdk_retries_gives_api_timeout_once(
     servers: list[LoopbackServer], make_guard: MakeGuard
 ) -> None:
     for server in servers:
-        server.script = Script(hang_before_headers=1.0)
+        server.script = Script(hang_before_headers=5.0)
     guard = make_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
     with pytest.raises(openai.APITimeoutError) as caught:
         oai(guard, servers[0], max_retries=0).chat.completions.create(model="m", messages=MESSAGES)

@@ -72,7 +72,7 @@ def test_the_body_is_pulled_chunk_by_chunk() -> None:
 
 def test_a_core_failure_reaches_the_sync_caller_typed(servers: list[LoopbackServer], make_guard: MakeGuard) -> None:
     for server in servers:
-        server.script = Script(stall_before_first=1.0)
+        server.script = Script(stall_before_first=5.0)
     guard = make_guard(hedge=None, retry=None, tiers={"fast": Tier(ttft=0.2, total=5.0)}, failure_mode="raise")
     with guard.sync_http_client() as client, pytest.raises(TTFTTimeout) as caught:
         client.post(servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True})

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, HedgePolicy, PhaseRecord, StallTimeout, Tier, TotalTimeout, TTFTTimeout
+from llmguard_client import (
+    ContinuationPolicy,
+    Guard,
+    HedgePolicy,
+    PhaseRecord,
+    StallTimeout,
+    Tier,
+    TotalTimeout,
+    TTFTTimeout,
+)
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
@@ -148,3 +158,77 @@ def test_httpx_client_timeout_is_not_needed_in_virtual_time(backend: str) -> Non
         assert now() - start == pytest.approx(10.0)
 
     run_virtual(main, backend)
+
+
+# --- one fits_deadline: retry, hedge and continuation agree -------------------------------------------------
+
+A, B = "http://a.test", "http://b.test"
+
+
+def _learned(guard: Guard) -> None:
+    """Recent TTFTs of the class: median 0.3 s, a p95 of 0.9 s (one in ten is slow)."""
+    for name in (A, B):
+        for i in range(40):
+            guard.ttft_stats.observe(name, "interactive", True, 0.9 if i % 10 == 0 else 0.3)
+    assert guard.ttft_stats.typical("interactive", True) == pytest.approx(0.3)
+
+
+async def _decided_retry(left: float) -> list[str]:
+    """The first attempt gets a 503 ``left`` seconds before the 1 s ttft deadline: is a retry sent?"""
+    fakes = {A: FakeReplica("a", [Plan(status=503, headers_after=1.0 - left)]),
+             B: FakeReplica("b", [Plan(status=503, headers_after=1.0 - left)])}
+    records: list[PhaseRecord] = []
+    async with guard_for(fakes, records) as guard, guard.http_client() as client:
+        _learned(guard)
+        with contextlib.suppress(TTFTTimeout):  # a retry sent runs into the deadline: only the decision counts
+            await client.post(A + CHAT, json=BODY)
+    return [a.kind for a in records[0].attempts]
+
+
+async def _decided_hedge(left: float) -> list[str]:
+    """The hedge delay passes ``left`` seconds before the 1 s ttft deadline: is a hedge sent?"""
+    fakes = {A: FakeReplica("a", [Plan(first_token_after=2.0)]), B: FakeReplica("b", [Plan(first_token_after=2.0)])}
+    records: list[PhaseRecord] = []
+    hedge = HedgePolicy(delay=1.0 - left, max_hedges=1)
+    async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
+        _learned(guard)
+        with pytest.raises(TTFTTimeout):
+            await client.post(A + CHAT, json=BODY)
+    return [a.kind for a in records[0].attempts]
+
+
+async def _decided_continuation(left: float) -> list[str]:
+    """The stream breaks ``left`` seconds before the call's 2 s total deadline: is a continuation sent?"""
+    gap = (2.0 - left) / 5  # the 6th token (i == 5) is a reset, at 5 gaps
+    fakes = {A: FakeReplica("a", [Plan(tokens=10, gap=gap, reset_after_tokens=5)]), B: FakeReplica("b")}
+    records: list[PhaseRecord] = []
+    tiers = {"interactive": Tier(ttft=1.0, total=2.0, stall=1.0)}
+    async with guard_for(fakes, records, tiers=tiers, continuation=ContinuationPolicy(min_time_left=0.01)) as guard:
+        _learned(guard)
+        async with guard.http_client() as client, client.stream("POST", A + CHAT, json=BODY) as response:
+            with contextlib.suppress(httpx.TransportError):
+                await response.aread()
+    return [a.kind for a in records[0].attempts]
+
+
+@BACKENDS
+@pytest.mark.parametrize(("left", "sent"), [(0.25, False), (0.35, True)])
+def test_retry_hedge_and_continuation_agree_on_whether_another_attempt_fits(
+    backend: str, left: float, sent: bool
+) -> None:
+    """With a median TTFT of 0.3 s (and a p95 of 0.9 s), an attempt that would start 0.25 s before its
+    first-token deadline is refused by all three, one 0.35 s before it is sent by all three: one
+    `fits_deadline`, on the median."""
+    decided: dict[str, list[str]] = {}
+
+    async def main() -> None:
+        decided["retry"] = await _decided_retry(left)
+        decided["hedge"] = await _decided_hedge(left)
+        decided["continuation"] = await _decided_continuation(left)
+
+    run_virtual(main, backend)
+    assert decided == {
+        "retry": ["primary", "retry"] if sent else ["primary"],
+        "hedge": ["primary", "hedge"] if sent else ["primary"],
+        "continuation": ["primary", "continuation"] if sent else ["primary"],
+    }

@@ -111,10 +111,13 @@ def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backe
 
 
 async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(stall_before_first=3.0, tokens=5)  # the first pick is replica 0 (round-robin start)
+    # The primary holds back 30 s, 150x the hedge delay: the bounds below only tell "hedged at its delay" from
+    # "waited for the primary"; the exact instant is asserted in virtual time (test_a_hedge_fires_at_exactly_its_delay).
+    servers[0].script = Script(stall_before_first=30.0, tokens=5)  # the first pick is replica 0 (round-robin start)
     servers[1].script = Script(tokens=8)
     records: list[PhaseRecord] = []
-    async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
+    tiers = {"t": Tier(ttft=20.0, total=40.0, stall=10.0)}
+    async with make_guard(servers[:2], records, tiers=tiers) as guard, guard.http_client() as client:
         started = time.monotonic()
         async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
             body = (await response.aread()).decode()
@@ -123,9 +126,9 @@ async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: lis
     assert (primary.kind, primary.replica, primary.outcome) == ("primary", servers[0].url, "lost")
     assert (hedge.kind, hedge.replica, hedge.outcome) == ("hedge", servers[1].url, "won")
     # The delay runs from the round's start; the primary's record starts when its task first runs, a few ms
-    # later on a busy machine. The exact instant is asserted in virtual time (test_deadline.py).
-    assert 0.2 - 0.1 <= hedge.start - primary.start < 0.2 + 0.3  # generous: loop lag on a shared machine
-    assert ttft is not None and ttft < 0.5 and time.monotonic() - started < 1.0
+    # later on a busy machine.
+    assert 0.2 - 0.1 <= hedge.start - primary.start < 3.0
+    assert ttft is not None and ttft < 3.0 and time.monotonic() - started < 10.0
     # The winner's stream is delivered intact and in order.
     tokens = [part.split('"')[0] for part in body.split('"content": "')[2:]]
     assert tokens == [f" t{i}" for i in range(8)]

@@ -45,7 +45,7 @@ async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[L
         assert (first.replica, first.status_code, first.retry_after) == (servers[0].url, 429, 5.0)
         assert (retry.kind, retry.replica, retry.outcome) == ("retry", servers[1].url, "won")
         # Not after the Retry-After (5 s); the exact instant is asserted in virtual time (the next test).
-        assert first.finish is not None and retry.start - first.finish < 1.0
+        assert first.finish is not None and retry.start - first.finish < 3.0
         # New calls are steered away from the cooling replica while another is available.
         for _ in range(3):
             assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
@@ -82,7 +82,7 @@ async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(serv
         started = time.monotonic()
         response = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-stainless-lang": "python"})
         elapsed = time.monotonic() - started
-    assert elapsed < 2.0  # at once: not the 30 s the servers asked for (generous: the machine is shared)
+    assert elapsed < 10.0  # at once: not the 30 s the servers asked for (the instant: virtual time, above)
     assert response.status_code == 429
     assert response.headers["retry-after"] == "30"  # the server's own answer, handed back
     assert response.headers["x-should-retry"] == "false"
@@ -101,12 +101,10 @@ async def test_openai_against_always_429_sees_no_stacked_retries(servers: list[L
     async with make_guard([servers[0].url], records, budget=budget, retry=retry) as guard:
         oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
         for _ in range(calls):
-            started = time.monotonic()
             with pytest.raises(openai.RateLimitError):
                 await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-            assert time.monotonic() - started < 2.0  # no 0.5-8 s SDK sleeps
     received = len(servers[0].received)
-    assert len(records) == calls
+    assert len(records) == calls  # each SDK retry (after its 0.5-8 s sleep) would be one more record
     assert received <= calls + budget.floor + budget.ratio * calls
     assert all(len(r.attempts) <= RetryPolicy().max_attempts for r in records)
 
@@ -153,7 +151,9 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None
         started = time.monotonic()
         with pytest.raises(AllAttemptsFailed, match="circuit is open"):
             await client.post(dead[0] + CHAT, json=BODY)
-        assert time.monotonic() - started < 1.0  # generous: the instant is asserted in virtual time (next test)
+        # Not after the 30 s cool-down; that no time passes at all is asserted in virtual time (next test), and
+        # that no connect was tried by the record below.
+        assert time.monotonic() - started < 10.0
     assert records[-1].attempts == []  # no attempt: not even a connect
 
 
@@ -226,5 +226,5 @@ def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
     backoff = Backoff(0.05, 2.0, random.Random(7))
     assert [backoff(n) for n in range(1, 9)] == expected
     assert random.getstate() == global_state  # the global random module is left alone
-    seeded = RetryLayer(None, RetryPolicy(), None, None, rng=random.Random(7))  # type: ignore[arg-type]
+    seeded = RetryLayer(None, RetryPolicy(), None, rng=random.Random(7))  # type: ignore[arg-type]
     assert [seeded.backoff(n) for n in range(1, 9)] == expected

@@ -15,7 +15,7 @@ from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.engine import EngineConfig
 from llmguard_client.sim.faults import FaultConfig, RetryAfterStyle
 from tests.clients import plain_httpx, plain_sdk
-from tests.sim.conftest import ENGINE, chat_body, one_off
+from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 
 
 async def stream_timings(url: str, body: dict[str, object], timeout: float = 10.0) -> tuple[float, list[float]]:
@@ -33,31 +33,33 @@ async def stream_timings(url: str, body: dict[str, object], timeout: float = 10.
 
 
 async def test_stall_before_first_token() -> None:
-    async with SimCluster(one_off(faults=(FaultConfig(stall_first_p=1.0, stall_first_s=0.4),))) as cluster:
+    # A 1 s stall, 50-100x the engine's steps: a busy machine stretches the steps, not into a second each.
+    async with SimCluster(one_off(faults=(FaultConfig(stall_first_p=1.0, stall_first_s=1.0),))) as cluster:
         url = cluster.urls[0] + "/v1/chat/completions"
         headers_at, tokens = await stream_timings(url, chat_body(max_tokens=3))
-        assert headers_at < 0.4 <= tokens[0] and len(tokens) == 3
-        assert tokens[-1] - tokens[0] < 0.4  # the stall is before the first token only
+        assert headers_at < 1.0 <= tokens[0] and len(tokens) == 3
+        assert tokens[-1] - tokens[0] < 1.0  # the stall is before the first token only (else >= 2 s here)
         assert cluster.replicas[0].counters.stalled_first == 1
 
 
 async def test_stall_mid_stream() -> None:
-    faults = FaultConfig(stall_mid_p=1.0, stall_mid_s=0.4, fault_after_tokens=2)
+    faults = FaultConfig(stall_mid_p=1.0, stall_mid_s=1.0, fault_after_tokens=2)
     async with SimCluster(one_off(faults=(faults,))) as cluster:
         _, tokens = await stream_timings(cluster.urls[0] + "/v1/chat/completions", chat_body(max_tokens=4))
         gaps = [b - a for a, b in itertools.pairwise(tokens)]
-        # The stall sits between the 2nd and 3rd token (generous bounds: 2 shared cores under a full suite).
-        assert len(tokens) == 4 and gaps[1] >= 0.4 * 0.9 and gaps[1] == max(gaps)
+        # The stall sits between the 2nd and 3rd token: 1 s, 50-100x a step, so no stretched step outgrows it.
+        assert len(tokens) == 4 and gaps[1] >= 0.5 and gaps[1] == max(gaps)
         assert cluster.replicas[0].counters.stalled_mid == 1
 
 
 async def test_slow_replica_multiplies_step_time() -> None:
-    scenario = one_off(faults=(FaultConfig(slow_factor=5.0), FaultConfig()), replicas=2)
+    # x10: a busy machine stretches the fast replica's 10 ms steps, not to half the slow one's 100 ms.
+    scenario = one_off(faults=(FaultConfig(slow_factor=10.0), FaultConfig()), replicas=2)
     async with SimCluster(scenario) as cluster:
-        assert cluster.replicas[0].engine.config.step_period == pytest.approx(0.05)
+        assert cluster.replicas[0].engine.config.step_period == pytest.approx(0.1)
         _, slow = await stream_timings(cluster.urls[0] + "/v1/chat/completions", chat_body(max_tokens=8))
         _, fast = await stream_timings(cluster.urls[1] + "/v1/chat/completions", chat_body(max_tokens=8))
-    assert slow[-1] - slow[0] >= 7 * 0.05 * 0.9
+    assert slow[-1] - slow[0] >= 7 * 0.1 * 0.7  # a first token seen late shortens the span a little
     assert (slow[-1] - slow[0]) > 2 * (fast[-1] - fast[0])
 
 
@@ -123,8 +125,9 @@ async def test_headers_never_sent() -> None:
                 await http.post(cluster.urls[0] + "/v1/chat/completions", json=chat_body())
         replica = cluster.replicas[0]
         assert replica.counters.blackholed == 1 and replica.engine.stats.submitted == 0
-        started = time.monotonic()
-    assert time.monotonic() - started < 1.0  # the handler ended with the client: shutdown does not wait
+        # The handler ended with the client (its task is gone), so shutdown has nothing to wait out; a time
+        # bound could not tell this apart on a busy machine (uvicorn's graceful-shutdown timeout is only 1 s).
+        await wait_until(lambda: not cluster._servers[0].server_state.tasks)
 
 
 STYLES: tuple[RetryAfterStyle, ...] = ("seconds", "garbage", "negative", "huge", "http-date", "ms-only")

@@ -21,6 +21,7 @@ from llmguard_client import (
     Guard,
     GuardConfigError,
     PhaseRecord,
+    RetryPolicy,
     StallTimeout,
     Tier,
     TotalTimeout,
@@ -38,7 +39,9 @@ PATHS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
-    kwargs.setdefault("tiers", {"t": Tier(ttft=1.0, total=5.0, stall=0.3)})
+    # A stall limit 20x the scripted gaps and a ttft of seconds: a busy machine's late bytes must not be taken for
+    # a stall or a missed first token (the exact instants: the virtual-time test below).
+    kwargs.setdefault("tiers", {"t": Tier(ttft=10.0, total=30.0, stall=1.0)})
     kwargs.setdefault("hedge", None)
     kwargs.setdefault("continuation", ContinuationPolicy())
     return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
@@ -167,7 +170,7 @@ async def test_the_spliced_stream_has_one_role_delta_one_done_one_id(
 
 async def test_a_stall_past_the_tier_limit_is_continued(servers: list[LoopbackServer]) -> None:
     for s in servers[:2]:
-        s.script = Script(tokens=10, stall_after_first=3.0, continued=Script(tokens=None))
+        s.script = Script(tokens=10, stall_after_first=10.0, continued=Script(tokens=None))  # 10x the limit
     records: list[PhaseRecord] = []
     async with make_guard(servers[:2], records) as guard:
         text, _ = await sdk_text(guard, servers[0].url, "chat")
@@ -217,7 +220,7 @@ async def test_a_break_too_close_to_the_total_deadline_is_not_continued(servers:
     for s in servers[:2]:
         s.script = script(reset_after_tokens=5, gap=0.05)
     records: list[PhaseRecord] = []
-    policy = ContinuationPolicy(min_time_left=4.9)  # total 5 s: 5 tokens 50 ms apart leave less than 4.9 s
+    policy = ContinuationPolicy(min_time_left=29.9)  # total 30 s: 5 tokens 50 ms apart leave less than 29.9 s
     async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
         with pytest.raises(httpx.TransportError):
             await raw_events(client, servers[0].url, "completions")
@@ -233,7 +236,7 @@ async def test_a_spent_continuation_budget_is_not_overdrawn(servers: list[Loopba
     async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
         with pytest.raises(Exception, match="ended the stream early"):
             await raw_events(client, servers[0].url, "chat")
-        (budget,) = set(guard.transport._continuer.budgets.values())  # type: ignore[union-attr]
+        (budget,) = set(guard.transport.pipeline.stream.continuation.budgets.values())  # type: ignore[union-attr]
         assert budget.snapshot().pending == 0 and budget.snapshot().refused == 1
     assert sum(len(s.received) for s in servers[:2]) == 1
     (record,) = records
@@ -310,9 +313,11 @@ def test_the_policy_is_validated() -> None:
 
 async def test_a_stream_cut_by_the_total_deadline_is_not_continued(servers: list[LoopbackServer]) -> None:
     for s in servers[:2]:
-        s.script = script(gap=0.1)
+        s.script = Script(tokens=60, gap=0.05, continued=Script(tokens=None))  # 3 s: three times the total
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=0.5, total=0.6, stall=0.5)}
+    # ttft = stall = total: a first token or a gap delayed by a busy machine still comes in time, and the cause
+    # stays "total".
+    tiers = {"t": Tier(ttft=1.0, total=1.0, stall=1.0)}
     async with make_guard(servers[:2], records, tiers=tiers) as guard, guard.http_client() as client:
         with pytest.raises(TotalTimeout):
             await raw_events(client, servers[0].url, "chat")
@@ -337,3 +342,47 @@ async def test_the_broken_replica_is_reported_to_the_router_as_a_mid_stream_fail
     broken, continued = records[0].attempts
     assert health[broken.replica].failure > 0
     assert health[continued.replica].failure == 0
+
+
+class _ContinuationsFail(FakeReplica):
+    """Streams every first request until a reset after 5 tokens; answers every continuation (a request
+    carrying the partial answer as an assistant message) with a 500."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        messages = json.loads(request.content)["messages"]
+        if any(m["role"] == "assistant" for m in messages):
+            self.requests += 1
+            return httpx.Response(500, json={"error": {"message": "scripted"}})
+        return await super().handle_async_request(request)
+
+
+@BACKENDS
+def test_a_replica_whose_continuations_fail_opens_its_circuit(backend: str) -> None:
+    """A continuation's failure is classified by the retry layer like any attempt's: a 500 counts toward the
+    replica's circuit (here one failure opens it), and the next call's continuation is not sent to it."""
+    plan = Plan(tokens=10, reset_after_tokens=5)
+    fakes = {u: _ContinuationsFail(u[7], [plan]) for u in ("http://a.test", "http://b.test")}
+    records: list[PhaseRecord] = []
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    circuit_open: dict[str, bool] = {}
+
+    async def main() -> None:
+        retry = RetryPolicy(circuit_failures=1, circuit_cooldown=60.0)
+        guard = virtual_guard(fakes, records, hedge=None, retry=retry, continuation=ContinuationPolicy())
+        async with guard, guard.http_client() as client:
+            for _ in range(2):
+                async with client.stream("POST", "http://a.test" + PATHS["chat"][0], json=body) as response:
+                    with pytest.raises(httpx.TransportError):
+                        await response.aread()
+                if not circuit_open:
+                    circuit_open.update({s.name: s.open(now()) for s in guard._replica_set.states})
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    first, second = records
+    (primary, continued) = first.attempts
+    assert (continued.kind, continued.status_code, first.not_continued) == ("continuation", 500, "continuation_failed")
+    assert circuit_open == {continued.replica: True, primary.replica: False}
+    # The second call's primary goes to the replica whose circuit is closed; its continuation has nowhere to go.
+    assert [a.replica for a in second.attempts] == [primary.replica]
+    assert second.not_continued == "no_replica"

@@ -105,9 +105,11 @@ async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackSer
 
 
 async def test_gaps_shorter_than_the_stall_never_cut_a_long_stream(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(tokens=16, gap=0.05)  # 0.8 s in all: many stall periods, each gap well inside one
+    # 2.4 s in all, over two stall periods: the timer must be re-armed by each read, yet each 20 ms gap is 50x
+    # inside one (a loaded machine stretches loopback gaps several times; one gap past 0.2 s once cut this stream).
+    servers[0].script = Script(tokens=120, gap=0.02)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.2)}
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=1.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
             body = await response.aread()
@@ -118,13 +120,15 @@ async def test_gaps_shorter_than_the_stall_never_cut_a_long_stream(servers: list
 async def test_a_caller_pausing_between_reads_is_not_a_stall(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(tokens=5)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=2.0, total=10.0, stall=0.1)}
+    # A stall limit far above the server's pace (it sends every chunk at once), one pause well past it.
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=0.5)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
             chunks: list[bytes] = []
             async for chunk in response.aiter_raw():
                 chunks.append(chunk)
-                await asyncio.sleep(0.15)  # longer than the stall limit, but no read is waiting
+                if len(chunks) == 1:
+                    await asyncio.sleep(1.5)  # 3x the stall limit, but no read is waiting
     assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
     assert records[0].status == "ok"
 

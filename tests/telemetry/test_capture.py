@@ -60,7 +60,7 @@ async def test_calls_in_tasks_started_inside_are_captured(servers: list[Loopback
 
 async def test_a_failed_call_is_captured_with_its_cause(servers: list[LoopbackServer]) -> None:
     for server in servers:
-        server.script = Script(stall_before_first=1.0)
+        server.script = Script(stall_before_first=5.0)
     tiers = {"fast": Tier(ttft=0.2, total=5.0)}
     async with Guard(
         [s.url for s in servers], tiers=tiers, hedge=None, retry=None, instrumentation=None, transport_factory=pools

@@ -1,0 +1,107 @@
+"""Rate-limit admission: every attempt (primary, retry, hedge, continuation) is charged to the provider's limit
+before it is sent.
+
+The charge is one request and the attempt's tokens: a prompt estimate (the request body's bytes / 4, cheap
+and content-free: the guard never reads the prompt; JSON punctuation makes it an over-estimate, which the
+correction gives back) plus ``max_tokens`` (`DEFAULT_OUTPUT_ESTIMATE` when the request sets none). When the
+call ends, a winner's charge is corrected from the ``usage`` it reported (or, for a stream without usage,
+from its chunk count); ``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the
+provider reports (`llmguard_client._state.rate_limit`).
+
+An attempt that does not fit waits for its share if that wait, plus the expected time to a first token
+(`Call.expected_ttft`, the median that `fits_deadline` reads too), fits before its route's deadline;
+otherwise the call fails at once with `RateLimited` carrying the computed retry-after. A hedge never
+waits: one that does not fit is not sent, and the round goes on.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from llmguard_client._core.call import Call
+from llmguard_client._core.outcome import Failed, Outcome, Route, Win
+from llmguard_client._core.pipeline import Next
+from llmguard_client._state.rate_limit import RateLimiter
+from llmguard_client._state.ratelimit import remaining_room
+from llmguard_client.errors import RateLimited
+
+DEFAULT_OUTPUT_ESTIMATE = 256
+"""Output tokens charged for a request that sets no ``max_tokens`` (corrected from its usage afterwards)."""
+BYTES_PER_TOKEN = 4
+"""The prompt estimate: a request body's bytes per token (about 4 for English text in BPE vocabularies)."""
+
+
+def charge_for(call: Call, route: Route | None = None) -> int:
+    """Tokens charged for one attempt of ``call`` on ``route``: its prompt estimate plus its ``max_tokens``."""
+    max_tokens = call.record.max_tokens
+    return prompt_estimate(call, route) + (max_tokens if max_tokens is not None else DEFAULT_OUTPUT_ESTIMATE)
+
+
+def prompt_estimate(call: Call, route: Route | None = None) -> int:
+    """The prompt's tokens, estimated from the body the attempt sends (a continuation's asks for the rest)."""
+    body = call.body if route is None or route.body is None else route.body
+    return -(-len(body) // BYTES_PER_TOKEN)
+
+
+def used_tokens(call: Call, win: Win) -> int | None:
+    """Tokens the winning answer used, from its ``usage`` (prompt + completion), else its chunk count plus the
+    prompt estimate; None when neither is known (the charge then stands)."""
+    facts = win.facts
+    completion = facts.completion_tokens if facts.completion_tokens is not None else win.reader.chunks
+    if completion is None:
+        return None
+    prompt = facts.prompt_tokens if facts.prompt_tokens is not None else prompt_estimate(call)
+    return prompt + completion
+
+
+class RateLimitLayer:
+    """Admits each attempt into its provider rate limit (if the Guard or the replica has one)."""
+
+    def __init__(self, limiter: RateLimiter | None) -> None:
+        self.limiter = limiter
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        limiter, state = self.limiter, route.replica
+        if limiter is None or state is None or not limiter.applies(state.name):
+            return await call_next(call, route)
+        replica = state.name
+        tokens = charge_for(call, route)
+        hedge = route.kind == "hedge"
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        max_wait = 0.0 if hedge else max(0.0, deadline - call.clock() - call.expected_ttft())
+        grant = await limiter.admit(replica, tokens, max_wait)
+        if grant.retry_after is not None:
+            if hedge:
+                return Failed()  # not sent: the round goes on with the attempts it has
+            return Failed(reason=self._refused(call, grant.retry_after, tokens))
+        if grant.wait > 0.0:
+            try:
+                await anyio.sleep(grant.wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
+            except anyio.get_cancelled_exc_class():
+                limiter.refund(replica, tokens)
+                raise
+        outcome = await call_next(call, route)
+        if isinstance(outcome, Win):
+            limiter.observe(replica, *remaining_room(outcome.response.headers))
+            win = outcome
+            call.lease.hold(lambda: self._correct(call, win, replica, tokens))
+        else:
+            for failure in outcome.failures:
+                limiter.observe(replica, *remaining_room(failure.headers))
+        return outcome
+
+    def _correct(self, call: Call, win: Win, replica: str, charged: int) -> None:
+        used = used_tokens(call, win)
+        if used is not None and self.limiter is not None:
+            self.limiter.correct(replica, charged, used)
+
+    @staticmethod
+    def _refused(call: Call, retry_after: float, tokens: int) -> RateLimited:
+        return RateLimited(
+            f"the provider's rate limit has no room for this call (1 request, ~{tokens} tokens) within the "
+            f"ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s): it fits in {retry_after:.3f}s; "
+            f"refused before it was sent after {len(call.record.attempts)} attempt(s)",
+            request=call.request,
+            record=call.record,
+            retry_after=retry_after,
+        )

@@ -1,0 +1,164 @@
+"""Each replica's connection pool: httpx's, with httpcore 1.0's connection assignment done in one pass.
+
+httpcore 1.0's ``AsyncConnectionPool`` hands a still-idle connection to *every* request queued in the
+same pass: requests released together all get the first idle connection, one sends on it and the
+others fail with ``ConnectionNotAvailable``, re-queue, and get the next idle connection together, and
+so on. While any connection is idle it creates no new one, so a burst on a warm pool is served a few
+requests at a time over the connections it kept (encode/httpcore#822), and each of those passes
+rescans every connection and request. httpcore2, the pool under openai >= 3's own client, fixed this
+(a connection handed to a waiting request is reserved; one scan per pass).
+
+`replica_transport` is httpx's ``AsyncHTTPTransport`` whose pool runs `_assign_once` instead: the same
+fix, on httpcore 1.0's own pool (so everything else, including mocking with respx, is unchanged). It
+also probes an idle connection's socket (has the server closed it?) when it hands the connection out,
+and all of them at most once per `SWEEP_INTERVAL`, not all of them on every pass: with 250 idle
+connections those probes took a third of a burst's CPU. And on asyncio its connections take their
+locks without yielding when no one holds them, as httpcore2's do: httpcore 1.0's yield at each of a
+request's two lock acquisitions, and in a burst each yield puts the request behind every other call's
+pending work (a warm burst of 250 wrote its first requests 0.9 s after release instead of 0.1 s).
+HTTP/1.1 only, which is what these pools speak: an idle connection takes one request.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import ssl
+import time
+
+import anyio
+import httpcore
+import httpx
+from httpcore._synchronization import AsyncLock
+
+_FIXED_VERSIONS = ("1.0.",)
+"""httpcore releases whose pool `ReplicaPool` is written against (their private assignment pass)."""
+
+
+SWEEP_INTERVAL = 1.0
+"""Seconds between two passes that probe every idle connection for expiry (a socket probe each); between
+them an idle connection is probed only when it is handed to a request."""
+
+Connection = httpcore.AsyncConnectionInterface
+
+
+_FAST_LOCKS = "fast_acquire" in inspect.signature(anyio.Lock).parameters
+"""anyio >= 4.5: a lock that does not yield when it is free."""
+
+
+class FastLock(AsyncLock):
+    """httpcore's lock that, on asyncio, takes a free lock without yielding to the event loop (anyio's
+    ``fast_acquire``, as in httpcore2); on trio, trio's lock as before."""
+
+    def setup(self) -> None:
+        super().setup()
+        if self._backend == "asyncio" and _FAST_LOCKS:
+            self._anyio_lock = anyio.Lock(fast_acquire=True)
+
+
+class ReplicaPool(httpcore.AsyncConnectionPool):
+    """httpcore's HTTP/1.1 connection pool whose assignment never hands one connection to two requests,
+    over connections whose locks do not yield when free."""
+
+    _swept_at = -math.inf
+    """When a pass last probed every idle connection (`time.monotonic`)."""
+
+    def _assign_requests_to_connections(self) -> list[Connection]:
+        now = time.monotonic()
+        sweep = now - self._swept_at >= SWEEP_INTERVAL
+        if sweep:
+            self._swept_at = now
+        return _assign_once(self, sweep)
+
+    def create_connection(self, origin: httpcore.Origin) -> Connection:
+        connection = super().create_connection(origin)
+        if isinstance(connection, httpcore.AsyncHTTPConnection):
+            connection._request_lock = FastLock()  # taken at each request, around the connect if any
+        return connection
+
+
+def _assign_once(pool: httpcore.AsyncConnectionPool, sweep: bool) -> list[Connection]:
+    """Drop closed connections, close surplus idle ones (and, if ``sweep``, expired ones), then give each
+    queued request an idle connection no other request holds (probed first: not expired, not closed by the
+    server) or a new one: one scan of connections and requests. Returns the connections to close (the pool
+    closes them outside its lock)."""
+    closing: list[Connection] = []
+    reserved = {r.connection for r in pool._requests if r.connection is not None}
+    kept: list[Connection] = []
+    idle: list[Connection] = []
+    for connection in pool._connections:
+        if connection.is_closed():
+            continue
+        if connection in reserved or not connection.is_idle():
+            kept.append(connection)  # in use or handed out: it has no keep-alive to expire
+        elif sweep and connection.has_expired():
+            closing.append(connection)
+        else:
+            kept.append(connection)
+            idle.append(connection)
+    surplus = len(idle) - pool._max_keepalive_connections
+    if surplus > 0:  # keep-alive limits idle connections, oldest closed first
+        evicted = set(idle[:surplus])
+        closing.extend(idle[:surplus])
+        kept = [c for c in kept if c not in evicted]
+        idle = idle[surplus:]
+    pool._connections = kept
+    limit = pool._max_connections
+    for request in pool._requests:
+        if not idle and len(kept) >= limit:
+            break  # nothing left to hand out
+        if not request.is_queued():
+            continue
+        origin = request.request.url.origin
+        chosen = _take_idle(idle, origin, kept, closing, probe=not sweep)
+        if chosen is None:
+            if len(kept) >= limit:
+                if not idle:
+                    continue
+                victim = idle.pop(0)  # full: an idle connection to another origin makes room
+                kept.remove(victim)
+                closing.append(victim)
+            chosen = pool.create_connection(origin)
+            kept.append(chosen)
+        request.assign_to_connection(chosen)
+    return closing
+
+
+def _take_idle(
+    idle: list[Connection], origin: httpcore.Origin, kept: list[Connection], closing: list[Connection], probe: bool
+) -> Connection | None:
+    """The first idle connection to ``origin``, taken out of ``idle``, or None; with ``probe``, expired ones
+    found on the way are moved from ``kept`` to ``closing``."""
+    i = 0
+    while i < len(idle):
+        connection = idle[i]
+        if not connection.can_handle_request(origin):
+            i += 1
+            continue
+        del idle[i]
+        if probe and connection.has_expired():
+            kept.remove(connection)
+            closing.append(connection)
+            continue
+        _fast_state_lock(connection)
+        return connection
+    return None
+
+
+def _fast_state_lock(connection: Connection) -> None:
+    """Give an idle HTTP/1.1 connection's state lock (taken at each request) a `FastLock`. Safe while it is
+    idle and handed to one request only: no one holds it (it is held only around state changes, with no
+    wait inside, and was released when the connection became idle)."""
+    http11 = getattr(connection, "_connection", None)
+    if isinstance(http11, httpcore.AsyncHTTP11Connection) and type(http11._state_lock) is not FastLock:
+        http11._state_lock = FastLock()
+
+
+def replica_transport(limits: httpx.Limits, verify: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
+    """httpx's transport (no transport-level retries: the guard decides), its pool a `ReplicaPool` when the
+    installed httpcore is one `ReplicaPool` is written for (else httpcore's own pool, unchanged)."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=verify)
+    pool = transport._pool
+    if type(pool) is httpcore.AsyncConnectionPool and httpcore.__version__.startswith(_FIXED_VERSIONS):
+        pool.__class__ = ReplicaPool  # the same pool, built by httpx with its settings; only the pass differs
+    return transport

@@ -1,0 +1,305 @@
+"""Provider rate limits as token-level admission: a token bucket per limit, local or fleet-wide.
+
+A provider limits requests and tokens per minute per API key, across every caller. `RateLimiter` keeps
+one bucket per limit (the Guard's `RateLimit`, or a replica's own): each dimension (requests, tokens)
+refills at ``limit / 60`` per second up to ``limit x burst / 60``. An attempt is charged before it is
+sent (1 request; its prompt estimate + ``max_tokens`` tokens) and the charge is corrected afterwards
+from the ``usage`` the answer reports; ``x-ratelimit-remaining-*`` headers lower a bucket to what the
+provider says is left.
+
+An attempt that does not fit is either admitted with a wait (its tokens are reserved now, the level goes
+negative, and the attempt is sent when the refill has covered it: later callers queue behind it, so
+the wait is fair and needs no second look at the bucket) when that wait is at most ``max_wait``, or
+refused with ``retry_after = missing tokens / refill rate``, charging nothing. A charge larger than the
+bucket's capacity fits once the bucket is full.
+
+Fleet-wide: with a `FleetOps` store every admission is one Lua script (`FLEET_SCRIPT`) on the store's
+Redis, one round trip per attempt; corrections, refunds and header recalibrations are not sent on their
+own but ride on the next admission's script call. Time is the Redis server's (``TIME``), so the hosts'
+clocks need not agree. When the store fails (its ``run`` returns the default) or is unavailable, the
+process's own bucket decides (fail open); it is charged alongside the fleet's so it has a history.
+
+Why not the ``limits`` library: it counts hits of a fixed cost in windows (moving-window storage keeps a
+timestamp per unit of cost: one per token here), with no reservation that makes a caller wait its turn,
+no computed retry-after from a refill rate, and no way to correct a charge after the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from llmguard_client.config import RateLimit, Replica
+from llmguard_client.errors import GuardConfigError
+
+__all__ = ["FLEET_SCRIPT", "FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
+
+T = TypeVar("T")
+
+
+class FleetOps(Protocol):
+    """What the rate limiter needs of a fleet store (``llmguard_client._state.fleet``)."""
+
+    def key(self, *parts: str) -> str:
+        """A namespaced Redis key for ``parts``."""
+        ...
+
+    @property
+    def available(self) -> bool:
+        """False while the store is known to be down (the limiter then uses the local bucket at once)."""
+        ...
+
+    async def run(self, op: Callable[[Any], Awaitable[T]], default: T) -> T:
+        """``op(redis_client)`` under the store's small timeout; ``default`` on any failure, never raises."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """An admission decision: admitted after ``wait`` seconds, or refused (``retry_after`` set)."""
+
+    wait: float = 0.0
+    retry_after: float | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.retry_after is None
+
+
+class _Dimension:
+    """One limit (requests or tokens): its capacity, refill rate per second and current level."""
+
+    __slots__ = ("capacity", "level", "rate")
+
+    def __init__(self, per_minute: float | None, burst: float) -> None:
+        self.rate = per_minute / 60.0 if per_minute is not None else 0.0
+        self.capacity = self.rate * burst
+        self.level = self.capacity
+
+    def wait_for(self, cost: float) -> float:
+        """Seconds until ``cost`` fits (0 now); an unlimited dimension never waits."""
+        if self.rate == 0.0:
+            return 0.0
+        return max(0.0, (min(cost, self.capacity) - self.level) / self.rate)
+
+
+class LocalBucket:
+    """A process's bucket for one `RateLimit`: exact refill on ``clock``, nothing shared."""
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float]) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._requests = _Dimension(limit.requests_per_minute, limit.burst)
+        self._tokens = _Dimension(limit.tokens_per_minute, limit.burst)
+        self._last = -math.inf
+
+    def levels(self) -> tuple[float, float]:
+        """``(requests, tokens)`` in the bucket now (negative: reserved ahead of the refill)."""
+        self._refill()
+        return self._requests.level, self._tokens.level
+
+    def take(self, tokens: float, max_wait: float) -> Grant:
+        """Charge one request and ``tokens`` if they fit within ``max_wait`` seconds; else refuse, charging nothing."""
+        self._refill()
+        wait = max(self._requests.wait_for(1.0), self._tokens.wait_for(tokens))
+        if wait > max_wait:
+            return Grant(retry_after=wait)
+        self._requests.level -= 1.0
+        self._tokens.level -= tokens
+        return Grant(wait=wait)
+
+    def adjust(self, requests: float, tokens: float) -> None:
+        """Add (a refund, a correction downwards) or remove (an undercharge) room; never above capacity."""
+        self._refill()
+        for dim, delta in ((self._requests, requests), (self._tokens, tokens)):
+            dim.level = min(dim.capacity, dim.level + delta)
+
+    def cap(self, requests: int | None, tokens: int | None) -> None:
+        """The provider says only this much is left: lower the levels to it (never raise them)."""
+        self._refill()
+        for dim, room in ((self._requests, requests), (self._tokens, tokens)):
+            if room is not None and dim.rate > 0.0:
+                dim.level = min(dim.level, float(room))
+
+    def _refill(self) -> None:
+        now = self._clock()
+        if self._last == -math.inf:
+            self._last = now
+        elapsed = now - self._last
+        if elapsed <= 0.0:
+            return
+        self._last = now
+        for dim in (self._requests, self._tokens):
+            dim.level = min(dim.capacity, dim.level + elapsed * dim.rate)
+
+
+FLEET_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+local cap = {tonumber(ARGV[1]), tonumber(ARGV[3])}
+local rate = {tonumber(ARGV[2]), tonumber(ARGV[4])}
+local level = {tonumber(s[1]) or cap[1], tonumber(s[2]) or cap[2]}
+local cost = {tonumber(ARGV[5]), tonumber(ARGV[6])}
+local adjust = {tonumber(ARGV[8]), tonumber(ARGV[9])}
+local room = {ARGV[10], ARGV[11]}
+local elapsed = math.max(0, now - (tonumber(s[3]) or now))
+local wait = 0
+for i = 1, 2 do
+  level[i] = math.min(cap[i], math.min(cap[i], level[i] + elapsed * rate[i]) + adjust[i])
+  if room[i] ~= '' and rate[i] > 0 then level[i] = math.min(level[i], tonumber(room[i])) end
+  if rate[i] > 0 then wait = math.max(wait, (math.min(cost[i], cap[i]) - level[i]) / rate[i]) end
+end
+local admitted = 0
+if wait <= tonumber(ARGV[7]) then
+  admitted = 1
+  for i = 1, 2 do level[i] = level[i] - cost[i] end
+end
+redis.call('HSET', KEYS[1], 'r', tostring(level[1]), 't', tostring(level[2]), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[1], ARGV[12])
+return {admitted, tostring(wait)}
+"""
+"""The fleet-wide admission: refill on the server's clock, apply this process's pending corrections and the
+provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``. KEYS[1]: the
+bucket's hash; ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
+pending adjustments (requests, tokens); reported room (requests, tokens; '' for none); the key's TTL in ms."""
+_SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
+
+
+class _Scope:
+    """One limit's buckets: the local one, and the fleet's key with what is waiting to be sent there."""
+
+    __slots__ = ("fleet_key", "local", "pending", "room")
+
+    def __init__(self, local: LocalBucket, fleet_key: str | None) -> None:
+        self.local = local
+        self.fleet_key = fleet_key
+        self.pending = [0.0, 0.0]
+        """Requests and tokens to add to the fleet's bucket with the next admission (refunds, corrections)."""
+        self.room: list[int | None] = [None, None]
+        """The lowest room the provider reported since the last admission."""
+
+
+class RateLimiter:
+    """The Guard's rate limits: one bucket per `RateLimit` (the Guard's, and each replica's own)."""
+
+    def __init__(
+        self,
+        guard_limit: RateLimit | None,
+        replica_limits: Mapping[str, RateLimit],
+        clock: Callable[[], float],
+        fleet: FleetOps | None = None,
+    ) -> None:
+        self._fleet = fleet
+
+        def scope(name: str, limit: RateLimit) -> _Scope:
+            key = fleet.key("ratelimit", name) if fleet is not None else None
+            return _Scope(LocalBucket(limit, clock), key)
+
+        self._guard = scope("guard", guard_limit) if guard_limit is not None else None
+        self._replicas = {name: scope(f"replica:{name}", limit) for name, limit in replica_limits.items()}
+
+    def applies(self, replica: str) -> bool:
+        """Whether attempts to ``replica`` are rate limited."""
+        return replica in self._replicas or self._guard is not None
+
+    def bucket(self, replica: str) -> LocalBucket:
+        """The local bucket that ``replica``'s attempts are charged to."""
+        return self._scope(replica).local
+
+    async def admit(self, replica: str, tokens: float, max_wait: float) -> Grant:
+        """Charge one attempt to ``replica`` (1 request, ``tokens``): at most one round trip to the fleet."""
+        scope = self._scope(replica)
+        fleet = self._fleet
+        if fleet is None or scope.fleet_key is None or not fleet.available:
+            return scope.local.take(tokens, max_wait)
+        pending, room = scope.pending, scope.room
+        scope.pending, scope.room = [0.0, 0.0], [None, None]
+        limit = scope.local.limit
+        args = _script_args(limit, tokens, max_wait, pending, room)
+        key = scope.fleet_key
+
+        async def op(redis: Any) -> tuple[bool, float] | None:
+            try:
+                reply = await redis.evalsha(_SCRIPT_SHA, 1, key, *args)
+            except Exception as exc:  # not cached (first use, a restart): send the script itself, which caches it
+                if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
+                    raise
+                reply = await redis.eval(FLEET_SCRIPT, 1, key, *args)
+            return bool(int(reply[0])), float(reply[1])
+
+        decided = await fleet.run(op, None)
+        if decided is None:  # the store failed: the local bucket decides; what was pending goes next time
+            scope.pending = [scope.pending[0] + pending[0], scope.pending[1] + pending[1]]
+            scope.room = [_lower(a, b) for a, b in zip(scope.room, room, strict=True)]
+            return scope.local.take(tokens, max_wait)
+        admitted, wait = decided
+        if not admitted:
+            return Grant(retry_after=wait)
+        scope.local.adjust(-1.0, -tokens)  # the local history, for when the store fails
+        return Grant(wait=wait)
+
+    def refund(self, replica: str, tokens: float) -> None:
+        """An admitted attempt was never sent (cancelled while it waited): give its charge back."""
+        self._adjust(self._scope(replica), 1.0, tokens)
+
+    def correct(self, replica: str, charged: float, used: float) -> None:
+        """The answer reported ``used`` tokens for a charge of ``charged``: settle the difference."""
+        self._adjust(self._scope(replica), 0.0, charged - used)
+
+    def observe(self, replica: str, requests: int | None, tokens: int | None) -> None:
+        """The provider reported this much room left (``x-ratelimit-remaining-*``)."""
+        if requests is None and tokens is None:
+            return
+        scope = self._scope(replica)
+        scope.local.cap(requests, tokens)
+        if scope.fleet_key is not None:
+            scope.room = [_lower(scope.room[0], requests), _lower(scope.room[1], tokens)]
+
+    def _adjust(self, scope: _Scope, requests: float, tokens: float) -> None:
+        scope.local.adjust(requests, tokens)
+        if scope.fleet_key is not None:
+            scope.pending[0] += requests
+            scope.pending[1] += tokens
+
+    def _scope(self, replica: str) -> _Scope:
+        scope = self._replicas.get(replica, self._guard)
+        assert scope is not None, "applies(replica) is checked first"
+        return scope
+
+
+def _lower(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _script_args(
+    limit: RateLimit, tokens: float, max_wait: float, pending: list[float], room: list[int | None]
+) -> list[str]:
+    rates = [(x or 0.0) / 60.0 for x in (limit.requests_per_minute, limit.tokens_per_minute)]
+    ttl_ms = int(max(60.0, 2 * limit.burst) * 1000)  # an idle bucket refills to full well before it expires
+    return [
+        repr(rates[0] * limit.burst), repr(rates[0]), repr(rates[1] * limit.burst), repr(rates[1]),
+        "1", repr(float(tokens)), repr(max_wait), repr(pending[0]), repr(pending[1]),
+        "" if room[0] is None else str(room[0]), "" if room[1] is None else str(room[1]), str(ttl_ms),
+    ]
+
+
+def build_rate_limiter(
+    rate_limit: RateLimit | None, replicas: Sequence[Replica], clock: Callable[[], float], fleet: FleetOps | None
+) -> RateLimiter | None:
+    """``Guard(rate_limit=..., fleet=...)`` checked: the limiter, or None when neither the Guard nor a replica
+    has a `RateLimit`."""
+    if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+        raise GuardConfigError(
+            f"rate_limit must be a RateLimit (e.g. RateLimit(requests_per_minute=500, tokens_per_minute=200_000)) "
+            f"or None, got {rate_limit!r}"
+        )
+    own = {replica.name: replica.rate_limit for replica in replicas if replica.rate_limit is not None}
+    if rate_limit is None and not own:
+        return None
+    return RateLimiter(rate_limit, own, clock, fleet)

@@ -1,0 +1,96 @@
+"""One client process of ``llmguard bench --processes N``: ``python -m llmguard_client.bench.fleet_worker JSON``.
+
+It waits until the common start instant, sends open-loop Poisson traffic (streamed chat calls of the simulated
+cluster's sizes) for the run's duration through its own client (``plain`` httpx, or its own `Guard` with a
+per-process or fleet-wide `RateLimit`), and prints one JSON line: calls, completed calls, TTFTs, 429s received,
+calls refused by the guard's rate limit, and attempts sent.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import anyio
+import httpx
+
+from llmguard_client import Guard, PhaseRecord, RateLimit, Tier
+from llmguard_client.bench.fleet_ops import BenchFleetOps
+from llmguard_client.sim.scenarios import SIM_MAX_TOKENS, SIM_PROMPT_WORDS
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.calls = self.ok = self.received_429 = self.refused = 0
+        self.ttfts: list[float] = []
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally: _Tally) -> None:
+    tally.calls += 1
+    start = time.monotonic()
+    ttft: float | None = None
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code == 429:
+                tally.received_429 += 1
+            if response.status_code != 200:
+                await response.aread()
+                if response.headers.get("x-llmguard-cause") == "rate_limited":
+                    tally.refused += 1
+                return
+            async for line in response.aiter_lines():
+                if ttft is None and '"content":"' in line and '"content":""' not in line:
+                    ttft = time.monotonic() - start
+                if line.strip() == "data: [DONE]":
+                    break
+    except httpx.HTTPError as exc:
+        if getattr(exc, "cause", None) == "rate_limited":
+            tally.refused += 1
+        return
+    if ttft is not None:
+        tally.ok += 1
+        tally.ttfts.append(ttft)
+
+
+async def _main(spec: dict[str, Any]) -> dict[str, Any]:
+    urls: list[str] = spec["urls"]
+    mode: str = spec["mode"]
+    rng = random.Random(spec["seed"])
+    tally, records = _Tally(), list[PhaseRecord]()
+    fleet = BenchFleetOps(spec["fleet_url"], name=spec["run_id"]) if mode == "fleet" else None
+    guard: Guard | None = None
+    if mode == "plain":
+        client = httpx.AsyncClient(timeout=httpx.Timeout(spec["total"], connect=5.0))
+    else:
+        limit = RateLimit(**spec["limit"])
+        guard = Guard(urls, tiers={"bench": Tier(ttft=spec["ttft"], total=spec["total"])}, rate_limit=limit,
+                      fleet=fleet, instrumentation=None, on_record=records.append, failure_mode="raise")
+        client = guard.http_client()
+    await anyio.sleep(max(0.0, spec["start_at"] - time.time()))
+    end = time.monotonic() + spec["duration"]
+    try:
+        async with client, anyio.create_task_group() as tg:
+            n = 0
+            while time.monotonic() < end:
+                words, max_tokens = SIM_PROMPT_WORDS.sample(rng), SIM_MAX_TOKENS.sample(rng)
+                body = {"model": "sim-model", "messages": [{"role": "user", "content": " ".join(["w"] * words)}],
+                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+                        "stream_options": {"include_usage": True}}
+                tg.start_soon(_one, client, urls[n % len(urls)] + "/v1/chat/completions", body, tally)
+                n += 1
+                await anyio.sleep(rng.expovariate(spec["rate"]))
+    finally:
+        if guard is not None:
+            await guard.aclose()
+        if fleet is not None:
+            await fleet.aclose()
+    attempts = sum(len(r.attempts) for r in records) if guard is not None else tally.calls
+    return {"calls": tally.calls, "ok": tally.ok, "ttfts": tally.ttfts, "received_429": tally.received_429,
+            "refused": tally.refused, "attempts": attempts, "fleet_failures": fleet.failures if fleet else 0}
+
+
+if __name__ == "__main__":
+    print(json.dumps(anyio.run(_main, json.loads(sys.argv[1]))))

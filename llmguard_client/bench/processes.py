@@ -1,0 +1,161 @@
+"""``llmguard bench --sim SCENARIO --processes N [--fleet URL|auto]``: N client processes against one provider limit.
+
+The scenario's cluster (which enforces a provider `RateLimit` over every replica) runs in this process; for each
+client mode N worker processes (`llmguard_client.bench.fleet_worker`) each send ``rate / N`` rps for the run's
+duration, all starting at one instant:
+
+- ``plain``: httpx, one request per call (a 429 fails the call);
+- ``guarded per-process``: a `Guard` each, with the provider's limit divided by N;
+- ``guarded fleet``: a `Guard` each with the whole limit, its bucket shared through Redis (``--fleet``).
+
+Fleet totals side by side: calls, 429s the provider sent (and per call), server requests per call, calls the
+guard refused itself (`RateLimited`), goodput (completed calls per second) and TTFT p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+DEFAULT_DURATION = 20.0
+"""Seconds of traffic per client mode."""
+
+
+@contextmanager
+def _fleet_url(spec: str | None) -> Iterator[str | None]:
+    """``--fleet``: a Redis URL, ``auto`` (a local ``redis-server`` on a free port, stopped afterwards) or None."""
+    if spec != "auto":
+        yield spec
+        return
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("--fleet auto needs redis-server on PATH (e.g. apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -> dict[str, Any]:
+    provider = cluster.provider
+    provider.reset()
+    received_before = sum(r.counters.received for r in cluster.replicas)
+    start_at = time.time() + 2.0 + 0.5 * processes  # every worker imported and ready before it
+    workers = []
+    for i in range(processes):
+        job = {**spec, "mode": mode, "seed": spec["seed"] * 1000 + i, "start_at": start_at}
+        workers.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "llmguard_client.bench.fleet_worker", json.dumps(job),
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        ))
+    results = []
+    for worker in workers:
+        out, _ = await worker.communicate()
+        if worker.returncode != 0:
+            raise RuntimeError(f"a bench worker ({mode}) failed with exit code {worker.returncode}")
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    calls = sum(r["calls"] for r in results)
+    ttfts = [t for r in results for t in r["ttfts"]]
+    server_requests = sum(r.counters.received for r in cluster.replicas) - received_before
+    return {
+        "mode": mode,
+        "calls": calls,
+        "provider_429": provider.counters.limited,
+        "server_requests": server_requests,
+        "refused_by_guard": sum(r["refused"] for r in results),
+        "completed": sum(r["ok"] for r in results),
+        "goodput": sum(r["ok"] for r in results) / spec["duration"],
+        "ttft_p50": _quantile(ttfts, 0.5),
+        "ttft_p99": _quantile(ttfts, 0.99),
+        "fleet_failures": sum(r["fleet_failures"] for r in results),
+    }
+
+
+def render(rows: list[dict[str, Any]], title: str) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1000:.0f} ms"
+
+    lines = [title, "", "| client | calls | 429s from the provider | server requests / call | refused by the guard "
+             "| goodput (completed/s) | TTFT p50 | TTFT p99 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        calls = max(1, r["calls"])
+        lines.append(
+            f"| {r['mode']} | {r['calls']} | {r['provider_429']} ({100 * r['provider_429'] / calls:.1f} %) "
+            f"| {r['server_requests'] / calls:.2f} | {r['refused_by_guard']} | {r['goodput']:.1f} "
+            f"| {ms(r['ttft_p50'])} | {ms(r['ttft_p99'])} |"
+        )
+    return "\n".join(lines)
+
+
+async def _run(args: argparse.Namespace, fleet_url: str | None) -> list[dict[str, Any]]:
+    from llmguard_client.sim.cluster import SimCluster
+    from llmguard_client.sim.scenarios import get_scenario
+
+    scenario = get_scenario(args.sim, args.replicas)
+    limit = scenario.rate_limit
+    if limit is None:
+        raise RuntimeError(f"--processes needs a scenario with a provider rate limit (ratelimited), not {args.sim}")
+    n = args.processes
+    rps_limit = (limit.requests_per_minute or 0) / 60.0
+    rate = args.rate or 2.0 * rps_limit
+    tier = (args.tier_ttft or 2.0, args.tier_total or 20.0)
+    spec: dict[str, Any] = {"rate": rate / n, "duration": DEFAULT_DURATION, "ttft": tier[0], "total": tier[1],
+                            "seed": args.seed, "fleet_url": fleet_url, "run_id": f"bench{os.getpid()}"}
+    whole = {"requests_per_minute": limit.requests_per_minute, "tokens_per_minute": limit.tokens_per_minute,
+             "burst": limit.burst}
+    share = {k: (v / n if k != "burst" and v is not None else v) for k, v in whole.items()}
+    rows = []
+    async with SimCluster(scenario, seed=args.seed) as cluster:
+        spec["urls"] = cluster.urls
+        rows.append(await _mode(cluster, "plain", spec, n))
+        rows.append({**await _mode(cluster, "local", {**spec, "limit": share}, n), "mode": "guarded per-process"})
+        if fleet_url is not None:
+            rows.append({**await _mode(cluster, "fleet", {**spec, "limit": whole}, n), "mode": "guarded fleet"})
+    return rows
+
+
+def run_processes(args: argparse.Namespace) -> int:
+    """Run the three client modes and print the fleet totals (and write ``--json``)."""
+    if not args.sim:
+        raise RuntimeError("--processes needs --sim (a scenario whose cluster enforces a provider rate limit)")
+    with _fleet_url(args.fleet) as fleet_url:
+        rows = asyncio.run(_run(args, fleet_url))
+    from llmguard_client.sim.scenarios import get_scenario
+
+    limit = get_scenario(args.sim).rate_limit
+    title = (f"sim:{args.sim}, {args.processes} processes, provider limit {limit}, "
+             f"{DEFAULT_DURATION:.0f} s per client")
+    print(render(rows, title))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0

@@ -1,0 +1,134 @@
+"""The fleet-wide rate limit against a real redis-server: one bucket for every process, one script call per
+attempt, corrections riding on the next admission, and the local bucket deciding when Redis is down."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import redis.asyncio as redis
+
+from llmguard_client import PhaseRecord, RateLimit, RetryPolicy, Tier
+from llmguard_client._state.rate_limit import RateLimiter
+from tests.fleet.fleet_ops import RedisFleetOps
+from tests.redis_server import RedisServer
+from tests.virtual import FakeReplica, Plan, virtual_guard
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}).encode()
+CHARGE = math.ceil(len(BODY) / 4) + 20
+USED = 4  # FakeReplica's usage: 3 prompt + 1 completion tokens
+
+
+@pytest.fixture
+async def fleet(redis_server: RedisServer) -> AsyncIterator[RedisFleetOps]:
+    ops = RedisFleetOps(redis_server.url, timeout=2.0)  # generous: a busy machine must not fail the store
+    yield ops
+    await ops.aclose()
+
+
+async def level_of(fleet: RedisFleetOps, key: str, field: str) -> float:
+    raw = await fleet.client.hget(key, field)
+    assert raw is not None, f"no {field!r} in {key!r}"
+    return float(raw)
+
+
+async def post(client: httpx.AsyncClient) -> httpx.Response:
+    return await client.post("http://a/v1/chat/completions", content=BODY, headers={"content-type": "application/json"})
+
+
+async def test_two_processes_share_one_bucket_and_a_refusal_says_when_to_come_back(fleet: RedisFleetOps) -> None:
+    limit = RateLimit(requests_per_minute=6, burst=30.0)  # 3 requests, one more every 10 s
+    first = RateLimiter(limit, {}, time.monotonic, fleet)
+    second = RateLimiter(limit, {}, time.monotonic, fleet)
+    assert (await first.admit("r", 10, 0.0)).admitted
+    assert (await second.admit("r", 10, 0.0)).admitted
+    assert (await first.admit("r", 10, 0.0)).admitted
+    refused = await second.admit("r", 10, 0.0)
+    assert refused.retry_after == pytest.approx(10.0, abs=0.1)  # a whole request missing / 0.1 per second
+    # Each process's local bucket was charged only its own admissions: alone it would have let this one in.
+    assert second.bucket("r").levels()[0] == pytest.approx(2.0, abs=0.01)
+    assert fleet.failures == 0
+
+
+async def test_one_script_call_per_attempt_and_nothing_else(fleet: RedisFleetOps, redis_server: RedisServer) -> None:
+    fakes = {"http://a": FakeReplica("a", [Plan(), Plan(status=500), Plan()] * 4)}
+    records: list[PhaseRecord] = []
+    limit = RateLimit(requests_per_minute=6000, tokens_per_minute=600_000)
+    guard = virtual_guard(
+        fakes, records, rate_limit=limit, fleet=fleet, tiers={"t": Tier(ttft=5.0, total=10.0)},
+        retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None,
+    )
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        async with guard, guard.http_client() as client:
+            (await post(client)).raise_for_status()  # loads the script (EVALSHA -> NOSCRIPT -> EVAL) once
+            await admin.config_resetstat()
+            for _ in range(8):
+                response = await post(client)
+                assert response.status_code == 200, (records[-1].attempts, records[-1].cause)
+        stats = await admin.info("commandstats")
+    finally:
+        await admin.aclose()
+    attempts = sum(len(r.attempts) for r in records[1:])
+    assert attempts > 8  # some calls were retried: their retries were charged too
+    calls = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    calls = {name: n for name, n in calls.items() if not name.startswith(("config", "info"))}
+    # The client sent one EVALSHA per attempt; the rest are the script's own commands inside it, on the server.
+    inside = dict.fromkeys(("time", "hmget", "hset", "pexpire"), attempts)
+    assert calls == {"evalsha": attempts, **inside}
+    assert fleet.failures == 0
+
+
+async def test_a_correction_rides_on_the_next_admission(fleet: RedisFleetOps, redis_server: RedisServer) -> None:
+    fakes = {"http://a": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+    limit = RateLimit(tokens_per_minute=60, burst=1000.0)  # 1,000 tokens, one more per second
+    guard = virtual_guard(fakes, records, rate_limit=limit, fleet=fleet, tiers={"t": Tier(ttft=5.0, total=10.0)})
+    key = fleet.key("ratelimit", "guard")
+    async with guard, guard.http_client() as client:
+        (await post(client)).raise_for_status()
+        level = await level_of(fleet, key, "t")
+        assert level == pytest.approx(1000 - CHARGE, abs=1.0)  # charged; its correction is still local
+        (await post(client)).raise_for_status()
+        level = await level_of(fleet, key, "t")
+        assert level == pytest.approx(1000 - USED - CHARGE, abs=1.0)  # the first corrected, the second charged
+
+
+async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    ops = RedisFleetOps(server.url, timeout=0.5)
+    limiter = RateLimiter(RateLimit(requests_per_minute=6, burst=20.0), {}, time.monotonic, ops)  # 2 requests
+    try:
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # through the fleet
+        assert ops.failures == 0
+        server.stop()
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # the store fails: the local bucket decides
+        refused = await limiter.admit("r", 1, 0.0)  # locally: both requests spent (one through the fleet)
+        assert refused.retry_after == pytest.approx(10.0, abs=0.1)
+        assert ops.failures == 2
+        server.start()  # empty: a full bucket, and no script cached (NOSCRIPT -> EVAL)
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+        assert ops.failures == 2
+        level = await level_of(ops, ops.key("ratelimit", "guard"), "r")
+        assert level == pytest.approx(1.0, abs=0.01)
+    finally:
+        await ops.aclose()
+
+
+async def test_a_paused_redis_fails_open_after_the_stores_timeout(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    ops = RedisFleetOps(server.url, timeout=0.2)
+    limiter = RateLimiter(RateLimit(requests_per_minute=60), {}, time.monotonic, ops)
+    try:
+        server.pause()
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+        assert ops.failures == 1
+    finally:
+        server.resume()
+        await ops.aclose()
