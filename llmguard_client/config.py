@@ -344,20 +344,6 @@ AffinityChoice = AffinityPolicy | Literal["auto", "explicit"] | None
 """What ``Guard(affinity=...)`` takes."""
 
 
-def resolve_affinity(value: object) -> AffinityPolicy | None:
-    """``Guard(affinity=...)`` checked: ``"auto"``, ``"explicit"``, an `AffinityPolicy`, or None (off)."""
-    if value is None or isinstance(value, AffinityPolicy):
-        return value
-    if value == "auto":
-        return AffinityPolicy()
-    if value == "explicit":
-        return AffinityPolicy(auto=False)
-    raise GuardConfigError(
-        f"affinity must be 'auto' (keys from the conversation, or explicit ones), 'explicit' (only the "
-        f"x-llmguard-session header or guard.session()), an AffinityPolicy, or None (off); got {value!r}"
-    )
-
-
 def per_tier_continuation(
     value: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None, tiers: Mapping[str, Tier]
 ) -> dict[str, ContinuationPolicy | None]:

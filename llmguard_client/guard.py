@@ -19,7 +19,7 @@ from llmguard_client._core.tls import default_tls_context
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
-from llmguard_client._state.affinity_routing import session_for
+from llmguard_client._state.affinity_routing import resolve_affinity, session_for
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.pool import replica_transport
 from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
@@ -39,7 +39,6 @@ from llmguard_client.config import (
     Tier,
     per_tier,
     per_tier_continuation,
-    resolve_affinity,
     resolve_replicas,
 )
 from llmguard_client.edges._registry import stop_sync_runner

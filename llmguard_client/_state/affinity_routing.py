@@ -25,8 +25,9 @@ from typing import TypeVar
 from llmguard_client._state.affinity import affinity_order, auto_key, choose
 from llmguard_client._state.health import Routable, no_room, silent
 from llmguard_client.config import AffinityPolicy
+from llmguard_client.errors import GuardConfigError
 
-__all__ = ["AffinityRouting", "Prefer", "ignored_session", "session_for"]
+__all__ = ["AffinityRouting", "Prefer", "ignored_session", "resolve_affinity", "session_for"]
 
 S = TypeVar("S", bound=Routable)
 Prefer = Callable[[list[S]], S | None]
@@ -117,3 +118,17 @@ def ignored_session(key: str) -> Iterator[None]:
 def _check_key(key: object) -> None:
     if not isinstance(key, str) or not key:
         raise TypeError(f"a session key must be a non-empty str (e.g. a conversation id), got {key!r}")
+
+
+def resolve_affinity(value: object) -> AffinityPolicy | None:
+    """``Guard(affinity=...)`` checked: ``"auto"``, ``"explicit"``, an `AffinityPolicy`, or None (off)."""
+    if value is None or isinstance(value, AffinityPolicy):
+        return value
+    if value == "auto":
+        return AffinityPolicy()
+    if value == "explicit":
+        return AffinityPolicy(auto=False)
+    raise GuardConfigError(
+        f"affinity must be 'auto' (keys from the conversation, or explicit ones), 'explicit' (only the "
+        f"x-llmguard-session header or guard.session()), an AffinityPolicy, or None (off); got {value!r}"
+    )
