@@ -16,6 +16,7 @@ from llmguard_client._state.retry_after import RETRY_AFTER_CAP, parse_retry_afte
 from llmguard_client._state.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
+    AffinityPolicy,
     BudgetPolicy,
     Bulkhead,
     ContinuationPolicy,
@@ -64,6 +65,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "DEFAULT_POOL_LIMITS",
     "RETRY_AFTER_CAP",
+    "AffinityPolicy",
     "AllAttemptsFailed",
     "AllReplicasCooling",
     "AttemptRecord",

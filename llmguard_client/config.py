@@ -311,6 +311,39 @@ class ContinuationPolicy:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class AffinityPolicy:
+    """Cache-aware routing: a keyed call prefers the same replica, so its prompt prefix is already cached there
+    (docs/routing.md). ``Guard(affinity="auto")`` is ``AffinityPolicy()``, ``"explicit"`` is ``auto=False``.
+
+    auto:         derive a key from a chat request's system prompt and first user message when the call has
+                  no explicit one (``x-llmguard-session`` header, ``with guard.session(key)``).
+    load_factor:  a key's replica takes the call only while it would hold at most ``load_factor`` x the mean
+                  load (calls in flight) of the replicas it could go to, plus ``load_slack``; past that the
+                  key spills to its next replica.
+    load_slack:   calls in flight a key's replica may hold beyond ``load_factor`` x the mean: under light load
+                  a call or two more on one replica costs less than a cache miss elsewhere.
+    """
+
+    auto: bool = True
+    load_factor: float = 1.25
+    load_slack: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.auto, bool):
+            raise GuardConfigError(f"AffinityPolicy.auto must be True or False, got {self.auto!r}")
+        c = self.load_factor
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 1):
+            raise GuardConfigError(
+                f"AffinityPolicy.load_factor must be a finite number >= 1 (1 = perfectly even load), got {c!r}"
+            )
+        _int_at_least("AffinityPolicy", "load_slack", self.load_slack, 0)
+
+
+AffinityChoice = AffinityPolicy | Literal["auto", "explicit"] | None
+"""What ``Guard(affinity=...)`` takes."""
+
+
 def per_tier_continuation(
     value: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None, tiers: Mapping[str, Tier]
 ) -> dict[str, ContinuationPolicy | None]:

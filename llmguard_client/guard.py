@@ -19,6 +19,7 @@ from llmguard_client._core.tls import default_tls_context
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
+from llmguard_client._state.affinity_routing import resolve_affinity, session_for
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.fleet import make_fleet
 from llmguard_client._state.pool import replica_transport
@@ -27,6 +28,7 @@ from llmguard_client._state.replicas import ReplicaSet
 from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import (
+    AffinityChoice,
     BudgetPolicy,
     Bulkhead,
     ContinuationPolicy,
@@ -98,6 +100,7 @@ class Guard:
                    variable ``LLMGUARD_DISABLED=1`` at construction switches the guard off (docs/rollout.md).
     rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
     rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
+    affinity:      cache-aware routing: "explicit" (keys given), "auto", `AffinityPolicy`, None (docs/routing.md).
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -134,6 +137,7 @@ class Guard:
         rate_limit: RateLimit | None = None,
         fleet: str | FleetOps | None = None,
         name: str | None = None,
+        affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -189,7 +193,7 @@ class Guard:
         """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
-        self._replica_set = ReplicaSet(resolved, transport_factory)
+        self._replica_set = ReplicaSet(resolved, transport_factory, affinity=resolve_affinity(affinity))
         self._fleet = make_fleet(
             fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
         )
@@ -295,16 +299,10 @@ class Guard:
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
         circuit, pool connections; per tier bulkhead use; budget levels and pending tickets; the fleet store."""
-        return build_snapshot(
-            self._clock(),
-            self._registry,
-            self._replica_set,
-            self.tiers,
-            self._bulkheads,
-            self.budget,
-            self.tier_budgets,
-            self._fleet.snapshot() if self._fleet is not None else None,
-        )
+        registry, replicas, budget = self._registry, self._replica_set, self.budget
+        fleet = self._fleet.snapshot() if self._fleet is not None else None
+        parts = (self.tiers, self._bulkheads, budget, self.tier_budgets, fleet)
+        return build_snapshot(self._clock(), registry, replicas, *parts)
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._replica_set.states)
@@ -386,6 +384,10 @@ class Guard:
         """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
         passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
         self._rollout.set(fraction)
+
+    def session(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """Calls made inside carry the affinity ``key`` (e.g. a conversation id), as ``x-llmguard-session`` does."""
+        return session_for(self._replica_set.affinity, key)
 
     def rollout_key(self, key: str | int) -> contextlib.AbstractContextManager[None]:
         """Calls made inside keep one cohort per ``key`` (e.g. a user id), as ``x-llmguard-key`` does.

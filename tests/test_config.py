@@ -429,3 +429,22 @@ def test_a_replica_is_hashable_and_equal_replicas_hash_alike() -> None:
     assert keyed == same and hash(keyed) == hash(same) and keyed != other
     assert len({keyed, same, other, Replica("http://a.test")}) == 3
     assert {keyed: "primary"}[same] == "primary"
+
+
+def test_affinity_takes_auto_explicit_a_policy_or_none_and_names_what_is_accepted() -> None:
+    from llmguard_client._state.affinity_routing import resolve_affinity
+    from llmguard_client.config import AffinityPolicy
+
+    assert resolve_affinity("auto") == AffinityPolicy()
+    assert resolve_affinity("explicit") == AffinityPolicy(auto=False)
+    assert resolve_affinity(None) is None
+    policy = AffinityPolicy(load_factor=2.0, load_slack=0)
+    assert resolve_affinity(policy) is policy
+    with pytest.raises(GuardConfigError, match=r"affinity must be 'auto'.*got 'sticky'"):
+        resolve_affinity("sticky")
+    with pytest.raises(GuardConfigError, match="load_factor must be a finite number >= 1"):
+        AffinityPolicy(load_factor=0.5)
+    with pytest.raises(GuardConfigError, match="load_slack must be an integer >= 0"):
+        AffinityPolicy(load_slack=-1)
+    with pytest.raises(GuardConfigError, match="auto must be True or False"):
+        AffinityPolicy(auto="yes")  # type: ignore[arg-type]

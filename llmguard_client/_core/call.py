@@ -21,13 +21,17 @@ from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 if TYPE_CHECKING:
     from llmguard_client._core.outcome import Payment, Win
 
-__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"]
+__all__ = [
+    "CAUSE_HEADER", "COHORT_HEADER", "SESSION_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"
+]
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
 KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
-_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode())
+SESSION_HEADER = "x-llmguard-session"
+"""The call's cache-affinity key (`llmguard_client._state.affinity_routing`); never forwarded, like the others."""
+_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 """Methods httpx sends ``Content-Length: 0`` for when the body is empty."""
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
@@ -61,7 +65,8 @@ class CallerHeaders:
         self._has_own = has_own
 
     def own(self, name: str) -> str | None:
-        """The value of one of the guard's own headers (`TIER_HEADER`, `COHORT_HEADER`, `KEY_HEADER`)."""
+        """The value of one of the guard's own headers (`TIER_HEADER`, `COHORT_HEADER`, `KEY_HEADER`,
+        `SESSION_HEADER`)."""
         return self._request.headers.get(name) if self._has_own else None
 
 
@@ -123,6 +128,8 @@ class Call:
     """The recent time-to-first-token of the call's class (`fits_deadline` reads its median)."""
     delivered: Win | None = None
     """The attempt whose stream the caller reads (set by `deliver` only; the end of the call reports it)."""
+    affinity_key: str | None = None
+    """The call's cache-affinity key (None: unkeyed, or affinity off): its attempts prefer the key's replicas."""
     keeps_text: bool = False
     """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
     its attempts' readers keep the text they deliver, which a continuation resumes from."""

@@ -31,7 +31,7 @@ from contextvars import ContextVar
 import anyio
 import httpx
 
-from llmguard_client._core.call import TIER_HEADER, Call, CallerHeaders, RequestFacts
+from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -241,6 +241,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
         )
+        if self._replicas.affinity is not None:
+            call.affinity_key = self._replicas.affinity.key_for(headers.own(SESSION_HEADER), body)
         call.lease.finish = functools.partial(self._finish, call)
         return call
 

@@ -107,7 +107,7 @@ class HedgeLayer:
         now = call.clock()
         if self.replicas.any_cooling(now) or not fits_deadline(call, now, deadline=route.deadline):
             return None  # no hedge while replicas signal overload, or when it could not make the deadline
-        state = self.replicas.pick_hedge(now, exclude=[*used, *route.avoid])
+        state = self.replicas.pick_hedge(now, [*used, *route.avoid], call.affinity_key)
         if state is None:
             return None
         payment = call.pay_extra()

@@ -121,7 +121,7 @@ class RetryLayer:
         of its own (a continuation) pays for its first attempt too, and must fit its deadline."""
         now = call.clock()
         if route.budget is None:
-            state = route.replica or self.replicas.pick(now)
+            state = route.replica or self.replicas.pick(now, key=call.affinity_key)
         else:
             state = route.replica or self.replicas.pick_ready(now, exclude=route.avoid) or self.replicas.pick(
                 now, exclude=route.avoid
@@ -197,7 +197,8 @@ class RetryLayer:
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
         # does (the caller is waiting mid-answer: the next replica, or the original error at once).
         avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
-        state = self.replicas.pick_ready(now, exclude=(*avoid, *failed)) or self.replicas.pick_ready(now, exclude=avoid)
+        key = call.affinity_key  # a keyed call's retry goes to the key's next replica
+        state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
         if state is None:
             soonest = self.replicas.cooling_wait(now)
             if soonest is None or (avoid and not self._left(now, avoid)):  # every circuit open, or all avoided
@@ -216,7 +217,7 @@ class RetryLayer:
                     stopped="deadline",
                 )
             wait = soonest
-            state = self.replicas.pick(now + soonest, exclude=avoid) or last.state
+            state = self.replicas.pick(now + soonest, avoid, key) or last.state
         elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:

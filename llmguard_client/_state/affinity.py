@@ -36,17 +36,20 @@ def affinity_order(key: str, replicas: Sequence[str]) -> list[str]:
     return sorted(replicas, key=lambda replica: (_weight(bkey, replica), replica), reverse=True)
 
 
-def load_bound(load: Mapping[str, int], n: int, c: float) -> int:
-    """Most calls a replica may hold after this one is placed: ``ceil(c * (total + 1) / n)``."""
+def load_bound(load: Mapping[str, int], n: int, c: float, slack: int = 0) -> int:
+    """Most calls a replica may hold after this one is placed: ``ceil(c * (total + 1) / n) + slack``."""
     total = sum(load.values())
-    return math.ceil(c * (total + 1) / n)
+    return math.ceil(c * (total + 1) / n) + slack
 
 
-def choose(order: Sequence[str], load: Mapping[str, int], refused: Container[str], c: float = 1.25) -> str | None:
+def choose(
+    order: Sequence[str], load: Mapping[str, int], refused: Container[str], c: float = 1.25, slack: int = 0
+) -> str | None:
     """The first replica of ``order`` not ``refused`` whose load is under the bound; None if all refused.
 
     ``load`` maps a replica to its calls in flight (absent: 0), not counting this one. A replica is taken if
-    its load plus this call stays within `load_bound`; when every non-refused replica is over it (possible
+    its load plus this call stays within `load_bound` (``slack`` calls more than ``c`` x the mean: a few calls
+    more on a lightly loaded replica cost less than a cache miss); when every non-refused replica is over it (possible
     only when refusals shrink the choice), the least loaded of them is taken, first in ``order`` on ties.
     """
     if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 1):
@@ -54,7 +57,9 @@ def choose(order: Sequence[str], load: Mapping[str, int], refused: Container[str
     candidates = [replica for replica in order if replica not in refused]
     if not candidates:
         return None
-    bound = load_bound(load, len(order), c)
+    if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+        raise ValueError(f"slack must be an int >= 0 (calls in flight), got {slack!r}")
+    bound = load_bound(load, len(order), c, slack)
     for replica in candidates:
         if load.get(replica, 0) + 1 <= bound:
             return replica

@@ -15,9 +15,10 @@ from typing import Protocol
 
 import httpx
 
+from llmguard_client._state.affinity_routing import AffinityRouting, Prefer
 from llmguard_client._state.cooldown import first_attempt_candidates, probe_after
 from llmguard_client._state.routing import ReplicaHealth, Router
-from llmguard_client.config import Replica
+from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry.record import AttemptRecord
 
 _TARGET_CACHE = 256
@@ -120,6 +121,7 @@ class ReplicaSet:
         replicas: Sequence[Replica],
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
         router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
+        affinity: AffinityPolicy | None = None,
     ) -> None:
         self.states = [
             ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
@@ -127,6 +129,8 @@ class ReplicaSet:
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
         """Chooses among the replicas this set allows, and learns their speed and failures."""
+        self.affinity = AffinityRouting([s.name for s in self.states], affinity) if affinity is not None else None
+        """Cache affinity: the keyed calls' preferred replicas (None: off)."""
 
     def __len__(self) -> int:
         return len(self.states)
@@ -136,25 +140,35 @@ class ReplicaSet:
 
     # --- choosing -------------------------------------------------------------------------
 
-    def pick(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+    def pick(self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None) -> ReplicaState | None:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
 
         A replica cooling down after a Retry-After gets no first attempt while another is ready, but one
         probe per cool-down; when all are cooling, the one that frees first takes it
         (`llmguard_client._state.cooldown`).
+
+        A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
+        bound (`llmguard_client._state.affinity_routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         """
         excluded = set(map(id, exclude))
         candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
-        return self.router.pick(now, first_attempt_candidates(candidates, now))
+        return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
 
-    def pick_ready(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+    def pick_ready(
+        self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
+    ) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
-        return self.router.pick_ready(now, self._ready(now, exclude))
+        return self.router.pick_ready(now, self._ready(now, exclude), self._prefer(key, now))
 
-    def pick_hedge(self, now: float, exclude: Iterable[ReplicaState]) -> ReplicaState | None:
+    def pick_hedge(
+        self, now: float, exclude: Iterable[ReplicaState], key: str | None = None
+    ) -> ReplicaState | None:
         """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
-        return self.router.pick_hedge(now, self._ready(now, exclude))
+        return self.router.pick_hedge(now, self._ready(now, exclude), self._prefer(key, now))
+
+    def _prefer(self, key: str | None, now: float) -> Prefer[ReplicaState] | None:
+        return self.affinity.prefer(key, now) if self.affinity is not None and key is not None else None
 
     def _ready(self, now: float, exclude: Iterable[ReplicaState]) -> list[ReplicaState]:
         excluded = set(map(id, exclude))

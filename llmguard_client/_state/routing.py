@@ -30,7 +30,9 @@ replica wins, among all of them for up to ``full_scan_up_to`` replicas, else bet
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates take the median replica's, so a fresh guard balances by load alone. A replica without
 rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
-cooling one (Retry-After) only loses ties.
+cooling one (Retry-After) only loses ties
+(the replica set offers one for a first attempt only as its probe, or when every replica is cooling:
+`llmguard_client._state.cooldown`).
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
 (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
@@ -54,11 +56,14 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llmguard_client._state.health import ReplicaHealth, Routable, ms, no_room, sent, silent, worse
 from llmguard_client._state.quantile import lower_median
 from llmguard_client._state.ratelimit import parse_rate_limits
+
+if TYPE_CHECKING:
+    from llmguard_client._state.affinity_routing import Prefer
 
 __all__ = ["ReplicaHealth", "Routable", "Router"]
 
@@ -132,9 +137,9 @@ class Router(Generic[S]):
 
     # --- choosing -------------------------------------------------------------------------
 
-    def pick(self, now: float, candidates: list[S]) -> S | None:
+    def pick(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
         """The replica for a call's first attempt (a probe of a drained replica when one is due);
-        ties go round-robin."""
+        ``prefer`` (cache affinity) chooses among the healthy ones when it can; else ties go round-robin."""
         if not candidates:
             return None
         chosen = self._probe_due(now, candidates) if self._drained else None
@@ -143,28 +148,34 @@ class Router(Generic[S]):
             healthy = candidates
             if self._drained:
                 healthy = [s for s in candidates if not s.health.drained] or candidates
-            if len(healthy) > self.full_scan_up_to:
-                healthy = self._rng.sample(healthy, 2)
-            chosen = self._least_cost(healthy, now, rotate=True)
+            chosen = prefer(healthy) if prefer is not None else None  # cache affinity (_state.affinity_routing)
+            if chosen is None:
+                if len(healthy) > self.full_scan_up_to:
+                    healthy = self._rng.sample(healthy, 2)
+                chosen = self._least_cost(healthy, now, rotate=True)
         else:
             self._since_probe = 0
         sent(chosen.health, now)
         return chosen
 
-    def pick_ready(self, now: float, candidates: list[S]) -> S | None:
-        """The replica for a retry: healthy first, then the least cost."""
+    def pick_ready(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
+        """The replica for a retry: ``prefer``'s choice (cache affinity), else healthy first, then the least cost."""
         if not candidates:
             return None
         healthy = [s for s in candidates if not s.health.drained] or candidates if self._drained else candidates
-        chosen = self._least_cost(healthy, now, rotate=False)
+        chosen = (prefer(healthy) if prefer is not None else None) or self._least_cost(healthy, now, rotate=False)
         sent(chosen.health, now)
         return chosen
 
-    def pick_hedge(self, now: float, candidates: list[S]) -> S | None:
-        """The replica for a hedge: healthy first, then the best TTFT (unknown counts as 0, so a
-        replica never tried is tried), then the fewest in flight."""
+    def pick_hedge(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
+        """The replica for a hedge: ``prefer``'s choice (cache affinity), else healthy first, then the best TTFT
+        (unknown counts as 0, so a replica never tried is tried), then the fewest in flight."""
         if not candidates:
             return None
+        chosen = prefer(candidates) if prefer is not None else None  # cache affinity (_state.affinity_routing)
+        if chosen is not None:
+            sent(chosen.health, now)
+            return chosen
 
         def key(s: S) -> tuple[bool, bool, float, int]:
             h = s.health

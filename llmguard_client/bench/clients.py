@@ -1,7 +1,8 @@
 """The clients the bench compares, by name, each sending one streaming chat completion per planned request.
 
 * ``plain``, ``openai-default``, ``naive-retry``: the baselines (`llmguard_client.bench.baselines`);
-* ``guarded``, ``guarded-nohedge``, ``guarded-noretry``, ``guarded-continuation``: this library
+* ``guarded``, ``guarded-nohedge``, ``guarded-noretry``, ``guarded-continuation``, ``guarded-affinity``,
+  ``guarded-noaffinity``: this library
   (`llmguard_client.bench.guarded`).
 
 Every client is measured the same way, client-side (`llmguard_client.bench.measure`).
@@ -14,8 +15,10 @@ from collections.abc import Callable, Sequence
 from llmguard_client.bench.baselines import NaiveRetryClient, OpenAIDefaultClient, PlainClient
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.guarded import (
+    GuardedAffinityClient,
     GuardedClient,
     GuardedContinuationClient,
+    GuardedNoAffinityClient,
     GuardedNoHedgeClient,
     GuardedNoRetryClient,
     guard_api,
@@ -42,6 +45,8 @@ CLIENT_NAMES = (
     "guarded-nohedge",
     "guarded-noretry",
     "guarded-continuation",
+    "guarded-affinity",
+    "guarded-noaffinity",
     "rollout",
 )
 
@@ -55,6 +60,8 @@ _CLIENTS: dict[str, type[BenchClient]] = {
         GuardedNoHedgeClient,
         GuardedNoRetryClient,
         GuardedContinuationClient,
+        GuardedAffinityClient,
+        GuardedNoAffinityClient,
     )
 }
 

@@ -178,6 +178,8 @@ def run_bench(args: argparse.Namespace) -> int:
     _need_guard(clients)
 
     preset = preset_for(args.sim)
+    if preset.clients and args.clients == DEFAULT_CLIENTS and args.rollout is None:
+        clients = list(preset.clients)  # e.g. multiturn: round-robin, guarded without and with cache affinity
     rate, concurrency = args.rate, args.concurrency
     if profile is None and rate is None and concurrency is None:
         rate, concurrency = preset.rate, preset.concurrency

@@ -1,8 +1,9 @@
 """The guarded clients: this library as a bench client, ``Guard(...).http_client()``.
 
 ``guarded`` uses the default policies; ``guarded-nohedge`` and ``guarded-noretry`` (``hedge=None`` /
-``retry=None``) are ablations. Besides the sample, each reads the guard's phase record (attempts, waits,
-the replica that answered) from the response's ``llmguard`` extension.
+``retry=None``) are ablations; ``guarded-affinity`` and ``guarded-noaffinity`` set cache-aware routing
+(``affinity="auto"`` / ``affinity=None``) whatever the default. Besides the sample, each reads the guard's
+phase record (attempts, waits, the replica that answered) from the response's ``llmguard`` extension.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import httpx
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import HTTPStatus, Probe, TierSpec, consume_sse
 
-__all__ = ["GuardedClient", "GuardedContinuationClient", "GuardedNoHedgeClient", "GuardedNoRetryClient", "guard_api"]
+__all__ = [
+    "GuardedAffinityClient",
+    "GuardedClient",
+    "GuardedContinuationClient",
+    "GuardedNoAffinityClient",
+    "GuardedNoHedgeClient",
+    "GuardedNoRetryClient",
+    "guard_api",
+]
 
 
 def guard_api() -> tuple[Any, Any]:
@@ -145,6 +154,16 @@ class GuardedNoHedgeClient(GuardedClient):
 class GuardedNoRetryClient(GuardedClient):
     name = "guarded-noretry"
     guard_kwargs = {"retry": None}  # noqa: RUF012
+
+
+class GuardedAffinityClient(GuardedClient):
+    name = "guarded-affinity"
+    guard_kwargs = {"affinity": "auto"}  # noqa: RUF012
+
+
+class GuardedNoAffinityClient(GuardedClient):
+    name = "guarded-noaffinity"
+    guard_kwargs = {"affinity": None}  # noqa: RUF012
 
 
 class GuardedContinuationClient(GuardedClient):

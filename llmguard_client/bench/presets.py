@@ -34,6 +34,8 @@ class Preset:
     note: str = ""
     conversations: bool = False
     """Multi-turn traffic (`llmguard_client.bench.conversations`) instead of independent requests."""
+    clients: tuple[str, ...] | None = None
+    """The clients compared when ``--clients`` is not given (None: the bench's default list)."""
 
 
 GENERIC = Preset(note="generic defaults")
@@ -76,6 +78,7 @@ PRESETS: dict[str, Preset] = {
         requests=400,
         rate=30.0,
         conversations=True,
+        clients=("plain", "guarded-noaffinity", "guarded-affinity"),
         note="3 replicas with prefix caches; conversations of 2-6 turns on 1,000-1,500-word system prompts, "
         "turns at ~30 rps",
     ),

@@ -133,3 +133,13 @@ def test_auto_key_is_a_stable_hash_of_the_system_prompt_and_first_user_message()
 )
 def test_auto_key_is_none_when_there_is_nothing_to_key_on(body: bytes) -> None:
     assert auto_key(body) is None
+
+
+def test_the_slack_lets_a_replica_hold_that_many_calls_over_the_bound() -> None:
+    order = ["a", "b", "c"]
+    load = {"a": 2}
+    assert load_bound(load, 3, 1.25) == 2 and load_bound(load, 3, 1.25, slack=2) == 4
+    assert choose(order, load, ()) == "b"
+    assert choose(order, load, (), slack=2) == "a"
+    with pytest.raises(ValueError, match="slack must be an int >= 0"):
+        choose(order, load, (), slack=-1)
