@@ -10,6 +10,7 @@
     llmguard demo [--seed S] [--json PATH|-] [--plot PATH] [--no-progress]
     llmguard compare RECORDS.jsonl|- [--json] [--tier NAME] [--max-attempts A] [--success-drop D] [--min-calls N]
     llmguard bench --explain        what every figure of the report means
+    llmguard rollout get|set FRACTION|kill|clear --fleet URL --name NAME    the fleet-wide rollout flag
 
 Bad input (unknown scenario or client, unreachable URL, non-positive numbers...) prints one line on
 stderr and exits with status 2; a failure while running exits 1 (set LLMGUARD_DEBUG=1 for a traceback).
@@ -233,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llmguard_client.compare.command import add_parser as add_compare
 
     add_compare(sub)
+    from llmguard_client.fleet_cli import add_parser as add_rollout
+
+    add_rollout(sub)
     parser.usage = f"%(prog)s [-h] {{{','.join(sub.choices)}}} ..."  # every command, none left out
     return parser
 
@@ -246,6 +250,19 @@ def _compare(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from llmguard_client.errors import GuardConfigError
+    from llmguard_client.fleet_cli import FleetCommandError, run
+
+    try:
+        return run(args)
+    except GuardConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except FleetCommandError as exc:
+        _fail(str(exc))
+        return 1
+
+
 def _fail(message: str, stream: IO[str] | None = None) -> None:
     line = " ".join(message.split())  # always exactly one line
     print(f"{PROG}: error: {line}", file=stream or sys.stderr)
@@ -257,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "rollout":
+            return _rollout(args)
         if args.explain:
             return commands.explain(args)
         if args.command == "bench" and not (args.target or args.sim):

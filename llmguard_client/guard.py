@@ -21,6 +21,7 @@ from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.affinity_routing import resolve_affinity, session_for
 from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.fleet import make_fleet
 from llmguard_client._state.pool import replica_transport
 from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
 from llmguard_client._state.replicas import ReplicaSet
@@ -45,6 +46,7 @@ from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 from llmguard_client.telemetry.capture import Capture, capture
+from llmguard_client.telemetry.default import default_instrumentation
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record_logger import RecordLogger
 
@@ -88,7 +90,10 @@ class Guard:
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
     rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
-    fleet:         a fleet store: the rate limit's bucket is then fleet-wide (else per process).
+    fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
+                   of one service: cool-downs, open circuits, the rollout flag and the rate limit's bucket are
+                   then fleet-wide (docs/fleet.md); or a store object offering ``key``/``available``/``run``.
+    name:          the service's name, needed with a ``fleet`` URL: it namespaces the keys (e.g. "checkout").
     rollout:       fraction of calls that take the guarded path (the rest: the control cohort, passed
                    through untouched), or a callable returning it (polled at most every
                    ``rollout_poll_interval`` s); ``guard.set_rollout()`` changes it live. The environment
@@ -130,16 +135,17 @@ class Guard:
         clock: Clock = loop_clock,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
         rate_limit: RateLimit | None = None,
-        fleet: FleetOps | None = None,
+        fleet: str | FleetOps | None = None,
+        name: str | None = None,
         affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
         if not tiers:
             raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
-        for name, tier in tiers.items():
-            if not isinstance(name, str) or not name.strip() or not isinstance(tier, Tier):
-                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {name!r}: {tier!r}")
+        for label, tier in tiers.items():
+            if not isinstance(label, str) or not label.strip() or not isinstance(tier, Tier):
+                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {label!r}: {tier!r}")
         default_tier = default_tier if default_tier is not None else next(iter(tiers))
         if default_tier not in tiers:
             raise UnknownTierError(f"default_tier {default_tier!r} is not one of the tiers: {', '.join(sorted(tiers))}")
@@ -168,7 +174,7 @@ class Guard:
         )
         log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
-            instrumentation = _default_instrumentation()
+            instrumentation = default_instrumentation()
         if instrumentation is None:
             from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
 
@@ -188,6 +194,9 @@ class Guard:
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
         self._replica_set = ReplicaSet(resolved, transport_factory, affinity=resolve_affinity(affinity))
+        self._fleet = make_fleet(
+            fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
+        )
         self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
         self._registry = LeaseRegistry()
         self._pools_closed = False
@@ -199,7 +208,8 @@ class Guard:
             instrumentation.register_budget(self.budget.published_level)  # weakly held: no ref to the guard
         self._rollout = cohorts
         self._on_record = on_record
-        self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, fleet)
+        ops = self._fleet.store if self._fleet is not None else None if isinstance(fleet, str) else fleet
+        self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, ops)
         """The provider rate limits' buckets (None: no `RateLimit` configured)."""
         self._transport = GuardTransport(
             replicas=self._replica_set,
@@ -278,6 +288,8 @@ class Guard:
             if not self._pools_closed:
                 self._pools_closed = True
                 try:
+                    if self._fleet is not None:
+                        await self._fleet.aclose()
                     await self._replica_set.aclose()
                 finally:
                     await self._transport.passthrough_pool.aclose()
@@ -286,9 +298,11 @@ class Guard:
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
-        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets."""
+        circuit, pool connections; per tier bulkhead use; budget levels and pending tickets; the fleet store."""
         registry, replicas, budget = self._registry, self._replica_set, self.budget
-        return build_snapshot(self._clock(), registry, replicas, self.tiers, self._bulkheads, budget, self.tier_budgets)
+        fleet = self._fleet.snapshot() if self._fleet is not None else None
+        parts = (self.tiers, self._bulkheads, budget, self.tier_budgets, fleet)
+        return build_snapshot(self._clock(), registry, replicas, *parts)
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._replica_set.states)
@@ -296,6 +310,8 @@ class Guard:
         return f"<Guard {state} replicas=[{names}] tiers={sorted(self.tiers)} default_tier={self.default_tier!r}>"
 
     async def __aenter__(self) -> Guard:
+        if self._fleet is not None:
+            self._fleet.store.start()  # connect now rather than on the first call
         return self
 
     async def __aexit__(
@@ -380,15 +396,3 @@ class Guard:
         ...     await oai.chat.completions.create(...)
         """
         return self._rollout.keyed(key)
-
-
-def _default_instrumentation() -> Instrumentation | None:
-    """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
-    OpenTelemetry, so there is nothing to report to: no instrumentation."""
-    try:
-        from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("opentelemetry"):
-            raise
-        return None
-    return OpenTelemetryInstrumentation()

@@ -283,8 +283,8 @@ def test_top_level_help_lists_every_command_on_one_line_each(capsys: pytest.Capt
         cli.main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "usage: llmguard [-h] {bench,demo,compare} ..."
-    for command in ("bench", "demo", "compare"):
+    assert out.splitlines()[0] == "usage: llmguard [-h] {bench,demo,compare,rollout} ..."
+    for command in ("bench", "demo", "compare", "rollout"):
         (line,) = [line for line in out.splitlines() if line.startswith(f"    {command} ")]
         assert len(line.split(None, 1)[1]) > 20 and len(line) <= 80, line  # its help, on the same line
 

@@ -181,6 +181,11 @@ class Rollout:
         self._polled_at = -math.inf
         self._failing = False
         self._key_failing = False
+        self.override: float | None = None
+        """The fleet-wide fraction (0.0 for its kill switch) when the fleet store holds one: it wins over
+        the Guard's own (`llmguard_client._state.fleet.flag`). None: the Guard's own."""
+        self.wake: Callable[[], None] | None = None
+        """Called as each call is assigned (the fleet store starts on the first call's event loop)."""
         self.set(fraction)
 
     # --- the fraction ---------------------------------------------------------------------
@@ -192,8 +197,11 @@ class Rollout:
 
     @property
     def fraction(self) -> float:
-        """The fraction in force now: 0.0 while the kill switch is on."""
-        return 0.0 if self.disabled else self._current()
+        """The fraction in force now: 0.0 while the kill switch is on; the fleet's, when it sets one."""
+        if self.disabled:
+            return 0.0
+        override = self.override
+        return override if override is not None else self._current()
 
     def set(self, fraction: float | FractionSource) -> None:
         """Use a new fraction from now on (a callable source replaces any previous one; a number detaches it)."""
@@ -248,6 +256,8 @@ class Rollout:
         """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
         the request's, if they were read already."""
         headers = headers if headers is not None else CallerHeaders(request)
+        if self.wake is not None:
+            self.wake()
         pinned = headers.own(COHORT_HEADER)
         cohort = pinned.strip().lower() if pinned is not None else None
         if cohort is not None and cohort != "guarded" and cohort != "control":  # checked even while off

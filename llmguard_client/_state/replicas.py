@@ -8,12 +8,15 @@ allows (not excluded, circuit closed, and for retries and hedges not cooling).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
 from llmguard_client._state.affinity_routing import AffinityRouting, Prefer
+from llmguard_client._state.cooldown import first_attempt_candidates, probe_after
 from llmguard_client._state.routing import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry.record import AttemptRecord
@@ -34,6 +37,10 @@ class ReplicaState:
     in_flight: int = 0
     cooling_until: float = 0.0
     """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
+    probe_at: float = math.inf
+    """When this cool-down's one probe may take a first attempt (inf: none from this process)."""
+    probing: bool = False
+    """The probe was sent: its win ends the cool-down."""
     open_until: float = 0.0
     """Monotonic time before which the circuit is open (the replica kept failing)."""
     consecutive_failures: int = 0
@@ -93,8 +100,21 @@ class ReplicaState:
         return now < self.open_until
 
 
+class SharedState(Protocol):
+    """Where a `ReplicaSet` reports what it learned, to share it (`llmguard_client._state.fleet.FleetMirror`)."""
+
+    def cooled(self, state: ReplicaState, seconds: float) -> None: ...
+
+    def opened(self, state: ReplicaState, seconds: float) -> None: ...
+
+    def cleared(self, state: ReplicaState) -> None: ...
+
+
 class ReplicaSet:
     """Picks replicas for attempts and remembers what each one said."""
+
+    shared: SharedState | None = None
+    """Told of each cool-down, opened circuit and successful probe (the fleet mirror; None: in process)."""
 
     def __init__(
         self,
@@ -124,17 +144,16 @@ class ReplicaSet:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
 
-        A replica cooling down after a Retry-After is a signal, not a wall: it only loses ties.
-        Its Retry-After was computed for the rejected call, and its admission may well take other
-        calls now; steering every new call away concentrates load on the other replicas and was
-        measured to lose goodput against a plain round-robin client (docs/benchmarks.md).
+        A replica cooling down after a Retry-After gets no first attempt while another is ready, but one
+        probe per cool-down; when all are cooling, the one that frees first takes it
+        (`llmguard_client._state.cooldown`).
 
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
         bound (`llmguard_client._state.affinity_routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         """
         excluded = set(map(id, exclude))
         candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
-        return self.router.pick(now, candidates, self._prefer(key, now))
+        return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
 
     def pick_ready(
         self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
@@ -171,7 +190,12 @@ class ReplicaSet:
     # --- learning -------------------------------------------------------------------------
 
     def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
-        state.cooling_until = max(state.cooling_until, now + seconds)
+        """The server asked for ``seconds`` of rest: no first attempts but one probe until then."""
+        if now + seconds > state.cooling_until:
+            state.cooling_until = now + seconds
+            state.probe_at, state.probing = probe_after(now, seconds), False
+            if self.shared is not None:
+                self.shared.cooled(state, seconds)
 
     def succeeded(
         self,
@@ -181,7 +205,11 @@ class ReplicaSet:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
-        closes, and the router learns its TTFT and any rate-limit headers."""
+        closes, a cool-down whose probe this was ends, and the router learns its TTFT and rate-limit headers."""
+        if (state.probing or state.tripped) and self.shared is not None:
+            self.shared.cleared(state)
+        if state.probing:
+            state.cooling_until, state.probing = 0.0, False
         state.consecutive_failures = 0
         state.open_until = 0.0
         state.tripped = False
@@ -221,6 +249,8 @@ class ReplicaSet:
             state.open_until = now + cooldown
             state.consecutive_failures = 0
             state.tripped = True
+            if self.shared is not None:
+                self.shared.opened(state, cooldown)
             return True
         return False
 

@@ -30,7 +30,9 @@ replica wins, among all of them for up to ``full_scan_up_to`` replicas, else bet
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates take the median replica's, so a fresh guard balances by load alone. A replica without
 rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
-cooling one (Retry-After) only loses ties.
+cooling one (Retry-After) only loses ties
+(the replica set offers one for a first attempt only as its probe, or when every replica is cooling:
+`llmguard_client._state.cooldown`).
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
 (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches

@@ -13,6 +13,7 @@ from llmguard_client._state.budget import BudgetSnapshot, RetryBudget
 if TYPE_CHECKING:
     from llmguard_client._core.lease import LeaseRegistry
     from llmguard_client._layers.bulkhead import TierBulkhead
+    from llmguard_client._state.fleet.store import FleetSnapshot
     from llmguard_client._state.replicas import ReplicaSet
     from llmguard_client.config import Tier
 
@@ -55,6 +56,8 @@ class GuardSnapshot:
     budget: BudgetSnapshot | None
     """The shared retry budget (None: unbounded)."""
     tier_budgets: Mapping[str, BudgetSnapshot]
+    fleet: FleetSnapshot | None = None
+    """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
 
     @property
     def idle(self) -> bool:
@@ -85,6 +88,7 @@ def build_snapshot(
     bulkheads: Mapping[str, TierBulkhead],
     budget: RetryBudget | None,
     tier_budgets: Mapping[str, RetryBudget],
+    fleet: FleetSnapshot | None = None,
 ) -> GuardSnapshot:
     """The `GuardSnapshot` of a Guard's parts at ``now``."""
     replicas = tuple(
@@ -115,4 +119,5 @@ def build_snapshot(
         tiers=tier_views,
         budget=budget.snapshot() if budget is not None else None,
         tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
+        fleet=fleet,
     )

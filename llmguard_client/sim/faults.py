@@ -35,6 +35,10 @@ class FaultConfig:
     ``first_token_delay_s`` holds every request that long before its first token (a slow prefill; not counted
     as a fault). ``slow_between`` limits ``slow_factor`` and ``first_token_delay_s`` to a window of seconds
     after the replica started (None: always), for a replica that degrades and recovers.
+
+    ``rate_limited_between``: a window of seconds after the replica started during which it answers every
+    request with a 429 and ``Retry-After: rate_limited_retry_after_s`` (a hosted API's quota running out for
+    a while), without running it; None: never.
     """
 
     stall_first_p: float = 0.0
@@ -54,6 +58,8 @@ class FaultConfig:
     overload_signal: OverloadSignal = "http"
     first_token_delay_s: float = 0.0
     slow_between: tuple[float, float] | None = None
+    rate_limited_between: tuple[float, float] | None = None
+    rate_limited_retry_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         probabilities = (
@@ -79,6 +85,17 @@ class FaultConfig:
             raise ValueError(
                 f"slow_between must be (start, end) seconds with 0 <= start < end, got {self.slow_between!r}"
             )
+
+        window = self.rate_limited_between
+        if window is not None and not 0 <= window[0] < window[1]:
+            raise ValueError(f"rate_limited_between must be (start, end) seconds with 0 <= start < end, got {window!r}")
+        if not self.rate_limited_retry_after_s > 0:
+            raise ValueError(f"rate_limited_retry_after_s must be > 0 seconds, got {self.rate_limited_retry_after_s!r}")
+
+    def rate_limited_at(self, elapsed: float) -> bool:
+        """Whether every request ``elapsed`` s after the start is refused with a 429 (`rate_limited_between`)."""
+        window = self.rate_limited_between
+        return window is not None and window[0] <= elapsed < window[1]
 
     @property
     def stream_faults(self) -> bool:

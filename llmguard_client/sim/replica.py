@@ -36,6 +36,8 @@ class ReplicaCounters:
     error_first: int = 0
     error_mid: int = 0
     truncated: int = 0
+    rate_limited: int = 0
+    """Requests refused with a 429 inside ``faults.rate_limited_between``."""
 
 
 class Replica:
@@ -83,6 +85,13 @@ class Replica:
         """Whether the replica's slowdown applies now (always, unless ``faults.slow_between`` limits it)."""
         started = self._started if self._started is not None else anyio.current_time()
         return self.faults.slow_at(anyio.current_time() - started)
+
+    def rate_limited_now(self) -> bool:
+        """Whether the replica refuses every request now (``faults.rate_limited_between``)."""
+        if self.faults.rate_limited_between is None:
+            return False
+        started = self._started if self._started is not None else anyio.current_time()
+        return self.faults.rate_limited_at(anyio.current_time() - started)
 
     def _step_period(self, at: float) -> float:
         period = self.engine.config.step_period
@@ -189,6 +198,7 @@ class Replica:
                 "error_first": c.error_first,
                 "error_mid": c.error_mid,
                 "truncated": c.truncated,
+                "rate_limited": c.rate_limited,
             },
             "history": engine.history,
         }

@@ -93,7 +93,11 @@ _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
 """~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
 
 _CACHING = EngineConfig(
-    tbud=512, kv_tokens=32_768, policy="token", out_reserve=32, output_lengths=SIM_OUTPUT_LENGTHS,
+    tbud=512,
+    kv_tokens=32_768,
+    policy="token",
+    out_reserve=32,
+    output_lengths=SIM_OUTPUT_LENGTHS,
     prefix_cache_tokens=16_384,
 )
 """Long prompts, a prefix cache of 16k tokens (~10 conversations): a 1,300-token prompt prefills in 3 steps
@@ -164,6 +168,23 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         load=LoadHint(base_rps=30.0, peak_rps=140.0),
         capacity_rps=50.0,
         faults=(FaultConfig(overload_signal="in_stream"),),
+    ),
+    "rate-limited": ScenarioConfig(
+        name="rate-limited",
+        summary="one replica answers 429 + Retry-After: 30 from 2 s to 8 s",
+        description=(
+            "3 roomy replicas, light load; r0 answers every request with a 429 and Retry-After: 30 from 2 s "
+            "to 8 s after the start (a hosted API's quota running out for a while), then serves again"
+        ),
+        replicas=3,
+        engine=_ROOMY,
+        load=LoadHint(base_rps=30.0, peak_rps=30.0),
+        capacity_rps=490.0,
+        faults=(
+            FaultConfig(rate_limited_between=(2.0, 8.0), rate_limited_retry_after_s=30.0),
+            FaultConfig(),
+            FaultConfig(),
+        ),
     ),
     "degraded": ScenarioConfig(
         name="degraded",

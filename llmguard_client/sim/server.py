@@ -114,6 +114,12 @@ class _Completions:
             replica.counters.bad_requests += 1
             await _send_error(send, 400, str(exc), "invalid_request_error", [], self.kind)
             return
+        if replica.rate_limited_now():
+            replica.counters.rate_limited += 1
+            seconds = replica.faults.rate_limited_retry_after_s
+            headers = retry_after_headers("seconds", seconds, time.time())
+            await _send_error(send, 429, "Rate limit reached; retry later", "rate_limit_exceeded", headers, self.kind)
+            return
         plan = replica.draw_faults()
         wire = wire_for(parsed)
         if plan.error_first and parsed.stream:

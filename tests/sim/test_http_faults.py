@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import itertools
 import json
@@ -196,3 +197,21 @@ def test_fault_config_validation() -> None:
     with pytest.raises(ValueError):
         FaultConfig(slow_factor=0)
     assert ENGINE.policy == "token"
+
+
+async def test_a_rate_limited_window_answers_429_with_a_long_retry_after() -> None:
+    faults = (FaultConfig(rate_limited_between=(0.0, 2.0), rate_limited_retry_after_s=30.0),)
+    async with SimCluster(one_off(faults=faults)) as cluster, plain_httpx() as http:
+        url = cluster.urls[0] + "/v1/chat/completions"
+        refused = await http.post(url, json=chat_body(max_tokens=2))
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "30" and refused.headers["retry-after-ms"] == "30000"
+        await asyncio.sleep(2.1)  # the window is over: served again
+        served = await http.post(url, json=chat_body(max_tokens=2))
+        assert served.status_code == 200
+        assert cluster.replicas[0].counters.rate_limited == 1
+
+
+def test_a_rate_limited_window_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="rate_limited_between"):
+        FaultConfig(rate_limited_between=(5.0, 1.0))

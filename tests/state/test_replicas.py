@@ -71,26 +71,59 @@ def test_pick_avoids_cooling_replicas_while_others_are_ready() -> None:
     assert set(names(picks)) == {"r2"}
 
 
-def test_pick_keeps_balancing_when_every_replica_is_cooling() -> None:
-    """All cooling: new calls are spread by load, not piled onto the replica that recovers first."""
+def test_when_every_replica_is_cooling_the_one_that_frees_first_takes_the_call() -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states
     rs.cool_down(r0, NOW, 9.0)
     rs.cool_down(r1, NOW, 3.0)
     rs.cool_down(r2, NOW, 6.0)
-    assert sorted(names([rs.pick(NOW + 1) for _ in range(6)])) == ["r0", "r0", "r1", "r1", "r2", "r2"]
+    assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
 
 
-def test_cooling_is_a_tie_break_not_a_wall() -> None:
-    """A cooling replica with fewer calls in flight still beats a busier ready one (measured: a hard
-    block loses goodput under overload)."""
+def test_cooling_replicas_that_free_together_share_the_calls() -> None:
+    rs = replica_set(2)
+    for state in rs.states:
+        rs.cool_down(state, NOW, 5.0)
+    assert sorted(names([rs.pick(NOW + 1) for _ in range(4)])) == ["r0", "r0", "r1", "r1"]
+
+
+def test_cooling_is_a_wall_while_another_replica_is_ready() -> None:
+    """A cooling replica with fewer calls in flight still loses to a busier ready one."""
     rs = replica_set(2)
     r0, r1 = rs.states
     rs.cool_down(r0, NOW, 5.0)
-    r1.in_flight = 3
-    assert rs.pick(NOW) is r0
-    r1.in_flight = 0
-    assert rs.pick(NOW) is r1
+    r1.in_flight = 30
+    assert {rs.pick(NOW + 0.1) is r1 for _ in range(5)} == {True}
+
+
+def test_one_probe_per_cool_down_once_half_of_it_passed() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    assert names([rs.pick(NOW + 1.9) for _ in range(3)]) == ["r1", "r1", "r1"]
+    assert names([rs.pick(NOW + 2.0) for _ in range(3)]) == ["r0", "r1", "r1"]  # the probe, then the wall
+    assert r0.probing and r0.cooling(NOW + 2.0)
+    rs.cool_down(r0, NOW + 2.1, 4.0)  # the probe was refused too: a new cool-down, one new probe at its half
+    assert names([rs.pick(NOW + 4.0) for _ in range(2)]) == ["r1", "r1"]
+    assert names([rs.pick(NOW + 4.1) for _ in range(2)]) == ["r0", "r1"]
+
+
+def test_a_probe_that_wins_ends_the_cool_down() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    assert rs.pick(NOW + 2.0) is r0
+    rs.succeeded(r0, 0.05, NOW + 2.1)
+    assert not r0.cooling(NOW + 2.1) and not r0.probing
+    assert sorted(names([rs.pick(NOW + 2.2) for _ in range(4)])) == ["r0", "r0", "r1", "r1"]
+
+
+def test_a_call_that_started_before_the_cool_down_does_not_end_it() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    rs.succeeded(r0, 0.05, NOW + 0.5)  # admitted before the 429: no probe of this cool-down
+    assert r0.cooling(NOW + 0.5)
 
 
 def test_pick_skips_open_circuits_even_when_the_rest_cool() -> None:

@@ -1,0 +1,57 @@
+"""The hard cool-down rule: which replicas may take a call's first attempt while some are cooling.
+
+A replica cooling after a Retry-After (or an overload answer) gets no new first attempts while another
+replica is ready, except one probe per cool-down, sent once `PROBE_AT` of it has passed by the process
+that learned it (a cool-down mirrored from another process carries none: its own process probes). A probe
+that wins ends the cool-down (`llmguard_client._state.replicas.ReplicaSet.succeeded`). Only when every
+candidate is cooling does a call go to the one that frees first (replicas freeing within `TIE` seconds of
+it are equals, and the router chooses among them by cost); a retry waits for it instead, within the
+call's first-token deadline (`llmguard_client._layers.retry`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, TypeVar
+
+__all__ = ["PROBE_AT", "TIE", "Cooling", "first_attempt_candidates", "probe_after"]
+
+PROBE_AT = 0.5
+"""The share of a cool-down after which its one probe may go."""
+TIE = 0.05
+"""Seconds: cooling replicas that free within this of the first one are equals."""
+
+
+class Cooling(Protocol):
+    """What the rule reads and writes of a replica (`llmguard_client._state.replicas.ReplicaState`)."""
+
+    cooling_until: float
+    probe_at: float
+    probing: bool
+
+    def cooling(self, now: float) -> bool: ...
+
+
+C = TypeVar("C", bound=Cooling)
+
+
+def probe_after(now: float, seconds: float) -> float:
+    """When the probe of a cool-down of ``seconds`` learned at ``now`` may go."""
+    return now + PROBE_AT * seconds
+
+
+def first_attempt_candidates(candidates: list[C], now: float) -> list[C]:
+    """The replicas among ``candidates`` that may take a first attempt now (see the module docstring):
+    all of them while none is cooling; else a due probe alone, or the ready ones, or, when every one is
+    cooling, those that free first."""
+    if not any(s.cooling(now) for s in candidates):
+        return candidates
+    ready = [s for s in candidates if not s.cooling(now)]
+    if ready:
+        for s in candidates:
+            if s.probe_at <= now and s.cooling(now):
+                s.probe_at, s.probing = math.inf, True
+                return [s]
+        return ready
+    first = min(s.cooling_until for s in candidates)
+    return [s for s in candidates if s.cooling_until <= first + TIE]

@@ -1,0 +1,123 @@
+"""A fleet store's address: checked when the Guard is built, redacted wherever it is shown.
+
+Accepted: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path.sock``, and
+``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster (any one node; the client discovers the
+others). Valkey speaks the same protocol: use the same schemes. A malformed address is a `GuardConfigError`
+at construction; one that is well formed but unreachable fails open at run time.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llmguard_client._core.redact import MASK
+from llmguard_client.errors import GuardConfigError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+__all__ = ["FleetURL", "check_name", "parse_fleet_url"]
+
+SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetURL:
+    """A checked fleet address (`parse_fleet_url`)."""
+
+    url: str
+    """The address as given, with ``+cluster`` removed (what redis-py reads); it may hold a password."""
+    cluster: bool
+    redacted: str
+    """The address with its password masked: the only form that is ever logged or shown."""
+    password: str | None
+
+    def __repr__(self) -> str:
+        return f"FleetURL({self.redacted!r}, cluster={self.cluster})"
+
+    def client(self, *, socket_timeout: float, connect_timeout: float) -> Redis | RedisCluster:
+        """A redis-py asyncio client for this address, without retries of its own: the store decides."""
+        from redis.asyncio import Redis
+        from redis.asyncio.cluster import RedisCluster
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        options = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if self.cluster:
+            return RedisCluster.from_url(self.url, **options)
+        return Redis.from_url(self.url, **options)  # type: ignore[arg-type]
+
+
+def parse_fleet_url(url: object) -> FleetURL:
+    """``url`` checked (see the module docstring), or a `GuardConfigError` naming what is wrong."""
+    accepted = "redis://host:6379/0, rediss://:password@host:6380/0, unix:///path.sock or redis+cluster://host:7000"
+    if not isinstance(url, str) or not url.strip():
+        raise GuardConfigError(f"fleet must be a Redis URL such as {accepted}; got {url!r}")
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise GuardConfigError(f"fleet URL {_redact_raw(url)!r} is malformed ({exc}); expected {accepted}") from None
+    scheme = parts.scheme.lower()
+    shown = _redact_raw(url)
+    if scheme not in SCHEMES:
+        raise GuardConfigError(
+            f"fleet URL {shown!r} has scheme {parts.scheme!r}; accepted: {', '.join(SCHEMES)} (e.g. {accepted})"
+        )
+    cluster = scheme.endswith("+cluster")
+    if scheme == "unix":
+        if not parts.path:
+            raise GuardConfigError(f"fleet URL {shown!r} names no socket path; expected unix:///path/to/redis.sock")
+    else:
+        if not parts.hostname:
+            raise GuardConfigError(f"fleet URL {shown!r} names no host; expected e.g. {accepted}")
+        if port == 0:
+            raise GuardConfigError(f"fleet URL {shown!r} has port 0; expected a port from 1 to 65535")
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise GuardConfigError(f"fleet URL {shown!r}: the path must be a database number such as /0, got /{db}")
+        if cluster and db not in ("", "0"):
+            raise GuardConfigError(f"fleet URL {shown!r}: Redis Cluster has only database 0, got /{db}")
+    plain = url.strip()
+    if cluster:
+        plain = scheme.replace("+cluster", "") + plain[len(parts.scheme) :]
+    return FleetURL(plain, cluster, shown, parts.password)
+
+
+def check_name(name: object) -> str:
+    """The Guard's ``name`` (it namespaces every fleet key), or a `GuardConfigError`."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise GuardConfigError(
+            "name must be 1-64 characters of letters, digits, '_', '.' or '-', starting with a letter or digit "
+            f"(e.g. 'checkout'); it namespaces the fleet's keys; got {name!r}"
+        )
+    return name
+
+
+def _redact_raw(url: str) -> str:
+    """``url`` with any userinfo masked, without trusting it to parse."""
+    head, sep, rest = url.strip().partition("://")
+    if not sep:
+        return url if "@" not in url else MASK
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url.strip()
+    user = userinfo.split(":", 1)[0]
+    masked = f"{user}:{MASK}" if ":" in userinfo else MASK
+    return f"{head}://{masked}@{host}"
+
+
+def redact_text(text: str, fleet: FleetURL) -> str:
+    """An error message with the fleet's password, if any, masked (redis-py may echo parts of the URL)."""
+    if fleet.password:
+        text = text.replace(fleet.password, MASK)
+    return text.replace(fleet.url, fleet.redacted)

@@ -1,0 +1,96 @@
+"""``llmguard rollout get|set FRACTION|kill|clear --fleet URL --name NAME``: the fleet-wide rollout flag.
+
+``set`` writes the guarded fraction (and lifts the kill switch), ``kill`` guards no call anywhere until the
+next ``set``, ``clear`` removes both (each process goes back to its own ``Guard(rollout=...)``); ``get``
+prints what is stored. Each change is announced, so running processes follow at once, and within their
+``rollout_poll_interval`` at the latest (`llmguard_client._state.fleet.flag`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from llmguard_client._state.fleet.flag import parse_flag
+from llmguard_client._state.fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
+
+__all__ = ["add_parser", "run"]
+
+TIMEOUT = 5.0
+"""Seconds to connect and for each command (a person waits, not a call)."""
+
+
+class FleetCommandError(Exception):
+    """The store could not be reached or refused the command: reported as one line, exit status 1."""
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0.0 to 1.0, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0.0 to 1.0 (e.g. 0.10), got {text}")
+    return value
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``rollout`` on the CLI's subparsers."""
+    r: argparse.ArgumentParser = sub.add_parser(
+        "rollout",
+        help="the fleet-wide rollout flag: get, set FRACTION, kill, clear",
+        description="Read or change the guarded fraction and the kill switch that every process of one "
+        "Guard(fleet=..., name=...) follows (docs/fleet.md).",
+    )
+    r.add_argument("action", choices=("get", "set", "kill", "clear"))
+    r.add_argument("fraction", nargs="?", type=_fraction, help="for set: the fraction of calls to guard (0.0-1.0)")
+    r.add_argument("--fleet", required=True, metavar="URL", help="the fleet store (redis://, rediss://, ...)")
+    r.add_argument("--name", required=True, help="the Guard's name=..., e.g. checkout")
+    return r
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; raises `llmguard_client.errors.GuardConfigError` for bad input."""
+    from llmguard_client.errors import GuardConfigError
+
+    url = parse_fleet_url(args.fleet)
+    name = check_name(args.name)
+    if (args.action == "set") != (args.fraction is not None):
+        raise GuardConfigError("rollout set needs a FRACTION (e.g. 'rollout set 0.10'); the others take none")
+    try:
+        print(asyncio.run(_apply(url, name, args.action, args.fraction)))
+    except Exception as exc:
+        if isinstance(exc, GuardConfigError):
+            raise
+        detail = redact_text(f"{type(exc).__name__}: {exc}", url)
+        raise FleetCommandError(f"the fleet store {url.redacted} did not answer: {detail}") from None
+    return 0
+
+
+async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) -> str:
+    prefix = f"llmguard:{name}:"
+    keys = (prefix + "rollout:fraction", prefix + "rollout:kill")
+    client = url.client(socket_timeout=TIMEOUT, connect_timeout=TIMEOUT)
+    try:
+        if action == "set":
+            await client.set(keys[0], repr(fraction))
+            await client.delete(keys[1])
+        elif action == "kill":
+            await client.set(keys[1], "1")
+        elif action == "clear":
+            await client.delete(*keys)
+        if action != "get":
+            await client.publish(prefix + "rollout", action)
+        stored, kill = await client.get(keys[0]), await client.get(keys[1])
+    finally:
+        await client.aclose()
+    value = parse_flag(stored, kill)
+    killed = parse_flag(None, kill) == 0.0
+    if value is None:
+        return f"{name}: no fleet-wide rollout set; each process uses its own Guard(rollout=...)"
+    stored_text = "unset" if stored is None else stored.decode() if isinstance(stored, bytes) else str(stored)
+    return (
+        f"{name}: {value:g} of calls guarded on every process "
+        f"(fraction {stored_text}, kill switch {'ON' if killed else 'off'})"
+    )

@@ -1,0 +1,107 @@
+"""A Guard with ``fleet=``: no Redis round trip per call, and Redis killed, paused and restarted during a run
+fails no call; the snapshot shows the transitions and the resync. Against a real redis-server and real
+loopback replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import httpx
+import redis.asyncio as redis
+
+from llmguard_client import Guard, RateLimit
+from tests.loopback import LoopbackServer
+from tests.redis_server import RedisServer
+
+BODY = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+async def until(condition: Callable[[], bool], seconds: float = 15.0) -> None:
+    with anyio.fail_after(seconds):
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
+            await anyio.sleep(0.01)
+
+
+async def commands(url: str) -> int:
+    """Commands the server has run so far (INFO commandstats), less the INFO calls themselves."""
+    client = redis.Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+async def call(client: httpx.AsyncClient, url: str) -> int:
+    async with client.stream("POST", url + "/v1/chat/completions", json=BODY) as response:
+        await response.aread()
+        return response.status_code
+
+
+async def test_calls_make_no_redis_round_trip(redis_server: RedisServer, servers: list[LoopbackServer]) -> None:
+    guard = Guard([s.url for s in servers[:2]], fleet=redis_server.url, name="checkout")
+    async with guard, guard.http_client() as client:
+        await until(lambda: bool(guard.snapshot().fleet and guard.snapshot().fleet.connected))
+        before = await commands(redis_server.url)
+        for _ in range(200):
+            assert await call(client, servers[0].url) == 200
+        after = await commands(redis_server.url)
+    # What runs meanwhile is the background's: a PING per 0.5 s and the rollout flag's read per 5 s.
+    assert after - before < 20, after - before
+
+
+async def test_redis_killed_paused_and_restarted_fails_no_call(
+    redis_factory: type[RedisServer], servers: list[LoopbackServer]
+) -> None:
+    store = redis_factory()
+    store.start()
+    guard = Guard([s.url for s in servers[:2]], fleet=store.url, name="checkout")
+    states: list[str] = []
+    statuses: list[int] = []
+
+    def fleet_state() -> str:
+        fleet = guard.snapshot().fleet
+        assert fleet is not None
+        if not states or states[-1] != fleet.state:
+            states.append(fleet.state)
+        return fleet.state
+
+    async with guard, guard.http_client() as client:
+        running = True
+
+        async def traffic() -> None:
+            while running:
+                statuses.append(await call(client, servers[0].url))
+                fleet_state()
+                await anyio.sleep(0.005)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(traffic)
+            await until(lambda: fleet_state() == "connected")
+            for fault, repair in ((store.stop, store.start), (store.pause, store.resume)):
+                fault()
+                await until(lambda: fleet_state() == "degraded")
+                repair()
+                await until(lambda: fleet_state() == "connected")
+            running = False
+        snap = guard.snapshot().fleet
+    assert statuses and set(statuses) == {200}, statuses
+    assert states[-4:] == ["degraded", "connected", "degraded", "connected"], states
+    assert snap is not None and snap.transitions == 4 and snap.resyncs == 3 and snap.last_error
+
+
+async def test_a_fleet_url_also_makes_the_rate_limit_fleet_wide(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    limit = RateLimit(requests_per_minute=6000)
+    guard = Guard([s.url for s in servers[:2]], fleet=redis_server.url, name="checkout", rate_limit=limit)
+    async with guard, guard.http_client() as client:
+        await until(lambda: bool(guard.snapshot().fleet and guard.snapshot().fleet.connected))
+        assert await call(client, servers[0].url) == 200
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        keys = [k.decode() async for k in admin.scan_iter("llmguard:checkout:ratelimit:*")]
+    finally:
+        await admin.aclose()
+    assert keys, "the rate limit's bucket is not in the fleet store"

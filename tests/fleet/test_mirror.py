@@ -1,0 +1,138 @@
+"""Cool-downs and open circuits learned by one Guard reach the others through a real redis-server; a Guard
+that connects later finds them; a probe's win clears them everywhere."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import anyio
+import redis.asyncio as redis
+
+from llmguard_client import Guard
+from llmguard_client._state.replicas import ReplicaState
+from tests.redis_server import RedisServer
+
+REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"]
+
+
+def guard(url: str, name: str = "checkout") -> Guard:
+    return Guard(REPLICAS, fleet=url, name=name, hedge=None)
+
+
+def states(g: Guard) -> list[ReplicaState]:
+    return g._replica_set.states
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    with anyio.fail_after(seconds):
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
+            await anyio.sleep(0.005)
+
+
+async def connected(*guards: Guard) -> None:
+    for g in guards:
+        await g.__aenter__()
+    await until(lambda: all(g.snapshot().fleet is not None and g.snapshot().fleet.connected for g in guards))
+
+
+async def test_a_cool_down_learned_by_one_guard_reaches_the_others(redis_server: RedisServer) -> None:
+    a, b, other = guard(redis_server.url), guard(redis_server.url), guard(redis_server.url, name="search")
+    try:
+        await connected(a, b, other)
+        now = anyio.current_time()
+        a._replica_set.cool_down(states(a)[0], now, 30.0)
+        await until(lambda: states(b)[0].cooling(anyio.current_time()))
+        mirrored = states(b)[0]
+        assert abs(mirrored.cooling_until - (now + 30.0)) < 1.0
+        assert mirrored.probe_at == math.inf  # the probe is the learning guard's, not this one's
+        assert states(a)[0].probe_at < math.inf
+        assert not states(b)[1].cooling(anyio.current_time())
+        fleet = b.snapshot().fleet
+        assert fleet is not None and fleet.lag is not None and fleet.lag < 5.0
+        await anyio.sleep(0.2)
+        assert not states(other)[0].cooling(anyio.current_time())  # another name: another namespace
+    finally:
+        for g in (a, b, other):
+            await g.aclose()
+
+
+async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    try:
+        await connected(a, b)
+        now = anyio.current_time()
+        assert a._replica_set.failed(states(a)[1], now, threshold=1, cooldown=20.0)
+        await until(lambda: states(b)[1].open(anyio.current_time()))
+        assert states(b)[1].tripped
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_a_probe_that_wins_clears_the_cool_down_everywhere(redis_server: RedisServer) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    try:
+        await connected(a, b)
+        now = anyio.current_time()
+        a._replica_set.cool_down(states(a)[0], now, 30.0)
+        await until(lambda: states(b)[0].cooling(anyio.current_time()))
+        states(a)[0].probing = True
+        a._replica_set.succeeded(states(a)[0], 0.05, anyio.current_time())
+        await until(lambda: not states(b)[0].cooling(anyio.current_time()))
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            assert await client.exists("llmguard:checkout:cool:http://127.0.0.1:9/r0") == 0
+        finally:
+            await client.aclose()
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_a_guard_that_connects_later_finds_what_is_in_force(redis_server: RedisServer) -> None:
+    a = guard(redis_server.url)
+    try:
+        await connected(a)
+        now = anyio.current_time()
+        a._replica_set.cool_down(states(a)[1], now, 30.0)
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            key = "llmguard:checkout:cool:http://127.0.0.1:9/r1"
+            with anyio.fail_after(10):
+                while await client.pttl(key) <= 0:  # noqa: ASYNC110 (polled state has no event)
+                    await anyio.sleep(0.01)
+            assert 25_000 < await client.pttl(key) <= 30_000
+            assert (await client.get(key)) not in (None, b"")  # an opaque process id: nothing about a caller
+        finally:
+            await client.aclose()
+        late = guard(redis_server.url)
+        try:
+            await connected(late)
+            assert states(late)[1].cooling(anyio.current_time())
+            assert not states(late)[0].cooling(anyio.current_time())
+        finally:
+            await late.aclose()
+    finally:
+        await a.aclose()
+
+
+async def test_after_a_restart_the_store_is_refilled_from_local_state(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    a = Guard(REPLICAS, fleet=server.url, name="checkout", hedge=None)
+    a._fleet.store.heartbeat = 0.1  # type: ignore[union-attr]
+    try:
+        await connected(a)
+        a._replica_set.cool_down(states(a)[0], anyio.current_time(), 60.0)
+        server.stop()
+        await until(lambda: bool(a.snapshot().fleet and a.snapshot().fleet.degraded))
+        server.start()  # empty: a restart loses every key
+        await until(lambda: bool(a.snapshot().fleet and a.snapshot().fleet.connected))
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert await client.pttl("llmguard:checkout:cool:http://127.0.0.1:9/r0") > 50_000
+        finally:
+            await client.aclose()
+    finally:
+        await a.aclose()

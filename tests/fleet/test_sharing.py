@@ -1,0 +1,72 @@
+"""Four processes against one replica that answers 429 + Retry-After: with the fleet, that replica hears from
+the whole fleet at most twice during its window; without it, at least once per process (one run, both)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.loopback import LoopbackServer, Script
+from tests.redis_server import RedisServer
+
+PROCESSES = 4
+CALLS = 8
+INTERVAL = 0.1
+STAGGER = 0.15
+RETRY_AFTER = 30
+
+
+def start_processes(url: str, replicas: list[str], start: float) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.fleet.fleet_process",
+                "calls",
+                url,
+                "checkout",
+                f"{start:.3f}",
+                f"{i * STAGGER:.3f}",
+                str(CALLS),
+                str(INTERVAL),
+                *replicas,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(PROCESSES)
+    ]
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
+    outputs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+        outputs.append(out)
+    return outputs
+
+
+def test_a_retry_after_learned_by_one_process_holds_for_the_fleet(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    limited, healthy = servers[0], servers[1]
+    limited.script = Script(status=429, headers={"retry-after": str(RETRY_AFTER)}, body={"error": "slow down"})
+    replicas = [limited.url, healthy.url]
+    counts = {}
+    for mode, url in (("fleet", redis_server.url), ("local", "none")):
+        limited.reset_counters()
+        healthy.reset_counters()
+        # Processes take 1-5 s to import and connect on a busy machine: a start time well ahead, and each
+        # process waits for it after it is ready.
+        procs = start_processes(url, replicas, time.time() + 8.0)
+        outputs = finish(procs)
+        assert all("done" in out for out in outputs), outputs
+        statuses = [s for out in outputs for s in out.split("done ", 1)[1].strip().split(",")]
+        assert statuses.count("200") == PROCESSES * CALLS  # every call answered: its retry went to the other
+        counts[mode] = len(limited.received)
+    print(f"requests to the limited replica during its {RETRY_AFTER} s window: {counts}")
+    assert counts["fleet"] <= 2, counts
+    assert counts["local"] >= PROCESSES, counts

@@ -1,0 +1,181 @@
+"""The fleet store against a real redis-server: it answers within its bound, fails open at once, says so once
+per transition, reconnects and resyncs; credentials never show."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import pytest
+import redis.asyncio as redis
+
+from llmguard_client._state.fleet import FleetStore, parse_fleet_url
+from tests.redis_server import RedisServer
+
+
+def make_store(url: str, **kwargs: float) -> FleetStore:
+    options = {"heartbeat": 0.1, "backoff_initial": 0.05, "backoff_max": 0.2, **kwargs}
+    return FleetStore(parse_fleet_url(url), "checkout", **options)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait for ``condition`` (a generous bound: behaviour, not speed, is what is asserted)."""
+    with anyio.fail_after(seconds):
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
+            await anyio.sleep(0.01)
+
+
+async def echo(client: redis.Redis) -> bytes | None:
+    await client.set("llmguard:checkout:probe", "1")
+    value: bytes | None = await client.get("llmguard:checkout:probe")
+    return value
+
+
+def test_keys_are_namespaced_by_the_guard_name() -> None:
+    store = make_store("redis://127.0.0.1:1/0")
+    assert store.key("cool", "http://r1:8000") == "llmguard:checkout:cool:http://r1:8000"
+    assert store.key("rollout", "fraction") == "llmguard:checkout:rollout:fraction"
+
+
+async def test_run_answers_once_connected(redis_server: RedisServer) -> None:
+    store = make_store(redis_server.url)
+    try:
+        assert await store.run(echo, b"default") == b"default"  # not connected yet: the default, at once
+        await until(lambda: store.available)
+        assert await store.run(echo, b"default") == b"1"
+        snap = store.snapshot()
+        assert (snap.state, snap.connected, snap.degraded, snap.resyncs) == ("connected", True, False, 1)
+    finally:
+        await store.aclose()
+    assert store.snapshot().state == "closed"
+
+
+async def test_an_unreachable_store_fails_open_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "llmguard_client")
+    store = make_store("redis://:hunter2@127.0.0.1:1/0")
+    try:
+        store.start()
+        await until(lambda: store.snapshot().degraded)
+        await anyio.sleep(0.5)  # several reconnect attempts fail meanwhile
+        assert await store.run(echo, None) is None
+        snap = store.snapshot()
+        assert snap.last_error is not None and "hunter2" not in snap.last_error
+        assert snap.url == "redis://:***@127.0.0.1:1/0"
+        warnings = [r.getMessage() for r in caplog.records if "degraded" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert all("hunter2" not in r.getMessage() for r in caplog.records)
+    finally:
+        await store.aclose()
+
+
+async def test_a_wrong_password_fails_open_without_showing_it(
+    redis_factory: type[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "llmguard_client")
+    server = redis_factory(password="right-one")
+    server.start()
+    store = make_store(f"redis://:wrong-one@127.0.0.1:{server.port}/0")
+    try:
+        store.start()
+        await until(lambda: store.snapshot().degraded)
+        error = store.snapshot().last_error or ""
+        assert "wrong-one" not in error and ("password" in error.lower() or "auth" in error.lower()), error
+        assert all("wrong-one" not in r.getMessage() for r in caplog.records)
+    finally:
+        await store.aclose()
+
+
+async def test_a_failing_op_returns_the_default_and_reconnects(redis_server: RedisServer) -> None:
+    store = make_store(redis_server.url)
+    try:
+        store.start()
+        await until(lambda: store.available)
+
+        async def broken(client: redis.Redis) -> int:
+            await client.execute_command("NO-SUCH-COMMAND")
+            return 1
+
+        assert await store.run(broken, 0) == 0
+        assert not store.available
+        await until(lambda: store.available)
+        snap = store.snapshot()
+        assert snap.transitions == 2 and snap.resyncs == 2
+        assert snap.last_error is not None and "NO-SUCH-COMMAND" in snap.last_error.upper()
+    finally:
+        await store.aclose()
+
+
+async def slow(client: redis.Redis) -> int:
+    await anyio.sleep(1.0)
+    return 1
+
+
+async def test_an_op_slower_than_the_bound_returns_the_default(redis_server: RedisServer) -> None:
+    store = make_store(redis_server.url)
+    try:
+        store.start()
+        await until(lambda: store.available)
+        assert await store.run(slow, -1) == -1
+        assert "Timeout" in (store.snapshot().last_error or "")
+    finally:
+        await store.aclose()
+
+
+Fault = Callable[[RedisServer], None]
+
+
+@pytest.mark.parametrize(
+    ("fault", "repair"),
+    [
+        (RedisServer.pause, RedisServer.resume),
+        (RedisServer.stop, RedisServer.start),
+    ],
+    ids=["paused", "killed"],
+)
+async def test_a_paused_or_killed_server_degrades_then_resyncs(
+    redis_factory: type[RedisServer], fault: Fault, repair: Fault
+) -> None:
+    server = redis_factory()
+    server.start()
+    store = make_store(server.url)
+    resynced: list[int] = []
+
+    async def hook(client: redis.Redis) -> None:
+        resynced.append(1)
+
+    store.on_connect(hook)
+    try:
+        store.start()
+        await until(lambda: store.available)
+        fault(server)
+        await until(lambda: store.snapshot().degraded)  # the heartbeat finds a paused server too
+        assert await store.run(echo, None) is None  # at once: no round trip while degraded
+        repair(server)
+        await until(lambda: store.available)
+        assert len(resynced) == 2
+        assert await store.run(echo, None) == b"1"
+        assert store.snapshot().transitions == 2
+    finally:
+        await store.aclose()
+
+
+async def test_calls_from_many_tasks_share_one_store(redis_server: RedisServer) -> None:
+    store = make_store(redis_server.url, op_timeout=1.0)
+    results: list[int] = []
+
+    async def incr(client: redis.Redis) -> int:
+        return int(await client.incr(store.key("n")))
+
+    async def one() -> None:
+        results.append(await store.run(incr, 0))
+
+    try:
+        store.start()
+        await until(lambda: store.available)
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(one)
+        assert sorted(results) == list(range(1, 21))
+    finally:
+        await store.aclose()

@@ -1,0 +1,57 @@
+"""``Guard(fleet=..., name=...)`` checked at construction: a malformed URL or name is a GuardConfigError naming
+what is wrong and what is accepted, with the password masked; a well-formed unreachable one is accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmguard_client import Guard
+from llmguard_client._state.fleet import parse_fleet_url
+from llmguard_client.errors import GuardConfigError
+
+REPLICAS = ["http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://:hunter2@host:6379", "scheme 'http'"),
+        ("redis://", "names no host"),
+        ("redis://:hunter2@host:99999/0", "malformed"),
+        ("redis://host:6379/zero", "database number"),
+        ("redis+cluster://host:7000/3", "only database 0"),
+        ("unix://", "socket path"),
+        ("", "must be a Redis URL"),
+    ],
+)
+def test_a_malformed_url_is_refused_at_construction(url: str, says: str) -> None:
+    with pytest.raises(GuardConfigError, match=says) as raised:
+        Guard(REPLICAS, fleet=url, name="checkout")
+    assert "hunter2" not in str(raised.value)
+
+
+def test_fleet_needs_a_valid_name() -> None:
+    with pytest.raises(GuardConfigError, match="fleet needs a name"):
+        Guard(REPLICAS, fleet="redis://host:6379/0")
+    with pytest.raises(GuardConfigError, match="name must be"):
+        Guard(REPLICAS, fleet="redis://host:6379/0", name="check out")
+
+
+def test_accepted_forms() -> None:
+    assert not parse_fleet_url("redis://host:6379/0").cluster
+    tls = parse_fleet_url("rediss://user:hunter2@host:6380/2")
+    assert tls.redacted == "rediss://user:***@host:6380/2" and "hunter2" not in repr(tls)
+    cluster = parse_fleet_url("redis+cluster://:pw@node1:7000")
+    assert (
+        cluster.cluster
+        and cluster.url == "redis://:pw@node1:7000"
+        and cluster.redacted == "redis+cluster://:***@node1:7000"
+    )
+    assert parse_fleet_url("unix:///run/redis.sock").url == "unix:///run/redis.sock"
+
+
+def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_before_a_call() -> None:
+    guard = Guard(REPLICAS, fleet="redis://:hunter2@10.255.255.1:6379/0", name="checkout")
+    fleet = guard.snapshot().fleet
+    assert fleet is not None and fleet.state == "idle" and fleet.url == "redis://:***@10.255.255.1:6379/0"
+    guard.close()

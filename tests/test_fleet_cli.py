@@ -1,0 +1,90 @@
+"""``llmguard rollout get|set|kill|clear --fleet URL --name NAME`` reaches 4 running processes."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from llmguard_client.cli import main
+from tests.redis_server import RedisServer
+
+POLL = 0.5
+
+
+class Process:
+    def __init__(self, url: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fleet.fleet_process", "rollout", url, "checkout", str(POLL)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def read_until(self, expected: str, seconds: float = 60.0) -> None:
+        """Read lines until one is ``expected`` (a generous bound: a busy machine starts Python slowly)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if self.lines.get(timeout=max(0.0, deadline - time.monotonic())) == expected:
+                    return
+            except queue.Empty:
+                raise AssertionError(f"the process never printed {expected!r}") from None
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdout.close()
+
+
+def test_set_and_kill_reach_four_running_processes(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    processes = [Process(redis_server.url) for _ in range(4)]
+    try:
+        for p in processes:
+            p.read_until("ready")
+        assert main(["rollout", "set", "0.10", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        for p in processes:
+            p.read_until("fraction 0.1")
+        assert main(["rollout", "get", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        assert "0.1 of calls guarded on every process" in capsys.readouterr().out
+        assert main(["rollout", "kill", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        for p in processes:
+            p.read_until("fraction 0.0")
+        assert "kill switch ON" in capsys.readouterr().out
+        assert main(["rollout", "set", "0.5", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        for p in processes:
+            p.read_until("fraction 0.5")
+    finally:
+        for p in processes:
+            p.stop()
+
+
+def test_a_bad_fleet_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout", "get", "--fleet", "http://:secret@host", "--name", "checkout"]) == 2
+    err = capsys.readouterr().err
+    assert "scheme 'http'" in err and "secret" not in err
+
+
+def test_an_unreachable_fleet_exits_1_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout", "kill", "--fleet", "redis://:secret@127.0.0.1:1/0", "--name", "checkout"]) == 1
+    err = capsys.readouterr().err
+    assert "did not answer" in err and "secret" not in err and err.count("\n") == 1
