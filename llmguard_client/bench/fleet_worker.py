@@ -18,7 +18,6 @@ import anyio
 import httpx
 
 from llmguard_client import Guard, PhaseRecord, RateLimit, Tier
-from llmguard_client.bench.fleet_ops import BenchFleetOps
 from llmguard_client.sim.scenarios import SIM_MAX_TOKENS, SIM_PROMPT_WORDS
 
 
@@ -60,14 +59,14 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
     mode: str = spec["mode"]
     rng = random.Random(spec["seed"])
     tally, records = _Tally(), list[PhaseRecord]()
-    fleet = BenchFleetOps(spec["fleet_url"], name=spec["run_id"]) if mode == "fleet" else None
     guard: Guard | None = None
     if mode == "plain":
         client = httpx.AsyncClient(timeout=httpx.Timeout(spec["total"], connect=5.0))
     else:
         limit = RateLimit(**spec["limit"])
+        fleet = {"fleet": spec["fleet_url"], "name": spec["run_id"]} if mode == "fleet" else {}
         guard = Guard(urls, tiers={"bench": Tier(ttft=spec["ttft"], total=spec["total"])}, rate_limit=limit,
-                      fleet=fleet, instrumentation=None, on_record=records.append, failure_mode="raise")
+                      instrumentation=None, on_record=records.append, failure_mode="raise", **fleet)
         client = guard.http_client()
     await anyio.sleep(max(0.0, spec["start_at"] - time.time()))
     end = time.monotonic() + spec["duration"]
@@ -83,13 +82,14 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
                 n += 1
                 await anyio.sleep(rng.expovariate(spec["rate"]))
     finally:
+        transitions = 0
         if guard is not None:
+            store = guard.snapshot().fleet
+            transitions = store.transitions if store is not None else 0
             await guard.aclose()
-        if fleet is not None:
-            await fleet.aclose()
     attempts = sum(len(r.attempts) for r in records) if guard is not None else tally.calls
     return {"calls": tally.calls, "ok": tally.ok, "ttfts": tally.ttfts, "received_429": tally.received_429,
-            "refused": tally.refused, "attempts": attempts, "fleet_failures": fleet.failures if fleet else 0}
+            "refused": tally.refused, "attempts": attempts, "fleet_transitions": transitions}
 
 
 if __name__ == "__main__":

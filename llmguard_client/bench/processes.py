@@ -96,7 +96,7 @@ async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -
         "goodput": sum(r["ok"] for r in results) / spec["duration"],
         "ttft_p50": _quantile(ttfts, 0.5),
         "ttft_p99": _quantile(ttfts, 0.99),
-        "fleet_failures": sum(r["fleet_failures"] for r in results),
+        "fleet_transitions": sum(r["fleet_transitions"] for r in results),
     }
 
 
