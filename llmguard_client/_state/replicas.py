@@ -145,7 +145,7 @@ class ReplicaSet:
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
 
         A replica cooling down after a Retry-After gets no first attempt while another is ready, but one
-        probe per cool-down; when all are cooling, the one that frees first takes it
+        probe per cool-down; when all are cooling, the router spreads calls over them by load
         (`llmguard_client._state.cooldown`).
 
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load

@@ -71,13 +71,16 @@ def test_pick_avoids_cooling_replicas_while_others_are_ready() -> None:
     assert set(names(picks)) == {"r2"}
 
 
-def test_when_every_replica_is_cooling_the_one_that_frees_first_takes_the_call() -> None:
+def test_when_every_replica_is_cooling_the_router_spreads_the_calls_by_load() -> None:
+    """Every replica cooling is overload of them all: the rule steps aside, and no replica gets every call."""
     rs = replica_set(3)
     r0, r1, r2 = rs.states
     rs.cool_down(r0, NOW, 9.0)
     rs.cool_down(r1, NOW, 3.0)
     rs.cool_down(r2, NOW, 6.0)
-    assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
+    r1.in_flight = 5
+    picks = names([rs.pick(NOW + 1) for _ in range(4)])
+    assert "r1" not in picks and set(picks) == {"r0", "r2"}
 
 
 def test_cooling_replicas_that_free_together_share_the_calls() -> None:
