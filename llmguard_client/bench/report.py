@@ -14,7 +14,7 @@ from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.runner import COUNTERS_NOTE, ClientRun, CountersMode
 from llmguard_client.bench.summary import LATENCY_KEYS, SLO, ClientSummary, latency, ratio, summarize
 from llmguard_client.bench.traffic import TrafficPlan
-from llmguard_client.bench.validity import invalid_reason
+from llmguard_client.bench.validity import invalid_reason, left_out
 from llmguard_client.bench.verdict import interpret
 
 __all__ = ["BenchReport"]
@@ -34,10 +34,13 @@ class BenchReport:
     summaries: list[ClientSummary] = field(init=False)
     invalid: str | None = field(init=False)
     """Why the run is INVALID (its load generator fell behind plan), or None; an invalid run has no verdict."""
+    left_out: dict[str, float] = field(init=False)
+    """Baselines left out of the comparison (their load generator fell behind plan): name -> seconds behind."""
 
     def __post_init__(self) -> None:
         self.summaries = [summarize(r, self.slo, self.tier) for r in self.runs]
         self.invalid = invalid_reason(self.runs, self.tier)
+        self.left_out = left_out(self.runs, self.tier)
 
     def summary(self, client: str) -> ClientSummary | None:
         return next((s for s in self.summaries if s.client == client), None)
@@ -69,7 +72,11 @@ class BenchReport:
         """client -> its verdict, for every client but plain; empty when the run is invalid or has no plain."""
         if self.baseline is None or self.invalid is not None:
             return {}
-        return {s.client: self.interpretation(s.client) for s in self.summaries if s.client != "plain"}
+        return {
+            s.client: self.interpretation(s.client)
+            for s in self.summaries
+            if s.client != "plain" and s.client not in self.left_out
+        }
 
     def to_dict(self, *, samples: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {

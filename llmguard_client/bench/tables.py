@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING
 from llmguard_client.bench.formatting import fmt_count, fmt_pct, fmt_s, fmt_x
 from llmguard_client.bench.runner import COUNTERS_NOTE
 from llmguard_client.bench.summary import ClientSummary
+from llmguard_client.bench.validity import tolerance
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -187,8 +188,6 @@ def _preamble(report: BenchReport) -> Table:
 
 def _on_plan(report: BenchReport) -> str:
     """How far the load generator fell behind plan, against the tolerance (`llmguard_client.bench.validity`)."""
-    from llmguard_client.bench.validity import tolerance
-
     if report.plan.mode == "closed" or not report.runs:
         return ""
     behind = max(r.behind for r in report.runs)
@@ -210,6 +209,10 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
     for s in report.summaries:
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
+    for client, behind in report.left_out.items():
+        console.print(hanging("[yellow]left out[/yellow]", [
+            f"{client}: its load generator fell behind plan by {behind:.2f} s (over {tolerance(report.tier):.2f} s), "
+            "so its figures above describe a starved generator; it is not compared below"]))
     if report.invalid is not None:
         console.print(hanging("[bold red]=>[/bold red]", [report.interpretation()]))
     else:

@@ -18,6 +18,7 @@ from llmguard_client.bench.changes import NOISE, Change, changes, load_change
 from llmguard_client.bench.formatting import fmt_pct, fmt_ratio, fmt_s
 from llmguard_client.bench.measure import TierSpec
 from llmguard_client.bench.summary import ClientSummary, ratio
+from llmguard_client.bench.validity import is_baseline, no_verdict
 
 
 class Judged(Protocol):
@@ -25,6 +26,7 @@ class Judged(Protocol):
 
     summaries: list[ClientSummary]
     invalid: str | None
+    left_out: dict[str, float]
     scenario: str | None
     tier: TierSpec
 
@@ -46,16 +48,11 @@ __all__ = [
 ]
 
 
-def is_baseline(client: str) -> bool:
-    """plain, openai-default, naive-retry...: every client that is not the guard."""
-    return not (client.startswith("guarded") or client == "rollout")
-
-
 def baselines_for(report: Judged, g: ClientSummary) -> list[ClientSummary]:
     """What ``g`` is judged against: every baseline for a guarded client, plain for a baseline."""
     if is_baseline(g.client):
         return [b for b in (report.baseline,) if b is not None and b is not g]
-    return [s for s in report.summaries if is_baseline(s.client)]
+    return [s for s in report.summaries if is_baseline(s.client) and s.client not in report.left_out]
 
 
 def against_best(g: ClientSummary, baselines: Sequence[ClientSummary]) -> list[Change]:
@@ -139,8 +136,6 @@ def deadline_trade(g: ClientSummary, baselines: Sequence[ClientSummary], tier: T
 def interpret(report: Judged, client: str | None = None) -> str:
     """The verdict on ``client`` (default: `pick_challenger`); no verdict when the run is invalid."""
     if report.invalid is not None:
-        from llmguard_client.bench.validity import no_verdict
-
         return no_verdict(report.invalid)
     g = report.summary(client) if client is not None else pick_challenger(report)
     baselines = baselines_for(report, g) if g is not None else []

@@ -98,11 +98,27 @@ def test_the_header_says_what_the_scenario_models_and_how_far_the_generator_fell
 
 def test_an_invalid_run_is_marked_at_the_top_and_has_no_verdict() -> None:
     bad = runs(FOUR)
-    bad[2].behind = 18.06
+    bad[3].behind = 18.06
     out = io.StringIO()
     render(make_report("stragglers", bad), Console(file=out, width=80, highlight=False))
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80
-    assert lines[1].startswith("INVALID the load generator fell behind plan by up to 18.06 s (naive-retry)")
+    assert lines[1].startswith("INVALID the load generator fell behind plan by up to 18.06 s (guarded)")
     text = " ".join(out.getvalue().split())
     assert "=> NO VERDICT: this run is INVALID" in text and "=> guarded" not in text
+
+
+def test_a_baseline_whose_generator_fell_behind_is_left_out_and_the_run_keeps_its_verdict() -> None:
+    """A retrying baseline can starve its own replay under overload; plain and guarded ran on plan."""
+    lagging = runs(FOUR)
+    assert lagging[2].name == "naive-retry"
+    lagging[2].behind = 1.8
+    report = make_report("stragglers", lagging)
+    assert report.invalid is None and report.left_out == {"naive-retry": 1.8}
+    assert set(report.verdicts()) == {"openai-default", "guarded"}
+    assert "naive-retry" not in report.verdicts()["guarded"]
+    out = io.StringIO()
+    render(report, Console(file=out, width=80, highlight=False))
+    text = " ".join(out.getvalue().split())
+    assert "left out naive-retry: its load generator fell behind plan by 1.80 s (over 0.50 s)" in text
+    assert "=> guarded" in text and "INVALID the load generator" not in text
