@@ -8,6 +8,7 @@ calls refused by the guard's rate limit, and attempts sent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
@@ -68,9 +69,12 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         guard = Guard(urls, tiers={"bench": Tier(ttft=spec["ttft"], total=spec["total"])}, rate_limit=limit,
                       instrumentation=None, on_record=records.append, failure_mode="raise", **fleet)
         client = guard.http_client()
-    await anyio.sleep(max(0.0, spec["start_at"] - time.time()))
-    end = time.monotonic() + spec["duration"]
-    try:
+    transitions = 0
+    async with contextlib.AsyncExitStack() as stack:
+        if guard is not None:  # its fleet store connects now, while the processes wait for their common start
+            await stack.enter_async_context(guard)
+        await anyio.sleep(max(0.0, spec["start_at"] - time.time()))
+        end = time.monotonic() + spec["duration"]
         async with client, anyio.create_task_group() as tg:
             n = 0
             while time.monotonic() < end:
@@ -81,12 +85,8 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
                 tg.start_soon(_one, client, urls[n % len(urls)] + "/v1/chat/completions", body, tally)
                 n += 1
                 await anyio.sleep(rng.expovariate(spec["rate"]))
-    finally:
-        transitions = 0
-        if guard is not None:
-            store = guard.snapshot().fleet
-            transitions = store.transitions if store is not None else 0
-            await guard.aclose()
+        store = guard.snapshot().fleet if guard is not None else None
+        transitions = store.transitions if store is not None else 0
     attempts = sum(len(r.attempts) for r in records) if guard is not None else tally.calls
     return {"calls": tally.calls, "ok": tally.ok, "ttfts": tally.ttfts, "received_429": tally.received_429,
             "refused": tally.refused, "attempts": attempts, "fleet_transitions": transitions}
