@@ -176,14 +176,14 @@ OPENSSL = shutil.which("openssl")
 
 
 def tls_supported() -> bool:
-    """Whether the installed ``redis-server`` was built with TLS: one built without it refuses ``--tls-port``
-    outright, one built with it asks for the key file first."""
+    """Whether the installed ``redis-server`` was built with TLS: given ``--tls-port`` without certificates, one
+    built with it says "No tls-cert-file configured!", one built without it refuses TLS altogether."""
     if REDIS_SERVER is None:
         return False
     probe = subprocess.run(
         [REDIS_SERVER, "--port", "0", "--tls-port", str(_free_port())], capture_output=True, timeout=10, check=False
     )
-    return b"tls-key-file" in probe.stdout + probe.stderr
+    return b"No tls-cert-file configured" in probe.stdout + probe.stderr
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:

@@ -7,6 +7,7 @@ import pytest
 
 from llmguard_client import Guard
 from llmguard_client._state.fleet import parse_fleet_url
+from llmguard_client._state.fleet.url import redact_text
 from llmguard_client.errors import GuardConfigError
 
 REPLICAS = ["http://127.0.0.1:9"]
@@ -55,3 +56,35 @@ def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_befor
     fleet = guard.snapshot().fleet
     assert fleet is not None and fleet.state == "idle" and fleet.url == "redis://:***@10.255.255.1:6379/0"
     guard.close()
+
+
+def test_a_tls_address_keeps_its_tls_options() -> None:
+    tls = parse_fleet_url("rediss://:hunter2@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required")
+    assert tls.url == "rediss://:hunter2@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required"
+    assert tls.redacted == "rediss://:***@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required"
+    cluster = parse_fleet_url("rediss+cluster://node1:7000?ssl_check_hostname=false&ssl_certfile=/c&ssl_keyfile=/k")
+    assert cluster.cluster and cluster.url.startswith("rediss://node1:7000?ssl_check_hostname=false")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://:hunter2@host:6379/0?ssl_ca_certs=/ca.pem", "only a TLS address"),
+        ("rediss://:hunter2@host:6380/0?socket_timeout=30", "'socket_timeout'; accepted: ssl_ca_certs"),
+        ("rediss://host:6380/0?password=hunter2", "'password'; accepted"),
+        ("rediss://:hunter2@host:6380/0?ssl_cert_reqs=maybe", "optional or none"),
+        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=", "a CA bundle"),
+        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=/a&ssl_ca_certs=/b", "twice"),
+    ],
+)
+def test_a_query_parameter_that_redis_py_would_not_take_is_refused(url: str, says: str) -> None:
+    with pytest.raises(GuardConfigError, match=says) as raised:
+        parse_fleet_url(url)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_errors_are_masked_whether_the_password_shows_encoded_or_decoded() -> None:
+    fleet = parse_fleet_url("redis://:p%40ss%3Aword@host:6379/0")
+    assert fleet.password == "p@ss:word"  # what redis-py sends
+    text = redact_text("AUTH p@ss:word failed for redis://:p%40ss%3Aword@host:6379/0 (p%40ss%3Aword)", fleet)
+    assert "p@ss" not in text and "p%40ss" not in text, text
