@@ -2,8 +2,11 @@
 
 `RedisCluster` starts three ``redis-server --cluster-enabled yes`` processes in a temporary directory, joins
 them with ``redis-cli --cluster create ... --cluster-replicas 0`` and waits until every node reports
-``cluster_state:ok``. The ``redis_cluster`` fixture shares one per test process (an xdist worker) and flushes it
-before each test; it is always stopped at the end of the session.
+``cluster_state:ok``. Where ``redis-server`` has TLS, every node also listens on a TLS port and the cluster bus
+runs over TLS (``rediss+cluster://``), so one cluster serves both. The ``redis_cluster`` fixture shares one per
+test process (an xdist worker) and flushes it before each test; it is always stopped at the end of the session.
+Startup takes about 2 s, most of it Redis's own: a cluster master waits 2 s after starting before it reports
+``cluster_state:ok`` (``CLUSTER_WRITABLE_DELAY`` in Redis's cluster code).
 
 `TLSRedisServer` runs one ``redis-server --tls-port`` (no plain port) with a throwaway CA and server certificate
 made with the ``openssl`` command.
@@ -82,7 +85,10 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline: float)
 class RedisCluster:
     """Three masters on 127.0.0.1 (no replicas), every slot assigned (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TLSFiles | None = None) -> None:
+        self.tls = tls
+        """With certificates: every node also listens for TLS (`tls_ports`) and the cluster bus runs over TLS."""
+        self.tls_ports = [_free_port() for _ in range(MASTERS)] if tls is not None else []
         self.ports = [_free_port() for _ in range(MASTERS)]
         self.bus_ports = [_free_port() for _ in range(MASTERS)]
         """Cluster bus ports, chosen rather than the default port + 10000 (which may be taken or past 65535)."""
@@ -96,6 +102,12 @@ class RedisCluster:
         """The fleet URL naming the first node (the client discovers the others)."""
         return f"redis+cluster://127.0.0.1:{self.ports[0]}"
 
+    @property
+    def tls_url(self) -> str:
+        """The ``rediss+cluster://`` URL naming the first node's TLS port, with the test CA."""
+        assert self.tls is not None
+        return f"rediss+cluster://127.0.0.1:{self.tls_ports[0]}?ssl_ca_certs={self.tls.ca}"
+
     def start(self) -> None:
         assert REDIS_SERVER is not None and REDIS_CLI is not None
         began = time.monotonic()
@@ -106,6 +118,9 @@ class RedisCluster:
                 args += ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
                 args += ["--cluster-config-file", f"nodes-{port}.conf"]
                 args += ["--cluster-node-timeout", "5000", "--dir", self._dir.name]
+                if self.tls is not None:
+                    args += ["--tls-port", str(self.tls_ports[len(self.processes)]), "--tls-cluster", "yes"]
+                    args += self.tls.server_args()
                 self.processes.append(
                     subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self._dir.name)
                 )
@@ -153,9 +168,17 @@ def _require_cluster_tools() -> None:
 
 
 @pytest.fixture(scope="session")
-def _shared_cluster() -> Iterator[RedisCluster]:
+def _tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles | None:
+    """One CA and server certificate per test process (None: this redis-server has no TLS, or no openssl)."""
+    if REDIS_SERVER is None or OPENSSL is None or not tls_supported():
+        return None
+    return TLSFiles(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster(_tls_files: TLSFiles | None) -> Iterator[RedisCluster]:
     _require_cluster_tools()
-    cluster = RedisCluster()
+    cluster = RedisCluster(_tls_files)
     cluster.start()
     try:
         yield cluster
@@ -165,7 +188,8 @@ def _shared_cluster() -> Iterator[RedisCluster]:
 
 @pytest.fixture
 def redis_cluster(_shared_cluster: RedisCluster) -> RedisCluster:
-    """This test process's 3-master Redis Cluster, emptied before the test."""
+    """This test process's 3-master Redis Cluster, emptied before the test: plain ports (`RedisCluster.url`) and,
+    where the build has TLS, TLS ports too (`RedisCluster.tls_url`; the cluster bus then runs over TLS)."""
     _shared_cluster.flush()
     return _shared_cluster
 
@@ -193,7 +217,7 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     ca, ca_key = directory / "ca.pem", directory / "ca.key"
     cert, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
     ext = directory / "server.ext"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     steps = [
         ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=llmguard test CA"],
@@ -206,13 +230,28 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
+class TLSFiles:
+    """A throwaway CA and a server certificate signed by it (`make_certificates`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca, self.cert, self.key = make_certificates(directory)
+
+    def server_args(self) -> list[str]:
+        """``redis-server`` options serving these (clients need no certificate of their own)."""
+        return [
+            *("--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key)),
+            *("--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no"),
+        ]
+
+
 class TLSRedisServer:
     """One ``redis-server`` answering only TLS on 127.0.0.1 (no plain port), with a password."""
 
-    def __init__(self, directory: Path, password: str) -> None:
+    def __init__(self, files: TLSFiles, password: str) -> None:
         self.port = _free_port()
         self.password = password
-        self.ca, self.cert, self.key = make_certificates(directory)
+        self.files = files
+        self.ca = self.files.ca
         self.process: subprocess.Popen[bytes] | None = None
 
     def url(self, password: str | None = None, **query: str) -> str:
@@ -223,8 +262,7 @@ class TLSRedisServer:
     def start(self) -> None:
         assert REDIS_SERVER is not None
         args = [REDIS_SERVER, "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key)]
-        args += ["--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no"]
+        args += self.files.server_args()
         args += ["--requirepass", self.password, "--save", "", "--appendonly", "no"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_port(self.port, self.process, time.monotonic() + 10.0)
@@ -237,12 +275,12 @@ class TLSRedisServer:
 
 
 @pytest.fixture
-def redis_tls(tmp_path: Path) -> Iterator[TLSRedisServer]:
+def redis_tls(_tls_files: TLSFiles | None) -> Iterator[TLSRedisServer]:
     """A private TLS-only ``redis-server`` with password ``tls-secret`` (skips where the build has no TLS)."""
     _require_redis()
-    if OPENSSL is None or not tls_supported():
+    if _tls_files is None:
         pytest.skip("this redis-server build has no TLS support (or openssl is missing)")
-    server = TLSRedisServer(tmp_path, "tls-secret")
+    server = TLSRedisServer(_tls_files, "tls-secret")
     try:
         server.start()
         yield server

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.redis_cluster import _shared_cluster, redis_cluster, redis_tls
+from tests.redis_cluster import _shared_cluster, _tls_files, redis_cluster, redis_tls
 
-__all__ = ["_shared_cluster", "redis_cluster", "redis_tls"]
+__all__ = ["_shared_cluster", "_tls_files", "redis_cluster", "redis_tls"]

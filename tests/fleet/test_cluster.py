@@ -26,7 +26,9 @@ REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1", "http://127.0.0.1:
 
 def guard(url: str, **kwargs: object) -> Guard:
     g = Guard(REPLICAS, fleet=url, name="checkout", hedge=None, **kwargs)  # type: ignore[arg-type]
-    store(g).op_timeout = 2.0  # generous: a busy machine must not make an admission fail open
+    # Generous bounds: on a busy machine, an admission or the first connection to three nodes (TLS handshakes
+    # included) must not fail open; failing open is tested elsewhere.
+    store(g).op_timeout, store(g).connect_timeout = 2.0, 5.0
     return g
 
 
@@ -171,3 +173,25 @@ async def test_the_rollout_command_reaches_a_running_guard(
         assert "no fleet-wide rollout set" in await anyio.to_thread.run_sync(rollout, "get")
     finally:
         await g.aclose()
+
+
+async def test_a_tls_cluster_shares_a_cool_down_and_a_bucket(redis_cluster: RedisCluster) -> None:
+    """``rediss+cluster://`` with the CA in the URL: the client discovers the other nodes' TLS ports."""
+    if redis_cluster.tls is None:
+        pytest.skip("this redis-server build has no TLS support (or openssl is missing)")
+    limit = RateLimit(requests_per_minute=6, burst=10.0)  # 1 request, one more every 10 s
+    a, b = guard(redis_cluster.tls_url, rate_limit=limit), guard(redis_cluster.tls_url, rate_limit=limit)
+    try:
+        await connected(a, b)
+        a._replica_set.cool_down(states(a)[2], anyio.current_time(), 30.0)
+        await until(lambda: states(b)[2].cooling(anyio.current_time()))
+        assert a.rate_limiter is not None and b.rate_limiter is not None
+        assert (await a.rate_limiter.admit(REPLICAS[0], 1, 0.0)).admitted
+        assert (await b.rate_limiter.admit(REPLICAS[0], 1, 0.0)).retry_after == pytest.approx(10.0, abs=0.1)
+        fleet = b.snapshot().fleet
+        assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
+        assert fleet.url == redis_cluster.tls_url
+        assert {n.port for n in store(b)._client.get_nodes()} == set(redis_cluster.tls_ports)  # type: ignore[union-attr]
+    finally:
+        for g in (a, b):
+            await g.aclose()

@@ -3,6 +3,8 @@ what is wrong and what is accepted, with the password masked; a well-formed unre
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmguard_client import Guard
@@ -58,12 +60,16 @@ def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_befor
     guard.close()
 
 
-def test_a_tls_address_keeps_its_tls_options() -> None:
-    tls = parse_fleet_url("rediss://:hunter2@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required")
-    assert tls.url == "rediss://:hunter2@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required"
-    assert tls.redacted == "rediss://:***@host:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required"
-    cluster = parse_fleet_url("rediss+cluster://node1:7000?ssl_check_hostname=false&ssl_certfile=/c&ssl_keyfile=/k")
-    assert cluster.cluster and cluster.url.startswith("rediss://node1:7000?ssl_check_hostname=false")
+def test_a_tls_address_keeps_its_tls_options(tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "client.pem", "client.key"))
+    for path in (ca, cert, key):
+        path.write_text("")
+    tls = parse_fleet_url(f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required")
+    assert tls.url == f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    assert tls.redacted == f"rediss://:***@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    query = f"ssl_check_hostname=false&ssl_certfile={cert}&ssl_keyfile={key}"
+    cluster = parse_fleet_url(f"rediss+cluster://node1:7000?{query}")
+    assert cluster.cluster and cluster.url == f"rediss://node1:7000?{query}"
 
 
 @pytest.mark.parametrize(
@@ -74,7 +80,8 @@ def test_a_tls_address_keeps_its_tls_options() -> None:
         ("rediss://host:6380/0?password=hunter2", "'password'; accepted"),
         ("rediss://:hunter2@host:6380/0?ssl_cert_reqs=maybe", "optional or none"),
         ("rediss://:hunter2@host:6380/0?ssl_ca_certs=", "a CA bundle"),
-        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=/a&ssl_ca_certs=/b", "twice"),
+        ("rediss://:hunter2@host:6380/0?ssl_cert_reqs=none&ssl_cert_reqs=none", "twice"),
+        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=/no/such/ca.pem", "'/no/such/ca.pem' is not a file"),
     ],
 )
 def test_a_query_parameter_that_redis_py_would_not_take_is_refused(url: str, says: str) -> None:

@@ -9,6 +9,7 @@ address is a `GuardConfigError` at construction; one that is well formed but unr
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ TLS_OPTIONS = {
 """The query parameters a ``rediss://`` address may carry: redis-py's TLS options that both its `Redis` and its
 `RedisCluster` accept. Anything else (a timeout, a password) is refused: the store sets its own timeouts, and a
 password belongs in the address's userinfo, where it is masked."""
+_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CHOICES = {
     "ssl_cert_reqs": ("required", "optional", "none"),
     "ssl_check_hostname": ("true", "false"),
@@ -130,6 +132,8 @@ def _check_query(query: str, scheme: str, shown: str) -> None:
         choices = _CHOICES.get(name)
         if (choices is not None and value.lower() not in choices) or not value:
             raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r}; expected {TLS_OPTIONS[name]}")
+        if name in _FILES and not os.path.isfile(value):
+            raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r} is not a file; expected {TLS_OPTIONS[name]}")
 
 
 def check_name(name: object) -> str:
