@@ -95,3 +95,12 @@ def test_errors_are_masked_whether_the_password_shows_encoded_or_decoded() -> No
     assert fleet.password == "p@ss:word"  # what redis-py sends
     text = redact_text("AUTH p@ss:word failed for redis://:p%40ss%3Aword@host:6379/0 (p%40ss%3Aword)", fleet)
     assert "p@ss" not in text and "p%40ss" not in text, text
+
+
+def test_a_cluster_needs_a_redis_py_with_asyncio_cluster_pub_sub(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    monkeypatch.delattr(RedisCluster, "pubsub")  # what redis-py before 8.0 looks like
+    with pytest.raises(GuardConfigError, match=r"redis-py 8.0 or later .* installed: \d"):
+        Guard(REPLICAS, fleet="redis+cluster://node1:7000", name="checkout")
+    assert not parse_fleet_url("redis://host:6379/0").cluster  # a single server needs no more than before

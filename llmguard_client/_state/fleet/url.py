@@ -9,6 +9,7 @@ address is a `GuardConfigError` at construction; one that is well formed but unr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import urllib.parse
@@ -108,8 +109,25 @@ def parse_fleet_url(url: object) -> FleetURL:
     plain = url.strip()
     if cluster:
         plain = scheme.replace("+cluster", "") + plain[len(parts.scheme) :]
+    _check_client(cluster)
     password = urllib.parse.unquote(parts.password) if parts.password else None
     return FleetURL(plain, cluster, shown, password)
+
+
+def _check_client(cluster: bool) -> None:
+    """redis-py is installed, and for a cluster recent enough: its asyncio `RedisCluster` has pub/sub only
+    from redis-py 8.0 (before, the store could never connect)."""
+    if importlib.util.find_spec("redis") is None:
+        raise GuardConfigError("fleet needs redis-py: pip install 'llmguard-client[fleet]'")
+    if cluster:
+        import redis
+        from redis.asyncio.cluster import RedisCluster
+
+        if not hasattr(RedisCluster, "pubsub"):
+            raise GuardConfigError(
+                f"a Redis Cluster fleet needs redis-py 8.0 or later (its asyncio RedisCluster has pub/sub from "
+                f"8.0 on); installed: {redis.__version__}. pip install 'redis>=8'"
+            )
 
 
 def _check_query(query: str, scheme: str, shown: str) -> None:
