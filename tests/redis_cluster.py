@@ -34,40 +34,26 @@ REDIS_CLI = shutil.which("redis-cli")
 MASTERS = 3
 
 
-def _command(port: int, *words: str, password: str | None = None, timeout: float = 5.0) -> bytes:
-    """One command over RESP on a plain socket (no client library: the fixture must not depend on what it tests)."""
-    payload = b""
-    for command in ([("AUTH", password)] if password else []) + [words]:
-        payload += f"*{len(command)}\r\n".encode()
-        for word in command:
-            data = word.encode()
-            payload += b"$%d\r\n%s\r\n" % (len(data), data)
-    expected = 2 if password else 1
+def _command(port: int, *words: str, timeout: float = 5.0) -> bytes:
+    """One command over RESP on a plain socket (no client library: the fixture must not depend on what it tests);
+    its reply, read until whole (a simple or bulk reply: enough for FLUSHALL and CLUSTER INFO)."""
+    payload = f"*{len(words)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(w), w.encode()) for w in words)
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
         conn.sendall(payload)
         reply = b""
-        while True:
+        while not _complete(reply):
             chunk = conn.recv(65536)
             if not chunk:
-                return reply
+                break
             reply += chunk
-            if _complete(reply, expected):
-                return reply
+        return reply
 
 
-def _complete(reply: bytes, replies: int) -> bool:
-    """Whether ``reply`` holds ``replies`` whole simple/bulk replies (enough for AUTH, FLUSHALL, CLUSTER INFO)."""
-    rest = reply
-    for _ in range(replies):
-        line, sep, rest = rest.partition(b"\r\n")
-        if not sep:
-            return False
-        if line.startswith(b"$") and int(line[1:]) >= 0:
-            size = int(line[1:])
-            if len(rest) < size + 2:
-                return False
-            rest = rest[size + 2 :]
-    return True
+def _complete(reply: bytes) -> bool:
+    line, sep, rest = reply.partition(b"\r\n")
+    if not sep:
+        return False
+    return not line.startswith(b"$") or int(line[1:]) < 0 or len(rest) >= int(line[1:]) + 2
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline: float) -> None:
