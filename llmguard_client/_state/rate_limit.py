@@ -199,7 +199,8 @@ return {admitted, tostring(wait), tostring(n)}
 """
 """The fleet-wide admission: refill on the server's clock, apply this process's pending corrections and the
 provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``, counting the
-admissions (``n``, returned with the decision and the wait: each process's share). KEYS[1]: the bucket's hash; ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
+admissions (``n``, returned with the decision and the wait: each process's share). KEYS[1]: the bucket's hash;
+ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
 pending adjustments (requests, tokens); reported room (requests, tokens; '' for none); the key's TTL in ms."""
 _SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
 
