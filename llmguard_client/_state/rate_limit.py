@@ -48,7 +48,7 @@ T = TypeVar("T")
 
 SHARE_WINDOW = 32
 """This process's share of the fleet's admissions is measured over its last this many admissions."""
-SHARE_MIN_SAMPLES = 4
+SHARE_MIN_SAMPLES = 8
 """Admissions seen before the share is trusted (until then the local bucket holds the whole limit)."""
 
 
@@ -241,6 +241,10 @@ class RateLimiter:
         fleet: FleetOps | None = None,
     ) -> None:
         self._fleet = fleet
+        self._clock = clock
+        on_connect = getattr(fleet, "on_connect", None)
+        if on_connect is not None:  # the Guard's FleetStore: cache the script before any call needs it
+            on_connect(_load_script)
 
         def scope(name: str, limit: RateLimit) -> _Scope:
             key = fleet.key("ratelimit", name) if fleet is not None else None
@@ -280,22 +284,25 @@ class RateLimiter:
                 reply = await redis.eval(FLEET_SCRIPT, 1, key, *args)
             return bool(int(reply[0])), float(reply[1]), float(reply[2])
 
+        sent = self._clock()
         decided = await fleet.run(op, None)
-        if decided is None:  # the store failed: the local bucket decides; what was pending goes next time
-            scope.pending = [scope.pending[0] + pending[0], scope.pending[1] + pending[1]]
-            scope.room = [_lower(a, b) for a, b in zip(scope.room, room, strict=True)]
-            return self._take_locally(scope, tokens, max_wait)
+        if decided is None:
+            # The store failed or did not answer in time: the local bucket decides. The script may have run
+            # all the same (a reply too late for a stalled event loop, a paused server that reads it when
+            # resumed), so what it carried is not sent again and this attempt is not charged twice.
+            return scope.local.take(tokens, max_wait)
         admitted, wait, count = decided
         if not admitted:
             return Grant(retry_after=wait)
         scope.admitted(count)
         scope.local.adjust(-1.0, -tokens)  # the local history, for when the store fails
-        return Grant(wait=wait)
+        # The wait runs from the script's instant, about halfway through the round trip: what is left of it.
+        return Grant(wait=max(0.0, wait - (self._clock() - sent) / 2))
 
     @staticmethod
     def _take_locally(scope: _Scope, tokens: float, max_wait: float) -> Grant:
-        """The fleet cannot decide: this process's share decides, and what it admits is charged to the fleet's
-        bucket with the next admission there (so the fleet makes up for it once the store is back)."""
+        """The fleet is not connected: this process's share decides, and what it admits is charged to the
+        fleet's bucket with the next admission there (so the fleet makes up for it once the store is back)."""
         grant = scope.local.take(tokens, max_wait)
         if grant.admitted:
             scope.pending[0] -= 1.0
@@ -329,6 +336,10 @@ class RateLimiter:
         scope = self._replicas.get(replica, self._guard)
         assert scope is not None, "applies(replica) is checked first"
         return scope
+
+
+async def _load_script(redis: Any) -> None:
+    await redis.script_load(FLEET_SCRIPT)
 
 
 async def _connected(fleet: FleetOps) -> bool:

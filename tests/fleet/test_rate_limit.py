@@ -117,7 +117,7 @@ async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[R
         assert (await limiter.admit("r", 1, 0.0)).admitted
         assert ops.failures == 2
         level = await level_of(ops, ops.key("ratelimit", "guard"), "r")
-        assert level == pytest.approx(0.0, abs=0.01)  # 2 - this one - the one admitted locally meanwhile
+        assert level == pytest.approx(1.0, abs=0.01)
     finally:
         await ops.aclose()
 
@@ -148,12 +148,12 @@ async def test_the_local_bucket_holds_this_processs_share_when_redis_goes(redis_
             assert (await mine.admit("r", 1, 0.0)).admitted
             assert (await other.admit("r", 1, 0.0)).admitted
         assert first.failures == 0
-        # Half the limit locally (10 requests, 0.5 per second), its own 8 admissions spent on it since the
-        # share was known (from its 4th): 5 left.
-        assert mine.bucket("r").levels()[0] == pytest.approx(5.0, abs=0.1)
+        # Half the limit locally (10 requests, 0.5 per second) once the share was known (at its 8th
+        # admission), its own admissions spent on it: 9 left.
+        assert mine.bucket("r").levels()[0] == pytest.approx(9.0, abs=0.1)
         server.stop()
-        admitted = [(await mine.admit("r", 1, 0.0)).admitted for _ in range(6)]
-        assert admitted == [True] * 5 + [False]
+        admitted = [(await mine.admit("r", 1, 0.0)).admitted for _ in range(10)]
+        assert admitted == [True] * 9 + [False]
         refused = await mine.admit("r", 1, 0.0)
         assert refused.retry_after == pytest.approx(2.0, abs=0.2)  # a request at half the rate: 2 s
     finally:
@@ -161,15 +161,22 @@ async def test_the_local_bucket_holds_this_processs_share_when_redis_goes(redis_
         await second.aclose()
 
 
-async def test_the_first_admission_awaits_the_stores_first_connection(redis_server: RedisServer) -> None:
+async def test_the_first_admission_awaits_the_stores_first_connection_which_loads_the_script(
+    redis_server: RedisServer,
+) -> None:
     store = FleetStore(parse_fleet_url(redis_server.url), "first", op_timeout=10.0)  # never reached here
     limiter = RateLimiter(RateLimit(requests_per_minute=600), {}, time.monotonic, store)
     admin = redis.Redis.from_url(redis_server.url)
     try:
+        await admin.script_flush()
+        await admin.config_resetstat()
         assert store.snapshot().state == "idle"
         assert (await limiter.admit("r", 1, 0.0)).admitted  # connects, then admits through the fleet
         assert store.available
         assert await admin.hget(store.key("ratelimit", "guard"), "n") == b"1"
+        stats = await admin.info("commandstats")
+        assert "cmdstat_eval" not in stats  # the script was loaded on connecting: EVALSHA found it
+        assert stats["cmdstat_evalsha"]["calls"] == 1
     finally:
         await store.aclose()
         await admin.aclose()
@@ -184,5 +191,35 @@ async def test_a_store_that_failed_to_connect_is_not_awaited(redis_factory: type
             assert await store.first_connection() is False
             assert store.snapshot().state == "degraded"
             assert (await limiter.admit("r", 1, 0.0)).admitted  # and a degraded store is not waited for
+    finally:
+        await store.aclose()
+
+
+async def test_what_a_disconnected_process_admits_is_charged_to_the_fleet_when_it_is_back(
+    redis_factory: type[RedisServer],
+) -> None:
+    server = redis_factory()
+    server.start()
+    store = FleetStore(parse_fleet_url(server.url), "back", op_timeout=2.0, backoff_initial=0.01, backoff_max=0.05)
+    limiter = RateLimiter(RateLimit(requests_per_minute=6, burst=100.0), {}, time.monotonic, store)  # 10 requests
+    try:
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # through the fleet
+        server.stop()
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # the script fails: the local bucket, charged once
+        assert store.snapshot().state == "degraded"
+        for _ in range(3):  # the store is down: the local bucket, and owed to the fleet's
+            assert (await limiter.admit("r", 1, 0.0)).admitted
+        server.start()  # empty: a full bucket
+        with anyio.fail_after(10.0):
+            while not store.available:  # noqa: ASYNC110 (polled state has no event)
+                await anyio.sleep(0.01)
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+        admin = redis.Redis.from_url(server.url)
+        try:
+            raw = await admin.hget(store.key("ratelimit", "guard"), "r")
+        finally:
+            await admin.aclose()
+        assert raw is not None
+        assert float(raw) == pytest.approx(10 - 3 - 1, abs=0.05)  # the 3 owed, then this one
     finally:
         await store.aclose()
