@@ -11,7 +11,8 @@ call asks Redis (one script call per attempt) and the local Guard's asks its own
 per phase, the extra wait Redis can cause: each fleet admission's own duration (its longest, how many took at
 least the store's 50 ms operation timeout) and the fleet call's latency minus its paired local call's, checked
 against the bound of the operation timeout + 5 ms, beside the longest stall of the event loop itself in the
-phase (a loaded machine delays every await, the timeout's own wake-up included).
+phase (a loaded machine delays every await, the timeout's own wake-up included), and the longest admission
+less the event-loop stalls within it: the part Redis can be blamed for, which the verdict checks.
 
     python -m benchmarks.fleet_faults [--phase 3.0] [--rate-limit]
 """
@@ -55,9 +56,9 @@ OP_TIMEOUT_MS = 50.0
 NEVER_BINDS = RateLimit(requests_per_minute=6_000_000, tokens_per_minute=6_000_000_000)
 
 
-def timed_admissions(guard: Guard) -> list[float]:
-    """Record how long each of ``guard``'s rate-limit admissions took (seconds), in order."""
-    durations: list[float] = []
+def timed_admissions(guard: Guard) -> list[tuple[float, float]]:
+    """Record when each of ``guard``'s rate-limit admissions started and ended (monotonic seconds), in order."""
+    durations: list[tuple[float, float]] = []
     limiter = guard.rate_limiter
     if limiter is None:
         return durations
@@ -68,7 +69,7 @@ def timed_admissions(guard: Guard) -> list[float]:
         try:
             return await admit(replica, tokens, max_wait)
         finally:
-            durations.append(time.monotonic() - start)
+            durations.append((start, time.monotonic()))
 
     limiter.admit = timed  # type: ignore[method-assign]
     return durations
@@ -82,6 +83,13 @@ async def loop_stalls(stalls: list[tuple[float, float]]) -> None:
         await anyio.sleep(0.005)
         now = time.monotonic()
         stalls.append((now, now - start - 0.005))
+
+
+def redis_share(start: float, end: float, stalls: list[tuple[float, float]]) -> float:
+    """Seconds of the admission ``[start, end]`` not spent in a stall of the event loop (a probe that woke at
+    ``when``, ``late`` seconds late, saw the loop stalled over ``[when - late, when]``): what Redis can own."""
+    stalled = sum(max(0.0, min(end, when) - max(start, when - late)) for when, late in stalls if late > 0.001)
+    return max(0.0, end - start - stalled)
 
 
 async def main(phase: float, rate_limited: bool) -> None:
@@ -131,16 +139,19 @@ async def main(phase: float, rate_limited: bool) -> None:
                         f"{quantile(lat, 0.99):.1f} | {max(lat):.1f} |"
                     )
                 if rate_limited:
-                    own = [t * 1000 for t in admissions[first:]]
+                    spans = admissions[first:]
+                    own = [(end - start) * 1000 for start, end in spans]
+                    redis_part = [redis_share(start, end, stalls) * 1000 for start, end in spans]
                     paired = zip(results["fleet"], results["local"], strict=True)
                     pairs = [(f - lo) * 1000 for (f, _), (lo, _) in paired]
                     worst = max(own)
                     slow = sum(1 for t in own if t >= OP_TIMEOUT_MS)
-                    verdict = "yes" if worst <= OP_TIMEOUT_MS + 5 else "no"
+                    blamed = max(redis_part)
+                    verdict = "yes" if blamed <= OP_TIMEOUT_MS + 5 else "no"
                     stall = max((late * 1000 for when, late in stalls if when >= began), default=0.0)
                     extra.append(
                         f"| {name} | {len(own)} | {quantile(own, 0.5):.2f} | {worst:.1f} | {slow} | "
-                        f"{quantile(pairs, 0.99):.1f} | {max(pairs):.1f} | {stall:.1f} | {verdict} |"
+                        f"{quantile(pairs, 0.99):.1f} | {max(pairs):.1f} | {stall:.1f} | {blamed:.1f} | {verdict} |"
                     )
 
             async def back(name: str, repair: Callable[[], None]) -> None:
@@ -150,7 +161,9 @@ async def main(phase: float, rate_limited: bool) -> None:
                     await anyio.sleep(0.005)
                 resyncs.append(f"{name}: connected and resynced {time.monotonic() - start:.2f} s after Redis returned")
 
-            assert state() == "connected"
+            with anyio.fail_after(30):  # a busy machine may have stalled a warm-up call past the op timeout
+                while state() != "connected":  # noqa: ASYNC110 (polled state has no event)
+                    await anyio.sleep(0.005)
             await run("steady")
             store.stop()
             await run("killed")
@@ -174,9 +187,9 @@ async def main(phase: float, rate_limited: bool) -> None:
         print(
             f"| phase | fleet admissions | admission p50 ms | admission max ms "
             f"| admissions >= {OP_TIMEOUT_MS:.0f} ms | fleet - local p99 ms | fleet - local max ms "
-            f"| longest event-loop stall ms | admission within {OP_TIMEOUT_MS + 5:.0f} ms |"
+            f"| longest event-loop stall ms | admission less stalls, max ms | within {OP_TIMEOUT_MS + 5:.0f} ms |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(extra))
     print("\n".join(resyncs))
     print(f"fleet snapshot at the end: {snap}")
