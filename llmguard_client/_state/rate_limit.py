@@ -287,10 +287,12 @@ class RateLimiter:
         sent = self._clock()
         decided = await fleet.run(op, None)
         if decided is None:
-            # The store failed or did not answer in time: the local bucket decides. The script may have run
-            # all the same (a reply too late for a stalled event loop, a paused server that reads it when
-            # resumed), so what it carried is not sent again and this attempt is not charged twice.
-            return scope.local.take(tokens, max_wait)
+            # The store failed or did not answer in time: the local bucket decides. Whether the script ran is
+            # unknown (a reply too late for a starved event loop, or never sent), so the conservative side is
+            # taken: charges go again with the next admission, refunds do not, and this attempt is owed too.
+            scope.pending = [now + min(0.0, before) for now, before in zip(scope.pending, pending, strict=True)]
+            scope.room = [_lower(a, b) for a, b in zip(scope.room, room, strict=True)]
+            return self._take_locally(scope, tokens, max_wait)
         admitted, wait, count = decided
         if not admitted:
             return Grant(retry_after=wait)
@@ -301,8 +303,8 @@ class RateLimiter:
 
     @staticmethod
     def _take_locally(scope: _Scope, tokens: float, max_wait: float) -> Grant:
-        """The fleet is not connected: this process's share decides, and what it admits is charged to the
-        fleet's bucket with the next admission there (so the fleet makes up for it once the store is back)."""
+        """The fleet cannot decide: this process's share decides, and what it admits is charged to the fleet's
+        bucket with the next admission there (so the fleet makes up for it once the store is back)."""
         grant = scope.local.take(tokens, max_wait)
         if grant.admitted:
             scope.pending[0] -= 1.0
