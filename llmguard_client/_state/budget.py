@@ -29,12 +29,15 @@ class FleetBudgetSnapshot:
     """Seconds since that read (None: never read)."""
     syncs: int
     """Completed syncs: this process's counts added to the fleet's and the totals read back."""
+    processes: int
+    """Processes of the fleet syncing a budget, as last read: each may spend its share of what the fleet has left
+    (``level`` is this process's share, plus what its own calls since the read earned)."""
 
 
 class SharedWindow(Protocol):
     """What a fleet-scoped budget consults (``llmguard_client._state.fleet.budget_sync``)."""
 
-    def totals(self) -> tuple[int, int] | None:
+    def totals(self) -> tuple[float, float] | None:
         """(requests, extras) of the fleet in the window, this process's unsynced ones included; None: the
         fleet's totals are not in force (the budget decides on its own window)."""
 
@@ -311,7 +314,7 @@ class RetryBudget:
                 requests += bucket.requests
         return requests, extras
 
-    def _counts(self, now: float) -> tuple[int, int]:
+    def _counts(self, now: float) -> tuple[float, float]:
         """What the budget decides on: the fleet's totals while they are in force, else its own window."""
         shared = self._shared
         if shared is not None:

@@ -50,7 +50,19 @@ def _count(value: object) -> int:
 class FleetShare:
     """One budget's link to the fleet: what it sent so far, and the totals it read last."""
 
-    __slots__ = ("budget", "extras", "granularity", "prefix", "read_at", "requests", "sent", "store", "syncs")
+    __slots__ = (
+        "budget",
+        "extras",
+        "granularity",
+        "prefix",
+        "processes",
+        "rank",
+        "read_at",
+        "requests",
+        "sent",
+        "store",
+        "syncs",
+    )
 
     def __init__(self, budget: RetryBudget, store: FleetStore, label: str) -> None:
         self.budget = budget
@@ -60,20 +72,28 @@ class FleetShare:
         self.sent = (budget.requests, budget.spent)
         """The budget's lifetime (requests, extras) already added to the fleet's counters."""
         self.requests = self.extras = 0
+        self.processes = 1
+        """Processes of the fleet that synced a budget lately (this one included), as last read."""
+        self.rank = 0
+        """This process's place among them, by id."""
         self.read_at: float | None = None
         self.syncs = 0
         budget.share(self)
 
     # --- read by the budget on every decision (the hot path: no I/O) ------------------------
 
-    def totals(self) -> tuple[int, int] | None:
+    def totals(self) -> tuple[float, float] | None:
         if self.read_at is None or not self.store.available:
             return None
         budget, (sent_requests, sent_extras) = self.budget, self.sent
-        return (
-            self.requests + budget.requests - sent_requests,
-            self.extras + budget.spent - sent_extras,
-        )
+        requests, extras = self.requests, self.extras
+        headroom = budget.ratio * requests + budget.floor - extras  # what the fleet had left at the read
+        if headroom >= self.processes:
+            share = headroom / self.processes
+        else:  # less than one each: one to each of the first processes (by id) while they last
+            share = 1.0 if self.rank < math.floor(headroom) else 0.0
+        held = max(0.0, headroom - share)  # the other processes' shares: spent as extras here
+        return requests + budget.requests - sent_requests, extras + held + budget.spent - sent_extras
 
     def view(self) -> FleetBudgetSnapshot:
         age = None if self.read_at is None else max(0.0, time.time() - self.read_at)
@@ -83,6 +103,7 @@ class FleetShare:
             window_extras=self.extras,
             age=age,
             syncs=self.syncs,
+            processes=self.processes,
         )
 
     # --- the sync, in the store's background task ------------------------------------------
@@ -107,7 +128,7 @@ class FleetShare:
             pipe.hmget(self.prefix + str(b), ["c", "x"])
         return added
 
-    def read(self, replies: Sequence[object], now: float) -> None:
+    def read(self, replies: Sequence[object], now: float, processes: int, rank: int) -> None:
         """Take the window's totals from the replies of the reads `queue` added (oldest bucket first)."""
         requests = extras = 0
         for i, reply in enumerate(replies):
@@ -117,6 +138,7 @@ class FleetShare:
                 requests += _count(c)
         # Counted since `queue` ran are still unsynced: `totals` adds them on top of these.
         self.requests, self.extras = max(0, requests), max(0, extras)
+        self.processes, self.rank = max(1, processes), rank
         self.read_at = now
         self.syncs += 1
 
@@ -130,6 +152,9 @@ class FleetBudgetSync:
         self.store = store
         self.shares: list[FleetShare] = []
         self._wall = wall
+        self.interval = interval
+        self.members = store.key("budget", "{" + store.name + "}", "processes")
+        """A sorted set: each process's id, scored with the wall time of its last sync."""
         store.every(interval, self.sync)
 
     def add(self, budget: RetryBudget, label: str) -> FleetShare:
@@ -142,12 +167,20 @@ class FleetBudgetSync:
         """One round trip: add every budget's counts since the last sync, read the fleet's totals back."""
         now = self._wall()
         pipe = client.pipeline(transaction=False)
+        gone = max(1.0, 5 * self.interval)
+        pipe.zadd(self.members, {self.store.origin: now})
+        pipe.zremrangebyscore(self.members, "-inf", now - gone)
+        pipe.zrange(self.members, 0, -1)
+        pipe.pexpire(self.members, math.ceil(gone * 1000))
         spans = []
         for share in self.shares:
             added = share.queue(pipe, now)
             spans.append((added, added + BUCKETS_PER_WINDOW + 1))
         replies = await pipe.execute()
-        offset = 0
+        members = replies[2] if isinstance(replies[2], list) else []
+        ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        rank = ids.index(self.store.origin) if self.store.origin in ids else 0
+        offset = 4
         for share, (start, end) in zip(self.shares, spans, strict=True):
-            share.read(replies[offset + start : offset + end], now)
+            share.read(replies[offset + start : offset + end], now, len(ids), rank)
             offset += end
