@@ -76,8 +76,9 @@ def _serve(queue: Any) -> None:
 
 
 async def _call(client: httpx.AsyncClient, url: str, call: str) -> bool:
-    response = await client.post(url + "/v1/chat/completions", json={"model": "m", "messages": []},
-                                 headers={"x-call": call})
+    response = await client.post(
+        url + "/v1/chat/completions", json={"model": "m", "messages": []}, headers={"x-call": call}
+    )
     return response.status_code == 200
 
 

@@ -149,6 +149,9 @@ class RetryBudget:
     The price is that up to one bucket (10 % of the window) of requests may go uncredited, so the
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
+    With ``share`` (``BudgetPolicy(scope="fleet")``) the budget decides on the fleet's totals whenever they are
+    in force, and keeps its own window for when they are not.
+
     Meant for a single event loop: no locks. ``clock`` must be non-decreasing (a clock that goes
     backwards is treated as standing still). Other threads (a metrics exporter) read only
     :meth:`published_level`.

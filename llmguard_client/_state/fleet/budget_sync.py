@@ -13,9 +13,12 @@ fleet's time-bucketed counters and reads the fleet's totals of the window back:
   window, extra attempts from every bucket that overlaps it.
 
 Between two syncs a budget decides on the fleet's totals as last read plus its own unsynced counts
-(`FleetShare.totals`). While the store is not connected it decides on its own window, exactly as a
-``scope="process"`` budget. A process that was cut off for more than a window drops what it counted meanwhile
-instead of adding it to the current bucket. The keys hold two counts each: nothing about a call, user or prompt.
+(`FleetShare.totals`), spending only its share of the headroom it read: divided by the processes that synced
+lately (a sorted set ``...:{name}:processes`` of their ids, scored by their last sync), or, below one attempt
+each, one attempt to each of the first processes by id while they last. While the store is not connected it
+decides on its own window, exactly as a ``scope="process"`` budget. A process that was cut off for more than a
+window drops what it counted meanwhile instead of adding it to the current bucket. The keys hold counts and
+opaque process ids: nothing about a call, user or prompt.
 Buckets come from each host's wall clock: hosts whose clocks disagree by a good part of a bucket (1 s with the
 default 10 s window) count their calls a bucket early or late.
 """
