@@ -147,7 +147,7 @@ class FleetStore:
             return False
         with anyio.move_on_after(self.op_timeout):
             await settled.wait()
-        return self._state == "connected"
+        return self.available  # (re-read: the wait may have changed the state)
 
     # --- for the parts that share through the store -----------------------------------------
 
