@@ -8,11 +8,13 @@ import math
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 import httpx
 import pytest
 import redis.asyncio as redis
 
 from llmguard_client import PhaseRecord, RateLimit, RetryPolicy, Tier
+from llmguard_client._state.fleet import FleetStore, parse_fleet_url
 from llmguard_client._state.rate_limit import RateLimiter
 from tests.fleet.fleet_ops import RedisFleetOps
 from tests.redis_server import RedisServer
@@ -115,7 +117,7 @@ async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[R
         assert (await limiter.admit("r", 1, 0.0)).admitted
         assert ops.failures == 2
         level = await level_of(ops, ops.key("ratelimit", "guard"), "r")
-        assert level == pytest.approx(1.0, abs=0.01)
+        assert level == pytest.approx(0.0, abs=0.01)  # 2 - this one - the one admitted locally meanwhile
     finally:
         await ops.aclose()
 
@@ -132,3 +134,92 @@ async def test_a_paused_redis_fails_open_after_the_stores_timeout(redis_factory:
     finally:
         server.resume()
         await ops.aclose()
+
+
+async def test_the_local_bucket_holds_this_processs_share_when_redis_goes(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    first, second = RedisFleetOps(server.url, timeout=2.0), RedisFleetOps(server.url, timeout=2.0)
+    limit = RateLimit(requests_per_minute=60, burst=20.0)  # 20 requests, one more per second
+    mine = RateLimiter(limit, {}, time.monotonic, first)
+    other = RateLimiter(limit, {}, time.monotonic, second)
+    try:
+        for _ in range(8):  # two processes taking turns: each has half of the fleet's admissions
+            assert (await mine.admit("r", 1, 0.0)).admitted
+            assert (await other.admit("r", 1, 0.0)).admitted
+        assert first.failures == 0
+        # Half the limit locally (10 requests, 0.5 per second) once the share was known (at its 8th
+        # admission), its own admissions spent on it: 9 left.
+        assert mine.bucket("r").levels()[0] == pytest.approx(9.0, abs=0.1)
+        server.stop()
+        admitted = [(await mine.admit("r", 1, 0.0)).admitted for _ in range(10)]
+        assert admitted == [True] * 9 + [False]
+        refused = await mine.admit("r", 1, 0.0)
+        assert refused.retry_after == pytest.approx(2.0, abs=0.2)  # a request at half the rate: 2 s
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_the_first_admission_awaits_the_stores_first_connection_which_loads_the_script(
+    redis_server: RedisServer,
+) -> None:
+    store = FleetStore(parse_fleet_url(redis_server.url), "first", op_timeout=10.0)  # never reached here
+    limiter = RateLimiter(RateLimit(requests_per_minute=600), {}, time.monotonic, store)
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        await admin.script_flush()
+        await admin.config_resetstat()
+        assert store.snapshot().state == "idle"
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # connects, then admits through the fleet
+        assert store.available
+        assert await admin.hget(store.key("ratelimit", "guard"), "n") == b"1"
+        stats = await admin.info("commandstats")
+        assert "cmdstat_eval" not in stats  # the script was loaded on connecting: EVALSHA found it
+        assert stats["cmdstat_evalsha"]["calls"] == 1
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
+async def test_a_store_that_failed_to_connect_is_not_awaited(redis_factory: type[RedisServer]) -> None:
+    down = redis_factory()  # never started: its port refuses connections
+    store = FleetStore(parse_fleet_url(down.url), "down", op_timeout=30.0, connect_timeout=0.2, backoff_initial=5.0)
+    limiter = RateLimiter(RateLimit(requests_per_minute=600), {}, time.monotonic, store)
+    try:
+        with anyio.fail_after(10.0):  # a third of the op timeout: a refused connection ends the wait at once
+            assert await store.first_connection() is False
+            assert store.snapshot().state == "degraded"
+            assert (await limiter.admit("r", 1, 0.0)).admitted  # and a degraded store is not waited for
+    finally:
+        await store.aclose()
+
+
+async def test_what_a_disconnected_process_admits_is_charged_to_the_fleet_when_it_is_back(
+    redis_factory: type[RedisServer],
+) -> None:
+    server = redis_factory()
+    server.start()
+    store = FleetStore(parse_fleet_url(server.url), "back", op_timeout=2.0, backoff_initial=0.01, backoff_max=0.05)
+    limiter = RateLimiter(RateLimit(requests_per_minute=6, burst=100.0), {}, time.monotonic, store)  # 10 requests
+    try:
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # through the fleet
+        server.stop()
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # the script fails: the local bucket, owed to the fleet
+        assert store.snapshot().state == "degraded"
+        for _ in range(2):  # the store is down: the local bucket, and owed to the fleet's
+            assert (await limiter.admit("r", 1, 0.0)).admitted
+        server.start()  # empty: a full bucket
+        with anyio.fail_after(10.0):
+            while not store.available:  # noqa: ASYNC110 (polled state has no event)
+                await anyio.sleep(0.01)
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+        admin = redis.Redis.from_url(server.url)
+        try:
+            raw = await admin.hget(store.key("ratelimit", "guard"), "r")
+        finally:
+            await admin.aclose()
+        assert raw is not None
+        assert float(raw) == pytest.approx(10 - 3 - 1, abs=0.05)  # the 3 owed, then this one
+    finally:
+        await store.aclose()
