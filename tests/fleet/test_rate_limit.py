@@ -59,6 +59,7 @@ async def test_two_processes_share_one_bucket_and_a_refusal_says_when_to_come_ba
     assert (await first.admit("r", 10, 0.0)).admitted
     refused = await second.admit("r", 10, 0.0)
     # A whole request missing / 0.1 per second, less what the bucket refilled since it was emptied.
+    assert refused.retry_after is not None
     assert 10.0 - (time.monotonic() - emptied) - 0.01 <= refused.retry_after <= 10.0 + 0.01
     # Each process's local bucket was charged only its own admissions: alone it would have let this one in.
     assert second.bucket("r").levels()[0] == pytest.approx(2.0, abs=0.01)
