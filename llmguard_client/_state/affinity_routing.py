@@ -14,8 +14,8 @@ room, and not a straggler: calls in flight and no first token for `STRAGGLER_RAT
   (`affinity.place`): a first call finds nothing cached anywhere, so placing it by load costs nothing;
 - then the key's rendezvous order;
 
-taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack``
-(`affinity.choose`). When none qualifies, the router's own least-cost choice stands. Hedges and retries exclude
+taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack`` (no
+slack for a key without a home: nothing of it is cached anywhere) (`affinity.choose`). When none qualifies, the router's own least-cost choice stands. Hedges and retries exclude
 the replicas the call already used, so they go to the key's next replica.
 
 A call sent to its key's home is *expected to hit* the server's prefix cache (`expected_hit`): the hedge delay
@@ -102,13 +102,13 @@ class AffinityRouting:
         ranks = self.rank(key)
         eligible.sort(key=lambda s: ranks.get(s.name, len(ranks)))
         policy = self.policy
-        home = self._homes.get(key)
-        if home is None:
+        home, slack = self._homes.get(key), policy.load_slack
+        if home is None:  # nothing of it cached anywhere: no slack, a spill costs no cache hit
             recent = {s.name: recent_calls(s.health, now) for s in eligible}
-            home = place([s.name for s in eligible], recent, policy.load_factor, policy.load_slack)
+            home, slack = place([s.name for s in eligible], recent, policy.load_factor, policy.load_slack), 0
         eligible.sort(key=lambda s: s.name != home)  # stable: the rest keep the key's order
         by_name = {s.name: s for s in eligible}
-        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), policy.load_factor, policy.load_slack)
+        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), policy.load_factor, slack)
         return None if name is None else by_name[name]
 
     def expected_hit(self, key: str | None, name: str) -> bool:

@@ -165,9 +165,13 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
         pass
 
 
-def test_the_slack_keeps_a_lightly_loaded_key_on_its_replica() -> None:
+def test_the_slack_keeps_a_lightly_loaded_key_at_home_but_not_a_key_without_one() -> None:
     first = affinity_order("k", URLS)[0]
     for slack, expected in ((0, False), (2, True)):
         rs = replica_set(policy=AffinityPolicy(load_slack=slack))
+        rs.served("k", by_name(rs, first))  # its home: the key's first replica
         by_name(rs, first).in_flight = 2  # 2 calls in flight, all on the key's replica
         assert (first_pick(rs, "k") == first) is expected
+    rs = replica_set(policy=AffinityPolicy(load_slack=2))
+    by_name(rs, first).in_flight = 2
+    assert first_pick(rs, "k") != first  # a new key: nothing cached anywhere, so no slack
