@@ -96,7 +96,8 @@ def run(policy: str, requests: int, rate: float, seed: int) -> dict[str, float]:
             raw = json.dumps(turn_body(conv, k, "m")).encode()
             req = parse_request(raw, "chat", "m", block_tokens=cfg.cache_block_tokens)
             name = router.pick(auto_key(raw) or "", now)
-            engine_req = EngineRequest(req.prompt_tokens, req.max_tokens, req.max_tokens, req.block_hashes)
+            tokens = conv.answer_tokens[k]  # the bench sends max_tokens with ignore_eos
+            engine_req = EngineRequest(req.prompt_tokens, tokens, tokens, req.block_hashes)
             live[name].append((engines[name].submit(engine_req, now), conv, k))
             router.in_flight[name] += 1
             calls[name] += 1
