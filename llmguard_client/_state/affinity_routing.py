@@ -14,9 +14,10 @@ room, and not a straggler: calls in flight and no first token for `STRAGGLER_RAT
   (`affinity.place`): a first call finds nothing cached anywhere, so placing it by load costs nothing;
 - then the key's rendezvous order;
 
-taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack`` (no
-slack for a key without a home: nothing of it is cached anywhere) (`affinity.choose`). When none qualifies, the router's own least-cost choice stands. Hedges and retries exclude
-the replicas the call already used, so they go to the key's next replica.
+taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack``
+(`affinity.choose`; no slack for a key without a home: nothing of it is cached anywhere). When none qualifies,
+the router's own least-cost choice stands. Hedges and retries exclude the replicas the call already used, so
+they go to the key's next replica.
 
 A call sent to its key's home is *expected to hit* the server's prefix cache (`expected_hit`): the hedge delay
 then comes from the replicas' TTFTs of such calls (`llmguard_client._state.ttft_stats`).
