@@ -15,7 +15,8 @@ bench does. Each policy routes every turn at once, on its arrival:
   by the recent calls (`affinity.place`, 30 s half-life), then the in-flight bound.
 
 It prints, per policy and seed, TTFT p50 / p99 of all turns and p50 of first and of later turns (server-side:
-arrival to first token), the prefix cache's token hit rate, and the busiest replica's calls over the mean. These
+arrival to first token), the prefix cache's token hit rate, the busiest replica's calls over the mean, and how
+many prompt tokens the later turns had to prefill (p50 and max). These
 are the ceilings the simulator allows; the bench adds the client, the HTTP hops and the machine's CPU to every
 figure.
 """
@@ -86,6 +87,8 @@ def run(policy: str, requests: int, rate: float, seed: int) -> dict[str, float]:
     live: dict[str, list[tuple[Sequence, Conversation, int]]] = {n: [] for n in names}
     stepping: set[str] = set()
     ttfts: list[tuple[int, float]] = []
+    uncached: list[int] = []
+    """Prompt tokens a later turn had to prefill (not found cached)."""
     calls = dict.fromkeys(names, 0)
 
     def at(t: float, action: Callable[[float], None]) -> None:
@@ -116,6 +119,8 @@ def run(policy: str, requests: int, rate: float, seed: int) -> dict[str, float]:
                 router.in_flight[name] -= 1
                 assert seq.first_token_at is not None
                 ttfts.append((k, seq.first_token_at - seq.arrival))
+                if k:
+                    uncached.append(seq.prompt_tokens - seq.cached)
                 if k + 1 < conv.turns:
                     at(now + conv.think_s[k], send(conv, k + 1))
             if engines[name].idle:
@@ -141,6 +146,8 @@ def run(policy: str, requests: int, rate: float, seed: int) -> dict[str, float]:
         "later": percentile([t for k, t in ttfts if k > 0], 50) or 0.0,
         "hit": hits / queries,
         "busiest": max(calls.values()) / (sum(calls.values()) / len(calls)),
+        "uncached": percentile(uncached, 50) or 0.0,
+        "uncached_max": max(uncached, default=0),
     }
 
 
@@ -150,14 +157,15 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    print("policy        seed  TTFT p50    p99  first  later  hit rate  busiest")
+    header = "policy        seed  TTFT p50    p99  first  later  hit rate  busiest"
+    print(header + "  later turns' uncached tokens p50 / max")
     for policy in POLICIES:
         for seed in range(args.seeds):
             r = run(policy, args.requests, args.rate, seed)
             ms = {k: f"{1000 * r[k]:.0f} ms" for k in ("p50", "p99", "first", "later")}
             print(
                 f"{policy:<13} {seed:>4}  {ms['p50']:>8} {ms['p99']:>6} {ms['first']:>6} {ms['later']:>6}"
-                f"  {100 * r['hit']:>7.0f}%  {r['busiest']:.2f}x"
+                f"  {100 * r['hit']:>7.0f}%  {r['busiest']:>6.2f}x  {r['uncached']:.0f} / {r['uncached_max']:.0f}"
             )
 
 
