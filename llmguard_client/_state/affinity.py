@@ -72,15 +72,20 @@ def choose(
 def place(order: Sequence[str], recent: Mapping[str, float], c: float = 1.25, slack: int = 0) -> str | None:
     """Where a key with no replica yet goes: the first of ``order`` whose recent calls (``recent``, absent: 0),
     with this one, stay within ``c * (total + 1) / n + slack``; when none does, the one with the fewest (first
-    in ``order`` on ties); None when ``order`` is empty."""
+    in ``order`` on ties); None when ``order`` is empty.
+
+    A replica with fewer recent calls than the mean / ``c`` counts as having that many: one that was drained or
+    refused for a while takes new keys in their order, instead of every new key until it has caught up (it may
+    be slow, which is why it had few)."""
     if not order:
         return None
-    total = sum(recent.get(replica, 0.0) for replica in order)
-    bound = c * (total + 1.0) / len(order) + slack
+    floor = sum(recent.get(replica, 0.0) for replica in order) / len(order) / c
+    load = {replica: max(floor, recent.get(replica, 0.0)) for replica in order}
+    bound = c * (sum(load.values()) + 1.0) / len(order) + slack
     for replica in order:
-        if recent.get(replica, 0.0) + 1.0 <= bound:
+        if load[replica] + 1.0 <= bound:
             return replica
-    return min(order, key=lambda replica: recent.get(replica, 0.0))
+    return min(order, key=lambda replica: load[replica])
 
 
 def auto_key(body: bytes) -> str | None:

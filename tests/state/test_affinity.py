@@ -162,3 +162,9 @@ def test_placing_keys_keeps_every_replicas_share_within_c_times_the_mean(keys: l
     for key in keys:
         recent[place(affinity_order(key, replicas), recent, 1.25) or ""] += 1
     assert max(recent.values()) <= 1.25 * len(keys) / 3 + 1
+
+
+def test_a_replica_with_few_recent_calls_takes_new_keys_in_their_order_not_all_of_them() -> None:
+    # b was drained for a while: it gets the keys that rank it first, not every new key until it caught up.
+    assert place(["a", "b", "c"], {"a": 20.0, "b": 0.0, "c": 20.0}) == "a"
+    assert place(["b", "a", "c"], {"a": 20.0, "b": 0.0, "c": 20.0}) == "b"
