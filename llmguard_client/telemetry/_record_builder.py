@@ -173,7 +173,7 @@ class AttemptRecordBuilder:
 class CallRecordBuilder:
     """One call in flight: read like a `PhaseRecord`, written only through its methods."""
 
-    __slots__ = ("_attempts", "_extensions", "_fields", "final")
+    __slots__ = ("_attempts", "_extensions", "_fields", "_final")
 
     def __init__(
         self,
@@ -196,8 +196,7 @@ class CallRecordBuilder:
         f["max_tokens"], f["rollout_fraction"] = max_tokens, rollout_fraction
         self._attempts: list[AttemptRecordBuilder] = []
         self._extensions: MutableMapping[str, Any] | None = None
-        self.final: PhaseRecord | None = None
-        """The final record, once `call_finished` made it."""
+        self._final: PhaseRecord | None = None
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -256,10 +255,13 @@ class CallRecordBuilder:
         self._extensions = extensions
 
     def call_finished(self, status: CallStatus, cause: str | None, t: float) -> PhaseRecord:
-        """The call ended at ``t``: its final record (also replacing the hand-over snapshot). Once."""
+        """The call ended at ``t``: its final record (also replacing the hand-over snapshot). Only the first call
+        counts (later ones return the same record)."""
+        if self._final is not None:
+            return self._final
         f = self._fields
         f["status"], f["cause"], f["finish"] = status, cause, t
-        final = self.final = self.snapshot()
+        final = self._final = self.snapshot()
         extensions, self._extensions = self._extensions, None
         if extensions is not None:
             extensions[EXTENSION] = final
@@ -267,11 +269,16 @@ class CallRecordBuilder:
 
     def snapshot(self) -> PhaseRecord:
         """A frozen copy of the call as it stands (the final record once it ended)."""
-        if self.final is not None:
-            return self.final
-        fields = dict(self._fields)
-        fields["attempts"] = tuple([a.freeze() for a in self._attempts])
-        return from_fields(PhaseRecord, fields)
+        if self._final is not None:
+            return self._final
+        values = dict(self._fields)
+        values["attempts"] = tuple([a.freeze() for a in self._attempts])
+        return from_fields(PhaseRecord, values)
+
+    @property
+    def final(self) -> PhaseRecord | None:
+        """The final record, once `call_finished` made it."""
+        return self._final
 
     # --- reads (a `PhaseRecord`'s names) -------------------------------------------------------
 
