@@ -1,6 +1,7 @@
 """``Guard(fleet="redis+cluster://...")`` against a real 3-master Redis Cluster: the store connects and stays
 connected, cool-downs reach the other Guards whichever node an event is published on, the fleet-wide rate-limit
-bucket is one bucket (not a silent fail-open), and ``llmguard rollout`` reaches a running Guard."""
+bucket is one bucket (not a silent fail-open), so is a fleet-scoped retry budget, and ``llmguard rollout`` reaches
+a running Guard."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import redis.asyncio as redis
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis.cluster import key_slot
 
-from llmguard_client import Guard, RateLimit
+from llmguard_client import BudgetPolicy, Guard, RateLimit
 from llmguard_client._state.fleet import FleetStore
 from llmguard_client._state.replicas import ReplicaState
 from llmguard_client.cli import main
@@ -192,6 +193,35 @@ async def test_a_tls_cluster_shares_a_cool_down_and_a_bucket(redis_cluster: Redi
         assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
         assert fleet.url == redis_cluster.tls_url
         assert {n.port for n in store(b)._client.get_nodes()} == set(redis_cluster.tls_ports)  # type: ignore[union-attr]
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_two_guards_share_one_retry_budget(redis_cluster: RedisCluster) -> None:
+    policy = BudgetPolicy(ratio=0.1, floor=0, window=60.0, scope="fleet")
+    a, b = guard(redis_cluster.url, budget=policy), guard(redis_cluster.url, budget=policy)
+    try:
+        await connected(a, b)
+        assert a.budget is not None and b.budget is not None
+        for _ in range(100):
+            a.budget.record_request()
+
+        def fleet_calls() -> int:
+            shown = b.snapshot().budget
+            return shown.fleet.window_requests if shown is not None and shown.fleet is not None else -1
+
+        await until(lambda: fleet_calls() == 100)  # the background syncs, every 0.2 s, through the cluster
+        assert b.budget.try_acquire() is not None  # B made no call: only the fleet's allow it
+        for g in (a, b):
+            fleet = g.snapshot().fleet
+            assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
+        client = cluster_client(redis_cluster)
+        try:
+            keys = [k async for k in client.scan_iter(match="llmguard:checkout:budget:*")]
+        finally:
+            await client.aclose()
+        assert len({key_slot(k) for k in keys}) == 1 and len(keys) >= 2  # the {checkout} hash tag: one slot
     finally:
         for g in (a, b):
             await g.aclose()
