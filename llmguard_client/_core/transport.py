@@ -261,8 +261,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         call.deliver(win)
         attempt.attempt_outcome("won")
         record.delivered(attempt, win.response.status_code)
+        cached = self._replicas.served(call.affinity_key, win.state)  # expected to hit the cache, or None
         if attempt.ttft is not None:
-            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
+            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached)
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
