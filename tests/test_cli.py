@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import io
@@ -164,20 +165,19 @@ def test_sim_missing_or_unknown_scenario_is_a_usage_error(capsys: pytest.Capture
 
 
 class _StallingProgress:
-    """A progress sink that blocks the event loop for ``stall`` s at each client's first answer, as a
-    starved machine would: the load generator really falls behind its plan."""
+    """A progress sink that blocks the event loop for ``stall`` s shortly after each client's replay starts, as a
+    starved machine would: the load generator really falls behind its plan. The stall is a loop timer due 50 ms
+    in, earlier than the generator's later arrivals, so it lands inside the plan however slow the machine is
+    (waiting for a first answer instead could come after the last arrival was sent)."""
 
     def __init__(self, stall: float) -> None:
         self.stall = stall
-        self.first = False
 
     def begin(self, client: str, total: int) -> None:
-        self.first = True
+        asyncio.get_running_loop().call_later(0.05, time.sleep, self.stall)
 
     def advance(self, sample: object) -> None:
-        if self.first:
-            self.first = False
-            time.sleep(self.stall)
+        pass
 
     def end(self, client: str) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import Histogram, Meter
 
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry._otel_attributes import Attrs, time_per_output_chunk
@@ -23,6 +23,26 @@ _TTFC = (
     "the first chunk is received in the response stream."
 )
 _TPOC = "Time per output chunk after the first one (the mean over a streamed call)."
+
+
+def _seconds(meter: Meter, name: str, description: str) -> Histogram:
+    """A histogram of seconds with the conventions' duration buckets."""
+    return meter.create_histogram(
+        name,
+        unit=sc.UNIT_SECONDS,
+        description=description,
+        explicit_bucket_boundaries_advisory=sc.GEN_AI_DURATION_BUCKETS,
+    )
+
+
+def _tokens(meter: Meter, name: str, description: str) -> Histogram:
+    """A histogram of tokens with the conventions' token buckets."""
+    return meter.create_histogram(
+        name,
+        unit=sc.UNIT_TOKEN,
+        description=description,
+        explicit_bucket_boundaries_advisory=sc.GEN_AI_TOKEN_BUCKETS,
+    )
 
 
 class GenAiMetrics(Protocol):
@@ -50,32 +70,10 @@ class OperationMetrics:
     __slots__ = ("duration", "tokens", "tpoc", "ttfc")
 
     def __init__(self, meter: Meter) -> None:
-        buckets = sc.GEN_AI_DURATION_BUCKETS
-        seconds = sc.UNIT_SECONDS
-        self.duration = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_DURATION,
-            unit=seconds,
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )
-        self.ttfc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-            unit=seconds,
-            description=_TTFC,
-            explicit_bucket_boundaries_advisory=buckets,
-        )
-        self.tpoc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
-            unit=seconds,
-            description=_TPOC,
-            explicit_bucket_boundaries_advisory=buckets,
-        )
-        self.tokens = meter.create_histogram(
-            sc.GEN_AI_CLIENT_TOKEN_USAGE,
-            unit=sc.UNIT_TOKEN,
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=sc.GEN_AI_TOKEN_BUCKETS,
-        )
+        self.duration = _seconds(meter, sc.GEN_AI_CLIENT_OPERATION_DURATION, "GenAI operation duration.")
+        self.ttfc = _seconds(meter, sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK, _TTFC)
+        self.tpoc = _seconds(meter, sc.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK, _TPOC)
+        self.tokens = _tokens(meter, sc.GEN_AI_CLIENT_TOKEN_USAGE, "Number of input and output tokens used.")
 
     def record(self, record: PhaseRecord, op: str, attrs: Attrs, err: str | None) -> None:
         duration = record.duration
@@ -114,26 +112,12 @@ class InferenceMetrics:
     )
 
     def __init__(self, meter: Meter) -> None:
-        seconds, token = sc.UNIT_SECONDS, sc.UNIT_TOKEN
-        durations, tokens = sc.GEN_AI_DURATION_BUCKETS, sc.GEN_AI_TOKEN_BUCKETS
-        self.duration = meter.create_histogram(
-            sc.GEN_AI_CLIENT_INFERENCE_DURATION,
-            unit=seconds,
-            description="GenAI client inference operation duration.",
-            explicit_bucket_boundaries_advisory=durations,
+        token = sc.UNIT_TOKEN
+        self.duration = _seconds(
+            meter, sc.GEN_AI_CLIENT_INFERENCE_DURATION, "GenAI client inference operation duration."
         )
-        self.ttfc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK,
-            unit=seconds,
-            description=_TTFC,
-            explicit_bucket_boundaries_advisory=durations,
-        )
-        self.tpoc = meter.create_histogram(
-            sc.GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
-            unit=seconds,
-            description=_TPOC,
-            explicit_bucket_boundaries_advisory=durations,
-        )
+        self.ttfc = _seconds(meter, sc.GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, _TTFC)
+        self.tpoc = _seconds(meter, sc.GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK, _TPOC)
         self.use_input = meter.create_counter(
             sc.GEN_AI_CLIENT_INFERENCE_USAGE_INPUT_TOKENS,
             unit=token,
@@ -144,29 +128,23 @@ class InferenceMetrics:
             unit=token,
             description="The number of output (completion) tokens used, including reasoning tokens.",
         )
-        self.op_input = meter.create_histogram(
+        self.op_input = _tokens(
+            meter,
             sc.GEN_AI_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS,
-            unit=token,
-            description="The number of input (prompt) tokens used per inference operation.",
-            explicit_bucket_boundaries_advisory=tokens,
+            "The number of input (prompt) tokens used per inference operation.",
         )
-        self.op_output = meter.create_histogram(
+        self.op_output = _tokens(
+            meter,
             sc.GEN_AI_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS,
-            unit=token,
-            description="The number of output (completion) tokens used per inference operation.",
-            explicit_bucket_boundaries_advisory=tokens,
+            "The number of output (completion) tokens used per inference operation.",
         )
-        self.emb_duration = meter.create_histogram(
-            sc.GEN_AI_CLIENT_EMBEDDINGS_DURATION,
-            unit=seconds,
-            description="GenAI client embeddings operation duration.",
-            explicit_bucket_boundaries_advisory=durations,
+        self.emb_duration = _seconds(
+            meter, sc.GEN_AI_CLIENT_EMBEDDINGS_DURATION, "GenAI client embeddings operation duration."
         )
-        self.emb_input = meter.create_histogram(
+        self.emb_input = _tokens(
+            meter,
             sc.GEN_AI_CLIENT_EMBEDDINGS_OPERATION_INPUT_TOKENS,
-            unit=token,
-            description="The number of input tokens used per embeddings operation.",
-            explicit_bucket_boundaries_advisory=tokens,
+            "The number of input tokens used per embeddings operation.",
         )
 
     def record(self, record: PhaseRecord, op: str, attrs: Attrs, err: str | None) -> None:

@@ -3,10 +3,13 @@ what is wrong and what is accepted, with the password masked; a well-formed unre
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmguard_client import Guard
 from llmguard_client._state.fleet import parse_fleet_url
+from llmguard_client._state.fleet.url import redact_text
 from llmguard_client.errors import GuardConfigError
 
 REPLICAS = ["http://127.0.0.1:9"]
@@ -55,3 +58,49 @@ def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_befor
     fleet = guard.snapshot().fleet
     assert fleet is not None and fleet.state == "idle" and fleet.url == "redis://:***@10.255.255.1:6379/0"
     guard.close()
+
+
+def test_a_tls_address_keeps_its_tls_options(tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "client.pem", "client.key"))
+    for path in (ca, cert, key):
+        path.write_text("")
+    tls = parse_fleet_url(f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required")
+    assert tls.url == f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    assert tls.redacted == f"rediss://:***@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+    query = f"ssl_check_hostname=false&ssl_certfile={cert}&ssl_keyfile={key}"
+    cluster = parse_fleet_url(f"rediss+cluster://node1:7000?{query}")
+    assert cluster.cluster and cluster.url == f"rediss://node1:7000?{query}"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://:hunter2@host:6379/0?ssl_ca_certs=/ca.pem", "only a TLS address"),
+        ("rediss://:hunter2@host:6380/0?socket_timeout=30", "'socket_timeout'; accepted: ssl_ca_certs"),
+        ("rediss://host:6380/0?password=hunter2", "'password'; accepted"),
+        ("rediss://:hunter2@host:6380/0?ssl_cert_reqs=maybe", "optional or none"),
+        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=", "a CA bundle"),
+        ("rediss://:hunter2@host:6380/0?ssl_cert_reqs=none&ssl_cert_reqs=none", "twice"),
+        ("rediss://:hunter2@host:6380/0?ssl_ca_certs=/no/such/ca.pem", "'/no/such/ca.pem' is not a file"),
+    ],
+)
+def test_a_query_parameter_that_redis_py_would_not_take_is_refused(url: str, says: str) -> None:
+    with pytest.raises(GuardConfigError, match=says) as raised:
+        parse_fleet_url(url)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_errors_are_masked_whether_the_password_shows_encoded_or_decoded() -> None:
+    fleet = parse_fleet_url("redis://:p%40ss%3Aword@host:6379/0")
+    assert fleet.password == "p@ss:word"  # what redis-py sends
+    text = redact_text("AUTH p@ss:word failed for redis://:p%40ss%3Aword@host:6379/0 (p%40ss%3Aword)", fleet)
+    assert "p@ss" not in text and "p%40ss" not in text, text
+
+
+def test_a_cluster_needs_a_redis_py_with_asyncio_cluster_pub_sub(monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    monkeypatch.delattr(RedisCluster, "pubsub")  # what redis-py before 8.0 looks like
+    with pytest.raises(GuardConfigError, match=r"redis-py 8.0 or later .* installed: \d"):
+        Guard(REPLICAS, fleet="redis+cluster://node1:7000", name="checkout")
+    assert not parse_fleet_url("redis://host:6379/0").cluster  # a single server needs no more than before

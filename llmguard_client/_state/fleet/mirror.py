@@ -65,13 +65,16 @@ class FleetMirror:
         channel, origin = self.channel, self.store.origin
 
         async def write(client: Redis) -> None:
+            # Redis Cluster: the two keys may live on different nodes, and redis-py's cluster pipeline refuses
+            # PUBLISH and multi-key DEL; so one key per command, and the event after the key is written.
             pipe = client.pipeline(transaction=False)
             if kind == "clear":
-                pipe.delete(*keys)
+                for key in keys:
+                    pipe.delete(key)
             else:
                 pipe.set(keys[0] if kind == "cool" else keys[1], origin, px=ms)
-            pipe.publish(channel, payload)
             await pipe.execute()
+            await client.publish(channel, payload)
 
         self.store.submit(write)
 

@@ -2,12 +2,15 @@
 
 Accepted: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path.sock``, and
 ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster (any one node; the client discovers the
-others). Valkey speaks the same protocol: use the same schemes. A malformed address is a `GuardConfigError`
-at construction; one that is well formed but unreachable fails open at run time.
+others). Valkey speaks the same protocol: use the same schemes. A TLS address may carry redis-py's TLS options
+as query parameters (`TLS_OPTIONS`), e.g. ``rediss://host:6380/0?ssl_ca_certs=/etc/redis/ca.pem``. A malformed
+address is a `GuardConfigError` at construction; one that is well formed but unreachable fails open at run time.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -20,10 +23,25 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["FleetURL", "check_name", "parse_fleet_url"]
+__all__ = ["TLS_OPTIONS", "FleetURL", "check_name", "parse_fleet_url"]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+TLS_OPTIONS = {
+    "ssl_ca_certs": "a CA bundle (PEM) to verify the server with, instead of the system's",
+    "ssl_cert_reqs": "required (the default), optional or none",
+    "ssl_check_hostname": "true (the default) or false",
+    "ssl_certfile": "a client certificate (PEM), for servers that require one",
+    "ssl_keyfile": "the client certificate's private key (PEM, unencrypted)",
+}
+"""The query parameters a ``rediss://`` address may carry: redis-py's TLS options that both its `Redis` and its
+`RedisCluster` accept. Anything else (a timeout, a password) is refused: the store sets its own timeouts, and a
+password belongs in the address's userinfo, where it is masked."""
+_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_CHOICES = {
+    "ssl_cert_reqs": ("required", "optional", "none"),
+    "ssl_check_hostname": ("true", "false"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +105,53 @@ def parse_fleet_url(url: object) -> FleetURL:
             raise GuardConfigError(f"fleet URL {shown!r}: the path must be a database number such as /0, got /{db}")
         if cluster and db not in ("", "0"):
             raise GuardConfigError(f"fleet URL {shown!r}: Redis Cluster has only database 0, got /{db}")
+    _check_query(parts.query, scheme, shown)
     plain = url.strip()
     if cluster:
         plain = scheme.replace("+cluster", "") + plain[len(parts.scheme) :]
-    return FleetURL(plain, cluster, shown, parts.password)
+    _check_client(cluster)
+    password = urllib.parse.unquote(parts.password) if parts.password else None
+    return FleetURL(plain, cluster, shown, password)
+
+
+def _check_client(cluster: bool) -> None:
+    """redis-py is installed, and for a cluster recent enough: its asyncio `RedisCluster` has pub/sub only
+    from redis-py 8.0 (before, the store could never connect)."""
+    if importlib.util.find_spec("redis") is None:
+        raise GuardConfigError("fleet needs redis-py: pip install 'llmguard-client[fleet]'")
+    if cluster:
+        import redis
+        from redis.asyncio.cluster import RedisCluster
+
+        if not hasattr(RedisCluster, "pubsub"):
+            raise GuardConfigError(
+                f"a Redis Cluster fleet needs redis-py 8.0 or later (its asyncio RedisCluster has pub/sub from "
+                f"8.0 on); installed: {redis.__version__}. pip install 'redis>=8'"
+            )
+
+
+def _check_query(query: str, scheme: str, shown: str) -> None:
+    """The address's query parameters: TLS options on a TLS address only (`TLS_OPTIONS`)."""
+    if not query:
+        return
+    accepted = ", ".join(TLS_OPTIONS)
+    if not scheme.startswith("rediss"):
+        raise GuardConfigError(
+            f"fleet URL {shown!r} has query parameters; only a TLS address (rediss://, rediss+cluster://) takes "
+            f"any, and only these: {accepted}"
+        )
+    seen: set[str] = set()
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name not in TLS_OPTIONS:
+            raise GuardConfigError(f"fleet URL {shown!r} has the query parameter {name!r}; accepted: {accepted}")
+        if name in seen:
+            raise GuardConfigError(f"fleet URL {shown!r} gives {name!r} twice")
+        seen.add(name)
+        choices = _CHOICES.get(name)
+        if (choices is not None and value.lower() not in choices) or not value:
+            raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r}; expected {TLS_OPTIONS[name]}")
+        if name in _FILES and not os.path.isfile(value):
+            raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r} is not a file; expected {TLS_OPTIONS[name]}")
 
 
 def check_name(name: object) -> str:
@@ -103,8 +164,12 @@ def check_name(name: object) -> str:
     return name
 
 
+_SECRET_QUERY = re.compile(r"([?&][^=&#]*password=)[^&#]*", re.IGNORECASE)
+
+
 def _redact_raw(url: str) -> str:
-    """``url`` with any userinfo masked, without trusting it to parse."""
+    """``url`` with any userinfo (and any ``...password=`` query value) masked, without trusting it to parse."""
+    url = _SECRET_QUERY.sub(lambda m: m.group(1) + MASK, url)
     head, sep, rest = url.strip().partition("://")
     if not sep:
         return url if "@" not in url else MASK
@@ -118,6 +183,9 @@ def _redact_raw(url: str) -> str:
 
 def redact_text(text: str, fleet: FleetURL) -> str:
     """An error message with the fleet's password, if any, masked (redis-py may echo parts of the URL)."""
+    text = text.replace(fleet.url, fleet.redacted)
     if fleet.password:
-        text = text.replace(fleet.password, MASK)
-    return text.replace(fleet.url, fleet.redacted)
+        raw = urllib.parse.urlsplit(fleet.url).password or ""
+        for form in sorted({fleet.password, raw, urllib.parse.quote(fleet.password, safe="")} - {""}, key=len)[::-1]:
+            text = text.replace(form, MASK)
+    return text

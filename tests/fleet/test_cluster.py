@@ -1,0 +1,197 @@
+"""``Guard(fleet="redis+cluster://...")`` against a real 3-master Redis Cluster: the store connects and stays
+connected, cool-downs reach the other Guards whichever node an event is published on, the fleet-wide rate-limit
+bucket is one bucket (not a silent fail-open), and ``llmguard rollout`` reaches a running Guard."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+
+import anyio
+import pytest
+import redis.asyncio as redis
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+from redis.cluster import key_slot
+
+from llmguard_client import Guard, RateLimit
+from llmguard_client._state.fleet import FleetStore
+from llmguard_client._state.replicas import ReplicaState
+from llmguard_client.cli import main
+from tests.redis_cluster import RedisCluster
+
+REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1", "http://127.0.0.1:9/r2"]
+
+
+def guard(url: str, **kwargs: object) -> Guard:
+    g = Guard(REPLICAS, fleet=url, name="checkout", hedge=None, **kwargs)  # type: ignore[arg-type]
+    # Generous bounds: on a busy machine, an admission or the first connection to three nodes (TLS handshakes
+    # included) must not fail open; failing open is tested elsewhere.
+    store(g).op_timeout, store(g).connect_timeout = 2.0, 5.0
+    return g
+
+
+def store(g: Guard) -> FleetStore:
+    assert g._fleet is not None
+    return g._fleet.store
+
+
+def states(g: Guard) -> list[ReplicaState]:
+    return g._replica_set.states
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    with anyio.fail_after(seconds):
+        while not condition():  # noqa: ASYNC110 (polled state has no event)
+            await anyio.sleep(0.005)
+
+
+async def connected(*guards: Guard) -> None:
+    for g in guards:
+        await g.__aenter__()
+    await until(lambda: all(store(g).available for g in guards))
+
+
+def cluster_client(cluster: RedisCluster) -> ClusterClient:
+    return ClusterClient(host="127.0.0.1", port=cluster.ports[0])
+
+
+async def test_the_store_connects_to_a_cluster_and_stays_connected(redis_cluster: RedisCluster) -> None:
+    g = guard(redis_cluster.url)
+    store(g).heartbeat = 0.05
+    try:
+        await connected(g)
+        await anyio.sleep(0.3)  # several heartbeats and the rollout flag's first reads, on every node
+        fleet = g.snapshot().fleet
+        assert fleet is not None
+        assert (fleet.state, fleet.connected, fleet.transitions, fleet.last_error) == ("connected", True, 0, None)
+        assert fleet.url == redis_cluster.url
+    finally:
+        await g.aclose()
+
+
+async def test_a_cool_down_reaches_the_other_guard_and_a_win_clears_it(redis_cluster: RedisCluster) -> None:
+    a, b = guard(redis_cluster.url), guard(redis_cluster.url)
+    try:
+        await connected(a, b)
+        now = anyio.current_time()
+        a._replica_set.cool_down(states(a)[0], now, 30.0)
+        await until(lambda: states(b)[0].cooling(anyio.current_time()))
+        assert abs(states(b)[0].cooling_until - (now + 30.0)) < 1.0
+        assert a._replica_set.failed(states(a)[1], now, threshold=1, cooldown=20.0)
+        await until(lambda: states(b)[1].open(anyio.current_time()))
+        states(a)[0].probing = True
+        a._replica_set.succeeded(states(a)[0], 0.05, anyio.current_time())  # the probe won: clear everywhere
+        await until(lambda: not states(b)[0].cooling(anyio.current_time()))
+        client = cluster_client(redis_cluster)
+        try:
+            assert await client.exists(f"llmguard:checkout:cool:{REPLICAS[0]}") == 0
+            assert await client.pttl(f"llmguard:checkout:open:{REPLICAS[1]}") > 10_000
+        finally:
+            await client.aclose()
+        late = guard(redis_cluster.url)  # connects later: its resync reads the keys, wherever their slots are
+        try:
+            await connected(late)
+            assert states(late)[1].open(anyio.current_time())
+            assert not states(late)[0].cooling(anyio.current_time())
+        finally:
+            await late.aclose()
+        for g in (a, b):
+            assert g.snapshot().fleet is not None and g.snapshot().fleet.transitions == 0  # type: ignore[union-attr]
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_an_event_published_on_any_node_reaches_the_listener(redis_cluster: RedisCluster) -> None:
+    """Cluster pub/sub: the Guard subscribes on one node; PUBLISH on every node must reach it."""
+    g = guard(redis_cluster.url)
+    try:
+        await connected(g)
+        for port, replica in zip(redis_cluster.ports, REPLICAS, strict=True):
+            node = redis.Redis(host="127.0.0.1", port=port)
+            try:
+                event = {"o": "another-process", "r": replica, "k": "cool", "ms": 30_000, "t": time.time()}
+                await node.publish("llmguard:checkout:events", json.dumps(event))
+            finally:
+                await node.aclose()
+        await until(lambda: all(s.cooling(anyio.current_time()) for s in states(g)))
+        assert all(s.probe_at == math.inf for s in states(g))  # learned elsewhere: the probe is not ours
+    finally:
+        await g.aclose()
+
+
+async def test_two_guards_share_one_rate_limit_bucket(redis_cluster: RedisCluster) -> None:
+    limit = RateLimit(requests_per_minute=6, burst=30.0)  # 3 requests, one more every 10 s
+    first, second = guard(redis_cluster.url, rate_limit=limit), guard(redis_cluster.url, rate_limit=limit)
+    try:
+        await connected(first, second)
+        assert first.rate_limiter is not None and second.rate_limiter is not None
+        assert (await first.rate_limiter.admit(REPLICAS[0], 10, 0.0)).admitted
+        assert (await second.rate_limiter.admit(REPLICAS[0], 10, 0.0)).admitted
+        assert (await first.rate_limiter.admit(REPLICAS[0], 10, 0.0)).admitted
+        refused = await second.rate_limiter.admit(REPLICAS[0], 10, 0.0)
+        # Refused by the fleet's bucket: alone, this Guard's local bucket (2 requests left) would have admitted it.
+        assert refused.retry_after == pytest.approx(10.0, abs=0.1)
+        assert second.rate_limiter.bucket(REPLICAS[0]).levels()[0] == pytest.approx(2.0, abs=0.01)
+        for g in (first, second):
+            fleet = g.snapshot().fleet
+            assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
+        key = "llmguard:checkout:ratelimit:guard"
+        client = cluster_client(redis_cluster)
+        try:
+            assert float(await client.hget(key, "r")) == pytest.approx(0.0, abs=0.01)  # type: ignore[arg-type]
+        finally:
+            await client.aclose()
+        assert key_slot(key.encode()) >= 0  # one key per bucket: one slot, no CROSSSLOT possible
+    finally:
+        for g in (first, second):
+            await g.aclose()
+
+
+async def test_the_rollout_command_reaches_a_running_guard(
+    redis_cluster: RedisCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    g = guard(redis_cluster.url, rollout=0.0, rollout_poll_interval=30.0)  # only the announcement can be in time
+    url = redis_cluster.url
+
+    def rollout(*words: str) -> str:
+        assert main(["rollout", *words, "--fleet", url, "--name", "checkout"]) == 0
+        return capsys.readouterr().out.strip()
+
+    try:
+        await connected(g)
+        assert await anyio.to_thread.run_sync(rollout, "set", "0.25") == (
+            "checkout: 0.25 of calls guarded on every process (fraction 0.25, kill switch off)"
+        )
+        await until(lambda: g._rollout.override == 0.25)
+        assert "kill switch ON" in await anyio.to_thread.run_sync(rollout, "kill")
+        await until(lambda: g._rollout.override == 0.0)
+        await anyio.to_thread.run_sync(rollout, "clear")
+        await until(lambda: g._rollout.override is None)
+        assert "no fleet-wide rollout set" in await anyio.to_thread.run_sync(rollout, "get")
+    finally:
+        await g.aclose()
+
+
+async def test_a_tls_cluster_shares_a_cool_down_and_a_bucket(redis_cluster: RedisCluster) -> None:
+    """``rediss+cluster://`` with the CA in the URL: the client discovers the other nodes' TLS ports."""
+    if redis_cluster.tls is None:
+        pytest.skip("this redis-server build has no TLS support (or openssl is missing)")
+    limit = RateLimit(requests_per_minute=6, burst=10.0)  # 1 request, one more every 10 s
+    a, b = guard(redis_cluster.tls_url, rate_limit=limit), guard(redis_cluster.tls_url, rate_limit=limit)
+    try:
+        await connected(a, b)
+        a._replica_set.cool_down(states(a)[2], anyio.current_time(), 30.0)
+        await until(lambda: states(b)[2].cooling(anyio.current_time()))
+        assert a.rate_limiter is not None and b.rate_limiter is not None
+        assert (await a.rate_limiter.admit(REPLICAS[0], 1, 0.0)).admitted
+        assert (await b.rate_limiter.admit(REPLICAS[0], 1, 0.0)).retry_after == pytest.approx(10.0, abs=0.1)
+        fleet = b.snapshot().fleet
+        assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
+        assert fleet.url == redis_cluster.tls_url
+        assert {n.port for n in store(b)._client.get_nodes()} == set(redis_cluster.tls_ports)  # type: ignore[union-attr]
+    finally:
+        for g in (a, b):
+            await g.aclose()
