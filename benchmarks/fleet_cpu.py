@@ -1,9 +1,10 @@
 """Client CPU per streamed call with ``Guard(fleet=...)`` against the same Guard without it, interleaved.
 
-Two loopback replicas in separate processes and a local ``redis-server``; three clients in one process, in
+Two loopback replicas in separate processes and a local ``redis-server``; four clients in one process, in
 random order each round: ``guarded`` (no fleet), ``guarded-fleet`` (fleet on: its background PING, flag reads
-and listener included) and ``guarded-again`` (a second fleet-less Guard: this run's noise floor). Also counts
-the Redis commands the fleet Guard's calls caused (INFO commandstats before/after, less the background's).
+and listener included), ``guarded-fleet-budget`` (fleet on and ``BudgetPolicy(scope="fleet")``: its budget
+synced every 0.2 s) and ``guarded-again`` (a second fleet-less Guard: this run's noise floor). Also counts
+the Redis commands the fleet Guards' calls caused (INFO commandstats before/after, the background's included).
 
     python -m benchmarks.fleet_cpu [--calls 20] [--rounds 40] [--tokens 64]
 """
@@ -19,7 +20,7 @@ import openai
 import redis.asyncio as redis
 
 from benchmarks.cpu_per_call import one_call, ratio_interval, start_server
-from llmguard_client import Guard, Tier
+from llmguard_client import BudgetPolicy, Guard, Tier
 from tests.redis_server import RedisServer
 
 
@@ -40,6 +41,9 @@ async def main(calls: int, rounds: int, tokens: int) -> None:
     guards = {
         "guarded": Guard([url1, url2], tiers=tiers),
         "guarded-fleet": Guard([url1, url2], tiers=tiers, fleet=store.url, name="bench"),
+        "guarded-fleet-budget": Guard(
+            [url1, url2], tiers=tiers, fleet=store.url, name="bench-budget", budget=BudgetPolicy(scope="fleet")
+        ),
         "guarded-again": Guard([url1, url2], tiers=tiers),
     }
     clients = {
@@ -50,8 +54,9 @@ async def main(calls: int, rounds: int, tokens: int) -> None:
         for client in clients.values():
             for _ in range(20):
                 await one_call(client)
-        fleet = guards["guarded-fleet"].snapshot().fleet
-        assert fleet is not None and fleet.connected, fleet
+        for name in ("guarded-fleet", "guarded-fleet-budget"):
+            fleet = guards[name].snapshot().fleet
+            assert fleet is not None and fleet.connected, fleet
         per_round: dict[str, list[float]] = {name: [] for name in clients}
         rng = random.Random(1)
         before, started = await commands(store.url), time.monotonic()
@@ -79,10 +84,14 @@ async def main(calls: int, rounds: int, tokens: int) -> None:
     for name, seconds in per_round.items():
         ratio, low, high = ratio_interval(seconds, per_round["guarded"], rng)
         print(f"| {name} | {sum(seconds) / total * 1e6:.0f} | {ratio:.3f}x | {low:.3f}-{high:.3f} |")
+    fleet, budget = per_round["guarded-fleet"], per_round["guarded-fleet-budget"]
+    ratio, low, high = ratio_interval(budget, fleet, rng)
+    print(f"guarded-fleet-budget / guarded-fleet: {ratio:.3f}x ({low:.3f}-{high:.3f})")
     print("(guarded-again is a second fleet-less Guard: its ratio is this run's noise floor)")
     print(
-        f"Redis commands during the run: {after - before} for {total} fleet calls over {elapsed:.1f} s "
-        f"({(after - before) / total:.3f} per call; the background PINGs every 0.5 s and reads the flag every 5 s)"
+        f"Redis commands during the run: {after - before} for {2 * total} calls of the two fleet Guards over "
+        f"{elapsed:.1f} s ({(after - before) / elapsed:.1f} per second, whatever the call rate: a PING every 0.5 s "
+        f"each, the flag read every 5 s, the budget's sync every 0.2 s)"
     )
 
 

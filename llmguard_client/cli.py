@@ -208,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument(
         "--fleet", metavar="URL", help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server)"
     )
+    fleet.add_argument(
+        "--fleet-connect", choices=("early", "first-call"), default="early",
+        help="when each fleet Guard connects its store: 'early' (entered with async with before the traffic "
+        "starts, the default) or 'first-call' (on its first call, as a Guard used without async with)",
+    )
     _add_output_options(b)
     ro = b.add_argument_group("rollout (docs/rollout.md)")
     ro.add_argument(

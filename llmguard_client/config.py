@@ -17,10 +17,9 @@ from llmguard_client._core.redact import redact_headers, redact_url
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
-"""How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error
-response carrying ``x-should-retry: false``), ``raise`` (a typed httpx exception), or
-``auto`` (``response`` when the request carries the openai SDK's ``x-stainless-*``
-headers, ``raise`` otherwise)."""
+"""How a guard failure reaches the caller: ``response`` (a proxy-style HTTP error response carrying
+``x-should-retry: false``), ``raise`` (a typed httpx exception), or ``auto`` (``response`` when the request
+carries the openai SDK's ``x-stainless-*`` headers, ``raise`` otherwise)."""
 
 
 def _int_at_least(owner: str, name: str, value: object, low: int, high: int | None = None) -> None:
@@ -251,19 +250,22 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class BudgetPolicy:
-    """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the
-    logical calls of the last ``window`` seconds, plus ``floor`` so a quiet client can
-    still retry."""
+    """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the logical calls of the last
+    ``window`` seconds, plus ``floor`` so a quiet client can still retry. ``scope="fleet"`` counts the calls and
+    extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md)."""
 
     ratio: float = 0.1
     floor: int = 3
     window: float = 10.0
+    scope: Literal["process", "fleet"] = "process"
 
     def __post_init__(self) -> None:
         if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 10:
             raise GuardConfigError(f"BudgetPolicy.ratio must be a number from 0 to 10, got {self.ratio!r}")
         _int_at_least("BudgetPolicy", "floor", self.floor, 0)
         _positive("BudgetPolicy", "window", self.window)
+        if self.scope not in ("process", "fleet"):
+            raise GuardConfigError(f"BudgetPolicy.scope must be 'process' or 'fleet', got {self.scope!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +306,9 @@ class ContinuationPolicy:
     def __post_init__(self) -> None:
         _int_at_least("ContinuationPolicy", "max_continuations", self.max_continuations, 1, 5)
         _positive("ContinuationPolicy", "min_time_left", self.min_time_left)
-        if not isinstance(self.budget, BudgetPolicy):
-            raise GuardConfigError(
-                f"ContinuationPolicy.budget must be a BudgetPolicy (e.g. BudgetPolicy(ratio=0.1, floor=3)), "
-                f"got {self.budget!r}"
-            )
+        if not isinstance(self.budget, BudgetPolicy) or self.budget.scope != "process":
+            shape = "a BudgetPolicy(ratio=0.1, floor=3) with scope='process' (continuations budget per process)"
+            raise GuardConfigError(f"ContinuationPolicy.budget must be {shape}, got {self.budget!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._state.affinity_routing import resolve_affinity, session_for
 from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.fleet import make_fleet
+from llmguard_client._state.fleet import make_fleet, share_budgets
 from llmguard_client._state.pool import replica_transport
 from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
 from llmguard_client._state.replicas import ReplicaSet
@@ -197,6 +197,7 @@ class Guard:
         self._fleet = make_fleet(
             fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
         )
+        share_budgets(self._fleet, {"guard": (budget, self.budget)}, tier_budgets, self.tier_budgets)
         self._bulkheads = {name: TierBulkhead(b) for name, b in bulkheads.items()}
         self._registry = LeaseRegistry()
         self._pools_closed = False

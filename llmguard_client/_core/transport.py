@@ -262,8 +262,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.replica = attempt.replica
         record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
         record.http_status = win.response.status_code
+        cached = self._replicas.served(call.affinity_key, win.state)  # expected to hit the cache, or None
         if attempt.ttft is not None:
-            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft)
+            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached)
         return httpx.Response(
             win.response.status_code,
             headers=win.response.headers,

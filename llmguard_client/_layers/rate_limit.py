@@ -5,8 +5,9 @@ The charge is one request and the attempt's tokens: a prompt estimate (the reque
 and content-free: the guard never reads the prompt; JSON punctuation makes it an over-estimate, which the
 correction gives back) plus ``max_tokens`` (`DEFAULT_OUTPUT_ESTIMATE` when the request sets none). When the
 call ends, a winner's charge is corrected from the ``usage`` it reported (or, for a stream without usage,
-from its chunk count); ``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the
-provider reports (`llmguard_client._state.rate_limit`).
+from its chunk count), and an attempt the provider refused (429) is refunded: it used none of the limit.
+``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the provider reports
+(`llmguard_client._state.rate_limit`).
 
 An attempt that does not fit waits for its share if that wait, plus the expected time to a first token
 (`Call.expected_ttft`, the median that `fits_deadline` reads too), fits before its route's deadline;
@@ -88,6 +89,8 @@ class RateLimitLayer:
         else:
             for failure in outcome.failures:
                 limiter.observe(replica, *remaining_room(failure.headers))
+            if any(f.status_code == 429 and f.stream_failure is None for f in outcome.failures):
+                limiter.refund(replica, tokens)  # refused by the provider: it used none of the limit
         return outcome
 
     def _correct(self, call: Call, win: Win, replica: str, charged: int) -> None:

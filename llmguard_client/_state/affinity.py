@@ -4,7 +4,10 @@
 so a key always prefers the same replica, in every process, and removing a replica moves only the keys that
 preferred it. `choose` walks that order and skips replicas that refused the call or already carry more than
 their share: ``ceil(c * (total + 1) / n)`` calls, the bound of "consistent hashing with bounded loads"
-(Mirrokni, Thorup, Zadimoghaddam), so a hot key spills over instead of piling onto one replica. `auto_key`
+(Mirrokni, Thorup, Zadimoghaddam), so a hot key spills over instead of piling onto one replica. `place` puts a
+key that has no replica yet on the first one in its order whose share of the recent calls is within ``c`` x the
+mean: its first call finds nothing cached anywhere, so where it goes costs nothing, and the replicas' shares of
+calls stay within ``c`` x the mean however the keys happen to hash. `auto_key`
 derives a key from a chat request's system prompt and first user message, the prefix a replica's prompt cache
 can reuse.
 """
@@ -16,7 +19,7 @@ import json
 import math
 from collections.abc import Container, Mapping, Sequence
 
-__all__ = ["affinity_order", "auto_key", "choose", "load_bound"]
+__all__ = ["affinity_order", "auto_key", "choose", "load_bound", "place"]
 
 _DIGEST = 8
 
@@ -64,6 +67,25 @@ def choose(
         if load.get(replica, 0) + 1 <= bound:
             return replica
     return min(candidates, key=lambda replica: load.get(replica, 0))
+
+
+def place(order: Sequence[str], recent: Mapping[str, float], c: float = 1.25, slack: int = 0) -> str | None:
+    """Where a key with no replica yet goes: the first of ``order`` whose recent calls (``recent``, absent: 0),
+    with this one, stay within ``c * (total + 1) / n + slack``; when none does, the one with the fewest (first
+    in ``order`` on ties); None when ``order`` is empty.
+
+    A replica with fewer recent calls than the mean / ``c`` counts as having that many: one that was drained or
+    refused for a while takes new keys in their order, instead of every new key until it has caught up (it may
+    be slow, which is why it had few)."""
+    if not order:
+        return None
+    floor = sum(recent.get(replica, 0.0) for replica in order) / len(order) / c
+    load = {replica: max(floor, recent.get(replica, 0.0)) for replica in order}
+    bound = c * (sum(load.values()) + 1.0) / len(order) + slack
+    for replica in order:
+        if load[replica] + 1.0 <= bound:
+            return replica
+    return min(order, key=lambda replica: load[replica])
 
 
 def auto_key(body: bytes) -> str | None:

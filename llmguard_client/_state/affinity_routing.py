@@ -2,28 +2,38 @@
 
 A call's key is explicit (the ``x-llmguard-session`` header, else ``with guard.session(key)``) or, under
 ``AffinityPolicy(auto=True)``, derived from a chat body's system prompt and first user message
-(`llmguard_client._state.affinity.auto_key`). A keyed call walks the key's rendezvous order over every
-configured replica (`affinity_order`: the same in every process) and takes the first replica that
+(`llmguard_client._state.affinity.auto_key`). Among the replicas the router would send it to at all (not
+excluded, circuit closed, not drained as degraded, not cooling after a Retry-After, with rate-limit / KV-cache
+room, and not a straggler: calls in flight and no first token for `STRAGGLER_RATIO` x its TTFT estimate, and
+`STRAGGLER_FLOOR` s more than it), a keyed call goes to
 
-- the router would send it to at all: not excluded, circuit closed, not drained as degraded, not cooling after
-  a Retry-After, with rate-limit / KV-cache room, and not a straggler (calls in flight and no first token for
-  `STRAGGLER_RATIO` x its TTFT estimate, and `STRAGGLER_FLOOR` s more than it);
-- would hold at most ``load_factor`` x the mean load of those replicas plus ``load_slack`` (`affinity.choose`).
+- its key's home: the replica that answered the key's last call (this guard remembers the last `HOMES` keys),
+  which holds the longest cached prefix of it;
+- for a key without a home, the first replica in the key's rendezvous order (`affinity_order`: the same in
+  every process) whose recent calls stay within ``load_factor`` x the mean plus ``load_slack``
+  (`affinity.place`): a first call finds nothing cached anywhere, so placing it by load costs nothing;
+- then the key's rendezvous order;
 
-When none qualifies, the router's own least-cost choice stands. Hedges and retries exclude the replicas the
-call already used, so they go to the key's next replica: the backup warms a cache the conversation may use.
+taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack``
+(`affinity.choose`; no slack for a key without a home: nothing of it is cached anywhere). When none qualifies,
+the router's own least-cost choice stands. Hedges and retries exclude the replicas the call already used, so
+they go to the key's next replica.
+
+A call sent to its key's home is *expected to hit* the server's prefix cache (`expected_hit`): the hedge delay
+then comes from the replicas' TTFTs of such calls (`llmguard_client._state.ttft_stats`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TypeVar
 
-from llmguard_client._state.affinity import affinity_order, auto_key, choose
-from llmguard_client._state.health import Routable, no_room, silent
+from llmguard_client._state.affinity import affinity_order, auto_key, choose, place
+from llmguard_client._state.health import Routable, no_room, recent_calls, silent
 from llmguard_client.config import AffinityPolicy
 from llmguard_client.errors import GuardConfigError
 
@@ -42,11 +52,14 @@ class AffinityRouting:
 
     STRAGGLER_RATIO = 3.0
     STRAGGLER_FLOOR = 0.1
+    HOMES = 16_384
+    """Keys whose home (the replica that answered their last call) is remembered, least recently used dropped."""
 
     def __init__(self, names: Sequence[str], policy: AffinityPolicy) -> None:
         self.policy = policy
         self._names = list(names)
         self._ranks: dict[str, dict[str, int]] = {}
+        self._homes: OrderedDict[str, str] = OrderedDict()
         self._session: ContextVar[str | None] = ContextVar(f"llmguard_session_{id(self)}", default=None)
 
     def key_for(self, explicit: str | None, body: bytes) -> str | None:
@@ -82,16 +95,40 @@ class AffinityRouting:
         return None if key is None else functools.partial(self.choose, key, now)
 
     def choose(self, key: str, now: float, candidates: list[S]) -> S | None:
-        """The first of ``candidates`` in ``key``'s order that is not refused and within the load bound."""
+        """The first of ``candidates`` not refused, within the load bound: the key's home (or, for a key without
+        one, where `place` puts it), then the key's order."""
         eligible = [s for s in candidates if not self.refused(s, now)]
         if not eligible:
             return None
         ranks = self.rank(key)
         eligible.sort(key=lambda s: ranks.get(s.name, len(ranks)))
-        by_name = {s.name: s for s in eligible}
         policy = self.policy
-        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), policy.load_factor, policy.load_slack)
+        home, slack = self._homes.get(key), policy.load_slack
+        if home is None:  # nothing of it cached anywhere: no slack, a spill costs no cache hit
+            recent = {s.name: recent_calls(s.health, now) for s in eligible}
+            home, slack = place([s.name for s in eligible], recent, policy.load_factor, policy.load_slack), 0
+        eligible.sort(key=lambda s: s.name != home)  # stable: the rest keep the key's order
+        by_name = {s.name: s for s in eligible}
+        name = choose(list(by_name), {s.name: s.in_flight for s in eligible}, (), policy.load_factor, slack)
         return None if name is None else by_name[name]
+
+    def expected_hit(self, key: str | None, name: str) -> bool:
+        """Whether a call keyed ``key`` sent to replica ``name`` should find its prefix cached: ``name`` answered
+        the key's last call."""
+        return key is not None and self._homes.get(key) == name
+
+    def served(self, key: str | None, name: str) -> bool | None:
+        """Replica ``name`` answered a call keyed ``key``: it becomes the key's home. Returns whether the call was
+        `expected_hit` (None for an unkeyed call)."""
+        if key is None:
+            return None
+        homes = self._homes
+        hit = homes.get(key) == name
+        homes[key] = name
+        homes.move_to_end(key)
+        if len(homes) > self.HOMES:
+            homes.popitem(last=False)
+        return hit
 
     def refused(self, s: Routable, now: float) -> bool:
         """Health first: degraded, cooling, without room, or straggling."""

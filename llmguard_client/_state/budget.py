@@ -7,11 +7,42 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-__all__ = ["BUCKETS_PER_WINDOW", "BudgetSnapshot", "BudgetTicket", "RetryBudget"]
+__all__ = ["BUCKETS_PER_WINDOW", "BudgetSnapshot", "BudgetTicket", "FleetBudgetSnapshot", "RetryBudget", "SharedWindow"]
 
 BUCKETS_PER_WINDOW = 10
 """Time resolution of :class:`RetryBudget`: a bucket spans ``window / BUCKETS_PER_WINDOW`` seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBudgetSnapshot:
+    """The fleet's totals for a ``BudgetPolicy(scope="fleet")`` budget, as last read from the fleet store."""
+
+    in_force: bool
+    """Whether the fleet totals decide now (False: the store is not connected; the process's own window does)."""
+    window_requests: int
+    """Logical calls of every process of the fleet in the window, as last read (a conservative under-count)."""
+    window_extras: int
+    """Extra attempts of every process of the fleet in the window, as last read (a conservative over-count)."""
+    age: float | None
+    """Seconds since that read (None: never read)."""
+    syncs: int
+    """Completed syncs: this process's counts added to the fleet's and the totals read back."""
+    processes: int
+    """Processes of the fleet syncing a budget, as last read: each may spend its share of what the fleet has left
+    (``level`` is this process's share, plus what its own calls since the read earned)."""
+
+
+class SharedWindow(Protocol):
+    """What a fleet-scoped budget consults (``llmguard_client._state.fleet.budget_sync``)."""
+
+    def totals(self) -> tuple[float, float] | None:
+        """(requests, extras) of the fleet in the window, this process's unsynced ones included; None: the
+        fleet's totals are not in force (the budget decides on its own window)."""
+
+    def view(self) -> FleetBudgetSnapshot:
+        """The snapshot of the last read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +63,11 @@ class BudgetSnapshot:
     """Extra attempts charged to the current window (a conservative over-count)."""
     pending: int = 0
     """Tickets acquired but neither used (`BudgetTicket.settle`) nor refunded: 0 when no call is live."""
+    scope: Literal["process", "fleet"] = "process"
+    """``BudgetPolicy.scope``: whose calls and extra attempts the budget counts."""
+    fleet: FleetBudgetSnapshot | None = None
+    """The fleet's totals last read (None for ``scope="process"``); ``level`` is computed from them while
+    ``fleet.in_force``."""
 
 
 def _as_float(value: object) -> float:
@@ -113,6 +149,9 @@ class RetryBudget:
     The price is that up to one bucket (10 % of the window) of requests may go uncredited, so the
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
+    With ``share`` (``BudgetPolicy(scope="fleet")``) the budget decides on the fleet's totals whenever they are
+    in force, and keeps its own window for when they are not.
+
     Meant for a single event loop: no locks. ``clock`` must be non-decreasing (a clock that goes
     backwards is treated as standing still). Other threads (a metrics exporter) read only
     :meth:`published_level`.
@@ -132,6 +171,7 @@ class RetryBudget:
         "_ratio",
         "_refused",
         "_requests",
+        "_shared",
         "_spent",
         "_window",
     )
@@ -164,6 +204,7 @@ class RetryBudget:
         self._pending = 0
         self._refused = 0
         self._published = float(floor)
+        self._shared: SharedWindow | None = None
 
     @property
     def ratio(self) -> float:
@@ -180,6 +221,15 @@ class RetryBudget:
         """Sliding window length in seconds."""
         return self._window
 
+    def share(self, shared: SharedWindow) -> None:
+        """Decide against the fleet's totals (``BudgetPolicy(scope="fleet")``) whenever ``shared`` has them."""
+        self._shared = shared
+
+    @property
+    def requests(self) -> int:
+        """Lifetime logical requests recorded."""
+        return self._requests
+
     def record_request(self) -> None:
         """Record that one logical call started (earns ``ratio`` extra attempts for ``window`` s)."""
         now = self._tick()
@@ -190,7 +240,7 @@ class RetryBudget:
     def try_acquire(self) -> BudgetTicket | None:
         """Reserve one extra attempt (retry or hedge); None if the budget refuses (counted in ``refused``)."""
         now = self._tick()
-        requests, extras = self._window_counts(now)
+        requests, extras = self._counts(now)
         if extras + 1 > self._ratio * requests + self._floor:
             self._refused += 1
             self._publish(now)
@@ -224,6 +274,7 @@ class RetryBudget:
         """Return the current level and counters as an immutable value."""
         now = self._tick()
         requests, extras = self._window_counts(now)
+        shared = self._shared
         return BudgetSnapshot(
             level=self._publish(now),
             spent=self._spent,
@@ -232,6 +283,8 @@ class RetryBudget:
             window_requests=requests,
             window_extras=extras,
             pending=self._pending,
+            scope="process" if shared is None else "fleet",
+            fleet=None if shared is None else shared.view(),
         )
 
     def __repr__(self) -> str:
@@ -263,6 +316,15 @@ class RetryBudget:
             if bucket.first > horizon:
                 requests += bucket.requests
         return requests, extras
+
+    def _counts(self, now: float) -> tuple[float, float]:
+        """What the budget decides on: the fleet's totals while they are in force, else its own window."""
+        shared = self._shared
+        if shared is not None:
+            totals = shared.totals()
+            if totals is not None:
+                return totals
+        return self._window_counts(now)
 
     def _current(self, now: float) -> _Bucket:
         """The bucket that events at ``now`` go into, opening one if needed."""
@@ -314,6 +376,6 @@ class RetryBudget:
 
     def _publish(self, now: float) -> float:
         """Compute the level at ``now`` (on the loop) and publish it; return it."""
-        requests, extras = self._window_counts(now)
+        requests, extras = self._counts(now)
         level = self._published = max(0.0, self._ratio * requests + self._floor - extras)
         return level

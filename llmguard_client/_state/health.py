@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ReplicaHealth", "Routable", "ms", "no_room", "sent", "silent", "worse"]
+__all__ = ["RECENT_HALF_LIFE", "ReplicaHealth", "Routable", "ms", "no_room", "recent_calls", "sent", "silent", "worse"]
+
+RECENT_HALF_LIFE = 30.0
+"""Seconds over which `ReplicaHealth.recent` (attempts sent to a replica) fades by half."""
 
 
 @dataclass(slots=True)
@@ -25,6 +28,9 @@ class ReplicaHealth:
     drained_at: float = -math.inf
     last_pick: float = -math.inf
     """When an attempt was last sent here."""
+    recent: float = 0.0
+    """Attempts sent here, fading with a half-life of `RECENT_HALF_LIFE`, as of ``last_pick`` (read it with
+    `recent_calls`): the share of recent calls a new affinity key is placed by."""
     unanswered_since: float | None = None
     """When the first attempt sent here since its last first token (or failure) went out: while
     calls are in flight, a replica silent for longer than its TTFT estimate is costed as that slow."""
@@ -54,9 +60,17 @@ class Routable(Protocol):
 
 def sent(h: ReplicaHealth, now: float) -> None:
     """An attempt goes to this replica now."""
+    h.recent = recent_calls(h, now) + 1.0
     h.last_pick = now
     if h.unanswered_since is None:
         h.unanswered_since = now
+
+
+def recent_calls(h: ReplicaHealth, now: float) -> float:
+    """Attempts sent to this replica lately: each counts 1 when sent, halving every `RECENT_HALF_LIFE` s."""
+    if not h.recent:
+        return 0.0
+    return h.recent * math.pow(0.5, max(0.0, now - h.last_pick) / RECENT_HALF_LIFE)
 
 
 def silent(s: Routable, now: float, ttft: float) -> float:

@@ -15,9 +15,15 @@ bucket's capacity fits once the bucket is full.
 
 Fleet-wide: with a `FleetOps` store every admission is one Lua script (`FLEET_SCRIPT`) on the store's
 Redis, one round trip per attempt; corrections, refunds and header recalibrations are not sent on their
-own but ride on the next admission's script call. Time is the Redis server's (``TIME``), so the hosts'
+own but ride on the next admission's script call, and so do the charges of attempts admitted locally while
+the store could not decide. Time is the Redis server's (``TIME``), so the hosts'
 clocks need not agree. When the store fails (its ``run`` returns the default) or is unavailable, the
-process's own bucket decides (fail open); it is charged alongside the fleet's so it has a history.
+process's own bucket decides (fail open); it is charged alongside the fleet's so it has a history. That
+bucket holds this process's share of the limit, not the whole of it: the script counts the fleet's admissions,
+and the share is this process's admissions over the fleet's across its last `SHARE_WINDOW` admissions (the
+whole limit until it has seen `SHARE_MIN_SAMPLES`). A fleet whose store fails therefore keeps, in sum, about
+the provider's limit instead of each process admitting the whole of it. The first rate-limited admission of a
+store still connecting waits for that connection, at most the store's operation timeout (`FleetOps`).
 
 Why not the ``limits`` library: it counts hits of a fixed cost in windows (moving-window storage keeps a
 timestamp per unit of cost: one per token here), with no reservation that makes a caller wait its turn,
@@ -28,9 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from llmguard_client.config import RateLimit, Replica
 from llmguard_client.errors import GuardConfigError
@@ -38,6 +45,11 @@ from llmguard_client.errors import GuardConfigError
 __all__ = ["FLEET_SCRIPT", "FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
 
 T = TypeVar("T")
+
+SHARE_WINDOW = 32
+"""This process's share of the fleet's admissions is measured over its last this many admissions."""
+SHARE_MIN_SAMPLES = 8
+"""Admissions seen before the share is trusted (until then the local bucket holds the whole limit)."""
 
 
 class FleetOps(Protocol):
@@ -57,6 +69,14 @@ class FleetOps(Protocol):
         ...
 
 
+class _Connecting(Protocol):
+    """Optional on a `FleetOps` (the Guard's `FleetStore` has it): wait for a first connection in progress."""
+
+    async def first_connection(self) -> bool:
+        """True once connected; waits at most the store's operation timeout, and only for a first connection."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """An admission decision: admitted after ``wait`` seconds, or refused (``retry_after`` set)."""
@@ -72,12 +92,19 @@ class Grant:
 class _Dimension:
     """One limit (requests or tokens): its capacity, refill rate per second and current level."""
 
-    __slots__ = ("capacity", "level", "rate")
+    __slots__ = ("burst", "capacity", "full_rate", "level", "rate")
 
     def __init__(self, per_minute: float | None, burst: float) -> None:
-        self.rate = per_minute / 60.0 if per_minute is not None else 0.0
+        self.full_rate = self.rate = per_minute / 60.0 if per_minute is not None else 0.0
+        self.burst = burst
         self.capacity = self.rate * burst
         self.level = self.capacity
+
+    def scale(self, share: float) -> None:
+        """Hold ``share`` of the limit: the rate and capacity scaled, the level kept within the capacity."""
+        self.rate = self.full_rate * share
+        self.capacity = self.rate * self.burst
+        self.level = min(self.level, self.capacity)
 
     def wait_for(self, cost: float) -> float:
         """Seconds until ``cost`` fits (0 now); an unlimited dimension never waits."""
@@ -117,6 +144,12 @@ class LocalBucket:
         for dim, delta in ((self._requests, requests), (self._tokens, tokens)):
             dim.level = min(dim.capacity, dim.level + delta)
 
+    def scale(self, share: float) -> None:
+        """Hold ``share`` (0 < share <= 1) of the limit from now on: this process's part of a fleet's."""
+        self._refill()
+        for dim in (self._requests, self._tokens):
+            dim.scale(share)
+
     def cap(self, requests: int | None, tokens: int | None) -> None:
         """The provider says only this much is left: lower the levels to it (never raise them)."""
         self._refill()
@@ -139,7 +172,7 @@ class LocalBucket:
 FLEET_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts', 'n')
 local cap = {tonumber(ARGV[1]), tonumber(ARGV[3])}
 local rate = {tonumber(ARGV[2]), tonumber(ARGV[4])}
 local level = {tonumber(s[1]) or cap[1], tonumber(s[2]) or cap[2]}
@@ -154,17 +187,20 @@ for i = 1, 2 do
   if rate[i] > 0 then wait = math.max(wait, (math.min(cost[i], cap[i]) - level[i]) / rate[i]) end
 end
 local admitted = 0
+local n = tonumber(s[4]) or 0
 if wait <= tonumber(ARGV[7]) then
   admitted = 1
+  n = n + 1
   for i = 1, 2 do level[i] = level[i] - cost[i] end
 end
-redis.call('HSET', KEYS[1], 'r', tostring(level[1]), 't', tostring(level[2]), 'ts', tostring(now))
+redis.call('HSET', KEYS[1], 'r', tostring(level[1]), 't', tostring(level[2]), 'ts', tostring(now), 'n', tostring(n))
 redis.call('PEXPIRE', KEYS[1], ARGV[12])
-return {admitted, tostring(wait)}
+return {admitted, tostring(wait), tostring(n)}
 """
 """The fleet-wide admission: refill on the server's clock, apply this process's pending corrections and the
-provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``. KEYS[1]: the
-bucket's hash; ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
+provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``, counting the
+admissions (``n``, returned with the decision and the wait: each process's share). KEYS[1]: the bucket's hash;
+ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
 pending adjustments (requests, tokens); reported room (requests, tokens; '' for none); the key's TTL in ms."""
 _SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
 
@@ -172,15 +208,26 @@ _SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
 class _Scope:
     """One limit's buckets: the local one, and the fleet's key with what is waiting to be sent there."""
 
-    __slots__ = ("fleet_key", "local", "pending", "room")
+    __slots__ = ("admissions", "fleet_key", "local", "pending", "room")
 
     def __init__(self, local: LocalBucket, fleet_key: str | None) -> None:
         self.local = local
         self.fleet_key = fleet_key
+        self.admissions: deque[float] = deque(maxlen=SHARE_WINDOW)
+        """The fleet's admission count after each of this process's last admissions."""
         self.pending = [0.0, 0.0]
         """Requests and tokens to add to the fleet's bucket with the next admission (refunds, corrections)."""
         self.room: list[int | None] = [None, None]
         """The lowest room the provider reported since the last admission."""
+
+    def admitted(self, count: float) -> None:
+        """The fleet admitted this process's attempt as its ``count``-th: rescale the local bucket to the share."""
+        seen = self.admissions
+        if seen and count <= seen[-1]:  # a restarted (emptied) store counts from 0 again
+            seen.clear()
+        seen.append(count)
+        if len(seen) >= SHARE_MIN_SAMPLES:
+            self.local.scale(min(1.0, (len(seen) - 1) / (seen[-1] - seen[0])))
 
 
 class RateLimiter:
@@ -194,6 +241,10 @@ class RateLimiter:
         fleet: FleetOps | None = None,
     ) -> None:
         self._fleet = fleet
+        self._clock = clock
+        on_connect = getattr(fleet, "on_connect", None)
+        if on_connect is not None:  # the Guard's FleetStore: cache the script before any call needs it
+            on_connect(_load_script)
 
         def scope(name: str, limit: RateLimit) -> _Scope:
             key = fleet.key("ratelimit", name) if fleet is not None else None
@@ -214,33 +265,51 @@ class RateLimiter:
         """Charge one attempt to ``replica`` (1 request, ``tokens``): at most one round trip to the fleet."""
         scope = self._scope(replica)
         fleet = self._fleet
-        if fleet is None or scope.fleet_key is None or not fleet.available:
+        if fleet is None or scope.fleet_key is None:
             return scope.local.take(tokens, max_wait)
+        if not await _connected(fleet):
+            return self._take_locally(scope, tokens, max_wait)
         pending, room = scope.pending, scope.room
         scope.pending, scope.room = [0.0, 0.0], [None, None]
         limit = scope.local.limit
         args = _script_args(limit, tokens, max_wait, pending, room)
         key = scope.fleet_key
 
-        async def op(redis: Any) -> tuple[bool, float] | None:
+        async def op(redis: Any) -> tuple[bool, float, float] | None:
             try:
                 reply = await redis.evalsha(_SCRIPT_SHA, 1, key, *args)
             except Exception as exc:  # not cached (first use, a restart): send the script itself, which caches it
                 if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
                     raise
                 reply = await redis.eval(FLEET_SCRIPT, 1, key, *args)
-            return bool(int(reply[0])), float(reply[1])
+            return bool(int(reply[0])), float(reply[1]), float(reply[2])
 
+        sent = self._clock()
         decided = await fleet.run(op, None)
-        if decided is None:  # the store failed: the local bucket decides; what was pending goes next time
-            scope.pending = [scope.pending[0] + pending[0], scope.pending[1] + pending[1]]
+        if decided is None:
+            # The store failed or did not answer in time: the local bucket decides. Whether the script ran is
+            # unknown (a reply too late for a starved event loop, or never sent), so the conservative side is
+            # taken: charges go again with the next admission, refunds do not, and this attempt is owed too.
+            scope.pending = [now + min(0.0, before) for now, before in zip(scope.pending, pending, strict=True)]
             scope.room = [_lower(a, b) for a, b in zip(scope.room, room, strict=True)]
-            return scope.local.take(tokens, max_wait)
-        admitted, wait = decided
+            return self._take_locally(scope, tokens, max_wait)
+        admitted, wait, count = decided
         if not admitted:
             return Grant(retry_after=wait)
+        scope.admitted(count)
         scope.local.adjust(-1.0, -tokens)  # the local history, for when the store fails
-        return Grant(wait=wait)
+        # The wait runs from the script's instant, about halfway through the round trip: what is left of it.
+        return Grant(wait=max(0.0, wait - (self._clock() - sent) / 2))
+
+    @staticmethod
+    def _take_locally(scope: _Scope, tokens: float, max_wait: float) -> Grant:
+        """The fleet cannot decide: this process's share decides, and what it admits is charged to the fleet's
+        bucket with the next admission there (so the fleet makes up for it once the store is back)."""
+        grant = scope.local.take(tokens, max_wait)
+        if grant.admitted:
+            scope.pending[0] -= 1.0
+            scope.pending[1] -= tokens
+        return grant
 
     def refund(self, replica: str, tokens: float) -> None:
         """An admitted attempt was never sent (cancelled while it waited): give its charge back."""
@@ -269,6 +338,18 @@ class RateLimiter:
         scope = self._replicas.get(replica, self._guard)
         assert scope is not None, "applies(replica) is checked first"
         return scope
+
+
+async def _load_script(redis: Any) -> None:
+    await redis.script_load(FLEET_SCRIPT)
+
+
+async def _connected(fleet: FleetOps) -> bool:
+    """Whether the fleet decides now; a first connection in progress is awaited (bounded by the store)."""
+    if fleet.available:
+        return True
+    first = getattr(fleet, "first_connection", None)
+    return first is not None and await cast(_Connecting, fleet).first_connection()
 
 
 def _lower(a: int | None, b: int | None) -> int | None:

@@ -167,6 +167,13 @@ class ReplicaSet:
         """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
         return self.router.pick_hedge(now, self._ready(now, exclude), self._prefer(key, now))
 
+    def expected_hit(self, key: str | None, state: ReplicaState) -> bool | None:
+        """Whether a call keyed ``key`` sent to ``state`` should find its prefix cached there (None: unkeyed, or
+        affinity off): ``state`` answered the key's last call."""
+        if self.affinity is None or key is None:
+            return None
+        return self.affinity.expected_hit(key, state.name)
+
     def _prefer(self, key: str | None, now: float) -> Prefer[ReplicaState] | None:
         return self.affinity.prefer(key, now) if self.affinity is not None and key is not None else None
 
@@ -220,6 +227,10 @@ class ReplicaSet:
             self.router.answered(state)
         if headers is not None:
             self.router.saw_headers(state, when, headers)
+
+    def served(self, key: str | None, state: ReplicaState) -> bool | None:
+        """``state`` answered a call keyed ``key``: it becomes the key's home. Whether that was `expected_hit`."""
+        return None if self.affinity is None else self.affinity.served(key, state.name)
 
     def losers(self, attempts: Iterable[AttemptRecord]) -> None:
         """Attempts that lost a race before their first token: how long each waited is a lower

@@ -21,6 +21,13 @@ The rule for the adaptive hedge delay (``HedgePolicy.delay=None``), per tier and
    other replica a prefill for nothing (wasted work in the ``faults`` benchmark, docs/benchmarks.md).
    Drained replicas are left to rule 2: their probes are hedged after a typical healthy TTFT.
 
+Calls with an affinity key are told apart by whether they were expected to find their prompt prefix in the
+replica's cache (sent to the replica that answered the key's last call: `AffinityRouting.expected_hit`): a
+cached prefill is several times shorter, so one window of both kinds hedges cached calls late and uncached ones
+early. Their TTFTs also go to a class of their own, cached or uncached, and a keyed call's delay is read from
+its class by the same rules, once its replica has `TTFTStats.MIN_CLASS_SAMPLES` samples there and the class is
+warm; until then from all calls of its tier and stream kind.
+
 A slow minority of replicas therefore cannot drag the delay up: with three replicas, one of them 10x
 slower moves the median of the three p95s not at all, even before the router drains it. A quantile of
 all TTFTs pooled together, by contrast, learns the slow replica's TTFT as soon as it holds more than
@@ -71,6 +78,8 @@ class TTFTStats:
 
     WINDOW = 128
     MIN_REPLICA_SAMPLES = 5
+    MIN_CLASS_SAMPLES = 10
+    """A replica's samples of expected cache hits (or misses) before a keyed call's delay is read from them."""
     RECOMPUTE_EVERY = 8
     OWN_DELAY_CAP = 2.0
 
@@ -85,26 +94,38 @@ class TTFTStats:
         self._policy = policy
         self._degraded = degraded
         self._epoch = epoch
-        self._classes: dict[tuple[str, bool], _ClassStats] = {}
+        self._classes: dict[tuple[str, bool, bool | None], _ClassStats] = {}
 
-    def observe(self, replica: str, tier: str, stream: bool, ttft: float) -> None:
+    def observe(self, replica: str, tier: str, stream: bool, ttft: float, cached: bool | None = None) -> None:
         """A call of ``tier`` (streaming or not) got its first token ``ttft`` s after its attempt on
-        ``replica`` started."""
-        stats = self._classes.get((tier, stream))
+        ``replica`` started; ``cached``: a keyed call expected to hit the replica's prefix cache, or not
+        (None: unkeyed)."""
+        self._add((tier, stream, None), replica, ttft)
+        if cached is not None:
+            self._add((tier, stream, cached), replica, ttft)
+
+    def _add(self, cls: tuple[str, bool, bool | None], replica: str, ttft: float) -> None:
+        stats = self._classes.get(cls)
         if stats is None:
-            stats = self._classes[(tier, stream)] = _ClassStats()
+            stats = self._classes[cls] = _ClassStats()
         window = stats.windows.get(replica)
         if window is None:
             window = stats.windows[replica] = StreamingQuantile(self.WINDOW)
         window.add(max(0.0, ttft))
         stats.since += 1
 
-    def hedge_delay(self, tier: str, stream: bool, replica: str | None = None) -> float:
+    def hedge_delay(self, tier: str, stream: bool, replica: str | None = None, cached: bool | None = None) -> float:
         """Seconds to wait for a first token before hedging a call of this class whose primary went to
-        ``replica`` (see the module docstring)."""
+        ``replica``, expected to hit its prefix cache (``cached``) or not, or unkeyed (None); see the module
+        docstring."""
         policy = self._policy
         if policy.delay is not None:
             return policy.delay
+        if cached is not None and replica is not None:
+            split = self._fresh(tier, stream, cached)
+            window = split.windows.get(replica) if split is not None else None
+            if window is not None and window.count >= self.MIN_CLASS_SAMPLES and split and split.delay is not None:
+                return split.own.get(replica, split.delay)
         stats = self._fresh(tier, stream)
         if stats is None or stats.delay is None:
             return policy.warmup_delay
@@ -116,8 +137,8 @@ class TTFTStats:
         stats = self._fresh(tier, stream)
         return 0.0 if stats is None else stats.typical
 
-    def _fresh(self, tier: str, stream: bool) -> _ClassStats | None:
-        stats = self._classes.get((tier, stream))
+    def _fresh(self, tier: str, stream: bool, cached: bool | None = None) -> _ClassStats | None:
+        stats = self._classes.get((tier, stream, cached))
         if stats is None:
             return None
         epoch = self._epoch()
@@ -146,7 +167,9 @@ class TTFTStats:
         stats.own = {name: min(cap, q) for name, q in quantiles.items() if q > delay}
 
     def __repr__(self) -> str:
+        kinds = {None: "", True: "/cached", False: "/uncached"}
         classes = {
-            f"{tier}/{'stream' if stream else 'body'}": len(c.windows) for (tier, stream), c in self._classes.items()
+            f"{tier}/{'stream' if stream else 'body'}{kinds[cached]}": len(c.windows)
+            for (tier, stream, cached), c in self._classes.items()
         }
         return f"TTFTStats(replicas per class={classes})"

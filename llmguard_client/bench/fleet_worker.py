@@ -71,8 +71,10 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         client = guard.http_client()
     transitions = 0
     async with contextlib.AsyncExitStack() as stack:
-        if guard is not None:  # its fleet store connects now, while the processes wait for their common start
-            await stack.enter_async_context(guard)
+        if guard is not None and spec.get("connect", "early") == "early":
+            await stack.enter_async_context(guard)  # its store connects now, while the processes wait to start
+        elif guard is not None:
+            stack.push_async_callback(guard.aclose)  # its store connects on the first call
         await anyio.sleep(max(0.0, spec["start_at"] - time.time()))
         end = time.monotonic() + spec["duration"]
         async with client, anyio.create_task_group() as tg:

@@ -129,7 +129,8 @@ async def _run(args: argparse.Namespace, fleet_url: str | None) -> list[dict[str
     rate = args.rate or 2.0 * rps_limit
     tier = (args.tier_ttft or 2.0, args.tier_total or 20.0)
     spec: dict[str, Any] = {"rate": rate / n, "duration": DEFAULT_DURATION, "ttft": tier[0], "total": tier[1],
-                            "seed": args.seed, "fleet_url": fleet_url, "run_id": f"bench{os.getpid()}"}
+                            "seed": args.seed, "fleet_url": fleet_url, "run_id": f"bench{os.getpid()}",
+                            "connect": args.fleet_connect}
     whole = {"requests_per_minute": limit.requests_per_minute, "tokens_per_minute": limit.tokens_per_minute,
              "burst": limit.burst}
     share = {k: (v / n if k != "burst" and v is not None else v) for k, v in whole.items()}
@@ -152,8 +153,9 @@ def run_processes(args: argparse.Namespace) -> int:
     from llmguard_client.sim.scenarios import get_scenario
 
     limit = get_scenario(args.sim).rate_limit
+    connect = "" if args.fleet_connect == "early" else ", fleet stores connecting on the first call"
     title = (f"sim:{args.sim}, {args.processes} processes, provider limit {limit}, "
-             f"{DEFAULT_DURATION:.0f} s per client")
+             f"{DEFAULT_DURATION:.0f} s per client{connect}")
     print(render(rows, title))
     if args.json:
         with open(args.json, "w") as f:

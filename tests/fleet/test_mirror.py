@@ -44,7 +44,7 @@ async def test_a_cool_down_learned_by_one_guard_reaches_the_others(redis_server:
         a._replica_set.cool_down(states(a)[0], now, 30.0)
         await until(lambda: states(b)[0].cooling(anyio.current_time()))
         mirrored = states(b)[0]
-        assert abs(mirrored.cooling_until - (now + 30.0)) < 1.0
+        assert now + 29.0 <= mirrored.cooling_until <= anyio.current_time() + 30.0  # 30 s from now, less the transit
         assert mirrored.probe_at == math.inf  # the probe is the learning guard's, not this one's
         assert states(a)[0].probe_at < math.inf
         assert not states(b)[1].cooling(anyio.current_time())

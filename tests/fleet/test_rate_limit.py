@@ -8,11 +8,13 @@ import math
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 import httpx
 import pytest
 import redis.asyncio as redis
 
 from llmguard_client import PhaseRecord, RateLimit, RetryPolicy, Tier
+from llmguard_client._state.fleet import FleetStore, parse_fleet_url
 from llmguard_client._state.rate_limit import RateLimiter
 from tests.fleet.fleet_ops import RedisFleetOps
 from tests.redis_server import RedisServer
@@ -36,19 +38,29 @@ async def level_of(fleet: RedisFleetOps, key: str, field: str) -> float:
     return float(raw)
 
 
+def frozen() -> float:
+    """A local clock that never moves: a process's own bucket does not refill while a test runs, however long a
+    loaded machine takes between two admissions (the fleet's bucket refills on Redis's clock, which the tests
+    bound by the time that really passed)."""
+    return 0.0
+
+
 async def post(client: httpx.AsyncClient) -> httpx.Response:
     return await client.post("http://a/v1/chat/completions", content=BODY, headers={"content-type": "application/json"})
 
 
 async def test_two_processes_share_one_bucket_and_a_refusal_says_when_to_come_back(fleet: RedisFleetOps) -> None:
     limit = RateLimit(requests_per_minute=6, burst=30.0)  # 3 requests, one more every 10 s
-    first = RateLimiter(limit, {}, time.monotonic, fleet)
-    second = RateLimiter(limit, {}, time.monotonic, fleet)
+    first = RateLimiter(limit, {}, frozen, fleet)
+    second = RateLimiter(limit, {}, frozen, fleet)
     assert (await first.admit("r", 10, 0.0)).admitted
     assert (await second.admit("r", 10, 0.0)).admitted
+    emptied = time.monotonic()
     assert (await first.admit("r", 10, 0.0)).admitted
     refused = await second.admit("r", 10, 0.0)
-    assert refused.retry_after == pytest.approx(10.0, abs=0.1)  # a whole request missing / 0.1 per second
+    # A whole request missing / 0.1 per second, less what the bucket refilled since it was emptied.
+    assert refused.retry_after is not None
+    assert 10.0 - (time.monotonic() - emptied) - 0.01 <= refused.retry_after <= 10.0 + 0.01
     # Each process's local bucket was charged only its own admissions: alone it would have let this one in.
     assert second.bucket("r").levels()[0] == pytest.approx(2.0, abs=0.01)
     assert fleet.failures == 0
@@ -59,8 +71,13 @@ async def test_one_script_call_per_attempt_and_nothing_else(fleet: RedisFleetOps
     records: list[PhaseRecord] = []
     limit = RateLimit(requests_per_minute=6000, tokens_per_minute=600_000)
     guard = virtual_guard(
-        fakes, records, rate_limit=limit, fleet=fleet, tiers={"t": Tier(ttft=5.0, total=10.0)},
-        retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None,
+        fakes,
+        records,
+        rate_limit=limit,
+        fleet=fleet,
+        tiers={"t": Tier(ttft=5.0, total=10.0)},
+        retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
+        budget=None,
     )
     admin = redis.Redis.from_url(redis_server.url)
     try:
@@ -86,7 +103,7 @@ async def test_one_script_call_per_attempt_and_nothing_else(fleet: RedisFleetOps
 async def test_a_correction_rides_on_the_next_admission(fleet: RedisFleetOps, redis_server: RedisServer) -> None:
     fakes = {"http://a": FakeReplica("a")}
     records: list[PhaseRecord] = []
-    limit = RateLimit(tokens_per_minute=60, burst=1000.0)  # 1,000 tokens, one more per second
+    limit = RateLimit(tokens_per_minute=6, burst=10000.0)  # 1,000 tokens, one more per 10 s
     guard = virtual_guard(fakes, records, rate_limit=limit, fleet=fleet, tiers={"t": Tier(ttft=5.0, total=10.0)})
     key = fleet.key("ratelimit", "guard")
     async with guard, guard.http_client() as client:
@@ -102,20 +119,20 @@ async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[R
     server = redis_factory()
     server.start()
     ops = RedisFleetOps(server.url, timeout=0.5)
-    limiter = RateLimiter(RateLimit(requests_per_minute=6, burst=20.0), {}, time.monotonic, ops)  # 2 requests
+    limiter = RateLimiter(RateLimit(requests_per_minute=0.6, burst=200.0), {}, frozen, ops)  # 2 requests
     try:
         assert (await limiter.admit("r", 1, 0.0)).admitted  # through the fleet
         assert ops.failures == 0
         server.stop()
         assert (await limiter.admit("r", 1, 0.0)).admitted  # the store fails: the local bucket decides
         refused = await limiter.admit("r", 1, 0.0)  # locally: both requests spent (one through the fleet)
-        assert refused.retry_after == pytest.approx(10.0, abs=0.1)
+        assert refused.retry_after == pytest.approx(100.0)  # a whole request / 0.01 per second
         assert ops.failures == 2
         server.start()  # empty: a full bucket, and no script cached (NOSCRIPT -> EVAL)
         assert (await limiter.admit("r", 1, 0.0)).admitted
         assert ops.failures == 2
         level = await level_of(ops, ops.key("ratelimit", "guard"), "r")
-        assert level == pytest.approx(1.0, abs=0.01)
+        assert level == pytest.approx(0.0, abs=0.05)  # 2 - this one - the one admitted locally meanwhile
     finally:
         await ops.aclose()
 
@@ -132,3 +149,92 @@ async def test_a_paused_redis_fails_open_after_the_stores_timeout(redis_factory:
     finally:
         server.resume()
         await ops.aclose()
+
+
+async def test_the_local_bucket_holds_this_processs_share_when_redis_goes(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    first, second = RedisFleetOps(server.url, timeout=2.0), RedisFleetOps(server.url, timeout=2.0)
+    limit = RateLimit(requests_per_minute=60, burst=20.0)  # 20 requests, one more per second
+    mine = RateLimiter(limit, {}, frozen, first)
+    other = RateLimiter(limit, {}, frozen, second)
+    try:
+        for _ in range(8):  # two processes taking turns: each has half of the fleet's admissions
+            assert (await mine.admit("r", 1, 0.0)).admitted
+            assert (await other.admit("r", 1, 0.0)).admitted
+        assert first.failures == 0
+        # Half the limit locally (10 requests, 0.5 per second) once the share was known (at its 8th
+        # admission), its own admissions spent on it: 9 left.
+        assert mine.bucket("r").levels()[0] == pytest.approx(9.0)
+        server.stop()
+        admitted = [(await mine.admit("r", 1, 0.0)).admitted for _ in range(10)]
+        assert admitted == [True] * 9 + [False]
+        refused = await mine.admit("r", 1, 0.0)
+        assert refused.retry_after == pytest.approx(2.0)  # a request at half the rate: 2 s
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_the_first_admission_awaits_the_stores_first_connection_which_loads_the_script(
+    redis_server: RedisServer,
+) -> None:
+    store = FleetStore(parse_fleet_url(redis_server.url), "first", op_timeout=10.0)  # never reached here
+    limiter = RateLimiter(RateLimit(requests_per_minute=600), {}, time.monotonic, store)
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        await admin.script_flush()
+        await admin.config_resetstat()
+        assert store.snapshot().state == "idle"
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # connects, then admits through the fleet
+        assert store.available
+        assert await admin.hget(store.key("ratelimit", "guard"), "n") == b"1"
+        stats = await admin.info("commandstats")
+        assert "cmdstat_eval" not in stats  # the script was loaded on connecting: EVALSHA found it
+        assert stats["cmdstat_evalsha"]["calls"] == 1
+    finally:
+        await store.aclose()
+        await admin.aclose()
+
+
+async def test_a_store_that_failed_to_connect_is_not_awaited(redis_factory: type[RedisServer]) -> None:
+    down = redis_factory()  # never started: its port refuses connections
+    store = FleetStore(parse_fleet_url(down.url), "down", op_timeout=30.0, connect_timeout=0.2, backoff_initial=5.0)
+    limiter = RateLimiter(RateLimit(requests_per_minute=600), {}, time.monotonic, store)
+    try:
+        with anyio.fail_after(10.0):  # a third of the op timeout: a refused connection ends the wait at once
+            assert await store.first_connection() is False
+            assert store.snapshot().state == "degraded"
+            assert (await limiter.admit("r", 1, 0.0)).admitted  # and a degraded store is not waited for
+    finally:
+        await store.aclose()
+
+
+async def test_what_a_disconnected_process_admits_is_charged_to_the_fleet_when_it_is_back(
+    redis_factory: type[RedisServer],
+) -> None:
+    server = redis_factory()
+    server.start()
+    store = FleetStore(parse_fleet_url(server.url), "back", op_timeout=2.0, backoff_initial=0.01, backoff_max=0.05)
+    limiter = RateLimiter(RateLimit(requests_per_minute=0.6, burst=1000.0), {}, frozen, store)  # 10 requests
+    try:
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # through the fleet
+        server.stop()
+        assert (await limiter.admit("r", 1, 0.0)).admitted  # the script fails: the local bucket, owed to the fleet
+        assert store.snapshot().state == "degraded"
+        for _ in range(2):  # the store is down: the local bucket, and owed to the fleet's
+            assert (await limiter.admit("r", 1, 0.0)).admitted
+        server.start()  # empty: a full bucket
+        with anyio.fail_after(10.0):
+            while not store.available:  # noqa: ASYNC110 (polled state has no event)
+                await anyio.sleep(0.01)
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+        admin = redis.Redis.from_url(server.url)
+        try:
+            raw = await admin.hget(store.key("ratelimit", "guard"), "r")
+        finally:
+            await admin.aclose()
+        assert raw is not None
+        assert float(raw) == pytest.approx(10 - 3 - 1, abs=0.05)  # the 3 owed, then this one
+    finally:
+        await store.aclose()

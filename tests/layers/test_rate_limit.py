@@ -143,6 +143,25 @@ def test_retries_are_charged_and_a_hedge_that_does_not_fit_is_not_sent(backend: 
 
 
 @BACKENDS
+def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
+    # Room for 2 requests. The first attempt gets a 429 (the provider counted it against nothing), the retry wins:
+    # only the retry stays charged.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(status=429)]), "http://b": FakeReplica("b")}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(requests_per_minute=6, burst=20.0)  # 2 requests, 1 more per 10 s
+        async with limited_guard(
+            fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
+        ) as guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            (await post(client)).raise_for_status()
+            assert [a.status_code for a in records[-1].attempts] == [429, 200]
+            assert guard.rate_limiter.bucket("http://a").levels()[0] == pytest.approx(1.0, abs=0.01)
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
     completion = {
         "id": "c", "object": "chat.completion", "model": "m",

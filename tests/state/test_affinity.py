@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmguard_client._state.affinity import affinity_order, auto_key, choose, load_bound
+from llmguard_client._state.affinity import affinity_order, auto_key, choose, load_bound, place
 
 REPLICAS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.4:8000"]
 _PRINT_ORDERS = (
@@ -143,3 +143,28 @@ def test_the_slack_lets_a_replica_hold_that_many_calls_over_the_bound() -> None:
     assert choose(order, load, (), slack=2) == "a"
     with pytest.raises(ValueError, match="slack must be an int >= 0"):
         choose(order, load, (), slack=-1)
+
+
+def test_place_takes_the_first_replica_within_c_times_the_mean_of_recent_calls() -> None:
+    order = ["a", "b", "c"]
+    assert place(order, {"a": 10.0, "b": 10.0, "c": 10.0}) == "a"
+    assert place(order, {"a": 20.0, "b": 10.0, "c": 10.0}) == "b"  # 21 > 1.25 x 41 / 3 = 17.1
+    assert place(order, {"a": 20.0, "b": 10.0, "c": 10.0}, slack=4) == "a"  # 21 <= 21.1
+    assert place(order, {}) == "a"  # nothing sent yet: least loaded, first in order on ties
+    assert place([], {}) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=30, max_size=300, unique=True))
+def test_placing_keys_keeps_every_replicas_share_within_c_times_the_mean(keys: list[str]) -> None:
+    replicas = [f"http://r{i}:8000" for i in range(3)]
+    recent = dict.fromkeys(replicas, 0.0)
+    for key in keys:
+        recent[place(affinity_order(key, replicas), recent, 1.25) or ""] += 1
+    assert max(recent.values()) <= 1.25 * len(keys) / 3 + 1
+
+
+def test_a_replica_with_few_recent_calls_takes_new_keys_in_their_order_not_all_of_them() -> None:
+    # b was drained for a while: it gets the keys that rank it first, not every new key until it caught up.
+    assert place(["a", "b", "c"], {"a": 20.0, "b": 0.0, "c": 20.0}) == "a"
+    assert place(["b", "a", "c"], {"a": 20.0, "b": 0.0, "c": 20.0}) == "b"

@@ -9,13 +9,24 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 
 from llmguard_client import AffinityPolicy, Guard, HedgePolicy, PhaseRecord, Tier
 from llmguard_client._state.affinity import affinity_order
+from llmguard_client._state.routing import Router
 from tests.loopback import LoopbackServer, Script
 
 CHAT = "/v1/chat/completions"
 TIERS = {"t": Tier(ttft=20.0, total=30.0, stall=10.0)}
+
+
+@pytest.fixture(autouse=True)
+def no_draining_by_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about where keys go, among replicas that are all healthy; on a loaded machine one loopback
+    server can answer 4x slower than another for a while, which the router would rightly drain (and affinity then
+    rightly avoid). Raise the router's floors so speed alone never drains one here."""
+    monkeypatch.setattr(Router, "TTFT_FLOOR", 60.0)
+    monkeypatch.setattr(Router, "TPOT_FLOOR", 60.0)
 
 
 def body(user: str = "x", system: str = "you are terse") -> dict[str, Any]:
@@ -36,7 +47,9 @@ async def test_the_same_key_picks_the_same_replica_in_two_guards(servers: list[L
     keys = [f"conversation-{i}" for i in range(12)]
     chosen: list[list[str | None]] = []
     for listed in (urls, list(reversed(urls))):  # two processes of a fleet, configured in another order
-        async with Guard(listed, TIERS, hedge=None, instrumentation=None, affinity="explicit") as guard:
+        # A slack above the test's calls: new keys are placed by their order alone, never by the recent calls.
+        policy = AffinityPolicy(auto=False, load_slack=len(keys))
+        async with Guard(listed, TIERS, hedge=None, instrumentation=None, affinity=policy) as guard:
             async with guard.http_client() as client:
                 records = [await send(client, urls[0], body(), **{"x-llmguard-session": k}) for k in keys]
                 chosen.append([r.replica for r in records])
@@ -55,7 +68,9 @@ async def test_auto_keys_and_sessions_keep_a_conversation_on_one_replica(servers
             with guard.session("user-7"):
                 session = {(await send(client, urls[0], body(user=f"turn {i}"))).replica for i in range(6)}
     assert len(auto) == 1
-    assert session == {affinity_order("user-7", urls)[0]}
+    # A session key too; its first call was placed by the recent calls (conv A's six took one replica), then
+    # every call followed it.
+    assert len(session) == 1
 
 
 async def test_without_affinity_the_same_conversation_spreads(servers: list[LoopbackServer]) -> None:

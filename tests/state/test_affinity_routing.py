@@ -35,21 +35,50 @@ def first_pick(rs: ReplicaSet, key: str) -> str:
     return state.name
 
 
+def even_pick(urls: list[str], key: str) -> str:
+    """A new key's first pick while the replicas' recent calls are even (none yet): its rendezvous order."""
+    return first_pick(replica_set(urls), key)
+
+
 def test_the_same_key_picks_the_same_replica_in_separate_sets_and_keys_spread() -> None:
-    a, b = replica_set(), replica_set(list(reversed(URLS)))  # two processes, the replicas listed differently
     keys = [f"conversation-{i}" for i in range(60)]
-    picks = [first_pick(a, k) for k in keys]
-    assert picks == [first_pick(b, k) for k in keys] == [affinity_order(k, URLS)[0] for k in keys]
+    picks = [even_pick(URLS, k) for k in keys]
+    reordered = list(reversed(URLS))  # another process, the replicas listed differently
+    assert picks == [even_pick(reordered, k) for k in keys] == [affinity_order(k, URLS)[0] for k in keys]
     assert set(picks) == set(URLS)
 
 
 def test_removing_a_replica_moves_only_the_keys_that_preferred_it() -> None:
-    full, fewer = replica_set(), replica_set(URLS[:2])
     keys = [f"k{i}" for i in range(200)]
-    moved = [k for k in keys if first_pick(full, k) != first_pick(fewer, k)]
+    moved = [k for k in keys if even_pick(URLS, k) != even_pick(URLS[:2], k)]
     assert moved, "some keys preferred the removed replica"
-    assert all(first_pick(full, k) == URLS[2] for k in moved)
-    assert sum(first_pick(full, k) == URLS[2] for k in keys) == len(moved)
+    assert all(even_pick(URLS, k) == URLS[2] for k in moved)
+    assert sum(even_pick(URLS, k) == URLS[2] for k in keys) == len(moved)
+
+
+def test_a_new_key_is_placed_off_a_replica_over_its_share_of_recent_calls_and_a_known_key_stays_home() -> None:
+    rs = replica_set()
+    first, second, _ = affinity_order("new", URLS)
+    for state, recent in zip(rs.states, (10.0, 10.0, 10.0), strict=True):
+        state.health.recent, state.health.last_pick = recent, NOW
+    assert first_pick(rs, "new") == first  # shares even: the key's order decides
+    busy = by_name(rs, first)
+    busy.health.recent = 40.0  # 40 + 1 > 1.25 x (61 + 1) / 3 + 2 = 27.8
+    assert first_pick(rs, "new") == second  # a first call misses everywhere: placing it elsewhere is free
+    rs.served("old", busy)
+    assert first_pick(rs, "old") == first  # a key with a home stays there: its prefix is cached there
+    assert rs.expected_hit("old", busy) and not rs.expected_hit("old", by_name(rs, second))
+    assert rs.expected_hit("new", busy) is False and rs.expected_hit(None, busy) is None
+
+
+def test_a_key_follows_the_replica_that_answered_it_last() -> None:
+    rs = replica_set()
+    first, second, _ = affinity_order("k", URLS)
+    assert rs.served("k", by_name(rs, second)) is False  # its first answer: not expected to hit
+    assert first_pick(rs, "k") == second  # it spilled (a hedge won there): that replica has the longest prefix
+    assert rs.served("k", by_name(rs, second)) is True
+    hedge = rs.pick_hedge(NOW, [by_name(rs, second)], key="k")
+    assert hedge is not None and hedge.name == first  # a hedge goes to the key's next replica in order
 
 
 @pytest.mark.parametrize("why", ["cooling", "open", "degraded", "no_room", "straggling"])
@@ -103,6 +132,7 @@ def test_a_hedge_and_a_retry_go_to_the_keys_next_replica() -> None:
 
 def test_the_load_bound_spills_a_hot_key_and_keeps_every_replica_within_it() -> None:
     rs = replica_set(policy=AffinityPolicy(load_factor=1.25, load_slack=2))
+    rs.served("hot", by_name(rs, affinity_order("hot", URLS)[0]))  # its home: the key's first replica
     for _ in range(200):  # one key, 200 calls that all stay in flight
         state = rs.pick(NOW, key="hot")
         assert state is not None
@@ -135,9 +165,13 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
         pass
 
 
-def test_the_slack_keeps_a_lightly_loaded_key_on_its_replica() -> None:
+def test_the_slack_keeps_a_lightly_loaded_key_at_home_but_not_a_key_without_one() -> None:
     first = affinity_order("k", URLS)[0]
     for slack, expected in ((0, False), (2, True)):
         rs = replica_set(policy=AffinityPolicy(load_slack=slack))
+        rs.served("k", by_name(rs, first))  # its home: the key's first replica
         by_name(rs, first).in_flight = 2  # 2 calls in flight, all on the key's replica
         assert (first_pick(rs, "k") == first) is expected
+    rs = replica_set(policy=AffinityPolicy(load_slack=2))
+    by_name(rs, first).in_flight = 2
+    assert first_pick(rs, "k") != first  # a new key: nothing cached anywhere, so no slack

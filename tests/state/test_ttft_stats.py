@@ -125,3 +125,42 @@ def test_a_drained_replicas_own_quantile_is_not_used() -> None:
     for name, low in (("r0", 0.040), ("r1", 0.044), ("r2", 0.060)):
         feed(stats, name, spread(low))
     assert stats.hedge_delay("t", True, "r2") == stats.hedge_delay("t", True)
+
+
+def expected_p95(values: list[float]) -> float:
+    window = StreamingQuantile(TTFTStats.WINDOW)
+    for value in values:
+        window.add(value)
+    q = window.quantile(0.95)
+    assert q is not None
+    return q
+
+
+def test_keyed_calls_take_the_delay_of_their_class_cached_or_uncached() -> None:
+    stats = TTFTStats(POLICY)
+    hits, misses = spread(0.06), spread(0.3, 40)
+    for replica in ("r0", "r1", "r2"):
+        for ttft in hits:
+            stats.observe(replica, "t", True, ttft, cached=True)
+        for ttft in misses:
+            stats.observe(replica, "t", True, ttft, cached=False)
+    overall = stats.hedge_delay("t", True, "r0")
+    cached, uncached = stats.hedge_delay("t", True, "r0", True), stats.hedge_delay("t", True, "r0", False)
+    assert cached == pytest.approx(expected_p95(hits))
+    assert uncached == pytest.approx(expected_p95(misses))
+    assert cached < overall < uncached  # one window of both kinds: too late for a hit, too early for a miss
+    assert stats.hedge_delay("t", True, "r0", None) == overall  # unkeyed calls: all of them
+
+
+def test_a_class_with_too_few_samples_on_the_replica_falls_back_to_all_calls() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(0.1))  # unkeyed calls only
+    for replica in ("r1", "r2"):
+        for ttft in spread(0.02, 30):
+            stats.observe(replica, "t", True, ttft, cached=True)
+    for ttft in spread(0.02, TTFTStats.MIN_CLASS_SAMPLES - 1):
+        stats.observe("r0", "t", True, ttft, cached=True)
+    # r0 has 9 expected hits: not enough, so its keyed calls are hedged like all of r0's calls.
+    assert stats.hedge_delay("t", True, "r0", True) == stats.hedge_delay("t", True, "r0")
+    assert stats.hedge_delay("t", True, "r1", True) == pytest.approx(0.05)  # min_delay: the class is warm there
+    assert stats.hedge_delay("t", True, "r0", False) == stats.hedge_delay("t", True, "r0")  # no misses at all

@@ -1,22 +1,35 @@
 """What a Guard shares with the other processes of its fleet through Redis (``Guard(fleet=..., name=...)``).
 
 `FleetStore` is the connection (bounded, failing open); `FleetMirror` shares cool-downs and open circuits;
-`FleetFlag` the rollout fraction and kill switch. `Fleet` puts the three together for a Guard.
+`FleetFlag` the rollout fraction and kill switch; `FleetBudgetSync` the retry budgets of
+``BudgetPolicy(scope="fleet")``. `Fleet` puts them together for a Guard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from llmguard_client._rollout.rollout import Rollout
+from llmguard_client._state.budget import RetryBudget
+from llmguard_client._state.fleet.budget_sync import FleetBudgetSync
 from llmguard_client._state.fleet.flag import FleetFlag
 from llmguard_client._state.fleet.mirror import FleetMirror
 from llmguard_client._state.fleet.store import FleetSnapshot, FleetStore
 from llmguard_client._state.fleet.url import FleetURL, check_name, parse_fleet_url
 from llmguard_client._state.replicas import ReplicaSet
+from llmguard_client.config import BudgetPolicy
 from llmguard_client.errors import GuardConfigError
 
-__all__ = ["Fleet", "FleetSnapshot", "FleetStore", "FleetURL", "check_name", "make_fleet", "parse_fleet_url"]
+__all__ = [
+    "Fleet",
+    "FleetSnapshot",
+    "FleetStore",
+    "FleetURL",
+    "check_name",
+    "make_fleet",
+    "parse_fleet_url",
+    "share_budgets",
+]
 
 
 class Fleet:
@@ -36,6 +49,13 @@ class Fleet:
         replicas.shared = self.mirror
         self.flag = FleetFlag(store, rollout, poll_interval)
         rollout.wake = store.start
+        self.budgets: FleetBudgetSync | None = None
+
+    def share_budget(self, budget: RetryBudget, label: str) -> None:
+        """Count ``budget`` fleet-wide (``BudgetPolicy(scope="fleet")``); ``label`` tells the Guard's from a tier's."""
+        if self.budgets is None:
+            self.budgets = FleetBudgetSync(self.store)
+        self.budgets.add(budget, label)
 
     def snapshot(self) -> FleetSnapshot:
         return self.store.snapshot()
@@ -68,3 +88,22 @@ def make_fleet(
             "services sharing one Redis never share cool-downs or a rollout flag"
         )
     return Fleet(FleetStore(address, name), replicas, rollout, poll_interval=poll_interval, clock=clock)
+
+
+def share_budgets(
+    fleet: Fleet | None,
+    guard: Mapping[str, tuple[BudgetPolicy | None, RetryBudget | None]],
+    tier_policies: Mapping[str, BudgetPolicy],
+    tier_budgets: Mapping[str, RetryBudget],
+) -> None:
+    """Hand the budgets whose policy says ``scope="fleet"`` to the fleet; a `GuardConfigError` without one."""
+    labelled = {**guard, **{f"tier.{t}": (tier_policies[t], b) for t, b in tier_budgets.items()}}
+    for label, (policy, budget) in labelled.items():
+        if policy is None or budget is None or policy.scope != "fleet":
+            continue
+        if fleet is None:
+            raise GuardConfigError(
+                "BudgetPolicy(scope='fleet') shares the retry budget through the fleet store: it needs "
+                "Guard(fleet='redis://...', name='checkout'); use scope='process' (the default) without one"
+            )
+        fleet.share_budget(budget, label)

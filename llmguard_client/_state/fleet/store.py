@@ -89,6 +89,8 @@ class FleetStore:
         self._state: State = "idle"
         self._task: asyncio.Task[None] | None = None
         self._trouble: asyncio.Event | None = None
+        self._settled: asyncio.Event | None = None
+        """Set once the first connection succeeded or failed (`first_connection` waits for it)."""
         self._outbox: deque[Op[object]] = deque(maxlen=256)
         self._outbox_ready: asyncio.Event | None = None
         self._channels: dict[str, Callable[[bytes], None]] = {}
@@ -132,6 +134,21 @@ class FleetStore:
             self.degrade(exc)
             return default
 
+    async def first_connection(self) -> bool:
+        """Connected now; or, while the first connection is under way, once it is, waiting at most
+        ``op_timeout`` (what a fleet-wide rate limit's first admission awaits). False at once otherwise."""
+        if self._state == "connected":
+            return True
+        if self._state not in ("idle", "connecting"):
+            return False
+        self.start()
+        settled = self._settled
+        if settled is None:  # no asyncio loop: the fleet stays off
+            return False
+        with anyio.move_on_after(self.op_timeout):
+            await settled.wait()
+        return self.available  # (re-read: the wait may have changed the state)
+
     # --- for the parts that share through the store -----------------------------------------
 
     def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
@@ -169,6 +186,7 @@ class FleetStore:
             return
         self._trouble = asyncio.Event()
         self._outbox_ready = asyncio.Event()
+        self._settled = asyncio.Event()
         self._task = loop.create_task(self._supervise(), name=f"llmguard-fleet-{self.name}")
 
     async def aclose(self) -> None:
@@ -205,6 +223,8 @@ class FleetStore:
             self.transitions += 1
         self._state = "degraded"
         self._client = None
+        if self._settled is not None:
+            self._settled.set()
         logger.warning(
             "llmguard fleet %s (name %r) degraded: %s; running on local state, reconnecting in the background",
             self.url.redacted,
@@ -258,6 +278,8 @@ class FleetStore:
             was = self._state
             self._state, self._client = "connected", client
             self.resyncs += 1
+            if self._settled is not None:
+                self._settled.set()
             if was == "degraded":
                 self.transitions += 1
                 logger.warning("llmguard fleet %s (name %r) connected again; resynced", self.url.redacted, self.name)
