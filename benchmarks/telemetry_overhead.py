@@ -34,9 +34,9 @@ import opentelemetry.version
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import NoOpTracerProvider
 
+from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, Instrumentation
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 R1 = "http://10.0.0.1:8000/v1"
 R2 = "http://10.0.0.2:8000/v1"
@@ -44,47 +44,45 @@ R2 = "http://10.0.0.2:8000/v1"
 
 def plain_call(inst: Instrumentation, i: int) -> None:
     t0 = time.monotonic()
-    record = PhaseRecord(
+    record = CallRecordBuilder(
         request_id=f"r{i}", tier="interactive", cohort="guarded", method="POST", path="/v1/chat/completions",
-        start=t0, start_unix=time.time(), model="gpt-4o", stream=True, max_tokens=256,
+        start=t0, start_unix=time.time(), model="gpt-4o", stream=True, max_tokens=256, rollout_fraction=None,
     )  # fmt: skip
     obs = inst.call_started(record)
-    attempt = AttemptRecord(index=0, replica=R1, kind="primary", start=t0 + 0.001)
-    record.attempts.append(attempt)
+    attempt = record.attempt_started(R1, "primary", t0 + 0.001)
     obs.attempt_started(attempt, R1 + "/chat/completions", {})
-    attempt.sent, attempt.headers, attempt.first_token = t0 + 0.002, t0 + 0.05, t0 + 0.1
-    attempt.finish, attempt.status_code, attempt.outcome = t0 + 0.9, 200, "won"
+    attempt.attempt_sent(t0 + 0.002)
+    attempt.attempt_headers(t0 + 0.05, 200)
+    attempt.attempt_first_token(t0 + 0.1)
+    attempt.attempt_finished("won", t0 + 0.9)
     obs.attempt_finished(attempt)
-    record.sent, record.headers, record.first_token, record.finish = t0 + 0.002, t0 + 0.05, t0 + 0.1, t0 + 0.9
-    record.status, record.replica, record.http_status = "ok", R1, 200
-    record.prompt_tokens, record.completion_tokens = 30, 120
-    record.response_id, record.response_model, record.finish_reasons = "chatcmpl-1", "gpt-4o-2024-08-06", ["stop"]
-    obs.call_finished(record)
+    record.delivered(attempt, 200)
+    record.response_facts(30, 120, "chatcmpl-1", "gpt-4o-2024-08-06", ["stop"], None)
+    obs.call_finished(record.call_finished("ok", None, t0 + 0.9))
 
 
 def hedged_call(inst: Instrumentation, i: int) -> None:
     t0 = time.monotonic()
-    record = PhaseRecord(
+    record = CallRecordBuilder(
         request_id=f"r{i}", tier="interactive", cohort="guarded", method="POST", path="/v1/chat/completions",
-        start=t0, start_unix=time.time(), model="gpt-4o", stream=True, max_tokens=256,
+        start=t0, start_unix=time.time(), model="gpt-4o", stream=True, max_tokens=256, rollout_fraction=None,
     )  # fmt: skip
     obs = inst.call_started(record)
-    primary = AttemptRecord(index=0, replica=R1, kind="primary", start=t0)
-    record.attempts.append(primary)
+    primary = record.attempt_started(R1, "primary", t0)
     obs.attempt_started(primary, R1 + "/chat/completions", {})
-    hedge = AttemptRecord(index=1, replica=R2, kind="hedge", start=t0 + 0.3)
-    record.attempts.append(hedge)
+    hedge = record.attempt_started(R2, "hedge", t0 + 0.3)
     obs.attempt_started(hedge, R2 + "/chat/completions", {})
-    hedge.sent, hedge.headers, hedge.first_token = t0 + 0.301, t0 + 0.33, t0 + 0.36
-    hedge.finish, hedge.status_code, hedge.outcome = t0 + 0.36, 200, "won"
+    hedge.attempt_sent(t0 + 0.301)
+    hedge.attempt_headers(t0 + 0.33, 200)
+    hedge.attempt_first_token(t0 + 0.36, complete=True)
+    hedge.attempt_finished("won", None)
     obs.attempt_finished(hedge)
-    primary.sent, primary.finish, primary.outcome = t0 + 0.001, t0 + 0.361, "lost"
+    primary.attempt_sent(t0 + 0.001)
+    primary.attempt_finished("lost", t0 + 0.361)
     obs.attempt_finished(primary)
-    record.sent, record.headers, record.first_token, record.finish = t0 + 0.301, t0 + 0.33, t0 + 0.36, t0 + 1.2
-    record.status, record.replica, record.http_status = "ok", R2, 200
-    record.prompt_tokens, record.completion_tokens = 30, 120
-    record.response_id, record.response_model, record.finish_reasons = "chatcmpl-1", "gpt-4o-2024-08-06", ["stop"]
-    obs.call_finished(record)
+    record.delivered(hedge, 200)
+    record.response_facts(30, 120, "chatcmpl-1", "gpt-4o-2024-08-06", ["stop"], None)
+    obs.call_finished(record.call_finished("ok", None, t0 + 1.2))
 
 
 def timed(inst: Instrumentation, shape: Callable[[Instrumentation, int], None], calls: int) -> float:

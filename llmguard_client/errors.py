@@ -46,8 +46,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from llmguard_client.telemetry.record import PhaseRecord
+
 if TYPE_CHECKING:
-    from llmguard_client.telemetry.record import PhaseRecord
+    from llmguard_client.telemetry._record_builder import CallRecordBuilder
 
 
 class LLMGuardError(Exception):
@@ -64,7 +66,8 @@ class GuardFailure(LLMGuardError):
     ``cause`` is a stable machine-readable string (also sent as the
     ``x-llmguard-cause`` header in response mode), ``status_code`` the HTTP status a
     proxy would answer with, ``retry_after`` the seconds the caller should wait (or
-    None), ``record`` the call's phase record.
+    None), ``record`` the call's phase record (frozen; final once the call has ended, as it has by the
+    time the caller gets the error).
     """
 
     cause: str = "guard_failure"
@@ -75,14 +78,22 @@ class GuardFailure(LLMGuardError):
         message: str,
         *,
         request: httpx.Request | None = None,
-        record: PhaseRecord | None = None,
+        record: PhaseRecord | CallRecordBuilder | None = None,
         retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.record = record
+        self._record = record
         self.retry_after = retry_after
         self._guard_request = request
+
+    @property
+    def record(self) -> PhaseRecord | None:
+        """The call's frozen `PhaseRecord`: the final one once the call ended, else a snapshot of it so far."""
+        record = self._record
+        if record is None or isinstance(record, PhaseRecord):
+            return record
+        return record.snapshot()
 
 
 class GuardRequestError(GuardFailure, ValueError):

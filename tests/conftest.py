@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.bytecode import precompile
 from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
 from tests.redis_server import _shared_redis, redis_factory, redis_server
@@ -42,6 +43,12 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
     yield _cluster
     _cluster.reset()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The package's bytecode, once, before any xdist worker or test subprocess imports it (tests/bytecode.py)."""
+    if not hasattr(config, "workerinput"):  # the controller (or a serial run), before it starts the workers
+        precompile()
 
 
 WORKERS_PER_CORE = 2

@@ -15,8 +15,8 @@ from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.replicas import ReplicaState, rebase
 from llmguard_client._state.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 
 if TYPE_CHECKING:
     from llmguard_client._core.outcome import Payment, Win
@@ -107,7 +107,8 @@ class Call:
     tier_name: str
     tier: Tier
     respond_with_errors: bool
-    record: PhaseRecord
+    record: CallRecordBuilder
+    """The call's record as it is built (telemetry writes it; the caller gets frozen copies)."""
     observation: CallObservation
     lease: CallLease
     clock: Clock
@@ -164,7 +165,9 @@ class Call:
             return None
         return Payment(ticket, self.lease.hold(ticket.refund))
 
-    def attempt_request(self, state: ReplicaState, attempt: AttemptRecord, body: bytes | None = None) -> httpx.Request:
+    def attempt_request(
+        self, state: ReplicaState, attempt: AttemptRecordBuilder, body: bytes | None = None
+    ) -> httpx.Request:
         """The caller's request re-aimed at one replica, with that replica's own headers (and ``body``
         instead of the caller's, for a continuation)."""
         url = state.target_for(self.request.url, self.replica_bases)

@@ -25,12 +25,13 @@ import httpx
 from llmguard_client._core.call import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
 from llmguard_client.errors import GuardFailure
+from llmguard_client.telemetry._record_builder import AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
-def describe_attempts(record: PhaseRecord) -> str:
+def describe_attempts(record: AnyCall) -> str:
     """'2 attempt(s): primary http://a: cancelled; hedge http://b: failed (http_503)'."""
     parts = []
     for a in record.attempts:

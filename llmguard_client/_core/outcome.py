@@ -22,7 +22,8 @@ from llmguard_client._state.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
 from llmguard_client.protocols.errors import OVERLOAD_STATUSES
-from llmguard_client.telemetry.record import AttemptKind, AttemptRecord
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder
+from llmguard_client.telemetry.record import AttemptKind
 
 
 @dataclass(slots=True, eq=False)
@@ -91,7 +92,7 @@ class Route:
 class Win:
     """An attempt's first content token (or complete body) arrived."""
 
-    attempt: AttemptRecord
+    attempt: AttemptRecordBuilder
     state: ReplicaState
     response: httpx.Response
     chunks: list[bytes]
@@ -112,7 +113,7 @@ class Win:
 class AttemptFailure:
     """An attempt that produced no usable answer; its connection is closed."""
 
-    attempt: AttemptRecord
+    attempt: AttemptRecordBuilder
     state: ReplicaState
     error: BaseException | None = None
     status_code: int | None = None

@@ -54,6 +54,7 @@ from llmguard_client._stream.continuation import CallContinuation, Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
+from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
 from llmguard_client.telemetry.hooks import Instrumentation
 from llmguard_client.telemetry.record import CallStatus, PhaseRecord
@@ -207,7 +208,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         facts = RequestFacts.parse(request, body)
         path = request.url.path
-        record = PhaseRecord(
+        record = CallRecordBuilder(
             request_id=os.urandom(16).hex(),  # a random 128-bit id, like uuid4().hex at a quarter of the cost
             tier=tier_name,
             cohort="guarded",
@@ -258,44 +259,43 @@ class GuardTransport(httpx.AsyncBaseTransport):
     def _deliver(self, call: Call, win: Win, continuation: CallContinuation | None) -> httpx.Response:
         record, attempt = call.record, win.attempt
         call.deliver(win)
-        attempt.outcome = "won"
-        record.replica = attempt.replica
-        record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
-        record.http_status = win.response.status_code
+        attempt.attempt_outcome("won")
+        record.delivered(attempt, win.response.status_code)
         cached = self._replicas.served(call.affinity_key, win.state)  # expected to hit the cache, or None
         if attempt.ttft is not None:
             self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached)
-        return httpx.Response(
+        response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
             stream=GuardBody(call, win, self.pipeline.stream, continuation),
             request=call.request,
-            extensions={**win.response.extensions, "llmguard": record},
+            extensions=win.response.extensions,  # copied by httpx
         )
+        record.hand_over(response.extensions)
+        return response
 
     # --- the end of a call ----------------------------------------------------------------
 
     def _finish(self, call: Call, status: CallStatus, cause: str | None) -> None:
         """The lease's last act, exactly once per call: finalise the record and report it."""
-        record = call.record
         now = call.clock()
         win = call.delivered
+        end = now
         if win is not None:
             attempt = win.attempt
             if attempt.outcome == "won":
-                attempt.finish = attempt.finish if attempt.finish is not None and win.rest is None else now
+                if attempt.finish is None or win.rest is not None:
+                    attempt.attempt_finished("won", now)
+                end = attempt.finish if attempt.finish is not None else now
                 ok, tokens, duration = _stream_outcome(status, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
-                record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
-                record.response_id, record.response_model = facts.response_id, facts.model
-                record.finish_reasons = list(facts.finish_reasons)
-                record.chunks = win.reader.chunks
+                call.record.response_facts(facts.prompt_tokens, facts.completion_tokens, facts.response_id,
+                                           facts.model, facts.finish_reasons, win.reader.chunks)
             else:  # won the race, but the call ended before it was handed over
-                attempt.outcome, attempt.finish = "cancelled", now
+                attempt.attempt_finished("cancelled", now)
             call.observation.attempt_finished(attempt)
-        record.status, record.cause = status, cause
-        record.finish = win.attempt.finish if win is not None and win.attempt.outcome == "won" else now
+        record = call.record.call_finished(status, cause, end)
         call.observation.call_finished(record)
         deliver_to_captures(record, call.request)
         if self._on_record is not None:
@@ -320,11 +320,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             last = None
         if last is not None and last.status_code is not None:
             cause = error.cause if error is not None else "upstream_status"
-            call.record.http_status = last.status_code
-            call.record.replica = last.attempt.replica
+            call.record.answered(last.status_code, last.attempt.replica)
             await lease.aclose("rejected" if error is not None else "http_error", cause)
             no_retry = self._retry is not None or error is not None
-            return upstream_response(last, cause, call.request, call.record, no_retry=no_retry)
+            return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
         if error is None:
             assert last is not None and last.error is not None
             if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
@@ -340,10 +339,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
         status: CallStatus = "timeout" if error.cause.endswith("timeout") else (
             "rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error"
         )
+        if call.respond_with_errors:  # the caller gets the guard's own answer: the record says so
+            call.record.answered(error.status_code)
         await lease.aclose(status, error.cause)
         if call.respond_with_errors:
-            call.record.http_status = error.status_code
-            return failure_response(error, call.request, call.record)
+            return failure_response(error, call.request, call.record.snapshot())
         raise error
 
     # --- per-call choices -----------------------------------------------------------------

@@ -34,7 +34,7 @@ from llmguard_client._state.retry_after import parse_retry_after
 from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error
-from llmguard_client.telemetry.record import AttemptRecord
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder
 
 ERROR_BODY_LIMIT = 64 * 1024
 """Bytes of an error response kept to hand back to the caller."""
@@ -61,10 +61,7 @@ class AttemptLayer:
         if self._registry.closed:
             raise GuardClosed("the Guard was closed; no new attempt is sent", request=call.request, record=call.record)
         clock = call.clock
-        attempt = AttemptRecord(index=len(call.record.attempts), replica=state.name, kind=route.kind, start=clock())
-        call.record.attempts.append(attempt)
-        if route.resumes is not None:
-            attempt.resumed_at, attempt.resumed_tokens, attempt.break_cause = route.resumes
+        attempt = call.record.attempt_started(state.name, route.kind, clock(), route.resumes)
         if route.payment is not None:
             route.payment.settle()
         in_flight = call.lease.occupy(state)
@@ -75,10 +72,7 @@ class AttemptLayer:
             request.extensions = stamp_sent(request.extensions, attempt, clock)
             response = await state.transport.handle_async_request(request)
             call.lease.own(response)
-            attempt.headers = clock()
-            if attempt.sent is None:
-                attempt.sent = attempt.headers
-            attempt.status_code = response.status_code
+            attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
                 return Failed([await _error_status(attempt, state, response, clock)])
             reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
@@ -90,22 +84,18 @@ class AttemptLayer:
                 call.lease.own(response, opening.rest)
             if reader.failure is not None:  # before the first token: a failed attempt, like a 503
                 return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
-            attempt.first_token = clock()
-            if opening.rest is None:
-                attempt.finish = attempt.first_token
+            attempt.attempt_first_token(clock(), complete=opening.rest is None)
             won = True
             return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
         except anyio.get_cancelled_exc_class():
             winner = None if route.race is None else route.race.winner
-            attempt.outcome = "lost" if winner is not None and winner.attempt is not attempt else "cancelled"
-            attempt.finish = clock()
+            lost = winner is not None and winner.attempt is not attempt
+            attempt.attempt_finished("lost" if lost else "cancelled", clock())
             raise
         except GuardClosed:
             raise
         except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
-            attempt.finish = clock()
-            attempt.outcome = "failed"
-            attempt.error = error_kind(exc)
+            attempt.attempt_finished("failed", clock(), error=error_kind(exc))
             return Failed([AttemptFailure(attempt, state, error=exc)])
         finally:
             if not won:
@@ -114,20 +104,18 @@ class AttemptLayer:
 
 
 async def _error_status(
-    attempt: AttemptRecord, state: ReplicaState, response: httpx.Response, clock: Clock
+    attempt: AttemptRecordBuilder, state: ReplicaState, response: httpx.Response, clock: Clock
 ) -> AttemptFailure:
     body = await _read_limited(response, ERROR_BODY_LIMIT)
-    attempt.finish = clock()
-    attempt.outcome = "failed"
-    attempt.error = f"http_{response.status_code}"
-    attempt.retry_after = parse_retry_after(response.headers)
+    retry_after = parse_retry_after(response.headers)
+    attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)
     return AttemptFailure(
         attempt,
         state,
         status_code=response.status_code,
         headers=response.headers,
         body=body,
-        retry_after=attempt.retry_after,
+        retry_after=retry_after,
         extensions=dict(response.extensions),
     )
 
@@ -140,7 +128,7 @@ def _body(response: httpx.Response) -> httpx.AsyncByteStream:
 
 def _stream_failure(
     call: Call,
-    attempt: AttemptRecord,
+    attempt: AttemptRecordBuilder,
     state: ReplicaState,
     failure: StreamFailure,
     response: httpx.Response,
@@ -148,10 +136,7 @@ def _stream_failure(
 ) -> AttemptFailure:
     """A 200 that failed before its first token, as a failed attempt: with the status its error stands
     for (a JSON error body to hand back if it is the call's last answer), else as a stream error."""
-    attempt.finish = clock()
-    attempt.outcome = "failed"
-    attempt.error = failure.cause
-    attempt.retry_after = failure.retry_after
+    attempt.attempt_finished("failed", clock(), error=failure.cause, retry_after=failure.retry_after)
     error = None
     headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
     if failure.retry_after is not None:
@@ -183,14 +168,14 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     return b"".join(parts)[:limit]
 
 
-def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecord, clock: Clock) -> dict[str, Any]:
-    """``extensions`` with a ``trace`` hook that stamps ``attempt.sent`` when httpcore reports the request body
+def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecordBuilder, clock: Clock) -> dict[str, Any]:
+    """``extensions`` with a ``trace`` hook that stamps the attempt's ``sent`` when httpcore reports the request body
     written, and still calls the caller's own hook."""
     inner = extensions.get("trace")
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event.endswith("send_request_body.complete"):
-            attempt.sent = clock()
+            attempt.attempt_sent(clock())
         if inner is not None:
             result = inner(event, info)
             if hasattr(result, "__await__"):

@@ -91,5 +91,5 @@ class BulkheadLayer:
                     )
                 )
             call.lease.hold(bulkhead.release)
-        call.record.queued = call.clock()
+        call.record.queued_until(call.clock())
         return await call_next(call, route)

@@ -98,7 +98,7 @@ class HedgeLayer:
             if race.winner is None and token is not None and token <= call.first_token_deadline:
                 race.winner = extra
                 continue
-            extra.attempt.outcome = "lost"
+            extra.attempt.attempt_outcome("lost")
             await call.lease.end_attempt(extra.in_flight, extra.response)
             call.observation.attempt_finished(extra.attempt)
 

@@ -35,8 +35,9 @@ from llmguard_client._core.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
 from llmguard_client._state.pool import replica_transport
 from llmguard_client.protocols import StreamReader, reader_for
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
-from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord, CallStatus, PhaseRecord
+from llmguard_client.telemetry.record import AttemptOutcome, CallStatus, PhaseRecord
 
 logger = logging.getLogger("llmguard_client")
 
@@ -95,7 +96,7 @@ async def passthrough(
         body = b""
     facts = RequestFacts.parse(request, body)
     origin = _origin(request.url)
-    record = PhaseRecord(
+    record = CallRecordBuilder(
         request_id=uuid.uuid4().hex,
         tier=tier,
         cohort="control",
@@ -108,8 +109,7 @@ async def passthrough(
         max_tokens=facts.max_tokens,
         rollout_fraction=fraction,
     )
-    attempt = AttemptRecord(index=0, replica=origin, kind="primary", start=now)
-    record.attempts.append(attempt)
+    attempt = record.attempt_started(origin, "primary", now)
     end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
     end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
     outgoing = httpx.Request(
@@ -126,24 +126,23 @@ async def passthrough(
         raise
     except Exception as exc:
         cause = error_kind(exc)
-        attempt.error = cause
-        end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed")
+        end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
         raise
-    attempt.headers = clock()
-    attempt.sent = attempt.sent if attempt.sent is not None else attempt.headers
-    attempt.status_code = record.http_status = response.status_code
-    record.replica, record.sent, record.headers = origin, attempt.sent, attempt.headers
+    attempt.attempt_headers(clock(), response.status_code)
+    record.delivered(attempt, response.status_code)
     content_type = response.headers.get("content-type", "")
     reader = None
     if response.status_code < 400:
         reader = reader_for(request.method, request.url.path, content_type, facts.stream)
-    return httpx.Response(
+    measured = httpx.Response(
         response.status_code,
         headers=response.headers,
         stream=_MeasuredStream(response, reader, end),
         request=request,
-        extensions={**response.extensions, "llmguard": record},
+        extensions=response.extensions,  # copied by httpx
     )
+    record.hand_over(measured.extensions)
+    return measured
 
 
 class _End:
@@ -151,8 +150,8 @@ class _End:
 
     def __init__(
         self,
-        record: PhaseRecord,
-        attempt: AttemptRecord,
+        record: CallRecordBuilder,
+        attempt: AttemptRecordBuilder,
         observation: CallObservation,
         on_record: Callable[[PhaseRecord], None] | None,
         clock: Callable[[], float],
@@ -161,14 +160,17 @@ class _End:
         self._on_record, self.clock = on_record, clock
         self.done = False
 
-    def __call__(self, status: CallStatus, cause: str | None, outcome: AttemptOutcome) -> None:
+    def __call__(
+        self, status: CallStatus, cause: str | None, outcome: AttemptOutcome, error: str | None = None
+    ) -> None:
+        """End the call with ``status`` and ``cause``, its attempt with ``outcome`` (and ``error``)."""
         if self.done:
             return
         self.done = True
-        record, attempt = self.record, self.attempt
-        record.finish = attempt.finish = self.clock()
-        record.status, record.cause, attempt.outcome = status, cause, outcome
-        self.observation.attempt_finished(attempt)
+        now = self.clock()
+        self.attempt.attempt_finished(outcome, now, error=error)
+        self.observation.attempt_finished(self.attempt)
+        record = self.record.call_finished(status, cause, now)
         self.observation.call_finished(record)
         if self._on_record is not None:
             try:
@@ -193,11 +195,11 @@ class _MeasuredStream(httpx.AsyncByteStream):
         try:
             async for chunk in stream:
                 if reader is not None and reader.feed(chunk) and end.record.first_token is None:
-                    end.record.first_token = end.clock()
+                    end.record.first_token_at(end.clock())
                 yield chunk
         except Exception as exc:
-            end.attempt.error = error_kind(exc)
-            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", end.attempt.error, "failed")
+            cause = error_kind(exc)
+            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
             raise
         if reader is not None:
             reader.end_of_body()
@@ -206,20 +208,18 @@ class _MeasuredStream(httpx.AsyncByteStream):
     def _finish(self) -> None:
         end, record, code, reader = self._end, self._end.record, self._response.status_code, self._reader
         if code >= 400 or reader is None:
-            end.attempt.error = f"http_{code}"
-            end("http_error", "upstream_status", "failed")
+            end("http_error", "upstream_status", "failed", f"http_{code}")
             return
         facts = reader.facts
-        record.chunks = reader.chunks
-        if record.first_token is None:  # a body or a stream without content tokens: complete at its end
-            record.first_token = end.clock()
-        record.prompt_tokens, record.completion_tokens = facts.prompt_tokens, facts.completion_tokens
-        record.response_id, record.response_model = facts.response_id, facts.model
-        record.finish_reasons = list(facts.finish_reasons)
-        end.attempt.first_token = record.first_token
+        first_token = record.first_token
+        if first_token is None:  # a body or a stream without content tokens: complete at its end
+            first_token = end.clock()
+            record.first_token_at(first_token)
+        record.response_facts(facts.prompt_tokens, facts.completion_tokens, facts.response_id, facts.model,
+                              facts.finish_reasons, reader.chunks)
+        end.attempt.attempt_first_token(first_token)
         if reader.failure is not None:
-            end.attempt.error = reader.failure.cause
-            end("error", reader.failure.cause, "failed")
+            end("error", reader.failure.cause, "failed", reader.failure.cause)
         else:
             end("ok", None, "won")
 

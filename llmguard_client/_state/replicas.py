@@ -19,7 +19,7 @@ from llmguard_client._state.affinity_routing import AffinityRouting, Prefer
 from llmguard_client._state.cooldown import first_attempt_candidates, probe_after
 from llmguard_client._state.routing import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
-from llmguard_client.telemetry.record import AttemptRecord
+from llmguard_client.telemetry._record_builder import AnyAttempt
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
@@ -232,7 +232,7 @@ class ReplicaSet:
         """``state`` answered a call keyed ``key``: it becomes the key's home. Whether that was `expected_hit`."""
         return None if self.affinity is None else self.affinity.served(key, state.name)
 
-    def losers(self, attempts: Iterable[AttemptRecord]) -> None:
+    def losers(self, attempts: Iterable[AnyAttempt]) -> None:
         """Attempts that lost a race before their first token: how long each waited is a lower
         bound on its replica's TTFT."""
         for attempt in attempts:

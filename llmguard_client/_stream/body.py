@@ -217,7 +217,7 @@ class GuardBody(httpx.AsyncByteStream):
         if self._stall_tripped and await self._continued(error.cause):
             return await self.__anext__()
         if not self._stall_tripped and self._resume is not None:
-            call.record.not_continued = "total_deadline"
+            call.record.not_continued_because("total_deadline")
         await self._end("timeout", error.cause)
         raise error
 

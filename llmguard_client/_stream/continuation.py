@@ -176,9 +176,9 @@ class CallContinuation:
         be, with the reason in ``call.record.not_continued``."""
         resumed = await self._resume(call, win, reader, cause)
         if isinstance(resumed, str):
-            call.record.not_continued = resumed
+            call.record.not_continued_because(resumed)
             return None
-        call.record.not_continued = None
+        call.record.not_continued_because(None)
         return resumed
 
     async def _resume(self, call: Call, win: Win, reader: object, cause: str) -> Resumed | NotContinued:
@@ -219,21 +219,22 @@ class CallContinuation:
         sent = len(call.record.attempts) - before
         self.count += sent
         if sent:
-            broken.error = cause
+            broken.attempt_broke(cause)
             self.tried.append(win.state)
         if isinstance(outcome, Failed):
             self.tried.extend(f.state for f in outcome.failures)
             if sent:
                 return "continuation_failed"
             return _NOT_SENT.get(outcome.stopped or "no_replica", "no_replica")
-        broken.outcome, broken.finish = "failed", outcome.attempt.start
+        broken.attempt_finished("failed", outcome.attempt.start)
         call.observation.attempt_finished(broken)
         # The call's end reports only its last winner to the router, so the broken replica is reported now: its
         # stream's pace, and a failure of the weight of one before the first token (it cost one extra request,
         # as a retry does), counted toward its circuit by the retry layer's classification.
-        lasted = None if broken.first_token is None else broken.finish - broken.first_token
-        self.replicas.stream_finished(win.state, broken.finish, ok=None, tokens=tokens - self.tokens, duration=lasted)
-        self.classify.broke(win.state, broken.finish)
+        ended = outcome.attempt.start
+        lasted = None if broken.first_token is None else ended - broken.first_token
+        self.replicas.stream_finished(win.state, ended, ok=None, tokens=tokens - self.tokens, duration=lasted)
+        self.classify.broke(win.state, ended)
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
         splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
         self.text, self.tokens, self.splicer = text, tokens, splicer
@@ -245,7 +246,7 @@ class CallContinuation:
         for chunk in chunks:
             fresh.feed(chunk)
         rest = SplicedRest(outcome.rest, splicer)
-        outcome.attempt.outcome = "won"
+        outcome.attempt.attempt_outcome("won")
         resumed = Win(outcome.attempt, outcome.state, outcome.response, [], rest, fresh, outcome.in_flight)
         return Resumed(chunks, rest, fresh, resumed)
 

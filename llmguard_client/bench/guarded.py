@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -72,14 +72,16 @@ class GuardedClient(BenchClient):
     async def _send(self, body: dict[str, Any], probe: Probe) -> None:
         # The guard rewrites the origin to the replica it picks; urls[0] is only a placeholder.
         url = self.urls[0] + "/v1/chat/completions"
-        async with self._http.stream("POST", url, json=body) as response:
-            try:
+        extensions: Mapping[str, Any] = {}
+        try:
+            async with self._http.stream("POST", url, json=body) as response:
+                extensions = response.extensions
                 if response.status_code != 200:
                     await response.aread()
                     raise HTTPStatus(response.status_code, response.headers.get("x-llmguard-cause"))
                 await consume_sse(response, probe)
-            finally:
-                probe.extra["record"] = response.extensions.get("llmguard")
+        finally:  # read once the response is closed: the call's final record (a snapshot before)
+            probe.extra["record"] = extensions.get("llmguard")
 
     def waited_of(self, probe: Probe) -> float | None:
         """Gaps before retry rounds, during which no attempt of the call was running."""

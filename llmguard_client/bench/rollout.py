@@ -12,7 +12,7 @@ path, each call's phase record is written by `RecordLogger` as one JSON line, re
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -80,11 +80,13 @@ class RolloutClient(GuardedClient):
 
     async def _send(self, body: dict[str, Any], probe: Probe) -> None:
         url = self.next_url() + "/v1/chat/completions"  # where the application itself would send it
-        async with self._http.stream("POST", url, json=body) as response:
-            try:
+        extensions: Mapping[str, Any] = {}
+        try:
+            async with self._http.stream("POST", url, json=body) as response:
+                extensions = response.extensions
                 if response.status_code != 200:
                     await response.aread()
                     raise HTTPStatus(response.status_code, response.headers.get("x-llmguard-cause"))
                 await consume_sse(response, probe)
-            finally:
-                probe.extra["record"] = response.extensions.get("llmguard")
+        finally:  # read once the response is closed: the call's final record (a snapshot before)
+            probe.extra["record"] = extensions.get("llmguard")

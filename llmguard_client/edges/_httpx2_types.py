@@ -11,7 +11,7 @@ both the guard's class and the httpx2 one: ``except TTFTTimeout``, ``.cause``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import httpx
@@ -39,8 +39,13 @@ def core_request(request: httpx2.Request, body: bytes) -> httpx.Request:
     )
 
 
-def response_extensions(extensions: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in extensions.items() if key not in _DROPPED_EXTENSIONS}
+def response_extensions(extensions: MutableMapping[str, Any]) -> dict[str, Any]:
+    """The core response's own extensions dict, minus httpcore's objects, for the caller's response to share
+    (assigned after it is built: its constructor copies): the guard puts the final record in it when the call
+    ends (``extensions["llmguard"]``)."""
+    for key in _DROPPED_EXTENSIONS:
+        extensions.pop(key, None)
+    return extensions if isinstance(extensions, dict) else dict(extensions)  # httpx's is a dict
 
 
 def translate_error(exc: BaseException, request: httpx2.Request) -> BaseException:

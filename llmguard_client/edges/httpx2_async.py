@@ -32,13 +32,11 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
             response = await self._core.handle_async_request(inner)
         except httpx.HTTPError as exc:
             raise translate_error(exc, request) from exc
-        return httpx2.Response(
-            response.status_code,
-            headers=response.headers.raw,
-            stream=_Body(response, request),
-            request=request,
-            extensions=response_extensions(response.extensions),
+        out = httpx2.Response(
+            response.status_code, headers=response.headers.raw, stream=_Body(response, request), request=request
         )
+        out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
+        return out
 
 
 class _Body(httpx2.AsyncByteStream):

@@ -40,13 +40,11 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
                 )
         except httpx.HTTPError as exc:
             raise translate_error(exc, request) from exc
-        return httpx2.Response(
-            response.status_code,
-            headers=response.headers.raw,
-            stream=_Body(body, request),
-            request=request,
-            extensions=response_extensions(response.extensions),
+        out = httpx2.Response(
+            response.status_code, headers=response.headers.raw, stream=_Body(body, request), request=request
         )
+        out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
+        return out
 
 
 class _Body(httpx2.SyncByteStream):

@@ -39,13 +39,9 @@ class SyncGuardTransport(httpx.BaseTransport):
             response, body = runner_for(self._guard).send(request)
         except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
             return self._guard.transport.refuse(request, closed)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers.raw,
-            stream=_Body(body),
-            request=request,
-            extensions=response.extensions,
-        )
+        out = httpx.Response(response.status_code, headers=response.headers.raw, stream=_Body(body), request=request)
+        out.extensions = response.extensions  # shared (the constructor copies): the final record lands in it
+        return out
 
 
 class _Body(httpx.SyncByteStream):

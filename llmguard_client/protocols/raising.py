@@ -6,7 +6,7 @@ import httpx
 
 from llmguard_client.errors import GuardStreamError, StreamTruncated, UpstreamStreamError
 from llmguard_client.protocols.base import StreamFailure
-from llmguard_client.telemetry.record import PhaseRecord
+from llmguard_client.telemetry._record_builder import AnyCall
 
 _WHAT = {
     "error_event": "reported an error inside its stream",
@@ -23,7 +23,7 @@ def stream_error(
     *,
     replica: str,
     request: httpx.Request | None = None,
-    record: PhaseRecord | None = None,
+    record: AnyCall | None = None,
     after_first_token: bool,
 ) -> GuardStreamError:
     """The exception for ``failure`` on ``replica``; its message says what, where and when."""

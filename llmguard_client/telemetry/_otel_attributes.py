@@ -13,7 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 from opentelemetry.util.types import AttributeValue
 
 from llmguard_client.telemetry import semconv as sc
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry._record_builder import AnyAttempt, AnyCall
+from llmguard_client.telemetry.record import PhaseRecord
 
 __all__ = [
     "ATTEMPT_PHASES",
@@ -73,7 +74,7 @@ def call_error_type(record: PhaseRecord) -> str | None:
     return record.cause or status
 
 
-def attempt_error_type(attempt: AttemptRecord) -> str | None:
+def attempt_error_type(attempt: AnyAttempt) -> str | None:
     """``error.type`` of one attempt, or None (a lost or cancelled attempt has none)."""
     outcome = attempt.outcome
     if outcome == "lost" or outcome == "cancelled":
@@ -86,7 +87,7 @@ def attempt_error_type(attempt: AttemptRecord) -> str | None:
     return attempt.error  # a winner whose body then failed (read_error), else None
 
 
-def continuation_attributes(attempt: AttemptRecord, attrs: Attrs) -> None:
+def continuation_attributes(attempt: AnyAttempt, attrs: Attrs) -> None:
     """Add a continuation attempt's offset (characters and tokens it resumed at) and its break's cause."""
     if attempt.resumed_at is not None:
         attrs[sc.LLMGUARD_RESUMED_AT] = attempt.resumed_at
@@ -139,7 +140,7 @@ def server_of(url: str) -> tuple[str, int] | None:
     return host, port
 
 
-def epoch_ns(record: PhaseRecord, t: float | None) -> int:
+def epoch_ns(record: AnyCall, t: float | None) -> int:
     """Epoch nanoseconds of the monotonic instant ``t`` of ``record``'s call (now when None)."""
     if t is None:
         return time.time_ns()

@@ -26,7 +26,8 @@ from llmguard_client.telemetry._otel_attributes import (
     epoch_ns,
 )
 from llmguard_client.telemetry._otel_metrics import Instruments
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry._record_builder import AnyAttempt, AttemptRecordBuilder, CallRecordBuilder
+from llmguard_client.telemetry.record import PhaseRecord
 
 __all__ = ["CallObserver", "Shared"]
 
@@ -63,7 +64,7 @@ class CallObserver:
 
     __slots__ = ("_attempt_spans", "_ctx", "_done", "_op", "_record", "_refusals", "_shared", "_span", "_winner")
 
-    def __init__(self, shared: Shared, record: PhaseRecord, span: Span, op: str) -> None:
+    def __init__(self, shared: Shared, record: CallRecordBuilder, span: Span, op: str) -> None:
         self._shared = shared
         self._record = record
         self._span = span
@@ -72,7 +73,7 @@ class CallObserver:
         self._attempt_spans: dict[int, Span] = {}
         self._refusals = 0
         self._done = False
-        self._winner: AttemptRecord | None = None
+        self._winner: AttemptRecordBuilder | None = None
 
     def _context(self) -> Context:
         ctx = self._ctx
@@ -81,7 +82,7 @@ class CallObserver:
         return ctx
 
     # -- CallObservation protocol ---------------------------------------------------------------
-    def attempt_started(self, attempt: AttemptRecord, url: str, headers: MutableMapping[str, str]) -> None:
+    def attempt_started(self, attempt: AttemptRecordBuilder, url: str, headers: MutableMapping[str, str]) -> None:
         shared = self._shared
         if not shared.attempt_spans:
             propagate.inject(headers, context=self._context())
@@ -110,7 +111,7 @@ class CallObserver:
         self._attempt_spans[attempt.index] = span
         propagate.inject(headers, context=trace.set_span_in_context(span, self._context()))
 
-    def attempt_finished(self, attempt: AttemptRecord) -> None:
+    def attempt_finished(self, attempt: AttemptRecordBuilder) -> None:
         if attempt.outcome == "won" and not self._done:
             # The transport reports the winner just before the call's end: wait for it, to know
             # whether its body completed (a stream can still break or stall after winning).
@@ -118,7 +119,7 @@ class CallObserver:
             return
         self._attempt_done(attempt, None)
 
-    def budget_refused(self, record: PhaseRecord) -> None:
+    def budget_refused(self, record: CallRecordBuilder) -> None:
         self._refusals += 1
         self._shared.instruments.budget_refused(record)
 
@@ -151,7 +152,7 @@ class CallObserver:
         shared.instruments.call(record, self._op, shared.provider_name, err, server)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _attempt_done(self, attempt: AttemptRecord, call_err: str | None) -> None:
+    def _attempt_done(self, attempt: AnyAttempt, call_err: str | None) -> None:
         shared = self._shared
         record = self._record
         err = attempt_error_type(attempt) or call_err
@@ -164,7 +165,7 @@ class CallObserver:
         if span is not None:
             self._end_attempt_span(span, attempt, err)
 
-    def _end_attempt_span(self, span: Span, attempt: AttemptRecord, err: str | None) -> None:
+    def _end_attempt_span(self, span: Span, attempt: AnyAttempt, err: str | None) -> None:
         record = self._record
         if span.is_recording():
             attrs: Attrs = {sc.LLMGUARD_ATTEMPT_OUTCOME: attempt.outcome}

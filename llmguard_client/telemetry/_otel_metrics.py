@@ -17,7 +17,8 @@ from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observa
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry._otel_attributes import Attrs
 from llmguard_client.telemetry._otel_genai_metrics import gen_ai_metrics
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry._record_builder import AnyAttempt, AnyCall
+from llmguard_client.telemetry.record import PhaseRecord
 
 __all__ = ["BudgetRegistry", "Instruments", "budget_registry"]
 
@@ -159,10 +160,10 @@ class Instruments:
         self.bulkhead.add(1, {sc.LLMGUARD_TIER: tier})
 
     # -- one call -------------------------------------------------------------------------------
-    def budget_refused(self, record: PhaseRecord) -> None:
+    def budget_refused(self, record: AnyCall) -> None:
         self.budget_refusals.add(1, {sc.LLMGUARD_TIER: record.tier, sc.LLMGUARD_COHORT: record.cohort})
 
-    def attempt_kind_outcome(self, record: PhaseRecord, attempt: AttemptRecord) -> None:
+    def attempt_kind_outcome(self, record: AnyCall, attempt: AnyAttempt) -> None:
         """``llmguard.client.attempts``: one per attempt, whatever the span settings."""
         attrs: Attrs = {
             sc.LLMGUARD_TIER: record.tier,
@@ -173,7 +174,7 @@ class Instruments:
         self.attempts.add(1, attrs)
 
     def http_request(
-        self, record: PhaseRecord, attempt: AttemptRecord, server: tuple[str, int] | None, err: str | None
+        self, record: AnyCall, attempt: AnyAttempt, server: tuple[str, int] | None, err: str | None
     ) -> None:
         """``http.client.request.duration`` of a finished attempt."""
         finish = attempt.finish

@@ -11,30 +11,33 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Protocol
 
-from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
+from llmguard_client.telemetry.record import PhaseRecord
 
 
 class CallObservation(Protocol):
     """Receives the events of one logical call."""
 
-    def attempt_started(self, attempt: AttemptRecord, url: str, headers: MutableMapping[str, str]) -> None:
-        """An attempt is about to be sent to ``url``; ``headers`` may be amended (e.g. ``traceparent``)."""
+    def attempt_started(self, attempt: AttemptRecordBuilder, url: str, headers: MutableMapping[str, str]) -> None:
+        """An attempt is about to be sent to ``url``; ``headers`` may be amended (e.g. ``traceparent``).
+        ``attempt`` is live and read-only: the attempt as it is built, with an `AttemptRecord`'s attributes."""
 
-    def attempt_finished(self, attempt: AttemptRecord) -> None:
-        """The attempt ended; its ``outcome`` is final."""
+    def attempt_finished(self, attempt: AttemptRecordBuilder) -> None:
+        """The attempt ended; its ``outcome`` is final (``attempt.freeze()`` is its frozen `AttemptRecord`)."""
 
     def call_finished(self, record: PhaseRecord) -> None:
-        """The call ended (success, failure, cancellation or end of stream); the record is final."""
+        """The call ended (success, failure, cancellation or end of stream); ``record`` is the final, frozen one."""
 
-    def budget_refused(self, record: PhaseRecord) -> None:
+    def budget_refused(self, record: CallRecordBuilder) -> None:
         """An extra attempt (retry or hedge; or a continuation, by its own budget) for this call was refused."""
 
 
 class Instrumentation(Protocol):
     """Creates one `CallObservation` per logical call."""
 
-    def call_started(self, record: PhaseRecord) -> CallObservation:
-        """A logical call started (``record`` is live: it is filled in as the call goes)."""
+    def call_started(self, record: CallRecordBuilder) -> CallObservation:
+        """A logical call started (``record`` is live and read-only: the call's record as it is built, with the
+        request's attributes of a `PhaseRecord`; the final one comes to ``call_finished``)."""
 
     def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:
         """A replica was put in cool-down (``reason``: retry_after, circuit_open)."""
@@ -54,16 +57,16 @@ class Instrumentation(Protocol):
 class _NoCall:
     __slots__ = ()
 
-    def attempt_started(self, attempt: AttemptRecord, url: str, headers: MutableMapping[str, str]) -> None:
+    def attempt_started(self, attempt: AttemptRecordBuilder, url: str, headers: MutableMapping[str, str]) -> None:
         return None
 
-    def attempt_finished(self, attempt: AttemptRecord) -> None:
+    def attempt_finished(self, attempt: AttemptRecordBuilder) -> None:
         return None
 
     def call_finished(self, record: PhaseRecord) -> None:
         return None
 
-    def budget_refused(self, record: PhaseRecord) -> None:
+    def budget_refused(self, record: CallRecordBuilder) -> None:
         return None
 
 
@@ -71,7 +74,7 @@ class _NoInstrumentation:
     __slots__ = ()
     _call = _NoCall()
 
-    def call_started(self, record: PhaseRecord) -> CallObservation:
+    def call_started(self, record: CallRecordBuilder) -> CallObservation:
         return self._call
 
     def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:

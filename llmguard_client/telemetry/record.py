@@ -1,10 +1,17 @@
-"""The plain per-request phase record (`RecordLogger`, in `llmguard_client.telemetry.record_logger`, writes it).
+"""The per-request phase record (`RecordLogger`, in `llmguard_client.telemetry.record_logger`, writes it).
 
 Every logical call through the guard produces one `PhaseRecord`, delivered to
 ``Guard(on_record=...)`` when the call ends and readable on the response as
 ``response.extensions["llmguard"]``. All timestamps are monotonic seconds on the
 Guard's clock (by default the event loop's: ``time.monotonic()`` on asyncio);
 ``start_unix`` anchors them to wall-clock time.
+
+Records are immutable (frozen dataclasses; lists are tuples): the guard builds each one internally
+(`llmguard_client.telemetry._record_builder`) and hands out a frozen copy. ``on_record``, the
+OpenTelemetry export, ``capture()`` and a `GuardFailure`'s ``.record`` get the final record.
+``response.extensions["llmguard"]`` holds a snapshot taken when the response was handed over (for a
+stream: its first token, ``status == "pending"``), replaced by the final record when the call ends
+(a stream read to its end or closed; a non-streamed body read): read it after that.
 
 Phases, in order (each ``None`` when the call never got there)::
 
@@ -17,8 +24,8 @@ Phases, in order (each ``None`` when the call never got there)::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 AttemptKind = Literal["primary", "retry", "hedge", "continuation"]
 """Why an attempt was sent: the first one, a retry after a failure, a hedge, or a continuation of a
@@ -52,7 +59,7 @@ error (a transport error); rejected (the guard refused: budget, cool-down, bulkh
 cancelled (the caller cancelled); abandoned (the caller closed a stream before its end)."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class AttemptRecord:
     """One physical request to one replica."""
 
@@ -81,7 +88,7 @@ class AttemptRecord:
         return None if self.first_token is None else self.first_token - self.start
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class PhaseRecord:
     """Phase timestamps and outcome of one logical call."""
 
@@ -110,13 +117,13 @@ class PhaseRecord:
     replica: str | None = None
     response_id: str | None = None
     response_model: str | None = None
-    finish_reasons: list[str] = field(default_factory=list)
-    attempts: list[AttemptRecord] = field(default_factory=list)
+    finish_reasons: tuple[str, ...] = ()
+    attempts: tuple[AttemptRecord, ...] = ()
     rollout_fraction: float | None = None
+    """The rollout fraction in force when the call's cohort was decided (0.0: the guard was off)."""
     not_continued: NotContinued | None = None
     """Continuation on: why the last break after the first token was not continued (None if it was, or
     if nothing broke)."""
-    """The rollout fraction in force when the call's cohort was decided (0.0: the guard was off)."""
 
     @property
     def ttft(self) -> float | None:
@@ -142,8 +149,22 @@ class PhaseRecord:
         return any(a.kind == "continuation" and a.outcome == "won" for a in self.attempts)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (no prompt, completion or header values are ever held here)."""
-        out = asdict(self)
+        """A JSON-ready dict (lists for the tuples; no prompt, completion or header values are ever held here)."""
+        out = dict(vars(self))
+        out["finish_reasons"] = list(self.finish_reasons)
+        out["attempts"] = [dict(vars(a)) for a in self.attempts]
         out["ttft"] = self.ttft
         out["duration"] = self.duration
         return out
+
+
+_Record = TypeVar("_Record", AttemptRecord, PhaseRecord)
+
+
+def from_fields(cls: type[_Record], fields: dict[str, Any]) -> _Record:
+    """A frozen record holding ``fields`` (every field, in declaration order, already of the right type) as its
+    own attribute dict: one allocation, without the per-field ``object.__setattr__`` of the generated
+    ``__init__`` (ten times the cost). Only the record builder calls this."""
+    record = object.__new__(cls)
+    object.__setattr__(record, "__dict__", fields)
+    return record

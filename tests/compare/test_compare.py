@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +174,15 @@ def phase_record(i: int, cohort: str) -> PhaseRecord:
         start=10.0,
         start_unix=1.7e9,
         rollout_fraction=0.1,
+        first_token=10.2,
+        finish=10.7,
+        status="ok",
+        http_status=200,
+        attempts=(AttemptRecord(index=0, replica="http://r", kind="primary", start=10.0, sent=10.001, status_code=200),),  # noqa: E501
     )
-    attempt = AttemptRecord(index=0, replica="http://r", kind="primary", start=10.0)
-    attempt.sent, attempt.status_code = 10.001, 200
-    record.attempts.append(attempt)
     if cohort == "guarded" and i % 10 == 1:  # a hedge that never reached a server (connect error)
-        record.attempts.append(AttemptRecord(index=1, replica="http://r2", kind="hedge", start=10.2))
-    record.first_token, record.finish, record.status, record.http_status = 10.2, 10.7, "ok", 200
+        hedge = AttemptRecord(index=1, replica="http://r2", kind="hedge", start=10.2)
+        record = replace(record, attempts=(*record.attempts, hedge))
     return record
 
 

@@ -89,7 +89,7 @@ async def test_phase_record_fields_and_order(servers: list[LoopbackServer]) -> N
     assert (record.prompt_tokens, record.completion_tokens) == (7, 5)  # from the final usage chunk
     assert record.chunks == 7  # 5 content chunks, the finish chunk and the usage chunk
     assert record.status == "ok" and record.http_status == 200 and record.replica == servers[0].url
-    assert record.finish_reasons == ["stop"] and record.response_id == "chatcmpl-test"
+    assert record.finish_reasons == ("stop",) and record.response_id == "chatcmpl-test"
     assert len(record.attempts) == 1 and record.attempts[0].outcome == "won"
 
 
@@ -320,4 +320,4 @@ async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[Loo
             await first.aread()
         assert (await c.post(servers[0].url + CHAT, json=STREAM_BODY)).status_code == 200  # the slot came back
     assert [r.status for r in records] == ["timeout", "ok", "ok"]
-    assert records[0].attempts == [] and len(servers[0].received) == 2
+    assert records[0].attempts == () and len(servers[0].received) == 2

@@ -4,8 +4,9 @@
 then ``fraction <value>`` each time its rollout changes, until stdin closes.
 
 ``calls URL|none NAME START OFFSET N INTERVAL REPLICA...``: a Guard over the replicas (fleet off with
-``none``); prints ``ready`` once connected, waits for wall time START + OFFSET, makes N calls INTERVAL s
-apart, prints ``done <statuses>``.
+``none``); prints ``ready`` once connected, waits for wall time START (or, with ``-``, for a line on stdin: the
+test's common start once every process is ready) and then OFFSET s, makes N calls INTERVAL s apart, prints
+``done <statuses>``.
 """
 
 from __future__ import annotations
@@ -53,13 +54,17 @@ async def rollout(url: str, name: str, poll: float) -> None:
         await guard.aclose()
 
 
-async def calls(url: str, name: str, start: float, n: int, interval: float, replicas: list[str]) -> None:
+async def calls(url: str, name: str, start: str, offset: float, n: int, interval: float, replicas: list[str]) -> None:
     fleet = None if url == "none" else url
     guard = Guard(replicas, fleet=fleet, name=name, hedge=None, retry=RetryPolicy(max_attempts=2))
     statuses: list[int] = []
     try:
         await _ready(guard)
-        await anyio.sleep(max(0.0, start - time.time()))
+        if start == "-":
+            await anyio.wrap_file(sys.stdin).readline()
+            await anyio.sleep(offset)
+        else:
+            await anyio.sleep(max(0.0, float(start) + offset - time.time()))
         async with guard.http_client() as client:
             for _ in range(n):
                 body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -78,7 +83,7 @@ def main(argv: list[str]) -> None:
         anyio.run(rollout, argv[1], argv[2], float(argv[3]))
     elif mode == "calls":
         url, name, start, offset, n, interval = argv[1:7]
-        anyio.run(calls, url, name, float(start) + float(offset), int(n), float(interval), argv[7:])
+        anyio.run(calls, url, name, start, float(offset), int(n), float(interval), argv[7:])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from tests.loopback import LoopbackServer, Script
 from tests.redis_server import RedisServer
@@ -17,8 +16,9 @@ STAGGER = 0.15
 RETRY_AFTER = 30
 
 
-def start_processes(url: str, replicas: list[str], start: float) -> list[subprocess.Popen[str]]:
-    return [
+def start_processes(url: str, replicas: list[str]) -> list[subprocess.Popen[str]]:
+    """The processes, each connected and waiting for the common start (a line on its stdin)."""
+    procs = [
         subprocess.Popen(
             [
                 sys.executable,
@@ -27,17 +27,28 @@ def start_processes(url: str, replicas: list[str], start: float) -> list[subproc
                 "calls",
                 url,
                 "checkout",
-                f"{start:.3f}",
+                "-",
                 f"{i * STAGGER:.3f}",
                 str(CALLS),
                 str(INTERVAL),
                 *replicas,
             ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(PROCESSES)
     ]
+    # Processes take 1-5 s to import and connect on a busy machine: each says when it is ready, and they all
+    # start together once every one has (a barrier, not a start time guessed ahead).
+    for p in procs:
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return procs
 
 
 def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
@@ -59,9 +70,7 @@ def test_a_retry_after_learned_by_one_process_holds_for_the_fleet(
     for mode, url in (("fleet", redis_server.url), ("local", "none")):
         limited.reset_counters()
         healthy.reset_counters()
-        # Processes take 1-5 s to import and connect on a busy machine: a start time well ahead, and each
-        # process waits for it after it is ready.
-        procs = start_processes(url, replicas, time.time() + 8.0)
+        procs = start_processes(url, replicas)
         outputs = finish(procs)
         assert all("done" in out for out in outputs), outputs
         statuses = [s for out in outputs for s in out.split("done ", 1)[1].strip().split(",")]

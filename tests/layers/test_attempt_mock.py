@@ -327,7 +327,7 @@ async def test_a_500_then_200_is_retried() -> None:
     assert attempts[0].replica != attempts[1].replica  # the retry went to the other replica
     assert records[0].status == "ok" and records[0].retried
     assert (records[0].prompt_tokens, records[0].completion_tokens) == (3, 1)
-    assert records[0].finish_reasons == ["stop"] and records[0].response_id == "chatcmpl-1"
+    assert records[0].finish_reasons == ("stop",) and records[0].response_id == "chatcmpl-1"
     assert "x-should-retry" not in response.headers
     first, second = (request.content for _, request in upstream.seen)
     assert first == second and json.loads(first) == BODY
@@ -613,4 +613,4 @@ async def test_respx_streaming_first_token_and_usage(respx_guard: Callable[..., 
     (record,) = records
     assert record.status == "ok" and record.stream and record.first_token is not None
     assert (record.prompt_tokens, record.completion_tokens) == (9, 2)
-    assert record.finish_reasons == ["stop"] and record.response_id == "c1"
+    assert record.finish_reasons == ("stop",) and record.response_id == "c1"

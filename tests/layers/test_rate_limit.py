@@ -57,7 +57,7 @@ def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry
         assert refused.value.status_code == 429
         assert fakes["http://a"].requests == 1
         refused_record = next(r for r in records if r.cause == "rate_limited")
-        assert refused_record.attempts == [] and refused_record.status == "rejected"
+        assert refused_record.attempts == () and refused_record.status == "rejected"
 
     run_virtual(main, backend)
 

@@ -154,7 +154,7 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None
         # Not after the 30 s cool-down; that no time passes at all is asserted in virtual time (next test), and
         # that no connect was tried by the record below.
         assert time.monotonic() - started < 10.0
-    assert records[-1].attempts == []  # no attempt: not even a connect
+    assert records[-1].attempts == ()  # no attempt: not even a connect
 
 
 @BACKENDS
@@ -175,7 +175,7 @@ def test_an_open_circuit_fails_the_call_without_any_time_passing(backend: str) -
             assert sum(f.requests for f in fakes.values()) == requests
 
     run_virtual(main, backend)
-    assert records[-1].attempts == []
+    assert records[-1].attempts == ()
 
 
 async def test_a_dead_replica_is_skipped_for_a_live_one(servers: list[LoopbackServer]) -> None:

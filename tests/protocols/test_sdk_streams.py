@@ -99,7 +99,7 @@ async def test_anthropic_messages_stream_over_plain_httpx(servers: list[Loopback
     (record,) = records
     assert_streamed_live(arrivals, servers[0], record)
     assert (record.prompt_tokens, record.completion_tokens) == (7, TOKENS)
-    assert record.finish_reasons == ["end_turn"] and record.response_id == "msg_test"
+    assert record.finish_reasons == ("end_turn",) and record.response_id == "msg_test"
 
 
 async def test_anthropic_sdk_messages_stream(servers: list[LoopbackServer]) -> None:

@@ -160,7 +160,7 @@ async def test_control_ttft_counts_a_slow_first_token_and_no_deadline_cuts_it(se
     assert text.count("data:") == 6 and text.endswith("data: [DONE]\n\n")
     (record,) = records
     assert record.status == "ok" and record.ttft is not None and record.ttft >= 0.3
-    assert record.chunks == 4 and record.finish_reasons == ["stop"]  # 3 tokens + the finish event
+    assert record.chunks == 4 and record.finish_reasons == ("stop",)  # 3 tokens + the finish event
     assert [s.received != [] for s in servers] == [True, False, False]
 
 

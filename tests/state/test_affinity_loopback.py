@@ -9,13 +9,24 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 
 from llmguard_client import AffinityPolicy, Guard, HedgePolicy, PhaseRecord, Tier
 from llmguard_client._state.affinity import affinity_order
+from llmguard_client._state.routing import Router
 from tests.loopback import LoopbackServer, Script
 
 CHAT = "/v1/chat/completions"
 TIERS = {"t": Tier(ttft=20.0, total=30.0, stall=10.0)}
+
+
+@pytest.fixture(autouse=True)
+def no_draining_by_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about where keys go, among replicas that are all healthy; on a loaded machine one loopback
+    server can answer 4x slower than another for a while, which the router would rightly drain (and affinity then
+    rightly avoid). Raise the router's floors so speed alone never drains one here."""
+    monkeypatch.setattr(Router, "TTFT_FLOOR", 60.0)
+    monkeypatch.setattr(Router, "TPOT_FLOOR", 60.0)
 
 
 def body(user: str = "x", system: str = "you are terse") -> dict[str, Any]:

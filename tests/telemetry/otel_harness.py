@@ -16,9 +16,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmguard_client.telemetry import semconv as sc
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
-from llmguard_client.telemetry.record import AttemptKind, AttemptOutcome, AttemptRecord, PhaseRecord
+from llmguard_client.telemetry.record import AttemptKind, AttemptOutcome, CallStatus, PhaseRecord
 
 T0 = 1000.0  # monotonic start of every synthetic call
 T0_UNIX = 1_700_000_000.0
@@ -64,8 +65,9 @@ class Otel:
 
 def new_record(
     *, stream: bool = True, path: str = "/v1/chat/completions", model: str | None = "gpt-4o", **kw: Any
-) -> PhaseRecord:
-    return PhaseRecord(
+) -> CallRecordBuilder:
+    """A call's record as the transport starts it (the builder; `win` / `end_call` give the final record)."""
+    return CallRecordBuilder(
         request_id=kw.pop("request_id", "req-0001"),
         tier=kw.pop("tier", "interactive"),
         cohort=kw.pop("cohort", "guarded"),
@@ -76,16 +78,21 @@ def new_record(
         model=model,
         stream=stream,
         max_tokens=kw.pop("max_tokens", 64),
-        **kw,
+        rollout_fraction=kw.pop("rollout_fraction", None),
     )
 
 
 def begin_attempt(
-    obs: CallObservation, record: PhaseRecord, replica: str, kind: AttemptKind, at: float, url: str | None = None
-) -> tuple[AttemptRecord, dict[str, str]]:
-    """As the transport: append the attempt, then announce it just before sending."""
-    attempt = AttemptRecord(index=len(record.attempts), replica=replica, kind=kind, start=T0 + at)
-    record.attempts.append(attempt)
+    obs: CallObservation,
+    record: CallRecordBuilder,
+    replica: str,
+    kind: AttemptKind,
+    at: float,
+    url: str | None = None,
+    resumes: tuple[int, int, str] | None = None,
+) -> tuple[AttemptRecordBuilder, dict[str, str]]:
+    """As the transport: start the attempt, then announce it just before sending."""
+    attempt = record.attempt_started(replica, kind, T0 + at, resumes)
     headers = {"content-type": "application/json"}
     obs.attempt_started(attempt, url or f"{replica}/chat/completions", headers)
     return attempt, headers
@@ -93,7 +100,7 @@ def begin_attempt(
 
 def end_attempt(
     obs: CallObservation,
-    attempt: AttemptRecord,
+    attempt: AttemptRecordBuilder,
     outcome: AttemptOutcome,
     *,
     finish: float,
@@ -104,27 +111,39 @@ def end_attempt(
     error: str | None = None,
     retry_after: float | None = None,
 ) -> None:
+    # Synthetic phases in any combination (the builder's methods stamp them in the transport's order only).
     for name, value in (("sent", sent), ("headers", headers), ("first_token", first_token)):
         if value is not None:
-            setattr(attempt, name, T0 + value)
-    attempt.finish = T0 + finish
-    attempt.outcome = outcome
-    attempt.status_code = status_code
-    attempt.error = error
-    attempt.retry_after = retry_after
+            attempt._fields[name] = T0 + value
+    attempt._fields["status_code"] = status_code
+    attempt.attempt_finished(outcome, T0 + finish, error=error, retry_after=retry_after)
     obs.attempt_finished(attempt)
 
 
-def win(record: PhaseRecord, attempt: AttemptRecord, *, finish: float, prompt: int = 12, completion: int = 21) -> None:
-    record.replica = attempt.replica
-    record.sent, record.headers, record.first_token = attempt.sent, attempt.headers, attempt.first_token
-    record.finish = T0 + finish
-    record.status = "ok"
-    record.http_status = attempt.status_code
-    record.prompt_tokens, record.completion_tokens = prompt, completion
-    record.response_id = "chatcmpl-abc123"
-    record.response_model = "gpt-4o-2024-08-06"
-    record.finish_reasons = ["stop"]
+def win(
+    record: CallRecordBuilder,
+    attempt: AttemptRecordBuilder,
+    *,
+    finish: float,
+    prompt: int = 12,
+    completion: int | None = 21,
+    status: CallStatus = "ok",
+    cause: str | None = None,
+) -> PhaseRecord:
+    """As the transport at the end of a call ``attempt`` won: its final record."""
+    record.delivered(attempt, attempt.status_code or 200)
+    record.response_facts(prompt, completion, "chatcmpl-abc123", "gpt-4o-2024-08-06", ["stop"], None)
+    return record.call_finished(status, cause, T0 + finish)
+
+
+def end_call(
+    record: CallRecordBuilder, status: CallStatus, cause: str | None = None, *, finish: float,
+    http_status: int | None = None,
+) -> PhaseRecord:  # fmt: skip
+    """As the transport at the end of a call without a winner: its final record."""
+    if http_status is not None:
+        record.answered(http_status)
+    return record.call_finished(status, cause, T0 + finish)
 
 
 def by_name(spans: Sequence[ReadableSpan]) -> tuple[ReadableSpan, list[ReadableSpan]]:

@@ -12,7 +12,7 @@ from opentelemetry.trace import StatusCode
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.record import PhaseRecord
 from tests.loopback import LoopbackServer, Script
-from tests.telemetry.otel_harness import SECRETS, T0, Otel, all_strings, by_name, new_record, points
+from tests.telemetry.otel_harness import SECRETS, Otel, all_strings, by_name, end_call, new_record, points
 
 
 def test_provider_name_and_operations(otel: Otel) -> None:
@@ -24,8 +24,7 @@ def test_provider_name_and_operations(otel: Otel) -> None:
     ]:
         record = new_record(path=path, model=model, stream=False, max_tokens=None)
         obs = inst.call_started(record)
-        record.status, record.finish = "ok", T0 + 0.01
-        obs.call_finished(record)
+        obs.call_finished(end_call(record, "ok", finish=0.01))
         span = otel.finished()[-1]
         assert span.name == name
         attrs = span.attributes or {}

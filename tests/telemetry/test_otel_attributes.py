@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -52,14 +53,11 @@ def test_server_of() -> None:
 
 
 def test_call_error_type() -> None:
-    record = new_record()
+    record = new_record().snapshot()
     assert call_error_type(record) is None  # pending
-    record.status = "ok"
-    assert call_error_type(record) is None
-    record.status, record.http_status = "http_error", 500
-    assert call_error_type(record) == "500"
-    record.status, record.http_status, record.cause = "timeout", None, None
-    assert call_error_type(record) == "timeout"
+    assert call_error_type(replace(record, status="ok")) is None
+    assert call_error_type(replace(record, status="http_error", http_status=500)) == "500"
+    assert call_error_type(replace(record, status="timeout")) == "timeout"
 
 
 @pytest.mark.parametrize(
@@ -75,22 +73,21 @@ def test_call_error_type() -> None:
     ],
 )
 def test_attempt_error_type(outcome: Any, status_code: int | None, error: str | None, expected: str | None) -> None:
-    attempt = AttemptRecord(index=0, replica=R1, kind="primary", start=T0)
-    attempt.outcome, attempt.status_code, attempt.error = outcome, status_code, error
+    attempt = AttemptRecord(
+        index=0, replica=R1, kind="primary", start=T0, outcome=outcome, status_code=status_code, error=error
+    )
     assert attempt_error_type(attempt) == expected
 
 
 def test_time_per_output_chunk() -> None:
-    record = new_record()
-    record.status, record.first_token, record.finish = "ok", T0 + 0.1, T0 + 0.5
-    record.chunks, record.completion_tokens = 5, 99
+    record = replace(
+        new_record().snapshot(), status="ok", first_token=T0 + 0.1, finish=T0 + 0.5, chunks=5, completion_tokens=99
+    )
     assert time_per_output_chunk(record) == pytest.approx(0.1)  # 0.4 s over the 4 chunks after the first
-    record.chunks = None  # not filled: one chunk per completion token
+    record = replace(record, chunks=None)  # not filled: one chunk per completion token
     assert time_per_output_chunk(record) == pytest.approx(0.4 / 98)
-    record.completion_tokens = 1
-    assert time_per_output_chunk(record) is None  # no gap to measure
-    record.chunks, record.status = 5, "timeout"
-    assert time_per_output_chunk(record) is None  # only completed streams
+    assert time_per_output_chunk(replace(record, completion_tokens=1)) is None  # no gap to measure
+    assert time_per_output_chunk(replace(record, chunks=5, status="timeout")) is None  # only completed streams
 
 
 def test_epoch_ns_maps_the_monotonic_clock_onto_the_record_start() -> None:

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from llmguard_client.telemetry import semconv as sc
-from llmguard_client.telemetry.record import AttemptOutcome, AttemptRecord
+from llmguard_client.telemetry.record import AttemptOutcome
 from tests.telemetry.otel_harness import (
     R1,
     R2,
@@ -20,6 +20,7 @@ from tests.telemetry.otel_harness import (
     begin_attempt,
     by_name,
     end_attempt,
+    end_call,
     new_record,
     ns,
     points,
@@ -31,12 +32,11 @@ from tests.telemetry.otel_harness import (
 def test_streamed_call(otel: Otel) -> None:
     inst = otel.instrumentation()
     record = new_record()
-    record.queued = T0 + 0.001
+    record.queued_until(T0 + 0.001)
     obs = inst.call_started(record)
     attempt, headers = begin_attempt(obs, record, R1, "primary", 0.002)
     end_attempt(obs, attempt, "won", sent=0.003, headers=0.050, first_token=0.120, status_code=200, finish=0.900)
-    win(record, attempt, finish=0.900, completion=41)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.900, completion=41))
 
     logical, (child,) = by_name(otel.finished())
     assert logical.name == "chat gpt-4o"
@@ -151,8 +151,7 @@ def test_hedged_call(otel: Otel, loser_outcome: AttemptOutcome) -> None:
     end_attempt(obs, hedge, "won", sent=0.301, headers=0.330, first_token=0.360, status_code=200, finish=0.361)
     # The primary is closed once the hedge won its race on the first token.
     end_attempt(obs, primary, loser_outcome, sent=0.001, finish=0.362)
-    win(record, hedge, finish=1.0)
-    obs.call_finished(record)
+    obs.call_finished(win(record, hedge, finish=1.0))
 
     logical, (p_span, h_span) = by_name(otel.finished())
     assert h1["traceparent"] != h2["traceparent"]
@@ -193,8 +192,7 @@ def test_retried_call(otel: Otel) -> None:
     inst.replica_cooled(R1, 1.5, "retry_after")
     retry, _ = begin_attempt(obs, record, R2, "retry", 0.050)
     end_attempt(obs, retry, "won", sent=0.051, headers=0.200, first_token=0.400, status_code=200, finish=0.400)
-    win(record, retry, finish=0.400)
-    obs.call_finished(record)
+    obs.call_finished(win(record, retry, finish=0.400))
 
     logical, (f_span, r_span) = by_name(otel.finished())
     assert logical.status.status_code is StatusCode.UNSET  # a retried error is not the call's
@@ -253,9 +251,7 @@ def test_failed_call(otel: Otel, status: Any, cause: str, http_status: int | Non
     second, _ = begin_attempt(obs, record, R2, "retry", 0.05)
     end_attempt(obs, second, "failed", error="connect_error", finish=0.06)
     obs.budget_refused(record)
-    record.status, record.cause, record.http_status = status, cause, http_status
-    record.finish = T0 + 0.07
-    obs.call_finished(record)
+    obs.call_finished(end_call(record, status, cause, finish=0.07, http_status=http_status))
 
     logical, (a1, a2) = by_name(otel.finished())
     assert logical.status.status_code is StatusCode.ERROR
@@ -291,9 +287,7 @@ def test_stream_that_breaks_after_winning(otel: Otel, status: Any, cause: str) -
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
     # As the transport: the winner is reported just before the call's end.
     end_attempt(obs, attempt, "won", sent=0.01, headers=0.02, first_token=0.03, status_code=200, finish=0.4)
-    win(record, attempt, finish=0.4)
-    record.status, record.cause = status, cause
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.4, status=status, cause=cause))
     logical, (child,) = by_name(otel.finished())
     assert (logical.attributes or {})["error.type"] == cause
     assert (child.attributes or {})["error.type"] == cause
@@ -310,8 +304,7 @@ def test_caller_cancel_is_not_an_error(otel: Otel, status: Any) -> None:
     obs = inst.call_started(record)
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "cancelled", sent=0.001, finish=0.5)
-    record.status, record.finish = status, T0 + 0.5
-    obs.call_finished(record)
+    obs.call_finished(end_call(record, status, finish=0.5))
     logical, (child,) = by_name(otel.finished())
     assert logical.status.status_code is StatusCode.UNSET
     assert "error.type" not in (logical.attributes or {})
@@ -324,15 +317,13 @@ def test_no_secret_in_any_attribute(otel: Otel) -> None:
     record = new_record()
     obs = inst.call_started(record)
     url = "https://alice:hunter2@api.example.com/openai/v1/chat/completions?api-version=2024-06-01&key=tok-QUERY#frag"
-    attempt = AttemptRecord(index=0, replica="https://api.example.com/openai/v1", kind="primary", start=T0)
-    record.attempts.append(attempt)
+    attempt = record.attempt_started("https://api.example.com/openai/v1", "primary", T0)
     headers = {"authorization": "Bearer sk-live-SECRET", "api-key": "sk-live-SECRET"}
     obs.attempt_started(attempt, url, headers)
     assert headers["authorization"] == "Bearer sk-live-SECRET"  # untouched, only traceparent added
     assert set(headers) <= {"authorization", "api-key", "traceparent", "tracestate", "baggage"}
     end_attempt(obs, attempt, "won", sent=0.01, headers=0.02, first_token=0.03, status_code=200, finish=0.1)
-    win(record, attempt, finish=0.1)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.1))
 
     (_, (child,)) = by_name(otel.finished())
     assert (child.attributes or {})["url.full"] == (
@@ -353,8 +344,7 @@ def test_attempt_spans_off(otel: Otel) -> None:
     obs = inst.call_started(record)
     attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "won", sent=0.01, headers=0.02, first_token=0.03, status_code=200, finish=0.1)
-    win(record, attempt, finish=0.1)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.1))
     (logical,) = otel.finished()
     assert traceparent_span_id(headers) == logical.context.span_id
     m = otel.metrics()
@@ -368,9 +358,8 @@ def test_unfinished_attempt_is_closed_with_the_call(otel: Otel) -> None:
     record = new_record()
     obs = inst.call_started(record)
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
-    attempt.outcome, attempt.finish = "cancelled", T0 + 0.2
-    record.status, record.cause, record.finish = "timeout", "total_timeout", T0 + 0.2
-    obs.call_finished(record)  # attempt_finished never came
+    attempt.attempt_finished("cancelled", T0 + 0.2)
+    obs.call_finished(end_call(record, "timeout", "total_timeout", finish=0.2))  # attempt_finished never came
     logical, (child,) = by_name(otel.finished())
     assert child.end_time == ns(0.2)
     assert (logical.attributes or {})["error.type"] == "total_timeout"

@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics.export import Histogram, Metric, Sum
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 from llmguard_client.telemetry.record import PhaseRecord
-from tests.telemetry.otel_harness import R1, Otel, begin_attempt, end_attempt, new_record, points, win
+from tests.telemetry.otel_harness import R1, Otel, begin_attempt, end_attempt, end_call, new_record, points, win
 
 OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 SECONDS, TOKEN = "s", "{token}"
@@ -24,8 +24,7 @@ def streamed_chat(inst: OpenTelemetryInstrumentation) -> PhaseRecord:
     obs = inst.call_started(record)
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "won", sent=0.01, headers=0.1, first_token=0.2, status_code=200, finish=0.5)
-    win(record, attempt, finish=0.5, prompt=12, completion=21)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.5, prompt=12, completion=21))
     return record
 
 
@@ -112,8 +111,7 @@ def test_latest_failed_call_counts_zero_usage(otel: Otel, monkeypatch: pytest.Mo
     obs = inst.call_started(record)
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "failed", status_code=503, finish=0.4)
-    record.finish, record.status, record.http_status = record.start + 0.4, "http_error", 503
-    obs.call_finished(record)
+    obs.call_finished(end_call(record, "http_error", finish=0.4, http_status=503))
     m = otel.metrics()
     (duration,) = points(m[sc.GEN_AI_CLIENT_INFERENCE_DURATION])
     assert duration.attributes[sc.ERROR_TYPE] == "503" and duration.sum == pytest.approx(0.4)
@@ -131,9 +129,7 @@ def test_latest_embeddings_have_their_own_metrics(otel: Otel, monkeypatch: pytes
     obs = inst.call_started(record)
     attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0, url=f"{R1}/embeddings")
     end_attempt(obs, attempt, "won", status_code=200, finish=0.25)
-    win(record, attempt, finish=0.25, prompt=8, completion=0)
-    record.completion_tokens = None
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.25, prompt=8, completion=None))
     m = otel.metrics()
     embeddings = {sc.GEN_AI_CLIENT_EMBEDDINGS_DURATION, sc.GEN_AI_CLIENT_EMBEDDINGS_OPERATION_INPUT_TOKENS}
     assert gen_ai_names(otel) == embeddings

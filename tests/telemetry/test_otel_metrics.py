@@ -27,9 +27,9 @@ def test_metrics_once_per_logical_call_with_units_and_buckets(otel: Otel) -> Non
         hedge, _ = begin_attempt(obs, record, R2, "hedge", 0.1)
         end_attempt(obs, hedge, "won", sent=0.11, headers=0.12, first_token=0.2, status_code=200, finish=0.3)
         end_attempt(obs, primary, "lost", sent=0.01, finish=0.21)
-        win(record, hedge, finish=0.3 + i)
-        obs.call_finished(record)
-        obs.call_finished(record)  # a second end is ignored
+        final = win(record, hedge, finish=0.3 + i)
+        obs.call_finished(final)
+        obs.call_finished(final)  # a second end is ignored
     assert len(otel.finished()) == 9
 
     m = otel.metrics()
@@ -110,8 +110,7 @@ def test_metrics_without_traces(otel: Otel) -> None:
     obs = inst.call_started(record)
     attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "won", status_code=200, first_token=0.05, finish=0.1)
-    win(record, attempt, finish=0.1)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.1))
     assert "traceparent" not in headers and otel.finished() == []
     assert sum(p.count for p in points(otel.metrics()[sc.GEN_AI_CLIENT_OPERATION_DURATION])) == 1
 

@@ -24,11 +24,11 @@ def test_noop_providers_do_nothing_and_inject_nothing() -> None:
     obs = inst.call_started(record)
     attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "won", status_code=200, finish=0.1)
-    win(record, attempt, finish=0.1)
+    final = win(record, attempt, finish=0.1)
     inst.replica_cooled(R1, 1.0, "circuit_open")
     inst.bulkhead_rejected("interactive")
     inst.register_budget(lambda: 1.0)
-    obs.call_finished(record)
+    obs.call_finished(final)
     assert "traceparent" not in headers
 
 
@@ -45,8 +45,7 @@ def test_default_without_sdk_is_the_noop_fast_path() -> None:
         obs = inst.call_started(record)
         attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
         end_attempt(obs, attempt, "won", status_code=200, finish=0.1)
-        win(record, attempt, finish=0.1)
-        obs.call_finished(record)
+        obs.call_finished(win(record, attempt, finish=0.1))
     finally:
         context.detach(token)
     assert headers["traceparent"] == f"00-{0x1234:032x}-{0x5678:016x}-01"
@@ -69,8 +68,7 @@ def call(inst):
     obs = inst.call_started(record)
     attempt, headers = begin_attempt(obs, record, R1, "primary", 0.0)
     end_attempt(obs, attempt, "won", status_code=200, first_token=0.05, finish=0.1)
-    win(record, attempt, finish=0.1)
-    obs.call_finished(record)
+    obs.call_finished(win(record, attempt, finish=0.1))
     return headers
 
 inst = OpenTelemetryInstrumentation()  # made before the SDK is configured, as a Guard often is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -23,25 +24,25 @@ def make_record() -> PhaseRecord:
         model="gpt-4o",
         stream=True,
         max_tokens=32,
+        attempts=(AttemptRecord(index=0, replica="http://127.0.0.1:8000", kind="primary", start=100.0),),
     )
-    record.attempts.append(AttemptRecord(index=0, replica="http://127.0.0.1:8000", kind="primary", start=100.0))
     return record
 
 
 def finish(record: PhaseRecord) -> PhaseRecord:
-    first = record.attempts[0]
-    first.sent, first.headers, first.finish = 100.001, 100.01, 100.02
-    first.status_code, first.outcome, first.error, first.retry_after = 429, "failed", "http_429", 2.0
-    hedge = AttemptRecord(index=1, replica="http://127.0.0.1:8001", kind="retry", start=100.1)
-    hedge.sent, hedge.headers, hedge.first_token, hedge.finish = 100.101, 100.2, 100.25, 100.5
-    hedge.status_code, hedge.outcome = 200, "won"
-    record.attempts.append(hedge)
-    record.queued, record.sent, record.headers = 100.0005, 100.101, 100.2
-    record.first_token, record.finish = 100.25, 100.5
-    record.status, record.replica, record.http_status = "ok", hedge.replica, 200
-    record.prompt_tokens, record.completion_tokens = 9, 17
-    record.response_id, record.response_model, record.finish_reasons = "chatcmpl-1", "gpt-4o-mini", ["stop"]
-    return record
+    first = replace(
+        record.attempts[0], sent=100.001, headers=100.01, finish=100.02, status_code=429, outcome="failed",
+        error="http_429", retry_after=2.0,
+    )  # fmt: skip
+    retry = AttemptRecord(
+        index=1, replica="http://127.0.0.1:8001", kind="retry", start=100.1, sent=100.101, headers=100.2,
+        first_token=100.25, finish=100.5, status_code=200, outcome="won",
+    )  # fmt: skip
+    return replace(
+        record, attempts=(first, retry), queued=100.0005, sent=100.101, headers=100.2, first_token=100.25,
+        finish=100.5, status="ok", replica=retry.replica, http_status=200, prompt_tokens=9, completion_tokens=17,
+        response_id="chatcmpl-1", response_model="gpt-4o-mini", finish_reasons=("stop",),
+    )  # fmt: skip
 
 
 def test_phases_are_none_until_reached() -> None:
@@ -49,7 +50,7 @@ def test_phases_are_none_until_reached() -> None:
     assert record.ttft is None and record.duration is None
     assert record.attempts[0].ttft is None
     assert not record.hedged and not record.retried
-    assert record.status == "pending" and record.finish_reasons == []
+    assert record.status == "pending" and record.finish_reasons == ()
 
 
 def test_derived_phases() -> None:
@@ -58,8 +59,8 @@ def test_derived_phases() -> None:
     assert record.duration == pytest.approx(0.5)
     assert record.attempts[1].ttft == pytest.approx(0.15)
     assert record.retried and not record.hedged
-    record.attempts.append(AttemptRecord(index=2, replica="http://127.0.0.1:8002", kind="hedge", start=100.3))
-    assert record.hedged
+    hedge = AttemptRecord(index=2, replica="http://127.0.0.1:8002", kind="hedge", start=100.3)
+    assert replace(record, attempts=(*record.attempts, hedge)).hedged
 
 
 def test_to_dict_is_json_ready() -> None:
@@ -73,7 +74,7 @@ def test_to_dict_is_json_ready() -> None:
     assert out["finish_reasons"] == ["stop"]
     # to_dict copies: changing it leaves the record alone
     out["finish_reasons"].append("length")
-    assert record.finish_reasons == ["stop"]
+    assert record.finish_reasons == ("stop",)
 
 
 def test_record_logger_writes_one_json_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -119,8 +120,7 @@ def test_record_logger_does_no_work_when_disabled(
 
 
 def test_record_logger_serialises_anything_odd(caplog: pytest.LogCaptureFixture) -> None:
-    record = make_record()
-    record.cause = object()  # type: ignore[assignment]  # not JSON: falls back to str()
+    record = replace(make_record(), cause=object())  # not JSON: falls back to str()
     with caplog.at_level(logging.INFO, logger="llmguard_client.record"):
         RecordLogger()(record)
     assert json.loads(caplog.records[0].getMessage())["cause"].startswith("<object object")

@@ -28,8 +28,11 @@ def record(i: int, cohort: str = "guarded", ttft: float = 0.05) -> PhaseRecord:
         start=10.0,
         start_unix=1.7e9,
         rollout_fraction=0.5,
+        first_token=10.0 + ttft,
+        finish=10.5,
+        status="ok",
+        http_status=200,
     )
-    rec.first_token, rec.finish, rec.status, rec.http_status = 10.0 + ttft, 10.5, "ok", 200
     return rec
 
 
