@@ -21,7 +21,13 @@ FLEET = BudgetPolicy(ratio=0.1, floor=0, window=60.0, scope="fleet")
 
 
 def guard(url: str, budget: BudgetPolicy = FLEET, name: str = "checkout") -> Guard:
-    return Guard(REPLICAS, fleet=url, name=name, hedge=None, budget=budget)
+    g = Guard(REPLICAS, fleet=url, name=name, hedge=None, budget=budget)
+    assert g._fleet is not None
+    # Seconds, not 50 ms, for each Redis operation (the heartbeat's and the syncs' bounds follow): on a loaded
+    # machine a late answer would fail the store open, which these tests do not ask about (a killed Redis still
+    # refuses at once).
+    g._fleet.store.op_timeout = 10.0
+    return g
 
 
 async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:

@@ -179,3 +179,31 @@ async def test_calls_from_many_tasks_share_one_store(redis_server: RedisServer) 
         assert sorted(results) == list(range(1, 21))
     finally:
         await store.aclose()
+
+
+async def test_closing_the_store_lets_a_connection_close_finish(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aclose()` during the supervisor's shielded closing of a client waits for it to finish: cancelling the
+    task itself would cut through the shield and leave the client's sockets open (a ResourceWarning at GC)."""
+    started, finished = anyio.Event(), anyio.Event()
+    original = redis.Redis.aclose
+
+    async def slow_aclose(self: redis.Redis, close_connection_pool: bool | None = None) -> None:
+        started.set()
+        await anyio.sleep(0.2)
+        await original(self, close_connection_pool)
+        finished.set()
+
+    monkeypatch.setattr(redis.Redis, "aclose", slow_aclose)
+    store = make_store(redis_server.url, backoff_initial=30.0)  # no reconnection during the test
+    store.start()
+    try:
+        await until(lambda: store.available)
+        store.degrade(RuntimeError("ended by the test"))  # the session ends; the supervisor closes its client
+        with anyio.fail_after(10.0):
+            await started.wait()
+    finally:
+        await store.aclose()
+    assert finished.is_set()
+    assert store.snapshot().state == "closed"

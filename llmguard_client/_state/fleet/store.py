@@ -88,6 +88,7 @@ class FleetStore:
         self._client: Redis | None = None
         self._state: State = "idle"
         self._task: asyncio.Task[None] | None = None
+        self._stop: anyio.CancelScope | None = None
         self._trouble: asyncio.Event | None = None
         self._settled: asyncio.Event | None = None
         """Set once the first connection succeeded or failed (`first_connection` waits for it)."""
@@ -184,6 +185,7 @@ class FleetStore:
                 self._last_error = "the fleet store needs an asyncio event loop; running on local state"
                 logger.warning("llmguard fleet %s: %s", self.url.redacted, self._last_error)
             return
+        self._stop = None
         self._trouble = asyncio.Event()
         self._outbox_ready = asyncio.Event()
         self._settled = asyncio.Event()
@@ -194,9 +196,14 @@ class FleetStore:
         self._state = "closed"
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
+            if self._stop is not None:
+                self._stop.cancel()  # the supervisor finishes its shielded cleanup, then ends
+            else:
+                task.cancel()  # not started yet: nothing to clean up
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([task], timeout=5.0)
+            if not task.done():
+                task.cancel()
 
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(
@@ -237,6 +244,13 @@ class FleetStore:
     # --- the supervisor ---------------------------------------------------------------------
 
     async def _supervise(self) -> None:
+        """The background task: `aclose` cancels this scope, not the task, so the shielded closing of the
+        connections always runs to its end (a task's own cancellation would cut through the shield and leave
+        sockets behind)."""
+        with anyio.CancelScope() as self._stop:
+            await self._connect_forever()
+
+    async def _connect_forever(self) -> None:
         delay = self.backoff_initial
         while self._state != "closed":
             if self._state == "idle":
