@@ -4,8 +4,6 @@ explicitly (the background one, every 0.2 s, only adds to what the test drives).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import pytest
 import redis.asyncio as redis
@@ -13,6 +11,7 @@ import redis.asyncio as redis
 from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, GuardConfigError
 from llmguard_client._state.budget import RetryBudget
 from llmguard_client._state.fleet.budget_sync import FleetBudgetSync
+from tests.fleet.guards import connected, until
 from tests.redis_server import RedisServer
 
 REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"]
@@ -28,18 +27,6 @@ def guard(url: str, budget: BudgetPolicy = FLEET, name: str = "checkout") -> Gua
     # refuses at once).
     g._fleet.store.op_timeout = 10.0
     return g
-
-
-async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    with anyio.fail_after(seconds):
-        while not condition():  # noqa: ASYNC110 (polled state has no event)
-            await anyio.sleep(0.005)
-
-
-async def connected(*guards: Guard) -> None:
-    for g in guards:
-        await g.__aenter__()
-    await until(lambda: all(g.snapshot().fleet is not None and g.snapshot().fleet.connected for g in guards))
 
 
 async def sync(url: str, *guards: Guard) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
 
 import anyio
 import pytest
@@ -17,9 +16,8 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis.cluster import key_slot
 
 from llmguard_client import BudgetPolicy, Guard, RateLimit
-from llmguard_client._state.fleet import FleetStore
-from llmguard_client._state.replicas import ReplicaState
 from llmguard_client.cli import main
+from tests.fleet.guards import connected, states, store, until
 from tests.redis_cluster import RedisCluster
 
 REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1", "http://127.0.0.1:9/r2"]
@@ -31,27 +29,6 @@ def guard(url: str, **kwargs: object) -> Guard:
     # included) must not fail open; failing open is tested elsewhere.
     store(g).op_timeout, store(g).connect_timeout = 2.0, 5.0
     return g
-
-
-def store(g: Guard) -> FleetStore:
-    assert g._fleet is not None
-    return g._fleet.store
-
-
-def states(g: Guard) -> list[ReplicaState]:
-    return g._replica_set.states
-
-
-async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    with anyio.fail_after(seconds):
-        while not condition():  # noqa: ASYNC110 (polled state has no event)
-            await anyio.sleep(0.005)
-
-
-async def connected(*guards: Guard) -> None:
-    for g in guards:
-        await g.__aenter__()
-    await until(lambda: all(store(g).available for g in guards))
 
 
 def cluster_client(cluster: RedisCluster) -> ClusterClient:

@@ -4,13 +4,12 @@ that connects later finds them; a probe's win clears them everywhere."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import anyio
 import redis.asyncio as redis
 
 from llmguard_client import Guard
-from llmguard_client._state.replicas import ReplicaState
+from tests.fleet.guards import connected, states, until
 from tests.redis_server import RedisServer
 
 REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"]
@@ -18,22 +17,6 @@ REPLICAS = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"]
 
 def guard(url: str, name: str = "checkout") -> Guard:
     return Guard(REPLICAS, fleet=url, name=name, hedge=None)
-
-
-def states(g: Guard) -> list[ReplicaState]:
-    return g._replica_set.states
-
-
-async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    with anyio.fail_after(seconds):
-        while not condition():  # noqa: ASYNC110 (polled state has no event)
-            await anyio.sleep(0.005)
-
-
-async def connected(*guards: Guard) -> None:
-    for g in guards:
-        await g.__aenter__()
-    await until(lambda: all(g.snapshot().fleet is not None and g.snapshot().fleet.connected for g in guards))
 
 
 async def test_a_cool_down_learned_by_one_guard_reaches_the_others(redis_server: RedisServer) -> None:
