@@ -13,17 +13,18 @@ the wait is fair and needs no second look at the bucket) when that wait is at mo
 refused with ``retry_after = missing tokens / refill rate``, charging nothing. A charge larger than the
 bucket's capacity fits once the bucket is full.
 
-Fleet-wide: with a `FleetOps` store every admission is one Lua script (`FLEET_SCRIPT`) on the store's
-Redis, one round trip per attempt; corrections, refunds and header recalibrations are not sent on their
-own but ride on the next admission's script call, and so do the charges of attempts admitted locally while
-the store could not decide. Time is the Redis server's (``TIME``), so the hosts'
-clocks need not agree. When the store fails (its ``run`` returns the default) or is unavailable, the
-process's own bucket decides (fail open); it is charged alongside the fleet's so it has a history. That
-bucket holds this process's share of the limit, not the whole of it: the script counts the fleet's admissions,
-and the share is this process's admissions over the fleet's across its last `SHARE_WINDOW` admissions (the
-whole limit until it has seen `SHARE_MIN_SAMPLES`). A fleet whose store fails therefore keeps, in sum, about
-the provider's limit instead of each process admitting the whole of it. The first rate-limited admission of a
-store still connecting waits for that connection, at most the store's operation timeout (`FleetOps`).
+Fleet-wide: with a `FleetOps` store every admission is one Lua script (`llmguard_client._state.fleet_script`) on
+the store's Redis, one round trip per attempt. Room given back (corrections, refunds) is also written in the
+background by the store's writer, one write queued at a time per bucket, so the shared bucket does not look emptier
+than it is to every process until this one's next admission; header recalibrations and the charges of attempts
+admitted locally while the store could not decide ride on the next admission's script call. Time is the Redis
+server's (``TIME``), so the hosts' clocks need not agree. When the store fails (its ``run`` returns the default) or
+is unavailable, the process's own bucket decides (fail open); it is charged alongside the fleet's so it has a
+history. That bucket holds this process's share of the limit, not the whole of it: the script counts the fleet's
+admissions, and the share is this process's admissions over the fleet's across its last `SHARE_WINDOW` admissions
+(the whole limit until it has seen `SHARE_MIN_SAMPLES`). A fleet whose store fails therefore keeps, in sum, about
+the provider's limit instead of each process admitting the whole of it. The first rate-limited admission of a store
+still connecting waits for that connection, at most the store's operation timeout (`FleetOps`).
 
 Why not the ``limits`` library: it counts hits of a fixed cost in windows (moving-window storage keeps a
 timestamp per unit of cost: one per token here), with no reservation that makes a caller wait its turn,
@@ -32,17 +33,17 @@ no computed retry-after from a refill rate, and no way to correct a charge after
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
+from llmguard_client._state.fleet_script import load_script, run_script, script_args
 from llmguard_client.config import RateLimit, Replica
 from llmguard_client.errors import GuardConfigError
 
-__all__ = ["FLEET_SCRIPT", "FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
+__all__ = ["FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
 
 T = TypeVar("T")
 
@@ -169,46 +170,10 @@ class LocalBucket:
             dim.level = min(dim.capacity, dim.level + elapsed * dim.rate)
 
 
-FLEET_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts', 'n')
-local cap = {tonumber(ARGV[1]), tonumber(ARGV[3])}
-local rate = {tonumber(ARGV[2]), tonumber(ARGV[4])}
-local level = {tonumber(s[1]) or cap[1], tonumber(s[2]) or cap[2]}
-local cost = {tonumber(ARGV[5]), tonumber(ARGV[6])}
-local adjust = {tonumber(ARGV[8]), tonumber(ARGV[9])}
-local room = {ARGV[10], ARGV[11]}
-local elapsed = math.max(0, now - (tonumber(s[3]) or now))
-local wait = 0
-for i = 1, 2 do
-  level[i] = math.min(cap[i], math.min(cap[i], level[i] + elapsed * rate[i]) + adjust[i])
-  if room[i] ~= '' and rate[i] > 0 then level[i] = math.min(level[i], tonumber(room[i])) end
-  if rate[i] > 0 then wait = math.max(wait, (math.min(cost[i], cap[i]) - level[i]) / rate[i]) end
-end
-local admitted = 0
-local n = tonumber(s[4]) or 0
-if wait <= tonumber(ARGV[7]) then
-  admitted = 1
-  n = n + 1
-  for i = 1, 2 do level[i] = level[i] - cost[i] end
-end
-redis.call('HSET', KEYS[1], 'r', tostring(level[1]), 't', tostring(level[2]), 'ts', tostring(now), 'n', tostring(n))
-redis.call('PEXPIRE', KEYS[1], ARGV[12])
-return {admitted, tostring(wait), tostring(n)}
-"""
-"""The fleet-wide admission: refill on the server's clock, apply this process's pending corrections and the
-provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``, counting the
-admissions (``n``, returned with the decision and the wait: each process's share). KEYS[1]: the bucket's hash;
-ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
-pending adjustments (requests, tokens); reported room (requests, tokens; '' for none); the key's TTL in ms."""
-_SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
-
-
 class _Scope:
     """One limit's buckets: the local one, and the fleet's key with what is waiting to be sent there."""
 
-    __slots__ = ("admissions", "fleet_key", "local", "pending", "room")
+    __slots__ = ("admissions", "fleet_key", "flushing", "local", "pending", "room")
 
     def __init__(self, local: LocalBucket, fleet_key: str | None) -> None:
         self.local = local
@@ -219,6 +184,8 @@ class _Scope:
         """Requests and tokens to add to the fleet's bucket with the next admission (refunds, corrections)."""
         self.room: list[int | None] = [None, None]
         """The lowest room the provider reported since the last admission."""
+        self.flushing = False
+        """A background write of returned room (`RateLimiter._return_soon`) is queued."""
 
     def admitted(self, count: float) -> None:
         """The fleet admitted this process's attempt as its ``count``-th: rescale the local bucket to the share."""
@@ -244,7 +211,7 @@ class RateLimiter:
         self._clock = clock
         on_connect = getattr(fleet, "on_connect", None)
         if on_connect is not None:  # the Guard's FleetStore: cache the script before any call needs it
-            on_connect(_load_script)
+            on_connect(load_script)
 
         def scope(name: str, limit: RateLimit) -> _Scope:
             key = fleet.key("ratelimit", name) if fleet is not None else None
@@ -272,16 +239,11 @@ class RateLimiter:
         pending, room = scope.pending, scope.room
         scope.pending, scope.room = [0.0, 0.0], [None, None]
         limit = scope.local.limit
-        args = _script_args(limit, tokens, max_wait, pending, room)
+        args = script_args(limit, tokens, max_wait, pending, room)
         key = scope.fleet_key
 
         async def op(redis: Any) -> tuple[bool, float, float] | None:
-            try:
-                reply = await redis.evalsha(_SCRIPT_SHA, 1, key, *args)
-            except Exception as exc:  # not cached (first use, a restart): send the script itself, which caches it
-                if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
-                    raise
-                reply = await redis.eval(FLEET_SCRIPT, 1, key, *args)
+            reply = await run_script(redis, key, args)
             return bool(int(reply[0])), float(reply[1]), float(reply[2])
 
         sent = self._clock()
@@ -333,15 +295,35 @@ class RateLimiter:
         if scope.fleet_key is not None:
             scope.pending[0] += requests
             scope.pending[1] += tokens
+            self._return_soon(scope)
+
+    def _return_soon(self, scope: _Scope) -> None:
+        """Give room back to the fleet's bucket in the background (one write queued at a time per bucket), not
+        only with this process's next admission: a charge is an over-estimate until the answer's usage corrects
+        it, and while corrections wait, every process of the fleet sees the shared bucket emptier than it is.
+        Only room given back goes this way; what this process owes the fleet (admitted alone while the store
+        was down) stays for its next admission, which settles it on the conservative side."""
+        submit = getattr(self._fleet, "submit", None)
+        if submit is None or scope.flushing or not cast("FleetOps", self._fleet).available:
+            return
+        scope.flushing = True
+        key = scope.fleet_key
+
+        async def give_back(redis: Any) -> None:
+            scope.flushing = False
+            pending = scope.pending
+            if min(pending) < 0.0 or max(pending) <= 0.0:
+                return
+            scope.pending = [0.0, 0.0]
+            args = script_args(scope.local.limit, 0.0, -1.0, pending, [None, None])  # -1: never admits
+            await run_script(redis, key, args)
+
+        submit(give_back)
 
     def _scope(self, replica: str) -> _Scope:
         scope = self._replicas.get(replica, self._guard)
         assert scope is not None, "applies(replica) is checked first"
         return scope
-
-
-async def _load_script(redis: Any) -> None:
-    await redis.script_load(FLEET_SCRIPT)
 
 
 async def _connected(fleet: FleetOps) -> bool:
@@ -356,18 +338,6 @@ def _lower(a: int | None, b: int | None) -> int | None:
     if a is None:
         return b
     return a if b is None else min(a, b)
-
-
-def _script_args(
-    limit: RateLimit, tokens: float, max_wait: float, pending: list[float], room: list[int | None]
-) -> list[str]:
-    rates = [(x or 0.0) / 60.0 for x in (limit.requests_per_minute, limit.tokens_per_minute)]
-    ttl_ms = int(max(60.0, 2 * limit.burst) * 1000)  # an idle bucket refills to full well before it expires
-    return [
-        repr(rates[0] * limit.burst), repr(rates[0]), repr(rates[1] * limit.burst), repr(rates[1]),
-        "1", repr(float(tokens)), repr(max_wait), repr(pending[0]), repr(pending[1]),
-        "" if room[0] is None else str(room[0]), "" if room[1] is None else str(room[1]), str(ttl_ms),
-    ]
 
 
 def build_rate_limiter(

@@ -115,3 +115,35 @@ async def test_a_fleet_url_also_makes_the_rate_limit_fleet_wide(
     finally:
         await admin.aclose()
     assert keys, "the rate limit's bucket is not in the fleet store"
+
+
+async def test_room_given_back_reaches_the_fleet_bucket_before_the_next_admission(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    # 1,000 tokens, one more per 10 s: what the bucket holds after the call is what it was charged and given back.
+    limit = RateLimit(tokens_per_minute=6, burst=10_000.0)
+    guard = Guard([s.url for s in servers[:2]], fleet=redis_server.url, name="checkout", rate_limit=limit)
+    assert guard._fleet is not None and guard.rate_limiter is not None
+    guard._fleet.store.op_timeout = 10.0
+    body = {**BODY, "max_tokens": 500, "stream_options": {"include_usage": True}}
+    admin = redis.Redis.from_url(redis_server.url)
+    key = "llmguard:checkout:ratelimit:guard"
+    try:
+        async with guard, guard.http_client() as client:
+            await until(lambda: bool(guard.snapshot().fleet and guard.snapshot().fleet.connected))
+            async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=body) as response:
+                await response.aread()
+            record = response.extensions["llmguard"]
+            assert record.status == "ok" and record.completion_tokens is not None
+
+            # Charged its prompt estimate + 500 (the fleet's bucket fell below 500), it used 12 tokens: the rest
+            # goes back in the background, with no other admission to carry it.
+            async def level() -> float:
+                return float(await admin.hget(key, "t") or 0.0)  # type: ignore[arg-type]
+
+            with anyio.fail_after(15.0):
+                while await level() < 900.0:  # noqa: ASYNC110 (polled state has no event)
+                    await anyio.sleep(0.01)
+            assert await admin.hget(key, "n") == b"1"  # one admission: the give-back was not one
+    finally:
+        await admin.aclose()
