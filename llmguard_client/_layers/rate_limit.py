@@ -9,10 +9,14 @@ from its chunk count), and an attempt the provider refused (429) is refunded: it
 ``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the provider reports
 (`llmguard_client._state.rate_limit`).
 
-An attempt that does not fit waits for its share if that wait, plus the expected time to a first token
-(`Call.expected_ttft`, the median that `fits_deadline` reads too), fits before its route's deadline;
-otherwise the call fails at once with `RateLimited` carrying the computed retry-after. A hedge never
-waits: one that does not fit is not sent, and the round goes on.
+An attempt that does not fit waits for its share if that wait, plus the time a first token takes on all but
+the slowest tries (`Call.slow_ttft`, the p95), fits before its route's deadline; otherwise the call fails at
+once with `RateLimited` carrying the computed retry-after. The p95, not the median that `fits_deadline` reads
+for a retry: an attempt let through spends a share of the provider's limit, and one that then misses its
+deadline has spent it for nothing, a share that a later call would have completed with. When every process
+waits on one fleet-wide bucket, the admitted waits crowd at the longest allowed, so a median margin timed out
+about one admitted call in 25 (the ``ratelimited`` bench, docs/benchmarks.md). A hedge never waits: one that
+does not fit is not sent, and the round goes on.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class RateLimitLayer:
         tokens = charge_for(call, route)
         hedge = route.kind == "hedge"
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        max_wait = 0.0 if hedge else max(0.0, deadline - call.clock() - call.expected_ttft())
+        max_wait = 0.0 if hedge else max(0.0, deadline - call.clock() - call.slow_ttft())
         grant = await limiter.admit(replica, tokens, max_wait)
         if grant.retry_after is not None:
             if hedge:

@@ -82,6 +82,34 @@ def test_a_call_that_fits_in_its_ttft_waits_for_its_share_then_is_sent(backend: 
 
 
 @BACKENDS
+def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str) -> None:
+    # The replica's first tokens take 0.1 s typically and 0.4 s on its slow tries (p95). The second call's share
+    # comes 0.7 s into its 1 s ttft: a median first token would make it, a p95 one would not, and an attempt
+    # let through that then times out spends the provider's limit for nothing. It is refused at once.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=0.8)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+        tiers = {"t": Tier(ttft=1.0, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+            for i in range(20):
+                guard.ttft_stats.observe("http://a", "t", False, 0.4 if i % 10 == 0 else 0.1)
+            assert guard.ttft_stats.typical("t", False) == pytest.approx(0.1)
+            assert guard.ttft_stats.high("t", False) == pytest.approx(0.4)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, client, BODY, "slow")
+                await anyio.sleep(0.3)
+                start = now()
+                with pytest.raises(RateLimited) as refused:
+                    await post(client)
+                assert now() == start
+        assert refused.value.retry_after == pytest.approx(0.7, abs=1e-9)
+        assert fakes["http://a"].requests == 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_a_winner_is_corrected_from_its_usage_when_the_call_ends(backend: str) -> None:
     async def main() -> None:
         fakes = {"http://a": FakeReplica("a")}
@@ -126,10 +154,17 @@ def test_retries_are_charged_and_a_hedge_that_does_not_fit_is_not_sent(backend: 
         }
         records: list[PhaseRecord] = []
         limit = RateLimit(requests_per_minute=60, burst=2.0)
-        async with limited_guard(
-            fakes, records, limit, tiers={"t": Tier(ttft=3.0, total=5.0)},
-            hedge=HedgePolicy(delay=0.1), retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
-        ) as guard, guard.http_client() as client:
+        async with (
+            limited_guard(
+                fakes,
+                records,
+                limit,
+                tiers={"t": Tier(ttft=3.0, total=5.0)},
+                hedge=HedgePolicy(delay=0.1),
+                retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
+            ) as guard,
+            guard.http_client() as client,
+        ):
             (await post(client)).raise_for_status()
             first = records[-1]
             assert [a.kind for a in first.attempts][:2] == ["primary", "retry"]
@@ -150,9 +185,12 @@ def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
         fakes = {"http://a": FakeReplica("a", [Plan(status=429)]), "http://b": FakeReplica("b")}
         records: list[PhaseRecord] = []
         limit = RateLimit(requests_per_minute=6, burst=20.0)  # 2 requests, 1 more per 10 s
-        async with limited_guard(
-            fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
-        ) as guard, guard.http_client() as client:
+        async with (
+            limited_guard(
+                fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
+            ) as guard,
+            guard.http_client() as client,
+        ):
             assert guard.rate_limiter is not None
             (await post(client)).raise_for_status()
             assert [a.status_code for a in records[-1].attempts] == [429, 200]
@@ -164,7 +202,9 @@ def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
 @BACKENDS
 def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
     completion = {
-        "id": "c", "object": "chat.completion", "model": "m",
+        "id": "c",
+        "object": "chat.completion",
+        "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
@@ -173,8 +213,13 @@ def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
 
     async def main() -> None:
         limit = RateLimit(requests_per_minute=600, tokens_per_minute=60_000, burst=1.0)
-        guard = Guard(["http://a"], instrumentation=None, transport_factory=lambda r: mock, rate_limit=limit,
-                      tiers={"t": Tier(ttft=1.0, total=5.0)})
+        guard = Guard(
+            ["http://a"],
+            instrumentation=None,
+            transport_factory=lambda r: mock,
+            rate_limit=limit,
+            tiers={"t": Tier(ttft=1.0, total=5.0)},
+        )
         async with guard, guard.http_client() as client:
             assert guard.rate_limiter is not None
             (await post(client)).raise_for_status()
@@ -188,8 +233,11 @@ def test_a_replica_with_its_own_limit_is_charged_to_it_and_the_others_to_the_gua
     from llmguard_client import Replica
 
     own = RateLimit(requests_per_minute=10)
-    guard = Guard([Replica("http://a", rate_limit=own), "http://b"], rate_limit=RateLimit(requests_per_minute=99),
-                  instrumentation=None)
+    guard = Guard(
+        [Replica("http://a", rate_limit=own), "http://b"],
+        rate_limit=RateLimit(requests_per_minute=99),
+        instrumentation=None,
+    )
     assert guard.rate_limiter is not None
     assert guard.rate_limiter.bucket("http://a").limit is own
     assert guard.rate_limiter.bucket("http://b").limit == RateLimit(requests_per_minute=99)
