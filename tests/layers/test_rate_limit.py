@@ -125,6 +125,30 @@ def test_a_winner_is_corrected_from_its_usage_when_the_call_ends(backend: str) -
 
 
 @BACKENDS
+def test_the_prompt_estimate_learns_the_tokens_per_byte_the_answers_report(backend: str) -> None:
+    # FakeReplica reports 3 prompt tokens for BODY, far fewer than its bytes / 4: once an answer said so, the next
+    # call is charged at that ratio (3 tokens) plus its max_tokens, not at 4 bytes per token.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60_000, burst=1.0)
+        async with limited_guard(fakes, records, limit, tiers={"t": Tier(ttft=2.0, total=5.0)}) as guard:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            async with guard.http_client() as client:
+                charges = []
+                for _ in range(2):
+                    async with anyio.create_task_group() as tg:
+                        before = bucket.levels()[1]
+                        tg.start_soon(post, client)
+                        await anyio.wait_all_tasks_blocked()
+                        charges.append(before - bucket.levels()[1])
+        assert charges == pytest.approx([CHARGE, 3 + 20])
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_a_request_without_max_tokens_is_charged_the_default_output_estimate(backend: str) -> None:
     body = json.dumps({"model": "m", "messages": []}).encode()
 
@@ -251,7 +275,9 @@ def test_a_continuation_is_charged_for_the_body_it_sends_not_the_callers() -> No
     from llmguard_client._core.call import Call
     from llmguard_client._core.outcome import Route
     from llmguard_client._layers.rate_limit import charge_for
+    from llmguard_client._state.prompt_estimate import PromptEstimator
 
     call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50)))
-    assert charge_for(call) == charge_for(call, Route()) == 100 + 50
-    assert charge_for(call, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50
+    prompts = PromptEstimator()
+    assert charge_for(call, prompts) == charge_for(call, prompts, Route()) == 100 + 50
+    assert charge_for(call, prompts, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50
