@@ -34,6 +34,18 @@ def limited_guard(
     return virtual_guard(fakes, records, rate_limit=limit, **kwargs)
 
 
+async def refused_at_once(client: httpx.AsyncClient, after: float) -> RateLimited:
+    """A first call (tier ``slow``) takes the bucket; the call made ``after`` s later is refused at once."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post, client, BODY, "slow")
+        await anyio.sleep(after)
+        start = now()
+        with pytest.raises(RateLimited) as refused:
+            await post(client)
+        assert now() == start  # never sent, never waited
+    return refused.value
+
+
 @BACKENDS
 def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry_after(backend: str) -> None:
     # The bucket holds one call's tokens and refills one call's tokens per second. The first call holds its
@@ -45,16 +57,10 @@ def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry
         limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
         tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
         async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(post, client, BODY, "slow")
-                await anyio.sleep(0.1)
-                start = now()
-                with pytest.raises(RateLimited) as refused:
-                    await post(client)
-                assert now() == start  # at once
-        assert refused.value.retry_after == pytest.approx(0.9, abs=1e-9)
-        assert guard_failure(refused.value) == "rate_limited"
-        assert refused.value.status_code == 429
+            refused = await refused_at_once(client, after=0.1)
+        assert refused.retry_after == pytest.approx(0.9, abs=1e-9)
+        assert guard_failure(refused) == "rate_limited"
+        assert refused.status_code == 429
         assert fakes["http://a"].requests == 1
         refused_record = next(r for r in records if r.cause == "rate_limited")
         assert refused_record.attempts == () and refused_record.status == "rejected"
@@ -96,14 +102,8 @@ def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str)
                 guard.ttft_stats.observe("http://a", "t", False, 0.4 if i % 10 == 0 else 0.1)
             assert guard.ttft_stats.typical("t", False) == pytest.approx(0.1)
             assert guard.ttft_stats.high("t", False) == pytest.approx(0.4)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(post, client, BODY, "slow")
-                await anyio.sleep(0.3)
-                start = now()
-                with pytest.raises(RateLimited) as refused:
-                    await post(client)
-                assert now() == start
-        assert refused.value.retry_after == pytest.approx(0.7, abs=1e-9)
+            refused = await refused_at_once(client, after=0.3)
+        assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
         assert fakes["http://a"].requests == 1
 
     run_virtual(main, backend)
