@@ -80,8 +80,8 @@ class RateLimit:
 
     A call is charged before it is sent (1 request, and its prompt estimate + ``max_tokens`` tokens) and
     corrected from the ``usage`` it reports; ``x-ratelimit-remaining-*`` headers lower the bucket when
-    the provider says it has less room. A call that does not fit waits for its share within its tier's
-    ttft, or fails at once with `RateLimited` (``retry_after``: missing tokens / refill rate).
+    the provider says it has less room. A call that does not fit waits for its share if its p95 TTFT still
+    fits its tier's ttft after it, or fails at once with `RateLimited` (``retry_after``: missing / refill rate).
     """
 
     requests_per_minute: float | None = None

@@ -162,6 +162,12 @@ class Call:
         stats = self.ttft_stats
         return 0.0 if stats is None else stats.typical(self.tier_name, self.record.stream)
 
+    def slow_ttft(self) -> float:
+        """How long a fresh attempt of this call needs for its first token on all but its slowest tries: the
+        p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica for its tier and kind (0 while unknown)."""
+        stats = self.ttft_stats
+        return 0.0 if stats is None else stats.high(self.tier_name, self.record.stream)
+
     def pay_extra(self, budget: RetryBudget | None = None) -> Payment | None:
         """A payment for one extra attempt (retry, hedge, continuation) from ``budget`` (default: the
         call's), held by the lease until the attempt is sent; None when the budget refuses. The one

@@ -55,7 +55,7 @@ def _no_epoch() -> int:
 class _ClassStats:
     """One (tier, stream) class: a window per replica, and the estimates last read from them."""
 
-    __slots__ = ("delay", "epoch", "own", "since", "typical", "windows")
+    __slots__ = ("delay", "epoch", "high", "own", "since", "typical", "windows")
 
     def __init__(self) -> None:
         self.windows: dict[str, StreamingQuantile] = {}
@@ -66,6 +66,8 @@ class _ClassStats:
         self.own: dict[str, float] = {}
         """Rule 4: a counted replica's own (clamped) quantile, where it is above ``delay``."""
         self.typical = 0.0
+        self.high = 0.0
+        """The lower median of the healthy replicas' ``HedgePolicy.quantile`` (p95), unclamped (0 while unknown)."""
 
 
 class TTFTStats:
@@ -137,6 +139,12 @@ class TTFTStats:
         stats = self._fresh(tier, stream)
         return 0.0 if stats is None else stats.typical
 
+    def high(self, tier: str, stream: bool) -> float:
+        """The p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica, unclamped (0 while unknown):
+        a fresh attempt that has this long left usually makes its deadline."""
+        stats = self._fresh(tier, stream)
+        return 0.0 if stats is None else stats.high
+
     def _fresh(self, tier: str, stream: bool, cached: bool | None = None) -> _ClassStats | None:
         stats = self._classes.get((tier, stream, cached))
         if stats is None:
@@ -151,11 +159,9 @@ class TTFTStats:
         policy = self._policy
         enough = {name: w for name, w in stats.windows.items() if w.count >= self.MIN_REPLICA_SAMPLES}
         healthy = {name: w for name, w in enough.items() if not self._degraded(name)} or enough
-        if healthy:
-            stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in healthy.values()]) or 0.0
-        else:
-            known = [w.quantile(0.5) or 0.0 for w in stats.windows.values() if w.count]
-            stats.typical = lower_median(known) or 0.0
+        counted = healthy or {name: w for name, w in stats.windows.items() if w.count}
+        stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in counted.values()]) or 0.0
+        stats.high = lower_median([w.quantile(policy.quantile) or 0.0 for w in counted.values()]) or 0.0
         stats.own = {}
         if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
             stats.delay = None  # warming up

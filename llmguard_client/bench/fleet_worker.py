@@ -19,6 +19,7 @@ import anyio
 import httpx
 
 from llmguard_client import Guard, PhaseRecord, RateLimit, Tier
+from llmguard_client.causes import guard_failure
 from llmguard_client.sim.scenarios import SIM_MAX_TOKENS, SIM_PROMPT_WORDS
 
 
@@ -26,6 +27,11 @@ class _Tally:
     def __init__(self) -> None:
         self.calls = self.ok = self.received_429 = self.refused = 0
         self.ttfts: list[float] = []
+        self.failed: dict[str, int] = {}
+        """Calls that did not complete, by the guard's cause (``"ttft_timeout"``, ...) or the HTTP status."""
+
+    def fail(self, cause: str) -> None:
+        self.failed[cause] = self.failed.get(cause, 0) + 1
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally: _Tally) -> None:
@@ -38,8 +44,10 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally:
                 tally.received_429 += 1
             if response.status_code != 200:
                 await response.aread()
-                if response.headers.get("x-llmguard-cause") == "rate_limited":
+                cause = response.headers.get("x-llmguard-cause")
+                if cause == "rate_limited":
                     tally.refused += 1
+                tally.fail(cause or f"http_{response.status_code}")
                 return
             async for line in response.aiter_lines():
                 if ttft is None and '"content":"' in line and '"content":""' not in line:
@@ -47,12 +55,16 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally:
                 if line.strip() == "data: [DONE]":
                     break
     except httpx.HTTPError as exc:
-        if getattr(exc, "cause", None) == "rate_limited":
+        cause = guard_failure(exc) or type(exc).__name__
+        if cause == "rate_limited":
             tally.refused += 1
+        tally.fail(cause)
         return
     if ttft is not None:
         tally.ok += 1
         tally.ttfts.append(ttft)
+    else:
+        tally.fail("no_content")
 
 
 async def _main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +78,15 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         limit = RateLimit(**spec["limit"])
         fleet = {"fleet": spec["fleet_url"], "name": spec["run_id"]} if mode == "fleet" else {}
-        guard = Guard(urls, tiers={"bench": Tier(ttft=spec["ttft"], total=spec["total"])}, rate_limit=limit,
-                      instrumentation=None, on_record=records.append, failure_mode="raise", **fleet)
+        guard = Guard(
+            urls,
+            tiers={"bench": Tier(ttft=spec["ttft"], total=spec["total"])},
+            rate_limit=limit,
+            instrumentation=None,
+            on_record=records.append,
+            failure_mode="raise",
+            **fleet,
+        )
         client = guard.http_client()
     transitions = 0
     async with contextlib.AsyncExitStack() as stack:
@@ -81,17 +100,30 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
             n = 0
             while time.monotonic() < end:
                 words, max_tokens = SIM_PROMPT_WORDS.sample(rng), SIM_MAX_TOKENS.sample(rng)
-                body = {"model": "sim-model", "messages": [{"role": "user", "content": " ".join(["w"] * words)}],
-                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-                        "stream_options": {"include_usage": True}}
+                body = {
+                    "model": "sim-model",
+                    "messages": [{"role": "user", "content": " ".join(["w"] * words)}],
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                    "ignore_eos": True,
+                    "stream_options": {"include_usage": True},
+                }
                 tg.start_soon(_one, client, urls[n % len(urls)] + "/v1/chat/completions", body, tally)
                 n += 1
                 await anyio.sleep(rng.expovariate(spec["rate"]))
         store = guard.snapshot().fleet if guard is not None else None
         transitions = store.transitions if store is not None else 0
     attempts = sum(len(r.attempts) for r in records) if guard is not None else tally.calls
-    return {"calls": tally.calls, "ok": tally.ok, "ttfts": tally.ttfts, "received_429": tally.received_429,
-            "refused": tally.refused, "attempts": attempts, "fleet_transitions": transitions}
+    return {
+        "calls": tally.calls,
+        "ok": tally.ok,
+        "ttfts": tally.ttfts,
+        "received_429": tally.received_429,
+        "refused": tally.refused,
+        "failed": tally.failed,
+        "attempts": attempts,
+        "fleet_transitions": transitions,
+    }
 
 
 if __name__ == "__main__":

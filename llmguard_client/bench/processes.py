@@ -9,7 +9,8 @@ duration, all starting at one instant:
 - ``guarded fleet``: a `Guard` each with the whole limit, its bucket shared through Redis (``--fleet``).
 
 Fleet totals side by side: calls, 429s the provider sent (and per call), server requests per call, calls the
-guard refused itself (`RateLimited`), goodput (completed calls per second) and TTFT p50/p99.
+guard refused itself (`RateLimited`), calls that failed otherwise by cause (e.g. ``ttft_timeout``: let through,
+then no first token in time), goodput (completed calls per second) and TTFT p50/p99.
 """
 
 from __future__ import annotations
@@ -73,10 +74,16 @@ async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -
     workers = []
     for i in range(processes):
         job = {**spec, "mode": mode, "seed": spec["seed"] * 1000 + i, "start_at": start_at}
-        workers.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "llmguard_client.bench.fleet_worker", json.dumps(job),
-            stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        ))
+        workers.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "llmguard_client.bench.fleet_worker",
+                json.dumps(job),
+                stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
+        )
     results = []
     for worker in workers:
         out, _ = await worker.communicate()
@@ -84,6 +91,10 @@ async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -
             raise RuntimeError(f"a bench worker ({mode}) failed with exit code {worker.returncode}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
     calls = sum(r["calls"] for r in results)
+    failed: dict[str, int] = {}
+    for r in results:
+        for cause, n in r["failed"].items():
+            failed[cause] = failed.get(cause, 0) + n
     ttfts = [t for r in results for t in r["ttfts"]]
     server_requests = sum(r.counters.received for r in cluster.replicas) - received_before
     return {
@@ -97,6 +108,7 @@ async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -
         "ttft_p50": _quantile(ttfts, 0.5),
         "ttft_p99": _quantile(ttfts, 0.99),
         "fleet_transitions": sum(r["fleet_transitions"] for r in results),
+        "failed": failed,
     }
 
 
@@ -104,13 +116,23 @@ def render(rows: list[dict[str, Any]], title: str) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1000:.0f} ms"
 
-    lines = [title, "", "| client | calls | 429s from the provider | server requests / call | refused by the guard "
-             "| goodput (completed/s) | TTFT p50 | TTFT p99 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    def others(failed: dict[str, int]) -> str:
+        rest = {cause: n for cause, n in failed.items() if cause not in ("rate_limited", "http_429")}
+        return ", ".join(f"{n} {cause}" for cause, n in sorted(rest.items())) or "0"
+
+    lines = [
+        title,
+        "",
+        "| client | calls | 429s from the provider | server requests / call | refused by the guard "
+        "| failed otherwise | goodput (completed/s) | TTFT p50 | TTFT p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         calls = max(1, r["calls"])
         lines.append(
             f"| {r['mode']} | {r['calls']} | {r['provider_429']} ({100 * r['provider_429'] / calls:.1f} %) "
-            f"| {r['server_requests'] / calls:.2f} | {r['refused_by_guard']} | {r['goodput']:.1f} "
+            f"| {r['server_requests'] / calls:.2f} | {r['refused_by_guard']} | {others(r['failed'])} "
+            f"| {r['goodput']:.2f} "
             f"| {ms(r['ttft_p50'])} | {ms(r['ttft_p99'])} |"
         )
     return "\n".join(lines)
@@ -128,11 +150,21 @@ async def _run(args: argparse.Namespace, fleet_url: str | None) -> list[dict[str
     rps_limit = (limit.requests_per_minute or 0) / 60.0
     rate = args.rate or 2.0 * rps_limit
     tier = (args.tier_ttft or 2.0, args.tier_total or 20.0)
-    spec: dict[str, Any] = {"rate": rate / n, "duration": DEFAULT_DURATION, "ttft": tier[0], "total": tier[1],
-                            "seed": args.seed, "fleet_url": fleet_url, "run_id": f"bench{os.getpid()}",
-                            "connect": args.fleet_connect}
-    whole = {"requests_per_minute": limit.requests_per_minute, "tokens_per_minute": limit.tokens_per_minute,
-             "burst": limit.burst}
+    spec: dict[str, Any] = {
+        "rate": rate / n,
+        "duration": DEFAULT_DURATION,
+        "ttft": tier[0],
+        "total": tier[1],
+        "seed": args.seed,
+        "fleet_url": fleet_url,
+        "run_id": f"bench{os.getpid()}",
+        "connect": args.fleet_connect,
+    }
+    whole = {
+        "requests_per_minute": limit.requests_per_minute,
+        "tokens_per_minute": limit.tokens_per_minute,
+        "burst": limit.burst,
+    }
     share = {k: (v / n if k != "burst" and v is not None else v) for k, v in whole.items()}
     rows = []
     async with SimCluster(scenario, seed=args.seed) as cluster:
@@ -154,8 +186,10 @@ def run_processes(args: argparse.Namespace) -> int:
 
     limit = get_scenario(args.sim).rate_limit
     connect = "" if args.fleet_connect == "early" else ", fleet stores connecting on the first call"
-    title = (f"sim:{args.sim}, {args.processes} processes, provider limit {limit}, "
-             f"{DEFAULT_DURATION:.0f} s per client{connect}")
+    title = (
+        f"sim:{args.sim}, {args.processes} processes, provider limit {limit}, "
+        f"{DEFAULT_DURATION:.0f} s per client{connect}"
+    )
     print(render(rows, title))
     if args.json:
         with open(args.json, "w") as f:

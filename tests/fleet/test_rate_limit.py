@@ -112,7 +112,8 @@ async def test_a_correction_rides_on_the_next_admission(fleet: RedisFleetOps, re
         assert level == pytest.approx(1000 - CHARGE, abs=1.0)  # charged; its correction is still local
         (await post(client)).raise_for_status()
         level = await level_of(fleet, key, "t")
-        assert level == pytest.approx(1000 - USED - CHARGE, abs=1.0)  # the first corrected, the second charged
+        # The first corrected; the second charged at the ratio the first's usage reported (3 prompt tokens).
+        assert level == pytest.approx(1000 - USED - (3 + 20), abs=1.0)
 
 
 async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[RedisServer]) -> None:

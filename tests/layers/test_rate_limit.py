@@ -34,6 +34,18 @@ def limited_guard(
     return virtual_guard(fakes, records, rate_limit=limit, **kwargs)
 
 
+async def refused_at_once(client: httpx.AsyncClient, after: float) -> RateLimited:
+    """A first call (tier ``slow``) takes the bucket; the call made ``after`` s later is refused at once."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post, client, BODY, "slow")
+        await anyio.sleep(after)
+        start = now()
+        with pytest.raises(RateLimited) as refused:
+            await post(client)
+        assert now() == start  # never sent, never waited
+    return refused.value
+
+
 @BACKENDS
 def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry_after(backend: str) -> None:
     # The bucket holds one call's tokens and refills one call's tokens per second. The first call holds its
@@ -45,16 +57,10 @@ def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry
         limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
         tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
         async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(post, client, BODY, "slow")
-                await anyio.sleep(0.1)
-                start = now()
-                with pytest.raises(RateLimited) as refused:
-                    await post(client)
-                assert now() == start  # at once
-        assert refused.value.retry_after == pytest.approx(0.9, abs=1e-9)
-        assert guard_failure(refused.value) == "rate_limited"
-        assert refused.value.status_code == 429
+            refused = await refused_at_once(client, after=0.1)
+        assert refused.retry_after == pytest.approx(0.9, abs=1e-9)
+        assert guard_failure(refused) == "rate_limited"
+        assert refused.status_code == 429
         assert fakes["http://a"].requests == 1
         refused_record = next(r for r in records if r.cause == "rate_limited")
         assert refused_record.attempts == () and refused_record.status == "rejected"
@@ -82,6 +88,28 @@ def test_a_call_that_fits_in_its_ttft_waits_for_its_share_then_is_sent(backend: 
 
 
 @BACKENDS
+def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str) -> None:
+    # The replica's first tokens take 0.1 s typically and 0.4 s on its slow tries (p95). The second call's share
+    # comes 0.7 s into its 1 s ttft: a median first token would make it, a p95 one would not, and an attempt
+    # let through that then times out spends the provider's limit for nothing. It is refused at once.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=0.8)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+        tiers = {"t": Tier(ttft=1.0, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+            for i in range(20):
+                guard.ttft_stats.observe("http://a", "t", False, 0.4 if i % 10 == 0 else 0.1)
+            assert guard.ttft_stats.typical("t", False) == pytest.approx(0.1)
+            assert guard.ttft_stats.high("t", False) == pytest.approx(0.4)
+            refused = await refused_at_once(client, after=0.3)
+        assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
+        assert fakes["http://a"].requests == 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_a_winner_is_corrected_from_its_usage_when_the_call_ends(backend: str) -> None:
     async def main() -> None:
         fakes = {"http://a": FakeReplica("a")}
@@ -92,6 +120,30 @@ def test_a_winner_is_corrected_from_its_usage_when_the_call_ends(backend: str) -
             bucket = guard.rate_limiter.bucket("http://a")
             (await post(client)).raise_for_status()
             assert bucket.levels() == pytest.approx((0.0, 10 * CHARGE - USED))
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_prompt_estimate_learns_the_tokens_per_byte_the_answers_report(backend: str) -> None:
+    # FakeReplica reports 3 prompt tokens for BODY, far fewer than its bytes / 4: once an answer said so, the next
+    # call is charged at that ratio (3 tokens) plus its max_tokens, not at 4 bytes per token.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60_000, burst=1.0)
+        async with limited_guard(fakes, records, limit, tiers={"t": Tier(ttft=2.0, total=5.0)}) as guard:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            async with guard.http_client() as client:
+                charges = []
+                for _ in range(2):
+                    async with anyio.create_task_group() as tg:
+                        before = bucket.levels()[1]
+                        tg.start_soon(post, client)
+                        await anyio.wait_all_tasks_blocked()
+                        charges.append(before - bucket.levels()[1])
+        assert charges == pytest.approx([CHARGE, 3 + 20])
 
     run_virtual(main, backend)
 
@@ -126,10 +178,17 @@ def test_retries_are_charged_and_a_hedge_that_does_not_fit_is_not_sent(backend: 
         }
         records: list[PhaseRecord] = []
         limit = RateLimit(requests_per_minute=60, burst=2.0)
-        async with limited_guard(
-            fakes, records, limit, tiers={"t": Tier(ttft=3.0, total=5.0)},
-            hedge=HedgePolicy(delay=0.1), retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
-        ) as guard, guard.http_client() as client:
+        async with (
+            limited_guard(
+                fakes,
+                records,
+                limit,
+                tiers={"t": Tier(ttft=3.0, total=5.0)},
+                hedge=HedgePolicy(delay=0.1),
+                retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
+            ) as guard,
+            guard.http_client() as client,
+        ):
             (await post(client)).raise_for_status()
             first = records[-1]
             assert [a.kind for a in first.attempts][:2] == ["primary", "retry"]
@@ -150,9 +209,12 @@ def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
         fakes = {"http://a": FakeReplica("a", [Plan(status=429)]), "http://b": FakeReplica("b")}
         records: list[PhaseRecord] = []
         limit = RateLimit(requests_per_minute=6, burst=20.0)  # 2 requests, 1 more per 10 s
-        async with limited_guard(
-            fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
-        ) as guard, guard.http_client() as client:
+        async with (
+            limited_guard(
+                fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
+            ) as guard,
+            guard.http_client() as client,
+        ):
             assert guard.rate_limiter is not None
             (await post(client)).raise_for_status()
             assert [a.status_code for a in records[-1].attempts] == [429, 200]
@@ -164,7 +226,9 @@ def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
 @BACKENDS
 def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
     completion = {
-        "id": "c", "object": "chat.completion", "model": "m",
+        "id": "c",
+        "object": "chat.completion",
+        "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
@@ -173,8 +237,13 @@ def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
 
     async def main() -> None:
         limit = RateLimit(requests_per_minute=600, tokens_per_minute=60_000, burst=1.0)
-        guard = Guard(["http://a"], instrumentation=None, transport_factory=lambda r: mock, rate_limit=limit,
-                      tiers={"t": Tier(ttft=1.0, total=5.0)})
+        guard = Guard(
+            ["http://a"],
+            instrumentation=None,
+            transport_factory=lambda r: mock,
+            rate_limit=limit,
+            tiers={"t": Tier(ttft=1.0, total=5.0)},
+        )
         async with guard, guard.http_client() as client:
             assert guard.rate_limiter is not None
             (await post(client)).raise_for_status()
@@ -188,8 +257,11 @@ def test_a_replica_with_its_own_limit_is_charged_to_it_and_the_others_to_the_gua
     from llmguard_client import Replica
 
     own = RateLimit(requests_per_minute=10)
-    guard = Guard([Replica("http://a", rate_limit=own), "http://b"], rate_limit=RateLimit(requests_per_minute=99),
-                  instrumentation=None)
+    guard = Guard(
+        [Replica("http://a", rate_limit=own), "http://b"],
+        rate_limit=RateLimit(requests_per_minute=99),
+        instrumentation=None,
+    )
     assert guard.rate_limiter is not None
     assert guard.rate_limiter.bucket("http://a").limit is own
     assert guard.rate_limiter.bucket("http://b").limit == RateLimit(requests_per_minute=99)
@@ -203,7 +275,9 @@ def test_a_continuation_is_charged_for_the_body_it_sends_not_the_callers() -> No
     from llmguard_client._core.call import Call
     from llmguard_client._core.outcome import Route
     from llmguard_client._layers.rate_limit import charge_for
+    from llmguard_client._state.prompt_estimate import PromptEstimator
 
     call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50)))
-    assert charge_for(call) == charge_for(call, Route()) == 100 + 50
-    assert charge_for(call, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50
+    prompts = PromptEstimator()
+    assert charge_for(call, prompts) == charge_for(call, prompts, Route()) == 100 + 50
+    assert charge_for(call, prompts, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50

@@ -60,6 +60,16 @@ def test_a_slow_minority_cannot_drag_the_delay_up() -> None:
     assert stats.typical("t", True) == pytest.approx(0.044 * 1.5, rel=0.01)
 
 
+def test_high_is_the_median_replicas_unclamped_quantile_and_zero_while_unknown() -> None:
+    stats = TTFTStats(HedgePolicy(min_samples=20, min_delay=0.5, max_delay=2.0))
+    assert stats.high("t", True) == 0.0
+    for name, low in (("r0", 0.040), ("r1", 0.400), ("r2", 0.044)):
+        feed(stats, name, spread(low))
+    assert stats.high("t", True) == pytest.approx(0.044 * 1.95, rel=0.01)  # below min_delay: not clamped
+    assert stats.hedge_delay("t", True) == 0.5  # the hedge delay is
+    assert stats.high("t", False) == 0.0  # per stream kind, like the rest
+
+
 def test_with_two_replicas_a_drained_one_is_left_out() -> None:
     drained = {"slow"}
     stats = TTFTStats(POLICY, degraded=lambda name: name in drained)
