@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from llmguard_client._core.outcome import Payment, Win
 
 __all__ = [
-    "CAUSE_HEADER", "COHORT_HEADER", "SESSION_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts", "rebase"
+    "CAUSE_HEADER", "COHORT_HEADER", "SESSION_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts",
+    "json_document", "rebase"
 ]
 
 TIER_HEADER = "x-llmguard-tier"
@@ -70,6 +71,17 @@ class CallerHeaders:
         return self._request.headers.get(name) if self._has_own else None
 
 
+def json_document(request: httpx.Request, body: bytes) -> object:
+    """The body's JSON value, parsed once per call for everything the guard reads from it; None when the body is
+    empty, not JSON, or sent with a content type other than JSON."""
+    if not body or "json" not in request.headers.get("content-type", "json"):
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 @dataclass(slots=True)
 class RequestFacts:
     """What the guard reads from a request body: never the prompt itself."""
@@ -80,14 +92,14 @@ class RequestFacts:
 
     @classmethod
     def parse(cls, request: httpx.Request, body: bytes) -> RequestFacts:
-        if not body or "json" not in request.headers.get("content-type", "json"):
+        return cls.of(json_document(request, body))
+
+    @classmethod
+    def of(cls, document: object) -> RequestFacts:
+        """The facts of a body already parsed (`json_document`)."""
+        if not isinstance(document, dict):
             return cls()
-        try:
-            obj: Any = json.loads(body)
-        except ValueError:
-            return cls()
-        if not isinstance(obj, dict):
-            return cls()
+        obj: dict[str, Any] = document
         model = obj.get("model")
         max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens", obj.get("max_output_tokens")))
         return cls(

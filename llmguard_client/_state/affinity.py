@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import Container, Mapping, Sequence
 
-__all__ = ["affinity_order", "auto_key", "choose", "load_bound", "place"]
+__all__ = ["affinity_order", "auto_key", "choose", "document_key", "load_bound", "place"]
 
 _DIGEST = 8
 
@@ -98,7 +98,12 @@ def auto_key(body: bytes) -> str | None:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    messages = doc.get("messages") if isinstance(doc, dict) else None
+    return document_key(doc)
+
+
+def document_key(document: object) -> str | None:
+    """`auto_key` of a body already parsed (its JSON value)."""
+    messages = document.get("messages") if isinstance(document, dict) else None
     if not isinstance(messages, list):
         return None
     system = user = None

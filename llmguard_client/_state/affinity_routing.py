@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TypeVar
 
-from llmguard_client._state.affinity import affinity_order, auto_key, choose, place
+from llmguard_client._state.affinity import affinity_order, auto_key, choose, document_key, place
 from llmguard_client._state.health import Routable, no_room, recent_calls, silent
 from llmguard_client.config import AffinityPolicy
 from llmguard_client.errors import GuardConfigError
@@ -62,12 +62,13 @@ class AffinityRouting:
         self._homes: OrderedDict[str, str] = OrderedDict()
         self._session: ContextVar[str | None] = ContextVar(f"llmguard_session_{id(self)}", default=None)
 
-    def key_for(self, explicit: str | None, body: bytes) -> str | None:
+    def key_for(self, explicit: str | None, body: bytes, document: object = None) -> str | None:
         """A call's key: ``explicit`` (its header), else the current `session`, else one derived from ``body``
-        (under ``auto``), else None."""
+        (under ``auto``; from ``document``, the body's JSON value, when the caller has parsed it already), else
+        None."""
         key = explicit if explicit is not None else self._session.get()
         if key is None and self.policy.auto and body:
-            key = auto_key(body)
+            key = document_key(document) if document is not None else auto_key(body)
         return key
 
     @contextlib.contextmanager

@@ -178,6 +178,10 @@ async def replay_conversations(
     ``behind`` is how late a turn was sent at most, against its conversation's start (first turns) or the end
     of the previous turn plus the think time (later turns)."""
     samples: list[Sample | None] = [None] * len(plan.requests)
+    conversations = _conversations(plan)
+    # Built before the first send, as `replay` builds its bodies: a late turn's body is ~10 KB of text, and
+    # building it in the run would hold the event loop while other calls wait for their first token.
+    bodies = {conv.first + k: turn_body(conv, k, model) for conv in conversations for k in range(conv.turns)}
     start = time.perf_counter() + 0.02
     behind = 0.0
 
@@ -190,12 +194,12 @@ async def replay_conversations(
             if delay > 0:
                 await anyio.sleep(delay)
             behind = max(behind, time.perf_counter() - at)
-            sample = await client.run(req, turn_body(conv, k, model), at)
+            sample = await client.run(req, bodies.pop(req.index), at)
             samples[req.index] = sample
             on_sample(sample)
 
     async with anyio.create_task_group() as tg:
-        for conv in _conversations(plan):
+        for conv in conversations:
             delay = start + conv.start - time.perf_counter()
             if delay > 0:
                 await anyio.sleep(delay)

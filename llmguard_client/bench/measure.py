@@ -139,17 +139,21 @@ def _on_chunk(probe: Probe, obj: dict[str, Any]) -> None:
 
 
 async def consume_sse(response: httpx.Response, probe: Probe) -> None:
-    """Read an OpenAI-style SSE stream to ``[DONE]``, recording first-token time and usage."""
+    """Read an OpenAI-style SSE stream to ``[DONE]``, recording first-token time and usage.
+
+    The body is read to its end after ``[DONE]`` (as the openai SDK does), so that the connection goes back to
+    the pool: left unread, its last chunk makes httpx close it, and every request then paid a new connection.
+    """
     async for line in response.aiter_lines():
-        if not line.startswith("data:"):
+        if probe.done or not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
             probe.done = True
-            return
-        if data:
+        elif data:
             _on_chunk(probe, json.loads(data))
-    raise StreamError("stream ended without [DONE]")
+    if not probe.done:
+        raise StreamError("stream ended without [DONE]")
 
 
 class Replayed(NamedTuple):

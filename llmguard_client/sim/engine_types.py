@@ -88,7 +88,7 @@ class EngineRequest:
     prompt_tokens: int
     max_tokens: int
     output_tokens: int | None = None
-    block_hashes: tuple[bytes, ...] = ()
+    block_hashes: tuple[int, ...] = ()
 
 
 class SeqState(enum.Enum):
@@ -127,7 +127,7 @@ class Sequence:
     finish_reason: str | None = None
     cached: int = 0
     """Prompt tokens found in the prefix cache: skipped by prefill (they still take KV)."""
-    block_hashes: tuple[bytes, ...] = ()
+    block_hashes: tuple[int, ...] = ()
     """The prompt's block hashes, until its prefill is done and they are cached."""
 
     @property

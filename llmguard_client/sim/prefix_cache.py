@@ -12,7 +12,6 @@ previous prompt but recomputes the previous answer.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,34 +20,51 @@ __all__ = ["BlockHasher", "CacheCounters", "PrefixCache"]
 
 
 class BlockHasher:
-    """Chained block hashes of a token stream fed piece by piece (`feed` each message's text, then `hashes`)."""
+    """Chained block hashes of a token stream fed piece by piece (`feed` each message's text, then `hashes`).
 
-    __slots__ = ("_block", "_hashes", "_pending", "_prev")
+    A block's hash is Python's ``hash`` of the previous block's hash and the block's words, as vLLM's default
+    prefix-cache hash is of its block's token ids: cheap (a request costs one ``split`` per message and one
+    tuple hash per block) and, like ``hash`` itself, meaningful within the process that computed it, where the
+    sim's caches live.
+    """
+
+    __slots__ = ("_block", "_hashes", "_pending", "_prev", "tokens")
 
     def __init__(self, block_tokens: int) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self._block = block_tokens
         self._pending: list[str] = []
-        self._hashes: list[bytes] = []
-        self._prev = b""
+        self._hashes: list[int] = []
+        self._prev = 0
+        self.tokens = 0
+        """Words fed so far."""
 
     def feed(self, text: str, tag: str = "") -> None:
         """Append the words of ``text``; ``tag`` (a role) marks where a message starts, not counted as a token."""
         words = text.split()
         if not words:
             return
+        self.tokens += len(words)
         if tag:
             words[0] = f"{tag}\x1e{words[0]}"
-        pending, block = self._pending, self._block
-        for word in words:
-            pending.append(word)
-            if len(pending) == block:
-                self._prev = hashlib.blake2b(self._prev + "\x1f".join(pending).encode(), digest_size=12).digest()
-                self._hashes.append(self._prev)
-                pending.clear()
+        block, pending, hashes, start = self._block, self._pending, self._hashes, 0
+        if pending:  # complete the block the previous text left open
+            start = block - len(pending)
+            pending += words[:start]
+            if len(pending) < block:
+                return
+            self._prev = hash((self._prev, *pending))
+            hashes.append(self._prev)
+            pending.clear()
+        prev, end = self._prev, start + (len(words) - start) // block * block
+        for i in range(start, end, block):
+            prev = hash((prev, *words[i : i + block]))
+            hashes.append(prev)
+        self._prev = prev
+        pending += words[end:]
 
-    def hashes(self) -> tuple[bytes, ...]:
+    def hashes(self) -> tuple[int, ...]:
         """The hashes of the full blocks fed so far."""
         return tuple(self._hashes)
 
@@ -69,7 +85,7 @@ class PrefixCache:
             raise ValueError("capacity_tokens must be >= 0 and block_tokens >= 1")
         self.block_tokens = block_tokens
         self.capacity_blocks = capacity_tokens // block_tokens
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self._blocks: OrderedDict[int, None] = OrderedDict()
         self.counters = CacheCounters()
 
     @property
@@ -80,7 +96,7 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def lookup(self, hashes: Iterable[bytes], prompt_tokens: int) -> int:
+    def lookup(self, hashes: Iterable[int], prompt_tokens: int) -> int:
         """Tokens of a ``prompt_tokens``-token prompt already cached (its leading cached blocks); counts the query.
 
         At least one token is always left to compute (as vLLM does: a fully cached prompt recomputes its last
@@ -89,7 +105,7 @@ class PrefixCache:
         if not self.enabled:
             return 0
         blocks = self._blocks
-        hits: list[bytes] = []
+        hits: list[int] = []
         for h in hashes:
             if h not in blocks:
                 break
@@ -103,7 +119,7 @@ class PrefixCache:
         self.counters.hits += cached
         return cached
 
-    def insert(self, hashes: Iterable[bytes]) -> None:
+    def insert(self, hashes: Iterable[int]) -> None:
         """Cache a prompt's blocks, evicting the least recently used beyond capacity.
 
         The first block becomes the most recent, so eviction eats prefixes from their tails (as vLLM frees a

@@ -30,73 +30,54 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
-    block_hashes: tuple[bytes, ...] = ()
+    block_hashes: tuple[int, ...] = ()
     """The prompt's chained block hashes (`llmguard_client.sim.prefix_cache`); empty unless asked for."""
 
 
 def count_words(content: object) -> int:
     """Words in a message content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
-    if isinstance(content, str):
-        return len(content.split())
-    if isinstance(content, list):
-        return sum(count_words(part.get("text", "")) for part in content if isinstance(part, dict))
-    return 0
-
-
-def _prompt_words(kind: str, body: dict[str, Any]) -> int:
-    if kind == "responses":
-        items = body.get("input")
-        if isinstance(items, str):
-            return count_words(items)
-        if not isinstance(items, list) or not items:
-            raise BadRequest("'input' must be a string or a non-empty list of items")
-        words = sum(count_words(i.get("content")) for i in items if isinstance(i, dict))
-        return words + count_words(body.get("instructions"))
-    if kind == "messages":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        words = sum(count_words(m.get("content")) for m in messages if isinstance(m, dict))
-        return words + count_words(body.get("system"))
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        return sum(count_words(m.get("content")) for m in messages if isinstance(m, dict))
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        return sum(count_words(p) for p in prompt)
-    if isinstance(prompt, str):
-        return count_words(prompt)
-    raise BadRequest("'prompt' must be a string or a list of strings")
+    return len(_text_of(content).split())
 
 
 def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
-def _block_hashes(kind: str, body: dict[str, Any], block_tokens: int) -> tuple[bytes, ...]:
-    """The prompt's block hashes, over its words in prompt order (system / instructions first)."""
-    hasher = BlockHasher(block_tokens)
+def _prompt_pieces(kind: str, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The prompt's texts in prompt order (system / instructions first), each with its role; BadRequest if the
+    prompt is missing."""
     if kind == "text":
         prompt = body.get("prompt")
-        for part in prompt if isinstance(prompt, list) else [prompt]:
-            hasher.feed(part if isinstance(part, str) else "")
-        return hasher.hashes()
+        if isinstance(prompt, str):
+            return [(prompt, "")]
+        if isinstance(prompt, list):
+            return [(part, "") for part in prompt if isinstance(part, str)]
+        raise BadRequest("'prompt' must be a string or a list of strings")
     head = body.get("system") if kind == "messages" else body.get("instructions") if kind == "responses" else None
-    hasher.feed(_text_of(head), "system")
+    pieces = [(_text_of(head), "system")]
     items = body.get("input") if kind == "responses" else body.get("messages")
-    if isinstance(items, str):
-        hasher.feed(items, "user")
-    elif isinstance(items, list):
-        for item in items:
-            if isinstance(item, dict):
-                hasher.feed(_text_of(item.get("content")), str(item.get("role", "")))
-    return hasher.hashes()
+    if kind == "responses" and isinstance(items, str):
+        return [*pieces, (items, "user")]
+    if not isinstance(items, list) or not items:
+        what = "'input' must be a string or a non-empty list of items" if kind == "responses" else None
+        raise BadRequest(what or "'messages' must be a non-empty list")
+    pieces += [(_text_of(i.get("content")), str(i.get("role", ""))) for i in items if isinstance(i, dict)]
+    return pieces
+
+
+def _prompt(kind: str, body: dict[str, Any], block_tokens: int) -> tuple[int, tuple[int, ...]]:
+    """The prompt's words and, when ``block_tokens`` > 0, its block hashes: one ``split`` per message."""
+    pieces = _prompt_pieces(kind, body)
+    if block_tokens <= 0:
+        return sum(len(text.split()) for text, _ in pieces), ()
+    hasher = BlockHasher(block_tokens)
+    for text, role in pieces:
+        hasher.feed(text, role)
+    return hasher.tokens, hasher.hashes()
 
 
 def parse_request(raw: bytes, kind: Kind, default_model: str, *, block_tokens: int = 0) -> CompletionRequest:
@@ -114,13 +95,14 @@ def parse_request(raw: bytes, kind: Kind, default_model: str, *, block_tokens: i
     asked = isinstance(options, dict) and bool(options.get("include_usage"))
     include_usage = asked or kind in ("responses", "messages")  # those two always report usage
     model = body.get("model")
+    prompt_tokens, block_hashes = _prompt(kind, body, block_tokens)
     return CompletionRequest(
         kind=kind,
         model=model if isinstance(model, str) and model else default_model,
-        prompt_tokens=max(1, _prompt_words(kind, body)),
+        prompt_tokens=max(1, prompt_tokens),
         max_tokens=max_tokens,
         stream=bool(body.get("stream")),
         include_usage=include_usage,
         ignore_eos=bool(body.get("ignore_eos")),
-        block_hashes=_block_hashes(kind, body, block_tokens) if block_tokens > 0 else (),
+        block_hashes=block_hashes,
     )

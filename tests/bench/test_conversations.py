@@ -8,8 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
+from llmguard_client.bench import conversations
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.conversations import (
+    Conversation,
     ConversationShape,
     make_conversation_plan,
     turn_body,
@@ -125,3 +127,21 @@ def test_replay_sends_each_turn_only_after_the_previous_one_ended() -> None:
         if a.index < b.index and client.spans[b.first][0] < client.spans[a.first + a.turns - 1][1]
     ]
     assert overlapping  # conversations run side by side, not one after another
+
+
+def test_replay_builds_every_turns_body_before_the_first_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = make_conversation_plan(12, seed=1, rate=200.0, lengths=SIM_LENGTHS, shape=ConversationShape(think_s=0.0))
+    built: list[float] = []
+
+    def counting(conv: Conversation, turn: int, model: str) -> dict[str, Any]:
+        built.append(anyio.current_time())
+        return turn_body(conv, turn, model)
+
+    monkeypatch.setattr(conversations, "turn_body", counting)
+    client = _Recorder()
+    anyio.run(replay, client, plan, "m")
+    first_send = min(start for start, _ in client.spans.values())
+    assert len(built) == 12 and max(built) <= first_send  # none on the way while calls wait for a token
+    last = plan.conversations[-1]
+    assert isinstance(last, Conversation)
+    assert client.bodies[last.first + last.turns - 1] == turn_body(last, last.turns - 1, "m")

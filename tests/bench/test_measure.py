@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -10,6 +11,9 @@ import httpx
 import pytest
 
 from llmguard_client.bench.measure import Probe, Sample, StreamError, consume_sse
+from llmguard_client.sim.cluster import SimCluster
+from tests.clients import plain_httpx
+from tests.sim.conftest import one_off
 
 
 def sample(i: int, status: str = "ok", ttft: float | None = 0.1, e2e: float = 1.0, tokens: int = 10) -> Sample:
@@ -54,3 +58,38 @@ def test_consume_sse_fails_on_an_error_event_or_a_missing_done() -> None:
         _read(_stream(_delta("a"), {"error": {"message": "overloaded"}}))
     with pytest.raises(StreamError, match=r"stream ended without \[DONE\]"):
         _read(_stream(_delta("a"), done=False))
+
+
+def test_consume_sse_reads_the_body_to_its_end_after_done() -> None:
+    read_all = False
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal read_all
+        yield b"data: " + json.dumps(_delta("a")).encode() + b"\n\ndata: [DONE]\n\n"
+        yield b"data: " + json.dumps(_delta("late")).encode() + b"\n\n"  # after [DONE]: read, not counted
+        read_all = True
+
+    probe = _read(httpx.Response(200, stream=_Stream(body())))
+    assert read_all and probe.done and probe.content_chunks == 1
+
+
+class _Stream(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            yield chunk
+
+
+async def test_a_client_reading_with_consume_sse_reuses_its_connection() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True, "ignore_eos": True}
+    streams = []
+    async with SimCluster(one_off()) as cluster, plain_httpx() as http:
+        for _ in range(2):
+            async with http.stream("POST", cluster.urls[0] + "/v1/chat/completions", json=body) as response:
+                probe = Probe(t0=0.0)
+                await consume_sse(response, probe)
+                streams.append(response.extensions["network_stream"])
+            assert probe.content_chunks == 3
+    assert streams[0] is streams[1]  # the first request's connection went back to the pool

@@ -73,3 +73,13 @@ def test_every_endpoint_hashes_the_system_prompt_first(kind: Kind, body: dict[st
     parsed = parse_request(json.dumps(body).encode(), kind, "m", block_tokens=16)
     assert len(parsed.block_hashes) == 201 // 16
     assert parse_request(json.dumps(body).encode(), kind, "m").block_hashes == ()  # not asked: not computed
+
+
+def test_the_prompt_counts_what_is_hashed_whether_or_not_it_is_hashed() -> None:
+    body = {"instructions": "be brief today", "input": "one two"}  # a string input: instructions count too
+    for block in (0, 2):
+        assert parse_request(json.dumps(body).encode(), "responses", "m", block_tokens=block).prompt_tokens == 5
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a b c"}, {"type": "image"}]}]}
+    for block in (0, 2):
+        parsed = parse_request(json.dumps(parts).encode(), "chat", "m", block_tokens=block)
+        assert parsed.prompt_tokens == 3 and len(parsed.block_hashes) == (1 if block else 0)

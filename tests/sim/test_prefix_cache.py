@@ -71,3 +71,15 @@ def test_bad_sizes_are_refused() -> None:
         BlockHasher(0)
     with pytest.raises(ValueError, match="capacity_tokens must be >= 0"):
         PrefixCache(-1, 16)
+
+
+def test_a_text_fed_in_pieces_hashes_as_fed_at_once_and_its_words_are_counted() -> None:
+    whole = BlockHasher(4)
+    whole.feed(words("w", 11), "system")
+    exact = BlockHasher(4)
+    split = words("w", 11).split()
+    exact.feed(" ".join(split[:2]), "system")  # blocks left open across feeds
+    exact.feed(" ".join(split[2:7]))
+    exact.feed(" ".join(split[7:]))
+    assert exact.hashes() == whole.hashes() and len(whole.hashes()) == 2
+    assert exact.tokens == whole.tokens == 11  # the role tag is not a token

@@ -4,6 +4,7 @@ header never reaches a replica; a keyed call's hedge goes to the key's second re
 from __future__ import annotations
 
 import functools
+import json
 import math
 from typing import Any
 
@@ -12,6 +13,8 @@ import httpx
 import pytest
 
 from llmguard_client import AffinityPolicy, Guard, HedgePolicy, PhaseRecord, Tier
+from llmguard_client._core import call as call_module
+from llmguard_client._state import affinity_routing
 from llmguard_client._state.affinity import affinity_order
 from llmguard_client._state.routing import Router
 from tests.loopback import LoopbackServer, Script
@@ -71,6 +74,25 @@ async def test_auto_keys_and_sessions_keep_a_conversation_on_one_replica(servers
     # A session key too; its first call was placed by the recent calls (conv A's six took one replica), then
     # every call followed it.
     assert len(session) == 1
+
+
+async def test_a_keyed_call_parses_its_body_once(
+    servers: list[LoopbackServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+    loads = json.loads
+
+    def counting(raw: bytes) -> Any:
+        parsed.append(raw)
+        return loads(raw)
+
+    monkeypatch.setattr(call_module, "json", type("json", (), {"loads": staticmethod(counting)}))
+    monkeypatch.setattr(affinity_routing, "auto_key", lambda body: pytest.fail("the body was parsed again"))
+    urls = [s.url for s in servers]
+    async with Guard(urls, TIERS, hedge=None, instrumentation=None, affinity="auto") as guard:
+        async with guard.http_client() as client:
+            keyed = {(await send(client, urls[0], body(system="conv B"))).replica for _ in range(2)}
+    assert len(parsed) == 2 and len(keyed) == 1  # one parse per call: its facts and its key both read it
 
 
 async def test_without_affinity_the_same_conversation_spreads(servers: list[LoopbackServer]) -> None:

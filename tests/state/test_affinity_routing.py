@@ -157,6 +157,8 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
         assert routing.key_for(None, body) == "conv-1"
         assert routing.key_for("from-header", body) == "from-header"
     assert routing.key_for(None, b"not json") is None
+    assert routing.key_for(None, body, json.loads(body)) == auto_key(body)  # a body the caller parsed already
+    assert routing.key_for(None, b"{}", json.loads(body)) == auto_key(body)  # is read as parsed, not again
     explicit = AffinityRouting(URLS, AffinityPolicy(auto=False))
     assert explicit.key_for(None, body) is None
     with pytest.raises(TypeError, match="non-empty str"), routing.session(""):
