@@ -12,7 +12,8 @@ bench does. Each policy routes every turn at once, on its arrival:
 - ``rendezvous``: the key's rendezvous order over replica URLs that change every run, within the in-flight
   bound (`affinity.choose`, ``load_factor`` 1.25, ``load_slack`` 2): the guard's affinity before homes;
 - ``affinity``: the guard's rule now: the key's home (the replica that answered its last turn), a new key placed
-  by the recent calls (`affinity.place`, 30 s half-life), then the in-flight bound.
+  among the replicas with the fewest in flight (the router's tie for its least cost) by the recent calls
+  (`affinity.place`, 30 s half-life), then the in-flight bound.
 
 It prints, per policy and seed, TTFT p50 / p99 of all turns and p50 of first and of later turns (server-side:
 arrival to first token), the prefix cache's token hit rate, the busiest replica's calls over the mean, and how
@@ -66,6 +67,8 @@ class Router:
             order, slack = affinity_order(key, self.names), 2
             home = self.homes.get(key) if self.policy == "affinity" else None
             if self.policy == "affinity" and home is None:
+                least = min(self.in_flight[n] for n in order)  # the router's tie for its least cost
+                order = [n for n in order if self.in_flight[n] == least]
                 home, slack = place(order, self.recent, 1.25, 2), 0
             order.sort(key=lambda n: n != home)
             name = choose(order, self.in_flight, (), 1.25, slack) or order[0]

@@ -9,9 +9,12 @@ room, and not a straggler: calls in flight and no first token for `STRAGGLER_RAT
 
 - its key's home: the replica that answered the key's last call (this guard remembers the last `HOMES` keys),
   which holds the longest cached prefix of it;
-- for a key without a home, the first replica in the key's rendezvous order (`affinity_order`: the same in
+- for a key without a home, among the replicas the router counts as tied for the least cost (`Router.cheapest`:
+  all of them while the load is even), the first in the key's rendezvous order (`affinity_order`: the same in
   every process) whose recent calls stay within ``load_factor`` x the mean plus ``load_slack``
-  (`affinity.place`): a first call finds nothing cached anywhere, so placing it by load costs nothing;
+  (`affinity.place`): a first call finds nothing cached anywhere, so placing it by load costs nothing, and
+  placing it by the order alone on a replica with a longer queue raised the TTFT p95 of single-turn traffic
+  under overload;
 - then the key's rendezvous order;
 
 taking the first that would hold at most ``load_factor`` x the mean calls in flight plus ``load_slack``
@@ -30,7 +33,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from llmguard_client._state.affinity import affinity_order, auto_key, choose, document_key, place
 from llmguard_client._state.health import Routable, no_room, recent_calls, silent
@@ -42,6 +45,8 @@ __all__ = ["AffinityRouting", "Prefer", "ignored_session", "resolve_affinity", "
 S = TypeVar("S", bound=Routable)
 Prefer = Callable[[list[S]], S | None]
 """Chooses among the replicas the router allows, or None to leave the choice to the router."""
+Cheapest = Callable[[list[Any], float], Sequence[Routable]]
+"""The router's candidates tied for its least cost at ``now`` (`Router.cheapest`)."""
 
 _ORDERS = 4096
 """Keys whose replica order is remembered (cleared when full): a hash per replica per call saved."""
@@ -55,8 +60,10 @@ class AffinityRouting:
     HOMES = 16_384
     """Keys whose home (the replica that answered their last call) is remembered, least recently used dropped."""
 
-    def __init__(self, names: Sequence[str], policy: AffinityPolicy) -> None:
+    def __init__(self, names: Sequence[str], policy: AffinityPolicy, cheapest: Cheapest | None = None) -> None:
+        """``cheapest(candidates, now)``: the candidates the router counts as tied for its least cost (None: all)."""
         self.policy = policy
+        self._cheapest = cheapest
         self._names = list(names)
         self._ranks: dict[str, dict[str, int]] = {}
         self._homes: OrderedDict[str, str] = OrderedDict()
@@ -106,6 +113,9 @@ class AffinityRouting:
         policy = self.policy
         home, slack = self._homes.get(key), policy.load_slack
         if home is None:  # nothing of it cached anywhere: no slack, a spill costs no cache hit
+            if self._cheapest is not None and len(eligible) > 1:
+                tied = {s.name for s in self._cheapest(eligible, now)}
+                eligible = [s for s in eligible if s.name in tied] or eligible
             recent = {s.name: recent_calls(s.health, now) for s in eligible}
             home, slack = place([s.name for s in eligible], recent, policy.load_factor, policy.load_slack), 0
         eligible.sort(key=lambda s: s.name != home)  # stable: the rest keep the key's order

@@ -129,7 +129,8 @@ class ReplicaSet:
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
         """Chooses among the replicas this set allows, and learns their speed and failures."""
-        self.affinity = AffinityRouting([s.name for s in self.states], affinity) if affinity is not None else None
+        names = [s.name for s in self.states]
+        self.affinity = AffinityRouting(names, affinity, self.router.cheapest) if affinity is not None else None
         """Cache affinity: the keyed calls' preferred replicas (None: off)."""
 
     def __len__(self) -> int:

@@ -201,9 +201,11 @@ class Router(Generic[S]):
         ]
         return min(due, key=lambda s: s.health.last_pick) if due else None
 
-    def _least_cost(self, states: list[S], now: float, *, rotate: bool) -> S:
-        """Replicas with rate-limit room first; then those whose cost is within `TIE` (relative) or
-        `TIE_SECONDS` of the least count as equal: the ones not cooling among them, in turns."""
+    def cheapest(self, states: list[S], now: float) -> list[S]:
+        """The replicas tied for the least cost, in the order given: those with rate-limit room first; then
+        those whose cost is within `TIE` (relative) or `TIE_SECONDS` of the least. Empty only for no states."""
+        if not states:
+            return []
         if self._stale:
             self._refresh_references(now)
         if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
@@ -211,7 +213,11 @@ class Router(Generic[S]):
             states = room or states
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
-        near = [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
+        return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
+
+    def _least_cost(self, states: list[S], now: float, *, rotate: bool) -> S:
+        """Among the `cheapest`, the ones not cooling, in turns."""
+        near = self.cheapest(states, now)
         equals = [s for s in near if not s.cooling(now)] or near if len(near) > 1 else near
         return equals[next(self._turn) % len(equals)] if rotate else equals[0]
 

@@ -119,13 +119,16 @@ async def test_a_keyed_calls_hedge_goes_to_the_keys_second_replica(servers: list
 
 
 async def test_a_hot_key_spills_within_the_load_bound(servers: list[LoopbackServer]) -> None:
-    """One key, 200 concurrent calls: its first replica takes its share and no more; the rest spill."""
+    """One key, 200 concurrent calls: its home (its first replica, where an earlier call of it was answered) takes
+    its share and no more; the rest spill."""
     urls = [s.url for s in servers]
     for server in servers:
         server.script = Script(stall_before_first=3.0, tokens=2)  # long enough for all 200 to be in flight
     policy = AffinityPolicy(auto=False, load_factor=1.25, load_slack=0)
     peak: dict[str, int] = {}
     async with Guard(urls, TIERS, hedge=None, instrumentation=None, affinity=policy) as guard:
+        replicas = guard._replica_set
+        replicas.served("hot", next(s for s in replicas.states if s.name == affinity_order("hot", urls)[0]))
         async with guard.http_client() as client, anyio.create_task_group() as tg:
             for _ in range(200):
                 tg.start_soon(functools.partial(send, client, urls[0], body(), **{"x-llmguard-session": "hot"}))
