@@ -19,6 +19,7 @@ import anyio
 import httpx
 
 from llmguard_client import Guard, PhaseRecord, RateLimit, Tier
+from llmguard_client.bench.measure import Probe, StreamError, consume_sse
 from llmguard_client.causes import guard_failure
 from llmguard_client.sim.scenarios import SIM_MAX_TOKENS, SIM_PROMPT_WORDS
 
@@ -36,8 +37,7 @@ class _Tally:
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally: _Tally) -> None:
     tally.calls += 1
-    start = time.monotonic()
-    ttft: float | None = None
+    probe = Probe(t0=time.perf_counter())
     try:
         async with client.stream("POST", url, json=body) as response:
             if response.status_code == 429:
@@ -49,20 +49,19 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], tally:
                     tally.refused += 1
                 tally.fail(cause or f"http_{response.status_code}")
                 return
-            async for line in response.aiter_lines():
-                if ttft is None and '"content":"' in line and '"content":""' not in line:
-                    ttft = time.monotonic() - start
-                if line.strip() == "data: [DONE]":
-                    break
+            await consume_sse(response, probe)  # to the body's end: the connection goes back to the pool
     except httpx.HTTPError as exc:
         cause = guard_failure(exc) or type(exc).__name__
         if cause == "rate_limited":
             tally.refused += 1
         tally.fail(cause)
         return
-    if ttft is not None:
+    except StreamError:
+        tally.fail("stream_error")
+        return
+    if probe.first_token is not None:
         tally.ok += 1
-        tally.ttfts.append(ttft)
+        tally.ttfts.append(probe.first_token - probe.t0)
     else:
         tally.fail("no_content")
 
