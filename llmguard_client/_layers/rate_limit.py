@@ -16,8 +16,9 @@ once with `RateLimited` carrying the computed retry-after. The p95, not the medi
 for a retry: an attempt let through spends a share of the provider's limit, and one that then misses its
 deadline has spent it for nothing, a share that a later call would have completed with. When every process
 waits on one fleet-wide bucket, the admitted waits crowd at the longest allowed, so a median margin timed out
-about one admitted call in 25 (the ``ratelimited`` bench, docs/benchmarks.md). A hedge never waits: one that
-does not fit is not sent, and the round goes on.
+about one admitted call in 25 (the ``ratelimited`` bench, docs/benchmarks.md). Until the guard has measured a
+TTFT, a wait may take half the time left. A hedge never waits: one that does not fit is not sent, and the round
+goes on.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class RateLimitLayer:
         tokens = charge_for(call, self.prompts, route)
         hedge = route.kind == "hedge"
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        max_wait = 0.0 if hedge else max(0.0, deadline - call.clock() - call.slow_ttft())
+        max_wait = 0.0 if hedge else self._max_wait(call, deadline)
         grant = await limiter.admit(replica, tokens, max_wait)
         if grant.retry_after is not None:
             if hedge:
@@ -100,6 +101,14 @@ class RateLimitLayer:
             if any(f.status_code == 429 and f.stream_failure is None for f in outcome.failures):
                 limiter.refund(replica, tokens)  # refused by the provider: it used none of the limit
         return outcome
+
+    @staticmethod
+    def _max_wait(call: Call, deadline: float) -> float:
+        """The longest wait for a share that leaves the p95 TTFT before ``deadline``; while no TTFT is known yet,
+        half the time left (a wait to the deadline itself would leave none for the first token)."""
+        left = deadline - call.clock()
+        slow = call.slow_ttft()
+        return max(0.0, left - slow if slow > 0.0 else left / 2)
 
     def _correct(self, call: Call, win: Win, replica: str, charged: int, own_body: bool) -> None:
         prompt_tokens = win.facts.prompt_tokens

@@ -34,6 +34,16 @@ def limited_guard(
     return virtual_guard(fakes, records, rate_limit=limit, **kwargs)
 
 
+def one_call_bucket(headers_after: float, ttft: float) -> tuple[dict[str, FakeReplica], list[PhaseRecord], Guard]:
+    """A replica answering after ``headers_after`` s; a bucket holding one call's tokens, refilled in 1 s; tiers
+    ``t`` (``ttft``) and ``slow`` (3 s)."""
+    fakes = {"http://a": FakeReplica("a", [Plan(headers_after=headers_after)])}
+    records: list[PhaseRecord] = []
+    limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+    tiers = {"t": Tier(ttft=ttft, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+    return fakes, records, limited_guard(fakes, records, limit, tiers=tiers)
+
+
 async def refused_at_once(client: httpx.AsyncClient, after: float) -> RateLimited:
     """A first call (tier ``slow``) takes the bucket; the call made ``after`` s later is refused at once."""
     async with anyio.create_task_group() as tg:
@@ -52,11 +62,8 @@ def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry
     # charge until it ends (1 s); the second, 0.1 s in, misses 0.9 of a call's tokens: 0.9 s, more than its
     # ttft (0.5 s) allows, so it is refused at once, never sent.
     async def main() -> None:
-        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
-        records: list[PhaseRecord] = []
-        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
-        tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
-        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+        fakes, records, guard = one_call_bucket(headers_after=1.0, ttft=0.5)
+        async with guard, guard.http_client() as client:
             refused = await refused_at_once(client, after=0.1)
         assert refused.retry_after == pytest.approx(0.9, abs=1e-9)
         assert guard_failure(refused) == "rate_limited"
@@ -71,11 +78,8 @@ def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry
 @BACKENDS
 def test_a_call_that_fits_in_its_ttft_waits_for_its_share_then_is_sent(backend: str) -> None:
     async def main() -> None:
-        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
-        records: list[PhaseRecord] = []
-        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
-        tiers = {"t": Tier(ttft=3.0, total=5.0)}
-        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+        _, records, guard = one_call_bucket(headers_after=1.0, ttft=3.0)
+        async with guard, guard.http_client() as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(post, client)
                 await anyio.sleep(0.1)
@@ -93,11 +97,8 @@ def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str)
     # comes 0.7 s into its 1 s ttft: a median first token would make it, a p95 one would not, and an attempt
     # let through that then times out spends the provider's limit for nothing. It is refused at once.
     async def main() -> None:
-        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=0.8)])}
-        records: list[PhaseRecord] = []
-        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
-        tiers = {"t": Tier(ttft=1.0, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
-        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+        fakes, _, guard = one_call_bucket(headers_after=0.8, ttft=1.0)
+        async with guard, guard.http_client() as client:
             for i in range(20):
                 guard.ttft_stats.observe("http://a", "t", False, 0.4 if i % 10 == 0 else 0.1)
             assert guard.ttft_stats.typical("t", False) == pytest.approx(0.1)
@@ -105,6 +106,33 @@ def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str)
             refused = await refused_at_once(client, after=0.3)
         assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
         assert fakes["http://a"].requests == 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_before_any_ttft_is_known_a_wait_may_take_half_the_time_left(backend: str) -> None:
+    # No first token measured yet: a wait to the deadline itself would leave none for the first token. With 1 s
+    # of ttft, a share 0.7 s away is refused at once; one 0.4 s away is waited for (each in a fresh Guard: an
+    # answer teaches the guard a TTFT and its prompt estimate).
+    async def main() -> None:
+        fakes, _, guard = one_call_bucket(headers_after=0.8, ttft=1.0)
+        async with guard, guard.http_client() as client:
+            assert guard.ttft_stats.high("t", False) == 0.0
+            refused = await refused_at_once(client, after=0.3)
+        assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
+        assert fakes["http://a"].requests == 1
+        fakes["http://a"] = FakeReplica("a", [Plan(headers_after=2.0), Plan(headers_after=0.1)])
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+        tiers = {"t": Tier(ttft=1.0, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        guard = limited_guard(fakes, records, limit, tiers=tiers)
+        async with guard, guard.http_client() as client, anyio.create_task_group() as tg:
+            tg.start_soon(post, client, BODY, "slow")
+            await anyio.sleep(0.6)
+            (await post(client)).raise_for_status()
+        waited = next(r for r in records if r.tier == "t")
+        assert waited.attempts[0].start - waited.start == pytest.approx(0.4, abs=1e-9)
 
     run_virtual(main, backend)
 
