@@ -160,15 +160,14 @@ class TTFTStats:
         enough = {name: w for name, w in stats.windows.items() if w.count >= self.MIN_REPLICA_SAMPLES}
         healthy = {name: w for name, w in enough.items() if not self._degraded(name)} or enough
         counted = healthy or {name: w for name, w in stats.windows.items() if w.count}
+        quantiles = {name: w.quantile(policy.quantile) or 0.0 for name, w in counted.items()}
         stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in counted.values()]) or 0.0
-        stats.high = lower_median([w.quantile(policy.quantile) or 0.0 for w in counted.values()]) or 0.0
+        stats.high = lower_median(list(quantiles.values())) or 0.0
         stats.own = {}
         if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
             stats.delay = None  # warming up
             return
-        quantiles = {name: w.quantile(policy.quantile) or 0.0 for name, w in healthy.items()}
-        estimate = lower_median(list(quantiles.values())) or 0.0
-        stats.delay = delay = min(policy.max_delay, max(policy.min_delay, estimate))
+        stats.delay = delay = min(policy.max_delay, max(policy.min_delay, stats.high))  # counted is healthy here
         cap = min(policy.max_delay, self.OWN_DELAY_CAP * delay)
         stats.own = {name: min(cap, q) for name, q in quantiles.items() if q > delay}
 
