@@ -32,9 +32,9 @@ import math
 import random
 from collections.abc import Callable
 
-from llmguard_client._state.affinity import affinity_order, auto_key, choose, place
-from llmguard_client._state.health import RECENT_HALF_LIFE
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.affinity.hashing import affinity_order, auto_key, choose, place
+from llmguard_client._routing.health import RECENT_HALF_LIFE
+from llmguard_client._routing.quantile import percentile
 from llmguard_client.bench.conversations import Conversation, make_conversation_plan, turn_body
 from llmguard_client.bench.presets import PRESETS
 from llmguard_client.sim.engine import Engine, EngineRequest, Sequence

@@ -35,7 +35,7 @@ import openai
 import llmguard_client
 from benchmarks import _harness as h
 from llmguard_client import DEFAULT_POOL_LIMITS, Guard, Tier
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.quantile import percentile
 
 WITHIN = 1.0
 """A call counts as served in time when its first token came within this many seconds."""

@@ -14,7 +14,7 @@ import time
 import anyio
 
 from llmguard_client import Guard, GuardTimeout, Tier
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.quantile import percentile
 from tests.loopback import LoopbackServer, Script
 
 BODY = {"model": "m", "messages": [], "stream": True}

@@ -29,7 +29,7 @@ import httpx
 
 from benchmarks.cpu_per_call import start_server
 from llmguard_client import Guard, RateLimit, Tier
-from llmguard_client._state.rate_limit import Grant
+from llmguard_client._ratelimit.buckets import Grant
 from tests.redis_server import RedisServer
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 16}

@@ -37,8 +37,8 @@ from typing import Any
 
 import httpx
 
-import llmguard_client._state.replicas as replicas_module
-from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+import llmguard_client._routing.replicas as replicas_module
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.bench.presets import SIM_LENGTHS
 from llmguard_client.bench.rates import SPIKE
 from llmguard_client.bench.traffic import PlannedRequest, make_plan, request_body

@@ -41,7 +41,7 @@ import llmguard_client
 from benchmarks import _harness as h
 from benchmarks._fixed_pool import use_single_pass_assignment
 from llmguard_client import Guard, Tier
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.quantile import percentile
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 SCENARIOS = ("healthy", "dead2", "plain", "fixed")

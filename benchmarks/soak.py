@@ -47,7 +47,7 @@ from openai.types.chat import ChatCompletionMessageParam
 import llmguard_client
 from benchmarks import _harness as h
 from llmguard_client import DEFAULT_POOL_LIMITS, Bulkhead, Guard, PhaseRecord, Tier
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.quantile import percentile
 
 TIERS = {
     "interactive": Tier(ttft=2.0, total=20.0, stall=0.5),

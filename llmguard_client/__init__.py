@@ -12,8 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from llmguard_client._core.transport import GuardTransport
-from llmguard_client._state.retry_after import RETRY_AFTER_CAP, parse_retry_after
-from llmguard_client._state.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
+from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
     AffinityPolicy,
@@ -50,6 +49,7 @@ from llmguard_client.errors import (
     UpstreamStreamError,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
+from llmguard_client.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
 from llmguard_client.telemetry.capture import capture
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger

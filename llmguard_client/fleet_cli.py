@@ -3,7 +3,7 @@
 ``set`` writes the guarded fraction (and lifts the kill switch), ``kill`` guards no call anywhere until the
 next ``set``, ``clear`` removes both (each process goes back to its own ``Guard(rollout=...)``); ``get``
 prints what is stored. Each change is announced, so running processes follow at once, and within their
-``rollout_poll_interval`` at the latest (`llmguard_client._state.fleet.flag`).
+``rollout_poll_interval`` at the latest (`llmguard_client._fleet.flag`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from llmguard_client._state.fleet.flag import parse_flag
-from llmguard_client._state.fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
+from llmguard_client._fleet.flag import parse_flag
+from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
 
 __all__ = ["add_parser", "run"]
 

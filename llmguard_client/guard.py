@@ -13,20 +13,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import httpx
 
+from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lease import LeaseRegistry
-from llmguard_client._core.tls import default_tls_context
 from llmguard_client._core.transport import GuardTransport, RecordCallback
+from llmguard_client._fleet import make_fleet, share_budgets
+from llmguard_client._http.pool import replica_transport
+from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.bulkhead import TierBulkhead
+from llmguard_client._ratelimit.buckets import FleetOps, build_rate_limiter
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
-from llmguard_client._state.affinity_routing import resolve_affinity, session_for
-from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.fleet import make_fleet, share_budgets
-from llmguard_client._state.pool import replica_transport
-from llmguard_client._state.rate_limit import FleetOps, build_rate_limiter
-from llmguard_client._state.replicas import ReplicaSet
-from llmguard_client._state.snapshot import GuardSnapshot, build_snapshot
-from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client._routing.affinity.routing import resolve_affinity, session_for
+from llmguard_client._routing.replicas import ReplicaSet
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import (
     AffinityChoice,
     BudgetPolicy,
@@ -45,6 +44,7 @@ from llmguard_client.config import (
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.errors import GuardConfigError, UnknownTierError
+from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
 from llmguard_client.telemetry.default import default_instrumentation
 from llmguard_client.telemetry.hooks import Instrumentation

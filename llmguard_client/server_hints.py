@@ -40,7 +40,7 @@ from llmguard_client._core.lease import close_quietly
 from llmguard_client.errors import GuardConfigError
 
 if TYPE_CHECKING:
-    from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+    from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
     from llmguard_client.guard import Guard
 
 __all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics"]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._core.tls import default_tls_context
+from llmguard_client._http.tls import default_tls_context
 
 if TYPE_CHECKING:
     import openai

@@ -432,7 +432,7 @@ def test_a_replica_is_hashable_and_equal_replicas_hash_alike() -> None:
 
 
 def test_affinity_takes_auto_explicit_a_policy_or_none_and_names_what_is_accepted() -> None:
-    from llmguard_client._state.affinity_routing import resolve_affinity
+    from llmguard_client._routing.affinity.routing import resolve_affinity
     from llmguard_client.config import AffinityPolicy
 
     assert resolve_affinity("auto") == AffinityPolicy()

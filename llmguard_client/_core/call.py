@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
-from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.replicas import ReplicaState, rebase
-from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client._routing.replicas import ReplicaState, rebase
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation
@@ -31,7 +31,7 @@ COHORT_HEADER = "x-llmguard-cohort"
 KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
 SESSION_HEADER = "x-llmguard-session"
-"""The call's cache-affinity key (`llmguard_client._state.affinity_routing`); never forwarded, like the others."""
+"""The call's cache-affinity key (`llmguard_client._routing.affinity.routing`); never forwarded, like the others."""
 _GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 """Methods httpx sends ``Content-Length: 0`` for when the body is empty."""

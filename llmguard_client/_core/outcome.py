@@ -16,9 +16,9 @@ from typing import Any, Literal
 import anyio
 import httpx
 
+from llmguard_client._budget.budget import BudgetTicket, RetryBudget
 from llmguard_client._core.lease import Hold
-from llmguard_client._state.budget import BudgetTicket, RetryBudget
-from llmguard_client._state.replicas import ReplicaState
+from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
 from llmguard_client.protocols.errors import OVERLOAD_STATUSES

@@ -31,6 +31,7 @@ from contextvars import ContextVar
 import anyio
 import httpx
 
+from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
@@ -41,14 +42,13 @@ from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
 from llmguard_client._layers.deadline import DeadlineLayer
 from llmguard_client._layers.hedge import HedgeLayer
-from llmguard_client._layers.rate_limit import RateLimitLayer
 from llmguard_client._layers.retry import RetryLayer
+from llmguard_client._ratelimit.buckets import RateLimiter
+from llmguard_client._ratelimit.layer import RateLimitLayer
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout, RolloutLayer
-from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.rate_limit import RateLimiter
-from llmguard_client._state.replicas import ReplicaSet
-from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client._routing.replicas import ReplicaSet
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation, Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog

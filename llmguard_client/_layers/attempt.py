@@ -29,8 +29,8 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
-from llmguard_client._state.replicas import ReplicaState
-from llmguard_client._state.retry_after import parse_retry_after
+from llmguard_client._http.retry_after import parse_retry_after
+from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error

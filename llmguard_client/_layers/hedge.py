@@ -2,7 +2,7 @@
 
 A round starts one attempt. If no first content token has arrived after the hedge
 delay (fixed, or adaptive: read from the healthy replicas' recent time-to-first-token,
-see `llmguard_client._state.ttft_stats`), the
+see `llmguard_client._routing.ttft_stats`), the
 same request goes to a *different* replica, paid from the shared budget. The first
 attempt to produce a first content token (non-streaming: a complete successful body)
 wins; every other attempt is cancelled and its connection closed, and the round
@@ -35,8 +35,8 @@ from llmguard_client._core.clock import Tasks, TimerHandle
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Race, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
-from llmguard_client._state.replicas import ReplicaSet, ReplicaState
-from llmguard_client._state.ttft_stats import TTFTStats
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import HedgePolicy
 from llmguard_client.errors import GuardClosed
 

@@ -39,7 +39,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
-from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import RetryPolicy
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation

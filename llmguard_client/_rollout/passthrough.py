@@ -31,9 +31,9 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import RequestFacts
-from llmguard_client._core.tls import default_tls_context
+from llmguard_client._http.pool import replica_transport
+from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
-from llmguard_client._state.pool import replica_transport
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation

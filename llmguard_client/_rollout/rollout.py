@@ -183,7 +183,7 @@ class Rollout:
         self._key_failing = False
         self.override: float | None = None
         """The fleet-wide fraction (0.0 for its kill switch) when the fleet store holds one: it wins over
-        the Guard's own (`llmguard_client._state.fleet.flag`). None: the Guard's own."""
+        the Guard's own (`llmguard_client._fleet.flag`). None: the Guard's own."""
         self.wake: Callable[[], None] | None = None
         """Called as each call is assigned (the fleet store starts on the first call's event loop)."""
         self.set(fraction)

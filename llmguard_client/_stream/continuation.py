@@ -31,10 +31,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.outcome import Failed, Outcome, Route, Win
-from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.replicas import ReplicaSet, ReplicaState
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import ContinuationPolicy
 from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols.chat import ChatReader

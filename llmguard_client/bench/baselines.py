@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from llmguard_client._core.tls import default_tls_context
+from llmguard_client._http.tls import default_tls_context
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import HTTPStatus, Probe, consume_sse, count_attempt
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
-from llmguard_client._core.tls import default_tls_context
+from llmguard_client._http.tls import default_tls_context
 from llmguard_client.bench.clients import BenchClient, Sample, TierSpec, make_client
 from llmguard_client.bench.conversations import replay_conversations
 from llmguard_client.bench.measure import Replayed

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     import httpx2
 
     from llmguard_client._core.transport import GuardTransport
-    from llmguard_client._state.replicas import ReplicaSet
+    from llmguard_client._routing.replicas import ReplicaSet
 
 
 class GuardHandle(Protocol):

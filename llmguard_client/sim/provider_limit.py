@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from llmguard_client._state.rate_limit import LocalBucket
+from llmguard_client._ratelimit.buckets import LocalBucket
 from llmguard_client.config import RateLimit
 
 __all__ = ["ProviderLimit"]

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from llmguard_client._state.quantile import percentile
+from llmguard_client._routing.quantile import percentile
 from llmguard_client.compare.stats import binomial, bootstrap_difference, mean_sampler, quantile_sampler
 
 

@@ -1,5 +1,5 @@
-"""A minimal fleet store over ``redis.asyncio`` satisfying `llmguard_client._state.rate_limit.FleetOps`: what the
-rate limiter is tested against until the real store (``llmguard_client._state.fleet``) is wired in."""
+"""A minimal fleet store over ``redis.asyncio`` satisfying `llmguard_client._ratelimit.buckets.FleetOps`: what the
+rate limiter is tested against until the real store (``llmguard_client._fleet``) is wired in."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import anyio
 
 from llmguard_client import Guard
-from llmguard_client._state.fleet import FleetStore
-from llmguard_client._state.replicas import ReplicaState
+from llmguard_client._fleet import FleetStore
+from llmguard_client._routing.replicas import ReplicaState
 
 
 async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:

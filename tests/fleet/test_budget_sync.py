@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as redis
 
 from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, GuardConfigError
-from llmguard_client._state.budget import RetryBudget
-from llmguard_client._state.fleet.budget_sync import FleetBudgetSync
+from llmguard_client._budget.budget import RetryBudget
+from llmguard_client._budget.fleet_sync import FleetBudgetSync
 from tests.fleet.guards import connected, until
 from tests.redis_server import RedisServer
 

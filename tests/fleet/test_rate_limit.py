@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as redis
 
 from llmguard_client import PhaseRecord, RateLimit, RetryPolicy, Tier
-from llmguard_client._state.fleet import FleetStore, parse_fleet_url
-from llmguard_client._state.rate_limit import RateLimiter
+from llmguard_client._fleet import FleetStore, parse_fleet_url
+from llmguard_client._ratelimit.buckets import RateLimiter
 from tests.fleet.fleet_ops import RedisFleetOps
 from tests.redis_server import RedisServer
 from tests.virtual import FakeReplica, Plan, virtual_guard

@@ -10,7 +10,7 @@ import anyio
 import pytest
 import redis.asyncio as redis
 
-from llmguard_client._state.fleet import FleetStore, parse_fleet_url
+from llmguard_client._fleet import FleetStore, parse_fleet_url
 from tests.redis_server import RedisServer
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from llmguard_client import Guard
-from llmguard_client._state.fleet import parse_fleet_url
-from llmguard_client._state.fleet.url import redact_text
+from llmguard_client._fleet import parse_fleet_url
+from llmguard_client._fleet.url import redact_text
 from llmguard_client.errors import GuardConfigError
 
 REPLICAS = ["http://127.0.0.1:9"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from llmguard_client import AffinityPolicy, Guard, HedgePolicy, PhaseRecord, Tier
-from llmguard_client._state.affinity import affinity_order
+from llmguard_client._routing.affinity.hashing import affinity_order
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from llmguard_client._core.tls import default_tls_context
+from llmguard_client._http.tls import default_tls_context
 from llmguard_client.sim.launch import ClusterStartError, spawn_cluster
 
 TLS = default_tls_context()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from llmguard_client import RateLimit
-from llmguard_client._state.ratelimit import parse_rate_limits, remaining_room
-from llmguard_client._state.retry_after import parse_retry_after
+from llmguard_client._http.retry_after import parse_retry_after
+from llmguard_client._ratelimit.headers import parse_rate_limits, remaining_room
 from llmguard_client.sim.cluster import SimCluster
 from llmguard_client.sim.scenarios import get_scenario
 from tests.clients import plain_httpx

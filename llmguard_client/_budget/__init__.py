@@ -1,0 +1,1 @@
+"""The retry budget shared by retries and hedges, and its fleet-wide sync."""

@@ -1,0 +1,69 @@
+"""The rollout flag, fleet-wide: the guarded fraction and the kill switch kept in the fleet store.
+
+``llmguard rollout set 0.10 --fleet URL --name checkout`` writes ``llmguard:checkout:rollout:fraction``;
+``... kill`` writes ``llmguard:checkout:rollout:kill``; each process reads both every poll interval (and
+at once when the command announces a change on ``llmguard:checkout:rollout``) and hands the result to its
+`llmguard_client._rollout.rollout.Rollout` as an override. The kill switch wins over the fraction; with
+neither set a process uses its own ``Guard(rollout=...)``. While the store is unreachable the last value
+read stays in force. Every process computes a key's cohort with the same hash, so widening the fraction
+only moves keys into the guarded cohort, on every process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from llmguard_client._fleet.store import FleetStore
+from llmguard_client._rollout.rollout import Rollout
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["FleetFlag", "parse_flag"]
+
+logger = logging.getLogger("llmguard_client")
+
+
+def parse_flag(fraction: object, kill: object) -> float | None:
+    """The fraction in force from the two stored values (None: neither set, or the fraction is not one)."""
+    if _text(kill) in ("1", "true", "yes", "on"):
+        return 0.0
+    text = _text(fraction)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+class FleetFlag:
+    """Keeps a `Rollout`'s fleet override current (see the module docstring)."""
+
+    def __init__(self, store: FleetStore, rollout: Rollout, poll_interval: float) -> None:
+        self.store = store
+        self.rollout = rollout
+        self.keys = (store.key("rollout", "fraction"), store.key("rollout", "kill"))
+        store.every(max(poll_interval, 0.05), self.read)
+        store.subscribe(store.key("rollout"), lambda _: store.submit(self.read))
+
+    async def read(self, client: Redis) -> None:
+        fraction, kill = (
+            await client.mget(*self.keys) if not self.store.url.cluster else [await client.get(k) for k in self.keys]
+        )
+        value = parse_flag(fraction, kill)
+        if value != self.rollout.override:
+            logger.info(
+                "llmguard rollout: %s (fleet %r)",
+                "the guard's own fraction" if value is None else f"{value:g} of calls guarded",
+                self.store.name,
+            )
+            self.rollout.override = value

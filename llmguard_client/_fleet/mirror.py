@@ -1,0 +1,139 @@
+"""Cool-downs and open circuits, shared: what one process learns reaches the others within milliseconds.
+
+Each is published twice when learned here: a key with the remaining time as its TTL
+(``llmguard:{name}:cool:{replica}``, ``...:open:{replica}``), for processes that (re)connect later, and an
+event on ``llmguard:{name}:events`` that every process's listener mirrors into its own replica states at
+once. Calls read only those local states. A probe that succeeds clears the cool-down (or the circuit)
+everywhere. An event names the replica (its URL without credentials), what happened and for how long;
+nothing about a user or a prompt is stored.
+
+A cool-down learned from another process carries no probe for this one: the process that learned it
+sends the one probe of that cool-down (`llmguard_client._routing.cooldown`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+from llmguard_client._fleet.store import FleetStore
+from llmguard_client._routing.replicas import ReplicaState
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["FleetMirror"]
+
+Kind = Literal["cool", "open", "clear"]
+_SLACK = 0.01
+"""A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
+
+
+class FleetMirror:
+    """Publishes this process's cool-downs and circuit changes; applies the others' (the ReplicaSet's
+    ``shared`` hooks)."""
+
+    def __init__(self, store: FleetStore, states: Sequence[ReplicaState], clock: Callable[[], float]) -> None:
+        self.store = store
+        self.states = list(states)
+        self._by_name = {s.name: s for s in self.states}
+        self._clock = clock
+        self.channel = store.key("events")
+        store.subscribe(self.channel, self.receive)
+        store.on_connect(self.resync)
+
+    # --- learned here -----------------------------------------------------------------------
+
+    def cooled(self, state: ReplicaState, seconds: float) -> None:
+        self._publish(state, "cool", seconds)
+
+    def opened(self, state: ReplicaState, seconds: float) -> None:
+        self._publish(state, "open", seconds)
+
+    def cleared(self, state: ReplicaState) -> None:
+        self._publish(state, "clear", 0.0)
+
+    def _publish(self, state: ReplicaState, kind: Kind, seconds: float) -> None:
+        if not self.store.available:
+            return  # the next resync writes what is still in force
+        ms = max(1, math.ceil(seconds * 1000)) if kind != "clear" else 0
+        payload = json.dumps({"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()})
+        keys = [self.store.key("cool", state.name), self.store.key("open", state.name)]
+        channel, origin = self.channel, self.store.origin
+
+        async def write(client: Redis) -> None:
+            # Redis Cluster: the two keys may live on different nodes, and redis-py's cluster pipeline refuses
+            # PUBLISH and multi-key DEL; so one key per command, and the event after the key is written.
+            pipe = client.pipeline(transaction=False)
+            if kind == "clear":
+                for key in keys:
+                    pipe.delete(key)
+            else:
+                pipe.set(keys[0] if kind == "cool" else keys[1], origin, px=ms)
+            await pipe.execute()
+            await client.publish(channel, payload)
+
+        self.store.submit(write)
+
+    # --- learned elsewhere ------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """One event from the channel (the store's listener calls it)."""
+        try:
+            event = json.loads(data)
+            origin, name, kind, ms, sent = event["o"], event["r"], event["k"], float(event["ms"]), float(event["t"])
+        except (ValueError, KeyError, TypeError):
+            return
+        state = self._by_name.get(name)
+        if origin == self.store.origin or state is None or not math.isfinite(ms) or ms < 0:
+            return
+        self.store.lag = max(0.0, time.time() - sent)
+        now = self._clock()
+        if kind == "cool":
+            self._cool(state, now + ms / 1000)
+        elif kind == "open":
+            self._open(state, now + ms / 1000)
+        elif kind == "clear":
+            state.cooling_until = min(state.cooling_until, now)
+            state.open_until = min(state.open_until, now)
+            state.tripped = state.probing = False
+            state.probe_at = math.inf
+
+    async def resync(self, client: Redis) -> None:
+        """After a (re)connection: write what is in force here and missing there, then mirror what is there."""
+        now = self._clock()
+        pipe = client.pipeline(transaction=False)
+        for s in self.states:
+            for kind, until in (("cool", s.cooling_until), ("open", s.open_until)):
+                if until - now > 0.001:
+                    pipe.set(
+                        self.store.key(kind, s.name), self.store.origin, px=math.ceil((until - now) * 1000), nx=True
+                    )
+        for s in self.states:
+            pipe.pttl(self.store.key("cool", s.name))
+            pipe.pttl(self.store.key("open", s.name))
+        replies = await pipe.execute()
+        ttls = replies[len(replies) - 2 * len(self.states) :]
+        now = self._clock()
+        for i, s in enumerate(self.states):
+            cool, opened = ttls[2 * i], ttls[2 * i + 1]
+            if isinstance(cool, int) and cool > 0:
+                self._cool(s, now + cool / 1000)
+            if isinstance(opened, int) and opened > 0:
+                self._open(s, now + opened / 1000)
+
+    @staticmethod
+    def _cool(state: ReplicaState, until: float) -> None:
+        if until > state.cooling_until + _SLACK:
+            state.cooling_until = until
+            state.probe_at = math.inf  # the process that learned it sends the probe
+            state.probing = False
+
+    @staticmethod
+    def _open(state: ReplicaState, until: float) -> None:
+        if until > state.open_until + _SLACK:
+            state.open_until = until
+            state.tripped = True

@@ -1,0 +1,357 @@
+"""The fleet store: one Redis (or Valkey, or Redis Cluster) connection per Guard that never slows a call.
+
+Calls never wait on it. What the fleet shares reaches each process in the background (a pub/sub listener and
+periodic reads, `FleetStore.subscribe` / `FleetStore.every`) and is mirrored into local state that calls read.
+Code that must ask Redis during a call uses `FleetStore.run`, bounded by ``op_timeout`` (50 ms by default):
+on any failure or timeout it returns the caller's default at once.
+
+The store runs on the asyncio loop of the first call (redis-py's asyncio client is asyncio-only; under trio
+the fleet stays off and the Guard keeps its state in process). One supervisor task connects, subscribes,
+runs the resync hooks (`FleetStore.on_connect`), then the listener, the writer of queued publications
+(`FleetStore.submit`), a heartbeat (PING every ``heartbeat`` s, which finds a paused server) and the periodic
+reads. Any error marks the store degraded (one warning per transition, the credentials redacted), closes the
+connections and reconnects with exponential backoff (``backoff_initial`` doubling to ``backoff_max``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
+
+import anyio
+
+from llmguard_client._fleet.url import FleetURL, redact_text
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["FleetSnapshot", "FleetStore"]
+
+logger = logging.getLogger("llmguard_client")
+
+T = TypeVar("T")
+Op = Callable[["Redis"], Awaitable[T]]
+State = Literal["idle", "connecting", "connected", "degraded", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """The fleet store's state (``guard.snapshot().fleet``)."""
+
+    url: str
+    """The store's address, password masked."""
+    name: str
+    """The Guard's name: every key starts with ``llmguard:{name}:``."""
+    state: State
+    """idle (no call yet), connecting, connected, degraded (running on local state), closed."""
+    connected: bool
+    degraded: bool
+    last_error: str | None
+    """The last failure, credentials masked (None: none yet)."""
+    lag: float | None
+    """Seconds between another process publishing the last event mirrored here and its arrival (wall clocks)."""
+    transitions: int
+    """How many times the store went from connected to degraded or back."""
+    resyncs: int
+    """Completed (re)connections, each followed by a resync of the mirrored state."""
+
+
+class FleetStore:
+    """The Guard's connection to the fleet; see the module docstring. Owned by the Guard (`start` on the
+    first call, `aclose` with the Guard)."""
+
+    def __init__(
+        self,
+        url: FleetURL,
+        name: str,
+        *,
+        op_timeout: float = 0.05,
+        connect_timeout: float = 1.0,
+        heartbeat: float = 0.5,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 2.0,
+    ) -> None:
+        self.url = url
+        self.name = name
+        self.op_timeout = op_timeout
+        self.connect_timeout = connect_timeout
+        self.heartbeat = heartbeat
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.origin = f"{random.getrandbits(48):012x}"
+        """This store's id in published events (a process ignores its own)."""
+        self._client: Redis | None = None
+        self._state: State = "idle"
+        self._task: asyncio.Task[None] | None = None
+        self._stop: anyio.CancelScope | None = None
+        self._trouble: asyncio.Event | None = None
+        self._settled: asyncio.Event | None = None
+        """Set once the first connection succeeded or failed (`first_connection` waits for it)."""
+        self._outbox: deque[Op[object]] = deque(maxlen=256)
+        self._outbox_ready: asyncio.Event | None = None
+        self._channels: dict[str, Callable[[bytes], None]] = {}
+        self._on_connect: list[Op[None]] = []
+        self._periodic: list[tuple[float, Op[None]]] = []
+        self._last_error: str | None = None
+        self._warned_backend = False
+        self.lag: float | None = None
+        self.transitions = 0
+        self.resyncs = 0
+
+    # --- the contract -----------------------------------------------------------------------
+
+    def key(self, *parts: str) -> str:
+        """``llmguard:{name}:`` + the parts joined by ``:``."""
+        return f"llmguard:{self.name}:" + ":".join(parts)
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    @property
+    def available(self) -> bool:
+        """Connected and not degraded right now."""
+        return self._state == "connected"
+
+    async def run(self, op: Op[T], default: T) -> T:
+        """``op`` against Redis within ``op_timeout``; on any failure or timeout ``default`` at once (and the
+        store degrades and reconnects in the background). Never raises, except the caller's cancellation.
+        While the store is not connected, ``default`` is returned without trying."""
+        client = self._client
+        if client is None or self._state != "connected":
+            self.start()
+            return default
+        try:
+            with anyio.fail_after(self.op_timeout):
+                return await op(client)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            self.degrade(exc)
+            return default
+
+    async def first_connection(self) -> bool:
+        """Connected now; or, while the first connection is under way, once it is, waiting at most
+        ``op_timeout`` (what a fleet-wide rate limit's first admission awaits). False at once otherwise."""
+        if self._state == "connected":
+            return True
+        if self._state not in ("idle", "connecting"):
+            return False
+        self.start()
+        settled = self._settled
+        if settled is None:  # no asyncio loop: the fleet stays off
+            return False
+        with anyio.move_on_after(self.op_timeout):
+            await settled.wait()
+        return self.available  # (re-read: the wait may have changed the state)
+
+    # --- for the parts that share through the store -----------------------------------------
+
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Call ``handler(payload)`` for each message published on ``channel`` (set up before `start`)."""
+        self._channels[channel] = handler
+
+    def on_connect(self, hook: Op[None]) -> None:
+        """Run ``hook(client)`` after each (re)connection, before the store reports connected: a resync."""
+        self._on_connect.append(hook)
+
+    def every(self, seconds: float, read: Op[None]) -> None:
+        """Run ``read(client)`` every ``seconds`` while connected (and once right after each resync)."""
+        self._periodic.append((seconds, read))
+
+    def submit(self, op: Op[object]) -> None:
+        """Queue ``op`` for the background writer (dropped while not connected: the next resync covers it)."""
+        if self._state == "connected" and self._outbox_ready is not None:
+            self._outbox.append(op)
+            self._outbox_ready.set()
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the supervisor on the running asyncio loop, unless it runs already (cheap: called per call)."""
+        task = self._task
+        if (task is not None and not task.done()) or self._state == "closed":
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop, or not asyncio (trio): the Guard keeps its state in process
+            if not self._warned_backend:
+                self._warned_backend = True
+                self._last_error = "the fleet store needs an asyncio event loop; running on local state"
+                logger.warning("llmguard fleet %s: %s", self.url.redacted, self._last_error)
+            return
+        self._stop = None
+        self._trouble = asyncio.Event()
+        self._outbox_ready = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._task = loop.create_task(self._supervise(), name=f"llmguard-fleet-{self.name}")
+
+    async def aclose(self) -> None:
+        """Stop the background work and close the connections (idempotent)."""
+        self._state = "closed"
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            if self._stop is not None:
+                self._stop.cancel()  # the supervisor finishes its shielded cleanup, then ends
+            else:
+                task.cancel()  # not started yet: nothing to clean up
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([task], timeout=5.0)
+            if not task.done():
+                task.cancel()
+
+    def snapshot(self) -> FleetSnapshot:
+        return FleetSnapshot(
+            url=self.url.redacted,
+            name=self.name,
+            state=self._state,
+            connected=self._state == "connected",
+            degraded=self._state == "degraded",
+            last_error=self._last_error,
+            lag=self.lag,
+            transitions=self.transitions,
+            resyncs=self.resyncs,
+        )
+
+    def degrade(self, exc: BaseException) -> None:
+        """Note a failure: run on local state now, reconnect in the background."""
+        detail = redact_text(f"{type(exc).__name__}: {exc}".rstrip(": "), self.url)
+        if isinstance(exc, TimeoutError) and not str(exc):
+            detail = "TimeoutError: no answer in time"
+        self._last_error = detail
+        if self._state in ("closed", "degraded"):
+            return
+        if self._state == "connected":
+            self.transitions += 1
+        self._state = "degraded"
+        self._client = None
+        if self._settled is not None:
+            self._settled.set()
+        logger.warning(
+            "llmguard fleet %s (name %r) degraded: %s; running on local state, reconnecting in the background",
+            self.url.redacted,
+            self.name,
+            detail,
+        )
+        if self._trouble is not None:
+            self._trouble.set()
+
+    # --- the supervisor ---------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        """The background task: `aclose` cancels this scope, not the task, so the shielded closing of the
+        connections always runs to its end (a task's own cancellation would cut through the shield and leave
+        sockets behind)."""
+        with anyio.CancelScope() as self._stop:
+            await self._connect_forever()
+
+    async def _connect_forever(self) -> None:
+        delay = self.backoff_initial
+        while self._state != "closed":
+            if self._state == "idle":
+                self._state = "connecting"
+            assert self._trouble is not None
+            self._trouble.clear()
+            reached = self.resyncs
+            client: Redis | None = None
+            try:
+                made = self.url.client(socket_timeout=self.connect_timeout, connect_timeout=self.connect_timeout)
+                client = cast("Redis", made)
+                with anyio.fail_after(self.connect_timeout):
+                    await client.ping()
+                await self._session(client)
+            except Exception as exc:
+                self.degrade(exc)
+            finally:
+                self._client = None
+                if client is not None:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                        await client.aclose()
+            if self.closed:
+                return
+            if self.resyncs > reached:
+                delay = self.backoff_initial  # it was connected: the next outage starts from a short wait
+            await anyio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _session(self, client: Redis) -> None:
+        pubsub = client.pubsub()
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                if self._channels:
+                    await pubsub.subscribe(*self._channels)
+                for hook in self._on_connect:
+                    await hook(client)
+                for _, read in self._periodic:
+                    await read(client)
+            was = self._state
+            self._state, self._client = "connected", client
+            self.resyncs += 1
+            if self._settled is not None:
+                self._settled.set()
+            if was == "degraded":
+                self.transitions += 1
+                logger.warning("llmguard fleet %s (name %r) connected again; resynced", self.url.redacted, self.name)
+            async with anyio.create_task_group() as tg:
+                if self._channels:
+                    tg.start_soon(self._guarded, self._listen, pubsub)
+                tg.start_soon(self._guarded, self._write, client)
+                tg.start_soon(self._guarded, self._beat, client)
+                for seconds, read in self._periodic:
+                    tg.start_soon(self._guarded, self._repeat, client, seconds, read)
+                assert self._trouble is not None
+                await self._trouble.wait()  # set by `degrade`: a task's failure, or `run`'s
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _guarded(self, task: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run one of the session's tasks; its failure degrades the store, which ends the session."""
+        try:
+            await task(*args)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            self.degrade(exc)
+
+    async def _listen(self, pubsub: object) -> None:
+        from redis.asyncio.client import PubSub
+
+        assert isinstance(pubsub, PubSub)
+        async for message in pubsub.listen():
+            if message.get("type") != "message":
+                continue
+            channel = message["channel"]
+            handler = self._channels.get(channel.decode() if isinstance(channel, bytes) else str(channel))
+            data = message["data"]
+            if handler is not None and isinstance(data, bytes):
+                handler(data)
+        raise ConnectionError("the pub/sub connection closed")
+
+    async def _write(self, client: Redis) -> None:
+        assert self._outbox_ready is not None
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                op = self._outbox.popleft()
+                with anyio.fail_after(self.connect_timeout):
+                    await op(client)
+
+    async def _beat(self, client: Redis) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat)
+            with anyio.fail_after(max(self.heartbeat, self.op_timeout)):
+                await client.ping()
+
+    async def _repeat(self, client: Redis, seconds: float, read: Op[None]) -> None:
+        while True:
+            await anyio.sleep(seconds)
+            with anyio.fail_after(max(self.connect_timeout, self.op_timeout)):
+                await read(client)

@@ -1,0 +1,1 @@
+"""HTTP plumbing under the layers: per-replica connection pools, TLS, Retry-After parsing."""

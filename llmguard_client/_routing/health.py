@@ -1,0 +1,96 @@
+"""What the router knows about one replica, and the small pure rules it reads that knowledge with."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["RECENT_HALF_LIFE", "ReplicaHealth", "Routable", "ms", "no_room", "recent_calls", "sent", "silent", "worse"]
+
+RECENT_HALF_LIFE = 30.0
+"""Seconds over which `ReplicaHealth.recent` (attempts sent to a replica) fades by half."""
+
+
+@dataclass(slots=True)
+class ReplicaHealth:
+    """The router's view of one replica (read it; the router writes it)."""
+
+    ttft: float | None = None
+    """Estimated seconds to the first content token (None: no call reached one yet)."""
+    tpot: float | None = None
+    """Estimated seconds per output token after the first (None: no stream finished yet)."""
+    failure: float = 0.0
+    """Failure rate at ``failure_at`` (it fades from then on); a failure after the first token counts
+    `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times."""
+    failure_at: float = 0.0
+    drained: bool = False
+    drained_at: float = -math.inf
+    last_pick: float = -math.inf
+    """When an attempt was last sent here."""
+    recent: float = 0.0
+    """Attempts sent here, fading with a half-life of `RECENT_HALF_LIFE`, as of ``last_pick`` (read it with
+    `recent_calls`): the share of recent calls a new affinity key is placed by."""
+    unanswered_since: float | None = None
+    """When the first attempt sent here since its last first token (or failure) went out: while
+    calls are in flight, a replica silent for longer than its TTFT estimate is costed as that slow."""
+    limited_until: float = -math.inf
+    """A rate-limit header said there is no room here before this time."""
+    full_until: float = -math.inf
+    """The server reported its KV cache (nearly) full; believed until this time."""
+    waiting: float = 0.0
+    """Requests the server reported queued (from every client), believed until ``waiting_until``."""
+    waiting_until: float = -math.inf
+
+
+class Routable(Protocol):
+    """What the router needs of a replica (`llmguard_client._routing.replicas.ReplicaState` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def health(self) -> ReplicaHealth: ...
+
+    def cooling(self, now: float) -> bool: ...
+
+
+def sent(h: ReplicaHealth, now: float) -> None:
+    """An attempt goes to this replica now."""
+    h.recent = recent_calls(h, now) + 1.0
+    h.last_pick = now
+    if h.unanswered_since is None:
+        h.unanswered_since = now
+
+
+def recent_calls(h: ReplicaHealth, now: float) -> float:
+    """Attempts sent to this replica lately: each counts 1 when sent, halving every `RECENT_HALF_LIFE` s."""
+    if not h.recent:
+        return 0.0
+    return h.recent * math.pow(0.5, max(0.0, now - h.last_pick) / RECENT_HALF_LIFE)
+
+
+def silent(s: Routable, now: float, ttft: float) -> float:
+    """``ttft``, or longer if the replica has calls in flight and no first token for longer than that."""
+    since = s.health.unanswered_since
+    if since is None or s.in_flight == 0:
+        return ttft
+    return max(ttft, now - since)
+
+
+def no_room(h: ReplicaHealth, now: float) -> bool:
+    """Rate-limit headers or the server's KV-cache report say there is no room now."""
+    return h.limited_until > now or h.full_until > now
+
+
+def worse(value: float | None, reference: float | None, ratio: float, floor: float) -> bool:
+    """``value`` is at least ``ratio`` x ``reference`` and at least ``floor`` above it."""
+    return value is not None and reference is not None and value >= ratio * reference and value - reference >= floor
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as whole milliseconds for a log line."""
+    return "unknown" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -1,0 +1,284 @@
+"""The replica set: routing, per-replica cool-downs, circuit state and health.
+
+State here outlives a call and is shared by every call of one `Guard`. All of it
+is touched from one event loop, so no locks are needed. Which replica gets an
+attempt is the `llmguard_client._routing.router.Router`'s choice, among those this set
+allows (not excluded, circuit closed, and for retries and hedges not cooling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
+from llmguard_client._routing.cooldown import first_attempt_candidates, probe_after
+from llmguard_client._routing.router import ReplicaHealth, Router
+from llmguard_client.config import AffinityPolicy, Replica
+from llmguard_client.telemetry._record_builder import AnyAttempt
+
+_TARGET_CACHE = 256
+"""Distinct request URLs remembered per replica (cleared when full)."""
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    """One replica with its transport and the guard's view of its health."""
+
+    replica: Replica
+    transport: httpx.AsyncBaseTransport
+    base: httpx.URL
+    name: str
+    """The replica's URL without credentials (computed once: it is read on every attempt)."""
+    in_flight: int = 0
+    cooling_until: float = 0.0
+    """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
+    probe_at: float = math.inf
+    """When this cool-down's one probe may take a first attempt (inf: none from this process)."""
+    probing: bool = False
+    """The probe was sent: its win ends the cool-down."""
+    open_until: float = 0.0
+    """Monotonic time before which the circuit is open (the replica kept failing)."""
+    consecutive_failures: int = 0
+    tripped: bool = False
+    """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    """Speed, failures, drain and rate-limit room, as the router sees them."""
+
+    @property
+    def ttft_ewma(self) -> float | None:
+        """The router's TTFT estimate (seconds; None until a first token arrived)."""
+        return self.health.ttft
+    header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """The replica's own headers, encoded once (they replace the caller's of the same name)."""
+    header_names: frozenset[bytes] = frozenset()
+    _targets: dict[tuple[str, str, int | None, bytes], httpx.URL] = field(default_factory=dict)
+    _texts: dict[httpx.URL, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        own = self.replica.headers.items()
+        self.header_items = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own]
+        self.header_names = frozenset(k for k, _ in self.header_items)
+
+    def target_for(self, url: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+        """``url`` moved onto this replica (see `rebase`), cached: a service calls few distinct paths."""
+        key = (url.scheme, url.host, url.port, url.raw_path)
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) >= _TARGET_CACHE:
+                self._targets.clear()
+            target = self._targets[key] = rebase(url, self.base, known)
+        return target
+
+    def url_text(self, url: httpx.URL) -> str:
+        """``str(url)``, cached alongside `target_for`."""
+        text = self._texts.get(url)
+        if text is None:
+            if len(self._texts) >= _TARGET_CACHE:
+                self._texts.clear()
+            text = self._texts[url] = str(url)
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaState(name={self.name!r}, in_flight={self.in_flight}, cooling_until={self.cooling_until}, "
+            f"open_until={self.open_until}, consecutive_failures={self.consecutive_failures})"
+        )
+
+    def leave(self) -> None:
+        """One attempt on this replica ended (the lease calls it exactly once per attempt)."""
+        self.in_flight -= 1
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooling_until
+
+    def open(self, now: float) -> bool:
+        return now < self.open_until
+
+
+class SharedState(Protocol):
+    """Where a `ReplicaSet` reports what it learned, to share it (`llmguard_client._fleet.FleetMirror`)."""
+
+    def cooled(self, state: ReplicaState, seconds: float) -> None: ...
+
+    def opened(self, state: ReplicaState, seconds: float) -> None: ...
+
+    def cleared(self, state: ReplicaState) -> None: ...
+
+
+class ReplicaSet:
+    """Picks replicas for attempts and remembers what each one said."""
+
+    shared: SharedState | None = None
+    """Told of each cool-down, opened circuit and successful probe (the fleet mirror; None: in process)."""
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
+        router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
+        affinity: AffinityPolicy | None = None,
+    ) -> None:
+        self.states = [
+            ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
+        ]
+        self._by_name = {s.name: s for s in self.states}
+        self.router = router(self.states)
+        """Chooses among the replicas this set allows, and learns their speed and failures."""
+        names = [s.name for s in self.states]
+        self.affinity = AffinityRouting(names, affinity, self.router.cheapest) if affinity is not None else None
+        """Cache affinity: the keyed calls' preferred replicas (None: off)."""
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __repr__(self) -> str:
+        return f"ReplicaSet({self.states!r})"
+
+    # --- choosing -------------------------------------------------------------------------
+
+    def pick(self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None) -> ReplicaState | None:
+        """The replica for a call's first attempt, among those not excluded whose circuit is closed
+        (None when there is none): the router's least-cost choice, or a probe of a drained replica.
+
+        A replica cooling down after a Retry-After gets no first attempt while another is ready, but one
+        probe per cool-down; when all are cooling, the router spreads calls over them by load
+        (`llmguard_client._routing.cooldown`).
+
+        A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
+        bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
+        """
+        excluded = set(map(id, exclude))
+        candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
+        return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
+
+    def pick_ready(
+        self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
+    ) -> ReplicaState | None:
+        """A replica that is neither cooling nor open and not excluded (for retries), or None."""
+        return self.router.pick_ready(now, self._ready(now, exclude), self._prefer(key, now))
+
+    def pick_hedge(
+        self, now: float, exclude: Iterable[ReplicaState], key: str | None = None
+    ) -> ReplicaState | None:
+        """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
+        return self.router.pick_hedge(now, self._ready(now, exclude), self._prefer(key, now))
+
+    def expected_hit(self, key: str | None, state: ReplicaState) -> bool | None:
+        """Whether a call keyed ``key`` sent to ``state`` should find its prefix cached there (None: unkeyed, or
+        affinity off): ``state`` answered the key's last call."""
+        if self.affinity is None or key is None:
+            return None
+        return self.affinity.expected_hit(key, state.name)
+
+    def _prefer(self, key: str | None, now: float) -> Prefer[ReplicaState] | None:
+        return self.affinity.prefer(key, now) if self.affinity is not None and key is not None else None
+
+    def _ready(self, now: float, exclude: Iterable[ReplicaState]) -> list[ReplicaState]:
+        excluded = set(map(id, exclude))
+        return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
+
+    def cooling_wait(self, now: float) -> float | None:
+        """Seconds until the first replica whose circuit is closed ends its Retry-After
+        cool-down (0 if one is ready now); None when every circuit is open."""
+        waits = [max(0.0, s.cooling_until - now) for s in self.states if not s.open(now)]
+        return min(waits) if waits else None
+
+    def any_cooling(self, now: float) -> bool:
+        """True while some replica is signalling overload (a Retry-After cool-down)."""
+        return any(s.cooling(now) for s in self.states)
+
+    def all_open(self, now: float) -> bool:
+        return all(s.open(now) for s in self.states)
+
+    # --- learning -------------------------------------------------------------------------
+
+    def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
+        """The server asked for ``seconds`` of rest: no first attempts but one probe until then."""
+        if now + seconds > state.cooling_until:
+            state.cooling_until = now + seconds
+            state.probe_at, state.probing = probe_after(now, seconds), False
+            if self.shared is not None:
+                self.shared.cooled(state, seconds)
+
+    def succeeded(
+        self,
+        state: ReplicaState,
+        ttft: float | None,
+        now: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
+        closes, a cool-down whose probe this was ends, and the router learns its TTFT and rate-limit headers."""
+        if (state.probing or state.tripped) and self.shared is not None:
+            self.shared.cleared(state)
+        if state.probing:
+            state.cooling_until, state.probing = 0.0, False
+        state.consecutive_failures = 0
+        state.open_until = 0.0
+        state.tripped = False
+        when = now if now is not None else state.health.failure_at  # no clock given: nothing fades
+        if ttft is not None:
+            self.router.first_token(state, when, ttft)
+        else:
+            self.router.answered(state)
+        if headers is not None:
+            self.router.saw_headers(state, when, headers)
+
+    def served(self, key: str | None, state: ReplicaState) -> bool | None:
+        """``state`` answered a call keyed ``key``: it becomes the key's home. Whether that was `expected_hit`."""
+        return None if self.affinity is None else self.affinity.served(key, state.name)
+
+    def losers(self, attempts: Iterable[AnyAttempt]) -> None:
+        """Attempts that lost a race before their first token: how long each waited is a lower
+        bound on its replica's TTFT."""
+        for attempt in attempts:
+            if attempt.outcome == "lost" and attempt.first_token is None and attempt.finish is not None:
+                state = self._by_name.get(attempt.replica)
+                if state is not None:
+                    self.router.outran(state, attempt.finish, attempt.finish - attempt.start)
+
+    def stream_finished(
+        self, state: ReplicaState, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
+    ) -> None:
+        """The body of a call won by ``state`` ended (see `Router.stream_finished`); the transport
+        calls it once per delivered response, when the caller's stream ends or is closed."""
+        self.router.stream_finished(state, now, ok=ok, tokens=tokens, duration=duration)
+
+    def saw_headers(self, state: ReplicaState, now: float, headers: Mapping[str, str]) -> None:
+        """A failed attempt's response headers (rate-limit room); wins pass theirs to `succeeded`."""
+        self.router.saw_headers(state, now, headers)
+
+    def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
+        """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
+        state.consecutive_failures += 1
+        self.router.failed(state, now)
+        if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
+            state.open_until = now + cooldown
+            state.consecutive_failures = 0
+            state.tripped = True
+            if self.shared is not None:
+                self.shared.opened(state, cooldown)
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        for state in self.states:
+            await state.transport.aclose()
+
+
+def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
+    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
+    swapped for ``base``'s; otherwise its path is appended to ``base``. Query kept."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    for candidate in known:
+        if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
+            prefix = candidate.path.rstrip("/")
+            if path == prefix or path.startswith(prefix + "/"):
+                path = path[len(prefix) :]
+                break
+    return base.copy_with(path=base.path.rstrip("/") + path, query=url.query or None)

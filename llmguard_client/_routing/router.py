@@ -1,0 +1,393 @@
+"""Which replica gets a call: a choice that follows load and health, drains a degraded replica
+to a trickle of probes, and brings it back once it recovers.
+
+What the router knows about each replica (`ReplicaHealth`), learned from the guard's own calls:
+
+- ``ttft``: seconds to the first content token, and ``tpot``: seconds per token after the first
+  (stream time after the first token / (tokens - 1)). Both are EWMAs whose samples are clipped to
+  `Router.CLIP` x the current estimate, so one straggler nudges the estimate instead of
+  multiplying it, while a replica that stays slow gets there within a few calls. An attempt that
+  lost a hedge race before its first token is a lower bound on that replica's TTFT: it raises
+  the estimate when it is above it and is ignored otherwise.
+- ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
+  `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
+  error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
+  A failure after the first token counts `Router.MID_STREAM_WEIGHT` (3) times: the caller sees it,
+  while one before the first token costs a retry or a hedge. An overload answer (429/503 with
+  Retry-After) is not a failure: it cools the replica instead.
+- ``unanswered_since``: while a replica has calls in flight and has produced no first token (nor
+  failed) for longer than its TTFT estimate, that silence counts as its TTFT in its cost, so a
+  replica that stalls all at once loses new calls within one TTFT, before any sample arrives.
+- ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
+  (`llmguard_client._ratelimit.headers`).
+- ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
+  `llmguard_client.server_hints.poll_vllm_metrics` runs.
+
+The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
+tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
+`Router.FAILURE_WEIGHT` x failure): the least-cost
+replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
+random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
+estimates take the median replica's, so a fresh guard balances by load alone. A replica without
+rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
+cooling one (Retry-After) only loses ties
+(the replica set offers one for a first attempt only as its probe, or when every replica is cooling:
+`llmguard_client._routing.cooldown`).
+
+Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
+(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
+`Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
+``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
+replica signals overload with a Retry-After: then slowness is load, and draining one replica would
+pile its share onto others that are overloaded too. While drained its estimates move faster
+(`Router.DRAINED_EWMA`), and it is brought back once its estimates are under
+`Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
+speed estimates forgotten (it starts again as a replica never measured). At most a minority of
+replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
+answered by piling everything onto one replica. The median is that of the replicas that are
+succeeding (failure rate under `Router.RECOVER_FAILURE`): a replica that answers its first token at
+once and then breaks the stream is no yardstick for the others' speed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from llmguard_client._ratelimit.headers import parse_rate_limits
+from llmguard_client._routing.health import ReplicaHealth, Routable, ms, no_room, sent, silent, worse
+from llmguard_client._routing.quantile import lower_median
+
+if TYPE_CHECKING:
+    from llmguard_client._routing.affinity.routing import Prefer
+
+__all__ = ["ReplicaHealth", "Routable", "Router"]
+
+logger = logging.getLogger("llmguard_client")
+
+
+S = TypeVar("S", bound=Routable)
+
+
+class Router(Generic[S]):
+    """Chooses replicas for attempts and learns from how they went. All times are the caller's ``now``."""
+
+    EWMA = 0.2
+    DRAINED_EWMA = 0.7
+    CLIP = 4.0
+    FAILURE_EWMA = 0.1
+    FAILURE_HALF_LIFE = 10.0
+    FAILURE_WEIGHT = 10.0
+    MID_STREAM_WEIGHT = 3.0
+    """A failure after the first token reaches the caller; one before it is retried or hedged away."""
+    FAILURE_FORGOTTEN = 0.01
+    """A failure rate that has faded below this counts as none (so old failures stop breaking ties)."""
+    DRAIN_RATIO = 4.0
+    RECOVER_RATIO = 2.5
+    TTFT_FLOOR = 0.05
+    TPOT_FLOOR = 0.005
+    DRAIN_FAILURE = 0.5
+    RECOVER_FAILURE = 0.25
+    DEFAULT_TOKENS = 16.0
+    KV_FULL = 0.95
+    TIE = 0.15
+    TIE_SECONDS = 0.02
+
+    def __init__(
+        self,
+        states: Sequence[S],
+        *,
+        full_scan_up_to: int = 3,
+        probe_interval: float = 2.0,
+        probe_every: int = 50,
+        rng: random.Random | None = None,
+    ) -> None:
+        if isinstance(full_scan_up_to, bool) or not isinstance(full_scan_up_to, int) or full_scan_up_to < 2:
+            raise ValueError(f"full_scan_up_to must be an int >= 2, got {full_scan_up_to!r}")
+        if not isinstance(probe_interval, (int, float)) or not probe_interval > 0:
+            raise ValueError(f"probe_interval must be a positive number of seconds, got {probe_interval!r}")
+        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
+            raise ValueError(f"probe_every must be an int >= 1, got {probe_every!r}")
+        self.states = list(states)
+        self._by_name = {s.name: s for s in self.states}
+        self.full_scan_up_to = full_scan_up_to
+        self.probe_interval = float(probe_interval)
+        self.probe_every = probe_every
+        self.max_drained = max(1, (len(self.states) - 1) // 2) if len(self.states) >= 2 else 0
+        self._rng = rng if rng is not None else random.Random()
+        self._turn = itertools.count()
+        self._since_probe = 0
+        self._tokens: float | None = None
+        self._ref_ttft: float | None = None
+        self._ref_tpot: float | None = None
+        self._stale = False
+        """An estimate changed since the reference medians were computed."""
+        self._drained = 0
+        """How many replicas are drained (0 keeps the common path free of the drain logic)."""
+        self.epoch = 0
+        """Changes whenever a replica is drained or brought back."""
+        self._limited_until = -math.inf
+        """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
+        self._judged_refs: tuple[float | None, float | None] = (None, None)
+        """The reference medians when every replica was last judged for draining."""
+
+    # --- choosing -------------------------------------------------------------------------
+
+    def pick(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
+        """The replica for a call's first attempt (a probe of a drained replica when one is due);
+        ``prefer`` (cache affinity) chooses among the healthy ones when it can; else ties go round-robin."""
+        if not candidates:
+            return None
+        chosen = self._probe_due(now, candidates) if self._drained else None
+        if chosen is None:
+            self._since_probe += 1
+            healthy = candidates
+            if self._drained:
+                healthy = [s for s in candidates if not s.health.drained] or candidates
+            chosen = prefer(healthy) if prefer is not None else None  # cache affinity (_routing.affinity.routing)
+            if chosen is None:
+                if len(healthy) > self.full_scan_up_to:
+                    healthy = self._rng.sample(healthy, 2)
+                chosen = self._least_cost(healthy, now, rotate=True)
+        else:
+            self._since_probe = 0
+        sent(chosen.health, now)
+        return chosen
+
+    def pick_ready(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
+        """The replica for a retry: ``prefer``'s choice (cache affinity), else healthy first, then the least cost."""
+        if not candidates:
+            return None
+        healthy = [s for s in candidates if not s.health.drained] or candidates if self._drained else candidates
+        chosen = (prefer(healthy) if prefer is not None else None) or self._least_cost(healthy, now, rotate=False)
+        sent(chosen.health, now)
+        return chosen
+
+    def pick_hedge(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
+        """The replica for a hedge: ``prefer``'s choice (cache affinity), else healthy first, then the best TTFT
+        (unknown counts as 0, so a replica never tried is tried), then the fewest in flight."""
+        if not candidates:
+            return None
+        chosen = prefer(candidates) if prefer is not None else None  # cache affinity (_routing.affinity.routing)
+        if chosen is not None:
+            sent(chosen.health, now)
+            return chosen
+
+        def key(s: S) -> tuple[bool, bool, float, int]:
+            h = s.health
+            speed = silent(s, now, h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+            return (h.drained, no_room(h, now), speed, s.in_flight)
+
+        chosen = min(candidates, key=key)
+        sent(chosen.health, now)
+        return chosen
+
+    def degraded(self, name: str) -> bool:
+        """True while the replica named ``name`` is drained (unknown names: False)."""
+        state = self._by_name.get(name)
+        return state is not None and state.health.drained
+
+    def _probe_due(self, now: float, candidates: list[S]) -> S | None:
+        if self._since_probe + 1 < self.probe_every:
+            return None
+        due = [
+            s
+            for s in candidates
+            if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self.probe_interval
+        ]
+        return min(due, key=lambda s: s.health.last_pick) if due else None
+
+    def cheapest(self, states: list[S], now: float) -> list[S]:
+        """The replicas tied for the least cost, in the order given: those with rate-limit room first; then
+        those whose cost is within `TIE` (relative) or `TIE_SECONDS` of the least. Empty only for no states."""
+        if not states:
+            return []
+        if self._stale:
+            self._refresh_references(now)
+        if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
+            room = [s for s in states if not no_room(s.health, now)]
+            states = room or states
+        costs = [self._cost(s, now) for s in states]
+        bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
+        return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
+
+    def _least_cost(self, states: list[S], now: float, *, rotate: bool) -> S:
+        """Among the `cheapest`, the ones not cooling, in turns."""
+        near = self.cheapest(states, now)
+        equals = [s for s in near if not s.cooling(now)] or near if len(near) > 1 else near
+        return equals[next(self._turn) % len(equals)] if rotate else equals[0]
+
+    def _cost(self, s: S, now: float) -> float:
+        h = s.health
+        ttft = h.ttft if h.ttft is not None else self._ref_ttft
+        if h.unanswered_since is not None and ttft is not None:
+            ttft = silent(s, now, ttft)
+        tpot = h.tpot if h.tpot is not None else self._ref_tpot
+        if ttft is None and tpot is None:
+            expected = 1.0  # nothing known anywhere: balance by load alone
+        else:
+            expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
+        load = s.in_flight + 1 + (h.waiting if h.waiting_until > now else 0.0)
+        return expected * load * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+
+    def _failure(self, h: ReplicaHealth, now: float) -> float:
+        if h.failure == 0.0:
+            return 0.0
+        rate = h.failure * math.pow(0.5, max(0.0, now - h.failure_at) / self.FAILURE_HALF_LIFE)
+        return rate if rate >= self.FAILURE_FORGOTTEN else 0.0
+
+    # --- learning -------------------------------------------------------------------------
+
+    def first_token(self, state: S, now: float, ttft: float) -> None:
+        """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started."""
+        h = state.health
+        h.ttft = self._ewma(h.ttft, max(0.0, ttft), h.drained)
+        h.unanswered_since = None
+        self._reassess(state, now)
+
+    def answered(self, state: S) -> None:
+        """An attempt on ``state`` won without a first-token time worth learning from (a
+        non-streaming body): the replica is not silent."""
+        state.health.unanswered_since = None
+
+    def outran(self, state: S, now: float, waited: float) -> None:
+        """An attempt on ``state`` lost a race after ``waited`` seconds with no first token."""
+        h = state.health
+        h.unanswered_since = None
+        if h.ttft is None or waited > h.ttft:
+            h.ttft = self._ewma(h.ttft, max(0.0, waited), h.drained)
+            self._reassess(state, now)
+
+    def failed(self, state: S, now: float) -> None:
+        """An attempt on ``state`` failed before its first token (error status, transport error)."""
+        state.health.unanswered_since = None
+        self._count(state.health, now, failed=True)
+        self._reassess(state, now)
+
+    def stream_finished(
+        self, state: S, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
+    ) -> None:
+        """The body of a call won by ``state`` ended: ``ok`` False for a mid-stream failure, None when the
+        caller left early (timing only); ``tokens`` output tokens over ``duration`` s after the first."""
+        h = state.health
+        if tokens is not None and tokens >= 2 and duration is not None and duration >= 0:
+            h.tpot = self._ewma(h.tpot, duration / (tokens - 1), h.drained)
+        if ok and tokens is not None and tokens >= 1:
+            self._tokens = float(tokens) if self._tokens is None else self._tokens + self.EWMA * (tokens - self._tokens)
+        if ok is not None:
+            self._count(h, now, failed=not ok, weight=self.MID_STREAM_WEIGHT)
+        self._reassess(state, now)
+
+    def saw_headers(self, state: S, now: float, headers: Mapping[str, str]) -> None:
+        """Read a response's rate-limit headers, if any (absent: nothing changes)."""
+        hint = parse_rate_limits(headers)
+        if hint is not None:
+            until = now + hint.no_room_for if hint.no_room_for > 0 else -math.inf
+            state.health.limited_until = until
+            self._limited_until = max(self._limited_until, until)
+
+    def server_load(
+        self, state: S, now: float, *, waiting: float | None, kv_usage: float | None, fresh_for: float
+    ) -> None:
+        """A server's own report, believed for ``fresh_for`` seconds: ``waiting`` requests queued
+        there (counted as load beside the guard's own calls in flight), ``kv_usage`` of its KV cache
+        (0-1; from `KV_FULL` on it ranks with the replicas without room)."""
+        h = state.health
+        if waiting is not None and waiting >= 0:
+            h.waiting, h.waiting_until = waiting, now + fresh_for
+        if kv_usage is not None:
+            h.full_until = now + fresh_for if kv_usage >= self.KV_FULL else -math.inf
+            self._limited_until = max(self._limited_until, h.full_until)
+
+    def _ewma(self, current: float | None, sample: float, drained: bool) -> float:
+        if current is None:
+            return sample
+        sample = min(sample, self.CLIP * max(current, 1e-3))
+        return current + (self.DRAINED_EWMA if drained else self.EWMA) * (sample - current)
+
+    def _count(self, h: ReplicaHealth, now: float, *, failed: bool, weight: float = 1.0) -> None:
+        alpha = self.DRAINED_EWMA if h.drained else self.FAILURE_EWMA
+        current = self._failure(h, now)
+        h.failure = current + alpha * ((weight if failed else 0.0) - current)
+        h.failure_at = now
+
+    def _reassess(self, state: S, now: float) -> None:
+        """Refresh the reference medians; bring ``state`` back if it is drained and its own calls
+        show it recovered; drain any replica (``state`` first) whose estimates are now beyond the
+        limits: a replica the costs already keep away gets no calls of its own to judge it by."""
+        self._refresh_references(now)
+        self._stale = False
+        h = state.health
+        if h.drained and not self._beyond(h, now, self.RECOVER_RATIO, self.RECOVER_FAILURE):
+            # A clean slate: it gets its share at once and is measured afresh, instead of waiting
+            # behind the others until calls happen to wash the drained-time estimates out.
+            h.drained, h.ttft, h.tpot = False, None, None
+            self._drained -= 1
+            self.epoch += 1
+            self._stale = True
+            logger.info("llmguard: replica %s recovered; it takes new calls again", state.name)
+            return
+        # The others' estimates only change with their own calls; their standing changes with the
+        # medians, so they are judged again when those moved by a tenth since they last were.
+        others: Sequence[S] = ()
+        if _moved(self._judged_refs, (self._ref_ttft, self._ref_tpot)):
+            others, self._judged_refs = self.states, (self._ref_ttft, self._ref_tpot)
+        for candidate in (state, *others):
+            if self._drained >= self.max_drained:
+                return
+            if not candidate.health.drained and self._drainable(candidate.health, now):
+                self._drain(candidate, now)
+
+    def _drainable(self, h: ReplicaHealth, now: float) -> bool:
+        if self._failure(h, now) >= self.DRAIN_FAILURE:
+            return True
+        slow = worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR) or worse(
+            h.tpot, self._ref_tpot, self.DRAIN_RATIO, self.TPOT_FLOOR
+        )
+        # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
+        # replica: draining one for speed would pile its share onto replicas that are overloaded too.
+        return slow and not any(s.cooling(now) for s in self.states)
+
+    def _drain(self, state: S, now: float) -> None:
+        h = state.health
+        h.drained, h.drained_at = True, now
+        self._drained += 1
+        self.epoch += 1
+        logger.warning(
+            "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
+            "ttft %s, per token %s); drained to one probe per %.0f s",
+            state.name,
+            ms(h.ttft),
+            ms(h.tpot),
+            100 * self._failure(h, now),
+            ms(self._ref_ttft),
+            ms(self._ref_tpot),
+            self.probe_interval,
+        )
+
+    def _refresh_references(self, now: float) -> None:
+        """The median succeeding replica's TTFT and TPOT: what "slow" and "unknown" are measured against.
+        A replica failing at `RECOVER_FAILURE` or more is left out (unless every one is): one that answers
+        its first token in 1 ms and then breaks the stream must not make the healthy ones look slow."""
+        states = [s for s in self.states if self._failure(s.health, now) < self.RECOVER_FAILURE] or self.states
+        self._ref_ttft = lower_median([s.health.ttft for s in states if s.health.ttft is not None])
+        self._ref_tpot = lower_median([s.health.tpot for s in states if s.health.tpot is not None])
+
+    def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
+        return (
+            worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
+            or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            or self._failure(h, now) >= failure
+        )
+
+
+def _moved(before: tuple[float | None, float | None], now: tuple[float | None, float | None]) -> bool:
+    """Whether either median appeared or moved by more than a tenth."""
+    return any(
+        (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > 0.1 * a)
+        for a, b in zip(before, now, strict=True)
+    )

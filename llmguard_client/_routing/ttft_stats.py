@@ -1,0 +1,180 @@
+"""Time-to-first-token statistics, kept per replica, tier and stream kind; the hedge delay comes from them.
+
+The `Guard` builds one `TTFTStats` and hands it to the layers that read it: the hedge layer (how long
+to wait before hedging, and whether a fresh attempt can still make the deadline) and the retry layer
+(whether a retry's first token can). The transport feeds it the winning attempt of every guarded call.
+
+The rule for the adaptive hedge delay (``HedgePolicy.delay=None``), per tier and stream kind:
+
+1. each replica keeps a window of its own recent TTFTs (the last `TTFTStats.WINDOW`);
+2. replicas the router has drained as degraded are left out, and so are replicas with fewer than
+   `TTFTStats.MIN_REPLICA_SAMPLES` samples (if that leaves none, every replica with enough samples
+   counts);
+3. the delay is the lower median, over the replicas that count, of each one's ``HedgePolicy.quantile``
+   (p95 by default), clamped to [``min_delay``, ``max_delay``]; until the class has ``min_samples``
+   samples in all, it is ``warmup_delay``;
+4. a call whose primary went to a replica that counts but is slower than that (its own quantile is
+   higher) waits for its own quantile instead, at most `TTFTStats.OWN_DELAY_CAP` times the delay of
+   rule 3 (and ``max_delay``): a hedge is for a call that is slow *for its replica*, and a replica that
+   is degraded but not yet drained still has its calls hedged early enough to help. A merely slower
+   replica's ordinary calls were otherwise hedged, and each hedge that lost to its primary cost the
+   other replica a prefill for nothing (wasted work in the ``faults`` benchmark, docs/benchmarks.md).
+   Drained replicas are left to rule 2: their probes are hedged after a typical healthy TTFT.
+
+Calls with an affinity key are told apart by whether they were expected to find their prompt prefix in the
+replica's cache (sent to the replica that answered the key's last call: `AffinityRouting.expected_hit`): a
+cached prefill is several times shorter, so one window of both kinds hedges cached calls late and uncached ones
+early. Their TTFTs also go to a class of their own, cached or uncached, and a keyed call's delay is read from
+its class by the same rules, once its replica has `TTFTStats.MIN_CLASS_SAMPLES` samples there and the class is
+warm; until then from all calls of its tier and stream kind.
+
+A slow minority of replicas therefore cannot drag the delay up: with three replicas, one of them 10x
+slower moves the median of the three p95s not at all, even before the router drains it. A quantile of
+all TTFTs pooled together, by contrast, learns the slow replica's TTFT as soon as it holds more than
+5 % of the samples, and the hedge then fires too late to help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llmguard_client._routing.quantile import StreamingQuantile, lower_median
+from llmguard_client.config import HedgePolicy
+
+__all__ = ["TTFTStats"]
+
+
+def _never_degraded(name: str) -> bool:
+    return False
+
+
+def _no_epoch() -> int:
+    return 0
+
+
+class _ClassStats:
+    """One (tier, stream) class: a window per replica, and the estimates last read from them."""
+
+    __slots__ = ("delay", "epoch", "high", "own", "since", "typical", "windows")
+
+    def __init__(self) -> None:
+        self.windows: dict[str, StreamingQuantile] = {}
+        self.since = 0
+        """Samples added since the estimates were computed."""
+        self.epoch = -1
+        self.delay: float | None = None
+        self.own: dict[str, float] = {}
+        """Rule 4: a counted replica's own (clamped) quantile, where it is above ``delay``."""
+        self.typical = 0.0
+        self.high = 0.0
+        """The lower median of the healthy replicas' ``HedgePolicy.quantile`` (p95), unclamped (0 while unknown)."""
+
+
+class TTFTStats:
+    """Per-replica TTFT windows for each (tier, stream) class, and the estimates read from them.
+
+    The estimates are recomputed when `RECOMPUTE_EVERY` samples have arrived since the last time, or
+    when the set of drained replicas changed, not on every read: a p95 over 128 samples per replica
+    moves slowly, and a read happens on every call.
+    """
+
+    WINDOW = 128
+    MIN_REPLICA_SAMPLES = 5
+    MIN_CLASS_SAMPLES = 10
+    """A replica's samples of expected cache hits (or misses) before a keyed call's delay is read from them."""
+    RECOMPUTE_EVERY = 8
+    OWN_DELAY_CAP = 2.0
+
+    def __init__(
+        self,
+        policy: HedgePolicy,
+        degraded: Callable[[str], bool] = _never_degraded,
+        epoch: Callable[[], int] = _no_epoch,
+    ) -> None:
+        """``policy`` gives the quantile, the clamps and the warm-up; ``degraded(replica)`` tells which
+        replicas to leave out (the router's drained ones), and ``epoch()`` changes whenever that does."""
+        self._policy = policy
+        self._degraded = degraded
+        self._epoch = epoch
+        self._classes: dict[tuple[str, bool, bool | None], _ClassStats] = {}
+
+    def observe(self, replica: str, tier: str, stream: bool, ttft: float, cached: bool | None = None) -> None:
+        """A call of ``tier`` (streaming or not) got its first token ``ttft`` s after its attempt on
+        ``replica`` started; ``cached``: a keyed call expected to hit the replica's prefix cache, or not
+        (None: unkeyed)."""
+        self._add((tier, stream, None), replica, ttft)
+        if cached is not None:
+            self._add((tier, stream, cached), replica, ttft)
+
+    def _add(self, cls: tuple[str, bool, bool | None], replica: str, ttft: float) -> None:
+        stats = self._classes.get(cls)
+        if stats is None:
+            stats = self._classes[cls] = _ClassStats()
+        window = stats.windows.get(replica)
+        if window is None:
+            window = stats.windows[replica] = StreamingQuantile(self.WINDOW)
+        window.add(max(0.0, ttft))
+        stats.since += 1
+
+    def hedge_delay(self, tier: str, stream: bool, replica: str | None = None, cached: bool | None = None) -> float:
+        """Seconds to wait for a first token before hedging a call of this class whose primary went to
+        ``replica``, expected to hit its prefix cache (``cached``) or not, or unkeyed (None); see the module
+        docstring."""
+        policy = self._policy
+        if policy.delay is not None:
+            return policy.delay
+        if cached is not None and replica is not None:
+            split = self._fresh(tier, stream, cached)
+            window = split.windows.get(replica) if split is not None else None
+            if window is not None and window.count >= self.MIN_CLASS_SAMPLES and split and split.delay is not None:
+                return split.own.get(replica, split.delay)
+        stats = self._fresh(tier, stream)
+        if stats is None or stats.delay is None:
+            return policy.warmup_delay
+        return stats.own.get(replica, stats.delay) if replica is not None and stats.own else stats.delay
+
+    def typical(self, tier: str, stream: bool) -> float:
+        """The median TTFT of the median healthy replica (0 while unknown): about how long a fresh
+        attempt needs."""
+        stats = self._fresh(tier, stream)
+        return 0.0 if stats is None else stats.typical
+
+    def high(self, tier: str, stream: bool) -> float:
+        """The p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica, unclamped (0 while unknown):
+        a fresh attempt that has this long left usually makes its deadline."""
+        stats = self._fresh(tier, stream)
+        return 0.0 if stats is None else stats.high
+
+    def _fresh(self, tier: str, stream: bool, cached: bool | None = None) -> _ClassStats | None:
+        stats = self._classes.get((tier, stream, cached))
+        if stats is None:
+            return None
+        epoch = self._epoch()
+        if stats.since >= self.RECOMPUTE_EVERY or stats.epoch != epoch or stats.delay is None:
+            self._compute(stats)
+            stats.since, stats.epoch = 0, epoch
+        return stats
+
+    def _compute(self, stats: _ClassStats) -> None:
+        policy = self._policy
+        enough = {name: w for name, w in stats.windows.items() if w.count >= self.MIN_REPLICA_SAMPLES}
+        healthy = {name: w for name, w in enough.items() if not self._degraded(name)} or enough
+        counted = healthy or {name: w for name, w in stats.windows.items() if w.count}
+        quantiles = {name: w.quantile(policy.quantile) or 0.0 for name, w in counted.items()}
+        stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in counted.values()]) or 0.0
+        stats.high = lower_median(list(quantiles.values())) or 0.0
+        stats.own = {}
+        if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
+            stats.delay = None  # warming up
+            return
+        stats.delay = delay = min(policy.max_delay, max(policy.min_delay, stats.high))  # counted is healthy here
+        cap = min(policy.max_delay, self.OWN_DELAY_CAP * delay)
+        stats.own = {name: min(cap, q) for name, q in quantiles.items() if q > delay}
+
+    def __repr__(self) -> str:
+        kinds = {None: "", True: "/cached", False: "/uncached"}
+        classes = {
+            f"{tier}/{'stream' if stream else 'body'}{kinds[cached]}": len(c.windows)
+            for (tier, stream, cached), c in self._classes.items()
+        }
+        return f"TTFTStats(replicas per class={classes})"

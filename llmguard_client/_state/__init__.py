@@ -1,1 +1,0 @@
-"""State shared across calls, owned by the Guard: replicas, routing, health, TTFT statistics, budget."""

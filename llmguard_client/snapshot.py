@@ -1,0 +1,123 @@
+"""A read-only view of a Guard's state, for health endpoints, dashboards and leak checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+
+from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
+
+if TYPE_CHECKING:
+    from llmguard_client._core.lease import LeaseRegistry
+    from llmguard_client._fleet.store import FleetSnapshot
+    from llmguard_client._layers.bulkhead import TierBulkhead
+    from llmguard_client._routing.replicas import ReplicaSet
+    from llmguard_client.config import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    name: str
+    """The replica's URL without credentials."""
+    in_flight: int
+    """Attempts on this replica not yet finished (a winner counts until its body is done)."""
+    cooling_for: float
+    """Seconds left of a Retry-After cool-down (0: none)."""
+    circuit_open_for: float
+    """Seconds left before an open circuit lets a probe through (0: closed)."""
+    healthy: bool
+    """Neither cooling nor open."""
+    open_connections: int | None
+    """Connections in its pool (None: a custom transport the guard cannot inspect)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierSnapshot:
+    in_flight: int
+    """Calls holding a bulkhead slot (0 for a tier without a bulkhead)."""
+    waiting: int
+    """Calls waiting for a slot."""
+    max_in_flight: int | None
+    max_waiting: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSnapshot:
+    """Point-in-time view of a `Guard` (``guard.snapshot()``)."""
+
+    closed: bool
+    calls_in_flight: int
+    """Calls started and not yet ended (a stream ends when its body is done or closed)."""
+    replicas: tuple[ReplicaSnapshot, ...]
+    tiers: Mapping[str, TierSnapshot]
+    budget: BudgetSnapshot | None
+    """The shared retry budget (None: unbounded)."""
+    tier_budgets: Mapping[str, BudgetSnapshot]
+    fleet: FleetSnapshot | None = None
+    """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held: no call, attempt, bulkhead slot or pending budget ticket."""
+        budgets = [b for b in (self.budget, *self.tier_budgets.values()) if b is not None]
+        return (
+            self.calls_in_flight == 0
+            and all(r.in_flight == 0 for r in self.replicas)
+            and all(t.in_flight == 0 and t.waiting == 0 for t in self.tiers.values())
+            and all(b.pending == 0 for b in budgets)
+        )
+
+
+def open_connections(transport: httpx.AsyncBaseTransport) -> int | None:
+    """Connections held by an `httpx.AsyncHTTPTransport`'s pool; None for other transports."""
+    pool = getattr(transport, "_pool", None)
+    connections = getattr(pool, "connections", None)
+    if not isinstance(connections, list):
+        return None
+    return sum(1 for c in connections if not c.is_closed())
+
+
+def build_snapshot(
+    now: float,
+    registry: LeaseRegistry,
+    replica_set: ReplicaSet,
+    tiers: Mapping[str, Tier],
+    bulkheads: Mapping[str, TierBulkhead],
+    budget: RetryBudget | None,
+    tier_budgets: Mapping[str, RetryBudget],
+    fleet: FleetSnapshot | None = None,
+) -> GuardSnapshot:
+    """The `GuardSnapshot` of a Guard's parts at ``now``."""
+    replicas = tuple(
+        ReplicaSnapshot(
+            name=s.name,
+            in_flight=s.in_flight,
+            cooling_for=max(0.0, s.cooling_until - now),
+            circuit_open_for=max(0.0, s.open_until - now),
+            healthy=not s.cooling(now) and not s.open(now),
+            open_connections=open_connections(s.transport),
+        )
+        for s in replica_set.states
+    )
+    tier_views = {}
+    for name in tiers:
+        bulkhead = bulkheads.get(name)
+        if bulkhead is None:
+            tier_views[name] = TierSnapshot(0, 0, None, None)
+        else:
+            limits = bulkhead.config
+            tier_views[name] = TierSnapshot(
+                bulkhead.in_flight, bulkhead.waiting, limits.max_in_flight, limits.max_waiting
+            )
+    return GuardSnapshot(
+        closed=registry.closed,
+        calls_in_flight=len(registry.live),
+        replicas=replicas,
+        tiers=tier_views,
+        budget=budget.snapshot() if budget is not None else None,
+        tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
+        fleet=fleet,
+    )

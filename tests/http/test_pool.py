@@ -1,0 +1,207 @@
+"""The replica pools' connection assignment (`llmguard_client._http.pool`), pass by pass, on stand-in connections.
+
+httpcore 1.0's own pass hands one idle connection to every request queued in the same pass (all but one then
+fail with ``ConnectionNotAvailable`` and queue again), and counts the keep-alive limit against all connections;
+these tests pin down the single-pass assignment that replaces it. No sockets: `FakeConnection` stands in for
+a connection, and only the assignment pass runs (in an event loop: handing out a connection sets an event).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import httpcore
+import httpx
+import pytest
+from httpcore._async.connection_pool import AsyncPoolRequest
+from httpcore._async.http11 import HTTPConnectionState
+from httpcore._backends.mock import AsyncMockStream
+
+from llmguard_client import Guard, Tier
+from llmguard_client._http.pool import FastLock, ReplicaPool, replica_transport
+from llmguard_client._http.tls import default_tls_context
+
+URL = "http://replica.test:8000/v1/chat/completions"
+
+
+class FakeConnection(httpcore.AsyncConnectionInterface):
+    """A connection in a given state: ``idle`` (connected, no request), else busy; or closed or expired."""
+
+    def __init__(self, origin: str = URL, *, idle: bool = True, closed: bool = False, expired: bool = False) -> None:
+        self.origin = httpcore.URL(origin).origin
+        self.idle, self.closed, self.expired = idle, closed, expired
+        self.expiry_checks = 0
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return origin == self.origin
+
+    def is_available(self) -> bool:
+        return self.idle and not self.closed
+
+    def has_expired(self) -> bool:
+        self.expiry_checks += 1
+        return self.expired
+
+    def is_idle(self) -> bool:
+        return self.idle and not self.closed
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+
+def make_pool(*connections: FakeConnection, max_connections: int = 100, keepalive: int = 20) -> ReplicaPool:
+    pool = ReplicaPool(max_connections=max_connections, max_keepalive_connections=keepalive)
+    pool._connections = list(connections)
+    return pool
+
+
+def queue(pool: ReplicaPool, count: int, url: str = URL) -> list[AsyncPoolRequest]:
+    requests = [AsyncPoolRequest(httpcore.Request("POST", url)) for _ in range(count)]
+    pool._requests.extend(requests)
+    return requests
+
+
+async def test_requests_queued_together_get_distinct_idle_connections_then_new_ones() -> None:
+    idle = [FakeConnection() for _ in range(3)]
+    pool = make_pool(*idle)
+    requests = queue(pool, 5)
+    assert pool._assign_requests_to_connections() == []
+    assigned = [r.connection for r in requests]
+    assert assigned[:3] == idle
+    assert all(isinstance(c, httpcore.AsyncHTTPConnection) for c in assigned[3:])  # opened for the other two
+    assert len({id(c) for c in assigned}) == 5
+    assert len(pool._connections) == 5
+
+
+async def test_an_idle_connection_handed_to_a_waiting_request_is_not_handed_again() -> None:
+    idle = FakeConnection()
+    pool = make_pool(idle)
+    (first,) = queue(pool, 1)
+    pool._assign_requests_to_connections()
+    (second,) = queue(pool, 1)  # arrives before the first request has started on its connection
+    pool._assign_requests_to_connections()
+    assert first.connection is idle
+    assert second.connection is not None and second.connection is not idle
+
+
+def test_the_keepalive_limit_counts_idle_connections_not_all_connections() -> None:
+    busy = [FakeConnection(idle=False) for _ in range(5)]
+    idle = [FakeConnection() for _ in range(2)]
+    pool = make_pool(*busy, *idle, keepalive=2)
+    assert pool._assign_requests_to_connections() == []
+    assert pool._connections == [*busy, *idle]
+
+
+def test_surplus_idle_connections_are_closed_oldest_first() -> None:
+    idle = [FakeConnection() for _ in range(4)]
+    pool = make_pool(*idle, keepalive=2)
+    assert pool._assign_requests_to_connections() == idle[:2]
+    assert pool._connections == idle[2:]
+
+
+async def test_closed_connections_are_dropped_and_expired_ones_closed_but_a_held_one_is_not_probed() -> None:
+    closed, expired, held = FakeConnection(closed=True), FakeConnection(expired=True), FakeConnection(expired=True)
+    pool = make_pool(closed, expired, held)
+    (request,) = queue(pool, 1)
+    request.assign_to_connection(held)  # handed out, not yet sent on
+    assert pool._assign_requests_to_connections() == [expired]
+    assert pool._connections == [held]
+    assert held.expiry_checks == 0
+
+
+async def test_between_sweeps_only_the_idle_connection_handed_out_is_probed() -> None:
+    idle = [FakeConnection() for _ in range(3)]
+    pool = make_pool(*idle)
+    pool._swept_at = time.monotonic()  # every idle connection was just probed
+    (request,) = queue(pool, 1)
+    assert pool._assign_requests_to_connections() == []
+    assert request.connection is idle[0]
+    assert [c.expiry_checks for c in idle] == [1, 0, 0]
+
+
+async def test_an_expired_idle_connection_is_closed_instead_of_handed_out() -> None:
+    expired, fresh = FakeConnection(expired=True), FakeConnection()
+    pool = make_pool(expired, fresh)
+    pool._swept_at = time.monotonic()
+    (request,) = queue(pool, 1)
+    assert pool._assign_requests_to_connections() == [expired]
+    assert request.connection is fresh
+    assert pool._connections == [fresh]
+
+
+async def test_a_full_pool_closes_an_idle_connection_to_another_origin_to_make_room() -> None:
+    other = FakeConnection("http://other.test:9000/")
+    busy = FakeConnection(idle=False)
+    pool = make_pool(busy, other, max_connections=2)
+    (request,) = queue(pool, 1)
+    assert pool._assign_requests_to_connections() == [other]
+    assert request.connection is not None and request.connection not in (busy, other)
+    assert pool._connections == [busy, request.connection]
+
+
+async def test_a_full_pool_leaves_requests_queued() -> None:
+    busy = [FakeConnection(idle=False) for _ in range(2)]
+    pool = make_pool(*busy, max_connections=2)
+    requests = queue(pool, 3)
+    assert pool._assign_requests_to_connections() == []
+    assert all(r.is_queued() for r in requests)
+
+
+async def test_a_free_lock_is_taken_without_letting_other_tasks_run() -> None:
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)  # runs at the first yield of this task
+        async with FastLock():
+            assert ran == []
+    assert ran == ["other"]
+
+
+async def test_a_taken_lock_still_makes_the_next_one_wait() -> None:
+    lock, order = FastLock(), []
+
+    async def second() -> None:
+        async with lock:
+            order.append("second")
+
+    async with anyio.create_task_group() as tg:
+        async with lock:
+            tg.start_soon(second)
+            await anyio.sleep(0.01)
+            order.append("first")
+    assert order == ["first", "second"]
+
+
+async def test_new_connections_and_idle_ones_handed_out_get_locks_that_do_not_yield() -> None:
+    pool = ReplicaPool(max_connections=10, max_keepalive_connections=5)
+    origin = httpcore.URL(URL).origin
+    created = pool.create_connection(origin)
+    assert isinstance(created, httpcore.AsyncHTTPConnection) and type(created._request_lock) is FastLock
+    http11 = httpcore.AsyncHTTP11Connection(origin, AsyncMockStream([]))
+    http11._state = HTTPConnectionState.IDLE
+    created._connection = http11
+    pool._connections = [created]
+    (request,) = queue(pool, 1)
+    pool._assign_requests_to_connections()
+    assert request.connection is created and type(http11._state_lock) is FastLock
+
+
+async def test_the_guards_default_pools_use_the_single_pass_assignment() -> None:
+    guard = Guard(["http://127.0.0.1:1"], tiers={"t": Tier(ttft=1.0, total=2.0)}, instrumentation=None)
+    try:
+        (state,) = guard._replica_set.states
+        assert isinstance(state.transport, httpx.AsyncHTTPTransport)
+        assert type(state.transport._pool) is ReplicaPool
+    finally:
+        await guard.aclose()
+
+
+def test_an_httpcore_the_pass_is_not_written_for_keeps_its_own_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(httpcore, "__version__", "1.1.0")
+    limits = httpx.Limits(max_connections=10, max_keepalive_connections=5)
+    transport = replica_transport(limits, default_tls_context())
+    assert type(transport._pool) is httpcore.AsyncConnectionPool

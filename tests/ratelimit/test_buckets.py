@@ -1,0 +1,78 @@
+"""LocalBucket and RateLimit: exact refill in virtual time, waits and refusals, corrections, bad input."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from llmguard_client import Guard, GuardConfigError, RateLimit, Replica
+from llmguard_client._ratelimit.buckets import Grant, LocalBucket
+from tests.virtual import BACKENDS, run_virtual
+
+
+@BACKENDS
+def test_the_local_bucket_refills_exactly_in_virtual_time(backend: str) -> None:
+    async def main() -> None:
+        # 2 requests and 10 tokens of capacity; 2 requests and 10 tokens more per second.
+        bucket = LocalBucket(RateLimit(requests_per_minute=120, tokens_per_minute=600, burst=1.0), anyio.current_time)
+        assert bucket.take(4, max_wait=0.0) == Grant(wait=0.0)
+        assert bucket.take(4, max_wait=0.0) == Grant(wait=0.0)
+        # No request left: (1 - 0) / 2 per s = 0.5 s; tokens: (4 - 2) / 10 = 0.2 s. The longer one counts.
+        assert bucket.take(4, max_wait=0.0).retry_after == pytest.approx(0.5, abs=1e-9)
+        assert bucket.levels() == pytest.approx((0.0, 2.0), abs=1e-9)  # a refusal charges nothing
+        await anyio.sleep(0.25)
+        assert bucket.levels() == pytest.approx((0.5, 4.5), abs=1e-9)
+        # Admitted with a wait: reserved now (the level goes negative), sent when the refill has covered it.
+        grant = bucket.take(4, max_wait=0.3)
+        assert grant.admitted and grant.wait == pytest.approx(0.25, abs=1e-9)
+        assert bucket.levels() == pytest.approx((-0.5, 0.5), abs=1e-9)
+        # The next caller queues behind the reservation.
+        assert bucket.take(1, max_wait=0.0).retry_after == pytest.approx(0.75, abs=1e-9)
+        await anyio.sleep(60.0)
+        assert bucket.levels() == pytest.approx((2.0, 10.0), abs=1e-9)  # full, never above capacity
+
+    run_virtual(main, backend)
+
+
+def test_a_charge_larger_than_the_capacity_fits_once_the_bucket_is_full() -> None:
+    clock = [0.0]
+    bucket = LocalBucket(RateLimit(tokens_per_minute=600, burst=1.0), lambda: clock[0])  # 10 tokens at most
+    assert bucket.take(50, max_wait=0.0).admitted
+    assert bucket.levels()[1] == -40.0
+    assert bucket.take(50, max_wait=0.0).retry_after == pytest.approx(5.0)  # (10 - -40) / 10
+
+
+def test_corrections_and_the_providers_room_adjust_the_levels() -> None:
+    clock = [0.0]
+    bucket = LocalBucket(RateLimit(requests_per_minute=60, tokens_per_minute=600, burst=1.0), lambda: clock[0])
+    bucket.take(8, max_wait=0.0)
+    bucket.adjust(0.0, 5.0)  # used 5 fewer than charged
+    assert bucket.levels() == (0.0, 7.0)
+    bucket.adjust(0.0, 100.0)
+    assert bucket.levels() == (0.0, 10.0)  # never above capacity
+    bucket.cap(None, 3)
+    assert bucket.levels() == (0.0, 3.0)
+    bucket.cap(None, 9)  # the provider's room only ever lowers the bucket
+    assert bucket.levels() == (0.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "needs requests_per_minute or tokens_per_minute"),
+        ({"requests_per_minute": 0}, "requests_per_minute must be a positive finite number"),
+        ({"tokens_per_minute": float("inf")}, "tokens_per_minute must be a positive finite number"),
+        ({"tokens_per_minute": True}, "tokens_per_minute must be a positive finite number"),
+        ({"requests_per_minute": 10, "burst": 0}, "burst must be a positive finite number"),
+    ],
+)
+def test_a_bad_rate_limit_names_the_field(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(GuardConfigError, match=message):
+        RateLimit(**kwargs)
+
+
+def test_a_guard_or_replica_rate_limit_of_the_wrong_type_is_refused() -> None:
+    with pytest.raises(GuardConfigError, match="rate_limit must be a RateLimit"):
+        Guard(["http://a"], rate_limit=100, instrumentation=None)  # type: ignore[arg-type]
+    with pytest.raises(GuardConfigError, match=r"Replica\.rate_limit must be a RateLimit"):
+        Replica("http://a", rate_limit={"rpm": 1})  # type: ignore[arg-type]

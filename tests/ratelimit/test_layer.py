@@ -1,0 +1,311 @@
+"""RateLimitLayer through a Guard in virtual time: attempts charged before they are sent, refused with a computed
+retry-after, waiting for their share, corrected from usage, recalibrated from x-ratelimit-* headers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import anyio
+import httpx
+import pytest
+
+from llmguard_client import Guard, HedgePolicy, PhaseRecord, RateLimit, RateLimited, RetryPolicy, Tier, guard_failure
+from llmguard_client._ratelimit.layer import DEFAULT_OUTPUT_ESTIMATE
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}).encode()
+CHARGE = math.ceil(len(BODY) / 4) + 20
+"""What one attempt of BODY is charged: its bytes / 4, plus its max_tokens."""
+USED = 4
+"""What FakeReplica's non-streaming answer reports in its usage (3 prompt + 1 completion)."""
+
+
+async def post(client: httpx.AsyncClient, body: bytes = BODY, tier: str = "t") -> httpx.Response:
+    headers = {"content-type": "application/json", "x-llmguard-tier": tier}
+    return await client.post("http://a/v1/chat/completions", content=body, headers=headers)
+
+
+def limited_guard(
+    fakes: dict[str, FakeReplica], records: list[PhaseRecord], limit: RateLimit, **kwargs: object
+) -> Guard:
+    kwargs.setdefault("tiers", {"t": Tier(ttft=0.5, total=5.0)})
+    kwargs.setdefault("failure_mode", "raise")
+    return virtual_guard(fakes, records, rate_limit=limit, **kwargs)
+
+
+def one_call_bucket(headers_after: float, ttft: float) -> tuple[dict[str, FakeReplica], list[PhaseRecord], Guard]:
+    """A replica answering after ``headers_after`` s; a bucket holding one call's tokens, refilled in 1 s; tiers
+    ``t`` (``ttft``) and ``slow`` (3 s)."""
+    fakes = {"http://a": FakeReplica("a", [Plan(headers_after=headers_after)])}
+    records: list[PhaseRecord] = []
+    limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+    tiers = {"t": Tier(ttft=ttft, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+    return fakes, records, limited_guard(fakes, records, limit, tiers=tiers)
+
+
+async def refused_at_once(client: httpx.AsyncClient, after: float) -> RateLimited:
+    """A first call (tier ``slow``) takes the bucket; the call made ``after`` s later is refused at once."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post, client, BODY, "slow")
+        await anyio.sleep(after)
+        start = now()
+        with pytest.raises(RateLimited) as refused:
+            await post(client)
+        assert now() == start  # never sent, never waited
+    return refused.value
+
+
+@BACKENDS
+def test_a_call_that_does_not_fit_in_its_ttft_is_refused_with_the_computed_retry_after(backend: str) -> None:
+    # The bucket holds one call's tokens and refills one call's tokens per second. The first call holds its
+    # charge until it ends (1 s); the second, 0.1 s in, misses 0.9 of a call's tokens: 0.9 s, more than its
+    # ttft (0.5 s) allows, so it is refused at once, never sent.
+    async def main() -> None:
+        fakes, records, guard = one_call_bucket(headers_after=1.0, ttft=0.5)
+        async with guard, guard.http_client() as client:
+            refused = await refused_at_once(client, after=0.1)
+        assert refused.retry_after == pytest.approx(0.9, abs=1e-9)
+        assert guard_failure(refused) == "rate_limited"
+        assert refused.status_code == 429
+        assert fakes["http://a"].requests == 1
+        refused_record = next(r for r in records if r.cause == "rate_limited")
+        assert refused_record.attempts == () and refused_record.status == "rejected"
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_that_fits_in_its_ttft_waits_for_its_share_then_is_sent(backend: str) -> None:
+    async def main() -> None:
+        _, records, guard = one_call_bucket(headers_after=1.0, ttft=3.0)
+        async with guard, guard.http_client() as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, client)
+                await anyio.sleep(0.1)
+                response = await post(client)
+                assert response.status_code == 200
+        waited = records[-1]
+        assert waited.attempts[0].start - waited.start == pytest.approx(0.9, abs=1e-9)
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str) -> None:
+    # The replica's first tokens take 0.1 s typically and 0.4 s on its slow tries (p95). The second call's share
+    # comes 0.7 s into its 1 s ttft: a median first token would make it, a p95 one would not, and an attempt
+    # let through that then times out spends the provider's limit for nothing. It is refused at once.
+    async def main() -> None:
+        fakes, _, guard = one_call_bucket(headers_after=0.8, ttft=1.0)
+        async with guard, guard.http_client() as client:
+            for i in range(20):
+                guard.ttft_stats.observe("http://a", "t", False, 0.4 if i % 10 == 0 else 0.1)
+            assert guard.ttft_stats.typical("t", False) == pytest.approx(0.1)
+            assert guard.ttft_stats.high("t", False) == pytest.approx(0.4)
+            refused = await refused_at_once(client, after=0.3)
+        assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
+        assert fakes["http://a"].requests == 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_before_any_ttft_is_known_a_wait_may_take_half_the_time_left(backend: str) -> None:
+    # No first token measured yet: a wait to the deadline itself would leave none for the first token. With 1 s
+    # of ttft, a share 0.7 s away is refused at once; one 0.4 s away is waited for (each in a fresh Guard: an
+    # answer teaches the guard a TTFT and its prompt estimate).
+    async def main() -> None:
+        fakes, _, guard = one_call_bucket(headers_after=0.8, ttft=1.0)
+        async with guard, guard.http_client() as client:
+            assert guard.ttft_stats.high("t", False) == 0.0
+            refused = await refused_at_once(client, after=0.3)
+        assert refused.retry_after == pytest.approx(0.7, abs=1e-9)
+        assert fakes["http://a"].requests == 1
+        fakes["http://a"] = FakeReplica("a", [Plan(headers_after=2.0), Plan(headers_after=0.1)])
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+        tiers = {"t": Tier(ttft=1.0, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        guard = limited_guard(fakes, records, limit, tiers=tiers)
+        async with guard, guard.http_client() as client, anyio.create_task_group() as tg:
+            tg.start_soon(post, client, BODY, "slow")
+            await anyio.sleep(0.6)
+            (await post(client)).raise_for_status()
+        waited = next(r for r in records if r.tier == "t")
+        assert waited.attempts[0].start - waited.start == pytest.approx(0.4, abs=1e-9)
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_winner_is_corrected_from_its_usage_when_the_call_ends(backend: str) -> None:
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a")}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(requests_per_minute=60, tokens_per_minute=600 * CHARGE, burst=1.0)
+        async with limited_guard(fakes, records, limit) as guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            (await post(client)).raise_for_status()
+            assert bucket.levels() == pytest.approx((0.0, 10 * CHARGE - USED))
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_prompt_estimate_learns_the_tokens_per_byte_the_answers_report(backend: str) -> None:
+    # FakeReplica reports 3 prompt tokens for BODY, far fewer than its bytes / 4: once an answer said so, the next
+    # call is charged at that ratio (3 tokens) plus its max_tokens, not at 4 bytes per token.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60_000, burst=1.0)
+        async with limited_guard(fakes, records, limit, tiers={"t": Tier(ttft=2.0, total=5.0)}) as guard:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            async with guard.http_client() as client:
+                charges = []
+                for _ in range(2):
+                    async with anyio.create_task_group() as tg:
+                        before = bucket.levels()[1]
+                        tg.start_soon(post, client)
+                        await anyio.wait_all_tasks_blocked()
+                        charges.append(before - bucket.levels()[1])
+        assert charges == pytest.approx([CHARGE, 3 + 20])
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_request_without_max_tokens_is_charged_the_default_output_estimate(backend: str) -> None:
+    body = json.dumps({"model": "m", "messages": []}).encode()
+
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60_000, burst=1.0)
+        async with limited_guard(fakes, records, limit, tiers={"t": Tier(ttft=2.0, total=5.0)}) as guard:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            async with guard.http_client() as client, anyio.create_task_group() as tg:
+                tg.start_soon(post, client, body)
+                await anyio.wait_all_tasks_blocked()
+                assert bucket.levels()[1] == pytest.approx(1000 - math.ceil(len(body) / 4) - DEFAULT_OUTPUT_ESTIMATE)
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_retries_are_charged_and_a_hedge_that_does_not_fit_is_not_sent(backend: str) -> None:
+    # Room for 2 requests, 1 more per second. The first call fails (500) and its retry takes the second request;
+    # the next call's primary then waits for its share, and its hedge (which never waits) is not sent.
+    async def main() -> None:
+        fakes = {
+            "http://a": FakeReplica("a", [Plan(status=500), Plan(first_token_after=1.0, tokens=1)]),
+            "http://b": FakeReplica("b", [Plan(status=500), Plan(first_token_after=1.0, tokens=1)]),
+        }
+        records: list[PhaseRecord] = []
+        limit = RateLimit(requests_per_minute=60, burst=2.0)
+        async with (
+            limited_guard(
+                fakes,
+                records,
+                limit,
+                tiers={"t": Tier(ttft=3.0, total=5.0)},
+                hedge=HedgePolicy(delay=0.1),
+                retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001),
+            ) as guard,
+            guard.http_client() as client,
+        ):
+            (await post(client)).raise_for_status()
+            first = records[-1]
+            assert [a.kind for a in first.attempts][:2] == ["primary", "retry"]
+            (await post(client)).raise_for_status()
+        second = records[-1]
+        assert [a.kind for a in second.attempts] == ["primary"]  # the hedge did not fit: not sent
+        sent = sum(f.requests for f in fakes.values())
+        assert sent == len(first.attempts) + 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_an_attempt_the_provider_refused_is_refunded(backend: str) -> None:
+    # Room for 2 requests. The first attempt gets a 429 (the provider counted it against nothing), the retry wins:
+    # only the retry stays charged.
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(status=429)]), "http://b": FakeReplica("b")}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(requests_per_minute=6, burst=20.0)  # 2 requests, 1 more per 10 s
+        async with (
+            limited_guard(
+                fakes, records, limit, retry=RetryPolicy(backoff_initial=0.001, backoff_max=0.001), budget=None
+            ) as guard,
+            guard.http_client() as client,
+        ):
+            assert guard.rate_limiter is not None
+            (await post(client)).raise_for_status()
+            assert [a.status_code for a in records[-1].attempts] == [429, 200]
+            assert guard.rate_limiter.bucket("http://a").levels()[0] == pytest.approx(1.0, abs=0.01)
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_x_ratelimit_remaining_headers_lower_the_bucket(backend: str) -> None:
+    completion = {
+        "id": "c",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+    headers = {"x-ratelimit-remaining-tokens": "7", "x-ratelimit-remaining-requests": "2"}
+    mock = httpx.MockTransport(lambda request: httpx.Response(200, json=completion, headers=headers))
+
+    async def main() -> None:
+        limit = RateLimit(requests_per_minute=600, tokens_per_minute=60_000, burst=1.0)
+        guard = Guard(
+            ["http://a"],
+            instrumentation=None,
+            transport_factory=lambda r: mock,
+            rate_limit=limit,
+            tiers={"t": Tier(ttft=1.0, total=5.0)},
+        )
+        async with guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            (await post(client)).raise_for_status()
+            # Lowered to the provider's room (2 requests, 7 tokens), then the charge's unused part given back.
+            assert guard.rate_limiter.bucket("http://a").levels() == pytest.approx((2.0, 7 + CHARGE - USED))
+
+    run_virtual(main, backend)
+
+
+def test_a_replica_with_its_own_limit_is_charged_to_it_and_the_others_to_the_guards() -> None:
+    from llmguard_client import Replica
+
+    own = RateLimit(requests_per_minute=10)
+    guard = Guard(
+        [Replica("http://a", rate_limit=own), "http://b"],
+        rate_limit=RateLimit(requests_per_minute=99),
+        instrumentation=None,
+    )
+    assert guard.rate_limiter is not None
+    assert guard.rate_limiter.bucket("http://a").limit is own
+    assert guard.rate_limiter.bucket("http://b").limit == RateLimit(requests_per_minute=99)
+    assert Guard(["http://a"], instrumentation=None).rate_limiter is None
+
+
+def test_a_continuation_is_charged_for_the_body_it_sends_not_the_callers() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from llmguard_client._core.call import Call
+    from llmguard_client._core.outcome import Route
+    from llmguard_client._ratelimit.layer import charge_for
+    from llmguard_client._ratelimit.prompt_estimate import PromptEstimator
+
+    call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50)))
+    prompts = PromptEstimator()
+    assert charge_for(call, prompts) == charge_for(call, prompts, Route()) == 100 + 50
+    assert charge_for(call, prompts, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50

@@ -1,0 +1,420 @@
+"""ReplicaSet routing and health: least cost (load first, when nothing else is known) in turns,
+cool-downs, circuits, hedge targets.
+
+Every test injects ``now``; nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
+from llmguard_client._routing.router import Router
+from llmguard_client.config import Replica
+
+NOW = 1000.0
+
+
+def replica_set(n: int = 3) -> ReplicaSet:
+    replicas = [Replica(f"http://r{i}:8000") for i in range(n)]
+    return ReplicaSet(replicas, lambda r: httpx.MockTransport(lambda q: httpx.Response(200)))
+
+
+def names(states: list[ReplicaState | None]) -> list[str | None]:
+    return [s.name.removeprefix("http://").removesuffix(":8000") if s is not None else None for s in states]
+
+
+# --- pick: a call's first attempt -----------------------------------------------------------
+
+
+def test_pick_round_robins_among_equally_loaded_replicas() -> None:
+    rs = replica_set(3)
+    assert names([rs.pick(NOW) for _ in range(6)]) == ["r0", "r1", "r2", "r0", "r1", "r2"]
+
+
+def test_pick_prefers_the_least_loaded_replica() -> None:
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    r0.in_flight, r1.in_flight, r2.in_flight = 3, 1, 2
+    assert {rs.pick(NOW) is r1 for _ in range(6)} == {True}
+
+
+def test_pick_follows_the_load_as_it_changes() -> None:
+    rs = replica_set(2)
+    for _ in range(6):  # each pick stays in flight: the load evens out across both replicas
+        state = rs.pick(NOW)
+        assert state is not None
+        state.in_flight += 1
+    assert [s.in_flight for s in rs.states] == [3, 3]
+
+
+def test_pick_round_robins_among_equals_when_another_replica_is_busier() -> None:
+    rs = replica_set(3)
+    rs.states[0].in_flight = 1
+    counts = Counter(names([rs.pick(NOW) for _ in range(6)]))
+    assert counts == {"r1": 3, "r2": 3}
+
+
+def test_pick_avoids_cooling_replicas_while_others_are_ready() -> None:
+    rs = replica_set(3)
+    r0, r1, _ = rs.states
+    rs.cool_down(r0, NOW, 10.0)
+    rs.cool_down(r1, NOW, 10.0)
+    picks = [rs.pick(NOW + 1) for _ in range(6)]
+    assert set(names(picks)) == {"r2"}
+
+
+def test_when_every_replica_is_cooling_the_router_spreads_the_calls_by_load() -> None:
+    """Every replica cooling is overload of them all: the rule steps aside, and no replica gets every call."""
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    rs.cool_down(r0, NOW, 9.0)
+    rs.cool_down(r1, NOW, 3.0)
+    rs.cool_down(r2, NOW, 6.0)
+    r1.in_flight = 5
+    picks = names([rs.pick(NOW + 1) for _ in range(4)])
+    assert "r1" not in picks and set(picks) == {"r0", "r2"}
+
+
+def test_cooling_replicas_that_free_together_share_the_calls() -> None:
+    rs = replica_set(2)
+    for state in rs.states:
+        rs.cool_down(state, NOW, 5.0)
+    assert sorted(names([rs.pick(NOW + 1) for _ in range(4)])) == ["r0", "r0", "r1", "r1"]
+
+
+def test_cooling_is_a_wall_while_another_replica_is_ready() -> None:
+    """A cooling replica with fewer calls in flight still loses to a busier ready one."""
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    rs.cool_down(r0, NOW, 5.0)
+    r1.in_flight = 30
+    assert {rs.pick(NOW + 0.1) is r1 for _ in range(5)} == {True}
+
+
+def test_one_probe_per_cool_down_once_half_of_it_passed() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    assert names([rs.pick(NOW + 1.9) for _ in range(3)]) == ["r1", "r1", "r1"]
+    assert names([rs.pick(NOW + 2.0) for _ in range(3)]) == ["r0", "r1", "r1"]  # the probe, then the wall
+    assert r0.probing and r0.cooling(NOW + 2.0)
+    rs.cool_down(r0, NOW + 2.1, 4.0)  # the probe was refused too: a new cool-down, one new probe at its half
+    assert names([rs.pick(NOW + 4.0) for _ in range(2)]) == ["r1", "r1"]
+    assert names([rs.pick(NOW + 4.1) for _ in range(2)]) == ["r0", "r1"]
+
+
+def test_a_probe_that_wins_ends_the_cool_down() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    assert rs.pick(NOW + 2.0) is r0
+    rs.succeeded(r0, 0.05, NOW + 2.1)
+    assert not r0.cooling(NOW + 2.1) and not r0.probing
+    assert sorted(names([rs.pick(NOW + 2.2) for _ in range(4)])) == ["r0", "r0", "r1", "r1"]
+
+
+def test_a_call_that_started_before_the_cool_down_does_not_end_it() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 4.0)
+    rs.succeeded(r0, 0.05, NOW + 0.5)  # admitted before the 429: no probe of this cool-down
+    assert r0.cooling(NOW + 0.5)
+
+
+def test_pick_skips_open_circuits_even_when_the_rest_cool() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    r0.open_until = NOW + 10
+    rs.cool_down(r1, NOW, 30.0)
+    assert rs.pick(NOW) is r1
+
+
+def test_pick_returns_none_when_every_circuit_is_open() -> None:
+    rs = replica_set(2)
+    for state in rs.states:
+        state.open_until = NOW + 5
+    assert rs.pick(NOW) is None
+    assert rs.all_open(NOW)
+    assert rs.pick(NOW + 5) is not None  # the circuits closed
+    assert not rs.all_open(NOW + 5)
+
+
+def test_pick_never_returns_an_excluded_replica() -> None:
+    rs = replica_set(3)
+    r0, _, r2 = rs.states
+    assert set(names([rs.pick(NOW, exclude=[r0, r2]) for _ in range(5)])) == {"r1"}
+    assert rs.pick(NOW, exclude=rs.states) is None
+
+
+def test_pick_ranks_a_recently_failed_replica_last_until_the_failure_fades() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.failed(r0, NOW, threshold=5, cooldown=5.0)
+    assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
+    later = NOW + 4 * rs.router.FAILURE_HALF_LIFE  # 0.1 / 16 is below FAILURE_FORGOTTEN
+    assert set(names([rs.pick(later) for _ in range(4)])) == {"r0", "r1"}
+
+
+# --- pick_ready: retries ---------------------------------------------------------------------------
+
+
+def test_pick_ready_refuses_cooling_replicas() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    rs.cool_down(r0, NOW, 5.0)
+    assert set(names([rs.pick_ready(NOW) for _ in range(4)])) == {"r1"}
+    rs.cool_down(r1, NOW, 5.0)
+    assert rs.pick_ready(NOW) is None  # unlike pick, never a cooling replica
+    assert rs.pick(NOW) is not None
+
+
+def test_pick_ready_refuses_open_circuits() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    r1.open_until = NOW + 1
+    assert set(names([rs.pick_ready(NOW) for _ in range(4)])) == {"r0"}
+    r0.open_until = NOW + 1
+    assert rs.pick_ready(NOW) is None
+    assert rs.pick_ready(NOW + 1) is not None
+
+
+def test_pick_ready_honours_exclude_and_load() -> None:
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    r1.in_flight = 4
+    assert rs.pick_ready(NOW, exclude=[r0]) is r2
+    assert rs.pick_ready(NOW, exclude=[r0, r2]) is r1
+    assert rs.pick_ready(NOW, exclude=[r0, r1, r2]) is None
+
+
+def test_a_cool_down_ends_at_its_time() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    rs.cool_down(r0, NOW, 2.0)
+    assert r0.cooling(NOW + 1.99) and rs.pick_ready(NOW + 1.99) is None
+    assert not r0.cooling(NOW + 2.0) and rs.pick_ready(NOW + 2.0) is r0
+
+
+def test_a_cool_down_is_never_shortened() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    rs.cool_down(r0, NOW, 10.0)
+    rs.cool_down(r0, NOW + 1, 1.0)
+    assert r0.cooling_until == NOW + 10.0
+    rs.cool_down(r0, NOW + 5, 10.0)
+    assert r0.cooling_until == NOW + 15.0
+
+
+# --- pick_hedge ------------------------------------------------------------------------------------------
+
+
+def test_pick_hedge_prefers_the_best_ttft_ewma() -> None:
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    r0.health.ttft, r1.health.ttft, r2.health.ttft = 0.5, 0.9, 0.2
+    assert rs.pick_hedge(NOW, exclude=[]) is r2
+    assert rs.pick_hedge(NOW, exclude=[r2]) is r0
+    assert rs.pick_hedge(NOW, exclude=[r2, r0]) is r1
+
+
+def test_pick_hedge_breaks_ttft_ties_by_load() -> None:
+    rs = replica_set(3)
+    for state, load in zip(rs.states, (3, 1, 2), strict=True):
+        state.health.ttft = 0.3
+        state.in_flight = load
+    assert rs.pick_hedge(NOW, exclude=[]) is rs.states[1]
+
+
+def test_pick_hedge_refuses_cooling_and_open_replicas() -> None:
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    r1.health.ttft, r2.health.ttft = 0.01, 0.02
+    rs.cool_down(r1, NOW, 5.0)
+    r2.open_until = NOW + 5
+    assert rs.pick_hedge(NOW, exclude=[r0]) is None
+    assert rs.pick_hedge(NOW + 5, exclude=[r0]) is r1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.floats(0.0, 10.0)), min_size=1, max_size=5),
+    st.data(),
+)
+def test_pick_hedge_never_returns_an_excluded_replica(ewmas: list[float | None], data: st.DataObject) -> None:
+    rs = replica_set(len(ewmas))
+    for state, ewma in zip(rs.states, ewmas, strict=True):
+        state.health.ttft = ewma
+        state.in_flight = data.draw(st.integers(0, 3))
+    excluded = data.draw(st.lists(st.sampled_from(rs.states), unique_by=id))
+    picked = rs.pick_hedge(NOW, exclude=excluded)
+    if len(excluded) == len(rs.states):
+        assert picked is None
+    else:
+        assert picked is not None and all(picked is not e for e in excluded)
+        gone = {id(e) for e in excluded}
+        known = [s.ttft_ewma for s in rs.states if id(s) not in gone and s.ttft_ewma is not None]
+        if picked.ttft_ewma is not None and known:
+            assert picked.ttft_ewma == min(known)
+
+
+# --- circuits --------------------------------------------------------------------------------------------
+
+
+def test_circuit_opens_after_n_consecutive_failures() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    opened = [rs.failed(r0, NOW + i * 0.1, threshold=3, cooldown=5.0) for i in range(3)]
+    assert opened == [False, False, True]
+    assert r0.open(NOW + 0.2)
+    assert r0.open_until == pytest.approx(NOW + 0.2 + 5.0)
+    assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
+    assert rs.pick_ready(NOW + 1, exclude=[r1]) is None
+
+
+def test_circuit_closes_after_its_cool_down() -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    for _ in range(3):
+        rs.failed(r0, NOW, threshold=3, cooldown=5.0)
+    assert r0.open(NOW + 4.99)
+    assert not r0.open(NOW + 5.0)
+    later = NOW + 5.0 + 4 * rs.router.FAILURE_HALF_LIFE  # the failures have faded
+    assert "r0" in names([rs.pick(later) for _ in range(4)])
+    assert rs.pick_ready(later, exclude=[rs.states[1]]) is r0
+
+
+def test_a_success_resets_the_failure_count() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    rs.failed(r0, NOW, threshold=3, cooldown=5.0)
+    rs.failed(r0, NOW, threshold=3, cooldown=5.0)
+    rs.succeeded(r0, ttft=None)
+    assert rs.failed(r0, NOW, threshold=3, cooldown=5.0) is False
+    assert rs.failed(r0, NOW, threshold=3, cooldown=5.0) is False
+    assert not r0.open(NOW)
+    assert rs.failed(r0, NOW, threshold=3, cooldown=5.0) is True
+
+
+def test_a_success_closes_an_open_circuit() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    assert rs.failed(r0, NOW, threshold=1, cooldown=60.0)
+    rs.succeeded(r0, ttft=0.1)
+    assert not r0.open(NOW)
+
+
+def test_failures_while_open_do_not_extend_the_cool_down() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    assert rs.failed(r0, NOW, threshold=1, cooldown=5.0)
+    assert rs.failed(r0, NOW + 2, threshold=1, cooldown=5.0) is False
+    assert r0.open_until == NOW + 5.0
+
+
+def test_ttft_ewma() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    rs.succeeded(r0, ttft=1.0)
+    assert r0.ttft_ewma == 1.0
+    rs.succeeded(r0, ttft=2.0)
+    assert r0.ttft_ewma == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
+    rs.succeeded(r0, ttft=None)
+    assert r0.ttft_ewma == pytest.approx(1.2)
+
+
+# --- waiting for a replica ----------------------------------------------------------------------------------
+
+
+def test_cooling_wait_is_zero_while_a_replica_is_ready() -> None:
+    rs = replica_set(2)
+    rs.cool_down(rs.states[0], NOW, 5.0)
+    assert rs.cooling_wait(NOW) == 0.0
+
+
+def test_cooling_wait_is_the_time_to_the_first_recovery() -> None:
+    rs = replica_set(3)
+    for state, seconds in zip(rs.states, (4.0, 1.5, 3.0), strict=True):
+        rs.cool_down(state, NOW, seconds)
+    assert rs.cooling_wait(NOW) == pytest.approx(1.5)
+    assert rs.cooling_wait(NOW + 1.0) == pytest.approx(0.5)
+    assert rs.cooling_wait(NOW + 2.0) == 0.0
+
+
+def test_cooling_wait_ignores_open_circuits() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    rs.cool_down(r0, NOW, 1.0)
+    r0.open_until = NOW + 60
+    rs.cool_down(r1, NOW, 4.0)
+    assert rs.cooling_wait(NOW) == pytest.approx(4.0)
+
+
+def test_cooling_wait_is_none_when_every_circuit_is_open() -> None:
+    rs = replica_set(2)
+    for state in rs.states:
+        state.open_until = NOW + 1
+    assert rs.cooling_wait(NOW) is None
+    assert rs.cooling_wait(NOW + 1) == 0.0
+
+
+def test_any_cooling() -> None:
+    rs = replica_set(2)
+    assert not rs.any_cooling(NOW)
+    rs.cool_down(rs.states[1], NOW, 1.0)
+    assert rs.any_cooling(NOW + 0.5)
+    assert not rs.any_cooling(NOW + 1.0)
+
+
+def test_one_transport_per_replica_and_bases_without_trailing_slash() -> None:
+    made: list[Replica] = []
+
+    def factory(replica: Replica) -> httpx.AsyncBaseTransport:
+        made.append(replica)
+        return httpx.MockTransport(lambda q: httpx.Response(200))
+
+    replicas = [Replica("http://a:1/v1/"), Replica("http://b:2")]
+    rs = ReplicaSet(replicas, factory)
+    assert made == replicas and len(rs) == 2
+    assert [str(s.base) for s in rs.states] == ["http://a:1/v1", "http://b:2"]
+    assert len({id(s.transport) for s in rs.states}) == 2
+
+
+async def test_aclose_closes_every_transport() -> None:
+    closed: list[str] = []
+
+    class Transport(httpx.AsyncBaseTransport):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def aclose(self) -> None:
+            closed.append(self.name)
+
+    rs = ReplicaSet([Replica("http://a:1"), Replica("http://b:1")], lambda r: Transport(r.name))
+    await rs.aclose()
+    assert closed == ["http://a:1", "http://b:1"]
+
+
+def test_round_robin_covers_every_replica_over_many_rounds() -> None:
+    rs = replica_set(3)
+    counts = Counter(names([rs.pick(NOW) for _ in itertools.repeat(None, 300)]))
+    assert counts == {"r0": 100, "r1": 100, "r2": 100}
+
+
+def test_above_three_replicas_two_drawn_at_random_share_the_calls_evenly() -> None:
+    replicas = [Replica(f"http://r{i}:8000") for i in range(4)]
+    rs = ReplicaSet(
+        replicas,
+        lambda r: httpx.MockTransport(lambda q: httpx.Response(200)),
+        router=lambda states: Router(states, rng=random.Random(7)),
+    )
+    counts = Counter(names([rs.pick(NOW) for _ in itertools.repeat(None, 400)]))
+    assert set(counts) == {"r0", "r1", "r2", "r3"}
+    assert all(70 <= n <= 130 for n in counts.values()), counts

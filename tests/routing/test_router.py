@@ -1,0 +1,429 @@
+"""The router: least-cost choice, power of two choices, draining a degraded replica to probes and
+bringing it back, mid-stream failures, rate-limit headers. Every test passes ``now``; nothing sleeps."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client._core.transport import _stream_outcome
+from llmguard_client._ratelimit.headers import MAX_RESET, parse_duration, parse_rate_limits
+from llmguard_client._routing.router import ReplicaHealth, Router
+from llmguard_client.protocols import reader_for
+
+NOW = 1000.0
+FAST, SLOW = 0.020, 0.200  # seconds to first token: a healthy replica and one 10x slower
+
+
+@dataclass(eq=False)
+class Fake:
+    name: str
+    in_flight: int = 0
+    cooling_until: float = 0.0
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooling_until
+
+
+def cluster(n: int = 3, **kwargs: object) -> tuple[Router[Fake], list[Fake]]:
+    states = [Fake(f"r{i}") for i in range(n)]
+    return Router(states, rng=random.Random(0), **kwargs), states  # type: ignore[arg-type]
+
+
+def warm(router: Router[Fake], states: list[Fake], ttfts: list[float], tpot: float = 0.01, calls: int = 10) -> None:
+    """``calls`` complete calls on every replica, at the given TTFTs and ``tpot`` for all."""
+    for _ in range(calls):
+        for state, ttft in zip(states, ttfts, strict=True):
+            router.first_token(state, NOW, ttft)
+            router.stream_finished(state, NOW, ok=True, tokens=21, duration=20 * tpot)
+
+
+def picks(router: Router[Fake], states: list[Fake], n: int, now: float = NOW) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for _ in range(n):
+        chosen = router.pick(now, states)
+        assert chosen is not None
+        out[chosen.name] += 1
+    return out
+
+
+# --- scoring -------------------------------------------------------------------------------------------
+
+
+def test_with_nothing_known_the_least_loaded_wins_and_equals_take_turns() -> None:
+    router, (r0, r1, r2) = cluster()
+    assert picks(router, [r0, r1, r2], 6) == {"r0": 2, "r1": 2, "r2": 2}
+    r0.in_flight, r1.in_flight, r2.in_flight = 2, 0, 1
+    assert router.pick(NOW, [r0, r1, r2]) is r1
+
+
+def test_a_faster_replica_wins_at_equal_load_and_load_evens_it_out() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, states, [0.02, 0.05], tpot=0.001)  # expected 41 ms vs 71 ms (21 tokens): not a tie
+    assert router.pick(NOW, states) is r0
+    r0.in_flight = 2  # 3 x 41 ms = 123 ms > 71 ms
+    assert router.pick(NOW, states) is r1
+
+
+def test_costs_within_the_tie_band_take_turns() -> None:
+    router, states = cluster(2)
+    warm(router, states, [0.020, 0.022])  # 2 ms apart on 0.2 s: noise, not a difference
+    assert picks(router, states, 4) == {"r0": 2, "r1": 2}
+
+
+def test_failures_raise_the_cost_and_fade() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, states, [FAST, FAST])
+    for _ in range(2):
+        router.failed(r0, NOW)  # failure rate 0.19: cost x 2.9
+    r1.in_flight = 1  # cost x 2
+    assert router.pick(NOW, states) is r1
+    later = NOW + 2 * router.FAILURE_HALF_LIFE  # rate / 4: cost x 1.5
+    assert router.pick(later, states) is r0
+
+
+def test_a_cooling_replica_only_loses_ties() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    r0.cooling_until = NOW + 5
+    assert picks(router, states, 3) == {"r1": 3}
+    r1.in_flight = 2
+    assert router.pick(NOW, states) is r0
+
+
+# --- power of two choices ---------------------------------------------------------------------------
+
+
+def test_up_to_three_replicas_every_one_is_compared() -> None:
+    router, states = cluster(3)
+    warm(router, states, [0.10, 0.02, 0.20], tpot=0.001)
+    assert picks(router, states, 20) == {"r1": 20}
+
+
+def test_above_the_full_scan_limit_two_are_drawn_and_the_worst_never_wins() -> None:
+    router, states = cluster(5)
+    warm(router, states, [0.05, 0.10, 0.16, 0.24, 0.34], tpot=0.0)  # each beyond the tie band of the last
+    counts = picks(router, states, 1000)
+    assert "r4" not in counts  # every pair that holds it holds a better one
+    # P(best of a random pair is r_i) = (4 - i) / 10: 400, 300, 200, 100
+    assert counts["r0"] > counts["r1"] > counts["r2"] > counts["r3"] > 0
+    assert counts["r0"] == pytest.approx(400, abs=60)
+
+
+def test_full_scan_limit_is_configurable_and_validated() -> None:
+    router, states = cluster(5, full_scan_up_to=5)
+    warm(router, states, [0.34, 0.24, 0.16, 0.10, 0.05], tpot=0.0)
+    assert picks(router, states, 10) == {"r4": 10}
+    with pytest.raises(ValueError, match="full_scan_up_to must be an int >= 2"):
+        Router([], full_scan_up_to=1)
+    with pytest.raises(ValueError, match="probe_interval must be a positive number"):
+        Router([], probe_interval=0)
+    with pytest.raises(ValueError, match="probe_every must be an int >= 1"):
+        Router([], probe_every=0)
+
+
+# --- drain, probes, recovery -------------------------------------------------------------------------
+
+
+def test_a_replica_10x_slower_to_first_token_is_drained_within_a_few_calls() -> None:
+    router, states = cluster()
+    r0, r1, r2 = states
+    warm(router, [r0, r2], [FAST, FAST])
+    drained_after = None
+    for call in range(1, 10):
+        router.first_token(r1, NOW, SLOW)
+        if r1.health.drained:
+            drained_after = call
+            break
+    assert drained_after is not None and drained_after <= 4
+    assert router.degraded("r1") and not router.degraded("r0") and not router.degraded("nope")
+    assert "r1" not in picks(router, states, 49)
+
+
+def test_a_replica_5x_slower_per_token_is_drained() -> None:
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, FAST], tpot=0.01)
+    streams = 0
+    while not states[2].health.drained and streams < 20:
+        router.stream_finished(states[2], NOW, ok=True, tokens=21, duration=20 * 0.05)
+        streams += 1
+    assert states[2].health.drained and streams <= 8  # the EWMA climbs x1.6 a stream at most, to 4x
+
+
+def test_a_replica_3x_slower_is_not_drained_only_costed() -> None:
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, 3 * FAST], tpot=0.01)
+    for _ in range(30):
+        router.stream_finished(states[2], NOW, ok=True, tokens=21, duration=20 * 0.03)
+    assert not states[2].health.drained
+    states[0].in_flight = states[1].in_flight = 4  # 5 x 0.18 s against 1 x 0.54 s
+    assert router.pick(NOW, states) is states[2]
+
+
+def test_no_replica_is_drained_for_speed_while_one_signals_overload() -> None:
+    """Under overload, queues make replicas slow by turns: that is load, not a degraded replica."""
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, FAST])
+    states[2].cooling_until = NOW + 3  # a 429 with Retry-After
+    for _ in range(6):
+        router.first_token(states[1], NOW, SLOW)
+    assert not states[1].health.drained
+    router.first_token(states[1], NOW + 3, SLOW)  # the cool-down is over: now it is a slow replica
+    assert states[1].health.drained
+    states[0].cooling_until = NOW + 10
+    router.stream_finished(states[0], NOW + 3, ok=False, tokens=3, duration=0.1)
+    router.stream_finished(states[0], NOW + 3, ok=False, tokens=3, duration=0.1)
+    assert router.max_drained == 1 and not states[0].health.drained  # failures still count, but one at most
+
+
+def test_one_straggler_does_not_drain_a_healthy_replica() -> None:
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, FAST])
+    router.first_token(states[0], NOW, 2.0)  # a 2 s stall: clipped to 4x the estimate
+    assert states[0].health.ttft == pytest.approx(FAST * 1.6)
+    router.first_token(states[0], NOW, 2.0)  # even two in a row
+    assert not states[0].health.drained
+
+
+def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -> None:
+    router, states = cluster(probe_every=10, probe_interval=1.0)
+    r0, r1, r2 = states
+    warm(router, [r0, r2], [FAST, FAST])
+    for _ in range(5):
+        router.first_token(r1, NOW, SLOW)
+    assert r1.health.drained
+    assert "r1" not in picks(router, states, 30, now=NOW + 0.5)  # interval not yet passed
+    counts = picks(router, states, 30, now=NOW + 1.0)
+    assert counts["r1"] == 1  # one probe, then the interval starts again
+    now, probes = NOW + 1.0, 0
+    for _ in range(100):  # 10 s of calls at 10 per second: one probe per 10 calls at most
+        now += 0.1
+        probes += router.pick(now, states) is r1
+    assert 9 <= probes <= 10
+
+
+def test_a_drained_replica_that_recovers_is_brought_back() -> None:
+    router, states = cluster()
+    r1 = states[1]
+    warm(router, states, [FAST, FAST, FAST])
+    for _ in range(5):
+        router.first_token(r1, NOW, SLOW)
+    assert r1.health.drained
+    for probe in range(1, 10):  # probes see it healthy again; while drained it learns fast
+        router.first_token(r1, NOW + probe, FAST)
+        if not r1.health.drained:
+            break
+    assert not r1.health.drained and probe <= 4
+    assert (r1.health.ttft, r1.health.tpot) == (None, None)  # measured afresh from here
+    assert "r1" in picks(router, states, 6, now=NOW + 20)
+
+
+def test_a_replica_the_costs_keep_away_is_judged_when_the_others_are_measured() -> None:
+    """It gets no calls of its own to be judged by: the others' events reassess it too."""
+    router, states = cluster()
+    router.stream_finished(states[0], NOW, ok=True, tokens=21, duration=20 * 0.05)  # 50 ms per token
+    assert not states[0].health.drained  # nothing to compare with yet
+    for state in states[1:]:
+        router.stream_finished(state, NOW, ok=True, tokens=21, duration=20 * 0.01)
+    assert states[0].health.drained
+
+
+def test_no_more_than_a_minority_is_drained() -> None:
+    router, states = cluster(3)
+    warm(router, states, [FAST, FAST, FAST])
+    for state in states[1:]:
+        for _ in range(6):
+            router.first_token(state, NOW, SLOW)
+    assert [s.health.drained for s in states] == [False, True, False]
+    assert cluster(1)[0].max_drained == 0
+    assert cluster(2)[0].max_drained == 1 and cluster(5)[0].max_drained == 2
+
+
+def test_when_every_candidate_is_drained_the_least_cost_one_still_gets_the_call() -> None:
+    router, states = cluster()
+    warm(router, states, [FAST, FAST, FAST])
+    for _ in range(5):
+        router.first_token(states[1], NOW, SLOW)
+    assert router.pick(NOW, [states[1]]) is states[1]
+    assert router.pick_ready(NOW, [states[1]]) is states[1]
+    assert router.pick(NOW, []) is None
+
+
+def test_retries_and_hedges_go_to_healthy_replicas_first() -> None:
+    router, states = cluster()
+    r0, r1, r2 = states
+    warm(router, states, [FAST, FAST, FAST])
+    for _ in range(5):
+        router.first_token(r1, NOW, SLOW)
+    r0.in_flight = r2.in_flight = 5
+    assert router.pick_ready(NOW, [r1, r2]) is r2
+    assert router.pick_hedge(NOW, [r1, r2]) is r2
+
+
+def test_pick_hedge_prefers_the_best_ttft_and_tries_an_unknown_replica() -> None:
+    router, states = cluster()
+    r0, r1, r2 = states
+    router.first_token(r0, NOW, 0.05)
+    router.first_token(r1, NOW, 0.03)
+    assert router.pick_hedge(NOW, [r0, r1]) is r1
+    assert router.pick_hedge(NOW, states) is r2  # never tried: counts as 0
+
+
+def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, states, [FAST, FAST], tpot=0.0)
+    assert router.pick(NOW, states) is r0  # turns: r0 now has a call in flight
+    r0.in_flight = 1
+    assert router.pick(NOW + 0.01, states) is r1
+    r1.in_flight = 1
+    router.first_token(r1, NOW + 0.03, FAST)  # r1 answers; r0 stays silent
+    assert r1.health.unanswered_since is None and r0.health.unanswered_since == NOW
+    # 300 ms with a call in flight and no first token from r0: costed as 2 x 300 ms, r1 as 2 x 20 ms
+    assert router.pick(NOW + 0.3, states) is r1
+    router.answered(r1)  # a non-streaming win also ends the silence
+    assert r1.health.unanswered_since is None
+    router.first_token(r0, NOW + 0.31, 0.31)  # its first token came: a real sample now
+    assert r0.health.unanswered_since is None
+    r0.in_flight = 0
+    assert r0.health.ttft == pytest.approx(FAST + 0.2 * (4 * FAST - FAST))  # clipped to 4x
+
+
+def test_a_lost_race_raises_the_ttft_estimate_but_never_lowers_it() -> None:
+    router, states = cluster()
+    r0 = states[0]
+    router.first_token(r0, NOW, 0.1)
+    router.outran(r0, NOW, 0.05)  # lost after 50 ms: says nothing new
+    assert r0.health.ttft == pytest.approx(0.1)
+    router.outran(r0, NOW, 0.3)
+    assert r0.health.ttft == pytest.approx(0.1 + 0.2 * (0.3 - 0.1))
+
+
+# --- mid-stream failures -----------------------------------------------------------------------------------
+
+
+def test_mid_stream_failures_count_and_drain_a_replica_that_keeps_breaking_streams() -> None:
+    router, states = cluster()
+    r0 = states[0]
+    warm(router, states, [FAST, FAST, FAST])
+    router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)
+    assert r0.health.failure == pytest.approx(0.3)  # counts three times: the caller saw it
+    router.stream_finished(r0, NOW, ok=None, tokens=3, duration=0.02)  # the caller left: not a failure either way
+    assert r0.health.failure == pytest.approx(0.3)
+    router.failed(states[1], NOW)  # before the first token: retried or hedged away, counts once
+    assert states[1].health.failure == pytest.approx(0.1)
+    assert not r0.health.drained  # one broken stream is not a pattern
+    router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)  # 0.3 + 0.1 x (3 - 0.3) = 0.57
+    assert r0.health.failure >= router.DRAIN_FAILURE and r0.health.drained
+
+
+def _delivered(*events: bytes, ended: bool = True) -> Any:
+    """A delivered win whose chat reader saw ``events`` (and the body's end, if ``ended``)."""
+    reader = reader_for("POST", "/v1/chat/completions", "text/event-stream", True)
+    for event in events:
+        reader.feed(event)
+    if ended:
+        reader.end_of_body()
+    return SimpleNamespace(reader=reader, attempt=SimpleNamespace(first_token=1.0))
+
+
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+STOP = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def test_stream_outcome_tells_complete_broken_truncated_and_abandoned_streams() -> None:
+    good = _delivered(TOKEN, TOKEN, STOP, DONE)
+    assert _stream_outcome("ok", good, 1.5) == (True, 3, 0.5)
+    truncated = _delivered(TOKEN, TOKEN)  # the server closed cleanly, without a finish reason or [DONE]
+    assert _stream_outcome("error", truncated, 1.5)[0] is False
+    assert _stream_outcome("error", good, 1.5)[0] is False
+    assert _stream_outcome("timeout", good, 1.5)[0] is False
+    assert _stream_outcome("abandoned", _delivered(TOKEN, ended=False), 1.5)[0] is None
+    assert _stream_outcome("abandoned", good, 1.5)[0] is True  # closed after [DONE]
+    body = SimpleNamespace(reader=reader_for("POST", "/v1/chat/completions", "application/json", False),
+                           attempt=SimpleNamespace(first_token=1.0))
+    assert _stream_outcome("ok", body, 1.0)[1:] == (None, None)  # non-streaming: no timing
+
+
+# --- rate-limit headers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02), ("1h2m3.5s", 3723.5), ("1.5", 1.5), ("0", 0.0)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "1x", "s", "-1", "1s2", "inf", "nan"])
+def test_parse_duration_rejects_what_is_not_a_duration(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def test_parse_rate_limits() -> None:
+    assert parse_rate_limits(httpx.Headers({})) is None
+    assert parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-requests": "oops"})) is None
+    room = parse_rate_limits(httpx.Headers({"X-RateLimit-Remaining-Requests": "59"}))
+    assert room is not None and room.no_room_for == 0
+    both = httpx.Headers(
+        {
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1s",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "6m0s",
+        }
+    )
+    hint = parse_rate_limits(both)
+    assert hint is not None and hint.no_room_for == 360.0
+    unreadable = parse_rate_limits(
+        httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "?"})
+    )
+    assert unreadable is not None and unreadable.no_room_for == 1.0
+    huge = parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "99h"}))
+    assert huge is not None and huge.no_room_for == MAX_RESET
+
+
+def test_a_replica_without_room_ranks_last_until_its_reset() -> None:
+    router, states = cluster(2)
+    r0, r1 = states
+    r1.in_flight = 10
+    out = httpx.Headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"})
+    router.saw_headers(r0, NOW, out)
+    assert r0.health.limited_until == NOW + 2.0
+    assert router.pick(NOW + 1, states) is r1 and router.pick_ready(NOW + 1, states) is r1
+    assert router.pick_hedge(NOW + 1, states) is r1
+    assert router.pick(NOW + 1, [r0]) is r0  # still chosen when it is the only one
+    assert router.pick(NOW + 2, states) is r0  # reset passed
+    router.saw_headers(r0, NOW, out)
+    router.saw_headers(r0, NOW + 0.5, httpx.Headers({"x-ratelimit-remaining-requests": "3"}))  # room again
+    assert r0.health.limited_until == -math.inf
+    router.saw_headers(r0, NOW, httpx.Headers({"content-type": "text/event-stream"}))  # says nothing
+    assert r0.health.limited_until == -math.inf
+
+
+def test_degradation_is_judged_against_succeeding_replicas_only(caplog: pytest.LogCaptureFixture) -> None:
+    """A replica that answers its first token in 1 ms and then breaks every stream is no yardstick: the healthy
+    replica (60 ms) is not called degraded against it; the breaking one is drained for its failures."""
+    router, (breaking, healthy) = cluster(2)
+    caplog.set_level("WARNING", logger="llmguard_client")
+    for i in range(10):
+        now = NOW + i
+        router.first_token(breaking, now, 0.001)
+        router.stream_finished(breaking, now, ok=False, tokens=3, duration=0.002)
+        router.first_token(healthy, now, 0.060)
+        router.stream_finished(healthy, now, ok=True, tokens=21, duration=0.2)
+    assert breaking.health.drained and not healthy.health.drained
+    drained = [r.getMessage() for r in caplog.records if "is degraded" in r.getMessage()]
+    assert len(drained) == 1 and drained[0].startswith("llmguard: replica r0 is degraded"), drained

@@ -1,0 +1,176 @@
+"""The hedge delay from per-replica TTFT windows: robust to a slow minority, per tier and stream kind."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmguard_client import HedgePolicy
+from llmguard_client._routing.quantile import StreamingQuantile
+from llmguard_client._routing.ttft_stats import TTFTStats
+
+POLICY = HedgePolicy(min_samples=20, warmup_delay=0.5, min_delay=0.05, max_delay=2.0)
+
+
+def feed(stats: TTFTStats, replica: str, ttfts: list[float], tier: str = "t", stream: bool = True) -> None:
+    for ttft in ttfts:
+        stats.observe(replica, tier, stream, ttft)
+
+
+def spread(low: float, n: int = 100) -> list[float]:
+    """``n`` TTFTs evenly from ``low`` to 2 x ``low``, shuffled."""
+    values = [low * (1 + i / (n - 1)) for i in range(n)]
+    random.Random(0).shuffle(values)
+    return values
+
+
+def test_the_delay_follows_the_quantile_warms_up_and_is_clamped() -> None:
+    stats = TTFTStats(POLICY)
+    assert stats.hedge_delay("t", True) == 0.5  # warm-up: no samples
+    feed(stats, "r0", [0.1 + i / 1000 for i in range(100)])  # 0.100 .. 0.199 s
+    assert stats.hedge_delay("t", True) == pytest.approx(0.19405, abs=1e-3)  # p95
+    assert stats.hedge_delay("t", False) == 0.5  # streaming and non-streaming are separate
+    assert stats.hedge_delay("other", True) == 0.5  # and so are tiers
+    feed(stats, "r0", [10.0] * 300)
+    assert stats.hedge_delay("t", True) == 2.0  # clamped to max_delay; old samples aged out
+    feed(stats, "r0", [0.001] * 300)
+    assert stats.hedge_delay("t", True) == 0.05  # and to min_delay
+
+
+def test_a_fixed_delay_is_used_as_is() -> None:
+    stats = TTFTStats(HedgePolicy(delay=0.3))
+    feed(stats, "r0", [1.0] * 50)
+    assert stats.hedge_delay("t", True) == 0.3
+
+
+def test_a_slow_minority_cannot_drag_the_delay_up() -> None:
+    """One replica of three 10x slower, with as many samples as the others: the delay stays the
+    healthy replicas' p95. The old rule (p95 of all TTFTs pooled) lands on the slow replica's."""
+    stats = TTFTStats(POLICY)
+    pooled = StreamingQuantile(1000)
+    for name, low in (("r0", 0.040), ("r1", 0.400), ("r2", 0.044)):
+        values = spread(low)
+        feed(stats, name, values)
+        for v in values:
+            pooled.add(v)
+    assert stats.hedge_delay("t", True) == pytest.approx(0.044 * 1.95, rel=0.01)  # the median replica's p95
+    pooled_p95 = pooled.quantile(0.95)
+    assert pooled_p95 is not None and pooled_p95 > 0.7  # what the pooled rule would have waited
+    assert stats.typical("t", True) == pytest.approx(0.044 * 1.5, rel=0.01)
+
+
+def test_high_is_the_median_replicas_unclamped_quantile_and_zero_while_unknown() -> None:
+    stats = TTFTStats(HedgePolicy(min_samples=20, min_delay=0.5, max_delay=2.0))
+    assert stats.high("t", True) == 0.0
+    for name, low in (("r0", 0.040), ("r1", 0.400), ("r2", 0.044)):
+        feed(stats, name, spread(low))
+    assert stats.high("t", True) == pytest.approx(0.044 * 1.95, rel=0.01)  # below min_delay: not clamped
+    assert stats.hedge_delay("t", True) == 0.5  # the hedge delay is
+    assert stats.high("t", False) == 0.0  # per stream kind, like the rest
+
+
+def test_with_two_replicas_a_drained_one_is_left_out() -> None:
+    drained = {"slow"}
+    stats = TTFTStats(POLICY, degraded=lambda name: name in drained)
+    feed(stats, "fast", spread(0.04))
+    feed(stats, "slow", spread(0.4))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+    drained.clear()  # not drained: the lower median of two is still the faster replica's p95
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+    drained.update({"fast", "slow"})  # every replica drained: they all count rather than none
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+
+
+def test_replicas_with_too_few_samples_are_left_out() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(0.04, 30))
+    feed(stats, "r1", [1.5] * (TTFTStats.MIN_REPLICA_SAMPLES - 1))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+    assert stats.typical("t", True) == pytest.approx(0.06, rel=0.01)
+
+
+def test_typical_is_zero_while_unknown() -> None:
+    stats = TTFTStats(POLICY)
+    assert stats.typical("t", True) == 0.0
+    feed(stats, "r0", [0.2, 0.4])  # fewer than MIN_REPLICA_SAMPLES: still the best guess there is
+    assert stats.typical("t", True) == pytest.approx(0.3)
+    assert "t/stream" in repr(stats)
+
+
+def test_estimates_are_recomputed_when_the_drained_set_changes_or_samples_arrive() -> None:
+    drained: set[str] = set()
+    epoch = [0]
+    stats = TTFTStats(POLICY, degraded=lambda name: name in drained, epoch=lambda: epoch[0])
+    for name, low in (("r0", 0.04), ("r1", 0.2), ("r2", 0.4)):
+        feed(stats, name, spread(low))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.39, rel=0.01)  # the median replica: r1
+    drained.add("r1")
+    assert stats.hedge_delay("t", True) == pytest.approx(0.39, rel=0.01)  # cached until the epoch moves
+    epoch[0] += 1
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)  # lower median of r0 and r2
+    feed(stats, "r0", [0.5] * (TTFTStats.RECOMPUTE_EVERY - 1))
+    assert stats.hedge_delay("t", True) == pytest.approx(0.078, rel=0.01)
+    feed(stats, "r0", [0.5])  # RECOMPUTE_EVERY new samples: read afresh (r0's p95 moved up)
+    assert stats.hedge_delay("t", True) > 0.078 * 1.01
+
+
+def test_a_call_on_a_slower_replica_waits_for_that_replicas_own_quantile_up_to_a_cap() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(0.040))
+    feed(stats, "r1", spread(0.044))
+    feed(stats, "r2", spread(0.060))  # slower, not drained: its p95 is 0.117 s
+    feed(stats, "r3", spread(0.400))  # degraded, not yet drained: its p95 is 0.78 s
+    healthy = stats.hedge_delay("t", True)
+    assert healthy == pytest.approx(0.044 * 1.95, rel=0.01)  # rule 3: the lower median of the p95s
+    assert stats.hedge_delay("t", True, "r0") == healthy  # a faster replica's calls: the shared delay
+    assert stats.hedge_delay("t", True, "r2") == pytest.approx(0.060 * 1.95, rel=0.01)  # its own p95
+    assert stats.hedge_delay("t", True, "r3") == pytest.approx(TTFTStats.OWN_DELAY_CAP * healthy)  # capped
+    assert stats.hedge_delay("t", True, "unknown") == healthy
+
+
+def test_a_drained_replicas_own_quantile_is_not_used() -> None:
+    drained = {"r2"}
+    stats = TTFTStats(POLICY, degraded=lambda name: name in drained)
+    for name, low in (("r0", 0.040), ("r1", 0.044), ("r2", 0.060)):
+        feed(stats, name, spread(low))
+    assert stats.hedge_delay("t", True, "r2") == stats.hedge_delay("t", True)
+
+
+def expected_p95(values: list[float]) -> float:
+    window = StreamingQuantile(TTFTStats.WINDOW)
+    for value in values:
+        window.add(value)
+    q = window.quantile(0.95)
+    assert q is not None
+    return q
+
+
+def test_keyed_calls_take_the_delay_of_their_class_cached_or_uncached() -> None:
+    stats = TTFTStats(POLICY)
+    hits, misses = spread(0.06), spread(0.3, 40)
+    for replica in ("r0", "r1", "r2"):
+        for ttft in hits:
+            stats.observe(replica, "t", True, ttft, cached=True)
+        for ttft in misses:
+            stats.observe(replica, "t", True, ttft, cached=False)
+    overall = stats.hedge_delay("t", True, "r0")
+    cached, uncached = stats.hedge_delay("t", True, "r0", True), stats.hedge_delay("t", True, "r0", False)
+    assert cached == pytest.approx(expected_p95(hits))
+    assert uncached == pytest.approx(expected_p95(misses))
+    assert cached < overall < uncached  # one window of both kinds: too late for a hit, too early for a miss
+    assert stats.hedge_delay("t", True, "r0", None) == overall  # unkeyed calls: all of them
+
+
+def test_a_class_with_too_few_samples_on_the_replica_falls_back_to_all_calls() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(0.1))  # unkeyed calls only
+    for replica in ("r1", "r2"):
+        for ttft in spread(0.02, 30):
+            stats.observe(replica, "t", True, ttft, cached=True)
+    for ttft in spread(0.02, TTFTStats.MIN_CLASS_SAMPLES - 1):
+        stats.observe("r0", "t", True, ttft, cached=True)
+    # r0 has 9 expected hits: not enough, so its keyed calls are hedged like all of r0's calls.
+    assert stats.hedge_delay("t", True, "r0", True) == stats.hedge_delay("t", True, "r0")
+    assert stats.hedge_delay("t", True, "r1", True) == pytest.approx(0.05)  # min_delay: the class is warm there
+    assert stats.hedge_delay("t", True, "r0", False) == stats.hedge_delay("t", True, "r0")  # no misses at all
