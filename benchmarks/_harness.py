@@ -133,4 +133,3 @@ class LoopLag:
     def take(self) -> list[float]:
         out, self.samples = self.samples, []
         return out
-

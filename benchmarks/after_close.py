@@ -48,8 +48,10 @@ async def main(runs: int = 5) -> None:
                     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
                 except openai.APIError as exc:
                     elapsed = time.perf_counter() - started
-                    print(f"run {i}: failed after {elapsed * 1000:.1f} ms, {counting.attempts - before} attempt(s), "
-                          f"{type(exc).__name__}, guard_failure={guard_failure(exc)!r}")
+                    print(
+                        f"run {i}: failed after {elapsed * 1000:.1f} ms, {counting.attempts - before} attempt(s), "
+                        f"{type(exc).__name__}, guard_failure={guard_failure(exc)!r}"
+                    )
     finally:
         stop_all([server])
 

@@ -150,9 +150,11 @@ def row(run: int, index: int, client: str, wave: Wave, raw: Wave | None) -> str:
     failures = ", ".join(f"{k} {v}" for k, v in wave.failures.most_common()) or "-"
     errors = sum(wave.failures.values())
     pool = "" if wave.requeued is None else f"{wave.requeued} | {len(wave.lost)} | {ms(wave.lost, 100)} | "
-    return (f"| {run} | {index + 1}{' (cold)' if index == 0 else ''} | {client} | {wave.in_time} | {errors} | "
-            f"{ms(wave.ttft, 50)} / {ms(wave.ttft, 99)} | {ms(wave.lag, 99)} | {wave.connections} | {wave.cpu:.2f} | "
-            f"{pool}{ratio or '-'} | {failures} |")
+    return (
+        f"| {run} | {index + 1}{' (cold)' if index == 0 else ''} | {client} | {wave.in_time} | {errors} | "
+        f"{ms(wave.ttft, 50)} / {ms(wave.ttft, 99)} | {ms(wave.lag, 99)} | {wave.connections} | {wave.cpu:.2f} | "
+        f"{pool}{ratio or '-'} | {failures} |"
+    )
 
 
 def guard_limits(args: argparse.Namespace) -> httpx.Limits:
@@ -160,8 +162,11 @@ def guard_limits(args: argparse.Namespace) -> httpx.Limits:
     keepalive = args.pool_connections
     if keepalive is None:
         keepalive = DEFAULT_POOL_LIMITS.max_keepalive_connections
-    return httpx.Limits(max_connections=DEFAULT_POOL_LIMITS.max_connections, max_keepalive_connections=keepalive,
-                        keepalive_expiry=args.keepalive_expiry)
+    return httpx.Limits(
+        max_connections=DEFAULT_POOL_LIMITS.max_connections,
+        max_keepalive_connections=keepalive,
+        keepalive_expiry=args.keepalive_expiry,
+    )
 
 
 async def run(url: str, args: argparse.Namespace, number: int) -> list[tuple[Wave | None, Wave | None]]:
@@ -169,12 +174,18 @@ async def run(url: str, args: argparse.Namespace, number: int) -> list[tuple[Wav
     limits = guard_limits(args)
     tiers = {"burst": Tier(ttft=args.ttft, total=30.0, stall=5.0)}
     pairs: list[tuple[Wave | None, Wave | None]] = []
-    own = None if expiry == 5.0 else openai.DefaultAsyncHttpxClient(  # the SDK's own pool limits, another expiry
-        limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=expiry))
+    own = (
+        None
+        if expiry == 5.0
+        else openai.DefaultAsyncHttpxClient(  # the SDK's own pool limits, another expiry
+            limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=expiry)
+        )
+    )
     async with Guard([url], tiers=tiers, pool_limits=limits) as guard, httpx.AsyncClient() as stats:
         raw = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", max_retries=0, http_client=own)
-        guarded = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", max_retries=0,
-                                     http_client=guard.http_client_for(openai.AsyncOpenAI))
+        guarded = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key="sk", max_retries=0, http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
         for index in range(args.waves):
             waves: list[Wave | None] = []
             for name, client in (("raw openai", raw), ("guarded", guarded)):
@@ -197,20 +208,26 @@ async def run(url: str, args: argparse.Namespace, number: int) -> list[tuple[Wav
 async def main(args: argparse.Namespace) -> bool:
     replica_opts = ["--first-token-delay", "0.036", "--tokens", "8", "--gap", "0.002"]
     with h.replica_processes([replica_opts]) as (url,):
-        print(f"measured: {llmguard_client.__file__}; openai {openai.__version__}; {args.calls} calls per wave, "
-              f"{args.waves} waves; guard: tier ttft {args.ttft} s, pool {h.label(guard_limits(args))} per "
-              f"replica; keep-alive expiry {args.keepalive_expiry} s")
+        print(
+            f"measured: {llmguard_client.__file__}; openai {openai.__version__}; {args.calls} calls per wave, "
+            f"{args.waves} waves; guard: tier ttft {args.ttft} s, pool {h.label(guard_limits(args))} per "
+            f"replica; keep-alive expiry {args.keepalive_expiry} s"
+        )
         print()
         pool = "re-queued | calls re-queued | longest wait before it, ms | " if PROBE else ""
-        print("| run | wave | client | first token within 1 s | errors | TTFT p50 / p99 ms | loop lag p99 ms "
-              f"| new connections | client CPU s | {pool}guarded / raw | failures |")
+        print(
+            "| run | wave | client | first token within 1 s | errors | TTFT p50 / p99 ms | loop lag p99 ms "
+            f"| new connections | client CPU s | {pool}guarded / raw | failures |"
+        )
         print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if PROBE else "") + "---|---|")
         pairs = [pair for number in range(1, args.runs + 1) for pair in await run(url, args, number)]
     warm = [(r, g) for i, (r, g) in enumerate(pairs) if i % args.waves and r is not None and g is not None]
     met = all(g.in_time >= r.in_time - 0.02 * args.calls for r, g in warm)
     print()
-    print(f"every warm wave guarded >= raw - 2 % of calls: {met} "
-          f"(guarded - raw per warm wave: {', '.join(str(g.in_time - r.in_time) for r, g in warm) or '-'})")
+    print(
+        f"every warm wave guarded >= raw - 2 % of calls: {met} "
+        f"(guarded - raw per warm wave: {', '.join(str(g.in_time - r.in_time) for r, g in warm) or '-'})"
+    )
     return met
 
 
@@ -218,15 +235,28 @@ def cli() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.burst", description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=250, help="concurrent calls per wave")
     parser.add_argument("--waves", type=int, default=3, help="waves per client (the first one cold)")
-    parser.add_argument("--pool-connections", type=int, default=None,
-                        help="the guard's max_keepalive_connections per replica (default: DEFAULT_POOL_LIMITS)")
+    parser.add_argument(
+        "--pool-connections",
+        type=int,
+        default=None,
+        help="the guard's max_keepalive_connections per replica (default: DEFAULT_POOL_LIMITS)",
+    )
     parser.add_argument("--ttft", type=float, default=5.0, help="the guard tier's ttft deadline, seconds")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between two waves")
     parser.add_argument("--runs", type=int, default=1, help="times the whole sequence is repeated, fresh clients")
-    parser.add_argument("--keepalive-expiry", type=float, default=5.0,
-                        help="seconds an idle connection is kept, in both clients' pools (default 5: both defaults)")
-    parser.add_argument("--clients", nargs="+", choices=("raw", "guarded"), default=["raw", "guarded"],
-                        help="which clients run (one alone: to profile it)")
+    parser.add_argument(
+        "--keepalive-expiry",
+        type=float,
+        default=5.0,
+        help="seconds an idle connection is kept, in both clients' pools (default 5: both defaults)",
+    )
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        choices=("raw", "guarded"),
+        default=["raw", "guarded"],
+        help="which clients run (one alone: to profile it)",
+    )
     parser.add_argument("--pool-stats", action="store_true", help="count re-queues in the pools (see PoolStats)")
     args = parser.parse_args()
     if args.pool_stats:

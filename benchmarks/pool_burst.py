@@ -202,16 +202,24 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[list[Wave]]] = {}
     healthy_opts = ["--first-token-delay", "0.036", "--tokens", "8", "--gap", "0.002"]
     with h.replica_processes([healthy_opts]) as (healthy,):
-        deployments = {"healthy": [healthy], "dead2": [healthy, h.dead_url(), h.dead_url()], "plain": [healthy],
-                       "fixed": [healthy]}
-        print(f"measured: {llmguard_client.__file__}; {args.wave} calls per wave, {args.waves} waves, "
-              f"tier ttft {args.ttft} s; one row per run (settings interleaved)")
+        deployments = {
+            "healthy": [healthy],
+            "dead2": [healthy, h.dead_url(), h.dead_url()],
+            "plain": [healthy],
+            "fixed": [healthy],
+        }
+        print(
+            f"measured: {llmguard_client.__file__}; {args.wave} calls per wave, {args.waves} waves, "
+            f"tier ttft {args.ttft} s; one row per run (settings interleaved)"
+        )
         print()
-        print("| scenario | pool (max_connections, max_keepalive) | run | "
-              + " | ".join(f"wave {i + 1} ok | TTFT p50 / p99 ms | loop lag p99 / max ms" for i in range(args.waves))
-              + " | new connections per wave | client CPU s per wave | idle after each wave"
-              + (" | pool: assign calls / CPU s in them / requeued, per wave" if PROBE is not None else "")
-              + " | failures |")
+        print(
+            "| scenario | pool (max_connections, max_keepalive) | run | "
+            + " | ".join(f"wave {i + 1} ok | TTFT p50 / p99 ms | loop lag p99 / max ms" for i in range(args.waves))
+            + " | new connections per wave | client CPU s per wave | idle after each wave"
+            + (" | pool: assign calls / CPU s in them / requeued, per wave" if PROBE is not None else "")
+            + " | failures |"
+        )
         print("|---|---|---|" + "---|---|---|" * args.waves + "---|---|---|" + ("---|" if PROBE else "") + "---|")
         for run in range(1, args.repeats + 1):
             for scenario in args.scenarios:
@@ -221,18 +229,27 @@ async def main(args: argparse.Namespace) -> None:
                     failures: Counter[str] = Counter()
                     for wave in waves:
                         failures.update(wave.failures)
-                    print(f"| {scenario} | {h.label(limits)} | {run} | " + " | ".join(wave_cell(w) for w in waves)
-                          + f" | {', '.join(str(w.connections) for w in waves)}"
-                          + f" | {', '.join(f'{w.cpu:.2f}' for w in waves)}"
-                          + f" | {all(w.idle_after for w in waves)}"
-                          + (f" | {', '.join(f'{w.assigns}/{w.assign_seconds:.2f}/{w.requeued}' for w in waves)}"
-                             if PROBE is not None else "")
-                          + f" | {', '.join(f'{k} {v}' for k, v in failures.most_common()) or '-'} |", flush=True)
+                    print(
+                        f"| {scenario} | {h.label(limits)} | {run} | "
+                        + " | ".join(wave_cell(w) for w in waves)
+                        + f" | {', '.join(str(w.connections) for w in waves)}"
+                        + f" | {', '.join(f'{w.cpu:.2f}' for w in waves)}"
+                        + f" | {all(w.idle_after for w in waves)}"
+                        + (
+                            f" | {', '.join(f'{w.assigns}/{w.assign_seconds:.2f}/{w.requeued}' for w in waves)}"
+                            if PROBE is not None
+                            else ""
+                        )
+                        + f" | {', '.join(f'{k} {v}' for k, v in failures.most_common()) or '-'} |",
+                        flush=True,
+                    )
     print()
     print("Summary (successes per wave: every run; the rest: median over the warm waves of every run):")
     print()
-    print("| scenario | pool | successes wave 1 / 2 / 3 ... | warm waves TTFT p50 / p99 ms | "
-          "warm waves loop lag p99 / max ms | warm waves client CPU s | warm waves pool CPU s / requeued |")
+    print(
+        "| scenario | pool | successes wave 1 / 2 / 3 ... | warm waves TTFT p50 / p99 ms | "
+        "warm waves loop lag p99 / max ms | warm waves client CPU s | warm waves pool CPU s / requeued |"
+    )
     print("|---|---|---|---|---|---|---|")
     for (scenario, name), runs in results.items():
         per_wave = " / ".join(",".join(str(r[i].ok) for r in runs) for i in range(args.waves))
@@ -244,10 +261,18 @@ async def main(args: argparse.Namespace) -> None:
             return f"{statistics.median(present) * 1000:.0f}" if present else "-"
 
         cpu = statistics.median(w.cpu for w in warm) if warm else math.nan
-        pool = (f"{statistics.median(w.assign_seconds for w in warm):.2f} / "
-                f"{statistics.median(w.requeued for w in warm):.0f}") if warm and PROBE is not None else "-"
-        print(f"| {scenario} | {name} | {per_wave} | {med('ttft', 50)} / {med('ttft', 99)} | "
-              f"{med('lag', 99)} / {med('lag', 100)} | {cpu:.2f} | {pool} |")
+        pool = (
+            (
+                f"{statistics.median(w.assign_seconds for w in warm):.2f} / "
+                f"{statistics.median(w.requeued for w in warm):.0f}"
+            )
+            if warm and PROBE is not None
+            else "-"
+        )
+        print(
+            f"| {scenario} | {name} | {per_wave} | {med('ttft', 50)} / {med('ttft', 99)} | "
+            f"{med('lag', 99)} / {med('lag', 100)} | {cpu:.2f} | {pool} |"
+        )
 
 
 def cli() -> None:

@@ -193,9 +193,7 @@ def _completion(tokens: int) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": " t" * tokens}, "finish_reason": "stop"}
-        ],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": " t" * tokens}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens},
     }
 

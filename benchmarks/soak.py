@@ -110,6 +110,7 @@ class Lateness:
 
 def phases(record: PhaseRecord) -> str:
     """Where a call's time went, relative to its start (seconds)."""
+
     def rel(t: float | None) -> str:
         return "-" if t is None else f"{t - record.start:.3f}"
 
@@ -203,9 +204,7 @@ class Soak:
     async def _openai(self, stream: bool, tier: str, mode: int) -> str:
         headers = {"x-llmguard-tier": tier}
         if not stream:
-            completion = await self.oai.chat.completions.create(
-                model="m", messages=MESSAGES, extra_headers=headers
-            )
+            completion = await self.oai.chat.completions.create(model="m", messages=MESSAGES, extra_headers=headers)
             return "ok" if completion.choices else "no choices"
         chunks = await self.oai.chat.completions.create(
             model="m", messages=MESSAGES, stream=True, extra_headers=headers
@@ -294,8 +293,16 @@ async def sample(guard: Guard, calls: int, started: float, lag: list[float], bas
     snap = guard.snapshot()
     pooled = sum(r.open_connections or 0 for r in snap.replicas)
     lag_text = f"{_ms(lag, 50)}/{_ms(lag, 99)}/{_ms(lag, 100)}"
-    return Sample(calls, seconds, lag_text, h.rss_mb(), h.open_sockets(), pooled, h.asyncio_tasks(),
-                  snap.idle and snap.calls_in_flight == 0)
+    return Sample(
+        calls,
+        seconds,
+        lag_text,
+        h.rss_mb(),
+        h.open_sockets(),
+        pooled,
+        h.asyncio_tasks(),
+        snap.idle and snap.calls_in_flight == 0,
+    )
 
 
 async def run(args: argparse.Namespace, urls: list[str]) -> bool:
@@ -332,8 +339,10 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
         traced = tracemalloc.get_traced_memory()[0] - tm_traced
         grown = sum(stat.size_diff for stat in tm_end.compare_to(tm_start, "filename"))
         live_exceptions = sum(isinstance(o, BaseException) for o in gc.get_objects())
-        print(f"tracemalloc: traced memory {traced / 1024:+.1f} KiB since the warm-up; sum of per-file growth "
-              f"{grown / 1024:+.1f} KiB; live exception objects: {live_exceptions}")
+        print(
+            f"tracemalloc: traced memory {traced / 1024:+.1f} KiB since the warm-up; sum of per-file growth "
+            f"{grown / 1024:+.1f} KiB; live exception objects: {live_exceptions}"
+        )
         tracemalloc.stop()
     end_snapshot = guard.snapshot()
     await soak.aclose()
@@ -343,16 +352,19 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
 
     print()
     print(f"measured: {llmguard_client.__file__}")
-    print(f"{args.calls} calls, {args.workers} workers, 3 replicas (separate processes), fault rate "
-          f"{args.fault_rate:.0%}, seed {args.seed}, pool {h.label(args.pool or DEFAULT_POOL_LIMITS)}: "
-          f"{wall:.1f} s wall, {args.calls / wall:.0f} calls/s, "
-          f"client CPU {cpu:.1f} s ({cpu / args.calls * 1e6:.0f} µs per call)")
+    print(
+        f"{args.calls} calls, {args.workers} workers, 3 replicas (separate processes), fault rate "
+        f"{args.fault_rate:.0%}, seed {args.seed}, pool {h.label(args.pool or DEFAULT_POOL_LIMITS)}: "
+        f"{wall:.1f} s wall, {args.calls / wall:.0f} calls/s, "
+        f"client CPU {cpu:.1f} s ({cpu / args.calls * 1e6:.0f} µs per call)"
+    )
     report_outcomes(tally)
     warm_sample, last = samples[0], samples[-1]
     growth = last.rss - warm_sample.rss
     checks = {
-        "every call accounted for (callers and guard records)":
-            sum(tally.outcomes.values()) == args.calls == sum(tally.records.values()),
+        "every call accounted for (callers and guard records)": sum(tally.outcomes.values())
+        == args.calls
+        == sum(tally.records.values()),
         "no call hung": not any(o.startswith("HUNG") for o, _ in tally.outcomes),
         "no unexpected exception": not tally.unexpected,
         "idle at every checkpoint (snapshot().idle, calls_in_flight 0)": all(s.idle for s in samples),
@@ -360,15 +372,17 @@ async def run(args: argparse.Namespace, urls: list[str]) -> bool:
         "asyncio tasks back to start at every checkpoint": all(s.tasks == base_tasks for s in samples),
         f"sockets back to start after aclose ({base_sockets} -> {after_sockets})": after_sockets == base_sockets,
         f"asyncio tasks back to start after aclose ({base_tasks} -> {after_tasks})": after_tasks == base_tasks,
-        f"RSS growth after warm-up < 5 MiB ({warm_sample.rss:.2f} -> {last.rss:.2f} MiB, {growth:+.2f})":
-            growth < 5.0 or tm_start is not None,
+        f"RSS growth after warm-up < 5 MiB ({warm_sample.rss:.2f} -> {last.rss:.2f} MiB, {growth:+.2f})": growth < 5.0
+        or tm_start is not None,
     }
     print()
-    print(f"end snapshot (before aclose): calls_in_flight {end_snapshot.calls_in_flight}, replicas in_flight "
-          f"{[r.in_flight for r in end_snapshot.replicas]}, open connections "
-          f"{[r.open_connections for r in end_snapshot.replicas]}, bulkheads (in_flight, waiting) "
-          f"{ {n: (t.in_flight, t.waiting) for n, t in end_snapshot.tiers.items()} }, budget pending "
-          f"{end_snapshot.budget.pending if end_snapshot.budget else None}, idle {end_snapshot.idle}")
+    print(
+        f"end snapshot (before aclose): calls_in_flight {end_snapshot.calls_in_flight}, replicas in_flight "
+        f"{[r.in_flight for r in end_snapshot.replicas]}, open connections "
+        f"{[r.open_connections for r in end_snapshot.replicas]}, bulkheads (in_flight, waiting) "
+        f"{ {n: (t.in_flight, t.waiting) for n, t in end_snapshot.tiers.items()} }, budget pending "
+        f"{end_snapshot.budget.pending if end_snapshot.budget else None}, idle {end_snapshot.idle}"
+    )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if tm_start is not None and tm_end is not None:
@@ -382,24 +396,35 @@ def report_outcomes(tally: Tally) -> None:
     print("|---|" + "---|" * (len(CALLERS) + 2))
     for outcome in sorted({o for o, _ in tally.outcomes}, key=lambda o: (not o.startswith("ok"), o)):
         counts = [tally.outcomes[(outcome, c)] for c in CALLERS]
-        print(f"| {outcome} | " + " | ".join(str(n) for n in counts)
-              + f" | {sum(counts)} | {tally.longest[outcome]:.3f} s |")
-    print("| **all** | " + " | ".join(str(sum(n for (_, c), n in tally.outcomes.items() if c == caller))
-                                        for caller in CALLERS) + f" | {sum(tally.outcomes.values())} | |")
+        print(
+            f"| {outcome} | "
+            + " | ".join(str(n) for n in counts)
+            + f" | {sum(counts)} | {tally.longest[outcome]:.3f} s |"
+        )
+    print(
+        "| **all** | "
+        + " | ".join(str(sum(n for (_, c), n in tally.outcomes.items() if c == caller)) for caller in CALLERS)
+        + f" | {sum(tally.outcomes.values())} | |"
+    )
     print()
     for name, tier in TIERS.items():
         longest = tally.longest_by_tier.get((name, False), 0.0)
         ttft = tally.longest_by_tier.get((name, True))
-        print(f"tier {name} (ttft {tier.ttft} s, stall {tier.stall} s, total {tier.total} s): longest call "
-              f"{max(longest, ttft or 0.0):.3f} s; longest ttft timeout "
-              + (f"{ttft:.3f} s ({ttft - tier.ttft:+.3f} s past the deadline)" if ttft is not None else "-"))
+        print(
+            f"tier {name} (ttft {tier.ttft} s, stall {tier.stall} s, total {tier.total} s): longest call "
+            f"{max(longest, ttft or 0.0):.3f} s; longest ttft timeout "
+            + (f"{ttft:.3f} s ({ttft - tier.ttft:+.3f} s past the deadline)" if ttft is not None else "-")
+        )
     print(f"ttft timeouts, how late the guard's record finished: {tally.late_guard.line()}")
     if tally.late_guard.worst_detail:
         print(f"  worst: {tally.late_guard.worst_detail}")
     print(f"ttft timeouts, how late the caller saw it: {tally.late_caller.line()}")
     print("guard records by status (cause): " + ", ".join(f"{k} {v}" for k, v in tally.records.most_common()))
-    print("attempts by kind: " + ", ".join(f"{k} {v}" for k, v in tally.attempts.most_common())
-          + f" ({sum(tally.attempts.values()) / max(1, sum(tally.records.values())):.3f} per call)")
+    print(
+        "attempts by kind: "
+        + ", ".join(f"{k} {v}" for k, v in tally.attempts.most_common())
+        + f" ({sum(tally.attempts.values()) / max(1, sum(tally.records.values())):.3f} per call)"
+    )
     print("one message per failure kind:")
     for outcome, message in sorted(tally.examples.items()):
         print(f"  {outcome}: {message}")
@@ -436,16 +461,33 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5000, help="calls between checkpoints")
     parser.add_argument("--quick", action="store_true", help="2000 calls, warm-up 500, checkpoints every 500")
     parser.add_argument("--tracemalloc", action="store_true", help="trace allocations after the warm-up")
-    parser.add_argument("--pool", type=h.parse_limits, default=None, metavar="MAX,KEEPALIVE",
-                        help="per-replica pool limits (default: the Guard's DEFAULT_POOL_LIMITS)")
+    parser.add_argument(
+        "--pool",
+        type=h.parse_limits,
+        default=None,
+        metavar="MAX,KEEPALIVE",
+        help="per-replica pool limits (default: the Guard's DEFAULT_POOL_LIMITS)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.calls, args.warmup, args.every = 2000, 500, 500
     if args.calls < 1 or args.workers < 1 or args.every < 1 or args.warmup < 0:
         parser.error("--calls, --workers and --every must be >= 1, --warmup >= 0")
     options = [
-        ["--seed", str(args.seed * 10 + i), "--fault-rate", str(args.fault_rate), "--stall", str(STALL),
-         "--first-token-delay", "0.005", "--tokens", "6", "--gap", "0.001"]
+        [
+            "--seed",
+            str(args.seed * 10 + i),
+            "--fault-rate",
+            str(args.fault_rate),
+            "--stall",
+            str(STALL),
+            "--first-token-delay",
+            "0.005",
+            "--tokens",
+            "6",
+            "--gap",
+            "0.001",
+        ]
         for i in range(3)
     ]
     with h.replica_processes(options) as urls:

@@ -167,8 +167,10 @@ async def main(args: argparse.Namespace) -> int:
             await stream_ttft(http, url, {"model": MODEL, "max_tokens": 4, "stream": True, "ignore_eos": True,
                                           "messages": [{"role": "user", "content": os.urandom(8).hex()}]})  # fmt: skip
     run_id = os.urandom(4).hex()
-    print(f"engines {engines}; {args.sessions} sessions x {args.turns} turns per policy, system prompt ~"
-          f"{args.system_tokens} tokens ({words} words), max_tokens {args.max_tokens}, one request at a time")
+    print(
+        f"engines {engines}; {args.sessions} sessions x {args.turns} turns per policy, system prompt ~"
+        f"{args.system_tokens} tokens ({words} words), max_tokens {args.max_tokens}, one request at a time"
+    )
     for name in ("round-robin", "guarded", "guarded-affinity"):
         report(await run_policy(name, engines, args, words, run_id), engines)
     return 0

@@ -1,7 +1,7 @@
 """The README's quickstart, as a file: a Guard under openai.AsyncOpenAI, and a streamed call's phase record.
 
-    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
-    .venv/bin/python examples/openai_quickstart.py
+python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
+.venv/bin/python examples/openai_quickstart.py
 """
 
 import anyio

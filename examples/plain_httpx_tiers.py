@@ -1,7 +1,7 @@
 """Plain httpx through a Guard: tiers per call, typed exceptions, and one JSON log line per call.
 
-    pip install -e '.[sim]'
-    python examples/plain_httpx_tiers.py
+pip install -e '.[sim]'
+python examples/plain_httpx_tiers.py
 """
 
 from __future__ import annotations

@@ -109,9 +109,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=PROG, description="Load-test OpenAI-compatible endpoints with and without llmguard."
-    )
+    parser = _Parser(prog=PROG, description="Load-test OpenAI-compatible endpoints with and without llmguard.")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     b = sub.add_parser(
@@ -133,8 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--clients",
         default=DEFAULT_CLIENTS,
-        help="comma-separated, run in this order (default: %(default)s; "
-        "also guarded-nohedge, guarded-noretry)",
+        help="comma-separated, run in this order (default: %(default)s; also guarded-nohedge, guarded-noretry)",
     )
     b.add_argument(
         "--continuation",
@@ -142,9 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run guarded-continuation: the guarded client with ContinuationPolicy() (a stream that "
         "breaks after its first token is finished on another replica)",
     )
-    b.add_argument(
-        "--requests", type=_positive_int, metavar="N", help="logical requests (default: per scenario)"
-    )
+    b.add_argument("--requests", type=_positive_int, metavar="N", help="logical requests (default: per scenario)")
     load = b.add_argument_group("load shape (default: per scenario)")
     load.add_argument(
         "--rate",
@@ -175,14 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' by every client (default: none)")
     slo = b.add_argument_group("goodput SLO (default: per scenario)")
     slo.add_argument("--ttft-slo", type=_positive_float, metavar="S", help="good if TTFT <= S seconds")
-    slo.add_argument(
-        "--tpot-slo", type=_positive_float, metavar="S", help="good if TPOT <= S seconds per token"
-    )
+    slo.add_argument("--tpot-slo", type=_positive_float, metavar="S", help="good if TPOT <= S seconds per token")
     tier = b.add_argument_group("the guarded client's tier (default: per scenario)")
     tier.add_argument("--tier-ttft", type=_positive_float, metavar="S", help="seconds to the first token")
-    tier.add_argument(
-        "--tier-total", type=_positive_float, metavar="S", help="also the baselines' give-up time"
-    )
+    tier.add_argument("--tier-total", type=_positive_float, metavar="S", help="also the baselines' give-up time")
     tier.add_argument("--tier-stall", type=_stall, metavar="S", help="seconds, or 'none'")
     b.add_argument(
         "--deadline",
@@ -191,9 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="harness give-up time per request (default: tier total)",
     )
     sim = b.add_argument_group("--sim only")
-    sim.add_argument(
-        "--replicas", type=_positive_int, metavar="K", help="override the scenario's replica count"
-    )
+    sim.add_argument("--replicas", type=_positive_int, metavar="K", help="override the scenario's replica count")
     sim.add_argument(
         "--reuse-cluster",
         action="store_true",
@@ -202,14 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet = b.add_argument_group("across processes (--sim with a provider rate limit, e.g. ratelimited)")
     fleet.add_argument(
-        "--processes", type=_positive_int, metavar="N",
+        "--processes",
+        type=_positive_int,
+        metavar="N",
         help="N client processes, each with its own Guard: plain, guarded per-process and guarded fleet side by side",
     )
     fleet.add_argument(
         "--fleet", metavar="URL", help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server)"
     )
     fleet.add_argument(
-        "--fleet-connect", choices=("early", "first-call"), default="early",
+        "--fleet-connect",
+        choices=("early", "first-call"),
+        default="early",
         help="when each fleet Guard connects its store: 'early' (entered with async with before the traffic "
         "starts, the default) or 'first-call' (on its first call, as a Guard used without async with)",
     )

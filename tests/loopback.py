@@ -381,9 +381,7 @@ def loopback_cluster(n: int = 2, *, default: Script | None = None) -> Iterator[L
     lock = threading.Lock()
     gauge = ConcurrencyGauge()
     default = default or Script(tokens=None, gap=0.002)
-    servers = [
-        LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock, gauge=gauge) for i in range(n)
-    ]
+    servers = [LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock, gauge=gauge) for i in range(n)]
     started: list[LoopbackServer] = []
     try:
         for s in servers:

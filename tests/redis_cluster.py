@@ -208,8 +208,23 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     steps = [
         ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=llmguard test CA"],
         ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "1",
-         "-extfile", ext],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-extfile",
+            ext,
+        ],
     ]
     for step in steps:
         subprocess.run([OPENSSL, *map(str, step)], capture_output=True, timeout=30, check=True, cwd=directory)

@@ -119,7 +119,3 @@ def test_importing_the_package_loads_none_of_the_tools() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["[]", "True"]
 
-
-def test_every_module_stays_small() -> None:
-    sizes = {_module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert {name: lines for name, lines in sizes.items() if lines > 400} == {}

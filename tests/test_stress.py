@@ -64,8 +64,9 @@ async def test_500_concurrent_calls_with_two_of_three_replicas_dead(servers: lis
     tasks_before = other_tasks()
     records: list[PhaseRecord] = []
     tier = Tier(ttft=30.0, total=60.0, stall=30.0)  # room for 500 in-process streams on a busy 2-core machine
-    guard = Guard([dead_url(), dead_url(), servers[0].url], tiers={"i": tier}, instrumentation=None,
-                  on_record=records.append)
+    guard = Guard(
+        [dead_url(), dead_url(), servers[0].url], tiers={"i": tier}, instrumentation=None, on_record=records.append
+    )
     durations: list[float] = []
 
     async def call(client: httpx.AsyncClient) -> None:
@@ -94,8 +95,13 @@ async def test_aclose_with_50_calls_in_flight(servers: list[LoopbackServer]) -> 
     servers[1].script = Script(tokens=1200, gap=0.05)  # streaming, for 60 s
     tasks_before = other_tasks()
     records: list[PhaseRecord] = []
-    guard = Guard([servers[0].url, servers[1].url], tiers={"i": Tier(ttft=60, total=120)}, hedge=None,
-                  instrumentation=None, on_record=records.append)
+    guard = Guard(
+        [servers[0].url, servers[1].url],
+        tiers={"i": Tier(ttft=60, total=120)},
+        hedge=None,
+        instrumentation=None,
+        on_record=records.append,
+    )
     ended: list[tuple[str, float]] = []
     client = guard.http_client()
 
@@ -157,8 +163,13 @@ async def test_first_token_near_the_ttft_deadline_on_real_sockets(servers: list[
     servers[1].script = Script(stall_before_first=ttft + 0.002, tokens=100, gap=0.005)
     tasks_before = other_tasks()
     records: list[PhaseRecord] = []
-    guard = Guard([servers[0].url, servers[1].url], tiers={"i": Tier(ttft=ttft, total=5)}, instrumentation=None,
-                  hedge=HedgePolicy(delay=0.15), on_record=records.append)
+    guard = Guard(
+        [servers[0].url, servers[1].url],
+        tiers={"i": Tier(ttft=ttft, total=5)},
+        instrumentation=None,
+        hedge=HedgePolicy(delay=0.15),
+        on_record=records.append,
+    )
     results: list[str] = []
 
     async def call(client: httpx.AsyncClient) -> None:

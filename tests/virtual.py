@@ -109,9 +109,7 @@ class FakeReplica(httpx.AsyncBaseTransport):
             await anyio.sleep(plan.first_token_after)
             return httpx.Response(200, json=_completion(self.name))
         self.open_streams += 1
-        return httpx.Response(
-            200, headers={"content-type": "text/event-stream", **headers}, stream=_Events(self, plan)
-        )
+        return httpx.Response(200, headers={"content-type": "text/event-stream", **headers}, stream=_Events(self, plan))
 
 
 class _Events(httpx.AsyncByteStream):

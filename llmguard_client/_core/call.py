@@ -22,8 +22,15 @@ if TYPE_CHECKING:
     from llmguard_client._core.outcome import Payment, Win
 
 __all__ = [
-    "CAUSE_HEADER", "COHORT_HEADER", "SESSION_HEADER", "TIER_HEADER", "Call", "CallerHeaders", "RequestFacts",
-    "json_document", "rebase"
+    "CAUSE_HEADER",
+    "COHORT_HEADER",
+    "SESSION_HEADER",
+    "TIER_HEADER",
+    "Call",
+    "CallerHeaders",
+    "RequestFacts",
+    "json_document",
+    "rebase",
 ]
 
 TIER_HEADER = "x-llmguard-tier"

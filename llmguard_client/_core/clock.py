@@ -45,6 +45,7 @@ class Owner(Protocol):
     aborted: bool
     cancellables: set[Any]
 
+
 Clock = Callable[[], float]
 """Seconds on a monotonic time line."""
 Close = Callable[[], Awaitable[None]]

@@ -164,8 +164,19 @@ class LeaseRegistry:
 class CallLease:
     """Owns a call's acquisitions; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_closed_event", "_closing", "_holds", "_registry", "_responses", "_time",
-                 "aborted", "cancellables", "closed", "finish")
+    __slots__ = (
+        "__weakref__",
+        "_closed_event",
+        "_closing",
+        "_holds",
+        "_registry",
+        "_responses",
+        "_time",
+        "aborted",
+        "cancellables",
+        "closed",
+        "finish",
+    )
 
     def __init__(self, registry: LeaseRegistry, finish: Finish | None = None, time: TimeSource | None = None) -> None:
         self._registry = registry

@@ -81,11 +81,13 @@ class Route:
     race: Race | None = None
     """Where a hedged round records its winner (the deadline layer's `Race`)."""
 
-    def next(self, replica: ReplicaState, kind: AttemptKind, payment: Payment | None,
-             avoid: tuple[ReplicaState, ...]) -> Route:
+    def next(
+        self, replica: ReplicaState, kind: AttemptKind, payment: Payment | None, avoid: tuple[ReplicaState, ...]
+    ) -> Route:
         """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``."""
-        return Route(replica, kind, payment, self.resumes, avoid, self.body, self.budget, self.deadline,
-                     self.rounds, self.race)
+        return Route(
+            replica, kind, payment, self.resumes, avoid, self.body, self.budget, self.deadline, self.rounds, self.race
+        )
 
 
 @dataclass(slots=True, eq=False)

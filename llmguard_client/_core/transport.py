@@ -123,8 +123,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             rate_limit,
         )
         policies = dict(continuation or {})
-        self.pipeline = Pipeline(layers, AttemptLayer(registry), (deadline, retry_layer, rate_limit),
-                                 StreamStages(ReadWatchdog.for_response))
+        self.pipeline = Pipeline(
+            layers, AttemptLayer(registry), (deadline, retry_layer, rate_limit), StreamStages(ReadWatchdog.for_response)
+        )
         """The layers before the first token (`AttemptLayer` innermost), a continuation's, the stream stages."""
         if any(policies.values()):
             continuer = Continuer(replicas, self.pipeline.continuation, retry_layer, policies, clock)
@@ -291,8 +292,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 ok, tokens, duration = _stream_outcome(status, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
-                call.record.response_facts(facts.prompt_tokens, facts.completion_tokens, facts.response_id,
-                                           facts.model, facts.finish_reasons, win.reader.chunks)
+                call.record.response_facts(
+                    facts.prompt_tokens,
+                    facts.completion_tokens,
+                    facts.response_id,
+                    facts.model,
+                    facts.finish_reasons,
+                    win.reader.chunks,
+                )
             else:  # won the race, but the call ended before it was handed over
                 attempt.attempt_finished("cancelled", now)
             call.observation.attempt_finished(attempt)
@@ -337,8 +344,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 record=call.record,
             )
             error.__cause__ = last.error
-        status: CallStatus = "timeout" if error.cause.endswith("timeout") else (
-            "rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error"
+        status: CallStatus = (
+            "timeout"
+            if error.cause.endswith("timeout")
+            else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
         if call.respond_with_errors:  # the caller gets the guard's own answer: the record says so
             call.record.answered(error.status_code)

@@ -75,8 +75,9 @@ class AttemptLayer:
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
                 return Failed([await _error_status(attempt, state, response, clock)])
-            reader = reader_for(request.method, request.url.path, response.headers.get("content-type", ""),
-                                call.record.stream)
+            reader = reader_for(
+                request.method, request.url.path, response.headers.get("content-type", ""), call.record.stream
+            )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
             opening = await read_opening(_body(response), reader)

@@ -50,8 +50,18 @@ class DeadlineLayer:
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         race = Race()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        route = Route(route.replica, route.kind, route.payment, route.resumes, route.avoid, route.body,
-                      route.budget, deadline, route.rounds, race)
+        route = Route(
+            route.replica,
+            route.kind,
+            route.payment,
+            route.resumes,
+            route.avoid,
+            route.body,
+            route.budget,
+            deadline,
+            route.rounds,
+            race,
+        )
         outcome: Outcome | None = None
         with call.phase_until(deadline):  # Guard.aclose() ends it too
             outcome = await call_next(call, route)

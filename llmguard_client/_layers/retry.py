@@ -123,8 +123,10 @@ class RetryLayer:
         if route.budget is None:
             state = route.replica or self.replicas.pick(now, key=call.affinity_key)
         else:
-            state = route.replica or self.replicas.pick_ready(now, exclude=route.avoid) or self.replicas.pick(
-                now, exclude=route.avoid
+            state = (
+                route.replica
+                or self.replicas.pick_ready(now, exclude=route.avoid)
+                or self.replicas.pick(now, exclude=route.avoid)
             )
         if state is None:
             return Failed(

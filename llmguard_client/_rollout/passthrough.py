@@ -215,8 +215,14 @@ class _MeasuredStream(httpx.AsyncByteStream):
         if first_token is None:  # a body or a stream without content tokens: complete at its end
             first_token = end.clock()
             record.first_token_at(first_token)
-        record.response_facts(facts.prompt_tokens, facts.completion_tokens, facts.response_id, facts.model,
-                              facts.finish_reasons, reader.chunks)
+        record.response_facts(
+            facts.prompt_tokens,
+            facts.completion_tokens,
+            facts.response_id,
+            facts.model,
+            facts.finish_reasons,
+            reader.chunks,
+        )
         end.attempt.attempt_first_token(first_token)
         if reader.failure is not None:
             end("error", reader.failure.cause, "failed", reader.failure.cause)

@@ -53,6 +53,7 @@ class ReplicaState:
     def ttft_ewma(self) -> float | None:
         """The router's TTFT estimate (seconds; None until a first token arrived)."""
         return self.health.ttft
+
     header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
     """The replica's own headers, encoded once (they replace the caller's of the same name)."""
     header_names: frozenset[bytes] = frozenset()
@@ -123,9 +124,7 @@ class ReplicaSet:
         router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
         affinity: AffinityPolicy | None = None,
     ) -> None:
-        self.states = [
-            ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas
-        ]
+        self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
         """Chooses among the replicas this set allows, and learns their speed and failures."""
@@ -162,9 +161,7 @@ class ReplicaSet:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
         return self.router.pick_ready(now, self._ready(now, exclude), self._prefer(key, now))
 
-    def pick_hedge(
-        self, now: float, exclude: Iterable[ReplicaState], key: str | None = None
-    ) -> ReplicaState | None:
+    def pick_hedge(self, now: float, exclude: Iterable[ReplicaState], key: str | None = None) -> ReplicaState | None:
         """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
         return self.router.pick_hedge(now, self._ready(now, exclude), self._prefer(key, now))
 

@@ -44,9 +44,7 @@ class ServerStats:
     drained: bool = True
 
     def total(self, key: str) -> float:
-        return float(
-            sum(r.get(key, 0) or 0 for r in self.replicas if isinstance(r.get(key, 0), (int, float)))
-        )
+        return float(sum(r.get(key, 0) or 0 for r in self.replicas if isinstance(r.get(key, 0), (int, float))))
 
     def totals(self) -> dict[str, float]:
         keys = {k for r in self.replicas for k, v in r.items() if isinstance(v, (int, float))}
@@ -83,9 +81,7 @@ class NullProgress:
         pass
 
 
-async def preflight(
-    urls: Sequence[str], probe_timeout: float = 3.0, api_key: str | None = None
-) -> tuple[str, bool]:
+async def preflight(urls: Sequence[str], probe_timeout: float = 3.0, api_key: str | None = None) -> tuple[str, bool]:
     """Check every replica answers ``GET /v1/models``; return (first model id, has /sim/stats)."""
     model = "bench"
     has_stats = True
@@ -225,8 +221,14 @@ async def run_one_client(
                 notes.append("previous client's work had not drained before reset")
             await reset_stats(http, urls)
         client = make_client(
-            name, urls, model=model, tier=spec.tier, deadline=spec.deadline, api_key=spec.api_key,
-            rollout=spec.rollout, records=spec.records,
+            name,
+            urls,
+            model=model,
+            tier=spec.tier,
+            deadline=spec.deadline,
+            api_key=spec.api_key,
+            rollout=spec.rollout,
+            records=spec.records,
         )
         await client.start()
         progress.begin(name, len(spec.plan.requests))

@@ -210,9 +210,16 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
     for client, behind in report.left_out.items():
-        console.print(hanging("[yellow]left out[/yellow]", [
-            f"{client}: its load generator fell behind plan by {behind:.2f} s (over {tolerance(report.tier):.2f} s), "
-            "so its figures above describe a starved generator; it is not compared below"]))
+        console.print(
+            hanging(
+                "[yellow]left out[/yellow]",
+                [
+                    f"{client}: its load generator fell behind plan by {behind:.2f} s "
+                    f"(over {tolerance(report.tier):.2f} s), so its figures above describe a starved generator; "
+                    "it is not compared below"
+                ],
+            )
+        )
     if report.invalid is not None:
         console.print(hanging("[bold red]=>[/bold red]", [report.interpretation()]))
     else:

@@ -35,6 +35,7 @@ class Judged(Protocol):
     @property
     def baseline(self) -> ClientSummary | None: ...
 
+
 __all__ = [
     "NOISE",
     "Change",

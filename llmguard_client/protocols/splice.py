@@ -115,8 +115,16 @@ def cut_before_failure(chunk: bytes) -> bytes:
 class Splicer:
     """Rewrites one continuation stream's bytes into the original answer's; see the module docstring."""
 
-    __slots__ = ("_buffer", "_kind", "_prompt_tokens", "_response_id", "_tokens_before", "text", "text_events",
-                 "text_only")
+    __slots__ = (
+        "_buffer",
+        "_kind",
+        "_prompt_tokens",
+        "_response_id",
+        "_tokens_before",
+        "text",
+        "text_events",
+        "text_only",
+    )
 
     def __init__(self, kind: Kind, response_id: str | None, tokens_before: int, prompt_tokens: int | None) -> None:
         self._kind = kind

@@ -179,7 +179,13 @@ class _Completions:
         return None
 
     async def _serve(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, receive: Receive, send: Send,
+        self,
+        seq: Sequence,
+        parsed: CompletionRequest,
+        plan: FaultPlan,
+        wire: StreamWire,
+        receive: Receive,
+        send: Send,
         extra: list[tuple[str, str]],
     ) -> None:
         replica = self.replica
@@ -221,7 +227,12 @@ class _Completions:
         return min(self.replica.faults.fault_after_tokens, seq.output_tokens)
 
     async def _stream(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send,
+        self,
+        seq: Sequence,
+        parsed: CompletionRequest,
+        plan: FaultPlan,
+        wire: StreamWire,
+        send: Send,
         extra: list[tuple[str, str]],
     ) -> Outcome:
         headers = [*_SSE_HEADERS, (b"x-sim-replica", str(self.replica.index).encode())]
@@ -260,7 +271,12 @@ class _Completions:
         return "done"
 
     async def _respond(
-        self, seq: Sequence, parsed: CompletionRequest, plan: FaultPlan, wire: StreamWire, send: Send,
+        self,
+        seq: Sequence,
+        parsed: CompletionRequest,
+        plan: FaultPlan,
+        wire: StreamWire,
+        send: Send,
         extra: list[tuple[str, str]],
     ) -> Outcome:
         try:

@@ -123,7 +123,9 @@ def test_replay_sends_each_turn_only_after_the_previous_one_ended() -> None:
             assert client.spans[conv.first + k][0] >= client.spans[conv.first + k - 1][1]
             assert len(client.bodies[conv.first + k]["messages"]) == 2 * k + 2
     overlapping = [
-        (a, b) for a in plan.conversations for b in plan.conversations
+        (a, b)
+        for a in plan.conversations
+        for b in plan.conversations
         if a.index < b.index and client.spans[b.first][0] < client.spans[a.first + a.turns - 1][1]
     ]
     assert overlapping  # conversations run side by side, not one after another

@@ -12,8 +12,21 @@ from llmguard_client._rollout.rollout import key_position
 from tests.loopback import LoopbackCluster
 
 # Tier limits far beyond what a loaded machine adds: every call must end ok, whatever the machine is doing.
-SMALL = ["--requests", "40", "--rate", "100", "--length-scale", "0.02", "--no-progress",
-         "--tier-ttft", "10", "--tier-total", "30", "--tier-stall", "10"]
+SMALL = [
+    "--requests",
+    "40",
+    "--rate",
+    "100",
+    "--length-scale",
+    "0.02",
+    "--no-progress",
+    "--tier-ttft",
+    "10",
+    "--tier-total",
+    "30",
+    "--tier-stall",
+    "10",
+]
 
 
 def test_bench_rollout_writes_records_that_compare_reads(

@@ -196,7 +196,9 @@ def test_guarded_client_runs(cluster: LoopbackCluster) -> None:
     plan = make_plan(30, seed=4, rate=400.0, lengths=SMALL)  # the rate is not under test
     runs, _, _ = run_clients(
         # Limits no call here should reach: 30 calls at once on a busy machine took over 1 s to a first token.
-        ["plain", "guarded"], RunSpec(plan, TierSpec(ttft=10.0, total=30.0, stall=10.0)), urls=cluster.urls
+        ["plain", "guarded"],
+        RunSpec(plan, TierSpec(ttft=10.0, total=30.0, stall=10.0)),
+        urls=cluster.urls,
     )
     guarded = runs[1]
     assert all(s.ok for s in guarded.samples), [s.cause for s in guarded.samples if not s.ok]

@@ -178,7 +178,9 @@ def phase_record(i: int, cohort: str) -> PhaseRecord:
         finish=10.7,
         status="ok",
         http_status=200,
-        attempts=(AttemptRecord(index=0, replica="http://r", kind="primary", start=10.0, sent=10.001, status_code=200),),  # noqa: E501
+        attempts=(
+            AttemptRecord(index=0, replica="http://r", kind="primary", start=10.0, sent=10.001, status_code=200),
+        ),
     )
     if cohort == "guarded" and i % 10 == 1:  # a hedge that never reached a server (connect error)
         hedge = AttemptRecord(index=1, replica="http://r2", kind="hedge", start=10.2)

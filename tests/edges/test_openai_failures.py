@@ -39,9 +39,7 @@ class Case:
 # tests/layers/test_deadline.py).
 CASES = [
     Case("no first token in time", Script(hang_before_headers=5.0), Tier(ttft=0.3, total=10.0)),
-    Case(
-        "stream stalls after its first token", Script(tokens=5, stall_after_first=5.0), Tier(10, 20, stall=0.3), True
-    ),
+    Case("stream stalls after its first token", Script(tokens=5, stall_after_first=5.0), Tier(10, 20, stall=0.3), True),
     # ttft = total: a first token delayed by a busy machine still comes within ttft, and the cause stays "total".
     Case("stream outlives the total deadline", Script(tokens=300, gap=0.05), Tier(ttft=1.5, total=1.5), True),
     Case("every replica refuses the connection", Script(), Tier(ttft=10.0, total=20.0), dead_replicas=True),

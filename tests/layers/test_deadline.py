@@ -49,10 +49,13 @@ def test_ttft_deadline_fires_at_its_exact_instant(backend: str) -> None:
     assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
 
 
-@pytest.mark.parametrize(("plan", "error", "at"), [
-    (Plan(tokens=5, gap=0.6), StallTimeout, 0.5),  # the first gap after the first token is 0.6 > stall 0.5
-    (Plan(tokens=20, gap=0.3), TotalTimeout, 5.0),  # 0.3 s gaps never stall, but 20 of them outlive total
-])
+@pytest.mark.parametrize(
+    ("plan", "error", "at"),
+    [
+        (Plan(tokens=5, gap=0.6), StallTimeout, 0.5),  # the first gap after the first token is 0.6 > stall 0.5
+        (Plan(tokens=20, gap=0.3), TotalTimeout, 5.0),  # 0.3 s gaps never stall, but 20 of them outlive total
+    ],
+)
 @BACKENDS
 def test_stall_and_total_fire_at_their_exact_instants(
     plan: Plan, error: type[Exception], at: float, backend: str
@@ -175,8 +178,10 @@ def _learned(guard: Guard) -> None:
 
 async def _decided_retry(left: float) -> list[str]:
     """The first attempt gets a 503 ``left`` seconds before the 1 s ttft deadline: is a retry sent?"""
-    fakes = {A: FakeReplica("a", [Plan(status=503, headers_after=1.0 - left)]),
-             B: FakeReplica("b", [Plan(status=503, headers_after=1.0 - left)])}
+    fakes = {
+        A: FakeReplica("a", [Plan(status=503, headers_after=1.0 - left)]),
+        B: FakeReplica("b", [Plan(status=503, headers_after=1.0 - left)]),
+    }
     records: list[PhaseRecord] = []
     async with guard_for(fakes, records) as guard, guard.http_client() as client:
         _learned(guard)

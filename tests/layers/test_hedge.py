@@ -48,7 +48,6 @@ def test_a_hedge_fires_at_exactly_its_delay(backend: str) -> None:
     assert fakes["http://a.test"].open_streams == 0
 
 
-
 @BACKENDS
 def test_a_failed_hedge_fires_the_next_one_at_its_failure(backend: str) -> None:
     fakes = {
@@ -107,7 +106,6 @@ def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backe
     assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].open_streams == 0
     assert records[0].status == "error" and records[0].cause == "guard_closed"
     assert "won" not in [a.outcome for a in records[0].attempts]
-
 
 
 async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: list[LoopbackServer]) -> None:

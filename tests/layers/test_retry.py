@@ -193,9 +193,7 @@ async def test_a_tier_budget_is_separate_from_the_shared_one(servers: list[Loopb
     servers[0].script = Script(status=500)  # not an overload status: retried on the same replica after backoff
     records: list[PhaseRecord] = []
     tiers = {"t": Tier(ttft=2.0, total=10.0), "batch": Tier(ttft=5.0, total=60.0)}
-    guard = make_guard(
-        [servers[0].url], records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)}
-    )
+    guard = make_guard([servers[0].url], records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)})
     async with guard, guard.http_client() as client:
         batch = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
         interactive = await client.post(servers[0].url + CHAT, json=BODY)

@@ -374,7 +374,6 @@ async def test_set_rollout_under_concurrent_calls_each_call_uses_one_fraction_an
     flipper.start()
     try:
         async with guard, guard.http_client() as client:
-
             pending = 400
             all_ended = anyio.Event()
 

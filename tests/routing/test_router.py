@@ -351,8 +351,10 @@ def test_stream_outcome_tells_complete_broken_truncated_and_abandoned_streams() 
     assert _stream_outcome("timeout", good, 1.5)[0] is False
     assert _stream_outcome("abandoned", _delivered(TOKEN, ended=False), 1.5)[0] is None
     assert _stream_outcome("abandoned", good, 1.5)[0] is True  # closed after [DONE]
-    body = SimpleNamespace(reader=reader_for("POST", "/v1/chat/completions", "application/json", False),
-                           attempt=SimpleNamespace(first_token=1.0))
+    body = SimpleNamespace(
+        reader=reader_for("POST", "/v1/chat/completions", "application/json", False),
+        attempt=SimpleNamespace(first_token=1.0),
+    )
     assert _stream_outcome("ok", body, 1.0)[1:] == (None, None)  # non-streaming: no timing
 
 

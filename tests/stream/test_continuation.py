@@ -119,7 +119,10 @@ async def test_a_reset_after_5_tokens_ends_as_one_whole_answer_through_the_sdk(
     assert record.status == "ok" and record.continued
     broken, continued = record.attempts
     assert (broken.kind, broken.outcome, continued.kind, continued.outcome) == (
-        "primary", "failed", "continuation", "won"
+        "primary",
+        "failed",
+        "continuation",
+        "won",
     )
     assert broken.replica != continued.replica
     assert (continued.resumed_at, continued.resumed_tokens) == (len(FIRST5), 5)
@@ -270,7 +273,9 @@ async def test_a_continuation_that_fails_is_tried_once_more_on_a_third_replica(
     (record,) = records
     assert text == WHOLE and record.status == "ok" and record.not_continued is None
     assert [(a.kind, a.outcome) for a in record.attempts] == [
-        ("primary", "failed"), ("continuation", "failed"), ("continuation", "won")
+        ("primary", "failed"),
+        ("continuation", "failed"),
+        ("continuation", "won"),
     ]
     assert len({a.replica for a in record.attempts}) == 3
     assert record.attempts[1].status_code == 500

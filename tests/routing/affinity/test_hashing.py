@@ -29,7 +29,11 @@ def test_the_same_key_gives_the_same_order_in_separate_processes() -> None:
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         out = subprocess.run(
             [sys.executable, "-c", _PRINT_ORDERS, json.dumps(keys), json.dumps(REPLICAS)],
-            capture_output=True, text=True, check=True, env=env, cwd=os.getcwd(),
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+            cwd=os.getcwd(),
         ).stdout
         orders.append(json.loads(out))
     assert orders[0] == orders[1] == [affinity_order(k, REPLICAS) for k in keys]

@@ -96,7 +96,7 @@ def test_a_refused_first_choice_spills_to_the_keys_next_replica(why: str) -> Non
     elif why == "degraded":
         state.health.drained = True
         rs.router._drained = 1
-        rs.router._since_probe = -10**6  # no probe due: the drained replica would get one otherwise
+        rs.router._since_probe = -(10**6)  # no probe due: the drained replica would get one otherwise
     elif why == "no_room":
         state.health.limited_until = NOW + 5.0
     else:  # calls in flight and no first token for 3x its TTFT and 0.1 s more
