@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path("/tmp/llmguard-compat")
 SERVER = ["uvicorn>=0.30", "starlette>=0.37"]  # the probe's loopback server
 LOWEST = ["httpx==0.27.0", "anyio==4.4.0", "tenacity==8.2.0", "opentelemetry-api==1.40.0"]
+KEEP_MARKER = "<!-- compat_matrix.py keeps everything below this line -->"
 TYPED_EXAMPLES = ["examples/openai_async.py", "examples/openai_sync.py"]
 
 
@@ -183,7 +184,10 @@ def main() -> int:
         fresh = {r["cell"]: r for r in pool.map(run_cell, cells)}
     reports = [fresh.get(c.name) or _stored(c) for c in CELLS]
     reports = [r for r in reports if r is not None]
-    args.out.write_text(render(reports, "python scripts/compat_matrix.py") + "\n")
+    kept = ""  # the hand-written sections after the matrix (the SDKs' own suites, `scripts/peer_suites.py`)
+    if args.out.exists() and KEEP_MARKER in args.out.read_text():
+        kept = "\n" + KEEP_MARKER + "\n\n" + args.out.read_text().split(KEEP_MARKER, 1)[1].lstrip("\n")
+    args.out.write_text(render(reports, "python scripts/compat_matrix.py") + "\n" + kept)
     failed = [r["cell"] for r in reports if "error" in r or "crash" in r or "FAIL" in json.dumps(r.get("results"))]
     print(f"wrote {args.out}; {len(reports)} cells, failing: {failed or 'none'}")
     return 1 if failed else 0
