@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from llmguard_client._budget.budget import RetryBudget
+from llmguard_client._core.caller_intent import MAX_ATTEMPTS_HEADER, with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._routing.replicas import ReplicaState, rebase
@@ -39,7 +40,13 @@ KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
 SESSION_HEADER = "x-llmguard-session"
 """The call's cache-affinity key (`llmguard_client._routing.affinity.routing`); never forwarded, like the others."""
-_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
+_GUARD_HEADERS = (
+    TIER_HEADER.encode(),
+    COHORT_HEADER.encode(),
+    KEY_HEADER.encode(),
+    SESSION_HEADER.encode(),
+    MAX_ATTEMPTS_HEADER.encode(),
+)
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 """Methods httpx sends ``Content-Length: 0`` for when the body is empty."""
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
@@ -74,7 +81,7 @@ class CallerHeaders:
 
     def own(self, name: str) -> str | None:
         """The value of one of the guard's own headers (`TIER_HEADER`, `COHORT_HEADER`, `KEY_HEADER`,
-        `SESSION_HEADER`)."""
+        `SESSION_HEADER`, ``MAX_ATTEMPTS_HEADER``)."""
         return self._request.headers.get(name) if self._has_own else None
 
 
@@ -151,6 +158,8 @@ class Call:
     affinity_key: str | None = None
     """The call's cache-affinity key (None: unkeyed, or affinity off): its attempts prefer the key's replicas."""
     keeps_text: bool = False
+    max_attempts: int | None = None
+    """The most attempts (``x-llmguard-max-attempts``, else the tier's; None: the retry policy's)."""
     """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
     its attempts' readers keep the text they deliver, which a continuation resumes from."""
 
@@ -202,6 +211,8 @@ class Call:
             forwarded = [(k, v) for k, v in self.headers if k.lower() not in names] + own
         else:
             forwarded = self.headers
+        if attempt.index:  # the SDK's retry count, as if it had sent this attempt itself
+            forwarded = with_retry_count(forwarded, attempt.index)
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
         headers = [(b"Host", url.netloc), *forwarded]

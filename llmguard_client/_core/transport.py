@@ -33,6 +33,7 @@ import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
+from llmguard_client._core.caller_intent import MAX_ATTEMPTS_HEADER, max_attempts
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -146,16 +147,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
+            attempts = max_attempts(headers.own(MAX_ATTEMPTS_HEADER), self._tiers[tier_name], request)
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call = await self._start_call(request, headers, assignment, tier_name)
+        call.max_attempts = attempts
         continuation = self._continuation_for(call)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
-            outcome = await self.pipeline.handle(call, Route())
+            outcome = await self.pipeline.handle(call, Route(rounds=call.max_attempts))
         except anyio.get_cancelled_exc_class():
             await lease.aclose("cancelled", "cancelled_by_caller")
             raise
