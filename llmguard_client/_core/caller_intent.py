@@ -3,8 +3,9 @@ the retry count each attempt reports back.
 
 - ``x-llmguard-max-attempts: N`` (else the tier's ``max_attempts``, else the retry policy's): the most
   requests the call sends.
-- The SDK's ``timeout=`` reaches the transport as ``request.extensions["timeout"]``; its read timeout
-  bounds the whole call under a Guard (`read_timeout`), not each attempt.
+- The SDK's ``timeout=`` reaches the transport as ``request.extensions["timeout"]``: its read timeout
+  bounds the whole call's wait for the first token, every attempt included, and each silence after it
+  (`within_read_timeout`): the tier's ``ttft`` and ``stall`` are capped by it, never raised.
 - ``x-stainless-retry-count`` (sent by the openai and anthropic SDKs, read by servers and proxies):
   the guard's n-th attempt of a call reports the SDK's count plus n (`with_retry_count`).
 """
@@ -12,6 +13,8 @@ the retry count each attempt reports back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -59,3 +62,19 @@ def with_retry_count(headers: list[tuple[bytes, bytes]], index: int) -> list[tup
                 value = str(int(value) + index).encode()
         out.append((key, value))
     return out
+
+
+def within_read_timeout(tier: Tier, extensions: Mapping[str, Any]) -> Tier:
+    """``tier`` with its ``ttft`` and ``stall`` capped by the SDK's read timeout for this call, if it set one."""
+    read = read_timeout(extensions)
+    if read is None:
+        return tier
+    return _capped(tier, read)
+
+
+@functools.lru_cache(maxsize=256)
+def _capped(tier: Tier, read: float) -> Tier:
+    stall = read if tier.stall is None else min(tier.stall, read)
+    if read >= tier.ttft and stall == tier.stall:
+        return tier
+    return dataclasses.replace(tier, ttft=min(tier.ttft, read), stall=stall)

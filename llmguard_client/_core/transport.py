@@ -33,7 +33,7 @@ import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
-from llmguard_client._core.caller_intent import MAX_ATTEMPTS_HEADER, max_attempts
+from llmguard_client._core.caller_intent import MAX_ATTEMPTS_HEADER, max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -208,7 +208,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
         clock = time_source.now
         now = clock()
-        tier = self._tiers[tier_name]
+        tier = within_read_timeout(self._tiers[tier_name], request.extensions)  # the SDK's timeout= caps it
         body = await request.aread()
         document = json_document(request, body)  # parsed once: the facts and the affinity key read the same value
         facts = RequestFacts.of(document)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardConfigError, GuardRequestError, RetryPolicy, Tier
+from llmguard_client import Guard, GuardConfigError, GuardRequestError, RetryPolicy, Tier, guard_failure
 from llmguard_client._core.caller_intent import read_timeout, with_retry_count
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
@@ -118,3 +118,51 @@ def test_read_timeout_is_the_sdks_read_component() -> None:
     assert read_timeout({"timeout": {"connect": 5.0, "read": 1.5, "write": 5.0, "pool": 5.0}}) == 1.5
     assert read_timeout({"timeout": {"connect": 5.0, "read": None}}) is None
     assert read_timeout({}) is None
+
+
+def test_the_sdks_timeout_bounds_the_whole_call_not_each_attempt(servers: list[LoopbackServer]) -> None:
+    """openai.OpenAI(timeout=1.0, max_retries=0), a server that answers after 3 s, Tier(ttft=5): one request,
+    given up at the SDK's 1 s as the call's first-token deadline (it used to be three read timeouts, three
+    generations on the server, and a 502)."""
+    server = servers[0]
+    server.script = Script(hang_before_headers=3.0)
+    with guard_over(server, tier=Tier(ttft=5, total=10), failure_mode="raise") as guard:
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", timeout=1.0, max_retries=0, http_client=guard.sync_httpx2_client()
+        )
+        with guard.capture() as calls, pytest.raises(openai.APITimeoutError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "(1.0s;" in str(caught.value.__cause__)  # the deadline it kept: the SDK's, not the tier's 5 s
+    assert len(calls[0].attempts) == 1
+    assert server.wait_for(lambda: len(server.received) == 1)
+    assert len(server.received) == 1
+
+
+async def test_the_sdks_timeout_bounds_each_silence_of_a_stream(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.script = Script(tokens=5, stall_after_first=3.0)
+    async with guard_over(server, tier=Tier(ttft=5, total=10)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+        )
+        stream = await client.with_options(timeout=1.0).chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            async for _ in stream:
+                pass
+    assert guard_failure(caught.value) == "stall_timeout"
+
+
+async def test_a_timeout_longer_than_the_tier_changes_nothing(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.script = Script(hang_before_headers=3.0)
+    async with guard_over(server, tier=Tier(ttft=0.3, total=10)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=600, http_client=guard.httpx2_client()
+        )
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "(0.3s;" in str(caught.value)
