@@ -10,8 +10,8 @@ directory so the suite's own pytest settings apply (warnings are errors there): 
 both pass counts and each test that passes plain and fails guarded.
 
 ``--check``: exit 1 if a test passes plain and fails guarded without being named in docs/compatibility.md
-(each difference is listed there with its reason). ~1 min for both suites once the venv exists, ~1.5 min
-with it; ``tests/test_peer_suites.py`` runs it under ``-m peer``.
+(each difference is listed there with its reason). ~2 min for both suites on a busy 2-core machine, +1 min
+to build the venv the first time; ``tests/test_peer_suites.py`` runs it under ``-m peer``.
 """
 
 from __future__ import annotations

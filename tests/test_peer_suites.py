@@ -1,4 +1,4 @@
-"""The openai and anthropic SDKs' own client test suites through a Guard (``-m peer``: needs PyPI, ~1.5 min)."""
+"""The openai and anthropic SDKs' own client test suites through a Guard (``-m peer``: needs PyPI, ~2-3 min)."""
 
 from __future__ import annotations
 
