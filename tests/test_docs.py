@@ -64,6 +64,24 @@ def test_the_docs_speak_to_users(doc: str) -> None:
     assert not re.findall(r"(?i)\bwaves?\b|\bissue \d|seed 00\d|§", text)
 
 
+GUIDES = (
+    "docs/usage.md",
+    "docs/rollout.md",
+    "docs/fleet.md",
+    "docs/routing.md",
+    "docs/loadtest.md",
+    "docs/observability.md",
+)
+"""The user guides: what the library does and how to use it (measurements and their set-up: docs/benchmarks.md)."""
+
+
+@pytest.mark.parametrize("doc", GUIDES)
+def test_the_guides_name_no_internals_nor_the_machine_a_figure_came_from(doc: str) -> None:
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    found = re.findall(r"llmguard_client/_\w+|\btests/\w+|(?i:load average|\d-core machine|the rule before)", text)
+    assert not found, f"{doc}: {found}"
+
+
 USER_FILES = sorted(
     str(p.relative_to(ROOT))
     for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py")]
