@@ -16,7 +16,7 @@ from llmguard_client._stream.continuation import Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog
 
 
-def test_the_guard_declares_the_whole_pipeline_once() -> None:
+def test_the_guard_runs_the_pipeline_its_composition_declares() -> None:
     guard = Guard(["http://a.test", "http://b.test"], continuation=ContinuationPolicy())
     pipeline = guard.transport.pipeline
     kinds = [type(layer).__name__ for layer in pipeline.layers]
@@ -29,11 +29,6 @@ def test_the_guard_declares_the_whole_pipeline_once() -> None:
     assert pipeline.continuation_layers == (deadline, retry, rate_limit)
     assert pipeline.stream.watch == ReadWatchdog.for_response
     assert isinstance(pipeline.stream.continuation, Continuer)
-    assert guard.transport.layers == pipeline.layers
-
-
-def test_without_a_continuation_policy_the_stream_has_no_continuation_stage() -> None:
-    assert Guard(["http://a.test"]).transport.pipeline.stream.continuation is None
 
 
 def test_continuation_layers_must_be_layers_of_the_pipeline() -> None:
