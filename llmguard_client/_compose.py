@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
-from llmguard_client._core.pipeline import Pipeline, StreamStages, compose
+from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
@@ -32,6 +32,7 @@ from llmguard_client._rollout.rollout import Rollout, RolloutLayer
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.continuation import Continuer
+from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -72,10 +73,10 @@ class SharedState:
     clock: Clock
 
 
-def build_pipeline(policies: Policies, state: SharedState) -> Pipeline:
+def build_pipeline(policies: Policies, state: SharedState) -> tuple[Pipeline, StreamStages]:
     """The whole pipeline of a guarded call: the layers (rollout, bulkhead, deadline, retry, hedge, rate limit)
-    around the attempt; a continuation's path through the same deadline, retry and rate-limit objects; the
-    stream stages, with the continuation when any tier has a `ContinuationPolicy`."""
+    around the attempt, with a continuation's path through the same deadline, retry and rate-limit objects;
+    and the stream stages, with the continuation when any tier has a `ContinuationPolicy`."""
     deadline = DeadlineLayer()
     retry = RetryLayer(state.replicas, policies.retry, state.instrumentation)
     rate_limit = RateLimitLayer(state.rate_limiter)
@@ -87,21 +88,22 @@ def build_pipeline(policies: Policies, state: SharedState) -> Pipeline:
         HedgeLayer(state.replicas, policies.hedge, state.ttft_stats),
         rate_limit,
     )
-    attempt = AttemptLayer(state.registry)
-    continuation_layers = (deadline, retry, rate_limit)
+    pipeline = Pipeline(layers, AttemptLayer(state.registry), (deadline, retry, rate_limit))
     continuer = None
     if any(policies.continuation.values()):
-        path = compose(continuation_layers, attempt)
+        path = pipeline.continuation
         continuer = Continuer(state.replicas, path, retry, dict(policies.continuation), state.clock)
-    return Pipeline(layers, attempt, continuation_layers, StreamStages(ReadWatchdog.for_response, continuer))
+    return pipeline, StreamStages(ReadWatchdog.for_response, continuer)
 
 
 def build_transport(
     policies: Policies, state: SharedState, *, tier_var: ContextVar[str | None], on_record: RecordCallback | None
 ) -> GuardTransport:
-    """The transport that runs a Guard's calls through `build_pipeline`'s pipeline."""
+    """The transport that runs a Guard's calls through `build_pipeline`'s pipeline and stream stages."""
+    pipeline, stream = build_pipeline(policies, state)
     return GuardTransport(
-        build_pipeline(policies, state),
+        pipeline,
+        stream,
         replicas=state.replicas,
         tiers=policies.tiers,
         default_tier=policies.default_tier,

@@ -46,6 +46,7 @@ from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation
+from llmguard_client._stream.stages import StreamStages
 from llmguard_client.config import FailureMode, Tier
 from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
@@ -69,6 +70,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
     def __init__(
         self,
         pipeline: Pipeline,
+        stream: StreamStages,
         *,
         replicas: ReplicaSet,
         tiers: Mapping[str, Tier],
@@ -87,7 +89,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         retries: bool,
     ) -> None:
         self.pipeline = pipeline
-        """What every guarded call runs through: the layers, the continuation's path, the stream stages."""
+        """What every guarded call runs through before its first token (and a continuation's path)."""
+        self.stream = stream
+        """The stages after the first token: the read deadlines and the continuation."""
         self._replicas = replicas
         self._affinity = replicas.affinity
         self._bases = tuple(s.base for s in replicas.states)
@@ -200,7 +204,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
         )
-        continuer = self.pipeline.stream.continuation
+        continuer = self.stream.continuation
         continuation = (
             continuer.for_call(tier_name, request.method, path, body)
             if continuer is not None and facts.stream
@@ -247,7 +251,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win, self.pipeline.stream, continuation),
+            stream=GuardBody(call, win, self.stream, continuation),
             request=call.request,
             extensions=win.response.extensions,  # copied by httpx
         )

@@ -7,7 +7,7 @@ import pytest
 
 from llmguard_client import ContinuationPolicy, Guard
 from llmguard_client._core.outcome import Outcome, Route
-from llmguard_client._core.pipeline import Next, Pipeline, StreamStages
+from llmguard_client._core.pipeline import Next, Pipeline
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.deadline import DeadlineLayer
 from llmguard_client._layers.hedge import HedgeLayer
@@ -27,8 +27,8 @@ def test_the_guard_runs_the_pipeline_its_composition_declares() -> None:
     rate_limit = pipeline.layers[5]
     # the same objects: one deadline, one retry, and a continuation is charged to the rate limit like any attempt
     assert pipeline.continuation_layers == (deadline, retry, rate_limit)
-    assert pipeline.stream.watch == ReadWatchdog.for_response
-    assert isinstance(pipeline.stream.continuation, Continuer)
+    assert guard.transport.stream.watch == ReadWatchdog.for_response
+    assert isinstance(guard.transport.stream.continuation, Continuer)
 
 
 def test_continuation_layers_must_be_layers_of_the_pipeline() -> None:
@@ -39,4 +39,4 @@ def test_continuation_layers_must_be_layers_of_the_pipeline() -> None:
     deadline = DeadlineLayer()
     stranger = HedgeLayer(None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="continuation layers must be layers of the pipeline"):
-        Pipeline([deadline], inner, [deadline, stranger], StreamStages(ReadWatchdog.for_response))
+        Pipeline([deadline], inner, [deadline, stranger])
