@@ -96,7 +96,7 @@ def test_importing_the_package_loads_none_of_the_tools() -> None:
     # runtime dependencies load by themselves, and the package must add no tool and no heavy module to it.
     probe = (
         "import sys\n"
-        "import anyio, httpx, tenacity, opentelemetry.trace\n"
+        "import anyio, httpx, opentelemetry.trace\n"
         "before = set(sys.modules)\n"
         "import llmguard_client\n"
         "from llmguard_client import Guard\n"
