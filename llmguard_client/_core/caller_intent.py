@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 
+from llmguard_client._core.headers import MAX_ATTEMPTS_HEADER
 from llmguard_client.config import MAX_ATTEMPTS, Tier
 from llmguard_client.errors import GuardRequestError
 
-MAX_ATTEMPTS_HEADER = "x-llmguard-max-attempts"
 RETRY_COUNT_HEADER = b"x-stainless-retry-count"
 
 
