@@ -54,6 +54,9 @@ CELLS = [
         [*TYPED_EXAMPLES, "scripts/typing/openai_v1_v2.py"],
     ),
     Cell("openai 3.x, httpx2", "3.11", ["openai>=3", "httpx2"], [*TYPED_EXAMPLES, "scripts/typing/openai_v3.py"]),
+    # Early 3.x releases: langchain-openai, instructor, pydantic-ai and litellm installed together resolve openai 3.3.
+    Cell("openai 3.0, httpx2", "3.11", ["openai>=3.0,<3.1", "httpx2"]),
+    Cell("openai 3.3, httpx2", "3.11", ["openai>=3.3,<3.4", "httpx2"]),
     Cell("lowest declared (+ openai 1.40, the test extra's floor)", "3.11", [*LOWEST, "openai==1.40.0"]),
     Cell("lowest httpx2 (2.12; it needs anyio>=4.10)", "3.11", ["httpx2==2.12.0", "anyio==4.10.0", "openai>=3"]),
     Cell("anthropic latest, httpx2", "3.11", ["anthropic", "httpx2"]),
