@@ -124,3 +124,31 @@ def test_the_sdk_sends_its_read_timeout_through_a_guarded_client_as_through_its_
             plain_ant.messages.create(model="m", max_tokens=5, messages=MESSAGES)
     guarded, own = (r.headers.get("x-stainless-read-timeout") for r in server.received)
     assert guarded == own == "600"
+
+
+async def test_a_deadline_mid_stream_is_raised_as_the_sdk_raises_its_own_read_timeout(
+    servers: list[LoopbackServer],
+) -> None:
+    """openai >= 3.57 wraps an error raised while a stream is read (`APITimeoutError`); earlier 3.x releases
+    (3.3, which the frameworks resolve) let the HTTP client's own exception through. Either way the guard's
+    stall deadline reaches the caller as the SDK's own read timeout does: the same kind of exception."""
+    import httpx2
+
+    server = servers[0]
+    server.script = Script(tokens=5, stall_after_first=3.0)
+
+    async def read(client: Any) -> BaseException:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        with pytest.raises((openai.APIError, httpx2.HTTPError)) as caught:
+            async for _ in stream:
+                pass
+        return caught.value
+
+    own = await read(openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", timeout=0.5, max_retries=0))
+    tier = {"t": Tier(ttft=10, total=20, stall=0.5)}
+    async with Guard([server.url], tiers=tier, instrumentation=None, transport_factory=pools) as g:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=g.httpx2_client())
+        guarded = await read(client)
+    kind = openai.APITimeoutError if isinstance(own, openai.APIError) else httpx2.TimeoutException
+    assert isinstance(own, kind)
+    assert isinstance(guarded, kind)
