@@ -28,6 +28,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.errors import (
     AllAttemptsFailed,
+    AllAttemptsTimedOut,
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
@@ -67,6 +68,7 @@ __all__ = [
     "RETRY_AFTER_CAP",
     "AffinityPolicy",
     "AllAttemptsFailed",
+    "AllAttemptsTimedOut",
     "AllReplicasCooling",
     "AttemptRecord",
     "BudgetExhausted",

@@ -13,7 +13,8 @@ keeps working::
         ├── GuardTimeout(httpx.TimeoutException)
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
-        │   └── StallTimeout            the stream went silent longer than the tier's stall
+        │   ├── StallTimeout            the stream went silent longer than the tier's stall
+        │   └── AllAttemptsTimedOut     every attempt ended in a timeout (e.g. the SDK's own ``timeout=``)
         ├── GuardUnavailable(httpx.TransportError)
         │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
         │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
@@ -143,6 +144,16 @@ class TotalTimeout(GuardTimeout):
 
 class StallTimeout(GuardTimeout):
     cause = "stall_timeout"
+
+
+class AllAttemptsTimedOut(GuardTimeout):
+    """Every attempt the guard sent ended in a timeout (a read, connect, write or pool timeout, e.g. from
+    the caller's own ``timeout=``): raised in every failure mode, so an SDK maps it to its timeout error
+    (openai: ``APITimeoutError``). ``__cause__`` is the last attempt's timeout; ``cause`` is
+    ``all_attempts_timed_out``, or the reason the guard sent no further attempt (``all_replicas_cooling``,
+    ``budget_exhausted``, ...)."""
+
+    cause = "all_attempts_timed_out"
 
 
 class GuardUnavailable(GuardFailure, httpx.TransportError):

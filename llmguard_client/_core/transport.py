@@ -34,7 +34,7 @@ import httpx
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
-from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
+from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline, StreamStages
@@ -53,7 +53,7 @@ from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation, Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
-from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
+from llmguard_client.errors import GuardClosed, GuardFailure, GuardTimeout, GuardUnavailable, UnknownTierError
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -321,7 +321,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
 
     async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
-        """End a call without a winner: the last server answer if there is one, else the guard's error."""
+        """End a call without a winner: the last server answer if there is one, else the error its attempts
+        met (a timeout stays a timeout, in every failure mode), else the guard's own error. A refusal that
+        came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type."""
         error, last, lease = outcome.reason, outcome.last, call.lease
         if isinstance(error, GuardClosed) or lease.aborted:
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
@@ -332,27 +334,24 @@ class GuardTransport(httpx.AsyncBaseTransport):
             await lease.aclose("rejected" if error is not None else "http_error", cause)
             no_retry = self._retry is not None or error is not None
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
-        if error is None:
-            assert last is not None and last.error is not None
+        if last is not None and (error is None or isinstance(error, GuardUnavailable)):
+            assert last.error is not None
             if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
                 await lease.aclose("error", last.attempt.error)
                 raise last.error
-            error = AllAttemptsFailed(
-                f"every attempt failed before a response (tier {call.tier_name!r}, "
-                f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
-                request=call.request,
-                record=call.record,
-            )
-            error.__cause__ = last.error
+            error = attempts_error(call, outcome.failures, error)
+        assert error is not None
+        timeout = isinstance(error, GuardTimeout)
         status: CallStatus = (
             "timeout"
-            if error.cause.endswith("timeout")
+            if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
-        if call.respond_with_errors:  # the caller gets the guard's own answer: the record says so
+        respond = call.respond_with_errors and not timeout  # a timeout is raised: the SDK's timeout error
+        if respond:  # the caller gets the guard's own answer: the record says so
             call.record.answered(error.status_code)
         await lease.aclose(status, error.cause)
-        if call.respond_with_errors:
+        if respond:
             return failure_response(error, call.request, call.record.snapshot())
         raise error
 
