@@ -33,12 +33,15 @@ these are raised from the response body's iterator; before it they only end an a
 elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is left.
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
-transport raises) the same failures are returned as proxy-style HTTP responses
-instead: see `llmguard_client._core.failure`. And whenever a server did answer (a 429, a
-503, a 500), the guard hands that answer back, in either mode, rather than raising:
-``BudgetExhausted`` and ``AllReplicasCooling`` are then only named in its
-``x-llmguard-cause`` header. They are raised (raise mode) when there is no server
-answer to hand back, e.g. an empty budget after connection errors.
+transport raises) the failures that are not timeouts are returned as proxy-style HTTP
+responses instead: see `llmguard_client._core.failure`. A timeout is raised in every mode
+(``GuardTimeout``: the SDK's timeout error), and the SDK's retry of a call the guard gave up
+on fails at once with the same error (`llmguard_client._core.given_up`). Whenever a server
+did answer (a 429, a 503, a 500), the guard hands that answer back, in either mode, rather
+than raising. ``BudgetExhausted``, ``AllReplicasCooling`` and ``RateLimited`` are refusals:
+raised (or answered) as such only when they stop a call before anything was sent; after
+attempts, the caller gets the attempts' own failure and the refusal is named in its
+``cause`` (``x-llmguard-cause``).
 """
 
 from __future__ import annotations

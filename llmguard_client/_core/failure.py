@@ -3,8 +3,9 @@
 The openai SDK (like every Stainless-generated SDK) retries whatever a transport
 raises, up to ``max_retries`` times with sleeps, but obeys ``x-should-retry: false``
 on a response. So in *response mode* a guard failure comes back the way a proxy would
-answer: 504 for a deadline, 429/503 for overload (with Retry-After when known), 502
-when every attempt failed, 503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
+answer (a timeout excepted: it is raised in every mode, so the SDK raises its timeout
+error): 429/503 for overload (with Retry-After when known), 502 when every attempt failed,
+503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
 naming no tier or cohort (`GuardRequestError`), always with ``x-should-retry: false``, an OpenAI-format
 JSON error whose message names the tier, the limit, the elapsed time and the
 attempts, and the machine-readable cause in ``x-llmguard-cause``. The SDK then raises

@@ -35,6 +35,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
+from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline, StreamStages
@@ -53,7 +54,15 @@ from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation, Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
-from llmguard_client.errors import GuardClosed, GuardFailure, GuardTimeout, GuardUnavailable, UnknownTierError
+from llmguard_client.errors import (
+    GuardClosed,
+    GuardFailure,
+    GuardTimeout,
+    GuardUnavailable,
+    TotalTimeout,
+    TTFTTimeout,
+    UnknownTierError,
+)
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -62,6 +71,11 @@ from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 logger = logging.getLogger("llmguard_client")
 
 RecordCallback = Callable[[PhaseRecord], None]
+STACKING_WARNING = (
+    "llmguard: an SDK retried a call the guard had already given up on (failure_mode='raise'); the retry was "
+    "failed at once, but the SDK's own retries wait their backoff first: give the SDK client max_retries=0, "
+    "or leave failure_mode='auto'"
+)
 _GENERATION_PATHS = HedgePolicy()
 """Which paths are idempotent-safe generation calls, when hedging is off."""
 
@@ -109,6 +123,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._clock = clock
         self._bases = tuple(s.base for s in replicas.states)
         self._rollout = rollout
+        self._given_up = GivenUp()
+        """Calls given up on with an error: an SDK's retry of one fails at once (`llmguard_client._core.given_up`)."""
+        self._warned_stacking = False
         self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         deadline = DeadlineLayer()
@@ -149,6 +166,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
+        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) else None
+        if again is not None:  # an SDK's retry of a call the guard gave up on: the same error, nothing sent
+            if self._failure_mode == "raise" and not self._warned_stacking:
+                self._warned_stacking = True
+                logger.warning(STACKING_WARNING)
+            raise again
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call = await self._start_call(request, headers, assignment, tier_name)
@@ -353,6 +376,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await lease.aclose(status, error.cause)
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
+        if (self._retry is not None and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
+            self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
         raise error
 
     # --- per-call choices -----------------------------------------------------------------

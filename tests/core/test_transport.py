@@ -262,8 +262,10 @@ async def test_openai_does_not_stack_retries_on_a_guard_timeout(servers: list[Lo
     timeout = caught.value.__cause__
     assert isinstance(timeout, TTFTTimeout) and "tier 't'" in str(timeout) and "0.5s" in str(timeout)
     assert elapsed >= 0.5  # the deadline, never early (no upper bound: a busy machine stretches any call)
-    assert len(records) == 3  # the SDK retried the timeout: each retry a new call (each call is a record)
-    assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 3)
+    assert len(records) == 1  # one call: the SDK's retries of it failed at once (each call is a record)
+    # The guard gave up before the server answered; on a busy machine before its handler ran, too.
+    assert servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= 1)
+    assert sum(len(s.received) for s in servers) == 1
 
 
 async def test_caller_cancel_closes_the_attempt(servers: list[LoopbackServer]) -> None:
