@@ -48,6 +48,7 @@ from llmguard_client.errors import (
     UnknownCohortError,
     UnknownTierError,
     UpstreamStreamError,
+    WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
@@ -106,6 +107,7 @@ __all__ = [
     "UnknownCohortError",
     "UnknownTierError",
     "UpstreamStreamError",
+    "WrongEventLoop",
     "__version__",
     "capture",
     "guard_failure",

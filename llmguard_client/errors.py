@@ -9,7 +9,8 @@ keeps working::
     └── GuardFailure                    the guard gave up on a call (carries .record, .cause)
         ├── GuardRequestError(ValueError)   a call's own x-llmguard-* header names nothing configured (400)
         │   ├── UnknownTierError        a tier name that is not configured (also a GuardConfigError)
-        │   └── UnknownCohortError      an x-llmguard-cohort other than guarded / control
+        │   ├── UnknownCohortError      an x-llmguard-cohort other than guarded / control
+        │   └── WrongEventLoop          a call from a second event loop while the Guard's first one runs
         ├── GuardTimeout(httpx.TimeoutException)
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
@@ -123,6 +124,13 @@ class UnknownCohortError(GuardRequestError):
     """A call's ``x-llmguard-cohort`` header is neither ``guarded`` nor ``control``."""
 
     cause = "unknown_cohort"
+
+
+class WrongEventLoop(GuardRequestError):
+    """A call from an event loop other than the one the Guard's connections belong to, while that one still
+    runs (e.g. two threads each running ``asyncio.run``): refused before anything is sent."""
+
+    cause = "wrong_event_loop"
 
 
 class GuardTimeout(GuardFailure, httpx.TimeoutException):

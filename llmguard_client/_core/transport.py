@@ -37,6 +37,7 @@ from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
 from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease, LeaseRegistry
+from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline, StreamStages
 from llmguard_client._layers.attempt import AttemptLayer
@@ -57,11 +58,13 @@ from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy,
 from llmguard_client.errors import (
     GuardClosed,
     GuardFailure,
+    GuardRequestError,
     GuardTimeout,
     GuardUnavailable,
     TotalTimeout,
     TTFTTimeout,
     UnknownTierError,
+    WrongEventLoop,
 )
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
@@ -126,6 +129,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._given_up = GivenUp()
         """Calls given up on with an error: an SDK's retry of one fails at once (`llmguard_client._core.given_up`)."""
         self._warned_stacking = False
+        self._loops = LoopOwner()
         self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         deadline = DeadlineLayer()
@@ -159,9 +163,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
         headers = CallerHeaders(request)
-        try:  # refused before anything starts: closed, or a guard header naming nothing configured
+        try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
+            wrong_loop = self._loops.claim()
+            if wrong_loop is not None:
+                raise WrongEventLoop(wrong_loop, request=request)
+            if request.url.scheme not in ("http", "https") or not request.url.host:
+                raise GuardRequestError(
+                    f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "
+                    "client a base_url (e.g. one of the replicas) or send to a full URL",
+                    request=request,
+                )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:

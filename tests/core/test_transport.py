@@ -194,9 +194,9 @@ async def test_unknown_tier_is_a_clear_error(servers: list[LoopbackServer]) -> N
 
 async def test_refused_calls_in_response_mode_are_answers_not_to_be_retried(servers: list[LoopbackServer]) -> None:
     guard = make_guard(servers[:1], [], failure_mode="response")
-    async with guard, guard.http_client() as client:
-        typo = await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
-    async with guard.http_client() as client:
+    async with guard.http_client() as client:  # a client handed out before the close
+        async with guard:
+            typo = await client.post(servers[0].url + CHAT, json={}, headers={"x-llmguard-tier": "gold"})
         closed = await client.post(servers[0].url + CHAT, json={})
     assert (typo.status_code, typo.headers["x-llmguard-cause"], typo.headers["x-should-retry"]) == (
         400,
