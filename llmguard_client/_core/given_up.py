@@ -18,10 +18,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import httpx
 
+from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
+from llmguard_client.telemetry.record import PhaseRecord
 
 logger = logging.getLogger("llmguard_client")
 
@@ -31,6 +34,26 @@ REMEMBERED = 1024
 """At most this many calls are remembered (the oldest is forgotten first)."""
 WINDOW = 30.0
 """Seconds after the give-up during which a retry of the call fails at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A call in cooperative mode (`RetryPolicy.mode`) between two of the SDK's requests: the guard allowed
+    a retry, and what must hold across the requests (the deadlines, the attempts used, the replicas that
+    failed it) waits here for the SDK's next one. ``error`` or ``answer`` is what the last request got, handed
+    back again if the next one may not be sent after all (e.g. the budget emptied meanwhile)."""
+
+    first_token_deadline: float
+    total_deadline: float
+    rounds: int
+    failed: tuple[ReplicaState, ...]
+    error: GuardFailure | None = None
+    answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+    record: PhaseRecord | None = None
+
+
+Remembered = GuardFailure | Episode
+"""A call given up on (its error) or one the SDK is expected to retry (its `Episode`)."""
 
 
 def retry_count(request: httpx.Request) -> int:
@@ -45,22 +68,24 @@ class GivenUp:
     def __init__(self, size: int = REMEMBERED, window: float = WINDOW) -> None:
         self._size = size
         self._window = window
-        self._calls: OrderedDict[str, tuple[float, GuardFailure]] = OrderedDict()
+        self._calls: OrderedDict[str, tuple[float, Remembered]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._calls)
 
-    def remember(self, request: httpx.Request, body: bytes, error: GuardFailure, now: float) -> None:
-        """The guard gave up on this call with ``error`` (raised to the caller)."""
+    def remember(self, request: httpx.Request, body: bytes, what: Remembered, now: float) -> None:
+        """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
+        it (an `Episode`, cooperative mode)."""
         key = _identity(request, body)
-        self._calls[key] = (now + self._window, error)
+        self._calls[key] = (now + self._window, what)
         self._calls.move_to_end(key)
         while len(self._calls) > self._size:
             self._calls.popitem(last=False)
 
-    async def recall(self, request: httpx.Request, now: float) -> GuardFailure | None:
-        """A fresh copy of the error of the call ``request`` repeats, if the guard gave up on it within the
-        window; None for a request that is not such a retry (the cheap answer while nothing is remembered)."""
+    async def recall(self, request: httpx.Request, now: float) -> GuardFailure | Episode | None:
+        """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
+        up on it, or its `Episode` (then forgotten: the retry carries it on); None for a request that is not
+        such a retry (the cheap answer while nothing is remembered)."""
         if not self._calls:
             return None
         self._expire(now)
@@ -68,10 +93,15 @@ class GivenUp:
         keyed = IDEMPOTENCY_HEADER in request.headers and RETRY_COUNT_HEADER not in request.headers
         if not self._calls or not (count > 0 or keyed):  # an SDK's first request is never a retry
             return None
-        entry = self._calls.get(_identity(request, await request.aread()))
+        key = _identity(request, await request.aread())
+        entry = self._calls.get(key)
         if entry is None:
             return None
-        return _again(entry[1], request, count)
+        what = entry[1]
+        if isinstance(what, Episode):
+            del self._calls[key]
+            return what
+        return again(what, request, count)
 
     def _expire(self, now: float) -> None:
         calls = self._calls
@@ -91,7 +121,7 @@ def _identity(request: httpx.Request, body: bytes) -> str:
     return "hash:" + digest.hexdigest()
 
 
-def _again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:
+def again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:
     """The same failure for the retry (a new exception: each raise gets its own traceback)."""
     retry = f"retry {count} of " if count else "a retry of "
     fresh = type(error)(

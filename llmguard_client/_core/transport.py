@@ -27,15 +27,26 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import replace
 
 import anyio
 import httpx
 
 from llmguard_client._budget.budget import RetryBudget
-from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
+from llmguard_client._core.call import (
+    CAUSE_HEADER,
+    SESSION_HEADER,
+    TIER_HEADER,
+    Call,
+    CallerHeaders,
+    RequestFacts,
+    json_document,
+)
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.cooperative import allow_retry, next_episode, resume
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
-from llmguard_client._core.given_up import GivenUp
+from llmguard_client._core.given_up import Episode, GivenUp
+from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
@@ -180,7 +191,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         again = await self._given_up.recall(request, self._clock()) if len(self._given_up) else None
-        if again is not None:  # an SDK's retry of a call the guard gave up on: the same error, nothing sent
+        episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
+        if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
             if self._failure_mode == "raise" and not self._warned_stacking:
                 self._warned_stacking = True
                 logger.warning(STACKING_WARNING)
@@ -188,10 +200,16 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call = await self._start_call(request, headers, assignment, tier_name)
+        route = Route()
+        if episode is not None and self._retry is not None:
+            resumed = resume(call, episode, self._retry, self._replicas)
+            if resumed is None:
+                return await self._decline(call, episode)
+            route = resumed
         continuation = self._continuation_for(call)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
-            outcome = await self.pipeline.handle(call, Route())
+            outcome = await self.pipeline.handle(call, route)
         except anyio.get_cancelled_exc_class():
             await lease.aclose("cancelled", "cancelled_by_caller")
             raise
@@ -205,6 +223,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 outcome = Failed(reason=self._closed_error(call))
         if isinstance(outcome, Win):
             return self._deliver(call, outcome, continuation)
+        if outcome.stopped == "sdk":
+            return await self._hand_back(call, outcome, episode)
         return await self._give_up(call, outcome)
 
     def refuse(
@@ -392,6 +412,45 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if (self._retry is not None and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
         raise error
+
+    async def _hand_back(self, call: Call, outcome: Failed, before: Episode | None) -> httpx.Response:
+        """Cooperative mode: the guard allows a retry and the SDK sends it (`llmguard_client._core.cooperative`):
+        the failure itself, a server's answer marked ``x-should-retry: true``, or the error raised."""
+        last, lease = outcome.last, call.lease
+        assert last is not None
+        episode = next_episode(call, outcome, before)
+        if last.status_code is not None:
+            call.record.answered(last.status_code, last.attempt.replica)
+            await lease.aclose("http_error", "upstream_status")
+            record = call.record.snapshot()
+            response = upstream_response(last, "upstream_status", call.request, record, no_retry=False)
+            allow_retry(response, outcome.retry_in)
+            answer = (response.status_code, response.headers.raw, last.body)
+            self._given_up.remember(
+                call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
+            )
+            return response
+        error = attempts_error(call, outcome.failures, None)
+        await lease.aclose("timeout" if isinstance(error, GuardTimeout) else "error", error.cause)
+        self._given_up.remember(call.request, call.body, replace(episode, error=error), call.clock())
+        raise error
+
+    async def _decline(self, call: Call, episode: Episode) -> httpx.Response:
+        """Cooperative mode: the SDK's retry may not be sent after all (the budget emptied since the guard
+        allowed it): the last failure again, final, with nothing sent."""
+        await call.lease.aclose("rejected", "budget_exhausted")
+        if episode.error is not None:
+            error = again_error(episode.error, call.request, 1)
+            error.cause = "budget_exhausted"
+            self._given_up.remember(call.request, call.body, episode.error, call.clock())
+            raise error
+        assert episode.answer is not None
+        status, raw, body = episode.answer
+        response = httpx.Response(status, headers=raw, content=body, request=call.request)
+        response.extensions = {"llmguard": episode.record}
+        response.headers["x-should-retry"] = "false"
+        response.headers[CAUSE_HEADER] = "budget_exhausted"
+        return response
 
     # --- per-call choices -----------------------------------------------------------------
 
