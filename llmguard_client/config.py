@@ -217,7 +217,8 @@ class RetryPolicy:
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
 
     ``mode``: ``"guard"`` (default): the guard sends the retries itself, below the SDK.
-    ``"cooperative"``: one attempt round per SDK request (hedges included), and the SDK sends the
+    ``"cooperative"``: for calls from an SDK that retries (openai, anthropic: ``x-stainless-*`` headers;
+    other callers keep the default), one attempt round per SDK request (hedges included), and the SDK sends the
     retries the guard allows: the guard decides (budget, Retry-After, deadline, attempts) and says so
     with ``x-should-retry`` and ``retry-after-ms`` on the failure it returns; the SDK's next request of
     the same call keeps its deadlines, its attempts and the replicas it must avoid.

@@ -141,6 +141,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Calls given up on with an error: an SDK's retry of one fails at once (`llmguard_client._core.given_up`)."""
         self._warned_stacking = False
         self._loops = LoopOwner()
+        self._cooperative = retry is not None and retry.mode == "cooperative"
         self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         deadline = DeadlineLayer()
@@ -296,6 +297,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             total_deadline=now + tier.total,
             hedgeable=generation,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
+            sdk_retries=self._cooperative and headers.from_sdk,
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,

@@ -80,8 +80,6 @@ class RetryLayer:
         maximum = policy.backoff_max if policy else 2.0
         self.backoff = Backoff(initial, maximum, rng)
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
-        self.cooperative = policy is not None and policy.mode == "cooperative"
-        """One round per request: a retry the guard allows is handed back to the SDK (`Failed.stopped` "sdk")."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         first = self._first(call, route)
@@ -113,7 +111,7 @@ class RetryLayer:
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
-            if self.cooperative and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
+            if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
                 return Failed(failures, stopped="sdk", retry_in=wait)
             if route.kind != "continuation":
                 kind = "retry"

@@ -96,3 +96,13 @@ async def test_the_calls_deadline_holds_across_the_sdks_requests(servers: list[L
     assert guard_failure(caught.value) in ("all_attempts_timed_out", "ttft_timeout")  # whichever came first
     servers[0].wait_for(lambda: len(servers[0].received) >= 1)
     assert len(servers[0].received) <= 2  # the call's 1 s holds two of the SDK's four requests at most
+
+
+async def test_a_caller_that_is_not_an_sdk_keeps_the_guards_retries(cluster: LoopbackCluster) -> None:
+    cluster.set_scripter(lambda index, attempt: Script(status=500, body=ERROR) if attempt == 1 else None)
+    async with cooperative(cluster.urls, Tier(ttft=10, total=20)) as guard, guard.http_client() as client:
+        response = await client.post(
+            cluster.urls[0] + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "max_tokens": 3}
+        )
+    assert response.status_code == 200  # the guard retried below plain httpx, which would not
+    assert len(response.extensions["llmguard"].attempts) == 2
