@@ -82,6 +82,11 @@ class GivenUp:
         while len(self._calls) > self._size:
             self._calls.popitem(last=False)
 
+    def forget(self, request: httpx.Request, body: bytes) -> None:
+        """This call (or another with the same identity) failed in a way its SDK may retry: forget what an
+        earlier call of the same identity left, so that retry is not answered with the other call's error."""
+        self._calls.pop(_identity(request, body), None)
+
     async def recall(self, request: httpx.Request, now: float) -> GuardFailure | Episode | None:
         """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
         up on it, or its `Episode` (then forgotten: the retry carries it on); None for a request that is not

@@ -389,6 +389,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return failure_response(error, call.request, call.record.snapshot())
         if (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
+        elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
+            self._given_up.forget(call.request, call.body)
         raise error
 
     async def _hand_back(self, call: Call, outcome: Failed, before: Episode | None) -> httpx.Response:

@@ -115,3 +115,15 @@ async def test_the_memory_is_bounded_in_size_and_time() -> None:
     memory.remember(keyed, keyed.read(), AllAttemptsFailed("keyed"), now=20.0)
     other_body = httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers={"idempotency-key": "k1"})
     assert await memory.recall(other_body, now=21.0) is not None  # the same key is the same call
+
+
+async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memory() -> None:
+    """Two calls with the same body: the first was given up on; the second failed in a way its SDK may retry
+    (e.g. a full bulkhead, nothing sent): that retry must not get the first call's error."""
+    request = httpx.Request(
+        "POST", "http://a/v1/chat/completions", content=b"{}", headers={"x-stainless-retry-count": "1"}
+    )
+    memory = GivenUp()
+    memory.remember(request, b"{}", AllAttemptsFailed("the first call"), now=0.0)
+    memory.forget(request, b"{}")
+    assert await memory.recall(request, now=1.0) is None
