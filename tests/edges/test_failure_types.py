@@ -58,17 +58,13 @@ async def test_every_attempt_timed_out_is_an_api_timeout_error(
     assert {a.error for a in cause.record.attempts} == {"read_timeout"}
 
 
-def test_every_attempt_timed_out_is_an_api_timeout_error_sync(servers: list[LoopbackServer]) -> None:
+@pytest.mark.parametrize("edge", ["httpx2", "httpx"])
+def test_every_attempt_timed_out_is_an_api_timeout_error_sync(servers: list[LoopbackServer], edge: str) -> None:
     server = servers[0]
     server.script = SLOW
     with one_replica(server) as guard:
-        client = openai.OpenAI(
-            base_url=server.url + "/v1",
-            api_key="k",
-            timeout=1.0,
-            max_retries=0,
-            http_client=guard.http_client_for(openai.OpenAI),
-        )
+        http = guard.http_client_for(openai.OpenAI) if edge == "httpx2" else guard.sync_http_client()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", timeout=1.0, max_retries=0, http_client=http)
         with pytest.raises(openai.APITimeoutError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "all_attempts_timed_out"
