@@ -72,6 +72,8 @@ from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 logger = logging.getLogger("llmguard_client")
 
 RecordCallback = Callable[[PhaseRecord], None]
+_RETRY_HEADERS = frozenset({b"content-length", b"x-should-retry", b"retry-after", b"retry-after-ms"})
+"""Left out of an answer kept to hand back again as final (`GuardTransport._decline` sets its own)."""
 STACKING_WARNING = (
     "llmguard: an SDK retried a call the guard had already given up on (failure_mode='raise'); the retry was "
     "failed at once, but the SDK's own retries wait their backoff first: give the SDK client max_retries=0, "
@@ -405,7 +407,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             record = call.record.snapshot()
             response = upstream_response(last, "upstream_status", call.request, record, no_retry=False)
             allow_retry(response, outcome.retry_in)
-            answer = (response.status_code, response.headers.raw, last.body)
+            kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _RETRY_HEADERS]
+            answer = (response.status_code, kept, last.body)
             self._given_up.remember(
                 call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
             )

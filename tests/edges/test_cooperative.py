@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmguard_client import Guard, RetryPolicy, Tier, guard_failure
+from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier, guard_failure
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackCluster, LoopbackServer, Script
 
@@ -106,3 +106,34 @@ async def test_a_caller_that_is_not_an_sdk_keeps_the_guards_retries(cluster: Loo
         )
     assert response.status_code == 200  # the guard retried below plain httpx, which would not
     assert len(response.extensions["llmguard"].attempts) == 2
+
+
+async def test_a_retry_the_budget_no_longer_allows_gets_the_last_answer_as_final(servers: list[LoopbackServer]) -> None:
+    """The guard allowed a retry; before the SDK sent it, another call spent the budget's last retry: the
+    retry is not sent, and the last answer comes back final (the SDK's headers written by hand here, to
+    interleave the two calls)."""
+    servers[0].script = Script(status=500, body=ERROR)
+    sdk_headers = {"x-stainless-lang": "python"}
+    guard = Guard(
+        [servers[0].url],
+        tiers={"t": Tier(ttft=10, total=20)},
+        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
+        budget=BudgetPolicy(ratio=0.0, floor=1),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+    url = servers[0].url + "/v1/chat/completions"
+    async with guard, guard.http_client() as client:
+        first = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        other = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        spent = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+        again = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+    assert [r.headers["x-should-retry"] for r in (first, other)] == ["true", "true"]
+    assert spent.status_code == 500  # call b's retry took the budget's one ticket
+    assert (again.status_code, again.headers["x-should-retry"], again.headers["x-llmguard-cause"]) == (
+        500,
+        "false",
+        "budget_exhausted",
+    )
+    assert again.json() == ERROR and "retry-after-ms" not in again.headers
+    assert len(servers[0].received) == 3  # a, b, b's retry; a's retry was not sent
