@@ -29,6 +29,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.errors import (
     AllAttemptsFailed,
+    AllAttemptsTimedOut,
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
@@ -48,6 +49,7 @@ from llmguard_client.errors import (
     UnknownCohortError,
     UnknownTierError,
     UpstreamStreamError,
+    WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
@@ -68,6 +70,7 @@ __all__ = [
     "RETRY_AFTER_CAP",
     "AffinityPolicy",
     "AllAttemptsFailed",
+    "AllAttemptsTimedOut",
     "AllReplicasCooling",
     "AttemptRecord",
     "BudgetExhausted",
@@ -105,6 +108,7 @@ __all__ = [
     "UnknownCohortError",
     "UnknownTierError",
     "UpstreamStreamError",
+    "WrongEventLoop",
     "__version__",
     "capture",
     "flag_fraction",
