@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from llmguard_client import Guard, Tier
+from llmguard_client import Guard, RetryPolicy, Tier
 
 try:
     import httpx2
@@ -37,6 +38,8 @@ except ImportError:  # pragma: no cover - an httpx-only SDK
     httpx2 = None  # type: ignore[assignment]
 
 TIERS = {"t": Tier(ttft=30, total=60)}
+RETRY = RetryPolicy(mode="cooperative") if os.environ.get("PEER_RETRY_MODE") == "cooperative" else RetryPolicy()
+"""``PEER_RETRY_MODE=cooperative``: the Guards let the SDK send the retries (`RetryPolicy.mode`)."""
 _template = Guard(replicas=["http://template.invalid"], tiers=TIERS)
 """Builds the SDK-default replacements (never sends: their transport is swapped for `_Router`)."""
 _guards: dict[tuple[str, int, bool], Guard] = {}
@@ -158,7 +161,9 @@ def _guard_for(url: Any, inner_key: int, sync: bool) -> Guard:
     key = (origin, inner_key, sync)
     guard = _guards.get(key)
     if guard is None:
-        guard = Guard(replicas=[origin], tiers=TIERS, transport_factory=_inner_factory(_inners[inner_key](), sync))
+        guard = Guard(
+            replicas=[origin], tiers=TIERS, retry=RETRY, transport_factory=_inner_factory(_inners[inner_key](), sync)
+        )
         _guards[key] = guard
     return guard
 

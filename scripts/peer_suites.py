@@ -78,15 +78,15 @@ def unpack(workdir: Path, pin: str, env: Path) -> Path:
     return target
 
 
-def outcomes(env: Path, source: Path, guarded: bool) -> dict[str, str]:
+def outcomes(env: Path, source: Path, guarded: bool, mode: str = "guard") -> dict[str, str]:
     """Each test's outcome (passed, failed, skipped) in one run of the suite's tests/test_client.py."""
-    report = source / ("guarded.xml" if guarded else "plain.xml")
+    report = source / (f"guarded-{mode}.xml" if guarded else "plain.xml")
     cmd = [str(env / "bin" / "python"), "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={report}", "-o", "junit_family=xunit1", "tests/test_client.py"]
     env_vars = None
     if guarded:
         cmd[-1:-1] = ["-p", "peer_plugin"]
-        env_vars = {"PYTHONPATH": str(ROOT / "scripts")}
+        env_vars = {"PYTHONPATH": str(ROOT / "scripts"), "PEER_RETRY_MODE": mode}
     done = subprocess.run(cmd, cwd=source, text=True, capture_output=True, env={**os.environ, **(env_vars or {})})
     if not report.exists():
         sys.exit(f"pytest produced no report in {source}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -117,6 +117,9 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter the venv is built from")
     parser.add_argument("--check", action="store_true", help="fail on a difference docs/compatibility.md omits")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument(
+        "--retry-mode", choices=["guard", "cooperative"], default="guard", help="the Guards' RetryPolicy.mode"
+    )
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     env = venv(args.workdir, args.python)
@@ -125,11 +128,12 @@ def main() -> int:
     unlisted: list[str] = []
     for suite in args.suite or sorted(SUITES):
         source = unpack(args.workdir, SUITES[suite], env)
-        plain, guarded = outcomes(env, source, False), outcomes(env, source, True)
+        plain, guarded = outcomes(env, source, False), outcomes(env, source, True, args.retry_mode)
         differ = sorted(t for t, o in plain.items() if o == "passed" and guarded.get(t) != "passed")
         plain_ok = sum(o == "passed" for o in plain.values())
         guarded_ok = sum(o == "passed" for o in guarded.values())
-        print(f"{SUITES[suite]} tests/test_client.py: {plain_ok} pass plain, {guarded_ok} pass guarded")
+        mode = "" if args.retry_mode == "guard" else f" ({args.retry_mode} retries)"
+        print(f"{SUITES[suite]} tests/test_client.py: {plain_ok} pass plain, {guarded_ok} pass guarded{mode}")
         for test in differ:
             mark = "" if test in known else "   (not in docs/compatibility.md)"
             print(f"  passes plain, fails guarded: {test}{mark}")
