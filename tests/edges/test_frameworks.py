@@ -122,11 +122,11 @@ FRAMEWORKS: dict[str, Caller] = {
 }
 DEADLINE_ERRORS = {
     # the error (class name, status code) a missed deadline reaches each framework's caller as, in the default
-    # failure mode (docs/integrations.md)
-    "langchain-openai": ("OpenAIAPIError", 504),  # an openai.InternalServerError
-    "instructor": ("InstructorRetryException", None),  # from an openai.InternalServerError 504
-    "pydantic-ai": ("ModelHTTPError", 504),
-    "litellm": ("Timeout", 504),  # litellm.Timeout
+    # failure mode (docs/integrations.md): the guard raises its timeout, the SDK makes it an APITimeoutError
+    "langchain-openai": ("OpenAITimeoutError", None),  # an openai.APITimeoutError and langchain's ModelTimeoutError
+    "instructor": ("InstructorRetryException", None),  # from the openai.APITimeoutError
+    "pydantic-ai": ("ModelAPIError", None),  # pydantic-ai's error for a request that got no answer
+    "litellm": ("Timeout", 408),  # litellm.Timeout
 }
 
 
