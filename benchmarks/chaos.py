@@ -435,7 +435,7 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
     def overlaps(windows: list[tuple[float, float]], start: float, end: float) -> bool:
         return any(a < end and start < b for a, b in windows)
 
-    calls = failed = by_replica = by_chaos = by_redis = unexplained = 0
+    calls = failed = by_replica = by_chaos = by_redis = unexplained = outside = 0
     causes: dict[str, int] = {}
     worst = worst_raw = 0.0
     over: list[dict[str, Any]] = []
@@ -457,12 +457,16 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
             key = str(c.get("cause") or c.get("error"))
             causes[key] = causes.get(key, 0) + 1
             attempts = c.get("attempts", [])
+            in_window = any(overlaps(replica_windows.get(a[0], []), c["start"], c["end"]) for a in attempts) or (
+                not attempts and any(overlaps(w, c["start"], c["end"]) for w in replica_windows.values())
+            )
             if any(a[1] for a in attempts):
                 by_chaos += 1
-            elif any(overlaps(replica_windows.get(a[0], []), c["start"], c["end"]) for a in attempts) or (
-                not attempts and any(overlaps(w, c["start"], c["end"]) for w in replica_windows.values())
-            ):
+            elif in_window or any(a[2] for a in attempts):  # an attempt's own error: the replica's path failed
                 by_replica += 1
+                if not in_window:
+                    outside += 1
+                    examples.append({"process": out["index"], "outside_windows": True, **_short(c, t0)})
             elif overlaps(redis_windows, c["start"], c["end"]):
                 by_redis += 1
                 examples.append({"process": out["index"], **_short(c, t0)})
@@ -501,11 +505,16 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
         "minutes": plan.duration / 60.0,
         "processes": len(outs),
         "faults": kinds,
+        "schedule": [
+            [round(f.start, 2), round(f.end, 2), f.kind, plan.urls[f.target] if f.kind in REPLICA_KINDS else ""]
+            for f in plan.faults
+        ],
         "calls": calls,
         "failed": failed,
         "failed_by": {
             "injected (chaos-marked attempt)": by_chaos,
             "replica fault": by_replica,
+            "of which outside a scheduled replica fault": outside,
             "redis": by_redis,
             "unexplained": unexplained,
         },
@@ -514,7 +523,7 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
         "worst_overshoot_ms_raw": round(worst_raw * 1000, 1),
         "worst_overshoot_ms_less_stalls": round(worst * 1000, 1),
         "over_bound": over[:10],
-        "unexplained_examples": examples[:10],
+        "failures_to_read": examples[:10],
         "leaks": leaks,
         "probe_took": probe_took,
         "connected_after_last_fault_s": [None if c is None else round(c, 2) for c in connected_after],
@@ -573,7 +582,7 @@ def render(report: dict[str, Any]) -> str:
         f"cool-down seen after {report['probe_seen_after_last_fault_s']} s (probe took: {report['probe_took']})",
         "leaks: " + "; ".join(json.dumps(x) for x in report["leaks"]),
     ]
-    for example in report["over_bound"] + report["unexplained_examples"]:
+    for example in report["over_bound"] + report["failures_to_read"]:
         lines.append("  " + json.dumps(example))
     lines += [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in report["verdicts"].items()]
     return "\n".join(lines)

@@ -74,7 +74,7 @@ class FleetStore:
         connect_timeout: float = 1.0,
         heartbeat: float = 0.5,
         backoff_initial: float = 0.1,
-        backoff_max: float = 2.0,
+        backoff_max: float = 1.0,
     ) -> None:
         self.url = url
         self.name = name
