@@ -51,8 +51,9 @@ class PartitionProxy:
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
-        task_status.started()
-        await listener.serve(self._connection)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._connection)
 
     async def _connection(self, client: anyio.abc.SocketStream) -> None:
         self.connections += 1
@@ -84,6 +85,7 @@ class ProxyThread:
     def __init__(self, proxies: list[PartitionProxy]) -> None:
         self.proxies = proxies
         self._started = threading.Event()
+        self._stopping = False
         self._thread = threading.Thread(target=anyio.run, args=(self._main,), daemon=True, name="partition-proxies")
 
     def start(self) -> None:
@@ -91,8 +93,16 @@ class ProxyThread:
         if not self._started.wait(10):
             raise RuntimeError("the proxies did not start")
 
+    def stop(self) -> None:
+        """Close every listener and connection and end the thread."""
+        self._stopping = True
+        self._thread.join(10)
+
     async def _main(self) -> None:
         async with anyio.create_task_group() as tg:
             for proxy in self.proxies:
                 await tg.start(proxy.serve)
             self._started.set()
+            while not self._stopping:  # noqa: ASYNC110 - set from another thread
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()

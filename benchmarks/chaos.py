@@ -323,6 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sims: list[SimReplica] = []
         redis: RedisServer | None = None
         workers: list[subprocess.Popen[bytes]] = []
+        proxy_thread: ProxyThread | None = None
         try:
             if args.replicas:
                 proxies: list[PartitionProxy] = []
@@ -338,7 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 redis = RedisServer()
                 redis.start()
                 redis_proxy = PartitionProxy("redis", redis.port)
-            ProxyThread([*proxies, redis_proxy]).start()
+            proxy_thread = ProxyThread([*proxies, redis_proxy])
+            proxy_thread.start()
             kinds = tuple(
                 k
                 for k in KINDS
@@ -380,6 +382,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     w.kill()
             for sim in sims:
                 sim.kill()
+            if proxy_thread is not None:
+                proxy_thread.stop()
             if redis is not None:
                 redis.stop()
 
