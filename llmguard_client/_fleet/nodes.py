@@ -10,6 +10,7 @@ queried connected: an ``Unclosed ClusterNode object`` warning per reconnection a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,9 +38,11 @@ async def ping(client: Redis) -> None:
 
 async def close_client(client: Redis) -> None:
     """Close ``client`` and, for a cluster client, every node it knows, initialized or not."""
-    await client.aclose()
     manager = _cluster_nodes(client)
     if manager is None:
+        await client.aclose()
         return
+    with contextlib.suppress(Exception):  # it raises the first node's error and leaves the others connected
+        await client.aclose()
     nodes = {id(n): n for attr in ("nodes_cache", "startup_nodes") for n in getattr(manager, attr, {}).values()}
     await asyncio.gather(*(node.disconnect() for node in nodes.values()), return_exceptions=True)  # each, whatever
