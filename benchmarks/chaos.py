@@ -12,7 +12,7 @@ behind a proxy too. Faults, by a fixed cycle and at random (seeded), overlapping
   every injected fault at low rates (429, 503, reset, stall, cut, latency).
 
 The last fault is a Redis kill; during it client 0 gets one cool-down of its own (a 30 s Retry-After injected on
-replica 0), which it can share only by its resync once Redis is back.
+replica 0 until one of its attempts goes there), which it can share only by its resync once Redis is back.
 
 Invariants checked (each printed with its figures, and a verdict):
 
@@ -232,9 +232,12 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
         if index == 0:
             await sleep_until(plan.probe)
             guard.set_chaos(probe)
-            await anyio.sleep(0.5)
+            with anyio.move_on_after(2.4):  # until one of its attempts went to replica 0 and cooled it
+                while _cooling(guard, plan.urls[0]) <= PROBE_RETRY_AFTER / 3:  # noqa: ASYNC110 - polled state
+                    await anyio.sleep(0.02)
             guard.set_chaos(background)
             result["probe_cooling"] = _cooling(guard, plan.urls[0])
+            result["probe_at"] = time.time() - plan.t0
 
     async def sampler() -> None:
         while time.time() < at(plan.duration):
@@ -362,7 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 seed=args.seed,
                 faults=faults,
                 last_fault_end=last,
-                probe=(final.start + 1.5) if final is not None else last - 1.0,
+                probe=(final.start + 0.5) if final is not None else last - 1.0,
             )
             plan_path = tmp / "plan.json"
             plan_path.write_text(json.dumps(asdict(plan)))
@@ -537,6 +540,7 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
         "failures_to_read": examples[:10],
         "leaks": leaks,
         "probe_took": probe_took,
+        "probe": {"at_s": outs[0].get("probe_at"), "cooling_s": outs[0].get("probe_cooling")},
         "connected_after_last_fault_s": [None if c is None else round(c, 2) for c in connected_after],
         "probe_seen_after_last_fault_s": [None if s is None else round(s, 2) for s in seen_after],
         "fleet": [o["fleet"] for o in outs],
