@@ -37,6 +37,7 @@ Against your own deployment: ``--replicas URL ...`` (no replica faults but chaos
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -455,12 +456,15 @@ def judge(plan: Plan, outs: list[dict[str, Any]], bound: float, agree_within: fl
     over: list[dict[str, Any]] = []
     examples: list[dict[str, Any]] = []
     for out in outs:
-        stalls = out["stalls"]
+        stalls = sorted(out["stalls"])
+        woke = [w for w, _ in stalls]
+        longest = max((late for _, late in stalls), default=0.0)
         for c in out["calls"]:
             calls += 1
             limit = TOTAL if c.get("first_token") else TTFT
             raw = c["end"] - c["start"] - limit
-            stalled = sum(min(late, max(0.0, min(c["end"], w) - max(c["start"], w - late))) for w, late in stalls)
+            near = stalls[bisect.bisect_left(woke, c["start"]) : bisect.bisect_right(woke, c["end"] + longest)]
+            stalled = sum(min(late, max(0.0, min(c["end"], w) - max(c["start"], w - late))) for w, late in near)
             worst_raw = max(worst_raw, raw)
             worst = max(worst, raw - stalled)
             if raw - stalled > bound:
