@@ -96,7 +96,8 @@ class Plan:
 
 def make_faults(duration: float, every: float, seed: int, replicas: int, kinds: tuple[str, ...]) -> list[Fault]:
     """A fixed cycle through ``kinds`` every ``every`` s, plus as many again at random times, overlapping; one
-    fault per target at a time, never every replica at once; all over before the final Redis kill."""
+    fault per target at a time, never every replica at once; all over before the final Redis kill (or partition,
+    when Redis cannot be killed)."""
     rng = random.Random(seed)
     last_start = duration - SETTLE - 3.0
     wanted: list[Fault] = []
@@ -126,8 +127,9 @@ def make_faults(duration: float, every: float, seed: int, replicas: int, kinds: 
         if fault.kind == "storm" and any(k.kind == "storm" for k in overlapping):
             continue
         kept.append(fault)
-    if "redis_kill" in kinds:
-        kept.append(Fault(last_start, last_start + 3.0, "redis_kill"))
+    final = next((k for k in ("redis_kill", "redis_partition") if k in kinds), None)  # your own Redis: partitioned
+    if final is not None:
+        kept.append(Fault(last_start, last_start + 3.0, final))
     return kept
 
 

@@ -36,6 +36,8 @@ def test_the_schedule_overlaps_faults_but_keeps_its_rules(seed: int) -> None:
         if a.kind in REPLICA_KINDS:
             assert all(b.target != a.target for b in during if b.kind in REPLICA_KINDS)
     assert overlapping > 0  # faults in combination
+    own_redis = tuple(k for k in KINDS if k not in ("redis_kill", "redis_stop"))  # --redis: partitions only
+    assert make_faults(duration, 4.0, seed, 3, own_redis)[-1].kind == "redis_partition"
     for t in (f.start for f in faults):
         down = {f.target for f in faults if f.kind in REPLICA_KINDS and f.start <= t < f.end}
         assert len(down) < 3  # never every replica at once
