@@ -215,6 +215,9 @@ class RetryPolicy:
     ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
+
+    ``max_retry_after``: the longest cool-down a server's Retry-After sets (a longer one is cut to it;
+    60 s, as the openai SDK caps the wait it honours).
     """
 
     max_attempts: int = 3
@@ -224,10 +227,12 @@ class RetryPolicy:
     circuit_failures: int = 5
     circuit_cooldown: float = 5.0
     overload_cooldown: float = 1.0
+    max_retry_after: float = 60.0
 
     def __post_init__(self) -> None:
         _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
         _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
+        _positive("RetryPolicy", "max_retry_after", self.max_retry_after)
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
         _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)

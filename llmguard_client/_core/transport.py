@@ -112,7 +112,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         deadline = DeadlineLayer()
-        retry_layer = RetryLayer(replicas, retry, instrumentation)
+        limited = rate_limiter.applies if rate_limiter is not None else None
+        retry_layer = RetryLayer(replicas, retry, instrumentation, rate_limited=limited)
         rate_limit = RateLimitLayer(rate_limiter)
         layers = (
             RolloutLayer(rollout),

@@ -3,8 +3,7 @@
 State here outlives a call and is shared by every call of one `Guard`. All of it
 is touched from one event loop, so no locks are needed. Which replica gets an
 attempt is the `llmguard_client._routing.router.Router`'s choice, among those this set
-allows (not excluded, circuit closed, and for retries and hedges not cooling).
-"""
+allows (not excluded, circuit closed, and for retries and hedges not cooling)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.cooldown import first_attempt_candidates, probe_after
+from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
@@ -151,15 +150,24 @@ class ReplicaSet:
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
         bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         """
-        excluded = set(map(id, exclude))
-        candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
+        candidates = self._allowed(now, exclude)
         return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
+
+    def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
+        """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no
+        probe due (`llmguard_client._routing.cooldown.first_wait`)."""
+        return first_wait(self._allowed(now, exclude), now)
+
+    def _allowed(self, now: float, exclude: Iterable[ReplicaState], *, cooling: bool = True) -> list[ReplicaState]:
+        """The replicas not excluded whose circuit is closed (and, with ``cooling`` False, not cooling)."""
+        excluded = set(map(id, exclude))
+        return [s for s in self.states if id(s) not in excluded and not s.open(now) and (cooling or not s.cooling(now))]
 
     def pick_ready(
         self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
     ) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
-        return self.router.pick_ready(now, self._ready(now, exclude), self._prefer(key, now))
+        return self.router.pick_ready(now, self._allowed(now, exclude, cooling=False), self._prefer(key, now))
 
     def pick_hedge(self, now: float, exclude: Iterable[ReplicaState], key: str | None = None) -> ReplicaState | None:
         """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
@@ -179,11 +187,18 @@ class ReplicaSet:
         excluded = set(map(id, exclude))
         return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
 
-    def cooling_wait(self, now: float) -> float | None:
-        """Seconds until the first replica whose circuit is closed ends its Retry-After
-        cool-down (0 if one is ready now); None when every circuit is open."""
-        waits = [max(0.0, s.cooling_until - now) for s in self.states if not s.open(now)]
-        return min(waits) if waits else None
+    def cooling_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float | None:
+        """Seconds until a replica not excluded whose circuit is closed may take an attempt
+        again (0 if one is ready now): the first end of a Retry-After cool-down or, with one replica left, its
+        probe if that comes sooner. None when there is none."""
+        allowed = self._allowed(now, exclude)
+        if len(allowed) == 1:
+            return first_wait(allowed, now)
+        return min((max(0.0, s.cooling_until - now) for s in allowed), default=None)
+
+    def cooling_left(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
+        """Seconds until the first cool-down among the replicas `cooling_wait` reads ends (0: none cooling)."""
+        return min((max(0.0, s.cooling_until - now) for s in self._allowed(now, exclude)), default=0.0)
 
     def any_cooling(self, now: float) -> bool:
         """True while some replica is signalling overload (a Retry-After cool-down)."""
@@ -191,6 +206,13 @@ class ReplicaSet:
 
     def all_open(self, now: float) -> bool:
         return all(s.open(now) for s in self.states)
+
+    def probe_answered(self, state: ReplicaState) -> None:
+        """A probe of ``state``'s cool-down was answered with something other than overload (a 500, a reset):
+        the server no longer asks for rest, so the cool-down ends here (the circuit judges the failure; other
+        processes of a fleet keep theirs: a clear would close their circuits too)."""
+        if state.probing:
+            state.cooling_until, state.probing = 0.0, False
 
     # --- learning -------------------------------------------------------------------------
 

@@ -129,12 +129,16 @@ def test_a_call_that_started_before_the_cool_down_does_not_end_it() -> None:
     assert r0.cooling(NOW + 0.5)
 
 
-def test_pick_skips_open_circuits_even_when_the_rest_cool() -> None:
+def test_pick_skips_open_circuits_and_the_one_replica_left_cooling_waits_for_its_probe() -> None:
     rs = replica_set(2)
     r0, r1 = rs.states
-    r0.open_until = NOW + 10
+    r0.open_until = NOW + 20
     rs.cool_down(r1, NOW, 30.0)
-    assert rs.pick(NOW) is r1
+    assert rs.first_wait(NOW) == pytest.approx(15.0)  # nowhere else to go: its probe, half-way through
+    assert rs.pick(NOW) is None
+    assert rs.pick(NOW + 15.0) is r1 and r1.probing
+    assert rs.first_wait(NOW + 15.0) == pytest.approx(15.0)  # one probe per cool-down: then its end
+    assert rs.pick(NOW + 15.0) is None
 
 
 def test_pick_returns_none_when_every_circuit_is_open() -> None:
@@ -349,12 +353,22 @@ def test_cooling_wait_is_the_time_to_the_first_recovery() -> None:
 
 
 def test_cooling_wait_ignores_open_circuits() -> None:
-    rs = replica_set(2)
-    r0, r1 = rs.states
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
     rs.cool_down(r0, NOW, 1.0)
     r0.open_until = NOW + 60
     rs.cool_down(r1, NOW, 4.0)
+    rs.cool_down(r2, NOW, 6.0)
     assert rs.cooling_wait(NOW) == pytest.approx(4.0)
+
+
+def test_cooling_wait_with_one_replica_left_is_the_time_to_its_probe() -> None:
+    rs = replica_set(2)
+    r0, r1 = rs.states
+    r0.open_until = NOW + 60
+    rs.cool_down(r1, NOW, 4.0)
+    assert rs.cooling_wait(NOW) == pytest.approx(2.0)
+    assert rs.cooling_left(NOW) == pytest.approx(4.0)
 
 
 def test_cooling_wait_is_none_when_every_circuit_is_open() -> None:
