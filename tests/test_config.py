@@ -259,6 +259,11 @@ def test_retry_policy_seconds(field: str, value: Any) -> None:
     config_error(lambda: RetryPolicy(**{field: value}), f"RetryPolicy.{field}", "positive finite number")
 
 
+@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan, "0.5", True])
+def test_retry_policy_panic_threshold(value: Any) -> None:
+    config_error(lambda: RetryPolicy(panic_threshold=value), "RetryPolicy.panic_threshold", "from 0 to 1")
+
+
 @pytest.mark.parametrize("value", [0, -3, 1.5], ids=["zero", "negative", "float"])
 def test_retry_circuit_failures(value: Any) -> None:
     config_error(lambda: RetryPolicy(circuit_failures=value), "RetryPolicy.circuit_failures", "integer >= 1")

@@ -27,7 +27,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   ``wait_random_exponential`` does), drawn from the layer's own `random.Random` (`Backoff`), so
   a test can seed it; tenacity's own draw uses the global ``random`` module;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
-  cool-down, then is probed again.
+  cool-down, then is probed again. A call counts at most once toward each replica's circuit,
+  however many of its attempts failed there: the guard's own retries do not count twice.
 
 A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
 names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
@@ -100,6 +101,7 @@ class RetryLayer:
         state, payment = first
         failures: list[AttemptFailure] = []
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
+        counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         rounds = 0
         kind = route.kind
         while True:
@@ -117,7 +119,7 @@ class RetryLayer:
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
-            self.learn(call.clock(), outcome.failures)
+            self.learn(call.clock(), outcome.failures, counted)
             failed.extend(f.state for f in outcome.failures)
             plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
             if isinstance(plan, Failed):
@@ -185,11 +187,12 @@ class RetryLayer:
                 )
             await anyio.sleep(wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
 
-    def learn(self, now: float, failures: list[AttemptFailure]) -> None:
+    def learn(self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None) -> None:
         """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
         stream broken after its first token: cool down replicas that signalled overload (with or without
         Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes the 429;
-        count transport errors and 5xx toward their circuits."""
+        count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
+        (the replicas the route already counted, updated here)."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
@@ -208,6 +211,10 @@ class RetryLayer:
             self.replicas.probe_answered(state)
             if not (failure.is_transport_error or (failure.status_code or 0) >= 500):
                 continue
+            if counted is not None:
+                if id(state) in counted:
+                    continue
+                counted.add(id(state))
             if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
                 self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
 
@@ -254,7 +261,7 @@ class RetryLayer:
         state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
-            if soonest is None:  # every circuit open, or all avoided
+            if soonest is None:  # every circuit open (outside panic mode), or all avoided
                 return Failed(stopped="no_replica")
             if not fits_deadline(call, now, soonest, deadline):
                 if not last.overload:  # another call's cool-down: this call keeps its own failure

@@ -3,10 +3,18 @@
 State here outlives a call and is shared by every call of one `Guard`. All of it
 is touched from one event loop, so no locks are needed. Which replica gets an
 attempt is the `llmguard_client._routing.router.Router`'s choice, among those this set
-allows (not excluded, circuit closed, and for retries and hedges not cooling)."""
+allows (not excluded, circuit closed, and for retries and hedges not cooling).
+
+Panic mode (Envoy's panic threshold): while fewer than ``panic_threshold`` of the replicas are healthy
+(circuit closed and not drained as degraded), health stops excluding replicas: one whose circuit is open
+still takes a first attempt or a retry when no other is left, ranked after every other (degraded ones
+already rank last, `llmguard_client._routing.router`). With one replica, its circuit never stops the guard
+from sending to it. A hedge is never sent to an open circuit. A log line says when panic starts and ends.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +27,8 @@ from llmguard_client._routing.cooldown import first_attempt_candidates, first_wa
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
+
+logger = logging.getLogger("llmguard_client")
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
@@ -122,7 +132,11 @@ class ReplicaSet:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
         router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
         affinity: AffinityPolicy | None = None,
+        panic_threshold: float = 0.5,
     ) -> None:
+        self.panic_threshold = panic_threshold
+        """Below this share of healthy replicas, open circuits still take calls (`RetryPolicy.panic_threshold`)."""
+        self._panicking = False
         self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
@@ -158,10 +172,34 @@ class ReplicaSet:
         probe due (`llmguard_client._routing.cooldown.first_wait`)."""
         return first_wait(self._allowed(now, exclude), now)
 
+    def panic(self, now: float) -> bool:
+        """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);
+        logs when that starts and ends."""
+        healthy = sum(1 for s in self.states if not s.open(now) and not s.health.drained)
+        panicking = healthy < self.panic_threshold * len(self.states)
+        if panicking != self._panicking:
+            self._panicking = panicking
+            if panicking:
+                logger.warning(
+                    "llmguard: panic mode: %d of %d replica(s) healthy, under the panic threshold of %.0f%%; "
+                    "replicas with an open circuit take calls again (ranked last)",
+                    healthy,
+                    len(self.states),
+                    100 * self.panic_threshold,
+                )
+            else:
+                logger.info("llmguard: panic mode over: %d of %d replica(s) healthy", healthy, len(self.states))
+        return panicking
+
     def _allowed(self, now: float, exclude: Iterable[ReplicaState], *, cooling: bool = True) -> list[ReplicaState]:
-        """The replicas not excluded whose circuit is closed (and, with ``cooling`` False, not cooling)."""
+        """The replicas not excluded whose circuit is closed (and, with ``cooling`` False, not cooling); in panic
+        mode, when there is none, those whose circuit is open too."""
         excluded = set(map(id, exclude))
-        return [s for s in self.states if id(s) not in excluded and not s.open(now) and (cooling or not s.cooling(now))]
+        left = [s for s in self.states if id(s) not in excluded and (cooling or not s.cooling(now))]
+        closed = [s for s in left if not s.open(now)]
+        if not self.panic(now) or closed:  # evaluated on every pick, so its start and end are logged when they come
+            return closed
+        return left
 
     def pick_ready(
         self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
@@ -188,7 +226,7 @@ class ReplicaSet:
         return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
 
     def cooling_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float | None:
-        """Seconds until a replica not excluded whose circuit is closed may take an attempt
+        """Seconds until a replica not excluded whose circuit is closed (in panic mode: any) may take an attempt
         again (0 if one is ready now): the first end of a Retry-After cool-down or, with one replica left, its
         probe if that comes sooner. None when there is none."""
         allowed = self._allowed(now, exclude)
