@@ -359,15 +359,16 @@ def test_failures_while_open_do_not_extend_the_cool_down() -> None:
     assert r0.open_until == NOW + 5.0
 
 
-def test_ttft_ewma() -> None:
+def test_ttft_estimate_is_the_median_of_the_first_samples_then_an_ewma() -> None:
     rs = replica_set(1)
     (r0,) = rs.states
-    rs.succeeded(r0, ttft=1.0)
-    assert r0.ttft_ewma == 1.0
-    rs.succeeded(r0, ttft=2.0)
-    assert r0.ttft_ewma == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
+    for ttft, estimate in ((1.0, 1.0), (3.0, 1.0), (2.0, 2.0)):  # the lower median of the first three
+        rs.succeeded(r0, ttft=ttft)
+        assert r0.ttft_ewma == estimate
+    rs.succeeded(r0, ttft=3.0)
+    assert r0.ttft_ewma == pytest.approx(0.8 * 2.0 + 0.2 * 3.0)
     rs.succeeded(r0, ttft=None)
-    assert r0.ttft_ewma == pytest.approx(1.2)
+    assert r0.ttft_ewma == pytest.approx(2.2)
 
 
 # --- waiting for a replica ----------------------------------------------------------------------------------
