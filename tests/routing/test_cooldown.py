@@ -4,7 +4,6 @@ case; the exact instants in virtual time on asyncio and trio."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -41,9 +40,9 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
     server = servers[0]
     in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script(status=500), Script()])
     records: list[PhaseRecord] = []
-    policy = RetryPolicy(max_retry_after=2.0)
+    policy = RetryPolicy(max_retry_after=5.0)  # its probe at 2.5 s: beyond a 1.2 s first-token deadline
     async with Guard(
-        [server.url], tiers={"t": Tier(ttft=0.8, total=10.0)}, retry=policy, hedge=None, on_record=records.append
+        [server.url], tiers={"t": Tier(ttft=1.2, total=10.0)}, retry=policy, hedge=None, on_record=records.append
     ) as guard:
         client = openai.AsyncOpenAI(
             base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
@@ -56,11 +55,11 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
         with pytest.raises(openai.RateLimitError) as refused:
             await client.chat.completions.create(model="m", messages=MESSAGES)
         assert guard_failure(refused.value) == "all_replicas_cooling"
-        assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 2000  # the cap, not 120 s
+        assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000  # the cap, not 120 s
         assert len(server.received) == 1  # refused before it was sent
-        assert guard.snapshot().replicas[0].cooling_for <= 2.0
+        assert guard.snapshot().replicas[0].cooling_for <= 5.0
 
-        await anyio.sleep(1.05)  # past the probe (half the cool-down): this call finds the server again
+        await anyio.sleep(2.6)  # past the probe (half the cool-down): this call finds the server again
         done = await client.chat.completions.create(model="m", messages=MESSAGES)
         assert done.choices[0].message.content
     assert len(server.received) == 3  # the 429, the 500 and the answer: nothing refused after the 500
@@ -154,9 +153,7 @@ async def test_a_429_with_provider_limits_feeds_the_rate_limit_not_a_cool_down(s
         client = openai.AsyncOpenAI(
             base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
         )
-        started = time.monotonic()
-        done = await client.chat.completions.create(model="m", messages=MESSAGES)
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)  # not 20 s within a 2 s ttft
         assert done.choices[0].message.content
-        assert time.monotonic() - started < 2.0  # not the Retry-After's 20 s (nor the refusal of a cool-down)
         assert guard.snapshot().replicas[0].cooling_for == 0.0
     assert [a.status_code for a in records[0].attempts] == [429, 200]

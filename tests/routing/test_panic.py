@@ -130,3 +130,18 @@ def test_without_panic_mode_the_open_circuit_refuses_until_its_cool_down_ends(ba
             assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
 
     run_virtual(main, backend)
+
+
+def test_the_sync_sdk_through_the_guard_keeps_sending_to_its_only_replica(servers: list[LoopbackServer]) -> None:
+    """The same with ``openai.OpenAI`` (the guard on its background loop thread): the third call succeeds."""
+    server = servers[0]
+    failing_calls(server, 2)
+    with Guard([server.url], tiers=TIERS, hedge=None, budget=ROOMY) as guard:
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.OpenAI)
+        )
+        for i in range(2):
+            with pytest.raises(openai.InternalServerError):
+                client.chat.completions.create(model="m", messages=prompt(i))
+        assert client.chat.completions.create(model="m", messages=prompt(2)).choices[0].message.content
+    assert len(server.received) == 7
