@@ -197,9 +197,10 @@ class ReplicaSet:
         excluded = set(map(id, exclude))
         left = [s for s in self.states if id(s) not in excluded and (cooling or not s.cooling(now))]
         closed = [s for s in left if not s.open(now)]
-        if not self.panic(now) or closed:  # evaluated on every pick, so its start and end are logged when they come
-            return closed
-        return left
+        # Judged whenever a circuit is open (and while in panic, to see it end), so both are logged as they come.
+        if (len(closed) < len(left) or self._panicking) and self.panic(now) and not closed:
+            return left
+        return closed
 
     def pick_ready(
         self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
