@@ -157,3 +157,33 @@ async def test_a_429_with_provider_limits_feeds_the_rate_limit_not_a_cool_down(s
         assert done.choices[0].message.content
         assert guard.snapshot().replicas[0].cooling_for == 0.0
     assert [a.status_code for a in records[0].attempts] == [429, 200]
+
+
+@BACKENDS
+def test_a_429_with_provider_limits_waits_for_the_rate_limits_share_not_the_retry_after(backend: str) -> None:
+    """The 429 says no request is left (``x-ratelimit-remaining-requests: 0``): the bucket takes that room, so
+    the retry goes when it refills one request (1 s at 60 a minute), not after the 20 s Retry-After, and the
+    replica is not cooled down."""
+    limited = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    fake = FakeReplica("a", [Plan(status=429, retry_after="20", headers=limited), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        replica = Replica("http://a.test", rate_limit=RateLimit(requests_per_minute=60, burst=1.0))
+        guard = Guard(
+            [replica],
+            tiers={"t": Tier(ttft=5.0, total=10.0)},
+            hedge=None,
+            instrumentation=None,
+            on_record=records.append,
+            transport_factory=lambda r: fake,
+        )
+        async with guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+            assert guard.snapshot().replicas[0].cooling_for == 0.0
+
+    run_virtual(main, backend)
+    first, retry = records[0].attempts
+    assert first.status_code == 429 and first.finish is not None
+    assert retry.start - first.finish == pytest.approx(1.0, abs=0.01)
