@@ -119,8 +119,9 @@ def test_a_probe_answered_with_a_500_ends_the_cool_down_and_is_retried(backend: 
 
 
 async def test_another_calls_cool_down_does_not_relabel_a_500(servers: list[LoopbackServer]) -> None:
-    """Two replicas; one call's 429 cools the first while another call's attempt there meets a 500 and the
-    second replica is cooling too: that call gets its own 500, never ``all_replicas_cooling``."""
+    """Two replicas; one call's 429s cool both for 30 s. The next call is sent (every replica cooling: spread by
+    load) and meets a 500 it cannot retry within its deadline: it gets its own 500, not ``all_replicas_cooling``
+    (another call's cool-down)."""
     for server in servers[:2]:
         server.script = Script(status=429, headers={"retry-after": "30"})
     records: list[PhaseRecord] = []
