@@ -188,3 +188,21 @@ def test_a_429_with_provider_limits_waits_for_the_rate_limits_share_not_the_retr
     first, retry = records[0].attempts
     assert first.status_code == 429 and first.finish is not None
     assert retry.start - first.finish == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(servers: list[LoopbackServer]) -> None:
+    """``openai.OpenAI`` through the guard: after a 429 + ``Retry-After: 120``, a call that cannot wait for the
+    probe is refused at once, nothing sent, with the capped cool-down's seconds left as its retry-after."""
+    server = servers[0]
+    in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script()])
+    with Guard([server.url], tiers={"t": Tier(ttft=1.2, total=10.0)}, retry=RetryPolicy(max_retry_after=5.0)) as guard:
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.OpenAI)
+        )
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(refused.value) == "all_replicas_cooling"
+    assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000
+    assert len(server.received) == 1
