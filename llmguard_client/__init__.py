@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._rollout.rollout import flag_fraction
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
     AffinityPolicy,
@@ -28,6 +29,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.errors import (
     AllAttemptsFailed,
+    AllAttemptsTimedOut,
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
@@ -47,6 +49,7 @@ from llmguard_client.errors import (
     UnknownCohortError,
     UnknownTierError,
     UpstreamStreamError,
+    WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
@@ -67,6 +70,7 @@ __all__ = [
     "RETRY_AFTER_CAP",
     "AffinityPolicy",
     "AllAttemptsFailed",
+    "AllAttemptsTimedOut",
     "AllReplicasCooling",
     "AttemptRecord",
     "BudgetExhausted",
@@ -104,8 +108,10 @@ __all__ = [
     "UnknownCohortError",
     "UnknownTierError",
     "UpstreamStreamError",
+    "WrongEventLoop",
     "__version__",
     "capture",
+    "flag_fraction",
     "guard_failure",
     "parse_retry_after",
 ]

@@ -222,6 +222,13 @@ class RetryPolicy:
     ``panic_threshold``: the share of replicas that must be healthy (circuit closed, not degraded) for
     health to exclude any (Envoy's panic threshold): below it, replicas with an open circuit still take
     calls, ranked after the others, so a guard with one replica never stops sending to it.
+
+    ``mode``: ``"guard"`` (default): the guard sends the retries itself, below the SDK.
+    ``"cooperative"``: for calls from an SDK that retries (openai, anthropic: ``x-stainless-*`` headers;
+    other callers keep the default), one attempt round per SDK request (hedges included), and the SDK sends the
+    retries the guard allows: the guard decides (budget, Retry-After, deadline, attempts) and says so
+    with ``x-should-retry`` and ``retry-after-ms`` on the failure it returns; the SDK's next request of
+    the same call keeps its deadlines, its attempts and the replicas it must avoid.
     """
 
     max_attempts: int = 3
@@ -233,8 +240,11 @@ class RetryPolicy:
     overload_cooldown: float = 1.0
     max_retry_after: float = 60.0
     panic_threshold: float = 0.5
+    mode: Literal["guard", "cooperative"] = "guard"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("guard", "cooperative"):
+            raise GuardConfigError(f"RetryPolicy.mode must be 'guard' or 'cooperative', got {self.mode!r}")
         _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
         _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
         _positive("RetryPolicy", "max_retry_after", self.max_retry_after)

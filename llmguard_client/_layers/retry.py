@@ -14,8 +14,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   gives up at once, handing back the server's answer and its Retry-After. A 429 carrying
   the provider's ``x-ratelimit-*`` headers, from a replica under a configured `RateLimit`, sets no
   cool-down: the rate-limit layer has lowered its bucket to the room they report, and admits the
-  next attempts by it. A call whose own failure was not an overload is never relabelled by another
-  call's cool-down: it gets its own failure back;
+  next attempts by it;
 - with a single replica left (a hosted API) that is cooling, a call's first attempt waits for the
   cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
   otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``);
@@ -119,6 +118,8 @@ class RetryLayer:
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
+            if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
+                return Failed(failures, stopped="sdk", retry_in=wait)
             if route.kind != "continuation":
                 kind = "retry"
             if wait > 0:
@@ -159,13 +160,17 @@ class RetryLayer:
 
     async def _wait_for_first(self, call: Call) -> Failed | None:
         """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
-        cool-down) if that fits the first-token deadline, else the call is refused before it is sent."""
+        cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
+        the call is refused before it is sent."""
         while True:
             now = call.clock()
             wait = self.replicas.first_wait(now)
             if wait <= 0.0:
                 return None
-            if not fits_deadline(call, now, wait):
+            # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
+            # deadline's edge leaves the attempt no time.
+            unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
+            if unknown or not fits_deadline(call, now, wait):
                 left = self.replicas.cooling_left(now)
                 return Failed(
                     reason=AllReplicasCooling(
@@ -257,9 +262,7 @@ class RetryLayer:
             soonest = self.replicas.cooling_wait(now, avoid)
             if soonest is None:  # every circuit open (outside panic mode), or all avoided
                 return Failed(stopped="no_replica")
-            if not fits_deadline(call, now, soonest, deadline):
-                if not last.overload:  # another call's cool-down: this call keeps its own failure
-                    return Failed(stopped="deadline")
+            if not fits_deadline(call, now, soonest, deadline):  # the cause; the caller gets the attempts' failure
                 left = self.replicas.cooling_left(now, avoid)
                 return Failed(
                     reason=AllReplicasCooling(
