@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._rollout.rollout import flag_fraction
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
     AffinityPolicy,
@@ -106,6 +107,7 @@ __all__ = [
     "UpstreamStreamError",
     "__version__",
     "capture",
+    "flag_fraction",
     "guard_failure",
     "parse_retry_after",
 ]
