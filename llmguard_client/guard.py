@@ -229,7 +229,10 @@ class Guard:
         """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
-        self._replica_set = ReplicaSet(resolved, transport_factory, affinity=resolve_affinity(affinity))
+        panic = (policies.retry or RetryPolicy()).panic_threshold
+        self._replica_set = ReplicaSet(
+            resolved, transport_factory, affinity=resolve_affinity(affinity), panic_threshold=panic
+        )
         self._fleet = make_fleet(
             fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
         )
