@@ -11,6 +11,7 @@ through OpenTelemetry, all behind one httpx transport::
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from llmguard_client._chaos import Chaos
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
 from llmguard_client._rollout.rollout import flag_fraction
@@ -77,6 +78,7 @@ __all__ = [
     "BudgetPolicy",
     "Bulkhead",
     "BulkheadFull",
+    "Chaos",
     "ContinuationPolicy",
     "FailureMode",
     "Guard",

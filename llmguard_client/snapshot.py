@@ -58,6 +58,9 @@ class GuardSnapshot:
     tier_budgets: Mapping[str, BudgetSnapshot]
     fleet: FleetSnapshot | None = None
     """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
+    panic: bool = False
+    """Panic mode: fewer than `RetryPolicy.panic_threshold` of the replicas are healthy (circuit closed, not
+    degraded), so replicas with an open circuit take calls too, ranked last."""
 
     @property
     def idle(self) -> bool:
@@ -120,4 +123,5 @@ def build_snapshot(
         budget=budget.snapshot() if budget is not None else None,
         tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
         fleet=fleet,
+        panic=replica_set.panic(now),
     )
