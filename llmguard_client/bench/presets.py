@@ -59,6 +59,12 @@ PRESETS: dict[str, Preset] = {
         profile="spike",
         note="overload's cluster and spike; rejections are HTTP 200 + an in-stream 503 error event, no Retry-After",
     ),
+    "collapse": Preset(
+        requests=700,
+        rate=30.0,
+        profile="spike",
+        note="overload's cluster and spike on engines without admission (unbounded queues, vLLM's default)",
+    ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
     "degraded": Preset(
