@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import httpx
 
+from llmguard_client._admission.layer import AdmissionLayer
+from llmguard_client._admission.policy import Admission
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lease import LeaseRegistry
@@ -90,6 +92,8 @@ class Guard:
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
     rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
+    admission:     `Admission`: learn each replica's capacity and refuse at once (`Overloaded`) a call it
+                   could not serve within its ttft (docs/overload.md); None (default): off.
     fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
                    of one service: cool-downs, open circuits, the rollout flag and the rate limit's bucket are
                    then fleet-wide (docs/fleet.md); or a store object offering ``key``/``available``/``run``.
@@ -138,6 +142,7 @@ class Guard:
         fleet: str | FleetOps | None = None,
         name: str | None = None,
         affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
+        admission: Admission | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
         tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
@@ -212,6 +217,9 @@ class Guard:
         ops = self._fleet.store if self._fleet is not None else None if isinstance(fleet, str) else fleet
         self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, ops)
         """The provider rate limits' buckets (None: no `RateLimit` configured)."""
+        if admission is not None and not isinstance(admission, Admission):
+            raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
+        self._admission = AdmissionLayer(admission, clock, self._replica_set.states)
         self._transport = GuardTransport(
             replicas=self._replica_set,
             tiers=tiers,
@@ -230,6 +238,7 @@ class Guard:
             clock=clock,
             continuation=per_tier_continuation(continuation, tiers),
             rate_limiter=self.rate_limiter,
+            admission=self._admission,
         )
 
     @property
@@ -303,7 +312,8 @@ class Guard:
         registry, replicas, budget = self._registry, self._replica_set, self.budget
         fleet = self._fleet.snapshot() if self._fleet is not None else None
         parts = (self.tiers, self._bulkheads, budget, self.tier_budgets, fleet)
-        return build_snapshot(self._clock(), registry, replicas, *parts)
+        now = self._clock()
+        return build_snapshot(now, registry, replicas, *parts, admission=self._admission.snapshot(now))
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._replica_set.states)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
@@ -16,6 +16,29 @@ if TYPE_CHECKING:
     from llmguard_client._layers.bulkhead import TierBulkhead
     from llmguard_client._routing.replicas import ReplicaSet
     from llmguard_client.config import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """One replica's adaptive admission (`Admission`): its learned limit, slots, line and load signal."""
+
+    limit: int
+    """Attempts the guard lets in flight on the replica now (learned)."""
+    in_flight: int
+    waiting: int
+    """Calls in line for a slot."""
+    refused: int
+    """Calls refused with `Overloaded` so far."""
+    slots_freed_per_s: float
+    ttft_floor: float | None
+    """The fastest first token seen (the replica unloaded), seconds."""
+    ttft_recent: float | None
+    """Recent first tokens (an EWMA), seconds after the attempt was sent."""
+    server_waiting: float | None
+    """The waiting queue the replica itself reported (ORCA header), if fresh; else None."""
+    server_kv_usage: float | None
+    signal_age: float
+    """Seconds since the replica's last own report (inf: never)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +81,19 @@ class GuardSnapshot:
     tier_budgets: Mapping[str, BudgetSnapshot]
     fleet: FleetSnapshot | None = None
     """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
+    admission: Mapping[str, AdmissionSnapshot] = field(default_factory=dict)
+    """Per replica name, adaptive admission (empty without ``Guard(admission=...)``)."""
 
     @property
     def idle(self) -> bool:
-        """Nothing held: no call, attempt, bulkhead slot or pending budget ticket."""
+        """Nothing held: no call, attempt, bulkhead slot, admission slot or pending budget ticket."""
         budgets = [b for b in (self.budget, *self.tier_budgets.values()) if b is not None]
         return (
             self.calls_in_flight == 0
             and all(r.in_flight == 0 for r in self.replicas)
             and all(t.in_flight == 0 and t.waiting == 0 for t in self.tiers.values())
             and all(b.pending == 0 for b in budgets)
+            and all(a.in_flight == 0 and a.waiting == 0 for a in self.admission.values())
         )
 
 
@@ -89,6 +115,7 @@ def build_snapshot(
     budget: RetryBudget | None,
     tier_budgets: Mapping[str, RetryBudget],
     fleet: FleetSnapshot | None = None,
+    admission: Mapping[str, AdmissionSnapshot] | None = None,
 ) -> GuardSnapshot:
     """The `GuardSnapshot` of a Guard's parts at ``now``."""
     replicas = tuple(
@@ -120,4 +147,5 @@ def build_snapshot(
         budget=budget.snapshot() if budget is not None else None,
         tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
         fleet=fleet,
+        admission=dict(admission or {}),
     )

@@ -10,6 +10,7 @@ drawn in docs/architecture.md), outermost first::
     deadline  -> one cancel scope until the route's first token
     retry     -> routes the call; rounds under the shared budget and Retry-After
     hedge     -> staggered attempts on different replicas, first content token wins
+    admission -> each attempt takes a slot of its replica's learned limit, waits by deadline, or Overloaded
     ratelimit -> each attempt charged to the provider's rate limit before it is sent
     attempt   -> one physical request to one replica
     -- first token: the body (`GuardBody`) runs the stream stages: stall/total deadlines, the protocol
@@ -31,6 +32,7 @@ from contextvars import ContextVar
 import anyio
 import httpx
 
+from llmguard_client._admission.layer import AdmissionLayer
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
@@ -93,6 +95,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         clock: Clock = loop_clock,
         continuation: Mapping[str, ContinuationPolicy | None] | None = None,
         rate_limiter: RateLimiter | None = None,
+        admission: AdmissionLayer | None = None,
     ) -> None:
         self._replicas = replicas
         self._tiers = dict(tiers)
@@ -120,6 +123,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             deadline,
             retry_layer,
             HedgeLayer(replicas, hedge, ttft_stats),
+            admission if admission is not None else AdmissionLayer(None, clock),
             rate_limit,
         )
         policies = dict(continuation or {})
