@@ -4,26 +4,27 @@ A gradient anchored to the SLO (Netflix's Gradient2, Envoy's adaptive concurrenc
 as the reference instead of a measured minimum). For an admitted attempt whose first token took ``ttft`` on a
 tier whose target is ``target = Admission.target x tier.ttft``:
 
-- in time (``ttft < target``) and the limit in use (in flight >= 80 % of it), the limit grows, ever more slowly
-  as first tokens approach the target::
+- in time (``ttft < target``) and the limit in use (in flight >= 80 % of it), the limit grows, by up to
+  ``growth`` per first token (up to doubling per round trip, as TCP's slow start), ever more slowly as first
+  tokens approach the target::
 
-      limit <- limit + smoothing x sqrt(limit) x (1 - ttft / target)
+      limit <- limit + growth x (1 - ttft / target)
 
   A limit that is not in use does not grow: a quiet period must not leave a limit the next spike overruns.
-- late (``ttft > target``), it shrinks in proportion, at most by half::
+- late (``ttft > target``), it shrinks to what would have been in time, in proportion to the load the attempt
+  met when it was sent (``held``: its replica's attempts in flight then, itself included), at most by half::
 
-      limit <- limit x max(0.5, target / ttft)
+      limit <- min(limit, held x max(0.5, target / ttft))
 
-  once per round trip: a late first token of an attempt sent before the last decrease reflects the old limit,
-  not the new one, and is not counted again (as TCP halves its window once per window of losses).
+  Measured against the load at the time of sending, not the limit now, a late first token of an attempt sent
+  before the last decrease asks for no more than that decrease did: a burst of late answers to an earlier,
+  higher limit cuts it once, not once per answer (the lag that makes a naive controller collapse its limit).
 
-An overload answer (429/503/in-stream) or a reported waiting queue longer than ``max_server_queue`` multiplies
-the limit by ``backoff``, under the same once-per-round-trip rule.
+An overload answer (429/503/in-stream) or a reported waiting queue longer than ``max_server_queue`` cuts the
+limit to ``held x backoff`` in the same way.
 """
 
 from __future__ import annotations
-
-import math
 
 from llmguard_client._admission.policy import Admission
 
@@ -36,36 +37,33 @@ USED = 0.8
 class LimitController:
     """One replica's learned limit (a float; `allowed` is the whole number of attempts it lets in)."""
 
-    __slots__ = ("_last_cut", "limit", "policy")
+    __slots__ = ("limit", "policy")
 
     def __init__(self, policy: Admission) -> None:
         self.policy = policy
         self.limit = float(policy.initial_limit)
-        self._last_cut = -math.inf
 
     @property
     def allowed(self) -> int:
         return max(self.policy.min_limit, int(self.limit))
 
-    def first_token(self, now: float, sent: float, tier_ttft: float, in_flight: int) -> None:
-        """An attempt sent at ``sent`` got its first token (or hit its deadline) at ``now``."""
+    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int) -> None:
+        """An attempt sent when its replica held ``held`` attempts got its first token (or hit its deadline)
+        after ``ttft`` s; ``in_flight`` are held now."""
         policy = self.policy
         target = policy.target * tier_ttft
-        ttft = now - sent
         if ttft > target:
-            self._cut(now, sent, max(0.5, target / ttft))
-        elif in_flight >= USED * self.limit:
-            self._set(self.limit + policy.smoothing * math.sqrt(self.limit) * (1.0 - ttft / target))
+            self._cut(held * max(0.5, target / ttft))
+        elif in_flight >= USED * self.allowed:
+            self._set(self.limit + policy.growth * (1.0 - ttft / target))
 
-    def overload(self, now: float, sent: float) -> None:
-        """The replica said it is overloaded, or reported a long queue: multiplicative decrease."""
-        self._cut(now, sent, self.policy.backoff)
+    def overload(self, held: int) -> None:
+        """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held
+        ``held``: multiplicative decrease from that load."""
+        self._cut(held * self.policy.backoff)
 
-    def _cut(self, now: float, sent: float, factor: float) -> None:
-        if sent < self._last_cut:
-            return  # sent under the limit before the last cut: already answered for
-        self._last_cut = now
-        self._set(self.limit * factor)
+    def _cut(self, value: float) -> None:
+        self._set(min(self.limit, value))
 
     def _set(self, value: float) -> None:
         self.limit = min(float(self.policy.max_limit), max(float(self.policy.min_limit), value))

@@ -75,16 +75,16 @@ class AdmissionLayer:
             if isinstance(taken, Overloaded):
                 return Failed(reason=taken)
             slot = taken
-        sent = call.clock()
+        sent, held = call.clock(), gate.in_flight
         try:
             outcome = await call_next(call, route)
         except BaseException:
             slot.release()
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
-                gate.controller.first_token(now, sent, call.tier.ttft, gate.in_flight)
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight)
             raise
-        self._learn(call, gate, outcome, sent)
+        self._learn(call, gate, outcome, sent, held)
         if isinstance(outcome, Win):
             call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
         else:
@@ -141,18 +141,18 @@ class AdmissionLayer:
         recent = gate.signal.ttft_recent
         return recent if recent is not None else call.expected_ttft()
 
-    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float) -> None:
+    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: int) -> None:
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            controller.first_token(now, sent, call.tier.ttft, gate.in_flight)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]
             if any(f.overload for f in outcome.failures):
                 signal.overloaded(now)
-                controller.overload(now, sent)
+                controller.overload(held)
         for found in headers:
             report = found.get(ORCA_HEADER)
             if report is not None:
@@ -160,7 +160,7 @@ class AdmissionLayer:
         assert self.policy is not None
         waiting = signal.server_waiting(now)
         if waiting is not None and waiting > self.policy.max_server_queue:
-            controller.overload(now, sent)
+            controller.overload(held)
 
     def _refused(self, call: Call, gate: ReplicaGate, ahead: int, why: str) -> Overloaded:
         gate.refused += 1

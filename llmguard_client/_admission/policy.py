@@ -27,8 +27,9 @@ class Admission:
     min_limit / max_limit: bounds of the learned limit.
     target:        the TTFT the limit aims at, as a fraction of the tier's ``ttft`` (the gradient's anchor):
                    the limit grows while first tokens come faster than ``target x ttft`` and the limit is in
-                   use, and shrinks in proportion when they come slower.
-    smoothing:     weight of each new estimate in the limit (0-1].
+                   use, and shrinks in proportion to the load they met when they come slower.
+    growth:        slots the limit gains per first token that came in time, at most (less as first tokens
+                   approach the target).
     backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
                    overload), or reports a waiting queue longer than ``max_server_queue``.
     max_waiting:   calls waiting for a replica's slot at most; past it, refused at once.
@@ -46,7 +47,7 @@ class Admission:
     min_limit: int = 1
     max_limit: int = 1024
     target: float = 0.5
-    smoothing: float = 0.2
+    growth: float = 1.0
     backoff: float = 0.9
     max_waiting: int = 64
     max_queue_wait: float = 0.1
@@ -59,7 +60,7 @@ class Admission:
         _check("max_limit", self.max_limit, self.min_limit)
         _check("initial_limit", self.initial_limit, self.min_limit, self.max_limit)
         _check("target", self.target, 0.0, 1.0, open_low=True)
-        _check("smoothing", self.smoothing, 0.0, 1.0, open_low=True)
+        _check("growth", self.growth, 0.0, open_low=True)
         _check("backoff", self.backoff, 0.0, 1.0, open_low=True)
         _check("max_waiting", self.max_waiting, 0)
         _check("max_queue_wait", self.max_queue_wait, 0.0, 1.0)
