@@ -91,8 +91,9 @@ _ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, 
 """~165 rps per replica at saturation: the bench's 30-40 rps never meets admission."""
 _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
 """~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
-_UNBOUNDED = dataclasses.replace(_TIGHT, policy="none")
-"""`_TIGHT` without admission: every request joins the waiting queue (vLLM's default, no queue limit)."""
+_UNBOUNDED = dataclasses.replace(_TIGHT, policy="none", history_every_s=0.1, history_len=600)
+"""`_TIGHT` without admission: every request joins the waiting queue (vLLM's default, no queue limit). Its
+queue is sampled every 0.1 s (for 60 s), so that the bench can time how soon it is back after a spike."""
 
 _CACHING = EngineConfig(
     tbud=512,

@@ -22,7 +22,7 @@ QUEUEING = dataclasses.replace(ENGINE, policy="none", step_s=0.05, max_running=1
 
 def test_collapse_is_overload_without_admission() -> None:
     collapse, overload = SCENARIOS["collapse"], SCENARIOS["overload"]
-    assert collapse.engine == dataclasses.replace(overload.engine, policy="none")
+    assert collapse.engine == dataclasses.replace(overload.engine, policy="none", history_every_s=0.1, history_len=600)
     assert (collapse.load, collapse.replicas, collapse.capacity_rps) == (
         overload.load,
         overload.replicas,
