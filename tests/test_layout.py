@@ -118,4 +118,3 @@ def test_importing_the_package_loads_none_of_the_tools() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["[]", "True"]
-
