@@ -2,7 +2,8 @@
 
 A gradient anchored to the SLO (Netflix's Gradient2, Envoy's adaptive concurrency, with the caller's TTFT target
 as the reference instead of a measured minimum). For an admitted attempt whose first token took ``ttft`` on a
-tier whose target is ``target = Admission.target x tier.ttft``:
+tier whose target is ``target = Admission.target x tier.ttft`` (but never below twice the replica's fastest
+first token, so that a replica slow even when idle is not taken for a queue):
 
 - in time (``ttft < target``) and the limit in use (in flight >= 80 % of it), the limit grows, by up to
   ``growth`` per first token (up to doubling per round trip, as TCP's slow start), ever more slowly as first
@@ -32,6 +33,9 @@ __all__ = ["LimitController"]
 
 USED = 0.8
 """The share of the limit in flight from which the limit counts as in use (and may grow)."""
+FLOOR_FACTOR = 2.0
+"""The target is never below this many times the replica's fastest first token: a replica that is slow even
+when idle (a hosted API far away) is not taken for a queue, and its limit neither collapses nor freezes."""
 
 
 class LimitController:
@@ -47,11 +51,11 @@ class LimitController:
     def allowed(self) -> int:
         return max(self.policy.min_limit, int(self.limit))
 
-    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int) -> None:
+    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int, floor: float | None = None) -> None:
         """An attempt sent when its replica held ``held`` attempts got its first token (or hit its deadline)
-        after ``ttft`` s; ``in_flight`` are held now."""
+        after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token."""
         policy = self.policy
-        target = policy.target * tier_ttft
+        target = max(policy.target * tier_ttft, FLOOR_FACTOR * floor if floor is not None else 0.0)
         if ttft > target:
             self._cut(held * max(0.5, target / ttft))
         elif in_flight >= USED * self.allowed:

@@ -82,7 +82,8 @@ class AdmissionLayer:
             slot.release()
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
-                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight)
+                floor = gate.signal.ttft_floor
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, floor)
             raise
         self._learn(call, gate, outcome, sent, held)
         if isinstance(outcome, Win):
@@ -146,7 +147,7 @@ class AdmissionLayer:
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, signal.ttft_floor)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]

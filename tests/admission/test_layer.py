@@ -94,6 +94,22 @@ def test_the_limit_grows_while_first_tokens_come_within_the_target(backend: str)
 
 
 @BACKENDS
+def test_a_replica_slow_even_when_idle_is_not_taken_for_a_queue(backend: str) -> None:
+    # A far-away API: every first token after 0.6 s, past the 0.5 s target however few calls it holds. Its
+    # limit neither collapses nor freezes: 40 calls/s (~34 in flight) are all served.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=1000, base_ttft=0.6)
+        async with admitted_guard(replica, Admission(initial_limit=16)) as guard, guard.http_client() as client:
+            warm: list[str] = []
+            await drive(client, rate=40, seconds=3.0, outcomes=warm)
+            served: list[str] = []
+            await drive(client, rate=40, seconds=1.0, outcomes=served)
+            assert served == ["ok"] * len(served) and limit_of(guard) >= 30
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_the_limit_shrinks_under_a_spike_and_recovers_after_it(backend: str) -> None:
     # 8 slots, then +0.1 s of first token per queued request: the 0.5 s target allows ~12 in flight, and a limit
     # of 40 lets first tokens come after up to 3.3 s. Under a spike of 200 calls/s the first calls let in miss
