@@ -15,7 +15,7 @@ a proxy-style error response that carries it.
 
 from __future__ import annotations
 
-from llmguard_client._core.call import CAUSE_HEADER
+from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client.errors import GuardFailure
 
 

@@ -16,6 +16,7 @@ import httpx
 from llmguard_client._admission.layer import AdmissionLayer
 from llmguard_client._admission.policy import Admission
 from llmguard_client._budget.budget import RetryBudget
+from llmguard_client._compose import Policies, SharedState, build_transport
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.transport import GuardTransport, RecordCallback
@@ -24,6 +25,7 @@ from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._ratelimit.buckets import FleetOps, build_rate_limiter
+from llmguard_client._rollout.passthrough import PassthroughPool
 from llmguard_client._rollout.rollout import FractionSource, KeyFunction, Rollout, disabled_by_env, log_rollout_state
 from llmguard_client._routing.affinity.routing import resolve_affinity, session_for
 from llmguard_client._routing.replicas import ReplicaSet
@@ -49,7 +51,7 @@ from llmguard_client.errors import GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
 from llmguard_client.telemetry.default import default_instrumentation
-from llmguard_client.telemetry.hooks import Instrumentation
+from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, Instrumentation
 from llmguard_client.telemetry.record_logger import RecordLogger
 
 if TYPE_CHECKING:
@@ -71,6 +73,37 @@ def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMI
     """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
     the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
     return replica_transport(limits, default_tls_context())
+
+
+def _check_policy(label: str, value: object, kind: type) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
+
+
+def _validated(
+    tiers: Mapping[str, Tier] | None,
+    default_tier: str | None,
+    *,
+    hedge: HedgePolicy | None,
+    retry: RetryPolicy | None,
+    continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None,
+    failure_mode: FailureMode,
+) -> Policies:
+    """The tiers and the per-call policies, checked (`GuardConfigError`, `UnknownTierError`)."""
+    tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
+    if not tiers:
+        raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
+    for label, tier in tiers.items():
+        if not isinstance(label, str) or not label.strip() or not isinstance(tier, Tier):
+            raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {label!r}: {tier!r}")
+    default_tier = default_tier if default_tier is not None else next(iter(tiers))
+    if default_tier not in tiers:
+        raise UnknownTierError(f"default_tier {default_tier!r} is not one of the tiers: {', '.join(sorted(tiers))}")
+    if failure_mode not in ("auto", "response", "raise"):
+        raise GuardConfigError(f"failure_mode must be 'auto', 'response' or 'raise', got {failure_mode!r}")
+    _check_policy("hedge", hedge, HedgePolicy)
+    _check_policy("retry", retry, RetryPolicy)
+    return Policies(tiers, default_tier, hedge, retry, per_tier_continuation(continuation, tiers), failure_mode)
 
 
 class Guard:
@@ -145,27 +178,19 @@ class Guard:
         admission: Admission | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
-        tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
-        if not tiers:
-            raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
-        for label, tier in tiers.items():
-            if not isinstance(label, str) or not label.strip() or not isinstance(tier, Tier):
-                raise GuardConfigError(f"tiers must map non-empty names to Tier values, got {label!r}: {tier!r}")
-        default_tier = default_tier if default_tier is not None else next(iter(tiers))
-        if default_tier not in tiers:
-            raise UnknownTierError(f"default_tier {default_tier!r} is not one of the tiers: {', '.join(sorted(tiers))}")
-        if failure_mode not in ("auto", "response", "raise"):
-            raise GuardConfigError(f"failure_mode must be 'auto', 'response' or 'raise', got {failure_mode!r}")
         if hedge is _UNSET:
             hedge = HedgePolicy() if len(resolved) >= 2 else None
-        if retry is _UNSET:
-            retry = RetryPolicy()
-        if budget is _UNSET:
-            budget = BudgetPolicy()
-        policies = (("hedge", hedge, HedgePolicy), ("retry", retry, RetryPolicy), ("budget", budget, BudgetPolicy))
-        for label, value, kind in policies:
-            if value is not None and not isinstance(value, kind):
-                raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
+        policies = _validated(
+            tiers,
+            default_tier,
+            hedge=hedge,
+            retry=RetryPolicy() if retry is _UNSET else retry,
+            continuation=continuation,
+            failure_mode=failure_mode,
+        )
+        budget = BudgetPolicy() if budget is _UNSET else budget
+        _check_policy("budget", budget, BudgetPolicy)
+        tiers = policies.tiers
         bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
         tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
@@ -181,15 +206,13 @@ class Guard:
         if instrumentation is _UNSET:
             instrumentation = default_instrumentation()
         if instrumentation is None:
-            from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION
-
             instrumentation = NO_INSTRUMENTATION
 
         self.replicas: tuple[Replica, ...] = tuple(resolved)
         self.tiers: Mapping[str, Tier] = tiers
-        self.default_tier = default_tier
-        self.hedge_policy = hedge
-        self.retry_policy = retry
+        self.default_tier = policies.default_tier
+        self.hedge_policy = policies.hedge
+        self.retry_policy = policies.retry
 
         def make_budget(policy: BudgetPolicy) -> RetryBudget:
             return RetryBudget(policy.ratio, policy.floor, policy.window, clock=clock)
@@ -220,26 +243,22 @@ class Guard:
         if admission is not None and not isinstance(admission, Admission):
             raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
         self._admission = AdmissionLayer(admission, clock, self._replica_set.states)
-        self._transport = GuardTransport(
+        self._passthrough_pool = PassthroughPool((s.base, s.transport) for s in self._replica_set.states)
+        """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
+        state = SharedState(
             replicas=self._replica_set,
-            tiers=tiers,
-            default_tier=default_tier,
-            tier_var=self._tier_var,
-            hedge=hedge,
-            retry=retry,
+            ttft_stats=self.ttft_stats,
             budgets={name: self.tier_budgets.get(name, self.budget) for name in tiers},
             bulkheads=self._bulkheads,
             rollout=cohorts,
-            failure_mode=failure_mode,
-            instrumentation=instrumentation,
-            on_record=on_record,
-            ttft_stats=self.ttft_stats,
-            registry=self._registry,
-            clock=clock,
-            continuation=per_tier_continuation(continuation, tiers),
             rate_limiter=self.rate_limiter,
-            admission=self._admission,
+            registry=self._registry,
+            passthrough_pool=self._passthrough_pool,
+            instrumentation=instrumentation,
+            clock=clock,
+            admission=self._admission if admission is not None else None,
         )
+        self._transport = build_transport(policies, state, tier_var=self._tier_var, on_record=on_record)
 
     @property
     def transport(self) -> GuardTransport:
@@ -302,7 +321,7 @@ class Guard:
                         await self._fleet.aclose()
                     await self._replica_set.aclose()
                 finally:
-                    await self._transport.passthrough_pool.aclose()
+                    await self._passthrough_pool.aclose()
                     if isinstance(self._on_record, RecordLogger):
                         self._on_record.close()  # its file, if it writes one
 

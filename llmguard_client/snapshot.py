@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from llmguard_client._admission.view import AdmissionSnapshot as AdmissionSnapshot
 from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
 
 if TYPE_CHECKING:
@@ -16,29 +17,6 @@ if TYPE_CHECKING:
     from llmguard_client._layers.bulkhead import TierBulkhead
     from llmguard_client._routing.replicas import ReplicaSet
     from llmguard_client.config import Tier
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionSnapshot:
-    """One replica's adaptive admission (`Admission`): its learned limit, slots, line and load signal."""
-
-    limit: int
-    """Attempts the guard lets in flight on the replica now (learned)."""
-    in_flight: int
-    waiting: int
-    """Calls in line for a slot."""
-    refused: int
-    """Calls refused with `Overloaded` so far."""
-    slots_freed_per_s: float
-    ttft_floor: float | None
-    """The fastest first token seen (the replica unloaded), seconds."""
-    ttft_recent: float | None
-    """Recent first tokens (an EWMA), seconds after the attempt was sent."""
-    server_waiting: float | None
-    """The waiting queue the replica itself reported (ORCA header), if fresh; else None."""
-    server_kv_usage: float | None
-    signal_age: float
-    """Seconds since the replica's last own report (inf: never)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path("/tmp/llmguard-compat")
 SERVER = ["uvicorn>=0.30", "starlette>=0.37"]  # the probe's loopback server
-LOWEST = ["httpx==0.27.0", "anyio==4.4.0", "tenacity==8.2.0", "opentelemetry-api==1.40.0"]
+LOWEST = ["httpx==0.27.0", "anyio==4.4.0", "opentelemetry-api==1.40.0"]
 TYPED_EXAMPLES = ["examples/openai_async.py", "examples/openai_sync.py"]
 
 

@@ -301,7 +301,7 @@ def main() -> None:
     server = LoopbackServer("probe")
     server.start()
     probe = Probe(server)
-    names = ("openai", "anthropic", "httpx", "httpx2", "anyio", "tenacity", "opentelemetry-api")
+    names = ("openai", "anthropic", "httpx", "httpx2", "anyio", "opentelemetry-api")
     versions = {name: version(name) for name in names}
     report: dict[str, Any] = {"python": platform.python_version(), "versions": versions, "results": {}}
     try:

@@ -21,12 +21,12 @@ from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.policy import Admission
 from llmguard_client._admission.queue import ReplicaGate, Slot
 from llmguard_client._admission.signal import ORCA_FORMAT_HEADER, ORCA_HEADER, LoadSignal, parse_orca
+from llmguard_client._admission.view import AdmissionSnapshot
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import Failed, Outcome, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import Overloaded
-from llmguard_client.snapshot import AdmissionSnapshot
 
 __all__ = ["AdmissionLayer"]
 

@@ -3,16 +3,15 @@ the lease that owns what the call acquires, and the phase record."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
-from llmguard_client._routing.replicas import ReplicaState, rebase
+from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
@@ -21,99 +20,10 @@ from llmguard_client.telemetry.hooks import CallObservation
 if TYPE_CHECKING:
     from llmguard_client._core.outcome import Payment, Win
 
-__all__ = [
-    "CAUSE_HEADER",
-    "COHORT_HEADER",
-    "SESSION_HEADER",
-    "TIER_HEADER",
-    "Call",
-    "CallerHeaders",
-    "RequestFacts",
-    "json_document",
-    "rebase",
-]
+__all__ = ["Call"]
 
-TIER_HEADER = "x-llmguard-tier"
-COHORT_HEADER = "x-llmguard-cohort"
-KEY_HEADER = "x-llmguard-key"
-CAUSE_HEADER = "x-llmguard-cause"
-SESSION_HEADER = "x-llmguard-session"
-"""The call's cache-affinity key (`llmguard_client._routing.affinity.routing`); never forwarded, like the others."""
-_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 """Methods httpx sends ``Content-Length: 0`` for when the body is empty."""
-_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
-_SDK_PREFIX = b"x-stainless-"
-"""Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
-
-
-class CallerHeaders:
-    """The caller's headers, read once per call in a single pass (an SDK sends a dozen or more; asking
-    them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
-    whether a Stainless-built SDK sent them, and whether any of the guard's own headers is present."""
-
-    __slots__ = ("_has_own", "_request", "forwarded", "from_sdk")
-
-    def __init__(self, request: httpx.Request) -> None:
-        self._request = request
-        forwarded: list[tuple[bytes, bytes]] = []
-        has_own = from_sdk = False
-        for key, value in request.headers.raw:
-            low = key.lower()
-            if low in _STRIPPED:
-                has_own = has_own or low in _GUARD_HEADERS
-                continue
-            if not from_sdk and low[:12] == _SDK_PREFIX:
-                from_sdk = True
-            forwarded.append((key, value))
-        self.forwarded = forwarded
-        """The caller's headers minus the guard's own and those rebuilt per attempt, in order."""
-        self.from_sdk = from_sdk
-        """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
-        self._has_own = has_own
-
-    def own(self, name: str) -> str | None:
-        """The value of one of the guard's own headers (`TIER_HEADER`, `COHORT_HEADER`, `KEY_HEADER`,
-        `SESSION_HEADER`)."""
-        return self._request.headers.get(name) if self._has_own else None
-
-
-def json_document(request: httpx.Request, body: bytes) -> object:
-    """The body's JSON value, parsed once per call for everything the guard reads from it; None when the body is
-    empty, not JSON, or sent with a content type other than JSON."""
-    if not body or "json" not in request.headers.get("content-type", "json"):
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-@dataclass(slots=True)
-class RequestFacts:
-    """What the guard reads from a request body: never the prompt itself."""
-
-    model: str | None = None
-    stream: bool = False
-    max_tokens: int | None = None
-
-    @classmethod
-    def parse(cls, request: httpx.Request, body: bytes) -> RequestFacts:
-        return cls.of(json_document(request, body))
-
-    @classmethod
-    def of(cls, document: object) -> RequestFacts:
-        """The facts of a body already parsed (`json_document`)."""
-        if not isinstance(document, dict):
-            return cls()
-        obj: dict[str, Any] = document
-        model = obj.get("model")
-        max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens", obj.get("max_output_tokens")))
-        return cls(
-            model=model if isinstance(model, str) else None,
-            stream=obj.get("stream") is True,
-            max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
-        )
 
 
 @dataclass(slots=True, eq=False)

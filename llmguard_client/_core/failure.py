@@ -22,7 +22,7 @@ import math
 
 import httpx
 
-from llmguard_client._core.call import CAUSE_HEADER
+from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
 from llmguard_client.errors import GuardFailure
 from llmguard_client.telemetry._record_builder import AnyCall

@@ -1,7 +1,8 @@
 """GuardTransport: the one integration point, an httpx transport that runs the pipeline.
 
-The pipeline is declared once, in `GuardTransport.pipeline` (`llmguard_client._core.pipeline.Pipeline`;
-drawn in docs/architecture.md), outermost first::
+The transport runs calls; it builds nothing. The pipeline it is given (`GuardTransport.pipeline`, a
+`llmguard_client._core.pipeline.Pipeline` assembled by `llmguard_client._compose.build_pipeline`; drawn in
+docs/architecture.md) is, outermost first::
 
     rollout   -> cohort guarded | control: decided before the Call is built; a control call (and every call
                  while the guard is off) is passed through (_rollout.passthrough). Before it, for every call:
@@ -10,7 +11,6 @@ drawn in docs/architecture.md), outermost first::
     deadline  -> one cancel scope until the route's first token
     retry     -> routes the call; rounds under the shared budget and Retry-After
     hedge     -> staggered attempts on different replicas, first content token wins
-    admission -> each attempt takes a slot of its replica's learned limit, waits by deadline, or Overloaded
     ratelimit -> each attempt charged to the provider's rate limit before it is sent
     attempt   -> one physical request to one replica
     -- first token: the body (`GuardBody`) runs the stream stages: stall/total deadlines, the protocol
@@ -22,7 +22,6 @@ the lease to the caller and closes it exactly once. Failures are mapped to the c
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -32,29 +31,23 @@ from contextvars import ContextVar
 import anyio
 import httpx
 
-from llmguard_client._admission.layer import AdmissionLayer
 from llmguard_client._budget.budget import RetryBudget
-from llmguard_client._core.call import SESSION_HEADER, TIER_HEADER, Call, CallerHeaders, RequestFacts, json_document
-from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.call import Call
+from llmguard_client._core.clock import Clock, current_time_source
 from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
+from llmguard_client._core.headers import TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.outcome import Failed, Route, Win
-from llmguard_client._core.pipeline import Pipeline, StreamStages
-from llmguard_client._layers.attempt import AttemptLayer
-from llmguard_client._layers.bulkhead import BulkheadLayer, TierBulkhead
-from llmguard_client._layers.deadline import DeadlineLayer
-from llmguard_client._layers.hedge import HedgeLayer
-from llmguard_client._layers.retry import RetryLayer
-from llmguard_client._ratelimit.buckets import RateLimiter
-from llmguard_client._ratelimit.layer import RateLimitLayer
+from llmguard_client._core.pipeline import Pipeline
+from llmguard_client._core.request import RequestFacts, json_document
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
-from llmguard_client._rollout.rollout import Assignment, Rollout, RolloutLayer
+from llmguard_client._rollout.rollout import Assignment, Rollout
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
-from llmguard_client._stream.continuation import CallContinuation, Continuer
-from llmguard_client._stream.watchdog import ReadWatchdog
-from llmguard_client.config import ContinuationPolicy, FailureMode, HedgePolicy, RetryPolicy, Tier
+from llmguard_client._stream.continuation import CallContinuation
+from llmguard_client._stream.stages import StreamStages
+from llmguard_client.config import FailureMode, Tier
 from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
@@ -64,77 +57,60 @@ from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 logger = logging.getLogger("llmguard_client")
 
 RecordCallback = Callable[[PhaseRecord], None]
-_GENERATION_PATHS = HedgePolicy()
-"""Which paths are idempotent-safe generation calls, when hedging is off."""
 
 
 class GuardTransport(httpx.AsyncBaseTransport):
     """An `httpx.AsyncBaseTransport` that routes each request to the guard's replicas.
 
-    Build it through `Guard`; its ``aclose`` does nothing, because the pools belong to
-    the `Guard` (several clients may share one transport): close the `Guard`.
+    Build it through `Guard` (which assembles what it is given: the pipeline and the state every call
+    shares); it only runs calls. Its ``aclose`` does nothing, because the pools belong to the `Guard`
+    (several clients may share one transport): close the `Guard`.
     """
 
     def __init__(
         self,
+        pipeline: Pipeline,
+        stream: StreamStages,
         *,
         replicas: ReplicaSet,
         tiers: Mapping[str, Tier],
         default_tier: str,
         tier_var: ContextVar[str | None],
-        hedge: HedgePolicy | None,
-        retry: RetryPolicy | None,
         budgets: Mapping[str, RetryBudget | None],
-        bulkheads: Mapping[str, TierBulkhead],
+        ttft_stats: TTFTStats,
         rollout: Rollout,
-        failure_mode: FailureMode,
+        passthrough_pool: PassthroughPool,
+        registry: LeaseRegistry,
         instrumentation: Instrumentation,
         on_record: RecordCallback | None,
-        ttft_stats: TTFTStats,
-        registry: LeaseRegistry,
-        clock: Clock = loop_clock,
-        continuation: Mapping[str, ContinuationPolicy | None] | None = None,
-        rate_limiter: RateLimiter | None = None,
-        admission: AdmissionLayer | None = None,
+        clock: Clock,
+        failure_mode: FailureMode,
+        generation: Callable[[str], bool],
+        retries: bool,
     ) -> None:
+        self.pipeline = pipeline
+        """What every guarded call runs through before its first token (and a continuation's path)."""
+        self.stream = stream
+        """The stages after the first token: the read deadlines and the continuation."""
         self._replicas = replicas
+        self._affinity = replicas.affinity
+        self._bases = tuple(s.base for s in replicas.states)
         self._tiers = dict(tiers)
         self._default_tier = default_tier
         self._tier_var = tier_var
-        self._hedge = hedge
-        self._retry = retry
         self._budgets = dict(budgets)
-        self._failure_mode = failure_mode
+        self._ttft_stats = ttft_stats
+        self._rollout = rollout
+        self.passthrough_pool = passthrough_pool
+        """Control calls' transports (the Guard closes them)."""
+        self._registry = registry
         self._instrumentation = instrumentation
         self._on_record = on_record
-        self._ttft_stats = ttft_stats
-        self._registry = registry
         self._clock = clock
-        self._bases = tuple(s.base for s in replicas.states)
-        self._rollout = rollout
-        self.passthrough_pool = PassthroughPool((s.base, s.transport) for s in replicas.states)
-        """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
-        deadline = DeadlineLayer()
-        retry_layer = RetryLayer(replicas, retry, instrumentation)
-        rate_limit = RateLimitLayer(rate_limiter)
-        layers = (
-            RolloutLayer(rollout),
-            BulkheadLayer(bulkheads, instrumentation),
-            deadline,
-            retry_layer,
-            HedgeLayer(replicas, hedge, ttft_stats),
-            admission if admission is not None else AdmissionLayer(None, clock),
-            rate_limit,
-        )
-        policies = dict(continuation or {})
-        self.pipeline = Pipeline(
-            layers, AttemptLayer(registry), (deadline, retry_layer, rate_limit), StreamStages(ReadWatchdog.for_response)
-        )
-        """The layers before the first token (`AttemptLayer` innermost), a continuation's, the stream stages."""
-        if any(policies.values()):
-            continuer = Continuer(replicas, self.pipeline.continuation, retry_layer, policies, clock)
-            self.pipeline.stream = StreamStages(self.pipeline.stream.watch, continuer)
-        self.layers = self.pipeline.layers
+        self._failure_mode = failure_mode
+        self._generation = generation
+        """Whether a path is a generation call (idempotent-safe to hedge and to retry on any status)."""
+        self._retries = retries
 
     @property
     def closed(self) -> bool:
@@ -155,8 +131,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return self.refuse(request, refused, headers)
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
-        call = await self._start_call(request, headers, assignment, tier_name)
-        continuation = self._continuation_for(call)
+        call, continuation = await self._start_call(request, headers, assignment, tier_name)
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
             outcome = await self.pipeline.handle(call, Route())
@@ -205,7 +180,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def _start_call(
         self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
-    ) -> Call:
+    ) -> tuple[Call, CallContinuation | None]:
+        """The call, built complete, and its continuation state (None: its tier has none, or the request
+        cannot be continued)."""
         time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
         clock = time_source.now
         now = clock()
@@ -227,7 +204,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
         )
-        generation = (self._hedge or _GENERATION_PATHS).applies_to(path)
+        continuer = self.stream.continuation
+        continuation = (
+            continuer.for_call(tier_name, request.method, path, body)
+            if continuer is not None and facts.stream
+            else None
+        )
+        affinity = self._affinity
+        generation = self._generation(path)
+
+        def finish(status: CallStatus, cause: str | None) -> None:  # the lease's last act (`_finish`)
+            self._finish(call, status, cause)
+
         call = Call(
             request=request,
             body=body,
@@ -237,7 +225,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             respond_with_errors=self._respond_with_errors(headers),
             record=record,
             observation=self._instrumentation.call_started(record),
-            lease=CallLease(self._registry, time=time_source),
+            lease=CallLease(self._registry, finish, time_source),
             clock=clock,
             time=time_source,
             first_token_deadline=now + tier.ttft,
@@ -247,20 +235,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
+            affinity_key=affinity.key_for(headers.session, body, document) if affinity is not None else None,
+            keeps_text=continuation is not None,
         )
-        if self._replicas.affinity is not None:
-            call.affinity_key = self._replicas.affinity.key_for(headers.own(SESSION_HEADER), body, document)
-        call.lease.finish = functools.partial(self._finish, call)
-        return call
-
-    def _continuation_for(self, call: Call) -> CallContinuation | None:
-        """The call's continuation state when its tier's `ContinuationPolicy` is on and the request qualifies."""
-        continuer = self.pipeline.stream.continuation
-        if continuer is None or not call.record.stream:
-            return None
-        continuation = continuer.for_call(call.tier_name, call.request.method, call.request.url.path, call.body)
-        call.keeps_text = continuation is not None
-        return continuation
+        return call, continuation
 
     def _deliver(self, call: Call, win: Win, continuation: CallContinuation | None) -> httpx.Response:
         record, attempt = call.record, win.attempt
@@ -273,7 +251,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win, self.pipeline.stream, continuation),
+            stream=GuardBody(call, win, self.stream, continuation),
             request=call.request,
             extensions=win.response.extensions,  # copied by httpx
         )
@@ -334,7 +312,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             cause = error.cause if error is not None else "upstream_status"
             call.record.answered(last.status_code, last.attempt.replica)
             await lease.aclose("rejected" if error is not None else "http_error", cause)
-            no_retry = self._retry is not None or error is not None
+            no_retry = self._retries or error is not None
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
         if error is None:
             assert last is not None and last.error is not None
@@ -363,7 +341,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
     # --- per-call choices -----------------------------------------------------------------
 
     def _resolve_tier(self, headers: CallerHeaders, request: httpx.Request) -> str:
-        name: str | None = headers.own(TIER_HEADER) or self._tier_var.get() or self._default_tier
+        name: str | None = headers.tier or self._tier_var.get() or self._default_tier
         assert name is not None
         name = name.strip()
         if name not in self._tiers:

@@ -11,11 +11,10 @@ from collections.abc import Callable, Mapping
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._budget.fleet_sync import FleetBudgetSync
-from llmguard_client._fleet.flag import FleetFlag
+from llmguard_client._fleet.flag import FleetFlag, FleetRollout
 from llmguard_client._fleet.mirror import FleetMirror
 from llmguard_client._fleet.store import FleetSnapshot, FleetStore
 from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url
-from llmguard_client._rollout.rollout import Rollout
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client.config import BudgetPolicy
 from llmguard_client.errors import GuardConfigError
@@ -39,7 +38,7 @@ class Fleet:
         self,
         store: FleetStore,
         replicas: ReplicaSet,
-        rollout: Rollout,
+        rollout: FleetRollout,
         *,
         poll_interval: float,
         clock: Callable[[], float],
@@ -68,7 +67,7 @@ def make_fleet(
     url: object,
     name: str | None,
     replicas: ReplicaSet,
-    rollout: Rollout,
+    rollout: FleetRollout,
     *,
     poll_interval: float,
     clock: Callable[[], float],

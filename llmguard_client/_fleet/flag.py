@@ -12,15 +12,15 @@ only moves keys into the guarded cohort, on every process.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from llmguard_client._fleet.store import FleetStore
-from llmguard_client._rollout.rollout import Rollout
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["FleetFlag", "parse_flag"]
+__all__ = ["FleetFlag", "FleetRollout", "parse_flag"]
 
 logger = logging.getLogger("llmguard_client")
 
@@ -45,10 +45,19 @@ def _text(value: object) -> str | None:
     return value.strip().lower() if isinstance(value, str) else None
 
 
-class FleetFlag:
-    """Keeps a `Rollout`'s fleet override current (see the module docstring)."""
+class FleetRollout(Protocol):
+    """What the fleet drives of a Guard's rollout (`llmguard_client._rollout.rollout.Rollout`)."""
 
-    def __init__(self, store: FleetStore, rollout: Rollout, poll_interval: float) -> None:
+    override: float | None
+    """The fleet's fraction in force (None: the process's own)."""
+    wake: Callable[[], None] | None
+    """Called on each call's cohort decision (the fleet store connects on first use)."""
+
+
+class FleetFlag:
+    """Keeps a rollout's fleet override current (see the module docstring)."""
+
+    def __init__(self, store: FleetStore, rollout: FleetRollout, poll_interval: float) -> None:
         self.store = store
         self.rollout = rollout
         self.keys = (store.key("rollout", "fraction"), store.key("rollout", "kill"))

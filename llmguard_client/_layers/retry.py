@@ -16,9 +16,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   with the last server answer. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need);
-- backoff between retries is full jitter over tenacity's ``wait_exponential`` window (what
-  ``wait_random_exponential`` does), drawn from the layer's own `random.Random` (`Backoff`), so
-  a test can seed it; tenacity's own draw uses the global ``random`` module;
+- backoff between retries is full jitter over an exponential window, drawn from the layer's own
+  `random.Random` (`Backoff`), so a test can seed it;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again.
 
@@ -33,7 +32,6 @@ from __future__ import annotations
 import random
 
 import anyio
-import tenacity
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
@@ -46,21 +44,17 @@ from llmguard_client.telemetry.hooks import Instrumentation
 
 
 class Backoff:
-    """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))].
-
-    The window is tenacity's ``wait_exponential``; the draw comes from ``rng`` (seed it for a
-    reproducible sequence) rather than the global ``random`` module that tenacity's
-    ``wait_random_exponential`` draws from.
-    """
+    """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))]
+    (full jitter), drawn from ``rng`` (seed it for a reproducible sequence), never the global ``random``."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
-        self._window = tenacity.wait_exponential(multiplier=initial, max=maximum)
+        self._initial = initial
+        self._maximum = maximum
         self._rng = rng if rng is not None else random.Random()
 
     def __call__(self, round_number: int) -> float:
-        state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = round_number  # all that wait_exponential reads
-        return self._rng.uniform(0.0, self._window(state))
+        window = min(self._maximum, self._initial * 2.0 ** min(max(round_number - 1, 0), 64))
+        return self._rng.uniform(0.0, window)
 
 
 class RetryLayer:

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import anyio
 import httpx
 
-from llmguard_client._core.call import RequestFacts
+from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent

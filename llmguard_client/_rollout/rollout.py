@@ -35,8 +35,9 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from llmguard_client._core.call import COHORT_HEADER, KEY_HEADER, Call, CallerHeaders
+from llmguard_client._core.call import Call
 from llmguard_client._core.clock import loop_clock
+from llmguard_client._core.headers import COHORT_HEADER, CallerHeaders
 from llmguard_client._core.outcome import Outcome, Route
 from llmguard_client._core.pipeline import Next
 from llmguard_client.errors import GuardConfigError, UnknownCohortError
@@ -258,7 +259,7 @@ class Rollout:
         headers = headers if headers is not None else CallerHeaders(request)
         if self.wake is not None:
             self.wake()
-        pinned = headers.own(COHORT_HEADER)
+        pinned = headers.cohort
         cohort = pinned.strip().lower() if pinned is not None else None
         if cohort is not None and cohort != "guarded" and cohort != "control":  # checked even while off
             raise UnknownCohortError(
@@ -277,7 +278,7 @@ class Rollout:
         return Assignment("guarded" if self._rng.random() < fraction else "control", fraction, "call")
 
     def _key(self, request: httpx.Request, headers: CallerHeaders) -> str | None:
-        header = headers.own(KEY_HEADER)
+        header = headers.key
         if header is not None and header.strip():
             return header.strip()
         scoped = self.key_var.get()

@@ -37,9 +37,9 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.lease import CallLease
 from llmguard_client._core.outcome import Win
-from llmguard_client._core.pipeline import StreamStages
 from llmguard_client._layers.attempt import error_kind
 from llmguard_client._stream.continuation import CallContinuation
+from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.errors import GuardClosed, GuardTimeout, StallTimeout, TotalTimeout
 from llmguard_client.protocols import StreamFailure, stream_error

@@ -9,8 +9,9 @@ Each sync call is driven by ONE task on that loop, from the request to the end o
 body, so cancel scopes opened by the core never cross tasks:
 
 - the caller's thread waits for the response head (status, headers);
-- the body is pulled chunk by chunk: each ``next()`` asks the task for one chunk, which
-  it reads from the core only then (back-pressure: nothing is read ahead);
+- the body is read by the task at most `READ_AHEAD` chunks ahead of the caller (bounded
+  back-pressure): the caller's thread takes chunks from a thread-safe queue and wakes the loop
+  only when the task waits for room, not once per chunk;
 - closing the body early cancels the task; it closes the upstream response under a
   shielded scope, so the server sees the disconnect, before ``close()`` returns;
 - the caller's context variables (``guard.tier()``, ``guard.capture()``, the current
@@ -37,7 +38,6 @@ from typing import Any
 import anyio
 import httpx
 from anyio.from_thread import BlockingPortal
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from llmguard_client.errors import GuardClosed
 
@@ -45,6 +45,10 @@ logger = logging.getLogger("llmguard_client")
 
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
+READ_AHEAD = 16
+"""Chunks the task may read before the caller's thread has taken them. One chunk at a time cost a wake of
+the loop per chunk (a pipe write, an epoll return, a task switch) on top of the wake of the caller: the sync
+path spent ~1.7x the async path's CPU per streamed call (`benchmarks/sync_cpu.py`)."""
 
 
 class _End:
@@ -94,9 +98,9 @@ class SyncBody:
 class _Exchange:
     """One sync call, driven by one task on the runner's loop.
 
-    Per chunk, the caller's thread wakes the task once (``call_soon_threadsafe``: it does not wait
-    for the loop) and then blocks on a thread-safe queue; the task reads one chunk from the core and
-    puts it there. A `BlockingPortal.call` per chunk would cost two waits on the loop and a task.
+    The task reads the body into a thread-safe queue, at most `READ_AHEAD` chunks ahead of the caller's
+    thread, which takes them from the queue. Only when the window is full does the task wait, and only
+    then does the caller's thread wake the loop (``call_soon_threadsafe``) after taking a chunk.
     """
 
     def __init__(
@@ -112,17 +116,19 @@ class _Exchange:
         self._loop = loop
         self._context = _portable(contextvars.copy_context())
         self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._put_count = 0  # written by the task only
+        self._taken = 0  # written by the caller's thread only
+        self._waiting_for_room = False
+        self._room: anyio.Event | None = None
         self._ended = False
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._cancelled = False
-        self._demand: tuple[MemoryObjectSendStream[None], MemoryObjectReceiveStream[None]] | None = None
 
     async def drive(self) -> None:
         for var, value in self._context:
             var.set(value)
         self._done = anyio.Event()
-        self._demand = anyio.create_memory_object_stream[None](1)
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -130,8 +136,6 @@ class _Exchange:
                     scope.cancel()
                 await self._run()
         finally:
-            for end in self._demand:
-                end.close()
             if not self._ended:  # wake a reader still waiting: the call was closed or the loop stopped
                 self._put(_Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)")))
             self._done.set()
@@ -147,12 +151,12 @@ class _Exchange:
             return
         try:
             self._head.set_result(response)
-            assert self._demand is not None
             stream = response.stream
             assert isinstance(stream, httpx.AsyncByteStream)
             chunks = stream.__aiter__()
             try:
-                async for _ in self._demand[1]:
+                while True:
+                    await self._wait_for_room()
                     item: _Item
                     try:
                         item = await chunks.__anext__()
@@ -176,6 +180,22 @@ class _Exchange:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
+    async def _wait_for_room(self) -> None:
+        """Wait while the caller's thread has `READ_AHEAD` chunks not yet taken."""
+        while self._put_count - self._taken >= READ_AHEAD:
+            self._room = anyio.Event()
+            self._waiting_for_room = True
+            if self._put_count - self._taken < READ_AHEAD:  # taken in between: the taker saw no waiter
+                self._waiting_for_room = False
+                return
+            await self._room.wait()
+
+    def _make_room(self) -> None:
+        """On the loop: the caller's thread took a chunk while the task waited for room."""
+        self._waiting_for_room = False
+        if self._room is not None:
+            self._room.set()
+
     @property
     def ended(self) -> bool:
         """The task handed over the body's end (or its failure), after closing the response."""
@@ -184,21 +204,19 @@ class _Exchange:
     def _put(self, item: _Item) -> None:
         if not isinstance(item, bytes):
             self._ended = True
+        self._put_count += 1
         self._items.put(item)
 
     def next_item(self) -> _Item:
-        """From the caller's thread: ask the task for the next chunk and wait for it."""
-        if not self._ended:
-            try:
-                self._loop.call_soon_threadsafe(self._want)
-            except RuntimeError:  # the loop is closed
-                return _Failed(GuardClosed("this Guard was closed while the response was being read"))
-        return self._items.get()
-
-    def _want(self) -> None:
-        if self._demand is not None:
-            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._demand[0].send_nowait(None)
+        """From the caller's thread: the next chunk, waiting for the task to read it if none is queued."""
+        if self._items.empty() and not self._ended and self._loop.is_closed():
+            return _Failed(GuardClosed("this Guard was closed while the response was being read"))
+        item = self._items.get()
+        self._taken += 1
+        if self._waiting_for_room:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to wake
+                self._loop.call_soon_threadsafe(self._make_room)
+        return item
 
     async def close(self) -> None:
         """Stop the call (closing the upstream response) and wait until it is done."""

@@ -26,7 +26,8 @@ from llmguard_client.telemetry._otel_attributes import (
     epoch_ns,
 )
 from llmguard_client.telemetry._otel_metrics import Instruments
-from llmguard_client.telemetry._record_builder import AnyAttempt, AttemptRecordBuilder, CallRecordBuilder
+from llmguard_client.telemetry._record_builder import AnyAttempt
+from llmguard_client.telemetry.hooks import LiveAttempt, LiveCall
 from llmguard_client.telemetry.record import PhaseRecord
 
 __all__ = ["CallObserver", "Shared"]
@@ -64,7 +65,7 @@ class CallObserver:
 
     __slots__ = ("_attempt_spans", "_ctx", "_done", "_op", "_record", "_refusals", "_shared", "_span", "_winner")
 
-    def __init__(self, shared: Shared, record: CallRecordBuilder, span: Span, op: str) -> None:
+    def __init__(self, shared: Shared, record: LiveCall, span: Span, op: str) -> None:
         self._shared = shared
         self._record = record
         self._span = span
@@ -73,7 +74,7 @@ class CallObserver:
         self._attempt_spans: dict[int, Span] = {}
         self._refusals = 0
         self._done = False
-        self._winner: AttemptRecordBuilder | None = None
+        self._winner: LiveAttempt | None = None
 
     def _context(self) -> Context:
         ctx = self._ctx
@@ -82,7 +83,7 @@ class CallObserver:
         return ctx
 
     # -- CallObservation protocol ---------------------------------------------------------------
-    def attempt_started(self, attempt: AttemptRecordBuilder, url: str, headers: MutableMapping[str, str]) -> None:
+    def attempt_started(self, attempt: LiveAttempt, url: str, headers: MutableMapping[str, str]) -> None:
         shared = self._shared
         if not shared.attempt_spans:
             propagate.inject(headers, context=self._context())
@@ -111,7 +112,7 @@ class CallObserver:
         self._attempt_spans[attempt.index] = span
         propagate.inject(headers, context=trace.set_span_in_context(span, self._context()))
 
-    def attempt_finished(self, attempt: AttemptRecordBuilder) -> None:
+    def attempt_finished(self, attempt: LiveAttempt) -> None:
         if attempt.outcome == "won" and not self._done:
             # The transport reports the winner just before the call's end: wait for it, to know
             # whether its body completed (a stream can still break or stall after winning).
@@ -119,7 +120,7 @@ class CallObserver:
             return
         self._attempt_done(attempt, None)
 
-    def budget_refused(self, record: CallRecordBuilder) -> None:
+    def budget_refused(self, record: LiveCall) -> None:
         self._refusals += 1
         self._shared.instruments.budget_refused(record)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any, Literal
 
+from llmguard_client.telemetry.hooks import LiveAttempt, LiveCall
 from llmguard_client.telemetry.record import (
     AttemptKind,
     AttemptOutcome,
@@ -339,7 +340,7 @@ class CallRecordBuilder:
         return self._fields["not_continued"]  # type: ignore[no-any-return]
 
 
-AnyAttempt = AttemptRecord | AttemptRecordBuilder
-"""An attempt in flight or its frozen record (what the instrumentation reads)."""
-AnyCall = PhaseRecord | CallRecordBuilder
-"""A call in flight or its frozen record (what the instrumentation reads)."""
+AnyAttempt = LiveAttempt
+"""An attempt in flight or its frozen record (what the instrumentation reads): both offer `LiveAttempt`."""
+AnyCall = LiveCall
+"""A call in flight or its frozen record (what the instrumentation reads): both offer `LiveCall`."""

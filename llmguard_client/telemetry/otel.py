@@ -36,8 +36,7 @@ from llmguard_client.telemetry._otel_attributes import (
 from llmguard_client.telemetry._otel_call import CallObserver, Shared
 from llmguard_client.telemetry._otel_metrics import Instruments, budget_registry
 from llmguard_client.telemetry._otel_providers import VERSION, SignalState
-from llmguard_client.telemetry._record_builder import CallRecordBuilder
-from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, CallObservation
+from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, CallObservation, LiveCall
 
 __all__ = [
     "OpenTelemetryInstrumentation",
@@ -83,7 +82,7 @@ class OpenTelemetryInstrumentation:
         self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name)
 
     # -- Instrumentation protocol ---------------------------------------------------------------
-    def call_started(self, record: CallRecordBuilder) -> CallObservation:
+    def call_started(self, record: LiveCall) -> CallObservation:
         # Checked per call (cheaply): the SDK is often configured after the guard is made.
         if self._signals.disabled():
             return NO_INSTRUMENTATION.call_started(record)

@@ -7,7 +7,7 @@ import pytest
 
 from llmguard_client import ContinuationPolicy, Guard
 from llmguard_client._core.outcome import Outcome, Route
-from llmguard_client._core.pipeline import Next, Pipeline, StreamStages
+from llmguard_client._core.pipeline import Next, Pipeline
 from llmguard_client._layers.attempt import AttemptLayer
 from llmguard_client._layers.deadline import DeadlineLayer
 from llmguard_client._layers.hedge import HedgeLayer
@@ -16,7 +16,7 @@ from llmguard_client._stream.continuation import Continuer
 from llmguard_client._stream.watchdog import ReadWatchdog
 
 
-def test_the_guard_declares_the_whole_pipeline_once() -> None:
+def test_the_guard_runs_the_pipeline_its_composition_declares() -> None:
     guard = Guard(["http://a.test", "http://b.test"], continuation=ContinuationPolicy())
     pipeline = guard.transport.pipeline
     kinds = [type(layer).__name__ for layer in pipeline.layers]
@@ -27,13 +27,8 @@ def test_the_guard_declares_the_whole_pipeline_once() -> None:
     rate_limit = pipeline.layers[5]
     # the same objects: one deadline, one retry, and a continuation is charged to the rate limit like any attempt
     assert pipeline.continuation_layers == (deadline, retry, rate_limit)
-    assert pipeline.stream.watch == ReadWatchdog.for_response
-    assert isinstance(pipeline.stream.continuation, Continuer)
-    assert guard.transport.layers == pipeline.layers
-
-
-def test_without_a_continuation_policy_the_stream_has_no_continuation_stage() -> None:
-    assert Guard(["http://a.test"]).transport.pipeline.stream.continuation is None
+    assert guard.transport.stream.watch == ReadWatchdog.for_response
+    assert isinstance(guard.transport.stream.continuation, Continuer)
 
 
 def test_continuation_layers_must_be_layers_of_the_pipeline() -> None:
@@ -44,4 +39,4 @@ def test_continuation_layers_must_be_layers_of_the_pipeline() -> None:
     deadline = DeadlineLayer()
     stranger = HedgeLayer(None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="continuation layers must be layers of the pipeline"):
-        Pipeline([deadline], inner, [deadline, stranger], StreamStages(ReadWatchdog.for_response))
+        Pipeline([deadline], inner, [deadline, stranger])

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from llmguard_client import Guard, GuardClosed, Tier, TTFTTimeout, guard_failure
+from llmguard_client.edges._runner import READ_AHEAD
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
@@ -42,8 +43,9 @@ def test_a_stream_closed_midway_closes_the_upstream(servers: list[LoopbackServer
     assert sum(s.completed for s in servers) == 0
 
 
-def test_the_body_is_pulled_chunk_by_chunk() -> None:
-    """Back-pressure: the edge reads one chunk from the core per chunk the caller asks for, never ahead."""
+def test_the_body_is_read_at_most_read_ahead_chunks_before_the_caller() -> None:
+    """Bounded back-pressure: the edge reads at most READ_AHEAD chunks beyond those the caller took, and
+    goes on reading as the caller takes them."""
     produced = 0
 
     async def events() -> AsyncIterator[bytes]:
@@ -62,10 +64,13 @@ def test_the_body_is_pulled_chunk_by_chunk() -> None:
             with client.stream("POST", "http://a/v1/chat/completions", json={**BODY, "stream": True}) as r:
                 chunks = r.iter_raw()
                 taken = [next(chunks) for _ in range(10)]
-                assert len(taken) == 10 and produced == 10  # the first token's chunk, then one per pull
+                assert len(taken) == 10
+                assert eventually(lambda: produced == 10 + READ_AHEAD)  # the window fills while the caller waits
                 threading.Event().wait(0.2)
-                assert produced == 10  # nothing read ahead while the caller waits
-            assert produced == 10  # closing early reads nothing more
+                assert produced == 10 + READ_AHEAD  # and no further
+                taken += [next(chunks) for _ in range(5)]
+                assert eventually(lambda: produced == 15 + READ_AHEAD)  # each chunk taken makes room for one
+            assert produced == 15 + READ_AHEAD  # closing early reads nothing more
     finally:
         guard.close()
 

@@ -216,7 +216,7 @@ async def test_a_retry_cancelled_while_waiting_is_refunded(servers: list[Loopbac
 
 
 def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
-    """Full jitter over tenacity's exponential window, drawn from the layer's own `random.Random`."""
+    """Full jitter over an exponential window, drawn from the layer's own `random.Random`."""
     draws = random.Random(7)
     expected = [draws.uniform(0.0, min(2.0, 0.05 * 2 ** (n - 1))) for n in range(1, 9)]
     random.seed(1)

@@ -239,7 +239,7 @@ async def test_a_spent_continuation_budget_is_not_overdrawn(servers: list[Loopba
     async with make_guard(servers[:2], records, continuation=policy) as guard, guard.http_client() as client:
         with pytest.raises(Exception, match="ended the stream early"):
             await raw_events(client, servers[0].url, "chat")
-        (budget,) = set(guard.transport.pipeline.stream.continuation.budgets.values())  # type: ignore[union-attr]
+        (budget,) = set(guard.transport.stream.continuation.budgets.values())  # type: ignore[union-attr]
         assert budget.snapshot().pending == 0 and budget.snapshot().refused == 1
     assert sum(len(s.received) for s in servers[:2]) == 1
     (record,) = records

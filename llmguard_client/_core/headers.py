@@ -1,0 +1,55 @@
+"""The guard's own header names, and `CallerHeaders`: a caller's headers read once per call."""
+
+from __future__ import annotations
+
+import httpx
+
+__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "KEY_HEADER", "SESSION_HEADER", "TIER_HEADER", "CallerHeaders"]
+
+TIER_HEADER = "x-llmguard-tier"
+COHORT_HEADER = "x-llmguard-cohort"
+KEY_HEADER = "x-llmguard-key"
+CAUSE_HEADER = "x-llmguard-cause"
+SESSION_HEADER = "x-llmguard-session"
+"""The call's cache-affinity key; never forwarded, like the other headers a caller sends the guard."""
+_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
+_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
+_SDK_PREFIX = b"x-stainless-"
+"""Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
+
+
+class CallerHeaders:
+    """The caller's headers, read once per call in a single pass (an SDK sends a dozen or more; asking
+    them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
+    whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when absent)."""
+
+    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "session", "tier")
+
+    def __init__(self, request: httpx.Request) -> None:
+        forwarded: list[tuple[bytes, bytes]] = []
+        has_own = from_sdk = False
+        for key, value in request.headers.raw:
+            low = key.lower()
+            if low in _STRIPPED:
+                has_own = has_own or low in _GUARD_HEADERS
+                continue
+            if not from_sdk and low[:12] == _SDK_PREFIX:
+                from_sdk = True
+            forwarded.append((key, value))
+        self.forwarded = forwarded
+        """The caller's headers minus the guard's own and those rebuilt per attempt, in order."""
+        self.from_sdk = from_sdk
+        """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
+        get = request.headers.get if has_own else _absent
+        self.tier: str | None = get(TIER_HEADER)
+        """``x-llmguard-tier``: the tier to use (over ``guard.tier()`` and the default)."""
+        self.cohort: str | None = get(COHORT_HEADER)
+        """``x-llmguard-cohort``: the rollout cohort the call is pinned to."""
+        self.key: str | None = get(KEY_HEADER)
+        """``x-llmguard-key``: the call's rollout key (one cohort per key)."""
+        self.session: str | None = get(SESSION_HEADER)
+        """``x-llmguard-session``: the call's cache-affinity key."""
+
+
+def _absent(name: str) -> None:
+    return None

@@ -1,0 +1,81 @@
+"""`RequestFacts`: what the guard reads from a request body (model, stream, max tokens), never the prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client._core.request import RequestFacts
+
+
+def post(body: Any, content_type: str | None = "application/json") -> tuple[httpx.Request, bytes]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": content_type} if content_type else {}
+    request = httpx.Request("POST", "http://h/v1/chat/completions", content=raw, headers=headers)
+    return request, raw
+
+
+def facts(body: Any, content_type: str | None = "application/json") -> tuple[str | None, bool, int | None]:
+    got = RequestFacts.parse(*post(body, content_type))
+    return got.model, got.stream, got.max_tokens
+
+
+def test_parse_model_stream_and_max_tokens() -> None:
+    assert facts({"model": "llama", "stream": True, "max_tokens": 64, "messages": []}) == ("llama", True, 64)
+
+
+def test_parse_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert facts({"model": "m", "max_completion_tokens": 32, "max_tokens": 64}) == ("m", False, 32)
+    assert facts({"model": "m", "max_completion_tokens": 32}) == ("m", False, 32)
+
+
+def test_parse_defaults_when_fields_are_absent() -> None:
+    assert facts({"messages": [{"role": "user", "content": "hi"}]}) == (None, False, None)
+
+
+@pytest.mark.parametrize("stream", ["true", 1, None, [True], {"on": True}])
+def test_parse_stream_only_for_json_true(stream: Any) -> None:
+    assert facts({"model": "m", "stream": stream})[1] is False
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize(
+    "value", [True, False, 1.5, "64", None, [64]], ids=["true", "false", "float", "str", "null", "list"]
+)
+def test_parse_rejects_non_integer_max_tokens(field: str, value: Any) -> None:
+    assert facts({"model": "m", field: value})[2] is None
+
+
+@pytest.mark.parametrize("model", [3, None, ["m"], {"id": "m"}])
+def test_parse_rejects_non_string_model(model: Any) -> None:
+    assert facts({"model": model})[0] is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"not json", b"{broken", b"[1, 2]", b'"just a string"', b"null", b"\xff\xfe"],
+    ids=["empty", "text", "broken", "list", "string", "null", "binary"],
+)
+def test_parse_non_json_or_non_object_gives_defaults(body: bytes) -> None:
+    assert facts(body) == (None, False, None)
+
+
+def test_parse_ignores_a_non_json_content_type() -> None:
+    assert facts({"model": "m", "stream": True}, content_type="multipart/form-data; boundary=x") == (None, False, None)
+
+
+def test_parse_assumes_json_without_a_content_type() -> None:
+    assert facts({"model": "m", "stream": True}, content_type=None) == ("m", True, None)
+
+
+def test_parse_accepts_json_content_type_variants() -> None:
+    assert facts({"model": "m"}, content_type="application/json; charset=utf-8")[0] == "m"
+    assert facts({"model": "m"}, content_type="application/vnd.api+json")[0] == "m"
+
+
+def test_request_facts_never_hold_the_prompt() -> None:
+    got = RequestFacts.parse(*post({"model": "m", "messages": [{"role": "user", "content": "secret prompt"}]}))
+    assert "secret prompt" not in repr(got)

@@ -1,0 +1,87 @@
+"""`rebase`: a request URL re-aimed at one replica (its origin and path prefix), nothing of the original origin kept."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from llmguard_client._routing.replicas import rebase
+
+R1 = httpx.URL("http://10.0.0.1:8000")
+R2 = httpx.URL("http://10.0.0.2:9000")
+R1_V1 = httpx.URL("http://10.0.0.1:8000/v1")
+R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
+
+
+@pytest.mark.parametrize(
+    ("url", "base", "known", "expected"),
+    [
+        # known replica without a path prefix: the whole path moves over
+        ("http://10.0.0.1:8000/v1/chat/completions", R2, (R1, R2), "http://10.0.0.2:9000/v1/chat/completions"),
+        ("http://10.0.0.1:8000/v1/chat/completions", R1, (R1, R2), "http://10.0.0.1:8000/v1/chat/completions"),
+        # known replica with a path prefix: the prefix is swapped for the target's
+        (
+            "http://10.0.0.1:8000/v1/chat/completions",
+            R2_API,
+            (R1_V1, R2_API),
+            "https://gw.example.com/tenant/api/v1/chat/completions",
+        ),
+        (
+            "https://gw.example.com/tenant/api/v1/completions",
+            R1_V1,
+            (R1_V1, R2_API),
+            "http://10.0.0.1:8000/v1/completions",
+        ),
+        ("http://10.0.0.1:8000/v1", R2_API, (R1_V1, R2_API), "https://gw.example.com/tenant/api/v1"),
+        # same host, path not under the known prefix: appended to the target's base
+        ("http://10.0.0.1:8000/v1beta/models", R2, (R1_V1, R2), "http://10.0.0.2:9000/v1beta/models"),
+        # unknown host: the path is appended to the base
+        ("http://api.example.com/v1/chat/completions", R1, (R1, R2), "http://10.0.0.1:8000/v1/chat/completions"),
+        ("http://api.example.com/chat/completions", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/chat/completions"),
+        # same host, another port or scheme: not that replica
+        ("http://10.0.0.1:8001/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v1/models"),
+        ("https://10.0.0.1:8000/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v1/models"),
+    ],
+    ids=[
+        "no_prefix_to_other",
+        "no_prefix_to_self",
+        "prefix_swapped",
+        "prefix_swapped_back",
+        "prefix_exact",
+        "prefix_lookalike",
+        "unknown_host",
+        "unknown_host_prefix_base",
+        "other_port",
+        "other_scheme",
+    ],
+)
+def test_rebase(url: str, base: httpx.URL, known: tuple[httpx.URL, ...], expected: str) -> None:
+    assert str(rebase(httpx.URL(url), base, known)) == expected
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["api-version=2024-06-01", "a=1&b=2&a=3", "q=a%26b&r=%20x", "flag"],
+    ids=["simple", "repeated", "encoded", "bare"],
+)
+def test_rebase_keeps_the_query(query: str) -> None:
+    for known in ((R1_V1, R2_API), ()):
+        moved = rebase(httpx.URL(f"http://10.0.0.1:8000/v1/chat/completions?{query}"), R2_API, known)
+        assert moved.query == query.encode()
+        assert moved.host == "gw.example.com" and moved.scheme == "https"
+
+
+def test_rebase_without_query_has_none() -> None:
+    moved = rebase(httpx.URL("http://10.0.0.1:8000/v1/models"), R2, (R1,))
+    assert moved.query == b"" and "?" not in str(moved)
+
+
+def test_rebase_keeps_percent_encoded_paths() -> None:
+    moved = rebase(httpx.URL("http://10.0.0.1:8000/v1/files/a%20b%2Fc"), R2, (R1,))
+    assert moved.raw_path == b"/v1/files/a%20b%2Fc"
+
+
+def test_rebase_never_keeps_the_original_origin() -> None:
+    moved = rebase(httpx.URL("http://user:pw@evil.example:1/v1/x"), R1, (R1, R2))
+    assert (moved.scheme, moved.host, moved.port) == ("http", "10.0.0.1", 8000)
+    assert moved.userinfo == b""
