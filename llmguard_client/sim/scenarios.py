@@ -144,7 +144,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "collapse": ScenarioConfig(
         name="collapse",
-        summary="overload's spike on engines that queue without limit (vLLM's default)",
+        summary="overload on engines queueing without limit (vLLM default)",
         description=(
             "overload's cluster and spike, but the engines admit everything into an unbounded waiting queue "
             "(admission none, vLLM's default): past capacity the queue only grows, and drains long after the spike"
