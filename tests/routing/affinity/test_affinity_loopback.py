@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from llmguard_client import AffinityPolicy, Guard, HedgePolicy, PhaseRecord, Tier
-from llmguard_client._core import call as call_module
+from llmguard_client._core import request as request_module
 from llmguard_client._routing.affinity import routing as affinity_routing
 from llmguard_client._routing.affinity.hashing import affinity_order
 from llmguard_client._routing.router import Router
@@ -86,7 +86,7 @@ async def test_a_keyed_call_parses_its_body_once(
         parsed.append(raw)
         return loads(raw)
 
-    monkeypatch.setattr(call_module, "json", type("json", (), {"loads": staticmethod(counting)}))
+    monkeypatch.setattr(request_module, "json", type("json", (), {"loads": staticmethod(counting)}))
     monkeypatch.setattr(affinity_routing, "auto_key", lambda body: pytest.fail("the body was parsed again"))
     urls = [s.url for s in servers]
     async with Guard(urls, TIERS, hedge=None, instrumentation=None, affinity="auto") as guard:
