@@ -221,3 +221,36 @@ def test_in_response_mode_a_refusal_is_a_429_with_retry_after(backend: str) -> N
             assert response.headers["x-llmguard-cause"] == "overloaded"
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_whose_replica_is_full_goes_to_one_with_a_free_slot(backend: str) -> None:
+    # One slot per replica and no line. The router prefers the much faster replica a, even with a call on it; the
+    # call that finds a's slot taken is moved to b, not refused (without the move: 1 served, 3 refused).
+    async def main() -> None:
+        a, b = QueueingReplica("a", slots=8, base_ttft=0.01), QueueingReplica("b", slots=8, base_ttft=0.4)
+        fakes = {"http://a": a, "http://b": b}
+        one = Admission(initial_limit=1, max_limit=1, max_waiting=0)
+        guard = Guard(
+            list(fakes),
+            tiers=TIERS,
+            instrumentation=None,
+            transport_factory=lambda r: fakes[r.url],
+            hedge=None,
+            admission=one,
+            failure_mode="raise",
+        )
+        async with guard, guard.http_client() as client:
+            for _ in range(10):  # one at a time: the router learns how fast each replica is
+                await call(client)
+            a.arrivals.clear()
+            b.arrivals.clear()
+            outcomes: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(call, client, "interactive", outcomes)
+                    await anyio.sleep(0.001)
+            assert outcomes.count("ok") == 2 and len(a.arrivals) == len(b.arrivals) == 1  # both slots used
+            assert outcomes.count("overloaded") == 2  # and no more than the two slots let through
+
+    run_virtual(main, backend)
