@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from llmguard_client._admission.policy import Admission
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
+from llmguard_client._rollout.rollout import flag_fraction
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
     AffinityPolicy,
@@ -29,6 +30,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.errors import (
     AllAttemptsFailed,
+    AllAttemptsTimedOut,
     AllReplicasCooling,
     BudgetExhausted,
     BulkheadFull,
@@ -49,6 +51,7 @@ from llmguard_client.errors import (
     UnknownCohortError,
     UnknownTierError,
     UpstreamStreamError,
+    WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
 from llmguard_client.snapshot import AdmissionSnapshot, GuardSnapshot, ReplicaSnapshot, TierSnapshot
@@ -71,6 +74,7 @@ __all__ = [
     "AdmissionSnapshot",
     "AffinityPolicy",
     "AllAttemptsFailed",
+    "AllAttemptsTimedOut",
     "AllReplicasCooling",
     "AttemptRecord",
     "BudgetExhausted",
@@ -109,8 +113,10 @@ __all__ = [
     "UnknownCohortError",
     "UnknownTierError",
     "UpstreamStreamError",
+    "WrongEventLoop",
     "__version__",
     "capture",
+    "flag_fraction",
     "guard_failure",
     "parse_retry_after",
 ]

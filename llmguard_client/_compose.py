@@ -124,4 +124,5 @@ def build_transport(
         failure_mode=policies.failure_mode,
         generation=(policies.hedge or _GENERATION_PATHS).applies_to,
         retries=policies.retry is not None,
+        cooperative=policies.retry if policies.retry is not None and policies.retry.mode == "cooperative" else None,
     )

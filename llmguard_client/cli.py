@@ -261,6 +261,17 @@ def _rollout(args: argparse.Namespace) -> int:
         return 1
 
 
+def _run(args: argparse.Namespace) -> int:
+    """``bench`` or ``demo``: long runs with child processes, stopped as a whole by Ctrl-C."""
+    if args.command == "bench" and args.processes:
+        from llmguard_client.bench.processes import run_processes
+
+        return run_processes(args)
+    if args.command == "bench":
+        return commands.run_bench(args)
+    return commands.run_demo(args)
+
+
 def _fail(message: str, stream: IO[str] | None = None) -> None:
     line = " ".join(message.split())  # always exactly one line
     print(f"{PROG}: error: {line}", file=stream or sys.stderr)
@@ -278,13 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands.explain(args)
         if args.command == "bench" and not (args.target or args.sim):
             raise UsageError("one of the arguments --target --sim is required (or --explain)")
-        if args.command == "bench" and args.processes:
-            from llmguard_client.bench.processes import run_processes
+        from llmguard_client.bench.interrupt import run_interruptibly
 
-            return run_processes(args)
-        if args.command == "bench":
-            return commands.run_bench(args)
-        return commands.run_demo(args)
+        return run_interruptibly(lambda: _run(args), _fail)
     except UsageError as exc:
         _fail(str(exc))
         return 2

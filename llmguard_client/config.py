@@ -215,6 +215,13 @@ class RetryPolicy:
     ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
+
+    ``mode``: ``"guard"`` (default): the guard sends the retries itself, below the SDK.
+    ``"cooperative"``: for calls from an SDK that retries (openai, anthropic: ``x-stainless-*`` headers;
+    other callers keep the default), one attempt round per SDK request (hedges included), and the SDK sends the
+    retries the guard allows: the guard decides (budget, Retry-After, deadline, attempts) and says so
+    with ``x-should-retry`` and ``retry-after-ms`` on the failure it returns; the SDK's next request of
+    the same call keeps its deadlines, its attempts and the replicas it must avoid.
     """
 
     max_attempts: int = 3
@@ -224,8 +231,11 @@ class RetryPolicy:
     circuit_failures: int = 5
     circuit_cooldown: float = 5.0
     overload_cooldown: float = 1.0
+    mode: Literal["guard", "cooperative"] = "guard"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("guard", "cooperative"):
+            raise GuardConfigError(f"RetryPolicy.mode must be 'guard' or 'cooperative', got {self.mode!r}")
         _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
         _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)

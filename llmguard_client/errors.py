@@ -9,11 +9,13 @@ keeps working::
     └── GuardFailure                    the guard gave up on a call (carries .record, .cause)
         ├── GuardRequestError(ValueError)   a call's own x-llmguard-* header names nothing configured (400)
         │   ├── UnknownTierError        a tier name that is not configured (also a GuardConfigError)
-        │   └── UnknownCohortError      an x-llmguard-cohort other than guarded / control
+        │   ├── UnknownCohortError      an x-llmguard-cohort other than guarded / control
+        │   └── WrongEventLoop          a call from a second event loop while the Guard's first one runs
         ├── GuardTimeout(httpx.TimeoutException)
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
-        │   └── StallTimeout            the stream went silent longer than the tier's stall
+        │   ├── StallTimeout            the stream went silent longer than the tier's stall
+        │   └── AllAttemptsTimedOut     every attempt ended in a timeout (e.g. the SDK's own ``timeout=``)
         ├── GuardUnavailable(httpx.TransportError)
         │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
         │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
@@ -33,12 +35,15 @@ these are raised from the response body's iterator; before it they only end an a
 elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is left.
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
-transport raises) the same failures are returned as proxy-style HTTP responses
-instead: see `llmguard_client._core.failure`. And whenever a server did answer (a 429, a
-503, a 500), the guard hands that answer back, in either mode, rather than raising:
-``BudgetExhausted`` and ``AllReplicasCooling`` are then only named in its
-``x-llmguard-cause`` header. They are raised (raise mode) when there is no server
-answer to hand back, e.g. an empty budget after connection errors.
+transport raises) the failures that are not timeouts are returned as proxy-style HTTP
+responses instead: see `llmguard_client._core.failure`. A timeout is raised in every mode
+(``GuardTimeout``: the SDK's timeout error), and the SDK's retry of a call the guard gave up
+on fails at once with the same error (`llmguard_client._core.given_up`). Whenever a server
+did answer (a 429, a 503, a 500), the guard hands that answer back, in either mode, rather
+than raising. ``BudgetExhausted``, ``AllReplicasCooling`` and ``RateLimited`` are refusals:
+raised (or answered) as such only when they stop a call before anything was sent; after
+attempts, the caller gets the attempts' own failure and the refusal is named in its
+``cause`` (``x-llmguard-cause``).
 """
 
 from __future__ import annotations
@@ -122,6 +127,13 @@ class UnknownCohortError(GuardRequestError):
     cause = "unknown_cohort"
 
 
+class WrongEventLoop(GuardRequestError):
+    """A call from an event loop other than the one the Guard's connections belong to, while that one still
+    runs (e.g. two threads each running ``asyncio.run``): refused before anything is sent."""
+
+    cause = "wrong_event_loop"
+
+
 class GuardTimeout(GuardFailure, httpx.TimeoutException):
     """A tier deadline passed; the in-flight attempts were closed."""
 
@@ -144,6 +156,16 @@ class TotalTimeout(GuardTimeout):
 
 class StallTimeout(GuardTimeout):
     cause = "stall_timeout"
+
+
+class AllAttemptsTimedOut(GuardTimeout):
+    """Every attempt the guard sent ended in a timeout (a read, connect, write or pool timeout, e.g. from
+    the caller's own ``timeout=``): raised in every failure mode, so an SDK maps it to its timeout error
+    (openai: ``APITimeoutError``). ``__cause__`` is the last attempt's timeout; ``cause`` is
+    ``all_attempts_timed_out``, or the reason the guard sent no further attempt (``all_replicas_cooling``,
+    ``budget_exhausted``, ...)."""
+
+    cause = "all_attempts_timed_out"
 
 
 class GuardUnavailable(GuardFailure, httpx.TransportError):

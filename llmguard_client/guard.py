@@ -47,7 +47,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges.sdk import TakesHttpClient
-from llmguard_client.errors import GuardConfigError, UnknownTierError
+from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
 from llmguard_client.telemetry.default import default_instrumentation
@@ -90,6 +90,11 @@ def _validated(
     failure_mode: FailureMode,
 ) -> Policies:
     """The tiers and the per-call policies, checked (`GuardConfigError`, `UnknownTierError`)."""
+    if tiers is not None and not isinstance(tiers, Mapping):
+        raise GuardConfigError(
+            "tiers must map tier names to Tier values, e.g. {'interactive': Tier(ttft=1.0, total=30.0)}; "
+            f"got {type(tiers).__name__} {tiers!r}"
+        )
     tiers = dict(_DEFAULT_TIERS if tiers is None else tiers)
     if not tiers:
         raise GuardConfigError("tiers must name at least one Tier, e.g. {'interactive': Tier(ttft=1, total=30)}")
@@ -272,6 +277,7 @@ class Guard:
         deadlines govern reads; pass ``timeout=`` to override. Closing the client leaves the
         guard open (``await guard.aclose()`` closes the pools).
         """
+        self._refuse_if_closed()
         kwargs.setdefault("timeout", httpx.Timeout(None, connect=10.0))
         return httpx.AsyncClient(transport=self._transport, **kwargs)
 
@@ -289,6 +295,10 @@ class Guard:
     @property
     def closed(self) -> bool:
         return self._registry.closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._registry.closed:
+            raise GuardClosed("this Guard is closed: it hands out no new clients; build a new Guard")
 
     async def aclose(self, grace: float = 0.0) -> None:
         """Shut the guard down; when it returns, every connection it opened is closed.
@@ -358,6 +368,7 @@ class Guard:
         """
         from llmguard_client.edges.httpx2_async import httpx2_client
 
+        self._refuse_if_closed()
         return httpx2_client(self, **kwargs)
 
     def sync_http_client(self, **kwargs: Any) -> httpx.Client:
@@ -368,12 +379,14 @@ class Guard:
         """
         from llmguard_client.edges.httpx_sync import sync_http_client
 
+        self._refuse_if_closed()
         return sync_http_client(self, **kwargs)
 
     def sync_httpx2_client(self, **kwargs: Any) -> httpx2.Client:
         """An `httpx2.Client` through the guard, for sync code (``openai.OpenAI`` >= 3, ``anthropic.Anthropic``)."""
         from llmguard_client.edges.httpx2_sync import sync_httpx2_client
 
+        self._refuse_if_closed()
         return sync_httpx2_client(self, **kwargs)
 
     def http_client_for(self, sdk: TakesHttpClient[_H], **kwargs: Any) -> _H:

@@ -107,9 +107,9 @@ class Probe:
         return {
             "non-streamed": outcome(plain),
             "streamed": outcome(streamed),
-            "give up, default (max_retries=2)": outcome(lambda: give_up("auto", 2, openai.InternalServerError)),
+            "give up, default (max_retries=2)": outcome(lambda: give_up("auto", 2, openai.APITimeoutError)),
             "give up, raise + max_retries=0": outcome(lambda: give_up("raise", 0, openai.APITimeoutError)),
-            "raise + max_retries=2 (stacks)": outcome(lambda: give_up("raise", 2, openai.APITimeoutError, 3)),
+            "raise + max_retries=2 (stopped)": outcome(lambda: give_up("raise", 2, openai.APITimeoutError)),
         }
 
     async def openai_async(self) -> dict[str, str]:
@@ -164,9 +164,9 @@ class Probe:
 
         await run("non-streamed", plain)
         await run("streamed", streamed)
-        await run("give up, default (max_retries=2)", lambda: give_up("auto", 2, openai.InternalServerError))
+        await run("give up, default (max_retries=2)", lambda: give_up("auto", 2, openai.APITimeoutError))
         await run("give up, raise + max_retries=0", lambda: give_up("raise", 0, openai.APITimeoutError))
-        await run("raise + max_retries=2 (stacks)", lambda: give_up("raise", 2, openai.APITimeoutError, 3))
+        await run("raise + max_retries=2 (stopped)", lambda: give_up("raise", 2, openai.APITimeoutError))
         return results
 
     # --- anthropic (no /v1/messages on the loopback server: replicas that refuse connections) ----

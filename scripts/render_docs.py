@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/usage.md", "docs/rollout.md")
+DOCS = ("README.md", "docs/usage.md", "docs/rollout.md", "docs/fleet.md")
 """The files with markers; others are left alone."""
 TIMEOUT = 120.0
 

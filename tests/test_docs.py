@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -60,6 +62,83 @@ def test_the_docs_speak_to_users(doc: str) -> None:
     """No words of how the project is run: waves, numbered issues, reference seeds or sections."""
     text = (ROOT / doc).read_text(encoding="utf-8")
     assert not re.findall(r"(?i)\bwaves?\b|\bissue \d|seed 00\d|§", text)
+
+
+GUIDES = (
+    "docs/usage.md",
+    "docs/rollout.md",
+    "docs/fleet.md",
+    "docs/routing.md",
+    "docs/loadtest.md",
+    "docs/observability.md",
+)
+"""The user guides: what the library does and how to use it (measurements and their set-up: docs/benchmarks.md)."""
+
+
+@pytest.mark.parametrize("doc", GUIDES)
+def test_the_guides_name_no_internals_nor_the_machine_a_figure_came_from(doc: str) -> None:
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    found = re.findall(r"llmguard_client/_\w+|\btests/\w+|(?i:load average|\d-core machine|the rule before)", text)
+    assert not found, f"{doc}: {found}"
+
+
+USER_FILES = sorted(
+    str(p.relative_to(ROOT))
+    for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py")]
+)
+_FROM_IMPORT = re.compile(r"\bfrom (llmguard_\w+(?:\.\w+)*) import (\([^)]*\)|[\w ,]+)")
+_IMPORT = re.compile(r"^\s*import (llmguard_\w+(?:\.\w+)*)", re.MULTILINE)
+
+
+def imports_shown(text: str) -> Iterator[tuple[str, str | None]]:
+    """(module, name) for each ``from llmguard_... import name``, (module, None) for ``import llmguard_...``."""
+    for match in _FROM_IMPORT.finditer(text):
+        for item in match[2].strip("()").split(","):
+            name = item.split(" as ")[0].strip()
+            if name:
+                yield match[1], name
+    for match in _IMPORT.finditer(text):
+        yield match[1], None
+
+
+def declared_all(module: str) -> list[str]:
+    """The module's ``__all__`` literal, read from its source: importing a load tool's module would patch the
+    standard library (Locust), and a name is public by being declared, not by being reachable."""
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    assert spec is not None and spec.origin is not None, f"{top} is not installed"
+    base = Path(spec.origin).parent.joinpath(*rest)
+    source = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, list | tuple), f"{module}.__all__ is not a literal list"
+            return [str(name) for name in value]
+    raise AssertionError(f"{module} declares no __all__")
+
+
+def test_the_import_scanner_reads_every_form() -> None:
+    text = "from llmguard_client import (\n    Guard,\n    Tier as T,\n)\n`from llmguard_client.x import f`; a\n"
+    text += "python -c 'from llmguard_client import Guard; Guard()'\n  import llmguard_client.sim  # a comment\n"
+    assert list(imports_shown(text)) == [
+        ("llmguard_client", "Guard"),
+        ("llmguard_client", "Tier"),
+        ("llmguard_client.x", "f"),
+        ("llmguard_client", "Guard"),
+        ("llmguard_client.sim", None),
+    ]
+
+
+@pytest.mark.parametrize("path", USER_FILES)
+def test_every_name_the_docs_import_is_public(path: str) -> None:
+    """A user copies what a doc imports: only public modules, and only names their ``__all__`` declares."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    private = re.findall(r"llmguard_\w+\._\w+", text)
+    assert not private, f"{path} names private modules: {private}"
+    for module, name in imports_shown(text):
+        assert not any(part.startswith("_") for part in module.split(".")), f"{module} is private"
+        if name is not None:
+            assert name in declared_all(module), f"{path}: {name} is not in {module}.__all__"
 
 
 # --- the renderer itself, on small docs of its own --------------------------------------------------------

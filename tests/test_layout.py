@@ -107,3 +107,18 @@ def test_importing_the_package_loads_none_of_the_tools() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["[]", "True"]
+
+
+def test_the_tools_use_only_the_runtimes_public_modules() -> None:
+    """What a tool needs from the runtime is public, so the tools can ship in a distribution of their own."""
+
+    def _is_tool(module: str) -> bool:
+        return module.split(".")[1:2] != [] and module.split(".")[1] in TOOLS
+
+    graph = import_graph()
+    private = {
+        module: sorted(t for t in targets if not _is_tool(t) and any(p.startswith("_") for p in t.split(".")[1:]))
+        for module, targets in graph.items()
+        if _is_tool(module)
+    }
+    assert {module: targets for module, targets in private.items() if targets} == {}

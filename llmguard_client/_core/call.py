@@ -60,6 +60,9 @@ class Call:
     """The attempt whose stream the caller reads (set by `deliver` only; the end of the call reports it)."""
     affinity_key: str | None = None
     """The call's cache-affinity key (None: unkeyed, or affinity off): its attempts prefer the key's replicas."""
+    sdk_retries: bool = False
+    """The caller's SDK sends this call's retries (`RetryPolicy.mode` "cooperative" and a Stainless-built SDK
+    calling): one attempt round per request, a retry the guard allows is handed back to the SDK."""
     keeps_text: bool = False
     """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
     its attempts' readers keep the text they deliver, which a continuation resumes from."""

@@ -3,8 +3,9 @@
 The openai SDK (like every Stainless-generated SDK) retries whatever a transport
 raises, up to ``max_retries`` times with sleeps, but obeys ``x-should-retry: false``
 on a response. So in *response mode* a guard failure comes back the way a proxy would
-answer: 504 for a deadline, 429/503 for overload (with Retry-After when known), 502
-when every attempt failed, 503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
+answer (a timeout excepted: it is raised in every mode, so the SDK raises its timeout
+error): 429/503 for overload (with Retry-After when known), 502 when every attempt failed,
+503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
 naming no tier or cohort (`GuardRequestError`), always with ``x-should-retry: false``, an OpenAI-format
 JSON error whose message names the tier, the limit, the elapsed time and the
 attempts, and the machine-readable cause in ``x-llmguard-cause``. The SDK then raises
@@ -22,9 +23,10 @@ import math
 
 import httpx
 
+from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
-from llmguard_client.errors import GuardFailure
+from llmguard_client.errors import AllAttemptsFailed, AllAttemptsTimedOut, GuardFailure
 from llmguard_client.telemetry._record_builder import AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
@@ -38,6 +40,34 @@ def describe_attempts(record: AnyCall) -> str:
         detail = f" ({a.error})" if a.error else ""
         parts.append(f"{a.kind} {a.replica}: {a.outcome}{detail}")
     return f"{len(record.attempts)} attempt(s)" + (": " + "; ".join(parts) if parts else "")
+
+
+def attempts_error(
+    call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None
+) -> AllAttemptsFailed | AllAttemptsTimedOut:
+    """The error a call's attempts met when none got a server answer: `AllAttemptsTimedOut` when every one
+    ended in a timeout, else `AllAttemptsFailed`; ``__cause__`` the last attempt's error. ``refusal``, why the
+    guard sent no further attempt (cooling, budget, open circuits), is named in the message and the cause, but
+    never changes the type: a refusal only speaks for itself before anything was sent."""
+    timed_out = all(isinstance(f.error, httpx.TimeoutException) for f in failures)
+    what = "timed out" if timed_out else "failed before a response"
+    message = (
+        f"every attempt {what} (tier {call.tier_name!r}, {call.clock() - call.record.start:.3f}s elapsed); "
+        f"{describe_attempts(call.record)}"
+    )
+    if refusal is not None:
+        message += f"; no further attempt: {refusal.message}"
+    kind = AllAttemptsTimedOut if timed_out else AllAttemptsFailed
+    error = kind(
+        message,
+        request=call.request,
+        record=call.record,
+        retry_after=refusal.retry_after if refusal is not None else None,
+    )
+    if refusal is not None:
+        error.cause = refusal.cause
+    error.__cause__ = failures[-1].error
+    return error
 
 
 def _retry_after_headers(seconds: float | None) -> dict[str, str]:

@@ -41,8 +41,9 @@ class Payment:
             self.hold.discharge()
 
 
-Stop = Literal["no_replica", "budget", "deadline", "rounds", "not_retryable"]
-"""Why the retry layer sent no further attempt (`Failed.stopped`)."""
+Stop = Literal["no_replica", "budget", "deadline", "rounds", "not_retryable", "sdk"]
+"""Why the retry layer sent no further attempt (`Failed.stopped`); ``"sdk"``: a retry is allowed, and the SDK
+sends it (`RetryPolicy.mode` ``"cooperative"``)."""
 
 
 class Race:
@@ -159,6 +160,8 @@ class Failed:
     reason: GuardFailure | None = None
     stopped: Stop | None = None
     """Why no further attempt was sent, when the retry layer decided it (see `Stop`)."""
+    retry_in: float = 0.0
+    """With ``stopped="sdk"``: the seconds the SDK should wait before its retry (backoff or Retry-After)."""
 
     @property
     def last(self) -> AttemptFailure | None:

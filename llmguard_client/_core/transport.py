@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import replace
 
 import anyio
 import httpx
@@ -34,9 +35,13 @@ import httpx
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Clock, current_time_source
-from llmguard_client._core.failure import describe_attempts, failure_response, upstream_response
-from llmguard_client._core.headers import TIER_HEADER, CallerHeaders
+from llmguard_client._core.cooperative import allow_retry, next_episode, resume
+from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
+from llmguard_client._core.given_up import Episode, GivenUp
+from llmguard_client._core.given_up import again as again_error
+from llmguard_client._core.headers import CAUSE_HEADER, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
+from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
@@ -47,8 +52,18 @@ from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
-from llmguard_client.config import FailureMode, Tier
-from llmguard_client.errors import AllAttemptsFailed, GuardClosed, GuardFailure, UnknownTierError
+from llmguard_client.config import FailureMode, RetryPolicy, Tier
+from llmguard_client.errors import (
+    GuardClosed,
+    GuardFailure,
+    GuardRequestError,
+    GuardTimeout,
+    GuardUnavailable,
+    TotalTimeout,
+    TTFTTimeout,
+    UnknownTierError,
+    WrongEventLoop,
+)
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -57,6 +72,13 @@ from llmguard_client.telemetry.record import CallStatus, PhaseRecord
 logger = logging.getLogger("llmguard_client")
 
 RecordCallback = Callable[[PhaseRecord], None]
+_RETRY_HEADERS = frozenset({b"content-length", b"x-should-retry", b"retry-after", b"retry-after-ms"})
+"""Left out of an answer kept to hand back again as final (`GuardTransport._decline` sets its own)."""
+STACKING_WARNING = (
+    "llmguard: an SDK retried a call the guard had already given up on (failure_mode='raise'); the retry was "
+    "failed at once, but the SDK's own retries wait their backoff first: give the SDK client max_retries=0, "
+    "or leave failure_mode='auto'"
+)
 
 
 class GuardTransport(httpx.AsyncBaseTransport):
@@ -87,6 +109,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         failure_mode: FailureMode,
         generation: Callable[[str], bool],
         retries: bool,
+        cooperative: RetryPolicy | None = None,
     ) -> None:
         self.pipeline = pipeline
         """What every guarded call runs through before its first token (and a continuation's path)."""
@@ -111,6 +134,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._generation = generation
         """Whether a path is a generation call (idempotent-safe to hedge and to retry on any status)."""
         self._retries = retries
+        self._cooperative = cooperative
+        """The retry policy when its mode is "cooperative" (an SDK sends the retries the guard allows), else None."""
+        self._given_up = GivenUp()
+        """Calls given up on with an error, or whose retry the SDK sends: `llmguard_client._core.given_up`."""
+        self._warned_stacking = False
+        self._loops = LoopOwner()
 
     @property
     def closed(self) -> bool:
@@ -122,19 +151,41 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
         headers = CallerHeaders(request)
-        try:  # refused before anything starts: closed, or a guard header naming nothing configured
+        try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
+            wrong_loop = self._loops.claim()
+            if wrong_loop is not None:
+                raise WrongEventLoop(wrong_loop, request=request)
+            if request.url.scheme not in ("http", "https") or not request.url.host:
+                raise GuardRequestError(
+                    f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "
+                    "client a base_url (e.g. one of the replicas) or send to a full URL",
+                    request=request,
+                )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
+        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) else None
+        episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
+        if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
+            if self._failure_mode == "raise" and not self._warned_stacking:
+                self._warned_stacking = True
+                logger.warning(STACKING_WARNING)
+            raise again
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call, continuation = await self._start_call(request, headers, assignment, tier_name)
+        route = Route()
+        if episode is not None and self._cooperative is not None:
+            resumed = resume(call, episode, self._cooperative, self._replicas)
+            if resumed is None:
+                return await self._decline(call, episode)
+            route = resumed
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
-            outcome = await self.pipeline.handle(call, Route())
+            outcome = await self.pipeline.handle(call, route)
         except anyio.get_cancelled_exc_class():
             await lease.aclose("cancelled", "cancelled_by_caller")
             raise
@@ -148,6 +199,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 outcome = Failed(reason=self._closed_error(call))
         if isinstance(outcome, Win):
             return self._deliver(call, outcome, continuation)
+        if outcome.stopped == "sdk":
+            return await self._hand_back(call, outcome, episode)
         return await self._give_up(call, outcome)
 
     def refuse(
@@ -232,6 +285,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             total_deadline=now + tier.total,
             hedgeable=generation,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
+            sdk_retries=self._cooperative is not None and headers.from_sdk,
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
@@ -303,7 +357,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
 
     async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
-        """End a call without a winner: the last server answer if there is one, else the guard's error."""
+        """End a call without a winner: the last server answer if there is one, else the error its attempts
+        met (a timeout stays a timeout, in every failure mode), else the guard's own error. A refusal that
+        came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type."""
         error, last, lease = outcome.reason, outcome.last, call.lease
         if isinstance(error, GuardClosed) or lease.aborted:
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
@@ -314,29 +370,70 @@ class GuardTransport(httpx.AsyncBaseTransport):
             await lease.aclose("rejected" if error is not None else "http_error", cause)
             no_retry = self._retries or error is not None
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
-        if error is None:
-            assert last is not None and last.error is not None
+        if last is not None and (error is None or isinstance(error, GuardUnavailable)):
+            assert last.error is not None
             if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
                 await lease.aclose("error", last.attempt.error)
                 raise last.error
-            error = AllAttemptsFailed(
-                f"every attempt failed before a response (tier {call.tier_name!r}, "
-                f"{call.clock() - call.record.start:.3f}s elapsed); {describe_attempts(call.record)}",
-                request=call.request,
-                record=call.record,
-            )
-            error.__cause__ = last.error
+            error = attempts_error(call, outcome.failures, error)
+        assert error is not None
+        timeout = isinstance(error, GuardTimeout)
         status: CallStatus = (
             "timeout"
-            if error.cause.endswith("timeout")
+            if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
-        if call.respond_with_errors:  # the caller gets the guard's own answer: the record says so
+        respond = call.respond_with_errors and not timeout  # a timeout is raised: the SDK's timeout error
+        if respond:  # the caller gets the guard's own answer: the record says so
             call.record.answered(error.status_code)
         await lease.aclose(status, error.cause)
-        if call.respond_with_errors:
+        if respond:
             return failure_response(error, call.request, call.record.snapshot())
+        if (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
+            self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
+        elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
+            self._given_up.forget(call.request, call.body)
         raise error
+
+    async def _hand_back(self, call: Call, outcome: Failed, before: Episode | None) -> httpx.Response:
+        """Cooperative mode: the guard allows a retry and the SDK sends it (`llmguard_client._core.cooperative`):
+        the failure itself, a server's answer marked ``x-should-retry: true``, or the error raised."""
+        last, lease = outcome.last, call.lease
+        assert last is not None
+        episode = next_episode(call, outcome, before)
+        if last.status_code is not None:
+            call.record.answered(last.status_code, last.attempt.replica)
+            await lease.aclose("http_error", "upstream_status")
+            record = call.record.snapshot()
+            response = upstream_response(last, "upstream_status", call.request, record, no_retry=False)
+            allow_retry(response, outcome.retry_in)
+            kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _RETRY_HEADERS]
+            answer = (response.status_code, kept, last.body)
+            self._given_up.remember(
+                call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
+            )
+            return response
+        error = attempts_error(call, outcome.failures, None)
+        await lease.aclose("timeout" if isinstance(error, GuardTimeout) else "error", error.cause)
+        self._given_up.remember(call.request, call.body, replace(episode, error=error), call.clock())
+        raise error
+
+    async def _decline(self, call: Call, episode: Episode) -> httpx.Response:
+        """Cooperative mode: the SDK's retry may not be sent after all (the budget emptied since the guard
+        allowed it): the last failure again, final, with nothing sent."""
+        await call.lease.aclose("rejected", "budget_exhausted")
+        if episode.error is not None:
+            error = again_error(episode.error, call.request, 1)
+            error.cause = "budget_exhausted"
+            self._given_up.remember(call.request, call.body, episode.error, call.clock())
+            raise error
+        assert episode.answer is not None
+        status, raw, body = episode.answer
+        response = httpx.Response(status, headers=raw, content=body, request=call.request)
+        response.extensions = {"llmguard": episode.record}
+        response.headers["x-should-retry"] = "false"
+        response.headers[CAUSE_HEADER] = "budget_exhausted"
+        return response
 
     # --- per-call choices -----------------------------------------------------------------
 

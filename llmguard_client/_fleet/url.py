@@ -118,7 +118,10 @@ def _check_client(cluster: bool) -> None:
     """redis-py is installed, and for a cluster recent enough: its asyncio `RedisCluster` has pub/sub only
     from redis-py 8.0 (before, the store could never connect)."""
     if importlib.util.find_spec("redis") is None:
-        raise GuardConfigError("fleet needs redis-py: pip install 'llmguard-client[fleet]'")
+        raise GuardConfigError(
+            "fleet needs redis-py, the [fleet] extra: pip install 'llmguard-client[fleet]' "
+            "(pip install -e '.[fleet]' in a checkout)"
+        )
     if cluster:
         import redis
         from redis.asyncio.cluster import RedisCluster

@@ -105,6 +105,8 @@ class RetryLayer:
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
+            if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
+                return Failed(failures, stopped="sdk", retry_in=wait)
             if route.kind != "continuation":
                 kind = "retry"
             if wait > 0:

@@ -322,6 +322,6 @@ class RolloutLayer:
         self.rollout = rollout
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        if call.budget is not None:
+        if call.budget is not None and route.kind != "retry":  # an SDK's retry (cooperative) is the same call
             call.budget.record_request()
         return await call_next(call, route)

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from llmguard_client._http.tls import default_tls_context
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.measure import HTTPStatus, Probe, consume_sse, count_attempt
+from llmguard_client.bench.tls import tls_context
 
 __all__ = ["POOL_LIMITS", "NaiveRetryClient", "OpenAIDefaultClient", "PlainClient", "stream_once"]
 
@@ -43,7 +43,7 @@ class PlainClient(BenchClient):
             limits=POOL_LIMITS,
             headers=self.headers,
             event_hooks={"request": [count_attempt]},
-            verify=default_tls_context(),
+            verify=tls_context(),
         )
 
     async def aclose(self) -> None:
@@ -89,7 +89,7 @@ class OpenAIDefaultClient(BenchClient):
                 base_url=u + "/v1",
                 api_key=self.api_key or "bench",
                 http_client=openai.DefaultAsyncHttpxClient(
-                    event_hooks={"request": [count_attempt]}, verify=default_tls_context()
+                    event_hooks={"request": [count_attempt]}, verify=tls_context()
                 ),
             )
             for u in self.urls

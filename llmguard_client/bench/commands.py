@@ -97,7 +97,9 @@ def _console(to_stderr: bool) -> Any:
 
         return make_console(stderr=to_stderr)
     except ImportError as exc:
-        raise UsageError(f"the report needs rich (pip install 'llmguard-client[sim]'): {exc}") from None
+        raise UsageError(
+            f"the report needs rich (the [sim] extra: pip install -e '.[sim]' in a checkout): {exc}"
+        ) from None
 
 
 def _write_json(doc: dict[str, Any], path: str) -> None:
@@ -123,7 +125,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
         try:
             importlib.import_module("matplotlib")
         except ImportError:
-            raise UsageError("--plot needs matplotlib (pip install 'llmguard-client[sim]')") from None
+            raise UsageError(
+                "--plot needs matplotlib (the [sim] extra: pip install -e '.[sim]' in a checkout)"
+            ) from None
 
 
 def _need_guard(clients: Sequence[str]) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmguard_client._routing.quantile import percentile
 from llmguard_client.bench.conversations import turn_of
+from llmguard_client.bench.quantile import percentile
 from llmguard_client.bench.runner import ClientRun
 from llmguard_client.bench.traffic import TrafficPlan
 

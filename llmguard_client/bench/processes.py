@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -25,14 +26,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 DEFAULT_DURATION = 20.0
 """Seconds of traffic per client mode."""
 
 
-@contextmanager
+@contextlib.contextmanager
 def _fleet_url(spec: str | None) -> Iterator[str | None]:
     """``--fleet``: a Redis URL, ``auto`` (a local ``redis-server`` on a free port, stopped afterwards) or None."""
     if spec != "auto":
@@ -71,25 +71,34 @@ async def _mode(cluster: Any, mode: str, spec: dict[str, Any], processes: int) -
     provider.reset()
     received_before = sum(r.counters.received for r in cluster.replicas)
     start_at = time.time() + 2.0 + 0.5 * processes  # every worker imported and ready before it
-    workers = []
-    for i in range(processes):
-        job = {**spec, "mode": mode, "seed": spec["seed"] * 1000 + i, "start_at": start_at}
-        workers.append(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "llmguard_client.bench.fleet_worker",
-                json.dumps(job),
-                stdout=asyncio.subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-            )
-        )
+    workers: list[asyncio.subprocess.Process] = []
     results = []
-    for worker in workers:
-        out, _ = await worker.communicate()
-        if worker.returncode != 0:
-            raise RuntimeError(f"a bench worker ({mode}) failed with exit code {worker.returncode}")
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    try:
+        for i in range(processes):
+            job = {**spec, "mode": mode, "seed": spec["seed"] * 1000 + i, "start_at": start_at}
+            workers.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "llmguard_client.bench.fleet_worker",
+                    json.dumps(job),
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,  # reported when it fails; not on the terminal at a Ctrl-C
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                )
+            )
+        for worker in workers:
+            out, err = await worker.communicate()
+            if worker.returncode != 0:
+                last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"a bench worker ({mode}) failed with exit code {worker.returncode}: {last}")
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    finally:  # one worker failed (or the run was cancelled): the others are not left running
+        for worker in workers:
+            if worker.returncode is None:
+                with contextlib.suppress(ProcessLookupError):  # ended, not yet collected
+                    worker.kill()
+                await worker.wait()
     calls = sum(r["calls"] for r in results)
     failed: dict[str, int] = {}
     for r in results:

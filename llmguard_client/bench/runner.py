@@ -19,10 +19,10 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
-from llmguard_client._http.tls import default_tls_context
 from llmguard_client.bench.clients import BenchClient, Sample, TierSpec, make_client
 from llmguard_client.bench.conversations import replay_conversations
 from llmguard_client.bench.measure import Replayed
+from llmguard_client.bench.tls import tls_context
 from llmguard_client.bench.traffic import TrafficPlan, request_body
 
 CountersMode = Literal["reset", "fresh", "none"]
@@ -86,7 +86,7 @@ async def preflight(urls: Sequence[str], probe_timeout: float = 3.0, api_key: st
     model = "bench"
     has_stats = True
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=probe_timeout, headers=headers, verify=default_tls_context()) as http:
+    async with httpx.AsyncClient(timeout=probe_timeout, headers=headers, verify=tls_context()) as http:
         for i, url in enumerate(urls):
             try:
                 r = await http.get(f"{url}/v1/models")
@@ -214,7 +214,7 @@ async def run_one_client(
     progress: ProgressSink,
 ) -> ClientRun:
     notes: list[str] = []
-    async with httpx.AsyncClient(timeout=10.0, verify=default_tls_context()) as http:
+    async with httpx.AsyncClient(timeout=10.0, verify=tls_context()) as http:
         if counters != "none":
             drained, _ = await wait_drained(http, urls, spec.drain_timeout)
             if not drained:

@@ -9,7 +9,7 @@ Definitions (each metric is explained for users by ``llmguard bench --explain``,
 * 429 ratio       requests whose final answer was HTTP 429.
 * latency         TTFT / e2e / TPOT percentiles over *successful* requests (the plot shows all requests:
                   failures never arrive, so the curve levels off at the failure share).
-* percentiles     `llmguard_client._routing.quantile.percentile` (linear interpolation, numpy's default), p in [0, 100].
+* percentiles     `llmguard_client.bench.quantile.percentile` (linear interpolation, numpy's default), p in [0, 100].
 * amplification   sum of the replicas' ``received`` / logical requests (server-side), plus the
                   client-side attempts / logical requests where the client can count them.
 * deadline failures  requests that ended in a client-side timeout (status ``timeout``).
@@ -26,8 +26,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llmguard_client._routing.quantile import percentile
 from llmguard_client.bench.measure import Sample, TierSpec
+from llmguard_client.bench.quantile import percentile
 from llmguard_client.bench.queue_recovery import QueueRecovery, queue_recovery
 from llmguard_client.bench.rates import RateProfile
 from llmguard_client.bench.runner import ClientRun

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llmguard_client._routing.quantile import percentile
+from llmguard_client.bench.quantile import percentile
 
 __all__ = ["Interval", "binomial", "bootstrap_difference", "mean_sampler", "quantile_sampler"]
 
@@ -71,7 +71,7 @@ def mean_sampler(values: Sequence[float]) -> Sampler | None:
 
 
 def quantile_sampler(values: Sequence[float], q: float) -> Sampler | None:
-    """Draws the type-7 ``q``-quantile (`llmguard_client._routing.quantile.percentile`'s) of a bootstrap resample."""
+    """Draws the type-7 ``q``-quantile (`llmguard_client.bench.quantile.percentile`'s) of a bootstrap resample."""
     ordered = sorted(values)
     n = len(ordered)
     if n == 0:

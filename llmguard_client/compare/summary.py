@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmguard_client._routing.quantile import percentile
+from llmguard_client.bench.quantile import percentile
 from llmguard_client.compare.load import Call
 from llmguard_client.compare.stats import Interval, bootstrap_difference, mean_sampler, quantile_sampler
 

@@ -57,7 +57,9 @@ def translate_error(exc: BaseException, request: httpx2.Request) -> BaseExceptio
         return exc
     mapped: BaseException
     if isinstance(exc, GuardFailure):
-        mapped = target(exc.message, record=exc.record, retry_after=exc.retry_after)
+        failure: GuardFailure = target(exc.message, record=exc.record, retry_after=exc.retry_after)
+        failure.cause = exc.cause  # an instance's own cause (e.g. why no further attempt was sent)
+        mapped = failure
     else:
         mapped = target(str(exc))
     if isinstance(mapped, httpx2.HTTPError):

@@ -23,7 +23,10 @@ class ClusterStartError(RuntimeError):
 def spawn_cluster(
     scenario: str, *, replicas: int | None = None, seed: int = 0, timeout: float = 20.0
 ) -> Iterator[list[str]]:
-    """Start a simulated cluster in a subprocess, yield its base URLs, terminate it (and wait) on exit."""
+    """Start a simulated cluster in a subprocess, yield its base URLs, terminate it (and wait) on exit.
+
+    On a `KeyboardInterrupt` the cluster is killed instead, so a Ctrl-C does not wait for it to drain.
+    """
     with tempfile.TemporaryDirectory(prefix="llmguard-sim-") as tmp:
         ready = Path(tmp) / "ready.json"
         cmd = [sys.executable, "-m", "llmguard_client.sim", "--scenario", scenario, "--seed", str(seed)]
@@ -34,6 +37,10 @@ def spawn_cluster(
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
             try:
                 yield _wait_ready(proc, ready, stderr, timeout)
+            except KeyboardInterrupt:  # Ctrl-C: stopped at once, not drained
+                proc.kill()
+                proc.wait()
+                raise
             finally:
                 _terminate(proc)
 

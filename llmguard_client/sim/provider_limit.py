@@ -4,7 +4,8 @@ every replica (one API key), as OpenAI-style providers enforce it.
 A request is charged its prompt tokens plus ``max_tokens`` when it arrives and refunded what it did not
 generate when it ends. One that does not fit is refused at once: 429 ``rate_limit_exceeded`` with
 ``Retry-After`` / ``retry-after-ms`` (when it would fit) and the ``x-ratelimit-*`` headers, which every
-admitted answer carries too. The bucket is the guard's own `LocalBucket` on the wall clock.
+admitted answer carries too. The bucket refills continuously on the wall clock, each dimension up to
+``burst`` seconds of its rate.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from llmguard_client._ratelimit.buckets import LocalBucket
-from llmguard_client.config import RateLimit
+from llmguard_client import RateLimit
 
 __all__ = ["ProviderLimit"]
 
@@ -27,27 +27,71 @@ class LimitCounters:
     limited: int = 0
 
 
+class _Dimension:
+    """Requests or tokens: the refill rate per second, the capacity and the level (an unlimited one: rate 0)."""
+
+    def __init__(self, per_minute: float | None, burst: float) -> None:
+        self.rate = per_minute / 60.0 if per_minute is not None else 0.0
+        self.capacity = self.level = self.rate * burst
+
+    def wait_for(self, cost: float) -> float:
+        """Seconds until ``cost`` fits (0: now)."""
+        return 0.0 if self.rate == 0.0 else max(0.0, (min(cost, self.capacity) - self.level) / self.rate)
+
+
+class _Bucket:
+    """The provider's bucket: one request and its tokens charged at once, or refused charging nothing."""
+
+    def __init__(self, limit: RateLimit) -> None:
+        self.requests = _Dimension(limit.requests_per_minute, limit.burst)
+        self.tokens = _Dimension(limit.tokens_per_minute, limit.burst)
+        self._last = time.monotonic()
+
+    def take(self, tokens: float) -> float | None:
+        """None when admitted; else the seconds until it would fit."""
+        self._refill()
+        wait = max(self.requests.wait_for(1.0), self.tokens.wait_for(tokens))
+        if wait > 0.0:
+            return wait
+        self.requests.level -= 1.0
+        self.tokens.level -= tokens
+        return None
+
+    def refund(self, tokens: float) -> None:
+        self._refill()
+        self.tokens.level = min(self.tokens.capacity, self.tokens.level + tokens)
+
+    def levels(self) -> tuple[float, float]:
+        self._refill()
+        return self.requests.level, self.tokens.level
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        elapsed, self._last = max(0.0, now - self._last), now
+        for dim in (self.requests, self.tokens):
+            dim.level = min(dim.capacity, dim.level + elapsed * dim.rate)
+
+
 class ProviderLimit:
     """The cluster's shared bucket for ``limit``."""
 
     def __init__(self, limit: RateLimit) -> None:
         self.limit = limit
         self.counters = LimitCounters()
-        self._bucket = LocalBucket(limit, time.monotonic)
+        self._bucket = _Bucket(limit)
 
     def reset(self) -> None:
         """A full bucket and zeroed counters (between two clients of a bench)."""
         self.counters = LimitCounters()
-        self._bucket = LocalBucket(self.limit, time.monotonic)
+        self._bucket = _Bucket(self.limit)
 
     def admit(self, tokens: int) -> tuple[bool, list[tuple[str, str]]]:
         """Charge one request of ``tokens``: (admitted, the headers to answer with)."""
-        grant = self._bucket.take(tokens, max_wait=0.0)
-        if grant.retry_after is None:
+        wait = self._bucket.take(tokens)
+        if wait is None:
             self.counters.admitted += 1
             return True, self.headers()
         self.counters.limited += 1
-        wait = grant.retry_after
         return False, [
             ("retry-after", str(max(1, math.ceil(wait)))),
             ("retry-after-ms", str(max(1, math.ceil(wait * 1000)))),
@@ -56,7 +100,7 @@ class ProviderLimit:
 
     def refund(self, tokens: int) -> None:
         """Give back tokens charged but not generated."""
-        self._bucket.adjust(0.0, float(tokens))
+        self._bucket.refund(float(tokens))
 
     def headers(self) -> list[tuple[str, str]]:
         """The ``x-ratelimit-*`` headers: the limits, what is left, and how long until the bucket is full."""

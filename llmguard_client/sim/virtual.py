@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmguard_client._routing.quantile import percentile
+from llmguard_client.bench.quantile import percentile
 from llmguard_client.bench.rates import RateProfile
 from llmguard_client.sim.engine import Engine, EngineConfig, EngineRequest, Rejected, Sequence
 from llmguard_client.sim.lengths import SEED_PROMPT_LENGTHS, LengthDist

@@ -100,6 +100,6 @@ def test_close_leaves_no_thread_and_no_socket(servers: list[LoopbackServer]) -> 
     assert sync_threads() == []
     assert eventually(lambda: client_sockets(servers) == 0)
     with pytest.raises(openai.InternalServerError) as caught:  # response mode for the SDK: a 503, not retried
-        oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES)
+        client.chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.status_code == 503 and guard_failure(caught.value) == "guard_closed"
     assert caught.value.response.headers["x-should-retry"] == "false"

@@ -50,7 +50,7 @@ CASES = [
 
 EXPECTED: dict[tuple[str, str], tuple[str, int | None, str | None, str]] = {
     # (case, mode): (exception, status, guard_failure, server requests)
-    ("no first token in time", "auto"): ("InternalServerError", 504, "ttft_timeout", "1"),
+    ("no first token in time", "auto"): ("APITimeoutError", None, "ttft_timeout", "1"),
     ("no first token in time", "raise"): ("APITimeoutError", None, "ttft_timeout", "1"),
     ("stream stalls after its first token", "auto"): ("APITimeoutError", None, "stall_timeout", "1"),
     ("stream stalls after its first token", "raise"): ("APITimeoutError", None, "stall_timeout", "1"),

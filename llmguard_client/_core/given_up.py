@@ -1,0 +1,140 @@
+"""Calls the guard gave up on, remembered briefly: an SDK's retry of one fails at once with the same error.
+
+The Stainless-built SDKs (openai, anthropic) retry whatever a transport raises, up to ``max_retries`` times,
+and count their attempts in ``x-stainless-retry-count`` (0 on the first request, n on the n-th retry); a
+framework above them may add its own. When the guard already spent every attempt it allows on a call, or
+the call's deadline passed, a retry of it would start a whole new round of attempts (the guard's retries
+multiplied by the SDK's). So the guard remembers each call it gave up on with an error, and a request that
+is the same call again fails at once with that error, sending nothing.
+
+The same call is recognised by its ``Idempotency-Key`` header when it has one (a retry keeps it), else by
+its method, URL and body together with ``x-stainless-retry-count`` > 0 (a first request is never taken for
+a retry). The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW` seconds after the give-up
+(longer than an SDK's backoff between two retries: openai sleeps at most 8 s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import httpx
+
+from llmguard_client._routing.replicas import ReplicaState
+from llmguard_client.errors import GuardFailure
+from llmguard_client.telemetry.record import PhaseRecord
+
+logger = logging.getLogger("llmguard_client")
+
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+IDEMPOTENCY_HEADER = "idempotency-key"
+REMEMBERED = 1024
+"""At most this many calls are remembered (the oldest is forgotten first)."""
+WINDOW = 30.0
+"""Seconds after the give-up during which a retry of the call fails at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A call in cooperative mode (`RetryPolicy.mode`) between two of the SDK's requests: the guard allowed
+    a retry, and what must hold across the requests (the deadlines, the attempts used, the replicas that
+    failed it) waits here for the SDK's next one. ``error`` or ``answer`` is what the last request got, handed
+    back again if the next one may not be sent after all (e.g. the budget emptied meanwhile)."""
+
+    first_token_deadline: float
+    total_deadline: float
+    rounds: int
+    failed: tuple[ReplicaState, ...]
+    error: GuardFailure | None = None
+    answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+    record: PhaseRecord | None = None
+
+
+Remembered = GuardFailure | Episode
+"""A call given up on (its error) or one the SDK is expected to retry (its `Episode`)."""
+
+
+def retry_count(request: httpx.Request) -> int:
+    """The SDK's ``x-stainless-retry-count`` (0 when absent or not a number)."""
+    value = request.headers.get(RETRY_COUNT_HEADER)
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+class GivenUp:
+    """The calls the guard gave up on in the last `WINDOW` seconds, by identity (see the module doc)."""
+
+    def __init__(self, size: int = REMEMBERED, window: float = WINDOW) -> None:
+        self._size = size
+        self._window = window
+        self._calls: OrderedDict[str, tuple[float, Remembered]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def remember(self, request: httpx.Request, body: bytes, what: Remembered, now: float) -> None:
+        """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
+        it (an `Episode`, cooperative mode)."""
+        key = _identity(request, body)
+        self._calls[key] = (now + self._window, what)
+        self._calls.move_to_end(key)
+        while len(self._calls) > self._size:
+            self._calls.popitem(last=False)
+
+    def forget(self, request: httpx.Request, body: bytes) -> None:
+        """This call (or another with the same identity) failed in a way its SDK may retry: forget what an
+        earlier call of the same identity left, so that retry is not answered with the other call's error."""
+        self._calls.pop(_identity(request, body), None)
+
+    async def recall(self, request: httpx.Request, now: float) -> GuardFailure | Episode | None:
+        """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
+        up on it, or its `Episode` (then forgotten: the retry carries it on); None for a request that is not
+        such a retry (the cheap answer while nothing is remembered)."""
+        if not self._calls:
+            return None
+        self._expire(now)
+        count = retry_count(request)
+        keyed = IDEMPOTENCY_HEADER in request.headers and RETRY_COUNT_HEADER not in request.headers
+        if not self._calls or not (count > 0 or keyed):  # an SDK's first request is never a retry
+            return None
+        key = _identity(request, await request.aread())
+        entry = self._calls.get(key)
+        if entry is None:
+            return None
+        what = entry[1]
+        if isinstance(what, Episode):
+            del self._calls[key]
+            return what
+        return again(what, request, count)
+
+    def _expire(self, now: float) -> None:
+        calls = self._calls
+        while calls:
+            key, (until, _) = next(iter(calls.items()))
+            if until > now:
+                return
+            del calls[key]
+
+
+def _identity(request: httpx.Request, body: bytes) -> str:
+    key: str | None = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None:
+        return "key:" + key
+    digest = hashlib.sha256(body)
+    digest.update(b"\0" + request.method.encode() + b"\0" + str(request.url).encode())
+    return "hash:" + digest.hexdigest()
+
+
+def again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:
+    """The same failure for the retry (a new exception: each raise gets its own traceback)."""
+    retry = f"retry {count} of " if count else "a retry of "
+    fresh = type(error)(
+        f"{retry}a call the guard already gave up on, failed at once (nothing sent): {error.message}",
+        request=request,
+        record=error.record,
+        retry_after=error.retry_after,
+    )
+    fresh.cause = error.cause
+    fresh.__cause__ = error.__cause__
+    return fresh

@@ -1,0 +1,109 @@
+"""Build the sdist and the wheel, install the wheel alone in fresh venvs, and make real calls with it.
+
+    python scripts/wheel_smoke.py                  # this checkout
+    python scripts/wheel_smoke.py --source DIR     # another checkout (e.g. an older commit's worktree)
+
+Steps, each printed on one line; the first failure prints its output and exits 1:
+
+1. ``python -m build`` the sdist, then the wheel from the sdist (with the build backend of this interpreter).
+2. For each dependency set, a fresh venv with the wheel and nothing else (no extras, no test packages):
+   ``newest``: whatever pip resolves today; ``oldest``: every runtime dependency held to its declared minimum
+   (a constraints file ``name==X.Y.*`` written from the wheel's own ``Requires-Dist``, so it cannot drift).
+3. In each venv, ``pip check``, then ``scripts/wheel_smoke_call.py`` (copied out of the checkout and run with
+   ``python -I``, so the installed wheel is the only llmguard_client it can import): a plain and a streamed
+   call through ``guard.http_client()`` against a stdlib ``http.server`` on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CALL = Path(__file__).resolve().with_name("wheel_smoke_call.py")
+_LOWER_BOUND = re.compile(r"^([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*\(?\s*[^;]*?>=\s*([0-9][0-9A-Za-z.]*)")
+
+
+class SmokeError(Exception):
+    """A step failed; the message holds its command and output."""
+
+
+def step(what: str, command: Sequence[str | Path], cwd: Path | None = None) -> str:
+    """Run one command; print ``what`` and its time; SmokeError with its output if it fails."""
+    started = time.monotonic()
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SmokeError(f"FAILED: {what}\n$ {' '.join(map(str, command))}\n{proc.stdout}{proc.stderr}")
+    print(f"ok   {what} ({time.monotonic() - started:.1f} s)", flush=True)
+    return proc.stdout
+
+
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines that no extra guards: what a bare ``pip install`` brings."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    return [req for req in metadata.get_all("Requires-Dist") or [] if "extra ==" not in req]
+
+
+def minima(requirements: Sequence[str]) -> list[str]:
+    """``name==X.Y.*`` for each requirement's declared lower bound (>=X.Y); one without a bound is an error."""
+    pins = []
+    for req in requirements:
+        match = _LOWER_BOUND.match(req)
+        if match is None:
+            raise SmokeError(f"FAILED: {req!r} declares no lower bound (>=): the oldest set cannot be tested")
+        pins.append(f"{match[1]}=={match[2]}.*")
+    return pins
+
+
+def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
+    dist = work / "dist"
+    step(f"build sdist + wheel of {source}", [sys.executable, "-m", "build", "--no-isolation", "-o", dist, source])
+    (sdist,) = dist.glob("*.tar.gz")
+    (wheel,) = dist.glob("*.whl")
+    print(f"     {sdist.name}, {wheel.name}")
+    call = work / "call.py"
+    shutil.copy(CALL, call)
+    for name in sets:
+        venv = work / f"venv-{name}"
+        python = venv / "bin" / "python"
+        step(f"[{name}] fresh venv", [sys.executable, "-m", "venv", venv])
+        install: list[str | Path] = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
+        if name == "oldest":
+            constraints = work / "minima.txt"
+            pins = minima(runtime_requirements(wheel))
+            constraints.write_text("\n".join(pins) + "\n", encoding="utf-8")
+            print(f"     constraints: {', '.join(pins)}")
+            install += ["-c", constraints]
+        step(f"[{name}] pip install {wheel.name} (alone)", [*install, wheel])
+        step(f"[{name}] pip check", [python, "-m", "pip", "check", "--disable-pip-version-check"])
+        print("     " + step(f"[{name}] calls", [python, "-I", call], cwd=work).strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--source", type=Path, default=ROOT, help="the checkout to build (default: this one)")
+    parser.add_argument("--only", choices=("newest", "oldest"), help="one dependency set (default: both)")
+    args = parser.parse_args(argv)
+    sets = [args.only] if args.only else ["newest", "oldest"]
+    with tempfile.TemporaryDirectory(prefix="llmguard-wheel-") as tmp:
+        try:
+            smoke(args.source.resolve(), Path(tmp), sets)
+        except SmokeError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

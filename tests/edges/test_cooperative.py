@@ -1,0 +1,139 @@
+"""Cooperative retries (``RetryPolicy(mode="cooperative")``): the SDK sends the retries the guard allows.
+
+Real openai SDK through the guard to real loopback servers: one attempt per SDK request, the retry the
+guard allows goes to another replica and is counted by the SDK (``retries_taken``, ``x-stainless-retry-count``);
+the guard's attempt limit and the call's deadline hold across the SDK's requests, whatever ``max_retries`` says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier, guard_failure
+from tests.edges.conftest import pools
+from tests.loopback import LoopbackCluster, LoopbackServer, Script
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("httpx2")
+MESSAGES: Any = [{"role": "user", "content": "req0 hi"}]
+ERROR = {"error": {"message": "boom", "type": "server_error"}}
+
+
+def cooperative(urls: list[str], tier: Tier, **retry: Any) -> Guard:
+    return Guard(
+        urls,
+        tiers={"t": tier},
+        hedge=None,
+        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02, **retry),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+
+
+def sdk(guard: Guard, url: str, **kwargs: Any) -> Any:
+    return openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI), **kwargs
+    )
+
+
+async def test_the_sdk_sends_the_retry_to_another_replica(cluster: LoopbackCluster) -> None:
+    cluster.set_scripter(lambda index, attempt: Script(status=500, body=ERROR) if attempt == 1 else None)
+    answers: list[tuple[int, str | None, str | None]] = []
+
+    async def seen(response: Any) -> None:
+        answers.append(
+            (response.status_code, response.headers.get("x-should-retry"), response.headers.get("retry-after-ms"))
+        )
+
+    async with cooperative(cluster.urls, Tier(ttft=10, total=20)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=cluster.urls[0] + "/v1",
+            api_key="k",
+            http_client=guard.http_client_for(openai.AsyncOpenAI, event_hooks={"response": [seen]}),
+        )
+        with guard.capture() as calls:
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, max_tokens=3)
+    assert raw.retries_taken == 1 and raw.parse().choices[0].message.content  # the SDK counted its retry
+    status, should_retry, after_ms = answers[0]
+    assert (status, should_retry) == (500, "true") and after_ms is not None and int(after_ms) >= 1  # the guard's go
+    received = [(s.name, r.headers.get("x-stainless-retry-count")) for s in cluster.servers for r in s.received]
+    assert sorted(count for _, count in received) == ["0", "1"]  # one request per SDK attempt, counted
+    assert len({name for name, _ in received}) == 2  # the retry went to the other replica
+    assert [len(c.attempts) for c in calls] == [1, 1] and [c.status for c in calls] == ["http_error", "ok"]
+
+
+async def test_the_guards_attempt_limit_holds_whatever_max_retries_says(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(status=500, body=ERROR)
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20), max_attempts=2) as guard:
+        with pytest.raises(openai.InternalServerError) as caught:
+            await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.status_code == 500 and guard_failure(caught.value) == "upstream_status"
+    assert caught.value.response.headers["x-should-retry"] == "false"  # the guard said no to a third
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
+
+
+async def test_timeouts_are_retried_by_the_sdk_within_the_guards_attempts(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(hang_before_headers=5.0)
+    async with cooperative([servers[0].url], Tier(ttft=30, total=60), max_attempts=2) as guard:
+        client = sdk(guard, servers[0].url, max_retries=2, timeout=0.3)  # (each SDK retry sleeps 0.4-1 s first)
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
+    servers[0].wait_for(lambda: len(servers[0].received) >= 2)
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
+
+
+async def test_the_calls_deadline_holds_across_the_sdks_requests(servers: list[LoopbackServer]) -> None:
+    """The SDK's timeout (0.3 s) fires first; its first retry comes after its own backoff (0.375-0.5 s), still
+    within the call's ttft of 1 s; its later ones (0.75-1 s, 1.5-2 s later) come past it and send nothing."""
+    servers[0].script = Script(hang_before_headers=5.0)
+    async with cooperative([servers[0].url], Tier(ttft=1.0, total=20), max_attempts=10) as guard:
+        client = sdk(guard, servers[0].url, max_retries=3, timeout=0.3)
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) in ("all_attempts_timed_out", "ttft_timeout")  # whichever came first
+    servers[0].wait_for(lambda: len(servers[0].received) >= 1)
+    assert len(servers[0].received) <= 2  # the call's 1 s holds two of the SDK's four requests at most
+
+
+async def test_a_caller_that_is_not_an_sdk_keeps_the_guards_retries(cluster: LoopbackCluster) -> None:
+    cluster.set_scripter(lambda index, attempt: Script(status=500, body=ERROR) if attempt == 1 else None)
+    async with cooperative(cluster.urls, Tier(ttft=10, total=20)) as guard, guard.http_client() as client:
+        response = await client.post(
+            cluster.urls[0] + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "max_tokens": 3}
+        )
+    assert response.status_code == 200  # the guard retried below plain httpx, which would not
+    assert len(response.extensions["llmguard"].attempts) == 2
+
+
+async def test_a_retry_the_budget_no_longer_allows_gets_the_last_answer_as_final(servers: list[LoopbackServer]) -> None:
+    """The guard allowed a retry; before the SDK sent it, another call spent the budget's last retry: the
+    retry is not sent, and the last answer comes back final (the SDK's headers written by hand here, to
+    interleave the two calls)."""
+    servers[0].script = Script(status=500, body=ERROR)
+    sdk_headers = {"x-stainless-lang": "python"}
+    guard = Guard(
+        [servers[0].url],
+        tiers={"t": Tier(ttft=10, total=20)},
+        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
+        budget=BudgetPolicy(ratio=0.0, floor=1),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+    url = servers[0].url + "/v1/chat/completions"
+    async with guard, guard.http_client() as client:
+        first = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        other = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        spent = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+        again = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+    assert [r.headers["x-should-retry"] for r in (first, other)] == ["true", "true"]
+    assert spent.status_code == 500  # call b's retry took the budget's one ticket
+    assert (again.status_code, again.headers["x-should-retry"], again.headers["x-llmguard-cause"]) == (
+        500,
+        "false",
+        "budget_exhausted",
+    )
+    assert again.json() == ERROR and "retry-after-ms" not in again.headers
+    assert len(servers[0].received) == 3  # a, b, b's retry; a's retry was not sent

@@ -1,0 +1,104 @@
+"""Failures keep their type: what an openai caller catches is what the guard's attempts met.
+
+Real openai SDK (async and sync) through the guard to a real loopback server. Every attempt timed out ->
+``openai.APITimeoutError`` in every failure mode (the guard raises an ``httpx.TimeoutException`` subclass,
+which the SDK maps); a server's 5xx -> that status; the guard's own reason for stopping stays readable
+through `guard_failure`, and a cooling replica never turns a timeout into a 429.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmguard_client import AllAttemptsTimedOut, FailureMode, Guard, RetryPolicy, Tier, guard_failure
+from tests.edges.conftest import pools
+from tests.loopback import LoopbackServer, Script
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("httpx2")
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+SLOW = Script(hang_before_headers=2.5)
+"""Answers after 2.5 s: longer than the SDK's ``timeout=1.0``."""
+RETRY = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
+
+
+def one_replica(server: LoopbackServer, mode: FailureMode = "auto") -> Guard:
+    """One hosted endpoint, a tier far longer than the SDK's timeout: the SDK's timeout is what fires."""
+    return Guard(
+        [server.url],
+        tiers={"t": Tier(ttft=30, total=60)},
+        failure_mode=mode,
+        retry=RETRY,
+        instrumentation=None,
+        transport_factory=pools,
+    )
+
+
+@pytest.mark.parametrize("mode", ["auto", "response", "raise"])
+async def test_every_attempt_timed_out_is_an_api_timeout_error(
+    servers: list[LoopbackServer], mode: FailureMode
+) -> None:
+    server = servers[0]
+    server.script = SLOW
+    async with one_replica(server, mode) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="k",
+            timeout=1.0,
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
+    cause = caught.value.__cause__
+    assert isinstance(cause, AllAttemptsTimedOut) and cause.record is not None
+    assert {a.error for a in cause.record.attempts} == {"read_timeout"}
+
+
+@pytest.mark.parametrize("edge", ["httpx2", "httpx"])
+def test_every_attempt_timed_out_is_an_api_timeout_error_sync(servers: list[LoopbackServer], edge: str) -> None:
+    server = servers[0]
+    server.script = SLOW
+    with one_replica(server) as guard:
+        http = guard.http_client_for(openai.OpenAI) if edge == "httpx2" else guard.sync_http_client()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", timeout=1.0, max_retries=0, http_client=http)
+        with pytest.raises(openai.APITimeoutError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
+
+
+async def test_a_5xx_stays_that_status(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.script = Script(status=500, body={"error": {"message": "boom", "type": "server_error"}})
+    async with one_replica(server) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        with pytest.raises(openai.InternalServerError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.status_code == 500 and guard_failure(caught.value) == "upstream_status"
+
+
+async def test_a_cooling_replica_does_not_turn_a_timeout_into_a_429(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    async with one_replica(server) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="k",
+            timeout=1.0,
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        server.script = Script(status=429, headers={"retry-after": "120"})
+        with pytest.raises(openai.RateLimitError):  # that call's own answer; the replica now cools for 120 s
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        server.script = SLOW
+        with pytest.raises(openai.APITimeoutError) as caught:  # this call's own failure, not the cooldown's 429
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "all_replicas_cooling"  # why the guard did not try again

@@ -1,0 +1,129 @@
+"""An SDK retrying on top of the guard is seen and stopped: a retry of a call the guard gave up on fails at
+once with the same error, whatever ``max_retries`` says; a new call with the same body is sent as usual.
+
+Real openai SDK (async and sync, default ``max_retries=2``) through the guard to real loopback servers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client import FailureMode, Guard, RetryPolicy, Tier, guard_failure
+from llmguard_client._core.given_up import GivenUp
+from llmguard_client.errors import AllAttemptsFailed
+from tests.edges.conftest import pools
+from tests.loopback import LoopbackServer, Script
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("httpx2")
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+RETRY = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
+
+
+def guard_over(servers: list[LoopbackServer], mode: FailureMode, **kwargs: Any) -> Guard:
+    kwargs.setdefault("tiers", {"t": Tier(ttft=0.3, total=10.0)})
+    return Guard(
+        [s.url for s in servers],
+        failure_mode=mode,
+        retry=RETRY,
+        instrumentation=None,
+        transport_factory=pools,
+        **kwargs,
+    )
+
+
+def sent(servers: list[LoopbackServer], at_least: int) -> int:
+    """Requests the servers received (waiting for at least ``at_least``: a guard that gave up may do so before
+    a busy machine's server thread recorded the request)."""
+    servers[0].wait_for(lambda: sum(len(s.received) for s in servers) >= at_least)
+    return sum(len(s.received) for s in servers)
+
+
+@pytest.mark.parametrize("mode", ["auto", "raise"])
+async def test_the_sdk_retry_of_a_timed_out_call_sends_nothing(
+    servers: list[LoopbackServer], mode: FailureMode, caplog: pytest.LogCaptureFixture
+) -> None:
+    for server in servers:
+        server.script = Script(hang_before_headers=5.0)
+    async with guard_over(servers, mode) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        assert client.max_retries == 2
+        with caplog.at_level(logging.WARNING, logger="llmguard_client"):
+            with pytest.raises(openai.APITimeoutError) as caught:
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "retry 2 of a call the guard already gave up on" in str(caught.value.__cause__)
+    assert sent(servers, 1) == 1  # the guard's one attempt; the SDK's two retries sent nothing
+    warnings = [r for r in caplog.records if "max_retries=0" in r.getMessage()]
+    assert len(warnings) == (1 if mode == "raise" else 0)  # raise mode is told once that the SDK stacks
+
+
+def test_the_sync_sdk_retry_of_a_failed_call_sends_nothing(servers: list[LoopbackServer]) -> None:
+    for server in servers:
+        server.script = Script(reset_after_tokens=0)  # the connection drops before any token, on every replica
+    with guard_over(servers, "raise", tiers={"t": Tier(ttft=5.0, total=10.0)}) as guard:
+        client = openai.OpenAI(
+            base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.OpenAI)
+        )
+        with pytest.raises(openai.APIConnectionError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    assert guard_failure(caught.value) == "all_attempts_failed"
+    assert sent(servers, 3) == 3  # the guard's three attempts; none for the SDK's two retries
+
+
+async def test_a_new_call_with_the_same_body_is_sent(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(hang_before_headers=5.0)
+    async with guard_over(servers[:1], "auto") as guard:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        servers[0].script = Script()
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)  # retry count 0: a new call
+    assert done.choices[0].message.content
+    assert sent(servers[:1], 2) == 2
+
+
+async def test_the_memory_is_bounded_in_size_and_time() -> None:
+    def request(i: int, count: str = "1", **headers: str) -> httpx.Request:
+        return httpx.Request(
+            "POST",
+            "http://a/v1/chat/completions",
+            content=b'{"n": %d}' % i,
+            headers={"x-stainless-retry-count": count, **headers},
+        )
+
+    memory = GivenUp(size=2, window=10.0)
+    for i in range(3):
+        memory.remember(request(i), request(i).read(), AllAttemptsFailed(f"call {i}"), now=0.0)
+    assert len(memory) == 2 and await memory.recall(request(0), now=1.0) is None  # the oldest was forgotten
+    again = await memory.recall(request(2), now=1.0)
+    assert isinstance(again, AllAttemptsFailed) and "call 2" in again.message
+    assert await memory.recall(request(2, count="0"), now=1.0) is None  # an SDK's first request is never a retry
+    assert await memory.recall(request(2), now=10.0) is None and len(memory) == 0  # the window has passed
+    keyed = request(7, count="0", **{"idempotency-key": "k1"})
+    memory.remember(keyed, keyed.read(), AllAttemptsFailed("keyed"), now=20.0)
+    other_body = httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers={"idempotency-key": "k1"})
+    assert await memory.recall(other_body, now=21.0) is not None  # the same key is the same call
+
+
+async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memory() -> None:
+    """Two calls with the same body: the first was given up on; the second failed in a way its SDK may retry
+    (e.g. a full bulkhead, nothing sent): that retry must not get the first call's error."""
+    request = httpx.Request(
+        "POST", "http://a/v1/chat/completions", content=b"{}", headers={"x-stainless-retry-count": "1"}
+    )
+    memory = GivenUp()
+    memory.remember(request, b"{}", AllAttemptsFailed("the first call"), now=0.0)
+    memory.forget(request, b"{}")
+    assert await memory.recall(request, now=1.0) is None
