@@ -2,10 +2,13 @@
 
 It sits between the hedge layer and the rate limit, because the limit is per replica and the replica is known
 only once the retry layer (or a hedge) has picked it; it runs before the rate limit, so that a call waiting for
-a slot holds no share of the provider's limit. A call whose replica has no free slot waits in that replica's
-line (earliest deadline first) if, at the rate slots free up, it would still get its first token before its
-deadline; otherwise it is refused at once with `Overloaded` and a computed ``retry_after`` (the line ahead of
-it divided by that rate). A hedge never waits: one without a free slot is not sent, and the round goes on.
+a slot holds no share of the provider's limit. A call whose replica has no free slot goes to another replica
+with one (the router does not see the lines); failing that it waits in its replica's line (earliest deadline
+first) for at most ``max_queue_wait x ttft``, if at the rate slots free up it would get one in that time and
+still its first token before its deadline; otherwise it is refused at once with `Overloaded` and a computed
+``retry_after`` (the line ahead of it divided by that rate). A hedge never waits: one without a
+free slot is not sent, and the round goes on. A continuation is not held back: it finishes an answer already
+admitted.
 
 What each attempt ends with teaches the replica's `LimitController`: its first token against the tier's TTFT
 target, a first-token deadline that fired (a late first token), an overload answer, and the replica's own
