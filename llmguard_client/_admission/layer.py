@@ -33,6 +33,8 @@ from llmguard_client.errors import Overloaded
 
 __all__ = ["AdmissionLayer"]
 
+SLO_TTFT_HEADER = b"x-slo-ttft-ms"
+"""The caller's time-to-first-token objective, as llm-d's SLO-aware scheduling reads it."""
 MIN_RETRY_AFTER_S = 0.05
 MAX_RETRY_AFTER_S = 60.0
 
@@ -78,6 +80,8 @@ class AdmissionLayer:
             if isinstance(taken, Overloaded):
                 return Failed(reason=taken)
             slot = taken
+        if policy.send_slo:
+            _set_slo(call, deadline)  # what is left once the slot is taken
         sent, held = call.clock(), gate.in_flight
         try:
             outcome = await call_next(call, route)
@@ -207,6 +211,14 @@ def policy_wait(policy: Admission | None, call: Call) -> float:
     """The longest a call of this tier waits in a replica's line."""
     assert policy is not None
     return policy.max_queue_wait * call.tier.ttft
+
+
+def _set_slo(call: Call, deadline: float) -> None:
+    """``x-slo-ttft-ms``: the milliseconds this attempt has left for its first token (replacing a previous
+    attempt's)."""
+    left = max(0, int((deadline - call.clock()) * 1000))
+    call.headers[:] = [(k, v) for k, v in call.headers if k.lower() != SLO_TTFT_HEADER]
+    call.headers.append((SLO_TTFT_HEADER, str(left).encode()))
 
 
 def _ask_for_load_report(call: Call) -> None:

@@ -41,6 +41,8 @@ class Admission:
     signal_fresh_for: seconds a replica's own load report is believed (older: ignored).
     ask_load_reports: send ``endpoint-load-metrics-format: text`` on non-streamed calls, so that vLLM answers
                    with its queue and KV use (ORCA).
+    send_slo:      send the tier's first-token deadline as ``x-slo-ttft-ms`` on every attempt (the time left
+                   for that attempt), so that an SLO-aware scheduler (llm-d) can order its queue by it.
     """
 
     initial_limit: int = 16
@@ -54,6 +56,7 @@ class Admission:
     max_server_queue: int = 4
     signal_fresh_for: float = 0.2
     ask_load_reports: bool = True
+    send_slo: bool = True
 
     def __post_init__(self) -> None:
         _check("min_limit", self.min_limit, 1)

@@ -26,9 +26,12 @@ class QueueingReplica(httpx.AsyncBaseTransport):
     held: int = 0
     arrivals: list[str] = field(default_factory=list)
     """The tier header of each request, in the order they arrived."""
+    slo_ttft_ms: list[str] = field(default_factory=list)
+    """The ``x-slo-ttft-ms`` header of each request ("" when absent)."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.arrivals.append(request.headers.get("x-test-tier", ""))
+        self.slo_ttft_ms.append(request.headers.get("x-slo-ttft-ms", ""))
         if self.overloaded:
             return httpx.Response(429, json={"error": {"message": "overloaded"}})
         ttft = self.base_ttft + self.per_queued * max(0, self.held - self.slots)

@@ -254,3 +254,26 @@ def test_a_call_whose_replica_is_full_goes_to_one_with_a_free_slot(backend: str)
             assert outcomes.count("overloaded") == 2  # and no more than the two slots let through
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_each_attempt_carries_the_time_it_has_left_for_its_first_token(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, Admission()) as guard, guard.http_client() as client:
+            await call(client, "interactive")
+            await call(client, "batch")
+        assert replica.slo_ttft_ms == ["1000", "30000"]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_slo_header_is_opt_out(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, Admission(send_slo=False)) as guard, guard.http_client() as client:
+            await call(client)
+        assert replica.slo_ttft_ms == [""]
+
+    run_virtual(main, backend)
