@@ -44,10 +44,12 @@ def test_the_ttft_floor_is_the_fastest_first_token_and_recent_ones_are_smoothed(
 async def test_a_non_streamed_answer_brings_the_replicas_own_report_into_the_snapshot() -> None:
     async with SimCluster(one_off()) as cluster:
         url = cluster.urls[0]
-        async with Guard([url], instrumentation=None, admission=Admission()) as guard, guard.http_client() as http:
+        # Believed for a minute: how soon the snapshot is read after the answer is not what this test checks.
+        admission = Admission(signal_fresh_for=60.0)
+        async with Guard([url], instrumentation=None, admission=admission) as guard, guard.http_client() as http:
             response = await http.post(url + "/v1/chat/completions", json=chat_body(stream=False))
             assert response.status_code == 200
             view = guard.snapshot().admission[url]
             assert view.server_waiting == 0.0 and view.server_kv_usage is not None
-            assert 0.0 <= view.signal_age < 0.2
+            assert 0.0 <= view.signal_age < 60.0
             assert view.ttft_floor is not None and view.in_flight == 0
