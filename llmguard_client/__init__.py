@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from llmguard_client._admission.policy import Admission
+from llmguard_client._chaos import Chaos
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
 from llmguard_client._rollout.rollout import flag_fraction
@@ -81,6 +82,7 @@ __all__ = [
     "BudgetPolicy",
     "Bulkhead",
     "BulkheadFull",
+    "Chaos",
     "ContinuationPolicy",
     "FailureMode",
     "Guard",

@@ -81,7 +81,10 @@ def build_pipeline(policies: Policies, state: SharedState) -> tuple[Pipeline, St
     on, rate limit) around the attempt, with a continuation's path through the same deadline, retry and rate-limit
     objects; and the stream stages, with the continuation when any tier has a `ContinuationPolicy`."""
     deadline = DeadlineLayer()
-    retry = RetryLayer(state.replicas, policies.retry, state.instrumentation)
+    limiter = state.rate_limiter
+    retry = RetryLayer(
+        state.replicas, policies.retry, state.instrumentation, rate_limited=limiter.applies if limiter else None
+    )
     rate_limit = RateLimitLayer(state.rate_limiter)
     admission = () if state.admission is None else (state.admission,)  # per attempt: its replica is picked
     layers = (

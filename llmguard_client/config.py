@@ -216,6 +216,13 @@ class RetryPolicy:
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
 
+    ``max_retry_after``: the longest cool-down a server's Retry-After sets (a longer one is cut to it;
+    60 s, as the openai SDK caps the wait it honours).
+
+    ``panic_threshold``: the share of replicas that must be healthy (circuit closed, not degraded) for
+    health to exclude any (Envoy's panic threshold): below it, replicas with an open circuit still take
+    calls, ranked after the others, so a guard with one replica never stops sending to it.
+
     ``mode``: ``"guard"`` (default): the guard sends the retries itself, below the SDK.
     ``"cooperative"``: for calls from an SDK that retries (openai, anthropic: ``x-stainless-*`` headers;
     other callers keep the default), one attempt round per SDK request (hedges included), and the SDK sends the
@@ -231,6 +238,8 @@ class RetryPolicy:
     circuit_failures: int = 5
     circuit_cooldown: float = 5.0
     overload_cooldown: float = 1.0
+    max_retry_after: float = 60.0
+    panic_threshold: float = 0.5
     mode: Literal["guard", "cooperative"] = "guard"
 
     def __post_init__(self) -> None:
@@ -238,6 +247,12 @@ class RetryPolicy:
             raise GuardConfigError(f"RetryPolicy.mode must be 'guard' or 'cooperative', got {self.mode!r}")
         _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
         _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
+        _positive("RetryPolicy", "max_retry_after", self.max_retry_after)
+        share = self.panic_threshold
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise GuardConfigError(
+                f"RetryPolicy.panic_threshold must be a share of replicas from 0 to 1 (0: never panic), got {share!r}"
+            )
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
         _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)

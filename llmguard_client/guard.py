@@ -16,6 +16,7 @@ import httpx
 from llmguard_client._admission.layer import AdmissionLayer
 from llmguard_client._admission.policy import Admission
 from llmguard_client._budget.budget import RetryBudget
+from llmguard_client._chaos import Chaos, chaos_switch, refuse_unless_enabled
 from llmguard_client._compose import Policies, SharedState, build_transport
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lease import LeaseRegistry
@@ -143,6 +144,9 @@ class Guard:
     rollout_key:   function(request) -> sticky key (e.g. the user id) or None; see ``guard.rollout_key()``.
     rollout_poll_interval: seconds between two reads of a callable ``rollout`` (default 5).
     affinity:      cache-aware routing: "explicit" (keys given), "auto", `AffinityPolicy`, None (docs/routing.md).
+    chaos:         a `Chaos` policy: faults injected into the guard's own attempts, for testing (docs/reliability.md).
+                   Refused unless the environment variable ``LLMGUARD_CHAOS=1`` is set; ``guard.set_chaos()``
+                   switches it live.
     failure_mode:  how guard failures reach the caller (see `FailureMode`).
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
@@ -181,6 +185,7 @@ class Guard:
         name: str | None = None,
         affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
         admission: Admission | None = None,
+        chaos: Chaos | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
         if hedge is _UNSET:
@@ -204,6 +209,9 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
+        self._chaos = chaos_switch(chaos)  # None unless LLMGUARD_CHAOS=1: then nothing is wrapped
+        if self._chaos is not None:
+            transport_factory = self._chaos.wrapping(transport_factory)
         cohorts = Rollout(
             rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
         )
@@ -226,7 +234,10 @@ class Guard:
         """The shared budget of retries and hedges (None: unbounded); ``budget.snapshot()`` reads it."""
         self.tier_budgets: Mapping[str, RetryBudget] = {name: make_budget(p) for name, p in tier_budgets.items()}
         self._tier_var: ContextVar[str | None] = ContextVar(f"llmguard_tier_{id(self)}", default=None)
-        self._replica_set = ReplicaSet(resolved, transport_factory, affinity=resolve_affinity(affinity))
+        panic = (policies.retry or RetryPolicy()).panic_threshold
+        self._replica_set = ReplicaSet(
+            resolved, transport_factory, affinity=resolve_affinity(affinity), panic_threshold=panic
+        )
         self._fleet = make_fleet(
             fleet, name, self._replica_set, cohorts, poll_interval=rollout_poll_interval, clock=clock
         )
@@ -427,6 +438,23 @@ class Guard:
         """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
         passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
         self._rollout.set(fraction)
+
+    # --- fault injection ------------------------------------------------------------------------
+
+    @property
+    def chaos(self) -> Chaos | None:
+        """The `Chaos` policy injecting faults now (None: none)."""
+        return None if self._chaos is None else self._chaos.policy
+
+    def set_chaos(self, chaos: Chaos | None) -> None:
+        """Inject ``chaos``'s faults from the next attempt on, or stop (None), from any thread or task. A policy is
+        refused (`GuardConfigError`) unless ``LLMGUARD_CHAOS=1`` was set when the Guard was built and still is."""
+        if self._chaos is None:
+            if chaos is not None:
+                refuse_unless_enabled()  # names the variable when it is unset now
+                raise GuardConfigError("LLMGUARD_CHAOS=1 was not set when this Guard was built: build it again")
+            return
+        self._chaos.set(chaos)
 
     def session(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Calls made inside carry the affinity ``key`` (e.g. a conversation id), as ``x-llmguard-session`` does."""

@@ -61,6 +61,9 @@ class GuardSnapshot:
     """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
     admission: Mapping[str, AdmissionSnapshot] = field(default_factory=dict)
     """Per replica name, adaptive admission (empty without ``Guard(admission=...)``)."""
+    panic: bool = False
+    """Panic mode: fewer than `RetryPolicy.panic_threshold` of the replicas are healthy (circuit closed, not
+    degraded), so replicas with an open circuit take calls too, ranked last."""
 
     @property
     def idle(self) -> bool:
@@ -126,4 +129,5 @@ def build_snapshot(
         tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
         fleet=fleet,
         admission=dict(admission or {}),
+        panic=replica_set.panic(now),
     )

@@ -4,13 +4,14 @@
 
 Runs one streamed chat completion through ``guard.http_client()`` against a two-replica loopback server
 (stdlib ``http.server``; the answer written in one piece, so the count does not depend on how the socket
-splits it) under ``sys.setprofile``, after one untraced warm-up call (the connection pools are open, so the
-traced call is the steady state). For the call's own path (the event-loop thread, from sending the request to
-closing the read response), it counts how many times each ``llmguard_client`` module is *entered* from another
-module: a function of the module starting while its caller runs elsewhere (in httpx, the event loop or another
-of the package's modules). Consecutive frames in one module are one stay; a coroutine resumed after a wait is
-not a new entry. Prints ``module entries``, most entered first, then the totals; ``--callers`` lists under
-each module the function entered and the one it was entered from.
+splits it) under ``sys.setprofile``: the Guard's first call, so that no timing measured before it (a slow
+warm-up on a busy machine marks a replica degraded) changes the route it takes. For the call's own path (the
+event-loop thread, from sending the request to closing the read response), it counts how many times each
+``llmguard_client`` module is *entered* from another module: a function of the module starting while its
+caller runs elsewhere (in httpx, the event loop or another of the package's modules). Consecutive frames in
+one module are one stay; a coroutine resumed after a wait is not a new entry. Prints ``module entries``, most
+entered first, then the totals; ``--callers`` lists under each module the function entered and the one it
+was entered from.
 """
 
 from __future__ import annotations
@@ -131,7 +132,6 @@ async def trace(urls: list[str], folders: bool) -> EntryCounter:
     counter = EntryCounter(folders)
     tiers = {"interactive": Tier(ttft=5.0, total=30.0, stall=5.0)}
     async with Guard(urls, tiers, instrumentation=None) as guard, guard.http_client(base_url=urls[0]) as client:
-        await _call(client)  # warm-up: connections open, lazy state built
         sys.setprofile(counter)
         try:
             size = await _call(client)

@@ -251,10 +251,17 @@ def test_retry_max_attempts(value: Any) -> None:
     config_error(lambda: RetryPolicy(max_attempts=value), "RetryPolicy.max_attempts", "integer from 1 to 10")
 
 
-@pytest.mark.parametrize("field", ["backoff_initial", "backoff_max", "circuit_cooldown", "overload_cooldown"])
+@pytest.mark.parametrize(
+    "field", ["backoff_initial", "backoff_max", "circuit_cooldown", "overload_cooldown", "max_retry_after"]
+)
 @pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, False], ids=["zero", "negative", "nan", "inf", "bool"])
 def test_retry_policy_seconds(field: str, value: Any) -> None:
     config_error(lambda: RetryPolicy(**{field: value}), f"RetryPolicy.{field}", "positive finite number")
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan, "0.5", True])
+def test_retry_policy_panic_threshold(value: Any) -> None:
+    config_error(lambda: RetryPolicy(panic_threshold=value), "RetryPolicy.panic_threshold", "from 0 to 1")
 
 
 @pytest.mark.parametrize("value", [0, -3, 1.5], ids=["zero", "negative", "float"])

@@ -77,6 +77,8 @@ class Plan:
     close_takes: float = 0.0
     """How long closing the response takes (a slow teardown while a deadline fires)."""
     retry_after: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    """More response headers (e.g. a provider's ``x-ratelimit-*``)."""
     stream: bool | None = None
     """None: follow the request's ``stream`` flag."""
     refused: bool = False
@@ -101,7 +103,7 @@ class FakeReplica(httpx.AsyncBaseTransport):
         await anyio.sleep(plan.headers_after)
         if plan.refused:
             raise httpx.ConnectError("scripted: connection refused", request=request)
-        headers = {"retry-after": plan.retry_after} if plan.retry_after else {}
+        headers = {**plan.headers, **({"retry-after": plan.retry_after} if plan.retry_after else {})}
         if plan.status >= 400:
             return httpx.Response(plan.status, headers=headers, json={"error": {"message": "scripted"}})
         stream = body.get("stream") if plan.stream is None else plan.stream

@@ -264,12 +264,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
             else None
         )
         affinity = self._affinity
+        key = affinity.key_for(headers.session, body, document) if affinity is not None else None
         generation = self._generation(path)
+        observation = self._instrumentation.call_started(record)
 
         def finish(status: CallStatus, cause: str | None) -> None:  # the lease's last act (`_finish`)
             self._finish(call, status, cause)
 
-        call = Call(
+        call = Call(  # the lease last: nothing after it can fail and leave it registered
             request=request,
             body=body,
             headers=headers.forwarded,
@@ -277,8 +279,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             tier=tier,
             respond_with_errors=self._respond_with_errors(headers),
             record=record,
-            observation=self._instrumentation.call_started(record),
-            lease=CallLease(self._registry, finish, time_source),
+            observation=observation,
             clock=clock,
             time=time_source,
             first_token_deadline=now + tier.ttft,
@@ -289,8 +290,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
-            affinity_key=affinity.key_for(headers.session, body, document) if affinity is not None else None,
+            affinity_key=key,
             keeps_text=continuation is not None,
+            lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation
 

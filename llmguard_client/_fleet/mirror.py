@@ -60,7 +60,7 @@ class FleetMirror:
         if not self.store.available:
             return  # the next resync writes what is still in force
         ms = max(1, math.ceil(seconds * 1000)) if kind != "clear" else 0
-        payload = json.dumps({"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()})
+        payload = self._event(state, kind, ms)
         keys = [self.store.key("cool", state.name), self.store.key("open", state.name)]
         channel, origin = self.channel, self.store.origin
 
@@ -77,6 +77,9 @@ class FleetMirror:
             await client.publish(channel, payload)
 
         self.store.submit(write)
+
+    def _event(self, state: ReplicaState, kind: Kind, ms: int) -> str:
+        return json.dumps({"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()})
 
     # --- learned elsewhere ------------------------------------------------------------------
 
@@ -103,19 +106,25 @@ class FleetMirror:
             state.probe_at = math.inf
 
     async def resync(self, client: Redis) -> None:
-        """After a (re)connection: write what is in force here and missing there, then mirror what is there."""
+        """After a (re)connection: write what is in force here and missing there, and publish it (the processes
+        that reconnected first read the store before it was written); then mirror what is there."""
         now = self._clock()
         pipe = client.pipeline(transaction=False)
+        written: list[tuple[ReplicaState, Kind, int]] = []
         for s in self.states:
-            for kind, until in (("cool", s.cooling_until), ("open", s.open_until)):
+            kinds: tuple[tuple[Kind, float], ...] = (("cool", s.cooling_until), ("open", s.open_until))
+            for kind, until in kinds:
                 if until - now > 0.001:
-                    pipe.set(
-                        self.store.key(kind, s.name), self.store.origin, px=math.ceil((until - now) * 1000), nx=True
-                    )
+                    ms = math.ceil((until - now) * 1000)
+                    pipe.set(self.store.key(kind, s.name), self.store.origin, px=ms, nx=True)
+                    written.append((s, kind, ms))
         for s in self.states:
             pipe.pttl(self.store.key("cool", s.name))
             pipe.pttl(self.store.key("open", s.name))
         replies = await pipe.execute()
+        for (s, kind, ms), reply in zip(written, replies, strict=False):
+            if reply:  # missing there: the others may have resynced before it was written
+                await client.publish(self.channel, self._event(s, kind, ms))
         ttls = replies[len(replies) - 2 * len(self.states) :]
         now = self._clock()
         for i, s in enumerate(self.states):

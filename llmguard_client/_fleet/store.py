@@ -8,9 +8,10 @@ on any failure or timeout it returns the caller's default at once.
 The store runs on the asyncio loop of the first call (redis-py's asyncio client is asyncio-only; under trio
 the fleet stays off and the Guard keeps its state in process). One supervisor task connects, subscribes,
 runs the resync hooks (`FleetStore.on_connect`), then the listener, the writer of queued publications
-(`FleetStore.submit`), a heartbeat (PING every ``heartbeat`` s, which finds a paused server) and the periodic
-reads. Any error marks the store degraded (one warning per transition, the credentials redacted), closes the
-connections and reconnects with exponential backoff (``backoff_initial`` doubling to ``backoff_max``).
+(`FleetStore.submit`), a heartbeat (PING every ``heartbeat`` s, to every primary of a cluster: it finds a paused
+server or a lost node) and the periodic reads. Any error marks the store degraded (one warning per transition,
+the credentials redacted), closes the connections and reconnects with exponential backoff (``backoff_initial``
+doubling to ``backoff_max``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import anyio
 
+from llmguard_client._fleet.nodes import close_client, ping
 from llmguard_client._fleet.url import FleetURL, redact_text
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ class FleetStore:
         connect_timeout: float = 1.0,
         heartbeat: float = 0.5,
         backoff_initial: float = 0.1,
-        backoff_max: float = 2.0,
+        backoff_max: float = 1.0,
     ) -> None:
         self.url = url
         self.name = name
@@ -271,7 +273,7 @@ class FleetStore:
                 self._client = None
                 if client is not None:
                     with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                        await client.aclose()
+                        await close_client(client)
             if self.closed:
                 return
             if self.resyncs > reached:
@@ -348,7 +350,7 @@ class FleetStore:
         while True:
             await anyio.sleep(self.heartbeat)
             with anyio.fail_after(max(self.heartbeat, self.op_timeout)):
-                await client.ping()
+                await ping(client)  # on a cluster, every primary: a lost node is noticed within one beat
 
     async def _repeat(self, client: Redis, seconds: float, read: Op[None]) -> None:
         while True:

@@ -34,7 +34,7 @@ from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error
-from llmguard_client.telemetry._record_builder import AttemptRecordBuilder
+from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
 
 ERROR_BODY_LIMIT = 64 * 1024
 """Bytes of an error response kept to hand back to the caller."""
@@ -171,7 +171,7 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
 
 def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecordBuilder, clock: Clock) -> dict[str, Any]:
     """``extensions`` with a ``trace`` hook that stamps the attempt's ``sent`` when httpcore reports the request body
-    written, and still calls the caller's own hook."""
+    written, and still calls the caller's own hook; and the attempt's record builder (`ATTEMPT_EXTENSION`)."""
     inner = extensions.get("trace")
 
     async def trace(event: str, info: dict[str, Any]) -> None:
@@ -182,4 +182,4 @@ def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecordBuilder, clo
             if hasattr(result, "__await__"):
                 await result
 
-    return {**extensions, "trace": trace}
+    return {**extensions, "trace": trace, ATTEMPT_EXTENSION: attempt}

@@ -7,11 +7,17 @@ After a round fails, `Retrier` decides whether and where to try again:
   paths that are not idempotent-safe generation calls are retried on connect errors
   only (the request never reached a server);
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
-  stream) cools down for its Retry-After, or `RetryPolicy.overload_cooldown` without one
-  (vLLM and most engines send none): this call's retry
+  stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`), or
+  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
-  gives up at once, handing back the server's answer and its Retry-After;
+  gives up at once, handing back the server's answer and its Retry-After. A 429 carrying
+  the provider's ``x-ratelimit-*`` headers, from a replica under a configured `RateLimit`, sets no
+  cool-down: the rate-limit layer has lowered its bucket to the room they report, and admits the
+  next attempts by it;
+- with a single replica left (a hosted API) that is cooling, a call's first attempt waits for the
+  cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
+  otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``);
 - every retry is paid from the shared budget; an empty budget ends the call at once
   with the last server answer. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
@@ -19,7 +25,8 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
-  cool-down, then is probed again.
+  cool-down, then is probed again. A call counts at most once toward each replica's circuit,
+  however many of its attempts failed there: the guard's own retries do not count twice.
 
 A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
 names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
@@ -30,6 +37,7 @@ of every attempt; `fits_deadline` the one test of whether another attempt can st
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import anyio
 
@@ -37,6 +45,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
+from llmguard_client._ratelimit.headers import remaining_room
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import RetryPolicy
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
@@ -66,22 +75,26 @@ class RetryLayer:
         policy: RetryPolicy | None,
         instrumentation: Instrumentation,
         rng: random.Random | None = None,
+        rate_limited: Callable[[str], bool] | None = None,
     ) -> None:
         self.replicas = replicas
         self.policy = policy
         self._instrumentation = instrumentation
+        self._rate_limited = rate_limited
+        """Whether a provider `RateLimit` applies to the replica named (its 429s feed the limit, not a cool-down)."""
         initial = policy.backoff_initial if policy else 0.05
         maximum = policy.backoff_max if policy else 2.0
         self.backoff = Backoff(initial, maximum, rng)
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        first = self._first(call, route)
+        first = await self._first(call, route)
         if isinstance(first, Failed):
             return first
         state, payment = first
         failures: list[AttemptFailure] = []
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
+        counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         rounds = 0
         kind = route.kind
         while True:
@@ -99,7 +112,7 @@ class RetryLayer:
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
-            self.learn(call.clock(), outcome.failures)
+            self.learn(call.clock(), outcome.failures, counted)
             failed.extend(f.state for f in outcome.failures)
             plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
             if isinstance(plan, Failed):
@@ -112,9 +125,13 @@ class RetryLayer:
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
-    def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
+    async def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
         """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
         of its own (a continuation) pays for its first attempt too, and must fit its deadline."""
+        if route.budget is None and route.replica is None:
+            refused = await self._wait_for_first(call)
+            if refused is not None:
+                return refused
         now = call.clock()
         if route.budget is None:
             state = route.replica or self.replicas.pick(now, key=call.affinity_key)
@@ -141,24 +158,73 @@ class RetryLayer:
         payment = call.pay_extra(route.budget)
         return (state, payment) if payment is not None else Failed(stopped="budget")
 
-    def learn(self, now: float, failures: list[AttemptFailure]) -> None:
+    async def _wait_for_first(self, call: Call) -> Failed | None:
+        """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
+        cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
+        the call is refused before it is sent."""
+        while True:
+            now = call.clock()
+            wait = self.replicas.first_wait(now)
+            if wait <= 0.0:
+                return None
+            # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
+            # deadline's edge leaves the attempt no time.
+            unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
+            if unknown or not fits_deadline(call, now, wait):
+                left = self.replicas.cooling_left(now)
+                return Failed(
+                    reason=AllReplicasCooling(
+                        f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
+                        f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, does not fit the "
+                        f"{call.first_token_deadline - now:.3f}s left before the ttft deadline of tier "
+                        f"{call.tier_name!r} ({call.tier.ttft}s); refused before it was sent",
+                        request=call.request,
+                        record=call.record,
+                        retry_after=left,
+                    ),
+                    stopped="deadline",
+                )
+            await anyio.sleep(wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
+
+    def learn(self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None) -> None:
         """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
         stream broken after its first token: cool down replicas that signalled overload (with or without
-        Retry-After); count transport errors and 5xx toward their circuits."""
+        Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes the 429;
+        count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
+        (the replicas the route already counted, updated here)."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
+            state = failure.state
             if failure.status_code is not None:
-                self.replicas.saw_headers(failure.state, now, failure.headers)
+                self.replicas.saw_headers(state, now, failure.headers)
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
+                if self._provider_limit(failure):
+                    continue  # the rate-limit layer lowered its bucket to the room the provider reported
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
                     seconds, why = policy.overload_cooldown, "overload"
-                self.replicas.cool_down(failure.state, now, seconds)
-                self._instrumentation.replica_cooled(failure.state.name, seconds, why)
-            elif (failure.is_transport_error or (failure.status_code or 0) >= 500) and self.replicas.failed(
-                failure.state, now, policy.circuit_failures, policy.circuit_cooldown
-            ):
-                self._instrumentation.replica_cooled(failure.state.name, policy.circuit_cooldown, "circuit_open")
+                seconds = min(seconds, policy.max_retry_after)
+                self.replicas.cool_down(state, now, seconds)
+                self._instrumentation.replica_cooled(state.name, seconds, why)
+                continue
+            self.replicas.probe_answered(state)
+            if not (failure.is_transport_error or (failure.status_code or 0) >= 500):
+                continue
+            if counted is not None:
+                if id(state) in counted:
+                    continue
+                counted.add(id(state))
+            if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
+                self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
+
+    def _provider_limit(self, failure: AttemptFailure) -> bool:
+        """A 429 with ``x-ratelimit-remaining-*`` headers from a replica under a configured `RateLimit`."""
+        return (
+            failure.status_code == 429
+            and self._rate_limited is not None
+            and self._rate_limited(failure.state.name)
+            and remaining_room(failure.headers) != (None, None)
+        )
 
     def broke(self, state: ReplicaState, now: float) -> None:
         """A stream that broke after its first token and was replaced by a continuation: counted toward its
@@ -166,11 +232,6 @@ class RetryLayer:
         policy = self.policy or RetryPolicy()
         if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
             self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
-
-    def _left(self, now: float, avoid: tuple[ReplicaState, ...]) -> bool:
-        """Some replica outside ``avoid`` has its circuit closed."""
-        avoided = set(map(id, avoid))
-        return any(id(s) not in avoided and not s.open(now) for s in self.replicas.states)
 
     def _retryable(self, call: Call, failure: AttemptFailure) -> bool:
         assert self.policy is not None
@@ -198,19 +259,20 @@ class RetryLayer:
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
         if state is None:
-            soonest = self.replicas.cooling_wait(now)
-            if soonest is None or (avoid and not self._left(now, avoid)):  # every circuit open, or all avoided
+            soonest = self.replicas.cooling_wait(now, avoid)
+            if soonest is None:  # every circuit open (outside panic mode), or all avoided
                 return Failed(stopped="no_replica")
-            if not fits_deadline(call, now, soonest, deadline):
+            if not fits_deadline(call, now, soonest, deadline):  # the cause; the caller gets the attempts' failure
+                left = self.replicas.cooling_left(now, avoid)
                 return Failed(
                     reason=AllReplicasCooling(
-                        f"every replica is cooling down for at least {soonest:.3f}s more (server Retry-After); "
+                        f"every replica is cooling down for at least {left:.3f}s more (server Retry-After); "
                         f"with a first token taking about {call.expected_ttft():.3f}s, that does not fit "
                         f"the {deadline - now:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
                         f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
                         request=call.request,
                         record=call.record,
-                        retry_after=soonest,
+                        retry_after=left,
                     ),
                     stopped="deadline",
                 )
@@ -220,8 +282,8 @@ class RetryLayer:
             wait = 0.0  # overload on one replica: go to another at once
         else:
             wait = self.backoff(rounds)
-            if last.retry_after is not None:
-                wait = max(wait, last.retry_after)
+            if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
+                wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         payment = Payment() if last.refused else call.pay_extra(route.budget)

@@ -3,12 +3,19 @@
 A replica cooling after a Retry-After (or an overload answer) gets no new first attempts while another
 replica is ready, except one probe per cool-down, sent once `PROBE_AT` of it has passed by the process
 that learned it (a cool-down mirrored from another process carries none: its own process probes). A probe
-that wins ends the cool-down (`llmguard_client._routing.replicas.ReplicaSet.succeeded`). When every
-candidate is cooling the rule steps aside and the router chooses among them all by load and health, as it
-does without cool-downs: that is overload of every replica, where their Retry-Afters are computed from their
-queues, and sending every call to the one that frees first piled the load onto it (the overload benchmark's
-goodput fell from 1.03x/0.98x of plain to 0.97x/0.95x). A retry still waits for the first to free, within the
-call's first-token deadline (`llmguard_client._layers.retry`).
+that wins ends the cool-down, and so does one answered with anything but another overload (a 500, a reset:
+the server no longer asks for rest, and the circuit judges the rest; `llmguard_client._routing.replicas`).
+
+When several candidates are all cooling the rule steps aside and the router chooses among them all by load
+and health, as it does without cool-downs: that is overload of every replica, where their Retry-Afters are
+computed from their queues, and sending every call to the one that frees first piled the load onto it (the
+overload benchmark's goodput fell from 1.03x/0.98x of plain to 0.97x/0.95x).
+
+When a single candidate is left (one replica, as a hosted API) and it is cooling, there is nowhere else to
+go: a first attempt waits for its probe (or the end of the cool-down, whichever comes first) if that fits
+the call's first-token deadline, and is refused before it is sent otherwise (`first_wait`; the retry layer
+decides, `llmguard_client._layers.retry`). A retry also waits for the first to free, within the call's
+first-token deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Protocol, TypeVar
 
-__all__ = ["PROBE_AT", "Cooling", "first_attempt_candidates", "probe_after"]
+__all__ = ["PROBE_AT", "Cooling", "first_attempt_candidates", "first_wait", "probe_after"]
 
 PROBE_AT = 0.5
 """The share of a cool-down after which its one probe may go."""
@@ -42,15 +49,27 @@ def probe_after(now: float, seconds: float) -> float:
 
 def first_attempt_candidates(candidates: list[C], now: float) -> list[C]:
     """The replicas among ``candidates`` that may take a first attempt now (see the module docstring):
-    all of them while none is cooling; else a due probe alone, or the ready ones; when every one is
-    cooling, all of them again (the router spreads them by load)."""
+    all of them while none is cooling; else a due probe alone, or the ready ones; when several are all
+    cooling, all of them again (the router spreads them by load); a single cooling one only as its probe
+    (else none: `first_wait` says for how long)."""
     if not any(s.cooling(now) for s in candidates):
         return candidates
     ready = [s for s in candidates if not s.cooling(now)]
-    if ready:
+    if ready or len(candidates) == 1:
         for s in candidates:
             if s.probe_at <= now and s.cooling(now):
                 s.probe_at, s.probing = math.inf, True
                 return [s]
         return ready
     return candidates
+
+
+def first_wait(candidates: list[C], now: float) -> float:
+    """Seconds before `first_attempt_candidates` offers one of ``candidates``: 0, unless a single one is left
+    and it is cooling with no probe due: then until its probe or the end of its cool-down."""
+    if len(candidates) != 1:
+        return 0.0
+    s = candidates[0]
+    if not s.cooling(now) or s.probe_at <= now:
+        return 0.0
+    return min(s.probe_at, s.cooling_until) - now

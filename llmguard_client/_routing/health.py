@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = ["RECENT_HALF_LIFE", "ReplicaHealth", "Routable", "ms", "no_room", "recent_calls", "sent", "silent", "worse"]
@@ -20,6 +20,11 @@ class ReplicaHealth:
     """Estimated seconds to the first content token (None: no call reached one yet)."""
     tpot: float | None = None
     """Estimated seconds per output token after the first (None: no stream finished yet)."""
+    ttft_first: list[float] = field(default_factory=list)
+    """The first TTFT samples, up to `llmguard_client._routing.router.Router.MIN_SAMPLES`: until there are
+    that many, ``ttft`` is their lower median and speed drains nothing."""
+    tpot_first: list[float] = field(default_factory=list)
+    """The same for ``tpot``."""
     failure: float = 0.0
     """Failure rate at ``failure_at`` (it fades from then on); a failure after the first token counts
     `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times."""

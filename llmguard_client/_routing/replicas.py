@@ -4,10 +4,17 @@ State here outlives a call and is shared by every call of one `Guard`. All of it
 is touched from one event loop, so no locks are needed. Which replica gets an
 attempt is the `llmguard_client._routing.router.Router`'s choice, among those this set
 allows (not excluded, circuit closed, and for retries and hedges not cooling).
+
+Panic mode (Envoy's panic threshold): while fewer than ``panic_threshold`` of the replicas are healthy
+(circuit closed and not drained as degraded), health stops excluding replicas: one whose circuit is open
+still takes a first attempt or a retry when no other is left, ranked after every other (degraded ones
+already rank last, `llmguard_client._routing.router`). With one replica, its circuit never stops the guard
+from sending to it. A hedge is never sent to an open circuit. A log line says when panic starts and ends.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,10 +23,12 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.cooldown import first_attempt_candidates, probe_after
+from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
+
+logger = logging.getLogger("llmguard_client")
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
@@ -123,7 +132,11 @@ class ReplicaSet:
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport],
         router: Callable[[list[ReplicaState]], Router[ReplicaState]] = Router,
         affinity: AffinityPolicy | None = None,
+        panic_threshold: float = 0.5,
     ) -> None:
+        self.panic_threshold = panic_threshold
+        """Below this share of healthy replicas, open circuits still take calls (`RetryPolicy.panic_threshold`)."""
+        self._panicking = False
         self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
@@ -151,15 +164,49 @@ class ReplicaSet:
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
         bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         """
-        excluded = set(map(id, exclude))
-        candidates = [s for s in self.states if id(s) not in excluded and not s.open(now)]
+        candidates = self._allowed(now, exclude)
         return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
+
+    def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
+        """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no
+        probe due (`llmguard_client._routing.cooldown.first_wait`)."""
+        return first_wait(self._allowed(now, exclude), now)
+
+    def panic(self, now: float) -> bool:
+        """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);
+        logs when that starts and ends."""
+        healthy = sum(1 for s in self.states if not s.open(now) and not s.health.drained)
+        panicking = healthy < self.panic_threshold * len(self.states)
+        if panicking != self._panicking:
+            self._panicking = panicking
+            if panicking:
+                logger.warning(
+                    "llmguard: panic mode: %d of %d replica(s) healthy, under the panic threshold of %.0f%%; "
+                    "replicas with an open circuit take calls again (ranked last)",
+                    healthy,
+                    len(self.states),
+                    100 * self.panic_threshold,
+                )
+            else:
+                logger.info("llmguard: panic mode over: %d of %d replica(s) healthy", healthy, len(self.states))
+        return panicking
+
+    def _allowed(self, now: float, exclude: Iterable[ReplicaState], *, cooling: bool = True) -> list[ReplicaState]:
+        """The replicas not excluded whose circuit is closed (and, with ``cooling`` False, not cooling); in panic
+        mode, when there is none, those whose circuit is open too."""
+        excluded = set(map(id, exclude))
+        left = [s for s in self.states if id(s) not in excluded and (cooling or not s.cooling(now))]
+        closed = [s for s in left if not s.open(now)]
+        # Judged whenever a circuit is open (and while in panic, to see it end), so both are logged as they come.
+        if (len(closed) < len(left) or self._panicking) and self.panic(now) and not closed:
+            return left
+        return closed
 
     def pick_ready(
         self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None
     ) -> ReplicaState | None:
         """A replica that is neither cooling nor open and not excluded (for retries), or None."""
-        return self.router.pick_ready(now, self._ready(now, exclude), self._prefer(key, now))
+        return self.router.pick_ready(now, self._allowed(now, exclude, cooling=False), self._prefer(key, now))
 
     def pick_hedge(self, now: float, exclude: Iterable[ReplicaState], key: str | None = None) -> ReplicaState | None:
         """A different replica for a hedge: ready and healthy, the best recent TTFT first, then the least loaded."""
@@ -179,11 +226,18 @@ class ReplicaSet:
         excluded = set(map(id, exclude))
         return [s for s in self.states if id(s) not in excluded and not s.cooling(now) and not s.open(now)]
 
-    def cooling_wait(self, now: float) -> float | None:
-        """Seconds until the first replica whose circuit is closed ends its Retry-After
-        cool-down (0 if one is ready now); None when every circuit is open."""
-        waits = [max(0.0, s.cooling_until - now) for s in self.states if not s.open(now)]
-        return min(waits) if waits else None
+    def cooling_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float | None:
+        """Seconds until a replica not excluded whose circuit is closed (in panic mode: any) may take an attempt
+        again (0 if one is ready now): the first end of a Retry-After cool-down or, with one replica left, its
+        probe if that comes sooner. None when there is none."""
+        allowed = self._allowed(now, exclude)
+        if len(allowed) == 1:
+            return first_wait(allowed, now)
+        return min((max(0.0, s.cooling_until - now) for s in allowed), default=None)
+
+    def cooling_left(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
+        """Seconds until the first cool-down among the replicas `cooling_wait` reads ends (0: none cooling)."""
+        return min((max(0.0, s.cooling_until - now) for s in self._allowed(now, exclude)), default=0.0)
 
     def any_cooling(self, now: float) -> bool:
         """True while some replica is signalling overload (a Retry-After cool-down)."""
@@ -191,6 +245,13 @@ class ReplicaSet:
 
     def all_open(self, now: float) -> bool:
         return all(s.open(now) for s in self.states)
+
+    def probe_answered(self, state: ReplicaState) -> None:
+        """A probe of ``state``'s cool-down was answered with something other than overload (a 500, a reset):
+        the server no longer asks for rest, so the cool-down ends here (the circuit judges the failure; other
+        processes of a fleet keep theirs: a clear would close their circuits too)."""
+        if state.probing:
+            state.cooling_until, state.probing = 0.0, False
 
     # --- learning -------------------------------------------------------------------------
 

@@ -4,9 +4,12 @@ to a trickle of probes, and brings it back once it recovers.
 What the router knows about each replica (`ReplicaHealth`), learned from the guard's own calls:
 
 - ``ttft``: seconds to the first content token, and ``tpot``: seconds per token after the first
-  (stream time after the first token / (tokens - 1)). Both are EWMAs whose samples are clipped to
-  `Router.CLIP` x the current estimate, so one straggler nudges the estimate instead of
-  multiplying it, while a replica that stays slow gets there within a few calls. An attempt that
+  (stream time after the first token / (tokens - 1)). Until `Router.MIN_SAMPLES` samples arrived, each
+  is the lower median of its samples and the cost reads the median replica's instead (one straggler among
+  a replica's first calls is not its speed, and the replica keeps getting calls to be measured by);
+  from then on an EWMA whose samples are clipped to `Router.CLIP` x the current estimate, so one
+  straggler nudges the estimate instead of multiplying it, while a replica that stays slow gets there
+  within a few calls. An attempt that
   lost a hedge race before its first token is a lower bound on that replica's TTFT: it raises
   the estimate when it is above it and is ignored otherwise.
 - ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
@@ -28,14 +31,16 @@ tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
 `Router.FAILURE_WEIGHT` x failure): the least-cost
 replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
-estimates take the median replica's, so a fresh guard balances by load alone. A replica without
+estimates (fewer than `Router.MIN_SAMPLES` samples) take the median replica's, so a fresh guard balances
+by load alone. A replica without
 rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
 cooling one (Retry-After) only loses ties
 (the replica set offers one for a first attempt only as its probe, or when every replica is cooling:
 `llmguard_client._routing.cooldown`).
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
-(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it), or whose failure rate reaches
+(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it, judged only once it has `Router.MIN_SAMPLES`
+samples of it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
 ``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
 replica signals overload with a Retry-After: then slowness is load, and draining one replica would
@@ -94,6 +99,10 @@ class Router(Generic[S]):
     RECOVER_FAILURE = 0.25
     DEFAULT_TOKENS = 16.0
     KV_FULL = 0.95
+    MIN_SAMPLES = 3
+    """Samples of a replica's TTFT (or TPOT) before its speed counts: until then it is costed as the median
+    replica and drained for failures only (a fresh guard drained a healthy replica after one 516 ms straggler
+    among its first calls); the lower median of three is one straggler-proof."""
     TIE = 0.15
     TIE_SECONDS = 0.02
 
@@ -223,10 +232,11 @@ class Router(Generic[S]):
 
     def _cost(self, s: S, now: float) -> float:
         h = s.health
-        ttft = h.ttft if h.ttft is not None else self._ref_ttft
+        measured = self.MIN_SAMPLES  # fewer samples: costed as the median replica, so it gets calls to judge it by
+        ttft = h.ttft if len(h.ttft_first) >= measured else self._ref_ttft
         if h.unanswered_since is not None and ttft is not None:
             ttft = silent(s, now, ttft)
-        tpot = h.tpot if h.tpot is not None else self._ref_tpot
+        tpot = h.tpot if len(h.tpot_first) >= measured else self._ref_tpot
         if ttft is None and tpot is None:
             expected = 1.0  # nothing known anywhere: balance by load alone
         else:
@@ -245,7 +255,7 @@ class Router(Generic[S]):
     def first_token(self, state: S, now: float, ttft: float) -> None:
         """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started."""
         h = state.health
-        h.ttft = self._ewma(h.ttft, max(0.0, ttft), h.drained)
+        h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
         h.unanswered_since = None
         self._reassess(state, now)
 
@@ -259,7 +269,7 @@ class Router(Generic[S]):
         h = state.health
         h.unanswered_since = None
         if h.ttft is None or waited > h.ttft:
-            h.ttft = self._ewma(h.ttft, max(0.0, waited), h.drained)
+            h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, waited), h.drained)
             self._reassess(state, now)
 
     def failed(self, state: S, now: float) -> None:
@@ -275,7 +285,7 @@ class Router(Generic[S]):
         caller left early (timing only); ``tokens`` output tokens over ``duration`` s after the first."""
         h = state.health
         if tokens is not None and tokens >= 2 and duration is not None and duration >= 0:
-            h.tpot = self._ewma(h.tpot, duration / (tokens - 1), h.drained)
+            h.tpot = self._learn(h.tpot, h.tpot_first, duration / (tokens - 1), h.drained)
         if ok and tokens is not None and tokens >= 1:
             self._tokens = float(tokens) if self._tokens is None else self._tokens + self.EWMA * (tokens - self._tokens)
         if ok is not None:
@@ -303,6 +313,15 @@ class Router(Generic[S]):
             h.full_until = now + fresh_for if kv_usage >= self.KV_FULL else -math.inf
             self._limited_until = max(self._limited_until, h.full_until)
 
+    def _learn(self, current: float | None, first: list[float], sample: float, drained: bool) -> float:
+        """The next estimate: the lower median of the ``first`` samples while there are fewer than
+        `MIN_SAMPLES` (``sample`` joins them), then the EWMA."""
+        if len(first) < self.MIN_SAMPLES:
+            first.append(sample)
+            median = lower_median(first)
+            return sample if median is None else median
+        return self._ewma(current, sample, drained)
+
     def _ewma(self, current: float | None, sample: float, drained: bool) -> float:
         if current is None:
             return sample
@@ -326,6 +345,8 @@ class Router(Generic[S]):
             # A clean slate: it gets its share at once and is measured afresh, instead of waiting
             # behind the others until calls happen to wash the drained-time estimates out.
             h.drained, h.ttft, h.tpot = False, None, None
+            h.ttft_first.clear()
+            h.tpot_first.clear()
             self._drained -= 1
             self.epoch += 1
             self._stale = True
@@ -345,8 +366,9 @@ class Router(Generic[S]):
     def _drainable(self, h: ReplicaHealth, now: float) -> bool:
         if self._failure(h, now) >= self.DRAIN_FAILURE:
             return True
-        slow = worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR) or worse(
-            h.tpot, self._ref_tpot, self.DRAIN_RATIO, self.TPOT_FLOOR
+        enough = self.MIN_SAMPLES
+        slow = (len(h.ttft_first) >= enough and worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR)) or (
+            len(h.tpot_first) >= enough and worse(h.tpot, self._ref_tpot, self.DRAIN_RATIO, self.TPOT_FLOOR)
         )
         # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
         # replica: draining one for speed would pile its share onto replicas that are overloaded too.

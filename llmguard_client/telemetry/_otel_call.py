@@ -174,6 +174,8 @@ class CallObserver:
                 attrs[sc.HTTP_RESPONSE_STATUS_CODE] = attempt.status_code
             if attempt.retry_after is not None:
                 attrs[sc.LLMGUARD_RETRY_AFTER] = attempt.retry_after
+            if attempt.chaos:
+                attrs[sc.LLMGUARD_CHAOS] = attempt.chaos
             close_span(span, attrs, attempt, ATTEMPT_PHASES, record.start, err, epoch_ns(record, attempt.finish))
         else:
             span.end(end_time=epoch_ns(record, attempt.finish))

@@ -29,6 +29,8 @@ from llmguard_client.telemetry.record import (
 
 EXTENSION = "llmguard"
 """The response extension that holds the call's record."""
+ATTEMPT_EXTENSION = "llmguard.attempt"
+"""The attempt request's extension that holds its `AttemptRecordBuilder` (fault injection marks it)."""
 
 
 def _template(record_class: type[Any]) -> dict[str, Any]:
@@ -98,6 +100,10 @@ class AttemptRecordBuilder:
         """The attempt's stream broke after its first token (``cause``) and a continuation was sent."""
         self._fields["error"] = cause
 
+    def attempt_chaos(self, fault: str) -> None:
+        """`Chaos` injected ``fault`` into this attempt."""
+        self._fields["chaos"] = (*self._fields["chaos"], fault)
+
     def freeze(self) -> AttemptRecord:
         """A frozen copy of the attempt as it stands."""
         return from_fields(AttemptRecord, dict(self._fields))
@@ -163,6 +169,10 @@ class AttemptRecordBuilder:
     @property
     def break_cause(self) -> str | None:
         return self._fields["break_cause"]  # type: ignore[no-any-return]
+
+    @property
+    def chaos(self) -> tuple[str, ...]:
+        return self._fields["chaos"]  # type: ignore[no-any-return]
 
     @property
     def ttft(self) -> float | None:

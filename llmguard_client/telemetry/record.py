@@ -81,6 +81,9 @@ class AttemptRecord:
     """A continuation: the tokens already generated (what ``max_tokens`` was reduced by)."""
     break_cause: str | None = None
     """A continuation: why the stream it continues broke (``read_error``, ``stream_truncated``, ...)."""
+    chaos: tuple[str, ...] = ()
+    """The faults `Chaos` injected into this attempt, in order (``latency``, ``status_429``, ``status_503``,
+    ``status_500``, ``reset``, ``stall``, ``cut``); empty for an attempt left alone."""
 
     @property
     def ttft(self) -> float | None:
@@ -152,7 +155,7 @@ class PhaseRecord:
         """A JSON-ready dict (lists for the tuples; no prompt, completion or header values are ever held here)."""
         out = dict(vars(self))
         out["finish_reasons"] = list(self.finish_reasons)
-        out["attempts"] = [dict(vars(a)) for a in self.attempts]
+        out["attempts"] = [{**vars(a), "chaos": list(a.chaos)} for a in self.attempts]
         out["ttft"] = self.ttft
         out["duration"] = self.duration
         return out

@@ -86,19 +86,30 @@ async def test_a_5xx_stays_that_status(servers: list[LoopbackServer]) -> None:
 
 
 async def test_a_cooling_replica_does_not_turn_a_timeout_into_a_429(servers: list[LoopbackServer]) -> None:
-    server = servers[0]
-    async with one_replica(server) as guard:
+    # Two replicas, both cooling: the next call is still sent (spread by load). With one replica it would wait
+    # for the cool-down's probe or be refused before sending (docs/routing.md).
+    pair = servers[:2]
+    guard = Guard(
+        [s.url for s in pair],
+        tiers={"t": Tier(ttft=30, total=60)},
+        retry=RETRY,
+        instrumentation=None,
+        transport_factory=pools,
+    )
+    async with guard:
         client = openai.AsyncOpenAI(
-            base_url=server.url + "/v1",
+            base_url=pair[0].url + "/v1",
             api_key="k",
             timeout=1.0,
             max_retries=0,
             http_client=guard.http_client_for(openai.AsyncOpenAI),
         )
-        server.script = Script(status=429, headers={"retry-after": "120"})
-        with pytest.raises(openai.RateLimitError):  # that call's own answer; the replica now cools for 120 s
+        for server in pair:
+            server.script = Script(status=429, headers={"retry-after": "120"})
+        with pytest.raises(openai.RateLimitError):  # that call's own answer; both replicas now cool
             await client.chat.completions.create(model="m", messages=MESSAGES)
-        server.script = SLOW
+        for server in pair:
+            server.script = SLOW
         with pytest.raises(openai.APITimeoutError) as caught:  # this call's own failure, not the cooldown's 429
             await client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "all_replicas_cooling"  # why the guard did not try again

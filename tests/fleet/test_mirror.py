@@ -119,3 +119,22 @@ async def test_after_a_restart_the_store_is_refilled_from_local_state(redis_fact
             await client.aclose()
     finally:
         await a.aclose()
+
+
+async def test_what_a_late_resync_writes_reaches_the_guards_that_resynced_before(redis_server: RedisServer) -> None:
+    """A Guard cut off from the store learns a cool-down; the others reconnected (and read the store) first. When
+    it reconnects, its resync writes the cool-down and publishes it, so the others see it at once, not at their
+    own next reconnection."""
+    early, late = guard(redis_server.url), guard(redis_server.url)
+    try:
+        await connected(early)
+        late._replica_set.cool_down(states(late)[1], anyio.current_time(), 30.0)  # not connected: nothing sent
+        await anyio.sleep(0.2)
+        assert not states(early)[1].cooling(anyio.current_time())
+        await connected(late)
+        await until(lambda: states(early)[1].cooling(anyio.current_time()))
+        assert states(early)[1].cooling_until > anyio.current_time() + 25.0
+        assert not states(early)[0].cooling(anyio.current_time())
+    finally:
+        for g in (early, late):
+            await g.aclose()

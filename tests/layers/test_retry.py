@@ -139,10 +139,10 @@ async def test_4xx_other_than_408_429_is_not_retried(servers: list[LoopbackServe
     assert response.status_code == 422 and len(records[0].attempts) == 1
 
 
-async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None:
+async def test_connect_errors_open_the_circuit_and_all_open_fails_fast_without_panic_mode() -> None:
     dead = [closed_port_url(), closed_port_url()]
     records: list[PhaseRecord] = []
-    policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0)
+    policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
     async with make_guard(dead, records, retry=policy) as guard, guard.http_client() as client:
         with pytest.raises(AllAttemptsFailed):
             await client.post(dead[0] + CHAT, json=BODY)
@@ -158,12 +158,12 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast() -> None
 
 
 @BACKENDS
-def test_an_open_circuit_fails_the_call_without_any_time_passing(backend: str) -> None:
+def test_an_open_circuit_fails_the_call_without_any_time_passing_without_panic_mode(backend: str) -> None:
     fakes = {url: FakeReplica(url[7], [Plan(refused=True)]) for url in ("http://a.test", "http://b.test")}
     records: list[PhaseRecord] = []
 
     async def main() -> None:
-        policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0)
+        policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
         async with virtual_guard(fakes, records, retry=policy, hedge=None) as guard, guard.http_client() as client:
             for _ in range(2):
                 with pytest.raises(AllAttemptsFailed):

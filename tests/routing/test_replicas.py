@@ -129,22 +129,61 @@ def test_a_call_that_started_before_the_cool_down_does_not_end_it() -> None:
     assert r0.cooling(NOW + 0.5)
 
 
-def test_pick_skips_open_circuits_even_when_the_rest_cool() -> None:
+def test_pick_skips_open_circuits_and_the_one_replica_left_cooling_waits_for_its_probe() -> None:
     rs = replica_set(2)
     r0, r1 = rs.states
-    r0.open_until = NOW + 10
+    r0.open_until = NOW + 20
     rs.cool_down(r1, NOW, 30.0)
-    assert rs.pick(NOW) is r1
+    assert rs.first_wait(NOW) == pytest.approx(15.0)  # nowhere else to go: its probe, half-way through
+    assert rs.pick(NOW) is None
+    assert rs.pick(NOW + 15.0) is r1 and r1.probing
+    assert rs.first_wait(NOW + 15.0) == pytest.approx(15.0)  # one probe per cool-down: then its end
+    assert rs.pick(NOW + 15.0) is None
 
 
-def test_pick_returns_none_when_every_circuit_is_open() -> None:
+def test_pick_returns_none_when_every_circuit_is_open_without_panic_mode() -> None:
     rs = replica_set(2)
+    rs.panic_threshold = 0.0
     for state in rs.states:
         state.open_until = NOW + 5
     assert rs.pick(NOW) is None
     assert rs.all_open(NOW)
     assert rs.pick(NOW + 5) is not None  # the circuits closed
     assert not rs.all_open(NOW + 5)
+
+
+def test_in_panic_mode_open_circuits_still_take_calls_ranked_last(caplog: pytest.LogCaptureFixture) -> None:
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
+    r0.open_until = r1.open_until = NOW + 5  # 1 of 3 healthy: under the 50 % threshold
+    with caplog.at_level("INFO", logger="llmguard_client"):
+        assert rs.panic(NOW)
+        assert {rs.pick(NOW) for _ in range(4)} == {r2}  # the healthy one first
+        assert rs.pick(NOW, exclude=[r2]) in (r0, r1)  # then the open ones, where a plain client would go
+        assert rs.pick_ready(NOW, exclude=[r2]) in (r0, r1)
+        assert rs.pick_hedge(NOW, exclude=[r2]) is None  # never a hedge to an open circuit
+        assert not rs.panic(NOW + 5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "panic mode:" in m]) == 1
+    assert len([m for m in messages if "panic mode over" in m]) == 1
+
+
+def test_a_single_replica_with_an_open_circuit_still_takes_calls() -> None:
+    rs = replica_set(1)
+    (r0,) = rs.states
+    for _ in range(5):
+        rs.failed(r0, NOW, threshold=5, cooldown=5.0)
+    assert r0.open(NOW + 1)
+    assert rs.pick(NOW + 1) is r0 and rs.pick_ready(NOW + 1) is r0
+    assert rs.cooling_wait(NOW + 1) == 0.0
+
+
+def test_below_the_threshold_without_open_circuits_there_is_no_panic() -> None:
+    rs = replica_set(2)
+    assert not rs.panic(NOW)
+    rs.states[0].open_until = NOW + 5  # 1 of 2 healthy: 50 % is not under 50 %
+    assert not rs.panic(NOW)
+    assert rs.pick(NOW, exclude=[rs.states[1]]) is None
 
 
 def test_pick_never_returns_an_excluded_replica() -> None:
@@ -178,6 +217,7 @@ def test_pick_ready_refuses_cooling_replicas() -> None:
 
 def test_pick_ready_refuses_open_circuits() -> None:
     rs = replica_set(2)
+    rs.panic_threshold = 0.0
     r0, r1 = rs.states
     r1.open_until = NOW + 1
     assert set(names([rs.pick_ready(NOW) for _ in range(4)])) == {"r0"}
@@ -319,15 +359,16 @@ def test_failures_while_open_do_not_extend_the_cool_down() -> None:
     assert r0.open_until == NOW + 5.0
 
 
-def test_ttft_ewma() -> None:
+def test_ttft_estimate_is_the_median_of_the_first_samples_then_an_ewma() -> None:
     rs = replica_set(1)
     (r0,) = rs.states
-    rs.succeeded(r0, ttft=1.0)
-    assert r0.ttft_ewma == 1.0
-    rs.succeeded(r0, ttft=2.0)
-    assert r0.ttft_ewma == pytest.approx(0.8 * 1.0 + 0.2 * 2.0)
+    for ttft, estimate in ((1.0, 1.0), (3.0, 1.0), (2.0, 2.0)):  # the lower median of the first three
+        rs.succeeded(r0, ttft=ttft)
+        assert r0.ttft_ewma == estimate
+    rs.succeeded(r0, ttft=3.0)
+    assert r0.ttft_ewma == pytest.approx(0.8 * 2.0 + 0.2 * 3.0)
     rs.succeeded(r0, ttft=None)
-    assert r0.ttft_ewma == pytest.approx(1.2)
+    assert r0.ttft_ewma == pytest.approx(2.2)
 
 
 # --- waiting for a replica ----------------------------------------------------------------------------------
@@ -349,16 +390,27 @@ def test_cooling_wait_is_the_time_to_the_first_recovery() -> None:
 
 
 def test_cooling_wait_ignores_open_circuits() -> None:
-    rs = replica_set(2)
-    r0, r1 = rs.states
+    rs = replica_set(3)
+    r0, r1, r2 = rs.states
     rs.cool_down(r0, NOW, 1.0)
     r0.open_until = NOW + 60
     rs.cool_down(r1, NOW, 4.0)
+    rs.cool_down(r2, NOW, 6.0)
     assert rs.cooling_wait(NOW) == pytest.approx(4.0)
 
 
-def test_cooling_wait_is_none_when_every_circuit_is_open() -> None:
+def test_cooling_wait_with_one_replica_left_is_the_time_to_its_probe() -> None:
     rs = replica_set(2)
+    r0, r1 = rs.states
+    r0.open_until = NOW + 60
+    rs.cool_down(r1, NOW, 4.0)
+    assert rs.cooling_wait(NOW) == pytest.approx(2.0)
+    assert rs.cooling_left(NOW) == pytest.approx(4.0)
+
+
+def test_cooling_wait_is_none_when_every_circuit_is_open_without_panic_mode() -> None:
+    rs = replica_set(2)
+    rs.panic_threshold = 0.0
     for state in rs.states:
         state.open_until = NOW + 1
     assert rs.cooling_wait(NOW) is None

@@ -1,5 +1,6 @@
 """The router: least-cost choice, power of two choices, draining a degraded replica to probes and
-bringing it back, mid-stream failures, rate-limit headers. Every test passes ``now``; nothing sleeps."""
+bringing it back, mid-stream failures, rate-limit headers. Every test passes ``now``; nothing sleeps (a
+whole Guard's calls run in virtual time)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
+from llmguard_client import PhaseRecord, Tier
 from llmguard_client._core.transport import _stream_outcome
 from llmguard_client._ratelimit.headers import MAX_RESET, parse_duration, parse_rate_limits
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.protocols import reader_for
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 NOW = 1000.0
 FAST, SLOW = 0.020, 0.200  # seconds to first token: a healthy replica and one 10x slower
@@ -150,6 +153,49 @@ def test_a_replica_10x_slower_to_first_token_is_drained_within_a_few_calls() -> 
     assert "r1" not in picks(router, states, 49)
 
 
+def test_one_straggler_among_a_fresh_replicas_first_calls_does_not_drain_it() -> None:
+    """A healthy replica whose first call took 516 ms (the others' 20 ms) is judged on its first samples'
+    median, not on that one: it is never drained and keeps its share of the calls."""
+    router, states = cluster()
+    r1 = states[1]
+    served: Counter[str] = Counter()
+    for call in range(30):
+        chosen = router.pick(NOW + call, states)
+        assert chosen is not None
+        served[chosen.name] += 1
+        ttft = 0.516 if chosen is r1 and served["r1"] == 1 else FAST
+        router.first_token(chosen, NOW + call, ttft)
+        router.stream_finished(chosen, NOW + call, ok=True, tokens=21, duration=20 * 0.01)
+        assert not r1.health.drained
+    assert r1.health.ttft == pytest.approx(FAST, rel=0.5)
+    assert served["r1"] >= 8
+
+
+@BACKENDS
+def test_a_fresh_guard_keeps_a_healthy_replica_after_one_straggler(backend: str) -> None:
+    """The same through a whole Guard, hedging on, in virtual time: 30 calls, the second replica's first answer
+    a 516 ms straggler; it is not judged degraded, and it answers its share of the calls."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=0.516), Plan(first_token_after=0.02)]),
+        "http://c.test": FakeReplica("c", [Plan(first_token_after=0.02)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=5.0, total=10.0)})
+        async with guard, guard.http_client() as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+            for _ in range(30):
+                async with client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
+                    await response.aread()
+            assert not guard._replica_set.router.degraded("http://b.test")
+
+    run_virtual(main, backend)
+    winners = Counter(a.replica for r in records for a in r.attempts if a.outcome == "won")
+    assert winners["http://b.test"] >= 6
+
+
 def test_a_replica_5x_slower_per_token_is_drained() -> None:
     router, states = cluster()
     warm(router, states, [FAST, FAST, FAST], tpot=0.01)
@@ -231,7 +277,8 @@ def test_a_drained_replica_that_recovers_is_brought_back() -> None:
 def test_a_replica_the_costs_keep_away_is_judged_when_the_others_are_measured() -> None:
     """It gets no calls of its own to be judged by: the others' events reassess it too."""
     router, states = cluster()
-    router.stream_finished(states[0], NOW, ok=True, tokens=21, duration=20 * 0.05)  # 50 ms per token
+    for _ in range(router.MIN_SAMPLES):
+        router.stream_finished(states[0], NOW, ok=True, tokens=21, duration=20 * 0.05)  # 50 ms per token
     assert not states[0].health.drained  # nothing to compare with yet
     for state in states[1:]:
         router.stream_finished(state, NOW, ok=True, tokens=21, duration=20 * 0.01)
@@ -302,7 +349,8 @@ def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() 
 def test_a_lost_race_raises_the_ttft_estimate_but_never_lowers_it() -> None:
     router, states = cluster()
     r0 = states[0]
-    router.first_token(r0, NOW, 0.1)
+    for _ in range(router.MIN_SAMPLES):
+        router.first_token(r0, NOW, 0.1)
     router.outran(r0, NOW, 0.05)  # lost after 50 ms: says nothing new
     assert r0.health.ttft == pytest.approx(0.1)
     router.outran(r0, NOW, 0.3)

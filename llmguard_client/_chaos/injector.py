@@ -1,0 +1,198 @@
+"""Injects the `Chaos` policy's faults into attempts, by wrapping each replica's transport.
+
+A `ChaosTransport` sits between the attempt and the replica's connection pool, so whatever it injects reaches
+the guard exactly where a real fault would: an error status or a reset as the pool's answer, a stall or a cut
+in the body the attempt and the stream stages read. Only requests that carry their attempt's record builder
+(``ATTEMPT_EXTENSION``: every attempt, guarded or control) are drawn for; the guard's other requests (server
+hints) pass untouched. Each injected fault is marked on the attempt's record (``AttemptRecord.chaos``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import httpx
+
+from llmguard_client._chaos.policy import CHAOS_ENV, EXCLUSIVE, Chaos, Fault, chaos_enabled
+from llmguard_client.config import Replica
+from llmguard_client.errors import GuardConfigError
+from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
+
+_STATUS: dict[Fault, tuple[int, str]] = {
+    "status_429": (429, "rate_limit_exceeded"),
+    "status_503": (503, "service_unavailable"),
+    "status_500": (500, "internal_server_error"),
+}
+CHAOS_HEADER = "x-llmguard-chaos"
+"""Set on an injected error answer: the fault's name, so that nobody mistakes it for the replica's own."""
+
+Draw = tuple[Chaos, "Fault | None", float]
+"""(the policy in force, the attempt's fault or None, the latency to add in seconds)."""
+
+
+class ChaosSwitch:
+    """The `Chaos` policy in force (None: nothing injected), switchable at run time from any thread, and the
+    seeded random source its draws come from (a new one, from the policy's seed, on every switch)."""
+
+    def __init__(self, policy: Chaos | None) -> None:
+        self._state: tuple[Chaos, random.Random] | None = None
+        self.set(policy)
+
+    @property
+    def policy(self) -> Chaos | None:
+        state = self._state
+        return None if state is None else state[0]
+
+    def set(self, policy: Chaos | None) -> None:
+        """Inject ``policy``'s faults from the next attempt on (None: stop). Refused (`GuardConfigError`) unless
+        ``LLMGUARD_CHAOS`` allows chaos now."""
+        if policy is None:
+            self._state = None
+            return
+        if not isinstance(policy, Chaos):
+            raise GuardConfigError(f"chaos must be a Chaos(...) or None, got {policy!r}")
+        refuse_unless_enabled()
+        self._state = (policy, random.Random(policy.seed))  # one assignment: a draw sees the old or the new
+
+    def draw(self, replica: Replica) -> Draw | None:
+        """The fault (and added latency) of one attempt to ``replica``; None when nothing is injected."""
+        state = self._state
+        if state is None:
+            return None
+        policy, rng = state
+        targets = policy.replicas
+        if targets is not None and replica.name not in targets and replica.url.rstrip("/") not in targets:
+            return None
+        latency = policy.latency_for if policy.latency and rng.random() < policy.latency else 0.0
+        roll = rng.random()
+        fault: Fault | None = None
+        for field, name in EXCLUSIVE:
+            rate: float = getattr(policy, field)
+            if roll < rate:
+                fault = name
+                break
+            roll -= rate
+        return (policy, fault, latency) if fault is not None or latency else None
+
+    def wrapping(
+        self, factory: Callable[[Replica], httpx.AsyncBaseTransport]
+    ) -> Callable[[Replica], httpx.AsyncBaseTransport]:
+        """``factory`` with each transport it builds wrapped in a `ChaosTransport` drawing from this switch."""
+
+        def build(replica: Replica) -> httpx.AsyncBaseTransport:
+            return ChaosTransport(factory(replica), replica, self)
+
+        return build
+
+
+def refuse_unless_enabled() -> None:
+    """Raise `GuardConfigError` unless the environment allows fault injection."""
+    if not chaos_enabled():
+        raise GuardConfigError(
+            f"Chaos injects faults into real calls and is refused unless the environment variable {CHAOS_ENV}=1 "
+            "is set (in the test or staging process only, before the Guard is built)"
+        )
+
+
+def chaos_switch(policy: Chaos | None) -> ChaosSwitch | None:
+    """The switch for a Guard built with ``chaos=policy``: None (no wrapping, nothing can be injected later)
+    unless ``LLMGUARD_CHAOS`` is set; a policy without it is refused."""
+    if policy is not None:
+        if not isinstance(policy, Chaos):
+            raise GuardConfigError(f"chaos must be a Chaos(...) or None, got {policy!r}")
+        refuse_unless_enabled()
+    return ChaosSwitch(policy) if chaos_enabled() else None
+
+
+class ChaosTransport(httpx.AsyncBaseTransport):
+    """One replica's transport with the switch's faults injected into the attempts sent through it."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, replica: Replica, switch: ChaosSwitch) -> None:
+        self.inner = inner
+        self._replica = replica
+        self._switch = switch
+
+    @property
+    def _pool(self) -> Any:
+        """The wrapped transport's connection pool (what ``guard.snapshot()`` counts open connections of)."""
+        return getattr(self.inner, "_pool", None)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        attempt = request.extensions.get(ATTEMPT_EXTENSION)
+        drawn = self._switch.draw(self._replica) if isinstance(attempt, AttemptRecordBuilder) else None
+        if drawn is None:
+            return await self.inner.handle_async_request(request)
+        assert isinstance(attempt, AttemptRecordBuilder)
+        policy, fault, latency = drawn
+        if latency:
+            attempt.attempt_chaos("latency")
+            await anyio.sleep(latency)
+        if fault in _STATUS:
+            attempt.attempt_chaos(fault)
+            return _status_answer(request, fault, policy)
+        if fault == "reset":
+            attempt.attempt_chaos(fault)
+            raise httpx.ReadError("connection reset by peer (injected by Chaos)", request=request)
+        response = await self.inner.handle_async_request(request)
+        if fault == "stall":
+            response.stream = _Stalled(_stream(response), policy.stall_for, attempt)
+        elif fault == "cut":
+            response.stream = _Cut(_stream(response), attempt)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _status_answer(request: httpx.Request, fault: Fault, policy: Chaos) -> httpx.Response:
+    status, code = _STATUS[fault]
+    headers = {"content-type": "application/json", CHAOS_HEADER: fault}
+    if status == 429:
+        headers["retry-after"] = f"{policy.retry_after:g}"
+    error = {"message": f"HTTP {status} injected by Chaos", "type": code, "param": None, "code": code}
+    return httpx.Response(status, headers=headers, content=json.dumps({"error": error}).encode(), request=request)
+
+
+def _stream(response: httpx.Response) -> httpx.AsyncByteStream:
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    return stream
+
+
+class _Stalled(httpx.AsyncByteStream):
+    """A body whose first bytes are held back ``seconds``: a replica that stalls before its first token."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, seconds: float, attempt: AttemptRecordBuilder) -> None:
+        self._inner, self._seconds, self._attempt = inner, seconds, attempt
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._attempt.attempt_chaos("stall")
+        await anyio.sleep(self._seconds)
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Cut(httpx.AsyncByteStream):
+    """A body cut at the first read after the attempt's first content token, as by a peer closing mid-body."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, attempt: AttemptRecordBuilder) -> None:
+        self._inner, self._attempt = inner, attempt
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            if self._attempt.first_token is not None:
+                self._attempt.attempt_chaos("cut")
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body (injected by Chaos)"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

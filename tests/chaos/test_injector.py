@@ -1,0 +1,187 @@
+"""Faults injected by `Chaos` are handled as the real ones: through a real Guard, the openai SDK and loopback
+servers where no timing matters, in virtual time (both backends) where it does. Each injected fault is marked on
+its attempt's record; a fault scripted on the server instead gives the same attempts, unmarked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from llmguard_client import Chaos, ContinuationPolicy, Guard, HedgePolicy, PhaseRecord, Tier
+from llmguard_client._chaos import CHAOS_ENV
+from tests.loopback import LoopbackServer, Script
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
+
+WHOLE = "".join(f" t{i}" for i in range(10))
+MESSAGES: Any = [{"role": "user", "content": "x"}]
+
+
+@pytest.fixture(autouse=True)
+def chaos_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CHAOS_ENV, "1")
+
+
+def make_guard(servers: list[LoopbackServer], records: list[PhaseRecord], **kwargs: Any) -> Guard:
+    # Deadlines of seconds: a busy machine's late bytes must not be taken for a fault (the instants: virtual time).
+    kwargs.setdefault("tiers", {"t": Tier(ttft=10.0, total=30.0, stall=5.0)})
+    kwargs.setdefault("hedge", None)
+    return Guard(replicas=[s.url for s in servers], instrumentation=None, on_record=records.append, **kwargs)
+
+
+async def sdk_text(guard: Guard, url: str) -> str:
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=guard.http_client(), max_retries=0)
+    stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True, max_tokens=10)
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+def attempts(record: PhaseRecord) -> list[tuple[str, str, str, str | None, tuple[str, ...]]]:
+    return [(a.replica, a.kind, a.outcome, a.error, a.chaos) for a in record.attempts]
+
+
+async def test_an_injected_429_cools_the_replica_and_the_retry_goes_elsewhere(servers: list[LoopbackServer]) -> None:
+    a, b = servers[0].url, servers[1].url
+    records: list[PhaseRecord] = []
+    chaos = Chaos(rate_limited=1.0, retry_after=60.0, replicas=[a], seed=1)
+    async with make_guard(servers[:2], records, chaos=chaos) as guard:
+        texts = [await sdk_text(guard, a) for _ in range(3)]
+        snapshot = guard.snapshot()
+    assert texts == [" t0 t1 t2 t3 t4"] * 3
+    assert attempts(records[0]) == [
+        (a, "primary", "failed", "http_429", ("status_429",)),  # a fresh guard's first call goes to the first replica
+        (b, "retry", "won", None, ()),
+    ]
+    assert records[0].attempts[0].retry_after == 60.0 and records[0].attempts[0].status_code == 429
+    assert [attempts(r) for r in records[1:]] == [[(b, "primary", "won", None, ())]] * 2  # a is cooling down
+    cooling = {r.name: r.cooling_for for r in snapshot.replicas}
+    assert cooling[a] > 50.0 and cooling[b] == 0.0
+    assert servers[0].received == [] and len(servers[1].received) == 3  # an injected status sends nothing
+    assert snapshot.idle
+
+
+@pytest.mark.parametrize(("fault", "real"), [("unavailable", 503), ("server_error", 500)])
+async def test_an_injected_5xx_is_retried_and_learned_as_the_real_one(
+    servers: list[LoopbackServer], fault: str, real: int
+) -> None:
+    a = servers[0].url
+    injected: list[PhaseRecord] = []
+    async with make_guard(servers[:2], injected, chaos=Chaos(**{fault: 1.0}, replicas=[a])) as guard:
+        assert await sdk_text(guard, a) == " t0 t1 t2 t3 t4"
+        after_injected = guard.snapshot().replicas
+    servers[0].script = Script(status=real, body={"error": {"message": "real"}})
+    scripted: list[PhaseRecord] = []
+    async with make_guard(servers[:2], scripted) as guard:
+        assert await sdk_text(guard, a) == " t0 t1 t2 t3 t4"
+        after_real = guard.snapshot().replicas
+    assert attempts(injected[0]) == [
+        (a, "primary", "failed", f"http_{real}", (f"status_{real}",)),
+        (servers[1].url, "retry", "won", None, ()),
+    ]
+    assert [x[:4] for x in attempts(injected[0])] == [x[:4] for x in attempts(scripted[0])]
+    assert [(r.healthy, r.cooling_for > 0, r.circuit_open_for > 0) for r in after_injected] == [
+        (r.healthy, r.cooling_for > 0, r.circuit_open_for > 0) for r in after_real
+    ]
+
+
+async def test_an_injected_reset_is_a_transport_error_retried_elsewhere(servers: list[LoopbackServer]) -> None:
+    a, b = servers[0].url, servers[1].url
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records, chaos=Chaos(reset=1.0, replicas=[a])) as guard:
+        assert await sdk_text(guard, a) == " t0 t1 t2 t3 t4"
+        assert guard.snapshot().idle
+    assert attempts(records[0]) == [(a, "primary", "failed", "read_error", ("reset",)), (b, "retry", "won", None, ())]
+
+
+async def test_an_injected_cut_mid_stream_is_continued_on_another_replica(servers: list[LoopbackServer]) -> None:
+    a, b = servers[0].url, servers[1].url
+    for s in servers[:2]:
+        s.script = Script(tokens=10, gap=0.005, continued=Script(tokens=None))
+    records: list[PhaseRecord] = []
+    chaos = Chaos(cut=1.0, replicas=[a])
+    async with make_guard(servers[:2], records, chaos=chaos, continuation=ContinuationPolicy()) as guard:
+        assert await sdk_text(guard, a) == WHOLE
+        assert guard.snapshot().idle
+    (record,) = records
+    assert record.status == "ok" and record.continued
+    broken, continued = record.attempts
+    assert (broken.replica, broken.chaos, broken.first_token is not None) == (a, ("cut",), True)
+    assert (continued.replica, continued.kind, continued.outcome, continued.chaos) == (b, "continuation", "won", ())
+    assert continued.break_cause == broken.error == "remote_protocol_error"
+
+
+async def test_an_injected_cut_without_continuation_fails_as_a_real_reset(servers: list[LoopbackServer]) -> None:
+    a = servers[0].url
+    outcomes = []
+    for chaos, script in [
+        (Chaos(cut=1.0, replicas=[a]), Script(tokens=10, gap=0.005)),
+        (None, Script(tokens=10, gap=0.005, reset_after_tokens=3)),
+    ]:
+        servers[0].script = script
+        records: list[PhaseRecord] = []
+        async with make_guard(servers[:2], records, chaos=chaos) as guard:
+            with pytest.raises(openai.APIConnectionError) as caught:
+                await sdk_text(guard, a)
+            assert guard.snapshot().idle
+        (record,) = records
+        outcomes.append((type(caught.value), record.status, record.cause, [x[:3] for x in attempts(record)]))
+        marks = [x[4] for x in attempts(record)]
+        assert marks == ([("cut",)] if chaos is not None else [()])
+    injected, real = outcomes
+    assert injected == real == (openai.APIConnectionError, "error", "remote_protocol_error", [(a, "primary", "won")])
+
+
+BODY = {"model": "m", "messages": MESSAGES, "stream": True}
+
+
+@BACKENDS
+@pytest.mark.parametrize("how", ["injected", "real"])
+def test_a_stall_before_the_first_token_is_hedged_at_the_hedge_delay(backend: str, how: str) -> None:
+    """The same call, stalled by `Chaos` or by the replica itself: the hedge goes out at exactly 0.2 s and wins."""
+    stalled = Plan(first_token_after=30.0) if how == "real" else Plan()
+    fakes = {"http://a.test": FakeReplica("a", [stalled]), "http://b.test": FakeReplica("b")}
+    chaos = Chaos(stall=1.0, stall_for=30.0, replicas=["http://a.test"]) if how == "injected" else None
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=1.0, total=5.0, stall=2.0)}
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=HedgePolicy(delay=0.2), chaos=chaos)
+        async with guard, guard.http_client() as client:
+            start = now()
+            response = await client.post("http://a.test/v1/chat/completions", json=BODY)
+            assert now() - start == pytest.approx(0.2, abs=1e-9)
+            assert '"b0 "' in response.text
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    (record,) = records
+    mark = ("stall",) if how == "injected" else ()
+    assert attempts(record) == [
+        ("http://a.test", "primary", "lost", None, mark),
+        ("http://b.test", "hedge", "won", None, ()),
+    ]
+    assert record.ttft == pytest.approx(0.2, abs=1e-9)
+    assert fakes["http://a.test"].open_streams == 0  # the stalled answer was closed
+
+
+@BACKENDS
+def test_added_latency_delays_the_attempt_exactly_and_is_switched_off_live(backend: str) -> None:
+    fakes = {"http://a.test": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=1.0, total=5.0)}
+        chaos = Chaos(latency=1.0, latency_for=0.3)
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None, chaos=chaos)
+        async with guard, guard.http_client() as client:
+            for _ in range(2):
+                start = now()
+                await client.post("http://a.test/v1/chat/completions", json=BODY)
+                assert now() - start == pytest.approx(0.3 if guard.chaos else 0.0, abs=1e-9)
+                guard.set_chaos(None)
+
+    run_virtual(main, backend)
+    assert [attempts(r) for r in records] == [
+        [("http://a.test", "primary", "won", None, ("latency",))],
+        [("http://a.test", "primary", "won", None, ())],
+    ]

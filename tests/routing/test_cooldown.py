@@ -1,0 +1,214 @@
+"""A server's Retry-After, weighed: capped, per replica, with one probe per cool-down; a 429 carrying provider
+limits feeds the rate limit instead. The real openai SDK against a real loopback server for the single-replica
+case; the exact instants in virtual time on asyncio and trio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import openai
+import pytest
+
+from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
+from tests.loopback import LoopbackServer, Script
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+BODY: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+
+
+def in_turn(server: LoopbackServer, scripts: list[Script]) -> None:
+    """The server answers its requests with ``scripts`` in turn (the last one repeats)."""
+    count = [0]
+
+    def script(index: int, attempt: int) -> Script:
+        count[0] += 1
+        return scripts[min(count[0], len(scripts)) - 1]
+
+    server.scripter = script
+
+
+async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_the_call_succeeds(
+    servers: list[LoopbackServer],
+) -> None:
+    """The case of a hosted endpoint: a 429 with ``Retry-After: 120``, then the server answers a 500 and
+    recovers. The cool-down is cut to ``max_retry_after``; a call that cannot wait for it is refused before it
+    is sent, with the seconds left; the next call is sent (the probe, or after the cool-down), its 500 is
+    retried like the plain SDK does, and it succeeds."""
+    server = servers[0]
+    in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script(status=500), Script()])
+    records: list[PhaseRecord] = []
+    policy = RetryPolicy(max_retry_after=5.0)  # its probe at 2.5 s: beyond a 1.2 s first-token deadline
+    async with Guard(
+        [server.url], tiers={"t": Tier(ttft=1.2, total=10.0)}, retry=policy, hedge=None, on_record=records.append
+    ) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        with pytest.raises(openai.RateLimitError) as first:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert first.value.response.headers["retry-after"] == "120"  # the server's own answer, handed back
+        assert len(server.received) == 1
+
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert guard_failure(refused.value) == "all_replicas_cooling"
+        assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000  # the cap, not 120 s
+        assert len(server.received) == 1  # refused before it was sent
+        assert guard.snapshot().replicas[0].cooling_for <= 5.0
+
+        await anyio.sleep(2.6)  # past the probe (half the cool-down): this call finds the server again
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert done.choices[0].message.content
+    assert len(server.received) == 3  # the 429, the 500 and the answer: nothing refused after the 500
+    assert [a.status_code for a in records[-1].attempts] == [500, 200]
+    assert records[-1].status == "ok"
+
+
+@BACKENDS
+def test_a_retry_after_is_capped_and_a_call_that_fits_waits_for_the_probe(backend: str) -> None:
+    """One replica, ``Retry-After: 120`` and the default cap (60 s, the openai SDK's): a call whose deadline
+    fits waits for the probe at 30 s and succeeds there; one whose deadline does not fit is refused at once,
+    with the 60 s cool-down's time left as its retry-after; after a winning probe every call goes at once."""
+    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {
+            "short": Tier(ttft=5.0, total=60.0),
+            "mid": Tier(ttft=40.0, total=60.0),  # 30 s of it would fit, but no TTFT is known: at most half
+            "long": Tier(ttft=70.0, total=120.0),
+        }
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client() as client:
+            started = anyio.current_time()
+            first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
+            assert first.status_code == 429 and first.headers["retry-after"] == "120"  # the server's answer
+            assert fake.requests == 1  # its own retry could not wait for the probe, 30 s, within 5 s
+            assert guard.snapshot().replicas[0].cooling_for == pytest.approx(60.0)
+            with pytest.raises(AllReplicasCooling) as refused:
+                await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
+            assert refused.value.retry_after == pytest.approx(60.0)
+            assert fake.requests == 1 and anyio.current_time() == started  # refused at once, before sending
+            with pytest.raises(AllReplicasCooling):
+                await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "mid"})
+            assert fake.requests == 1 and anyio.current_time() == started
+            response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "long"})
+            assert response.status_code == 200
+            assert anyio.current_time() - started == pytest.approx(30.0, abs=0.01)  # the probe, half of 60 s
+            assert guard.snapshot().replicas[0].cooling_for == 0.0  # the probe won: the cool-down is over
+            second = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
+            assert second.status_code == 200 and fake.requests == 3
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_probe_answered_with_a_500_ends_the_cool_down_and_is_retried(backend: str) -> None:
+    """The probe meets a 500: the server no longer asks for rest, so the call is retried after its backoff,
+    as without a cool-down, instead of coming back as ``all_replicas_cooling``."""
+    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan(status=500), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=60.0)}
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client() as client:
+            assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 429
+            await anyio.sleep(30.0)
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+
+    run_virtual(main, backend)
+    assert [a.status_code for a in records[-1].attempts] == [500, 200]
+
+
+async def test_another_calls_cool_down_does_not_relabel_a_500(servers: list[LoopbackServer]) -> None:
+    """Two replicas; one call's 429s cool both for 30 s. The next call is sent (every replica cooling: spread by
+    load) and meets a 500 it cannot retry within its deadline: it gets its own 500; the cool-down is only the
+    cause named for not retrying it."""
+    for server in servers[:2]:
+        server.script = Script(status=429, headers={"retry-after": "30"})
+    records: list[PhaseRecord] = []
+    async with Guard(
+        [s.url for s in servers[:2]], tiers={"t": Tier(ttft=2.0, total=10.0)}, hedge=None, on_record=records.append
+    ) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        with pytest.raises(openai.RateLimitError):  # both replicas now cool for 30 s
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        for server in servers[:2]:
+            server.script = Script(status=500)
+        with pytest.raises(openai.InternalServerError) as caught:  # every replica cooling: spread by load
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.status_code == 500 and caught.value.message == "Error code: 500 - scripted"
+    assert records[-1].attempts[0].status_code == 500
+
+
+async def test_a_429_with_provider_limits_feeds_the_rate_limit_not_a_cool_down(servers: list[LoopbackServer]) -> None:
+    """With a `RateLimit` configured, a 429 carrying ``x-ratelimit-*`` lowers the bucket to the room the
+    provider reports; the replica is not cooled down for the Retry-After."""
+    server = servers[0]
+    limited = {"retry-after": "20", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    in_turn(server, [Script(status=429, headers=limited), Script()])
+    records: list[PhaseRecord] = []
+    replica = Replica(server.url, rate_limit=RateLimit(requests_per_minute=600, burst=1.0))
+    async with Guard([replica], tiers={"t": Tier(ttft=2.0, total=10.0)}, hedge=None, on_record=records.append) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)  # not 20 s within a 2 s ttft
+        assert done.choices[0].message.content
+        assert guard.snapshot().replicas[0].cooling_for == 0.0
+    assert [a.status_code for a in records[0].attempts] == [429, 200]
+
+
+@BACKENDS
+def test_a_429_with_provider_limits_waits_for_the_rate_limits_share_not_the_retry_after(backend: str) -> None:
+    """The 429 says no request is left (``x-ratelimit-remaining-requests: 0``): the bucket takes that room, so
+    the retry goes when it refills one request (1 s at 60 a minute), not after the 20 s Retry-After, and the
+    replica is not cooled down."""
+    limited = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    fake = FakeReplica("a", [Plan(status=429, retry_after="20", headers=limited), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        replica = Replica("http://a.test", rate_limit=RateLimit(requests_per_minute=60, burst=1.0))
+        guard = Guard(
+            [replica],
+            tiers={"t": Tier(ttft=5.0, total=10.0)},
+            hedge=None,
+            instrumentation=None,
+            on_record=records.append,
+            transport_factory=lambda r: fake,
+        )
+        async with guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+            assert guard.snapshot().replicas[0].cooling_for == 0.0
+
+    run_virtual(main, backend)
+    first, retry = records[0].attempts
+    assert first.status_code == 429 and first.finish is not None
+    assert retry.start - first.finish == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(servers: list[LoopbackServer]) -> None:
+    """``openai.OpenAI`` through the guard: after a 429 + ``Retry-After: 120``, a call that cannot wait for the
+    probe is refused at once, nothing sent, with the capped cool-down's seconds left as its retry-after."""
+    server = servers[0]
+    in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script()])
+    with Guard([server.url], tiers={"t": Tier(ttft=1.2, total=10.0)}, retry=RetryPolicy(max_retry_after=5.0)) as guard:
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.OpenAI)
+        )
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(refused.value) == "all_replicas_cooling"
+    assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000
+    assert len(server.received) == 1
