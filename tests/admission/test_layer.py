@@ -138,7 +138,8 @@ def test_the_limit_shrinks_under_a_spike_and_recovers_after_it(backend: str) -> 
 
 @BACKENDS
 def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> None:
-    # Refused (429) with 3 attempts in flight: the replica could not hold 3, so the limit falls to 3 x backoff.
+    # Refused (429) with up to 3 attempts in flight (a call sent after a 429 may find the replica cooling down
+    # and not be sent): the replica could not hold them, so the limit falls to at most 2 x backoff.
     async def main() -> None:
         replica = QueueingReplica("a", slots=16, overloaded=True)
         admission = Admission(initial_limit=20, backoff=0.5)
@@ -147,8 +148,8 @@ def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> No
             async with anyio.create_task_group() as tg:
                 for _ in range(3):
                     tg.start_soon(call, client, "interactive", refused)
-            assert refused == ["http_429"] * 3
-            assert limit_of(guard) == 1
+            assert refused[0] == "http_429" and set(refused) <= {"http_429", "all_replicas_cooling"}
+            assert limit_of(guard) == 1  # at most 2 in flight when refused: 2 x 0.5
             replica.overloaded = False
             served: list[str] = []
             await drive(client, rate=40, seconds=2.0, outcomes=served)
