@@ -22,6 +22,10 @@ FailureMode = Literal["auto", "response", "raise"]
 carries the openai SDK's ``x-stainless-*`` headers, ``raise`` otherwise)."""
 
 
+MAX_ATTEMPTS = 10
+"""The most attempts one call may be allowed (`RetryPolicy`, `Tier`, ``x-llmguard-max-attempts``)."""
+
+
 def _int_at_least(owner: str, name: str, value: object, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         accepted = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
@@ -51,16 +55,21 @@ class Tier:
     total: from the call's start to the last byte of the response.
     stall: the longest silence between two chunks after the first token (None: no limit
            besides ``total``).
+    max_attempts: the most requests one call of this tier sends, retries included (None: the
+           `RetryPolicy`'s ``max_attempts``); a call's ``x-llmguard-max-attempts`` header wins.
     """
 
     ttft: float
     total: float
     stall: float | None = None
+    max_attempts: int | None = None
 
     def __post_init__(self) -> None:
         _positive("Tier", "ttft", self.ttft)
         _positive("Tier", "total", self.total)
         _positive("Tier", "stall", self.stall, allow_none=True)
+        if self.max_attempts is not None:
+            _int_at_least("Tier", "max_attempts", self.max_attempts, 1, MAX_ATTEMPTS)
         if self.ttft > self.total:
             raise GuardConfigError(
                 f"Tier.ttft ({self.ttft}) must not exceed Tier.total ({self.total}): "
@@ -245,7 +254,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.mode not in ("guard", "cooperative"):
             raise GuardConfigError(f"RetryPolicy.mode must be 'guard' or 'cooperative', got {self.mode!r}")
-        _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, 10)
+        _int_at_least("RetryPolicy", "max_attempts", self.max_attempts, 1, MAX_ATTEMPTS)
         _positive("RetryPolicy", "overload_cooldown", self.overload_cooldown)
         _positive("RetryPolicy", "max_retry_after", self.max_retry_after)
         share = self.panic_threshold

@@ -47,6 +47,7 @@ from llmguard_client.config import (
     resolve_replicas,
 )
 from llmguard_client.edges._registry import stop_sync_runner
+from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
@@ -284,13 +285,13 @@ class Guard:
     def http_client(self, **kwargs: Any) -> httpx.AsyncClient:
         """An `httpx.AsyncClient` whose transport is the guard.
 
-        Its own timeout defaults to 10 s to connect and none to read, because the tier
-        deadlines govern reads; pass ``timeout=`` to override. Closing the client leaves the
-        guard open (``await guard.aclose()`` closes the pools).
+        It follows redirects and times out as the openai and anthropic SDKs' own clients do (5 s to
+        connect, 600 s per read); under a Guard a read timeout caps the tier's ttft and stall (pass
+        ``timeout=`` to change it). Closing the client leaves the guard open (``await guard.aclose()``
+        closes the pools).
         """
         self._refuse_if_closed()
-        kwargs.setdefault("timeout", httpx.Timeout(None, connect=10.0))
-        return httpx.AsyncClient(transport=self._transport, **kwargs)
+        return httpx.AsyncClient(transport=self._transport, **with_sdk_defaults(kwargs, httpx.Timeout))
 
     @contextlib.contextmanager
     def tier(self, name: str) -> Iterator[None]:

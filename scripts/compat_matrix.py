@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path("/tmp/llmguard-compat")
 SERVER = ["uvicorn>=0.30", "starlette>=0.37"]  # the probe's loopback server
 LOWEST = ["httpx==0.27.0", "anyio==4.4.0", "opentelemetry-api==1.40.0"]
+KEEP_MARKER = "<!-- compat_matrix.py keeps everything below this line -->"
 TYPED_EXAMPLES = ["examples/openai_async.py", "examples/openai_sync.py"]
 
 
@@ -53,6 +54,9 @@ CELLS = [
         [*TYPED_EXAMPLES, "scripts/typing/openai_v1_v2.py"],
     ),
     Cell("openai 3.x, httpx2", "3.11", ["openai>=3", "httpx2"], [*TYPED_EXAMPLES, "scripts/typing/openai_v3.py"]),
+    # Early 3.x releases: langchain-openai, instructor, pydantic-ai and litellm installed together resolve openai 3.3.
+    Cell("openai 3.0, httpx2", "3.11", ["openai>=3.0,<3.1", "httpx2"]),
+    Cell("openai 3.3, httpx2", "3.11", ["openai>=3.3,<3.4", "httpx2"]),
     Cell("lowest declared (+ openai 1.40, the test extra's floor)", "3.11", [*LOWEST, "openai==1.40.0"]),
     Cell("lowest httpx2 (2.12; it needs anyio>=4.10)", "3.11", ["httpx2==2.12.0", "anyio==4.10.0", "openai>=3"]),
     Cell("anthropic latest, httpx2", "3.11", ["anthropic", "httpx2"]),
@@ -183,7 +187,10 @@ def main() -> int:
         fresh = {r["cell"]: r for r in pool.map(run_cell, cells)}
     reports = [fresh.get(c.name) or _stored(c) for c in CELLS]
     reports = [r for r in reports if r is not None]
-    args.out.write_text(render(reports, "python scripts/compat_matrix.py") + "\n")
+    kept = ""  # the hand-written sections after the matrix (the SDKs' own suites, `scripts/peer_suites.py`)
+    if args.out.exists() and KEEP_MARKER in args.out.read_text():
+        kept = "\n" + KEEP_MARKER + "\n\n" + args.out.read_text().split(KEEP_MARKER, 1)[1].lstrip("\n")
+    args.out.write_text(render(reports, "python scripts/compat_matrix.py") + "\n" + kept)
     failed = [r["cell"] for r in reports if "error" in r or "crash" in r or "FAIL" in json.dumps(r.get("results"))]
     print(f"wrote {args.out}; {len(reports)} cells, failing: {failed or 'none'}")
     return 1 if failed else 0

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from llmguard_client._budget.budget import RetryBudget
+from llmguard_client._core.caller_intent import with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._routing.replicas import ReplicaState
@@ -64,6 +65,8 @@ class Call:
     """The caller's SDK sends this call's retries (`RetryPolicy.mode` "cooperative" and a Stainless-built SDK
     calling): one attempt round per request, a retry the guard allows is handed back to the SDK."""
     keeps_text: bool = False
+    max_attempts: int | None = None
+    """The most attempts (``x-llmguard-max-attempts``, else the tier's; None: the retry policy's)."""
     """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
     its attempts' readers keep the text they deliver, which a continuation resumes from."""
 
@@ -115,6 +118,8 @@ class Call:
             forwarded = [(k, v) for k, v in self.headers if k.lower() not in names] + own
         else:
             forwarded = self.headers
+        if attempt.index:  # the SDK's retry count, as if it had sent this attempt itself
+            forwarded = with_retry_count(forwarded, attempt.index)
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
         headers = [(b"Host", url.netloc), *forwarded]

@@ -34,7 +34,8 @@ def resume(call: Call, episode: Episode, policy: RetryPolicy, replicas: ReplicaS
         return None
     now, key = call.clock(), call.affinity_key
     replica = replicas.pick_ready(now, episode.failed, key) or replicas.pick(now, episode.failed, key)
-    return Route(replica, "retry", payment, rounds=max(1, policy.max_attempts - episode.rounds))
+    most = call.max_attempts or policy.max_attempts  # x-llmguard-max-attempts, the tier's, the policy's
+    return Route(replica, "retry", payment, rounds=max(1, most - episode.rounds))
 
 
 def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import httpx
 
-__all__ = ["CAUSE_HEADER", "COHORT_HEADER", "KEY_HEADER", "SESSION_HEADER", "TIER_HEADER", "CallerHeaders"]
+__all__ = [
+    "CAUSE_HEADER",
+    "COHORT_HEADER",
+    "KEY_HEADER",
+    "MAX_ATTEMPTS_HEADER",
+    "SESSION_HEADER",
+    "TIER_HEADER",
+    "CallerHeaders",
+]
 
 TIER_HEADER = "x-llmguard-tier"
 COHORT_HEADER = "x-llmguard-cohort"
@@ -12,7 +20,15 @@ KEY_HEADER = "x-llmguard-key"
 CAUSE_HEADER = "x-llmguard-cause"
 SESSION_HEADER = "x-llmguard-session"
 """The call's cache-affinity key; never forwarded, like the other headers a caller sends the guard."""
-_GUARD_HEADERS = (TIER_HEADER.encode(), COHORT_HEADER.encode(), KEY_HEADER.encode(), SESSION_HEADER.encode())
+MAX_ATTEMPTS_HEADER = "x-llmguard-max-attempts"
+"""The most requests the call may send (over its tier's ``max_attempts`` and the retry policy's)."""
+_GUARD_HEADERS = (
+    TIER_HEADER.encode(),
+    COHORT_HEADER.encode(),
+    KEY_HEADER.encode(),
+    SESSION_HEADER.encode(),
+    MAX_ATTEMPTS_HEADER.encode(),
+)
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
 _SDK_PREFIX = b"x-stainless-"
 """Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
@@ -23,7 +39,7 @@ class CallerHeaders:
     them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
     whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when absent)."""
 
-    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "session", "tier")
+    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "max_attempts", "session", "tier")
 
     def __init__(self, request: httpx.Request) -> None:
         forwarded: list[tuple[bytes, bytes]] = []
@@ -49,6 +65,8 @@ class CallerHeaders:
         """``x-llmguard-key``: the call's rollout key (one cohort per key)."""
         self.session: str | None = get(SESSION_HEADER)
         """``x-llmguard-session``: the call's cache-affinity key."""
+        self.max_attempts: str | None = get(MAX_ATTEMPTS_HEADER)
+        """``x-llmguard-max-attempts``: the most requests the call may send (checked by `max_attempts`)."""
 
 
 def _absent(name: str) -> None:

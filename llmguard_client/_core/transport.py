@@ -34,6 +34,7 @@ import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
+from llmguard_client._core.caller_intent import max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
@@ -164,6 +165,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                     request=request,
                 )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
+            attempts = max_attempts(headers.max_attempts, self._tiers[tier_name], request)
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
@@ -177,7 +179,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
         call, continuation = await self._start_call(request, headers, assignment, tier_name)
-        route = Route()
+        call.max_attempts = attempts
+        route = Route(rounds=attempts)
         if episode is not None and self._cooperative is not None:
             resumed = resume(call, episode, self._cooperative, self._replicas)
             if resumed is None:
@@ -239,7 +242,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
         clock = time_source.now
         now = clock()
+        sdk_retries = self._cooperative is not None and headers.from_sdk
         tier = self._tiers[tier_name]
+        if not sdk_retries:  # the guard retries: the SDK's timeout= bounds the call (cooperative: each SDK request)
+            tier = within_read_timeout(tier, request.extensions)
         body = await request.aread()
         document = json_document(request, body)  # parsed once: the facts and the affinity key read the same value
         facts = RequestFacts.of(document)
@@ -286,7 +292,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             total_deadline=now + tier.total,
             hedgeable=generation,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
-            sdk_retries=self._cooperative is not None and headers.from_sdk,
+            sdk_retries=sdk_retries,
             replica_bases=self._bases,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,

@@ -9,12 +9,10 @@ import httpx
 import httpx2
 
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
+from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
-
-DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
-"""The client's own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
 
 
 class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
@@ -79,5 +77,5 @@ class _Chunks:
 
 def httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.AsyncClient:
     """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`)."""
-    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    with_sdk_defaults(kwargs, httpx2.Timeout)
     return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport), **kwargs)

@@ -11,12 +11,11 @@ import httpx2
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, translate_error
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
-
-DEFAULT_TIMEOUT = httpx2.Timeout(None, connect=10.0)
 
 
 class SyncHttpx2GuardTransport(httpx2.BaseTransport):
@@ -64,5 +63,5 @@ class _Body(httpx2.SyncByteStream):
 
 def sync_httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.Client:
     """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`)."""
-    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    with_sdk_defaults(kwargs, httpx2.Timeout)
     return httpx2.Client(transport=SyncHttpx2GuardTransport(guard), **kwargs)

@@ -9,14 +9,12 @@ import httpx
 
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
+from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 from llmguard_client.errors import GuardClosed
 from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
-
-DEFAULT_TIMEOUT = httpx.Timeout(None, connect=10.0)
-"""The clients' own timeout: 10 s to connect, none to read (the tier deadlines govern reads)."""
 
 
 class SyncGuardTransport(httpx.BaseTransport):
@@ -57,5 +55,5 @@ class _Body(httpx.SyncByteStream):
 
 def sync_http_client(guard: GuardHandle, **kwargs: Any) -> httpx.Client:
     """An `httpx.Client` whose transport is the guard (see `SyncGuardTransport`)."""
-    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    with_sdk_defaults(kwargs, httpx.Timeout)
     return httpx.Client(transport=SyncGuardTransport(guard), **kwargs)

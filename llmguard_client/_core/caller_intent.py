@@ -1,0 +1,80 @@
+"""What the caller's SDK asked of a call, read from its request: the most attempts, the read timeout, and
+the retry count each attempt reports back.
+
+- ``x-llmguard-max-attempts: N`` (else the tier's ``max_attempts``, else the retry policy's): the most
+  requests the call sends.
+- The SDK's ``timeout=`` reaches the transport as ``request.extensions["timeout"]``: its read timeout
+  bounds the whole call's wait for the first token, every attempt included, and each silence after it
+  (`within_read_timeout`): the tier's ``ttft`` and ``stall`` are capped by it, never raised.
+- ``x-stainless-retry-count`` (sent by the openai and anthropic SDKs, read by servers and proxies):
+  the guard's n-th attempt of a call reports the SDK's count plus n (`with_retry_count`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from llmguard_client._core.headers import MAX_ATTEMPTS_HEADER
+from llmguard_client.config import MAX_ATTEMPTS, Tier
+from llmguard_client.errors import GuardRequestError
+
+RETRY_COUNT_HEADER = b"x-stainless-retry-count"
+
+
+def max_attempts(header: str | None, tier: Tier, request: httpx.Request) -> int | None:
+    """The most attempts of this call: its header's, else its tier's, else None (the retry policy's)."""
+    if header is None:
+        return tier.max_attempts
+    try:
+        value = int(header.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_ATTEMPTS:
+        raise GuardRequestError(
+            f"{MAX_ATTEMPTS_HEADER} must be an integer from 1 to {MAX_ATTEMPTS}, got {header!r}", request=request
+        )
+    return value
+
+
+def read_timeout(extensions: Mapping[str, Any]) -> float | None:
+    """The SDK's read timeout for this call (``timeout=``, per client or per call), None if it set none."""
+    timeout = extensions.get("timeout")
+    read = timeout.get("read") if isinstance(timeout, Mapping) else None
+    if isinstance(read, bool) or not isinstance(read, (int, float)) or not 0 < read < math.inf:
+        return None
+    return float(read)
+
+
+def with_retry_count(headers: list[tuple[bytes, bytes]], index: int) -> list[tuple[bytes, bytes]]:
+    """``headers`` with the SDK's ``x-stainless-retry-count`` raised by ``index`` (the attempt's number in
+    the call); unchanged when the caller sent none (an SDK told to omit it, or a plain HTTP client)."""
+    out = []
+    for key, value in headers:
+        if key.lower() == RETRY_COUNT_HEADER:
+            with contextlib.suppress(ValueError):
+                value = str(int(value) + index).encode()
+        out.append((key, value))
+    return out
+
+
+def within_read_timeout(tier: Tier, extensions: Mapping[str, Any]) -> Tier:
+    """``tier`` with its ``ttft`` and ``stall`` capped by the SDK's read timeout for this call, if it set one."""
+    read = read_timeout(extensions)
+    if read is None:
+        return tier
+    return _capped(tier, read)
+
+
+@functools.lru_cache(maxsize=256)
+def _capped(tier: Tier, read: float) -> Tier:
+    stall = read if tier.stall is None else min(tier.stall, read)
+    if read >= tier.ttft and stall == tier.stall:
+        return tier
+    return dataclasses.replace(tier, ttft=min(tier.ttft, read), stall=stall)

@@ -1,0 +1,25 @@
+"""The defaults of the clients the guard hands out: those of the openai and anthropic SDKs' own clients.
+
+``openai.DefaultHttpxClient`` / ``DefaultAsyncHttpxClient`` (and ``DefaultHttpx2Client``...) and anthropic's
+follow redirects and time out after 5 s to connect and 600 s for each read, write and pool wait; their pools
+hold 1000 connections, 100 kept alive (the Guard's per-replica pools, ``DEFAULT_POOL_LIMITS``, the same).
+A guarded client keeps them, so an SDK given one behaves as with its own: it follows redirects, and it sends
+``x-stainless-read-timeout: 600`` (the SDK sends it only when its client has a read timeout). Under a Guard
+the SDK's read timeout caps the tier's ``ttft`` and ``stall`` (docs/usage.md, "The SDK's own settings").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SDK_TIMEOUT = 600
+"""Seconds for each read, write and pool wait: the SDKs' ``DEFAULT_TIMEOUT``."""
+SDK_CONNECT_TIMEOUT = 5.0
+"""Seconds to connect: the SDKs' ``DEFAULT_TIMEOUT.connect``."""
+
+
+def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, Any]:
+    """``kwargs`` for an httpx/httpx2 client, with the SDKs' timeout and redirects where the caller set none."""
+    kwargs.setdefault("timeout", timeout_type(SDK_TIMEOUT, connect=SDK_CONNECT_TIMEOUT))
+    kwargs.setdefault("follow_redirects", True)
+    return kwargs

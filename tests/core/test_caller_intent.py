@@ -1,0 +1,168 @@
+"""The caller's retry intent, seen and set: the retry count each attempt reports, and the most attempts.
+
+The openai SDK (>= 3, through ``guard.httpx2_client()``) against real loopback servers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client import Guard, GuardConfigError, GuardRequestError, RetryPolicy, Tier, guard_failure
+from llmguard_client._core.caller_intent import read_timeout, with_retry_count
+from tests.edges.conftest import pools
+from tests.loopback import LoopbackServer, Script
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("httpx2")
+
+FAST_RETRY = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
+MESSAGES: Any = [{"role": "user", "content": "req1 hi"}]
+
+
+def fail_twice(index: int, attempt: int) -> Script | None:
+    return Script(status=500) if attempt <= 2 else None
+
+
+def guard_over(server: LoopbackServer, tier: Tier | None = None, **kwargs: Any) -> Guard:
+    tiers = {"t": tier or Tier(ttft=10, total=20)}
+    return Guard([server.url], tiers=tiers, retry=FAST_RETRY, instrumentation=None, transport_factory=pools, **kwargs)
+
+
+def sent_counts(server: LoopbackServer) -> list[str | None]:
+    return [r.headers.get("x-stainless-retry-count") for r in server.received]
+
+
+async def test_each_retry_carries_its_attempt_number_in_the_sdks_retry_count(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.scripter = fail_twice
+    async with guard_over(server) as guard:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert done.choices[0].message.content
+    assert sent_counts(server) == ["0", "1", "2"]  # the guard's retries, numbered as the SDK numbers its own
+
+
+async def test_a_call_the_sdk_already_retried_counts_on_from_the_sdks_number(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.scripter = fail_twice
+    async with guard_over(server) as guard, httpx.AsyncClient(transport=guard.transport) as client:
+        sdk_retry = {"x-stainless-retry-count": "1", "content-type": "application/json"}
+        body = {"model": "m", "messages": MESSAGES}
+        response = await client.post(server.url + "/v1/chat/completions", json=body, headers=sdk_retry)
+    assert response.status_code == 200
+    assert sent_counts(server) == ["1", "2", "3"]
+
+
+async def test_a_retry_count_the_caller_omitted_stays_omitted(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.scripter = fail_twice
+    async with guard_over(server) as guard:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        omitted: Any = {"x-stainless-retry-count": openai.Omit()}
+        await client.chat.completions.create(model="m", messages=MESSAGES, extra_headers=omitted)
+    assert sent_counts(server) == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("tier_attempts", "header", "sent"), [(None, "1", 1), (2, None, 2), (2, "4", 4), (None, None, 3)]
+)
+async def test_the_most_attempts_come_from_the_header_else_the_tier_else_the_policy(
+    servers: list[LoopbackServer], tier_attempts: int | None, header: str | None, sent: int
+) -> None:
+    server = servers[0]
+    server.script = Script(status=500)
+    extra = {"x-llmguard-max-attempts": header} if header is not None else None
+    async with guard_over(server, tier=Tier(ttft=10, total=20, max_attempts=tier_attempts)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+        )
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=MESSAGES, extra_headers=extra)
+    assert len(server.received) == sent
+    assert all("x-llmguard-max-attempts" not in r.headers for r in server.received)  # the guard's, not forwarded
+
+
+@pytest.mark.parametrize("header", ["0", "11", "three"])
+async def test_a_bad_max_attempts_header_is_refused_before_anything_is_sent(
+    servers: list[LoopbackServer], header: str
+) -> None:
+    server = servers[0]
+    async with guard_over(server) as guard:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        with pytest.raises(openai.BadRequestError, match="x-llmguard-max-attempts must be an integer from 1 to 10"):
+            await client.chat.completions.create(
+                model="m", messages=MESSAGES, extra_headers={"x-llmguard-max-attempts": header}
+            )
+        async with httpx.AsyncClient(transport=guard.transport) as plain:  # raise mode for a plain client
+            with pytest.raises(GuardRequestError):
+                await plain.post(server.url + "/v1/chat/completions", headers={"x-llmguard-max-attempts": header})
+    assert server.received == []
+
+
+@pytest.mark.parametrize("bad", [0, 11, 2.0, True])
+def test_tier_max_attempts_is_checked(bad: Any) -> None:
+    with pytest.raises(GuardConfigError, match=r"Tier\.max_attempts must be an integer from 1 to 10"):
+        Tier(ttft=1, total=2, max_attempts=bad)
+
+
+def test_with_retry_count_raises_only_a_numeric_count() -> None:
+    headers = [(b"X-Stainless-Retry-Count", b"1"), (b"a", b"b")]
+    assert with_retry_count(headers, 2) == [(b"X-Stainless-Retry-Count", b"3"), (b"a", b"b")]
+    assert with_retry_count([(b"x-stainless-retry-count", b"x")], 2) == [(b"x-stainless-retry-count", b"x")]
+
+
+def test_read_timeout_is_the_sdks_read_component() -> None:
+    assert read_timeout({"timeout": {"connect": 5.0, "read": 1.5, "write": 5.0, "pool": 5.0}}) == 1.5
+    assert read_timeout({"timeout": {"connect": 5.0, "read": None}}) is None
+    assert read_timeout({}) is None
+
+
+def test_the_sdks_timeout_bounds_the_whole_call_not_each_attempt(servers: list[LoopbackServer]) -> None:
+    """openai.OpenAI(timeout=1.0, max_retries=0), a server that answers after 3 s, Tier(ttft=5): one request,
+    given up at the SDK's 1 s as the call's first-token deadline (it used to be three read timeouts, three
+    generations on the server, and a 502)."""
+    server = servers[0]
+    server.script = Script(hang_before_headers=3.0)
+    with guard_over(server, tier=Tier(ttft=5, total=10), failure_mode="raise") as guard:
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", timeout=1.0, max_retries=0, http_client=guard.sync_httpx2_client()
+        )
+        with guard.capture() as calls, pytest.raises(openai.APITimeoutError) as caught:
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "(1.0s;" in str(caught.value.__cause__)  # the deadline it kept: the SDK's, not the tier's 5 s
+    assert len(calls[0].attempts) == 1
+    assert server.wait_for(lambda: len(server.received) == 1)
+    assert len(server.received) == 1
+
+
+async def test_the_sdks_timeout_bounds_each_silence_of_a_stream(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.script = Script(tokens=5, stall_after_first=3.0)
+    async with guard_over(server, tier=Tier(ttft=5, total=10)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+        )
+        stream = await client.with_options(timeout=1.0).chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            async for _ in stream:
+                pass
+    assert guard_failure(caught.value) == "stall_timeout"
+
+
+async def test_a_timeout_longer_than_the_tier_changes_nothing(servers: list[LoopbackServer]) -> None:
+    server = servers[0]
+    server.script = Script(hang_before_headers=3.0)
+    async with guard_over(server, tier=Tier(ttft=0.3, total=10)) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=600, http_client=guard.httpx2_client()
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "(0.3s;" in str(caught.value.__cause__)  # the tier's deadline, not capped by the SDK's 600 s
