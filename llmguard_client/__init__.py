@@ -11,6 +11,7 @@ through OpenTelemetry, all behind one httpx transport::
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from llmguard_client._admission.policy import Admission
 from llmguard_client._chaos import Chaos
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
@@ -42,6 +43,7 @@ from llmguard_client.errors import (
     GuardTimeout,
     GuardUnavailable,
     LLMGuardError,
+    Overloaded,
     RateLimited,
     StallTimeout,
     StreamTruncated,
@@ -53,7 +55,7 @@ from llmguard_client.errors import (
     WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
-from llmguard_client.snapshot import GuardSnapshot, ReplicaSnapshot, TierSnapshot
+from llmguard_client.snapshot import AdmissionSnapshot, GuardSnapshot, ReplicaSnapshot, TierSnapshot
 from llmguard_client.telemetry.capture import capture
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger
@@ -69,6 +71,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "DEFAULT_POOL_LIMITS",
     "RETRY_AFTER_CAP",
+    "Admission",
+    "AdmissionSnapshot",
     "AffinityPolicy",
     "AllAttemptsFailed",
     "AllAttemptsTimedOut",
@@ -94,6 +98,7 @@ __all__ = [
     "HedgePolicy",
     "LLMGuardError",
     "OpenTelemetryInstrumentation",
+    "Overloaded",
     "PhaseRecord",
     "RateLimit",
     "RateLimited",

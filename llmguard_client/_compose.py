@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from llmguard_client._admission.layer import AdmissionLayer
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
@@ -71,24 +72,28 @@ class SharedState:
     passthrough_pool: PassthroughPool
     instrumentation: Instrumentation
     clock: Clock
+    admission: AdmissionLayer | None = None
+    """Adaptive admission per replica (`Admission`), which the Guard reads for its snapshot; None: off."""
 
 
 def build_pipeline(policies: Policies, state: SharedState) -> tuple[Pipeline, StreamStages]:
-    """The whole pipeline of a guarded call: the layers (rollout, bulkhead, deadline, retry, hedge, rate limit)
-    around the attempt, with a continuation's path through the same deadline, retry and rate-limit objects;
-    and the stream stages, with the continuation when any tier has a `ContinuationPolicy`."""
+    """The whole pipeline of a guarded call: the layers (rollout, bulkhead, deadline, retry, hedge, admission when
+    on, rate limit) around the attempt, with a continuation's path through the same deadline, retry and rate-limit
+    objects; and the stream stages, with the continuation when any tier has a `ContinuationPolicy`."""
     deadline = DeadlineLayer()
     limiter = state.rate_limiter
     retry = RetryLayer(
         state.replicas, policies.retry, state.instrumentation, rate_limited=limiter.applies if limiter else None
     )
     rate_limit = RateLimitLayer(state.rate_limiter)
+    admission = () if state.admission is None else (state.admission,)  # per attempt: its replica is picked
     layers = (
         RolloutLayer(state.rollout),
         BulkheadLayer(state.bulkheads, state.instrumentation),
         deadline,
         retry,
         HedgeLayer(state.replicas, policies.hedge, state.ttft_stats),
+        *admission,
         rate_limit,
     )
     pipeline = Pipeline(layers, AttemptLayer(state.registry), (deadline, retry, rate_limit))

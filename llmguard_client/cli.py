@@ -221,10 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "demo",
-        help="stragglers and overload on the simulated cluster (~2 min)",
-        description="Run the 'stragglers' scenario (slow first tokens; plain vs guarded) and the 'overload' "
-        "scenario (a 3x traffic spike; plain, openai-default, naive-retry and guarded) on the simulated "
-        "cluster, and print each report with one verdict per client.",
+        help="stragglers and collapse on the simulated cluster (~2 min)",
+        description="Run the 'stragglers' scenario (slow first tokens; plain vs guarded) and the 'collapse' "
+        "scenario (a 3x traffic spike on engines that queue without limit; plain, guarded and guarded with "
+        "admission) on the simulated cluster, and print each report with one verdict per client.",
     )
     d.add_argument("--seed", type=int, default=0, help="traffic and simulated-cluster seed (default: %(default)s)")
     _add_output_options(d)

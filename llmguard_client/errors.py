@@ -22,6 +22,7 @@ keeps working::
         │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
         │   ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
         │   ├── RateLimited             the provider's rate limit has no room within the ttft (.retry_after)
+        │   ├── Overloaded              the replica cannot serve the call within its ttft (.retry_after)
         │   └── GuardClosed             ``Guard.aclose()`` ended the call, or it started after the close
         └── GuardStreamError(httpx.RemoteProtocolError)   a 200 answer that was not a complete stream
             ├── UpstreamStreamError     the server reported an error inside the stream (.code, .overload)
@@ -204,6 +205,15 @@ class RateLimited(GuardUnavailable):
     before it was sent. ``retry_after`` is the computed wait (missing tokens / refill rate)."""
 
     cause = "rate_limited"
+    status_code = 429
+
+
+class Overloaded(GuardUnavailable):
+    """Adaptive admission (`Admission`): the replica's learned limit is full and the call could not get its
+    first token within its ttft deadline by waiting for a slot, so it was refused before it was sent.
+    ``retry_after`` is the computed wait (the calls in line / the rate the replica frees slots)."""
+
+    cause = "overloaded"
     status_code = 429
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import httpx
 
+from llmguard_client._admission.layer import AdmissionLayer
+from llmguard_client._admission.policy import Admission
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._chaos import Chaos, chaos_switch, refuse_unless_enabled
 from llmguard_client._compose import Policies, SharedState, build_transport
@@ -130,6 +132,8 @@ class Guard:
     continuation:  `ContinuationPolicy` (every tier) or {tier: policy} to finish a stream that breaks after
                    its first token on another replica; None (default): off.
     rate_limit:    the provider's `RateLimit` shared by the replicas (a `Replica` may have its own); None: none.
+    admission:     `Admission`: learn each replica's capacity and refuse at once (`Overloaded`) a call it
+                   could not serve within its ttft (docs/overload.md); None (default): off.
     fleet:         a Redis/Valkey URL (``redis://``, ``rediss://``, ``redis+cluster://``) shared by the processes
                    of one service: cool-downs, open circuits, the rollout flag and the rate limit's bucket are
                    then fleet-wide (docs/fleet.md); or a store object offering ``key``/``available``/``run``.
@@ -181,6 +185,7 @@ class Guard:
         fleet: str | FleetOps | None = None,
         name: str | None = None,
         affinity: AffinityChoice = "explicit",  # not "auto": docs/routing.md, "The default"
+        admission: Admission | None = None,
         chaos: Chaos | None = None,
     ) -> None:
         resolved = resolve_replicas(replicas)
@@ -252,6 +257,9 @@ class Guard:
         ops = self._fleet.store if self._fleet is not None else None if isinstance(fleet, str) else fleet
         self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, ops)
         """The provider rate limits' buckets (None: no `RateLimit` configured)."""
+        if admission is not None and not isinstance(admission, Admission):
+            raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
+        self._admission = AdmissionLayer(admission, clock, self._replica_set.states)
         self._passthrough_pool = PassthroughPool((s.base, s.transport) for s in self._replica_set.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         state = SharedState(
@@ -265,6 +273,7 @@ class Guard:
             passthrough_pool=self._passthrough_pool,
             instrumentation=instrumentation,
             clock=clock,
+            admission=self._admission if admission is not None else None,
         )
         self._transport = build_transport(policies, state, tier_var=self._tier_var, on_record=on_record)
 
@@ -344,7 +353,8 @@ class Guard:
         registry, replicas, budget = self._registry, self._replica_set, self.budget
         fleet = self._fleet.snapshot() if self._fleet is not None else None
         parts = (self.tiers, self._bulkheads, budget, self.tier_budgets, fleet)
-        return build_snapshot(self._clock(), registry, replicas, *parts)
+        now = self._clock()
+        return build_snapshot(now, registry, replicas, *parts, admission=self._admission.snapshot(now))
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._replica_set.states)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
 
+from llmguard_client._admission.view import AdmissionSnapshot as AdmissionSnapshot
 from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
 
 if TYPE_CHECKING:
@@ -58,19 +59,22 @@ class GuardSnapshot:
     tier_budgets: Mapping[str, BudgetSnapshot]
     fleet: FleetSnapshot | None = None
     """The fleet store: connected or degraded, the last error, the lag (None: no ``Guard(fleet=...)``)."""
+    admission: Mapping[str, AdmissionSnapshot] = field(default_factory=dict)
+    """Per replica name, adaptive admission (empty without ``Guard(admission=...)``)."""
     panic: bool = False
     """Panic mode: fewer than `RetryPolicy.panic_threshold` of the replicas are healthy (circuit closed, not
     degraded), so replicas with an open circuit take calls too, ranked last."""
 
     @property
     def idle(self) -> bool:
-        """Nothing held: no call, attempt, bulkhead slot or pending budget ticket."""
+        """Nothing held: no call, attempt, bulkhead slot, admission slot or pending budget ticket."""
         budgets = [b for b in (self.budget, *self.tier_budgets.values()) if b is not None]
         return (
             self.calls_in_flight == 0
             and all(r.in_flight == 0 for r in self.replicas)
             and all(t.in_flight == 0 and t.waiting == 0 for t in self.tiers.values())
             and all(b.pending == 0 for b in budgets)
+            and all(a.in_flight == 0 and a.waiting == 0 for a in self.admission.values())
         )
 
 
@@ -92,6 +96,7 @@ def build_snapshot(
     budget: RetryBudget | None,
     tier_budgets: Mapping[str, RetryBudget],
     fleet: FleetSnapshot | None = None,
+    admission: Mapping[str, AdmissionSnapshot] | None = None,
 ) -> GuardSnapshot:
     """The `GuardSnapshot` of a Guard's parts at ``now``."""
     replicas = tuple(
@@ -123,5 +128,6 @@ def build_snapshot(
         budget=budget.snapshot() if budget is not None else None,
         tier_budgets={name: b.snapshot() for name, b in tier_budgets.items()},
         fleet=fleet,
+        admission=dict(admission or {}),
         panic=replica_set.panic(now),
     )

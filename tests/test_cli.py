@@ -150,8 +150,8 @@ def test_demo_runs_both_scenarios(
     assert cli.main(["demo", "--no-progress", "--json", str(js), "--plot", str(tmp_path / "d.png")]) == 0
     out = capsys.readouterr().out
     doc = json.loads(js.read_text())
-    assert [r["scenario"] for r in doc["demo"]] == ["stragglers", "overload"]
-    assert "demo summary" in out and "stragglers: " in out and "overload: " in out
+    assert [r["scenario"] for r in doc["demo"]] == ["stragglers", "collapse"]
+    assert "demo summary" in out and "stragglers: " in out and "collapse: " in out
     assert [list(r["clients"]) for r in doc["demo"]] == [list(presets.DEMO_CLIENTS[s]) for s in presets.DEMO_SCENARIOS]
     assert out.count("llmguard bench --explain") == 1  # one pointer, after the summary
     assert (tmp_path / "d.png").exists()

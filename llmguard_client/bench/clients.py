@@ -2,7 +2,7 @@
 
 * ``plain``, ``openai-default``, ``naive-retry``: the baselines (`llmguard_client.bench.baselines`);
 * ``guarded``, ``guarded-nohedge``, ``guarded-noretry``, ``guarded-continuation``, ``guarded-affinity``,
-  ``guarded-noaffinity``: this library
+  ``guarded-noaffinity``, ``guarded-admission``: this library
   (`llmguard_client.bench.guarded`).
 
 Every client is measured the same way, client-side (`llmguard_client.bench.measure`).
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from llmguard_client.bench.baselines import NaiveRetryClient, OpenAIDefaultClient, PlainClient
 from llmguard_client.bench.client_base import BenchClient
 from llmguard_client.bench.guarded import (
+    GuardedAdmissionClient,
     GuardedAffinityClient,
     GuardedClient,
     GuardedContinuationClient,
@@ -47,6 +48,7 @@ CLIENT_NAMES = (
     "guarded-continuation",
     "guarded-affinity",
     "guarded-noaffinity",
+    "guarded-admission",
     "rollout",
 )
 
@@ -62,6 +64,7 @@ _CLIENTS: dict[str, type[BenchClient]] = {
         GuardedContinuationClient,
         GuardedAffinityClient,
         GuardedNoAffinityClient,
+        GuardedAdmissionClient,
     )
 }
 

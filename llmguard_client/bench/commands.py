@@ -275,7 +275,7 @@ def _bench_run(
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``llmguard demo``: the stragglers and overload scenarios on the simulated cluster, then a summary."""
+    """``llmguard demo``: the stragglers and collapse scenarios on the simulated cluster, then a summary."""
     import time
 
     from llmguard_client.bench.plot import plot_latency

@@ -81,6 +81,12 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "deadlines), in tokens and as a share of the work tokens.",
     ),
     (
+        "queue back after spike",
+        "Seconds from the end of a spike (the peak segment of a --profile such as 'spike') until the servers' "
+        "waiting queues, summed, are back to their depth before it ('> N s': not within the N s observed; '-': "
+        "no spike or no server history). Without admission an engine's queue keeps growing after the spike.",
+    ),
+    (
         "loser aborts",
         "Server-side requests ended because the client disconnected: hedge losers the guard closed, requests "
         "cut by a deadline. Each one stops wasting work on the server.",

@@ -177,3 +177,15 @@ class GuardedContinuationClient(GuardedClient):
         policy = importlib.import_module("llmguard_client").ContinuationPolicy()
         self.guard_kwargs = {"continuation": policy}
         await super().start()
+
+
+class GuardedAdmissionClient(GuardedClient):
+    """The guarded client with adaptive admission (``Admission()``): each replica's capacity learned, and a call
+    that could not be served within its ttft refused at once (a 429 with Retry-After)."""
+
+    name = "guarded-admission"
+
+    async def start(self) -> None:
+        policy = importlib.import_module("llmguard_client").Admission()
+        self.guard_kwargs = {"admission": policy}
+        await super().start()

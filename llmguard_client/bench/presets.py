@@ -3,7 +3,7 @@
 They follow the simulated cluster's sizing (``llmguard_client.sim.scenarios``): prompts and outputs are a
 production-like lognormal mix / 10 (prompt median 57 words, cap 400; ``max_tokens`` median 20, cap 120,
 sent with ``ignore_eos``). ``stragglers`` runs a light Poisson load (40 rps against ~490 rps of capacity);
-``overload`` runs the spike 30 -> 140 -> 30 rps (15 s / 20 s / 25 s, time-compressed to the number of
+``overload`` and ``collapse`` run the spike 30 -> 140 -> 30 rps (15 s / 20 s / 25 s, time-compressed to the number of
 requests) against ~47 rps of capacity, so the peak is ~3x and the base ~0.64x.
 """
 
@@ -59,6 +59,12 @@ PRESETS: dict[str, Preset] = {
         profile="spike",
         note="overload's cluster and spike; rejections are HTTP 200 + an in-stream 503 error event, no Retry-After",
     ),
+    "collapse": Preset(
+        requests=700,
+        rate=30.0,
+        profile="spike",
+        note="overload's cluster and spike on engines without admission (unbounded queues, vLLM's default)",
+    ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
     "degraded": Preset(
@@ -84,13 +90,14 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-DEMO_SCENARIOS = ("stragglers", "overload")
+DEMO_SCENARIOS = ("stragglers", "collapse")
 DEMO_CLIENTS: dict[str, tuple[str, ...]] = {
     "stragglers": ("plain", "guarded"),
-    "overload": ("plain", "openai-default", "naive-retry", "guarded"),
+    "collapse": ("plain", "guarded", "guarded-admission"),
 }
-"""Per demo scenario. Under overload the retrying baselines show what retries without a budget cost the
-servers; against stragglers they change nothing (nothing fails, it is only slow), so they are left out."""
+"""Per demo scenario. The overload half runs on engines that queue without limit (vLLM's default), where the
+guard's admission (`Admission`, opt-in) is what keeps the engines serving in time; against servers that already
+refuse what they cannot serve (``overload``), the guard has little to add."""
 
 
 def preset_for(scenario: str | None) -> Preset:

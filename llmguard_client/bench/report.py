@@ -38,7 +38,7 @@ class BenchReport:
     """Baselines left out of the comparison (their load generator fell behind plan): name -> seconds behind."""
 
     def __post_init__(self) -> None:
-        self.summaries = [summarize(r, self.slo, self.tier) for r in self.runs]
+        self.summaries = [summarize(r, self.slo, self.tier, self.plan.profile) for r in self.runs]
         self.invalid = invalid_reason(self.runs, self.tier)
         self.left_out = left_out(self.runs, self.tier)
 

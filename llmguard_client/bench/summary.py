@@ -14,6 +14,8 @@ Definitions (each metric is explained for users by ``llmguard bench --explain``,
                   client-side attempts / logical requests where the client can count them.
 * deadline failures  requests that ended in a client-side timeout (status ``timeout``).
 * late successes  successful requests later than the guard tier allows: TTFT > tier ttft or e2e > tier total.
+* queue back      seconds from a spike's end until the replicas' summed waiting queues are back to their
+                  pre-spike depth (`llmguard_client.bench.queue_recovery`).
 * wasted tokens   ``aborted_work_tokens`` (work done for requests whose client went away: hedge losers,
                   timeouts), also as a % of ``work_tokens``; loser aborts = ``aborted_by_disconnect``.
 """
@@ -26,6 +28,8 @@ from typing import Any
 
 from llmguard_client.bench.measure import Sample, TierSpec
 from llmguard_client.bench.quantile import percentile
+from llmguard_client.bench.queue_recovery import QueueRecovery, queue_recovery
+from llmguard_client.bench.rates import RateProfile
 from llmguard_client.bench.runner import ClientRun
 
 __all__ = ["LATENCY_KEYS", "PCTS", "SLO", "ClientSummary", "latency", "ratio", "summarize"]
@@ -81,6 +85,8 @@ class ClientSummary:
     loser_aborts: float | None = None
     preemptions: float | None = None
     server_drained: bool | None = None
+    queue_recovery: QueueRecovery | None = None
+    """How long the servers' waiting queues took to come back to their pre-spike depth (a spike profile)."""
     deadline_failures: int = 0
     """Failed requests that ended in a client-side timeout (a deadline)."""
     late_successes: int = 0
@@ -92,9 +98,11 @@ class ClientSummary:
         return asdict(self)
 
 
-def summarize(run: ClientRun, slo: SLO, tier: TierSpec | None = None) -> ClientSummary:
+def summarize(
+    run: ClientRun, slo: SLO, tier: TierSpec | None = None, profile: RateProfile | None = None
+) -> ClientSummary:
     """The statistics of one client's run; server-side figures only when the run has server counters;
-    late successes only when ``tier`` is given."""
+    late successes only when ``tier`` is given; the queue's recovery only for a spike ``profile``."""
     samples = run.samples
     n = len(samples)
     ok = [s for s in samples if s.ok]
@@ -151,6 +159,7 @@ def summarize(run: ClientRun, slo: SLO, tier: TierSpec | None = None) -> ClientS
         summary.loser_aborts = srv.total("aborted_by_disconnect")
         summary.preemptions = srv.total("preemptions")
         summary.server_drained = srv.drained
+        summary.queue_recovery = queue_recovery(srv.replicas, profile)
     return summary
 
 

@@ -65,6 +65,13 @@ def _failed(field: str, label: str, p: str) -> Column:
     return Column(f"{label}\n{'max' if p == 'p100' else p}", lambda s: fmt_s(getattr(s, field)[p]))
 
 
+def _queue_back(s: ClientSummary) -> str:
+    q = s.queue_recovery
+    if q is None:
+        return "-"
+    return f"{q.seconds:.1f} s" if q.seconds is not None else f"> {q.observed:.0f} s"
+
+
 def _wasted(s: ClientSummary) -> str:
     return "-" if s.wasted_pct is None else f"{s.wasted_pct:.1f}%"
 
@@ -111,6 +118,7 @@ SECTIONS: tuple[Section, ...] = (
             Column("wasted\ntokens", lambda s: fmt_count(s.wasted_tokens)),
             Column("wasted\n% work", _wasted),
             Column("loser\naborts", lambda s: fmt_count(s.loser_aborts)),
+            Column("queue back\nafter spike", _queue_back),
         ),
     ),
 )

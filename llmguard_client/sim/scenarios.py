@@ -91,6 +91,9 @@ _ROOMY = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, 
 """~165 rps per replica at saturation: the bench's 30-40 rps never meets admission."""
 _TIGHT = dataclasses.replace(_ROOMY, step_s=0.040, kv_tokens=1408)
 """~17 rps per replica: KV-bound under token admission, like the reference engine at 140 rps."""
+_UNBOUNDED = dataclasses.replace(_TIGHT, policy="none", history_every_s=0.1, history_len=600)
+"""`_TIGHT` without admission: every request joins the waiting queue (vLLM's default, no queue limit). Its
+queue is sampled every 0.1 s (for 60 s), so that the bench can time how soon it is back after a spike."""
 
 _CACHING = EngineConfig(
     tbud=512,
@@ -136,6 +139,18 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         description="3 KV-tight replicas (40 ms steps), token admission: ~50 rps in all, so 30 -> 140 -> 30 is ~3x",
         replicas=3,
         engine=_TIGHT,
+        load=LoadHint(base_rps=30.0, peak_rps=140.0),
+        capacity_rps=50.0,
+    ),
+    "collapse": ScenarioConfig(
+        name="collapse",
+        summary="overload on engines queueing without limit (vLLM default)",
+        description=(
+            "overload's cluster and spike, but the engines admit everything into an unbounded waiting queue "
+            "(admission none, vLLM's default): past capacity the queue only grows, and drains long after the spike"
+        ),
+        replicas=3,
+        engine=_UNBOUNDED,
         load=LoadHint(base_rps=30.0, peak_rps=140.0),
         capacity_rps=50.0,
     ),

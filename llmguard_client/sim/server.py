@@ -2,9 +2,11 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (OpenAI Responses API),
 ``POST /v1/messages`` (Anthropic Messages), ``GET /v1/models``, ``GET /sim/stats``, ``POST /sim/reset``,
-``GET /metrics`` (vLLM's queue and KV-cache gauges). A client disconnect (the ASGI ``http.disconnect``
-message, or a failed send) aborts the request in the engine at once; a ``finally`` releases it on every other
-way out (error, cancellation)."""
+``GET /metrics`` (vLLM's queue and KV-cache gauges), ``GET /load`` (vLLM's ``{"server_load": N}``, requests in
+the engine). A non-streaming answer to a request sent with ``endpoint-load-metrics-format: text`` carries vLLM's
+ORCA load report (``endpoint-load-metrics: TEXT named_metrics.num_requests_waiting=..., ...``), read when it
+is sent. A client disconnect (the ASGI ``http.disconnect`` message, or a failed send) aborts the request in the
+engine at once; a ``finally`` releases it on every other way out (error, cancellation)."""
 
 from __future__ import annotations
 
@@ -145,7 +147,8 @@ class _Completions:
         seq = await self._submit(parsed, wire, send)
         try:
             if seq is not None:
-                await self._serve(seq, parsed, plan, wire, receive, send, limit_headers)
+                orca = not parsed.stream and _wants_orca(scope)
+                await self._serve(seq, parsed, plan, wire, receive, send, limit_headers, orca=orca)
         finally:
             if seq is not None:
                 replica.abort(seq, by_disconnect=False)  # a no-op unless something unexpected escaped _serve
@@ -187,6 +190,8 @@ class _Completions:
         receive: Receive,
         send: Send,
         extra: list[tuple[str, str]],
+        *,
+        orca: bool = False,
     ) -> None:
         replica = self.replica
         faults = replica.faults
@@ -216,7 +221,7 @@ class _Completions:
                 if parsed.stream:
                     outcome = await self._stream(seq, parsed, plan, wire, send, extra)
                 else:
-                    outcome = await self._respond(seq, parsed, plan, wire, send, extra)
+                    outcome = await self._respond(seq, parsed, plan, wire, send, extra, orca=orca)
                 tg.cancel_scope.cancel()
         finally:
             replica.abort(seq, by_disconnect=disconnected or outcome == "gone")
@@ -278,6 +283,8 @@ class _Completions:
         wire: StreamWire,
         send: Send,
         extra: list[tuple[str, str]],
+        *,
+        orca: bool = False,
     ) -> Outcome:
         try:
             while not seq.done:
@@ -290,6 +297,8 @@ class _Completions:
                 body = body[: len(body) // 2]
             if not plan.reset:
                 plain = [("x-sim-replica", str(self.replica.index)), *extra]
+                if orca:
+                    plain.append(orca_header(self.replica))
                 await _send_bytes(send, 200, body, "application/json", plain)
                 return "done"
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -315,6 +324,19 @@ class _Completions:
         self.replica.counters.resets += 1
         self.replica.abort(seq, by_disconnect=False)
         return "reset"
+
+
+def _wants_orca(scope: Scope) -> bool:
+    """Whether the request asked for vLLM's ORCA load report in the text format."""
+    return any(k == b"endpoint-load-metrics-format" and v.strip().lower() == b"text" for k, v in scope["headers"])
+
+
+def orca_header(replica: Replica) -> tuple[str, str]:
+    """vLLM's ``endpoint-load-metrics`` header (ORCA, text format), read when the answer is sent."""
+    engine = replica.engine
+    kv = engine.kv_used / engine.config.kv_tokens
+    value = f"TEXT named_metrics.num_requests_waiting={float(engine.waiting)}, named_metrics.kv_cache_usage_perc={kv}"
+    return ("endpoint-load-metrics", value)
 
 
 def prefix_cache_metrics(counters: CacheCounters, label: str) -> str:
@@ -352,6 +374,10 @@ def build_app(replica: Replica, provider: ProviderLimit | None = None) -> Starle
             text += prefix_cache_metrics(engine.prefix_cache.counters, label)
         return Response(text, media_type="text/plain; version=0.0.4")
 
+    async def load(request: Request) -> Response:
+        """vLLM's ``/load`` (``--enable-server-load-tracking``): the requests the engine holds."""
+        return JSONResponse({"server_load": replica.engine.running + replica.engine.waiting})
+
     async def reset(request: Request) -> Response:
         replica.reset_stats()
         return JSONResponse({"ok": True})
@@ -364,6 +390,7 @@ def build_app(replica: Replica, provider: ProviderLimit | None = None) -> Starle
         Route("/v1/models", models, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/load", load, methods=["GET"]),
         Route("/sim/reset", reset, methods=["POST"]),
     ]
     return Starlette(routes=routes)

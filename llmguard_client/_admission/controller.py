@@ -1,0 +1,73 @@
+"""The limit on one replica's attempts in flight, learned from each first token against the tier's SLO.
+
+A gradient anchored to the SLO (Netflix's Gradient2, Envoy's adaptive concurrency, with the caller's TTFT target
+as the reference instead of a measured minimum). For an admitted attempt whose first token took ``ttft`` on a
+tier whose target is ``target = Admission.target x tier.ttft`` (but never below twice the replica's fastest
+first token, so that a replica slow even when idle is not taken for a queue):
+
+- in time (``ttft < target``) and the limit in use (in flight >= 80 % of it), the limit grows, by up to
+  ``growth`` per first token (up to doubling per round trip, as TCP's slow start), ever more slowly as first
+  tokens approach the target::
+
+      limit <- limit + growth x (1 - ttft / target)
+
+  A limit that is not in use does not grow: a quiet period must not leave a limit the next spike overruns.
+- late (``ttft > target``), it shrinks to what would have been in time, in proportion to the load the attempt
+  met when it was sent (``held``: its replica's attempts in flight then, itself included), at most by half::
+
+      limit <- min(limit, held x max(0.5, target / ttft))
+
+  Measured against the load at the time of sending, not the limit now, a late first token of an attempt sent
+  before the last decrease asks for no more than that decrease did: a burst of late answers to an earlier,
+  higher limit cuts it once, not once per answer (the lag that makes a naive controller collapse its limit).
+
+An overload answer (429/503/in-stream) or a reported waiting queue longer than ``max_server_queue`` cuts the
+limit to ``held x backoff`` in the same way.
+"""
+
+from __future__ import annotations
+
+from llmguard_client._admission.policy import Admission
+
+__all__ = ["LimitController"]
+
+USED = 0.8
+"""The share of the limit in flight from which the limit counts as in use (and may grow)."""
+FLOOR_FACTOR = 2.0
+"""The target is never below this many times the replica's fastest first token: a replica that is slow even
+when idle (a hosted API far away) is not taken for a queue, and its limit neither collapses nor freezes."""
+
+
+class LimitController:
+    """One replica's learned limit (a float; `allowed` is the whole number of attempts it lets in)."""
+
+    __slots__ = ("limit", "policy")
+
+    def __init__(self, policy: Admission) -> None:
+        self.policy = policy
+        self.limit = float(policy.initial_limit)
+
+    @property
+    def allowed(self) -> int:
+        return max(self.policy.min_limit, int(self.limit))
+
+    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int, floor: float | None = None) -> None:
+        """An attempt sent when its replica held ``held`` attempts got its first token (or hit its deadline)
+        after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token."""
+        policy = self.policy
+        target = max(policy.target * tier_ttft, FLOOR_FACTOR * floor if floor is not None else 0.0)
+        if ttft > target:
+            self._cut(held * max(0.5, target / ttft))
+        elif in_flight >= USED * self.allowed:
+            self._set(self.limit + policy.growth * (1.0 - ttft / target))
+
+    def overload(self, held: int) -> None:
+        """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held
+        ``held``: multiplicative decrease from that load."""
+        self._cut(held * self.policy.backoff)
+
+    def _cut(self, value: float) -> None:
+        self._set(min(self.limit, value))
+
+    def _set(self, value: float) -> None:
+        self.limit = min(float(self.policy.max_limit), max(float(self.policy.min_limit), value))

@@ -1,0 +1,227 @@
+"""`AdmissionLayer`: each attempt takes a slot on its replica's gate before it is sent.
+
+It sits between the hedge layer and the rate limit, because the limit is per replica and the replica is known
+only once the retry layer (or a hedge) has picked it; it runs before the rate limit, so that a call waiting for
+a slot holds no share of the provider's limit. A call whose replica has no free slot goes to another replica
+with one (the router does not see the lines); failing that it waits in its replica's line (earliest deadline
+first) for at most ``max_queue_wait x ttft``, if at the rate slots free up it would get one in that time and
+still its first token before its deadline; otherwise it is refused at once with `Overloaded` and a computed
+``retry_after`` (the line ahead of it divided by that rate). A hedge never waits: one without a
+free slot is not sent, and the round goes on. A continuation is not held back: it finishes an answer already
+admitted.
+
+What each attempt ends with teaches the replica's `LimitController`: its first token against the tier's TTFT
+target, a first-token deadline that fired (a late first token), an overload answer, and the replica's own
+load report (vLLM's ORCA header on a non-streamed answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from llmguard_client._admission.controller import LimitController
+from llmguard_client._admission.policy import Admission
+from llmguard_client._admission.queue import ReplicaGate, Slot
+from llmguard_client._admission.signal import ORCA_FORMAT_HEADER, ORCA_HEADER, LoadSignal, parse_orca
+from llmguard_client._admission.view import AdmissionSnapshot
+from llmguard_client._core.call import Call
+from llmguard_client._core.outcome import Failed, Outcome, Route, Win
+from llmguard_client._core.pipeline import Next
+from llmguard_client._routing.replicas import ReplicaState
+from llmguard_client.errors import Overloaded
+
+__all__ = ["AdmissionLayer"]
+
+SLO_TTFT_HEADER = b"x-slo-ttft-ms"
+"""The caller's time-to-first-token objective, as llm-d's SLO-aware scheduling reads it."""
+MIN_RETRY_AFTER_S = 0.05
+MAX_RETRY_AFTER_S = 60.0
+
+
+class AdmissionLayer:
+    """Per-replica adaptive admission (a no-op without an `Admission` policy)."""
+
+    def __init__(
+        self, policy: Admission | None, clock: Callable[[], float], replicas: Sequence[ReplicaState] = ()
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.replicas = tuple(replicas)
+        """Where a call whose replica is full may go instead (any with a free slot, healthy, not avoided)."""
+        self.gates: dict[str, ReplicaGate] = {}
+
+    def gate(self, name: str) -> ReplicaGate:
+        gate = self.gates.get(name)
+        if gate is None:
+            assert self.policy is not None
+            policy = self.policy
+            signal = LoadSignal(policy.signal_fresh_for)
+            gate = self.gates[name] = ReplicaGate(LimitController(policy), signal, policy.max_waiting, self.clock)
+        return gate
+
+    async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        policy, state = self.policy, route.replica
+        if policy is None or state is None or route.kind == "continuation":
+            return await call_next(call, route)
+        gate = self.gate(state.name)
+        if policy.ask_load_reports and not call.record.stream:
+            _ask_for_load_report(call)
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        slot = gate.try_take()
+        if slot is None and route.kind != "hedge":
+            moved = self._elsewhere(call, route)
+            if moved is not None:
+                route, gate, slot = moved
+        if slot is None:
+            if route.kind == "hedge":
+                return Failed()  # not sent: the round goes on with the attempts it has
+            taken = await self._wait(call, gate, deadline)
+            if isinstance(taken, Overloaded):
+                return Failed(reason=taken)
+            slot = taken
+        if policy.send_slo:
+            _set_slo(call, deadline)  # what is left once the slot is taken
+        sent, held = call.clock(), gate.in_flight
+        try:
+            outcome = await call_next(call, route)
+        except BaseException:
+            slot.release()
+            now = call.clock()
+            if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
+                floor = gate.signal.ttft_floor
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, floor)
+            raise
+        self._learn(call, gate, outcome, sent, held)
+        if isinstance(outcome, Win):
+            call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
+        else:
+            slot.release()
+        gate.hand_out()
+        return outcome
+
+    def _elsewhere(self, call: Call, route: Route) -> tuple[Route, ReplicaGate, Slot] | None:
+        """A free slot on another replica (healthy, not avoided), the one with the most room, for a call whose
+        replica is full: the router does not see the gates' lines."""
+        now = call.clock()
+        best: tuple[int, ReplicaState, ReplicaGate] | None = None
+        for state in self.replicas:
+            if state is route.replica or state in route.avoid or state.cooling(now) or state.open(now):
+                continue
+            gate = self.gate(state.name)
+            room = gate.controller.allowed - gate.in_flight - gate.waiting
+            if room > 0 and (best is None or room > best[0]):
+                best = (room, state, gate)
+        if best is None:
+            return None
+        _, state, gate = best
+        slot = gate.try_take()
+        return None if slot is None else (dataclasses.replace(route, replica=state), gate, slot)
+
+    async def _wait(self, call: Call, gate: ReplicaGate, deadline: float) -> Slot | Overloaded:
+        """A slot within the time that still leaves a first token before ``deadline``, or the refusal."""
+        now = call.clock()
+        ttft = self._ttft(call, gate)
+        ahead = gate.ahead_of(deadline)
+        wait = gate.wait_for(ahead)
+        if wait == float("inf"):
+            wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
+        until = min(deadline - ttft, now + policy_wait(self.policy, call))
+        if now + wait > until:
+            return self._refused(call, gate, ahead, "no replica slot frees up in time")
+        waiter = gate.join(deadline)
+        if waiter is None:
+            return self._refused(call, gate, ahead, f"{gate.waiting} calls already wait for this replica")
+        try:
+            with call.phase_until(until):  # Guard.aclose() ends it too
+                await waiter.event.wait()
+        except BaseException:
+            gate.leave(waiter)
+            raise
+        if waiter.slot is None:
+            gate.leave(waiter)
+            return self._refused(call, gate, gate.ahead_of(deadline), "no slot freed up in time")
+        return waiter.slot
+
+    @staticmethod
+    def _ttft(call: Call, gate: ReplicaGate) -> float:
+        """How long an admitted attempt on this replica takes to its first token now."""
+        recent = gate.signal.ttft_recent
+        return recent if recent is not None else call.expected_ttft()
+
+    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: int) -> None:
+        now = call.clock()
+        controller, signal = gate.controller, gate.signal
+        if isinstance(outcome, Win):
+            signal.first_token(now, now - sent)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, signal.ttft_floor)
+            headers = [outcome.response.headers]
+        else:
+            headers = [f.headers for f in outcome.failures]
+            if any(f.overload for f in outcome.failures):
+                signal.overloaded(now)
+                controller.overload(held)
+        for found in headers:
+            report = found.get(ORCA_HEADER)
+            if report is not None:
+                signal.report(now, *parse_orca(report))
+        assert self.policy is not None
+        waiting = signal.server_waiting(now)
+        if waiting is not None and waiting > self.policy.max_server_queue:
+            controller.overload(held)
+
+    def _refused(self, call: Call, gate: ReplicaGate, ahead: int, why: str) -> Overloaded:
+        gate.refused += 1
+        rate = gate.rate()
+        backlog = ahead + 1
+        seconds = backlog / rate if rate > 0 else self._ttft(call, gate)
+        retry_after = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds))
+        return Overloaded(
+            f"the replica cannot give this call its first token within the ttft deadline of tier "
+            f"{call.tier_name!r} ({call.tier.ttft}s): {why} ({gate.in_flight} in flight of a learned limit of "
+            f"{gate.controller.allowed}, {ahead} ahead in line, {rate:.1f} slots freed/s); refused before it was "
+            f"sent, retry after {retry_after:.2f}s",
+            request=call.request,
+            record=call.record,
+            retry_after=retry_after,
+        )
+
+    def snapshot(self, now: float) -> dict[str, AdmissionSnapshot]:
+        """Each replica's learned limit, slots, line and load signal at ``now``."""
+        out: dict[str, AdmissionSnapshot] = {}
+        for name, gate in self.gates.items():
+            signal = gate.signal
+            fresh = signal.age(now) <= signal.fresh_for
+            out[name] = AdmissionSnapshot(
+                limit=gate.controller.allowed,
+                in_flight=gate.in_flight,
+                waiting=gate.waiting,
+                refused=gate.refused,
+                slots_freed_per_s=gate.rate(),
+                ttft_floor=signal.ttft_floor,
+                ttft_recent=signal.ttft_recent,
+                server_waiting=signal.reported_waiting if fresh else None,
+                server_kv_usage=signal.reported_kv if fresh else None,
+                signal_age=signal.age(now),
+            )
+        return out
+
+
+def policy_wait(policy: Admission | None, call: Call) -> float:
+    """The longest a call of this tier waits in a replica's line."""
+    assert policy is not None
+    return policy.max_queue_wait * call.tier.ttft
+
+
+def _set_slo(call: Call, deadline: float) -> None:
+    """``x-slo-ttft-ms``: the milliseconds this attempt has left for its first token (replacing a previous
+    attempt's)."""
+    left = max(0, int((deadline - call.clock()) * 1000))
+    call.headers[:] = [(k, v) for k, v in call.headers if k.lower() != SLO_TTFT_HEADER]
+    call.headers.append((SLO_TTFT_HEADER, str(left).encode()))
+
+
+def _ask_for_load_report(call: Call) -> None:
+    """Ask the engine for its ORCA load report on this (non-streamed) call's answers, once."""
+    if not any(name == ORCA_FORMAT_HEADER for name, _ in call.headers):
+        call.headers.append((ORCA_FORMAT_HEADER, b"text"))

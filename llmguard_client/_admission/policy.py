@@ -1,0 +1,71 @@
+"""`Admission`: the public policy of client-side adaptive admission (``Guard(admission=Admission())``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmguard_client.errors import GuardConfigError
+
+__all__ = ["Admission"]
+
+
+def _check(name: str, value: float, low: float, high: float = math.inf, *, open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value > high or (value <= low if open_low else value < low):
+        bound = f"> {low:g}" if open_low else f">= {low:g}"
+        raise GuardConfigError(f"Admission: {name} must be {bound} and <= {high:g}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Adaptive admission per replica: the guard learns how many attempts each replica can hold and still give
+    a first token within the tier's ``ttft``, sends no more than that, queues the rest by deadline, and refuses
+    at once (`Overloaded`, with a computed ``retry_after``) a call that could not get its first token in time.
+
+    initial_limit: attempts in flight per replica before anything is learned.
+    min_limit / max_limit: bounds of the learned limit.
+    target:        the TTFT the limit aims at, as a fraction of the tier's ``ttft`` (the gradient's anchor):
+                   the limit grows while first tokens come faster than ``target x ttft`` and the limit is in
+                   use, and shrinks in proportion to the load they met when they come slower.
+    growth:        slots the limit gains per first token that came in time, at most (less as first tokens
+                   approach the target).
+    backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
+                   overload), or reports a waiting queue longer than ``max_server_queue``.
+    max_waiting:   calls waiting for a replica's slot at most; past it, refused at once.
+    max_queue_wait: the longest a call waits for a slot, as a fraction of its tier's ``ttft`` (a batch tier's
+                   calls wait longer than an interactive one's); a call that would wait longer is refused
+                   at once, and one still waiting then is refused.
+    max_server_queue: the longest waiting queue a replica may report (ORCA header, ``/metrics``) before the
+                   limit backs off.
+    signal_fresh_for: seconds a replica's own load report is believed (older: ignored).
+    ask_load_reports: send ``endpoint-load-metrics-format: text`` on non-streamed calls, so that vLLM answers
+                   with its queue and KV use (ORCA).
+    send_slo:      send the tier's first-token deadline as ``x-slo-ttft-ms`` on every attempt (the time left
+                   for that attempt), so that an SLO-aware scheduler (llm-d) can order its queue by it.
+    """
+
+    initial_limit: int = 16
+    min_limit: int = 1
+    max_limit: int = 1024
+    target: float = 0.5
+    growth: float = 1.0
+    backoff: float = 0.9
+    max_waiting: int = 64
+    max_queue_wait: float = 0.1
+    max_server_queue: int = 4
+    signal_fresh_for: float = 0.2
+    ask_load_reports: bool = True
+    send_slo: bool = True
+
+    def __post_init__(self) -> None:
+        _check("min_limit", self.min_limit, 1)
+        _check("max_limit", self.max_limit, self.min_limit)
+        _check("initial_limit", self.initial_limit, self.min_limit, self.max_limit)
+        _check("target", self.target, 0.0, 1.0, open_low=True)
+        _check("growth", self.growth, 0.0, open_low=True)
+        _check("backoff", self.backoff, 0.0, 1.0, open_low=True)
+        _check("max_waiting", self.max_waiting, 0)
+        _check("max_queue_wait", self.max_queue_wait, 0.0, 1.0)
+        _check("max_server_queue", self.max_server_queue, 0)
+        _check("signal_fresh_for", self.signal_fresh_for, 0.0, open_low=True)

@@ -1,0 +1,280 @@
+"""Adaptive admission through a Guard in virtual time, on asyncio and trio: the learned limit grows while first
+tokens come within the tier's target, shrinks on overload and recovers after a spike; the line is served by
+deadline; a call that cannot be served in time is refused at once with a computed retry-after."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from llmguard_client import Admission, Guard, Overloaded, PhaseRecord, Tier, guard_failure
+from tests.admission.engine import QueueingReplica
+from tests.virtual import BACKENDS, now, run_virtual
+
+URL = "http://a"
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+TIERS = {"interactive": Tier(ttft=1.0, total=10.0), "batch": Tier(ttft=30.0, total=60.0)}
+
+
+def admitted_guard(replica: QueueingReplica, admission: Admission, **kwargs: Any) -> Guard:
+    records: list[PhaseRecord] = []
+    kwargs.setdefault("failure_mode", "raise")
+    return Guard(
+        [URL],
+        tiers=TIERS,
+        instrumentation=None,
+        on_record=records.append,
+        transport_factory=lambda r: replica,
+        hedge=None,
+        admission=admission,
+        **kwargs,
+    )
+
+
+async def call(
+    client: httpx.AsyncClient,
+    tier: str = "interactive",
+    outcomes: list[str] | None = None,
+    sent: list[tuple[float, str]] | None = None,
+) -> None:
+    """One streamed call read to its end; its outcome (``ok`` or the guard's cause) appended to ``outcomes``, and
+    with the time it was made to ``sent``."""
+    start = now()
+    headers = {"content-type": "application/json", "x-llmguard-tier": tier, "x-test-tier": tier}
+    try:
+        async with client.stream("POST", URL + "/v1/chat/completions", content=BODY, headers=headers) as response:
+            await response.aread()
+        result = "ok" if response.status_code == 200 else f"http_{response.status_code}"
+    except httpx.HTTPError as exc:
+        result = guard_failure(exc) or type(exc).__name__
+    if outcomes is not None:
+        outcomes.append(result)
+    if sent is not None:
+        sent.append((start, result))
+
+
+async def drive(
+    client: httpx.AsyncClient,
+    rate: float,
+    seconds: float,
+    outcomes: list[str],
+    sent: list[tuple[float, str]] | None = None,
+) -> None:
+    """Open-loop calls at ``rate`` per second for ``seconds``."""
+    async with anyio.create_task_group() as tg:
+        for _ in range(int(rate * seconds)):
+            tg.start_soon(call, client, "interactive", outcomes, sent)
+            await anyio.sleep(1.0 / rate)
+
+
+def limit_of(guard: Guard) -> int:
+    return guard.snapshot().admission[URL].limit
+
+
+@BACKENDS
+def test_the_limit_grows_while_first_tokens_come_within_the_target(backend: str) -> None:
+    # 40 calls/s of ~0.25 s each hold ~10 in flight: more than the initial limit of 4, and the engine serves
+    # 16 at once with a first token in 50 ms, so every first token comes well within the 0.5 s target.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16)
+        async with admitted_guard(replica, Admission(initial_limit=4)) as guard, guard.http_client() as client:
+            learning: list[str] = []
+            await drive(client, rate=40, seconds=2.0, outcomes=learning)
+            assert limit_of(guard) >= 10
+            assert learning.count("ok") + learning.count("overloaded") == len(learning)  # none late
+            learnt: list[str] = []
+            await drive(client, rate=40, seconds=1.0, outcomes=learnt)
+            assert learnt.count("ok") == len(learnt)  # the engine can serve them all in time, and does
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_replica_slow_even_when_idle_is_not_taken_for_a_queue(backend: str) -> None:
+    # A far-away API: every first token after 0.6 s, past the 0.5 s target however few calls it holds. Its
+    # limit neither collapses nor freezes: 40 calls/s (~34 in flight) are all served.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=1000, base_ttft=0.6)
+        async with admitted_guard(replica, Admission(initial_limit=16)) as guard, guard.http_client() as client:
+            warm: list[str] = []
+            await drive(client, rate=40, seconds=3.0, outcomes=warm)
+            served: list[str] = []
+            await drive(client, rate=40, seconds=1.0, outcomes=served)
+            assert served == ["ok"] * len(served) and limit_of(guard) >= 30
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_limit_shrinks_under_a_spike_and_recovers_after_it(backend: str) -> None:
+    # 8 slots, then +0.1 s of first token per queued request: the 0.5 s target allows ~12 in flight, and a limit
+    # of 40 lets first tokens come after up to 3.3 s. Under a spike of 200 calls/s the first calls let in miss
+    # their deadline; the limit shrinks (once per round trip) toward what the engine serves in time, and once it
+    # has, the calls past it are refused at once instead. Afterwards every call is served again.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        admission = Admission(initial_limit=40)
+        async with admitted_guard(replica, admission) as guard, guard.http_client() as client:
+            spike: list[str] = []
+            sent: list[tuple[float, str]] = []
+            start = now()
+            await drive(client, rate=200, seconds=3.0, outcomes=spike, sent=sent)
+            assert limit_of(guard) < 20
+            late = [at - start for at, result in sent if result == "ttft_timeout"]
+            assert late and max(late) < 2.0  # only before the limit had learnt
+            assert [r for at, r in sent if at - start > 2.0].count("overloaded") > 0
+            assert guard.snapshot().admission[URL].refused == spike.count("overloaded")
+            after: list[str] = []
+            await drive(client, rate=30, seconds=2.0, outcomes=after)
+            assert after.count("ok") == len(after)  # recovered: every call served, nothing queued in the engine
+            assert replica.held == 0 and guard.snapshot().admission[URL].waiting == 0
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> None:
+    # Refused (429) with up to 3 attempts in flight (a call sent after a 429 may find the replica cooling down
+    # and not be sent): the replica could not hold them, so the limit falls to at most 2 x backoff.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16, overloaded=True)
+        admission = Admission(initial_limit=20, backoff=0.5)
+        async with admitted_guard(replica, admission, retry=None) as guard, guard.http_client() as client:
+            refused: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(call, client, "interactive", refused)
+            assert refused[0] == "http_429" and set(refused) <= {"http_429", "all_replicas_cooling"}
+            assert limit_of(guard) == 1  # at most 2 in flight when refused: 2 x 0.5
+            replica.overloaded = False
+            served: list[str] = []
+            await drive(client, rate=40, seconds=2.0, outcomes=served)
+            assert limit_of(guard) >= 5 and served[-20:] == ["ok"] * 20
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_line_serves_the_earliest_deadline_first(backend: str) -> None:
+    # One slot, held by a first call for ~0.25 s. A batch call (30 s ttft) joins the line, then an interactive
+    # call (1 s): when the slot frees, the interactive call goes first, though it came later.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        one = Admission(initial_limit=1, max_limit=1, max_queue_wait=0.5)
+        async with admitted_guard(replica, one) as guard, guard.http_client() as client:
+            outcomes: list[str] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "interactive", outcomes)
+                await anyio.sleep(0.01)
+                tg.start_soon(call, client, "batch", outcomes)
+                await anyio.sleep(0.01)
+                tg.start_soon(call, client, "interactive", outcomes)
+                await anyio.sleep(0.01)
+                assert guard.snapshot().admission[URL].waiting == 2
+            assert replica.arrivals == ["interactive", "interactive", "batch"]
+            assert outcomes == ["ok", "ok", "ok"]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_that_cannot_be_served_in_time_is_refused_at_once_with_the_computed_retry_after(backend: str) -> None:
+    # One slot, no line. Calls of ~0.25 s free the slot four times a second; the next call finds it taken and
+    # nowhere to wait: refused before it is sent, in no time, told to come back when the slot is expected free.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        one = Admission(initial_limit=1, max_limit=1, max_waiting=0)
+        async with admitted_guard(replica, one) as guard, guard.http_client() as client:
+            for _ in range(4):
+                await call(client)
+            gate = guard._admission.gates[URL]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client)
+                await anyio.sleep(0.01)
+                start, sent, rate = now(), len(replica.arrivals), gate.rate()
+                assert rate > 0
+                with pytest.raises(Overloaded) as refused:
+                    await client.post(URL + "/v1/chat/completions", content=BODY)
+                assert now() == start and len(replica.arrivals) == sent  # never sent, never waited
+            assert refused.value.retry_after == pytest.approx(1 / rate)
+            assert refused.value.status_code == 429 and guard_failure(refused.value) == "overloaded"
+            assert refused.value.record is not None and refused.value.record.attempts == ()
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_in_response_mode_a_refusal_is_a_429_with_retry_after(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        one = Admission(initial_limit=1, max_limit=1, max_waiting=0)
+        async with admitted_guard(replica, one, failure_mode="response") as guard, guard.http_client() as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client)
+                await anyio.sleep(0.01)
+                response = await client.post(URL + "/v1/chat/completions", content=BODY)
+            assert response.status_code == 429
+            assert float(response.headers["retry-after"]) > 0
+            assert response.headers["x-llmguard-cause"] == "overloaded"
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_whose_replica_is_full_goes_to_one_with_a_free_slot(backend: str) -> None:
+    # One slot per replica and no line. The router prefers the much faster replica a, even with a call on it; the
+    # call that finds a's slot taken is moved to b, not refused (without the move: 1 served, 3 refused).
+    async def main() -> None:
+        a, b = QueueingReplica("a", slots=8, base_ttft=0.01), QueueingReplica("b", slots=8, base_ttft=0.4)
+        fakes = {"http://a": a, "http://b": b}
+        one = Admission(initial_limit=1, max_limit=1, max_waiting=0)
+        guard = Guard(
+            list(fakes),
+            tiers=TIERS,
+            instrumentation=None,
+            transport_factory=lambda r: fakes[r.url],
+            hedge=None,
+            admission=one,
+            failure_mode="raise",
+        )
+        async with guard, guard.http_client() as client:
+            for _ in range(10):  # one at a time: the router learns how fast each replica is
+                await call(client)
+            a.arrivals.clear()
+            b.arrivals.clear()
+            outcomes: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(call, client, "interactive", outcomes)
+                    await anyio.sleep(0.001)
+            assert outcomes.count("ok") == 2 and len(a.arrivals) == len(b.arrivals) == 1  # both slots used
+            assert outcomes.count("overloaded") == 2  # and no more than the two slots let through
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_each_attempt_carries_the_time_it_has_left_for_its_first_token(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, Admission()) as guard, guard.http_client() as client:
+            await call(client, "interactive")
+            await call(client, "batch")
+        assert replica.slo_ttft_ms == ["1000", "30000"]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_slo_header_is_opt_out(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, Admission(send_slo=False)) as guard, guard.http_client() as client:
+            await call(client)
+        assert replica.slo_ttft_ms == [""]
+
+    run_virtual(main, backend)
