@@ -14,7 +14,6 @@ call (``/sim/stats``). The two modes alternate within each round, so a busy mach
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import anyio
 import httpx
 import openai
 
+from benchmarks.sync_stragglers import Planned, plan
 from llmguard_client import Guard, RetryPolicy, Tier
 from llmguard_client.sim.launch import spawn_cluster
 
@@ -29,13 +29,6 @@ TIER = {"interactive": Tier(ttft=1.0, total=10.0, stall=2.0)}
 MODEL = "sim-model"
 PRESETS = {"stragglers": (500, 40.0), "faults": (400, 30.0)}
 MODES = {"default": RetryPolicy(), "cooperative": RetryPolicy(mode="cooperative")}
-
-
-@dataclass(frozen=True)
-class Planned:
-    at: float
-    prompt: str
-    max_tokens: int
 
 
 @dataclass
@@ -51,16 +44,6 @@ class Run:
         if not ordered:
             return float("nan")
         return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def plan(n: int, rate: float, seed: int) -> list[Planned]:
-    rng = random.Random(seed)
-    at, out = 0.0, []
-    for _ in range(n):
-        at += rng.expovariate(rate)
-        words = min(400, max(5, int(rng.lognormvariate(4.0, 0.6))))
-        out.append(Planned(at, "word " * words, min(120, max(4, int(rng.lognormvariate(3.0, 0.5))))))
-    return out
 
 
 async def received(urls: list[str]) -> int:
