@@ -62,7 +62,14 @@ def interrupt_and_check(proc: subprocess.Popen[str], *, whole_group: bool) -> No
     assert took < LIMIT, f"exited {took:.2f} s after the SIGINT"
     assert proc.returncode == interrupt.EXIT_STATUS
     assert stderr.splitlines() == ["llmguard: error: interrupted"]
-    assert group_members(pgid) == []
+    assert running(group_members(pgid)) == []
+
+
+def running(members: list[str]) -> list[str]:
+    """``members`` less zombies: a process that already exited and waits for its reaper runs nothing. A worker
+    killed while a child of its own (e.g. ``ldconfig``, which ``ctypes.util.find_library`` runs) was ending
+    leaves that child to init, which reaps it when it gets to it."""
+    return [line for line in members if not line.split()[2].startswith("Z")]
 
 
 @pytest.mark.parametrize("whole_group", [True, False], ids=["group", "process"])
