@@ -35,11 +35,11 @@ from collections.abc import Callable
 from llmguard_client._routing.affinity.hashing import affinity_order, auto_key, choose, place
 from llmguard_client._routing.health import RECENT_HALF_LIFE
 from llmguard_client._routing.quantile import percentile
-from llmguard_client.bench.conversations import Conversation, make_conversation_plan, turn_body
-from llmguard_client.bench.presets import PRESETS
-from llmguard_client.sim.engine import Engine, EngineRequest, Sequence
-from llmguard_client.sim.protocol import parse_request
-from llmguard_client.sim.scenarios import get_scenario
+from llmguard_tools.bench.conversations import Conversation, make_conversation_plan, turn_body
+from llmguard_tools.bench.presets import PRESETS
+from llmguard_tools.sim.engine import Engine, EngineRequest, Sequence
+from llmguard_tools.sim.protocol import parse_request
+from llmguard_tools.sim.scenarios import get_scenario
 
 POLICIES = ("round-robin", "least-loaded", "rendezvous", "affinity")
 

@@ -2,7 +2,7 @@
 
 N client processes, each with its own Guard (``fleet=`` a real ``redis-server``, a fleet-wide budget, a rate
 limit that never binds so each attempt asks Redis, continuation on, chaos mode on), each making streamed calls
-with a few callers at once. Simulated replicas (``python -m llmguard_client.sim --replicas 1``), one process
+with a few callers at once. Simulated replicas (``python -m llmguard_tools.sim --replicas 1``), one process
 each behind a `PartitionProxy` that keeps its address while the process behind it is killed and restarted. Redis
 behind a proxy too. Faults, by a fixed cycle and at random (seeded), overlapping:
 
@@ -287,7 +287,7 @@ def _cooling(guard: Any, url: str) -> float:
 
 
 class SimReplica:
-    """One simulated replica in its own process (``python -m llmguard_client.sim --replicas 1``)."""
+    """One simulated replica in its own process (``python -m llmguard_tools.sim --replicas 1``)."""
 
     def __init__(self, seed: int, tmp: Path) -> None:
         self.seed = seed
@@ -297,7 +297,7 @@ class SimReplica:
 
     def start(self) -> int:
         self.ready.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "llmguard_client.sim", "--scenario", "healthy", "--replicas", "1"]
+        cmd = [sys.executable, "-m", "llmguard_tools.sim", "--scenario", "healthy", "--replicas", "1"]
         cmd += ["--seed", str(self.seed), "--ready-file", str(self.ready)]
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 30

@@ -4,7 +4,7 @@
 
 Each seed replays the bench's ``overload`` traffic (700 calls, the 30 -> 140 -> 30 rps spike, the same plan
 as ``llmguard bench --sim overload --seed N``) against three of the scenario's engines
-(`llmguard_client.sim.engine.Engine`, stepped every 40 ms of virtual time, 3 ms of network each way; a refusal
+(`llmguard_tools.sim.engine.Engine`, stepped every 40 ms of virtual time, 3 ms of network each way; a refusal
 carries the engine's Retry-After, backlog / token rate) through two clients:
 
 - plain: one attempt per call, round-robin over the replicas;
@@ -39,13 +39,13 @@ import httpx
 
 import llmguard_client._routing.replicas as replicas_module
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-from llmguard_client.bench.presets import SIM_LENGTHS
-from llmguard_client.bench.rates import SPIKE
-from llmguard_client.bench.traffic import PlannedRequest, make_plan, request_body
 from llmguard_client.config import Replica
-from llmguard_client.sim.engine import Engine, EngineRequest, Rejected, Sequence
-from llmguard_client.sim.protocol import parse_request
-from llmguard_client.sim.scenarios import get_scenario
+from llmguard_tools.bench.presets import SIM_LENGTHS
+from llmguard_tools.bench.rates import SPIKE
+from llmguard_tools.bench.traffic import PlannedRequest, make_plan, request_body
+from llmguard_tools.sim.engine import Engine, EngineRequest, Rejected, Sequence
+from llmguard_tools.sim.protocol import parse_request
+from llmguard_tools.sim.scenarios import get_scenario
 
 HALF_RTT = 0.0015
 TTFT_DEADLINE = 1.0

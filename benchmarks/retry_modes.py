@@ -2,7 +2,7 @@
 
     python -m benchmarks.retry_modes [--scenarios stragglers,faults] [--repeats 2] [--seed 0]
 
-For each scenario, against a fresh simulated cluster per run (``python -m llmguard_client.sim``, 3 replicas) and
+For each scenario, against a fresh simulated cluster per run (``python -m llmguard_tools.sim``, 3 replicas) and
 the same seeded Poisson arrivals (the bench presets' rates and sizes: stragglers 500 calls at 40 rps, faults 400
 at 30 rps): ``AsyncOpenAI`` (its default ``max_retries=2``) through a Guard with the default
 ``RetryPolicy()`` and through one with ``RetryPolicy(mode="cooperative")``, tier ttft 1 s, total 10 s, stall 2 s,
@@ -23,7 +23,7 @@ import openai
 
 from benchmarks.sync_stragglers import Planned, plan
 from llmguard_client import Guard, RetryPolicy, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 TIER = {"interactive": Tier(ttft=1.0, total=10.0, stall=2.0)}
 MODEL = "sim-model"

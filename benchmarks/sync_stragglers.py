@@ -2,7 +2,7 @@
 
     python -m benchmarks.sync_stragglers [--requests 400] [--rate 40] [--seed 0]
 
-Four runs, each against a fresh simulated cluster (``python -m llmguard_client.sim --scenario stragglers``:
+Four runs, each against a fresh simulated cluster (``python -m llmguard_tools.sim --scenario stragglers``:
 3 replicas, 5 % of requests stall 2 s before their first token), with the same Poisson arrivals and
 prompts: plain and guarded ``AsyncOpenAI`` (tasks), plain and guarded ``OpenAI`` (a thread per in-flight
 call, 64 threads). The plain clients spread calls round-robin over the replicas; the guarded ones use
@@ -27,7 +27,7 @@ import anyio
 import openai
 
 from llmguard_client import Guard, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 TIER = {"interactive": Tier(ttft=1.0, total=10.0, stall=2.0)}
 MODEL = "sim-model"

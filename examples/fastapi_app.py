@@ -5,7 +5,7 @@
 
 Or serve it yourself against a running cluster::
 
-    python -m llmguard_client.sim --scenario stragglers          # prints {"urls": [...]}
+    python -m llmguard_tools.sim --scenario stragglers          # prints {"urls": [...]}
     LLMGUARD_REPLICAS=http://127.0.0.1:PORT1,http://127.0.0.1:PORT2 uvicorn examples.fastapi_app:app
 
 ``GET /ask?q=...`` answers through the guard and reports the call's TTFT and attempts;
@@ -76,7 +76,7 @@ async def ask_stream(request: Request, q: str) -> StreamingResponse:
 
 
 def _demo() -> None:
-    from llmguard_client.sim.launch import spawn_cluster
+    from llmguard_tools.sim.launch import spawn_cluster
 
     with spawn_cluster("stragglers") as urls:
         os.environ["LLMGUARD_REPLICAS"] = ",".join(urls)

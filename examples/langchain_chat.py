@@ -16,7 +16,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from llmguard_client import Guard, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 
 def chat_model(guard: Guard, base_url: str) -> ChatOpenAI:

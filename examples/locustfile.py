@@ -2,7 +2,7 @@
 
 Start the simulated cluster (its replica URLs are printed, and written to the ready file)::
 
-    python -m llmguard_client.sim --scenario stragglers --ready-file /tmp/sim.json &
+    python -m llmguard_tools.sim --scenario stragglers --ready-file /tmp/sim.json &
     URLS=$(python -c "import json; print(','.join(json.load(open('/tmp/sim.json'))['urls']))")
 
 One machine::
@@ -24,7 +24,7 @@ import logging
 
 from locust import constant
 
-from llmguard_client.loadtest.locust import GuardedChatUser, PlainChatUser
+from llmguard_tools.loadtest.locust import GuardedChatUser, PlainChatUser
 
 # httpx2 logs one INFO line per request, and Locust workers forward their log lines to the master.
 logging.getLogger("httpx2").setLevel(logging.WARNING)

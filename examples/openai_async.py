@@ -3,7 +3,7 @@
     python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
     .venv/bin/python examples/openai_async.py
 
-Starts the simulated cluster (``python -m llmguard_client.sim --scenario stragglers``: 3 replicas, 5 %
+Starts the simulated cluster (``python -m llmguard_tools.sim --scenario stragglers``: 3 replicas, 5 %
 of requests stall 2 s before their first token) and sends 20 streamed chat completions through the
 guard. ``guard.http_client_for(openai.AsyncOpenAI)`` is the guarded client that the installed openai
 takes (httpx for 1.x/2.x, httpx2 for >= 3), so this file passes ``mypy --strict`` with each.
@@ -15,7 +15,7 @@ import anyio
 import openai
 
 from llmguard_client import Guard, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 
 async def main(urls: list[str]) -> None:

@@ -8,7 +8,7 @@ import anyio
 import openai
 
 from llmguard_client import Guard, Tier
-from llmguard_client.sim.launch import spawn_cluster  # runs `python -m llmguard_client.sim` for the demo
+from llmguard_tools.sim.launch import spawn_cluster  # runs `python -m llmguard_tools.sim` for the demo
 
 
 async def main(replicas: list[str]) -> None:

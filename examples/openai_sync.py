@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 
 from llmguard_client import Guard, PhaseRecord, Tier, guard_failure
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 
 def main(urls: list[str]) -> None:

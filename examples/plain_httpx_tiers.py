@@ -12,7 +12,7 @@ import anyio
 import httpx
 
 from llmguard_client import Guard, GuardTimeout, RecordLogger, Tier
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 
 async def main(urls: list[str]) -> None:

@@ -1,4 +1,7 @@
-"""``llmguard rollout get|set FRACTION|kill|clear --fleet URL --name NAME``: the fleet-wide rollout flag.
+"""``llmguard-rollout get|set FRACTION|kill|clear --fleet URL --name NAME``: the fleet-wide rollout flag.
+
+The runtime's one command (``llmguard rollout`` in llmguard-tools is the same): the kill switch is part of
+operating the library, so a host with only the runtime installed has it.
 
 ``set`` writes the guarded fraction (and lifts the kill switch), ``kill`` guards no call anywhere until the
 next ``set``, ``clear`` removes both (each process goes back to its own ``Guard(rollout=...)``); ``get``
@@ -10,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from llmguard_client._fleet.flag import parse_flag
 from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
 
-__all__ = ["add_parser", "run"]
+__all__ = ["FleetCommandError", "add_parser", "main", "run"]
+
+PROG = "llmguard-rollout"
 
 TIMEOUT = 5.0
 """Seconds to connect and for each command (a person waits, not a call)."""
@@ -35,19 +42,44 @@ def _fraction(text: str) -> float:
     return value
 
 
+DESCRIPTION = (
+    "Read or change the guarded fraction and the kill switch that every process of one "
+    "Guard(fleet=..., name=...) follows (docs/fleet.md)."
+)
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register ``rollout`` on the CLI's subparsers."""
+    """Register ``rollout`` on a command line's subparsers (``llmguard rollout`` in llmguard-tools)."""
     r: argparse.ArgumentParser = sub.add_parser(
-        "rollout",
-        help="the fleet-wide rollout flag: get, set FRACTION, kill, clear",
-        description="Read or change the guarded fraction and the kill switch that every process of one "
-        "Guard(fleet=..., name=...) follows (docs/fleet.md).",
+        "rollout", help="the fleet-wide rollout flag: get, set FRACTION, kill, clear", description=DESCRIPTION
     )
+    _add_arguments(r)
+    return r
+
+
+def _add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("action", choices=("get", "set", "kill", "clear"))
     r.add_argument("fraction", nargs="?", type=_fraction, help="for set: the fraction of calls to guard (0.0-1.0)")
     r.add_argument("--fleet", required=True, metavar="URL", help="the fleet store (redis://, rediss://, ...)")
     r.add_argument("--name", required=True, help="the Guard's name=..., e.g. checkout")
-    return r
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``llmguard-rollout``: bad input exits 2, a store that does not answer 1, each with one line on stderr."""
+    from llmguard_client.errors import GuardConfigError
+
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (GuardConfigError, FleetCommandError) as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2 if isinstance(exc, GuardConfigError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 def run(args: argparse.Namespace) -> int:

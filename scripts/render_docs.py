@@ -14,7 +14,7 @@ Markers are HTML comments (invisible on GitHub), each directly before a fenced b
   verdict, simulated text): ``--check`` only requires COMMAND to succeed and one output line to match REGEX.
 
 Each doc gets its own fresh working directory; its commands run in order, with ``llmguard`` and ``python``
-meaning this checkout (``python -m llmguard_client.cli``, this interpreter, ``PYTHONPATH`` = the checkout),
+meaning this checkout (``python -m llmguard_tools.cli``, this interpreter, ``PYTHONPATH`` = the checkout),
 ``COLUMNS=100`` so help texts wrap the same everywhere, and ``LLMGUARD_DISABLED`` unset.
 """
 
@@ -89,14 +89,14 @@ def shape(text: str) -> list[str]:
 
 
 def _shims(folder: Path) -> dict[str, str]:
-    for name, target in (("llmguard", f'"{sys.executable}" -m llmguard_client.cli'), ("python", f'"{sys.executable}"')):
+    for name, target in (("llmguard", f'"{sys.executable}" -m llmguard_tools.cli'), ("python", f'"{sys.executable}"')):
         shim = folder / name
         shim.write_text(f'#!/usr/bin/env bash\nexec {target} "$@"\n', encoding="utf-8")
         shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "LLMGUARD_DISABLED"}
     env.update(
         PATH=f"{folder}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tools")]),
         COLUMNS="100",
         NO_COLOR="1",
         TERM="dumb",

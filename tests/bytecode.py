@@ -16,8 +16,9 @@ import compileall
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("llmguard_client", "tests")
-"""``tests`` too: the fleet's and the affinity tests' child processes import test helpers (``tests.fleet``)."""
+PACKAGES = ("llmguard_client", "tools/llmguard_tools", "tests")
+"""The runtime and the tools; ``tests`` too: the fleet's and the affinity tests' child processes import test
+helpers (``tests.fleet``)."""
 
 
 def precompile() -> None:

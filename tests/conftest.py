@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -45,8 +46,19 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_PATH = os.pathsep.join([str(ROOT), str(ROOT / "tools")])
+"""The checkout's runtime and tools (``tools/llmguard_tools``), as pytest's ``pythonpath`` puts them first in the
+test processes: the Python subprocesses the tests start (the CLI, the simulated clusters, Locust, the fleet's
+processes) import them from here too, not from whatever is installed."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """The package's bytecode, once, before any xdist worker or test subprocess imports it (tests/bytecode.py)."""
+    """The checkout first on every subprocess's path; the package's bytecode, once, before any xdist worker or test
+    subprocess imports it (tests/bytecode.py)."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    if not inherited.startswith(CHECKOUT_PATH):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (CHECKOUT_PATH, inherited) if p)
     if not hasattr(config, "workerinput"):  # the controller (or a serial run), before it starts the workers
         precompile()
 

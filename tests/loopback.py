@@ -30,8 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmguard_client.sim.wire_messages import MessagesWire
-from llmguard_client.sim.wire_responses import ResponsesWire
+from llmguard_tools.sim.wire_messages import MessagesWire
+from llmguard_tools.sim.wire_responses import ResponsesWire
 
 CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/files")
 COUNTERS = (

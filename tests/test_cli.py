@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client import cli
-from llmguard_client.bench import commands, presets
+from llmguard_tools import cli
+from llmguard_tools.bench import commands, presets
 from tests.loopback import LoopbackCluster
 
 
@@ -69,7 +69,7 @@ def test_tier_ttft_above_total(cluster: LoopbackCluster, capsys: pytest.CaptureF
 
 def test_process_exit_code_and_no_traceback() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "llmguard_client.cli", "bench", "--target", "http://127.0.0.1:1"],
+        [sys.executable, "-m", "llmguard_tools.cli", "bench", "--target", "http://127.0.0.1:1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -292,7 +292,7 @@ def test_top_level_help_lists_every_command_on_one_line_each(capsys: pytest.Capt
 def test_bench_help_lists_the_scenarios_and_the_invalid_run_rule(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from llmguard_client.sim.scenarios import SCENARIOS
+    from llmguard_tools.sim.scenarios import SCENARIOS
 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):

@@ -119,13 +119,13 @@ def declared_all(module: str) -> list[str]:
 
 def test_the_import_scanner_reads_every_form() -> None:
     text = "from llmguard_client import (\n    Guard,\n    Tier as T,\n)\n`from llmguard_client.x import f`; a\n"
-    text += "python -c 'from llmguard_client import Guard; Guard()'\n  import llmguard_client.sim  # a comment\n"
+    text += "python -c 'from llmguard_client import Guard; Guard()'\n  import llmguard_tools.sim  # a comment\n"
     assert list(imports_shown(text)) == [
         ("llmguard_client", "Guard"),
         ("llmguard_client", "Tier"),
         ("llmguard_client.x", "f"),
         ("llmguard_client", "Guard"),
-        ("llmguard_client.sim", None),
+        ("llmguard_tools.sim", None),
     ]
 
 

@@ -1,4 +1,5 @@
-"""``llmguard rollout get|set|kill|clear --fleet URL --name NAME`` reaches 4 running processes."""
+"""``llmguard-rollout get|set|kill|clear --fleet URL --name NAME`` (the runtime's command) reaches 4 running
+processes; the tools' ``llmguard rollout`` is the same command."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from llmguard_client.cli import main
+from llmguard_client.fleet_cli import main
+from llmguard_tools import cli
 from tests.redis_server import RedisServer
 
 POLL = 0.5
@@ -61,16 +64,16 @@ def test_set_and_kill_reach_four_running_processes(
     try:
         for p in processes:
             p.read_until("ready")
-        assert main(["rollout", "set", "0.10", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        assert main(["set", "0.10", "--fleet", redis_server.url, "--name", "checkout"]) == 0
         for p in processes:
             p.read_until("fraction 0.1")
-        assert main(["rollout", "get", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        assert main(["get", "--fleet", redis_server.url, "--name", "checkout"]) == 0
         assert "0.1 of calls guarded on every process" in capsys.readouterr().out
-        assert main(["rollout", "kill", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        assert main(["kill", "--fleet", redis_server.url, "--name", "checkout"]) == 0
         for p in processes:
             p.read_until("fraction 0.0")
         assert "kill switch ON" in capsys.readouterr().out
-        assert main(["rollout", "set", "0.5", "--fleet", redis_server.url, "--name", "checkout"]) == 0
+        assert main(["set", "0.5", "--fleet", redis_server.url, "--name", "checkout"]) == 0
         for p in processes:
             p.read_until("fraction 0.5")
     finally:
@@ -78,13 +81,26 @@ def test_set_and_kill_reach_four_running_processes(
             p.stop()
 
 
-def test_a_bad_fleet_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["rollout", "get", "--fleet", "http://:secret@host", "--name", "checkout"]) == 2
+def _tools_rollout(argv: Sequence[str]) -> int:
+    return cli.main(["rollout", *argv])
+
+
+COMMANDS = pytest.mark.parametrize("command", [main, _tools_rollout], ids=["llmguard-rollout", "llmguard rollout"])
+
+
+@COMMANDS
+def test_a_bad_fleet_url_is_a_usage_error(
+    command: Callable[[Sequence[str]], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert command(["get", "--fleet", "http://:secret@host", "--name", "checkout"]) == 2
     err = capsys.readouterr().err
     assert "scheme 'http'" in err and "secret" not in err
 
 
-def test_an_unreachable_fleet_exits_1_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["rollout", "kill", "--fleet", "redis://:secret@127.0.0.1:1/0", "--name", "checkout"]) == 1
+@COMMANDS
+def test_an_unreachable_fleet_exits_1_without_its_password(
+    command: Callable[[Sequence[str]], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert command(["kill", "--fleet", "redis://:secret@127.0.0.1:1/0", "--name", "checkout"]) == 1
     err = capsys.readouterr().err
     assert "did not answer" in err and "secret" not in err and err.count("\n") == 1

@@ -59,12 +59,10 @@ def test_version_is_a_string() -> None:
     assert "__version__" in llmguard_client.__all__
 
 
-def test_importing_the_package_does_not_import_sim_or_bench() -> None:
-    loaded = sorted(m for m in modules_after_import() if m.startswith("llmguard_client"))
+def test_importing_the_package_does_not_import_the_tools() -> None:
+    loaded = sorted(m for m in modules_after_import() if m.startswith("llmguard_"))
     assert "llmguard_client" in loaded and "llmguard_client.guard" in loaded  # the probe really imported it
-    heavy = [m for m in loaded if m.split(".")[:2] in (["llmguard_client", "sim"], ["llmguard_client", "bench"])]
-    assert heavy == []
-    assert "llmguard_client.cli" not in loaded
+    assert [m for m in loaded if m.split(".")[0] == "llmguard_tools"] == []
 
 
 def test_importing_the_package_does_not_import_the_sim_extras_server_or_plotting() -> None:
@@ -81,6 +79,10 @@ def test_the_wheel_ships_the_typing_marker_and_the_license() -> None:
     shipped = {f.distribution_path for f in builder.recurse_included_files()}
     assert "llmguard_client/py.typed" in shipped
     assert "llmguard_client/guard.py" in shipped
+    # The runtime only: the simulator, bench, comparison and load tests ship in llmguard-tools (tools/).
+    assert {path.split("/")[0] for path in shipped} <= {"llmguard_client", "LICENSE", "README.md"}
+    tools = ("sim", "bench", "compare", "loadtest", "cli.py")
+    assert [path for path in shipped if path.split("/")[1:2] and path.split("/")[1] in tools] == []
     assert builder.metadata.core.license_files == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
 
@@ -124,6 +126,6 @@ def test_the_wheel_config_includes_the_package_and_its_marker() -> None:
     tomllib = pytest.importorskip("tomllib")
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]
-    assert "llmguard_client" in wheel["packages"]
+    assert wheel["packages"] == ["llmguard_client"]
     assert not any("py.typed" in pattern for pattern in wheel.get("exclude", []))
     assert "Typing :: Typed" in pyproject["project"]["classifiers"]

@@ -12,7 +12,7 @@ import pytest
 from llmguard_client import Guard, GuardConfigError, Replica
 from llmguard_client._core.clock import loop_clock
 from llmguard_client.server_hints import ServerLoad, metrics_url, parse_vllm_metrics, poll_once, poll_vllm_metrics
-from llmguard_client.sim.cluster import SimCluster
+from llmguard_tools.sim.cluster import SimCluster
 from tests.sim.conftest import one_off
 from tests.virtual import BACKENDS, run_virtual
 

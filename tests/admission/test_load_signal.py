@@ -9,7 +9,7 @@ import pytest
 
 from llmguard_client import Admission, Guard
 from llmguard_client._admission.signal import LoadSignal, parse_orca
-from llmguard_client.sim.cluster import SimCluster
+from llmguard_tools.sim.cluster import SimCluster
 from tests.sim.conftest import chat_body, one_off
 
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from llmguard_client import Admission, Guard, guard_failure
-from llmguard_client.sim.cluster import SimCluster
+from llmguard_tools.sim.cluster import SimCluster
 from tests.sim.conftest import ENGINE, one_off, wait_until
 
 SLOW = dataclasses.replace(ENGINE, step_s=0.05)

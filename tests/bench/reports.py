@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llmguard_client.bench.measure import Sample, TierSpec
-from llmguard_client.bench.report import BenchReport
-from llmguard_client.bench.runner import ClientRun, ServerStats
-from llmguard_client.bench.summary import SLO
-from llmguard_client.bench.traffic import make_plan
+from llmguard_tools.bench.measure import Sample, TierSpec
+from llmguard_tools.bench.report import BenchReport
+from llmguard_tools.bench.runner import ClientRun, ServerStats
+from llmguard_tools.bench.summary import SLO
+from llmguard_tools.bench.traffic import make_plan
 
 TTFTS = (0.1, 0.2, 0.3, 0.4, 0.5, 2.0, 3.0)
 """The seven successful requests of `mixed_run` (before scaling); three more fail."""

@@ -8,21 +8,21 @@ from typing import Any
 import anyio
 import pytest
 
-from llmguard_client.bench import conversations
-from llmguard_client.bench.client_base import BenchClient
-from llmguard_client.bench.conversations import (
+from llmguard_tools.bench import conversations
+from llmguard_tools.bench.client_base import BenchClient
+from llmguard_tools.bench.conversations import (
     Conversation,
     ConversationShape,
     make_conversation_plan,
     turn_body,
     turn_of,
 )
-from llmguard_client.bench.measure import Probe, Sample, TierSpec
-from llmguard_client.bench.presets import PRESETS, SIM_LENGTHS
-from llmguard_client.bench.runner import replay
-from llmguard_client.bench.traffic import PlannedRequest
-from llmguard_client.sim.protocol import parse_request
-from llmguard_client.sim.scenarios import SCENARIOS
+from llmguard_tools.bench.measure import Probe, Sample, TierSpec
+from llmguard_tools.bench.presets import PRESETS, SIM_LENGTHS
+from llmguard_tools.bench.runner import replay
+from llmguard_tools.bench.traffic import PlannedRequest
+from llmguard_tools.sim.protocol import parse_request
+from llmguard_tools.sim.scenarios import SCENARIOS
 
 
 def test_the_plan_is_seeded_and_holds_exactly_n_turns_in_conversations_of_2_to_6() -> None:

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from llmguard_client.bench.fleet_worker import _main
-from llmguard_client.bench.processes import render
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.scenarios import get_scenario
+from llmguard_tools.bench.fleet_worker import _main
+from llmguard_tools.bench.processes import render
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.scenarios import get_scenario
 
 
 @pytest.mark.asyncio

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from llmguard_client.bench.formatting import fmt_count, fmt_pct, fmt_ratio, fmt_s, fmt_x
+from llmguard_tools.bench.formatting import fmt_count, fmt_pct, fmt_ratio, fmt_s, fmt_x
 
 
 def test_fmt_ratio() -> None:

@@ -7,9 +7,9 @@ import io
 import pytest
 from rich.console import Console
 
-from llmguard_client import cli
-from llmguard_client.bench.glossary import GLOSSARY, render_glossary
-from llmguard_client.bench.tables import SECTIONS
+from llmguard_tools import cli
+from llmguard_tools.bench.glossary import GLOSSARY, render_glossary
+from llmguard_tools.bench.tables import SECTIONS
 
 TERMS = {term for term, _ in GLOSSARY}
 

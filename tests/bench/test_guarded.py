@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmguard_client.bench.guarded import GuardedClient
-from llmguard_client.bench.measure import Probe, TierSpec
+from llmguard_tools.bench.guarded import GuardedClient
+from llmguard_tools.bench.measure import Probe, TierSpec
 
 
 def test_guarded_waited_counts_gaps_before_retry_rounds_only() -> None:

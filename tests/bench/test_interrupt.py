@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client.bench import interrupt
+from llmguard_tools.bench import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 2.0
@@ -27,9 +27,9 @@ def group_members(pgid: int) -> list[str]:
 def start(args: list[str], members: int) -> subprocess.Popen[str]:
     """``llmguard ARGS`` in a session (and process group) of its own, once its group has ``members`` processes."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmguard_client.cli", *args, "--no-progress"],
+        [sys.executable, "-m", "llmguard_tools.cli", *args, "--no-progress"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"},
+        env={**os.environ, "NO_COLOR": "1"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

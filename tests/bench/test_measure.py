@@ -10,8 +10,8 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client.bench.measure import Probe, Sample, StreamError, consume_sse
-from llmguard_client.sim.cluster import SimCluster
+from llmguard_tools.bench.measure import Probe, Sample, StreamError, consume_sse
+from llmguard_tools.sim.cluster import SimCluster
 from tests.clients import plain_httpx
 from tests.sim.conftest import one_off
 

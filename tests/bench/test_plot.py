@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client.bench.plot import ccdf, plot_latency
+from llmguard_tools.bench.plot import ccdf, plot_latency
 from tests.bench.reports import TTFTS, make_report, mixed_run
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from llmguard_client.bench.conversations import make_conversation_plan
-from llmguard_client.bench.measure import Sample
-from llmguard_client.bench.prefix_report import cache_lines, hit_rates, load_spread
-from llmguard_client.bench.presets import SIM_LENGTHS
-from llmguard_client.bench.runner import ClientRun, ServerStats
-from llmguard_client.bench.traffic import make_plan
+from llmguard_tools.bench.conversations import make_conversation_plan
+from llmguard_tools.bench.measure import Sample
+from llmguard_tools.bench.prefix_report import cache_lines, hit_rates, load_spread
+from llmguard_tools.bench.presets import SIM_LENGTHS
+from llmguard_tools.bench.runner import ClientRun, ServerStats
+from llmguard_tools.bench.traffic import make_plan
 
 
 def _sample(index: int, ttft: float, replica: str | None = None) -> Sample:

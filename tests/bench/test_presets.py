@@ -6,9 +6,9 @@ import importlib
 
 import pytest
 
-from llmguard_client.bench.presets import DEMO_SCENARIOS, PRESETS, SIM_LENGTHS, preset_for
-from llmguard_client.bench.rates import SPIKE, parse_profile
-from llmguard_client.bench.traffic import make_plan
+from llmguard_tools.bench.presets import DEMO_SCENARIOS, PRESETS, SIM_LENGTHS, preset_for
+from llmguard_tools.bench.rates import SPIKE, parse_profile
+from llmguard_tools.bench.traffic import make_plan
 
 
 def test_demo_presets_meet_the_brief() -> None:
@@ -26,7 +26,7 @@ def test_demo_presets_meet_the_brief() -> None:
 
 def test_presets_follow_the_sim_scenarios() -> None:
     try:
-        scenarios = importlib.import_module("llmguard_client.sim.scenarios")
+        scenarios = importlib.import_module("llmguard_tools.sim.scenarios")
     except ImportError:
         pytest.skip("simulated cluster not available")
     sims = scenarios.SCENARIOS

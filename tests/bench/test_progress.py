@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from llmguard_client.bench.progress import RichProgress
+from llmguard_tools.bench.progress import RichProgress
 from tests.bench.reports import sample
 
 

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from llmguard_client._routing.quantile import percentile as runtime_percentile
-from llmguard_client.bench.quantile import percentile
+from llmguard_tools.bench.quantile import percentile
 
 
 def test_it_is_statistics_inclusive_quantiles_and_the_runtimes() -> None:

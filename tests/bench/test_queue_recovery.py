@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmguard_client.bench.queue_recovery import queue_recovery, spike_window
-from llmguard_client.bench.rates import SPIKE, RateProfile
+from llmguard_tools.bench.queue_recovery import queue_recovery, spike_window
+from llmguard_tools.bench.rates import SPIKE, RateProfile
 
 PROFILE = RateProfile(((30.0, 2.0), (140.0, 3.0), (30.0, 4.0)))
 """Base to 2 s, the spike from 2 s to 5 s, base to 9 s."""

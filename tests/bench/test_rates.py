@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llmguard_client.bench.rates import SPIKE, RateProfile, parse_profile
+from llmguard_tools.bench.rates import SPIKE, RateProfile, parse_profile
 
 
 def test_segments_are_rate_then_duration_as_on_the_command_line() -> None:

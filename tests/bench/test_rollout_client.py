@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client import cli
 from llmguard_client._rollout.rollout import key_position
+from llmguard_tools import cli
 from tests.loopback import LoopbackCluster
 
 # Tier limits far beyond what a loaded machine adds: every call must end ok, whatever the machine is doing.

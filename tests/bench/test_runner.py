@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from llmguard_client.bench.clients import TierSpec, make_client, parse_clients
-from llmguard_client.bench.report import SLO, BenchReport
-from llmguard_client.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
-from llmguard_client.bench.traffic import LengthModel, make_plan, request_body
+from llmguard_tools.bench.clients import TierSpec, make_client, parse_clients
+from llmguard_tools.bench.report import SLO, BenchReport
+from llmguard_tools.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
+from llmguard_tools.bench.traffic import LengthModel, make_plan, request_body
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackCluster, Script
 

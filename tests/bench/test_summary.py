@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmguard_client.bench.runner import ClientRun, ServerStats
-from llmguard_client.bench.summary import SLO, summarize
+from llmguard_tools.bench.runner import ClientRun, ServerStats
+from llmguard_tools.bench.summary import SLO, summarize
 from tests.bench.reports import TTFTS, mixed_run, sample
 
 

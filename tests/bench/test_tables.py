@@ -8,8 +8,8 @@ import re
 import pytest
 from rich.console import Console
 
-from llmguard_client.bench.runner import ClientRun
-from llmguard_client.bench.tables import SECTIONS, make_console, render, section_tables
+from llmguard_tools.bench.runner import ClientRun
+from llmguard_tools.bench.tables import SECTIONS, make_console, render, section_tables
 from tests.bench.reports import make_report, mixed_run, server
 
 FOUR = ("plain", "openai-default", "naive-retry", "guarded")
@@ -93,7 +93,7 @@ def test_piped_output_is_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_header_says_what_the_scenario_models_and_how_far_the_generator_fell_behind() -> None:
-    from llmguard_client.sim.scenarios import SCENARIOS
+    from llmguard_tools.sim.scenarios import SCENARIOS
 
     text = " ".join(rendered(FOUR, 80).split())
     assert f"scenario stragglers: {SCENARIOS['stragglers'].summary}" in text

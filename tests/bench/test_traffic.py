@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from llmguard_client.bench.rates import SPIKE
-from llmguard_client.bench.traffic import LengthModel, PlannedRequest, TrafficPlan, make_plan, prompt_text, request_body
+from llmguard_tools.bench.rates import SPIKE
+from llmguard_tools.bench.traffic import LengthModel, PlannedRequest, TrafficPlan, make_plan, prompt_text, request_body
 
 
 def sizes(plan: TrafficPlan) -> list[tuple[int, int]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmguard_client.bench.runner import ClientRun
-from llmguard_client.bench.summary import SLO, summarize
-from llmguard_client.bench.verdict import NOISE, changes
+from llmguard_tools.bench.runner import ClientRun
+from llmguard_tools.bench.summary import SLO, summarize
+from llmguard_tools.bench.verdict import NOISE, changes
 from tests.bench.reports import make_report, mixed_run, sample, server
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from llmguard_client import cli
-from llmguard_client.compare.load import Call, read_records
-from llmguard_client.compare.summary import ALL_TIERS, METRICS, differences, goodput, summarize
-from llmguard_client.compare.verdict import Thresholds, decide
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger
+from llmguard_tools import cli
+from llmguard_tools.compare.load import Call, read_records
+from llmguard_tools.compare.summary import ALL_TIERS, METRICS, differences, goodput, summarize
+from llmguard_tools.compare.verdict import Thresholds, decide
 
 
 def call(cohort: str, ttft: float | None = 0.1, status: str = "ok", tier: str = "interactive", **kw: Any) -> Call:

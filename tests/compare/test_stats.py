@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from llmguard_client._routing.quantile import percentile
-from llmguard_client.compare.stats import binomial, bootstrap_difference, mean_sampler, quantile_sampler
+from llmguard_tools.compare.stats import binomial, bootstrap_difference, mean_sampler, quantile_sampler
 
 
 @pytest.mark.parametrize(("n", "p"), [(10, 0.3), (1000, 0.03), (100_000, 0.97), (7, 0.0), (7, 1.0)])

@@ -16,7 +16,7 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis.cluster import key_slot
 
 from llmguard_client import BudgetPolicy, Guard, RateLimit
-from llmguard_client.cli import main
+from llmguard_tools.cli import main
 from tests.fleet.guards import connected, states, store, until
 from tests.redis_cluster import RedisCluster
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from llmguard_client import Guard
-from llmguard_client.cli import main
+from llmguard_tools.cli import main
 from tests.redis_cluster import TLSRedisServer
 
 REPLICAS = ["http://127.0.0.1:9/r0"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client.sim.launch import spawn_cluster
+from llmguard_tools.sim.launch import spawn_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "examples" / "locustfile.py"
@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 
 def _locust(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *args]
     with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
@@ -128,7 +128,7 @@ def test_guarded_ttft_p99_is_below_plain_with_a_master_and_two_workers(tmp_path:
 
 def test_importing_the_library_or_its_loadtest_package_imports_no_locust() -> None:
     code = (
-        "import sys, llmguard_client, llmguard_client.loadtest, llmguard_client.loadtest.streaming\n"
+        "import sys, llmguard_client, llmguard_tools.loadtest, llmguard_tools.loadtest.streaming\n"
         "print(sorted(m for m in ('locust', 'gevent') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)

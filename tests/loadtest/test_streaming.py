@@ -6,7 +6,7 @@ import httpx2
 import openai
 
 from llmguard_client import TTFTTimeout
-from llmguard_client.loadtest.streaming import ChatFailure, describe_failure
+from llmguard_tools.loadtest.streaming import ChatFailure, describe_failure
 
 REQUEST = httpx2.Request("POST", "http://replica/v1/chat/completions")
 

@@ -9,7 +9,7 @@ import pytest
 
 from llmguard_client.protocols.body import BodyReader
 from llmguard_client.protocols.messages import MessagesReader, absorb_message_body
-from llmguard_client.sim.wire_messages import MessagesWire
+from llmguard_tools.sim.wire_messages import MessagesWire
 
 
 def ev(obj: dict[str, Any], name: str | None = None) -> bytes:

@@ -9,7 +9,7 @@ import pytest
 
 from llmguard_client.protocols.body import BodyReader
 from llmguard_client.protocols.responses import ResponsesReader, absorb_response
-from llmguard_client.sim.wire_responses import ResponsesWire
+from llmguard_tools.sim.wire_responses import ResponsesWire
 
 
 def ev(obj: dict[str, Any]) -> bytes:

@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 
-from llmguard_client.sim.engine import EngineConfig
-from llmguard_client.sim.faults import FaultConfig
-from llmguard_client.sim.scenarios import SIM_OUTPUT_LENGTHS, LoadHint, ScenarioConfig
+from llmguard_tools.sim.engine import EngineConfig
+from llmguard_tools.sim.faults import FaultConfig
+from llmguard_tools.sim.scenarios import SIM_OUTPUT_LENGTHS, LoadHint, ScenarioConfig
 
 ENGINE = EngineConfig(tbud=128, kv_tokens=4096, policy="token", out_reserve=32, output_lengths=SIM_OUTPUT_LENGTHS)
 

@@ -6,8 +6,8 @@ import anyio
 import pytest
 
 from llmguard_client.server_hints import parse_vllm_metrics
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.faults import FaultConfig
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.faults import FaultConfig
 from tests.clients import plain_httpx
 from tests.sim.conftest import chat_body, one_off
 from tests.sim.test_http_faults import stream_timings

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmguard_client.sim.engine import Engine, EngineConfig, EngineRequest, Rejected, RequestTooLarge, SeqState
+from llmguard_tools.sim.engine import Engine, EngineConfig, EngineRequest, Rejected, RequestTooLarge, SeqState
 
 
 def make(**overrides: object) -> Engine:

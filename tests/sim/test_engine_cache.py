@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from llmguard_client.sim.engine import Engine, EngineConfig, EngineRequest
-from llmguard_client.sim.prefix_cache import BlockHasher
+from llmguard_tools.sim.engine import Engine, EngineConfig, EngineRequest
+from llmguard_tools.sim.prefix_cache import BlockHasher
 from tests.sim.test_engine import run_until_idle
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmguard_client.bench.rates import SPIKE
-from llmguard_client.sim.engine import EngineConfig
-from llmguard_client.sim.virtual import (
+from llmguard_tools.bench.rates import SPIKE
+from llmguard_tools.sim.engine import EngineConfig
+from llmguard_tools.sim.virtual import (
     HONOUR_ONE_RETRY,
     HONOUR_WITH_BUDGET,
     NAIVE_RETRY,

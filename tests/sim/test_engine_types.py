@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmguard_client.sim import engine
-from llmguard_client.sim.engine_types import EngineConfig, EngineStats, Rejected, SeqState, Sequence
+from llmguard_tools.sim import engine
+from llmguard_tools.sim.engine_types import EngineConfig, EngineStats, Rejected, SeqState, Sequence
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import dataclasses
 
 import httpx
 
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.faults import FaultConfig
-from llmguard_client.sim.replica import Replica
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.faults import FaultConfig
+from llmguard_tools.sim.replica import Replica
 from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.engine import EngineConfig
-from llmguard_client.sim.faults import FaultConfig, RetryAfterStyle
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.engine import EngineConfig
+from llmguard_tools.sim.faults import FaultConfig, RetryAfterStyle
 from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 

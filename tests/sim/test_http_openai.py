@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
-from llmguard_client.sim.cluster import SimCluster
+from llmguard_tools.sim.cluster import SimCluster
 from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import chat_body, one_off
 

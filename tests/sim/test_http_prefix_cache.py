@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from llmguard_client.server_hints import parse_vllm_metrics
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.protocol import Kind, parse_request
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.protocol import Kind, parse_request
 from tests.clients import plain_httpx
 from tests.sim.conftest import ENGINE, one_off
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from llmguard_client.protocols import reader_for
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.engine import EngineConfig
-from llmguard_client.sim.faults import FaultConfig, draw_faults
-from llmguard_client.sim.scenarios import SCENARIOS
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.engine import EngineConfig
+from llmguard_tools.sim.faults import FaultConfig, draw_faults
+from llmguard_tools.sim.scenarios import SCENARIOS
 from tests.clients import plain_httpx, plain_sdk
 from tests.sim.conftest import chat_body, one_off
 

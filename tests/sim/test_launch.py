@@ -1,4 +1,4 @@
-"""The cluster as a subprocess: ``python -m llmguard_client.sim`` and `spawn_cluster`."""
+"""The cluster as a subprocess: ``python -m llmguard_tools.sim`` and `spawn_cluster`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from llmguard_client._http.tls import default_tls_context
-from llmguard_client.sim.launch import ClusterStartError, spawn_cluster
+from llmguard_tools.sim.launch import ClusterStartError, spawn_cluster
 
 TLS = default_tls_context()
 """One TLS context for the module's calls (each ``httpx.get`` would otherwise load the CA bundle)."""
@@ -35,7 +35,7 @@ def test_spawn_cluster_reports_a_failed_start() -> None:
 
 
 def test_module_prints_the_ready_line_and_exits_on_sigterm() -> None:
-    cmd = [sys.executable, "-m", "llmguard_client.sim", "--scenario", "overload"]
+    cmd = [sys.executable, "-m", "llmguard_tools.sim", "--scenario", "overload"]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()

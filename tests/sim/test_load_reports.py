@@ -9,8 +9,8 @@ import anyio
 import httpx
 
 from llmguard_client.server_hints import parse_vllm_metrics
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.scenarios import SCENARIOS
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.scenarios import SCENARIOS
 from tests.clients import plain_httpx
 from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 

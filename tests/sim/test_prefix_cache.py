@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmguard_client.sim.prefix_cache import BlockHasher, PrefixCache
+from llmguard_tools.sim.prefix_cache import BlockHasher, PrefixCache
 
 
 def hashes(*messages: tuple[str, str], block: int = 4) -> tuple[bytes, ...]:

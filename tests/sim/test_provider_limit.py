@@ -7,8 +7,8 @@ import dataclasses
 from llmguard_client import RateLimit
 from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._ratelimit.headers import parse_rate_limits, remaining_room
-from llmguard_client.sim.cluster import SimCluster
-from llmguard_client.sim.scenarios import get_scenario
+from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.scenarios import get_scenario
 from tests.clients import plain_httpx
 from tests.sim.conftest import chat_body, one_off
 

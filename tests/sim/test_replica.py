@@ -7,8 +7,8 @@ import dataclasses
 import trio
 import trio.testing
 
-from llmguard_client.sim.engine import EngineRequest
-from llmguard_client.sim.replica import MAX_CATCH_UP_STEPS, Replica
+from llmguard_tools.sim.engine import EngineRequest
+from llmguard_tools.sim.replica import MAX_CATCH_UP_STEPS, Replica
 from tests.sim.conftest import ENGINE
 
 

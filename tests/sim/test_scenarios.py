@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-import llmguard_client.sim as sim
-from llmguard_client.sim.faults import FaultConfig
-from llmguard_client.sim.scenarios import SCENARIOS, get_scenario
-from llmguard_client.sim.virtual import measure_capacity
+import llmguard_tools.sim as sim
+from llmguard_tools.sim.faults import FaultConfig
+from llmguard_tools.sim.scenarios import SCENARIOS, get_scenario
+from llmguard_tools.sim.virtual import measure_capacity
 from tests.probe import modules_after_import
 
 
@@ -65,4 +65,4 @@ def test_public_names_are_sorted_and_exported() -> None:
 def test_importing_the_package_does_not_import_the_sim() -> None:
     loaded = modules_after_import()
     assert "llmguard_client" in loaded  # the probe really imported it
-    assert not any(m.startswith("llmguard_client.sim") for m in loaded)
+    assert not any(m.startswith("llmguard_tools.sim") for m in loaded)

@@ -1,0 +1,190 @@
+"""The comparison as a plain-text report or a JSON document.
+
+The text fits the terminal's width (``COLUMNS`` when set, 80 when the output is not a terminal): a table too
+wide for it continues in another table that repeats its first columns, and prose wraps. Plain text, not rich,
+so that ``llmguard compare`` runs on an install without the ``[sim]`` extra.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmguard_tools.compare.summary import UNITS, Difference, Group
+from llmguard_tools.compare.verdict import Thresholds, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    source: str
+    records: int
+    skipped: int
+    groups: list[Group]
+    diffs: list[Difference]
+    verdict: Verdict
+    thresholds: Thresholds
+    resamples: int
+    confidence: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "records": self.records,
+            "skipped_lines": self.skipped,
+            "bootstrap": {"resamples": self.resamples, "confidence": self.confidence, "seed": self.seed},
+            "thresholds": {
+                "max_attempts": self.thresholds.max_attempts,
+                "success_drop": self.thresholds.success_drop,
+                "min_calls": self.thresholds.min_calls,
+            },
+            "groups": [
+                {
+                    "tier": g.tier,
+                    "cohort": g.cohort,
+                    "calls": g.calls,
+                    "ok": g.ok,
+                    "timeouts": g.timeouts,
+                    "http_429": g.http_429,
+                    "rollout_fractions": g.fractions,
+                    **g.figures,
+                }
+                for g in self.groups
+            ],
+            "differences": [
+                {
+                    "scope": d.scope,
+                    "metric": d.metric,
+                    "guarded": d.guarded,
+                    "control": d.control,
+                    "difference": None if d.interval is None else d.interval.estimate,
+                    "ci_low": None if d.interval is None else d.interval.low,
+                    "ci_high": None if d.interval is None else d.interval.high,
+                    "significant": d.interval is not None and (d.interval.low > 0 or d.interval.high < 0),
+                }
+                for d in self.diffs
+            ],
+            "verdict": {"decision": self.verdict.decision, "reasons": self.verdict.reasons},
+        }
+
+
+def _value(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "ratio":
+        return f"{value * 100:.2f}%"
+    return f"{value:.3f} s" if unit == "s" else f"{value:.3f}"
+
+
+def _delta(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "ratio":
+        return f"{value * 100:+.2f} pp"
+    return f"{value:+.3f} s" if unit == "s" else f"{value:+.3f}"
+
+
+def _table(rows: Sequence[Sequence[str]], right: int) -> list[str]:
+    """Columns padded to their widest cell; the first ``right`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(w) if i < right else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _fitted(rows: Sequence[Sequence[str]], keys: int, width: int) -> list[str]:
+    """`_table`, split into several tables (each repeating the first ``keys`` columns) so lines fit ``width``."""
+    groups: list[list[int]] = []
+    for i in range(keys, len(rows[0])):
+        if groups and _width(rows, [*range(keys), *groups[-1], i]) <= width:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    lines: list[str] = []
+    for n, group in enumerate(groups):
+        lines += [""] if n else []
+        lines += _table([[row[i] for i in (*range(keys), *group)] for row in rows], right=keys)
+    return lines
+
+
+def _width(rows: Sequence[Sequence[str]], columns: Sequence[int]) -> int:
+    return sum(max(len(row[i]) for row in rows) for i in columns) + 2 * (len(columns) - 1)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
+def render_text(report: Report, width: int | None = None) -> str:
+    """The report as text no wider than ``width`` (default: the terminal's, see the module docstring)."""
+    width = max(40, width or shutil.get_terminal_size((80, 24)).columns)
+    fractions = sorted({f for g in report.groups for f in g.fractions})
+    seen = ", ".join(f"{f:g}" for f in fractions) if fractions else "not recorded"
+    lines = [
+        *_wrap(
+            f"llmguard compare {report.source}: {report.records} records ({report.skipped} other lines "
+            f"skipped); rollout fraction(s) seen: {seen}",
+            width,
+        ),
+        "",
+    ]
+    columns = [
+        ("success", "success"),
+        ("timeouts", ""),
+        ("429s", ""),
+        ("TTFT\np50", "ttft_p50"),
+        ("TTFT\np95", "ttft_p95"),
+        ("TTFT\np99", "ttft_p99"),
+        ("e2e\np99", "e2e_p99"),
+        ("attempts\n/call", "attempts"),
+        ("server load\n/call", "server_load"),
+    ]
+    if any("goodput" in g.figures for g in report.groups):
+        columns.insert(1, ("goodput", "goodput"))
+    titles = [title.split("\n") for title, _ in columns]  # headers of one or two lines
+    rows = [
+        ["", "", "", *(t[0] if len(t) > 1 else "" for t in titles)],
+        ["tier", "cohort", "calls", *(t[-1] for t in titles)],
+    ]
+    for g in report.groups:
+        cells = [g.tier, g.cohort, str(g.calls)]
+        for title, name in columns:
+            if title == "timeouts":
+                cells.append(str(g.timeouts))
+            elif title == "429s":
+                cells.append(str(g.http_429))
+            else:
+                cells.append(_value(UNITS.get(name, "ratio"), g.figures.get(name)))
+        rows.append(cells)
+    lines += _fitted(rows, 2, width)
+    lines += [
+        "",
+        *_wrap(
+            f"guarded - control, {report.confidence:.0%} bootstrap CI ({report.resamples} resamples, "
+            f"seed {report.seed}):",
+            width,
+        ),
+    ]
+    rows = [["scope", "metric", "guarded", "control", "difference", "CI", "significant"]]
+    for d in report.diffs:
+        ci = "-" if d.interval is None else f"[{_delta(d.unit, d.interval.low)}, {_delta(d.unit, d.interval.high)}]"
+        significant = ""
+        if d.interval is not None and (d.interval.low > 0 or d.interval.high < 0):
+            significant = "higher" if d.interval.low > 0 else "lower"
+        estimate = None if d.interval is None else d.interval.estimate
+        row = [d.scope, d.label, _value(d.unit, d.guarded), _value(d.unit, d.control), _delta(d.unit, estimate)]
+        rows.append([*row, ci, significant])
+    if len(rows) == 1:
+        rows.append(["-", "(needs calls in both cohorts)", "", "", "", "", ""])
+    lines += _fitted(rows, 2, width)
+    lines += ["", *_wrap(report.verdict.line(), width)]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Report", "render_text"]
