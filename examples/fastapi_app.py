@@ -1,6 +1,6 @@
 """A FastAPI app with the Guard in its lifespan: one Guard per process, opened and closed with the app.
 
-    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]' fastapi
+    python3 -m venv .venv && .venv/bin/pip install -e . -e ./tools fastapi
     .venv/bin/python examples/fastapi_app.py          # starts the simulated cluster and the app, calls it
 
 Or serve it yourself against a running cluster::

@@ -1,6 +1,6 @@
 """A LangChain chat model through a Guard, sync and async.
 
-    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]' langchain-openai
+    python3 -m venv .venv && .venv/bin/pip install -e . -e ./tools langchain-openai
     .venv/bin/python examples/langchain_chat.py
 
 ``ChatOpenAI`` builds its openai clients from the ``http_client`` (sync: ``invoke``) and

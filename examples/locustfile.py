@@ -1,4 +1,4 @@
-"""Plain and guarded users side by side in one Locust run (``pip install -e '.[locust,sim]'`` in a checkout).
+"""Plain and guarded users side by side in one Locust run (``pip install -e . -e './tools[locust]'`` in a checkout).
 
 Start the simulated cluster (its replica URLs are printed, and written to the ready file)::
 

@@ -1,6 +1,6 @@
 """An async script: openai.AsyncOpenAI through a Guard, and the phase record of a streamed call.
 
-    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
+    python3 -m venv .venv && .venv/bin/pip install -e . -e ./tools
     .venv/bin/python examples/openai_async.py
 
 Starts the simulated cluster (``python -m llmguard_tools.sim --scenario stragglers``: 3 replicas, 5 %

@@ -1,6 +1,6 @@
 """The README's quickstart, as a file: a Guard under openai.AsyncOpenAI, and a streamed call's phase record.
 
-python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
+python3 -m venv .venv && .venv/bin/pip install -e . -e ./tools
 .venv/bin/python examples/openai_quickstart.py
 """
 

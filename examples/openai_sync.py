@@ -1,6 +1,6 @@
 """A sync script: openai.OpenAI through a Guard (no event loop in your code).
 
-    python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'
+    python3 -m venv .venv && .venv/bin/pip install -e . -e ./tools
     .venv/bin/python examples/openai_sync.py
 
 The guard runs its async core on one background event-loop thread, started on the first call and

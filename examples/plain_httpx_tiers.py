@@ -1,6 +1,6 @@
 """Plain httpx through a Guard: tiers per call, typed exceptions, and one JSON log line per call.
 
-pip install -e '.[sim]'
+pip install -e . -e ./tools
 python examples/plain_httpx_tiers.py
 """
 

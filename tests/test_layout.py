@@ -133,7 +133,8 @@ def private_uses(source: str, filename: str = "<tool>") -> list[str]:
             found.append(f"{filename}:{line}: {module}")
         elif module == "llmguard_client":
             public = set(llmguard_client.__all__)
-            found.extend(f"{filename}:{line}: llmguard_client.{n}" for n in names if n not in public and not _submodule(n))
+            private = [n for n in names if n not in public and not _submodule(n)]
+            found.extend(f"{filename}:{line}: llmguard_client.{n}" for n in private)
         else:
             found.extend(f"{filename}:{line}: {module}.{n}" for n in names if n.startswith("_"))
     for number, text in enumerate(source.splitlines(), 1):

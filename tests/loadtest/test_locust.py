@@ -35,7 +35,7 @@ SHORT_USERS = 4
 TIMEOUT = 120.0
 """Seconds any Locust process may take, start-up (imports on a busy machine) and shutdown included."""
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs llmguard-client[locust]")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs llmguard-tools[locust]")
 
 
 def _free_port() -> int:

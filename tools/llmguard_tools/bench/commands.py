@@ -98,7 +98,7 @@ def _console(to_stderr: bool) -> Any:
         return make_console(stderr=to_stderr)
     except ImportError as exc:
         raise UsageError(
-            f"the report needs rich (the [sim] extra: pip install -e '.[sim]' in a checkout): {exc}"
+            f"the report needs rich (a dependency of llmguard-tools: pip install -e ./tools in a checkout): {exc}"
         ) from None
 
 
@@ -126,7 +126,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
             importlib.import_module("matplotlib")
         except ImportError:
             raise UsageError(
-                "--plot needs matplotlib (the [sim] extra: pip install -e '.[sim]' in a checkout)"
+                "--plot needs matplotlib (a dependency of llmguard-tools: pip install -e ./tools in a checkout)"
             ) from None
 
 

@@ -1,8 +1,9 @@
 """The report on a terminal: short sections with one row per client, fitted to the console's width.
 
 Clients are rows and metrics columns, so many clients make a table longer, not wider. A section whose
-columns do not fit the width continues in a second table; a column no client has a figure for is left out
-(e.g. server counters against a target without ``/sim/stats``). Headers are short; ``llmguard bench
+columns do not fit the width continues in a second table (`llmguard_tools.tables`, the layout ``llmguard
+compare`` shares); a column no client has a figure for is left out (e.g. server counters against a target
+without ``/sim/stats``). Headers are short; ``llmguard bench
 --explain`` (`llmguard_tools.bench.glossary`) defines each one.
 """
 
@@ -17,6 +18,7 @@ from llmguard_tools.bench.formatting import fmt_count, fmt_pct, fmt_s, fmt_x
 from llmguard_tools.bench.runner import COUNTERS_NOTE
 from llmguard_tools.bench.summary import ClientSummary
 from llmguard_tools.bench.validity import tolerance
+from llmguard_tools.tables import fit_columns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -157,16 +159,8 @@ def _width(console: Console, table: Table) -> int:
 def section_tables(section: Section, report: BenchReport, console: Console) -> list[Table]:
     """The section as one table, or several when its columns do not fit ``console.width``."""
     columns = [c for c in section.columns if any(c.cell(s) != "-" for s in report.summaries)]
-    tables: list[Table] = []
-    current: list[Column] = []
-    for column in columns:
-        if current and _width(console, _table([*current, column], report)) > console.width:
-            tables.append(_table(current, report))
-            current = []
-        current.append(column)
-    if current:
-        tables.append(_table(current, report))
-    return tables
+    groups = fit_columns(columns, lambda group: _width(console, _table(group, report)) <= console.width)
+    return [_table(group, report) for group in groups]
 
 
 def _preamble(report: BenchReport) -> Table:

@@ -1,20 +1,20 @@
 """The comparison as a plain-text report or a JSON document.
 
 The text fits the terminal's width (``COLUMNS`` when set, 80 when the output is not a terminal): a table too
-wide for it continues in another table that repeats its first columns, and prose wraps. Plain text, not rich,
-so that ``llmguard compare`` runs on an install without the ``[sim]`` extra.
+wide for it continues in another table that repeats its first columns, and prose wraps. Plain text, not rich:
+the report needs nothing the runtime does not have. The table layout is `llmguard_tools.bench.tables`'s.
 """
 
 from __future__ import annotations
 
 import shutil
 import textwrap
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from llmguard_tools.compare.summary import UNITS, Difference, Group
 from llmguard_tools.compare.verdict import Thresholds, Verdict
+from llmguard_tools.tables import text_tables
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,36 +87,6 @@ def _delta(unit: str, value: float | None) -> str:
     return f"{value:+.3f} s" if unit == "s" else f"{value:+.3f}"
 
 
-def _table(rows: Sequence[Sequence[str]], right: int) -> list[str]:
-    """Columns padded to their widest cell; the first ``right`` columns left-aligned, the rest right-aligned."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.ljust(w) if i < right else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
-
-
-def _fitted(rows: Sequence[Sequence[str]], keys: int, width: int) -> list[str]:
-    """`_table`, split into several tables (each repeating the first ``keys`` columns) so lines fit ``width``."""
-    groups: list[list[int]] = []
-    for i in range(keys, len(rows[0])):
-        if groups and _width(rows, [*range(keys), *groups[-1], i]) <= width:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    lines: list[str] = []
-    for n, group in enumerate(groups):
-        lines += [""] if n else []
-        lines += _table([[row[i] for i in (*range(keys), *group)] for row in rows], right=keys)
-    return lines
-
-
-def _width(rows: Sequence[Sequence[str]], columns: Sequence[int]) -> int:
-    return sum(max(len(row[i]) for row in rows) for i in columns) + 2 * (len(columns) - 1)
-
-
 def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
 
@@ -162,7 +132,7 @@ def render_text(report: Report, width: int | None = None) -> str:
             else:
                 cells.append(_value(UNITS.get(name, "ratio"), g.figures.get(name)))
         rows.append(cells)
-    lines += _fitted(rows, 2, width)
+    lines += text_tables(rows, 2, width)
     lines += [
         "",
         *_wrap(
@@ -182,7 +152,7 @@ def render_text(report: Report, width: int | None = None) -> str:
         rows.append([*row, ci, significant])
     if len(rows) == 1:
         rows.append(["-", "(needs calls in both cohorts)", "", "", "", "", ""])
-    lines += _fitted(rows, 2, width)
+    lines += text_tables(rows, 2, width)
     lines += ["", *_wrap(report.verdict.line(), width)]
     return "\n".join(lines) + "\n"
 
