@@ -5,13 +5,16 @@
 
 Steps, each printed on one line; the first failure prints its output and exits 1:
 
-1. ``python -m build`` the sdist, then the wheel from the sdist (with the build backend of this interpreter).
+1. ``python -m build`` the sdist, then the wheel from the sdist (with the build backend of this interpreter);
+   the wheel must hold the runtime only (``llmguard_client/``: no simulator, bench, compare or load-test code,
+   which ship in llmguard-tools) and one command, ``llmguard-rollout``.
 2. For each dependency set, a fresh venv with the wheel and nothing else (no extras, no test packages):
    ``newest``: whatever pip resolves today; ``oldest``: every runtime dependency held to its declared minimum
    (a constraints file ``name==X.Y.*`` written from the wheel's own ``Requires-Dist``, so it cannot drift).
 3. In each venv, ``pip check``, then ``scripts/wheel_smoke_call.py`` (copied out of the checkout and run with
    ``python -I``, so the installed wheel is the only llmguard_client it can import): a plain and a streamed
-   call through ``guard.http_client()`` against a stdlib ``http.server`` on 127.0.0.1.
+   call through ``guard.http_client()`` against a stdlib ``http.server`` on 127.0.0.1; ``llmguard-rollout
+   --help``.
 """
 
 from __future__ import annotations
@@ -66,12 +69,31 @@ def minima(requirements: Sequence[str]) -> list[str]:
     return pins
 
 
+TOOLS = ("sim", "bench", "compare", "loadtest", "cli.py")
+"""What llmguard-tools ships (tools/), and the runtime wheel must not."""
+
+
+def check_contents(wheel: Path) -> None:
+    """The wheel holds ``llmguard_client`` and its metadata only, no tool, and ``llmguard-rollout`` as its command."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
+        scripts = archive.read(entry_points).decode() if entry_points else ""
+    stray = [n for n in names if n.split("/")[0] != "llmguard_client" and ".dist-info/" not in n]
+    tools = [n for n in names if n.split("/")[0] == "llmguard_client" and n.split("/")[1] in TOOLS]
+    commands = [line.split("=")[0].strip() for line in scripts.splitlines() if "=" in line]
+    if stray or tools or commands != ["llmguard-rollout"]:
+        raise SmokeError(f"FAILED: {wheel.name} holds {stray + tools} beside the runtime, commands {commands}")
+    print(f"ok   {wheel.name}: {len(names)} files, the runtime only; command llmguard-rollout")
+
+
 def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
     dist = work / "dist"
     step(f"build sdist + wheel of {source}", [sys.executable, "-m", "build", "--no-isolation", "-o", dist, source])
     (sdist,) = dist.glob("*.tar.gz")
     (wheel,) = dist.glob("*.whl")
     print(f"     {sdist.name}, {wheel.name}")
+    check_contents(wheel)
     call = work / "call.py"
     shutil.copy(CALL, call)
     for name in sets:
@@ -88,6 +110,7 @@ def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
         step(f"[{name}] pip install {wheel.name} (alone)", [*install, wheel])
         step(f"[{name}] pip check", [python, "-m", "pip", "check", "--disable-pip-version-check"])
         print("     " + step(f"[{name}] calls", [python, "-I", call], cwd=work).strip())
+        step(f"[{name}] llmguard-rollout --help", [venv / "bin" / "llmguard-rollout", "--help"], cwd=work)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
