@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class ReplicaProcess:
-    """One `benchmarks.replica_server` in its own process on 127.0.0.1."""
+    """One `llmguard_tools.sim.light` in its own process on 127.0.0.1."""
 
     def __init__(self, *options: str) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.replica_server", *options],
+            [sys.executable, "-m", "llmguard_tools.sim.light", *options],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,

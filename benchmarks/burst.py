@@ -2,7 +2,7 @@
 
     python -m benchmarks.burst [--calls 250] [--waves 3] [--pool-connections N] [--ttft 5.0] [--runs 1]
 
-One healthy replica (`benchmarks.replica_server` in its own process, so its CPU does not share the client's
+One healthy replica (`llmguard_tools.sim.light` in its own process, so its CPU does not share the client's
 GIL: first token after 36 ms, then 8 tokens 2 ms apart). Two ``openai.AsyncOpenAI`` clients in this process:
 the raw one (the SDK's own pool) and a guarded one (``http_client=guard.http_client_for(openai.AsyncOpenAI)``,
 one replica, tier ttft ``--ttft`` s, so no deadline cuts anything at the default 5 s; ``--pool-connections``

@@ -3,7 +3,7 @@
     python -m benchmarks.pool_burst [--wave 250] [--waves 3] [--repeats 2] [--ttft 1.0] [--pool-stats]
                                     [--limits 1000,100 1000,20 ...] [--scenarios healthy dead2 plain fixed]
 
-One healthy replica (`benchmarks.replica_server` in its own process, first token after 36 ms, then
+One healthy replica (`llmguard_tools.sim.light` in its own process, first token after 36 ms, then
 8 tokens 2 ms apart). For each pool setting ``max_connections,max_keepalive_connections`` (``None``:
 no limit), a fresh ``Guard(pool_limits=httpx.Limits(...))`` sends ``--waves`` waves of ``--wave``
 streamed calls released at the same instant (the first wave on a cold pool, the next ones on the

@@ -2,7 +2,7 @@
 
     python -m benchmarks.soak [--calls 50000] [--workers 50] [--seed 0] [--quick] [--tracemalloc]
 
-Three replicas (`benchmarks.replica_server`, each in its own process on 127.0.0.1, so this process's
+Three replicas (`llmguard_tools.sim.light`, each in its own process on 127.0.0.1, so this process's
 CPU and memory are the client's alone) inject faults into ``--fault-rate`` (5 %) of requests: TCP
 resets mid-stream (or before the answer), 500s, stalls past the tier's stall limit (or before a
 non-streamed answer), and error events inside a 200 stream. ``--workers`` concurrent workers make

@@ -1,8 +1,11 @@
 """A light OpenAI-compatible replica with per-request faults, for the soak and burst benchmarks.
 
+The simulated cluster's lightest member: no engine model (`llmguard_tools.sim.server` has one), a fixed
+answer, and the simulator's SSE framing (`llmguard_tools.sim.wire`).
+
 Run it as its own process, so the client being measured shares no CPU time or memory with it::
 
-    python -m benchmarks.replica_server [--port 0] [--seed 0] [--fault-rate 0.05] [--first-token-delay 0.01]
+    python -m llmguard_tools.sim.light [--port 0] [--seed 0] [--fault-rate 0.05] [--first-token-delay 0.01]
 
 It prints ``PORT <n>`` on one stdout line once it accepts connections, and runs until SIGTERM/SIGINT.
 A hand-written HTTP/1.1 server on asyncio streams (keep-alive, chunked SSE), not a framework, for two
@@ -37,6 +40,8 @@ import struct
 import time
 from collections import Counter
 from typing import Any
+
+from llmguard_tools.sim.wire import DONE, sse
 
 FAULT_AFTER = 2
 """Content tokens sent before a mid-stream fault (reset, stall, error event)."""
@@ -125,7 +130,7 @@ class Replica:
         )
         base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()), "model": "m"}
         try:
-            _chunk(writer, _event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+            _chunk(writer, sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
             await writer.drain()
             await asyncio.sleep(self.first_token_delay)
             for i in range(self.tokens):
@@ -135,7 +140,7 @@ class Replica:
                         return False
                     if fault == "error_event":
                         error = {"error": {"message": "injected error event", "type": "server_error"}}
-                        _chunk(writer, _event(error))
+                        _chunk(writer, sse(error))
                         writer.write(b"0\r\n\r\n")
                         await writer.drain()
                         return keep_alive
@@ -143,10 +148,10 @@ class Replica:
                 elif i and self.gap:
                     await asyncio.sleep(self.gap)
                 delta = {"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}
-                _chunk(writer, _event({**base, "choices": [delta]}))
+                _chunk(writer, sse({**base, "choices": [delta]}))
                 await writer.drain()
-            _chunk(writer, _event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
-            _chunk(writer, b"data: [DONE]\n\n")
+            _chunk(writer, sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+            _chunk(writer, DONE)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except (ConnectionError, OSError):
@@ -156,10 +161,6 @@ class Replica:
             self.stats["client_gone_mid_stream"] += 1
             return False
         return keep_alive
-
-
-def _event(obj: object) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -212,7 +213,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.replica_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m llmguard_tools.sim.light", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=0, help="0: any free port (default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-request fault draws")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="probability of a fault per request")
