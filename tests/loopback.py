@@ -5,7 +5,9 @@ timing are real. A test sets ``server.script`` to a `Script` describing the next
 ``server.scripter`` to choose a `Script` per request; the server records every request it received and
 every response it could not finish because the client went away.
 
-For the bench harness it also speaks the simulated cluster's side channel: ``GET /sim/stats`` (the
+It is the tests' member of the simulator's server family (`llmguard_tools.sim`): uvicorn and starlette as the
+simulated cluster's replicas, the simulator's SSE framing and its Responses and Messages encoders; what it adds is
+the per-test script. For the bench harness it also speaks the simulated cluster's side channel: ``GET /sim/stats`` (the
 sim's counters: received, admitted, rejected, completed, aborted_by_disconnect, work_tokens...) and
 ``POST /sim/reset``. `loopback_cluster` runs several servers that share one attempt counter.
 """
@@ -30,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from llmguard_tools.sim.wire import DONE, sse
 from llmguard_tools.sim.wire_messages import MessagesWire
 from llmguard_tools.sim.wire_responses import ResponsesWire
 
@@ -346,10 +349,6 @@ class LoopbackServer:
         }
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
 @dataclass
 class LoopbackCluster:
     """Servers standing in for a cluster's replicas; they share one attempt counter per request index."""
@@ -434,25 +433,25 @@ class _Encoder:
             return self.responses.opening()
         if self.protocol == "messages":
             return self.messages.opening()
-        return _sse({**self.base, "choices": [self._choice(None, None, role=True)]})
+        return sse({**self.base, "choices": [self._choice(None, None, role=True)]})
 
     def token(self, i: int) -> bytes:
         if self.protocol == "responses":
             return self.responses.token_of(f" t{i}")
         if self.protocol == "messages":
             return self.messages.token_of(f" t{i}")
-        return _sse({**self.base, "choices": [self._choice(f" t{self.offset + i}", None)]})
+        return sse({**self.base, "choices": [self._choice(f" t{self.offset + i}", None)]})
 
     def closing(self) -> bytes:
         if self.protocol == "responses":
             return self.responses.closing("stop", 7, self.tokens)
         if self.protocol == "messages":
             return self.messages.closing("stop", 7, self.tokens)
-        out = _sse({**self.base, "choices": [self._choice(None, "stop")]})
+        out = sse({**self.base, "choices": [self._choice(None, "stop")]})
         if self.include_usage:
             usage = {"prompt_tokens": 7, "completion_tokens": self.tokens, "total_tokens": 7 + self.tokens}
-            out += _sse({**self.base, "choices": [], "usage": usage})
-        return out + b"data: [DONE]\n\n"
+            out += sse({**self.base, "choices": [], "usage": usage})
+        return out + DONE
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         if self.protocol == "responses":
@@ -462,7 +461,7 @@ class _Encoder:
             kind = "overloaded_error" if error.get("code") in (503, 529) else str(error.get("type"))
             data = {"type": "error", "error": {"type": kind, "message": error.get("message")}}
             return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
-        return _sse({"error": error}) + b"data: [DONE]\n\n"
+        return sse({"error": error}) + DONE
 
     def complete(self) -> bytes:
         if self.protocol == "responses":
