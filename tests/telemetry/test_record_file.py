@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from llmguard_client import Guard, GuardConfigError, cli
+from llmguard_client import Guard, GuardConfigError
 from llmguard_client.telemetry.record import PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger
+from llmguard_tools import cli
 from llmguard_tools.compare.load import read_path
 from tests.loopback import LoopbackCluster
 
