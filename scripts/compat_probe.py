@@ -23,6 +23,8 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# tests.loopback encodes with the simulator's wire (llmguard_tools, in tools/): the cells install the runtime only.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from llmguard_client import FailureMode, Guard, Tier, guard_failure
 from tests.loopback import LoopbackServer, Script
