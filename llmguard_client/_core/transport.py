@@ -36,7 +36,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
 from llmguard_client._core.caller_intent import max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source
-from llmguard_client._core.cooperative import allow_retry, next_episode, resume
+from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
 from llmguard_client._core.given_up import Episode, GivenUp
 from llmguard_client._core.given_up import again as again_error
@@ -180,9 +180,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return await self._pass_through(request, assignment, tier_name)
         call, continuation = await self._start_call(request, headers, assignment, tier_name)
         call.max_attempts = attempts
-        route = Route(rounds=attempts)
-        if episode is not None and self._cooperative is not None:
-            resumed = resume(call, episode, self._cooperative, self._replicas)
+        route = Route(rounds=sdk_rounds(call) if call.sdk_retries else attempts)
+        if episode is not None and call.sdk_retries:
+            resumed = resume(call, episode, self._replicas)
             if resumed is None:
                 return await self._decline(call, episode)
             route = resumed
