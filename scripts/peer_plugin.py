@@ -33,7 +33,7 @@ import anyio.to_thread
 import httpx
 import pytest
 
-from llmguard_client import Guard, RetryPolicy, Tier
+from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier
 
 try:
     import httpx2
@@ -43,6 +43,10 @@ except ImportError:  # pragma: no cover - an httpx-only SDK
 TIERS = {"t": Tier(ttft=30, total=60)}
 RETRY = RetryPolicy(mode="cooperative") if os.environ.get("PEER_RETRY_MODE") == "cooperative" else RetryPolicy()
 """``PEER_RETRY_MODE=cooperative``: the Guards let the SDK send the retries (`RetryPolicy.mode`)."""
+BUDGET = (
+    BudgetPolicy(floor=int(os.environ["PEER_BUDGET_FLOOR"])) if "PEER_BUDGET_FLOOR" in os.environ else BudgetPolicy()
+)
+"""``PEER_BUDGET_FLOOR=N``: the Guards' retry budget holds N retries on its own (default: `BudgetPolicy`'s 3)."""
 _template = Guard(replicas=["http://template.invalid"], tiers=TIERS)
 """Builds the SDK-default replacements (never sends: their transport is swapped for `_Router`)."""
 _guards: dict[tuple[str, int, bool], Guard] = {}
@@ -204,7 +208,11 @@ def _guard_for(url: Any, inner_key: int, sync: bool) -> Guard:
     guard = _guards.get(key)
     if guard is None:
         guard = Guard(
-            replicas=[origin], tiers=TIERS, retry=RETRY, transport_factory=_inner_factory(_inners[inner_key](), sync)
+            replicas=[origin],
+            tiers=TIERS,
+            retry=RETRY,
+            budget=BUDGET,
+            transport_factory=_inner_factory(_inners[inner_key](), sync),
         )
         _guards[key] = guard
     return guard
