@@ -12,7 +12,9 @@ behind a proxy too. Faults, by a fixed cycle and at random (seeded), overlapping
   every injected fault at low rates (429, 503, reset, stall, cut, latency).
 
 The last fault is a Redis kill; during it client 0 gets one cool-down of its own (a 30 s Retry-After injected on
-replica 0 until one of its attempts goes there), which it can share only by its resync once Redis is back.
+replica 0 until one of its attempts goes there), which it can share only by its resync once Redis is back. From
+that fault's start no client injects anything else: the chaos mode's faults are faults too, and a winning probe
+of another client's cool-down of replica 0 would rightly end client 0's everywhere.
 
 Invariants checked (each printed with its figures, and a verdict):
 
@@ -88,6 +90,9 @@ class Plan:
     last_fault_end: float = 0.0
     probe: float = 0.0
     """When client 0 injects its cool-down of replica 0 (seconds after the start)."""
+    quiet: float = 0.0
+    """When every client stops injecting chaos (the final fault's start): after the last fault nothing is
+    injected but client 0's cool-down, so the state the clients must agree on is what the faults left."""
 
     @property
     def calls_end(self) -> float:
@@ -232,13 +237,15 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
             guard.set_chaos(storm)
             await sleep_until(fault.end)
             guard.set_chaos(background)
+        await sleep_until(plan.quiet)
+        guard.set_chaos(None)
         if index == 0:
             await sleep_until(plan.probe)
             guard.set_chaos(probe)
             with anyio.move_on_after(2.4):  # until one of its attempts went to replica 0 and cooled it
                 while _cooling(guard, plan.urls[0]) <= PROBE_RETRY_AFTER / 3:  # noqa: ASYNC110 - polled state
                     await anyio.sleep(0.02)
-            guard.set_chaos(background)
+            guard.set_chaos(None)
             result["probe_cooling"] = _cooling(guard, plan.urls[0])
             result["probe_at"] = time.time() - plan.t0
 
@@ -369,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 faults=faults,
                 last_fault_end=last,
                 probe=(final.start + 0.5) if final is not None else last - 1.0,
+                quiet=final.start if final is not None else last - 1.5,
             )
             plan_path = tmp / "plan.json"
             plan_path.write_text(json.dumps(asdict(plan)))

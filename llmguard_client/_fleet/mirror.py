@@ -3,9 +3,10 @@
 Each is published twice when learned here: a key with the remaining time as its TTL
 (``llmguard:{name}:cool:{replica}``, ``...:open:{replica}``), for processes that (re)connect later, and an
 event on ``llmguard:{name}:events`` that every process's listener mirrors into its own replica states at
-once. Calls read only those local states. A probe that succeeds clears the cool-down (or the circuit)
-everywhere. An event names the replica (its URL without credentials), what happened and for how long;
-nothing about a user or a prompt is stored.
+once. Calls read only those local states. A probe that succeeds ends the cool-down and the circuit
+everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
+Retry-After another process was given is that process's to probe. An event names the replica (its URL
+without credentials), what happened and for how long; nothing about a user or a prompt is stored.
 
 A cool-down learned from another process carries no probe for this one: the process that learned it
 sends the one probe of that cool-down (`llmguard_client._routing.cooldown`).
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FleetMirror"]
 
-Kind = Literal["cool", "open", "clear"]
+Kind = Literal["cool", "open", "clear", "close"]
 _SLACK = 0.01
 """A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
 
@@ -56,23 +57,26 @@ class FleetMirror:
     def cleared(self, state: ReplicaState) -> None:
         self._publish(state, "clear", 0.0)
 
+    def closed(self, state: ReplicaState) -> None:
+        self._publish(state, "close", 0.0)
+
     def _publish(self, state: ReplicaState, kind: Kind, seconds: float) -> None:
         if not self.store.available:
             return  # the next resync writes what is still in force
-        ms = max(1, math.ceil(seconds * 1000)) if kind != "clear" else 0
+        ms = max(1, math.ceil(seconds * 1000)) if kind in ("cool", "open") else 0
         payload = self._event(state, kind, ms)
-        keys = [self.store.key("cool", state.name), self.store.key("open", state.name)]
+        cool, opened = self.store.key("cool", state.name), self.store.key("open", state.name)
+        ended = {"clear": [cool, opened], "close": [opened]}.get(kind, [])
         channel, origin = self.channel, self.store.origin
 
         async def write(client: Redis) -> None:
             # Redis Cluster: the two keys may live on different nodes, and redis-py's cluster pipeline refuses
             # PUBLISH and multi-key DEL; so one key per command, and the event after the key is written.
             pipe = client.pipeline(transaction=False)
-            if kind == "clear":
-                for key in keys:
-                    pipe.delete(key)
-            else:
-                pipe.set(keys[0] if kind == "cool" else keys[1], origin, px=ms)
+            for key in ended:
+                pipe.delete(key)
+            if not ended:
+                pipe.set(cool if kind == "cool" else opened, origin, px=ms)
             await pipe.execute()
             await client.publish(channel, payload)
 
@@ -99,11 +103,13 @@ class FleetMirror:
             self._cool(state, now + ms / 1000)
         elif kind == "open":
             self._open(state, now + ms / 1000)
-        elif kind == "clear":
-            state.cooling_until = min(state.cooling_until, now)
+        elif kind in ("clear", "close"):
             state.open_until = min(state.open_until, now)
-            state.tripped = state.probing = False
-            state.probe_at = math.inf
+            state.tripped = False
+            if kind == "clear":
+                state.cooling_until = min(state.cooling_until, now)
+                state.probing = False
+                state.probe_at = math.inf
 
     async def resync(self, client: Redis) -> None:
         """After a (re)connection: write what is in force here and missing there, and publish it (the processes

@@ -119,12 +119,15 @@ class SharedState(Protocol):
 
     def cleared(self, state: ReplicaState) -> None: ...
 
+    def closed(self, state: ReplicaState) -> None: ...
+
 
 class ReplicaSet:
     """Picks replicas for attempts and remembers what each one said."""
 
     shared: SharedState | None = None
-    """Told of each cool-down, opened circuit and successful probe (the fleet mirror; None: in process)."""
+    """Told of each cool-down, opened circuit, closed circuit and successful probe (the fleet mirror; None: in
+    process)."""
 
     def __init__(
         self,
@@ -272,8 +275,11 @@ class ReplicaSet:
     ) -> None:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
         closes, a cool-down whose probe this was ends, and the router learns its TTFT and rate-limit headers."""
-        if (state.probing or state.tripped) and self.shared is not None:
-            self.shared.cleared(state)
+        if self.shared is not None:
+            if state.probing:  # the cool-down's own probe: the server serves again
+                self.shared.cleared(state)
+            elif state.tripped:  # a circuit closing says nothing of a Retry-After another process was given
+                self.shared.closed(state)
         if state.probing:
             state.cooling_until, state.probing = 0.0, False
         state.consecutive_failures = 0

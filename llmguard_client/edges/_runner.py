@@ -118,6 +118,7 @@ class _Exchange:
         self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._put_count = 0  # written by the task only
         self._taken = 0  # written by the caller's thread only
+        self._pending: _End | _Failed | None = None  # the end, taken with the last chunks (the caller's thread)
         self._waiting_for_room = False
         self._room: anyio.Event | None = None
         self._ended = False
@@ -208,11 +209,27 @@ class _Exchange:
         self._items.put(item)
 
     def next_item(self) -> _Item:
-        """From the caller's thread: the next chunk, waiting for the task to read it if none is queued."""
+        """From the caller's thread: every chunk queued, joined into one (waiting for the task to read one if
+        none is), or the end. A caller behind the loop takes what piled up in one step: each chunk handed over
+        alone cost the caller's thread a pass through the SDK's stream decoding and the GIL a switch."""
+        if self._pending is not None:
+            end, self._pending = self._pending, None
+            return end
         if self._items.empty() and not self._ended and self._loop.is_closed():
             return _Failed(GuardClosed("this Guard was closed while the response was being read"))
-        item = self._items.get()
-        self._taken += 1
+        item: _Item = self._items.get()
+        taken = 1
+        if isinstance(item, bytes) and not self._items.empty():
+            chunks: list[bytes] = [item]
+            while not self._items.empty():
+                following = self._items.get_nowait()
+                taken += 1
+                if not isinstance(following, bytes):
+                    self._pending = following  # the end comes after the data before it
+                    break
+                chunks.append(following)
+            item = b"".join(chunks)
+        self._taken += taken
         if self._waiting_for_room:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to wake
                 self._loop.call_soon_threadsafe(self._make_room)

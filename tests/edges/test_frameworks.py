@@ -186,3 +186,36 @@ async def test_chatopenai_without_a_sync_client_goes_around_the_guard_on_invoke(
         llm.invoke("hi")  # the SDK's own sync client, on this thread
     assert len(server.received) == 1
     assert calls == []
+
+
+async def test_litellms_retries_stacked_on_a_raise_mode_guard_send_nothing(servers: list[LoopbackServer]) -> None:
+    """litellm sets the openai client's ``max_retries`` to its own default (2) on every call; in raise mode the
+    SDK then retries the guard's timeout (the plain SDK sends 3 requests here). Each retry carries
+    ``x-stainless-retry-count`` > 0: the guard fails it at once with the same error, sending nothing."""
+    litellm = pytest.importorskip("litellm")
+    server = servers[0]
+    server.script = Script(hang_before_headers=5.0)
+    reached_guard: list[str | None] = []
+
+    async def count(request: Any) -> None:
+        reached_guard.append(request.headers.get("x-stainless-retry-count"))
+
+    async with Guard(
+        [server.url], tiers=TIERS, instrumentation=None, transport_factory=pools, failure_mode="raise"
+    ) as guard:
+        http = guard.http_client_for(openai.AsyncOpenAI, event_hooks={"request": [count]})
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=http)
+        with guard.capture() as calls, pytest.raises(litellm.Timeout) as caught:
+            await litellm.acompletion(
+                model="openai/m",
+                messages=[{"role": "user", "content": "hi"}],
+                api_base=server.url + "/v1",
+                api_key="k",
+                client=client,
+                extra_headers={"x-llmguard-tier": "fast"},
+            )
+    assert reached_guard == ["0", "1", "2"]  # litellm's SDK retried twice, on top of the guard
+    assert guard_failure(caught.value) == "ttft_timeout"
+    (call,) = calls  # one call, its attempts the guard's own
+    assert server.wait_for(lambda: len(server.received) >= len(call.attempts))
+    assert len(server.received) == len(call.attempts)  # the stacked retries sent nothing

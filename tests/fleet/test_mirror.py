@@ -73,6 +73,32 @@ async def test_a_probe_that_wins_clears_the_cool_down_everywhere(redis_server: R
             await g.aclose()
 
 
+async def test_a_circuit_closing_elsewhere_ends_the_circuit_but_not_a_cool_down(redis_server: RedisServer) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    try:
+        await connected(a, b)
+        now = anyio.current_time()
+        assert b._replica_set.failed(states(b)[0], now, threshold=1, cooldown=20.0)  # b's circuit, shared
+        await until(lambda: states(a)[0].open(anyio.current_time()))
+        a._replica_set.cool_down(states(a)[0], anyio.current_time(), 30.0)  # a's Retry-After, shared
+        await until(lambda: states(b)[0].cooling(anyio.current_time()))
+        b._replica_set.succeeded(states(b)[0], 0.05, anyio.current_time())  # b's circuit closes: not a probe
+        await until(lambda: not states(a)[0].open(anyio.current_time()))
+        assert not states(a)[0].tripped
+        assert states(a)[0].cooling(anyio.current_time())  # a's cool-down and its probe stay a's
+        assert states(a)[0].probe_at < math.inf
+        assert states(b)[0].cooling(anyio.current_time())
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            assert await client.exists("llmguard:checkout:open:http://127.0.0.1:9/r0") == 0
+            assert await client.exists("llmguard:checkout:cool:http://127.0.0.1:9/r0") == 1
+        finally:
+            await client.aclose()
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
 async def test_a_guard_that_connects_later_finds_what_is_in_force(redis_server: RedisServer) -> None:
     a = guard(redis_server.url)
     try:
