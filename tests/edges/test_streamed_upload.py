@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import anyio.to_thread
 import httpx
@@ -26,6 +26,7 @@ openai = pytest.importorskip("openai")
 httpx2 = pytest.importorskip("httpx2")
 CLIENTS = ["openai async", "openai sync", "httpx async", "httpx sync"]
 PATH = "/v1/chat/completions"  # a generation path: a body in memory would be hedged and retried on any 5xx
+RetryMode = Literal["guard", "cooperative"]
 WAIT = 5.0
 """The longest an iterator waits for the server to see its first chunk (only a buffering guard waits it out)."""
 
@@ -108,12 +109,12 @@ async def async_chunks(server: UploadServer, seen: list[bool]) -> AsyncIterator[
     yield b"second"
 
 
-def guard_over(servers: list[UploadServer], ttft: float = 10.0) -> Guard:
+def guard_over(servers: list[UploadServer], ttft: float = 10.0, mode: RetryMode = "guard") -> Guard:
     return Guard(
         [s.url for s in servers],
         tiers={"t": Tier(ttft=ttft, total=20.0)},
         hedge=HedgePolicy(warmup_delay=0.05, min_delay=0.05),
-        retry=RetryPolicy(backoff_initial=0.01, backoff_max=0.02),
+        retry=RetryPolicy(backoff_initial=0.01, backoff_max=0.02, mode=mode),
         instrumentation=None,
         transport_factory=pools,
     )
@@ -201,6 +202,25 @@ async def test_a_timeout_stays_a_timeout_after_one_attempt(kind: str) -> None:
     assert guard_failure(caught.value) == "ttft_timeout"
     assert sum(len(s.bodies) for s in servers) == 1 and len(calls[0].attempts) == 1
     assert calls[0].one_attempt == "streamed_body" and not calls[0].hedged
+
+
+async def test_the_cooperative_mode_does_not_let_the_sdk_resend_it() -> None:
+    """The SDK would resend its exhausted iterator: the guard's answer is final (``x-should-retry: false``)."""
+    servers = [UploadServer(status=500), UploadServer(status=500)]
+    seen: list[bool] = []
+    try:
+        async with guard_over(servers, mode="cooperative") as guard:
+            client = openai.AsyncOpenAI(
+                base_url=servers[0].url + "/v1", api_key="k", max_retries=2, http_client=guard.httpx2_client()
+            )
+            with guard.capture() as calls, pytest.raises(openai.InternalServerError) as caught:
+                await client.post("/chat/completions", content=async_chunks(servers[0], seen), cast_to=httpx2.Response)
+    finally:
+        for server in servers:
+            server.close()
+    assert caught.value.response.headers["x-should-retry"] == "false" and seen == [True]
+    assert sum(len(s.bodies) for s in servers) == 1
+    assert [(c.one_attempt, len(c.attempts)) for c in calls] == [("streamed_body", 1)]
 
 
 async def test_a_body_in_memory_is_still_retried() -> None:
