@@ -12,7 +12,6 @@ The proxies run on one event loop in a background thread (`ProxyThread`), driven
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import anyio
@@ -24,18 +23,14 @@ _POLL = 0.01
 """Seconds between two looks at the partition flag while partitioned."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PartitionProxy:
-    """One proxy on 127.0.0.1:``port`` in front of ``upstream_host``:``upstream_port``."""
+    """One proxy on 127.0.0.1:``port`` in front of ``upstream_host``:``upstream_port``; ``port`` is the one
+    its listener was given once started (asking for a free port first and binding it later raced with other
+    processes on a busy machine)."""
 
     def __init__(self, name: str, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.name = name
-        self.port = _free_port()
+        self.port = 0
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
         self.partitioned = False
@@ -51,6 +46,7 @@ class PartitionProxy:
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         async with listener:
             task_status.started()
             await listener.serve(self._connection)

@@ -12,9 +12,9 @@ behind a proxy too. Faults, by a fixed cycle and at random (seeded), overlapping
   every injected fault at low rates (429, 503, reset, stall, cut, latency).
 
 The last fault is a Redis kill; during it client 0 gets one cool-down of its own (a 30 s Retry-After injected on
-replica 0 until one of its attempts goes there), which it can share only by its resync once Redis is back. From
+the first replica one of its attempts goes to), which it can share only by its resync once Redis is back. From
 that fault's start no client injects anything else: the chaos mode's faults are faults too, and a winning probe
-of another client's cool-down of replica 0 would rightly end client 0's everywhere.
+of another client's cool-down of the same replica would rightly end client 0's everywhere.
 
 Invariants checked (each printed with its figures, and a verdict):
 
@@ -25,7 +25,7 @@ Invariants checked (each printed with its figures, and a verdict):
 3. every client's leak counters are back to zero once its callers stopped: calls and attempts in flight,
    budget tickets (``guard.snapshot().idle``), and no connection open after ``aclose``;
 4. shared state agrees within ``--agree-s`` after the last fault (from when the restarted Redis answered): every
-   client is connected to the store again and sees client 0's cool-down of replica 0.
+   client is connected to the store again and sees client 0's cool-down (no other lasts over 10 s).
 
 Fault windows are the times each fault was in force: from its start to when its end was done (a restarted
 replica or Redis answering), which on a busy machine is later than scheduled.
@@ -89,7 +89,7 @@ class Plan:
     faults: list[Fault] = field(default_factory=list)
     last_fault_end: float = 0.0
     probe: float = 0.0
-    """When client 0 injects its cool-down of replica 0 (seconds after the start)."""
+    """When client 0 injects its cool-down (seconds after the start)."""
     quiet: float = 0.0
     """When every client stops injecting chaos (the final fault's start): after the last fault nothing is
     injected but client 0's cool-down, so the state the clients must agree on is what the faults left."""
@@ -181,7 +181,7 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
         seed=plan.seed * 100 + index,
     )
     storm = Chaos(rate_limited=0.3, unavailable=0.2, retry_after=1.0, seed=plan.seed * 100 + index + 50)
-    probe = Chaos(rate_limited=1.0, retry_after=PROBE_RETRY_AFTER, replicas=[plan.urls[0]])
+    probe = Chaos(rate_limited=1.0, retry_after=PROBE_RETRY_AFTER)  # whichever replica the next attempt picks
     guard = Guard(
         plan.urls,
         tiers={"t": Tier(ttft=TTFT, total=TOTAL, stall=STALL)},
@@ -242,17 +242,17 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
         if index == 0:
             await sleep_until(plan.probe)
             guard.set_chaos(probe)
-            with anyio.move_on_after(2.4):  # until one of its attempts went to replica 0 and cooled it
-                while _cooling(guard, plan.urls[0]) <= PROBE_RETRY_AFTER / 3:  # noqa: ASYNC110 - polled state
+            with anyio.move_on_after(2.4):  # until one of its attempts went to a replica and cooled it
+                while _cooling(guard) <= PROBE_RETRY_AFTER / 3:  # noqa: ASYNC110 - polled state
                     await anyio.sleep(0.02)
             guard.set_chaos(None)
-            result["probe_cooling"] = _cooling(guard, plan.urls[0])
+            result["probe_cooling"] = _cooling(guard)
             result["probe_at"] = time.time() - plan.t0
 
     async def sampler() -> None:
         while time.time() < at(plan.duration):
             fleet = guard.snapshot().fleet
-            samples.append((time.time(), bool(fleet and fleet.connected), _cooling(guard, plan.urls[0])))
+            samples.append((time.time(), bool(fleet and fleet.connected), _cooling(guard)))
             await anyio.sleep(0.05)
 
     async def loop_stalls() -> None:
@@ -286,8 +286,9 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
     return result
 
 
-def _cooling(guard: Any, url: str) -> float:
-    return next((r.cooling_for for r in guard.snapshot().replicas if r.name == url.rstrip("/")), 0.0)
+def _cooling(guard: Any) -> float:
+    """The longest cool-down in force in this client (seconds left)."""
+    return max((r.cooling_for for r in guard.snapshot().replicas), default=0.0)
 
 
 # --- the parts the faults act on -------------------------------------------------------------------
@@ -348,7 +349,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 sims = [SimReplica(args.seed * 10 + i, tmp) for i in range(args.replica_count)]
                 proxies = [PartitionProxy(f"replica{i}", sim.start()) for i, sim in enumerate(sims)]
-                urls = [f"http://{p.address}" for p in proxies]
             if args.redis:
                 host, _, port = args.redis.rpartition(":")
                 redis_proxy = PartitionProxy("redis", int(port), upstream_host=host)
@@ -357,7 +357,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 redis.start()
                 redis_proxy = PartitionProxy("redis", redis.port)
             proxy_thread = ProxyThread([*proxies, redis_proxy])
-            proxy_thread.start()
+            proxy_thread.start()  # each proxy's port is known from here on
+            if not args.replicas:
+                urls = [f"http://{p.address}" for p in proxies]
             kinds = tuple(
                 k
                 for k in KINDS

@@ -237,7 +237,10 @@ class RetryPolicy:
     other callers keep the default), one attempt round per SDK request (hedges included), and the SDK sends the
     retries the guard allows: the guard decides (budget, Retry-After, deadline, attempts) and says so
     with ``x-should-retry`` and ``retry-after-ms`` on the failure it returns; the SDK's next request of
-    the same call keeps its deadlines, its attempts and the replicas it must avoid.
+    the same call keeps its deadlines, its attempts and the replicas it must avoid. The SDK's ``max_retries``
+    then sets how many requests a call gets: ``max_attempts`` here does not cap them (it still does for other
+    callers), a tier's ``max_attempts`` or the call's ``x-llmguard-max-attempts`` does, and each retry is
+    paid from the budget; 10 requests at most.
     """
 
     max_attempts: int = 3

@@ -15,7 +15,8 @@ unchanged:
 The suites mock with respx (anthropic, over httpx) and respx2 (openai >= 3, over httpx2): both patch the
 connection pool *below* the client's transport, so the guard's layers run and the mocks still answer.
 The guard's inner transport is an httpx one; for an httpx2 client it forwards to an httpx2 pool (this
-plugin's `_Httpx2Inner`), which respx2 patches.
+plugin's `_Httpx2Inner`), which respx2 patches. A body the guard sends as it comes (an iterator's) is passed
+to the test's transport unread, as the SDK's own client would pass it (`_unread_body`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio.from_thread
+import anyio.to_thread
 import httpx
 import pytest
 
-from llmguard_client import Guard, RetryPolicy, Tier
+from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier
 
 try:
     import httpx2
@@ -40,6 +43,10 @@ except ImportError:  # pragma: no cover - an httpx-only SDK
 TIERS = {"t": Tier(ttft=30, total=60)}
 RETRY = RetryPolicy(mode="cooperative") if os.environ.get("PEER_RETRY_MODE") == "cooperative" else RetryPolicy()
 """``PEER_RETRY_MODE=cooperative``: the Guards let the SDK send the retries (`RetryPolicy.mode`)."""
+BUDGET = (
+    BudgetPolicy(floor=int(os.environ["PEER_BUDGET_FLOOR"])) if "PEER_BUDGET_FLOOR" in os.environ else BudgetPolicy()
+)
+"""``PEER_BUDGET_FLOOR=N``: the Guards' retry budget holds N retries on its own (default: `BudgetPolicy`'s 3)."""
 _template = Guard(replicas=["http://template.invalid"], tiers=TIERS)
 """Builds the SDK-default replacements (never sends: their transport is swapped for `_Router`)."""
 _guards: dict[tuple[str, int, bool], Guard] = {}
@@ -58,6 +65,29 @@ def _to_httpx_error(exc: Exception, request: httpx.Request) -> Exception:
     return exc
 
 
+def _unread_body(request: httpx.Request) -> httpx.AsyncByteStream | None:
+    """The attempt's body when the guard sends it as it comes (not held in memory), else None."""
+    stream = request.stream
+    return None if isinstance(stream, httpx.ByteStream) else stream  # type: ignore[return-value]
+
+
+class _Pull:
+    """A sync iterator over an async body, for a sync transport called in a worker thread."""
+
+    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+        self._chunks = stream.__aiter__()
+
+    async def _next(self) -> bytes | None:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def __iter__(self) -> Any:
+        while (chunk := anyio.from_thread.run(self._next)) is not None:
+            yield chunk
+
+
 class _Httpx2Inner(httpx.AsyncBaseTransport):
     """An httpx transport over an httpx2 one (async or sync): what respx2 patches stays below the guard."""
 
@@ -65,14 +95,19 @@ class _Httpx2Inner(httpx.AsyncBaseTransport):
         self._inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
+        unread = _unread_body(request)
+        is_async = isinstance(self._inner, httpx2.AsyncBaseTransport)
+        body: Any = (await request.aread()) if unread is None else unread if is_async else _Pull(unread)
         req2 = httpx2.Request(
             request.method, str(request.url), headers=request.headers.raw, content=body, extensions=request.extensions
         )
         try:
-            if isinstance(self._inner, httpx2.AsyncBaseTransport):
+            if is_async:
                 response = await self._inner.handle_async_request(req2)
                 stream: Any = _AsyncChunks(response)
+            elif unread is not None:  # the transport pulls the body from this loop: call it from a worker thread
+                response = await anyio.to_thread.run_sync(self._inner.handle_request, req2)
+                stream = _AsyncChunks(response)
             else:
                 response = self._inner.handle_request(req2)
                 stream = _AsyncChunks(response)
@@ -121,8 +156,19 @@ class _HttpxSyncInner(httpx.AsyncBaseTransport):
         self._inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        await request.aread()
-        response = self._inner.handle_request(request)
+        unread = _unread_body(request)
+        if unread is None:
+            await request.aread()
+            response = self._inner.handle_request(request)
+        else:  # the transport pulls the body from this loop: call it from a worker thread
+            pulled = httpx.Request(
+                request.method,
+                request.url,
+                headers=request.headers.raw,
+                content=_Pull(unread),
+                extensions=request.extensions,
+            )
+            response = await anyio.to_thread.run_sync(self._inner.handle_request, pulled)
         return httpx.Response(
             response.status_code,
             headers=response.headers.raw,
@@ -162,7 +208,11 @@ def _guard_for(url: Any, inner_key: int, sync: bool) -> Guard:
     guard = _guards.get(key)
     if guard is None:
         guard = Guard(
-            replicas=[origin], tiers=TIERS, retry=RETRY, transport_factory=_inner_factory(_inners[inner_key](), sync)
+            replicas=[origin],
+            tiers=TIERS,
+            retry=RETRY,
+            budget=BUDGET,
+            transport_factory=_inner_factory(_inners[inner_key](), sync),
         )
         _guards[key] = guard
     return guard

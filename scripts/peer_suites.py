@@ -1,6 +1,7 @@
 """The SDKs' own client test suites, run plain and through a Guard: a regression suite for faithfulness.
 
     python scripts/peer_suites.py [--suite openai --suite anthropic] [--workdir /tmp/llmguard-peer] [--check]
+                                  [--retry-mode guard|cooperative] [--budget-floor N]
 
 For each pinned SDK release it downloads the sdist from the package index (``pip download --no-deps
 --no-binary :all:``), unpacks its ``tests/``, installs the SDK and what its tests import into one throwaway
@@ -78,7 +79,9 @@ def unpack(workdir: Path, pin: str, env: Path) -> Path:
     return target
 
 
-def outcomes(env: Path, source: Path, guarded: bool, mode: str = "guard") -> dict[str, str]:
+def outcomes(
+    env: Path, source: Path, guarded: bool, mode: str = "guard", budget_floor: int | None = None
+) -> dict[str, str]:
     """Each test's outcome (passed, failed, skipped) in one run of the suite's tests/test_client.py."""
     report = source / (f"guarded-{mode}.xml" if guarded else "plain.xml")
     cmd = [str(env / "bin" / "python"), "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
@@ -87,6 +90,8 @@ def outcomes(env: Path, source: Path, guarded: bool, mode: str = "guard") -> dic
     if guarded:
         cmd[-1:-1] = ["-p", "peer_plugin"]
         env_vars = {"PYTHONPATH": str(ROOT / "scripts"), "PEER_RETRY_MODE": mode}
+        if budget_floor is not None:
+            env_vars["PEER_BUDGET_FLOOR"] = str(budget_floor)
     done = subprocess.run(cmd, cwd=source, text=True, capture_output=True, env={**os.environ, **(env_vars or {})})
     if not report.exists():
         sys.exit(f"pytest produced no report in {source}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -120,6 +125,12 @@ def main() -> int:
     parser.add_argument(
         "--retry-mode", choices=["guard", "cooperative"], default="guard", help="the Guards' RetryPolicy.mode"
     )
+    parser.add_argument(
+        "--budget-floor",
+        type=int,
+        help="the Guards' BudgetPolicy.floor (default: BudgetPolicy's), to tell a "
+        "difference the retry budget makes from one the guard's faithfulness makes",
+    )
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     env = venv(args.workdir, args.python)
@@ -128,11 +139,14 @@ def main() -> int:
     unlisted: list[str] = []
     for suite in args.suite or sorted(SUITES):
         source = unpack(args.workdir, SUITES[suite], env)
-        plain, guarded = outcomes(env, source, False), outcomes(env, source, True, args.retry_mode)
+        plain = outcomes(env, source, False)
+        guarded = outcomes(env, source, True, args.retry_mode, args.budget_floor)
         differ = sorted(t for t, o in plain.items() if o == "passed" and guarded.get(t) != "passed")
         plain_ok = sum(o == "passed" for o in plain.values())
         guarded_ok = sum(o == "passed" for o in guarded.values())
         mode = "" if args.retry_mode == "guard" else f" ({args.retry_mode} retries)"
+        if args.budget_floor is not None:
+            mode += f" (BudgetPolicy(floor={args.budget_floor}))"
         print(f"{SUITES[suite]} tests/test_client.py: {plain_ok} pass plain, {guarded_ok} pass guarded{mode}")
         for test in differ:
             mark = "" if test in known else "   (not in docs/compatibility.md)"

@@ -12,6 +12,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.caller_intent import with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
+from llmguard_client._http.upload import framing_headers
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
@@ -65,10 +66,13 @@ class Call:
     """The caller's SDK sends this call's retries (`RetryPolicy.mode` "cooperative" and a Stainless-built SDK
     calling): one attempt round per request, a retry the guard allows is handed back to the SDK."""
     keeps_text: bool = False
-    max_attempts: int | None = None
-    """The most attempts (``x-llmguard-max-attempts``, else the tier's; None: the retry policy's)."""
     """A continuation may resume this call (its tier's `ContinuationPolicy` is on and the request qualifies):
     its attempts' readers keep the text they deliver, which a continuation resumes from."""
+    max_attempts: int | None = None
+    """The most attempts (``x-llmguard-max-attempts``, else the tier's; None: the retry policy's)."""
+    one_shot: httpx.AsyncByteStream | None = None
+    """The caller's body when it can be sent only once (`llmguard_client._http.upload`): sent as it comes, on
+    the call's one attempt (``body`` is then empty)."""
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes
@@ -123,18 +127,22 @@ class Call:
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
         headers = [(b"Host", url.netloc), *forwarded]
+        one_shot = self.one_shot if body is None else None
         if body is None:
             body = self.body
-        if body or self.request.method in _BODY_METHODS:
+        if one_shot is not None:
+            headers += framing_headers(self.request)
+        elif body or self.request.method in _BODY_METHODS:
             headers.append((b"Content-Length", str(len(body)).encode()))
         request = httpx.Request(
             self.request.method,
             url,
             headers=headers,
-            stream=httpx.ByteStream(body),
+            stream=one_shot if one_shot is not None else httpx.ByteStream(body),
             extensions=dict(self.request.extensions),
         )
-        request.read()
+        if one_shot is None:
+            request.read()
         plain: dict[str, str] = {}
         self.observation.attempt_started(attempt, state.url_text(url), plain)
         for key, value in plain.items():

@@ -8,6 +8,12 @@ a connection error: the SDK retries those on its own); the call's `Episode` is r
 request of the same call (`llmguard_client._core.given_up`) resumes it: the first episode's deadlines, the
 attempts it used, a replica that has not failed it, paid from the retry budget like any retry. When the
 guard would not retry, the failure is final (``x-should-retry: false``), as in the default mode.
+
+How many requests a call gets (`sdk_rounds`): the SDK's own ``max_retries`` is the caller's intent, so the
+retry policy's ``max_attempts`` (a guard-wide default) does not cap the SDK's requests; the budget, the
+deadlines and Retry-After still decide each one. An explicit cap still holds: the call's
+``x-llmguard-max-attempts`` header or its tier's ``max_attempts``; without one, `MAX_ATTEMPTS` (the most any
+setting allows) bounds a call whatever the SDK asks.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.given_up import Episode
 from llmguard_client._core.outcome import Failed, Route
 from llmguard_client._routing.replicas import ReplicaSet
-from llmguard_client.config import RetryPolicy
+from llmguard_client.config import MAX_ATTEMPTS
 
 
-def resume(call: Call, episode: Episode, policy: RetryPolicy, replicas: ReplicaSet) -> Route | None:
+def sdk_rounds(call: Call) -> int:
+    """The most attempt rounds a call from a retrying SDK may use across its requests: the call's
+    ``x-llmguard-max-attempts`` or its tier's ``max_attempts``, else `MAX_ATTEMPTS` (the SDK's own
+    ``max_retries`` decides below it; the retry policy's ``max_attempts`` does not apply)."""
+    return call.max_attempts or MAX_ATTEMPTS
+
+
+def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     """The route of the SDK's retry of ``episode``'s call: its deadlines, the attempts left, a replica that has
     not failed it when one is ready (else the retry layer's choice, as for a retry in the default mode), paid
     from the budget; None when the budget refuses (nothing is sent)."""
@@ -34,8 +47,7 @@ def resume(call: Call, episode: Episode, policy: RetryPolicy, replicas: ReplicaS
         return None
     now, key = call.clock(), call.affinity_key
     replica = replicas.pick_ready(now, episode.failed, key) or replicas.pick(now, episode.failed, key)
-    most = call.max_attempts or policy.max_attempts  # x-llmguard-max-attempts, the tier's, the policy's
-    return Route(replica, "retry", payment, rounds=max(1, most - episode.rounds))
+    return Route(replica, "retry", payment, rounds=max(1, sdk_rounds(call) - episode.rounds))
 
 
 def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode:

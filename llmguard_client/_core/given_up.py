@@ -11,6 +11,12 @@ The same call is recognised by its ``Idempotency-Key`` header when it has one (a
 its method, URL and body together with ``x-stainless-retry-count`` > 0 (a first request is never taken for
 a retry). The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW` seconds after the give-up
 (longer than an SDK's backoff between two retries: openai sleeps at most 8 s).
+
+Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
+request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
+no retry count is taken for a retry when it is the same call (method, URL, body) as one given up on at most
+`UNCOUNTED_WINDOW` seconds before: the SDK's longest backoff and a second to spare. The price: the same
+request sent again as a new call within those seconds, from such an SDK, fails at once too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ REMEMBERED = 1024
 """At most this many calls are remembered (the oldest is forgotten first)."""
 WINDOW = 30.0
 """Seconds after the give-up during which a retry of the call fails at once."""
+UNCOUNTED_WINDOW = 9.0
+"""Seconds after the give-up during which a Stainless SDK's request without a retry count is taken for a retry
+of the same call (openai sleeps at most 8 s between two of its requests)."""
+SDK_HEADERS = ("x-stainless-lang", "x-stainless-package-version")
+"""Headers every Stainless-built SDK sends, whether or not it sends its retry count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,7 @@ class GivenUp:
         self._size = size
         self._window = window
         self._calls: OrderedDict[str, tuple[float, Remembered]] = OrderedDict()
+        """By identity: (when it was given up on or handed back, what is remembered), oldest first."""
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -77,7 +89,7 @@ class GivenUp:
         """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
         it (an `Episode`, cooperative mode)."""
         key = _identity(request, body)
-        self._calls[key] = (now + self._window, what)
+        self._calls[key] = (now, what)
         self._calls.move_to_end(key)
         while len(self._calls) > self._size:
             self._calls.popitem(last=False)
@@ -94,13 +106,16 @@ class GivenUp:
         if not self._calls:
             return None
         self._expire(now)
+        headers = request.headers
         count = retry_count(request)
-        keyed = IDEMPOTENCY_HEADER in request.headers and RETRY_COUNT_HEADER not in request.headers
-        if not self._calls or not (count > 0 or keyed):  # an SDK's first request is never a retry
+        uncounted = RETRY_COUNT_HEADER not in headers
+        keyed = IDEMPOTENCY_HEADER in headers and uncounted
+        legacy = uncounted and not keyed and any(name in headers for name in SDK_HEADERS)
+        if not self._calls or not (count > 0 or keyed or legacy):  # an SDK's first request is never a retry
             return None
         key = _identity(request, await request.aread())
         entry = self._calls.get(key)
-        if entry is None:
+        if entry is None or (legacy and now - entry[0] > UNCOUNTED_WINDOW):
             return None
         what = entry[1]
         if isinstance(what, Episode):
@@ -111,8 +126,8 @@ class GivenUp:
     def _expire(self, now: float) -> None:
         calls = self._calls
         while calls:
-            key, (until, _) = next(iter(calls.items()))
-            if until > now:
+            key, (since, _) = next(iter(calls.items()))
+            if since + self._window > now:
                 return
             del calls[key]
 

@@ -36,7 +36,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
 from llmguard_client._core.caller_intent import max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source
-from llmguard_client._core.cooperative import allow_retry, next_episode, resume
+from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
 from llmguard_client._core.given_up import Episode, GivenUp
 from llmguard_client._core.given_up import again as again_error
@@ -46,6 +46,7 @@ from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
+from llmguard_client._http.upload import one_shot_body
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
 from llmguard_client._routing.replicas import ReplicaSet
@@ -169,7 +170,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
-        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) else None
+        one_shot = one_shot_body(request)  # sent as it comes: never read here, never taken for a retry
+        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not one_shot else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
         if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
             if self._failure_mode == "raise" and not self._warned_stacking:
@@ -178,11 +180,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise again
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
-        call, continuation = await self._start_call(request, headers, assignment, tier_name)
+        call, continuation = await self._start_call(request, headers, assignment, tier_name, one_shot)
         call.max_attempts = attempts
-        route = Route(rounds=attempts)
-        if episode is not None and self._cooperative is not None:
-            resumed = resume(call, episode, self._cooperative, self._replicas)
+        route = Route(rounds=1 if one_shot else sdk_rounds(call) if call.sdk_retries else attempts)
+        if episode is not None and call.sdk_retries:
+            resumed = resume(call, episode, self._replicas)
             if resumed is None:
                 return await self._decline(call, episode)
             route = resumed
@@ -235,18 +237,24 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
 
     async def _start_call(
-        self, request: httpx.Request, headers: CallerHeaders, assignment: Assignment, tier_name: str
+        self,
+        request: httpx.Request,
+        headers: CallerHeaders,
+        assignment: Assignment,
+        tier_name: str,
+        one_shot: httpx.AsyncByteStream | None,
     ) -> tuple[Call, CallContinuation | None]:
         """The call, built complete, and its continuation state (None: its tier has none, or the request
-        cannot be continued)."""
+        cannot be continued). A body that can be sent only once (``one_shot``) is not read: the call gets one
+        attempt, no hedge, no retry (its record says so), and the SDK is not told to retry it."""
         time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
         clock = time_source.now
         now = clock()
-        sdk_retries = self._cooperative is not None and headers.from_sdk
+        sdk_retries = self._cooperative is not None and headers.from_sdk and one_shot is None
         tier = self._tiers[tier_name]
         if not sdk_retries:  # the guard retries: the SDK's timeout= bounds the call (cooperative: each SDK request)
             tier = within_read_timeout(tier, request.extensions)
-        body = await request.aread()
+        body = b"" if one_shot is not None else await request.aread()
         document = json_document(request, body)  # parsed once: the facts and the affinity key read the same value
         facts = RequestFacts.of(document)
         path = request.url.path
@@ -263,6 +271,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
         )
+        if one_shot is not None:
+            record.one_attempt_because("streamed_body")
         continuer = self.stream.continuation
         continuation = (
             continuer.for_call(tier_name, request.method, path, body)
@@ -290,7 +300,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             time=time_source,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
-            hedgeable=generation,
+            hedgeable=generation and one_shot is None,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
@@ -298,6 +308,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             ttft_stats=self._ttft_stats,
             affinity_key=key,
             keeps_text=continuation is not None,
+            one_shot=one_shot,
             lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation
@@ -397,7 +408,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await lease.aclose(status, error.cause)
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
-        if (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
+        if call.one_shot is not None:  # its body is gone: an SDK's retry of it is a new request, as without a guard
+            pass
+        elif (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)

@@ -19,8 +19,7 @@ the disconnect and stops generating.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import anyio
 import httpx
@@ -68,8 +67,7 @@ class AttemptLayer:
         response: httpx.Response | None = None
         won = False
         try:
-            request = call.attempt_request(state, attempt, route.body)
-            request.extensions = stamp_sent(request.extensions, attempt, clock)
+            request = stamp_sent(call.attempt_request(state, attempt, route.body), attempt, clock)
             response = await state.transport.handle_async_request(request)
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)
@@ -169,17 +167,31 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     return b"".join(parts)[:limit]
 
 
-def stamp_sent(extensions: Mapping[str, Any], attempt: AttemptRecordBuilder, clock: Clock) -> dict[str, Any]:
-    """``extensions`` with a ``trace`` hook that stamps the attempt's ``sent`` when httpcore reports the request body
-    written, and still calls the caller's own hook; and the attempt's record builder (`ATTEMPT_EXTENSION`)."""
-    inner = extensions.get("trace")
+def stamp_sent(request: httpx.Request, attempt: AttemptRecordBuilder, clock: Clock) -> httpx.Request:
+    """``request`` marked as ``attempt``'s (`ATTEMPT_EXTENSION`), its body wrapped to stamp the attempt's
+    ``sent`` once the transport has written all of it. (An httpcore ``trace`` hook did it before, at the price of
+    a call for each of the dozen events httpcore reports per request; the caller's own hook is left alone.)"""
+    request.extensions = {**request.extensions, ATTEMPT_EXTENSION: attempt}
+    body = request.stream
+    assert isinstance(body, httpx.AsyncByteStream), "the guard's attempts carry async bodies"
+    request.stream = _StampsSent(body, attempt, clock)
+    return request
 
-    async def trace(event: str, info: dict[str, Any]) -> None:
-        if event.endswith("send_request_body.complete"):
-            attempt.attempt_sent(clock())
-        if inner is not None:
-            result = inner(event, info)
-            if hasattr(result, "__await__"):
-                await result
 
-    return {**extensions, "trace": trace, ATTEMPT_EXTENSION: attempt}
+class _StampsSent(httpx.AsyncByteStream):
+    """An attempt's body: stamps the attempt's ``sent`` when the transport has taken its last byte."""
+
+    __slots__ = ("_attempt", "_body", "_clock")
+
+    def __init__(self, body: httpx.AsyncByteStream, attempt: AttemptRecordBuilder, clock: Clock) -> None:
+        self._body = body
+        self._attempt = attempt
+        self._clock = clock
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._body:
+            yield chunk
+        self._attempt.attempt_sent(self._clock())
+
+    async def aclose(self) -> None:
+        await self._body.aclose()

@@ -112,12 +112,16 @@ async def passthrough(
     attempt = record.attempt_started(origin, "primary", now)
     end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
     end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
-    outgoing = httpx.Request(
-        request.method,
-        request.url,
-        headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
-        stream=request.stream,
-        extensions=stamp_sent(request.extensions, attempt, clock),
+    outgoing = stamp_sent(
+        httpx.Request(
+            request.method,
+            request.url,
+            headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
+            stream=request.stream,
+            extensions=request.extensions,
+        ),
+        attempt,
+        clock,
     )
     try:
         response = await transport_for_url(request.url).handle_async_request(outgoing)

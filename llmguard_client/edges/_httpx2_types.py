@@ -1,6 +1,7 @@
 """Translation between httpx2 and httpx types for the httpx2 edges (imports httpx2).
 
-Requests go in as `httpx.Request` (body read whole: the guard may replay it); responses
+Requests go in as `httpx.Request` (a body in memory read whole: the guard may replay it; an iterator's as a
+`OneShotBody`, sent as it comes on one attempt); responses
 come back as `httpx2.Response` with the core's body streamed through; errors raised
 by the core are re-raised as the httpx2 exception of the same name, so an SDK's
 ``except httpx2.TimeoutException`` (openai: `APITimeoutError`) still matches. A guard
@@ -16,7 +17,9 @@ from typing import Any
 
 import httpx
 import httpx2
+from httpx2._content import AsyncIteratorByteStream, IteratorByteStream
 
+from llmguard_client._http.upload import OneShotBody
 from llmguard_client.errors import GuardFailure
 from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
@@ -24,7 +27,17 @@ _DROPPED_EXTENSIONS = frozenset({"network_stream"})
 """Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""
 
 
-def core_request(request: httpx2.Request, body: bytes) -> httpx.Request:
+def one_shot(request: httpx2.Request) -> OneShotBody | None:
+    """The request's body when it is an iterator or an async iterator (it can be sent only once), else None."""
+    stream = request.stream
+    if isinstance(stream, AsyncIteratorByteStream):
+        return OneShotBody(stream)
+    if isinstance(stream, IteratorByteStream):
+        return OneShotBody.from_sync(stream)
+    return None
+
+
+def core_request(request: httpx2.Request, body: bytes | OneShotBody) -> httpx.Request:
     """The httpx2 request as the core's `httpx.Request` (same method, URL, raw headers and body)."""
     extensions: dict[str, Any] = dict(request.extensions)
     captures = active_captures()
@@ -34,7 +47,7 @@ def core_request(request: httpx2.Request, body: bytes) -> httpx.Request:
         request.method,
         str(request.url),
         headers=request.headers.raw,
-        stream=httpx.ByteStream(body),
+        stream=body if isinstance(body, OneShotBody) else httpx.ByteStream(body),
         extensions=extensions,
     )
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from llmguard_client._http.upload import sync_one_shot
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
@@ -29,12 +30,15 @@ class SyncGuardTransport(httpx.BaseTransport):
         self._guard = guard
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        request.read()  # a request body is sent whole (it may be replayed to several replicas)
+        inner = sync_one_shot(request)  # an iterator's body is sent as it comes, on one attempt
+        if inner is None:
+            inner = request
+            request.read()  # a request body in memory is sent whole (it may be replayed to several replicas)
         captures = active_captures()
         if captures:
-            request.extensions = {**request.extensions, CAPTURES_EXTENSION: captures}
+            inner.extensions = {**inner.extensions, CAPTURES_EXTENSION: captures}
         try:
-            response, body = runner_for(self._guard).send(request)
+            response, body = runner_for(self._guard).send(inner)
         except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
             return self._guard.transport.refuse(request, closed)
         out = httpx.Response(response.status_code, headers=response.headers.raw, stream=_Body(body), request=request)

@@ -197,6 +197,8 @@ class CallObserver:
             attrs[sc.LLMGUARD_CONTINUED] = True
         if record.not_continued is not None:
             attrs[sc.LLMGUARD_NOT_CONTINUED] = record.not_continued
+        if record.one_attempt is not None:
+            attrs[sc.LLMGUARD_ONE_ATTEMPT] = record.one_attempt
         if self._refusals:
             attrs[sc.LLMGUARD_BUDGET_REFUSALS] = self._refusals
         if record.response_model:

@@ -23,6 +23,7 @@ from llmguard_client.telemetry.record import (
     AttemptRecord,
     CallStatus,
     NotContinued,
+    OneAttempt,
     PhaseRecord,
     from_fields,
 )
@@ -259,6 +260,10 @@ class CallRecordBuilder:
         """Why the last break after the first token was not continued (None: it was)."""
         self._fields["not_continued"] = reason
 
+    def one_attempt_because(self, reason: OneAttempt) -> None:
+        """The guard gives the call one attempt only (no hedge, no retry), for ``reason``."""
+        self._fields["one_attempt"] = reason
+
     def hand_over(self, extensions: MutableMapping[str, Any]) -> None:
         """Put a snapshot in the caller's response ``extensions`` (the response's own dict) now, and the final
         record when the call ends."""
@@ -348,6 +353,10 @@ class CallRecordBuilder:
     @property
     def not_continued(self) -> NotContinued | None:
         return self._fields["not_continued"]  # type: ignore[no-any-return]
+
+    @property
+    def one_attempt(self) -> OneAttempt | None:
+        return self._fields["one_attempt"]  # type: ignore[no-any-return]
 
 
 AnyAttempt = LiveAttempt

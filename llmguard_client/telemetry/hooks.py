@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Literal, Protocol
 
-from llmguard_client.telemetry.record import AttemptKind, AttemptOutcome, NotContinued, PhaseRecord
+from llmguard_client.telemetry.record import AttemptKind, AttemptOutcome, NotContinued, OneAttempt, PhaseRecord
 
 __all__ = ["NO_INSTRUMENTATION", "CallObservation", "Instrumentation", "LiveAttempt", "LiveCall"]
 
@@ -89,6 +89,8 @@ class LiveCall(Protocol):
     def rollout_fraction(self) -> float | None: ...
     @property
     def not_continued(self) -> NotContinued | None: ...
+    @property
+    def one_attempt(self) -> OneAttempt | None: ...
     @property
     def attempts(self) -> Sequence[LiveAttempt]: ...
 

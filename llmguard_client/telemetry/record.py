@@ -53,6 +53,10 @@ the policy's ``max_continuations`` were used; less than its ``min_time_left`` wa
 tokens left under ``max_tokens``; no other replica to send it to; the retry budget refused it; the Guard was
 closed; the continuation attempt failed or got no first token in time; the break was the total deadline."""
 
+OneAttempt = Literal["streamed_body"]
+"""Why the guard sent a call once, with no hedge and no retry of its own: ``streamed_body``, its request body
+was an iterator, sent as it came (its chunks cannot be produced again)."""
+
 CallStatus = Literal["pending", "ok", "timeout", "http_error", "error", "rejected", "cancelled", "abandoned"]
 """ok; timeout (see ``cause``); http_error (a server error status reached the caller);
 error (a transport error); rejected (the guard refused: budget, cool-down, bulkhead);
@@ -127,6 +131,8 @@ class PhaseRecord:
     not_continued: NotContinued | None = None
     """Continuation on: why the last break after the first token was not continued (None if it was, or
     if nothing broke)."""
+    one_attempt: OneAttempt | None = None
+    """Why the guard gave this call one attempt only, with no hedge and no retry (None: it did not limit it)."""
 
     @property
     def ttft(self) -> float | None:

@@ -132,7 +132,7 @@ def test_a_partitioned_proxy_holds_the_bytes_and_delivers_them_when_healed() -> 
         server.join(10)
 
 
-@pytest.mark.slow  # 30 s of real processes and faults; its bounds need a machine with CPU to spare
+@pytest.mark.slow  # 30 s of real processes and faults: a step of its own in CI (.ci/run)
 def test_a_short_chaos_run_keeps_every_invariant() -> None:
     cmd = [sys.executable, "-m", "benchmarks.chaos", "--minutes", "0.5", "--processes", "2", "--callers", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

@@ -93,6 +93,25 @@ async def test_phase_record_fields_and_order(servers: list[LoopbackServer]) -> N
     assert len(record.attempts) == 1 and record.attempts[0].outcome == "won"
 
 
+async def test_the_callers_trace_hook_sees_httpcores_events_and_the_attempt_is_stamped_sent(
+    servers: list[LoopbackServer],
+) -> None:
+    events: list[str] = []
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        events.append(event)
+
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        response = await client.post(
+            servers[0].url + CHAT, json={**STREAM_BODY, "stream": False}, extensions={"trace": trace}
+        )
+        assert response.status_code == 200
+    (attempt,) = records[0].attempts
+    assert attempt.start <= attempt.sent <= attempt.headers  # type: ignore[operator]
+    assert "http11.send_request_body.complete" in events and "http11.receive_response_headers.complete" in events
+
+
 async def test_usage_absent_when_not_requested(servers: list[LoopbackServer]) -> None:
     records: list[PhaseRecord] = []
     body = {**STREAM_BODY, "stream_options": {"include_usage": False}}

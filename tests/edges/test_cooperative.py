@@ -2,7 +2,9 @@
 
 Real openai SDK through the guard to real loopback servers: one attempt per SDK request, the retry the
 guard allows goes to another replica and is counted by the SDK (``retries_taken``, ``x-stainless-retry-count``);
-the guard's attempt limit and the call's deadline hold across the SDK's requests, whatever ``max_retries`` says.
+the SDK's ``max_retries`` sets how many requests a call gets (the retry policy's ``max_attempts`` does not cap
+them); a tier's or a call's explicit attempt limit, the budget and the call's deadline hold across the SDK's
+requests, whatever ``max_retries`` says.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ MESSAGES: Any = [{"role": "user", "content": "req0 hi"}]
 ERROR = {"error": {"message": "boom", "type": "server_error"}}
 
 
-def cooperative(urls: list[str], tier: Tier, **retry: Any) -> Guard:
+def cooperative(urls: list[str], tier: Tier, budget: BudgetPolicy | None = None, **retry: Any) -> Guard:
     return Guard(
         urls,
         tiers={"t": tier},
         hedge=None,
+        budget=budget or BudgetPolicy(),
         retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02, **retry),
         instrumentation=None,
         transport_factory=pools,
@@ -64,19 +67,60 @@ async def test_the_sdk_sends_the_retry_to_another_replica(cluster: LoopbackClust
     assert [len(c.attempts) for c in calls] == [1, 1] and [c.status for c in calls] == ["http_error", "ok"]
 
 
-async def test_the_guards_attempt_limit_holds_whatever_max_retries_says(servers: list[LoopbackServer]) -> None:
+async def test_the_sdks_max_retries_sets_the_requests_over_the_policys_max_attempts(
+    servers: list[LoopbackServer],
+) -> None:
+    """``max_retries=4`` asks for 5 requests; the policy's default ``max_attempts`` (3) does not cap them (the
+    budget's floor is raised to 4 retries: a fresh Guard's default floor of 3 would refuse the fourth)."""
+    servers[0].scripter = lambda index, attempt: Script(status=500, body=ERROR) if attempt <= 4 else None
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20), BudgetPolicy(floor=4)) as guard:
+        client = sdk(guard, servers[0].url, max_retries=4)
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, max_tokens=3)
+    assert raw.retries_taken == 4 and raw.parse().choices[0].message.content
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
+
+
+async def test_the_sdks_last_retry_gets_the_servers_answer(servers: list[LoopbackServer]) -> None:
+    """The SDK stops at its ``max_retries``: the caller gets the server's answer, as without a guard."""
     servers[0].script = Script(status=500, body=ERROR)
-    async with cooperative([servers[0].url], Tier(ttft=10, total=20), max_attempts=2) as guard:
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20), BudgetPolicy(floor=4)) as guard:
         with pytest.raises(openai.InternalServerError) as caught:
-            await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(model="m", messages=MESSAGES)
+            await sdk(guard, servers[0].url, max_retries=4).chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.status_code == 500 and caught.value.body == ERROR["error"]
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("cap", ["tier", "header"])
+async def test_an_explicit_attempt_limit_holds_whatever_max_retries_says(
+    servers: list[LoopbackServer], cap: str
+) -> None:
+    servers[0].script = Script(status=500, body=ERROR)
+    tier = Tier(ttft=10, total=20, max_attempts=2 if cap == "tier" else None)
+    headers = {"x-llmguard-max-attempts": "2"} if cap == "header" else {}
+    async with cooperative([servers[0].url], tier) as guard:
+        with pytest.raises(openai.InternalServerError) as caught:
+            await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(
+                model="m", messages=MESSAGES, extra_headers=headers
+            )
     assert caught.value.status_code == 500 and guard_failure(caught.value) == "upstream_status"
     assert caught.value.response.headers["x-should-retry"] == "false"  # the guard said no to a third
     assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
 
 
+async def test_the_budget_still_caps_the_sdks_retries(servers: list[LoopbackServer]) -> None:
+    """A fresh Guard's budget holds 3 retries (its floor): ``max_retries=4`` gets 4 requests, the last final."""
+    servers[0].script = Script(status=500, body=ERROR)
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20)) as guard:
+        with pytest.raises(openai.InternalServerError) as caught:
+            await sdk(guard, servers[0].url, max_retries=4).chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert guard_failure(caught.value) == "budget_exhausted"
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3"]
+
+
 async def test_timeouts_are_retried_by_the_sdk_within_the_guards_attempts(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(hang_before_headers=5.0)
-    async with cooperative([servers[0].url], Tier(ttft=30, total=60), max_attempts=2) as guard:
+    async with cooperative([servers[0].url], Tier(ttft=30, total=60, max_attempts=2)) as guard:
         client = sdk(guard, servers[0].url, max_retries=2, timeout=0.3)  # (each SDK retry sleeps 0.4-1 s first)
         with pytest.raises(openai.APITimeoutError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES)
@@ -89,7 +133,7 @@ async def test_the_calls_deadline_holds_across_the_sdks_requests(servers: list[L
     """The SDK's timeout (0.3 s) fires first; its first retry comes after its own backoff (0.375-0.5 s), still
     within the call's ttft of 1 s; its later ones (0.75-1 s, 1.5-2 s later) come past it and send nothing."""
     servers[0].script = Script(hang_before_headers=5.0)
-    async with cooperative([servers[0].url], Tier(ttft=1.0, total=20), max_attempts=10) as guard:
+    async with cooperative([servers[0].url], Tier(ttft=1.0, total=20)) as guard:
         client = sdk(guard, servers[0].url, max_retries=3, timeout=0.3)
         with pytest.raises(openai.APITimeoutError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES)

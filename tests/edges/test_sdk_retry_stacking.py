@@ -127,3 +127,44 @@ async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memo
     memory.remember(request, b"{}", AllAttemptsFailed("the first call"), now=0.0)
     memory.forget(request, b"{}")
     assert await memory.recall(request, now=1.0) is None
+
+
+OPENAI_1_40_HEADERS = {
+    "x-stainless-lang": "python",
+    "x-stainless-package-version": "1.40.0",
+    "x-stainless-os": "Linux",
+    "x-stainless-arch": "x64",
+    "x-stainless-runtime": "CPython",
+    "x-stainless-runtime-version": "3.11.7",
+    "x-stainless-async": "async:asyncio",
+}
+"""What openai 1.40 sends with each request, its retries included: no ``x-stainless-retry-count`` (1.47+)."""
+
+
+async def test_a_retry_from_an_sdk_that_sends_no_retry_count_sends_nothing(servers: list[LoopbackServer]) -> None:
+    """openai before 1.47 retries a timed-out call with the same request and no retry count: within the SDK's
+    backoff window it is the same call, and fails at once with the same error."""
+    servers[0].script = Script(hang_before_headers=5.0)
+    url = servers[0].url + "/v1/chat/completions"
+    body = {"model": "m", "messages": MESSAGES}
+    async with guard_over(servers[:1], "auto") as guard, guard.http_client() as client:
+        with pytest.raises(httpx.TimeoutException) as first:
+            await client.post(url, json=body, headers=OPENAI_1_40_HEADERS)
+        with pytest.raises(httpx.TimeoutException) as again:
+            await client.post(url, json=body, headers=OPENAI_1_40_HEADERS)
+    assert guard_failure(first.value) == guard_failure(again.value) == "ttft_timeout"
+    assert "a retry of a call the guard already gave up on" in str(again.value)
+    assert sent(servers[:1], 1) == 1
+
+
+async def test_an_uncounted_request_is_a_retry_only_within_the_sdks_backoff_window() -> None:
+    def request(**headers: str) -> httpx.Request:
+        return httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers=headers)
+
+    memory = GivenUp()
+    memory.remember(request(), b"{}", AllAttemptsFailed("the call"), now=0.0)
+    assert await memory.recall(request(**OPENAI_1_40_HEADERS), now=8.5) is not None  # openai sleeps at most 8 s
+    assert await memory.recall(request(), now=1.0) is None  # not an SDK: a first request, never a retry
+    assert await memory.recall(request(**OPENAI_1_40_HEADERS), now=9.5) is None  # past the SDK's backoff
+    counted = request(**OPENAI_1_40_HEADERS, **{"x-stainless-retry-count": "1"})
+    assert await memory.recall(counted, now=20.0) is not None  # a counted retry: the whole window

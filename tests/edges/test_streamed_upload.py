@@ -1,0 +1,236 @@
+"""A request body given as an iterator is sent as it comes, on one attempt, by every kind of client.
+
+Real openai SDK (async and sync, httpx2) and plain httpx (async and sync) through the guard to a raw loopback
+server that reads the chunked upload itself: the body's first bytes reach the server before the iterator
+is exhausted (the guard buffers nothing), the call gets no hedge and no retry (its record says why), and a
+failure keeps its type. A body in memory is still retried, for contrast.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+import anyio.to_thread
+import httpx
+import pytest
+
+from llmguard_client import Guard, HedgePolicy, RetryPolicy, Tier, guard_failure
+from llmguard_client.telemetry.record import PhaseRecord
+from tests.edges.conftest import pools
+
+openai = pytest.importorskip("openai")
+httpx2 = pytest.importorskip("httpx2")
+CLIENTS = ["openai async", "openai sync", "httpx async", "httpx sync"]
+PATH = "/v1/chat/completions"  # a generation path: a body in memory would be hedged and retried on any 5xx
+RetryMode = Literal["guard", "cooperative"]
+WAIT = 5.0
+"""The longest an iterator waits for the server to see its first chunk (only a buffering guard waits it out)."""
+
+
+class UploadServer:
+    """A raw HTTP/1.1 server on 127.0.0.1 that reads each upload itself: it notes the moment a request's first
+    body bytes arrive (`first_bytes`), reads the body to its end and answers ``status`` (``hang``: never)."""
+
+    def __init__(self, status: int = 200, hang: bool = False) -> None:
+        self.status, self.hang = status, hang
+        self.first_bytes = threading.Event()
+        self.bodies: list[bytes] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+        for conn in self._open:
+            conn.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._open.append(conn)
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536) or b"\0"
+            head, rest = data.split(b"\r\n\r\n", 1)
+            fields = dict(line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:])
+            length = int(fields.get(b"content-length", b"-1"))
+            while not rest and length:
+                rest += conn.recv(65536)
+            self.first_bytes.set()
+            while not (len(rest) == length if length >= 0 else rest.endswith(b"0\r\n\r\n")):  # the body's end
+                more = conn.recv(65536)
+                if not more:
+                    return
+                rest += more
+            self.bodies.append(rest if length >= 0 else _dechunk(rest))
+            if self.hang:
+                while conn.recv(65536):  # until the client closes
+                    pass
+                return
+            answer = json.dumps({"received": len(self.bodies[-1])}).encode()
+            conn.sendall(
+                b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % (self.status, len(answer))
+                + answer
+            )
+
+
+def _dechunk(raw: bytes) -> bytes:
+    body = b""
+    while True:
+        size_line, raw = raw.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return body
+        body, raw = body + raw[:size], raw[size + 2 :]
+
+
+def sync_chunks(server: UploadServer, seen: list[bool]) -> Iterator[bytes]:
+    yield b"first,"
+    seen.append(server.first_bytes.wait(WAIT))  # True: the first chunk reached the server before the next
+    yield b"second"
+
+
+async def async_chunks(server: UploadServer, seen: list[bool]) -> AsyncIterator[bytes]:
+    yield b"first,"
+    seen.append(await anyio.to_thread.run_sync(server.first_bytes.wait, WAIT))
+    yield b"second"
+
+
+def guard_over(servers: list[UploadServer], ttft: float = 10.0, mode: RetryMode = "guard") -> Guard:
+    return Guard(
+        [s.url for s in servers],
+        tiers={"t": Tier(ttft=ttft, total=20.0)},
+        hedge=HedgePolicy(warmup_delay=0.05, min_delay=0.05),
+        retry=RetryPolicy(backoff_initial=0.01, backoff_max=0.02, mode=mode),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+
+
+async def upload(guard: Guard, kind: str, server: UploadServer, seen: list[bool], body: bytes | None = None) -> Any:
+    """POST the iterator (or ``body``) with client ``kind``; the SDKs with ``max_retries=0``."""
+    headers = {"content-type": "application/octet-stream"}
+    sync = kind.endswith(" sync")
+    content: Any = body if body is not None else (sync_chunks if sync else async_chunks)(server, seen)
+    options: Any = {"headers": headers}
+    if kind == "openai async":
+        client: Any = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+        )
+        return await client.post("/chat/completions", content=content, cast_to=httpx2.Response, options=options)
+    if kind == "openai sync":
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.sync_httpx2_client()
+        )
+        return await anyio.to_thread.run_sync(
+            lambda: client.post("/chat/completions", content=content, cast_to=httpx2.Response, options=options)
+        )
+    if kind == "httpx async":
+        async with guard.http_client() as plain:
+            return await plain.post(server.url + PATH, content=content, headers=headers)
+    with guard.sync_http_client() as plain_sync:
+        return await anyio.to_thread.run_sync(
+            lambda: plain_sync.post(server.url + PATH, content=content, headers=headers)
+        )
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_the_first_bytes_reach_the_server_before_the_iterator_ends(kind: str) -> None:
+    servers = [UploadServer(), UploadServer()]
+    seen: list[bool] = []
+    try:
+        async with guard_over(servers) as guard:
+            with guard.capture() as calls:
+                response = await upload(guard, kind, servers[0], seen)
+    finally:
+        for server in servers:
+            server.close()
+    assert response.status_code == 200 and json.loads(response.content) == {"received": len(b"first,second")}
+    assert seen == [True]  # the server had the first chunk while the iterator still held the second
+    assert servers[0].bodies == [b"first,second"] and servers[1].bodies == []
+    record: PhaseRecord = calls[0]
+    assert record.one_attempt == "streamed_body" and len(record.attempts) == 1
+
+
+@pytest.mark.parametrize("kind", ["openai async", "httpx sync"])
+async def test_a_server_error_is_neither_retried_nor_hedged_and_keeps_its_status(kind: str) -> None:
+    servers = [UploadServer(status=500), UploadServer(status=500)]
+    seen: list[bool] = []
+    try:
+        async with guard_over(servers) as guard:
+            with guard.capture() as calls:
+                if kind.startswith("openai"):
+                    with pytest.raises(openai.InternalServerError) as caught:
+                        await upload(guard, kind, servers[0], seen)
+                    assert guard_failure(caught.value) == "upstream_status"
+                else:
+                    response = await upload(guard, kind, servers[0], seen)
+                    assert response.status_code == 500
+    finally:
+        for server in servers:
+            server.close()
+    assert sum(len(s.bodies) for s in servers) == 1  # one attempt: no retry on the other replica
+    assert calls[0].one_attempt == "streamed_body" and len(calls[0].attempts) == 1
+
+
+@pytest.mark.parametrize("kind", ["openai sync", "httpx async"])
+async def test_a_timeout_stays_a_timeout_after_one_attempt(kind: str) -> None:
+    """Both replicas never answer: a body in memory would be hedged after 50 ms; this one is sent once."""
+    servers = [UploadServer(hang=True), UploadServer(hang=True)]
+    seen: list[bool] = []
+    expected: type[BaseException] = openai.APITimeoutError if kind.startswith("openai") else httpx.TimeoutException
+    try:
+        async with guard_over(servers, ttft=0.5) as guard:
+            with guard.capture() as calls, pytest.raises(expected) as caught:
+                await upload(guard, kind, servers[0], seen)
+    finally:
+        for server in servers:
+            server.close()
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert sum(len(s.bodies) for s in servers) == 1 and len(calls[0].attempts) == 1
+    assert calls[0].one_attempt == "streamed_body" and not calls[0].hedged
+
+
+async def test_the_cooperative_mode_does_not_let_the_sdk_resend_it() -> None:
+    """The SDK would resend its exhausted iterator: the guard's answer is final (``x-should-retry: false``)."""
+    servers = [UploadServer(status=500), UploadServer(status=500)]
+    seen: list[bool] = []
+    try:
+        async with guard_over(servers, mode="cooperative") as guard:
+            client = openai.AsyncOpenAI(
+                base_url=servers[0].url + "/v1", api_key="k", max_retries=2, http_client=guard.httpx2_client()
+            )
+            with guard.capture() as calls, pytest.raises(openai.InternalServerError) as caught:
+                await client.post("/chat/completions", content=async_chunks(servers[0], seen), cast_to=httpx2.Response)
+    finally:
+        for server in servers:
+            server.close()
+    assert caught.value.response.headers["x-should-retry"] == "false" and seen == [True]
+    assert sum(len(s.bodies) for s in servers) == 1
+    assert [(c.one_attempt, len(c.attempts)) for c in calls] == [("streamed_body", 1)]
+
+
+async def test_a_body_in_memory_is_still_retried() -> None:
+    servers = [UploadServer(status=500), UploadServer(status=500)]
+    try:
+        async with guard_over(servers) as guard:
+            with guard.capture() as calls:
+                response = await upload(guard, "httpx async", servers[0], [], body=b"first,second")
+    finally:
+        for server in servers:
+            server.close()
+    assert response.status_code == 500 and calls[0].one_attempt is None
+    assert sum(len(s.bodies) for s in servers) == 3  # RetryPolicy's max_attempts
