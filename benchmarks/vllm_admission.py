@@ -53,6 +53,9 @@ from llmguard_client import Admission, Guard, Tier, guard_failure
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ("raw", "guard", "admission")
 MODEL = "tiny-llama"
+WARM_UP = 3
+"""Calls each client makes one after another before its plan starts: not in its figures (their tokens are
+received, so not wasted)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -120,8 +123,11 @@ async def one_call(oai: openai.AsyncOpenAI, result: CallResult, t0: float, max_t
         result.ended = time.perf_counter() - t0
 
 
-async def run_client(url: str, client: str, arrivals: Sequence[float], args: argparse.Namespace) -> list[CallResult]:
-    """Replay the plan through one client; calls still open ``drain`` s after the last arrival are abandoned."""
+async def run_client(
+    url: str, client: str, arrivals: Sequence[float], args: argparse.Namespace
+) -> tuple[int, list[CallResult]]:
+    """Replay the plan through one client, after a warm-up (the tokens it received); calls still open
+    ``drain`` s after the last arrival are abandoned."""
     guard: Guard | None = None
     if client == "raw":
         http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=10_000), timeout=httpx2.Timeout(120.0))
@@ -131,6 +137,9 @@ async def run_client(url: str, client: str, arrivals: Sequence[float], args: arg
         oai = openai.AsyncOpenAI(
             base_url=url + "/v1", api_key="sk", http_client=guard.http_client_for(openai.AsyncOpenAI), max_retries=0
         )
+    warm_up = [CallResult(0.0, 0.0) for _ in range(WARM_UP)]
+    for result in warm_up:  # the SDK builds its models and the pool its connection on first use
+        await one_call(oai, result, time.perf_counter(), args.max_tokens, "warm-up")
     results: list[CallResult] = []
     t0 = time.perf_counter()
     with anyio.move_on_after(arrivals[-1] + args.drain if arrivals else 0.0) as scope:
@@ -146,13 +155,15 @@ async def run_client(url: str, client: str, arrivals: Sequence[float], args: arg
     await oai.close()
     if guard is not None:
         await guard.aclose()
-    return results
+    return sum(r.tokens for r in warm_up), results
 
 
 def worker(args: argparse.Namespace) -> None:
     arrivals = plan(args.rate, args.duration, args.seed)
-    results = anyio.run(run_client, args.vllm.rstrip("/"), args.worker, arrivals, args)
-    Path(args.out).write_text(json.dumps([dataclasses.asdict(r) for r in results]))
+    warm_up, results = anyio.run(run_client, args.vllm.rstrip("/"), args.worker, arrivals, args)
+    Path(args.out).write_text(
+        json.dumps({"warm_up_tokens": warm_up, "calls": [dataclasses.asdict(r) for r in results]})
+    )
 
 
 # --- the orchestrating process: the engine's counters, the clients' processes, the report ---
@@ -256,7 +267,7 @@ def run_turn(url: str, client: str, rate: float, args: argparse.Namespace) -> di
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tools")]))
     try:
         subprocess.run([*command, "--out", path], cwd=ROOT, env=env, check=True)
-        calls = json.loads(Path(path).read_text())
+        output = json.loads(Path(path).read_text())
     finally:
         Path(path).unlink(missing_ok=True)
     load_after = os.getloadavg()[0]
@@ -264,7 +275,7 @@ def run_turn(url: str, client: str, rate: float, args: argparse.Namespace) -> di
     poller.stop()
     after = engine_metrics(url)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    summary = summarise(calls, args, generated)
+    summary = summarise(output["calls"], args, generated - output["warm_up_tokens"])
     summary.update(
         client=client,
         rate=rate,
