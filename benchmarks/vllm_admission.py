@@ -16,8 +16,8 @@ share of the former: tokens generated for calls the client abandoned); refusals 
 ``x-llmguard-cause: overloaded`` under the SDK) and their latency p99; the engine's waiting queue at most
 (``/metrics`` polled every 0.2 s by this process, not the client's); how far the client's load generator fell
 behind its plan (past half the TTFT SLO, at most 1 s, the client's figures are INVALID: the same rule as
-``llmguard bench``); the load average before and after. Calls still open ``--drain`` s after the last arrival
-are abandoned.
+``llmguard bench``); the share of a core the client's process used; the load average before and after. Calls
+still open ``--drain`` s after the last arrival are abandoned.
 
 Needs a vLLM (0.32) server on loopback, started without ``--max-num-queued-reqs``, e.g.
 ``/work/shared/tools/vllm/setup.sh serve --no-enable-prefix-caching``:
@@ -160,9 +160,13 @@ async def run_client(
 
 def worker(args: argparse.Namespace) -> None:
     arrivals = plan(args.rate, args.duration, args.seed)
+    cpu, wall = time.process_time(), time.perf_counter()
     warm_up, results = anyio.run(run_client, args.vllm.rstrip("/"), args.worker, arrivals, args)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     Path(args.out).write_text(
-        json.dumps({"warm_up_tokens": warm_up, "calls": [dataclasses.asdict(r) for r in results]})
+        json.dumps(
+            {"warm_up_tokens": warm_up, "cpu_share": cpu / wall, "calls": [dataclasses.asdict(r) for r in results]}
+        )
     )
 
 
@@ -282,6 +286,7 @@ def run_turn(url: str, client: str, rate: float, args: argparse.Namespace) -> di
         engine_waiting_max=poller.max_waiting,
         engine_running_max=poller.max_running,
         load=(load_before, load_after),
+        client_cpu=output["cpu_share"],
     )
     return summary
 
@@ -293,13 +298,13 @@ def row(s: dict[str, Any]) -> str:
         f"| {s['rate']:g} | {s['client']} | {s['slo_met_per_s']:.1f} | {100 * s['slo_met_share']:.1f} % "
         f"| {100 * s['wasted']:.1f} % | {100 * s['refused_share']:.1f} % | {refusal} "
         f"| {s['engine_waiting_max']:.0f} / {s['engine_running_max']:.0f} | {s['behind_s']:.2f} s{mark} "
-        f"| {s['load'][0]:.1f}-{s['load'][1]:.1f} | {s['statuses']} |"
+        f"| {s['load'][0]:.1f}-{s['load'][1]:.1f} | {100 * s['client_cpu']:.0f} % | {s['statuses']} |"
     )
 
 
 HEADER = (
     "| rate | client | SLO-met/s | SLO met | wasted | refused | refusal p99 | engine waiting / running max "
-    "| behind plan | load | outcomes |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| behind plan | load | client CPU | outcomes |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
