@@ -189,6 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="one cluster for all clients, POST /sim/reset between them (default: a fresh cluster per "
         "client, so each client meets the same seeded faults)",
     )
+    split = b.add_argument_group("load generators in several processes (open-loop plans)")
+    split.add_argument(
+        "--client-processes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="replay each baseline's plan (plain, openai-default, naive-retry: every call independent) from N "
+        "processes, each sending every Nth call, so that a client with hundreds of calls in flight does not "
+        "starve its own load generator (default: %(default)s)",
+    )
+    split.add_argument(
+        "--guard-processes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="the same for the guarded clients: N processes, each with a Guard of its own (default: %(default)s, "
+        "one Guard)",
+    )
     fleet = b.add_argument_group("across processes (--sim with a provider rate limit, e.g. ratelimited)")
     fleet.add_argument(
         "--processes",

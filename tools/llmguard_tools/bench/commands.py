@@ -152,6 +152,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.runlog import captured
     from llmguard_tools.bench.runner import RunSpec, preflight
+    from llmguard_tools.bench.shards import shard_plan
     from llmguard_tools.bench.summary import SLO
     from llmguard_tools.bench.tables import render
     from llmguard_tools.bench.traffic import make_plan
@@ -217,6 +218,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = RunSpec(plan=plan, tier=tier, model=args.model, deadline=args.deadline, api_key=args.api_key)
     spec.rollout, spec.records = args.rollout, args.records
+    spec.processes = _processes(clients, args.client_processes, args.guard_processes)
+    if any(n > 1 for n in spec.processes.values()):
+        try:
+            shard_plan(plan, 0, 1)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     to_stderr = args.json == "-"
     console = _console(to_stderr)
     with captured() as logs:
@@ -233,6 +240,14 @@ def run_bench(args: argparse.Namespace) -> int:
             console.print(f"phase records written to {args.records}: llmguard compare {args.records}")
         logs.print_after(console)
     return 0
+
+
+def _processes(clients: list[str], baselines: int, guarded: int) -> dict[str, int]:
+    """Client -> the processes replaying its plan: ``--client-processes`` for the baselines,
+    ``--guard-processes`` for the guarded clients (the rollout client stays in one)."""
+    from llmguard_tools.bench.validity import is_baseline
+
+    return {c: (baselines if is_baseline(c) else guarded) for c in clients if c != "rollout"}
 
 
 def _bench_run(

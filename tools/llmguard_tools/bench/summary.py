@@ -72,6 +72,9 @@ class ClientSummary:
     """Time to a failed answer minus the waits the client chose to honour (guarded: Retry-After/backoff)."""
     failure_own_time: dict[str, float | None]
     """guarded: time to a failed answer minus honoured waits minus time with an attempt in flight."""
+    refusal_latency: dict[str, float | None]
+    """Calls the guard's admission refused (``Overloaded``, never sent): from the call's start to the caller
+    learning it."""
     completion_tokens: int
     wall_s: float
     client_attempts: int | None
@@ -120,6 +123,7 @@ def summarize(
     e2es = [s.e2e for s in ok]
     tpots = [t for s in ok if (t := s.tpot) is not None]
     failed = [s.e2e - (s.waited or 0.0) for s in samples if not s.ok]
+    refused = [s.e2e for s in samples if s.http_status == 429 and s.cause == "overloaded"]
     own = [s.e2e - (s.waited or 0.0) - s.in_attempts for s in samples if not s.ok and s.in_attempts is not None]
     known_attempts = [s.attempts for s in samples if s.attempts is not None]
     client_attempts = sum(known_attempts) if len(known_attempts) == n and n else None
@@ -139,6 +143,7 @@ def summarize(
         tpot={f"p{p}": percentile(tpots, p) for p in PCTS},
         failure_latency={f"p{p}": percentile(failed, p) for p in (*PCTS, 100)},
         failure_own_time={f"p{p}": percentile(own, p) for p in (*PCTS, 100)},
+        refusal_latency={f"p{p}": percentile(refused, p) for p in (*PCTS, 100)},
         completion_tokens=sum(s.completion_tokens for s in ok),
         wall_s=run.wall,
         client_attempts=client_attempts,

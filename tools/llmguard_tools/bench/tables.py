@@ -102,6 +102,7 @@ SECTIONS: tuple[Section, ...] = (
             _failed("failure_latency", "to fail", "p99"),
             _failed("failure_latency", "to fail", "p100"),
             _failed("failure_own_time", "own time", "p100"),
+            _failed("refusal_latency", "refused", "p99"),
         ),
     ),
     Section(
@@ -192,8 +193,8 @@ def _on_plan(report: BenchReport) -> str:
     """How far the load generator fell behind plan, against the tolerance (`llmguard_tools.bench.validity`)."""
     if report.plan.mode == "closed" or not report.runs:
         return ""
-    behind = max(r.behind for r in report.runs)
-    return f"generator at most {behind:.2f} s behind (over {tolerance(report.tier):.2f} s: INVALID, no verdict)"
+    each = ", ".join(f"{r.name} {r.behind:.2f} s" for r in report.runs)
+    return f"generator behind plan by at most: {each} (over {tolerance(report.tier):.2f} s: INVALID, no verdict)"
 
 
 def render(report: BenchReport, console: Console, *, explain_hint: bool = True) -> None:
