@@ -129,7 +129,7 @@ class AdmissionLayer:
         until = min(deadline - ttft, now + policy_wait(self.policy, call))
         if now + wait > until:
             return self._refused(call, gate, ahead, "no replica slot frees up in time")
-        waiter = gate.join(deadline)
+        waiter = gate.join(deadline, until)
         if waiter is None:
             return self._refused(call, gate, ahead, f"{gate.waiting} calls already wait for this replica")
         try:
