@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one cluster for all clients, POST /sim/reset between them (default: a fresh cluster per "
         "client, so each client meets the same seeded faults)",
     )
+    b.add_argument(
+        "--tier-mix",
+        metavar="TIER:SHARE",
+        help="send this share of the calls on another tier, e.g. batch:0.3 (30 %% on the batch tier: 30 s to the "
+        "first token, 600 s in all; x-llmguard-tier for the guarded clients), and report each tier's figures",
+    )
     split = b.add_argument_group("load generators in several processes (open-loop plans)")
     split.add_argument(
         "--client-processes",

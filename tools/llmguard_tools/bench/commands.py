@@ -155,6 +155,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from llmguard_tools.bench.shards import shard_plan
     from llmguard_tools.bench.summary import SLO
     from llmguard_tools.bench.tables import render
+    from llmguard_tools.bench.tiermix import assign, parse_tier_mix
     from llmguard_tools.bench.traffic import make_plan
 
     _check_outputs(args)
@@ -218,6 +219,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = RunSpec(plan=plan, tier=tier, model=args.model, deadline=args.deadline, api_key=args.api_key)
     spec.rollout, spec.records = args.rollout, args.records
+    if args.tier_mix:
+        try:
+            spec.tiers = assign(len(plan.requests), parse_tier_mix(args.tier_mix), args.seed)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     spec.processes = _processes(clients, args.client_processes, args.guard_processes)
     if any(n > 1 for n in spec.processes.values()):
         try:

@@ -17,6 +17,10 @@ import httpx
 
 from llmguard_tools.bench.client_base import BenchClient
 from llmguard_tools.bench.measure import HTTPStatus, Probe, TierSpec, consume_sse
+from llmguard_tools.bench.tiermix import DEFAULT_TIER, TIERS
+
+TIER_HEADER = "x-llmguard-tier"
+"""Which of the Guard's tiers a call is on."""
 
 __all__ = [
     "GuardedAffinityClient",
@@ -58,7 +62,14 @@ class GuardedClient(BenchClient):
         guard_cls, tier_cls = guard_api()
         self._guard = guard_cls(
             replicas=list(self.urls),
-            tiers={"interactive": tier_cls(ttft=self.tier.ttft, total=self.tier.total, stall=self.tier.stall)},
+            tiers={
+                "interactive": tier_cls(ttft=self.tier.ttft, total=self.tier.total, stall=self.tier.stall),
+                **{
+                    name: tier_cls(ttft=spec.ttft, total=spec.total, stall=spec.stall)
+                    for name, spec in TIERS.items()
+                    if name in self.tiers
+                },
+            },
             default_tier="interactive",
             **self.guard_kwargs,
         )
@@ -73,8 +84,10 @@ class GuardedClient(BenchClient):
         # The guard rewrites the origin to the replica it picks; urls[0] is only a placeholder.
         url = self.urls[0] + "/v1/chat/completions"
         extensions: Mapping[str, Any] = {}
+        tier = probe.extra.get("tier")
+        headers = {TIER_HEADER: tier} if tier not in (None, DEFAULT_TIER) else None
         try:
-            async with self._http.stream("POST", url, json=body) as response:
+            async with self._http.stream("POST", url, json=body, headers=headers) as response:
                 extensions = response.extensions
                 if response.status_code != 200:
                     await response.aread()
@@ -82,6 +95,10 @@ class GuardedClient(BenchClient):
                 await consume_sse(response, probe)
         finally:  # read once the response is closed: the call's final record (a snapshot before)
             probe.extra["record"] = extensions.get("llmguard")
+
+    def deadline_for(self, tier: str) -> float:
+        """The guard enforces the tier's deadlines; the harness's is a safety net 1 s after them."""
+        return TIERS[tier].total + 1
 
     def waited_of(self, probe: Probe) -> float | None:
         """Gaps before retry rounds, during which no attempt of the call was running."""

@@ -206,6 +206,8 @@ class RunSpec:
     """The ``rollout`` client's guarded fraction (bench/rollout.py)."""
     records: str | None = None
     """Where the ``rollout`` client writes its phase records (JSON lines)."""
+    tiers: tuple[str, ...] = ()
+    """Each planned call's tier, by index (``--tier-mix``); empty: all on ``tier``."""
     processes: dict[str, int] = field(default_factory=dict)
     """Client name -> worker processes replaying its plan together (bench/shards.py); absent: this one."""
 
@@ -263,6 +265,7 @@ async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: s
         rollout=spec.rollout,
         records=spec.records,
     )
+    client.tiers = spec.tiers
     await client.start()
     try:
         return await replay(client, spec.plan, model, progress.advance)

@@ -119,6 +119,7 @@ async def _work(job: ShardJob) -> Replayed:
         deadline=spec.deadline,
         api_key=spec.api_key,
     )
+    client.tiers = spec.tiers
     await client.start()
     try:
         start = time.perf_counter() + (job.start_at - time.time())

@@ -31,6 +31,7 @@ from llmguard_tools.bench.quantile import percentile
 from llmguard_tools.bench.queue_recovery import QueueRecovery, queue_recovery
 from llmguard_tools.bench.rates import RateProfile
 from llmguard_tools.bench.runner import ClientRun
+from llmguard_tools.bench.tiermix import TierFigures, tier_figures
 
 __all__ = ["LATENCY_KEYS", "PCTS", "SLO", "ClientSummary", "latency", "ratio", "summarize"]
 
@@ -96,6 +97,8 @@ class ClientSummary:
     """Successful requests later than the tier allows (TTFT > tier ttft or e2e > tier total)."""
     status_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tiers: dict[str, TierFigures] = field(default_factory=dict)
+    """With ``--tier-mix``: each tier's calls, completed and good shares."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,6 +155,7 @@ def summarize(
         late_successes=0 if tier is None else sum(1 for s in ok if _late(s, tier)),
         status_counts=dict(sorted(counts.items())),
         notes=list(run.notes),
+        tiers=tier_figures(samples, good) if any(s.tier for s in samples) else {},
     )
     if run.server is not None:
         srv = run.server
