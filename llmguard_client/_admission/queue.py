@@ -26,6 +26,9 @@ __all__ = ["ReplicaGate", "Slot", "Waiter"]
 
 _RATE_WINDOW_S = 2.0
 """Slots freed over the last this many seconds make the rate."""
+MARGIN = 2.0
+"""A predicted wait is this many times the slots needed over the rate: the rate is measured over the last
+seconds and falls when the replica slows down, and a call told to wait that then is refused learns it late."""
 
 
 class Slot:
@@ -114,7 +117,7 @@ class ReplicaGate:
         for _, _, waiter in sorted(self._line):
             if waiter.gone:
                 continue
-            if now + self.frees_needed(kept) / rate > waiter.until:
+            if now + MARGIN * self.frees_needed(kept) / rate > waiter.until:
                 waiter.gone = True
                 self.waiting -= 1
                 waiter.event.set()  # no slot: the caller is refused
@@ -172,4 +175,4 @@ class ReplicaGate:
         if needed == 0:
             return 0.0
         rate = self.rate()
-        return needed / rate if rate > 0 else math.inf
+        return MARGIN * needed / rate if rate > 0 else math.inf
