@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 
 from llmguard_tools import cli
 from llmguard_tools.bench.measure import Replayed
@@ -13,6 +14,7 @@ from llmguard_tools.bench.shards import merge, shard_plan
 from llmguard_tools.bench.traffic import make_plan
 from tests.bench.reports import sample
 from tests.loopback import LoopbackCluster
+from tests.redis_server import RedisServer
 from tests.test_cli import SMALL
 
 
@@ -49,3 +51,19 @@ def test_bench_replays_a_baseline_from_several_processes(
     assert all(s["status"] == "ok" for s in doc["samples"]["plain"])
     assert len(cluster.bodies()) == 20  # each call sent once, by one of the two processes
     assert "plain: replayed from 2 processes" in out
+
+
+def test_guarded_clients_in_several_processes_share_a_fleet_store(
+    cluster: LoopbackCluster, redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    js = tmp_path / "r.json"
+    store = redis.Redis.from_url(redis_server.url)
+    connections = int(store.info("stats")["total_connections_received"])
+    argv = ["bench", "--target", ",".join(cluster.urls), "--clients", "guarded", "--guard-processes", "2"]
+    assert cli.main([*argv, *SMALL, "--fleet", redis_server.url, "--json", str(js)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    doc = json.loads(js.read_text())
+    assert sorted(s["index"] for s in doc["samples"]["guarded"]) == list(range(20))
+    assert "guarded: replayed from 2 processes" in out and "its Guards share their fleet state through Redis" in out
+    # both processes' Guards connected to the store (ours, the counter's reader, is one more)
+    assert int(store.info("stats")["total_connections_received"]) >= connections + 3

@@ -221,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="N client processes, each with its own Guard: plain, guarded per-process and guarded fleet side by side",
     )
     fleet.add_argument(
-        "--fleet", metavar="URL", help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server)"
+        "--fleet",
+        metavar="URL",
+        help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server); without --processes: the "
+        "store every guarded client's Guard shares its fleet state through (e.g. with --guard-processes N)",
     )
     fleet.add_argument(
         "--fleet-connect",

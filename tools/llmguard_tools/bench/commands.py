@@ -149,6 +149,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from llmguard_tools.bench.plot import plot_latency
     from llmguard_tools.bench.prefix_report import cache_lines
     from llmguard_tools.bench.presets import preset_for
+    from llmguard_tools.bench.processes import fleet_url
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.runlog import captured
     from llmguard_tools.bench.runner import RunSpec, preflight
@@ -232,7 +233,9 @@ def run_bench(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     to_stderr = args.json == "-"
     console = _console(to_stderr)
-    with captured() as logs:
+    with captured() as logs, fleet_url(args.fleet) as fleet:
+        if fleet is not None:
+            spec.fleet = (fleet, f"bench{os.getpid()}")
         report = _bench_run(args, spec, slo, clients, spawn, urls, logs)
         render(report, console)
         for line in cache_lines(report.runs, plan):

@@ -45,6 +45,8 @@ def guard_api() -> tuple[Any, Any]:
 class GuardedClient(BenchClient):
     name = "guarded"
     guard_kwargs: dict[str, Any] = {}  # noqa: RUF012 - per-class constant, never mutated
+    fleet: tuple[str, str] | None = None
+    """``(Redis URL, fleet name)``: the Guard shares its fleet state there (``--guard-processes N --fleet``)."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class GuardedClient(BenchClient):
             },
             default_tier="interactive",
             **self.guard_kwargs,
+            **({"fleet": self.fleet[0], "name": self.fleet[1]} if self.fleet else {}),
         )
         self._http: httpx.AsyncClient = self._guard.http_client()
         self._http.headers.update(self.headers)

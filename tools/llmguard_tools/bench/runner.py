@@ -208,6 +208,8 @@ class RunSpec:
     """Where the ``rollout`` client writes its phase records (JSON lines)."""
     tiers: tuple[str, ...] = ()
     """Each planned call's tier, by index (``--tier-mix``); empty: all on ``tier``."""
+    fleet: tuple[str, str] | None = None
+    """``(Redis URL, fleet name)`` for the guarded clients' Guards (``--fleet``)."""
     processes: dict[str, int] = field(default_factory=dict)
     """Client name -> worker processes replaying its plan together (bench/shards.py); absent: this one."""
 
@@ -240,6 +242,8 @@ async def run_one_client(
                 notes.append(f"server still busy {spec.drain_timeout:g} s after the last request")
     if spec.processes.get(name, 1) > 1:
         notes.append(f"replayed from {spec.processes[name]} processes, each with a client of its own")
+    if spec.fleet is not None and name.startswith("guarded"):
+        notes.append("its Guards share their fleet state through Redis")
     if behind > 0.25:
         notes.append(f"load generator fell behind plan by up to {behind:.2f} s")
     return ClientRun(name, samples, server, wall, notes, behind)
@@ -265,12 +269,21 @@ async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: s
         rollout=spec.rollout,
         records=spec.records,
     )
-    client.tiers = spec.tiers
+    configure(client, spec)
     await client.start()
     try:
         return await replay(client, spec.plan, model, progress.advance)
     finally:
         await client.aclose()
+
+
+def configure(client: BenchClient, spec: RunSpec) -> None:
+    """What the run sets on every client: the calls' tiers, and the guarded clients' fleet."""
+    from llmguard_tools.bench.guarded import GuardedClient
+
+    client.tiers = spec.tiers
+    if isinstance(client, GuardedClient) and spec.fleet is not None:
+        client.fleet = (spec.fleet[0], f"{spec.fleet[1]}-{client.name}")
 
 
 ClusterFactory = Callable[[], contextlib.AbstractContextManager[list[str]]]

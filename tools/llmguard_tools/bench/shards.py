@@ -108,7 +108,7 @@ async def run_sharded(client: str, urls: Sequence[str], spec: RunSpec, model: st
 
 async def _work(job: ShardJob) -> Replayed:
     from llmguard_tools.bench.clients import make_client
-    from llmguard_tools.bench.runner import replay
+    from llmguard_tools.bench.runner import configure, replay
 
     spec = job.spec
     client = make_client(
@@ -119,7 +119,7 @@ async def _work(job: ShardJob) -> Replayed:
         deadline=spec.deadline,
         api_key=spec.api_key,
     )
-    client.tiers = spec.tiers
+    configure(client, spec)
     await client.start()
     try:
         start = time.perf_counter() + (job.start_at - time.time())
