@@ -10,8 +10,9 @@ What a sharded client compares is unchanged for the baselines (each call is inde
 guarded client sharded is N Guards, each learning from its share of the traffic: several processes in front
 of the same replicas, which is what ``--guard-processes`` asks for.
 
-Worker: ``python -m llmguard_tools.bench.shards`` reads a pickled `ShardJob` on stdin and writes a pickled
-`Replayed` on stdout.
+Worker: ``python -m llmguard_tools.bench.shards JOBFILE`` reads a pickled `ShardJob`, starts its client, says
+``ready`` on stdout, reads the common start instant on stdin (sent once every worker is ready, so a worker
+slow to start does not make the others' calls late), then writes a pickled `Replayed` on stdout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 import os
 import pickle
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,8 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardJob", "merge", "run_sharded", "shard_plan"]
 
-START_DELAY_S = 1.5
-"""Seconds from spawning the workers to the common start: every worker imported and its client started."""
+START_DELAY_S = 0.2
+"""Seconds from the last worker ready to the common start."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,6 @@ class ShardJob:
     spec: RunSpec
     """The run's spec, its plan already cut to this worker's share."""
     model: str
-    start_at: float
-    """``time.time()`` of the plan's offset 0."""
 
 
 def shard_plan(plan: TrafficPlan, k: int, n: int) -> TrafficPlan:
@@ -67,36 +67,48 @@ def merge(parts: Sequence[Replayed]) -> Replayed:
     return Replayed(samples, max((p.wall for p in parts), default=0.0), max((p.behind for p in parts), default=0.0))
 
 
+def _write_jobs(tmp: str, client: str, urls: Sequence[str], spec: RunSpec, model: str, n: int) -> list[str]:
+    """Each worker's job, pickled in ``tmp``; their paths."""
+    paths = []
+    for k in range(n):
+        paths.append(os.path.join(tmp, f"job{k}.pickle"))
+        with open(paths[-1], "wb") as f:
+            pickle.dump(
+                ShardJob(client, tuple(urls), dataclasses.replace(spec, plan=shard_plan(spec.plan, k, n)), model), f
+            )
+    return paths
+
+
 async def run_sharded(client: str, urls: Sequence[str], spec: RunSpec, model: str, n: int) -> Replayed:
     """Replay ``spec.plan`` through ``client`` from ``n`` worker processes; their joined result."""
-    plan = spec.plan
-    start_at = time.time() + START_DELAY_S + 0.25 * n
-    jobs = [
-        ShardJob(client, tuple(urls), dataclasses.replace(spec, plan=shard_plan(plan, k, n)), model, start_at)
-        for k in range(n)
-    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     workers: list[asyncio.subprocess.Process] = []
-    try:
-        for _ in jobs:
-            workers.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "llmguard_tools.bench.shards",
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    env=env,
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for path in _write_jobs(tmp, client, urls, spec, model, n):
+                workers.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "llmguard_tools.bench.shards",
+                        path,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        env=env,
+                    )
                 )
-            )
-        answers = await asyncio.gather(*(w.communicate(pickle.dumps(j)) for w, j in zip(workers, jobs, strict=True)))
-    finally:  # a worker failed or the run was cancelled: none is left running
-        for worker in workers:
-            if worker.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.kill()
-                await worker.wait()
+            for worker in workers:  # every worker's client started
+                assert worker.stdout is not None
+                await worker.stdout.readline()
+            go = f"{time.time() + START_DELAY_S!r}\n".encode()
+            answers = await asyncio.gather(*(w.communicate(go) for w in workers))
+        finally:  # a worker failed or the run was cancelled: none is left running
+            for worker in workers:
+                if worker.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        worker.kill()
+                    await worker.wait()
     parts = []
     for worker, (out, err) in zip(workers, answers, strict=True):
         if worker.returncode != 0:
@@ -122,14 +134,18 @@ async def _work(job: ShardJob) -> Replayed:
     configure(client, spec)
     await client.start()
     try:
-        start = time.perf_counter() + (job.start_at - time.time())
+        sys.stdout.buffer.write(b"ready\n")
+        sys.stdout.buffer.flush()
+        start_at = float(await anyio.to_thread.run_sync(sys.stdin.buffer.readline))
+        start = time.perf_counter() + (start_at - time.time())
         return await replay(client, spec.plan, job.model, start=start)
     finally:
         await client.aclose()
 
 
 def main() -> None:
-    job: ShardJob = pickle.loads(sys.stdin.buffer.read())
+    with open(sys.argv[1], "rb") as f:
+        job: ShardJob = pickle.load(f)
     result = anyio.run(_work, job)
     sys.stdout.buffer.write(pickle.dumps(result))
 
