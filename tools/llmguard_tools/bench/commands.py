@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from llmguard_tools.bench.report import BenchReport
     from llmguard_tools.bench.runlog import RunLog
-    from llmguard_tools.bench.runner import RunSpec
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.summary import SLO
 
 __all__ = ["UsageError", "explain", "run_bench", "run_demo"]
@@ -152,8 +152,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from llmguard_tools.bench.processes import fleet_url
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.runlog import captured
-    from llmguard_tools.bench.runner import RunSpec, preflight
+    from llmguard_tools.bench.runner import preflight
     from llmguard_tools.bench.shards import shard_plan
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.summary import SLO
     from llmguard_tools.bench.tables import render
     from llmguard_tools.bench.tiermix import assign, parse_tier_mix
@@ -339,7 +340,8 @@ def _demo_scenarios(
     from llmguard_tools.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS, preset_for
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.report import BenchReport
-    from llmguard_tools.bench.runner import RunSpec, run_clients
+    from llmguard_tools.bench.runner import run_clients
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.tables import render
     from llmguard_tools.bench.traffic import make_plan
 

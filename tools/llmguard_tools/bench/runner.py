@@ -19,9 +19,10 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
-from llmguard_tools.bench.clients import BenchClient, Sample, TierSpec, make_client
+from llmguard_tools.bench.clients import BenchClient, Sample, make_client
 from llmguard_tools.bench.conversations import replay_conversations
 from llmguard_tools.bench.measure import Replayed
+from llmguard_tools.bench.spec import RunSpec
 from llmguard_tools.bench.tls import tls_context
 from llmguard_tools.bench.traffic import TrafficPlan, request_body
 
@@ -192,26 +193,6 @@ async def replay(
     done = [s for s in samples if s is not None]
     assert len(done) == len(plan.requests)
     return Replayed(done, wall, behind)
-
-
-@dataclass
-class RunSpec:
-    plan: TrafficPlan
-    tier: TierSpec
-    model: str | None = None
-    deadline: float | None = None
-    drain_timeout: float = 15.0
-    api_key: str | None = None
-    rollout: float | None = None
-    """The ``rollout`` client's guarded fraction (bench/rollout.py)."""
-    records: str | None = None
-    """Where the ``rollout`` client writes its phase records (JSON lines)."""
-    tiers: tuple[str, ...] = ()
-    """Each planned call's tier, by index (``--tier-mix``); empty: all on ``tier``."""
-    fleet: tuple[str, str] | None = None
-    """``(Redis URL, fleet name)`` for the guarded clients' Guards (``--fleet``)."""
-    processes: dict[str, int] = field(default_factory=dict)
-    """Client name -> worker processes replaying its plan together (bench/shards.py); absent: this one."""
 
 
 async def run_one_client(

@@ -10,9 +10,8 @@ What a sharded client compares is unchanged for the baselines (each call is inde
 guarded client sharded is N Guards, each learning from its share of the traffic: several processes in front
 of the same replicas, which is what ``--guard-processes`` asks for.
 
-Worker: ``python -m llmguard_tools.bench.shards JOBFILE`` reads a pickled `ShardJob`, starts its client, says
-``ready`` on stdout, reads the common start instant on stdin (sent once every worker is ready, so a worker
-slow to start does not make the others' calls late), then writes a pickled `Replayed` on stdout.
+Each worker (`llmguard_tools.bench.shard_worker`) starts its client and says so; the common start instant is
+sent once every worker is ready, so a worker slow to start does not make the others' calls late.
 """
 
 from __future__ import annotations
@@ -27,15 +26,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import anyio
 
 from llmguard_tools.bench.measure import Replayed, Sample
+from llmguard_tools.bench.spec import RunSpec
 from llmguard_tools.bench.traffic import TrafficPlan
-
-if TYPE_CHECKING:
-    from llmguard_tools.bench.runner import RunSpec
 
 __all__ = ["ShardJob", "merge", "run_sharded", "shard_plan"]
 
@@ -90,7 +84,7 @@ async def run_sharded(client: str, urls: Sequence[str], spec: RunSpec, model: st
                     await asyncio.create_subprocess_exec(
                         sys.executable,
                         "-m",
-                        "llmguard_tools.bench.shards",
+                        "llmguard_tools.bench.shard_worker",
                         path,
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
@@ -116,39 +110,3 @@ async def run_sharded(client: str, urls: Sequence[str], spec: RunSpec, model: st
             raise RuntimeError(f"a bench worker ({client}) failed with exit code {worker.returncode}: {last}")
         parts.append(pickle.loads(out))
     return merge(parts)
-
-
-async def _work(job: ShardJob) -> Replayed:
-    from llmguard_tools.bench.clients import make_client
-    from llmguard_tools.bench.runner import configure, replay
-
-    spec = job.spec
-    client = make_client(
-        job.client,
-        job.urls,
-        model=job.model,
-        tier=spec.tier,
-        deadline=spec.deadline,
-        api_key=spec.api_key,
-    )
-    configure(client, spec)
-    await client.start()
-    try:
-        sys.stdout.buffer.write(b"ready\n")
-        sys.stdout.buffer.flush()
-        start_at = float(await anyio.to_thread.run_sync(sys.stdin.buffer.readline))
-        start = time.perf_counter() + (start_at - time.time())
-        return await replay(client, spec.plan, job.model, start=start)
-    finally:
-        await client.aclose()
-
-
-def main() -> None:
-    with open(sys.argv[1], "rb") as f:
-        job: ShardJob = pickle.load(f)
-    result = anyio.run(_work, job)
-    sys.stdout.buffer.write(pickle.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
