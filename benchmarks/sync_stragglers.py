@@ -192,7 +192,7 @@ def main() -> None:
     a, s = statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
     print(
         f"median: async {a:.2f}x, sync {s:.2f}x; "
-        f"reduction (1 - ratio) sync/async {(1 - s) / (1 - a):.2f} (target 0.80-1.20)"
+        f"reduction (1 - ratio) sync/async {(1 - s) / (1 - a):.2f} (target 0.90-1.10)"
     )
 
 

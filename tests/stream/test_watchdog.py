@@ -105,11 +105,12 @@ async def test_a_loopback_stream_is_watched_not_scoped(servers: list[LoopbackSer
 
 
 async def test_gaps_shorter_than_the_stall_never_cut_a_long_stream(servers: list[LoopbackServer]) -> None:
-    # 2.4 s in all, over two stall periods: the timer must be re-armed by each read, yet each 20 ms gap is 50x
-    # inside one (a loaded machine stretches loopback gaps several times; one gap past 0.2 s once cut this stream).
-    servers[0].script = Script(tokens=120, gap=0.02)
+    # 6.4 s in all, over two stall periods: the timer must be re-armed by each read, yet each 20 ms gap is 150x
+    # inside one (a loaded machine stretches loopback gaps: one gap past 0.2 s, and on a busy CI machine one past
+    # 1 s, once cut this stream).
+    servers[0].script = Script(tokens=320, gap=0.02)
     records: list[PhaseRecord] = []
-    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=1.0)}
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=3.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
             body = await response.aread()
