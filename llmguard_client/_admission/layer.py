@@ -126,10 +126,11 @@ class AdmissionLayer:
         wait = gate.wait_for(ahead)
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
-        until = min(deadline - ttft, now + policy_wait(self.policy, call))
+        started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
+        until = min(deadline - ttft, started + policy_wait(self.policy, call))
         if now + wait > until:
             return self._refused(call, gate, ahead, "no replica slot frees up in time")
-        waiter = gate.join(deadline)
+        waiter = gate.join(deadline, until)
         if waiter is None:
             return self._refused(call, gate, ahead, f"{gate.waiting} calls already wait for this replica")
         try:

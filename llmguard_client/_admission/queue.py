@@ -3,7 +3,10 @@ served earliest deadline first (an interactive call before a batch one).
 
 Whoever takes a slot gives it back exactly once (`Slot.release`). A slot freed while calls wait goes to the
 waiting call with the earliest deadline at once, without yielding. The gate measures how fast slots free up
-(the replica's completion rate for this guard), which turns a line into a wait: ``ahead / rate``.
+(the replica's completion rate for this guard), which turns a line into a wait: the slots that must free up
+first (those in flight over the limit, after a cut, and one per call ahead) divided by the rate. Each time a
+slot is freed or handed out the line is judged again: a waiting call that can no longer get its slot by the
+latest instant it may wait (``until``) is refused then, not when that instant comes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ __all__ = ["ReplicaGate", "Slot", "Waiter"]
 
 _RATE_WINDOW_S = 2.0
 """Slots freed over the last this many seconds make the rate."""
+MARGIN = 2.0
+"""A predicted wait is this many times the slots needed over the rate: the rate is measured over the last
+seconds and falls when the replica slows down, and a call told to wait that then is refused learns it late."""
 
 
 class Slot:
@@ -42,10 +48,12 @@ class Slot:
 class Waiter:
     """A call in line for a slot; ``slot`` is set when one is handed to it."""
 
-    __slots__ = ("deadline", "event", "gone", "slot")
+    __slots__ = ("deadline", "event", "gone", "slot", "until")
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, deadline: float, until: float) -> None:
         self.deadline = deadline
+        self.until = until
+        """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.event = anyio.Event()
         self.slot: Slot | None = None
         self.gone = False
@@ -96,14 +104,35 @@ class ReplicaGate:
             waiter.gone = True
             waiter.slot = Slot(self)
             waiter.event.set()
+        if line:
+            self.rejudge()
+
+    def rejudge(self) -> None:
+        """Refuse now, earliest deadline first, each waiting call whose slot can no longer come by its ``until``
+        at the rate slots free up (the calls kept ahead of it served first); the others keep waiting."""
+        rate = self.rate()
+        if rate <= 0:
+            return
+        now, kept = self.clock(), 0
+        for _, _, waiter in sorted(self._line):
+            if waiter.gone:
+                continue
+            if now + MARGIN * self.frees_needed(kept) / rate > waiter.until:
+                waiter.gone = True
+                self.waiting -= 1
+                waiter.event.set()  # no slot: the caller is refused
+            else:
+                kept += 1
+        if not self.waiting:
+            self._line.clear()
 
     # -- the line ------------------------------------------------------------------------------
 
-    def join(self, deadline: float) -> Waiter | None:
-        """Get in line (None: the line is full)."""
+    def join(self, deadline: float, until: float) -> Waiter | None:
+        """Get in line, for a slot by ``until`` at the latest (None: the line is full)."""
         if self.waiting >= self.max_waiting:
             return None
-        waiter = Waiter(deadline)
+        waiter = Waiter(deadline, until)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
         self.waiting += 1
         return waiter
@@ -134,10 +163,16 @@ class ReplicaGate:
         span = max(self.clock() - freed[0], freed[-1] - freed[0])
         return len(freed) / span if span > 0 else 0.0
 
+    def frees_needed(self, ahead: int) -> int:
+        """Slots that must free up before a call with ``ahead`` calls in line before it gets one: those in
+        flight over the limit (it was cut) and one per call ahead, then its own (0: a slot is free now)."""
+        return max(0, self.in_flight + ahead + 1 - self.controller.allowed)
+
     def wait_for(self, ahead: int) -> float:
         """Seconds until ``ahead`` calls in line and then this one get a slot (inf: no rate measured yet while
         the line is not empty; 0 if a slot is free)."""
-        if self.in_flight + ahead < self.controller.allowed:
+        needed = self.frees_needed(ahead)
+        if needed == 0:
             return 0.0
         rate = self.rate()
-        return (ahead + 1) / rate if rate > 0 else math.inf
+        return MARGIN * needed / rate if rate > 0 else math.inf

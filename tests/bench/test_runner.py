@@ -11,7 +11,8 @@ import pytest
 
 from llmguard_tools.bench.clients import TierSpec, make_client, parse_clients
 from llmguard_tools.bench.report import SLO, BenchReport
-from llmguard_tools.bench.runner import RunSpec, TargetError, preflight, replay, run_clients, wait_drained
+from llmguard_tools.bench.runner import TargetError, preflight, replay, run_clients, wait_drained
+from llmguard_tools.bench.spec import RunSpec
 from llmguard_tools.bench.traffic import LengthModel, make_plan, request_body
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackCluster, Script

@@ -52,3 +52,20 @@ def test_failure_latency_excludes_only_the_waits_the_client_honoured() -> None:
     summary = summarize(run, SLO(ttft=1.0, tpot=0.1))
     assert summary.failure_latency["p50"] == pytest.approx(0.02)
     assert summary.failure_latency["p100"] == pytest.approx(0.03)
+
+
+def test_refusal_latency_counts_only_the_guards_own_refusals() -> None:
+    import dataclasses
+
+    refused = [
+        dataclasses.replace(
+            sample(i, "guarded-admission", "http_429", None, e2e=0.01 * (i + 1), http=429), cause="overloaded"
+        )
+        for i in range(5)
+    ]
+    provider_429 = sample(5, "guarded-admission", "http_429", None, e2e=3.0, http=429)
+    timeout = sample(6, "guarded-admission", "timeout", None, e2e=1.0, http=None)
+    s = summarize(ClientRun("guarded-admission", [*refused, provider_429, timeout], None, 1.0), SLO())
+    assert s.refusal_latency["p100"] == pytest.approx(0.05)
+    assert s.failure_latency["p100"] == pytest.approx(3.0)
+    assert summarize(mixed_run("plain"), SLO()).refusal_latency["p99"] is None

@@ -34,8 +34,9 @@ def rendered(names: tuple[str, ...], width: int, **kw: bool) -> str:
     return out.getvalue()
 
 
-SPIKE_ONLY = ("queue back", "after spike")
-"""The queue's recovery after a spike: a column left out (all '-') for the stragglers reports rendered here."""
+SPIKE_ONLY = ("queue back", "after spike", "refused")
+"""The queue's recovery after a spike, and refusals by admission: columns left out (all '-') for the stragglers
+reports rendered here."""
 
 
 def headers() -> list[str]:
@@ -97,7 +98,10 @@ def test_the_header_says_what_the_scenario_models_and_how_far_the_generator_fell
 
     text = " ".join(rendered(FOUR, 80).split())
     assert f"scenario stragglers: {SCENARIOS['stragglers'].summary}" in text
-    assert "on plan generator at most 0.00 s behind (over 0.50 s: INVALID, no verdict)" in text
+    assert (
+        "on plan generator behind plan by at most: plain 0.00 s, openai-default 0.00 s, naive-retry 0.00 s, "
+        "guarded 0.00 s (over 0.50 s: INVALID, no verdict)"
+    ) in text
     assert "INVALID the load generator" not in text
 
 

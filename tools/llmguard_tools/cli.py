@@ -189,6 +189,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="one cluster for all clients, POST /sim/reset between them (default: a fresh cluster per "
         "client, so each client meets the same seeded faults)",
     )
+    b.add_argument(
+        "--tier-mix",
+        metavar="TIER:SHARE",
+        help="send this share of the calls on another tier, e.g. batch:0.3 (30 %% on the batch tier: 30 s to the "
+        "first token, 600 s in all; x-llmguard-tier for the guarded clients), and report each tier's figures",
+    )
+    split = b.add_argument_group("load generators in several processes (open-loop plans)")
+    split.add_argument(
+        "--client-processes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="replay each baseline's plan (plain, openai-default, naive-retry: every call independent) from N "
+        "processes, each sending every Nth call, so that a client with hundreds of calls in flight does not "
+        "starve its own load generator (default: %(default)s)",
+    )
+    split.add_argument(
+        "--guard-processes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="the same for the guarded clients: N processes, each with a Guard of its own (default: %(default)s, "
+        "one Guard)",
+    )
     fleet = b.add_argument_group("across processes (--sim with a provider rate limit, e.g. ratelimited)")
     fleet.add_argument(
         "--processes",
@@ -197,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="N client processes, each with its own Guard: plain, guarded per-process and guarded fleet side by side",
     )
     fleet.add_argument(
-        "--fleet", metavar="URL", help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server)"
+        "--fleet",
+        metavar="URL",
+        help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server); without --processes: the "
+        "store every guarded client's Guard shares its fleet state through (e.g. with --guard-processes N)",
     )
     fleet.add_argument(
         "--fleet-connect",

@@ -16,6 +16,7 @@ import anyio
 import httpx
 
 from llmguard_tools.bench.measure import PROBE, HTTPStatus, Probe, Sample, TierSpec
+from llmguard_tools.bench.tiermix import DEFAULT_TIER, TIERS
 from llmguard_tools.bench.traffic import PlannedRequest
 
 __all__ = ["BenchClient"]
@@ -25,6 +26,8 @@ class BenchClient(ABC):
     """A named client that runs one logical request per call to `run`."""
 
     name: str = "?"
+    tiers: Sequence[str] = ()
+    """Each planned call's tier, by index (``--tier-mix``); empty: every call on the run's tier."""
 
     def __init__(
         self,
@@ -61,12 +64,15 @@ class BenchClient(ABC):
     async def run(self, req: PlannedRequest, body: dict[str, Any], scheduled_at: float) -> Sample:
         """Run one logical request. ``scheduled_at`` is the planned send time (perf_counter clock)."""
         probe = Probe(t0=time.perf_counter())
+        tier = self.tiers[req.index] if self.tiers else None
+        deadline = self.deadline if tier in (None, DEFAULT_TIER) else self.deadline_for(tier)
+        probe.extra["tier"] = tier
         token = PROBE.set(probe)
         status: str = "ok"
         http_status: int | None = 200
         cause: str | None = None
         try:
-            with anyio.fail_after(self.deadline):
+            with anyio.fail_after(deadline):
                 await self._send(body, probe)
         except HTTPStatus as exc:
             status, http_status, cause = f"http_{exc.status}", exc.status, exc.cause
@@ -95,7 +101,12 @@ class BenchClient(ABC):
             trail=self.trail_of(probe),
             waited=self.waited_of(probe),
             in_attempts=self.in_attempts_of(probe),
+            tier=tier,
         )
+
+    def deadline_for(self, tier: str) -> float:
+        """When a call of ``tier`` (not the run's own) is given up on: that tier's total."""
+        return TIERS[tier].total
 
     def attempts_of(self, probe: Probe) -> int | None:
         return probe.attempts or None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from llmguard_tools.bench.report import BenchReport
     from llmguard_tools.bench.runlog import RunLog
-    from llmguard_tools.bench.runner import RunSpec
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.summary import SLO
 
 __all__ = ["UsageError", "explain", "run_bench", "run_demo"]
@@ -149,11 +149,15 @@ def run_bench(args: argparse.Namespace) -> int:
     from llmguard_tools.bench.plot import plot_latency
     from llmguard_tools.bench.prefix_report import cache_lines
     from llmguard_tools.bench.presets import preset_for
+    from llmguard_tools.bench.processes import fleet_url
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.runlog import captured
-    from llmguard_tools.bench.runner import RunSpec, preflight
+    from llmguard_tools.bench.runner import preflight
+    from llmguard_tools.bench.shards import shard_plan
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.summary import SLO
     from llmguard_tools.bench.tables import render
+    from llmguard_tools.bench.tiermix import assign, parse_tier_mix
     from llmguard_tools.bench.traffic import make_plan
 
     _check_outputs(args)
@@ -217,9 +221,22 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = RunSpec(plan=plan, tier=tier, model=args.model, deadline=args.deadline, api_key=args.api_key)
     spec.rollout, spec.records = args.rollout, args.records
+    if args.tier_mix:
+        try:
+            spec.tiers = assign(len(plan.requests), parse_tier_mix(args.tier_mix), args.seed)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    spec.processes = _processes(clients, args.client_processes, args.guard_processes)
+    if any(n > 1 for n in spec.processes.values()):
+        try:
+            shard_plan(plan, 0, 1)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     to_stderr = args.json == "-"
     console = _console(to_stderr)
-    with captured() as logs:
+    with captured() as logs, fleet_url(args.fleet) as fleet:
+        if fleet is not None:
+            spec.fleet = (fleet, f"bench{os.getpid()}")
         report = _bench_run(args, spec, slo, clients, spawn, urls, logs)
         render(report, console)
         for line in cache_lines(report.runs, plan):
@@ -233,6 +250,14 @@ def run_bench(args: argparse.Namespace) -> int:
             console.print(f"phase records written to {args.records}: llmguard compare {args.records}")
         logs.print_after(console)
     return 0
+
+
+def _processes(clients: list[str], baselines: int, guarded: int) -> dict[str, int]:
+    """Client -> the processes replaying its plan: ``--client-processes`` for the baselines,
+    ``--guard-processes`` for the guarded clients (the rollout client stays in one)."""
+    from llmguard_tools.bench.validity import is_baseline
+
+    return {c: (baselines if is_baseline(c) else guarded) for c in clients if c != "rollout"}
 
 
 def _bench_run(
@@ -315,7 +340,8 @@ def _demo_scenarios(
     from llmguard_tools.bench.presets import DEMO_CLIENTS, DEMO_SCENARIOS, preset_for
     from llmguard_tools.bench.rates import parse_profile
     from llmguard_tools.bench.report import BenchReport
-    from llmguard_tools.bench.runner import RunSpec, run_clients
+    from llmguard_tools.bench.runner import run_clients
+    from llmguard_tools.bench.spec import RunSpec
     from llmguard_tools.bench.tables import render
     from llmguard_tools.bench.traffic import make_plan
 

@@ -60,6 +60,11 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "guard's own overhead on a failure.",
     ),
     (
+        "refused",
+        "Guarded clients with admission only: for the calls it refused before sending them (a 429 with "
+        "x-llmguard-cause: overloaded), the time from the call's start until the caller had the refusal.",
+    ),
+    (
         "attempts / call",
         "Physical HTTP attempts the client made per logical request, retries and hedges included ('-' when the "
         "client cannot count them).",

@@ -17,6 +17,10 @@ import httpx
 
 from llmguard_tools.bench.client_base import BenchClient
 from llmguard_tools.bench.measure import HTTPStatus, Probe, TierSpec, consume_sse
+from llmguard_tools.bench.tiermix import DEFAULT_TIER, TIERS
+
+TIER_HEADER = "x-llmguard-tier"
+"""Which of the Guard's tiers a call is on."""
 
 __all__ = [
     "GuardedAffinityClient",
@@ -41,6 +45,8 @@ def guard_api() -> tuple[Any, Any]:
 class GuardedClient(BenchClient):
     name = "guarded"
     guard_kwargs: dict[str, Any] = {}  # noqa: RUF012 - per-class constant, never mutated
+    fleet: tuple[str, str] | None = None
+    """``(Redis URL, fleet name)``: the Guard shares its fleet state there (``--guard-processes N --fleet``)."""
 
     def __init__(
         self,
@@ -58,9 +64,17 @@ class GuardedClient(BenchClient):
         guard_cls, tier_cls = guard_api()
         self._guard = guard_cls(
             replicas=list(self.urls),
-            tiers={"interactive": tier_cls(ttft=self.tier.ttft, total=self.tier.total, stall=self.tier.stall)},
+            tiers={
+                "interactive": tier_cls(ttft=self.tier.ttft, total=self.tier.total, stall=self.tier.stall),
+                **{
+                    name: tier_cls(ttft=spec.ttft, total=spec.total, stall=spec.stall)
+                    for name, spec in TIERS.items()
+                    if name in self.tiers
+                },
+            },
             default_tier="interactive",
             **self.guard_kwargs,
+            **({"fleet": self.fleet[0], "name": self.fleet[1]} if self.fleet else {}),
         )
         self._http: httpx.AsyncClient = self._guard.http_client()
         self._http.headers.update(self.headers)
@@ -73,8 +87,10 @@ class GuardedClient(BenchClient):
         # The guard rewrites the origin to the replica it picks; urls[0] is only a placeholder.
         url = self.urls[0] + "/v1/chat/completions"
         extensions: Mapping[str, Any] = {}
+        tier = probe.extra.get("tier")
+        headers = {TIER_HEADER: tier} if tier not in (None, DEFAULT_TIER) else None
         try:
-            async with self._http.stream("POST", url, json=body) as response:
+            async with self._http.stream("POST", url, json=body, headers=headers) as response:
                 extensions = response.extensions
                 if response.status_code != 200:
                     await response.aread()
@@ -82,6 +98,10 @@ class GuardedClient(BenchClient):
                 await consume_sse(response, probe)
         finally:  # read once the response is closed: the call's final record (a snapshot before)
             probe.extra["record"] = extensions.get("llmguard")
+
+    def deadline_for(self, tier: str) -> float:
+        """The guard enforces the tier's deadlines; the harness's is a safety net 1 s after them."""
+        return TIERS[tier].total + 1
 
     def waited_of(self, probe: Probe) -> float | None:
         """Gaps before retry rounds, during which no attempt of the call was running."""

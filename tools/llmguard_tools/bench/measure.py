@@ -65,6 +65,8 @@ class Sample:
     """guarded only: seconds the guard spent waiting between rounds (Retry-After or backoff)."""
     in_attempts: float | None = None
     """guarded only: seconds during which at least one attempt was in flight (server and network time)."""
+    tier: str | None = None
+    """The call's tier, with ``--tier-mix`` (bench/tiermix.py)."""
 
     @property
     def ok(self) -> bool:

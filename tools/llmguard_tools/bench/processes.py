@@ -33,7 +33,7 @@ DEFAULT_DURATION = 20.0
 
 
 @contextlib.contextmanager
-def _fleet_url(spec: str | None) -> Iterator[str | None]:
+def fleet_url(spec: str | None) -> Iterator[str | None]:
     """``--fleet``: a Redis URL, ``auto`` (a local ``redis-server`` on a free port, stopped afterwards) or None."""
     if spec != "auto":
         yield spec
@@ -189,8 +189,8 @@ def run_processes(args: argparse.Namespace) -> int:
     """Run the three client modes and print the fleet totals (and write ``--json``)."""
     if not args.sim:
         raise RuntimeError("--processes needs --sim (a scenario whose cluster enforces a provider rate limit)")
-    with _fleet_url(args.fleet) as fleet_url:
-        rows = asyncio.run(_run(args, fleet_url))
+    with fleet_url(args.fleet) as url:
+        rows = asyncio.run(_run(args, url))
     from llmguard_tools.sim.scenarios import get_scenario
 
     limit = get_scenario(args.sim).rate_limit

@@ -19,9 +19,10 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 
-from llmguard_tools.bench.clients import BenchClient, Sample, TierSpec, make_client
+from llmguard_tools.bench.clients import BenchClient, Sample, make_client
 from llmguard_tools.bench.conversations import replay_conversations
 from llmguard_tools.bench.measure import Replayed
+from llmguard_tools.bench.spec import RunSpec
 from llmguard_tools.bench.tls import tls_context
 from llmguard_tools.bench.traffic import TrafficPlan, request_body
 
@@ -140,9 +141,11 @@ async def replay(
     plan: TrafficPlan,
     model: str,
     on_sample: Callable[[Sample], None] = lambda s: None,
+    start: float | None = None,
 ) -> Replayed:
-    """Send every planned request through ``client`` as the plan says; return samples by index, wall time
-    and how far the generator fell behind plan."""
+    """Send every planned request through ``client`` as the plan says (offset 0 at ``start``, a perf_counter
+    time: 20 ms from now by default); return samples by index, wall time and how far the generator fell behind
+    plan."""
     if plan.mode == "conversations":
         return await replay_conversations(client, plan, model, on_sample)
     samples: list[Sample | None] = [None] * len(plan.requests)
@@ -155,7 +158,8 @@ async def replay(
         samples[i] = s
         on_sample(s)
 
-    start = time.perf_counter() + 0.02
+    if start is None:
+        start = time.perf_counter() + 0.02
     async with anyio.create_task_group() as tg:
         if plan.mode == "closed":
             assert cap is not None
@@ -191,20 +195,6 @@ async def replay(
     return Replayed(done, wall, behind)
 
 
-@dataclass
-class RunSpec:
-    plan: TrafficPlan
-    tier: TierSpec
-    model: str | None = None
-    deadline: float | None = None
-    drain_timeout: float = 15.0
-    api_key: str | None = None
-    rollout: float | None = None
-    """The ``rollout`` client's guarded fraction (bench/rollout.py)."""
-    records: str | None = None
-    """Where the ``rollout`` client writes its phase records (JSON lines)."""
-
-
 async def run_one_client(
     name: str,
     urls: Sequence[str],
@@ -220,32 +210,61 @@ async def run_one_client(
             if not drained:
                 notes.append("previous client's work had not drained before reset")
             await reset_stats(http, urls)
-        client = make_client(
-            name,
-            urls,
-            model=model,
-            tier=spec.tier,
-            deadline=spec.deadline,
-            api_key=spec.api_key,
-            rollout=spec.rollout,
-            records=spec.records,
-        )
-        await client.start()
         progress.begin(name, len(spec.plan.requests))
         try:
-            samples, wall, behind = await replay(client, spec.plan, model, progress.advance)
+            samples, wall, behind = await _replay_client(name, urls, spec, model, progress)
         finally:
             progress.end(name)
-            await client.aclose()
         server = None
         if counters != "none":
             drained, stats = await wait_drained(http, urls, spec.drain_timeout)
             server = ServerStats(stats, drained)
             if not drained:
                 notes.append(f"server still busy {spec.drain_timeout:g} s after the last request")
+    if spec.processes.get(name, 1) > 1:
+        notes.append(f"replayed from {spec.processes[name]} processes, each with a client of its own")
+    if spec.fleet is not None and name.startswith("guarded"):
+        notes.append("its Guards share their fleet state through Redis")
     if behind > 0.25:
         notes.append(f"load generator fell behind plan by up to {behind:.2f} s")
     return ClientRun(name, samples, server, wall, notes, behind)
+
+
+async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: str, progress: ProgressSink) -> Replayed:
+    """The client's replay of the plan, in this process or split over its worker processes."""
+    processes = spec.processes.get(name, 1)
+    if processes > 1:
+        from llmguard_tools.bench.shards import run_sharded
+
+        replayed = await run_sharded(name, urls, spec, model, processes)
+        for sample in replayed.samples:
+            progress.advance(sample)
+        return replayed
+    client = make_client(
+        name,
+        urls,
+        model=model,
+        tier=spec.tier,
+        deadline=spec.deadline,
+        api_key=spec.api_key,
+        rollout=spec.rollout,
+        records=spec.records,
+    )
+    configure(client, spec)
+    await client.start()
+    try:
+        return await replay(client, spec.plan, model, progress.advance)
+    finally:
+        await client.aclose()
+
+
+def configure(client: BenchClient, spec: RunSpec) -> None:
+    """What the run sets on every client: the calls' tiers, and the guarded clients' fleet."""
+    from llmguard_tools.bench.guarded import GuardedClient
+
+    client.tiers = spec.tiers
+    if isinstance(client, GuardedClient) and spec.fleet is not None:
+        client.fleet = (spec.fleet[0], f"{spec.fleet[1]}-{client.name}")
 
 
 ClusterFactory = Callable[[], contextlib.AbstractContextManager[list[str]]]

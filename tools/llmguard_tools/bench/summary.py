@@ -31,6 +31,7 @@ from llmguard_tools.bench.quantile import percentile
 from llmguard_tools.bench.queue_recovery import QueueRecovery, queue_recovery
 from llmguard_tools.bench.rates import RateProfile
 from llmguard_tools.bench.runner import ClientRun
+from llmguard_tools.bench.tiermix import TierFigures, tier_figures
 
 __all__ = ["LATENCY_KEYS", "PCTS", "SLO", "ClientSummary", "latency", "ratio", "summarize"]
 
@@ -72,6 +73,9 @@ class ClientSummary:
     """Time to a failed answer minus the waits the client chose to honour (guarded: Retry-After/backoff)."""
     failure_own_time: dict[str, float | None]
     """guarded: time to a failed answer minus honoured waits minus time with an attempt in flight."""
+    refusal_latency: dict[str, float | None]
+    """Calls the guard's admission refused (``Overloaded``, never sent): from the call's start to the caller
+    learning it."""
     completion_tokens: int
     wall_s: float
     client_attempts: int | None
@@ -93,6 +97,8 @@ class ClientSummary:
     """Successful requests later than the tier allows (TTFT > tier ttft or e2e > tier total)."""
     status_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tiers: dict[str, TierFigures] = field(default_factory=dict)
+    """With ``--tier-mix``: each tier's calls, completed and good shares."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +126,7 @@ def summarize(
     e2es = [s.e2e for s in ok]
     tpots = [t for s in ok if (t := s.tpot) is not None]
     failed = [s.e2e - (s.waited or 0.0) for s in samples if not s.ok]
+    refused = [s.e2e for s in samples if s.http_status == 429 and s.cause == "overloaded"]
     own = [s.e2e - (s.waited or 0.0) - s.in_attempts for s in samples if not s.ok and s.in_attempts is not None]
     known_attempts = [s.attempts for s in samples if s.attempts is not None]
     client_attempts = sum(known_attempts) if len(known_attempts) == n and n else None
@@ -139,6 +146,7 @@ def summarize(
         tpot={f"p{p}": percentile(tpots, p) for p in PCTS},
         failure_latency={f"p{p}": percentile(failed, p) for p in (*PCTS, 100)},
         failure_own_time={f"p{p}": percentile(own, p) for p in (*PCTS, 100)},
+        refusal_latency={f"p{p}": percentile(refused, p) for p in (*PCTS, 100)},
         completion_tokens=sum(s.completion_tokens for s in ok),
         wall_s=run.wall,
         client_attempts=client_attempts,
@@ -147,6 +155,7 @@ def summarize(
         late_successes=0 if tier is None else sum(1 for s in ok if _late(s, tier)),
         status_counts=dict(sorted(counts.items())),
         notes=list(run.notes),
+        tiers=tier_figures(samples, good) if any(s.tier for s in samples) else {},
     )
     if run.server is not None:
         srv = run.server

@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING
 from llmguard_tools.bench.formatting import fmt_count, fmt_pct, fmt_s, fmt_x
 from llmguard_tools.bench.runner import COUNTERS_NOTE
 from llmguard_tools.bench.summary import ClientSummary
+from llmguard_tools.bench.tiermix import TierFigures
 from llmguard_tools.bench.validity import tolerance
 from llmguard_tools.tables import fit_columns
 
@@ -102,6 +103,7 @@ SECTIONS: tuple[Section, ...] = (
             _failed("failure_latency", "to fail", "p99"),
             _failed("failure_latency", "to fail", "p100"),
             _failed("failure_own_time", "own time", "p100"),
+            _failed("refusal_latency", "refused", "p99"),
         ),
     ),
     Section(
@@ -192,8 +194,16 @@ def _on_plan(report: BenchReport) -> str:
     """How far the load generator fell behind plan, against the tolerance (`llmguard_tools.bench.validity`)."""
     if report.plan.mode == "closed" or not report.runs:
         return ""
-    behind = max(r.behind for r in report.runs)
-    return f"generator at most {behind:.2f} s behind (over {tolerance(report.tier):.2f} s: INVALID, no verdict)"
+    each = ", ".join(f"{r.name} {r.behind:.2f} s" for r in report.runs)
+    return f"generator behind plan by at most: {each} (over {tolerance(report.tier):.2f} s: INVALID, no verdict)"
+
+
+def tier_line(tiers: dict[str, TierFigures]) -> str:
+    """``interactive 490 calls: good 61.0 %, completed 61.2 %; batch ...`` (``--tier-mix``)."""
+    return "; ".join(
+        f"{name} {f.calls} calls: good {100 * f.good:.1f} %, completed {100 * f.completed:.1f} %"
+        for name, f in tiers.items()
+    )
 
 
 def render(report: BenchReport, console: Console, *, explain_hint: bool = True) -> None:
@@ -211,6 +221,8 @@ def render(report: BenchReport, console: Console, *, explain_hint: bool = True) 
     for s in report.summaries:
         for note in s.notes:
             console.print(f"[yellow]note[/yellow] {s.client}: {note}")
+        if s.tiers:
+            console.print(f"tiers {s.client}: {tier_line(s.tiers)}", highlight=False)
     for client, behind in report.left_out.items():
         console.print(
             hanging(

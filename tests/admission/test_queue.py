@@ -1,0 +1,89 @@
+"""One replica's gate in virtual time: the wait it predicts, and a waiting call refused as soon as its slot can
+no longer come in time."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from llmguard_client import Admission
+from llmguard_client._admission.controller import LimitController
+from llmguard_client._admission.queue import MARGIN, ReplicaGate, Slot, Waiter
+from llmguard_client._admission.signal import LoadSignal
+from tests.virtual import BACKENDS, now, run_virtual
+
+
+def gate(limit: int) -> ReplicaGate:
+    return ReplicaGate(LimitController(Admission(initial_limit=limit)), LoadSignal(0.2), 64, now)
+
+
+async def free_at_rate(g: ReplicaGate, slots: list[Slot], every: float) -> None:
+    """Give back ``slots`` one every ``every`` seconds (a replica completing at 1/every per s)."""
+    for slot in slots:
+        await anyio.sleep(every)
+        slot.release()
+
+
+def taken(g: ReplicaGate, n: int) -> list[Slot]:
+    slots = [g.try_take() for _ in range(n)]
+    assert all(s is not None for s in slots)
+    return [s for s in slots if s is not None]
+
+
+@BACKENDS
+def test_after_a_cut_the_wait_counts_the_slots_in_flight_over_the_limit(backend: str) -> None:
+    async def main() -> None:
+        g = gate(4)
+        slots = taken(g, 4)
+        await free_at_rate(g, slots[:2], 0.1)  # 2 freed in 0.1 s each: 10 slots/s
+        slots[2:] += taken(g, 2)
+        g.controller.limit = 2.0  # cut to 2 with 4 in flight: 2 must free up before anyone in line is served
+        assert g.frees_needed(0) == 3
+        assert g.wait_for(0) == pytest.approx(MARGIN * 3 / g.rate())
+        assert g.frees_needed(1) == 4
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_waiting_call_whose_slot_can_no_longer_come_in_time_is_refused_when_the_line_is_judged(backend: str) -> None:
+    async def main() -> None:
+        g = gate(2)
+        slots = taken(g, 2)
+        await free_at_rate(g, slots, 0.1)  # a rate of about 10 slots/s
+        slots = taken(g, 2)
+        start = now()
+        early = g.join(deadline=start + 1.0, until=start + 0.5)  # first in line: 1 free away
+        late = g.join(deadline=start + 2.0, until=start + 0.5 / g.rate())  # less than one free away
+        assert early is not None and late is not None
+        slots[0].release()  # a slot freed: the first waiter gets it, the second (next in line) is judged again
+        assert early.slot is not None
+        assert late.event.is_set() and late.slot is None and late.gone
+        assert g.waiting == 0 and now() == start  # refused at once, not when its time is up
+        early.slot.release()
+        slots[1].release()
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_waiting_call_that_still_fits_keeps_its_place(backend: str) -> None:
+    async def main() -> None:
+        g = gate(2)
+        slots = taken(g, 2)
+        await free_at_rate(g, slots, 0.1)
+        slots = taken(g, 2)
+        start = now()
+        first: Waiter | None = g.join(deadline=start + 1.0, until=start + 0.5)
+        second = g.join(deadline=start + 2.0, until=start + 0.5)
+        assert first is not None and second is not None
+        slots[0].release()
+        assert first.slot is not None
+        assert not second.event.is_set() and g.waiting == 1
+        slots[1].release()  # the next slot goes to it
+        assert second.slot is not None and g.waiting == 0
+        first.slot.release()
+        second.slot.release()
+        assert g.in_flight == 0
+
+    run_virtual(main, backend)
