@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import httpx
 
 from llmguard_tools.bench.client_base import BenchClient
@@ -20,6 +21,8 @@ from llmguard_tools.bench.measure import HTTPStatus, Probe, TierSpec, consume_ss
 from llmguard_tools.bench.tiermix import DEFAULT_TIER, TIERS
 
 TIER_HEADER = "x-llmguard-tier"
+FLEET_CONNECT_WITHIN = 5.0
+"""Seconds a fleet Guard waits for its store before the traffic starts (past them it starts on local state)."""
 """Which of the Guard's tiers a call is on."""
 
 __all__ = [
@@ -78,6 +81,16 @@ class GuardedClient(BenchClient):
         )
         self._http: httpx.AsyncClient = self._guard.http_client()
         self._http.headers.update(self.headers)
+        if self.fleet:
+            await self._connected()
+
+    async def _connected(self, within: float = FLEET_CONNECT_WITHIN) -> None:
+        """Connect the Guard's fleet store before the traffic starts (the processes wait for each other's start):
+        otherwise a short run's first calls, or all of them, ran on local state alone."""
+        await self._guard.__aenter__()
+        with anyio.move_on_after(within):
+            while not ((fleet := self._guard.snapshot().fleet) and fleet.connected):  # noqa: ASYNC110 - polled
+                await anyio.sleep(0.02)
 
     async def aclose(self) -> None:
         await self._http.aclose()
