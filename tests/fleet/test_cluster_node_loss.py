@@ -10,11 +10,14 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
-from llmguard_client import Guard
+from llmguard_client import Guard, RateLimit
 from llmguard_client._fleet.url import FleetURL
 from tests.fleet.guards import store, until
+from tests.loopback import LoopbackServer
 from tests.redis_cluster import RedisCluster, _require_cluster_tools
 
 
@@ -58,3 +61,33 @@ async def test_a_killed_node_is_noticed_by_the_heartbeat_and_reconnections_leave
     finally:
         await g.aclose()
     gc.collect()  # a node left connected warns when collected: an error in this suite
+
+
+async def test_calls_go_on_while_a_cluster_node_dies(
+    private_cluster: RedisCluster, servers: list[LoopbackServer]
+) -> None:
+    """The fleet fails open: a node killed while calls run fails none of them, though each attempt asks the
+    cluster (a rate limit that never binds: one script call per attempt, on the node of its bucket's slot)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    limit = RateLimit(requests_per_minute=6_000_000, tokens_per_minute=6_000_000_000)
+    g = Guard([servers[0].url], fleet=private_cluster.url, name="calls", hedge=None, rate_limit=limit)
+    s = store(g)
+    s.connect_timeout = 5.0  # three nodes' first connections on a busy machine
+    statuses: list[int] = []
+
+    async def calls(client: httpx.AsyncClient) -> None:
+        for _ in range(40):
+            async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=body) as response:
+                await response.aread()
+                statuses.append(response.status_code)
+            await anyio.sleep(0.02)
+
+    async with g, g.http_client() as client:
+        await until(lambda: s.available, seconds=60)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(calls, client)
+            await anyio.sleep(0.2)
+            private_cluster.processes[2].send_signal(signal.SIGKILL)
+            await until(lambda: bool(g.snapshot().fleet and g.snapshot().fleet.degraded), seconds=20)
+    assert statuses == [200] * 40
+    gc.collect()
