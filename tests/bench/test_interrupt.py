@@ -63,7 +63,7 @@ def interrupt_and_check(proc: subprocess.Popen[str], *, whole_group: bool) -> No
             proc.communicate()
     took = time.monotonic() - sent
     assert took < LIMIT, f"exited {took:.2f} s after the SIGINT"
-    assert proc.returncode == interrupt.EXIT_STATUS
+    assert proc.returncode == interrupt.EXIT_STATUS, stderr[-3000:]
     assert stderr.splitlines() == ["llmguard: error: interrupted"]
     assert running(group_members(pgid)) == []
 

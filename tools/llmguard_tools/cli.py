@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -316,9 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands.explain(args)
         if args.command == "bench" and not (args.target or args.sim):
             raise UsageError("one of the arguments --target --sim is required (or --explain)")
-        from llmguard_tools.bench.interrupt import run_interruptibly
+        from llmguard_tools.bench.interrupt import EXIT_STATUS, run_interruptibly
 
-        return run_interruptibly(lambda: _run(args), _fail)
+        status = run_interruptibly(lambda: _run(args), _fail)
+        if status == EXIT_STATUS:  # stopped by Ctrl-C and on its way out: a late SIGINT must not make it -2
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return status
     except UsageError as exc:
         _fail(str(exc))
         return 2
