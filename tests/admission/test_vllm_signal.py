@@ -13,30 +13,17 @@ the same (with ``--max-num-seqs 2`` both report a waiting queue; with the defaul
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
 import anyio
 import httpx
 import openai
-import pytest
 
 from llmguard_client import Admission, Guard, Tier
+from tests.vllm_engine import NEEDS_VLLM, URL
 
-URL = os.environ.get("LLMGUARD_VLLM_URL", "").rstrip("/")
-
-
-def _healthy() -> bool:
-    if not URL:
-        return False
-    try:
-        return httpx.get(URL + "/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _healthy(), reason="no vLLM server (set LLMGUARD_VLLM_URL; see the docstring)")
+pytestmark = NEEDS_VLLM
 TIERS = {"t": Tier(ttft=20.0, total=60.0)}
 BACKGROUND = 4
 """Long calls sent beside the guard's, so that the engine has something to report."""

@@ -9,30 +9,16 @@ pre-flight admission check and get HTTP 200 + ``data: {"error": {..., "code": 50
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import anyio
-import httpx
 import openai
-import pytest
 
 from llmguard_client import BudgetPolicy, Guard, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
+from tests.vllm_engine import NEEDS_VLLM, URL
 
-URL = os.environ.get("LLMGUARD_VLLM_URL", "").rstrip("/")
-
-
-def _healthy() -> bool:
-    if not URL:
-        return False
-    try:
-        return httpx.get(URL + "/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _healthy(), reason="no vLLM server (set LLMGUARD_VLLM_URL; see the docstring)")
+pytestmark = NEEDS_VLLM
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
