@@ -48,11 +48,11 @@ class Admission:
     initial_limit: int = 16
     min_limit: int = 1
     max_limit: int = 1024
-    target: float = 0.5
-    growth: float = 1.0
+    target: float = 0.6
+    growth: float = 0.5
     backoff: float = 0.9
     max_waiting: int = 64
-    max_queue_wait: float = 0.1
+    max_queue_wait: float = 0.3
     max_server_queue: int = 4
     signal_fresh_for: float = 0.2
     ask_load_reports: bool = True

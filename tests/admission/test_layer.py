@@ -151,9 +151,9 @@ def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> No
             assert refused[0] == "http_429" and set(refused) <= {"http_429", "all_replicas_cooling"}
             assert limit_of(guard) == 1  # at most 2 in flight when refused: 2 x 0.5
             replica.overloaded = False
-            served: list[str] = []
-            await drive(client, rate=40, seconds=2.0, outcomes=served)
-            assert limit_of(guard) >= 5 and served[-20:] == ["ok"] * 20
+            served: list[str] = []  # the limit gains up to half a slot per first token in time: back within 2 s
+            await drive(client, rate=40, seconds=3.0, outcomes=served)
+            assert limit_of(guard) >= 5 and served[-40:] == ["ok"] * 40
 
     run_virtual(main, backend)
 
@@ -179,6 +179,37 @@ def test_the_line_serves_the_earliest_deadline_first(backend: str) -> None:
             assert outcomes == ["ok", "ok", "ok"]
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_waits_in_line_up_to_three_tenths_of_its_ttft_by_default(backend: str) -> None:
+    # One slot, held ~0.25 s by a first call. A second call 10 ms later waits in line and gets the slot when it
+    # frees: within the default 0.3 s (of a 1 s ttft). Allowed to wait a tenth, it is refused when that ends.
+    async def main(admission: Admission, second: str, ended_after: float) -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, admission) as guard, guard.http_client() as client:
+            first: list[str] = []
+            outcome: list[str] = []
+            ended: list[float] = []
+
+            async def waiting() -> None:
+                start = now()
+                await call(client, "interactive", outcome)
+                ended.append(now() - start)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "interactive", first)
+                await anyio.sleep(0.01)
+                tg.start_soon(waiting)
+            assert first == ["ok"] and outcome == [second]
+            assert ended[0] == pytest.approx(ended_after, abs=0.02)
+            assert guard.snapshot().admission[URL].refused == (second == "overloaded")
+
+    assert Admission().max_queue_wait == 0.3
+    # served: its slot after 0.24 s, then 0.25 s of stream
+    run_virtual(lambda: main(Admission(initial_limit=1, max_limit=1), "ok", 0.49), backend)
+    short = Admission(initial_limit=1, max_limit=1, max_queue_wait=0.1)
+    run_virtual(lambda: main(short, "overloaded", 0.1), backend)
 
 
 @BACKENDS
