@@ -1,7 +1,7 @@
 """Client-side adaptive admission on the ``collapse`` scenario, in virtual time: no load generator that can fall
 behind, so policies can be compared over many seeds.
 
-    python -m benchmarks.admission_model [--seeds 8] [--policy adaptive,oracle,fixed:12,plain]
+    python -m benchmarks.admission_model [--seeds 8] [--policy adaptive,oracle,fixed:12,tokens:2600,plain]
         [--profile spike|0.8x] [--batch 0.3] [--set target=0.5,growth=1,margin=2] [--calls N]
 
 Each seed replays the bench's traffic (``--profile spike``: the 30 -> 140 -> 30 rps spike, 700 calls, as
@@ -20,6 +20,10 @@ queues without limit, stepped every 40 ms). The interactive tier has a 1 s first
   that fired). A call without its first token at its deadline is abandoned: the engine stops its work
   (wasted work).
 - ``fixed:N``: the same gate with its limit pinned at N attempts per replica (nothing learned).
+- ``tokens:B`` and ``calls:N``: not the guard's: a fixed budget per replica of what the calls in flight there
+  may add up to, in tokens (prompt + ``max_tokens``) or in calls, without a line; a call goes to the replica
+  with the most room left and is refused at once if it fits on none. They show what counting tokens instead of
+  calls is worth.
 - ``oracle``: clairvoyant and greedy in arrival order: a call is sent to the least busy replica whose engine,
   simulated forward with the calls already admitted there and this one (no later arrivals), gives it its first
   token within 1 s and a TPOT within 80 ms without making an admitted call miss either; otherwise it is refused.
@@ -374,6 +378,39 @@ class Guarded(Client):
         self._settle(e, t)
 
 
+class Budgeted(Client):
+    """``tokens:B`` / ``calls:N``: a fixed budget per replica of what its calls in flight may add up to, in tokens
+    (each call's prompt + ``max_tokens``) or in calls; no line: a call goes to the replica with the most room
+    left, and is refused at once when it fits on none. A call without its first token at its deadline is
+    abandoned."""
+
+    def __init__(self, cluster: Cluster, unit: str, budget: float) -> None:
+        super().__init__(cluster)
+        self.unit, self.budget = unit, budget
+        self.load = [0.0] * len(cluster.engines)
+        self.held: dict[int, tuple[int, float]] = {}
+
+    def arrive(self, call: Call, t: float) -> None:
+        weight = float(call.work.prompt_tokens + call.work.max_tokens) if self.unit == "tokens" else 1.0
+        e = min(range(len(self.load)), key=lambda i: (self.load[i], i))
+        if self.load[e] + weight > self.budget:
+            call.refuse(t)
+            return
+        self.load[e] += weight
+        self.held[id(call)] = (e, weight)
+        self.cluster.submit(e, call, t)
+
+    def deadline(self, call: Call, t: float) -> None:
+        self.cluster.abort(call)
+        self.ended(call, t, abandoned=True)
+        call.outcome = "late"
+
+    def ended(self, call: Call, t: float, *, abandoned: bool) -> None:
+        found = self.held.pop(id(call), None)
+        if found is not None:
+            self.load[found[0]] -= found[1]
+
+
 class Oracle(Client):
     """Clairvoyant greedy admission (see the module docstring)."""
 
@@ -446,8 +483,11 @@ def run(
         client = Guarded(cluster, admission or Admission(), None)
     elif policy.startswith("fixed:"):
         client = Guarded(cluster, admission or Admission(), int(policy.split(":", 1)[1]))
+    elif policy.startswith(("tokens:", "calls:")):
+        unit, budget = policy.split(":", 1)
+        client = Budgeted(cluster, unit, float(budget))
     else:
-        raise SystemExit(f"unknown policy {policy!r}: plain, adaptive, fixed:N or oracle")
+        raise SystemExit(f"unknown policy {policy!r}: plain, adaptive, fixed:N, tokens:B, calls:N or oracle")
     guarded = not isinstance(client, Oracle) and policy != "plain"
     made: list[Call] = []
     events = cluster.events
@@ -587,7 +627,9 @@ def mean_result(results: Iterable[Result]) -> Result:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default: 8)")
-    parser.add_argument("--policy", default="adaptive", help="comma-separated: plain, adaptive, fixed:N, oracle")
+    parser.add_argument(
+        "--policy", default="adaptive", help="comma-separated: plain, adaptive, fixed:N, tokens:B, calls:N, oracle"
+    )
     parser.add_argument("--profile", choices=("spike", "0.8x"), default="spike")
     parser.add_argument("--batch", type=float, default=0.0, help="share of the calls on the batch tier")
     parser.add_argument("--set", default="", help="Admission fields and margin/used, e.g. target=0.6,margin=1.5")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.admission_model import main, run
+from benchmarks.admission_model import Result, main, run
 from llmguard_client import Admission
 
 
@@ -41,3 +41,15 @@ def test_the_script_prints_a_line_per_seed_and_a_summary_per_policy(capsys: pyte
     assert len(lines) == 1 + 2 * 3  # the settings, then per policy two seeds and the mean
     assert sum("mean" in line for line in lines) == 2
     assert all("batch done" in line for line in lines[1:])
+
+
+def test_a_budget_in_tokens_lets_in_the_smaller_calls_and_more_of_them_than_a_budget_in_calls() -> None:
+    tokens, calls = run("tokens:2600", 0), run("calls:28", 0)
+
+    def size(result: Result, admitted: bool) -> float:
+        found = [c.work.prompt_tokens + c.work.max_tokens for c in result.calls if (c.seq is not None) == admitted]
+        return sum(found) / len(found)
+
+    assert size(tokens, admitted=True) < 0.8 * size(tokens, admitted=False)
+    assert size(calls, admitted=True) > 0.9 * size(calls, admitted=False)  # a budget in calls takes the mix as it is
+    assert tokens.goodput > calls.goodput + 0.03
