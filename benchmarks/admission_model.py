@@ -22,8 +22,9 @@ queues without limit, stepped every 40 ms). The interactive tier has a 1 s first
 - ``fixed:N``: the same gate with its limit pinned at N attempts per replica (nothing learned).
 - ``tokens:B`` and ``calls:N``: not the guard's: a fixed budget per replica of what the calls in flight there
   may add up to, in tokens (prompt + ``max_tokens``) or in calls, without a line; a call goes to the replica
-  with the most room left and is refused at once if it fits on none. They show what counting tokens instead of
-  calls is worth.
+  with the most room left and is refused at once if it fits on none. ``tokens:learned`` and ``calls:learned``:
+  the same budget learned by the guard's `LimitController` (from ``--set``'s `Admission`). They show what
+  counting tokens instead of calls is worth.
 - ``oracle``: clairvoyant and greedy in arrival order: a call is sent to the least busy replica whose engine,
   simulated forward with the calls already admitted there and this one (no later arrivals), gives it its first
   token within 1 s and a TPOT within 80 ms without making an admitted call miss either; otherwise it is refused.
@@ -81,6 +82,9 @@ TIERS = {"interactive": (1.0, 10.0), "batch": (BATCH.ttft, BATCH.total)}
 OUTCOMES = ("good", "refused", "late", "slow", "cut")
 """Where a call ends: met the SLO; refused before it was sent; sent but no first token within its tier's ttft
 (abandoned by a guard, late for the raw client); first token in time but TPOT over 80 ms; cut by ``total``."""
+CALL_TOKENS = 88
+"""The bench's mean call on the simulated scenarios, in tokens (prompt + ``max_tokens``): ``tokens:learned``
+counts its limits and growth in such calls."""
 CONSTANTS = {"margin": (queue_module, "MARGIN"), "used": (controller_module, "USED")}
 """Module constants ``--set`` may change for a run (patched, then restored)."""
 
@@ -380,30 +384,67 @@ class Guarded(Client):
 
 class Budgeted(Client):
     """``tokens:B`` / ``calls:N``: a fixed budget per replica of what its calls in flight may add up to, in tokens
-    (each call's prompt + ``max_tokens``) or in calls; no line: a call goes to the replica with the most room
-    left, and is refused at once when it fits on none. A call without its first token at its deadline is
-    abandoned."""
+    (each call's prompt + ``max_tokens``) or in calls; ``tokens:learned`` / ``calls:learned``: that budget learned
+    by the guard's `LimitController` from each first token, as the guard learns its limit (in tokens, its limits
+    and growth are scaled by `CALL_TOKENS`). No line: a call goes to the replica with the most room left, and is
+    refused at once when it fits on none (an idle replica takes any call). A call without its first token at its
+    deadline is abandoned."""
 
-    def __init__(self, cluster: Cluster, unit: str, budget: float) -> None:
+    def __init__(self, cluster: Cluster, unit: str, budget: float | None, policy: Admission) -> None:
         super().__init__(cluster)
-        self.unit, self.budget = unit, budget
-        self.load = [0.0] * len(cluster.engines)
-        self.held: dict[int, tuple[int, float]] = {}
+        self.unit = unit
+        n = len(cluster.engines)
+        scale = CALL_TOKENS if unit == "tokens" else 1
+        self.learned = (
+            None
+            if budget is not None
+            else [
+                LimitController(
+                    dataclasses.replace(
+                        policy,
+                        initial_limit=policy.initial_limit * scale,
+                        min_limit=policy.min_limit * scale,
+                        max_limit=policy.max_limit * scale,
+                        growth=policy.growth * scale,
+                    )
+                )
+                for _ in range(n)
+            ]
+        )
+        self.budget = budget
+        self.load = [0.0] * n
+        self.held: dict[int, tuple[int, float, float]] = {}
+        """Per call in flight: its replica, its weight, and the replica's load when it was sent (itself included)."""
+
+    def room(self, e: int) -> float:
+        limit = self.budget if self.learned is None else self.learned[e].limit
+        assert limit is not None
+        return limit - self.load[e]
 
     def arrive(self, call: Call, t: float) -> None:
         weight = float(call.work.prompt_tokens + call.work.max_tokens) if self.unit == "tokens" else 1.0
-        e = min(range(len(self.load)), key=lambda i: (self.load[i], i))
-        if self.load[e] + weight > self.budget:
+        e = max(range(len(self.load)), key=lambda i: (self.room(i), -i))
+        if weight > self.room(e) and self.load[e] > 0:  # an idle replica takes any call
             call.refuse(t)
             return
         self.load[e] += weight
-        self.held[id(call)] = (e, weight)
+        self.held[id(call)] = (e, weight, self.load[e])
         self.cluster.submit(e, call, t)
 
+    def first_token(self, call: Call, t: float) -> None:
+        e, _, held = self.held[id(call)]
+        self._learn(e, t - call.sent, call.ttft_limit, held)
+
     def deadline(self, call: Call, t: float) -> None:
+        e, _, held = self.held[id(call)]
         self.cluster.abort(call)
         self.ended(call, t, abandoned=True)
+        self._learn(e, t - call.sent, call.ttft_limit, held)
         call.outcome = "late"
+
+    def _learn(self, e: int, ttft: float, tier_ttft: float, held: float) -> None:
+        if self.learned is not None:
+            self.learned[e].first_token(ttft, tier_ttft, round(held), round(self.load[e]))
 
     def ended(self, call: Call, t: float, *, abandoned: bool) -> None:
         found = self.held.pop(id(call), None)
@@ -485,7 +526,8 @@ def run(
         client = Guarded(cluster, admission or Admission(), int(policy.split(":", 1)[1]))
     elif policy.startswith(("tokens:", "calls:")):
         unit, budget = policy.split(":", 1)
-        client = Budgeted(cluster, unit, float(budget))
+        learned = budget == "learned"
+        client = Budgeted(cluster, unit, None if learned else float(budget), admission or Admission())
     else:
         raise SystemExit(f"unknown policy {policy!r}: plain, adaptive, fixed:N, tokens:B, calls:N or oracle")
     guarded = not isinstance(client, Oracle) and policy != "plain"

@@ -53,3 +53,9 @@ def test_a_budget_in_tokens_lets_in_the_smaller_calls_and_more_of_them_than_a_bu
     assert size(tokens, admitted=True) < 0.8 * size(tokens, admitted=False)
     assert size(calls, admitted=True) > 0.9 * size(calls, admitted=False)  # a budget in calls takes the mix as it is
     assert tokens.goodput > calls.goodput + 0.03
+
+
+def test_the_guards_controller_learning_a_budget_in_tokens_beats_its_limit_in_calls_on_the_spike() -> None:
+    learned, adaptive = run("tokens:learned", 3), run("adaptive", 3)
+    assert learned.goodput > adaptive.goodput + 0.03
+    assert learned.wasted < 0.01
