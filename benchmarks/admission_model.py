@@ -47,6 +47,7 @@ import argparse
 import copy
 import dataclasses
 import itertools
+import json
 import logging
 import statistics
 from collections import deque
@@ -71,9 +72,10 @@ from llmguard_client import Admission, Replica
 from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.queue import ReplicaGate, Slot, Waiter
 from llmguard_client._admission.signal import LoadSignal
+from llmguard_client._admission.size import CallSizes
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_tools.bench.tiermix import BATCH, assign
-from llmguard_tools.bench.traffic import PlannedRequest, TrafficPlan
+from llmguard_tools.bench.traffic import PlannedRequest, TrafficPlan, request_body
 from llmguard_tools.sim.engine import Engine, EngineRequest, Sequence
 
 SCENARIO = "collapse"
@@ -99,8 +101,10 @@ class Call:
     seq: Sequence | None = None
     slot: Slot | None = None
     waiter: Waiter | None = None
+    body_bytes: int = 0
+    """The bench's request body, as the guard sees it."""
     sent: float = 0.0
-    held: int = 0
+    held: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
     completed: bool = False
@@ -150,10 +154,12 @@ class Result:
 class FixedLimit(LimitController):
     """A limit that learns nothing: ``fixed:N``."""
 
-    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int, floor: float | None = None) -> None:
+    def first_token(
+        self, ttft: float, tier_ttft: float, held: float, in_flight: float, floor: float | None = None
+    ) -> None:
         pass
 
-    def overload(self, held: int) -> None:
+    def overload(self, held: float) -> None:
         pass
 
 
@@ -254,6 +260,7 @@ class Guarded(Client):
             for _ in range(n)
         ]
         self.waiting: list[list[Call]] = [[] for _ in range(n)]
+        self.sizes = CallSizes()
         self.now = 0.0
         self.peak = 0
         """The most attempts any replica's gate held in flight at once."""
@@ -264,9 +271,10 @@ class Guarded(Client):
         assert chosen is not None
         e = self.index[id(chosen)]
         gate = self.gates[e]
-        slot = gate.try_take()
+        weight = self.sizes.weight(call.body_bytes, call.work.max_tokens) if self.policy.by_size else 1.0
+        slot = gate.try_take(weight)
         if slot is None:
-            e, slot = self._elsewhere(e)
+            e, slot = self._elsewhere(e, weight)
             gate = self.gates[e]
         if slot is not None:
             self._send(call, e, slot, t)
@@ -275,11 +283,11 @@ class Guarded(Client):
         recent = gate.signal.ttft_recent
         ttft = recent if recent is not None else 0.0  # the tier's TTFT statistics, empty at the start
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead)
+        wait = gate.wait_for(ahead, weight)
         if wait == float("inf"):
             wait = 0.0
         until = min(deadline - ttft, call.start + self.policy.max_queue_wait * call.ttft_limit)
-        waiter = gate.join(deadline, until) if t + wait <= until else None
+        waiter = gate.join(deadline, until, weight) if t + wait <= until else None
         if waiter is None:
             gate.refused += 1
             call.refuse(t)
@@ -288,22 +296,22 @@ class Guarded(Client):
         self.waiting[e].append(call)
         self.cluster.events.push(until, "timer", call)
 
-    def _elsewhere(self, e: int) -> tuple[int, Slot | None]:
-        best: tuple[int, int] | None = None
+    def _elsewhere(self, e: int, weight: float) -> tuple[int, Slot | None]:
+        best: tuple[float, int] | None = None
         for i, gate in enumerate(self.gates):
             if i == e:
                 continue
-            room = gate.controller.allowed - gate.in_flight - gate.waiting
-            if room > 0 and (best is None or room > best[0]):
+            room = gate.controller.allowed - gate.load - gate.waiting
+            if (room >= weight or (gate.in_flight == 0 and not gate.waiting)) and (best is None or room > best[0]):
                 best = (room, i)
         if best is None:
             return e, None
-        slot = self.gates[best[1]].try_take()
+        slot = self.gates[best[1]].try_take(weight)
         return (best[1], slot) if slot is not None else (e, None)
 
     def _send(self, call: Call, e: int, slot: Slot, t: float) -> None:
-        call.slot, call.held = slot, self.gates[e].in_flight
-        self.peak = max(self.peak, call.held)
+        call.slot, call.held = slot, self.gates[e].load
+        self.peak = max(self.peak, self.gates[e].in_flight)
         self.replicas.states[e].in_flight += 1
         self.cluster.submit(e, call, t)
 
@@ -348,7 +356,7 @@ class Guarded(Client):
         e, gate = call.replica, self.gates[call.replica]
         ttft = t - call.sent
         gate.signal.first_token(t, ttft)
-        gate.controller.first_token(ttft, call.ttft_limit, call.held, gate.in_flight, gate.signal.ttft_floor)
+        gate.controller.first_token(ttft, call.ttft_limit, call.held, gate.load, gate.signal.ttft_floor)
         self.replicas.succeeded(self.replicas.states[e], ttft, t)
         gate.hand_out()
         self._settle(e, t)
@@ -365,7 +373,7 @@ class Guarded(Client):
         self.cluster.abort(call)
         self.replicas.states[e].in_flight -= 1
         call.slot.release()
-        gate.controller.first_token(t - call.sent, call.ttft_limit, call.held, gate.in_flight, gate.signal.ttft_floor)
+        gate.controller.first_token(t - call.sent, call.ttft_limit, call.held, gate.load, gate.signal.ttft_floor)
         call.outcome = "late"
         self._settle(e, t)
 
@@ -495,6 +503,10 @@ class Oracle(Client):
         return True
 
 
+def _body_bytes(request: PlannedRequest) -> int:
+    return len(json.dumps(request_body(request, "sim-model"), separators=(",", ":")).encode())
+
+
 def _tpot(seq: Sequence) -> float:
     if seq.first_token_at is None or seq.finished_at is None or seq.generated < 2:
         return 0.0
@@ -542,7 +554,7 @@ def run(
             cluster.step(payload, t)
         elif kind == "arrive":
             request, tier = payload
-            call = Call(request, tier, t, engine_request(request))
+            call = Call(request, tier, t, engine_request(request), body_bytes=_body_bytes(request))
             made.append(call)
             events.push(t + TIERS[tier][0], "deadline", call)
             events.push(t + TIERS[tier][1], "total", call)

@@ -212,6 +212,49 @@ def test_a_call_waits_in_line_up_to_three_tenths_of_its_ttft_by_default(backend:
     run_virtual(lambda: main(short, "overloaded", 0.1), backend)
 
 
+def sized(words: int) -> bytes:
+    """A streamed chat body of ``words`` words and ``max_tokens`` 10."""
+    messages = [{"role": "user", "content": " ".join(["word"] * words)}]
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 10, "stream": True}).encode()
+
+
+@BACKENDS
+def test_a_replica_full_of_small_calls_still_takes_a_small_one_but_not_a_large_one(backend: str) -> None:
+    # A limit of 4 average calls, no line. Ten small calls teach the average; then, with 3 small calls in flight,
+    # a call 4x their size does not fit (refused) and another small one does. Counted as calls, the large call
+    # takes the last place and the small one after it is refused.
+    async def main(admission: Admission, large_outcome: str, last_small: str) -> None:
+        replica = QueueingReplica("a", slots=8, tokens=20)
+        async with admitted_guard(replica, admission) as guard, guard.http_client() as client:
+
+            async def one(body: bytes, outcomes: list[str]) -> None:
+                try:
+                    async with client.stream("POST", URL + "/v1/chat/completions", content=body) as response:
+                        await response.aread()
+                    outcomes.append("ok")
+                except httpx.HTTPError as exc:
+                    outcomes.append(guard_failure(exc) or type(exc).__name__)
+
+            for _ in range(10):
+                await one(sized(10), [])
+            small: list[str] = []
+            large: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one, sized(10), small)
+                await anyio.sleep(0.01)
+                tg.start_soon(one, sized(130), large)
+                await anyio.sleep(0.01)
+                tg.start_soon(one, sized(10), small)
+            assert sorted(small) == sorted(["ok"] * 3 + [last_small]) and large == [large_outcome]
+            assert guard.snapshot().admission[URL].in_flight == 0
+
+    weighed = Admission(initial_limit=4, max_limit=4, max_waiting=0)
+    run_virtual(lambda: main(weighed, "overloaded", "ok"), backend)
+    counted = Admission(initial_limit=4, max_limit=4, max_waiting=0, by_size=False)
+    run_virtual(lambda: main(counted, "ok", "overloaded"), backend)
+
+
 @BACKENDS
 def test_a_call_that_cannot_be_served_in_time_is_refused_at_once_with_the_computed_retry_after(backend: str) -> None:
     # One slot, no line. Calls of ~0.25 s free the slot four times a second; the next call finds it taken and

@@ -31,8 +31,8 @@ def test_the_clairvoyant_bound_admits_only_calls_that_meet_the_slo() -> None:
 
 
 def test_a_fixed_limit_is_never_exceeded_and_is_reached_under_the_spike() -> None:
-    for limit in (3, 12):
-        assert run(f"fixed:{limit}", 2, calls=200).peak_in_flight == limit
+    for limit in (3, 12):  # counted in calls: every call weighs one
+        assert run(f"fixed:{limit}", 2, calls=200, admission=Admission(by_size=False)).peak_in_flight == limit
 
 
 def test_the_script_prints_a_line_per_seed_and_a_summary_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,6 +56,13 @@ def test_a_budget_in_tokens_lets_in_the_smaller_calls_and_more_of_them_than_a_bu
 
 
 def test_the_guards_controller_learning_a_budget_in_tokens_beats_its_limit_in_calls_on_the_spike() -> None:
-    learned, adaptive = run("tokens:learned", 3), run("adaptive", 3)
-    assert learned.goodput > adaptive.goodput + 0.03
+    learned, in_calls = run("tokens:learned", 3), run("adaptive", 3, admission=Admission(by_size=False))
+    assert learned.goodput > in_calls.goodput + 0.03
     assert learned.wasted < 0.01
+
+
+def test_weighing_calls_by_size_keeps_more_of_the_spike_in_time_than_counting_them() -> None:
+    for seed in (0, 1):
+        weighed, counted = run("adaptive", seed), run("adaptive", seed, admission=Admission(by_size=False))
+        assert weighed.goodput > counted.goodput + 0.02
+        assert weighed.wasted < 0.02
