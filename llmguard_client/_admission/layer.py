@@ -184,7 +184,7 @@ class AdmissionLayer:
         return Overloaded(
             f"the replica cannot give this call its first token within the ttft deadline of tier "
             f"{call.tier_name!r} ({call.tier.ttft}s): {why} ({gate.in_flight} in flight of a learned limit of "
-            f"{gate.controller.allowed}, {ahead:g} ahead in line, {rate:.1f} slots freed/s); refused before it was "
+            f"{gate.controller.allowed}, {ahead:.1f} ahead in line, {rate:.1f} slots freed/s); refused before it was "
             f"sent, retry after {retry_after:.2f}s",
             request=call.request,
             record=call.record,
