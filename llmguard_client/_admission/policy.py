@@ -55,7 +55,7 @@ class Admission:
     growth: float = 0.5
     backoff: float = 0.9
     max_waiting: int = 64
-    max_queue_wait: float = 0.3
+    max_queue_wait: float = 0.1
     max_server_queue: int = 4
     signal_fresh_for: float = 0.2
     ask_load_reports: bool = True

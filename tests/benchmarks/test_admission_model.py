@@ -20,7 +20,7 @@ def test_the_raw_client_collapses_on_the_spike_and_admission_keeps_most_calls_in
     refused = [c for c in adaptive.calls if c.outcome == "refused"]
     assert refused and all(c.seq is None for c in refused)  # refused before it was sent: no engine work
     waited = [c.refused_after for c in refused if c.refused_after is not None]
-    assert len(waited) == len(refused) and max(waited) <= Admission().max_queue_wait * 1.0  # no later than its wait
+    assert len(waited) == len(refused) and max(waited) <= Admission().max_queue_wait + 1e-9  # its wait of a 1 s ttft
 
 
 def test_the_clairvoyant_bound_admits_only_calls_that_meet_the_slo() -> None:
