@@ -268,10 +268,12 @@ class CallLease:
                 response = next(iter(self._responses))
                 await self.close_response(response)
         finally:
-            self._release_all(status, cause)
-            self._closing = False
-            if self._closed_event is not None:
-                self._closed_event.set()
+            try:
+                self._release_all(status, cause)
+            finally:  # even when the call's last act raised: a closer waiting for this one must not wait forever
+                self._closing = False
+                if self._closed_event is not None:
+                    self._closed_event.set()
 
     def close_from_gc(self) -> None:
         """The caller dropped the body unclosed: release now, close connections on the loop soon."""

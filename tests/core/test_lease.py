@@ -262,6 +262,46 @@ def test_a_second_close_waits_until_the_first_has_closed_everything(backend: str
     assert events == ["response closed", "finished ok", "first returned", "second returned"]
 
 
+@BACKENDS
+def test_a_finish_that_raises_reaches_the_first_closer_and_never_leaves_the_second_waiting(backend: str) -> None:
+    """The call's last act raised (a bug in what it reports to): the first closer gets the error, every hold is
+    still released, and a second closer waiting for the first returns instead of waiting forever (shielded)."""
+    released: list[str] = []
+
+    class SlowStream(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[override]
+            yield b""
+
+        async def aclose(self) -> None:
+            await anyio.sleep(1.0)
+
+    def finish(status: Any, cause: Any) -> None:
+        raise RuntimeError("the record's reporter is broken")
+
+    async def main() -> None:
+        lease = CallLease(LeaseRegistry(), finish=finish)
+        lease.hold(lambda: released.append("hold"))
+        lease.own(httpx.Response(200, stream=SlowStream()))
+        outcomes: list[str] = []
+
+        async def close(name: str) -> None:
+            try:
+                await lease.aclose("ok", None)
+                outcomes.append(f"{name} returned")
+            except RuntimeError:
+                outcomes.append(f"{name} raised")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close, "first")
+                await anyio.sleep(0.1)
+                tg.start_soon(close, "second")
+        assert sorted(outcomes) == ["first raised", "second returned"]
+
+    run_virtual(main, backend)
+    assert released == ["hold"]
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self) -> None:
         self.closed = False
