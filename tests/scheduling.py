@@ -55,9 +55,14 @@ def rank(nodeid: str) -> int:
     return next((i for i, prefix in enumerate(LONGEST_FIRST) if nodeid.startswith(prefix)), len(LONGEST_FIRST))
 
 
+def unit(nodeid: str) -> str:
+    """What xdist deals as one: the test alone, or its module's `SAME_WORKER` name."""
+    return SAME_WORKER.get(nodeid.split("::", 1)[0], nodeid)
+
+
 class OneAtATime(LoadScopeScheduling):
     """``--dist load`` with each test a unit of its own (but for `SAME_WORKER`), dealt in collection order to the
     first worker with at most two tests queued."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return SAME_WORKER.get(nodeid.split("::", 1)[0], nodeid)
+        return unit(nodeid)
