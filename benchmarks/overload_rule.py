@@ -1,6 +1,6 @@
 """The cool-down rule in the overload scenario, in virtual time: no load generator that can fall behind.
 
-    python -m benchmarks.overload_rule [--seeds 24] [--rule holds|ties]
+    python -m benchmarks.overload_rule [--seeds 24] [--rule holds|ties] [--budget-floor 4]
 
 Each seed replays the bench's ``overload`` traffic (700 calls, the 30 -> 140 -> 30 rps spike, the same plan
 as ``llmguard bench --sim overload --seed N``) against three of the scenario's engines
@@ -12,7 +12,7 @@ carries the engine's Retry-After, backlog / token rate) through two clients:
   ``cooling_wait``, ``cool_down``, ``succeeded``: the cool-down rule's one code path) under a model of the
   retry layer: a refused call goes at once to a replica that is not cooling, else waits for the first
   cool-down to end if that fits its 1 s first-token deadline, at most 3 attempts, paid from a budget of
-  10 % of the calls + 3 per 10 s; a call without a first token at 1 s is abandoned. No hedges.
+  10 % of the calls + ``--budget-floor`` (4) per 10 s; a call without a first token at 1 s is abandoned. No hedges.
 
 ``--rule ties`` replaces the rule by the one before it (a cooling replica took first attempts, losing only
 ties). Goodput is the bench's: TTFT <= 1 s and TPOT <= 80 ms. Both clients see identical engines, so the
@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 
 import llmguard_client._routing.replicas as replicas_module
+from llmguard_client import BudgetPolicy, Replica
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-from llmguard_client.config import Replica
 from llmguard_tools.bench.presets import SIM_LENGTHS
 from llmguard_tools.bench.rates import SPIKE
 from llmguard_tools.bench.traffic import PlannedRequest, make_plan, request_body
@@ -96,7 +96,7 @@ def rule(name: str) -> Iterator[None]:
         setattr(replicas_module, "first_attempt_candidates", kept)  # noqa: B010
 
 
-def run(client: str, seed: int) -> Result:
+def run(client: str, seed: int, floor: int = BudgetPolicy().floor) -> Result:
     """One client over one seed's traffic; see the module docstring."""
     engine_config = get_scenario("overload").engine
     plan = make_plan(700, seed=seed, lengths=SIM_LENGTHS, rate=30.0, profile=SPIKE)
@@ -119,7 +119,7 @@ def run(client: str, seed: int) -> Result:
 
     def budget_left(t: float) -> float:
         firsts = sum(1 for c in calls if t - 10.0 < c.start <= t)
-        return 3 + 0.1 * firsts - sum(1 for r in retried_at if r > t - 10.0)
+        return floor + 0.1 * firsts - sum(1 for r in retried_at if r > t - 10.0)
 
     def send(t: float, call: _Call, e: int, first: bool) -> None:
         body = parse_request(json.dumps(request_body(call.request, "m")).encode(), "chat", "m")
@@ -258,15 +258,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=24, help="seeds 0..N-1 (default: 24)")
     parser.add_argument("--rule", choices=("holds", "ties"), default="holds")
+    parser.add_argument(
+        "--budget-floor",
+        type=int,
+        default=BudgetPolicy().floor,
+        help="the retry budget's floor (default: BudgetPolicy's, 4)",
+    )
     args = parser.parse_args()
     ratios: list[float] = []
     held_off: list[float] = []
-    print(f"rule: {args.rule}")
+    print(f"rule: {args.rule}, budget: 10 % of the calls + {args.budget_floor} per 10 s")
     print("seed  plain  guarded  ratio  work ratio  refused 1st/retry  retries  gave up deadline/budget  held off")
     for seed in range(args.seeds):
         plain = run("plain", seed)
         with rule(args.rule):
-            guarded = run("guarded", seed)
+            guarded = run("guarded", seed, args.budget_floor)
         ratios.append(guarded.goodput / plain.goodput)
         held_off.append(guarded.held_off)
         print(

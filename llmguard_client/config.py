@@ -292,7 +292,7 @@ class BudgetPolicy:
     extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md)."""
 
     ratio: float = 0.1
-    floor: int = 3
+    floor: int = 4
     window: float = 10.0
     scope: Literal["process", "fleet"] = "process"
 
@@ -344,7 +344,7 @@ class ContinuationPolicy:
         _int_at_least("ContinuationPolicy", "max_continuations", self.max_continuations, 1, 5)
         _positive("ContinuationPolicy", "min_time_left", self.min_time_left)
         if not isinstance(self.budget, BudgetPolicy) or self.budget.scope != "process":
-            shape = "a BudgetPolicy(ratio=0.1, floor=3) with scope='process' (continuations budget per process)"
+            shape = "a BudgetPolicy(ratio=0.1, floor=4) with scope='process' (continuations budget per process)"
             raise GuardConfigError(f"ContinuationPolicy.budget must be {shape}, got {self.budget!r}")
 
 

@@ -133,7 +133,7 @@ class RetryBudget:
 
     Over any sliding window of ``window`` seconds, extra attempts may be at most ``ratio`` times the
     logical requests started in that window plus ``floor`` (so a quiet client can still retry
-    ``floor`` times). Defaults allow 10 % extra load plus 3 attempts per 10 s, in the spirit of
+    ``floor`` times). Defaults allow 10 % extra load plus 4 attempts per 10 s, in the spirit of
     Finagle's RetryBudget, Envoy retry budgets and gRPC retry throttling: during an outage retries
     cannot multiply the load on a struggling backend.
 
@@ -179,7 +179,7 @@ class RetryBudget:
     def __init__(
         self,
         ratio: float = 0.1,
-        floor: int = 3,
+        floor: int = 4,
         window: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

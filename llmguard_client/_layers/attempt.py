@@ -78,7 +78,7 @@ class AttemptLayer:
             )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
-            opening = await read_opening(_body(response), reader)
+            opening = await read_opening(_body(response), reader, lambda: attempt.attempt_accepted(clock()))
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)
             if reader.failure is not None:  # before the first token: a failed attempt, like a 503

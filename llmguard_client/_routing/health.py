@@ -86,6 +86,17 @@ def silent(s: Routable, now: float, ttft: float) -> float:
     return max(ttft, now - since)
 
 
+STRAGGLER_RATIO = 3.0
+STRAGGLER_FLOOR = 0.1
+
+
+def straggling(s: Routable, now: float, ttft: float | None) -> bool:
+    """``s`` has attempts in flight and no first token for `STRAGGLER_RATIO` x ``ttft`` (its TTFT estimate; None:
+    unknown, never straggling), and `STRAGGLER_FLOOR` s more than it: its engine is queueing them (another
+    client's burst, a long prefill), and a new call sent there would wait behind them."""
+    return ttft is not None and silent(s, now, ttft) > max(STRAGGLER_RATIO * ttft, ttft + STRAGGLER_FLOOR)
+
+
 def no_room(h: ReplicaHealth, now: float) -> bool:
     """Rate-limit headers or the server's KV-cache report say there is no room now."""
     return h.limited_until > now or h.full_until > now

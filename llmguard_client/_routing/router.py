@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llmguard_client._ratelimit.headers import parse_rate_limits
-from llmguard_client._routing.health import ReplicaHealth, Routable, ms, no_room, sent, silent, worse
+from llmguard_client._routing.health import ReplicaHealth, Routable, ms, no_room, sent, silent, straggling, worse
 from llmguard_client._routing.quantile import lower_median
 
 if TYPE_CHECKING:
@@ -220,6 +220,8 @@ class Router(Generic[S]):
         if self._limited_until > now:  # rate-limit headers or a server said some replica has no room
             room = [s for s in states if not no_room(s.health, now)]
             states = room or states
+        answering = [s for s in states if not straggling(s, now, self._ttft(s))]
+        states = answering or states  # a replica queueing its calls ranks after every one answering
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
         return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
@@ -230,13 +232,18 @@ class Router(Generic[S]):
         equals = [s for s in near if not s.cooling(now)] or near if len(near) > 1 else near
         return equals[next(self._turn) % len(equals)] if rotate else equals[0]
 
+    def _ttft(self, s: S) -> float | None:
+        """``s``'s TTFT estimate; with fewer than `MIN_SAMPLES` samples the median replica's, so that it gets
+        calls to be judged by."""
+        h = s.health
+        return h.ttft if len(h.ttft_first) >= self.MIN_SAMPLES else self._ref_ttft
+
     def _cost(self, s: S, now: float) -> float:
         h = s.health
-        measured = self.MIN_SAMPLES  # fewer samples: costed as the median replica, so it gets calls to judge it by
-        ttft = h.ttft if len(h.ttft_first) >= measured else self._ref_ttft
+        ttft = self._ttft(s)
         if h.unanswered_since is not None and ttft is not None:
             ttft = silent(s, now, ttft)
-        tpot = h.tpot if len(h.tpot_first) >= measured else self._ref_tpot
+        tpot = h.tpot if len(h.tpot_first) >= self.MIN_SAMPLES else self._ref_tpot
         if ttft is None and tpot is None:
             expected = 1.0  # nothing known anywhere: balance by load alone
         else:

@@ -1,7 +1,9 @@
 """What every protocol reader shares: the interface, the facts it collects, the failure it reports.
 
 A `StreamReader` is fed the raw bytes of one response body, chunk by chunk, in the order they arrive,
-and never alters them (the guard replays the same bytes to the caller). It answers four questions:
+and never alters them (the guard replays the same bytes to the caller). It answers four questions, and notes
+when the server said it accepted the request (``accepted``: Responses ``response.created``, Messages
+``message_start``; before any content, never taken for the first token; chat has no such event):
 
 - ``first_token``: has the first *content* token arrived (a non-empty text, tool-call or reasoning
   delta; role-only deltas, comments, pings and metadata events do not count)?
@@ -87,13 +89,14 @@ class ResponseFacts:
 class StreamReader(ABC):
     """Reads one response body for the guard; see the module docstring."""
 
-    __slots__ = ("complete", "facts", "failure", "first_token")
+    __slots__ = ("accepted", "complete", "facts", "failure", "first_token")
 
     protocol: str = "?"
     """``chat``, ``completions``, ``responses``, ``messages``, ``body`` or ``passthrough``."""
 
     def __init__(self) -> None:
         self.first_token = False
+        self.accepted = False
         self.failure: StreamFailure | None = None
         self.complete = False
         self.facts = ResponseFacts()

@@ -54,6 +54,7 @@ class MessagesReader(SSEReader):
             if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_CONTENT):
                 self._first()
         elif kind == "message_start":
+            self.accepted = True
             message = obj.get("message")
             if isinstance(message, dict):
                 absorb_message_body(self.facts, message)

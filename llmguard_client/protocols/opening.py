@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -26,14 +26,21 @@ class Opening:
     """The unread remainder of the body; None once it was read to EOF."""
 
 
-async def read_opening(body: AsyncIterable[bytes], reader: StreamReader) -> Opening:
+async def read_opening(
+    body: AsyncIterable[bytes], reader: StreamReader, accepted: Callable[[], None] | None = None
+) -> Opening:
     """Read ``body`` until ``reader`` sees the first content token or a failure, or the body ends
-    (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``)."""
+    (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``); ``accepted`` is called once,
+    as soon as the reader sees the server accept the request."""
     chunks: list[bytes] = []
     rest = body.__aiter__()
     async for chunk in rest:
         chunks.append(chunk)
-        if reader.feed(chunk):
+        first_token = reader.feed(chunk)
+        if accepted is not None and reader.accepted:
+            accepted()
+            accepted = None
+        if first_token:
             return Opening(reader, chunks, rest)
         if reader.failure is not None:
             if reader.failure.kind == "error_event" and await _drain(rest, chunks):

@@ -72,4 +72,5 @@ class ResponsesReader(SSEReader):
                 self.first_token = True
                 self._events = 1
         elif kind.startswith("response.") and isinstance(obj.get("response"), dict):
+            self.accepted = True  # response.created / response.in_progress / response.queued: not a token
             self.facts.identify(obj["response"])

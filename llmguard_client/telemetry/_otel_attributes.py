@@ -41,6 +41,7 @@ ATTEMPT_PHASES = (
     (sc.LLMGUARD_PHASE_START, "start"),
     (sc.LLMGUARD_PHASE_SENT, "sent"),
     (sc.LLMGUARD_PHASE_HEADERS, "headers"),
+    (sc.LLMGUARD_PHASE_ACCEPTED, "accepted"),
     (sc.LLMGUARD_PHASE_FIRST_TOKEN, "first_token"),
     (sc.LLMGUARD_PHASE_FINISH, "finish"),
 )

@@ -72,6 +72,10 @@ class AttemptRecordBuilder:
             f["sent"] = t
         f["status_code"] = status_code
 
+    def attempt_accepted(self, t: float) -> None:
+        """The server's stream said it accepted the request (``response.created``, ``message_start``)."""
+        self._fields["accepted"] = t
+
     def attempt_first_token(self, t: float, *, complete: bool = False) -> None:
         """The first content token arrived (``complete``: the whole body was read with it)."""
         f = self._fields
@@ -134,6 +138,10 @@ class AttemptRecordBuilder:
     @property
     def headers(self) -> float | None:
         return self._fields["headers"]  # type: ignore[no-any-return]
+
+    @property
+    def accepted(self) -> float | None:
+        return self._fields["accepted"]  # type: ignore[no-any-return]
 
     @property
     def first_token(self) -> float | None:
@@ -227,7 +235,7 @@ class CallRecordBuilder:
     def delivered(self, attempt: AttemptRecordBuilder, http_status: int) -> None:
         """``attempt``'s response is handed to the caller: the call's phases are its phases."""
         f, a = self._fields, attempt._fields
-        f["replica"], f["sent"], f["headers"] = a["replica"], a["sent"], a["headers"]
+        f["replica"], f["sent"], f["headers"], f["accepted"] = a["replica"], a["sent"], a["headers"], a["accepted"]
         f["first_token"], f["http_status"] = a["first_token"], http_status
 
     def answered(self, http_status: int | None, replica: str | None = None) -> None:

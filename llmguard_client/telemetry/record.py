@@ -73,6 +73,9 @@ class AttemptRecord:
     start: float
     sent: float | None = None
     headers: float | None = None
+    accepted: float | None = None
+    """When the server's stream said it accepted the request (Responses ``response.created``, Messages
+    ``message_start``), before any content; None for other answers."""
     first_token: float | None = None
     finish: float | None = None
     status_code: int | None = None
@@ -112,6 +115,9 @@ class PhaseRecord:
     queued: float | None = None
     sent: float | None = None
     headers: float | None = None
+    accepted: float | None = None
+    """The winning attempt's ``accepted``: the server's stream said it accepted the request (Responses
+    ``response.created``, Messages ``message_start``), before any content token; None for other answers."""
     first_token: float | None = None
     finish: float | None = None
     prompt_tokens: int | None = None

@@ -124,6 +124,7 @@ LLMGUARD_PHASE_START: Final = "llmguard.phase.start_s"
 LLMGUARD_PHASE_QUEUED: Final = "llmguard.phase.queued_s"
 LLMGUARD_PHASE_SENT: Final = "llmguard.phase.sent_s"
 LLMGUARD_PHASE_HEADERS: Final = "llmguard.phase.headers_s"
+LLMGUARD_PHASE_ACCEPTED: Final = "llmguard.phase.accepted_s"
 LLMGUARD_PHASE_FIRST_TOKEN: Final = "llmguard.phase.first_token_s"
 LLMGUARD_PHASE_FINISH: Final = "llmguard.phase.finish_s"
 

@@ -337,8 +337,8 @@ def test_budgets_are_independent() -> None:
 
 def test_defaults_and_real_clock() -> None:
     budget = RetryBudget()
-    assert (budget.ratio, budget.floor, budget.window) == (0.1, 3, 10.0)
-    assert budget.level == 3.0
+    assert (budget.ratio, budget.floor, budget.window) == (0.1, 4, 10.0)
+    assert budget.level == 4.0
     assert "RetryBudget(ratio=0.1" in repr(budget)
 
 

@@ -70,10 +70,10 @@ async def test_the_sdk_sends_the_retry_to_another_replica(cluster: LoopbackClust
 async def test_the_sdks_max_retries_sets_the_requests_over_the_policys_max_attempts(
     servers: list[LoopbackServer],
 ) -> None:
-    """``max_retries=4`` asks for 5 requests; the policy's default ``max_attempts`` (3) does not cap them (the
-    budget's floor is raised to 4 retries: a fresh Guard's default floor of 3 would refuse the fourth)."""
+    """``max_retries=4`` asks for 5 requests; the policy's default ``max_attempts`` (3) does not cap them, and a
+    fresh Guard's default budget (its floor: 4 retries) pays for all four retries."""
     servers[0].scripter = lambda index, attempt: Script(status=500, body=ERROR) if attempt <= 4 else None
-    async with cooperative([servers[0].url], Tier(ttft=10, total=20), BudgetPolicy(floor=4)) as guard:
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20)) as guard:
         client = sdk(guard, servers[0].url, max_retries=4)
         raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, max_tokens=3)
     assert raw.retries_taken == 4 and raw.parse().choices[0].message.content
@@ -83,7 +83,7 @@ async def test_the_sdks_max_retries_sets_the_requests_over_the_policys_max_attem
 async def test_the_sdks_last_retry_gets_the_servers_answer(servers: list[LoopbackServer]) -> None:
     """The SDK stops at its ``max_retries``: the caller gets the server's answer, as without a guard."""
     servers[0].script = Script(status=500, body=ERROR)
-    async with cooperative([servers[0].url], Tier(ttft=10, total=20), BudgetPolicy(floor=4)) as guard:
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20)) as guard:
         with pytest.raises(openai.InternalServerError) as caught:
             await sdk(guard, servers[0].url, max_retries=4).chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.status_code == 500 and caught.value.body == ERROR["error"]
@@ -108,14 +108,14 @@ async def test_an_explicit_attempt_limit_holds_whatever_max_retries_says(
 
 
 async def test_the_budget_still_caps_the_sdks_retries(servers: list[LoopbackServer]) -> None:
-    """A fresh Guard's budget holds 3 retries (its floor): ``max_retries=4`` gets 4 requests, the last final."""
+    """A fresh Guard's budget holds 4 retries (its floor): ``max_retries=5`` gets 5 requests, the last final."""
     servers[0].script = Script(status=500, body=ERROR)
     async with cooperative([servers[0].url], Tier(ttft=10, total=20)) as guard:
         with pytest.raises(openai.InternalServerError) as caught:
-            await sdk(guard, servers[0].url, max_retries=4).chat.completions.create(model="m", messages=MESSAGES)
+            await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert guard_failure(caught.value) == "budget_exhausted"
-    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3"]
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
 
 
 async def test_timeouts_are_retried_by_the_sdk_within_the_guards_attempts(servers: list[LoopbackServer]) -> None:

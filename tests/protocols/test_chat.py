@@ -177,8 +177,9 @@ def test_a_malformed_event_after_the_first_token_is_passed_through_unjudged() ->
 
 def test_role_then_keepalive_then_content_counts_at_the_content_event() -> None:
     parts = [event(ROLE_ONLY), b": ping\n\n", b"event: ping\n\n", event(chunk({"content": ""})), event(CONTENT)]
-    _, results = scan(*parts)
+    scanner, results = scan(*parts)
     assert results == [False, False, False, False, True]
+    assert not scanner.accepted  # chat has no acceptance event: a role-only delta is neither
 
 
 def test_a_content_event_is_counted_only_when_its_blank_line_arrives() -> None:

@@ -54,6 +54,12 @@ def feed(*parts: bytes) -> tuple[MessagesReader, list[bool]]:
     return reader, [reader.feed(p) for p in parts]
 
 
+def test_message_start_is_acceptance_not_a_token() -> None:
+    reader, results = feed(START, BLOCK, PING)
+    assert reader.accepted and results == [False, False, False] and not reader.first_token
+    assert not feed(PING)[0].accepted
+
+
 def test_a_whole_stream() -> None:
     text = delta(type="text_delta", text="tain")
     reader, results = feed(START, BLOCK, PING, text, text, STOP_BLOCK, MESSAGE_DELTA, STOP)

@@ -41,6 +41,12 @@ def feed(*parts: bytes) -> tuple[ResponsesReader, list[bool]]:
     return reader, [reader.feed(p) for p in parts]
 
 
+def test_response_created_is_acceptance_not_a_token() -> None:
+    reader, results = feed(CREATED, ITEM, PART)
+    assert reader.accepted and results == [False, False, False] and not reader.first_token
+    assert not ResponsesReader().accepted  # nothing read yet
+
+
 def test_first_token_is_the_first_non_empty_delta() -> None:
     reader, results = feed(CREATED, ITEM, PART, EMPTY_DELTA, DELTA, DELTA)
     assert results == [False, False, False, False, True, True]

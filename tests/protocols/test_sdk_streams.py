@@ -182,3 +182,43 @@ async def test_closing_before_the_end_marker_is_abandoned(servers: list[Loopback
 
 def test_httpx_is_the_transport_these_tests_use() -> None:
     assert httpx.__version__.startswith("0.")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"model": "m", "input": "hi", "stream": True}),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ),
+    ],
+    ids=["responses", "messages"],
+)
+async def test_the_servers_acceptance_is_a_phase_before_the_first_token(
+    servers: list[LoopbackServer], path: str, body: dict[str, Any]
+) -> None:
+    """``response.created`` / ``message_start`` come at once, the first token after a stall: the record's
+    ``accepted`` is stamped when the first came, never taken for the first token."""
+    servers[0].script = Script(tokens=2, stall_before_first=0.3)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + path, json=body) as response:
+            await response.aread()
+    (record,) = records
+    (attempt,) = record.attempts
+    assert record.status == "ok" and record.accepted == attempt.accepted
+    assert record.headers is not None and record.accepted is not None and record.first_token is not None
+    assert record.headers <= record.accepted < record.first_token  # the stall lies between the two
+    assert record.to_dict()["accepted"] == record.accepted
+
+
+async def test_a_chat_stream_has_no_acceptance_phase(servers: list[LoopbackServer]) -> None:
+    servers[0].script = Script(tokens=2)
+    records: list[PhaseRecord] = []
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=body) as response:
+            await response.aread()
+    (record,) = records
+    assert record.status == "ok" and record.first_token is not None and record.accepted is None

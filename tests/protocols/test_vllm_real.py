@@ -54,7 +54,7 @@ async def test_queue_overflow_in_stream_goes_to_another_replica(servers: list[Lo
     servers[0].script = Script(tokens=5)
     records: list[PhaseRecord] = []
     # A burst of 12 simultaneous calls: about half go to vLLM before any of them learns it overflows, and the
-    # default budget (10 % of calls + 3) would pay for only ~4 of their retries (the rest get vLLM's 503).
+    # default budget (10 % of calls + 4) would pay for only 5 of their retries (the rest get vLLM's 503).
     budget = BudgetPolicy(ratio=1.0, floor=12)
     async with make_guard([URL, servers[0].url], records, budget=budget) as guard:
         oai = openai.AsyncOpenAI(base_url=URL + "/v1", api_key="sk", http_client=guard.http_client())

@@ -346,6 +346,32 @@ def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() 
     assert r0.health.ttft == pytest.approx(FAST + 0.2 * (4 * FAST - FAST))  # clipped to 4x
 
 
+def test_a_replica_queueing_its_calls_ranks_after_every_replica_answering() -> None:
+    """Streams long against TTFT (the stream time dominates the cost) and r0 with fewer calls in flight: by cost
+    alone r0 would still win while silent. Silent for 3x its TTFT and 0.1 s more, it is queueing them (another
+    client's burst): new calls go to the replicas answering, and back once it answers again."""
+    router, states = cluster(3)
+    r0, r1, r2 = states
+    warm(router, states, [FAST, FAST, FAST], tpot=0.01)
+    r1.in_flight = r2.in_flight = 3
+    assert router.pick(NOW, states) is r0
+    r0.in_flight = 1
+    assert router.pick(NOW + 0.1, states) is r0  # silent 100 ms: not past 20 ms + 0.1 s yet, and still cheapest
+    r0.in_flight = 2
+    assert {router.pick(NOW + 0.13, states).name for _ in range(4)} == {"r1", "r2"}  # type: ignore[union-attr]
+    router.first_token(r0, NOW + 0.6, 0.6)  # its queue drained: answering again
+    assert router.pick(NOW + 0.6, states) is r0
+
+
+def test_when_every_replica_is_queueing_the_least_cost_one_still_gets_the_call() -> None:
+    router, states = cluster(2)
+    warm(router, states, [FAST, FAST], tpot=0.01)
+    for state in states:
+        router.pick(NOW, [state])
+    states[0].in_flight, states[1].in_flight = 1, 4
+    assert router.pick(NOW + 0.5, states) is states[0]
+
+
 def test_a_lost_race_raises_the_ttft_estimate_but_never_lowers_it() -> None:
     router, states = cluster()
     r0 = states[0]

@@ -16,7 +16,7 @@ from tests.probe import modules_after_import
 def test_required_scenarios_exist() -> None:
     assert {"healthy", "stragglers", "overload", "faults"} <= SCENARIOS.keys()
     assert all(s.replicas == 3 for s in SCENARIOS.values())
-    assert all(s.engine.policy == "token" for s in SCENARIOS.values() if s.name != "collapse")
+    assert all(s.engine.policy == "token" for s in SCENARIOS.values() if s.name not in ("collapse", "queueing"))
     stall = SCENARIOS["stragglers"].faults_for(1)
     assert (stall.stall_first_p, stall.stall_first_s) == (0.05, 2.0)
     assert SCENARIOS["overload"].load.peak_rps / SCENARIOS["overload"].capacity_rps == pytest.approx(3.0, rel=0.1)
@@ -35,7 +35,7 @@ def test_replica_override_and_unknown_name() -> None:
         get_scenario("nope")
 
 
-@pytest.mark.parametrize("name", ["overload", "collapse", "faults", "degraded", "multiturn"])
+@pytest.mark.parametrize("name", ["overload", "collapse", "faults", "degraded", "multiturn", "queueing"])
 def test_stated_capacity_matches_the_engine(name: str) -> None:
     scenario, load = SCENARIOS[name], SCENARIOS[name].load
     total = 0.0

@@ -106,13 +106,14 @@ def end_attempt(
     finish: float,
     sent: float | None = None,
     headers: float | None = None,
+    accepted: float | None = None,
     first_token: float | None = None,
     status_code: int | None = None,
     error: str | None = None,
     retry_after: float | None = None,
 ) -> None:
     # Synthetic phases in any combination (the builder's methods stamp them in the transport's order only).
-    for name, value in (("sent", sent), ("headers", headers), ("first_token", first_token)):
+    for name, value in (("sent", sent), ("headers", headers), ("accepted", accepted), ("first_token", first_token)):
         if value is not None:
             attempt._fields[name] = T0 + value
     attempt._fields["status_code"] = status_code

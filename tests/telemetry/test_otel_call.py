@@ -29,6 +29,21 @@ from tests.telemetry.otel_harness import (
 )
 
 
+def test_the_servers_acceptance_is_a_phase_of_both_spans(otel: Otel) -> None:
+    inst = otel.instrumentation()
+    record = new_record()
+    obs = inst.call_started(record)
+    attempt, _ = begin_attempt(obs, record, R1, "primary", 0.002)
+    end_attempt(
+        obs, attempt, "won", sent=0.003, headers=0.050, accepted=0.051, first_token=0.400, status_code=200, finish=0.9
+    )
+    obs.call_finished(win(record, attempt, finish=0.900))
+    logical, (child,) = by_name(otel.finished())
+    assert (logical.attributes or {})["llmguard.phase.accepted_s"] == pytest.approx(0.051)
+    assert (child.attributes or {})["llmguard.phase.accepted_s"] == pytest.approx(0.051)
+    assert (logical.attributes or {})["llmguard.phase.first_token_s"] == pytest.approx(0.400)
+
+
 def test_streamed_call(otel: Otel) -> None:
     inst = otel.instrumentation()
     record = new_record()

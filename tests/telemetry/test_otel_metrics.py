@@ -137,9 +137,9 @@ async def test_the_budget_gauge_reads_a_published_level_and_never_touches_the_wi
     """The gauge's callback runs on the exporter's thread; the budget is single-loop and lock-free."""
     guard = Guard(replicas=["http://127.0.0.1:9/v1"], instrumentation=otel.instrumentation())
     budget = guard.budget
-    assert budget is not None and (budget.ratio, budget.floor) == (0.1, 3)
+    assert budget is not None and (budget.ratio, budget.floor) == (0.1, 4)
     budget.record_request()
-    ticket = budget.try_acquire()  # level: 0.1 x 1 request + 3 - 1 extra = 2.1
+    ticket = budget.try_acquire()  # level: 0.1 x 1 request + 4 - 1 extra = 3.1
     assert ticket is not None
     ticket.settle()
 
@@ -161,7 +161,7 @@ async def test_the_budget_gauge_reads_a_published_level_and_never_touches_the_wi
     try:
         exporter.start()
         exporter.join()
-        assert collected == [[pytest.approx(2.1)]]
+        assert collected == [[pytest.approx(3.1)]]
         assert reads == []
         assert [(b.first, b.last, b.requests, b.extras) for b in budget._buckets] == window
     finally:

@@ -4,8 +4,8 @@ A call's key is explicit (the ``x-llmguard-session`` header, else ``with guard.s
 ``AffinityPolicy(auto=True)``, derived from a chat body's system prompt and first user message
 (`llmguard_client._routing.affinity.hashing.auto_key`). Among the replicas the router would send it to at all (not
 excluded, circuit closed, not drained as degraded, not cooling after a Retry-After, with rate-limit / KV-cache
-room, and not a straggler: calls in flight and no first token for `STRAGGLER_RATIO` x its TTFT estimate, and
-`STRAGGLER_FLOOR` s more than it), a keyed call goes to
+room, and not straggling: calls in flight and no first token for 3 x its TTFT estimate, and 0.1 s more than it:
+`llmguard_client._routing.health.straggling`), a keyed call goes to
 
 - its key's home: the replica that answered the key's last call (this guard remembers the last `HOMES` keys),
   which holds the longest cached prefix of it;
@@ -36,7 +36,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from llmguard_client._routing.affinity.hashing import affinity_order, auto_key, choose, document_key, place
-from llmguard_client._routing.health import Routable, no_room, recent_calls, silent
+from llmguard_client._routing.health import Routable, no_room, recent_calls, straggling
 from llmguard_client.config import AffinityPolicy
 from llmguard_client.errors import GuardConfigError
 
@@ -55,8 +55,6 @@ _ORDERS = 4096
 class AffinityRouting:
     """The keys of calls, and each key's preferred replica; one per `Guard` with affinity on."""
 
-    STRAGGLER_RATIO = 3.0
-    STRAGGLER_FLOOR = 0.1
     HOMES = 16_384
     """Keys whose home (the replica that answered their last call) is remembered, least recently used dropped."""
 
@@ -144,11 +142,7 @@ class AffinityRouting:
     def refused(self, s: Routable, now: float) -> bool:
         """Health first: degraded, cooling, without room, or straggling."""
         h = s.health
-        if h.drained or s.cooling(now) or no_room(h, now):
-            return True
-        if h.ttft is None:
-            return False
-        return silent(s, now, h.ttft) > max(self.STRAGGLER_RATIO * h.ttft, h.ttft + self.STRAGGLER_FLOOR)
+        return h.drained or s.cooling(now) or no_room(h, now) or straggling(s, now, h.ttft)
 
 
 def session_for(affinity: AffinityRouting | None, key: str) -> contextlib.AbstractContextManager[None]:

@@ -67,6 +67,11 @@ PRESETS: dict[str, Preset] = {
     ),
     "faults": Preset(requests=400, rate=30.0, note="3 replicas with resets, 500s, black holes and stalls"),
     "healthy": Preset(requests=300, rate=30.0, note="3 healthy replicas, Poisson 30 rps"),
+    "queueing": Preset(
+        requests=500,
+        rate=40.0,
+        note="3 replicas, each in turn queueing another tenant's burst for ~0.65 s every 6 s; Poisson 40 rps",
+    ),
     "degraded": Preset(
         requests=500,
         rate=40.0,

@@ -71,6 +71,8 @@ class SimCluster:
                 server = _Server(config)
                 self._servers.append(server)
                 self._stepping.append(loop.create_task(replica.run()))
+                if replica.faults.neighbour is not None:
+                    self._stepping.append(loop.create_task(replica.neighbour()))
                 self._serving.append(loop.create_task(server.serve(sockets=[sock])))
                 self.urls.append(f"http://{self.host}:{sock.getsockname()[1]}")
             await self._wait_started()

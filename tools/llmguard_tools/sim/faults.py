@@ -8,13 +8,48 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FaultConfig", "FaultPlan", "OverloadSignal", "RetryAfterStyle", "draw_faults", "retry_after_headers"]
+__all__ = [
+    "FaultConfig",
+    "FaultPlan",
+    "NeighbourBursts",
+    "OverloadSignal",
+    "RetryAfterStyle",
+    "draw_faults",
+    "retry_after_headers",
+]
 
 RetryAfterStyle = Literal["seconds", "garbage", "negative", "huge", "http-date", "ms-only"]
 OverloadSignal = Literal["http", "in_stream"]
 """How an admission rejection is answered: ``http``, a 429 with Retry-After; ``in_stream``, vLLM 0.32's
 queue-overflow shape: HTTP 200 and an in-stream error event (``code: 503``, then the protocol's tail, e.g.
 ``[DONE]``) for a streaming request, a plain 503 JSON error for a non-streaming one, never a Retry-After."""
+
+
+@dataclass(frozen=True, slots=True)
+class NeighbourBursts:
+    """Another tenant's work landing on a replica: every ``every_s`` seconds, from ``offset_s`` after the replica
+    started, ``requests`` requests of ``prompt_tokens`` prompt tokens and ``output_tokens`` output tokens join
+    its engine at once. They do not come through HTTP, so a client sees them only in the replica's ``/metrics``
+    (``vllm:num_requests_waiting``) and in the first tokens of its own requests queued behind them."""
+
+    every_s: float
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    offset_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.every_s > 0 or self.offset_s < 0:
+            raise ValueError(f"every_s must be > 0 and offset_s >= 0 seconds, got {self.every_s!r}, {self.offset_s!r}")
+        if self.requests < 1 or self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(
+                f"requests, prompt_tokens and output_tokens must be >= 1, got "
+                f"{self.requests}, {self.prompt_tokens}, {self.output_tokens}"
+            )
+
+    def burst_at(self, index: int) -> float:
+        """Seconds after the replica started at which burst ``index`` (0, 1, ...) lands."""
+        return self.offset_s + index * self.every_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +74,8 @@ class FaultConfig:
     ``rate_limited_between``: a window of seconds after the replica started during which it answers every
     request with a 429 and ``Retry-After: rate_limited_retry_after_s`` (a hosted API's quota running out for
     a while), without running it; None: never.
+
+    ``neighbour``: bursts of another tenant's requests queued on the replica (`NeighbourBursts`); None: never.
     """
 
     stall_first_p: float = 0.0
@@ -60,6 +97,7 @@ class FaultConfig:
     slow_between: tuple[float, float] | None = None
     rate_limited_between: tuple[float, float] | None = None
     rate_limited_retry_after_s: float = 30.0
+    neighbour: NeighbourBursts | None = None
 
     def __post_init__(self) -> None:
         probabilities = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ class ReplicaCounters:
     truncated: int = 0
     rate_limited: int = 0
     """Requests refused with a 429 inside ``faults.rate_limited_between``."""
+    neighbour_requests: int = 0
+    """Requests of ``faults.neighbour``'s bursts submitted to the engine (not received over HTTP)."""
 
 
 class Replica:
@@ -148,6 +151,18 @@ class Replica:
                 self.counters.missed_steps += skipped
                 next_t += skipped * period
 
+    async def neighbour(self) -> None:
+        """Submit ``faults.neighbour``'s bursts on time, until cancelled (returns at once without one)."""
+        bursts = self.faults.neighbour
+        if bursts is None:
+            return
+        started = anyio.current_time()
+        for index in itertools.count():
+            await anyio.sleep(max(0.0, started + bursts.burst_at(index) - anyio.current_time()))
+            for _ in range(bursts.requests):
+                self.submit(EngineRequest(bursts.prompt_tokens, bursts.output_tokens, bursts.output_tokens))
+            self.counters.neighbour_requests += bursts.requests
+
     def _wake(self, progressed: list[Sequence]) -> None:
         waiters = self._waiters
         if not waiters:
@@ -200,6 +215,7 @@ class Replica:
                 "truncated": c.truncated,
                 "rate_limited": c.rate_limited,
             },
+            "neighbour_requests": c.neighbour_requests,
             "history": engine.history,
         }
 

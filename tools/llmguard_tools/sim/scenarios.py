@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from llmguard_client.config import RateLimit
 from llmguard_tools.sim.engine import EngineConfig
-from llmguard_tools.sim.faults import FaultConfig
+from llmguard_tools.sim.faults import FaultConfig, NeighbourBursts
 from llmguard_tools.sim.lengths import SEED_OUTPUT_LENGTHS, SEED_PROMPT_LENGTHS, LengthDist
 
 __all__ = [
@@ -95,6 +95,12 @@ _UNBOUNDED = dataclasses.replace(_TIGHT, policy="none", history_every_s=0.1, his
 """`_TIGHT` without admission: every request joins the waiting queue (vLLM's default, no queue limit). Its
 queue is sampled every 0.1 s (for 60 s), so that the bench can time how soon it is back after a spike."""
 
+_QUEUEING = dataclasses.replace(_ROOMY, policy="none")
+"""`_ROOMY` without admission: another tenant's burst waits in the engine's queue instead of being refused."""
+_NEIGHBOUR = NeighbourBursts(every_s=6.0, requests=32, prompt_tokens=256, output_tokens=16)
+"""32 x 256 prompt tokens fill the 4,096-token KV cache twice over: ~0.65 s of queue, a request that joins it at
+once gets its first token ~0.7 s later (a healthy replica's: 10-30 ms)."""
+
 _CACHING = EngineConfig(
     tbud=512,
     kv_tokens=32_768,
@@ -132,6 +138,20 @@ SCENARIOS: dict[str, ScenarioConfig] = {
         load=LoadHint(base_rps=40.0, peak_rps=40.0),
         capacity_rps=490.0,
         faults=(FaultConfig(stall_first_p=0.05, stall_first_s=2.0),),
+    ),
+    "queueing": ScenarioConfig(
+        name="queueing",
+        summary="another tenant's bursts queue on each replica in turn: stragglers from a queue",
+        description=(
+            "3 roomy replicas without admission; every 2 s one of them, in turn, gets a burst of 32 requests "
+            "(256 + 16 tokens) from another tenant: ~0.65 s of queue there, visible in its /metrics, where a "
+            "request's first token takes up to ~0.7 s"
+        ),
+        replicas=3,
+        engine=_QUEUEING,
+        load=LoadHint(base_rps=40.0, peak_rps=40.0),
+        capacity_rps=490.0,
+        faults=tuple(FaultConfig(neighbour=dataclasses.replace(_NEIGHBOUR, offset_s=1.0 + 2.0 * i)) for i in range(3)),
     ),
     "overload": ScenarioConfig(
         name="overload",
