@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import json
-import random
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,18 +36,14 @@ from typing import Any
 import httpx
 
 import llmguard_client._routing.replicas as replicas_module
+from benchmarks._virtual_cluster import HALF_RTT, engine_request, make_engines, meets_slo, spike_plan
 from llmguard_client import BudgetPolicy, Replica
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-from llmguard_tools.bench.presets import SIM_LENGTHS
-from llmguard_tools.bench.rates import SPIKE
-from llmguard_tools.bench.traffic import PlannedRequest, make_plan, request_body
-from llmguard_tools.sim.engine import Engine, EngineRequest, Rejected, Sequence
-from llmguard_tools.sim.protocol import parse_request
+from llmguard_tools.bench.traffic import PlannedRequest
+from llmguard_tools.sim.engine import Rejected, Sequence
 from llmguard_tools.sim.scenarios import get_scenario
 
-HALF_RTT = 0.0015
 TTFT_DEADLINE = 1.0
-TPOT_SLO = 0.08
 MAX_ATTEMPTS = 3
 EXPECTED_TTFT = 0.1
 """What a retry must still leave before the deadline (the guard uses the tier's recent TTFT)."""
@@ -99,8 +93,8 @@ def rule(name: str) -> Iterator[None]:
 def run(client: str, seed: int, floor: int = BudgetPolicy().floor) -> Result:
     """One client over one seed's traffic; see the module docstring."""
     engine_config = get_scenario("overload").engine
-    plan = make_plan(700, seed=seed, lengths=SIM_LENGTHS, rate=30.0, profile=SPIKE)
-    engines = [Engine(engine_config, random.Random(seed * 7 + i)) for i in range(3)]
+    plan = spike_plan(seed)
+    engines = make_engines("overload", seed)
     rs = ReplicaSet(
         [Replica(f"http://r{i}") for i in range(3)], lambda r: httpx.MockTransport(lambda q: httpx.Response(200))
     )
@@ -122,11 +116,9 @@ def run(client: str, seed: int, floor: int = BudgetPolicy().floor) -> Result:
         return floor + 0.1 * firsts - sum(1 for r in retried_at if r > t - 10.0)
 
     def send(t: float, call: _Call, e: int, first: bool) -> None:
-        body = parse_request(json.dumps(request_body(call.request, "m")).encode(), "chat", "m")
-        assert body.max_tokens is not None  # the bench's bodies always carry one
         rs.states[e].in_flight += 1
         try:
-            seq = engines[e].submit(EngineRequest(body.prompt_tokens, body.max_tokens, body.max_tokens), t + HALF_RTT)
+            seq = engines[e].submit(engine_request(call.request), t + HALF_RTT)
         except Rejected as refused:
             push(t + 2 * HALF_RTT, "refused", (call, e, refused.retry_after_s, first))
             return
@@ -227,11 +219,7 @@ def run(client: str, seed: int, floor: int = BudgetPolicy().floor) -> Result:
             call, e = payload
             if call.outcome is None:
                 send(t, call, e, False)
-    good = sum(
-        1
-        for c in calls
-        if c.outcome == "ok" and c.ttft is not None and c.ttft <= TTFT_DEADLINE and (c.tpot or 0.0) <= TPOT_SLO
-    )
+    good = sum(1 for c in calls if c.outcome == "ok" and meets_slo(c.ttft, c.tpot))
     result.goodput = good / len(calls)
     result.work_tokens = sum(engine.stats.work_tokens for engine in engines)
     return result

@@ -52,6 +52,7 @@ from llmguard_client.edges.sdk import TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
+from llmguard_client.telemetry.contained import contained
 from llmguard_client.telemetry.default import default_instrumentation
 from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, Instrumentation
 from llmguard_client.telemetry.record_logger import RecordLogger
@@ -219,8 +220,7 @@ class Guard:
         log_rollout_state(cohorts, len(resolved))
         if instrumentation is _UNSET:
             instrumentation = default_instrumentation()
-        if instrumentation is None:
-            instrumentation = NO_INSTRUMENTATION
+        instrumentation = NO_INSTRUMENTATION if instrumentation is None else contained(instrumentation)
 
         self.replicas: tuple[Replica, ...] = tuple(resolved)
         self.tiers: Mapping[str, Tier] = tiers

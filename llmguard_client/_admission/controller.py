@@ -51,9 +51,11 @@ class LimitController:
     def allowed(self) -> int:
         return max(self.policy.min_limit, int(self.limit))
 
-    def first_token(self, ttft: float, tier_ttft: float, held: int, in_flight: int, floor: float | None = None) -> None:
-        """An attempt sent when its replica held ``held`` attempts got its first token (or hit its deadline)
-        after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token."""
+    def first_token(
+        self, ttft: float, tier_ttft: float, held: float, in_flight: float, floor: float | None = None
+    ) -> None:
+        """An attempt sent when its replica held ``held`` (attempts, or their weights) got its first token (or hit
+        its deadline) after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token."""
         policy = self.policy
         target = max(policy.target * tier_ttft, FLOOR_FACTOR * floor if floor is not None else 0.0)
         if ttft > target:
@@ -61,7 +63,7 @@ class LimitController:
         elif in_flight >= USED * self.allowed:
             self._set(self.limit + policy.growth * (1.0 - ttft / target))
 
-    def overload(self, held: int) -> None:
+    def overload(self, held: float) -> None:
         """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held
         ``held``: multiplicative decrease from that load."""
         self._cut(held * self.policy.backoff)

@@ -24,6 +24,7 @@ from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.policy import Admission
 from llmguard_client._admission.queue import ReplicaGate, Slot
 from llmguard_client._admission.signal import ORCA_FORMAT_HEADER, ORCA_HEADER, LoadSignal, parse_orca
+from llmguard_client._admission.size import CallSizes
 from llmguard_client._admission.view import AdmissionSnapshot
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import Failed, Outcome, Route, Win
@@ -50,6 +51,8 @@ class AdmissionLayer:
         self.replicas = tuple(replicas)
         """Where a call whose replica is full may go instead (any with a free slot, healthy, not avoided)."""
         self.gates: dict[str, ReplicaGate] = {}
+        self.sizes = CallSizes()
+        """The average call's size, which each attempt's weight is measured against."""
 
     def gate(self, name: str) -> ReplicaGate:
         gate = self.gates.get(name)
@@ -68,21 +71,22 @@ class AdmissionLayer:
         if policy.ask_load_reports and not call.record.stream:
             _ask_for_load_report(call)
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        slot = gate.try_take()
+        weight = self.sizes.weight(len(call.body), call.record.max_tokens) if policy.by_size else 1.0
+        slot = gate.try_take(weight)
         if slot is None and route.kind != "hedge":
-            moved = self._elsewhere(call, route)
+            moved = self._elsewhere(call, route, weight)
             if moved is not None:
                 route, gate, slot = moved
         if slot is None:
             if route.kind == "hedge":
                 return Failed()  # not sent: the round goes on with the attempts it has
-            taken = await self._wait(call, gate, deadline)
+            taken = await self._wait(call, gate, deadline, weight)
             if isinstance(taken, Overloaded):
                 return Failed(reason=taken)
             slot = taken
         if policy.send_slo:
             _set_slo(call, deadline)  # what is left once the slot is taken
-        sent, held = call.clock(), gate.in_flight
+        sent, held = call.clock(), gate.load
         try:
             outcome = await call_next(call, route)
         except BaseException:
@@ -90,7 +94,7 @@ class AdmissionLayer:
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
                 floor = gate.signal.ttft_floor
-                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, floor)
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor)
             raise
         self._learn(call, gate, outcome, sent, held)
         if isinstance(outcome, Win):
@@ -100,39 +104,39 @@ class AdmissionLayer:
         gate.hand_out()
         return outcome
 
-    def _elsewhere(self, call: Call, route: Route) -> tuple[Route, ReplicaGate, Slot] | None:
+    def _elsewhere(self, call: Call, route: Route, weight: float) -> tuple[Route, ReplicaGate, Slot] | None:
         """A free slot on another replica (healthy, not avoided), the one with the most room, for a call whose
         replica is full: the router does not see the gates' lines."""
         now = call.clock()
-        best: tuple[int, ReplicaState, ReplicaGate] | None = None
+        best: tuple[float, ReplicaState, ReplicaGate] | None = None
         for state in self.replicas:
             if state is route.replica or state in route.avoid or state.cooling(now) or state.open(now):
                 continue
             gate = self.gate(state.name)
-            room = gate.controller.allowed - gate.in_flight - gate.waiting
-            if room > 0 and (best is None or room > best[0]):
+            room = gate.controller.allowed - gate.load - gate.waiting
+            if (room >= weight or (gate.in_flight == 0 and not gate.waiting)) and (best is None or room > best[0]):
                 best = (room, state, gate)
         if best is None:
             return None
         _, state, gate = best
-        slot = gate.try_take()
+        slot = gate.try_take(weight)
         return None if slot is None else (dataclasses.replace(route, replica=state), gate, slot)
 
-    async def _wait(self, call: Call, gate: ReplicaGate, deadline: float) -> Slot | Overloaded:
+    async def _wait(self, call: Call, gate: ReplicaGate, deadline: float, weight: float) -> Slot | Overloaded:
         """A slot within the time that still leaves a first token before ``deadline``, or the refusal."""
         now = call.clock()
         ttft = self._ttft(call, gate)
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead)
+        wait = gate.wait_for(ahead, weight)
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
         started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
         until = min(deadline - ttft, started + policy_wait(self.policy, call))
         if now + wait > until:
-            return self._refused(call, gate, ahead, "no replica slot frees up in time")
-        waiter = gate.join(deadline, until)
+            return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
+        waiter = gate.join(deadline, until, weight)
         if waiter is None:
-            return self._refused(call, gate, ahead, f"{gate.waiting} calls already wait for this replica")
+            return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:
             with call.phase_until(until):  # Guard.aclose() ends it too
                 await waiter.event.wait()
@@ -141,7 +145,7 @@ class AdmissionLayer:
             raise
         if waiter.slot is None:
             gate.leave(waiter)
-            return self._refused(call, gate, gate.ahead_of(deadline), "no slot freed up in time")
+            return self._refused(call, gate, gate.ahead_of(deadline), weight, "no slot freed up in time")
         return waiter.slot
 
     @staticmethod
@@ -150,12 +154,12 @@ class AdmissionLayer:
         recent = gate.signal.ttft_recent
         return recent if recent is not None else call.expected_ttft()
 
-    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: int) -> None:
+    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: float) -> None:
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            controller.first_token(now - sent, call.tier.ttft, held, gate.in_flight, signal.ttft_floor)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]
@@ -171,16 +175,16 @@ class AdmissionLayer:
         if waiting is not None and waiting > self.policy.max_server_queue:
             controller.overload(held)
 
-    def _refused(self, call: Call, gate: ReplicaGate, ahead: int, why: str) -> Overloaded:
+    def _refused(self, call: Call, gate: ReplicaGate, ahead: float, weight: float, why: str) -> Overloaded:
         gate.refused += 1
         rate = gate.rate()
-        backlog = ahead + 1
+        backlog = ahead + weight
         seconds = backlog / rate if rate > 0 else self._ttft(call, gate)
         retry_after = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds))
         return Overloaded(
             f"the replica cannot give this call its first token within the ttft deadline of tier "
             f"{call.tier_name!r} ({call.tier.ttft}s): {why} ({gate.in_flight} in flight of a learned limit of "
-            f"{gate.controller.allowed}, {ahead} ahead in line, {rate:.1f} slots freed/s); refused before it was "
+            f"{gate.controller.allowed}, {ahead:.1f} ahead in line, {rate:.1f} slots freed/s); refused before it was "
             f"sent, retry after {retry_after:.2f}s",
             request=call.request,
             record=call.record,

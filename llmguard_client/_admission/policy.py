@@ -43,13 +43,16 @@ class Admission:
                    with its queue and KV use (ORCA).
     send_slo:      send the tier's first-token deadline as ``x-slo-ttft-ms`` on every attempt (the time left
                    for that attempt), so that an SLO-aware scheduler (llm-d) can order its queue by it.
+    by_size:       count each attempt by its call's size (body and ``max_tokens``) against the average call's,
+                   instead of as one: the limits are in calls of an average size, and a replica holds more
+                   small calls than large ones.
     """
 
     initial_limit: int = 16
     min_limit: int = 1
     max_limit: int = 1024
-    target: float = 0.5
-    growth: float = 1.0
+    target: float = 0.6
+    growth: float = 0.5
     backoff: float = 0.9
     max_waiting: int = 64
     max_queue_wait: float = 0.1
@@ -57,6 +60,7 @@ class Admission:
     signal_fresh_for: float = 0.2
     ask_load_reports: bool = True
     send_slo: bool = True
+    by_size: bool = True
 
     def __post_init__(self) -> None:
         _check("min_limit", self.min_limit, 1)

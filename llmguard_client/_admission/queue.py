@@ -1,6 +1,10 @@
 """One replica's gate: the attempts it lets in flight (its learned limit) and a bounded line of the others,
 served earliest deadline first (an interactive call before a batch one).
 
+Each attempt weighs what its call's size is against the average call's (1.0 for every call when the policy does
+not weigh them, `llmguard_client._admission.size`): the limit bounds the weights in flight (``load``), so a
+replica holds more small calls than large ones. A replica with nothing in flight takes any call.
+
 Whoever takes a slot gives it back exactly once (`Slot.release`). A slot freed while calls wait goes to the
 waiting call with the earliest deadline at once, without yielding. The gate measures how fast slots free up
 (the replica's completion rate for this guard), which turns a line into a wait: the slots that must free up
@@ -34,25 +38,27 @@ seconds and falls when the replica slows down, and a call told to wait that then
 class Slot:
     """One attempt's place in flight on a replica; `release` gives it back (later calls do nothing)."""
 
-    __slots__ = ("_gate",)
+    __slots__ = ("_gate", "weight")
 
-    def __init__(self, gate: ReplicaGate) -> None:
+    def __init__(self, gate: ReplicaGate, weight: float = 1.0) -> None:
         self._gate: ReplicaGate | None = gate
+        self.weight = weight
 
     def release(self) -> None:
         gate, self._gate = self._gate, None
         if gate is not None:
-            gate.give_back()
+            gate.give_back(self.weight)
 
 
 class Waiter:
     """A call in line for a slot; ``slot`` is set when one is handed to it."""
 
-    __slots__ = ("deadline", "event", "gone", "slot", "until")
+    __slots__ = ("deadline", "event", "gone", "slot", "until", "weight")
 
-    def __init__(self, deadline: float, until: float) -> None:
+    def __init__(self, deadline: float, until: float, weight: float = 1.0) -> None:
         self.deadline = deadline
         self.until = until
+        self.weight = weight
         """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.event = anyio.Event()
         self.slot: Slot | None = None
@@ -68,44 +74,58 @@ class ReplicaGate:
         self.max_waiting = max_waiting
         self.clock = clock
         self.in_flight = 0
+        """Attempts in flight."""
+        self.load = 0.0
+        """Their weights added up."""
         self.waiting = 0
         self.refused = 0
         self._line: list[tuple[float, int, Waiter]] = []
         self._order = itertools.count()
-        self._freed: deque[float] = deque()
+        self._freed: deque[tuple[float, float]] = deque()
+        """(when, weight) of the slots freed lately."""
 
     # -- slots ---------------------------------------------------------------------------------
 
-    def try_take(self) -> Slot | None:
-        """A slot at once, if one is free and nobody is in line for it."""
-        if self.waiting == 0 and self.in_flight < self.controller.allowed:
-            self.in_flight += 1
-            return Slot(self)
+    def fits(self, weight: float) -> bool:
+        """Whether an attempt of ``weight`` fits under the limit now (always, on a replica with none in flight)."""
+        return self.in_flight == 0 or self.load + weight <= self.controller.allowed
+
+    def try_take(self, weight: float = 1.0) -> Slot | None:
+        """A slot at once, if there is room for ``weight`` and nobody is in line for it."""
+        if self.waiting == 0 and self.fits(weight):
+            return self._take(weight)
         return None
 
-    def give_back(self) -> None:
+    def _take(self, weight: float) -> Slot:
+        self.in_flight += 1
+        self.load += weight
+        return Slot(self, weight)
+
+    def give_back(self, weight: float = 1.0) -> None:
         """A slot came back (the one caller: `Slot.release`)."""
         self.in_flight -= 1
+        self.load = self.load - weight if self.in_flight else 0.0  # no rounding left over once empty
         freed, now = self._freed, self.clock()
-        freed.append(now)
-        while freed and freed[0] < now - _RATE_WINDOW_S:
+        freed.append((now, weight))
+        while freed and freed[0][0] < now - _RATE_WINDOW_S:
             freed.popleft()
         self.hand_out()
 
     def hand_out(self) -> None:
         """Free slots to the waiting calls, earliest deadline first (also after the limit grew)."""
         line = self._line
-        while line and self.in_flight < self.controller.allowed:
-            _, _, waiter = heapq.heappop(line)
-            if waiter.gone:
-                continue
-            self.in_flight += 1
+        for _, _, waiter in sorted(line) if line else ():
+            if waiter.gone or not self.fits(waiter.weight):
+                continue  # a call too large for the room left does not hold up a smaller one behind it
             self.waiting -= 1
             waiter.gone = True
-            waiter.slot = Slot(self)
+            waiter.slot = self._take(waiter.weight)
             waiter.event.set()
         if line:
-            self.rejudge()
+            line[:] = [entry for entry in line if not entry[2].gone]
+            heapq.heapify(line)
+            if line:
+                self.rejudge()
 
     def rejudge(self) -> None:
         """Refuse now, earliest deadline first, each waiting call whose slot can no longer come by its ``until``
@@ -113,26 +133,26 @@ class ReplicaGate:
         rate = self.rate()
         if rate <= 0:
             return
-        now, kept = self.clock(), 0
+        now, kept = self.clock(), 0.0
         for _, _, waiter in sorted(self._line):
             if waiter.gone:
                 continue
-            if now + MARGIN * self.frees_needed(kept) / rate > waiter.until:
+            if now + MARGIN * self.frees_needed(kept, waiter.weight) / rate > waiter.until:
                 waiter.gone = True
                 self.waiting -= 1
                 waiter.event.set()  # no slot: the caller is refused
             else:
-                kept += 1
+                kept += waiter.weight
         if not self.waiting:
             self._line.clear()
 
     # -- the line ------------------------------------------------------------------------------
 
-    def join(self, deadline: float, until: float) -> Waiter | None:
+    def join(self, deadline: float, until: float, weight: float = 1.0) -> Waiter | None:
         """Get in line, for a slot by ``until`` at the latest (None: the line is full)."""
         if self.waiting >= self.max_waiting:
             return None
-        waiter = Waiter(deadline, until)
+        waiter = Waiter(deadline, until, weight)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
         self.waiting += 1
         return waiter
@@ -149,29 +169,30 @@ class ReplicaGate:
             if not self.waiting:
                 self._line.clear()
 
-    def ahead_of(self, deadline: float) -> int:
-        """Calls in line that would be served before one with ``deadline``."""
-        return sum(1 for d, _, w in self._line if not w.gone and d <= deadline)
+    def ahead_of(self, deadline: float) -> float:
+        """The weight of the calls in line that would be served before one with ``deadline``."""
+        return sum(w.weight for d, _, w in self._line if not w.gone and d <= deadline)
 
     # -- rates ---------------------------------------------------------------------------------
 
     def rate(self) -> float:
-        """Slots freed per second recently (0: none measured)."""
+        """Weight freed per second recently (slots, when calls are not weighed; 0: none measured)."""
         freed = self._freed
         if len(freed) < 2:
             return 0.0
-        span = max(self.clock() - freed[0], freed[-1] - freed[0])
-        return len(freed) / span if span > 0 else 0.0
+        span = max(self.clock() - freed[0][0], freed[-1][0] - freed[0][0])
+        return sum(w for _, w in freed) / span if span > 0 else 0.0
 
-    def frees_needed(self, ahead: int) -> int:
-        """Slots that must free up before a call with ``ahead`` calls in line before it gets one: those in
-        flight over the limit (it was cut) and one per call ahead, then its own (0: a slot is free now)."""
-        return max(0, self.in_flight + ahead + 1 - self.controller.allowed)
+    def frees_needed(self, ahead: float, weight: float = 1.0) -> float:
+        """Weight that must free up before a call of ``weight`` with ``ahead`` in line before it gets a slot:
+        what is in flight over the limit (it was cut), what is ahead, then its own (0: there is room now); never
+        more than all of it (a replica with nothing in flight takes any call)."""
+        return max(0.0, min(self.load + ahead, self.load + ahead + weight - self.controller.allowed))
 
-    def wait_for(self, ahead: int) -> float:
-        """Seconds until ``ahead`` calls in line and then this one get a slot (inf: no rate measured yet while
-        the line is not empty; 0 if a slot is free)."""
-        needed = self.frees_needed(ahead)
+    def wait_for(self, ahead: float, weight: float = 1.0) -> float:
+        """Seconds until what is ``ahead`` in line and then this call get a slot (inf: no rate measured yet
+        while the line is not empty; 0 if there is room)."""
+        needed = self.frees_needed(ahead, weight)
         if needed == 0:
             return 0.0
         rate = self.rate()

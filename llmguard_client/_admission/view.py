@@ -13,13 +13,15 @@ class AdmissionSnapshot:
     """One replica's adaptive admission (`Admission`): its learned limit, slots, line and load signal."""
 
     limit: int
-    """Attempts the guard lets in flight on the replica now (learned)."""
+    """Attempts the guard lets in flight on the replica now (learned), in calls of an average size when
+    `Admission.by_size` weighs them."""
     in_flight: int
     waiting: int
     """Calls in line for a slot."""
     refused: int
     """Calls refused with `Overloaded` so far."""
     slots_freed_per_s: float
+    """Slots freed per second lately (in calls of an average size when calls are weighed)."""
     ttft_floor: float | None
     """The fastest first token seen (the replica unloaded), seconds."""
     ttft_recent: float | None

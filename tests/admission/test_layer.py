@@ -151,9 +151,9 @@ def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> No
             assert refused[0] == "http_429" and set(refused) <= {"http_429", "all_replicas_cooling"}
             assert limit_of(guard) == 1  # at most 2 in flight when refused: 2 x 0.5
             replica.overloaded = False
-            served: list[str] = []
-            await drive(client, rate=40, seconds=2.0, outcomes=served)
-            assert limit_of(guard) >= 5 and served[-20:] == ["ok"] * 20
+            served: list[str] = []  # the limit gains up to half a slot per first token in time: back within 2 s
+            await drive(client, rate=40, seconds=3.0, outcomes=served)
+            assert limit_of(guard) >= 5 and served[-40:] == ["ok"] * 40
 
     run_virtual(main, backend)
 
@@ -179,6 +179,79 @@ def test_the_line_serves_the_earliest_deadline_first(backend: str) -> None:
             assert outcomes == ["ok", "ok", "ok"]
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_waits_in_line_up_to_a_tenth_of_its_ttft_by_default(backend: str) -> None:
+    # One slot, held ~0.25 s by a first call. A second call 10 ms later waits in line: by default a tenth of its
+    # 1 s ttft, and is refused when that ends. Allowed to wait three tenths, it gets the slot when it frees.
+    async def main(admission: Admission, second: str, ended_after: float) -> None:
+        replica = QueueingReplica("a", slots=8)
+        async with admitted_guard(replica, admission) as guard, guard.http_client() as client:
+            first: list[str] = []
+            outcome: list[str] = []
+            ended: list[float] = []
+
+            async def waiting() -> None:
+                start = now()
+                await call(client, "interactive", outcome)
+                ended.append(now() - start)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "interactive", first)
+                await anyio.sleep(0.01)
+                tg.start_soon(waiting)
+            assert first == ["ok"] and outcome == [second]
+            assert ended[0] == pytest.approx(ended_after, abs=0.02)
+            assert guard.snapshot().admission[URL].refused == (second == "overloaded")
+
+    assert Admission().max_queue_wait == 0.1
+    run_virtual(lambda: main(Admission(initial_limit=1, max_limit=1), "overloaded", 0.1), backend)
+    longer = Admission(initial_limit=1, max_limit=1, max_queue_wait=0.3)
+    run_virtual(lambda: main(longer, "ok", 0.49), backend)  # served: its slot after 0.24 s, then 0.25 s of stream
+
+
+def sized(words: int) -> bytes:
+    """A streamed chat body of ``words`` words and ``max_tokens`` 10."""
+    messages = [{"role": "user", "content": " ".join(["word"] * words)}]
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 10, "stream": True}).encode()
+
+
+@BACKENDS
+def test_a_replica_full_of_small_calls_still_takes_a_small_one_but_not_a_large_one(backend: str) -> None:
+    # A limit of 4 average calls, no line. Ten small calls teach the average; then, with 3 small calls in flight,
+    # a call 4x their size does not fit (refused) and another small one does. Counted as calls, the large call
+    # takes the last place and the small one after it is refused.
+    async def main(admission: Admission, large_outcome: str, last_small: str) -> None:
+        replica = QueueingReplica("a", slots=8, tokens=20)
+        async with admitted_guard(replica, admission) as guard, guard.http_client() as client:
+
+            async def one(body: bytes, outcomes: list[str]) -> None:
+                try:
+                    async with client.stream("POST", URL + "/v1/chat/completions", content=body) as response:
+                        await response.aread()
+                    outcomes.append("ok")
+                except httpx.HTTPError as exc:
+                    outcomes.append(guard_failure(exc) or type(exc).__name__)
+
+            for _ in range(10):
+                await one(sized(10), [])
+            small: list[str] = []
+            large: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one, sized(10), small)
+                await anyio.sleep(0.01)
+                tg.start_soon(one, sized(130), large)
+                await anyio.sleep(0.01)
+                tg.start_soon(one, sized(10), small)
+            assert sorted(small) == sorted(["ok"] * 3 + [last_small]) and large == [large_outcome]
+            assert guard.snapshot().admission[URL].in_flight == 0
+
+    weighed = Admission(initial_limit=4, max_limit=4, max_waiting=0)
+    run_virtual(lambda: main(weighed, "overloaded", "ok"), backend)
+    counted = Admission(initial_limit=4, max_limit=4, max_waiting=0, by_size=False)
+    run_virtual(lambda: main(counted, "ok", "overloaded"), backend)
 
 
 @BACKENDS

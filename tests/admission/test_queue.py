@@ -87,3 +87,49 @@ def test_a_waiting_call_that_still_fits_keeps_its_place(backend: str) -> None:
         assert g.in_flight == 0
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_replica_holds_more_small_calls_than_large_ones(backend: str) -> None:
+    async def main() -> None:
+        g = gate(4)
+        small = [g.try_take(0.5) for _ in range(8)]
+        assert all(s is not None for s in small) and g.try_take(0.5) is None
+        assert g.in_flight == 8 and g.load == pytest.approx(4.0)
+        for slot in small:
+            assert slot is not None
+            slot.release()
+        assert g.in_flight == 0 and g.load == 0.0
+        large = [g.try_take(2.0), g.try_take(2.0)]
+        assert all(s is not None for s in large) and g.try_take(0.5) is None
+        for slot in large:
+            assert slot is not None
+            slot.release()
+        huge = g.try_take(10.0)  # larger than the limit: a replica with nothing in flight takes it
+        assert huge is not None and g.try_take(0.1) is None
+        huge.release()
+        assert g.in_flight == 0 and g.load == 0.0
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_large_call_in_line_does_not_hold_up_a_smaller_one_behind_it(backend: str) -> None:
+    async def main() -> None:
+        g = gate(2)
+        slots = taken(g, 2)
+        await free_at_rate(g, slots[:1], 0.1)
+        slots = [*slots[1:], *taken(g, 1)]
+        start = now()
+        large = g.join(deadline=start + 0.5, until=start + 0.4, weight=2.0)  # earlier deadline: first in line
+        small = g.join(deadline=start + 0.9, until=start + 0.8, weight=0.5)
+        assert large is not None and small is not None
+        slots[0].release()  # room for 1: the small call gets it, the large one keeps its place
+        assert small.slot is not None and large.slot is None and not large.gone
+        slots[1].release()
+        small.slot.release()  # the replica is empty: the large call gets it
+        assert large.slot is not None and g.waiting == 0
+        large.slot.release()
+        assert g.in_flight == 0 and g.load == 0.0
+
+    run_virtual(main, backend)

@@ -141,7 +141,7 @@ SCENARIOS: dict[str, ScenarioConfig] = {
     ),
     "queueing": ScenarioConfig(
         name="queueing",
-        summary="another tenant's bursts queue on each replica in turn: stragglers from a queue",
+        summary="another tenant's bursts queue on one replica at a time",
         description=(
             "3 roomy replicas without admission; every 2 s one of them, in turn, gets a burst of 32 requests "
             "(256 + 16 tokens) from another tenant: ~0.65 s of queue there, visible in its /metrics, where a "

@@ -1,0 +1,116 @@
+"""An application's own `Instrumentation`, held so that an error in it never reaches a call.
+
+The hooks run inside the call's path: in the attempt that sends, and in the lease's last act that ends the
+call. A hook the application wrote that raises there must neither fail a call the server answered nor leave
+it unfinished (an exception in the last act would skip the release of what the call holds). Each hook runs
+in ``try``; its first error is logged with the traceback on ``llmguard_client``, later ones are only counted
+(``errors``), and the call goes on as if the hook had returned. This package's own instrumentations are used
+as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, MutableMapping
+
+from llmguard_client.telemetry.hooks import (
+    NO_INSTRUMENTATION,
+    CallObservation,
+    Instrumentation,
+    LiveAttempt,
+    LiveCall,
+)
+from llmguard_client.telemetry.record import PhaseRecord
+
+__all__ = ["ContainedInstrumentation", "contained"]
+
+logger = logging.getLogger("llmguard_client")
+
+
+def contained(instrumentation: Instrumentation) -> Instrumentation:
+    """``instrumentation`` itself when it is one of this package's own, else held in a `ContainedInstrumentation`."""
+    if type(instrumentation).__module__.startswith("llmguard_client."):
+        return instrumentation
+    return ContainedInstrumentation(instrumentation)
+
+
+class ContainedInstrumentation:
+    """Runs an application's `Instrumentation`, logging (once per hook) and counting what its hooks raise."""
+
+    __slots__ = ("_inner", "_logged", "errors")
+
+    def __init__(self, inner: Instrumentation) -> None:
+        self._inner = inner
+        self._logged: set[str] = set()
+        self.errors = 0
+        """Errors raised by the hooks so far."""
+
+    def failed(self, hook: str) -> None:
+        """A hook raised (call from its ``except`` block: the traceback is logged the first time)."""
+        self.errors += 1
+        if hook not in self._logged:
+            self._logged.add(hook)
+            logger.exception(
+                "llmguard: the instrumentation's %s raised; the call goes on without it "
+                "(logged once per hook, counted after)",
+                hook,
+            )
+
+    def call_started(self, record: LiveCall) -> CallObservation:
+        try:
+            return _ContainedCall(self, self._inner.call_started(record))
+        except Exception:
+            self.failed("call_started")
+            return NO_INSTRUMENTATION.call_started(record)
+
+    def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:
+        try:
+            self._inner.replica_cooled(replica, seconds, reason)
+        except Exception:
+            self.failed("replica_cooled")
+
+    def bulkhead_rejected(self, tier: str) -> None:
+        try:
+            self._inner.bulkhead_rejected(tier)
+        except Exception:
+            self.failed("bulkhead_rejected")
+
+    def register_budget(self, level: Callable[[], float]) -> None:
+        try:
+            self._inner.register_budget(level)
+        except Exception:
+            self.failed("register_budget")
+
+
+class _ContainedCall:
+    """One call's observation, each hook in ``try``."""
+
+    __slots__ = ("_inner", "_owner")
+
+    def __init__(self, owner: ContainedInstrumentation, inner: CallObservation) -> None:
+        self._owner = owner
+        self._inner = inner
+
+    def attempt_started(self, attempt: LiveAttempt, url: str, headers: MutableMapping[str, str]) -> None:
+        try:
+            self._inner.attempt_started(attempt, url, headers)
+        except Exception:
+            self._owner.failed("attempt_started")
+
+    def attempt_finished(self, attempt: LiveAttempt) -> None:
+        try:
+            self._inner.attempt_finished(attempt)
+        except Exception:
+            self._owner.failed("attempt_finished")
+
+    def call_finished(self, record: PhaseRecord) -> None:
+        try:
+            self._inner.call_finished(record)
+        except Exception:
+            self._owner.failed("call_finished")
+
+    def budget_refused(self, record: LiveCall) -> None:
+        try:
+            self._inner.budget_refused(record)
+        except Exception:
+            self._owner.failed("budget_refused")
