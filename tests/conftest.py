@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from tests.bytecode import precompile
 from tests.leaks import no_leaks
 from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
 from tests.redis_server import _shared_redis, redis_factory, redis_server
+from tests.scheduling import OneAtATime, rank
 
 __all__ = ["_shared_redis", "no_leaks", "redis_factory", "redis_server"]
 
@@ -82,11 +84,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(MAX_WORKERS, WORKERS_PER_CORE * usable_cores())
 
 
-FIRST = ("tests/loadtest/test_locust.py", "tests/test_stress.py")
-"""Modules of the longest tests (4-10 s each): run first, so that xdist does not deal one of them last and
-leave the other workers idle while it runs. With ``--dist loadgroup`` xdist deals the xdist groups first, then
-each other test alone in this order, so these spread over the workers."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in FIRST)  # stable: the rest keep their order
+    """The longest tests first (tests/scheduling.py); the rest keep their order."""
+    items.sort(key=lambda item: rank(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> OneAtATime | None:
+    """``--dist load`` (pyproject.toml) deals the tests one at a time (tests/scheduling.py)."""
+    return OneAtATime(config, log) if config.getvalue("dist") == "load" else None

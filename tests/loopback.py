@@ -147,6 +147,9 @@ class LoopbackServer:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.running = 0
         self.max_running = 0
+        self._generation = 0
+        """Bumped by `reset`: a request still being served from before (the client gone, the server not yet told)
+        counts its disconnect or completion in no later test's counters."""
         self.attempts_by_index: collections.Counter[int] = collections.Counter() if attempts is None else attempts
         self._lock = lock or threading.Lock()
         self.token_times: list[float] = []
@@ -194,6 +197,7 @@ class LoopbackServer:
         """Back to the default script, no scripter, nothing received, every counter at zero."""
         self.script = self.default
         self.scripter = None
+        self._generation += 1
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -249,6 +253,7 @@ class LoopbackServer:
         return scripter(index, attempt) or self.script
 
     async def _chat(self, request: Request) -> Response:
+        generation = self._generation
         raw = await request.body()
         body = json.loads(raw) if raw else {}
         peer = f"{request.client.host}:{request.client.port}" if request.client else None
@@ -261,8 +266,9 @@ class LoopbackServer:
             until = time.monotonic() + script.hang_before_headers
             while time.monotonic() < until:
                 if await request.is_disconnected():
-                    self.disconnects += 1
-                    self.counters["aborted_by_disconnect"] += 1
+                    if generation == self._generation:
+                        self.disconnects += 1
+                        self.counters["aborted_by_disconnect"] += 1
                     return Response(status_code=499)
                 await asyncio.sleep(0.01)
         if script.status >= 400 or script.body is not None:
@@ -279,10 +285,10 @@ class LoopbackServer:
             self.counters["work_tokens"] += 1
             return Response(encoder.complete(), media_type="application/json", headers=script.headers)
         return StreamingResponse(
-            self._events(encoder, script, tokens), media_type="text/event-stream", headers=script.headers
+            self._events(encoder, script, tokens, generation), media_type="text/event-stream", headers=script.headers
         )
 
-    async def _events(self, encoder: _Encoder, script: Script, tokens: int) -> AsyncIterator[bytes]:
+    async def _events(self, encoder: _Encoder, script: Script, tokens: int, generation: int) -> AsyncIterator[bytes]:
         self.started_streams += 1
         self.token_times = []
         self.running += 1
@@ -326,17 +332,19 @@ class LoopbackServer:
             self.gauge.add(-1)
             yield encoder.closing()
             finished = True
-            self.completed += 1
-            self.counters["completed"] += 1
+            if generation == self._generation:
+                self.completed += 1
+                self.counters["completed"] += 1
         finally:
             if open_:
                 self.running -= 1
                 self.gauge.add(-1)
-            self.counters["work_tokens"] += produced
-            if not finished:
-                self.disconnects += 1
-                self.counters["aborted_by_disconnect"] += 1
-                self.counters["aborted_work_tokens"] += produced
+            if generation == self._generation:  # not a stream of an earlier test
+                self.counters["work_tokens"] += produced
+                if not finished:
+                    self.disconnects += 1
+                    self.counters["aborted_by_disconnect"] += 1
+                    self.counters["aborted_work_tokens"] += produced
 
     def _completion(self) -> dict[str, Any]:
         return {

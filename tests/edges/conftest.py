@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import threading
 import time
@@ -53,6 +54,17 @@ def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> bool:
         if predicate():
             return True
         time.sleep(0.01)
+    return predicate()
+
+
+async def aeventually(predicate: Callable[[], bool], timeout: float = 3.0) -> bool:
+    """`eventually` for async tests: polls without blocking the event loop, which may still have to close what
+    the test is waiting for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
     return predicate()
 
 

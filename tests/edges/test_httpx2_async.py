@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from llmguard_client import Bulkhead, Guard, Tier, TTFTTimeout, guard_failure
-from tests.edges.conftest import BODY, eventually
+from tests.edges.conftest import BODY, aeventually
 from tests.loopback import LoopbackServer, Script
 
 httpx2 = pytest.importorskip("httpx2")
@@ -43,7 +43,7 @@ async def test_closing_an_openai_stream_midway_closes_the_upstream(
     async for _ in stream:
         break
     await stream.close()
-    assert eventually(lambda: sum(s.disconnects for s in servers) == 1)
+    assert await aeventually(lambda: sum(s.disconnects for s in servers) == 1), [s.disconnects for s in servers]
 
 
 async def test_a_bulkhead_slot_is_given_back_after_every_call(

@@ -13,8 +13,15 @@ from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
 openai = pytest.importorskip("openai")
-anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("httpx2")
+
+
+def sdk_anthropic() -> Any:
+    """The anthropic SDK, imported by the first test that uses it, not when the module is collected: the import
+    takes ~1.7 s of CPU, and every xdist worker collects every module (the module's tests share one worker,
+    tests/scheduling.py)."""
+    return pytest.importorskip("anthropic")
+
 
 GuardFactory = Callable[[Guard], Any]
 PAIRS: list[tuple[str, GuardFactory, Callable[[], Any]]] = [
@@ -22,8 +29,12 @@ PAIRS: list[tuple[str, GuardFactory, Callable[[], Any]]] = [
     ("sync_http_client / openai sync httpx", lambda g: g.sync_http_client(), lambda: openai.DefaultHttpxClient()),
     ("httpx2_client / openai async", lambda g: g.httpx2_client(), lambda: openai.DefaultAsyncHttpx2Client()),
     ("sync_httpx2_client / openai sync", lambda g: g.sync_httpx2_client(), lambda: openai.DefaultHttpx2Client()),
-    ("httpx2_client / anthropic async", lambda g: g.httpx2_client(), lambda: anthropic.DefaultAsyncHttpxClient()),
-    ("sync_httpx2_client / anthropic sync", lambda g: g.sync_httpx2_client(), lambda: anthropic.DefaultHttpxClient()),
+    ("httpx2_client / anthropic async", lambda g: g.httpx2_client(), lambda: sdk_anthropic().DefaultAsyncHttpxClient()),
+    (
+        "sync_httpx2_client / anthropic sync",
+        lambda g: g.sync_httpx2_client(),
+        lambda: sdk_anthropic().DefaultHttpxClient(),
+    ),
     (
         "http_client_for(AsyncOpenAI)",
         lambda g: g.http_client_for(openai.AsyncOpenAI),
@@ -32,13 +43,13 @@ PAIRS: list[tuple[str, GuardFactory, Callable[[], Any]]] = [
     ("http_client_for(OpenAI)", lambda g: g.http_client_for(openai.OpenAI), lambda: openai.DefaultHttpx2Client()),
     (
         "http_client_for(AsyncAnthropic)",
-        lambda g: g.http_client_for(anthropic.AsyncAnthropic),
-        lambda: anthropic.DefaultAsyncHttpxClient(),
+        lambda g: g.http_client_for(sdk_anthropic().AsyncAnthropic),
+        lambda: sdk_anthropic().DefaultAsyncHttpxClient(),
     ),
     (
         "http_client_for(Anthropic)",
-        lambda g: g.http_client_for(anthropic.Anthropic),
-        lambda: anthropic.DefaultHttpxClient(),
+        lambda g: g.http_client_for(sdk_anthropic().Anthropic),
+        lambda: sdk_anthropic().DefaultHttpxClient(),
     ),
 ]
 
@@ -99,6 +110,7 @@ async def test_anthropic_through_the_guard_follows_a_redirect_as_with_its_own_cl
 ) -> None:
     server = servers[0]
     server.scripter = redirect_once(server, "/v1/messages")
+    anthropic = sdk_anthropic()
     async with Guard([server.url], tiers={"t": Tier(10, 20)}, instrumentation=None, transport_factory=pools) as g:
         client = anthropic.AsyncAnthropic(base_url=server.url, api_key="k", http_client=g.httpx2_client())
         done = await client.messages.create(model="m", max_tokens=5, messages=MESSAGES)
@@ -118,6 +130,7 @@ def test_the_sdk_sends_its_read_timeout_through_a_guarded_client_as_through_its_
             plain = openai.OpenAI(base_url=server.url + "/v1", api_key="k")
             plain.chat.completions.create(model="m", messages=MESSAGES)
         else:
+            anthropic = sdk_anthropic()
             ant = anthropic.Anthropic(base_url=server.url, api_key="k", http_client=g.sync_httpx2_client())
             ant.messages.create(model="m", max_tokens=5, messages=MESSAGES)
             plain_ant = anthropic.Anthropic(base_url=server.url, api_key="k")

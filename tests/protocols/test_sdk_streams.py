@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from llmguard_client import Guard, PhaseRecord, Tier
+from tests.clients import anthropic_on_httpx
 from tests.loopback import LoopbackServer, Script
 
 GAP = 0.6
@@ -104,9 +105,7 @@ async def test_anthropic_messages_stream_over_plain_httpx(servers: list[Loopback
 
 async def test_anthropic_sdk_messages_stream(servers: list[LoopbackServer]) -> None:
     """Through the anthropic SDK where it runs on httpx (< 1.0; 1.x takes only httpx2 clients)."""
-    anthropic = pytest.importorskip("anthropic")
-    if int(anthropic.__version__.split(".")[0]) >= 1:
-        pytest.skip(f"anthropic {anthropic.__version__} accepts only httpx2 clients, not the guard's httpx client")
+    anthropic = anthropic_on_httpx()
     records: list[PhaseRecord] = []
     arrivals: list[float] = []
     async with make_guard(servers[:1], records) as guard:

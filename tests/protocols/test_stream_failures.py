@@ -24,6 +24,7 @@ from llmguard_client import (
     Tier,
     UpstreamStreamError,
 )
+from tests.clients import anthropic_on_httpx
 from tests.loopback import VLLM_BUSY, LoopbackServer, Script
 
 TTFT = 1.0
@@ -280,15 +281,8 @@ def test_vllm_busy_is_the_shape_vllm_sends() -> None:
 # --- the anthropic SDK (where it runs on httpx, < 1.0) --------------------------------------------------------
 
 
-def anthropic_sdk() -> Any:
-    anthropic = pytest.importorskip("anthropic")
-    if int(anthropic.__version__.split(".")[0]) >= 1:
-        pytest.skip(f"anthropic {anthropic.__version__} accepts only httpx2 clients, not the guard's httpx client")
-    return anthropic
-
-
 async def test_anthropic_overloaded_error_before_the_first_token_goes_elsewhere(servers: list[LoopbackServer]) -> None:
-    anthropic = anthropic_sdk()
+    anthropic = anthropic_on_httpx()
     servers[0].script = Script(error_at=0)  # event: error, overloaded_error
     records: list[PhaseRecord] = []
     async with make_guard(servers[:2], records) as guard:
@@ -300,7 +294,7 @@ async def test_anthropic_overloaded_error_before_the_first_token_goes_elsewhere(
 
 
 async def test_anthropic_every_replica_overloaded_is_a_529_at_once(servers: list[LoopbackServer]) -> None:
-    anthropic = anthropic_sdk()
+    anthropic = anthropic_on_httpx()
     for server in servers[:2]:
         server.script = Script(error_at=0)
     records: list[PhaseRecord] = []
