@@ -240,6 +240,19 @@ async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: s
         for sample in replayed.samples:
             progress.advance(sample)
         return replayed
+    client = client_for(name, urls, model, spec)
+    await client.start()
+    try:
+        return await replay(client, spec.plan, model, progress.advance)
+    finally:
+        await client.aclose()
+
+
+def client_for(name: str, urls: Sequence[str], model: str, spec: RunSpec) -> BenchClient:
+    """Client ``name`` as the run sets up every client, in this process or a shard worker: the run's tier,
+    deadline and key, the calls' tiers, and the guarded clients' fleet."""
+    from llmguard_tools.bench.guarded import GuardedClient
+
     client = make_client(
         name,
         urls,
@@ -250,21 +263,10 @@ async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: s
         rollout=spec.rollout,
         records=spec.records,
     )
-    configure(client, spec)
-    await client.start()
-    try:
-        return await replay(client, spec.plan, model, progress.advance)
-    finally:
-        await client.aclose()
-
-
-def configure(client: BenchClient, spec: RunSpec) -> None:
-    """What the run sets on every client: the calls' tiers, and the guarded clients' fleet."""
-    from llmguard_tools.bench.guarded import GuardedClient
-
     client.tiers = spec.tiers
     if isinstance(client, GuardedClient) and spec.fleet is not None:
         client.fleet = (spec.fleet[0], f"{spec.fleet[1]}-{client.name}")
+    return client
 
 
 ClusterFactory = Callable[[], contextlib.AbstractContextManager[list[str]]]

@@ -13,23 +13,14 @@ import time
 
 import anyio
 
-from llmguard_tools.bench.clients import make_client
 from llmguard_tools.bench.measure import Replayed
-from llmguard_tools.bench.runner import configure, replay
+from llmguard_tools.bench.runner import client_for, replay
 from llmguard_tools.bench.shards import ShardJob
 
 
 async def _work(job: ShardJob) -> Replayed:
     spec = job.spec
-    client = make_client(
-        job.client,
-        job.urls,
-        model=job.model,
-        tier=spec.tier,
-        deadline=spec.deadline,
-        api_key=spec.api_key,
-    )
-    configure(client, spec)
+    client = client_for(job.client, job.urls, job.model, spec)
     await client.start()
     try:
         sys.stdout.buffer.write(b"ready\n")
