@@ -689,9 +689,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", default="", help="Admission fields and margin/used, e.g. target=0.6,margin=1.5")
     parser.add_argument("--calls", type=int, default=None, help="calls per run (default: the bench's 700 / 400)")
     args = parser.parse_args(argv)
-    logging.getLogger("llmguard_client").setLevel(logging.ERROR)  # the router's notes on slow replicas
     admission, constants = admission_settings(args.set)
     print(f"{SCENARIO}, {args.profile}, batch share {args.batch:g}, {admission}, constants {constants or 'default'}")
+    library = logging.getLogger("llmguard_client")
+    level = library.level
+    library.setLevel(logging.ERROR)  # the router's notes on slow replicas; restored for an in-process caller
     restore = patched(constants)
     try:
         for policy in args.policy.split(","):
@@ -704,6 +706,7 @@ def main(argv: list[str] | None = None) -> None:
             print(line(f"{policy:>9} mean   ", mean_result(results)) + f"  (goodput sd {spread:.1%})", flush=True)
     finally:
         restore()
+        library.setLevel(level)
 
 
 if __name__ == "__main__":

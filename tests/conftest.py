@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,29 @@ def cluster(_cluster: LoopbackCluster) -> Iterator[LoopbackCluster]:
     _cluster.reset()
     yield _cluster
     _cluster.reset()
+
+
+def _logging_state() -> tuple[object, ...]:
+    """What decides whether the library's warnings reach a handler: global disable, levels, filters, handlers."""
+    library = logging.getLogger("llmguard_client")
+    return (
+        logging.root.manager.disable,
+        logging.root.level,
+        library.level,
+        library.disabled,
+        library.propagate,
+        tuple(library.filters),
+        tuple(library.handlers),
+    )
+
+
+@pytest.fixture(autouse=True)
+def logging_left_as_found() -> Iterator[None]:
+    """A test that changes the logging configuration and leaves it changed fails here, not in whichever test
+    later shares its worker and waits for a warning that no longer reaches anyone."""
+    before = _logging_state()
+    yield
+    assert _logging_state() == before, "this test left the logging configuration changed"
 
 
 ROOT = Path(__file__).resolve().parents[1]
