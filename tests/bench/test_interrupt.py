@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,7 @@ def stopped(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_command_that_absorbs_the_interrupt_still_ends_interrupted(stopped: list[str]) -> None:
     said: list[str] = []
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the run was started in the background by a script
+    filters, stderr = list(warnings.filters), sys.stderr
 
     def command() -> int:
         try:
@@ -112,6 +115,8 @@ def test_a_command_that_absorbs_the_interrupt_still_ends_interrupted(stopped: li
     assert said == ["interrupted"]
     assert stopped == ["stopped"]
     assert signal.getsignal(signal.SIGINT) is before
+    # what the interrupt silenced on the way out is loud again for whatever runs next in the process
+    assert list(warnings.filters) == filters and sys.stderr is stderr and logging.root.manager.disable == 0
 
 
 def test_without_an_interrupt_the_command_runs_as_it_is(stopped: list[str]) -> None:

@@ -92,6 +92,7 @@ class _Interrupt:
         self.interrupted = False
         self._timer: threading.Timer | None = None
         self._sink: IO[str] | None = None
+        self._quiet_warnings: warnings.catch_warnings[None] | None = None
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         if self.interrupted:
@@ -99,6 +100,8 @@ class _Interrupt:
         self.interrupted = True
         if not os.environ.get("LLMGUARD_DEBUG"):
             logging.disable(logging.CRITICAL)
+            self._quiet_warnings = warnings.catch_warnings()
+            self._quiet_warnings.__enter__()
             warnings.simplefilter("ignore")  # e.g. a coroutine the interrupt left unawaited, at interpreter exit
             self._sink = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - closed by finish()
         self._timer = threading.Timer(self._grace, self.exit_now)
@@ -121,6 +124,8 @@ class _Interrupt:
         stop_children()
         sys.stderr = self._stderr
         logging.disable(logging.NOTSET)
+        if self._quiet_warnings is not None:
+            self._quiet_warnings.__exit__(None, None, None)
         if self._sink is not None:
             self._sink.close()
 
