@@ -390,6 +390,38 @@ class Guarded(Client):
         self._settle(e, t)
 
 
+class Fleet(Client):
+    """``--guards N``: N independent guards (as N processes, each with its own Guard) in front of the same engines,
+    each sending every Nth call and learning its limits from its own first tokens only."""
+
+    def __init__(self, guards: list[Guarded]) -> None:
+        super().__init__(guards[0].cluster)
+        self.guards = guards
+        self.owner: dict[int, Guarded] = {}
+
+    @property
+    def peak(self) -> int:
+        return max(g.peak for g in self.guards)
+
+    def arrive(self, call: Call, t: float) -> None:
+        guard = self.guards[next(self._turn) % len(self.guards)]
+        self.owner[id(call)] = guard
+        guard.arrive(call, t)
+
+    def first_token(self, call: Call, t: float) -> None:
+        self.owner[id(call)].first_token(call, t)
+
+    def ended(self, call: Call, t: float, *, abandoned: bool) -> None:
+        self.owner[id(call)].ended(call, t, abandoned=abandoned)
+
+    def deadline(self, call: Call, t: float) -> None:
+        self.owner[id(call)].deadline(call, t)
+
+    def timer(self, payload: object, t: float) -> None:
+        assert isinstance(payload, Call)
+        self.owner[id(payload)].timer(payload, t)
+
+
 class Budgeted(Client):
     """``tokens:B`` / ``calls:N``: a fixed budget per replica of what its calls in flight may add up to, in tokens
     (each call's prompt + ``max_tokens``) or in calls; ``tokens:learned`` / ``calls:learned``: that budget learned
@@ -520,8 +552,10 @@ def run(
     batch: float = 0.0,
     admission: Admission | None = None,
     calls: int | None = None,
+    guards: int = 1,
 ) -> Result:
-    """One policy over one seed's traffic (``calls``: fewer than the bench's 700 / 400, for a quick check)."""
+    """One policy over one seed's traffic (``calls``: fewer than the bench's 700 / 400, for a quick check;
+    ``guards``: for ``adaptive`` and ``fixed:N``, that many independent guards sharing the traffic)."""
     plan: TrafficPlan = spike_plan(seed, calls or 700) if profile == "spike" else poisson_plan(seed, 40.0, calls or 400)
     tiers = assign(len(plan.requests), {"batch": batch}, seed) if batch else ("interactive",) * len(plan.requests)
     cluster = Cluster(make_engines(SCENARIO, seed))
@@ -532,10 +566,10 @@ def run(
         if batch:
             raise SystemExit("--policy oracle models the interactive tier only (no --batch)")
         client = Oracle(cluster)
-    elif policy == "adaptive":
-        client = Guarded(cluster, admission or Admission(), None)
-    elif policy.startswith("fixed:"):
-        client = Guarded(cluster, admission or Admission(), int(policy.split(":", 1)[1]))
+    elif policy == "adaptive" or policy.startswith("fixed:"):
+        fixed = int(policy.split(":", 1)[1]) if policy.startswith("fixed:") else None
+        each = [Guarded(cluster, admission or Admission(), fixed) for _ in range(guards)]
+        client = each[0] if guards == 1 else Fleet(each)
     elif policy.startswith(("tokens:", "calls:")):
         unit, budget = policy.split(":", 1)
         learned = budget == "learned"
@@ -585,9 +619,10 @@ def run(
                 call.completed, last_done = True, t
                 client.ended(call, t, abandoned=False)
                 call.outcome = _judge(call)
-    if isinstance(client, Guarded):  # every slot taken was given back, every call in line left it
-        assert all(g.in_flight == 0 and g.waiting == 0 for g in client.gates), "a slot or a place in line leaked"
-        assert all(s.in_flight == 0 for s in client.replicas.states)
+    for guard in client.guards if isinstance(client, Fleet) else [client] if isinstance(client, Guarded) else []:
+        # every slot taken was given back, every call in line left it
+        assert all(g.in_flight == 0 and g.waiting == 0 for g in guard.gates), "a slot or a place in line leaked"
+        assert all(s.in_flight == 0 for s in guard.replicas.states)
     interactive = [c for c in made if c.tier == "interactive"]
     batch_calls = [c for c in made if c.tier == "batch"]
     counts: dict[str, float] = {name: sum(1 for c in interactive if c.outcome == name) for name in OUTCOMES}
@@ -602,7 +637,7 @@ def run(
         wasted_tokens=sum(engine.stats.aborted_work_tokens for engine in cluster.engines),
         done_per_s=done / (last_done - plan.requests[0].arrival) if last_done else 0.0,
         refused_p99=_p99([c.refused_after for c in made if c.refused_after is not None]),
-        peak_in_flight=client.peak if isinstance(client, Guarded) else 0,
+        peak_in_flight=client.peak if isinstance(client, (Guarded, Fleet)) else 0,
         calls=made,
     )
 
@@ -688,6 +723,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=float, default=0.0, help="share of the calls on the batch tier")
     parser.add_argument("--set", default="", help="Admission fields and margin/used, e.g. target=0.6,margin=1.5")
     parser.add_argument("--calls", type=int, default=None, help="calls per run (default: the bench's 700 / 400)")
+    parser.add_argument("--guards", type=int, default=1, help="independent guards sharing the calls (default: 1)")
     args = parser.parse_args(argv)
     admission, constants = admission_settings(args.set)
     print(f"{SCENARIO}, {args.profile}, batch share {args.batch:g}, {admission}, constants {constants or 'default'}")
@@ -699,7 +735,7 @@ def main(argv: list[str] | None = None) -> None:
         for policy in args.policy.split(","):
             results = []
             for seed in range(args.seeds):
-                results.append(run(policy, seed, args.profile, args.batch, admission, args.calls))
+                results.append(run(policy, seed, args.profile, args.batch, admission, args.calls, args.guards))
                 print(line(f"{policy:>9} seed {seed:2d}", results[-1]), flush=True)
             goodputs = [r.goodput for r in results]
             spread = statistics.stdev(goodputs) if len(goodputs) > 1 else 0.0
