@@ -28,8 +28,9 @@ class Admission:
     target:        the TTFT the limit aims at, as a fraction of the tier's ``ttft`` (the gradient's anchor):
                    the limit grows while first tokens come faster than ``target x ttft`` and the limit is in
                    use, and shrinks in proportion to the load they met when they come slower.
-    growth:        slots the limit gains per first token that came in time, at most (less as first tokens
-                   approach the target).
+    growth:        slots the limit gains per first token that came in time while in use, at most (less as
+                   first tokens approach the target); and loses per one while not in use, down to the load
+                   proven in time.
     backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
                    overload), or reports a waiting queue longer than ``max_server_queue``.
     max_waiting:   calls waiting for a replica's slot at most; past it, refused at once.
@@ -52,7 +53,7 @@ class Admission:
     min_limit: int = 1
     max_limit: int = 1024
     target: float = 0.6
-    growth: float = 0.5
+    growth: float = 0.75
     backoff: float = 0.9
     max_waiting: int = 64
     max_queue_wait: float = 0.1

@@ -1,5 +1,6 @@
 """The learned limit's rule with the default `Admission`: anchored at 0.6 of the tier's ttft, growing by at most
-half a slot per first token in time while in use, cut in proportion to the load a late first token met."""
+0.75 of a slot per first token in time while in use, coming down by as much while not in use (never below the
+load proven in time), cut in proportion to the load a late first token met."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ from llmguard_client import Admission
 from llmguard_client._admission.controller import LimitController
 
 
-def test_a_first_token_in_time_grows_a_limit_in_use_by_at_most_half_a_slot() -> None:
+def test_a_first_token_in_time_grows_a_limit_in_use_by_at_most_three_quarters_of_a_slot() -> None:
     controller = LimitController(Admission(initial_limit=10))
     controller.first_token(0.0, 1.0, held=10, in_flight=10)
-    assert controller.limit == pytest.approx(10.5)  # the most a first token adds
+    assert controller.limit == pytest.approx(10.75)  # the most a first token adds
     controller.first_token(0.3, 1.0, held=10, in_flight=10)
-    assert controller.limit == pytest.approx(10.75)  # half way to the 0.6 s target: half of that
-    controller.first_token(0.0, 1.0, held=2, in_flight=2)
-    assert controller.limit == pytest.approx(10.75)  # not in use: no growth
+    assert controller.limit == pytest.approx(11.125)  # half way to the 0.6 s target: half of that
+    controller.first_token(0.0, 1.0, held=9, in_flight=8)
+    assert controller.limit == pytest.approx(11.125)  # not in use (8 of 11), but 10 proven (12.5 over the use)
+
+
+def test_a_limit_not_in_use_comes_down_to_the_load_proven_in_time_and_no_lower() -> None:
+    controller = LimitController(Admission(initial_limit=16))
+    controller.first_token(0.1, 1.0, held=6, in_flight=4)  # 6 in flight, in time: 6 proven (7.5 over the use)
+    assert controller.limit == pytest.approx(15.25)  # not in use: down by at most what growth would add
+    for _ in range(20):
+        controller.first_token(0.1, 1.0, held=2, in_flight=2)
+    assert 7.5 * (1 - 1 / 400) ** 20 <= controller.limit < 7.5  # at the proven load, which fades slowly
+    controller.first_token(0.9, 1.0, held=7, in_flight=7)
+    assert controller.limit == pytest.approx(7 * 0.6 / 0.9)  # a late one still cuts below it
 
 
 def test_a_first_token_past_six_tenths_of_the_ttft_cuts_to_what_would_have_been_in_time() -> None:

@@ -219,7 +219,7 @@ def sized(words: int) -> bytes:
 
 @BACKENDS
 def test_a_replica_full_of_small_calls_still_takes_a_small_one_but_not_a_large_one(backend: str) -> None:
-    # A limit of 4 average calls, no line. Ten small calls teach the average; then, with 3 small calls in flight,
+    # A limit pinned at 4 average calls, no line. Ten small calls teach the average; then, with 3 small calls in flight,
     # a call 4x their size does not fit (refused) and another small one does. Counted as calls, the large call
     # takes the last place and the small one after it is refused.
     async def main(admission: Admission, large_outcome: str, last_small: str) -> None:
@@ -248,9 +248,9 @@ def test_a_replica_full_of_small_calls_still_takes_a_small_one_but_not_a_large_o
             assert sorted(small) == sorted(["ok"] * 3 + [last_small]) and large == [large_outcome]
             assert guard.snapshot().admission[URL].in_flight == 0
 
-    weighed = Admission(initial_limit=4, max_limit=4, max_waiting=0)
+    weighed = Admission(initial_limit=4, min_limit=4, max_limit=4, max_waiting=0)
     run_virtual(lambda: main(weighed, "overloaded", "ok"), backend)
-    counted = Admission(initial_limit=4, max_limit=4, max_waiting=0, by_size=False)
+    counted = Admission(initial_limit=4, min_limit=4, max_limit=4, max_waiting=0, by_size=False)
     run_virtual(lambda: main(counted, "ok", "overloaded"), backend)
 
 

@@ -66,3 +66,12 @@ def test_weighing_calls_by_size_keeps_more_of_the_spike_in_time_than_counting_th
         weighed, counted = run("adaptive", seed), run("adaptive", seed, admission=Admission(by_size=False))
         assert weighed.goodput > counted.goodput + 0.02
         assert weighed.wasted < 0.02
+
+
+def test_four_guards_starting_from_the_same_guess_waste_little_of_the_engines_work_at_the_spike() -> None:
+    # Each of four guards starts at the default limit per replica, four times what one guard would send at the
+    # spike's onset: the limit comes down to the load each has proven in time before the spike arrives.
+    for seed in (0, 1):
+        four = run("adaptive", seed, guards=4)
+        assert four.wasted < 0.03, (seed, four.wasted)
+        assert four.goodput > 0.6
