@@ -151,7 +151,7 @@ def test_an_overload_answer_cuts_the_limit_and_it_grows_back(backend: str) -> No
             assert refused[0] == "http_429" and set(refused) <= {"http_429", "all_replicas_cooling"}
             assert limit_of(guard) == 1  # at most 2 in flight when refused: 2 x 0.5
             replica.overloaded = False
-            served: list[str] = []  # the limit gains up to half a slot per first token in time: back within 2 s
+            served: list[str] = []  # the limit gains up to 0.75 of a slot per first token in time: back within 2 s
             await drive(client, rate=40, seconds=3.0, outcomes=served)
             assert limit_of(guard) >= 5 and served[-40:] == ["ok"] * 40
 
