@@ -15,8 +15,9 @@ queues without limit, stepped every 40 ms). The interactive tier has a 1 s first
 - ``adaptive``: the guard's admission: the real `LimitController` and `ReplicaGate` (slots, line, rate, margin,
   judging the line again as slots free up) on the virtual clock, the guard's own `ReplicaSet` choosing each
   call's replica, and a model of the admission layer's rules (a full replica's call goes to the replica with the
-  most room, else waits in line until ``min(deadline - recent TTFT, start + max_queue_wait x ttft)`` if the
-  predicted wait fits, else is refused; the limit learns from each first token, and from a first-token deadline
+  most room, else waits in line until ``min(deadline - recent TTFT, start + max_queue_wait x ttft)`` (a batch
+  call: until ``deadline - recent TTFT``) if the predicted wait fits, else is refused; a batch call takes a slot
+  only under ``1 - reserve`` of the limit; the limit learns from each first token, and from a first-token deadline
   that fired). A call without its first token at its deadline is abandoned: the engine stops its work
   (wasted work).
 - ``fixed:N``: the same gate with its limit pinned at N attempts per replica (nothing learned).
@@ -80,6 +81,8 @@ from llmguard_tools.sim.engine import Engine, EngineRequest, Sequence
 
 SCENARIO = "collapse"
 TIERS = {"interactive": (1.0, 10.0), "batch": (BATCH.ttft, BATCH.total)}
+URGENT_TTFT = min(ttft for ttft, _ in TIERS.values())
+"""The guard's most urgent tier's ``ttft``: calls of a longer one leave `Admission.reserve` of a limit to it."""
 """Per tier: (first-token deadline, total deadline), seconds: the bench's interactive tier and its batch tier."""
 OUTCOMES = ("good", "refused", "late", "slow", "cut")
 """Where a call ends: met the SLO; refused before it was sent; sent but no first token within its tier's ttft
@@ -105,6 +108,8 @@ class Call:
     """The bench's request body, as the guard sees it."""
     sent: float = 0.0
     held: float = 0.0
+    share: float = 1.0
+    """The share of a replica's limit the call may take (less on the batch tier: `Admission.reserve`)."""
     ttft: float | None = None
     tpot: float | None = None
     completed: bool = False
@@ -155,7 +160,13 @@ class FixedLimit(LimitController):
     """A limit that learns nothing: ``fixed:N``."""
 
     def first_token(
-        self, ttft: float, tier_ttft: float, held: float, in_flight: float, floor: float | None = None
+        self,
+        ttft: float,
+        tier_ttft: float,
+        held: float,
+        in_flight: float,
+        floor: float | None = None,
+        share: float = 1.0,
     ) -> None:
         pass
 
@@ -272,22 +283,25 @@ class Guarded(Client):
         e = self.index[id(chosen)]
         gate = self.gates[e]
         weight = self.sizes.weight(call.body_bytes, call.work.max_tokens) if self.policy.by_size else 1.0
-        slot = gate.try_take(weight)
+        call.share = share = 1.0 if call.ttft_limit <= URGENT_TTFT else 1.0 - self.policy.reserve
+        deadline = call.start + call.ttft_limit
+        slot = gate.try_take(weight, share, deadline)
         if slot is None:
-            e, slot = self._elsewhere(e, weight)
+            e, slot = self._elsewhere(e, weight, share, deadline)
             gate = self.gates[e]
         if slot is not None:
             self._send(call, e, slot, t)
             return
-        deadline = call.start + call.ttft_limit
         recent = gate.signal.ttft_recent
         ttft = recent if recent is not None else 0.0  # the tier's TTFT statistics, empty at the start
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead, weight)
+        wait = gate.wait_for(ahead, weight, share)
         if wait == float("inf"):
             wait = 0.0
-        until = min(deadline - ttft, call.start + self.policy.max_queue_wait * call.ttft_limit)
-        waiter = gate.join(deadline, until, weight) if t + wait <= until else None
+        until = deadline - ttft
+        if share == 1.0:
+            until = min(until, call.start + self.policy.max_queue_wait * call.ttft_limit)
+        waiter = gate.join(deadline, until, weight, share) if t + wait <= until else None
         if waiter is None:
             gate.refused += 1
             call.refuse(t)
@@ -296,17 +310,17 @@ class Guarded(Client):
         self.waiting[e].append(call)
         self.cluster.events.push(until, "timer", call)
 
-    def _elsewhere(self, e: int, weight: float) -> tuple[int, Slot | None]:
+    def _elsewhere(self, e: int, weight: float, share: float, deadline: float) -> tuple[int, Slot | None]:
         best: tuple[float, int] | None = None
         for i, gate in enumerate(self.gates):
             if i == e:
                 continue
-            room = gate.controller.allowed - gate.load - gate.waiting
+            room = share * gate.controller.allowed - gate.load - gate.waiting
             if (room >= weight or (gate.in_flight == 0 and not gate.waiting)) and (best is None or room > best[0]):
                 best = (room, i)
         if best is None:
             return e, None
-        slot = self.gates[best[1]].try_take(weight)
+        slot = self.gates[best[1]].try_take(weight, share, deadline)
         return (best[1], slot) if slot is not None else (e, None)
 
     def _send(self, call: Call, e: int, slot: Slot, t: float) -> None:
@@ -356,7 +370,7 @@ class Guarded(Client):
         e, gate = call.replica, self.gates[call.replica]
         ttft = t - call.sent
         gate.signal.first_token(t, ttft)
-        gate.controller.first_token(ttft, call.ttft_limit, call.held, gate.load, gate.signal.ttft_floor)
+        gate.controller.first_token(ttft, call.ttft_limit, call.held, gate.load, gate.signal.ttft_floor, call.share)
         self.replicas.succeeded(self.replicas.states[e], ttft, t)
         gate.hand_out()
         self._settle(e, t)
@@ -373,7 +387,8 @@ class Guarded(Client):
         self.cluster.abort(call)
         self.replicas.states[e].in_flight -= 1
         call.slot.release()
-        gate.controller.first_token(t - call.sent, call.ttft_limit, call.held, gate.load, gate.signal.ttft_floor)
+        floor = gate.signal.ttft_floor
+        gate.controller.first_token(t - call.sent, call.ttft_limit, call.held, gate.load, floor, call.share)
         call.outcome = "late"
         self._settle(e, t)
 

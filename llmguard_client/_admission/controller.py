@@ -65,20 +65,28 @@ class LimitController:
         return max(self.policy.min_limit, int(self.limit))
 
     def first_token(
-        self, ttft: float, tier_ttft: float, held: float, in_flight: float, floor: float | None = None
+        self,
+        ttft: float,
+        tier_ttft: float,
+        held: float,
+        in_flight: float,
+        floor: float | None = None,
+        share: float = 1.0,
     ) -> None:
         """An attempt sent when its replica held ``held`` (attempts, or their weights) got its first token (or hit
-        its deadline) after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token."""
+        its deadline) after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token;
+        ``share``: the share of the limit its call may take (a call of a longer tier leaves the rest to the most
+        urgent one's), which use is measured against."""
         policy = self.policy
         target = max(policy.target * tier_ttft, FLOOR_FACTOR * floor if floor is not None else 0.0)
         if ttft > target:
             self._cut(held * max(0.5, target / ttft))
             return
         self.proven = max(held, self.proven * (1.0 - 1.0 / PROVEN_MEMORY))
-        if in_flight >= USED * self.allowed:
+        if in_flight >= USED * share * self.allowed:
             self._set(self.limit + policy.growth * (1.0 - ttft / target))
         else:
-            self._set(max(min(self.limit, self.proven / USED), self.limit - policy.growth))
+            self._set(max(min(self.limit, self.proven / (USED * share)), self.limit - policy.growth))
 
     def overload(self, held: float) -> None:
         """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held

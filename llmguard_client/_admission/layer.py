@@ -4,9 +4,11 @@ It sits between the hedge layer and the rate limit, because the limit is per rep
 only once the retry layer (or a hedge) has picked it; it runs before the rate limit, so that a call waiting for
 a slot holds no share of the provider's limit. A call whose replica has no free slot goes to another replica
 with one (the router does not see the lines); failing that it waits in its replica's line (earliest deadline
-first) for at most ``max_queue_wait x ttft``, if at the rate slots free up it would get one in that time and
-still its first token before its deadline; otherwise it is refused at once with `Overloaded` and a computed
-``retry_after`` (the line ahead of it divided by that rate). A hedge never waits: one without a
+first) for at most ``max_queue_wait x ttft`` (a call of a longer tier than the most urgent one: as long as its
+first token can still come in time), if at the rate slots free up it would get one in that time and still its
+first token before its deadline; otherwise it is refused at once with `Overloaded` and a computed
+``retry_after`` (the line ahead of it divided by that rate). A call of a longer tier takes a slot only under
+``1 - reserve`` of the limit: the rest is kept for the calls that cannot wait. A hedge never waits: one without a
 free slot is not sent, and the round goes on. A continuation is not held back: it finishes an answer already
 admitted.
 
@@ -44,10 +46,16 @@ class AdmissionLayer:
     """Per-replica adaptive admission (a no-op without an `Admission` policy)."""
 
     def __init__(
-        self, policy: Admission | None, clock: Callable[[], float], replicas: Sequence[ReplicaState] = ()
+        self,
+        policy: Admission | None,
+        clock: Callable[[], float],
+        replicas: Sequence[ReplicaState] = (),
+        urgent_ttft: float = 0.0,
     ) -> None:
         self.policy = policy
         self.clock = clock
+        self.urgent_ttft = urgent_ttft
+        """The shortest ``ttft`` of the Guard's tiers: calls with no longer one are the most urgent."""
         self.replicas = tuple(replicas)
         """Where a call whose replica is full may go instead (any with a free slot, healthy, not avoided)."""
         self.gates: dict[str, ReplicaGate] = {}
@@ -72,15 +80,16 @@ class AdmissionLayer:
             _ask_for_load_report(call)
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         weight = self.sizes.weight(len(call.body), call.record.max_tokens) if policy.by_size else 1.0
-        slot = gate.try_take(weight)
+        share = 1.0 if call.tier.ttft <= self.urgent_ttft else 1.0 - policy.reserve
+        slot = gate.try_take(weight, share, deadline)
         if slot is None and route.kind != "hedge":
-            moved = self._elsewhere(call, route, weight)
+            moved = self._elsewhere(call, route, weight, share, deadline)
             if moved is not None:
                 route, gate, slot = moved
         if slot is None:
             if route.kind == "hedge":
                 return Failed()  # not sent: the round goes on with the attempts it has
-            taken = await self._wait(call, gate, deadline, weight)
+            taken = await self._wait(call, gate, deadline, weight, share)
             if isinstance(taken, Overloaded):
                 return Failed(reason=taken)
             slot = taken
@@ -94,9 +103,9 @@ class AdmissionLayer:
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
                 floor = gate.signal.ttft_floor
-                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor)
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share)
             raise
-        self._learn(call, gate, outcome, sent, held)
+        self._learn(call, gate, outcome, sent, held, share)
         if isinstance(outcome, Win):
             call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
         else:
@@ -104,7 +113,9 @@ class AdmissionLayer:
         gate.hand_out()
         return outcome
 
-    def _elsewhere(self, call: Call, route: Route, weight: float) -> tuple[Route, ReplicaGate, Slot] | None:
+    def _elsewhere(
+        self, call: Call, route: Route, weight: float, share: float, deadline: float
+    ) -> tuple[Route, ReplicaGate, Slot] | None:
         """A free slot on another replica (healthy, not avoided), the one with the most room, for a call whose
         replica is full: the router does not see the gates' lines."""
         now = call.clock()
@@ -113,28 +124,32 @@ class AdmissionLayer:
             if state is route.replica or state in route.avoid or state.cooling(now) or state.open(now):
                 continue
             gate = self.gate(state.name)
-            room = gate.controller.allowed - gate.load - gate.waiting
+            room = share * gate.controller.allowed - gate.load - gate.waiting
             if (room >= weight or (gate.in_flight == 0 and not gate.waiting)) and (best is None or room > best[0]):
                 best = (room, state, gate)
         if best is None:
             return None
         _, state, gate = best
-        slot = gate.try_take(weight)
+        slot = gate.try_take(weight, share, deadline)
         return None if slot is None else (dataclasses.replace(route, replica=state), gate, slot)
 
-    async def _wait(self, call: Call, gate: ReplicaGate, deadline: float, weight: float) -> Slot | Overloaded:
+    async def _wait(
+        self, call: Call, gate: ReplicaGate, deadline: float, weight: float, share: float
+    ) -> Slot | Overloaded:
         """A slot within the time that still leaves a first token before ``deadline``, or the refusal."""
         now = call.clock()
         ttft = self._ttft(call, gate)
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead, weight)
+        wait = gate.wait_for(ahead, weight, share)
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
-        started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
-        until = min(deadline - ttft, started + policy_wait(self.policy, call))
+        until = deadline - ttft
+        if share == 1.0:  # the most urgent tier's wait is bounded: its caller learns a refusal early
+            started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
+            until = min(until, started + policy_wait(self.policy, call))
         if now + wait > until:
             return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
-        waiter = gate.join(deadline, until, weight)
+        waiter = gate.join(deadline, until, weight, share)
         if waiter is None:
             return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:
@@ -154,12 +169,12 @@ class AdmissionLayer:
         recent = gate.signal.ttft_recent
         return recent if recent is not None else call.expected_ttft()
 
-    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: float) -> None:
+    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: float, share: float) -> None:
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor, share)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]

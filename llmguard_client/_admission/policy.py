@@ -34,9 +34,13 @@ class Admission:
     backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
                    overload), or reports a waiting queue longer than ``max_server_queue``.
     max_waiting:   calls waiting for a replica's slot at most; past it, refused at once.
-    max_queue_wait: the longest a call waits for a slot, as a fraction of its tier's ``ttft`` (a batch tier's
-                   calls wait longer than an interactive one's); a call that would wait longer is refused
-                   at once, and one still waiting then is refused.
+    max_queue_wait: the longest a call of the most urgent tier (the shortest ``ttft``) waits for a slot, as a
+                   fraction of that ``ttft``; a call that would wait longer is refused at once, and one still
+                   waiting then is refused. A call of a longer tier waits as long as its first token can
+                   still come in time.
+    reserve:       the share of each replica's limit kept for calls of the most urgent tier: a call of a
+                   longer tier (batch) takes a slot only below the rest, so that under a spike it waits
+                   and runs after it instead of taking the places of calls that cannot wait.
     max_server_queue: the longest waiting queue a replica may report (ORCA header, ``/metrics``) before the
                    limit backs off.
     signal_fresh_for: seconds a replica's own load report is believed (older: ignored).
@@ -55,8 +59,9 @@ class Admission:
     target: float = 0.6
     growth: float = 0.75
     backoff: float = 0.9
-    max_waiting: int = 64
+    max_waiting: int = 128
     max_queue_wait: float = 0.1
+    reserve: float = 0.25
     max_server_queue: int = 4
     signal_fresh_for: float = 0.2
     ask_load_reports: bool = True
@@ -72,5 +77,6 @@ class Admission:
         _check("backoff", self.backoff, 0.0, 1.0, open_low=True)
         _check("max_waiting", self.max_waiting, 0)
         _check("max_queue_wait", self.max_queue_wait, 0.0, 1.0)
+        _check("reserve", self.reserve, 0.0, 0.9)
         _check("max_server_queue", self.max_server_queue, 0)
         _check("signal_fresh_for", self.signal_fresh_for, 0.0, open_low=True)

@@ -53,12 +53,14 @@ class Slot:
 class Waiter:
     """A call in line for a slot; ``slot`` is set when one is handed to it."""
 
-    __slots__ = ("deadline", "event", "gone", "slot", "until", "weight")
+    __slots__ = ("deadline", "event", "gone", "share", "slot", "until", "weight")
 
-    def __init__(self, deadline: float, until: float, weight: float = 1.0) -> None:
+    def __init__(self, deadline: float, until: float, weight: float = 1.0, share: float = 1.0) -> None:
         self.deadline = deadline
         self.until = until
         self.weight = weight
+        self.share = share
+        """The share of the limit the call may take (`ReplicaGate.fits`)."""
         """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.event = anyio.Event()
         self.slot: Slot | None = None
@@ -86,13 +88,15 @@ class ReplicaGate:
 
     # -- slots ---------------------------------------------------------------------------------
 
-    def fits(self, weight: float) -> bool:
-        """Whether an attempt of ``weight`` fits under the limit now (always, on a replica with none in flight)."""
-        return self.in_flight == 0 or self.load + weight <= self.controller.allowed
+    def fits(self, weight: float, share: float = 1.0) -> bool:
+        """Whether an attempt of ``weight`` fits under ``share`` of the limit now (always, on a replica with none
+        in flight)."""
+        return self.in_flight == 0 or self.load + weight <= share * self.controller.allowed
 
-    def try_take(self, weight: float = 1.0) -> Slot | None:
-        """A slot at once, if there is room for ``weight`` and nobody is in line for it."""
-        if self.waiting == 0 and self.fits(weight):
+    def try_take(self, weight: float = 1.0, share: float = 1.0, deadline: float = math.inf) -> Slot | None:
+        """A slot at once, if there is room for ``weight`` under ``share`` of the limit and no call with a deadline
+        as early as ``deadline`` is in line (those later in line wait for room this call's share leaves)."""
+        if (self.waiting == 0 or self.ahead_of(deadline) == 0) and self.fits(weight, share):
             return self._take(weight)
         return None
 
@@ -115,7 +119,7 @@ class ReplicaGate:
         """Free slots to the waiting calls, earliest deadline first (also after the limit grew)."""
         line = self._line
         for _, _, waiter in sorted(line) if line else ():
-            if waiter.gone or not self.fits(waiter.weight):
+            if waiter.gone or not self.fits(waiter.weight, waiter.share):
                 continue  # a call too large for the room left does not hold up a smaller one behind it
             self.waiting -= 1
             waiter.gone = True
@@ -137,7 +141,7 @@ class ReplicaGate:
         for _, _, waiter in sorted(self._line):
             if waiter.gone:
                 continue
-            if now + MARGIN * self.frees_needed(kept, waiter.weight) / rate > waiter.until:
+            if now + MARGIN * self.frees_needed(kept, waiter.weight, waiter.share) / rate > waiter.until:
                 waiter.gone = True
                 self.waiting -= 1
                 waiter.event.set()  # no slot: the caller is refused
@@ -148,11 +152,11 @@ class ReplicaGate:
 
     # -- the line ------------------------------------------------------------------------------
 
-    def join(self, deadline: float, until: float, weight: float = 1.0) -> Waiter | None:
+    def join(self, deadline: float, until: float, weight: float = 1.0, share: float = 1.0) -> Waiter | None:
         """Get in line, for a slot by ``until`` at the latest (None: the line is full)."""
         if self.waiting >= self.max_waiting:
             return None
-        waiter = Waiter(deadline, until, weight)
+        waiter = Waiter(deadline, until, weight, share)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
         self.waiting += 1
         return waiter
@@ -183,16 +187,16 @@ class ReplicaGate:
         span = max(self.clock() - freed[0][0], freed[-1][0] - freed[0][0])
         return sum(w for _, w in freed) / span if span > 0 else 0.0
 
-    def frees_needed(self, ahead: float, weight: float = 1.0) -> float:
-        """Weight that must free up before a call of ``weight`` with ``ahead`` in line before it gets a slot:
-        what is in flight over the limit (it was cut), what is ahead, then its own (0: there is room now); never
-        more than all of it (a replica with nothing in flight takes any call)."""
-        return max(0.0, min(self.load + ahead, self.load + ahead + weight - self.controller.allowed))
+    def frees_needed(self, ahead: float, weight: float = 1.0, share: float = 1.0) -> float:
+        """Weight that must free up before a call of ``weight`` with ``ahead`` in line before it gets a slot
+        under ``share`` of the limit: what is in flight over it (it was cut), what is ahead, then its own (0:
+        there is room now); never more than all of it (a replica with nothing in flight takes any call)."""
+        return max(0.0, min(self.load + ahead, self.load + ahead + weight - share * self.controller.allowed))
 
-    def wait_for(self, ahead: float, weight: float = 1.0) -> float:
+    def wait_for(self, ahead: float, weight: float = 1.0, share: float = 1.0) -> float:
         """Seconds until what is ``ahead`` in line and then this call get a slot (inf: no rate measured yet
         while the line is not empty; 0 if there is room)."""
-        needed = self.frees_needed(ahead, weight)
+        needed = self.frees_needed(ahead, weight, share)
         if needed == 0:
             return 0.0
         rate = self.rate()

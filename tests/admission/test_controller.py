@@ -39,3 +39,14 @@ def test_a_first_token_past_six_tenths_of_the_ttft_cuts_to_what_would_have_been_
     assert controller.limit == pytest.approx(16 * 0.6 / 0.8)  # the load it met, scaled to the target
     controller.first_token(5.0, 1.0, held=12, in_flight=12)
     assert controller.limit == pytest.approx(6.0)  # at most halved
+
+
+def test_use_is_measured_against_the_share_of_the_limit_the_call_may_take() -> None:
+    # A batch call may take 3/4 of the limit (the rest is kept for the most urgent tier): 7 of 10 in flight
+    # is the limit in use for it (7 >= 0.8 x 0.75 x 10), and its proven load keeps the limit up.
+    controller = LimitController(Admission(initial_limit=10))
+    controller.first_token(0.0, 30.0, held=7, in_flight=7, share=0.75)
+    assert controller.limit == pytest.approx(10.75)
+    urgent = LimitController(Admission(initial_limit=10))
+    urgent.first_token(0.0, 1.0, held=7, in_flight=7)  # an interactive call: 7 < 8, not in use
+    assert urgent.limit == pytest.approx(9.25)  # down by growth (7 proven / 0.8 = 8.75 is lower)

@@ -351,3 +351,31 @@ def test_the_slo_header_is_opt_out(backend: str) -> None:
         assert replica.slo_ttft_ms == [""]
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_batch_call_leaves_the_reserved_share_to_interactive_calls_and_waits_as_long_as_its_ttft_allows(
+    backend: str,
+) -> None:
+    # A limit pinned at 4 calls, a quarter of it kept for the most urgent tier (interactive, 1 s): three batch
+    # calls take the other three. A fourth batch call waits in line, longer than a tenth of its 30 s ttft
+    # (where an interactive call's wait ends); an interactive call that comes after it goes ahead, at once, to
+    # the kept slot. The waiting batch call is served when the first batch calls end.
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8, tokens=2, gap=4.0)  # each call holds its slot ~4 s
+        pinned = Admission(initial_limit=4, min_limit=4, max_limit=4, reserve=0.25, by_size=False)
+        async with admitted_guard(replica, pinned) as guard, guard.http_client() as client:
+            sent: list[tuple[float, str]] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(call, client, "batch", None, sent)
+                    await anyio.sleep(0.01)
+                assert guard.snapshot().admission[URL].in_flight == 3
+                assert guard.snapshot().admission[URL].waiting == 1
+                start = now()
+                await call(client, "interactive", None, sent)
+                assert now() - start == pytest.approx(4.05, abs=0.05)  # sent at once, answered in full
+            assert sorted(result for _, result in sent) == ["ok"] * 5
+            assert replica.arrivals == ["batch"] * 3 + ["interactive", "batch"]
+
+    run_virtual(main, backend)
