@@ -299,7 +299,7 @@ class Guarded(Client):
         if wait == float("inf"):
             wait = 0.0
         until = deadline - ttft
-        if share == 1.0:
+        if call.ttft_limit <= URGENT_TTFT:
             until = min(until, call.start + self.policy.max_queue_wait * call.ttft_limit)
         waiter = gate.join(deadline, until, weight, share) if t + wait <= until else None
         if waiter is None:

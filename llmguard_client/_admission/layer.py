@@ -80,7 +80,7 @@ class AdmissionLayer:
             _ask_for_load_report(call)
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         weight = self.sizes.weight(len(call.body), call.record.max_tokens) if policy.by_size else 1.0
-        share = 1.0 if call.tier.ttft <= self.urgent_ttft else 1.0 - policy.reserve
+        share = 1.0 if self._urgent(call) else 1.0 - policy.reserve
         slot = gate.try_take(weight, share, deadline)
         if slot is None and route.kind != "hedge":
             moved = self._elsewhere(call, route, weight, share, deadline)
@@ -144,7 +144,7 @@ class AdmissionLayer:
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
         until = deadline - ttft
-        if share == 1.0:  # the most urgent tier's wait is bounded: its caller learns a refusal early
+        if self._urgent(call):  # the most urgent tier's wait is bounded: its caller learns a refusal early
             started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
             until = min(until, started + policy_wait(self.policy, call))
         if now + wait > until:
@@ -162,6 +162,10 @@ class AdmissionLayer:
             gate.leave(waiter)
             return self._refused(call, gate, gate.ahead_of(deadline), weight, "no slot freed up in time")
         return waiter.slot
+
+    def _urgent(self, call: Call) -> bool:
+        """Whether the call is of the most urgent tier (no longer ``ttft`` than any of the Guard's tiers)."""
+        return call.tier.ttft <= self.urgent_ttft
 
     @staticmethod
     def _ttft(call: Call, gate: ReplicaGate) -> float:
