@@ -60,7 +60,7 @@ class Admission:
     growth: float = 0.75
     backoff: float = 0.9
     max_waiting: int = 128
-    max_queue_wait: float = 0.1
+    max_queue_wait: float = 0.08
     reserve: float = 0.25
     max_server_queue: int = 4
     signal_fresh_for: float = 0.2
