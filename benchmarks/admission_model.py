@@ -48,7 +48,6 @@ import argparse
 import copy
 import dataclasses
 import itertools
-import json
 import logging
 import statistics
 from collections import deque
@@ -74,6 +73,7 @@ from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.queue import ReplicaGate, Slot, Waiter
 from llmguard_client._admission.signal import LoadSignal
 from llmguard_client._admission.size import CallSizes
+from llmguard_client._core.request import prompt_chars
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_tools.bench.tiermix import BATCH, assign
 from llmguard_tools.bench.traffic import PlannedRequest, TrafficPlan, request_body
@@ -104,8 +104,8 @@ class Call:
     seq: Sequence | None = None
     slot: Slot | None = None
     waiter: Waiter | None = None
-    body_bytes: int = 0
-    """The bench's request body, as the guard sees it."""
+    prompt_chars: int = 0
+    """The characters of the prompt's text in the bench's request body, as the guard counts them."""
     sent: float = 0.0
     held: float = 0.0
     share: float = 1.0
@@ -282,7 +282,7 @@ class Guarded(Client):
         assert chosen is not None
         e = self.index[id(chosen)]
         gate = self.gates[e]
-        weight = self.sizes.weight(call.body_bytes, call.work.max_tokens) if self.policy.by_size else 1.0
+        weight = self.sizes.weight(call.prompt_chars, call.work.max_tokens) if self.policy.by_size else 1.0
         call.share = share = 1.0 if call.ttft_limit <= URGENT_TTFT else 1.0 - self.policy.reserve
         deadline = call.start + call.ttft_limit
         slot = gate.try_take(weight, share, deadline)
@@ -550,8 +550,9 @@ class Oracle(Client):
         return True
 
 
-def _body_bytes(request: PlannedRequest) -> int:
-    return len(json.dumps(request_body(request, "sim-model"), separators=(",", ":")).encode())
+def _prompt_chars(request: PlannedRequest) -> int:
+    """What the guard counts of the bench's request body (`llmguard_client._core.request.prompt_chars`)."""
+    return prompt_chars(request_body(request, "sim-model")) or 0
 
 
 def _tpot(seq: Sequence) -> float:
@@ -603,7 +604,7 @@ def run(
             cluster.step(payload, t)
         elif kind == "arrive":
             request, tier = payload
-            call = Call(request, tier, t, engine_request(request), body_bytes=_body_bytes(request))
+            call = Call(request, tier, t, engine_request(request), prompt_chars=_prompt_chars(request))
             made.append(call)
             events.push(t + TIERS[tier][0], "deadline", call)
             events.push(t + TIERS[tier][1], "total", call)

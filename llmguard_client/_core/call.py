@@ -73,6 +73,8 @@ class Call:
     one_shot: httpx.AsyncByteStream | None = None
     """The caller's body when it can be sent only once (`llmguard_client._http.upload`): sent as it comes, on
     the call's one attempt (``body`` is then empty)."""
+    prompt_chars: int | None = None
+    """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes

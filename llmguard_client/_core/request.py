@@ -9,7 +9,14 @@ from typing import Any
 
 import httpx
 
-__all__ = ["RequestFacts", "json_document"]
+__all__ = ["RequestFacts", "json_document", "prompt_chars"]
+
+PROMPT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
+"""The top-level fields that hold a prompt: Chat Completions and Messages (``messages``, ``system``), Responses
+(``input``, ``instructions``) and Completions (``prompt``)."""
+TEXT_FIELDS = ("content", "text", "input")
+"""Where a message, an input item or a content part holds its text."""
+_MAX_DEPTH = 6
 
 
 def json_document(request: httpx.Request, body: bytes) -> object:
@@ -23,13 +30,34 @@ def json_document(request: httpx.Request, body: bytes) -> object:
         return None
 
 
+def prompt_chars(document: dict[str, Any]) -> int | None:
+    """The characters of text the body sends as its prompt (the JSON around it left out); None when it has no
+    prompt field."""
+    found = [document[name] for name in PROMPT_FIELDS if name in document]
+    return sum(_text_chars(value, 0) for value in found) if found else None
+
+
+def _text_chars(value: object, depth: int) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if depth >= _MAX_DEPTH:
+        return 0
+    if isinstance(value, list):
+        return sum(_text_chars(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return sum(_text_chars(value[name], depth + 1) for name in TEXT_FIELDS if name in value)
+    return 0
+
+
 @dataclass(slots=True)
 class RequestFacts:
-    """What the guard reads from a request body: never the prompt itself."""
+    """What the guard reads from a request body: never the prompt itself (only its length)."""
 
     model: str | None = None
     stream: bool = False
     max_tokens: int | None = None
+    prompt_chars: int | None = None
+    """Characters of the prompt's text (`prompt_chars`); None when the body has no prompt field."""
 
     @classmethod
     def parse(cls, request: httpx.Request, body: bytes) -> RequestFacts:
@@ -47,4 +75,5 @@ class RequestFacts:
             model=model if isinstance(model, str) else None,
             stream=obj.get("stream") is True,
             max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
+            prompt_chars=prompt_chars(obj),
         )

@@ -309,6 +309,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             affinity_key=key,
             keeps_text=continuation is not None,
             one_shot=one_shot,
+            prompt_chars=facts.prompt_chars,
             lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation

@@ -1,4 +1,5 @@
-"""`RequestFacts`: what the guard reads from a request body (model, stream, max tokens), never the prompt."""
+"""`RequestFacts`: what the guard reads from a request body (model, stream, max tokens, the prompt's length), never
+the prompt."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client._core.request import RequestFacts
+from llmguard_client._core.request import RequestFacts, prompt_chars
 
 
 def post(body: Any, content_type: str | None = "application/json") -> tuple[httpx.Request, bytes]:
@@ -79,3 +80,27 @@ def test_parse_accepts_json_content_type_variants() -> None:
 def test_request_facts_never_hold_the_prompt() -> None:
     got = RequestFacts.parse(*post({"model": "m", "messages": [{"role": "user", "content": "secret prompt"}]}))
     assert "secret prompt" not in repr(got)
+
+
+@pytest.mark.parametrize(
+    ("body", "chars"),
+    [
+        ({"model": "m", "messages": [{"role": "user", "content": "hello"}]}, 5),  # the JSON around it left out
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]}]}, 3),
+        ({"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}, 10),  # Messages API
+        ({"instructions": "ab", "input": "hello"}, 7),  # Responses, a plain input
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hey"}]}]}, 3),  # input items
+        ({"prompt": ["ab", "cde"]}, 5),  # Completions, a batch of prompts
+        ({"model": "m", "max_tokens": 5}, None),  # no prompt field
+    ],
+)
+def test_prompt_chars_counts_the_text_of_the_prompt_only(body: dict[str, object], chars: int | None) -> None:
+    assert prompt_chars(body) == chars
+    assert RequestFacts.of(body).prompt_chars == chars
+
+
+def test_prompt_chars_stops_at_a_nesting_deeper_than_any_api_sends() -> None:
+    deep: object = "x" * 10
+    for _ in range(50):
+        deep = [deep]
+    assert prompt_chars({"prompt": deep}) == 0
