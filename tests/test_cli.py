@@ -152,6 +152,9 @@ def test_demo_runs_both_scenarios(
     doc = json.loads(js.read_text())
     assert [r["scenario"] for r in doc["demo"]] == ["stragglers", "collapse"]
     assert "demo summary" in out and "stragglers: " in out and "collapse: " in out
+    summary = " ".join(out.split("demo summary", 1)[1].split())
+    for client in {c for clients in presets.DEMO_CLIENTS.values() for c in clients} - {"plain"}:
+        assert f" {client} TTFT" in summary, client  # a verdict for every guarded client, not only the first
     assert [list(r["clients"]) for r in doc["demo"]] == [list(presets.DEMO_CLIENTS[s]) for s in presets.DEMO_SCENARIOS]
     assert out.count("llmguard bench --explain") == 1  # one pointer, after the summary
     assert (tmp_path / "d.png").exists()

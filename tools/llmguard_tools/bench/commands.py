@@ -318,8 +318,8 @@ def run_demo(args: argparse.Namespace) -> int:
     with captured() as logs:
         _demo_scenarios(args, console, spawns, reports, logs)
     console.print(f"[bold]demo summary[/bold] ({time.perf_counter() - t0:.0f} s):")
-    for r in reports:
-        console.print(hanging(f"  {r.scenario}:", [r.interpretation()]))
+    for r in reports:  # a verdict per guarded client (collapse's admission beside the guard's defaults)
+        console.print(hanging(f"  {r.scenario}:", list(r.verdicts().values()) or [r.interpretation()]))
     console.print(f"[dim]{EXPLAIN_HINT}[/dim]")
     if args.json:
         _write_json({"demo": [r.to_dict() for r in reports]}, args.json)
