@@ -31,6 +31,8 @@ class ReplicaHealth:
     failure_at: float = 0.0
     drained: bool = False
     drained_at: float = -math.inf
+    probes: int = 0
+    """Probes sent here since it was drained: the wait before the next one doubles with each."""
     last_pick: float = -math.inf
     """When an attempt was last sent here."""
     recent: float = 0.0

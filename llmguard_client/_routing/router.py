@@ -42,10 +42,12 @@ Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the me
 (and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it, judged only once it has `Router.MIN_SAMPLES`
 samples of it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
-``probe_every`` and one per ``probe_interval`` seconds. Speed drains a replica only while no
+``probe_every``, the first `Router.FIRST_PROBE` seconds after the drain and each next one twice as long after
+the last, up to ``probe_interval`` seconds. Speed drains a replica only while no
 replica signals overload with a Retry-After: then slowness is load, and draining one replica would
 pile its share onto others that are overloaded too. While drained its estimates move faster
-(`Router.DRAINED_EWMA`), and it is brought back once its estimates are under
+(`Router.DRAINED_EWMA`; a probe's first token within `Router.RECOVER_RATIO` of the median's replaces its TTFT
+estimate), and it is brought back once its estimates are under
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
 speed estimates forgotten (it starts again as a replica never measured). At most a minority of
 replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
@@ -83,6 +85,8 @@ class Router(Generic[S]):
 
     EWMA = 0.2
     DRAINED_EWMA = 0.7
+    FIRST_PROBE = 0.5
+    """Seconds from a drain to its first probe; each later probe waits twice as long, up to ``probe_interval``."""
     CLIP = 4.0
     FAILURE_EWMA = 0.1
     FAILURE_HALF_LIFE = 10.0
@@ -206,9 +210,19 @@ class Router(Generic[S]):
         due = [
             s
             for s in candidates
-            if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self.probe_interval
+            if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self._probe_wait(s.health)
         ]
-        return min(due, key=lambda s: s.health.last_pick) if due else None
+        if not due:
+            return None
+        chosen = min(due, key=lambda s: s.health.last_pick)
+        chosen.health.probes += 1
+        return chosen
+
+    def _probe_wait(self, h: ReplicaHealth) -> float:
+        """Seconds from a drained replica's last call to its next probe: `FIRST_PROBE` after the drain, doubling
+        with each probe up to ``probe_interval`` (a queue that held it back for a moment is seen gone soon, a
+        replica slow for good costs a few probes more)."""
+        return min(self.probe_interval, self.FIRST_PROBE * 2.0**h.probes)
 
     def cheapest(self, states: list[S], now: float) -> list[S]:
         """The replicas tied for the least cost, in the order given: those with rate-limit room first; then
@@ -260,9 +274,13 @@ class Router(Generic[S]):
     # --- learning -------------------------------------------------------------------------
 
     def first_token(self, state: S, now: float, ttft: float) -> None:
-        """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started."""
+        """An attempt on ``state`` reached its first content token ``ttft`` seconds after it started (a drained
+        replica's probe within `RECOVER_RATIO` of the median replica's is its estimate at once)."""
         h = state.health
-        h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
+        if h.drained and h.ttft is not None and not worse(ttft, self._ref_ttft, self.RECOVER_RATIO, self.TTFT_FLOOR):
+            h.ttft = max(0.0, ttft)
+        else:
+            h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
         h.unanswered_since = None
         self._reassess(state, now)
 
@@ -383,7 +401,7 @@ class Router(Generic[S]):
 
     def _drain(self, state: S, now: float) -> None:
         h = state.health
-        h.drained, h.drained_at = True, now
+        h.drained, h.drained_at, h.probes = True, now, 0
         self._drained += 1
         self.epoch += 1
         logger.warning(
