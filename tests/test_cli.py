@@ -209,7 +209,7 @@ def test_a_run_behind_plan_is_invalid_and_gets_no_verdict(
 
 DEGRADED = (
     "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica ttft %s, per token "
-    "%s); drained to one probe per %.0f s"
+    "%s); drained: probed in %g s, then at most once per %g s"
 )
 
 
@@ -228,7 +228,7 @@ class _LoggingProgress:
     def advance(self, sample: object) -> None:
         if self.first:
             self.first = False
-            args = ("http://127.0.0.1:9", "812 ms", "95 ms", 0.0, "31 ms", "9 ms", 2.0)
+            args = ("http://127.0.0.1:9", "812 ms", "95 ms", 0.0, "31 ms", "9 ms", 0.5, 2.0)
             logging.getLogger("llmguard_client").warning(DEGRADED, *args)
 
     def end(self, client: str) -> None:
@@ -260,7 +260,7 @@ def test_log_records_of_a_run_go_below_the_report_and_it_fits_80_columns(
     assert "degraded" not in report and "log " not in report
     assert "log warning llmguard_client: llmguard: replica http://127.0.0.1:9 is degraded" in below
     clients = _bench_argv(cluster)[4].count(",") + 1
-    assert f"drained to one probe per 2 s (x{clients})" in below  # once per client, printed once with its count
+    assert f"then at most once per 2 s (x{clients})" in below  # once per client, printed once with its count
 
 
 def test_log_records_go_above_live_progress_bars(

@@ -406,13 +406,14 @@ class Router(Generic[S]):
         self.epoch += 1
         logger.warning(
             "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
-            "ttft %s, per token %s); drained to one probe per %.0f s",
+            "ttft %s, per token %s); drained: probed in %g s, then at most once per %g s",
             state.name,
             ms(h.ttft),
             ms(h.tpot),
             100 * self._failure(h, now),
             ms(self._ref_ttft),
             ms(self._ref_tpot),
+            min(self.FIRST_PROBE, self.probe_interval),
             self.probe_interval,
         )
 
