@@ -58,10 +58,10 @@ class Waiter:
     def __init__(self, deadline: float, until: float, weight: float = 1.0, share: float = 1.0) -> None:
         self.deadline = deadline
         self.until = until
+        """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.weight = weight
         self.share = share
         """The share of the limit the call may take (`ReplicaGate.fits`)."""
-        """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.event = anyio.Event()
         self.slot: Slot | None = None
         self.gone = False

@@ -168,6 +168,7 @@ class Router(Generic[S]):
                 chosen = self._least_cost(healthy, now, rotate=True)
         else:
             self._since_probe = 0
+            chosen.health.probes += 1
         sent(chosen.health, now)
         return chosen
 
@@ -212,11 +213,7 @@ class Router(Generic[S]):
             for s in candidates
             if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self._probe_wait(s.health)
         ]
-        if not due:
-            return None
-        chosen = min(due, key=lambda s: s.health.last_pick)
-        chosen.health.probes += 1
-        return chosen
+        return min(due, key=lambda s: s.health.last_pick) if due else None
 
     def _probe_wait(self, h: ReplicaHealth) -> float:
         """Seconds from a drained replica's last call to its next probe: `FIRST_PROBE` after the drain, doubling
