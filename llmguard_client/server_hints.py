@@ -13,14 +13,18 @@ those that have no room. It is a coroutine *you* run in a task group you own, so
 behind your back and cancelling the group stops it::
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=2.0))
+        tg.start_soon(poll_vllm_metrics, guard)  # about every 0.2 s
         ...  # use the guard
         tg.cancel_scope.cancel()
 
 Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus ``/metrics``
 (``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
 again; any other failure or an unreadable body just leaves that replica without a hint until the
-next round. A hint is believed for three polling intervals, on the Guard's clock (the one its router
+next round. The default rate, about five polls a second, is what a queue that builds and drains
+within a second needs (polled every 0.5 s or more, most of them are seen late or not at all); each
+interval is drawn within 10 % of ``every``, so that processes polling together drift apart and no
+period locks onto a periodic load. Each process polls on its own: in a large fleet, raise ``every``.
+A hint is believed for three polling intervals, on the Guard's clock (the one its router
 reads: the event loop's by default, ``Guard(clock=...)`` if injected), so hints steer under trio and in
 virtual time too.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +56,10 @@ WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 BODY_LIMIT = 1024 * 1024
 """Bytes of a /metrics answer read at most."""
+MIN_EVERY = 0.1
+"""Seconds between polls at least."""
+JITTER = 0.1
+"""Each interval is ``every`` times a factor drawn from [1 - JITTER, 1 + JITTER]."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +134,15 @@ async def poll_once(
 async def poll_vllm_metrics(
     guard: Guard,
     *,
-    every: float = 2.0,
+    every: float = 0.2,
     request_timeout: float | None = None,
     clock: Clock | None = None,
 ) -> None:
-    """Poll every replica's ``/metrics`` once per ``every`` seconds (at least 0.5) until cancelled,
-    each request bounded by ``request_timeout`` (default: 1 s or ``every`` if shorter). Hints are
-    stamped with ``clock``, by default the Guard's own (what its router reads them against)."""
-    if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0.5:
-        raise GuardConfigError(f"poll_vllm_metrics: every must be at least 0.5 seconds, got {every!r}")
+    """Poll every replica's ``/metrics`` about once per ``every`` seconds (at least 0.1; each interval within
+    10 % of it) until cancelled, each request bounded by ``request_timeout`` (default: 1 s or ``every`` if
+    shorter). Hints are stamped with ``clock``, by default the Guard's own (what its router reads them against)."""
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= MIN_EVERY:
+        raise GuardConfigError(f"poll_vllm_metrics: every must be at least {MIN_EVERY} seconds, got {every!r}")
     if request_timeout is None:
         request_timeout = min(1.0, every)
     if (
@@ -151,7 +160,7 @@ async def poll_vllm_metrics(
     while len(skip) < len(replicas.states):
         started = now()
         await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=now)
-        await time_source.sleep_until(started + every)
+        await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
     logger.info("llmguard: no replica serves /metrics; server hints stop")
 
 

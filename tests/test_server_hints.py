@@ -58,12 +58,14 @@ class Metrics:
         self.bodies: dict[str, tuple[int, str]] = {}
         self.polls: dict[str, int] = {}
         self.headers: list[httpx.Headers] = []
+        self.times: list[float] = []
 
     def factory(self, replica: Replica) -> httpx.AsyncBaseTransport:
         def handle(request: httpx.Request) -> httpx.Response:
             assert request.url.path.endswith("/metrics")
             self.polls[replica.name] = self.polls.get(replica.name, 0) + 1
             self.headers.append(request.headers)
+            self.times.append(anyio.current_time())
             status, text = self.bodies.get(replica.name, (200, ""))
             return httpx.Response(status, text=text)
 
@@ -102,23 +104,38 @@ async def test_a_replica_without_metrics_is_not_polled_again() -> None:
         assert metrics.polls == {"http://a:1": 1, "http://b:1": 2}
 
 
-def test_the_poller_runs_at_its_rate_in_your_task_group_and_stops_when_cancelled() -> None:
+def test_the_poller_runs_about_five_times_a_second_by_default_in_your_task_group_and_stops_when_cancelled() -> None:
     metrics = Metrics()
 
     async def main() -> None:  # in virtual time: the poller sleeps on the event loop's clock
         guard = Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None)
         async with guard:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
-                await anyio.sleep(0.75)
+                tg.start_soon(poll_vllm_metrics, guard)
+                await anyio.sleep(0.5)
                 tg.cancel_scope.cancel()
-            assert metrics.polls == {"http://a:1": 2, "http://b:1": 2}  # at 0 s and 0.5 s
-            with pytest.raises(GuardConfigError, match=r"every must be at least 0\.5 seconds"):
-                await poll_vllm_metrics(guard, every=0.1)
+            # at 0 s, 0.18-0.22 s and 0.36-0.44 s: each interval is 0.2 s within 10 %
+            assert metrics.polls == {"http://a:1": 3, "http://b:1": 3}
+            with pytest.raises(GuardConfigError, match=r"every must be at least 0\.1 seconds, got 0\.05"):
+                await poll_vllm_metrics(guard, every=0.05)
             with pytest.raises(GuardConfigError, match="request_timeout must be > 0 and <= every"):
                 await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
 
     run_virtual(main)
+
+
+def test_each_interval_between_polls_is_drawn_within_ten_percent_so_pollers_drift_apart() -> None:
+    metrics = Metrics()
+
+    async def main() -> None:  # in virtual time
+        async with Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+            with anyio.move_on_after(4.0):
+                await poll_vllm_metrics(guard)
+
+    run_virtual(main)
+    gaps = [b - a for a, b in zip(metrics.times, metrics.times[1:], strict=False)]
+    assert len(gaps) >= 17 and all(0.18 - 1e-9 <= gap <= 0.22 + 1e-9 for gap in gaps)
+    assert max(gaps) - min(gaps) > 0.01  # not one period: 19 draws within 0.01 of each other are next to impossible
 
 
 @BACKENDS

@@ -2,7 +2,7 @@
 
 * ``plain``, ``openai-default``, ``naive-retry``: the baselines (`llmguard_tools.bench.baselines`);
 * ``guarded``, ``guarded-nohedge``, ``guarded-noretry``, ``guarded-continuation``, ``guarded-affinity``,
-  ``guarded-noaffinity``, ``guarded-admission``: this library
+  ``guarded-noaffinity``, ``guarded-admission``, ``guarded-hints``: this library
   (`llmguard_tools.bench.guarded`).
 
 Every client is measured the same way, client-side (`llmguard_tools.bench.measure`).
@@ -19,6 +19,7 @@ from llmguard_tools.bench.guarded import (
     GuardedAffinityClient,
     GuardedClient,
     GuardedContinuationClient,
+    GuardedHintsClient,
     GuardedNoAffinityClient,
     GuardedNoHedgeClient,
     GuardedNoRetryClient,
@@ -49,6 +50,7 @@ CLIENT_NAMES = (
     "guarded-affinity",
     "guarded-noaffinity",
     "guarded-admission",
+    "guarded-hints",
     "rollout",
 )
 
@@ -65,6 +67,7 @@ _CLIENTS: dict[str, type[BenchClient]] = {
         GuardedAffinityClient,
         GuardedNoAffinityClient,
         GuardedAdmissionClient,
+        GuardedHintsClient,
     )
 }
 

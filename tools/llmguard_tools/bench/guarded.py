@@ -2,7 +2,8 @@
 
 ``guarded`` uses the default policies; ``guarded-nohedge`` and ``guarded-noretry`` (``hedge=None`` /
 ``retry=None``) are ablations; ``guarded-affinity`` and ``guarded-noaffinity`` set cache-aware routing
-(``affinity="auto"`` / ``affinity=None``) whatever the default. Besides the sample, each reads the guard's
+(``affinity="auto"`` / ``affinity=None``) whatever the default; ``guarded-admission`` adds ``Admission()`` and
+``guarded-hints`` polls the replicas' ``/metrics`` for their queues. Besides the sample, each reads the guard's
 phase record (attempts, waits, the replica that answered) from the response's ``llmguard`` extension.
 """
 
@@ -26,9 +27,11 @@ FLEET_CONNECT_WITHIN = 5.0
 """Which of the Guard's tiers a call is on."""
 
 __all__ = [
+    "GuardedAdmissionClient",
     "GuardedAffinityClient",
     "GuardedClient",
     "GuardedContinuationClient",
+    "GuardedHintsClient",
     "GuardedNoAffinityClient",
     "GuardedNoHedgeClient",
     "GuardedNoRetryClient",
@@ -222,3 +225,22 @@ class GuardedAdmissionClient(GuardedClient):
         policy = importlib.import_module("llmguard_client").Admission()
         self.guard_kwargs = {"admission": policy}
         await super().start()
+
+
+class GuardedHintsClient(GuardedClient):
+    """The guarded client with each replica's own queue length read from its ``/metrics``
+    (``poll_vllm_metrics`` at its default rate, in a task group the client owns while it runs)."""
+
+    name = "guarded-hints"
+
+    async def start(self) -> None:
+        await super().start()
+        poll = importlib.import_module("llmguard_client.server_hints").poll_vllm_metrics
+        self._polling = anyio.create_task_group()
+        await self._polling.__aenter__()
+        self._polling.start_soon(poll, self._guard)
+
+    async def aclose(self) -> None:
+        self._polling.cancel_scope.cancel()
+        await self._polling.__aexit__(None, None, None)
+        await super().aclose()

@@ -70,6 +70,7 @@ PRESETS: dict[str, Preset] = {
     "queueing": Preset(
         requests=500,
         rate=40.0,
+        clients=("plain", "guarded", "guarded-hints"),
         note="3 replicas, each in turn queueing another tenant's burst for ~0.65 s every 6 s; Poisson 40 rps",
     ),
     "degraded": Preset(
