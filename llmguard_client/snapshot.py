@@ -33,6 +33,9 @@ class ReplicaSnapshot:
     """Neither cooling nor open."""
     open_connections: int | None
     """Connections in its pool (None: a custom transport the guard cannot inspect)."""
+    server_waiting: float | None = None
+    """Requests its server reported queued, from every client (``poll_vllm_metrics``), while the report is
+    believed (None: no report, or a stale one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ def build_snapshot(
             circuit_open_for=max(0.0, s.open_until - now),
             healthy=not s.cooling(now) and not s.open(now),
             open_connections=open_connections(s.transport),
+            server_waiting=s.health.waiting if s.health.waiting_until > now else None,
         )
         for s in replica_set.states
     )

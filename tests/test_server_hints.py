@@ -158,9 +158,11 @@ def test_hints_are_stamped_on_the_guards_clock(backend: str, offset: float | Non
                     tg.start_soon(functools.partial(poll_vllm_metrics, guard, every=0.5, request_timeout=0.1))
                     await anyio.sleep(0.2)
                     assert rs.pick(guard._clock()) is b  # the hint steers
+                    assert [r.server_waiting for r in guard.snapshot().replicas] == [4.0, None]
                     tg.cancel_scope.cancel()  # the last poll was at 0 s: believed until 1.5 s
                 await anyio.sleep(1.31)
                 assert rs.pick(guard._clock()) is a  # stale: only what the guard sees counts
+                assert [r.server_waiting for r in guard.snapshot().replicas] == [None, None]
             finally:
                 b.in_flight = 0
 
