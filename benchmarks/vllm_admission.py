@@ -82,14 +82,21 @@ def plan(rate: float, duration: float, seed: int) -> list[float]:
     return times
 
 
+def padding(words: int) -> str:
+    """``words`` distinct words and a space (none for 0): prefill work for the engine, cheap for the client."""
+    return "".join(f"w{i} " for i in range(words))
+
+
 def make_guard(url: str, ttft: float, admission: bool) -> Guard:
     tiers = {"interactive": Tier(ttft=ttft, total=30.0)}
     return Guard([url], tiers=tiers, instrumentation=None, admission=Admission() if admission else None)
 
 
-async def one_call(oai: openai.AsyncOpenAI, result: CallResult, t0: float, max_tokens: int, tag: str) -> None:
+async def one_call(
+    oai: openai.AsyncOpenAI, result: CallResult, t0: float, max_tokens: int, tag: str, filler: str = ""
+) -> None:
     """Stream one chat call, noting its first content token, the tokens received and how it ended."""
-    prompt = f"{tag} {uuid.uuid4().hex} tell me a story"
+    prompt = f"{tag} {uuid.uuid4().hex} {filler}tell me a story"
     try:
         stream = await oai.chat.completions.create(
             model=MODEL,
@@ -139,7 +146,7 @@ async def run_client(
         )
     warm_up = [CallResult(0.0, 0.0) for _ in range(WARM_UP)]
     for result in warm_up:  # the SDK builds its models and the pool its connection on first use
-        await one_call(oai, result, time.perf_counter(), args.max_tokens, "warm-up")
+        await one_call(oai, result, time.perf_counter(), args.max_tokens, "warm-up", padding(args.prompt_words))
     results: list[CallResult] = []
     t0 = time.perf_counter()
     with anyio.move_on_after(arrivals[-1] + args.drain if arrivals else 0.0) as scope:
@@ -150,7 +157,7 @@ async def run_client(
                     await anyio.sleep(delay)
                 result = CallResult(planned=planned, started=time.perf_counter() - t0)
                 results.append(result)
-                tg.start_soon(one_call, oai, result, t0, args.max_tokens, client)
+                tg.start_soon(one_call, oai, result, t0, args.max_tokens, client, padding(args.prompt_words))
     del scope
     await oai.close()
     if guard is not None:
@@ -268,6 +275,7 @@ def run_turn(url: str, client: str, rate: float, args: argparse.Namespace) -> di
     command = [sys.executable, "-m", "benchmarks.vllm_admission", "--vllm", url, "--worker", client]
     command += ["--rate", str(rate), "--duration", str(args.duration), "--seed", str(args.seed)]
     command += ["--ttft", str(args.ttft), "--max-tokens", str(args.max_tokens), "--drain", str(args.drain)]
+    command += ["--prompt-words", str(args.prompt_words)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tools")]))
     try:
         subprocess.run([*command, "--out", path], cwd=ROOT, env=env, check=True)
@@ -332,6 +340,9 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals per client")
     parser.add_argument("--ttft", type=float, default=1.0, help="the TTFT SLO and the guard tier's ttft, seconds")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--prompt-words", type=int, default=0, help="words added to each prompt: more prefill work per call"
+    )
     parser.add_argument("--drain", type=float, default=20.0, help="seconds after the last arrival before abandoning")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write every summary to this file")
