@@ -125,3 +125,26 @@ def test_without_an_interrupt_the_command_runs_as_it_is(stopped: list[str]) -> N
     with pytest.raises(ValueError, match="boom"):
         interrupt.run_interruptibly(lambda: int("boom"), lambda line, stream: said.append(line))
     assert said == [] and stopped == []
+
+
+def test_an_interrupt_inside_a_string_exec_still_exits_with_130_under_python_m(tmp_path: Path) -> None:
+    """CPython (3.11-3.12 at least) marks the interpreter to die by SIGINT at exit, under ``python -m``, when a
+    string ``exec`` ends with KeyboardInterrupt, even one caught later: dataclasses and namedtuple build their
+    methods so, and a Ctrl-C during an import that creates one made ``llmguard demo`` end with -2, not 130."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "from llmguard_tools.bench.interrupt import run_interruptibly\n"
+        "CODE = 'import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(5)'\n"
+        "sys.exit(run_interruptibly(lambda: exec(CODE, {}), lambda line, stream: print(line, file=stream)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        start_new_session=True,  # its SIGINT reaches no one else
+    )
+    assert (done.returncode, done.stderr) == (interrupt.EXIT_STATUS, "interrupted\n")

@@ -138,6 +138,14 @@ class _Interrupt:
         os._exit(EXIT_STATUS)
 
 
+def _forget_interrupt_in_exec() -> None:
+    """Clear CPython's mark of a KeyboardInterrupt that ended a string ``exec`` (dataclasses and namedtuple build
+    their methods so, e.g. during an import the Ctrl-C landed in): under ``python -m`` the interpreter would
+    otherwise kill itself with SIGINT at exit, whatever status the command returns. Every string ``exec``
+    resets the mark when it starts."""
+    exec("pass", {})
+
+
 def run_interruptibly(command: Callable[[], int], say: Callable[[str, IO[str]], None], grace: float = GRACE) -> int:
     """``command()``, or `EXIT_STATUS` after ``say("interrupted", stderr)`` once when SIGINT stops it.
 
@@ -156,6 +164,7 @@ def run_interruptibly(command: Callable[[], int], say: Callable[[str, IO[str]], 
             # KeyboardInterrupt, or whatever the unwinding raised instead (a worker that died of the same SIGINT)
         if state.interrupted:  # also when something on the way absorbed the KeyboardInterrupt
             state.finish()  # with the handler still ours: a second SIGINT now exits at once
+            _forget_interrupt_in_exec()
             return EXIT_STATUS
         return status
     finally:
