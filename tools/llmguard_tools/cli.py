@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--clients",
         default=DEFAULT_CLIENTS,
-        help="comma-separated, run in this order (default: %(default)s; also guarded-nohedge, guarded-noretry)",
+        help="comma-separated, run in this order (default: %(default)s, or the scenario's own; also "
+        "guarded-nohedge, guarded-noretry, guarded-affinity, guarded-noaffinity, guarded-admission, guarded-hints)",
     )
     b.add_argument(
         "--continuation",
