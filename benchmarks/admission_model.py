@@ -264,7 +264,7 @@ class Guarded(Client):
                 FixedLimit(dataclasses.replace(policy, initial_limit=fixed, max_limit=max(fixed, policy.max_limit)))
                 if fixed is not None
                 else LimitController(policy),
-                LoadSignal(policy.signal_fresh_for),
+                LoadSignal(),
                 policy.max_waiting,
                 lambda: self.now,
             )

@@ -260,7 +260,7 @@ class Guard:
         if admission is not None and not isinstance(admission, Admission):
             raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
         urgent_ttft = min(tier.ttft for tier in policies.tiers.values())
-        self._admission = AdmissionLayer(admission, clock, self._replica_set.states, urgent_ttft)
+        self._admission = AdmissionLayer(admission, clock, self._replica_set, urgent_ttft)
         self._passthrough_pool = PassthroughPool((s.base, s.transport) for s in self._replica_set.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         state = SharedState(

@@ -10,6 +10,7 @@ import httpx
 
 from llmguard_client._admission.view import AdmissionSnapshot as AdmissionSnapshot
 from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
+from llmguard_client._routing.health import server_waiting
 
 if TYPE_CHECKING:
     from llmguard_client._core.lease import LeaseRegistry
@@ -34,8 +35,8 @@ class ReplicaSnapshot:
     open_connections: int | None
     """Connections in its pool (None: a custom transport the guard cannot inspect)."""
     server_waiting: float | None = None
-    """Requests its server reported queued, from every client (``poll_vllm_metrics``), while the report is
-    believed (None: no report, or a stale one)."""
+    """Requests its server reported queued, from every client (``poll_vllm_metrics``, or vLLM's load header on a
+    non-streamed answer with `Admission`), while the report is believed (None: no report, or a stale one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ def build_snapshot(
             circuit_open_for=max(0.0, s.open_until - now),
             healthy=not s.cooling(now) and not s.open(now),
             open_connections=open_connections(s.transport),
-            server_waiting=s.health.waiting if s.health.waiting_until > now else None,
+            server_waiting=server_waiting(s.health, now),
         )
         for s in replica_set.states
     )

@@ -13,14 +13,16 @@ free slot is not sent, and the round goes on. A continuation is not held back: i
 admitted.
 
 What each attempt ends with teaches the replica's `LimitController`: its first token against the tier's TTFT
-target, a first-token deadline that fired (a late first token), an overload answer, and the replica's own
-load report (vLLM's ORCA header on a non-streamed answer).
+target, a first-token deadline that fired (a late first token), an overload answer, and the server's own report
+of its queue longer than ``max_server_queue``. That report lives with the replica's health, where the router
+reads it too, whichever way it came: vLLM's ORCA header on a non-streamed answer (read here) or its ``/metrics``
+(`llmguard_client.server_hints`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.policy import Admission
@@ -31,7 +33,8 @@ from llmguard_client._admission.view import AdmissionSnapshot
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import Failed, Outcome, Route, Win
 from llmguard_client._core.pipeline import Next
-from llmguard_client._routing.replicas import ReplicaState
+from llmguard_client._routing.health import server_kv_usage, server_waiting
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.errors import Overloaded
 
 __all__ = ["AdmissionLayer"]
@@ -49,15 +52,17 @@ class AdmissionLayer:
         self,
         policy: Admission | None,
         clock: Callable[[], float],
-        replicas: Sequence[ReplicaState] = (),
+        replica_set: ReplicaSet,
         urgent_ttft: float = 0.0,
     ) -> None:
         self.policy = policy
         self.clock = clock
         self.urgent_ttft = urgent_ttft
         """The shortest ``ttft`` of the Guard's tiers: calls with no longer one are the most urgent."""
-        self.replicas = tuple(replicas)
+        self.replicas = tuple(replica_set.states)
         """Where a call whose replica is full may go instead (any with a free slot, healthy, not avoided)."""
+        self.server_load = replica_set.router.server_load
+        """Where a replica's own load report goes: its health, which the router reads too."""
         self.gates: dict[str, ReplicaGate] = {}
         self.sizes = CallSizes()
         """The average call's size, which each attempt's weight is measured against."""
@@ -67,8 +72,7 @@ class AdmissionLayer:
         if gate is None:
             assert self.policy is not None
             policy = self.policy
-            signal = LoadSignal(policy.signal_fresh_for)
-            gate = self.gates[name] = ReplicaGate(LimitController(policy), signal, policy.max_waiting, self.clock)
+            gate = self.gates[name] = ReplicaGate(LimitController(policy), LoadSignal(), policy.max_waiting, self.clock)
         return gate
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
@@ -106,7 +110,8 @@ class AdmissionLayer:
                 floor = gate.signal.ttft_floor
                 gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share)
             raise
-        self._learn(call, gate, outcome, sent, held, share)
+        assert route.replica is not None
+        self._learn(call, route.replica, gate, outcome, sent, held, share)
         if isinstance(outcome, Win):
             call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
         else:
@@ -174,7 +179,17 @@ class AdmissionLayer:
         recent = gate.signal.ttft_recent
         return recent if recent is not None else call.expected_ttft()
 
-    def _learn(self, call: Call, gate: ReplicaGate, outcome: Outcome, sent: float, held: float, share: float) -> None:
+    def _learn(
+        self,
+        call: Call,
+        state: ReplicaState,
+        gate: ReplicaGate,
+        outcome: Outcome,
+        sent: float,
+        held: float,
+        share: float,
+    ) -> None:
+        assert self.policy is not None
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
@@ -189,9 +204,9 @@ class AdmissionLayer:
         for found in headers:
             report = found.get(ORCA_HEADER)
             if report is not None:
-                signal.report(now, *parse_orca(report))
-        assert self.policy is not None
-        waiting = signal.server_waiting(now)
+                waiting, kv = parse_orca(report)
+                self.server_load(state, now, waiting=waiting, kv_usage=kv, fresh_for=self.policy.signal_fresh_for)
+        waiting = server_waiting(state.health, now)
         if waiting is not None and waiting > self.policy.max_server_queue:
             controller.overload(held)
 
@@ -214,9 +229,9 @@ class AdmissionLayer:
     def snapshot(self, now: float) -> dict[str, AdmissionSnapshot]:
         """Each replica's learned limit, slots, line and load signal at ``now``."""
         out: dict[str, AdmissionSnapshot] = {}
+        health = {state.name: state.health for state in self.replicas}
         for name, gate in self.gates.items():
-            signal = gate.signal
-            fresh = signal.age(now) <= signal.fresh_for
+            signal, reported = gate.signal, health[name]
             out[name] = AdmissionSnapshot(
                 limit=gate.controller.allowed,
                 in_flight=gate.in_flight,
@@ -225,9 +240,9 @@ class AdmissionLayer:
                 slots_freed_per_s=gate.rate(),
                 ttft_floor=signal.ttft_floor,
                 ttft_recent=signal.ttft_recent,
-                server_waiting=signal.reported_waiting if fresh else None,
-                server_kv_usage=signal.reported_kv if fresh else None,
-                signal_age=signal.age(now),
+                server_waiting=server_waiting(reported, now),
+                server_kv_usage=server_kv_usage(reported, now),
+                signal_age=now - reported.reported_at,
             )
         return out
 

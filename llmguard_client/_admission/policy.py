@@ -43,7 +43,7 @@ class Admission:
                    and runs after it instead of taking the places of calls that cannot wait.
     max_server_queue: the longest waiting queue a replica may report (ORCA header, ``/metrics``) before the
                    limit backs off.
-    signal_fresh_for: seconds a replica's own load report is believed (older: ignored).
+    signal_fresh_for: seconds a replica's own load report in an answer's header is believed (older: ignored).
     ask_load_reports: send ``endpoint-load-metrics-format: text`` on non-streamed calls, so that vLLM answers
                    with its queue and KV use (ORCA).
     send_slo:      send the tier's first-token deadline as ``x-slo-ttft-ms`` on every attempt (the time left

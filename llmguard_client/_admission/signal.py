@@ -1,7 +1,6 @@
-"""One replica's load signal: what the replica reported (ORCA header, ``/metrics``), with its age, and what the
-guard infers from its own attempts (TTFT against its unloaded floor, overload answers).
-
-Every time is on the Guard's clock. A report older than ``fresh_for`` is ignored (`server_waiting` is None).
+"""What the guard infers of one replica's load from its own attempts (TTFT against its unloaded floor, overload
+answers), on the Guard's clock; and vLLM's ORCA load header parsed. What a replica reports of itself (the ORCA
+header, ``/metrics``) is kept with its health (`llmguard_client._routing.health`), where the router reads it too.
 """
 
 from __future__ import annotations
@@ -41,12 +40,8 @@ def parse_orca(value: str) -> tuple[float | None, float | None]:
 
 @dataclass(slots=True)
 class LoadSignal:
-    """The load of one replica as the guard knows it now."""
+    """The load of one replica as the guard infers it from its own attempts."""
 
-    fresh_for: float
-    reported_at: float = -math.inf
-    reported_waiting: float | None = None
-    reported_kv: float | None = None
     ttft_floor: float | None = None
     """The fastest first token seen (the replica unloaded), slowly forgotten."""
     ttft_recent: float | None = None
@@ -54,22 +49,6 @@ class LoadSignal:
     overloaded_at: float = -math.inf
     """When the replica last said it is overloaded (429, 503, in-stream overload)."""
     _floor_at: float = 0.0
-
-    def report(self, now: float, waiting: float | None, kv: float | None) -> None:
-        """The replica's own report (ORCA header or ``/metrics``), read at ``now``."""
-        if waiting is None and kv is None:
-            return
-        self.reported_at = now
-        self.reported_waiting = waiting
-        self.reported_kv = kv
-
-    def age(self, now: float) -> float:
-        """Seconds since the replica's last report (inf: never)."""
-        return now - self.reported_at
-
-    def server_waiting(self, now: float) -> float | None:
-        """The waiting queue the replica reported, if the report is fresh."""
-        return self.reported_waiting if self.age(now) <= self.fresh_for else None
 
     def first_token(self, now: float, ttft: float) -> None:
         """An admitted attempt got its first token ``ttft`` seconds after it was sent."""

@@ -27,7 +27,7 @@ class AdmissionSnapshot:
     ttft_recent: float | None
     """Recent first tokens (an EWMA), seconds after the attempt was sent."""
     server_waiting: float | None
-    """The waiting queue the replica itself reported (ORCA header), if fresh; else None."""
+    """The waiting queue the replica itself reported (ORCA header, or `/metrics` polled), if fresh; else None."""
     server_kv_usage: float | None
     signal_age: float
     """Seconds since the replica's last own report (inf: never)."""

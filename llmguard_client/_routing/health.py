@@ -6,7 +6,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["RECENT_HALF_LIFE", "ReplicaHealth", "Routable", "ms", "no_room", "recent_calls", "sent", "silent", "worse"]
+__all__ = [
+    "RECENT_HALF_LIFE",
+    "ReplicaHealth",
+    "Routable",
+    "ms",
+    "no_room",
+    "recent_calls",
+    "sent",
+    "server_kv_usage",
+    "server_waiting",
+    "silent",
+    "worse",
+]
 
 RECENT_HALF_LIFE = 30.0
 """Seconds over which `ReplicaHealth.recent` (attempts sent to a replica) fades by half."""
@@ -48,6 +60,11 @@ class ReplicaHealth:
     waiting: float = 0.0
     """Requests the server reported queued (from every client), believed until ``waiting_until``."""
     waiting_until: float = -math.inf
+    kv_usage: float = 0.0
+    """The share of its KV cache the server reported in use (0-1), believed until ``kv_until``."""
+    kv_until: float = -math.inf
+    reported_at: float = -math.inf
+    """When the server's last report (``/metrics`` polled, or vLLM's ORCA header on an answer) was read."""
 
 
 class Routable(Protocol):
@@ -97,6 +114,16 @@ def straggling(s: Routable, now: float, ttft: float | None) -> bool:
     unknown, never straggling), and `STRAGGLER_FLOOR` s more than it: its engine is queueing them (another
     client's burst, a long prefill), and a new call sent there would wait behind them."""
     return ttft is not None and silent(s, now, ttft) > max(STRAGGLER_RATIO * ttft, ttft + STRAGGLER_FLOOR)
+
+
+def server_waiting(h: ReplicaHealth, now: float) -> float | None:
+    """The queue the server last reported, while believed (None: no report, or a stale one)."""
+    return h.waiting if h.waiting_until > now else None
+
+
+def server_kv_usage(h: ReplicaHealth, now: float) -> float | None:
+    """The KV-cache use the server last reported (0-1), while believed."""
+    return h.kv_usage if h.kv_until > now else None
 
 
 def no_room(h: ReplicaHealth, now: float) -> bool:

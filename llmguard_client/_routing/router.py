@@ -66,7 +66,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llmguard_client._ratelimit.headers import parse_rate_limits
-from llmguard_client._routing.health import ReplicaHealth, Routable, ms, no_room, sent, silent, straggling, worse
+from llmguard_client._routing.health import (
+    ReplicaHealth,
+    Routable,
+    ms,
+    no_room,
+    sent,
+    server_waiting,
+    silent,
+    straggling,
+    worse,
+)
 from llmguard_client._routing.quantile import lower_median
 
 if TYPE_CHECKING:
@@ -259,7 +269,7 @@ class Router(Generic[S]):
             expected = 1.0  # nothing known anywhere: balance by load alone
         else:
             expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
-        load = s.in_flight + 1 + (h.waiting if h.waiting_until > now else 0.0)
+        load = s.in_flight + 1 + (server_waiting(h, now) or 0.0)
         return expected * load * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
 
     def _failure(self, h: ReplicaHealth, now: float) -> float:
@@ -332,8 +342,11 @@ class Router(Generic[S]):
         if waiting is not None and waiting >= 0:
             h.waiting, h.waiting_until = waiting, now + fresh_for
         if kv_usage is not None:
+            h.kv_usage, h.kv_until = kv_usage, now + fresh_for
             h.full_until = now + fresh_for if kv_usage >= self.KV_FULL else -math.inf
             self._limited_until = max(self._limited_until, h.full_until)
+        if waiting is not None or kv_usage is not None:
+            h.reported_at = now
 
     def _learn(self, current: float | None, first: list[float], sample: float, drained: bool) -> float:
         """The next estimate: the lower median of the ``first`` samples while there are fewer than

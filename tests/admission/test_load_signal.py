@@ -1,16 +1,24 @@
-"""The per-replica load signal: vLLM's ORCA report parsed, believed while fresh, and arriving from a replica
-that sends it (the simulated cluster over loopback, as vLLM does)."""
+"""The per-replica load signal: vLLM's ORCA report parsed, believed while fresh, arriving from a replica that
+sends it (the simulated cluster over loopback, as vLLM does), and read by admission however it came."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
+import anyio
+import httpx
 import pytest
 
-from llmguard_client import Admission, Guard
+from llmguard_client import Admission, Guard, Replica, Tier
 from llmguard_client._admission.signal import LoadSignal, parse_orca
+from llmguard_client._routing.health import server_kv_usage, server_waiting
+from llmguard_client._routing.replicas import ReplicaSet
+from llmguard_client.server_hints import poll_once
 from llmguard_tools.sim.cluster import SimCluster
-from tests.sim.conftest import chat_body, one_off
+from tests.clients import plain_httpx
+from tests.sim.conftest import ENGINE, chat_body, one_off, wait_until
 
 
 def test_the_orca_text_report_is_parsed_as_vllm_writes_it() -> None:
@@ -24,17 +32,18 @@ def test_the_orca_text_report_is_parsed_as_vllm_writes_it() -> None:
 
 
 def test_a_report_is_believed_while_fresh_and_its_age_is_always_known() -> None:
-    signal = LoadSignal(fresh_for=0.2)
-    assert signal.age(10.0) == math.inf and signal.server_waiting(10.0) is None
-    signal.report(10.0, 5.0, 0.9)
-    assert signal.age(10.15) == pytest.approx(0.15) and signal.server_waiting(10.15) == 5.0
-    assert signal.server_waiting(10.25) is None  # stale: ignored
-    signal.report(11.0, None, None)  # a report that says nothing changes nothing
-    assert signal.age(11.0) == pytest.approx(1.0)
+    rs = ReplicaSet([Replica("http://a:1")], lambda r: httpx.MockTransport(lambda q: httpx.Response(200)))
+    (a,) = rs.states
+    assert server_waiting(a.health, 10.0) is None and a.health.reported_at == -math.inf
+    rs.router.server_load(a, 10.0, waiting=5.0, kv_usage=0.9, fresh_for=0.2)
+    assert (server_waiting(a.health, 10.15), server_kv_usage(a.health, 10.15)) == (5.0, 0.9)
+    assert server_waiting(a.health, 10.25) is None and server_kv_usage(a.health, 10.25) is None  # stale: ignored
+    rs.router.server_load(a, 11.0, waiting=None, kv_usage=None, fresh_for=0.2)  # a report that says nothing
+    assert a.health.reported_at == 10.0  # changes nothing
 
 
 def test_the_ttft_floor_is_the_fastest_first_token_and_recent_ones_are_smoothed() -> None:
-    signal = LoadSignal(fresh_for=0.2)
+    signal = LoadSignal()
     signal.first_token(1.0, 0.10)
     signal.first_token(1.1, 0.30)
     assert signal.ttft_floor == pytest.approx(0.10, rel=1e-3)  # drifting up by 1 % per 30 s, so 0.1 s later: +0.003 %
@@ -49,7 +58,33 @@ async def test_a_non_streamed_answer_brings_the_replicas_own_report_into_the_sna
         async with Guard([url], instrumentation=None, admission=admission) as guard, guard.http_client() as http:
             response = await http.post(url + "/v1/chat/completions", json=chat_body(stream=False))
             assert response.status_code == 200
-            view = guard.snapshot().admission[url]
+            snapshot = guard.snapshot()
+            view = snapshot.admission[url]
             assert view.server_waiting == 0.0 and view.server_kv_usage is not None
             assert 0.0 <= view.signal_age < 60.0
+            assert snapshot.replicas[0].server_waiting == 0.0  # one report, which the router reads too
             assert view.ttft_floor is not None and view.in_flight == 0
+
+
+async def test_a_queue_the_server_reports_on_its_metrics_cuts_the_admission_limit() -> None:
+    # One request at a time, 50 ms a step: another tenant's requests wait in the engine's queue, in its /metrics.
+    engine = dataclasses.replace(ENGINE, policy="none", step_s=0.05, max_running=1)
+    tiers = {"interactive": Tier(ttft=30.0, total=60.0)}  # the guarded call is in time, however long it waits
+    async with SimCluster(one_off(engine)) as cluster, plain_httpx(timeout=30.0) as http:
+        url, busy = cluster.urls[0], cluster.replicas[0].engine
+        async with anyio.create_task_group() as tenant:
+            for _ in range(7):
+                body = chat_body(max_tokens=4, stream=False)
+                tenant.start_soon(functools.partial(http.post, url + "/v1/chat/completions", json=body))
+            await wait_until(lambda: busy.waiting >= 5)
+            async with (
+                Guard([url], tiers, instrumentation=None, admission=Admission()) as guard,
+                guard.http_client() as client,
+            ):
+                await poll_once(guard._replica_set, fresh_for=60.0)
+                response = await client.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1, stream=True))
+                assert response.status_code == 200
+                view = guard.snapshot().admission[url]
+            tenant.cancel_scope.cancel()
+    # more than max_server_queue (4) waiting: cut to the load the call met (itself), from the initial 16
+    assert (view.server_waiting is not None and view.server_waiting >= 5, view.limit) == (True, 1)

@@ -14,7 +14,7 @@ from tests.virtual import BACKENDS, now, run_virtual
 
 
 def gate(limit: int) -> ReplicaGate:
-    return ReplicaGate(LimitController(Admission(initial_limit=limit)), LoadSignal(0.2), 64, now)
+    return ReplicaGate(LimitController(Admission(initial_limit=limit)), LoadSignal(), 64, now)
 
 
 async def free_at_rate(g: ReplicaGate, slots: list[Slot], every: float) -> None:
