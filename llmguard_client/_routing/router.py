@@ -24,7 +24,8 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
 - ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
   (`llmguard_client._ratelimit.headers`).
 - ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
-  `llmguard_client.server_hints.poll_vllm_metrics` runs.
+  `llmguard_client.server_hints.poll_vllm_metrics` runs or an answer carries vLLM's load header (asked for by
+  `Admission`); `server_load` keeps that one report per replica, which admission reads too.
 
 The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
 tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
