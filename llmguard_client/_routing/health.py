@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = [
+    "KV_FULL",
     "RECENT_HALF_LIFE",
     "ReplicaHealth",
     "Routable",
@@ -20,6 +21,8 @@ __all__ = [
     "worse",
 ]
 
+KV_FULL = 0.95
+"""KV-cache use (0-1) from which a server's report ranks its replica with those that have no room."""
 RECENT_HALF_LIFE = 30.0
 """Seconds over which `ReplicaHealth.recent` (attempts sent to a replica) fades by half."""
 
@@ -55,8 +58,6 @@ class ReplicaHealth:
     calls are in flight, a replica silent for longer than its TTFT estimate is costed as that slow."""
     limited_until: float = -math.inf
     """A rate-limit header said there is no room here before this time."""
-    full_until: float = -math.inf
-    """The server reported its KV cache (nearly) full; believed until this time."""
     waiting: float = 0.0
     """Requests the server reported queued (from every client), believed until ``waiting_until``."""
     waiting_until: float = -math.inf
@@ -127,8 +128,8 @@ def server_kv_usage(h: ReplicaHealth, now: float) -> float | None:
 
 
 def no_room(h: ReplicaHealth, now: float) -> bool:
-    """Rate-limit headers or the server's KV-cache report say there is no room now."""
-    return h.limited_until > now or h.full_until > now
+    """Rate-limit headers or the server's KV-cache report (`KV_FULL` or more in use) say there is no room now."""
+    return h.limited_until > now or (h.kv_until > now and h.kv_usage >= KV_FULL)
 
 
 def worse(value: float | None, reference: float | None, ratio: float, floor: float) -> bool:

@@ -23,7 +23,7 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   replica that stalls all at once loses new calls within one TTFT, before any sample arrives.
 - ``limited_until``: a hosted API's rate-limit headers said the replica has no room until then
   (`llmguard_client._ratelimit.headers`).
-- ``waiting`` and ``full_until`` (optional): a vLLM server's own queue length and KV-cache use, when
+- ``waiting`` and ``kv_usage`` (optional): a vLLM server's own queue length and KV-cache use, when
   `llmguard_client.server_hints.poll_vllm_metrics` runs or an answer carries vLLM's load header (asked for by
   `Admission`); `server_load` keeps that one report per replica, which admission reads too.
 
@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llmguard_client._ratelimit.headers import parse_rate_limits
 from llmguard_client._routing.health import (
+    KV_FULL,
     ReplicaHealth,
     Routable,
     ms,
@@ -113,7 +114,6 @@ class Router(Generic[S]):
     DRAIN_FAILURE = 0.5
     RECOVER_FAILURE = 0.25
     DEFAULT_TOKENS = 16.0
-    KV_FULL = 0.95
     MIN_SAMPLES = 3
     """Samples of a replica's TTFT (or TPOT) before its speed counts: until then it is costed as the median
     replica and drained for failures only (a fresh guard drained a healthy replica after one 516 ms straggler
@@ -338,14 +338,14 @@ class Router(Generic[S]):
     ) -> None:
         """A server's own report, believed for ``fresh_for`` seconds: ``waiting`` requests queued
         there (counted as load beside the guard's own calls in flight), ``kv_usage`` of its KV cache
-        (0-1; from `KV_FULL` on it ranks with the replicas without room)."""
+        (0-1; from `llmguard_client._routing.health.KV_FULL` on it ranks with the replicas without room)."""
         h = state.health
         if waiting is not None and waiting >= 0:
             h.waiting, h.waiting_until = waiting, now + fresh_for
         if kv_usage is not None:
             h.kv_usage, h.kv_until = kv_usage, now + fresh_for
-            h.full_until = now + fresh_for if kv_usage >= self.KV_FULL else -math.inf
-            self._limited_until = max(self._limited_until, h.full_until)
+            if kv_usage >= KV_FULL:
+                self._limited_until = max(self._limited_until, h.kv_until)
         if waiting is not None or kv_usage is not None:
             h.reported_at = now
 
