@@ -50,6 +50,43 @@ def test_a_hedge_fires_at_exactly_its_delay(backend: str) -> None:
 
 
 @BACKENDS
+def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95(backend: str) -> None:
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02)]),
+        "http://slow.test": FakeReplica("slow", [Plan(first_token_after=20.0)]),  # cut off by the hedge's win
+        "http://c.test": FakeReplica("c", [Plan(first_token_after=0.02)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=10.0, total=30.0, stall=10.0)}
+        hedge = HedgePolicy(min_samples=20, min_delay=0.05)
+        async with guard_for(fakes, records, tiers=tiers, hedge=hedge) as guard, guard.http_client() as client:
+            replicas = guard._replica_set
+            # Healthy replicas whose TTFT is 20 ms typically but 2 s at p95 (a fat tail), and a drained one.
+            for state in (replicas.states[0], replicas.states[2]):
+                for i in range(40):
+                    guard.ttft_stats.observe(state.name, "t", True, 2.0 if i % 10 == 0 else 0.02)
+            for _ in range(5):
+                replicas.router.first_token(replicas.states[0], 0.0, 0.02)
+                replicas.router.first_token(replicas.states[2], 0.0, 0.02)
+                replicas.router.first_token(replicas.states[1], 0.0, 1.0)
+            assert replicas.router.degraded("http://slow.test")
+            assert guard.ttft_stats.hedge_delay("t", True) == pytest.approx(2.0)
+            replicas.router.probe_every, replicas.router.probe_interval = 1, 0.0  # the next call is a probe
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    primary, hedge_attempt = records[0].attempts
+    assert (primary.replica, primary.outcome, hedge_attempt.outcome) == ("http://slow.test", "lost", "won")
+    # After max(min_delay, the typical 20 ms), not after the p95's 2 s.
+    assert hedge_attempt.start - primary.start == pytest.approx(0.05, abs=1e-9)
+    assert fakes["http://slow.test"].open_streams == 0
+
+
+@BACKENDS
 def test_a_failed_hedge_fires_the_next_one_at_its_failure(backend: str) -> None:
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(first_token_after=5)]),
