@@ -7,10 +7,11 @@ client put there::
     vllm:num_requests_waiting{model_name="..."} 3.0       requests queued, not yet scheduled
     vllm:kv_cache_usage_perc{model_name="..."} 0.42       (vLLM >= 0.10; older: vllm:gpu_cache_usage_perc)
 
-`poll_vllm_metrics` reads them at a bounded rate and hands them to the router: queued requests count
-as load beside the guard's own calls in flight, and a KV cache at 95 % or more ranks the replica with
-those that have no room. It is a coroutine *you* run in a task group you own, so nothing runs
-behind your back and cancelling the group stops it::
+`poll_vllm_metrics` reads them at a bounded rate and hands them to the router: a replica whose server
+reports a queue ranks after those that report none (a new call would wait behind it; where every server
+queues, the queued requests count as load beside the guard's own calls in flight), and a KV cache at 95 %
+or more ranks the replica with those that have no room. It is a coroutine *you* run in a task group you
+own, so nothing runs behind your back and cancelling the group stops it::
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(poll_vllm_metrics, guard)  # about every 0.2 s

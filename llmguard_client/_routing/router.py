@@ -34,8 +34,9 @@ replica wins, among all of them for up to ``full_scan_up_to`` replicas, else bet
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates (fewer than `Router.MIN_SAMPLES` samples) take the median replica's, so a fresh guard balances
 by load alone. A replica without
-rate-limit room (or whose server reports its KV cache full) ranks after every one with room; a
-cooling one (Retry-After) only loses ties
+rate-limit room (or whose server reports its KV cache full) ranks after every one with room, and one
+whose server reports a queue after every one reporting none (a new call would wait behind that queue,
+however few of the guard's own calls are there); a cooling one (Retry-After) only loses ties
 (the replica set offers one for a first attempt only as its probe, or when every replica is cooling:
 `llmguard_client._routing.cooldown`).
 
@@ -244,6 +245,8 @@ class Router(Generic[S]):
             states = room or states
         answering = [s for s in states if not straggling(s, now, self._ttft(s))]
         states = answering or states  # a replica queueing its calls ranks after every one answering
+        unqueued = [s for s in states if not server_waiting(s.health, now)]
+        states = unqueued or states  # a new call would wait behind a queue its server reports
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
         return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
@@ -336,9 +339,11 @@ class Router(Generic[S]):
     def server_load(
         self, state: S, now: float, *, waiting: float | None, kv_usage: float | None, fresh_for: float
     ) -> None:
-        """A server's own report, believed for ``fresh_for`` seconds: ``waiting`` requests queued
-        there (counted as load beside the guard's own calls in flight), ``kv_usage`` of its KV cache
-        (0-1; from `llmguard_client._routing.health.KV_FULL` on it ranks with the replicas without room)."""
+        """A server's own report, believed for ``fresh_for`` seconds: ``waiting`` requests queued there (a
+        replica reporting a queue ranks after those reporting none, since a new call would wait behind it;
+        among replicas that all queue, counted as load beside the guard's own calls in flight), ``kv_usage``
+        of its KV cache (0-1; from `llmguard_client._routing.health.KV_FULL` on it ranks with the replicas
+        without room)."""
         h = state.health
         if waiting is not None and waiting >= 0:
             h.waiting, h.waiting_until = waiting, now + fresh_for

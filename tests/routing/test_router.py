@@ -305,6 +305,20 @@ def test_when_every_candidate_is_drained_the_least_cost_one_still_gets_the_call(
     assert router.pick(NOW, []) is None
 
 
+def test_a_replica_whose_server_reports_a_queue_ranks_after_those_that_report_none() -> None:
+    router, states = cluster()
+    r0, r1, r2 = states
+    r1.in_flight = r2.in_flight = 5  # the guard's own calls: r0 is by far the least loaded
+    router.server_load(r0, NOW, waiting=1.0, kv_usage=0.5, fresh_for=0.6)
+    assert picks(router, states, 4) == {"r1": 2, "r2": 2}  # a new call would wait behind r0's queue
+    router.server_load(r1, NOW, waiting=1.0, kv_usage=None, fresh_for=0.6)
+    router.server_load(r2, NOW, waiting=1.0, kv_usage=None, fresh_for=0.6)
+    assert router.pick(NOW, states) is r0  # every server queues: the cost decides
+    router.server_load(r1, NOW, waiting=0.0, kv_usage=None, fresh_for=0.6)
+    assert router.pick(NOW, states) is r1
+    assert router.pick(NOW + 0.7, states) is r0  # the reports are stale: only the guard's own calls count
+
+
 def test_retries_and_hedges_go_to_healthy_replicas_first() -> None:
     router, states = cluster()
     r0, r1, r2 = states
