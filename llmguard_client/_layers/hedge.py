@@ -19,6 +19,9 @@ joins itself (no task group to enter and leave on every call), elsewhere a task 
 each hedge's task is registered with the call's lease, so ``Guard.aclose()`` cancels it at once.
 A hedge that wins cancels the primary.
 
+A server that reports a queue at the primary's replica (`llmguard_client.server_hints`, or vLLM's load header)
+while another replica's reports none fires the hedge at once: the primary would wait behind that queue.
+
 The winner is recorded in the route's `Race` (the deadline layer's) the moment it is known: if a
 deadline fires while the losers are being closed, the deadline layer still delivers it. The round
 returns its winner as a value; hedges avoid the replicas the retry layer passes on the route.
@@ -136,6 +139,7 @@ class _Round:
         self.race = race
         """Where the round's winner is recorded the moment it is known."""
         self.call_next = call_next
+        self.primary = route.replica
         self.used = [route.replica]
         self.hedges_left = hedges
         self.results: deque[Outcome] = deque()
@@ -155,6 +159,7 @@ class _Round:
     def begin(self, tasks: Tasks) -> None:
         self._tasks = tasks
         self.arm()
+        self.layer.replicas.router.watch_queue(self.primary, self.queued)
 
     def arm(self) -> None:
         """Fire the next hedge ``delay`` seconds from now."""
@@ -180,6 +185,7 @@ class _Round:
         """The round is decided (or cancelled): no more hedges; running ones are cancelled."""
         self.decided = True
         self.disarm()
+        self.layer.replicas.router.unwatch_queue(self.primary, self.queued)
         if self._tasks is not None:
             self._tasks.cancel()
             self._tasks = None
@@ -189,6 +195,13 @@ class _Round:
         self.primary_scope.cancel()
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def queued(self) -> None:
+        """The primary's server reports a queue and another replica's none (`Router.watch_queue`): the primary
+        would wait behind that queue for its first token, so the next hedge goes now (once), not after the delay."""
+        self.layer.replicas.router.unwatch_queue(self.primary, self.queued)
+        if self.race.winner is None:
+            self.start_hedge()
 
     def start_hedge(self) -> None:
         """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""

@@ -64,7 +64,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from llmguard_client._ratelimit.headers import parse_rate_limits
@@ -121,6 +121,10 @@ class Router(Generic[S]):
     among its first calls); the lower median of three is one straggler-proof."""
     TIE = 0.15
     TIE_SECONDS = 0.02
+    HEDGE_QUEUE = 4.0
+    """Requests queued at a server from which a call waiting there is hedged at once (`watch_queue`): a
+    healthy engine shows 1-3 for a moment between its steps (hedging on those cost 0.4-2 % more requests on a
+    healthy cluster, for nothing)."""
 
     def __init__(
         self,
@@ -158,6 +162,8 @@ class Router(Generic[S]):
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
         self._judged_refs: tuple[float | None, float | None] = (None, None)
+        self._queue_watchers: dict[str, set[Callable[[], None]]] = {}
+        """Per replica name, what to tell when its server reports a queue (the hedge rounds waiting there)."""
         """The reference medians when every replica was last judged for draining."""
 
     # --- choosing -------------------------------------------------------------------------
@@ -194,8 +200,9 @@ class Router(Generic[S]):
         return chosen
 
     def pick_hedge(self, now: float, candidates: list[S], prefer: Prefer[S] | None = None) -> S | None:
-        """The replica for a hedge: ``prefer``'s choice (cache affinity), else healthy first, then the best TTFT
-        (unknown counts as 0, so a replica never tried is tried), then the fewest in flight."""
+        """The replica for a hedge: ``prefer``'s choice (cache affinity), else healthy first, with room, without a
+        queue its server reports, then the best TTFT (unknown counts as 0, so a replica never tried is tried),
+        then the fewest in flight."""
         if not candidates:
             return None
         chosen = prefer(candidates) if prefer is not None else None  # cache affinity (_routing.affinity.routing)
@@ -203,10 +210,10 @@ class Router(Generic[S]):
             sent(chosen.health, now)
             return chosen
 
-        def key(s: S) -> tuple[bool, bool, float, int]:
+        def key(s: S) -> tuple[bool, bool, bool, float, int]:
             h = s.health
             speed = silent(s, now, h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
-            return (h.drained, no_room(h, now), speed, s.in_flight)
+            return (h.drained, no_room(h, now), bool(server_waiting(h, now)), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
         sent(chosen.health, now)
@@ -343,7 +350,8 @@ class Router(Generic[S]):
         replica reporting a queue ranks after those reporting none, since a new call would wait behind it;
         among replicas that all queue, counted as load beside the guard's own calls in flight), ``kv_usage``
         of its KV cache (0-1; from `llmguard_client._routing.health.KV_FULL` on it ranks with the replicas
-        without room)."""
+        without room). A queue of `HEDGE_QUEUE` or more while another replica reports none tells the
+        `watch_queue` watchers."""
         h = state.health
         if waiting is not None and waiting >= 0:
             h.waiting, h.waiting_until = waiting, now + fresh_for
@@ -353,6 +361,27 @@ class Router(Generic[S]):
                 self._limited_until = max(self._limited_until, h.kv_until)
         if waiting is not None or kv_usage is not None:
             h.reported_at = now
+        watchers = self._queue_watchers.get(state.name)
+        if watchers and waiting is not None and waiting >= self.HEDGE_QUEUE and self._unqueued_elsewhere(state, now):
+            for watcher in list(watchers):  # a watcher may stop watching as it is told
+                watcher()
+
+    def watch_queue(self, state: S, watcher: Callable[[], None]) -> None:
+        """Call ``watcher`` whenever ``state``'s server reports `HEDGE_QUEUE` or more requests queued while
+        another replica's reports none (a call waiting there for its first token is better hedged at once);
+        until `unwatch_queue`."""
+        self._queue_watchers.setdefault(state.name, set()).add(watcher)
+
+    def unwatch_queue(self, state: S, watcher: Callable[[], None]) -> None:
+        """Stop telling ``watcher`` (no effect if it was not watching)."""
+        watchers = self._queue_watchers.get(state.name)
+        if watchers is not None:
+            watchers.discard(watcher)
+            if not watchers:
+                del self._queue_watchers[state.name]
+
+    def _unqueued_elsewhere(self, state: S, now: float) -> bool:
+        return any(s is not state and server_waiting(s.health, now) == 0.0 for s in self.states)
 
     def _learn(self, current: float | None, first: list[float], sample: float, drained: bool) -> float:
         """The next estimate: the lower median of the ``first`` samples while there are fewer than

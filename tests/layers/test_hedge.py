@@ -86,6 +86,66 @@ def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95
     assert fakes["http://slow.test"].open_streams == 0
 
 
+def queue_race(backend: str, reports: dict[str, float], after: float = 0.1) -> tuple[PhaseRecord, Guard]:
+    """One call whose primary (a) gets its first token after 5 s, hedged after 1 s; ``after`` seconds in,
+    each replica named in ``reports`` (b first) reports that many requests queued at its server."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+    tiers = {"interactive": Tier(ttft=3.0, total=10.0, stall=2.0)}
+    guard = guard_for(fakes, records, tiers=tiers, hedge=HedgePolicy(delay=1.0))
+
+    async def main() -> None:
+        async with guard, guard.http_client() as client:
+
+            async def call() -> None:
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(after)
+                router, (a, b) = guard._replica_set.router, guard._replica_set.states
+                for state in (b, a):
+                    if state.name in reports:
+                        waiting = reports[state.name]
+                        router.server_load(state, anyio.current_time(), waiting=waiting, kv_usage=None, fresh_for=9)
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    assert fakes["http://a.test"].open_streams == fakes["http://b.test"].open_streams == 0
+    return records[0], guard
+
+
+@BACKENDS
+def test_a_queue_reported_at_the_primarys_server_sends_the_hedge_at_once(backend: str) -> None:
+    record, guard = queue_race(backend, {"http://b.test": 0.0, "http://a.test": 4.0})  # Router.HEDGE_QUEUE
+    primary, hedge_attempt = record.attempts
+    assert (primary.outcome, hedge_attempt.replica, hedge_attempt.outcome) == ("lost", "http://b.test", "won")
+    assert hedge_attempt.start - primary.start == pytest.approx(0.1, abs=1e-9)  # not after the 1 s delay
+    assert not guard._replica_set.router._queue_watchers  # the round stopped watching as it ended
+
+
+@BACKENDS
+def test_a_short_queue_or_one_everywhere_is_no_reason_to_hedge_before_the_delay(backend: str) -> None:
+    for reports in (
+        {"http://b.test": 0.0, "http://a.test": 3.0},  # what a healthy engine shows between two steps
+        {"http://a.test": 5.0},  # no other server reports none
+        {"http://b.test": 2.0, "http://a.test": 5.0},
+        {"http://b.test": 0.0},
+    ):
+        record, guard = queue_race(backend, reports)
+        primary, hedge_attempt = record.attempts
+        assert hedge_attempt.start - primary.start == pytest.approx(1.0, abs=1e-9), reports  # at the delay
+        assert not guard._replica_set.router._queue_watchers
+
+
+@BACKENDS
+def test_a_queue_reported_after_the_round_is_decided_changes_nothing(backend: str) -> None:
+    record, guard = queue_race(backend, {"http://b.test": 0.0, "http://a.test": 5.0}, after=6.0)
+    assert [(a.replica, a.outcome) for a in record.attempts] == [("http://a.test", "lost"), ("http://b.test", "won")]
+    assert record.attempts[1].start - record.attempts[0].start == pytest.approx(1.0, abs=1e-9)
+    assert not guard._replica_set.router._queue_watchers
+
+
 @BACKENDS
 def test_a_failed_hedge_fires_the_next_one_at_its_failure(backend: str) -> None:
     fakes = {

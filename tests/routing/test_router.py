@@ -319,6 +319,15 @@ def test_a_replica_whose_server_reports_a_queue_ranks_after_those_that_report_no
     assert router.pick(NOW + 0.7, states) is r0  # the reports are stale: only the guard's own calls count
 
 
+def test_a_hedge_goes_where_no_server_reports_a_queue_before_it_goes_to_the_best_ttft() -> None:
+    router, (_, r1, r2) = cluster()
+    router.first_token(r1, NOW, 0.01)
+    router.first_token(r2, NOW, 0.05)
+    assert router.pick_hedge(NOW, [r1, r2]) is r1
+    router.server_load(r1, NOW, waiting=2.0, kv_usage=None, fresh_for=0.6)
+    assert router.pick_hedge(NOW, [r1, r2]) is r2
+
+
 def test_retries_and_hedges_go_to_healthy_replicas_first() -> None:
     router, states = cluster()
     r0, r1, r2 = states
