@@ -155,11 +155,16 @@ class _Round:
         self._tasks: Tasks | None = None
         """Where the hedges and the timer run (`TimeSource.tasks`), until the round is decided."""
         self._wakeup: anyio.Event | None = None
+        self.watching = False
+        """Told by the router when the primary's server reports a queue (`queued`), until the round ends."""
 
     def begin(self, tasks: Tasks) -> None:
         self._tasks = tasks
         self.arm()
-        self.layer.replicas.router.watch_queue(self.primary, self.queued)
+        router = self.layer.replicas.router
+        if router.queues_reported_until > self.call.clock():  # servers report their queues: watch the primary's
+            router.watch_queue(self.primary, self.queued)
+            self.watching = True
 
     def arm(self) -> None:
         """Fire the next hedge ``delay`` seconds from now."""
@@ -185,10 +190,15 @@ class _Round:
         """The round is decided (or cancelled): no more hedges; running ones are cancelled."""
         self.decided = True
         self.disarm()
-        self.layer.replicas.router.unwatch_queue(self.primary, self.queued)
+        self.stop_watching()
         if self._tasks is not None:
             self._tasks.cancel()
             self._tasks = None
+
+    def stop_watching(self) -> None:
+        if self.watching:
+            self.watching = False
+            self.layer.replicas.router.unwatch_queue(self.primary, self.queued)
 
     def stop(self) -> None:
         """A hedge task ended with an unexpected error: stop the round (the error is raised when it is joined)."""
@@ -199,7 +209,7 @@ class _Round:
     def queued(self) -> None:
         """The primary's server reports a queue and another replica's none (`Router.watch_queue`): the primary
         would wait behind that queue for its first token, so the next hedge goes now (once), not after the delay."""
-        self.layer.replicas.router.unwatch_queue(self.primary, self.queued)
+        self.stop_watching()
         if self.race.winner is None:
             self.start_hedge()
 

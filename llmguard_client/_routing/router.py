@@ -164,6 +164,9 @@ class Router(Generic[S]):
         self._judged_refs: tuple[float | None, float | None] = (None, None)
         self._queue_watchers: dict[str, set[Callable[[], None]]] = {}
         """Per replica name, what to tell when its server reports a queue (the hedge rounds waiting there)."""
+        self.queues_reported_until = -math.inf
+        """Until when some server's report of its queue is believed (before it, no rule reads one: the path of a
+        guard without server reports stays free of them)."""
         """The reference medians when every replica was last judged for draining."""
 
     # --- choosing -------------------------------------------------------------------------
@@ -252,8 +255,9 @@ class Router(Generic[S]):
             states = room or states
         answering = [s for s in states if not straggling(s, now, self._ttft(s))]
         states = answering or states  # a replica queueing its calls ranks after every one answering
-        unqueued = [s for s in states if not server_waiting(s.health, now)]
-        states = unqueued or states  # a new call would wait behind a queue its server reports
+        if self.queues_reported_until > now:
+            unqueued = [s for s in states if not server_waiting(s.health, now)]
+            states = unqueued or states  # a new call would wait behind a queue its server reports
         costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
         return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
@@ -355,6 +359,7 @@ class Router(Generic[S]):
         h = state.health
         if waiting is not None and waiting >= 0:
             h.waiting, h.waiting_until = waiting, now + fresh_for
+            self.queues_reported_until = max(self.queues_reported_until, h.waiting_until)
         if kv_usage is not None:
             h.kv_usage, h.kv_until = kv_usage, now + fresh_for
             if kv_usage >= KV_FULL:

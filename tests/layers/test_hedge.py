@@ -86,9 +86,12 @@ def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95
     assert fakes["http://slow.test"].open_streams == 0
 
 
-def queue_race(backend: str, reports: dict[str, float], after: float = 0.1) -> tuple[PhaseRecord, Guard]:
+def queue_race(
+    backend: str, reports: dict[str, float], after: float = 0.1, *, reported_before: bool = True
+) -> tuple[PhaseRecord, Guard]:
     """One call whose primary (a) gets its first token after 5 s, hedged after 1 s; ``after`` seconds in,
-    each replica named in ``reports`` (b first) reports that many requests queued at its server."""
+    each replica named in ``reports`` (b first) reports that many requests queued at its server. With
+    ``reported_before``, both servers reported empty queues as the call began (as they do every poll)."""
     fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
     records: list[PhaseRecord] = []
     tiers = {"interactive": Tier(ttft=3.0, total=10.0, stall=2.0)}
@@ -100,10 +103,12 @@ def queue_race(backend: str, reports: dict[str, float], after: float = 0.1) -> t
             async def call() -> None:
                 assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
 
+            router, (a, b) = guard._replica_set.router, guard._replica_set.states
+            for state in (a, b) if reported_before else ():
+                router.server_load(state, anyio.current_time(), waiting=0.0, kv_usage=None, fresh_for=9)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call)
                 await anyio.sleep(after)
-                router, (a, b) = guard._replica_set.router, guard._replica_set.states
                 for state in (b, a):
                     if state.name in reports:
                         waiting = reports[state.name]
@@ -128,14 +133,39 @@ def test_a_queue_reported_at_the_primarys_server_sends_the_hedge_at_once(backend
 def test_a_short_queue_or_one_everywhere_is_no_reason_to_hedge_before_the_delay(backend: str) -> None:
     for reports in (
         {"http://b.test": 0.0, "http://a.test": 3.0},  # what a healthy engine shows between two steps
-        {"http://a.test": 5.0},  # no other server reports none
-        {"http://b.test": 2.0, "http://a.test": 5.0},
+        {"http://b.test": 2.0, "http://a.test": 5.0},  # no other server reports none
         {"http://b.test": 0.0},
     ):
         record, guard = queue_race(backend, reports)
         primary, hedge_attempt = record.attempts
         assert hedge_attempt.start - primary.start == pytest.approx(1.0, abs=1e-9), reports  # at the delay
         assert not guard._replica_set.router._queue_watchers
+
+
+@BACKENDS
+def test_a_call_cancelled_by_its_caller_stops_watching_its_replicas_queue(backend: str) -> None:
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with guard_for(fakes, records, hedge=HedgePolicy(delay=1.0)) as guard, guard.http_client() as client:
+            router = guard._replica_set.router
+            for state in guard._replica_set.states:
+                router.server_load(state, anyio.current_time(), waiting=0.0, kv_usage=None, fresh_for=9)
+            with anyio.move_on_after(0.5):
+                await client.post("http://a.test" + CHAT, json=BODY)
+            assert not router._queue_watchers
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    assert records[0].status == "cancelled"
+
+
+@BACKENDS
+def test_a_call_sent_before_any_server_reported_its_queue_is_not_watched(backend: str) -> None:
+    record, guard = queue_race(backend, {"http://b.test": 0.0, "http://a.test": 5.0}, reported_before=False)
+    assert record.attempts[1].start - record.attempts[0].start == pytest.approx(1.0, abs=1e-9)
+    assert not guard._replica_set.router._queue_watchers
 
 
 @BACKENDS
