@@ -19,6 +19,12 @@ own, so nothing runs behind your back and cancelling the group stops it::
         ...  # use the guard
         tg.cancel_scope.cancel()
 
+Sync code (the Guard's sync clients, e.g. ``openai.OpenAI``) runs it with `vllm_metrics_polled`, a context
+manager that polls on the loop thread those clients share, and stops the poller before it returns::
+
+    with vllm_metrics_polled(guard):
+        ...  # calls through guard.sync_http_client()
+
 Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus ``/metrics``
 (``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
 again; any other failure or an unreadable body just leaves that replica without a hint until the
@@ -33,9 +39,13 @@ virtual time too.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import random
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import CancelledError as FutureCancelled
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,13 +54,14 @@ import httpx
 
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.lease import close_quietly
-from llmguard_client.errors import GuardConfigError
+from llmguard_client.edges._registry import runner_for
+from llmguard_client.errors import GuardClosed, GuardConfigError
 
 if TYPE_CHECKING:
     from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
     from llmguard_client.guard import Guard
 
-__all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics"]
+__all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics", "vllm_metrics_polled"]
 
 logger = logging.getLogger("llmguard_client")
 
@@ -143,6 +154,57 @@ async def poll_vllm_metrics(
     """Poll every replica's ``/metrics`` about once per ``every`` seconds (at least 0.1; each interval within
     10 % of it) until cancelled, each request bounded by ``request_timeout`` (default: 1 s or ``every`` if
     shorter). Hints are stamped with ``clock``, by default the Guard's own (what its router reads them against)."""
+    request_timeout = _checked(every, request_timeout)
+    replicas = guard._replica_set
+    time_source = current_time_source(clock if clock is not None else guard._clock)
+    now = time_source.now
+    skip: set[str] = set()
+    while len(skip) < len(replicas.states):
+        started = now()
+        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=now)
+        await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+    logger.info("llmguard: no replica serves /metrics; server hints stop")
+
+
+@contextlib.contextmanager
+def vllm_metrics_polled(guard: Guard, *, every: float = 0.2, request_timeout: float | None = None) -> Iterator[None]:
+    """`poll_vllm_metrics` for sync code: polls on the Guard's event-loop thread (the one its sync clients share)
+    while the block runs, and has stopped when it exits. The arguments are checked before anything starts."""
+    _checked(every, request_timeout)
+    poller = _Poller(functools.partial(poll_vllm_metrics, guard, every=every, request_timeout=request_timeout))
+    runner = runner_for(guard)
+    polling = runner.start(poller.run)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(GuardClosed):  # closed meanwhile: the poller was cancelled with the loop
+            runner.call(poller.stop)
+        with contextlib.suppress(FutureCancelled):
+            polling.result()
+
+
+class _Poller:
+    """One poller task on the Guard's loop that `stop` ends, whether it has started yet or not."""
+
+    def __init__(self, poll: Callable[[], Awaitable[None]]) -> None:
+        self._poll = poll
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
+
+    async def run(self) -> None:
+        with anyio.CancelScope() as self._scope:
+            if self._stopped:
+                return
+            await self._poll()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+def _checked(every: float, request_timeout: float | None) -> float:
+    """``request_timeout`` (its default if None) once both values are valid, else `GuardConfigError`."""
     if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= MIN_EVERY:
         raise GuardConfigError(f"poll_vllm_metrics: every must be at least {MIN_EVERY} seconds, got {every!r}")
     if request_timeout is None:
@@ -155,15 +217,7 @@ async def poll_vllm_metrics(
         raise GuardConfigError(
             f"poll_vllm_metrics: request_timeout must be > 0 and <= every ({every}), got {request_timeout!r}"
         )
-    replicas = guard._replica_set
-    time_source = current_time_source(clock if clock is not None else guard._clock)
-    now = time_source.now
-    skip: set[str] = set()
-    while len(skip) < len(replicas.states):
-        started = now()
-        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=now)
-        await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
-    logger.info("llmguard: no replica serves /metrics; server hints stop")
+    return float(request_timeout)
 
 
 async def _fetch(state: ReplicaState, request_timeout: float, skip: set[str]) -> ServerLoad | None:

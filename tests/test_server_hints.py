@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardConfigError, Replica
+from llmguard_client import Guard, GuardClosed, GuardConfigError, Replica
 from llmguard_client._core.clock import loop_clock
-from llmguard_client.server_hints import ServerLoad, metrics_url, parse_vllm_metrics, poll_once, poll_vllm_metrics
+from llmguard_client.server_hints import (
+    ServerLoad,
+    metrics_url,
+    parse_vllm_metrics,
+    poll_once,
+    poll_vllm_metrics,
+    vllm_metrics_polled,
+)
 from llmguard_tools.sim.cluster import SimCluster
 from tests.sim.conftest import one_off
 from tests.virtual import BACKENDS, run_virtual
@@ -122,6 +130,34 @@ def test_the_poller_runs_about_five_times_a_second_by_default_in_your_task_group
                 await poll_vllm_metrics(guard, every=1.0, request_timeout=2.0)
 
     run_virtual(main)
+
+
+def test_sync_code_polls_on_the_guards_loop_thread_while_its_block_runs_and_not_after() -> None:
+    metrics = Metrics()
+    metrics.bodies = {"http://a:1": (200, "vllm:num_requests_waiting 4\n"), "http://b:1": (200, "")}
+    guard = Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None)
+    try:
+        with pytest.raises(GuardConfigError, match=r"every must be at least 0\.1 seconds, got 0\.05"):
+            with vllm_metrics_polled(guard, every=0.05):
+                pass
+        assert metrics.polls == {}  # nothing started
+        with vllm_metrics_polled(guard, every=0.1):
+            waited_until = time.monotonic() + 30
+            while guard.snapshot().replicas[0].server_waiting is None and time.monotonic() < waited_until:
+                time.sleep(0.01)
+            assert [r.server_waiting for r in guard.snapshot().replicas] == [4.0, None]
+        polls = dict(metrics.polls)
+        time.sleep(0.3)  # three intervals
+        assert metrics.polls == polls  # the poller had stopped when the block ended
+        with vllm_metrics_polled(guard):  # a block that ends at once: the poller is stopped, started or not
+            pass
+    finally:
+        guard.close()
+    with pytest.raises(GuardClosed), vllm_metrics_polled(guard):
+        pass
+    closing = Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None)
+    with vllm_metrics_polled(closing):
+        closing.close()  # the poller ends with the Guard's loop; leaving the block raises nothing
 
 
 def test_each_interval_between_polls_is_drawn_within_ten_percent_so_pollers_drift_apart() -> None:

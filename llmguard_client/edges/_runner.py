@@ -304,6 +304,16 @@ class SyncRunner:
         except FutureCancelled:
             raise GuardClosed("this Guard was closed while the call was running") from None
 
+    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
+        """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
+        portal = self._portal
+        if portal is None or self._stopped:
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
+        try:
+            return portal.start_task_soon(func)
+        except RuntimeError as exc:  # the portal stopped in between
+            raise GuardClosed("this Guard is closed; build a new Guard to send more requests") from exc
+
     def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
         """Run one call through the core; returns the response head and its body to pull."""
         portal, loop = self._portal, self._loop
