@@ -21,6 +21,7 @@ from llmguard_client.server_hints import (
     vllm_metrics_polled,
 )
 from llmguard_tools.sim.cluster import SimCluster
+from llmguard_tools.sim.launch import spawn_cluster
 from tests.sim.conftest import one_off
 from tests.virtual import BACKENDS, run_virtual
 
@@ -158,6 +159,27 @@ def test_sync_code_polls_on_the_guards_loop_thread_while_its_block_runs_and_not_
     closing = Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None)
     with vllm_metrics_polled(closing):
         closing.close()  # the poller ends with the Guard's loop; leaving the block raises nothing
+
+
+def test_a_sync_openai_client_streams_while_the_simulated_servers_queues_are_polled() -> None:
+    openai = pytest.importorskip("openai")
+    with spawn_cluster("healthy", replicas=2) as urls:
+        guard = Guard(urls, instrumentation=None)
+        try:
+            client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.sync_http_client())
+            with vllm_metrics_polled(guard):
+                stream = client.chat.completions.create(
+                    model="sim-model", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
+                )
+                text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+                waited_until = time.monotonic() + 30
+                while time.monotonic() < waited_until and None in [r.server_waiting for r in guard.snapshot().replicas]:
+                    time.sleep(0.01)
+                reported = [r.server_waiting for r in guard.snapshot().replicas]
+        finally:
+            guard.close()
+    assert text
+    assert None not in reported, reported  # both servers' queues reached the router through the sync loop
 
 
 def test_each_interval_between_polls_is_drawn_within_ten_percent_so_pollers_drift_apart() -> None:
