@@ -11,8 +11,8 @@ client put there::
 reports a queue ranks after those that report none (a new call would wait behind it; where every server
 queues, the queued requests count as load beside the guard's own calls in flight; a call already waiting
 behind a queue of 4 or more there is hedged at once), and a KV cache at 95 % or more ranks the replica with
-those that have no room. It is a coroutine *you* run in a task group you
-own, so nothing runs behind your back and cancelling the group stops it::
+those that have no room. It is a coroutine *you* run in a task group you own, so nothing runs behind your
+back and cancelling the group stops it::
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(poll_vllm_metrics, guard)  # about every 0.2 s

@@ -162,12 +162,12 @@ class Router(Generic[S]):
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
         self._judged_refs: tuple[float | None, float | None] = (None, None)
+        """The reference medians when every replica was last judged for draining."""
         self._queue_watchers: dict[str, set[Callable[[], None]]] = {}
         """Per replica name, what to tell when its server reports a queue (the hedge rounds waiting there)."""
         self.queues_reported_until = -math.inf
         """Until when some server's report of its queue is believed (before it, no rule reads one: the path of a
         guard without server reports stays free of them)."""
-        """The reference medians when every replica was last judged for draining."""
 
     # --- choosing -------------------------------------------------------------------------
 
