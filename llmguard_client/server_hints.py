@@ -39,6 +39,7 @@ virtual time too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -171,6 +172,10 @@ def vllm_metrics_polled(guard: Guard, *, every: float = 0.2, request_timeout: fl
     """`poll_vllm_metrics` for sync code: polls on the Guard's event-loop thread (the one its sync clients share)
     while the block runs, and has stopped when it exits. The arguments are checked before anything starts."""
     _checked(every, request_timeout)
+    if asyncio._get_running_loop() is not None:  # the poller would write the router's state from another thread
+        raise GuardConfigError(
+            "vllm_metrics_polled is for sync code; in async code run poll_vllm_metrics(guard) in a task group"
+        )
     poller = _Poller(functools.partial(poll_vllm_metrics, guard, every=every, request_timeout=request_timeout))
     runner = runner_for(guard)
     polling = runner.start(poller.run)

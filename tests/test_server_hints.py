@@ -182,6 +182,13 @@ def test_a_sync_openai_client_streams_while_the_simulated_servers_queues_are_pol
     assert None not in reported, reported  # both servers' queues reached the router through the sync loop
 
 
+async def test_async_code_is_sent_to_the_coroutine() -> None:
+    async with Guard(["http://a:1"], instrumentation=None) as guard:
+        with pytest.raises(GuardConfigError, match=r"for sync code; in async code run poll_vllm_metrics"):
+            with vllm_metrics_polled(guard):
+                pass
+
+
 def test_each_interval_between_polls_is_drawn_within_ten_percent_so_pollers_drift_apart() -> None:
     metrics = Metrics()
 
