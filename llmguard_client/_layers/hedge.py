@@ -29,6 +29,7 @@ returns its winner as a value; hedges avoid the replicas the retry layer passes 
 
 from __future__ import annotations
 
+import contextvars
 from collections import deque
 
 import anyio
@@ -157,12 +158,15 @@ class _Round:
         self._wakeup: anyio.Event | None = None
         self.watching = False
         """Told by the router when the primary's server reports a queue (`queued`), until the round ends."""
+        self._context: contextvars.Context | None = None
+        """The call's context variables, for a hedge sent when the router tells (`queued`)."""
 
     def begin(self, tasks: Tasks) -> None:
         self._tasks = tasks
         self.arm()
         router = self.layer.replicas.router
         if router.queues_reported_until > self.call.clock():  # servers report their queues: watch the primary's
+            self._context = contextvars.copy_context()
             router.watch_queue(self.primary, self.queued)
             self.watching = True
 
@@ -210,8 +214,10 @@ class _Round:
         """The primary's server reports a queue and another replica's none (`Router.watch_queue`): the primary
         would wait behind that queue for its first token, so the next hedge goes now (once), not after the delay."""
         self.stop_watching()
-        if self.race.winner is None:
-            self.start_hedge()
+        if self.race.winner is None and self._context is not None:
+            # Told from the reporter's task (the poller, another call): the hedge runs in this call's context
+            # (its tier, captures, tracing span), as it does when the timer sends it.
+            self._context.run(self.start_hedge)
 
     def start_hedge(self) -> None:
         """Send the next hedge now, if one is left, allowed and paid for; re-arm the timer for the one after."""

@@ -3,8 +3,10 @@ token wins, losers are closed."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -86,13 +88,28 @@ def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95
     assert fakes["http://slow.test"].open_streams == 0
 
 
+MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="not the caller's")
+"""Set by the caller around its call: what an attempt's transport reads from its context."""
+
+
+@dataclass
+class MarkReading(FakeReplica):
+    """A `FakeReplica` that keeps what `MARK` read in each request's context."""
+
+    marks: list[str] = field(default_factory=list)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.marks.append(MARK.get())
+        return await super().handle_async_request(request)
+
+
 def queue_race(
     backend: str, reports: dict[str, float], after: float = 0.1, *, reported_before: bool = True
 ) -> tuple[PhaseRecord, Guard]:
     """One call whose primary (a) gets its first token after 5 s, hedged after 1 s; ``after`` seconds in,
     each replica named in ``reports`` (b first) reports that many requests queued at its server. With
     ``reported_before``, both servers reported empty queues as the call began (as they do every poll)."""
-    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=5)]), "http://b.test": FakeReplica("b")}
+    fakes = {"http://a.test": MarkReading("a", [Plan(first_token_after=5)]), "http://b.test": MarkReading("b")}
     records: list[PhaseRecord] = []
     tiers = {"interactive": Tier(ttft=3.0, total=10.0, stall=2.0)}
     guard = guard_for(fakes, records, tiers=tiers, hedge=HedgePolicy(delay=1.0))
@@ -101,6 +118,7 @@ def queue_race(
         async with guard, guard.http_client() as client:
 
             async def call() -> None:
+                MARK.set("the caller's")
                 assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
 
             router, (a, b) = guard._replica_set.router, guard._replica_set.states
@@ -117,6 +135,8 @@ def queue_race(
 
     run_virtual(main, backend)
     assert fakes["http://a.test"].open_streams == fakes["http://b.test"].open_streams == 0
+    # Every attempt, the hedge sent from the reporter's task included, runs in the caller's context.
+    assert fakes["http://a.test"].marks + fakes["http://b.test"].marks == ["the caller's"] * len(records[0].attempts)
     return records[0], guard
 
 
