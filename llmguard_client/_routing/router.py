@@ -369,7 +369,10 @@ class Router(Generic[S]):
         watchers = self._queue_watchers.get(state.name)
         if watchers and waiting is not None and waiting >= self.HEDGE_QUEUE and self._unqueued_elsewhere(state, now):
             for watcher in list(watchers):  # a watcher may stop watching as it is told
-                watcher()
+                try:
+                    watcher()
+                except Exception:  # one call's failure must not end the poller or the call that reported
+                    logger.exception("llmguard: a call told of %s's queue failed to act on it", state.name)
 
     def watch_queue(self, state: S, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` whenever ``state``'s server reports `HEDGE_QUEUE` or more requests queued while

@@ -328,6 +328,21 @@ def test_a_hedge_goes_where_no_server_reports_a_queue_before_it_goes_to_the_best
     assert router.pick_hedge(NOW, [r1, r2]) is r2
 
 
+def test_a_watcher_that_fails_is_logged_and_the_others_are_still_told(caplog: pytest.LogCaptureFixture) -> None:
+    router, (r0, r1, _) = cluster()
+    told: list[str] = []
+
+    def failing() -> None:
+        raise RuntimeError("boom")
+
+    router.watch_queue(r0, failing)
+    router.watch_queue(r0, lambda: told.append("r0"))
+    router.server_load(r1, NOW, waiting=0.0, kv_usage=None, fresh_for=0.6)
+    router.server_load(r0, NOW, waiting=router.HEDGE_QUEUE, kv_usage=None, fresh_for=0.6)  # raises nothing
+    assert told == ["r0"]
+    assert "a call told of r0's queue failed to act on it" in caplog.text
+
+
 def test_retries_and_hedges_go_to_healthy_replicas_first() -> None:
     router, states = cluster()
     r0, r1, r2 = states
