@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmguard_client.edges._runner import SyncRunner
+from llmguard_client.edges._runner import CLOSED, SyncRunner
 from llmguard_client.errors import GuardClosed
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
     with _lock:
         runner = _runners.get(guard)
         if isinstance(runner, _Closed):
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed(CLOSED)
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner

@@ -43,6 +43,8 @@ from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
 
+CLOSED = "this Guard is closed; build a new Guard to send more requests"
+"""Why a sync call is refused once the Guard closed."""
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
 READ_AHEAD = 16
@@ -298,7 +300,7 @@ class SyncRunner:
         """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
         portal = self._portal
         if portal is None or self._stopped:
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed(CLOSED)
         try:
             return portal.call(func)
         except FutureCancelled:
@@ -308,23 +310,20 @@ class SyncRunner:
         """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
         portal = self._portal
         if portal is None or self._stopped:
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
+            raise GuardClosed(CLOSED)
         try:
             return portal.start_task_soon(func)
         except RuntimeError as exc:  # the portal stopped in between
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests") from exc
+            raise GuardClosed(CLOSED) from exc
 
     def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
         """Run one call through the core; returns the response head and its body to pull."""
-        portal, loop = self._portal, self._loop
-        if portal is None or loop is None or self._stopped:
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests")
+        loop = self._loop
+        if loop is None:
+            raise GuardClosed(CLOSED)
         head: Future[httpx.Response] = Future()
         exchange = _Exchange(self._core, request, head, loop)
-        try:
-            portal.start_task_soon(exchange.drive)
-        except RuntimeError as exc:  # the portal stopped in between
-            raise GuardClosed("this Guard is closed; build a new Guard to send more requests") from exc
+        self.start(exchange.drive)
         try:
             response = head.result()
         except BaseException:
