@@ -35,8 +35,9 @@ class ReplicaSnapshot:
     open_connections: int | None
     """Connections in its pool (None: a custom transport the guard cannot inspect)."""
     server_waiting: float | None = None
-    """Requests its server reported queued, from every client (``poll_vllm_metrics``, or vLLM's load header on a
-    non-streamed answer with `Admission`), while the report is believed (None: no report, or a stale one)."""
+    """Requests its server reported queued, from every client (``poll_vllm_metrics`` or ``vllm_metrics_polled``,
+    or vLLM's load header on a non-streamed answer with `Admission`), while the report is believed (None: no
+    report, or a stale one)."""
 
 
 @dataclass(frozen=True, slots=True)
