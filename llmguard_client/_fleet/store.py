@@ -311,7 +311,7 @@ class FleetStore:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped in older redis-py
 
     async def _guarded(self, task: Callable[..., Awaitable[None]], *args: object) -> None:
         """Run one of the session's tasks; its failure degrades the store, which ends the session."""
