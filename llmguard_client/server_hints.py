@@ -62,7 +62,15 @@ if TYPE_CHECKING:
     from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
     from llmguard_client.guard import Guard
 
-__all__ = ["ServerLoad", "metrics_url", "parse_vllm_metrics", "poll_once", "poll_vllm_metrics", "vllm_metrics_polled"]
+__all__ = [
+    "MIN_EVERY",
+    "ServerLoad",
+    "metrics_url",
+    "parse_vllm_metrics",
+    "poll_once",
+    "poll_vllm_metrics",
+    "vllm_metrics_polled",
+]
 
 logger = logging.getLogger("llmguard_client")
 
@@ -71,7 +79,7 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 BODY_LIMIT = 1024 * 1024
 """Bytes of a /metrics answer read at most."""
 MIN_EVERY = 0.1
-"""Seconds between polls at least."""
+"""The shortest ``every`` accepted, in seconds."""
 JITTER = 0.1
 """Each interval is ``every`` times a factor drawn from [1 - JITTER, 1 + JITTER]."""
 

@@ -45,6 +45,11 @@ SMALL = ["--requests", "20", "--rate", "100", "--length-scale", "0.02", "--no-pr
         (["bench", "--target", "http://127.0.0.1:1", "--profile", "zigzag"], "unknown profile 'zigzag'"),
         (["bench", "--target", "http://x:1", "--sim", "overload"], "not allowed with argument"),
         (["bench", "--target", "http://127.0.0.1:1", "--reuse-cluster"], "--reuse-cluster needs --sim"),
+        (["bench", "--target", "http://127.0.0.1:1", "--hints-every", "0.1"], "--hints-every needs the guarded-hints"),
+        (
+            ["bench", "--target", "http://127.0.0.1:1", "--clients", "guarded-hints", "--hints-every", "0.05"],
+            "--hints-every: must be at least 0.1 seconds, got 0.05",
+        ),
         (["bench", "--target", "http://127.0.0.1:1", "--json", "/no/such/dir/x.json"], "does not exist"),
         (["bench", "--target", "http://127.0.0.1:1", "--unknown-flag"], "unrecognized arguments"),
         (["frobnicate"], "invalid choice"),

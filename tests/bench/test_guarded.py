@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from types import SimpleNamespace
 
 import anyio
@@ -11,7 +12,9 @@ import pytest
 
 from llmguard_tools.bench.guarded import GuardedAdmissionClient, GuardedClient, GuardedHintsClient
 from llmguard_tools.bench.measure import Probe, Sample, TierSpec
-from llmguard_tools.bench.traffic import PlannedRequest, request_body
+from llmguard_tools.bench.runner import client_for
+from llmguard_tools.bench.spec import RunSpec
+from llmguard_tools.bench.traffic import PlannedRequest, make_plan, request_body
 from llmguard_tools.sim.cluster import SimCluster
 from tests.clients import plain_httpx
 from tests.loopback import CHAT_PATHS, LoopbackCluster
@@ -90,3 +93,25 @@ async def test_the_hints_client_steers_calls_away_from_a_replica_whose_server_re
     # idle replicas: a call sent to replica 0 waits there until it is hedged to replica 1.
     other = cluster.urls[1].rsplit(":", 1)[1]
     assert [(s.status, (s.trail or "").split(">")[0]) for s in samples] == [("ok", f"primary@{other}:won/200")] * 4
+
+
+@pytest.mark.parametrize(("every", "expected"), [(None, {}), (0.15, {"every": 0.15})])
+async def test_the_hints_client_polls_at_the_runs_interval_or_the_pollers_default(
+    every: float | None, expected: dict[str, float], cluster: LoopbackCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls: list[dict[str, float]] = []
+
+    async def poll(guard: object, **rate: float) -> None:
+        polls.append(rate)
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(importlib.import_module("llmguard_client.server_hints"), "poll_vllm_metrics", poll)
+    plan = make_plan(1, seed=0, rate=1.0)
+    spec = RunSpec(plan=plan, tier=TierSpec(ttft=5.0, total=30.0, stall=None), hints_every=every)
+    client = client_for("guarded-hints", cluster.urls, "m", spec)
+    await client.start()
+    try:
+        await wait_until(lambda: bool(polls))
+    finally:
+        await client.aclose()
+    assert polls == [expected]

@@ -236,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
         "starts, the default) or 'first-call' (on its first call, as a Guard used without async with)",
     )
     _add_output_options(b)
+    b.add_argument(
+        "--hints-every",
+        type=_positive_float,
+        metavar="S",
+        help="seconds between the guarded-hints client's polls of each replica's /metrics "
+        "(default: poll_vllm_metrics's, 0.2; at least 0.1)",
+    )
     ro = b.add_argument_group("rollout (docs/rollout.md)")
     ro.add_argument(
         "--rollout",

@@ -130,6 +130,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
             ) from None
 
 
+def _check_hints_every(every: float | None, clients: Sequence[str]) -> None:
+    if every is None:
+        return
+    if "guarded-hints" not in clients:
+        raise UsageError("--hints-every needs the guarded-hints client (--clients ...,guarded-hints)")
+    shortest = importlib.import_module("llmguard_client.server_hints").MIN_EVERY
+    if every < shortest:
+        raise UsageError(f"--hints-every: must be at least {shortest:g} seconds, got {every:g}")
+
+
 def _need_guard(clients: Sequence[str]) -> None:
     if any(c.startswith("guarded") or c == "rollout" for c in clients):
         from llmguard_tools.bench.clients import guard_api
@@ -188,6 +198,7 @@ def run_bench(args: argparse.Namespace) -> int:
     preset = preset_for(args.sim)
     if preset.clients and args.clients == DEFAULT_CLIENTS and args.rollout is None:
         clients = list(preset.clients)  # e.g. multiturn: round-robin, guarded without and with cache affinity
+    _check_hints_every(args.hints_every, clients)
     rate, concurrency = args.rate, args.concurrency
     if profile is None and rate is None and concurrency is None:
         rate, concurrency = preset.rate, preset.concurrency
@@ -220,7 +231,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
 
     spec = RunSpec(plan=plan, tier=tier, model=args.model, deadline=args.deadline, api_key=args.api_key)
-    spec.rollout, spec.records = args.rollout, args.records
+    spec.rollout, spec.records, spec.hints_every = args.rollout, args.records, args.hints_every
     if args.tier_mix:
         try:
             spec.tiers = assign(len(plan.requests), parse_tier_mix(args.tier_mix), args.seed)

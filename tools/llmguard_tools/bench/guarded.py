@@ -9,6 +9,7 @@ phase record (attempts, waits, the replica that answered) from the response's ``
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Mapping, Sequence
@@ -229,16 +230,19 @@ class GuardedAdmissionClient(GuardedClient):
 
 class GuardedHintsClient(GuardedClient):
     """The guarded client with each replica's own queue length read from its ``/metrics``
-    (``poll_vllm_metrics`` at its default rate, in a task group the client owns while it runs)."""
+    (``poll_vllm_metrics`` every ``every`` seconds, its default when ``None``, in a task group the client owns
+    while it runs)."""
 
     name = "guarded-hints"
+    every: float | None = None
 
     async def start(self) -> None:
         await super().start()
         poll = importlib.import_module("llmguard_client.server_hints").poll_vllm_metrics
+        rate = {} if self.every is None else {"every": self.every}
         self._polling = anyio.create_task_group()
         await self._polling.__aenter__()
-        self._polling.start_soon(poll, self._guard)
+        self._polling.start_soon(functools.partial(poll, self._guard, **rate))
 
     async def aclose(self) -> None:
         self._polling.cancel_scope.cancel()

@@ -250,8 +250,8 @@ async def _replay_client(name: str, urls: Sequence[str], spec: RunSpec, model: s
 
 def client_for(name: str, urls: Sequence[str], model: str, spec: RunSpec) -> BenchClient:
     """Client ``name`` as the run sets up every client, in this process or a shard worker: the run's tier,
-    deadline and key, the calls' tiers, and the guarded clients' fleet."""
-    from llmguard_tools.bench.guarded import GuardedClient
+    deadline and key, the calls' tiers, the guarded clients' fleet and the hints client's poll interval."""
+    from llmguard_tools.bench.guarded import GuardedClient, GuardedHintsClient
 
     client = make_client(
         name,
@@ -266,6 +266,8 @@ def client_for(name: str, urls: Sequence[str], model: str, spec: RunSpec) -> Ben
     client.tiers = spec.tiers
     if isinstance(client, GuardedClient) and spec.fleet is not None:
         client.fleet = (spec.fleet[0], f"{spec.fleet[1]}-{client.name}")
+    if isinstance(client, GuardedHintsClient):
+        client.every = spec.hints_every
     return client
 
 

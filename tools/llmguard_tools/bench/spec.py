@@ -24,6 +24,8 @@ class RunSpec:
     """Where the ``rollout`` client writes its phase records (JSON lines)."""
     tiers: tuple[str, ...] = ()
     """Each planned call's tier, by index (``--tier-mix``); empty: all on ``tier``."""
+    hints_every: float | None = None
+    """Seconds between the ``guarded-hints`` client's polls (``--hints-every``); ``None``: the poller's default."""
     fleet: tuple[str, str] | None = None
     """``(Redis URL, fleet name)`` for the guarded clients' Guards (``--fleet``)."""
     processes: dict[str, int] = field(default_factory=dict)
