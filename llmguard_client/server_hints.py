@@ -29,9 +29,10 @@ Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus
 (``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
 again; any other failure or an unreadable body just leaves that replica without a hint until the
 next round. The default rate, about five polls a second, is what a queue that builds and drains
-within a second needs (polled every 0.5 s or more, most of them are seen late or not at all); each
-interval is drawn within 10 % of ``every``, so that processes polling together drift apart and no
-period locks onto a periodic load. Each process polls on its own: in a large fleet, raise ``every``.
+within a second needs (polled every 0.5 s or more, most of them are seen late or not at all);
+``every=0.1`` halves the time a call can enter a queue unseen, for twice the cost. Each interval is
+drawn within 10 % of ``every``, so that processes polling together drift apart and no period locks onto a
+periodic load. Each process polls on its own: in a large fleet, raise ``every``.
 A hint is believed for three polling intervals, on the Guard's clock (the one its router
 reads: the event loop's by default, ``Guard(clock=...)`` if injected), so hints steer under trio and in
 virtual time too.
