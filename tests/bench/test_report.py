@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 
-from tests.bench.reports import make_report
+from llmguard_tools.bench.tables import render
+from tests.bench.reports import make_report, mixed_run
 
 
 def test_ratios_to_plain() -> None:
@@ -30,3 +33,23 @@ def test_json_document() -> None:
     assert doc["ratios"]["guarded/plain"]["ttft_p99"] == pytest.approx(1 / 9)
     assert doc["interpretation"] == report.interpretation() == doc["verdicts"]["guarded"]
     assert "samples" not in report.to_dict(samples=False)
+
+
+@pytest.mark.parametrize(
+    ("clients", "every", "line"),
+    [
+        (("plain", "guarded-hints"), 0.1, "guarded-hints reads each replica's /metrics every 0.1 s"),
+        (("plain", "guarded-hints"), None, "guarded-hints reads each replica's /metrics at the poller's default rate"),
+        (("plain", "guarded"), None, None),
+    ],
+)
+def test_the_report_says_how_often_the_hints_client_polled(
+    clients: tuple[str, ...], every: float | None, line: str | None
+) -> None:
+    report = make_report(runs=[mixed_run(name) for name in clients])
+    report.hints_every = every
+    out = io.StringIO()
+    render(report, Console(file=out, width=120, highlight=False))
+    hints = [row.split("server hints", 1)[1].strip() for row in out.getvalue().splitlines() if "server hints" in row]
+    assert hints == ([line] if line else [])
+    assert json.loads(json.dumps(report.to_dict(samples=False)))["hints_every"] == every

@@ -306,6 +306,7 @@ def _bench_run(
         runs=runs,
         scenario=args.sim,
         target=urls or [],
+        hints_every=spec.hints_every,
     )
     return report
 

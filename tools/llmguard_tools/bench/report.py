@@ -31,6 +31,8 @@ class BenchReport:
     runs: list[ClientRun]
     scenario: str | None = None
     target: list[str] = field(default_factory=list)
+    hints_every: float | None = None
+    """Seconds between the ``guarded-hints`` client's polls when the run set them (``--hints-every``)."""
     summaries: list[ClientSummary] = field(init=False)
     invalid: str | None = field(init=False)
     """Why the run is INVALID (its load generator fell behind plan), or None; an invalid run has no verdict."""
@@ -92,6 +94,7 @@ class BenchReport:
             "plan": self.plan.to_dict(),
             "slo": asdict(self.slo),
             "tier": asdict(self.tier),
+            "hints_every": self.hints_every,
             "clients": {s.client: s.to_dict() for s in self.summaries},
             "ratios": self.ratios(),
             "interpretation": self.interpretation(),

@@ -180,6 +180,7 @@ def _preamble(report: BenchReport) -> Table:
         ("sizes", sizes),
         ("model", report.model),
         ("guard tier", f"TTFT {tier.ttft:g} s, total {tier.total:g} s, stall {stall}"),
+        ("server hints", _hints(report)),
         ("goodput SLO", f"TTFT <= {slo.ttft:g} s and TPOT <= {slo.tpot * 1000:g} ms"),
         ("servers", COUNTERS_NOTE[report.counters].removeprefix("server counters: ")),
         ("on plan", _on_plan(report)),
@@ -188,6 +189,14 @@ def _preamble(report: BenchReport) -> Table:
             continue
         grid.add_row(key, value)
     return grid
+
+
+def _hints(report: BenchReport) -> str:
+    """How often guarded-hints polled the replicas' /metrics, when it ran."""
+    if not any(r.name == "guarded-hints" for r in report.runs):
+        return ""
+    every = "at the poller's default rate" if report.hints_every is None else f"every {report.hints_every:g} s"
+    return f"guarded-hints reads each replica's /metrics {every}"
 
 
 def _on_plan(report: BenchReport) -> str:
