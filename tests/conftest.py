@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,23 @@ def _logging_state() -> tuple[object, ...]:
         tuple(library.filters),
         tuple(library.handlers),
     )
+
+
+@pytest.fixture
+def refused_url() -> Iterator[Callable[[], str]]:
+    """Makes loopback URLs that refuse connections for the whole test: each holds its port bound without listening,
+    so that no other test's server is given it meanwhile (a port closed at once may be)."""
+    held: list[socket.socket] = []
+
+    def make() -> str:
+        sock = socket.socket()
+        held.append(sock)
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield make
+    for sock in held:
+        sock.close()
 
 
 @pytest.fixture(autouse=True)

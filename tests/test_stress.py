@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -24,13 +24,6 @@ MARGIN = 2.0
 CLOSE_WITHIN = 6.0
 """Seconds for `Guard.aclose` to end 50 calls that would otherwise run 60 s: ten times shorter, and far above the
 tenths of a second it takes on a busy machine."""
-
-
-def dead_url() -> str:
-    """A loopback port with nothing listening (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def eventually(predicate: Any, within: float) -> bool:
@@ -59,13 +52,18 @@ async def assert_clean(guard: Guard, tasks_before: set[asyncio.Task[Any]]) -> No
     assert other_tasks() <= tasks_before
 
 
-async def test_500_concurrent_calls_with_two_of_three_replicas_dead(servers: list[LoopbackServer]) -> None:
+async def test_500_concurrent_calls_with_two_of_three_replicas_dead(
+    servers: list[LoopbackServer], refused_url: Callable[[], str]
+) -> None:
     servers[0].script = Script(tokens=3)
     tasks_before = other_tasks()
     records: list[PhaseRecord] = []
     tier = Tier(ttft=30.0, total=60.0, stall=30.0)  # room for 500 in-process streams on a busy 2-core machine
     guard = Guard(
-        [dead_url(), dead_url(), servers[0].url], tiers={"i": tier}, instrumentation=None, on_record=records.append
+        [refused_url(), refused_url(), servers[0].url],
+        tiers={"i": tier},
+        instrumentation=None,
+        on_record=records.append,
     )
     durations: list[float] = []
 
@@ -196,9 +194,11 @@ async def test_first_token_near_the_ttft_deadline_on_real_sockets(servers: list[
 
 
 @pytest.mark.parametrize("replicas", ["one_live", "one_live_two_dead"])
-async def test_burst_of_250_calls_in_three_waves(servers: list[LoopbackServer], replicas: str) -> None:
+async def test_burst_of_250_calls_in_three_waves(
+    servers: list[LoopbackServer], replicas: str, refused_url: Callable[[], str]
+) -> None:
     servers[0].script = Script(stall_before_first=0.036, tokens=3)
-    urls = [servers[0].url] + ([dead_url(), dead_url()] if replicas == "one_live_two_dead" else [])
+    urls = [servers[0].url] + ([refused_url(), refused_url()] if replicas == "one_live_two_dead" else [])
     tasks_before = other_tasks()
     tier = Tier(ttft=20.0, total=30.0)
     guard = Guard(urls, tiers={"i": tier}, instrumentation=None)

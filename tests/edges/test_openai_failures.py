@@ -7,7 +7,7 @@ the exception class, its status code, ``guard_failure(exc)``, and how many reque
 
 from __future__ import annotations
 
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,21 +71,14 @@ async def occupy(client: Any) -> None:
     await client.with_options(max_retries=0).chat.completions.create(model="m", messages=MESSAGES)
 
 
-def dead_urls(n: int) -> list[str]:
-    ports = []
-    for _ in range(n):
-        with socket.socket() as s:  # bound then closed: nothing listens there
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    return [f"http://127.0.0.1:{p}" for p in ports]
-
-
 @pytest.mark.parametrize("mode", ["auto", "raise"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-async def test_what_an_openai_caller_sees(servers: list[LoopbackServer], case: Case, mode: FailureMode) -> None:
+async def test_what_an_openai_caller_sees(
+    servers: list[LoopbackServer], case: Case, mode: FailureMode, refused_url: Callable[[], str]
+) -> None:
     for server in servers:
         server.script = case.script
-    urls = dead_urls(3) if case.dead_replicas else [s.url for s in servers]
+    urls = [refused_url() for _ in range(3)] if case.dead_replicas else [s.url for s in servers]
     bulkheads = {"t": Bulkhead(max_in_flight=1, max_waiting=0)} if case.bulkhead_full else None
     retry = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
     async with Guard(

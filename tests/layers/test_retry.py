@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
-import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -25,14 +25,6 @@ def make_guard(replicas: list[str], records: list[PhaseRecord], **kwargs: Any) -
     kwargs.setdefault("tiers", {"t": Tier(ttft=2.0, total=10.0, stall=2.0)})
     kwargs.setdefault("hedge", None)
     return Guard(replicas=replicas, instrumentation=None, on_record=records.append, **kwargs)
-
-
-def closed_port_url() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}"
 
 
 async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[LoopbackServer]) -> None:
@@ -139,8 +131,10 @@ async def test_4xx_other_than_408_429_is_not_retried(servers: list[LoopbackServe
     assert response.status_code == 422 and len(records[0].attempts) == 1
 
 
-async def test_connect_errors_open_the_circuit_and_all_open_fails_fast_without_panic_mode() -> None:
-    dead = [closed_port_url(), closed_port_url()]
+async def test_connect_errors_open_the_circuit_and_all_open_fails_fast_without_panic_mode(
+    refused_url: Callable[[], str],
+) -> None:
+    dead = [refused_url(), refused_url()]
     records: list[PhaseRecord] = []
     policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
     async with make_guard(dead, records, retry=policy) as guard, guard.http_client() as client:
@@ -178,8 +172,10 @@ def test_an_open_circuit_fails_the_call_without_any_time_passing_without_panic_m
     assert records[-1].attempts == ()
 
 
-async def test_a_dead_replica_is_skipped_for_a_live_one(servers: list[LoopbackServer]) -> None:
-    dead = closed_port_url()
+async def test_a_dead_replica_is_skipped_for_a_live_one(
+    servers: list[LoopbackServer], refused_url: Callable[[], str]
+) -> None:
+    dead = refused_url()
     records: list[PhaseRecord] = []
     async with make_guard([dead, servers[0].url], records) as guard, guard.http_client() as client:
         for _ in range(4):

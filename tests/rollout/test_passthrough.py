@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -178,10 +177,8 @@ async def test_control_error_status_and_429_pass_through_measured(servers: list[
     assert sum(len(s.received) for s in servers) == 1
 
 
-async def test_control_transport_errors_are_raised_as_httpx_raised_them() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+async def test_control_transport_errors_are_raised_as_httpx_raised_them(refused_url: Callable[[], str]) -> None:
+    closed = refused_url()
     records: list[PhaseRecord] = []
     async with Guard([closed], tiers=TIERS, rollout=0.0, on_record=records.append) as guard:
         async with guard.http_client() as client:
