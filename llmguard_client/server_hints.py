@@ -32,7 +32,10 @@ next round. The default rate, about five polls a second, is what a queue that bu
 within a second needs (polled every 0.5 s or more, most of them are seen late or not at all);
 ``every=0.1`` halves the time a call can enter a queue unseen, for twice the cost. Each interval is
 drawn within 10 % of ``every``, so that processes polling together drift apart and no period locks onto a
-periodic load. Each process polls on its own: in a large fleet, raise ``every``.
+periodic load. Guards sharing a ``fleet=`` take turns: one process polls and publishes what each server
+said, the others poll nothing and believe it, so a fleet costs each server what one process does (if that
+process stops, another takes over within three intervals). Processes without a fleet each poll on their
+own: in a large deployment without one, raise ``every``.
 A hint is believed for three polling intervals, on the Guard's clock (the one its router
 reads: the event loop's by default, ``Guard(clock=...)`` if injected), so hints steer under trio and in
 virtual time too.
@@ -168,11 +171,22 @@ async def poll_vllm_metrics(
     replicas = guard._replica_set
     time_source = current_time_source(clock if clock is not None else guard._clock)
     now = time_source.now
+    shared = guard._fleet.hints if guard._fleet is not None else None
+    fresh_for = 3 * every
     skip: set[str] = set()
-    while len(skip) < len(replicas.states):
-        started = now()
-        await poll_once(replicas, request_timeout=request_timeout, fresh_for=3 * every, skip=skip, clock=now)
-        await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+    try:
+        while len(skip) < len(replicas.states):
+            started = now()
+            if shared is None or await shared.lead(hold_for=fresh_for):
+                loads = await poll_once(
+                    replicas, request_timeout=request_timeout, fresh_for=fresh_for, skip=skip, clock=now
+                )
+                if shared is not None:
+                    shared.publish({n: (x.waiting, x.kv_usage) for n, x in loads.items() if x is not None}, fresh_for)
+            await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+    finally:
+        if shared is not None:
+            shared.release()
     logger.info("llmguard: no replica serves /metrics; server hints stop")
 
 

@@ -1,8 +1,8 @@
 """What a Guard shares with the other processes of its fleet through Redis (``Guard(fleet=..., name=...)``).
 
 `FleetStore` is the connection (bounded, failing open); `FleetMirror` shares cool-downs and open circuits;
-`FleetFlag` the rollout fraction and kill switch; `FleetBudgetSync` the retry budgets of
-``BudgetPolicy(scope="fleet")``. `Fleet` puts them together for a Guard.
+`FleetFlag` the rollout fraction and kill switch; `FleetHints` the servers' load reports, polled by one
+process; `FleetBudgetSync` the retry budgets of ``BudgetPolicy(scope="fleet")``. `Fleet` puts them together for a Guard.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._budget.fleet_sync import FleetBudgetSync
 from llmguard_client._fleet.flag import FleetFlag, FleetRollout
+from llmguard_client._fleet.hints import FleetHints
 from llmguard_client._fleet.mirror import FleetMirror
 from llmguard_client._fleet.store import FleetSnapshot, FleetStore
 from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url
@@ -32,7 +33,7 @@ __all__ = [
 
 
 class Fleet:
-    """A Guard's fleet: its store, the mirror of its replica states, its rollout flag."""
+    """A Guard's fleet: its store, the mirror of its replica states, its rollout flag, its servers' hints."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Fleet:
         self.store = store
         self.mirror = FleetMirror(store, replicas.states, clock)
         replicas.shared = self.mirror
+        self.hints = FleetHints(store, replicas, clock)
         self.flag = FleetFlag(store, rollout, poll_interval)
         rollout.wake = store.start
         self.budgets: FleetBudgetSync | None = None
