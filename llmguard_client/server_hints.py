@@ -15,7 +15,7 @@ those that have no room. It is a coroutine *you* run in a task group you own, so
 back and cancelling the group stops it::
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(poll_vllm_metrics, guard)  # about every 0.2 s
+        tg.start_soon(poll_vllm_metrics, guard)  # about every 0.1 s
         ...  # use the guard
         tg.cancel_scope.cancel()
 
@@ -28,9 +28,9 @@ manager that polls on the loop thread those clients share, and stops the poller 
 Each replica's metrics URL is its base URL with a trailing ``/v1`` removed, plus ``/metrics``
 (``http://host:8000/v1`` -> ``http://host:8000/metrics``). A replica that answers 404 is not polled
 again; any other failure or an unreadable body just leaves that replica without a hint until the
-next round. The default rate, about five polls a second, is what a queue that builds and drains
-within a second needs (polled every 0.5 s or more, most of them are seen late or not at all);
-``every=0.1`` halves the time a call can enter a queue unseen, for twice the cost. Each interval is
+next round. The default rate, about ten polls a second, is what a queue that builds and drains
+within a second needs: a call can enter it unseen for at most about 0.1 s (polled every 0.5 s or more,
+most such queues are seen late or not at all); ``every=0.2`` halves the cost and doubles that time. Each interval is
 drawn within 10 % of ``every``, so that processes polling together drift apart and no period locks onto a
 periodic load. Guards sharing a ``fleet=`` take turns: one process polls and publishes what each server
 said, the others poll nothing and believe it, so a fleet costs each server what one process does (if that
@@ -160,7 +160,7 @@ async def poll_once(
 async def poll_vllm_metrics(
     guard: Guard,
     *,
-    every: float = 0.2,
+    every: float = 0.1,
     request_timeout: float | None = None,
     clock: Clock | None = None,
 ) -> None:
@@ -191,7 +191,7 @@ async def poll_vllm_metrics(
 
 
 @contextlib.contextmanager
-def vllm_metrics_polled(guard: Guard, *, every: float = 0.2, request_timeout: float | None = None) -> Iterator[None]:
+def vllm_metrics_polled(guard: Guard, *, every: float = 0.1, request_timeout: float | None = None) -> Iterator[None]:
     """`poll_vllm_metrics` for sync code: polls on the Guard's event-loop thread (the one its sync clients share)
     while the block runs, and has stopped when it exits. The arguments are checked before anything starts."""
     _checked(every, request_timeout)

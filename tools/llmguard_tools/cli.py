@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         metavar="S",
         help="seconds between the guarded-hints client's polls of each replica's /metrics "
-        "(default: poll_vllm_metrics's, 0.2; at least 0.1)",
+        "(default: poll_vllm_metrics's, 0.1; at least 0.1)",
     )
     ro = b.add_argument_group("rollout (docs/rollout.md)")
     ro.add_argument(
