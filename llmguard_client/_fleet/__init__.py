@@ -7,6 +7,7 @@ process; `FleetBudgetSync` the retry budgets of ``BudgetPolicy(scope="fleet")``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 from llmguard_client._budget.budget import RetryBudget
@@ -59,7 +60,7 @@ class Fleet:
         self.budgets.add(budget, label)
 
     def snapshot(self) -> FleetSnapshot:
-        return self.store.snapshot()
+        return dataclasses.replace(self.store.snapshot(), hints=self.hints.role)
 
     async def aclose(self) -> None:
         await self.store.aclose()

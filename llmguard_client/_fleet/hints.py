@@ -14,10 +14,11 @@ until it expires. While the store is unreachable, each process polls for itself.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
 from llmguard_client._routing.replicas import ReplicaSet
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 __all__ = ["FleetHints", "Reading"]
+
+logger = logging.getLogger("llmguard_client")
 
 Reading = tuple[float | None, float | None]
 """What one replica's server reported: requests waiting, KV-cache use (0-1); None where it said nothing."""
@@ -54,6 +57,8 @@ class FleetHints:
         self._clock = clock
         self.channel = store.key("hints")
         self.lease = store.key("hints", "poller")
+        self.role: Literal["polling", "following"] | None = None
+        """What this process's poller did in its last round (None: no poller runs here)."""
         store.subscribe(self.channel, self.receive)
 
     async def lead(self, hold_for: float) -> bool:
@@ -64,7 +69,13 @@ class FleetHints:
         async def take(client: Redis) -> bool:
             return bool(await client.eval(_TAKE, 1, self.lease, self.store.origin, str(ms)))
 
-        return await self.store.run(take, True)
+        polls = await self.store.run(take, True)
+        role: Literal["polling", "following"] = "polling" if polls else "following"
+        if role != self.role:
+            how = "polls the servers' /metrics" if polls else "believes another process's polls of /metrics"
+            logger.info("llmguard fleet %r: this process %s", self.store.name, how)
+        self.role = role
+        return polls
 
     def publish(self, readings: Mapping[str, Reading], fresh_for: float) -> None:
         """Send what this round read (replicas without a report left out) to the other processes."""
@@ -81,6 +92,7 @@ class FleetHints:
 
     def release(self) -> None:
         """Give the lease up (if this process holds it), so that another process's poller takes over."""
+        self.role = None
         lease, origin = self.lease, self.store.origin
 
         async def drop(client: Redis) -> None:

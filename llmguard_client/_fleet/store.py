@@ -61,6 +61,9 @@ class FleetSnapshot:
     """How many times the store went from connected to degraded or back."""
     resyncs: int
     """Completed (re)connections, each followed by a resync of the mirrored state."""
+    hints: Literal["polling", "following"] | None = None
+    """Server hints (``poll_vllm_metrics``): this process polls the servers for the fleet (or for itself, while
+    the store is unreachable), or believes the process that does; None: no poller runs here."""
 
 
 class FleetStore:

@@ -38,6 +38,12 @@ def hints(g: Guard) -> FleetHints:
     return g._fleet.hints
 
 
+def role(g: Guard) -> str | None:
+    fleet = g.snapshot().fleet
+    assert fleet is not None
+    return fleet.hints
+
+
 def polls(metrics: Metrics) -> int:
     return sum(metrics.polls.values())
 
@@ -51,9 +57,12 @@ async def test_one_process_polls_for_the_fleet_and_the_others_believe_what_it_re
             for g in (a, b):
                 tg.start_soon(functools.partial(poll_vllm_metrics, g, every=EVERY))
             await until(lambda: polls(seen["a"]) + polls(seen["b"]) >= 3 * len(REPLICAS))
+            roles = {name: role(g) for name, g in (("a", a), ("b", b))}
             tg.cancel_scope.cancel()
         pollers = [name for name, m in seen.items() if m.polls]
         assert len(pollers) == 1, {name: m.polls for name, m in seen.items()}  # three rounds, all by one process
+        assert roles[pollers[0]] == "polling" and "following" in roles.values()  # what each one's snapshot says
+        assert role(a) is None and role(b) is None  # no poller runs any more
         follower = b if pollers == ["a"] else a
         now = anyio.current_time()
         for state in states(follower):  # believed for three intervals from its arrival
