@@ -59,6 +59,8 @@ class FleetHints:
         self.lease = store.key("hints", "poller")
         self.role: Literal["polling", "following"] | None = None
         """What this process's poller did in its last round (None: no poller runs here)."""
+        self._how = ""
+        """The last role logged."""
         store.subscribe(self.channel, self.receive)
 
     async def lead(self, hold_for: float) -> bool:
@@ -69,12 +71,18 @@ class FleetHints:
         async def take(client: Redis) -> bool:
             return bool(await client.eval(_TAKE, 1, self.lease, self.store.origin, str(ms)))
 
-        polls = await self.store.run(take, True)
-        role: Literal["polling", "following"] = "polling" if polls else "following"
-        if role != self.role:
-            how = "polls the servers' /metrics" if polls else "believes another process's polls of /metrics"
-            logger.info("llmguard fleet %r: this process %s", self.store.name, how)
-        self.role = role
+        connected = await self.store.first_connection()  # at a poller's start, the store may be connecting
+        polls = await self.store.run(take, True) if connected else True
+        how = (
+            ("polls the servers' /metrics for the fleet" if connected else "polls the servers' /metrics on its own")
+            if polls
+            else "believes another process's polls of the servers' /metrics"
+        )
+        if how != self._how:
+            reason = "" if connected else f" (the fleet store is {self.store.snapshot().state})"
+            logger.info("llmguard fleet %r: this process %s%s", self.store.name, how, reason)
+        self._how = how
+        self.role = "polling" if polls else "following"
         return polls
 
     def publish(self, readings: Mapping[str, Reading], fresh_for: float) -> None:
@@ -92,7 +100,7 @@ class FleetHints:
 
     def release(self) -> None:
         """Give the lease up (if this process holds it), so that another process's poller takes over."""
-        self.role = None
+        self.role, self._how = None, ""
         lease, origin = self.lease, self.store.origin
 
         async def drop(client: Redis) -> None:

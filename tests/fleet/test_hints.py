@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable
 
 import anyio
@@ -117,7 +118,10 @@ async def test_the_lease_is_released_not_left_to_expire(redis_server: RedisServe
             await g.aclose()
 
 
-async def test_without_the_store_each_process_polls_for_itself(refused_url: Callable[[], str]) -> None:
+async def test_without_the_store_each_process_polls_for_itself(
+    refused_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmguard_client")
     port = refused_url().rsplit(":", 1)[1]
     metrics = Metrics()
     g = guard(f"redis://127.0.0.1:{port}/0", metrics)
@@ -127,7 +131,11 @@ async def test_without_the_store_each_process_polls_for_itself(refused_url: Call
             async with anyio.create_task_group() as tg:
                 tg.start_soon(functools.partial(poll_vllm_metrics, g, every=0.1))
                 await until(lambda: polls(metrics) >= 2 * len(REPLICAS))
+                assert role(g) == "polling"
                 tg.cancel_scope.cancel()
+        said = [r.getMessage() for r in caplog.records if "/metrics" in r.getMessage()]
+        assert said[0].startswith("llmguard fleet 'checkout': this process polls the servers' /metrics on its own")
+        assert len(said) == 1  # once, not each round
     finally:
         await g.aclose()
 
