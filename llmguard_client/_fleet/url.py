@@ -116,14 +116,16 @@ def parse_fleet_url(url: object) -> FleetURL:
 
 def _check_client(cluster: bool) -> None:
     """redis-py is installed, and for a cluster recent enough: its asyncio `RedisCluster` has pub/sub only
-    from redis-py 8.0 (before, the store could never connect)."""
+    from redis-py 8.0 (before, the store could never connect). Its asyncio client is imported here, when the
+    Guard is built: imported at the first connection, on the event loop, it held every call there for ~0.1 s."""
     if importlib.util.find_spec("redis") is None:
         raise GuardConfigError(
             "fleet needs redis-py, the [fleet] extra: pip install 'llmguard-client[fleet]' "
             "(pip install -e '.[fleet]' in a checkout)"
         )
+    import redis.asyncio
+
     if cluster:
-        import redis
         from redis.asyncio.cluster import RedisCluster
 
         if not hasattr(RedisCluster, "pubsub"):

@@ -3,6 +3,8 @@ what is wrong and what is accepted, with the password masked; a well-formed unre
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,13 @@ def test_a_cluster_needs_a_redis_py_with_asyncio_cluster_pub_sub(monkeypatch: py
     with pytest.raises(GuardConfigError, match=r"redis-py 8.0 or later .* installed: \d"):
         Guard(REPLICAS, fleet="redis+cluster://node1:7000", name="checkout")
     assert not parse_fleet_url("redis://host:6379/0").cluster  # a single server needs no more than before
+
+
+def test_the_redis_client_is_imported_when_the_guard_is_built_not_on_its_event_loop() -> None:
+    """Imported at the first connection, redis-py's asyncio client (~0.1 s to import) held every call on that loop."""
+    code = (
+        "import sys; from llmguard_client import Guard; assert 'redis.asyncio' not in sys.modules; "
+        "Guard(['http://127.0.0.1:9'], fleet='redis://127.0.0.1:1/0', name='checkout'); "
+        "assert 'redis.asyncio' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
