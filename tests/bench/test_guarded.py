@@ -93,6 +93,7 @@ async def test_the_hints_client_steers_calls_away_from_a_replica_whose_server_re
     # idle replicas: a call sent to replica 0 waits there until it is hedged to replica 1.
     other = cluster.urls[1].rsplit(":", 1)[1]
     assert [(s.status, (s.trail or "").split(">")[0]) for s in samples] == [("ok", f"primary@{other}:won/200")] * 4
+    assert all(r.counters.metrics_requests >= 1 for r in cluster.replicas)  # what the report's /metrics column adds
 
 
 @pytest.mark.parametrize(("every", "expected"), [(None, {}), (0.15, {"every": 0.15})])

@@ -15,6 +15,7 @@ def test_summary_ratios_and_percentiles_from_known_samples() -> None:
         [
             {"received": 6, "rejected": 1, "work_tokens": 80, "aborted_work_tokens": 8, "aborted_by_disconnect": 2},
             {"received": 7, "rejected": 0, "work_tokens": 120, "aborted_work_tokens": 12, "aborted_by_disconnect": 1},
+            {"received": 0, "metrics_requests": 25},
         ]
     )
     s = summarize(mixed_run(server=server), SLO(ttft=1.0, tpot=0.101))
@@ -32,6 +33,7 @@ def test_summary_ratios_and_percentiles_from_known_samples() -> None:
     assert s.completion_tokens == 70
     assert s.client_attempts == 10 and s.client_amplification == pytest.approx(1.0)
     assert s.server_received == 13 and s.amplification == pytest.approx(1.3)
+    assert s.metrics_polls == pytest.approx(2.5)  # polls counted apart from the requests
     assert s.work_tokens == 200 and s.wasted_tokens == 20 and s.wasted_pct == pytest.approx(10.0)
     assert s.loser_aborts == 3 and s.server_rejected == 1
     assert s.status_counts == {"http_429": 1, "http_504": 1, "ok": 7, "timeout": 1}
@@ -39,7 +41,7 @@ def test_summary_ratios_and_percentiles_from_known_samples() -> None:
 
 def test_without_server_counters_the_server_figures_are_unknown() -> None:
     s = summarize(mixed_run(), SLO())
-    assert s.amplification is None and s.wasted_pct is None and s.loser_aborts is None
+    assert s.amplification is None and s.wasted_pct is None and s.loser_aborts is None and s.metrics_polls is None
 
 
 def test_failure_latency_excludes_only_the_waits_the_client_honoured() -> None:

@@ -48,6 +48,8 @@ async def test_load_and_metrics_count_the_queue_of_a_replica_without_admission()
             metrics = parse_vllm_metrics((await http.get(url + "/metrics")).text)
             assert metrics.waiting == float(engine.waiting) and engine.waiting >= 3
             tg.cancel_scope.cancel()
+        stats = (await http.get(url + "/sim/stats")).json()
+        assert (stats["received"], stats["metrics_requests"]) == (4, 1)  # a poll is counted apart from the calls
 
 
 async def test_a_non_streaming_answer_carries_the_orca_report_when_asked() -> None:

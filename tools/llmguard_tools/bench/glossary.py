@@ -74,6 +74,11 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "Amplification: requests the servers received per logical request. 1.00 adds no load; every retry "
         "or hedge that reaches a server adds to it. Under overload, a retry storm shows here.",
     ),
+    (
+        "/metrics / call",
+        "GET /metrics the servers answered during the client's run, per logical request: the cost of a guarded "
+        "client's server hints (poll_vllm_metrics), not counted in server req / call.",
+    ),
     ("rejected", "Requests the servers refused (HTTP 429 from admission control)."),
     (
         "preempted",

@@ -12,6 +12,8 @@ Definitions (each metric is explained for users by ``llmguard bench --explain``,
 * percentiles     `llmguard_tools.bench.quantile.percentile` (linear interpolation, numpy's default), p in [0, 100].
 * amplification   sum of the replicas' ``received`` / logical requests (server-side), plus the
                   client-side attempts / logical requests where the client can count them.
+* metrics polls   the replicas' ``GET /metrics`` answered during the client's run / logical requests (server
+                  hints; not in the amplification).
 * deadline failures  requests that ended in a client-side timeout (status ``timeout``).
 * late successes  successful requests later than the guard tier allows: TTFT > tier ttft or e2e > tier total.
 * queue back      seconds from a spike's end until the replicas' summed waiting queues are back to their
@@ -82,6 +84,8 @@ class ClientSummary:
     client_amplification: float | None
     server_received: float | None = None
     amplification: float | None = None
+    metrics_polls: float | None = None
+    """``GET /metrics`` the servers answered during the run, per logical request (server hints)."""
     server_rejected: float | None = None
     work_tokens: float | None = None
     wasted_tokens: float | None = None
@@ -161,6 +165,7 @@ def summarize(
         srv = run.server
         summary.server_received = srv.total("received")
         summary.amplification = ratio(summary.server_received, n)
+        summary.metrics_polls = ratio(srv.total("metrics_requests"), n)
         summary.server_rejected = srv.total("rejected")
         summary.work_tokens = srv.total("work_tokens")
         summary.wasted_tokens = srv.total("aborted_work_tokens")

@@ -41,6 +41,8 @@ class ReplicaCounters:
     """Requests refused with a 429 inside ``faults.rate_limited_between``."""
     neighbour_requests: int = 0
     """Requests of ``faults.neighbour``'s bursts submitted to the engine (not received over HTTP)."""
+    metrics_requests: int = 0
+    """``GET /metrics`` answered (a client's server hints), not counted in ``received``."""
 
 
 class Replica:
@@ -202,6 +204,7 @@ class Replica:
             "prefix_cache_hits": engine.prefix_cache.counters.hits,
             "steps": s.steps,
             "missed_steps": c.missed_steps,
+            "metrics_requests": c.metrics_requests,
             "faults": {
                 "stalled_first": c.stalled_first,
                 "stalled_mid": c.stalled_mid,

@@ -364,6 +364,7 @@ def build_app(replica: Replica, provider: ProviderLimit | None = None) -> Starle
 
     async def metrics(request: Request) -> Response:
         """vLLM's queue and KV gauges, plus its prefix-cache counters when the cache is on (Prometheus text)."""
+        replica.counters.metrics_requests += 1
         engine, label = replica.engine, f'{{model_name="{replica.model}"}}'
         text = (
             f"vllm:num_requests_waiting{label} {float(engine.waiting)}\n"
