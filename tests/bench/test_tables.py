@@ -34,9 +34,9 @@ def rendered(names: tuple[str, ...], width: int, **kw: bool) -> str:
     return out.getvalue()
 
 
-SPIKE_ONLY = ("queue back", "after spike", "refused")
-"""The queue's recovery after a spike, and refusals by admission: columns left out (all '-') for the stragglers
-reports rendered here."""
+SPIKE_ONLY = ("queue back", "after spike", "refused", "/metrics")
+"""The queue's recovery after a spike, refusals by admission and server hints' polls: columns left out (all '-')
+for the stragglers reports rendered here."""
 
 
 def headers() -> list[str]:
@@ -76,6 +76,19 @@ def test_columns_nobody_has_are_left_out() -> None:
     text = rendered(("plain", "naive-retry"), 80, with_server=False)  # a --target without /sim/stats
     assert "server req" not in text and "wasted" not in text and "loser" not in text
     assert "attempts" in text and "server counters" not in text
+
+
+def test_the_metrics_polls_column_shows_only_when_a_client_polled() -> None:
+    assert "/metrics" not in rendered(("plain", "guarded"), 80)
+    polled = runs(("plain", "guarded-hints"))
+    assert polled[1].server is not None
+    polled[1].server.replicas.append({"received": 0, "metrics_requests": 25})  # 25 polls over 10 calls
+    out = io.StringIO()
+    render(make_report("stragglers", polled), Console(file=out, width=80, highlight=False))
+    section = out.getvalue().split("Load on the servers\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert section[0].split() == ["attempts", "server", "req", "/metrics"]  # the two-line headers' first lines
+    rows = {line.split()[0]: line.split()[3] for line in section[3:5]}  # client, attempts, server req, /metrics
+    assert rows == {"plain": "-", "guarded-hints": "2.50"}
 
 
 def test_verdict_per_client_and_the_pointer_to_the_glossary() -> None:

@@ -77,7 +77,8 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     (
         "/metrics / call",
         "GET /metrics the servers answered during the client's run, per logical request: the cost of a guarded "
-        "client's server hints (poll_vllm_metrics), not counted in server req / call.",
+        "client's server hints (poll_vllm_metrics), not counted in server req / call ('-': none; the column is left "
+        "out when no client polled).",
     ),
     ("rejected", "Requests the servers refused (HTTP 429 from admission control)."),
     (

@@ -111,7 +111,7 @@ SECTIONS: tuple[Section, ...] = (
         (
             Column("attempts\n/ call", lambda s: fmt_count(s.client_amplification, 2)),
             Column("server req\n/ call", lambda s: fmt_count(s.amplification, 2), "amplification"),
-            Column("/metrics\n/ call", lambda s: fmt_count(s.metrics_polls, 2)),
+            Column("/metrics\n/ call", lambda s: fmt_count(s.metrics_polls, 2) if s.metrics_polls else "-"),
             Column("rejected", lambda s: fmt_count(s.server_rejected)),
             Column("preempted", lambda s: fmt_count(s.preemptions)),
         ),
