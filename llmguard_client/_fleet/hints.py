@@ -57,11 +57,15 @@ class FleetHints:
         self._clock = clock
         self.channel = store.key("hints")
         self.lease = store.key("hints", "poller")
-        self.role: Literal["polling", "following"] | None = None
-        """What this process's poller did in its last round (None: no poller runs here)."""
-        self._how = ""
-        """The last role logged."""
+        self._last: tuple[bool, bool] | None = None
+        """This process's poller's last round: whether it polled, whether the store was connected (None: no
+        poller runs here)."""
         store.subscribe(self.channel, self.receive)
+
+    @property
+    def role(self) -> Literal["polling", "following"] | None:
+        """What this process's poller did in its last round (None: no poller runs here)."""
+        return None if self._last is None else "polling" if self._last[0] else "following"
 
     async def lead(self, hold_for: float) -> bool:
         """Whether this process polls this round: it holds the lease (taken or renewed for ``hold_for`` s), or
@@ -73,16 +77,15 @@ class FleetHints:
 
         connected = await self.store.first_connection()  # at a poller's start, the store may be connecting
         polls = await self.store.run(take, True) if connected else True
-        how = (
-            ("polls the servers' /metrics for the fleet" if connected else "polls the servers' /metrics on its own")
-            if polls
-            else "believes another process's polls of the servers' /metrics"
-        )
-        if how != self._how:
-            reason = "" if connected else f" (the fleet store is {self.store.snapshot().state})"
-            logger.info("llmguard fleet %r: this process %s%s", self.store.name, how, reason)
-        self._how = how
-        self.role = "polling" if polls else "following"
+        if (polls, connected) != self._last:
+            if not polls:
+                how = "believes another process's polls of the servers' /metrics"
+            elif connected:
+                how = "polls the servers' /metrics for the fleet"
+            else:
+                how = f"polls the servers' /metrics on its own (the fleet store is {self.store.snapshot().state})"
+            logger.info("llmguard fleet %r: this process %s", self.store.name, how)
+        self._last = (polls, connected)
         return polls
 
     def publish(self, readings: Mapping[str, Reading], fresh_for: float) -> None:
@@ -100,7 +103,7 @@ class FleetHints:
 
     def release(self) -> None:
         """Give the lease up (if this process holds it), so that another process's poller takes over."""
-        self.role, self._how = None, ""
+        self._last = None
         lease, origin = self.lease, self.store.origin
 
         async def drop(client: Redis) -> None:
