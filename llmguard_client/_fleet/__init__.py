@@ -81,7 +81,10 @@ def make_fleet(
         check_name(name)
     if isinstance(url, FleetStore):
         return Fleet(url, replicas, rollout, poll_interval=poll_interval, clock=clock)
-    if url is None or not isinstance(url, str):
+    if url is None:
+        return None
+    if not isinstance(url, str):
+        _check_store_object(url)
         return None
     address = parse_fleet_url(url)
     if name is None:
@@ -90,6 +93,18 @@ def make_fleet(
             "services sharing one Redis never share cool-downs or a rollout flag"
         )
     return Fleet(FleetStore(address, name), replicas, rollout, poll_interval=poll_interval, clock=clock)
+
+
+def _check_store_object(store: object) -> None:
+    """A ``fleet=`` that is neither a URL nor a `FleetStore` must offer what the rate limiter calls on it."""
+    missing = [n for n in ("key", "run") if not callable(getattr(store, n, None))]
+    missing += [] if hasattr(store, "available") else ["available"]
+    if missing:
+        raise GuardConfigError(
+            f"fleet must be a Redis/Valkey URL (e.g. 'redis://host:6379/0', also for a Redis client you hold: "
+            f"pass its URL) or a store object offering key/available/run; got a {type(store).__name__}, "
+            f"without {'/'.join(missing)}"
+        )
 
 
 def share_budgets(

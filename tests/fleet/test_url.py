@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis.asyncio
 
 from llmguard_client import Guard
 from llmguard_client._fleet import parse_fleet_url
@@ -33,6 +35,12 @@ def test_a_malformed_url_is_refused_at_construction(url: str, says: str) -> None
     with pytest.raises(GuardConfigError, match=says) as raised:
         Guard(REPLICAS, fleet=url, name="checkout")
     assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize("store", [lambda: 6379, lambda: redis.asyncio.Redis(port=1)], ids=["port", "redis_client"])
+def test_an_object_that_is_not_a_fleet_store_is_refused_at_construction(store: Callable[[], object]) -> None:
+    with pytest.raises(GuardConfigError, match=r"must be a Redis/Valkey URL .* got a (int|Redis), without key/run/av"):
+        Guard(REPLICAS, fleet=store(), name="checkout")  # type: ignore[arg-type]
 
 
 def test_fleet_needs_a_valid_name() -> None:
