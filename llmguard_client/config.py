@@ -267,6 +267,11 @@ class RetryPolicy:
             )
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
+        if self.backoff_max < self.backoff_initial:
+            raise GuardConfigError(
+                f"RetryPolicy.backoff_max ({self.backoff_max}) must not be below backoff_initial "
+                f"({self.backoff_initial}): it caps the backoff, which starts at backoff_initial and doubles"
+            )
         _positive("RetryPolicy", "circuit_cooldown", self.circuit_cooldown)
         _int_at_least("RetryPolicy", "circuit_failures", self.circuit_failures, 1)
         statuses = self.retry_statuses

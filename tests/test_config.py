@@ -259,6 +259,14 @@ def test_retry_policy_seconds(field: str, value: Any) -> None:
     config_error(lambda: RetryPolicy(**{field: value}), f"RetryPolicy.{field}", "positive finite number")
 
 
+def test_retry_backoff_max_below_backoff_initial() -> None:
+    config_error(
+        lambda: RetryPolicy(backoff_initial=5.0),
+        "RetryPolicy.backoff_max (2.0) must not be below backoff_initial (5.0)",
+    )
+    assert RetryPolicy(backoff_initial=2.0, backoff_max=2.0).backoff_max == 2.0
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5, math.nan, "0.5", True])
 def test_retry_policy_panic_threshold(value: Any) -> None:
     config_error(lambda: RetryPolicy(panic_threshold=value), "RetryPolicy.panic_threshold", "from 0 to 1")
