@@ -83,6 +83,14 @@ def _check_policy(label: str, value: object, kind: type) -> None:
         raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
 
 
+def _check_on_record(on_record: object) -> None:
+    if on_record is not None and not callable(on_record):
+        raise GuardConfigError(
+            "on_record must be None or a callable taking each call's PhaseRecord (e.g. "
+            f"RecordLogger('records.jsonl') or a list's append), got {on_record!r}"
+        )
+
+
 def _validated(
     tiers: Mapping[str, Tier] | None,
     default_tier: str | None,
@@ -218,6 +226,7 @@ class Guard:
             rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
         )
         log_rollout_state(cohorts, len(resolved))
+        _check_on_record(on_record)
         if instrumentation is _UNSET:
             instrumentation = default_instrumentation()
         instrumentation = NO_INSTRUMENTATION if instrumentation is None else contained(instrumentation)

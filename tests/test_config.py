@@ -400,6 +400,24 @@ def test_wrong_policy_types(field: str, value: Any, kind: str) -> None:
     config_error(lambda: guard([A, B], **{field: value}), field, f"a {kind} or None")
 
 
+@pytest.mark.parametrize("on_record", ["records.jsonl", 5], ids=["path", "int"])
+def test_on_record_must_be_callable(on_record: Any) -> None:
+    config_error(lambda: guard(on_record=on_record), "on_record must be None or a callable", repr(on_record))
+
+
+class _HalfInstrumentation:
+    def call_started(self, record: object) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("instrumentation", "lacks"),
+    [(5, "call_started, replica_cooled, bulkhead_rejected, register_budget"), (_HalfInstrumentation(), "replica_")],
+    ids=["int", "half"],
+)
+def test_instrumentation_must_implement_the_protocol(instrumentation: Any, lacks: str) -> None:
+    config_error(lambda: guard(instrumentation=instrumentation), "must implement", f"which lacks {lacks}")
+
+
 def test_policies_may_be_switched_off() -> None:
     g = guard([A, B], hedge=None, retry=None, budget=None)
     assert (g.hedge_policy, g.retry_policy, g.budget) == (None, None, None)

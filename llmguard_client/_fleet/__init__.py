@@ -102,8 +102,8 @@ def _check_store_object(store: object) -> None:
     if missing:
         raise GuardConfigError(
             f"fleet must be a Redis/Valkey URL (e.g. 'redis://host:6379/0', also for a Redis client you hold: "
-            f"pass its URL) or a store object offering key/available/run; got a {type(store).__name__}, "
-            f"without {'/'.join(missing)}"
+            f"pass its URL) or a store object offering key/available/run; got {type(store).__name__}, "
+            f"which lacks {'/'.join(missing)}"
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableMapping
 
+from llmguard_client.errors import GuardConfigError
 from llmguard_client.telemetry.hooks import (
     NO_INSTRUMENTATION,
     CallObservation,
@@ -27,10 +28,21 @@ __all__ = ["ContainedInstrumentation", "contained"]
 logger = logging.getLogger("llmguard_client")
 
 
+HOOKS = ("call_started", "replica_cooled", "bulkhead_rejected", "register_budget")
+"""The methods of `Instrumentation`."""
+
+
 def contained(instrumentation: Instrumentation) -> Instrumentation:
-    """``instrumentation`` itself when it is one of this package's own, else held in a `ContainedInstrumentation`."""
+    """``instrumentation`` itself when it is one of this package's own, else held in a `ContainedInstrumentation`;
+    a `GuardConfigError` when it lacks one of the `HOOKS`."""
     if type(instrumentation).__module__.startswith("llmguard_client."):
         return instrumentation
+    missing = [hook for hook in HOOKS if not callable(getattr(instrumentation, hook, None))]
+    if missing:
+        raise GuardConfigError(
+            f"instrumentation must implement llmguard_client.telemetry.hooks.Instrumentation ({', '.join(HOOKS)}) "
+            f"or be None (no telemetry); got {type(instrumentation).__name__}, which lacks {', '.join(missing)}"
+        )
     return ContainedInstrumentation(instrumentation)
 
 
