@@ -20,7 +20,7 @@ from llmguard_client.protocols.errors import error_failure, malformed
 class SSEReader(StreamReader):
     """The framing half of an event-stream reader; subclasses give events their meaning."""
 
-    __slots__ = ("_data", "_event", "_events", "_partial", "_skip_lf")
+    __slots__ = ("_data", "_event", "_events", "_held", "_partial", "_skip_lf")
 
     end_marker: str = "its end marker"
     """How the protocol ends a complete answer (for the truncation message)."""
@@ -28,6 +28,10 @@ class SSEReader(StreamReader):
     def __init__(self) -> None:
         super().__init__()
         self._partial = b""
+        """The bytes of a line begun but not ended (with `_held`)."""
+        self._held: list[bytes] = []
+        """Chunks that continue `_partial` without ending its line, joined once the line ends: a line of
+        many chunks (a large base64 image in one event) is copied once, not once per chunk."""
         self._skip_lf = False
         self._data: list[bytes] = []
         self._event = b""
@@ -43,7 +47,16 @@ class SSEReader(StreamReader):
         if self.first_token and not self._partial and not self._data and not self._event and self.skippable(chunk):
             self._events += chunk.count(b"\n\n")  # whole events only, none of interest: just count them
             return True
-        data = self._partial + chunk if self._partial else chunk
+        if self._partial:
+            if 10 not in chunk and 13 not in chunk:  # the line goes on (ints: see the CR test below)
+                self._held.append(chunk)
+                return self.first_token
+            if self._held:
+                chunk = b"".join(self._held) + chunk
+                self._held.clear()
+            data = self._partial + chunk
+        else:
+            data = chunk
         if self._skip_lf:  # the previous chunk ended with CR: a leading LF completes that CRLF
             self._skip_lf = False
             if data.startswith(b"\n"):

@@ -304,6 +304,22 @@ def test_crlf_split_between_cr_and_lf() -> None:
     assert results == [True, True]
 
 
+def test_a_multi_megabyte_event_in_many_chunks_is_read_whole() -> None:
+    """One event of 2 MB (a base64 image in one line) arriving in 64 KB chunks: its text and the events around it
+    read as if sent whole, and the CRLF around the last chunk boundary still ends one line only."""
+    image = "iVBORw0KGgo" * (2 * 2**20 // 11)
+    raw = event(CONTENT) + event(chunk({"content": image}), eol=b"\r\n") + event(USAGE) + b"data: [DONE]\n\n"
+    whole, chunked = ChatReader(), ChatReader()
+    whole.keep_text(), chunked.keep_text()
+    whole.feed(raw)
+    for start in range(0, len(raw), 65536):
+        chunked.feed(raw[start : start + 65536])
+    assert chunked.end_of_body() is None and chunked.complete
+    assert chunked.text == "Hel" + image == whole.text
+    facts = [(r.chunks, r.facts.prompt_tokens, r.facts.completion_tokens, r.facts.model) for r in (chunked, whole)]
+    assert facts[0] == facts[1] == (3, 7, 5, "m-1")
+
+
 def test_multi_line_data_fields_are_joined_with_newlines() -> None:
     lines = json.dumps(CONTENT, indent=2).encode().split(b"\n")
     raw = b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
