@@ -117,6 +117,7 @@ class Splicer:
 
     __slots__ = (
         "_buffer",
+        "_held",
         "_kind",
         "_prompt_tokens",
         "_response_id",
@@ -132,6 +133,8 @@ class Splicer:
         self._tokens_before = tokens_before
         self._prompt_tokens = prompt_tokens
         self._buffer = b""
+        self._held: list[bytes] = []
+        """Chunks after `_buffer` with no line end, joined when one comes (a long line is copied once)."""
         self.text: list[str] = []
         """The continuation's text, as delivered."""
         self.text_events = 0
@@ -139,6 +142,12 @@ class Splicer:
 
     def rewrite(self, chunk: bytes) -> bytes:
         """The caller's bytes for ``chunk`` (possibly empty: a partial event, a dropped role delta)."""
+        if self._buffer and 10 not in chunk and 13 not in chunk:  # cannot end the event: hold it
+            self._held.append(chunk)
+            return b""
+        if self._held:
+            chunk = b"".join(self._held) + chunk
+            self._held.clear()
         data = self._buffer + chunk
         if 13 in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
@@ -151,7 +160,8 @@ class Splicer:
 
     def flush(self) -> bytes:
         """What is left at the end of the stream (an unterminated last event)."""
-        rest, self._buffer = self._buffer, b""
+        rest, self._buffer = self._buffer + b"".join(self._held), b""
+        self._held.clear()
         return self._event(rest) if rest.strip() else b""
 
     def _event(self, event: bytes) -> bytes:
