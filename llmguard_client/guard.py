@@ -210,6 +210,9 @@ class Guard:
         )
         budget = BudgetPolicy() if budget is _UNSET else budget
         _check_policy("budget", budget, BudgetPolicy)
+        if admission is not None and not isinstance(admission, Admission):
+            raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
+        _check_on_record(on_record)
         tiers = policies.tiers
         bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
         tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
@@ -225,8 +228,6 @@ class Guard:
         cohorts = Rollout(
             rollout, key=rollout_key, poll_interval=rollout_poll_interval, disabled=disabled_by_env(), clock=clock
         )
-        log_rollout_state(cohorts, len(resolved))
-        _check_on_record(on_record)
         if instrumentation is _UNSET:
             instrumentation = default_instrumentation()
         instrumentation = NO_INSTRUMENTATION if instrumentation is None else contained(instrumentation)
@@ -266,8 +267,6 @@ class Guard:
         ops = self._fleet.store if self._fleet is not None else None if isinstance(fleet, str) else fleet
         self.rate_limiter = build_rate_limiter(rate_limit, resolved, clock, ops)
         """The provider rate limits' buckets (None: no `RateLimit` configured)."""
-        if admission is not None and not isinstance(admission, Admission):
-            raise GuardConfigError(f"admission must be an Admission(...) or None, got {admission!r}")
         urgent_ttft = min(tier.ttft for tier in policies.tiers.values())
         self._admission = AdmissionLayer(admission, clock, self._replica_set, urgent_ttft)
         self._passthrough_pool = PassthroughPool((s.base, s.transport) for s in self._replica_set.states)
@@ -286,6 +285,7 @@ class Guard:
             admission=self._admission if admission is not None else None,
         )
         self._transport = build_transport(policies, state, tier_var=self._tier_var, on_record=on_record)
+        log_rollout_state(cohorts, len(resolved))  # once the Guard is built: a refused one never says it is on
 
     @property
     def transport(self) -> GuardTransport:

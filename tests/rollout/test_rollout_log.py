@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from llmguard_client import Guard
+from llmguard_client.errors import GuardConfigError
 
 URLS = ["http://127.0.0.1:9", "http://127.0.0.1:10"]
 
@@ -24,6 +25,16 @@ async def test_the_fraction_is_logged_once(caplog: pytest.LogCaptureFixture, mon
         "llmguard guard on: 5% of calls guarded (rollout=0.05), 2 replica(s)"
     ]
     assert await built_lines(caplog) == ["llmguard guard on: 100% of calls guarded (rollout=1), 2 replica(s)"]
+
+
+@pytest.mark.parametrize("bad", [{"fleet": "http://x", "name": "a"}, {"admission": True}, {"instrumentation": 5}])
+async def test_a_guard_refused_at_construction_logs_nothing(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, bad: dict[str, object]
+) -> None:
+    monkeypatch.delenv("LLMGUARD_DISABLED", raising=False)
+    with pytest.raises(GuardConfigError):
+        await built_lines(caplog, **bad)
+    assert not [r for r in caplog.records if r.name == "llmguard_client"]
 
 
 async def test_a_fraction_of_zero_says_no_call_is_guarded(

@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from llmguard_client import Guard, Tier
-from llmguard_client.telemetry.contained import ContainedInstrumentation, contained
-from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, CallObservation, LiveAttempt, LiveCall
+from llmguard_client.telemetry.contained import HOOKS, ContainedInstrumentation, contained
+from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, CallObservation, Instrumentation, LiveAttempt, LiveCall
 from llmguard_client.telemetry.record import PhaseRecord
 from tests.loopback import LoopbackServer, Script
 
@@ -81,6 +81,11 @@ async def test_a_raising_hook_neither_fails_nor_stalls_the_call(
     assert len(logged) == 1 and logged[0].exc_info is not None  # once, with the traceback
     if where in CALL_HOOKS:
         assert raising.seen.count(where) == 2  # both calls reached it
+
+
+def test_the_hooks_checked_at_construction_are_the_protocols_methods() -> None:
+    declared = {name for name, value in vars(Instrumentation).items() if callable(value) and not name.startswith("_")}
+    assert set(HOOKS) == declared
 
 
 def test_only_an_applications_instrumentation_is_held() -> None:
