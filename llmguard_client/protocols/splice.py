@@ -121,6 +121,7 @@ class Splicer:
         "_kind",
         "_prompt_tokens",
         "_response_id",
+        "_skip_lf",
         "_tokens_before",
         "text",
         "text_events",
@@ -135,6 +136,8 @@ class Splicer:
         self._buffer = b""
         self._held: list[bytes] = []
         """Chunks after `_buffer` with no line end, joined when one comes (a long line is copied once)."""
+        self._skip_lf = False
+        """The last chunk ended with a CR, already taken for a line end: an LF opening the next completes it."""
         self.text: list[str] = []
         """The continuation's text, as delivered."""
         self.text_events = 0
@@ -142,6 +145,10 @@ class Splicer:
 
     def rewrite(self, chunk: bytes) -> bytes:
         """The caller's bytes for ``chunk`` (possibly empty: a partial event, a dropped role delta)."""
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
         if self._buffer and 10 not in chunk and 13 not in chunk:  # cannot end the event: hold it
             self._held.append(chunk)
             return b""
@@ -150,6 +157,7 @@ class Splicer:
             self._held.clear()
         data = self._buffer + chunk
         if 13 in data:
+            self._skip_lf = data.endswith(b"\r")
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         cut = data.rfind(b"\n\n")
         if cut < 0:

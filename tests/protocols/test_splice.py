@@ -58,3 +58,13 @@ def test_an_unterminated_last_event_held_over_many_chunks_is_flushed_whole() -> 
 
 def event_compact(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def test_a_crlf_split_between_cr_and_lf_does_not_split_an_event() -> None:
+    """A multi-line event with CRLF line endings, cut between a CR and its LF: one event, as when whole."""
+    lines = json.dumps(delta("two lines"), indent=1).encode().split(b"\n")
+    raw = b"".join(b"data: " + line + b"\r\n" for line in lines) + b"\r\n"
+    cut = raw.index(b"\r\n") + 1  # after the first line's CR
+    whole, _ = spliced(raw)
+    chunked, s = spliced(raw[:cut], raw[cut:])
+    assert chunked == whole and b'"id":"orig-1"' in whole and s.text == ["two lines"]
