@@ -23,6 +23,7 @@ from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._fleet import make_fleet, share_budgets
 from llmguard_client._http.pool import replica_transport
+from llmguard_client._http.proxy import environment_proxy
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._ratelimit.buckets import FleetOps, build_rate_limiter
@@ -73,9 +74,10 @@ _UNSET: Any = object()
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
-    """One connection pool per replica (`replica_transport`), all sharing one TLS context: building one loads
-    the CA bundle, 0.3-1.7 s each on a busy 2-core machine."""
-    return replica_transport(limits, default_tls_context())
+    """One connection pool per replica (`replica_transport`), all sharing one TLS context (building one loads
+    the CA bundle, 0.3-1.7 s each on a busy 2-core machine), through the proxy the environment names for the
+    replica, as the SDKs' own clients would (`environment_proxy`)."""
+    return replica_transport(limits, default_tls_context(), environment_proxy(replica.url))
 
 
 def _check_policy(label: str, value: object, kind: type) -> None:

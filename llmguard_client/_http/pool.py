@@ -154,10 +154,13 @@ def _fast_state_lock(connection: Connection) -> None:
         http11._state_lock = FastLock()
 
 
-def replica_transport(limits: httpx.Limits, verify: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
-    """httpx's transport (no transport-level retries: the guard decides), its pool a `ReplicaPool` when the
-    installed httpcore is one `ReplicaPool` is written for (else httpcore's own pool, unchanged)."""
-    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=verify)
+def replica_transport(
+    limits: httpx.Limits, verify: ssl.SSLContext, proxy: httpx.Proxy | None = None
+) -> httpx.AsyncHTTPTransport:
+    """httpx's transport (no transport-level retries: the guard decides), through ``proxy`` if one is given, its
+    pool a `ReplicaPool` when the installed httpcore is one `ReplicaPool` is written for (else httpcore's own
+    pool, unchanged; a proxy's pool is httpcore's own too)."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=verify, proxy=proxy)
     pool = transport._pool
     if type(pool) is httpcore.AsyncConnectionPool and httpcore.__version__.startswith(_FIXED_VERSIONS):
         pool.__class__ = ReplicaPool  # the same pool, built by httpx with its settings; only the pass differs

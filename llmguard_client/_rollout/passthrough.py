@@ -32,6 +32,7 @@ import httpx
 
 from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.pool import replica_transport
+from llmguard_client._http.proxy import environment_proxy
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
 from llmguard_client.protocols import StreamReader, reader_for
@@ -54,7 +55,8 @@ class PassthroughPool:
 
     def __init__(self, replicas: Iterable[tuple[httpx.URL, httpx.AsyncBaseTransport]]) -> None:
         self._by_origin = {_origin_key(url): transport for url, transport in replicas}
-        self._other: httpx.AsyncHTTPTransport | None = None
+        self._other: dict[str | None, httpx.AsyncHTTPTransport] = {}
+        """The shared pools for other origins, by the proxy the environment names for them (None: direct)."""
         self._lock = threading.Lock()
         self._closed = False
 
@@ -62,19 +64,22 @@ class PassthroughPool:
         transport = self._by_origin.get(_origin_key(url))
         if transport is not None:
             return transport
+        proxy = environment_proxy(url)
+        key = None if proxy is None else str(proxy.url)
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
-            if self._other is None:
-                self._other = replica_transport(_LIMITS, default_tls_context())
-            return self._other
+            other = self._other.get(key)
+            if other is None:
+                other = self._other[key] = replica_transport(_LIMITS, default_tls_context(), proxy)
+            return other
 
     async def aclose(self) -> None:
         """Close the shared pool (the replicas' pools belong to the replica set)."""
         with self._lock:
             self._closed = True
-            other, self._other = self._other, None
-        if other is not None:
+            others, self._other = list(self._other.values()), {}
+        for other in others:
             await other.aclose()
 
 

@@ -12,14 +12,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmguard_client.errors import GuardConfigError
+
 SDK_TIMEOUT = 600
 """Seconds for each read, write and pool wait: the SDKs' ``DEFAULT_TIMEOUT``."""
 SDK_CONNECT_TIMEOUT = 5.0
 """Seconds to connect: the SDKs' ``DEFAULT_TIMEOUT.connect``."""
 
 
+ROUTING_ARGUMENTS = ("transport", "mounts", "proxy", "proxies")
+"""A client's arguments that would send its requests elsewhere than through the guard."""
+
+
 def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, Any]:
-    """``kwargs`` for an httpx/httpx2 client, with the SDKs' timeout and redirects where the caller set none."""
+    """``kwargs`` for an httpx/httpx2 client, with the SDKs' timeout and redirects where the caller set none;
+    a `GuardConfigError` for an argument that would route requests around the guard."""
+    routing = [name for name in ROUTING_ARGUMENTS if name in kwargs]
+    if routing:
+        raise GuardConfigError(
+            f"a guarded client's requests go through the guard, so it takes no {'/'.join(routing)}=: the guard "
+            "sends through the proxy the environment names (HTTPS_PROXY, NO_PROXY, ... as the SDKs' own clients "
+            "do); for another, build the replicas' transports with Guard(transport_factory=...)"
+        )
     kwargs.setdefault("timeout", timeout_type(SDK_TIMEOUT, connect=SDK_CONNECT_TIMEOUT))
     kwargs.setdefault("follow_redirects", True)
     return kwargs
