@@ -22,6 +22,9 @@ SDK_CONNECT_TIMEOUT = 5.0
 
 ROUTING_ARGUMENTS = ("transport", "mounts", "proxy", "proxies")
 """A client's arguments that would send its requests elsewhere than through the guard."""
+CONNECTION_ARGUMENTS = ("verify", "cert", "http1", "http2", "limits")
+"""A client's arguments for its own connections, which a guarded client has none of (httpx ignores them, silently,
+for a client given a transport): the replicas' pools are the guard's."""
 
 
 def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, Any]:
@@ -33,6 +36,13 @@ def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, An
             f"a guarded client's requests go through the guard, so it takes no {'/'.join(routing)}=: the guard "
             "sends through the proxy the environment names (HTTPS_PROXY, NO_PROXY, ... as the SDKs' own clients "
             "do); for another, build the replicas' transports with Guard(transport_factory=...)"
+        )
+    connection = [name for name in CONNECTION_ARGUMENTS if name in kwargs]
+    if connection:
+        raise GuardConfigError(
+            f"a guarded client opens no connections of its own, so it takes no {'/'.join(connection)}=: the "
+            "replicas' connections are the guard's; set Guard(pool_limits=...) for their limits, or build them "
+            "with Guard(transport_factory=...) for TLS settings or HTTP/2"
         )
     kwargs.setdefault("timeout", timeout_type(SDK_TIMEOUT, connect=SDK_CONNECT_TIMEOUT))
     kwargs.setdefault("follow_redirects", True)

@@ -120,6 +120,18 @@ def test_the_proxy_chosen_is_the_one_an_httpx_client_chooses(
     assert (None if ours is None else (ours.url.host, ours.url.port)) == expected
 
 
+def test_a_guarded_client_takes_no_argument_for_connections_it_does_not_open() -> None:
+    guard = Guard(["http://127.0.0.1:9"])
+    try:
+        for argument in ("verify", "cert", "http2", "limits"):
+            with pytest.raises(GuardConfigError, match=f"takes no {argument}=.*transport_factory"):
+                guard.http_client(**{argument: False})
+            with pytest.raises(GuardConfigError, match=f"takes no {argument}="):
+                guard.sync_http_client(**{argument: False})
+    finally:
+        guard.close()
+
+
 def test_a_guarded_client_takes_no_argument_that_would_route_around_the_guard() -> None:
     guard = Guard(["http://127.0.0.1:9"])
     try:
