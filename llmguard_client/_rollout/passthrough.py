@@ -75,7 +75,7 @@ class PassthroughPool:
             return other
 
     async def aclose(self) -> None:
-        """Close the shared pool (the replicas' pools belong to the replica set)."""
+        """Close the shared pools (the replicas' pools belong to the replica set)."""
         with self._lock:
             self._closed = True
             others, self._other = list(self._other.values()), {}

@@ -29,7 +29,8 @@ for a client given a transport): the replicas' pools are the guard's."""
 
 def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, Any]:
     """``kwargs`` for an httpx/httpx2 client, with the SDKs' timeout and redirects where the caller set none;
-    a `GuardConfigError` for an argument that would route requests around the guard."""
+    a `GuardConfigError` for an argument that would route requests around the guard or configure connections
+    the client does not open."""
     routing = [name for name in ROUTING_ARGUMENTS if name in kwargs]
     if routing:
         raise GuardConfigError(
