@@ -57,11 +57,14 @@ class PassthroughPool:
         self._by_origin = {_origin_key(url): transport for url, transport in replicas}
         self._other: dict[str | None, httpx.AsyncHTTPTransport] = {}
         """The shared pools for other origins, by the proxy the environment names for them (None: direct)."""
+        self._other_origins: dict[tuple[str, str, int | None], httpx.AsyncHTTPTransport] = {}
+        """Each other origin's pool once chosen: the environment is read once per origin, not per call."""
         self._lock = threading.Lock()
         self._closed = False
 
     def for_url(self, url: httpx.URL) -> httpx.AsyncBaseTransport:
-        transport = self._by_origin.get(_origin_key(url))
+        origin = _origin_key(url)
+        transport = self._by_origin.get(origin) or self._other_origins.get(origin)
         if transport is not None:
             return transport
         proxy = environment_proxy(url)
@@ -72,13 +75,14 @@ class PassthroughPool:
             other = self._other.get(key)
             if other is None:
                 other = self._other[key] = replica_transport(_LIMITS, default_tls_context(), proxy)
+            self._other_origins[origin] = other
             return other
 
     async def aclose(self) -> None:
         """Close the shared pools (the replicas' pools belong to the replica set)."""
         with self._lock:
             self._closed = True
-            others, self._other = list(self._other.values()), {}
+            others, self._other, self._other_origins = list(self._other.values()), {}, {}
         for other in others:
             await other.aclose()
 
