@@ -65,12 +65,18 @@ def _no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name.lower(), raising=False)
 
 
-async def test_a_guarded_call_goes_through_the_environments_proxy(
+@pytest.fixture
+def proxied_replica(
     proxy: tuple[str, list[str]], refused_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[str, list[str]]:
+    """A replica whose own port refuses connections, ``HTTP_PROXY`` naming the stand-in proxy; and what it saw."""
     proxy_url, seen = proxy
-    replica = refused_url()
     monkeypatch.setenv("HTTP_PROXY", proxy_url)
+    return refused_url(), seen
+
+
+async def test_a_guarded_call_goes_through_the_environments_proxy(proxied_replica: tuple[str, list[str]]) -> None:
+    replica, seen = proxied_replica
     async with Guard([replica], {"t": Tier(ttft=5, total=10)}) as guard, guard.http_client() as client:
         async with client.stream("POST", replica + "/v1/chat/completions", json=BODY) as response:
             body = await response.aread()
@@ -79,11 +85,9 @@ async def test_a_guarded_call_goes_through_the_environments_proxy(
 
 
 async def test_no_proxy_keeps_a_replica_direct(
-    proxy: tuple[str, list[str]], refused_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+    proxied_replica: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxy_url, seen = proxy
-    replica = refused_url()
-    monkeypatch.setenv("HTTP_PROXY", proxy_url)
+    replica, seen = proxied_replica
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     tiers = {"t": Tier(ttft=5, total=10)}
     async with Guard([replica], tiers, failure_mode="raise", retry=None) as guard, guard.http_client() as client:
