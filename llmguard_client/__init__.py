@@ -31,6 +31,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.errors import (
     AllAttemptsFailed,
+    AllAttemptsFailedToConnect,
     AllAttemptsTimedOut,
     AllReplicasCooling,
     BudgetExhausted,
@@ -75,6 +76,7 @@ __all__ = [
     "AdmissionSnapshot",
     "AffinityPolicy",
     "AllAttemptsFailed",
+    "AllAttemptsFailedToConnect",
     "AllAttemptsTimedOut",
     "AllReplicasCooling",
     "AttemptRecord",

@@ -18,6 +18,7 @@ keeps working::
         │   └── AllAttemptsTimedOut     every attempt ended in a timeout (e.g. the SDK's own ``timeout=``)
         ├── GuardUnavailable(httpx.TransportError)
         │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
+        │   │   └── AllAttemptsFailedToConnect   ... every one to connect (also an httpx.ConnectError)
         │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
         │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
         │   ├── BulkheadFull            the tier's in-flight and waiting slots were all taken
@@ -35,9 +36,11 @@ these are raised from the response body's iterator; before it they only end an a
 elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is left.
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
-transport raises) the failures that are not timeouts are returned as proxy-style HTTP
-responses instead: see `llmguard_client._core.failure`. A timeout is raised in every mode
-(``GuardTimeout``: the SDK's timeout error), and the SDK's retry of a call the guard gave up
+transport raises) the guard's own refusals (a full bulkhead, an empty budget, every
+replica cooling, a closed Guard) are returned as proxy-style HTTP responses instead: see
+`llmguard_client._core.failure`. What a call's attempts met is raised in every mode: a
+timeout as ``GuardTimeout`` (the SDK's timeout error), failures without an answer as
+``AllAttemptsFailed`` (its connection error); the SDK's retry of a call the guard gave up
 on fails at once with the same error (`llmguard_client._core.given_up`). Whenever a server
 did answer (a 429, a 503, a 500), the guard hands that answer back, in either mode, rather
 than raising. ``BudgetExhausted``, ``AllReplicasCooling`` and ``RateLimited`` are refusals:
@@ -181,8 +184,20 @@ class GuardUnavailable(GuardFailure, httpx.TransportError):
 
 
 class AllAttemptsFailed(GuardUnavailable):
+    """Every attempt the guard sent failed before a server answered (a refused or reset connection, a stream
+    that was not one), and none is left to try: raised in every failure mode, so an SDK maps it to its
+    connection error (openai: ``APIConnectionError``), as it maps the transport error a plain client meets.
+    ``__cause__`` is the last attempt's error; ``cause`` is ``all_attempts_failed``, or the reason the guard
+    sent no further attempt. Also raised, or answered with a 502 in response mode, when every replica's
+    circuit is open with panic mode off: a refusal before anything was sent."""
+
     cause = "all_attempts_failed"
     status_code = 502
+
+
+class AllAttemptsFailedToConnect(AllAttemptsFailed, httpx.ConnectError):
+    """`AllAttemptsFailed` where every attempt failed to connect: also an ``httpx.ConnectError``, the error
+    a plain httpx client raises for a server that refuses the connection."""
 
 
 class BudgetExhausted(GuardUnavailable):

@@ -171,7 +171,8 @@ class Probe:
         await run("raise + max_retries=2 (stopped)", lambda: give_up("raise", 2, openai.APITimeoutError))
         return results
 
-    # --- anthropic (no /v1/messages on the loopback server: replicas that refuse connections) ----
+    # --- anthropic (no /v1/messages on the loopback server: replicas that refuse connections, which the SDK
+    # raises as its connection error in every failure mode, as without a guard) ----
 
     def anthropic_checks(self) -> dict[str, str]:
         import socket
@@ -190,7 +191,7 @@ class Probe:
                     client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
                     return "FAIL no error"
                 except anthropic.APIError as exc:
-                    good = guard_failure(exc) == "all_attempts_failed"
+                    good = isinstance(exc, anthropic.APIConnectionError) and guard_failure(exc) == "all_attempts_failed"
                     return ok_if(good, f"{type(exc).__name__} cause={guard_failure(exc)}") + f" ({type(exc).__name__})"
 
         async def asynchronous(mode: FailureMode) -> str:
@@ -201,7 +202,7 @@ class Probe:
                     await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
                     return "FAIL no error"
                 except anthropic.APIError as exc:
-                    good = guard_failure(exc) == "all_attempts_failed"
+                    good = isinstance(exc, anthropic.APIConnectionError) and guard_failure(exc) == "all_attempts_failed"
                     return ok_if(good, f"{type(exc).__name__} cause={guard_failure(exc)}") + f" ({type(exc).__name__})"
 
         return {

@@ -2,14 +2,15 @@
 
 The openai SDK (like every Stainless-generated SDK) retries whatever a transport
 raises, up to ``max_retries`` times with sleeps, but obeys ``x-should-retry: false``
-on a response. So in *response mode* a guard failure comes back the way a proxy would
-answer (a timeout excepted: it is raised in every mode, so the SDK raises its timeout
-error): 429/503 for overload (with Retry-After when known), 502 when every attempt failed,
-503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
+on a response. So in *response mode* a refusal of the guard's, made before anything was sent,
+comes back the way a proxy would answer it: 429/503 for overload (with Retry-After when known),
+502 when every circuit is open, 503 after ``Guard.aclose()``, 400 for an ``x-llmguard-*`` header
 naming no tier or cohort (`GuardRequestError`), always with ``x-should-retry: false``, an OpenAI-format
 JSON error whose message names the tier, the limit, the elapsed time and the
 attempts, and the machine-readable cause in ``x-llmguard-cause``. The SDK then raises
-its usual typed error (``APIStatusError`` subclasses) at once.
+its usual typed error (``APIStatusError`` subclasses) at once. What the call's attempts
+met is raised in every mode, as a plain client would raise it: a timeout
+(`AllAttemptsTimedOut`, a tier deadline) or a failure without an answer (`AllAttemptsFailed`).
 
 When a server did answer (a 429, a 503, a 500...), the caller gets that answer
 itself, with the same two headers added. In *raise mode* (plain httpx callers), the
@@ -26,7 +27,7 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
-from llmguard_client.errors import AllAttemptsFailed, AllAttemptsTimedOut, GuardFailure
+from llmguard_client.errors import AllAttemptsFailed, AllAttemptsFailedToConnect, AllAttemptsTimedOut, GuardFailure
 from llmguard_client.telemetry._record_builder import AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
@@ -46,7 +47,8 @@ def attempts_error(
     call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None
 ) -> AllAttemptsFailed | AllAttemptsTimedOut:
     """The error a call's attempts met when none got a server answer: `AllAttemptsTimedOut` when every one
-    ended in a timeout, else `AllAttemptsFailed`; ``__cause__`` the last attempt's error. ``refusal``, why the
+    ended in a timeout, `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`;
+    ``__cause__`` the last attempt's error. ``refusal``, why the
     guard sent no further attempt (cooling, budget, open circuits), is named in the message and the cause, but
     never changes the type: a refusal only speaks for itself before anything was sent."""
     timed_out = all(isinstance(f.error, httpx.TimeoutException) for f in failures)
@@ -57,7 +59,11 @@ def attempts_error(
     )
     if refusal is not None:
         message += f"; no further attempt: {refusal.message}"
-    kind = AllAttemptsTimedOut if timed_out else AllAttemptsFailed
+    kind: type[AllAttemptsFailed | AllAttemptsTimedOut] = AllAttemptsFailed
+    if timed_out:
+        kind = AllAttemptsTimedOut
+    elif all(isinstance(f.error, httpx.ConnectError) for f in failures):
+        kind = AllAttemptsFailedToConnect
     error = kind(
         message,
         request=call.request,

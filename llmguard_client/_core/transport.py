@@ -378,7 +378,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
         """End a call without a winner: the last server answer if there is one, else the error its attempts
-        met (a timeout stays a timeout, in every failure mode), else the guard's own error. A refusal that
+        met (raised in every failure mode: a timeout stays a timeout, a refused connection a connection error),
+        else the guard's own error. A refusal that
         came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type."""
         error, last, lease = outcome.reason, outcome.last, call.lease
         if isinstance(error, GuardClosed) or lease.aborted:
@@ -390,12 +391,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
             await lease.aclose("rejected" if error is not None else "http_error", cause)
             no_retry = self._retries or error is not None
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
+        met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
             assert last.error is not None
             if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
                 await lease.aclose("error", last.attempt.error)
                 raise last.error
-            error = attempts_error(call, outcome.failures, error)
+            error, met = attempts_error(call, outcome.failures, error), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
         status: CallStatus = (
@@ -403,7 +405,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
-        respond = call.respond_with_errors and not timeout  # a timeout is raised: the SDK's timeout error
+        # What the attempts met, and a deadline, are raised in every mode: the SDK's connection or timeout error.
+        respond = call.respond_with_errors and not (timeout or met)
         if respond:  # the caller gets the guard's own answer: the record says so
             call.record.answered(error.status_code)
         await lease.aclose(status, error.cause)

@@ -56,7 +56,7 @@ EXPECTED: dict[tuple[str, str], tuple[str, int | None, str | None, str]] = {
     ("stream stalls after its first token", "raise"): ("APITimeoutError", None, "stall_timeout", "1"),
     ("stream outlives the total deadline", "auto"): ("APITimeoutError", None, "total_timeout", "1"),
     ("stream outlives the total deadline", "raise"): ("APITimeoutError", None, "total_timeout", "1"),
-    ("every replica refuses the connection", "auto"): ("InternalServerError", 502, "all_attempts_failed", "0"),
+    ("every replica refuses the connection", "auto"): ("APIConnectionError", None, "all_attempts_failed", "0"),
     ("every replica refuses the connection", "raise"): ("APIConnectionError", None, "all_attempts_failed", "0"),
     ("the tier's bulkhead is full", "auto"): ("InternalServerError", 503, "bulkhead_full", "1"),
     ("the tier's bulkhead is full", "raise"): ("APIConnectionError", None, "bulkhead_full", "1"),

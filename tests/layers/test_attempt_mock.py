@@ -18,6 +18,7 @@ import respx
 
 from llmguard_client import (
     AllAttemptsFailed,
+    AllAttemptsFailedToConnect,
     Bulkhead,
     BulkheadFull,
     Guard,
@@ -219,7 +220,7 @@ async def test_raise_mode_every_attempt_fails_without_an_answer() -> None:
         with pytest.raises(AllAttemptsFailed) as info:
             await client.post(R1 + CHAT, json=BODY)
     error = info.value
-    assert isinstance(error, httpx.TransportError)
+    assert isinstance(error, AllAttemptsFailedToConnect) and isinstance(error, httpx.ConnectError)
     assert error.cause == "all_attempts_failed" and error.status_code == 502
     assert isinstance(error.__cause__, httpx.ConnectError)
     assert "tier 'interactive'" in error.message and "3 attempt(s)" in error.message
@@ -230,21 +231,44 @@ async def test_raise_mode_every_attempt_fails_without_an_answer() -> None:
     assert len(upstream.seen) == 3
 
 
-async def test_response_mode_every_attempt_fails_without_an_answer() -> None:
+async def test_every_attempt_failing_to_connect_is_raised_in_response_mode_too() -> None:
+    """What the attempts met is the caller's error in every mode: an SDK raises its connection error, as for a
+    plain client whose server refuses the connection, not a 502 the server never sent."""
     upstream = Upstream(refuse)
-    async with make_guard(upstream, failure_mode="response") as guard, guard.http_client() as client:
-        response = await client.post(R1 + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
-    assert response.status_code == 502
-    assert response.headers["x-should-retry"] == "false"
-    assert response.headers["x-llmguard-cause"] == "all_attempts_failed"
-    assert response.headers["content-type"] == "application/json"
-    error = response.json()["error"]
-    assert {"message", "type", "code"} <= set(error)
-    assert error["code"] == "all_attempts_failed" and error["type"] == "llmguard_error"
-    assert "tier 'batch'" in error["message"]
-    assert "3 attempt(s)" in error["message"] and "connect_error" in error["message"]
-    assert R1 in error["message"] and R2 in error["message"]
-    assert record_of(response).http_status == 502
+    records: list[PhaseRecord] = []
+    async with make_guard(upstream, records=records, failure_mode="response") as guard, guard.http_client() as c:
+        with pytest.raises(AllAttemptsFailedToConnect) as info:
+            await c.post(R1 + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
+    message = info.value.message
+    assert "tier 'batch'" in message and "3 attempt(s)" in message and "connect_error" in message
+    assert R1 in message and R2 in message
+    assert records[0].http_status is None and records[0].cause == "all_attempts_failed"
+
+
+async def test_attempts_failing_in_different_ways_are_no_connect_error() -> None:
+    def refuse_then_reset(replica: str, request: httpx.Request, n: int) -> httpx.Response:
+        if n == 1:
+            raise httpx.ConnectError("connection refused", request=request)
+        raise httpx.ReadError("connection reset", request=request)
+
+    async with make_guard(Upstream(refuse_then_reset)) as guard, guard.http_client() as client:
+        with pytest.raises(AllAttemptsFailed) as info:
+            await client.post(R1 + CHAT, json=BODY)
+    assert not isinstance(info.value, httpx.ConnectError) and isinstance(info.value, httpx.TransportError)
+    assert isinstance(info.value.__cause__, httpx.ReadError)
+
+
+async def call_while_the_only_slot_is_held(client: httpx.AsyncClient, headers: dict[str, str]) -> httpx.Response:
+    """A second call of the tier while a first holds its only slot: refused before anything is sent."""
+    async with client.stream("POST", R1 + CHAT, json=BODY) as first:
+        try:
+            with anyio.fail_after(2):
+                return await client.post(R1 + CHAT, json=BODY, headers=headers)
+        finally:
+            await first.aread()
+
+
+ONE_SLOT = {"interactive": Bulkhead(max_in_flight=1, max_waiting=0)}
 
 
 @pytest.mark.parametrize(
@@ -252,30 +276,25 @@ async def test_response_mode_every_attempt_fails_without_an_answer() -> None:
     [
         ({"x-stainless-lang": "python", "x-stainless-retry-count": "0"}, True),
         ({"x-stainless-retry-count": "0"}, True),
+        ({"X-Stainless-Lang": "python"}, True),
         ({}, False),
         ({"user-agent": "AsyncOpenAI/Python"}, False),
     ],
-    ids=["stainless_headers", "one_stainless_header", "plain", "openai_user_agent_only"],
+    ids=["stainless_headers", "one_stainless_header", "any_case", "plain", "openai_user_agent_only"],
 )
-async def test_auto_mode_responds_iff_the_request_carries_stainless_headers(
+async def test_auto_mode_answers_a_refusal_iff_the_request_carries_stainless_headers(
     headers: dict[str, str], responds: bool
 ) -> None:
-    upstream = Upstream(refuse)
-    async with make_guard(upstream, failure_mode="auto") as guard, guard.http_client() as client:
+    upstream = Upstream()
+    async with make_guard(upstream, failure_mode="auto", bulkheads=ONE_SLOT) as guard, guard.http_client() as c:
         if responds:
-            response = await client.post(R1 + CHAT, json=BODY, headers=headers)
-            assert response.status_code == 502
-            assert response.headers["x-llmguard-cause"] == "all_attempts_failed"
+            response = await call_while_the_only_slot_is_held(c, headers)
+            assert response.status_code == 503
+            assert response.headers["x-llmguard-cause"] == "bulkhead_full"
         else:
-            with pytest.raises(AllAttemptsFailed):
-                await client.post(R1 + CHAT, json=BODY, headers=headers)
-
-
-async def test_auto_mode_detects_stainless_headers_in_any_case() -> None:
-    upstream = Upstream(refuse)
-    async with make_guard(upstream, failure_mode="auto") as guard, guard.http_client() as client:
-        response = await client.post(R1 + CHAT, json=BODY, headers={"X-Stainless-Lang": "python"})
-    assert response.status_code == 502
+            with pytest.raises(BulkheadFull):
+                await call_while_the_only_slot_is_held(c, headers)
+    assert len(upstream.seen) == 1
 
 
 async def test_a_server_answer_is_handed_back_marked_no_retry_even_in_raise_mode() -> None:
@@ -448,17 +467,18 @@ async def test_bulkhead_rejects_a_second_concurrent_call_and_frees_the_slot_afte
 
 async def test_bulkhead_full_is_a_503_in_response_mode() -> None:
     upstream = Upstream()
-    bulkheads = {"interactive": Bulkhead(max_in_flight=1, max_waiting=0)}
-    async with make_guard(upstream, bulkheads=bulkheads, failure_mode="response") as guard, guard.http_client() as c:
-        async with c.stream("POST", R1 + CHAT, json=BODY) as first:
-            with anyio.fail_after(2):
-                second = await c.post(R1 + CHAT, json=BODY)
-            assert second.status_code == 503
-            assert second.headers["x-llmguard-cause"] == "bulkhead_full"
-            assert second.headers["x-should-retry"] == "false"
-            assert second.json()["error"]["code"] == "bulkhead_full"
-            await first.aread()
+    async with make_guard(upstream, bulkheads=ONE_SLOT, failure_mode="response") as guard, guard.http_client() as c:
+        second = await call_while_the_only_slot_is_held(c, {})
         assert (await c.post(R1 + CHAT, json=BODY)).status_code == 200
+    assert second.status_code == 503
+    assert second.headers["x-llmguard-cause"] == "bulkhead_full"
+    assert second.headers["x-should-retry"] == "false"
+    assert second.headers["content-type"] == "application/json"
+    error = second.json()["error"]
+    assert {"message", "type", "code"} <= set(error)
+    assert error["code"] == "bulkhead_full" and error["type"] == "llmguard_error"
+    assert "'interactive'" in error["message"]
+    assert record_of(second).http_status == 503
 
 
 async def test_bulkhead_slot_is_freed_when_a_streamed_body_is_closed_early() -> None:
@@ -574,12 +594,11 @@ async def test_respx_connect_errors_on_every_replica_in_response_mode(respx_guar
         r1 = router.post(R1 + CHAT).mock(side_effect=httpx.ConnectError)
         r2 = router.post(R2 + CHAT).mock(side_effect=httpx.ConnectError)
         async with respx_guard(failure_mode="response") as guard, guard.http_client() as client:
-            response = await client.post(R1 + CHAT, json=BODY)
-    assert response.status_code == 502
-    assert response.headers["x-llmguard-cause"] == "all_attempts_failed"
-    assert response.headers["x-should-retry"] == "false"
+            with pytest.raises(AllAttemptsFailedToConnect) as info:
+                await client.post(R1 + CHAT, json=BODY)
+    assert info.value.cause == "all_attempts_failed"
     assert r1.call_count + r2.call_count == 3 and r1.call_count >= 1 and r2.call_count >= 1
-    assert "tier 'interactive'" in response.json()["error"]["message"]
+    assert "tier 'interactive'" in info.value.message
 
 
 async def test_respx_a_400_is_not_retried(respx_guard: Callable[..., Guard]) -> None:
