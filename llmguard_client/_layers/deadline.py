@@ -33,9 +33,18 @@ def fits_deadline(call: Call, now: float, wait: float = 0.0, deadline: float | N
     return now + wait + call.expected_ttft() < end
 
 
+WHOLE_ANSWER_HINT = (
+    "the call asked for no stream, so its first token is its whole answer: stream it, or send it in a tier whose "
+    "ttft covers the whole answer"
+)
+
+
 def ttft_timeout(call: Call, detail: str) -> TTFTTimeout:
-    """The error of a call whose first token did not arrive within its tier's ttft."""
+    """The error of a call whose first token did not arrive within its tier's ttft (for a call that asked for
+    no stream, the ttft bounds its whole answer, which the message says)."""
     elapsed = call.clock() - call.record.start
+    if not call.record.stream:
+        detail += f"; {WHOLE_ANSWER_HINT}"
     return TTFTTimeout(
         f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
         f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; {detail}",

@@ -134,6 +134,7 @@ async def test_ttft_counts_content_not_bytes(servers: list[LoopbackServer]) -> N
     assert isinstance(caught.value, httpx.TimeoutException)
     assert 0.3 <= elapsed < SERVER_PAUSE
     assert "ttft" in str(caught.value) and "'fast'" in str(caught.value)
+    assert "asked for no stream" not in str(caught.value)
     assert records[0].status == "timeout" and records[0].cause == "ttft_timeout"
     assert records[0].attempts[0].headers is not None and records[0].attempts[0].first_token is None
     # The timed-out attempt's connection was closed: the server saw the disconnect.
@@ -179,12 +180,14 @@ async def test_total_deadline_mid_stream(servers: list[LoopbackServer]) -> None:
 
 
 async def test_non_streaming_bounded_by_ttft(servers: list[LoopbackServer]) -> None:
+    """An answer sent whole has its first token at its end: the ttft bounds it all, and the error says so."""
     servers[0].script = Script(hang_before_headers=SERVER_PAUSE)
     records: list[PhaseRecord] = []
     tiers = {"t": Tier(ttft=0.3, total=30.0)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
-        with pytest.raises(TTFTTimeout):
+        with pytest.raises(TTFTTimeout) as caught:
             await client.post(servers[0].url + CHAT, json={"model": "m", "messages": []})
+    assert "asked for no stream, so its first token is its whole answer" in str(caught.value)
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 
 
