@@ -221,6 +221,12 @@ class RetryPolicy:
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows, and only if it fits the tier deadline.
 
+    ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
+    call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [1/2, 1] x
+    ``same_replica_backoff`` x 2^(times it failed the call - 1), at most ``backoff_max``. 0.5 s is about the
+    openai SDK's own first backoff, so a replica that fails for a moment (a restart, a gateway's blip) is
+    tried again once it may have recovered, as the plain SDK would; 0 retries it after the ordinary backoff.
+
     ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
@@ -253,6 +259,7 @@ class RetryPolicy:
     max_retry_after: float = 60.0
     panic_threshold: float = 0.5
     mode: Literal["guard", "cooperative"] = "guard"
+    same_replica_backoff: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in ("guard", "cooperative"):
@@ -267,6 +274,8 @@ class RetryPolicy:
             )
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
+        if self.same_replica_backoff != 0:
+            _positive("RetryPolicy", "same_replica_backoff (or 0)", self.same_replica_backoff)
         if self.backoff_max < self.backoff_initial:
             raise GuardConfigError(
                 f"RetryPolicy.backoff_max ({self.backoff_max}) must not be below backoff_initial "

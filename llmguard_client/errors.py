@@ -197,8 +197,7 @@ class AllAttemptsFailed(GuardUnavailable):
 
 class AllAttemptsFailedToConnect(AllAttemptsFailed, httpx.ConnectError):
     """`AllAttemptsFailed` where every attempt failed to connect: also an ``httpx.ConnectError``, the error
-    a plain httpx client raises for a server that refuses the connection. Nothing reached a server, so an
-    SDK's retry of the call is sent (not stopped as a retry of a call given up on)."""
+    a plain httpx client raises for a server that refuses the connection."""
 
 
 class BudgetExhausted(GuardUnavailable):

@@ -7,10 +7,6 @@ the call's deadline passed, a retry of it would start a whole new round of attem
 multiplied by the SDK's). So the guard remembers each call it gave up on with an error, and a request that
 is the same call again fails at once with that error, sending nothing.
 
-A call none of whose attempts reached a server (every one failed to connect: `AllAttemptsFailedToConnect`) is
-not remembered: nothing was generated, and the SDK's backoff before its retry rides through a server's restart
-as it does without a guard.
-
 The same call is recognised by its ``Idempotency-Key`` header when it has one (a retry keeps it), else by
 its method, URL and body together with ``x-stainless-retry-count`` > 0 (a first request is never taken for
 a retry). The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW` seconds after the give-up

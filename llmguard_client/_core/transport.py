@@ -56,7 +56,6 @@ from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
 from llmguard_client.config import FailureMode, RetryPolicy, Tier
 from llmguard_client.errors import (
-    AllAttemptsFailedToConnect,
     GuardClosed,
     GuardFailure,
     GuardRequestError,
@@ -415,11 +414,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return failure_response(error, call.request, call.record.snapshot())
         if call.one_shot is not None:  # its body is gone: an SDK's retry of it is a new request, as without a guard
             pass
-        elif isinstance(error, (TTFTTimeout, TotalTimeout)) or (
-            # Attempts that never reached a server generated nothing: the SDK's retry of the call is sent, and its
-            # backoff rides through a server's restart as it does without a guard.
-            self._retries and call.record.attempts and not isinstance(error, AllAttemptsFailedToConnect)
-        ):
+        elif (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)

@@ -23,7 +23,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need);
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
-  `random.Random` (`Backoff`), so a test can seed it;
+  `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
+  failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
+  time, as an SDK retrying one endpoint does;
 - a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice.
@@ -54,16 +56,28 @@ from llmguard_client.telemetry.hooks import Instrumentation
 
 class Backoff:
     """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))]
-    (full jitter), drawn from ``rng`` (seed it for a reproducible sequence), never the global ``random``."""
+    (full jitter), drawn from ``rng`` (seed it for a reproducible sequence), never the global ``random``.
+    `returning` is the least wait before going back to a replica that failed the call."""
 
-    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, initial: float, maximum: float, rng: random.Random | None = None, same_replica: float = 0.0
+    ) -> None:
         self._initial = initial
         self._maximum = maximum
+        self._same_replica = same_replica
         self._rng = rng if rng is not None else random.Random()
 
     def __call__(self, round_number: int) -> float:
-        window = min(self._maximum, self._initial * 2.0 ** min(max(round_number - 1, 0), 64))
-        return self._rng.uniform(0.0, window)
+        return self._rng.uniform(0.0, self._window(self._initial, round_number))
+
+    def returning(self, failures: int) -> float:
+        """Before a retry to a replica that failed the call ``failures`` times: uniform in [1/2, 1] x
+        min(``maximum``, ``same_replica`` x 2^(failures-1)), never near 0 (it may need a moment to recover)."""
+        window = self._window(self._same_replica, failures)
+        return self._rng.uniform(window / 2, window)
+
+    def _window(self, initial: float, n: int) -> float:
+        return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
 
 
 class RetryLayer:
@@ -82,9 +96,13 @@ class RetryLayer:
         self._instrumentation = instrumentation
         self._rate_limited = rate_limited
         """Whether a provider `RateLimit` applies to the replica named (its 429s feed the limit, not a cool-down)."""
-        initial = policy.backoff_initial if policy else 0.05
-        maximum = policy.backoff_max if policy else 2.0
-        self.backoff = Backoff(initial, maximum, rng)
+        policy_or_default = policy or RetryPolicy()
+        self.backoff = Backoff(
+            policy_or_default.backoff_initial,
+            policy_or_default.backoff_max,
+            rng,
+            policy_or_default.same_replica_backoff,
+        )
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
@@ -282,6 +300,8 @@ class RetryLayer:
             wait = 0.0  # overload on one replica: go to another at once
         else:
             wait = self.backoff(rounds)
+            if state in failed:  # back to a replica that failed this call: give it a moment to recover
+                wait = max(wait, self.backoff.returning(sum(f is state for f in failed)))
             if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         if not fits_deadline(call, now, wait, deadline):

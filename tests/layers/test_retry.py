@@ -66,6 +66,31 @@ def test_a_429_is_retried_on_another_replica_at_the_instant_it_came(backend: str
     assert retry.start == pytest.approx(first.finish, abs=1e-9)  # no backoff, no Retry-After wait
 
 
+@BACKENDS
+@pytest.mark.parametrize("failure", [Plan(status=500), Plan(refused=True)], ids=["500", "refused"])
+def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(backend: str, failure: Plan) -> None:
+    """One replica failing for a moment (a restart, a gateway's blip): its retries wait about
+    `RetryPolicy.same_replica_backoff`, then twice that, as an SDK retrying one endpoint does, so the call rides
+    through; a retry to another replica that has not failed the call goes at once (the 429 test above)."""
+    fakes = {"http://a.test": FakeReplica("a", [failure, failure, Plan()])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.4)
+        async with virtual_guard(fakes, records, tiers=tiers, retry=policy, hedge=None) as guard:
+            async with guard.http_client() as client:
+                response = await client.post("http://a.test" + CHAT, json=BODY)
+                assert response.status_code == 200
+
+    run_virtual(main, backend)
+    first, second, third = records[0].attempts
+    assert (first.outcome, second.outcome, third.outcome) == ("failed", "failed", "won")
+    assert first.finish is not None and second.finish is not None
+    assert 0.2 <= second.start - first.finish <= 0.4  # [1/2, 1] x 0.4
+    assert 0.4 <= third.start - second.finish <= 0.8  # [1/2, 1] x 0.8: the replica failed the call twice
+
+
 async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(servers: list[LoopbackServer]) -> None:
     for server in servers[:2]:
         server.script = Script(status=429, headers={"retry-after": "30"})
@@ -222,3 +247,13 @@ def test_the_backoff_draws_from_a_random_source_tests_can_seed() -> None:
     assert random.getstate() == global_state  # the global random module is left alone
     seeded = RetryLayer(None, RetryPolicy(), None, rng=random.Random(7))  # type: ignore[arg-type]
     assert [seeded.backoff(n) for n in range(1, 9)] == expected
+
+
+def test_a_return_to_a_failed_replica_waits_half_to_all_of_a_doubling_window() -> None:
+    draws = random.Random(3)
+    windows = [min(2.0, 0.5 * 2 ** (n - 1)) for n in range(1, 6)]  # 0.5, 1, 2, 2, 2: capped by backoff_max
+    expected = [draws.uniform(w / 2, w) for w in windows]
+    backoff = Backoff(0.05, 2.0, random.Random(3), same_replica=0.5)
+    assert [backoff.returning(n) for n in range(1, 6)] == expected
+    assert all(w / 2 <= got <= w for w, got in zip(windows, expected, strict=True))
+    assert Backoff(0.05, 2.0, same_replica=0.0).returning(1) == 0.0  # 0: the ordinary backoff only
