@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -89,6 +89,10 @@ class GivenUp:
         """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
         it (an `Episode`, cooperative mode)."""
         key = _identity(request, body)
+        if isinstance(what, GuardFailure):
+            what = kept(what)
+        elif what.error is not None:
+            what = replace(what, error=kept(what.error))
         self._calls[key] = (now, what)
         self._calls.move_to_end(key)
         while len(self._calls) > self._size:
@@ -139,6 +143,27 @@ def _identity(request: httpx.Request, body: bytes) -> str:
     digest = hashlib.sha256(body)
     digest.update(b"\0" + request.method.encode() + b"\0" + str(request.url).encode())
     return "hash:" + digest.hexdigest()
+
+
+def kept(error: GuardFailure) -> GuardFailure:
+    """What is remembered of ``error``: a copy that holds no request and no traceback. The raised error's
+    traceback keeps the call's frames alive, and its request (and its cause's) the request body: a thousand
+    remembered calls with large prompts would otherwise hold gigabytes for the `WINDOW`."""
+    copy = type(error)(error.message, record=error.record, retry_after=error.retry_after)
+    copy.cause = error.cause
+    copy.__cause__ = _detached(error.__cause__)
+    return copy
+
+
+def _detached(error: BaseException | None) -> BaseException | None:
+    """A copy of the attempt's error ``error`` (its type and message: what the caller reads in the chain)
+    that holds no request and no traceback."""
+    if error is None:
+        return None
+    try:
+        return type(error)(*error.args)
+    except Exception:  # a constructor of its own: the message is what is kept
+        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 def again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:

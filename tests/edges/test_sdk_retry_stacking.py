@@ -6,7 +6,9 @@ Real openai SDK (async and sync, default ``max_retries=2``) through the guard to
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 from typing import Any
 
 import httpx
@@ -115,6 +117,35 @@ async def test_the_memory_is_bounded_in_size_and_time() -> None:
     memory.remember(keyed, keyed.read(), AllAttemptsFailed("keyed"), now=20.0)
     other_body = httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers={"idempotency-key": "k1"})
     assert await memory.recall(other_body, now=21.0) is not None  # the same key is the same call
+
+
+async def test_a_remembered_call_keeps_neither_its_request_nor_its_traceback() -> None:
+    """A thousand remembered calls with large prompts must not hold their bodies for the window: what is kept
+    is a copy of the error, without the request, the raised traceback (the call's frames) or its cause's."""
+    body = b"x" * 1_000_000
+    request = httpx.Request("POST", "http://a/v1/chat/completions", content=body)
+    retry = httpx.Request(
+        "POST", "http://a/v1/chat/completions", content=body, headers={"x-stainless-retry-count": "1"}
+    )
+    sent_request = weakref.ref(request)
+
+    def fail(request: httpx.Request) -> AllAttemptsFailed:
+        try:
+            try:
+                raise httpx.ConnectError("connection refused", request=request)
+            except httpx.ConnectError as refused:
+                raise AllAttemptsFailed("every attempt failed", request=request) from refused
+        except AllAttemptsFailed as error:
+            return error  # raised, so its traceback holds this frame (and ``request``)
+
+    memory = GivenUp()
+    memory.remember(request, body, fail(request), now=0.0)
+    del request
+    gc.collect()
+    assert sent_request() is None
+    again = await memory.recall(retry, now=1.0)
+    assert isinstance(again, AllAttemptsFailed) and "every attempt failed" in again.message
+    assert isinstance(again.__cause__, httpx.ConnectError) and str(again.__cause__) == "connection refused"
 
 
 async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memory() -> None:
