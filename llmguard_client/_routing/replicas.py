@@ -337,12 +337,26 @@ class ReplicaSet:
 
 def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
     """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
-    swapped for ``base``'s; otherwise its path is appended to ``base``. Query kept."""
+    swapped for ``base``'s; otherwise its path goes under ``base``'s, the segments they share
+    written once (`joined`). Query kept."""
     path = url.raw_path.split(b"?", 1)[0].decode("ascii")
     for candidate in known:
         if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
             prefix = candidate.path.rstrip("/")
             if path == prefix or path.startswith(prefix + "/"):
-                path = path[len(prefix) :]
-                break
-    return base.copy_with(path=base.path.rstrip("/") + path, query=url.query or None)
+                relative = path[len(prefix) :]
+                return base.copy_with(path=base.path.rstrip("/") + relative, query=url.query or None)
+    return base.copy_with(path=joined(base.path, path), query=url.query or None)
+
+
+def joined(base_path: str, path: str) -> str:
+    """``path`` (a request's whole path) under ``base_path`` (a replica's), with the longest end of the base
+    that begins the path written once: both are OpenAI-style base URLs more often than not, so a base
+    ``/tenant/v1`` and a request for ``/v1/chat/completions`` (sent to a virtual ``http://llm.internal/v1``)
+    give ``/tenant/v1/chat/completions``, not ``/tenant/v1/v1/chat/completions``."""
+    segments = base_path.rstrip("/").split("/")  # "/tenant/v1" -> ["", "tenant", "v1"]
+    for start in range(1, len(segments)):
+        end = "/" + "/".join(segments[start:])
+        if path == end or path.startswith(end + "/"):
+            return "/".join(segments[:start]) + path
+    return "/".join(segments) + path

@@ -35,12 +35,29 @@ R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
         ("http://10.0.0.1:8000/v1", R2_API, (R1_V1, R2_API), "https://gw.example.com/tenant/api/v1"),
         # same host, path not under the known prefix: appended to the target's base
         ("http://10.0.0.1:8000/v1beta/models", R2, (R1_V1, R2), "http://10.0.0.2:9000/v1beta/models"),
-        # unknown host: the path is appended to the base
+        # unknown host: the path goes under the base, the segments they share (an OpenAI-style /v1) once
         ("http://api.example.com/v1/chat/completions", R1, (R1, R2), "http://10.0.0.1:8000/v1/chat/completions"),
         ("http://api.example.com/chat/completions", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/chat/completions"),
-        # same host, another port or scheme: not that replica
-        ("http://10.0.0.1:8001/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v1/models"),
-        ("https://10.0.0.1:8000/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v1/models"),
+        ("http://llm.internal/v1/chat/completions", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/chat/completions"),
+        ("http://llm.internal/v1", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1"),
+        (
+            "http://llm.internal/v1/chat/completions",
+            R2_API,
+            (R2_API,),
+            "https://gw.example.com/tenant/api/v1/chat/completions",
+        ),
+        (
+            "http://llm.internal/api/v1/models",
+            R2_API,
+            (R2_API,),
+            "https://gw.example.com/tenant/api/v1/models",
+        ),
+        # shared only when whole segments match: /v1beta is not /v1
+        ("http://llm.internal/v1beta/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v1beta/models"),
+        ("http://llm.internal/other/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/other/v1/models"),
+        # same host, another port or scheme: not that replica (its path goes under the base, as any unknown one)
+        ("http://10.0.0.1:8001/v1/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/models"),
+        ("https://10.0.0.1:8000/v2/models", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/v2/models"),
     ],
     ids=[
         "no_prefix_to_other",
@@ -51,6 +68,12 @@ R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
         "prefix_lookalike",
         "unknown_host",
         "unknown_host_prefix_base",
+        "virtual_v1_on_v1",
+        "virtual_v1_exact",
+        "virtual_v1_on_deep_base",
+        "virtual_api_v1_on_deep_base",
+        "virtual_lookalike_segment",
+        "virtual_not_at_the_start",
         "other_port",
         "other_scheme",
     ],
