@@ -1,9 +1,16 @@
-"""Which event-loop thread serves a Guard's sync calls: started on first use, stopped with the Guard."""
+"""Which event-loop thread serves a Guard's sync calls: started on first use, stopped with the Guard.
+
+A process forked after a Guard's sync calls started its thread (gunicorn ``--preload``, a prefork worker pool,
+``multiprocessing`` with fork) has no such thread: its sync calls would wait for it for ever. In the child such
+a Guard refuses every sync call at once with `FORKED`, and closing it closes nothing (its connections are the
+parent's, still in use there).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import threading
 import weakref
@@ -19,13 +26,36 @@ if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
 
 
+FORKED = (
+    "this Guard made sync calls before the process forked: its event-loop thread and its connections stayed in "
+    "the parent, so it cannot serve this process; build the Guard in each worker process, after the fork (e.g. "
+    "in gunicorn's post_fork hook, or without --preload)"
+)
+"""Why a sync call is refused in a child forked after the Guard's sync calls started."""
+
+
 class _Closed:
-    __slots__ = ()
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-_CLOSED = _Closed()
+_CLOSED = _Closed(CLOSED)
+_FORKED = _Closed(FORKED)
 _runners: weakref.WeakKeyDictionary[GuardHandle, SyncRunner | _Closed] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    for guard, runner in list(_runners.items()):
+        if isinstance(runner, SyncRunner):
+            runner.orphan()  # nor may its finalizer wait for the thread at exit
+            _runners[guard] = _FORKED
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def runner_for(guard: GuardHandle) -> SyncRunner:
@@ -33,7 +63,7 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
     with _lock:
         runner = _runners.get(guard)
         if isinstance(runner, _Closed):
-            raise GuardClosed(CLOSED)
+            raise GuardClosed(runner.why)
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner
@@ -55,6 +85,9 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
     nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
     with _lock:
         runner = _runners.get(guard)
+        if runner is _FORKED:  # the connections are the parent's: nothing of this Guard to close here
+            _runners[guard] = _CLOSED
+            return True
         if not isinstance(runner, SyncRunner) or runner.in_own_thread():
             if runner is None:
                 _runners[guard] = _CLOSED
@@ -66,6 +99,10 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
 
 def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
     """``Guard.close(grace)``: the same as ``await guard.aclose(grace)``, from sync code."""
+    with _lock:
+        if _runners.get(guard) is _FORKED:  # the connections are the parent's: nothing to close here
+            _runners[guard] = _CLOSED
+            return
     runner = running_runner(guard)
     if runner is not None:
         with _lock:

@@ -280,6 +280,10 @@ class SyncRunner:
     def in_own_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def orphan(self) -> None:
+        """In a forked child: the loop's thread stayed in the parent; nothing here runs it or may stop it."""
+        self._stopped = True
+
     def _serve(self) -> None:
         async def main() -> None:
             # The loop is asyncio's (anyio.run's default); the sync edges wake it with call_soon_threadsafe.
