@@ -274,8 +274,15 @@ class RetryPolicy:
             )
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
-        if self.same_replica_backoff != 0:
-            _positive("RetryPolicy", "same_replica_backoff (or 0)", self.same_replica_backoff)
+        same = self.same_replica_backoff
+        if (
+            isinstance(same, bool)
+            or not isinstance(same, (int, float))
+            or not (same == 0 or (math.isfinite(same) and same > 0))
+        ):
+            raise GuardConfigError(
+                f"RetryPolicy.same_replica_backoff must be 0 (off) or a positive finite number of seconds, got {same!r}"
+            )
         if self.backoff_max < self.backoff_initial:
             raise GuardConfigError(
                 f"RetryPolicy.backoff_max ({self.backoff_max}) must not be below backoff_initial "

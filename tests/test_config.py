@@ -259,6 +259,14 @@ def test_retry_policy_seconds(field: str, value: Any) -> None:
     config_error(lambda: RetryPolicy(**{field: value}), f"RetryPolicy.{field}", "positive finite number")
 
 
+@pytest.mark.parametrize("value", [-1, math.nan, math.inf, False, "0.5"], ids=["negative", "nan", "inf", "bool", "str"])
+def test_retry_same_replica_backoff(value: Any) -> None:
+    config_error(
+        lambda: RetryPolicy(same_replica_backoff=value), "RetryPolicy.same_replica_backoff", "0 (off) or a positive"
+    )
+    assert RetryPolicy(same_replica_backoff=0).same_replica_backoff == 0
+
+
 def test_retry_backoff_max_below_backoff_initial() -> None:
     config_error(
         lambda: RetryPolicy(backoff_initial=5.0),

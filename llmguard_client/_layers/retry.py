@@ -300,8 +300,9 @@ class RetryLayer:
             wait = 0.0  # overload on one replica: go to another at once
         else:
             wait = self.backoff(rounds)
-            if state in failed:  # back to a replica that failed this call: give it a moment to recover
-                wait = max(wait, self.backoff.returning(sum(f is state for f in failed)))
+            times = sum(f is state for f in failed)
+            if times:  # back to a replica that failed this call: give it a moment to recover
+                wait = max(wait, self.backoff.returning(times))
             if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         if not fits_deadline(call, now, wait, deadline):

@@ -48,6 +48,8 @@ _lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
     for guard, runner in list(_runners.items()):
         if isinstance(runner, SyncRunner):
             runner.orphan()  # nor may its finalizer wait for the thread at exit
