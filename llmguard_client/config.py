@@ -181,6 +181,11 @@ class HedgePolicy:
     paths:         path suffixes hedged by default (idempotent-safe generation calls; a
                    Responses API call with ``store: true`` stores the loser's response too);
                    ``hedge_all_paths=True`` hedges every path.
+    non_streaming: hedge calls that ask for no stream too (off by default). Such an answer comes
+                   whole, so a hedge races a whole generation and the loser's is wasted, and the
+                   delay learned from those calls' durations measures mostly their answers' length:
+                   every call longer than ``max_delay`` is hedged until the budget is spent, and the
+                   budget is then empty for the stragglers (``python -m benchmarks.non_streaming_hedges``).
     """
 
     delay: float | None = None
@@ -193,8 +198,11 @@ class HedgePolicy:
     on_failure: bool = True
     paths: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/messages")
     hedge_all_paths: bool = False
+    non_streaming: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.non_streaming, bool):
+            raise GuardConfigError(f"HedgePolicy.non_streaming must be True or False, got {self.non_streaming!r}")
         _positive("HedgePolicy", "delay", self.delay, allow_none=True)
         _positive("HedgePolicy", "min_delay", self.min_delay)
         _positive("HedgePolicy", "max_delay", self.max_delay)

@@ -232,6 +232,10 @@ def test_hedge_quantile(value: Any) -> None:
     config_error(lambda: HedgePolicy(quantile=value), "HedgePolicy.quantile", "(0, 1)")
 
 
+def test_hedge_non_streaming_is_a_bool() -> None:
+    config_error(lambda: HedgePolicy(non_streaming="yes"), "HedgePolicy.non_streaming", "True or False")  # type: ignore[arg-type]
+
+
 def test_hedge_quantile_of_the_wrong_type() -> None:
     config_error(lambda: HedgePolicy(quantile="0.95"), "HedgePolicy.quantile")  # type: ignore[arg-type]
 

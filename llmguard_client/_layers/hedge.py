@@ -60,9 +60,12 @@ class HedgeLayer:
         return await self._race(call, route, call_next, hedges)
 
     def _hedges_for(self, call: Call) -> int:
-        if self.policy is None or not call.hedgeable or len(self.replicas) < 2:
+        policy = self.policy
+        if policy is None or not call.hedgeable or len(self.replicas) < 2:
             return 0
-        return self.policy.max_hedges
+        if not call.record.stream and not policy.non_streaming:  # a whole answer per hedge: `HedgePolicy`
+            return 0
+        return policy.max_hedges
 
     def _delay(self, call: Call, primary: ReplicaState) -> float:
         assert self.policy is not None

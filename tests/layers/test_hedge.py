@@ -52,6 +52,31 @@ def test_a_hedge_fires_at_exactly_its_delay(backend: str) -> None:
 
 
 @BACKENDS
+@pytest.mark.parametrize("opted_in", [False, True], ids=["default", "non_streaming"])
+def test_a_call_that_asks_for_no_stream_is_hedged_only_when_opted_in(backend: str, opted_in: bool) -> None:
+    """Its answer comes whole: a hedge would race a whole generation, so by default it gets none."""
+    slow = Plan(headers_after=3.0, stream=False)  # the whole answer after 3 s
+    fakes = {"http://a.test": FakeReplica("a", [slow]), "http://b.test": FakeReplica("b", [slow])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        hedge = HedgePolicy(delay=0.2, non_streaming=opted_in)
+        tiers = {"interactive": Tier(ttft=10.0, total=20.0)}
+        async with guard_for(fakes, records, hedge=hedge, tiers=tiers) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json={**BODY, "stream": False})
+            assert response.status_code == 200
+
+    run_virtual(main, backend)
+    attempts = records[0].attempts
+    if opted_in:
+        assert [a.kind for a in attempts] == ["primary", "hedge"]
+        assert attempts[1].start - attempts[0].start == pytest.approx(0.2, abs=1e-9)
+    else:
+        assert [a.kind for a in attempts] == ["primary"]
+    assert sum(f.requests for f in fakes.values()) == len(attempts)
+
+
+@BACKENDS
 def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95(backend: str) -> None:
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02)]),
