@@ -313,6 +313,18 @@ async def test_a_server_answer_is_handed_back_marked_no_retry_even_in_raise_mode
     assert len(upstream.seen) == 3
 
 
+@pytest.mark.parametrize("status", [500, 503, 429])
+async def test_a_status_the_guard_does_not_retry_on_a_path_is_left_to_the_sdk(status: int) -> None:
+    """Off the generation paths (embeddings, files, ...) the guard retries connect errors only: a server's 5xx or
+    429 there is the SDK's to retry, as without a guard, so it is not marked ``x-should-retry: false``."""
+    upstream = Upstream(lambda replica, request, n: httpx.Response(status, json={"error": {"message": "busy"}}))
+    sdk = {"x-stainless-lang": "python", "x-stainless-retry-count": "0"}
+    async with make_guard(upstream, failure_mode="auto") as guard, guard.http_client() as client:
+        response = await client.post(R1 + "/v1/embeddings", json={"model": "m", "input": "hi"}, headers=sdk)
+    assert response.status_code == status and len(upstream.seen) == 1  # the guard sent it once
+    assert "x-should-retry" not in response.headers
+
+
 # --- retries -------------------------------------------------------------------------------------------
 
 
