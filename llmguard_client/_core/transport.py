@@ -389,9 +389,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             cause = error.cause if error is not None else "upstream_status"
             call.record.answered(last.status_code, last.attempt.replica)
             await lease.aclose("rejected" if error is not None else "http_error", cause)
-            # The guard retried (or refused to): the SDK must not retry on top. A status the guard does not retry on
-            # this path (a non-generation call: connect errors only) is the SDK's to retry, as without a guard.
-            no_retry = error is not None or (self._retries and call.retry_any_status)
+            # The guard retried, or stopped retrying (attempts, budget, deadline): the SDK must not retry on top. An
+            # answer the guard does not retry at all (a 409 or a 52x, any status off the generation paths) is the
+            # SDK's to retry or not, as without a guard.
+            no_retry = error is not None or (self._retries and outcome.stopped != "not_retryable")
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):

@@ -313,14 +313,19 @@ async def test_a_server_answer_is_handed_back_marked_no_retry_even_in_raise_mode
     assert len(upstream.seen) == 3
 
 
-@pytest.mark.parametrize("status", [500, 503, 429])
-async def test_a_status_the_guard_does_not_retry_on_a_path_is_left_to_the_sdk(status: int) -> None:
-    """Off the generation paths (embeddings, files, ...) the guard retries connect errors only: a server's 5xx or
-    429 there is the SDK's to retry, as without a guard, so it is not marked ``x-should-retry: false``."""
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [("/v1/embeddings", 500), ("/v1/embeddings", 503), ("/v1/embeddings", 429), (CHAT, 409), (CHAT, 522)],
+    ids=["embeddings-500", "embeddings-503", "embeddings-429", "chat-409", "chat-522"],
+)
+async def test_an_answer_the_guard_does_not_retry_is_left_to_the_sdk(path: str, status: int) -> None:
+    """Off the generation paths (embeddings, files, ...) the guard retries connect errors only, and on them it
+    retries `RetryPolicy.retry_statuses`: any other answer an SDK retries (409, a gateway's 52x, a 5xx off the
+    generation paths) is the SDK's to retry, as without a guard, so it is not marked ``x-should-retry: false``."""
     upstream = Upstream(lambda replica, request, n: httpx.Response(status, json={"error": {"message": "busy"}}))
     sdk = {"x-stainless-lang": "python", "x-stainless-retry-count": "0"}
     async with make_guard(upstream, failure_mode="auto") as guard, guard.http_client() as client:
-        response = await client.post(R1 + "/v1/embeddings", json={"model": "m", "input": "hi"}, headers=sdk)
+        response = await client.post(R1 + path, json={"model": "m", "input": "hi"}, headers=sdk)
     assert response.status_code == status and len(upstream.seen) == 1  # the guard sent it once
     assert "x-should-retry" not in response.headers
 
