@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import os, signal, sys
-import httpx
 from llmguard_client import Guard, GuardClosed
 from tests.loopback import loopback_cluster
 
