@@ -282,6 +282,8 @@ class ReplicaSet:
                 self.shared.closed(state)
         if state.probing:
             state.cooling_until, state.probing = 0.0, False
+        if state.tripped:
+            logger.info("llmguard: replica %s answered again; its circuit is closed", state.name)
         state.consecutive_failures = 0
         state.open_until = 0.0
         state.tripped = False
@@ -318,10 +320,19 @@ class ReplicaSet:
         self.router.saw_headers(state, now, headers)
 
     def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
-        """Count a failure (connect error, 5xx, reset); True when it opened the circuit."""
+        """Count a failure (connect error, 5xx, reset); True when it opened the circuit. The first opening of an
+        episode is logged (a probe that fails again reopens it silently; the probe that succeeds says so)."""
         state.consecutive_failures += 1
         self.router.failed(state, now)
         if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
+            if not state.tripped:
+                logger.warning(
+                    "llmguard: replica %s failed %d calls in a row; its circuit is open: no new calls for %gs, "
+                    "then a probe (until one succeeds)",
+                    state.name,
+                    state.consecutive_failures,
+                    cooldown,
+                )
             state.open_until = now + cooldown
             state.consecutive_failures = 0
             state.tripped = True

@@ -7,6 +7,7 @@ Every test injects ``now``; nothing here sleeps.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections import Counter
 
@@ -317,6 +318,28 @@ def test_circuit_opens_after_n_consecutive_failures() -> None:
     assert r0.open_until == pytest.approx(NOW + 0.2 + 5.0)
     assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
     assert rs.pick_ready(NOW + 1, exclude=[r1]) is None
+
+
+def test_a_circuit_episode_is_logged_once_when_it_opens_and_once_when_it_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rs = replica_set(2)
+    r0, _ = rs.states
+    caplog.set_level(logging.INFO, logger="llmguard_client")
+    for _ in range(3):
+        rs.failed(r0, NOW, threshold=3, cooldown=5.0)
+    assert rs.failed(r0, NOW + 5.0, threshold=3, cooldown=5.0)  # its probe failed: open again, nothing new to say
+    rs.succeeded(r0, ttft=0.1, now=NOW + 10.0)  # the next probe answered
+    rs.succeeded(r0, ttft=0.1, now=NOW + 10.1)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "llmguard: replica http://r0:8000 failed 3 calls in a row; its circuit is open: no new calls for 5s, "
+            "then a probe (until one succeeds)",
+        ),
+        ("INFO", "llmguard: replica http://r0:8000 answered again; its circuit is closed"),
+    ]
 
 
 def test_circuit_closes_after_its_cool_down() -> None:
