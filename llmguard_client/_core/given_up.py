@@ -149,10 +149,7 @@ def kept(error: GuardFailure) -> GuardFailure:
     """What is remembered of ``error``: a copy that holds no request and no traceback. The raised error's
     traceback keeps the call's frames alive, and its request (and its cause's) the request body: a thousand
     remembered calls with large prompts would otherwise hold gigabytes for the `WINDOW`."""
-    copy = type(error)(error.message, record=error.record, retry_after=error.retry_after)
-    copy.cause = error.cause
-    copy.__cause__ = _detached(error.__cause__)
-    return copy
+    return _copy(error, error.message, None, _detached(error.__cause__))
 
 
 def _detached(error: BaseException | None) -> BaseException | None:
@@ -169,12 +166,16 @@ def _detached(error: BaseException | None) -> BaseException | None:
 def again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:
     """The same failure for the retry (a new exception: each raise gets its own traceback)."""
     retry = f"retry {count} of " if count else "a retry of "
-    fresh = type(error)(
-        f"{retry}a call the guard already gave up on, failed at once (nothing sent): {error.message}",
-        request=request,
-        record=error.record,
-        retry_after=error.retry_after,
-    )
+    message = f"{retry}a call the guard already gave up on, failed at once (nothing sent): {error.message}"
+    return _copy(error, message, request, error.__cause__)
+
+
+def _copy(
+    error: GuardFailure, message: str, request: httpx.Request | None, cause: BaseException | None
+) -> GuardFailure:
+    """A new ``error``: the same type, record, retry-after and cause string, with ``message``, ``request`` and
+    ``cause`` as its ``__cause__``."""
+    fresh = type(error)(message, request=request, record=error.record, retry_after=error.retry_after)
     fresh.cause = error.cause
-    fresh.__cause__ = error.__cause__
+    fresh.__cause__ = cause
     return fresh
