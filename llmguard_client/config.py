@@ -32,7 +32,9 @@ def _int_at_least(owner: str, name: str, value: object, low: int, high: int | No
         raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
 
 
-def _positive(owner: str, name: str, value: float | None, *, allow_none: bool = False) -> None:
+def _positive(
+    owner: str, name: str, value: float | None, *, allow_none: bool = False, allow_zero: bool = False
+) -> None:
     if value is None and allow_none:
         return
     if (
@@ -40,9 +42,12 @@ def _positive(owner: str, name: str, value: float | None, *, allow_none: bool = 
         or isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
-        or value <= 0
+        or value < 0
+        or (value == 0 and not allow_zero)
     ):
         accepted = "a positive finite number of seconds" + (" or None" if allow_none else "")
+        if allow_zero:
+            accepted = "0 (off) or " + accepted
         raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
 
 
@@ -282,15 +287,7 @@ class RetryPolicy:
             )
         _positive("RetryPolicy", "backoff_initial", self.backoff_initial)
         _positive("RetryPolicy", "backoff_max", self.backoff_max)
-        same = self.same_replica_backoff
-        if (
-            isinstance(same, bool)
-            or not isinstance(same, (int, float))
-            or not (same == 0 or (math.isfinite(same) and same > 0))
-        ):
-            raise GuardConfigError(
-                f"RetryPolicy.same_replica_backoff must be 0 (off) or a positive finite number of seconds, got {same!r}"
-            )
+        _positive("RetryPolicy", "same_replica_backoff", self.same_replica_backoff, allow_zero=True)
         if self.backoff_max < self.backoff_initial:
             raise GuardConfigError(
                 f"RetryPolicy.backoff_max ({self.backoff_max}) must not be below backoff_initial "
