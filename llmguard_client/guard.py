@@ -271,7 +271,7 @@ class Guard:
         """The provider rate limits' buckets (None: no `RateLimit` configured)."""
         urgent_ttft = min(tier.ttft for tier in policies.tiers.values())
         self._admission = AdmissionLayer(admission, clock, self._replica_set, urgent_ttft)
-        self._passthrough_pool = PassthroughPool((s.base, s.transport) for s in self._replica_set.states)
+        self._passthrough_pool = PassthroughPool(self._replica_set.states)
         """Control calls' transports: a replica's own pool for its origin, one shared pool otherwise."""
         state = SharedState(
             replicas=self._replica_set,

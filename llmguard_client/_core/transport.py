@@ -141,11 +141,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._given_up = GivenUp()
         """Calls given up on with an error, or whose retry the SDK sends: `llmguard_client._core.given_up`."""
         self._warned_stacking = False
-        self._loops = LoopOwner()
+        self._loops = LoopOwner(self._new_pools)
 
     @property
     def closed(self) -> bool:
         return self._registry.closed
+
+    def _new_pools(self) -> list[httpx.AsyncBaseTransport]:
+        """New connection pools for the replicas and the control calls (the next event loop's); the old ones,
+        for `LoopOwner` to close. None once the Guard is closed: its pools are closed already."""
+        if self._registry.closed:
+            return []
+        return [*self._replicas.renew_transports(), *self.passthrough_pool.renew()]
 
     # --- the request path -----------------------------------------------------------------
 
@@ -156,9 +163,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
-            wrong_loop = self._loops.claim()
-            if wrong_loop is not None:
-                raise WrongEventLoop(wrong_loop, request=request)
+            if not self._loops.owns():
+                wrong_loop = await self._loops.claim()
+                if wrong_loop is not None:
+                    raise WrongEventLoop(wrong_loop, request=request)
             if request.url.scheme not in ("http", "https") or not request.url.host:
                 raise GuardRequestError(
                     f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "

@@ -35,6 +35,7 @@ from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.proxy import environment_proxy
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
+from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
@@ -53,8 +54,9 @@ TransportForUrl = Callable[[httpx.URL], httpx.AsyncBaseTransport]
 class PassthroughPool:
     """Transports for pass-through calls: a replica's own pool for its origin, one shared pool for the rest."""
 
-    def __init__(self, replicas: Iterable[tuple[httpx.URL, httpx.AsyncBaseTransport]]) -> None:
-        self._by_origin = {_origin_key(url): transport for url, transport in replicas}
+    def __init__(self, replicas: Iterable[ReplicaState]) -> None:
+        self._by_origin = {_origin_key(state.base): state for state in replicas}
+        """Each replica by its origin: its transport is read per call (it is renewed for another event loop)."""
         self._other: dict[str | None, httpx.AsyncHTTPTransport] = {}
         """The shared pools for other origins, by the proxy the environment names for them (None: direct)."""
         self._other_origins: dict[tuple[str, str, int | None], httpx.AsyncHTTPTransport] = {}
@@ -64,7 +66,10 @@ class PassthroughPool:
 
     def for_url(self, url: httpx.URL) -> httpx.AsyncBaseTransport:
         origin = _origin_key(url)
-        transport = self._by_origin.get(origin) or self._other_origins.get(origin)
+        replica = self._by_origin.get(origin)
+        if replica is not None:
+            return replica.transport
+        transport = self._other_origins.get(origin)
         if transport is not None:
             return transport
         proxy = environment_proxy(url)
@@ -78,12 +83,17 @@ class PassthroughPool:
             self._other_origins[origin] = other
             return other
 
+    def renew(self) -> list[httpx.AsyncHTTPTransport]:
+        """Forget the shared pools (another event loop builds its own as it needs them) and return them."""
+        with self._lock:
+            others, self._other, self._other_origins = list(self._other.values()), {}, {}
+        return others
+
     async def aclose(self) -> None:
         """Close the shared pools (the replicas' pools belong to the replica set)."""
         with self._lock:
             self._closed = True
-            others, self._other, self._other_origins = list(self._other.values()), {}, {}
-        for other in others:
+        for other in self.renew():
             await other.aclose()
 
 

@@ -140,6 +140,7 @@ class ReplicaSet:
         self.panic_threshold = panic_threshold
         """Below this share of healthy replicas, open circuits still take calls (`RetryPolicy.panic_threshold`)."""
         self._panicking = False
+        self._transport_factory = transport_factory
         self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
@@ -340,6 +341,13 @@ class ReplicaSet:
                 self.shared.opened(state, cooldown)
             return True
         return False
+
+    def renew_transports(self) -> list[httpx.AsyncBaseTransport]:
+        """Give each replica a new transport from the factory (for another event loop); returns the old ones."""
+        old = [state.transport for state in self.states]
+        for state in self.states:
+            state.transport = self._transport_factory(state.replica)
+        return old
 
     async def aclose(self) -> None:
         for state in self.states:

@@ -1,19 +1,17 @@
 """Bad input is refused before anything is sent, with an error that names what was wrong.
 
-A list of tiers, a relative URL (async and sync), a closed Guard asked for a client, one Guard used from a
-second event loop (two threads each running ``asyncio.run``; then a later ``asyncio.run``).
+A list of tiers, a relative URL (async and sync), a closed Guard asked for a client. (A second event loop
+running beside the Guard's: tests/core/test_loop_owner.py.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from llmguard_client import Guard, GuardClosed, GuardConfigError, GuardRequestError, Tier, WrongEventLoop
+from llmguard_client import Guard, GuardClosed, GuardConfigError, GuardRequestError, Tier
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer
 
@@ -65,80 +63,6 @@ def test_a_closed_guard_hands_out_no_client(servers: list[LoopbackServer], hand_
     guard.close()
     with pytest.raises(GuardClosed, match="hands out no new clients"):
         hand_out(guard)
-
-
-def test_a_second_event_loop_gets_a_clear_error(servers: list[LoopbackServer]) -> None:
-    """Thread A's loop makes a call and stays up while thread B's loop calls: B is refused, naming the fix,
-    and nothing is sent for it; a later asyncio.run, after A's loop ended, is refused the same way."""
-    guard = Guard([servers[0].url], instrumentation=None, transport_factory=pools)
-    a_called, b_done = threading.Event(), threading.Event()
-    seen: dict[str, BaseException | str] = {}
-
-    async def call(name: str) -> None:
-        client = openai.AsyncOpenAI(
-            base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
-        )
-        try:
-            await client.chat.completions.create(
-                model="m",
-                messages=BODY["messages"],  # type: ignore[arg-type]
-                extra_headers={"connection": "close"},  # nothing kept in the pool for the ended loop to leak
-            )
-            seen[name] = "ok"
-        except openai.APIError as exc:
-            seen[name] = exc
-
-    async def a() -> None:
-        await call("a")
-        a_called.set()
-        await asyncio.to_thread(b_done.wait, 10)
-
-    def b() -> None:
-        a_called.wait(10)
-        asyncio.run(call("b"))
-        b_done.set()
-
-    threads = [threading.Thread(target=asyncio.run, args=(a(),)), threading.Thread(target=b)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    asyncio.run(call("later"))
-    guard_loop_ended = seen["later"]
-    try:
-        assert seen["a"] == "ok"
-        refused = seen["b"]
-        assert isinstance(refused, openai.BadRequestError)  # response mode for the SDK: a 400, not retried
-        assert "still running" in refused.message and "one Guard per event loop" in refused.message
-        assert "sync_http_client" in refused.message
-        assert isinstance(guard_loop_ended, openai.BadRequestError) and "which has ended" in guard_loop_ended.message
-        assert len(servers[0].received) == 1
-    finally:
-        guard.close()
-
-
-async def test_raise_mode_raises_wrong_event_loop(servers: list[LoopbackServer]) -> None:
-    guard = Guard([servers[0].url], instrumentation=None, transport_factory=pools)
-    try:
-        async with guard.http_client() as client:
-            assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
-
-        def elsewhere() -> BaseException | None:
-            async def go() -> None:
-                async with guard.http_client() as other:
-                    await other.post(servers[0].url + CHAT, json=BODY)
-
-            try:
-                asyncio.run(go())
-            except WrongEventLoop as exc:
-                return exc
-            return None
-
-        error = await asyncio.to_thread(elsewhere)
-        assert isinstance(error, WrongEventLoop) and isinstance(error, GuardRequestError)
-        assert error.cause == "wrong_event_loop" and len(servers[0].received) == 1
-    finally:
-        await guard.aclose()
 
 
 def test_a_relative_url_on_a_client_with_a_base_url_is_sent(servers: list[LoopbackServer]) -> None:

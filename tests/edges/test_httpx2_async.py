@@ -146,7 +146,8 @@ async def test_no_async_generator_is_left_for_the_loop_to_finalize(
 ) -> None:
     """openai >= 3 iterates a body twice (it drains after [DONE]) and leaves the first iteration
     suspended; an edge generator left so raced the response's close at loop shutdown
-    ("aclose(): asynchronous generator is already running")."""
+    ("aclose(): asynchronous generator is already running"). (The one generator left on purpose closes the
+    Guard's pools as the loop ends: tests/core/test_loop_owner.py.)"""
     import gc
     import inspect
 
@@ -157,4 +158,5 @@ async def test_no_async_generator_is_left_for_the_loop_to_finalize(
         pass
     gc.collect()
     left = [o for o in gc.get_objects() if inspect.isasyncgen(o) and "llmguard_client" in o.ag_code.co_filename]
+    left = [o for o in left if not o.ag_code.co_filename.endswith("loop_owner.py")]
     assert left == []

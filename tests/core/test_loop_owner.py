@@ -1,0 +1,156 @@
+"""One Guard across event loops: refused from a second loop while the first runs; taken over by the next loop
+once the first has ended (a script's second ``asyncio.run``, a loop per test, a task queue's ``asyncio.run``
+per task), each loop's connections closed as it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llmguard_client import Guard, WrongEventLoop
+from tests.edges.conftest import client_sockets, eventually, pools
+from tests.loopback import LoopbackServer
+
+openai = pytest.importorskip("openai")
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+BODY = {"model": "m", "messages": MESSAGES}
+CHAT = "/v1/chat/completions"
+
+
+def sdk_call(guard: Guard, server: LoopbackServer) -> str:
+    """One chat completion through the openai SDK with no retry of its own (so a failure is not hidden)."""
+
+    async def call() -> str:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+        return answer.choices[0].message.content or ""
+
+    return asyncio.run(call())
+
+
+@pytest.fixture
+def server(servers: list[LoopbackServer]) -> Iterator[LoopbackServer]:
+    assert eventually(lambda: client_sockets(servers[:1]) == 0)  # nothing left by an earlier test
+    yield servers[0]
+
+
+def test_each_asyncio_run_in_turn_is_served_and_closes_its_connections(server: LoopbackServer) -> None:
+    """Without a Guard the second ``asyncio.run`` fails (``RuntimeError: Event loop is closed``: the pool kept
+    the first loop's connection) and the third is served; through one Guard every run is, then a sync call."""
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    try:
+        for _ in range(3):
+            assert sdk_call(guard, server) != ""
+            assert eventually(lambda: client_sockets([server]) == 0)  # closed as its loop ended, not left to gc
+        with guard.sync_http_client() as client:  # the Guard's own loop takes over too
+            assert client.post(server.url + CHAT, json={"model": "m", "messages": MESSAGES}).is_success
+        assert len(server.received) == 4
+    finally:
+        guard.close()
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+def test_a_guard_closes_from_sync_code_after_its_loop_ended(server: LoopbackServer) -> None:
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    assert sdk_call(guard, server) != ""
+    guard.close()
+    assert guard.closed
+
+
+def test_a_loop_closed_without_finalizing_leaves_its_connection_to_be_dropped(server: LoopbackServer) -> None:
+    """``loop.close()`` alone runs no finalizer, so the connection stays open with its ended loop: the next loop
+    to call drops it (asyncio closes its socket when it is collected, with its ResourceWarning, as for an
+    httpx client's) and is served on a connection of its own."""
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(guard.http_client().post(server.url + CHAT, json=BODY))
+    finally:
+        loop.close()
+    assert client_sockets([server]) == 1
+    dropped: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: dropped.append(str(unraisable.exc_value))
+    try:
+        assert sdk_call(guard, server) != ""
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+        guard.close()
+    assert any("unclosed transport" in message for message in dropped)
+    assert eventually(lambda: client_sockets([server]) == 0)
+    assert len(server.received) == 2
+
+
+def test_a_second_loop_is_refused_while_the_first_runs_and_served_once_it_ended(server: LoopbackServer) -> None:
+    """Thread A's loop makes a call and stays up while thread B's loop calls: B is refused, naming the fix,
+    and nothing is sent for it (in response mode the SDK gets a 400 it does not retry); once A's loop has
+    ended, another ``asyncio.run`` is served."""
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    a_called, b_done = threading.Event(), threading.Event()
+    seen: dict[str, BaseException | str] = {}
+
+    def call(name: str) -> None:
+        try:
+            seen[name] = sdk_call(guard, server)
+        except openai.APIError as exc:
+            seen[name] = exc
+
+    async def a() -> None:
+        client = guard.http_client()
+        seen["a"] = (await client.post(server.url + CHAT, json=BODY)).text
+        a_called.set()
+        await asyncio.to_thread(b_done.wait, 10)
+
+    def b() -> None:
+        a_called.wait(10)
+        call("b")
+        b_done.set()
+
+    threads = [threading.Thread(target=asyncio.run, args=(a(),)), threading.Thread(target=b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    call("later")
+    try:
+        refused = seen["b"]
+        assert isinstance(refused, openai.BadRequestError)
+        assert "still running" in refused.message and "one Guard per running event loop" in refused.message
+        assert "sync_http_client" in refused.message
+        assert seen["later"] != "" and isinstance(seen["later"], str)
+        assert len(server.received) == 2  # A's and the later one: nothing for B
+    finally:
+        guard.close()
+
+
+async def test_raise_mode_raises_wrong_event_loop(server: LoopbackServer) -> None:
+    async with Guard([server.url], instrumentation=None, transport_factory=pools) as guard:
+        async with guard.http_client() as client:
+            assert (await client.post(server.url + CHAT, json=BODY)).status_code == 200
+
+        def elsewhere() -> BaseException | None:
+            async def go() -> None:
+                async with guard.http_client() as other:
+                    await other.post(server.url + CHAT, json=BODY)
+
+            try:
+                asyncio.run(go())
+            except WrongEventLoop as exc:
+                return exc
+            return None
+
+        error = await asyncio.to_thread(elsewhere)
+        assert isinstance(error, WrongEventLoop) and error.cause == "wrong_event_loop"
+        assert len(server.received) == 1
