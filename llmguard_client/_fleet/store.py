@@ -22,7 +22,7 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import anyio
 
@@ -31,6 +31,7 @@ from llmguard_client._fleet.url import FleetURL, redact_text
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.client import PubSub
 
 __all__ = ["FleetSnapshot", "FleetStore"]
 
@@ -39,6 +40,29 @@ logger = logging.getLogger("llmguard_client")
 T = TypeVar("T")
 Op = Callable[["Redis"], Awaitable[T]]
 State = Literal["idle", "connecting", "connected", "degraded", "closed"]
+
+
+async def _in_own_task(work: Awaitable[T]) -> T:
+    """``await work``, such that a cancellation of this task is never lost. redis-py loses one that lands in some
+    of its waits (a ping while connecting returns as if uncancelled: redis/redis-py#2028, #2551), and a supervisor
+    that went on to wait for trouble then kept ``asyncio.run`` from ever returning (it cancels each task once).
+    Here the work is a task of its own, waited for through `asyncio.wait`, which a cancellation always ends;
+    the work is then cancelled and given a second to stop."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task})
+    except BaseException:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task}, timeout=1.0)
+        raise
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # read, so that asyncio does not log it as never retrieved
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +74,8 @@ class FleetSnapshot:
     name: str
     """The Guard's name: every key starts with ``llmguard:{name}:``."""
     state: State
-    """idle (no call yet), connecting, connected, degraded (running on local state), closed."""
+    """idle (no call yet, or the event loop it ran on has ended), connecting, connected, degraded (running on local
+    state), closed."""
     connected: bool
     degraded: bool
     last_error: str | None
@@ -251,9 +276,14 @@ class FleetStore:
     async def _supervise(self) -> None:
         """The background task: `aclose` cancels this scope, not the task, so the shielded closing of the
         connections always runs to its end (a task's own cancellation would cut through the shield and leave
-        sockets behind)."""
-        with anyio.CancelScope() as self._stop:
-            await self._connect_forever()
+        sockets behind). Cancelled as its event loop ends, it leaves the store idle: the next loop's first call
+        starts it again."""
+        try:
+            with anyio.CancelScope() as self._stop:
+                await self._connect_forever()
+        finally:
+            if self._state != "closed":
+                self._state = "idle"
 
     async def _connect_forever(self) -> None:
         delay = self.backoff_initial
@@ -268,7 +298,7 @@ class FleetStore:
                 made = self.url.client(socket_timeout=self.connect_timeout, connect_timeout=self.connect_timeout)
                 client = cast("Redis", made)
                 with anyio.fail_after(self.connect_timeout):
-                    await client.ping()
+                    await _in_own_task(client.ping())
                 await self._session(client)
             except Exception as exc:
                 self.degrade(exc)
@@ -288,12 +318,7 @@ class FleetStore:
         pubsub = client.pubsub()
         try:
             with anyio.fail_after(self.connect_timeout):
-                if self._channels:
-                    await pubsub.subscribe(*self._channels)
-                for hook in self._on_connect:
-                    await hook(client)
-                for _, read in self._periodic:
-                    await read(client)
+                await _in_own_task(self._resync(client, pubsub))
             was = self._state
             self._state, self._client = "connected", client
             self.resyncs += 1
@@ -315,6 +340,15 @@ class FleetStore:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                 await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped in older redis-py
+
+    async def _resync(self, client: Redis, pubsub: PubSub) -> None:
+        """Subscribe, then run the resync hooks and each periodic read once."""
+        if self._channels:
+            await pubsub.subscribe(*self._channels)
+        for hook in self._on_connect:
+            await hook(client)
+        for _, read in self._periodic:
+            await read(client)
 
     async def _guarded(self, task: Callable[..., Awaitable[None]], *args: object) -> None:
         """Run one of the session's tasks; its failure degrades the store, which ends the session."""

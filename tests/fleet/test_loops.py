@@ -1,0 +1,70 @@
+"""A Guard with ``fleet=`` used from one ``asyncio.run`` after another (a script's runs, a loop per test, a task
+queue's ``asyncio.run`` per task): the store reconnects on each new loop, and a loop that ends while the store
+is connecting still ends."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from llmguard_client import Guard
+from tests.loopback import LoopbackServer
+from tests.redis_server import RedisServer
+
+T = TypeVar("T")
+BODY = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def run_in_turn(guard: Guard, *runs: Callable[[], Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.run`` of each in turn, in a thread of their own: a run that never returns fails the test (60 s: a
+    bound for a hang, not a timing; then the Guard cannot be closed either), else the Guard is closed."""
+    results: list[T] = []
+    runner = threading.Thread(target=lambda: results.extend(asyncio.run(run()) for run in runs), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), f"asyncio.run number {len(results) + 1} never returned"
+    guard.close()
+    return results
+
+
+def test_the_fleet_store_reconnects_on_each_new_event_loop(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    guard = Guard([servers[0].url], fleet=redis_server.url, name="loops")
+
+    async def run() -> tuple[str, int, int]:
+        before = guard.snapshot().fleet
+        assert before is not None
+        async with httpx.AsyncClient(transport=guard.transport) as client:
+            status = (await client.post(servers[0].url + "/v1/chat/completions", json=BODY)).status_code
+        with anyio.fail_after(15):
+            while not ((fleet := guard.snapshot().fleet) and fleet.connected):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        return before.state, status, fleet.resyncs
+
+    first, second = run_in_turn(guard, run, run)
+    assert first[:2] == ("idle", 200) and second[:2] == ("idle", 200)  # ended with the loop before
+    assert (first[2], second[2]) == (1, 2)  # connected once on each loop
+
+
+def test_a_loop_that_ends_while_the_store_connects_ends(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    """Ending the loop after 0, 1, 2... turns of it lands its cancellation on every step of the store's
+    connection in turn; redis-py loses one that lands in some of its waits, which left ``asyncio.run`` waiting
+    for ever on the store's task."""
+    guard = Guard([servers[0].url], fleet=redis_server.url, name="loop-ends")
+
+    async def start_then_end(turns: int) -> None:
+        async with httpx.AsyncClient(transport=guard.transport) as client:
+            assert (await client.post(servers[0].url + "/v1/chat/completions", json=BODY)).status_code == 200
+        for _ in range(turns):
+            await asyncio.sleep(0)
+
+    run_in_turn(guard, *(functools.partial(start_then_end, turns) for turns in range(40)))
