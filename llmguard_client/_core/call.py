@@ -70,9 +70,10 @@ class Call:
     its attempts' readers keep the text they deliver, which a continuation resumes from."""
     max_attempts: int | None = None
     """The most attempts (``x-llmguard-max-attempts``, else the tier's; None: the retry policy's)."""
-    one_shot: httpx.AsyncByteStream | None = None
-    """The caller's body when it can be sent only once (`llmguard_client._http.upload`): sent as it comes, on
-    the call's one attempt (``body`` is then empty)."""
+    streamed: httpx.AsyncByteStream | None = None
+    """The caller's body when the guard sends it as it is read (`llmguard_client._http.upload`; ``body`` is then
+    empty): an iterator's, sent as it comes on the call's one attempt, or a `ReplayableBody`, read again for
+    each attempt."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
 
@@ -129,10 +130,10 @@ class Call:
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
         headers = [(b"Host", url.netloc), *forwarded]
-        one_shot = self.one_shot if body is None else None
+        streamed = self.streamed if body is None else None
         if body is None:
             body = self.body
-        if one_shot is not None:
+        if streamed is not None:
             headers += framing_headers(self.request)
         elif body or self.request.method in _BODY_METHODS:
             headers.append((b"Content-Length", str(len(body)).encode()))
@@ -140,10 +141,10 @@ class Call:
             self.request.method,
             url,
             headers=headers,
-            stream=one_shot if one_shot is not None else httpx.ByteStream(body),
+            stream=streamed if streamed is not None else httpx.ByteStream(body),
             extensions=dict(self.request.extensions),
         )
-        if one_shot is None:
+        if streamed is None:
             request.read()
         plain: dict[str, str] = {}
         self.observation.attempt_started(attempt, state.url_text(url), plain)

@@ -46,7 +46,7 @@ from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
-from llmguard_client._http.upload import one_shot_body
+from llmguard_client._http.upload import sent_once, streamed_body
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
 from llmguard_client._routing.replicas import ReplicaSet
@@ -178,8 +178,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
-        one_shot = one_shot_body(request)  # sent as it comes: never read here, never taken for a retry
-        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not one_shot else None
+        streamed = streamed_body(request)  # sent as it is read: never held here, never taken for a retry
+        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not streamed else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
         if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
             if self._failure_mode == "raise" and not self._warned_stacking:
@@ -188,9 +188,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise again
         if assignment.cohort == "control":
             return await self._pass_through(request, assignment, tier_name)
-        call, continuation = await self._start_call(request, headers, assignment, tier_name, one_shot)
+        call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
         call.max_attempts = attempts
-        route = Route(rounds=1 if one_shot else sdk_rounds(call) if call.sdk_retries else attempts)
+        route = Route(rounds=1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts)
         if episode is not None and call.sdk_retries:
             resumed = resume(call, episode, self._replicas)
             if resumed is None:
@@ -250,19 +250,20 @@ class GuardTransport(httpx.AsyncBaseTransport):
         headers: CallerHeaders,
         assignment: Assignment,
         tier_name: str,
-        one_shot: httpx.AsyncByteStream | None,
+        streamed: httpx.AsyncByteStream | None,
     ) -> tuple[Call, CallContinuation | None]:
         """The call, built complete, and its continuation state (None: its tier has none, or the request
-        cannot be continued). A body that can be sent only once (``one_shot``) is not read: the call gets one
-        attempt, no hedge, no retry (its record says so), and the SDK is not told to retry it."""
+        cannot be continued). A body sent as it is read (``streamed``) is not read here, and is not hedged (two
+        attempts would read one file at once); one that can be sent only once gets one attempt, no retry (its
+        record says so); the SDK is told to retry neither."""
         time_source = current_time_source(self._clock)  # once per call: the layers ask it, never the loop
         clock = time_source.now
         now = clock()
-        sdk_retries = self._cooperative is not None and headers.from_sdk and one_shot is None
+        sdk_retries = self._cooperative is not None and headers.from_sdk and streamed is None
         tier = self._tiers[tier_name]
         if not sdk_retries:  # the guard retries: the SDK's timeout= bounds the call (cooperative: each SDK request)
             tier = within_read_timeout(tier, request.extensions)
-        body = b"" if one_shot is not None else await request.aread()
+        body = b"" if streamed is not None else await request.aread()
         document = json_document(request, body)  # parsed once: the facts and the affinity key read the same value
         facts = RequestFacts.of(document)
         path = request.url.path
@@ -279,7 +280,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
         )
-        if one_shot is not None:
+        if sent_once(streamed):
             record.one_attempt_because("streamed_body")
         continuer = self.stream.continuation
         continuation = (
@@ -308,7 +309,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             time=time_source,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
-            hedgeable=generation and one_shot is None,
+            hedgeable=generation and streamed is None,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
@@ -316,7 +317,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             ttft_stats=self._ttft_stats,
             affinity_key=key,
             keeps_text=continuation is not None,
-            one_shot=one_shot,
+            streamed=streamed,
             prompt_chars=facts.prompt_chars,
             lease=CallLease(self._registry, finish, time_source),
         )
@@ -423,7 +424,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await lease.aclose(status, error.cause)
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
-        if call.one_shot is not None:  # its body is gone: an SDK's retry of it is a new request, as without a guard
+        if call.streamed is not None:  # its body is not held: an SDK's retry of it is a new call, as without a guard
             pass
         elif (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent

@@ -1,7 +1,8 @@
 """Translation between httpx2 and httpx types for the httpx2 edges (imports httpx2).
 
 Requests go in as `httpx.Request` (a body in memory read whole: the guard may replay it; an iterator's as a
-`OneShotBody`, sent as it comes on one attempt); responses
+`OneShotBody`, sent as it comes on one attempt; a multipart upload whose files rewind as a `ReplayableBody`,
+read again for each attempt); responses
 come back as `httpx2.Response` with the core's body streamed through; errors raised
 by the core are re-raised as the httpx2 exception of the same name, so an SDK's
 ``except httpx2.TimeoutException`` (openai: `APITimeoutError`) still matches. A guard
@@ -18,8 +19,9 @@ from typing import Any
 import httpx
 import httpx2
 from httpx2._content import AsyncIteratorByteStream, IteratorByteStream
+from httpx2._multipart import MultipartStream
 
-from llmguard_client._http.upload import OneShotBody
+from llmguard_client._http.upload import OneShotBody, ReplayableBody, files_rewind
 from llmguard_client.errors import GuardFailure
 from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
@@ -27,17 +29,21 @@ _DROPPED_EXTENSIONS = frozenset({"network_stream"})
 """Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""
 
 
-def one_shot(request: httpx2.Request) -> OneShotBody | None:
-    """The request's body when it is an iterator or an async iterator (it can be sent only once), else None."""
+def streamed(request: httpx2.Request, *, sync: bool) -> OneShotBody | ReplayableBody | None:
+    """The request's body when the guard sends it as it is read (`llmguard_client._http.upload`): an iterator's
+    or an async iterator's (sent once), or a multipart upload whose files rewind (read again for each attempt,
+    in worker threads for a ``sync`` caller); None for a body to read whole."""
     stream = request.stream
     if isinstance(stream, AsyncIteratorByteStream):
         return OneShotBody(stream)
     if isinstance(stream, IteratorByteStream):
         return OneShotBody.from_sync(stream)
+    if isinstance(stream, MultipartStream) and files_rewind(stream.fields):
+        return ReplayableBody.from_sync(stream) if sync else ReplayableBody.of(stream)
     return None
 
 
-def core_request(request: httpx2.Request, body: bytes | OneShotBody) -> httpx.Request:
+def core_request(request: httpx2.Request, body: bytes | OneShotBody | ReplayableBody) -> httpx.Request:
     """The httpx2 request as the core's `httpx.Request` (same method, URL, raw headers and body)."""
     extensions: dict[str, Any] = dict(request.extensions)
     captures = active_captures()
@@ -47,7 +53,7 @@ def core_request(request: httpx2.Request, body: bytes | OneShotBody) -> httpx.Re
         request.method,
         str(request.url),
         headers=request.headers.raw,
-        stream=body if isinstance(body, OneShotBody) else httpx.ByteStream(body),
+        stream=httpx.ByteStream(body) if isinstance(body, bytes) else body,
         extensions=extensions,
     )
 

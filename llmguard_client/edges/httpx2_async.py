@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._httpx2_types import core_request, one_shot, response_extensions, translate_error
+from llmguard_client.edges._httpx2_types import core_request, response_extensions, streamed, translate_error
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
         self._core = core
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        upload = one_shot(request)  # an iterator's body is sent as it comes, on one attempt
+        upload = streamed(request, sync=False)  # an iterator's or an upload's body is sent as it is read
         inner = core_request(request, upload if upload is not None else await request.aread())
         try:
             response = await self._core.handle_async_request(inner)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._httpx2_types import core_request, one_shot, response_extensions, translate_error
+from llmguard_client.edges._httpx2_types import core_request, response_extensions, streamed, translate_error
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
@@ -28,7 +28,7 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
         self._guard = guard
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        upload = one_shot(request)  # an iterator's body is sent as it comes, on one attempt
+        upload = streamed(request, sync=True)  # an iterator's or an upload's body is sent as it is read
         inner = core_request(request, upload if upload is not None else request.read())
         try:
             try:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from llmguard_client._http.upload import sync_one_shot
+from llmguard_client._http.upload import sync_streamed
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
@@ -30,7 +30,7 @@ class SyncGuardTransport(httpx.BaseTransport):
         self._guard = guard
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        inner = sync_one_shot(request)  # an iterator's body is sent as it comes, on one attempt
+        inner = sync_streamed(request)  # an iterator's or an upload's body is sent as it is read
         if inner is None:
             inner = request
             request.read()  # a request body in memory is sent whole (it may be replayed to several replicas)

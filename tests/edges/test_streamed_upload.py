@@ -1,13 +1,17 @@
-"""A request body given as an iterator is sent as it comes, on one attempt, by every kind of client.
+"""A request body given as an iterator is sent as it comes, on one attempt, and a file upload as its file is
+read, by every kind of client.
 
 Real openai SDK (async and sync, httpx2) and plain httpx (async and sync) through the guard to a raw loopback
-server that reads the chunked upload itself: the body's first bytes reach the server before the iterator
-is exhausted (the guard buffers nothing), the call gets no hedge and no retry (its record says why), and a
-failure keeps its type. A body in memory is still retried, for contrast.
+server that reads the upload itself: the body's first bytes reach the server before the iterator is
+exhausted, or the file read to its end (the guard buffers nothing). An iterator's call gets no hedge and no
+retry (its record says why), and a failure keeps its type; a body in memory is still retried, for contrast; a
+file upload is retried, its file read again, and never hedged.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import socket
 import threading
@@ -234,3 +238,90 @@ async def test_a_body_in_memory_is_still_retried() -> None:
             server.close()
     assert response.status_code == 500 and calls[0].one_attempt is None
     assert sum(len(s.bodies) for s in servers) == 3  # RetryPolicy's max_attempts
+
+
+class SlowFile(io.BytesIO):
+    """A file to upload whose reads past the first wait until ``first_bytes`` is set: a guard that read the whole
+    upload before sending waits it out (and notes False in ``seen``)."""
+
+    def __init__(self, data: bytes, first_bytes: threading.Event, seen: list[bool]) -> None:
+        super().__init__(data)
+        self._first_bytes, self._seen = first_bytes, seen
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.tell() and not self._seen:
+            self._seen.append(self._first_bytes.wait(WAIT))
+        return super().read(size)
+
+
+FILE = b'{"custom_id": "1"}\n' * 20_000  # 380 kB: six of httpx's 64 KiB reads
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_file_upload_is_sent_as_its_file_is_read(kind: str) -> None:
+    """``client.files.create(file=...)`` (the SDKs) or ``files=`` (httpx): the server has the upload's first
+    bytes before the file is read to its end, and gets the whole file."""
+    server = UploadServer()
+    seen: list[bool] = []
+    file = SlowFile(FILE, server.first_bytes, seen)
+    try:
+        async with guard_over([server]) as guard:
+            with guard.capture() as calls:
+                if kind.startswith("openai"):
+                    sync = kind == "openai sync"
+                    client: Any = (openai.OpenAI if sync else openai.AsyncOpenAI)(
+                        base_url=server.url + "/v1",
+                        api_key="k",
+                        max_retries=0,
+                        http_client=guard.sync_httpx2_client() if sync else guard.httpx2_client(),
+                    )
+                    create = functools.partial(client.files.create, file=("batch.jsonl", file), purpose="batch")
+                    await (anyio.to_thread.run_sync(create) if sync else create())
+                elif kind == "httpx async":
+                    async with guard.http_client() as plain:
+                        await plain.post(server.url + "/v1/files", files={"file": file}, data={"purpose": "batch"})
+                else:
+                    with guard.sync_http_client() as plain_sync:
+                        await anyio.to_thread.run_sync(
+                            lambda: plain_sync.post(server.url + "/v1/files", files={"file": file})
+                        )
+    except openai.APIResponseValidationError:
+        pass  # the server's answer is no File object: what was sent is the point
+    finally:
+        server.close()
+    assert seen == [True]
+    assert len(server.bodies) == 1 and FILE in server.bodies[0]
+    assert calls[0].one_attempt is None
+
+
+RAW_CLIENTS = ["httpx async", "httpx sync", "httpx2 async", "httpx2 sync"]
+
+
+@pytest.mark.parametrize("kind", RAW_CLIENTS)
+async def test_a_file_upload_is_retried_reading_its_file_again_and_never_hedged(kind: str) -> None:
+    """On a generation path both replicas answer 500: three attempts, each with the whole file, none a hedge."""
+    servers = [UploadServer(status=500), UploadServer(status=500)]
+    file = io.BytesIO(FILE)
+    url, files = servers[0].url + PATH, {"file": ("batch.jsonl", file)}
+    try:
+        async with guard_over(servers) as guard:
+            with guard.capture() as calls:
+                if kind == "httpx async":
+                    async with guard.http_client() as client:
+                        status = (await client.post(url, files=files)).status_code
+                elif kind == "httpx2 async":
+                    async with guard.httpx2_client() as client2:
+                        status = (await client2.post(url, files=files)).status_code
+                else:
+                    sync_client: Any = guard.sync_http_client() if kind == "httpx sync" else guard.sync_httpx2_client()
+                    with sync_client:
+                        status = (
+                            await anyio.to_thread.run_sync(lambda: sync_client.post(url, files=files))
+                        ).status_code
+    finally:
+        for server in servers:
+            server.close()
+    bodies = [body for server in servers for body in server.bodies]
+    assert status == 500 and len(bodies) == 3 and all(FILE in body for body in bodies)
+    assert len(set(bodies)) == 1  # the same upload each time (one boundary)
+    assert len(calls[0].attempts) == 3 and not calls[0].hedged and calls[0].one_attempt is None
