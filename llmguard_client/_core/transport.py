@@ -424,9 +424,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await lease.aclose(status, error.cause)
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
-        if call.streamed is not None:  # its body is not held: an SDK's retry of it is a new call, as without a guard
+        # A failure the guard does not retry at all (off the generation paths, anything but a refused connection)
+        # is the SDK's to retry or not, as without a guard; so is a call whose body the guard does not hold.
+        sdk_decides = met and outcome.stopped == "not_retryable"
+        if call.streamed is not None:
             pass
-        elif (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout)):
+        elif not sdk_decides and (
+            (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout))
+        ):
             self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)

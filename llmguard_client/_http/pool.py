@@ -17,19 +17,31 @@ locks without yielding when no one holds them, as httpcore2's do: httpcore 1.0's
 request's two lock acquisitions, and in a burst each yield puts the request behind every other call's
 pending work (a warm burst of 250 wrote its first requests 0.9 s after release instead of 0.1 s).
 HTTP/1.1 only, which is what these pools speak: an idle connection takes one request.
+
+A request sent on a kept-alive connection that the server had closed meanwhile (its idle timeout, e.g.
+uvicorn's 5 s under vLLM, racing the reuse) fails before any answer: "Server disconnected without sending a
+response", or a reset. The server never saw it; the SDKs resend it on their own retries, which the guard
+replaces. `ReplicaPool` sends it again at once on another connection when its body can be read again, up to
+`STALE_RESENDS` times, below the guard's retries, budget and circuit breaker.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import ssl
 import time
+import weakref
 
 import anyio
 import httpcore
 import httpx
 from httpcore._synchronization import AsyncLock
+
+from llmguard_client._http.upload import rereadable
+
+logger = logging.getLogger("llmguard_client")
 
 _FIXED_VERSIONS = ("1.0.",)
 """httpcore releases whose pool `ReplicaPool` is written against (their private assignment pass)."""
@@ -56,19 +68,40 @@ class FastLock(AsyncLock):
             self._anyio_lock = anyio.Lock(fast_acquire=True)
 
 
+STALE_RESENDS = 2
+"""Times a request that failed on a reused connection before any answer is sent again (module docstring)."""
+_STALE = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
+"""What a connection the server closed while it was idle raises when a request is sent on it."""
+
+
 class ReplicaPool(httpcore.AsyncConnectionPool):
     """httpcore's HTTP/1.1 connection pool whose assignment never hands one connection to two requests,
-    over connections whose locks do not yield when free."""
+    over connections whose locks do not yield when free, and which resends a request that met a connection the
+    server had closed."""
 
     _swept_at = -math.inf
     """When a pass last probed every idle connection (`time.monotonic`)."""
+    _on_reused: weakref.WeakSet[httpcore.Request] | None = None
+    """The requests the last pass handed a kept-alive connection (built on first use: httpx builds the pool)."""
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        for _ in range(STALE_RESENDS):
+            try:
+                return await super().handle_async_request(request)
+            except _STALE:
+                if self._on_reused is None or request not in self._on_reused or not rereadable(request.stream):
+                    raise
+                logger.debug("llmguard: resending a request the server closed its kept-alive connection on")
+        return await super().handle_async_request(request)
 
     def _assign_requests_to_connections(self) -> list[Connection]:
         now = time.monotonic()
         sweep = now - self._swept_at >= SWEEP_INTERVAL
         if sweep:
             self._swept_at = now
-        return _assign_once(self, sweep)
+        if self._on_reused is None:
+            self._on_reused = weakref.WeakSet()
+        return _assign_once(self, sweep, self._on_reused)
 
     def create_connection(self, origin: httpcore.Origin) -> Connection:
         connection = super().create_connection(origin)
@@ -77,11 +110,13 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
         return connection
 
 
-def _assign_once(pool: httpcore.AsyncConnectionPool, sweep: bool) -> list[Connection]:
+def _assign_once(
+    pool: httpcore.AsyncConnectionPool, sweep: bool, on_reused: weakref.WeakSet[httpcore.Request]
+) -> list[Connection]:
     """Drop closed connections, close surplus idle ones (and, if ``sweep``, expired ones), then give each
     queued request an idle connection no other request holds (probed first: not expired, not closed by the
-    server) or a new one: one scan of connections and requests. Returns the connections to close (the pool
-    closes them outside its lock)."""
+    server; the request is then in ``on_reused``) or a new one: one scan of connections and requests. Returns
+    the connections to close (the pool closes them outside its lock)."""
     closing: list[Connection] = []
     reserved = {r.connection for r in pool._requests if r.connection is not None}
     kept: list[Connection] = []
@@ -111,7 +146,10 @@ def _assign_once(pool: httpcore.AsyncConnectionPool, sweep: bool) -> list[Connec
             continue
         origin = request.request.url.origin
         chosen = _take_idle(idle, origin, kept, closing, probe=not sweep)
-        if chosen is None:
+        if chosen is not None:
+            on_reused.add(request.request)
+        else:
+            on_reused.discard(request.request)
             if len(kept) >= limit:
                 if not idle:
                     continue

@@ -110,6 +110,12 @@ def streamed_body(request: httpx.Request) -> httpx.AsyncByteStream | None:
     return None
 
 
+def rereadable(stream: object) -> bool:
+    """Whether a request body can be read again from its start: one in memory (httpx's ``ByteStream``), a
+    `ReplayableBody`, or a wrapper whose ``rereadable`` says its body is."""
+    return isinstance(stream, (httpx.ByteStream, ReplayableBody)) or getattr(stream, "rereadable", False) is True
+
+
 def sent_once(streamed: httpx.AsyncByteStream | None) -> bool:
     """Whether a `streamed_body` can be sent only once (an iterator's), so its call gets one attempt."""
     return streamed is not None and not isinstance(streamed, ReplayableBody)

@@ -29,6 +29,7 @@ from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._http.retry_after import parse_retry_after
+from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import StreamFailure, read_opening, reader_for
@@ -187,6 +188,11 @@ class _StampsSent(httpx.AsyncByteStream):
         self._body = body
         self._attempt = attempt
         self._clock = clock
+
+    @property
+    def rereadable(self) -> bool:
+        """Whether the body can be read again (`llmguard_client._http.upload.rereadable`)."""
+        return rereadable(self._body)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._body:

@@ -99,6 +99,26 @@ async def test_the_sdk_retry_of_a_status_the_guard_left_to_it_is_sent() -> None:
     assert [request.headers["x-stainless-retry-count"] for request in seen] == ["0", "1"]
 
 
+async def test_the_sdk_retry_of_a_dropped_connection_the_guard_left_to_it_is_sent() -> None:
+    """Off the generation paths the guard retries connect errors only: a connection the server dropped without
+    answering is the SDK's to retry, as without a guard (it was refused at once, as a retry of a call given up)."""
+    seen: list[httpx.Request] = []
+
+    def embeddings(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        data = [{"object": "embedding", "index": 0, "embedding": [0.5]}]
+        return httpx.Response(200, json={"object": "list", "data": data, "model": "m", "usage": {}})
+
+    replica = httpx.MockTransport(embeddings)
+    async with Guard(["http://r.test"], retry=RETRY, instrumentation=None, transport_factory=lambda _: replica) as g:
+        client = openai.AsyncOpenAI(base_url="http://r.test/v1", api_key="k", http_client=g.http_client())
+        result = await client.embeddings.create(model="m", input="hi")
+    assert result.data[0].embedding == [0.5]
+    assert [request.headers["x-stainless-retry-count"] for request in seen] == ["0", "1"]
+
+
 async def test_a_new_call_with_the_same_body_is_sent(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(hang_before_headers=5.0)
     async with guard_over(servers[:1], "auto") as guard:

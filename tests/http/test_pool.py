@@ -4,11 +4,15 @@ httpcore 1.0's own pass hands one idle connection to every request queued in the
 fail with ``ConnectionNotAvailable`` and queue again), and counts the keep-alive limit against all connections;
 these tests pin down the single-pass assignment that replaces it. No sockets: `FakeConnection` stands in for
 a connection, and only the assignment pass runs (in an event loop: handing out a connection sets an event).
+Last, on loopback sockets: a request that met a kept-alive connection the server had closed is sent again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import httpcore
@@ -205,3 +209,86 @@ def test_an_httpcore_the_pass_is_not_written_for_keeps_its_own_pool(monkeypatch:
     limits = httpx.Limits(max_connections=10, max_keepalive_connections=5)
     transport = replica_transport(limits, default_tls_context())
     assert type(transport._pool) is httpcore.AsyncConnectionPool
+
+
+class ClosesKeptAlive:
+    """A loopback server that answers the first request on each connection, keeps the connection, and closes it
+    without answering when the next request comes on it: the reuse lost the race with its idle timeout.
+    With ``drop_fresh`` it also drops the first request of each new connection."""
+
+    def __init__(self, drop_fresh: bool = False) -> None:
+        self.drop_fresh = drop_fresh
+        self.requests = self.dropped = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served = 0
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                self.requests += 1
+                if served or self.drop_fresh:
+                    self.dropped += 1
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+                served += 1
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(server: ClosesKeptAlive) -> AsyncIterator[str]:
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a connection closed without an answer raises, by when the close reached the client."""
+
+
+def pool_transport() -> httpx.AsyncHTTPTransport:
+    return replica_transport(httpx.Limits(max_connections=10, max_keepalive_connections=10), default_tls_context())
+
+
+async def test_a_request_the_server_closed_its_kept_alive_connection_on_is_sent_again() -> None:
+    server = ClosesKeptAlive()
+    async with serving(server) as url, httpx.AsyncClient(transport=pool_transport()) as client:
+        answers = [await client.post(url + "/v1/embeddings", content=b"{}") for _ in range(4)]
+    assert [a.text for a in answers] == ["ok"] * 4
+    assert (server.requests, server.dropped) == (7, 3)  # each reuse dropped, each sent again on a new connection
+
+
+async def test_a_request_a_new_connection_drops_or_a_body_sent_once_is_not_sent_again() -> None:
+    server = ClosesKeptAlive(drop_fresh=True)
+    async with serving(server) as url, httpx.AsyncClient(transport=pool_transport()) as client:
+        with pytest.raises(DROPPED):
+            await client.post(url + "/v1/embeddings", content=b"{}")
+        assert server.requests == 1  # a new connection: the server saw the request
+        server.drop_fresh = False
+        assert (await client.post(url + "/v1/embeddings", content=b"{}")).text == "ok"
+
+        async def once() -> AsyncIterator[bytes]:
+            yield b"{}"
+
+        with pytest.raises(DROPPED):  # reused, but its body cannot be read again
+            await client.post(url + "/v1/embeddings", content=once())
+    assert (server.requests, server.dropped) == (3, 2)
+
+
+async def test_through_a_guard_a_resend_on_a_new_connection_is_not_a_retry() -> None:
+    """Below the guard's retries: each call is one attempt, the budget pays for none, the replica stays healthy."""
+    server = ClosesKeptAlive()
+    async with serving(server) as url, Guard([url], instrumentation=None) as guard:
+        async with guard.http_client() as client:
+            with guard.capture() as calls:
+                answers = [await client.post(url + "/v1/chat/completions", content=b"{}") for _ in range(6)]
+        snapshot = guard.snapshot()
+    assert [a.status_code for a in answers] == [200] * 6 and server.dropped == 5
+    assert [len(call.attempts) for call in calls] == [1] * 6
+    assert snapshot.budget is not None and (snapshot.budget.spent, snapshot.budget.refused) == (0, 0)
+    assert snapshot.replicas[0].healthy
