@@ -149,7 +149,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     def _new_pools(self) -> list[httpx.AsyncBaseTransport]:
         """New connection pools for the replicas and the control calls (the next event loop's); the old ones,
-        for `LoopOwner` to close. None once the Guard is closed: its pools are closed already."""
+        for `LoopOwner` to close. Nothing once the Guard is closed: its pools are closed already."""
         if self._registry.closed:
             return []
         return [*self._replicas.renew_transports(), *self.passthrough_pool.renew()]
