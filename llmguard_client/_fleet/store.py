@@ -47,10 +47,12 @@ async def _in_own_task(work: Awaitable[T]) -> T:
     of its waits (a ping while connecting returns as if uncancelled: redis/redis-py#2028, #2551), and a supervisor
     that went on to wait for trouble then kept ``asyncio.run`` from ever returning (it cancels each task once).
     Here the work is a task of its own, waited for through `asyncio.wait`, which a cancellation always ends;
-    the work is then cancelled and given a second to stop."""
+    the work is then cancelled and given a second to stop. A cancellation that came as the work ended is raised
+    here too, before the caller goes on (to start the session's tasks, which would be cancelled unstarted)."""
     task = asyncio.ensure_future(work)
     try:
         await asyncio.wait({task})
+        await asyncio.sleep(0)
     except BaseException:
         task.cancel()
         task.add_done_callback(_retrieve)
