@@ -79,37 +79,20 @@ def test_the_sync_sdk_retry_of_a_failed_call_sends_nothing(servers: list[Loopbac
     assert sent(servers, 3) == 3  # the guard's three attempts; none for the SDK's two retries
 
 
-async def test_the_sdk_retry_of_a_status_the_guard_left_to_it_is_sent() -> None:
-    """Off the generation paths the guard retries connect errors only: the SDK's own retry of a 503 on
-    /embeddings goes out, as without a guard, and its answer is the call's."""
-    statuses = [503, 200]
+@pytest.mark.parametrize("first", ["503", "dropped connection"])
+async def test_the_sdk_retry_of_a_failure_the_guard_left_to_it_is_sent(first: str) -> None:
+    """Off the generation paths the guard retries connect errors only: the SDK's own retry of a 503, or of a
+    connection the server dropped without answering, on /embeddings goes out, as without a guard, and its answer
+    is the call's."""
     seen: list[httpx.Request] = []
 
     def embeddings(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        status = statuses[min(len(seen), len(statuses)) - 1]
-        data = [{"object": "embedding", "index": 0, "embedding": [0.5]}]
-        return httpx.Response(status, json={"object": "list", "data": data, "model": "m", "usage": {}})
-
-    replica = httpx.MockTransport(embeddings)
-    async with Guard(["http://r.test"], retry=RETRY, instrumentation=None, transport_factory=lambda _: replica) as g:
-        client = openai.AsyncOpenAI(base_url="http://r.test/v1", api_key="k", http_client=g.http_client())
-        result = await client.embeddings.create(model="m", input="hi")
-    assert result.data[0].embedding == [0.5]
-    assert [request.headers["x-stainless-retry-count"] for request in seen] == ["0", "1"]
-
-
-async def test_the_sdk_retry_of_a_dropped_connection_the_guard_left_to_it_is_sent() -> None:
-    """Off the generation paths the guard retries connect errors only: a connection the server dropped without
-    answering is the SDK's to retry, as without a guard (it was refused at once, as a retry of a call given up)."""
-    seen: list[httpx.Request] = []
-
-    def embeddings(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        if len(seen) == 1:
+        if len(seen) == 1 and first == "dropped connection":
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         data = [{"object": "embedding", "index": 0, "embedding": [0.5]}]
-        return httpx.Response(200, json={"object": "list", "data": data, "model": "m", "usage": {}})
+        status = 503 if len(seen) == 1 else 200
+        return httpx.Response(status, json={"object": "list", "data": data, "model": "m", "usage": {}})
 
     replica = httpx.MockTransport(embeddings)
     async with Guard(["http://r.test"], retry=RETRY, instrumentation=None, transport_factory=lambda _: replica) as g:
