@@ -18,6 +18,8 @@ The edges hand the core such a body as one of these two streams (a sync caller's
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import cast
 
 import anyio.to_thread
 import httpx
@@ -44,6 +46,33 @@ class ReplayableBody(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._passes():
             yield chunk
+
+
+@dataclass(frozen=True)
+class BodyKinds:
+    """One HTTP library's request body classes (httpx's or httpx2's): the iterators', and multipart's."""
+
+    async_iterator: type
+    iterator: type
+    multipart: type
+
+
+_HTTPX = BodyKinds(AsyncIteratorByteStream, IteratorByteStream, MultipartStream)
+
+
+def sent_as_read(stream: object, kinds: BodyKinds, *, sync: bool) -> OneShotBody | ReplayableBody | None:
+    """``stream`` (a request's body, of the library ``kinds`` names) as the guard sends it as it is read: an
+    iterator's or an async iterator's as a `OneShotBody`, a multipart upload whose files rewind as a
+    `ReplayableBody` (read in worker threads for a ``sync`` caller); None for a body to read whole."""
+    if isinstance(stream, kinds.async_iterator):
+        return OneShotBody(cast("AsyncIterable[bytes]", stream))
+    if isinstance(stream, kinds.iterator):
+        return OneShotBody.from_sync(cast("Iterable[bytes]", stream))
+    if isinstance(stream, kinds.multipart) and files_rewind(getattr(stream, "fields", None)):
+        if sync:
+            return ReplayableBody.from_sync(cast("Iterable[bytes]", stream))
+        return ReplayableBody.of(cast("AsyncIterable[bytes]", stream))
+    return None
 
 
 def files_rewind(fields: object) -> bool:
@@ -105,9 +134,7 @@ def streamed_body(request: httpx.Request) -> httpx.AsyncByteStream | None:
     stream = request.stream
     if isinstance(stream, (OneShotBody, ReplayableBody, AsyncIteratorByteStream)):
         return stream
-    if isinstance(stream, MultipartStream) and files_rewind(stream.fields):
-        return ReplayableBody.of(stream)
-    return None
+    return sent_as_read(stream, _HTTPX, sync=False)
 
 
 def rereadable(stream: object) -> bool:
@@ -125,13 +152,8 @@ def sync_streamed(request: httpx.Request) -> httpx.Request | None:
     """For a sync caller's request whose body is an iterator, or a multipart upload whose files rewind: the same
     request with that body as a `OneShotBody` or a `ReplayableBody` read in worker threads (the core is async);
     None for any other body."""
-    stream = request.stream
-    body: httpx.AsyncByteStream
-    if isinstance(stream, IteratorByteStream):
-        body = OneShotBody.from_sync(stream)
-    elif isinstance(stream, MultipartStream) and files_rewind(stream.fields):
-        body = ReplayableBody.from_sync(stream)
-    else:
+    body = sent_as_read(request.stream, _HTTPX, sync=True)
+    if body is None:
         return None
     return httpx.Request(
         request.method, request.url, headers=request.headers.raw, stream=body, extensions=request.extensions

@@ -21,9 +21,11 @@ import httpx2
 from httpx2._content import AsyncIteratorByteStream, IteratorByteStream
 from httpx2._multipart import MultipartStream
 
-from llmguard_client._http.upload import OneShotBody, ReplayableBody, files_rewind
+from llmguard_client._http.upload import BodyKinds, OneShotBody, ReplayableBody, sent_as_read
 from llmguard_client.errors import GuardFailure
 from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
+
+_HTTPX2 = BodyKinds(AsyncIteratorByteStream, IteratorByteStream, MultipartStream)
 
 _DROPPED_EXTENSIONS = frozenset({"network_stream"})
 """Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""
@@ -33,14 +35,7 @@ def streamed(request: httpx2.Request, *, sync: bool) -> OneShotBody | Replayable
     """The request's body when the guard sends it as it is read (`llmguard_client._http.upload`): an iterator's
     or an async iterator's (sent once), or a multipart upload whose files rewind (read again for each attempt,
     in worker threads for a ``sync`` caller); None for a body to read whole."""
-    stream = request.stream
-    if isinstance(stream, AsyncIteratorByteStream):
-        return OneShotBody(stream)
-    if isinstance(stream, IteratorByteStream):
-        return OneShotBody.from_sync(stream)
-    if isinstance(stream, MultipartStream) and files_rewind(stream.fields):
-        return ReplayableBody.from_sync(stream) if sync else ReplayableBody.of(stream)
-    return None
+    return sent_as_read(request.stream, _HTTPX2, sync=sync)
 
 
 def core_request(request: httpx2.Request, body: bytes | OneShotBody | ReplayableBody) -> httpx.Request:
