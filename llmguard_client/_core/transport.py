@@ -46,6 +46,7 @@ from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
+from llmguard_client._http.redirects import RedirectTargets
 from llmguard_client._http.upload import sent_once, streamed_body
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
@@ -69,7 +70,7 @@ from llmguard_client.errors import (
 from llmguard_client.telemetry._record_builder import CallRecordBuilder
 from llmguard_client.telemetry.capture import deliver_to_captures
 from llmguard_client.telemetry.hooks import Instrumentation
-from llmguard_client.telemetry.record import CallStatus, PhaseRecord
+from llmguard_client.telemetry.record import CallStatus, OneAttempt, PhaseRecord
 
 logger = logging.getLogger("llmguard_client")
 
@@ -142,6 +143,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Calls given up on with an error, or whose retry the SDK sends: `llmguard_client._core.given_up`."""
         self._warned_stacking = False
         self._loops = LoopOwner(self._new_pools)
+        self._redirects = RedirectTargets[Assignment](self._bases)
+        """Redirects to origins that are no replica's, until the request that follows each comes."""
 
     @property
     def closed(self) -> bool:
@@ -175,9 +178,27 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
             attempts = max_attempts(headers.max_attempts, self._tiers[tier_name], request)
-            assignment = self._rollout.assign(request, headers)  # before a Call: a control call never builds one
+            followed = self._redirects.take(request.url, self._clock()) if len(self._redirects) else None
+            # before a Call: a control call never builds one; a redirect followed elsewhere keeps its call's cohort
+            assignment = self._rollout.assign(request, headers) if followed is None else followed
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
+        if followed is not None:  # sent where the redirect points, as the SDK's own client would
+            response = await self._pass_through(request, followed, tier_name, "other_origin")
+        else:
+            response = await self._in_cohort(request, headers, assignment, tier_name, attempts)
+        self._redirects.note(request, response, assignment, self._clock(), own=followed is None)
+        return response
+
+    async def _in_cohort(
+        self,
+        request: httpx.Request,
+        headers: CallerHeaders,
+        assignment: Assignment,
+        tier_name: str,
+        attempts: int | None,
+    ) -> httpx.Response:
+        """The call run as its cohort says: passed through (control), or guarded."""
         streamed = streamed_body(request)  # sent as it is read: never held here, never taken for a retry
         again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not streamed else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
@@ -187,7 +208,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 logger.warning(STACKING_WARNING)
             raise again
         if assignment.cohort == "control":
-            return await self._pass_through(request, assignment, tier_name)
+            return await self._pass_through(request, assignment, tier_name, None)
         call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
         call.max_attempts = attempts
         route = Route(rounds=1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts)
@@ -226,8 +247,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return failure_response(error, request, None)
         raise error
 
-    async def _pass_through(self, request: httpx.Request, assignment: Assignment, tier: str) -> httpx.Response:
-        """The control cohort (and every call while the guard is off): _rollout.passthrough."""
+    async def _pass_through(
+        self, request: httpx.Request, assignment: Assignment, tier: str, one_attempt: OneAttempt | None
+    ) -> httpx.Response:
+        """The control cohort (and every call while the guard is off), and a request that follows a redirect to an
+        origin that is no replica's (``one_attempt`` says so): _rollout.passthrough."""
 
         def report(record: PhaseRecord) -> None:
             deliver_to_captures(record, request)
@@ -238,7 +262,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             request,
             self.passthrough_pool.for_url,
             tier=tier,
+            cohort=assignment.cohort,
             fraction=assignment.fraction,
+            one_attempt=one_attempt,
             instrumentation=self._instrumentation,
             on_record=report,
             clock=current_time_source(self._clock).now,

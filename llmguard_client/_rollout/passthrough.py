@@ -14,6 +14,9 @@ what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fracti
 - measured all the same: a `PhaseRecord` with cohort ``control``, one attempt, TTFT from the
   SSE stream's first content token, delivered to ``on_record`` and the instrumentation.
 
+The same path sends a request that follows a redirect to an origin that is no replica's
+(`llmguard_client._http.redirects`), recorded in its call's cohort.
+
 A URL on a replica's origin reuses that replica's connection pool; any other URL goes
 through one shared `httpx.AsyncHTTPTransport` that `PassthroughPool` creates on first use
 and closes with the guard.
@@ -31,15 +34,17 @@ import anyio
 import httpx
 
 from llmguard_client._core.request import RequestFacts
+from llmguard_client._http.origin import OriginKey, origin, origin_key
 from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.proxy import environment_proxy
 from llmguard_client._http.tls import default_tls_context
 from llmguard_client._layers.attempt import error_kind, stamp_sent
+from llmguard_client._rollout.rollout import Cohort
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
-from llmguard_client.telemetry.record import AttemptOutcome, CallStatus, PhaseRecord
+from llmguard_client.telemetry.record import AttemptOutcome, CallStatus, OneAttempt, PhaseRecord
 
 logger = logging.getLogger("llmguard_client")
 
@@ -55,32 +60,32 @@ class PassthroughPool:
     """Transports for pass-through calls: a replica's own pool for its origin, one shared pool for the rest."""
 
     def __init__(self, replicas: Iterable[ReplicaState]) -> None:
-        self._by_origin = {_origin_key(state.base): state for state in replicas}
+        self._by_origin = {origin_key(state.base): state for state in replicas}
         """Each replica by its origin: its transport is read per call (it is renewed for another event loop)."""
         self._other: dict[str | None, httpx.AsyncHTTPTransport] = {}
         """The shared pools for other origins, by the proxy the environment names for them (None: direct)."""
-        self._other_origins: dict[tuple[str, str, int | None], httpx.AsyncHTTPTransport] = {}
+        self._other_origins: dict[OriginKey, httpx.AsyncHTTPTransport] = {}
         """Each other origin's pool once chosen: the environment is read once per origin, not per call."""
         self._lock = threading.Lock()
         self._closed = False
 
     def for_url(self, url: httpx.URL) -> httpx.AsyncBaseTransport:
-        origin = _origin_key(url)
-        replica = self._by_origin.get(origin)
+        key = origin_key(url)
+        replica = self._by_origin.get(key)
         if replica is not None:
             return replica.transport
-        transport = self._other_origins.get(origin)
+        transport = self._other_origins.get(key)
         if transport is not None:
             return transport
         proxy = environment_proxy(url)
-        key = None if proxy is None else str(proxy.url)
+        by_proxy = None if proxy is None else str(proxy.url)
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Guard is closed; build a new Guard to send more requests")
-            other = self._other.get(key)
+            other = self._other.get(by_proxy)
             if other is None:
-                other = self._other[key] = replica_transport(_LIMITS, default_tls_context(), proxy)
-            self._other_origins[origin] = other
+                other = self._other[by_proxy] = replica_transport(_LIMITS, default_tls_context(), proxy)
+            self._other_origins[key] = other
             return other
 
     def renew(self) -> list[httpx.AsyncHTTPTransport]:
@@ -102,23 +107,26 @@ async def passthrough(
     transport_for_url: TransportForUrl,
     *,
     tier: str,
+    cohort: Cohort = "control",
     fraction: float,
+    one_attempt: OneAttempt | None = None,
     instrumentation: Instrumentation,
     on_record: Callable[[PhaseRecord], None] | None,
     clock: Callable[[], float] = time.monotonic,
 ) -> httpx.Response:
-    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers; measure it as control."""
+    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers; measure it in ``cohort``
+    (a request that follows a redirect elsewhere keeps its call's, with ``one_attempt`` saying why it went there)."""
     now = clock()
     try:
         body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
     except httpx.RequestNotRead:
         body = b""
     facts = RequestFacts.parse(request, body)
-    origin = _origin(request.url)
+    origin_name = origin(request.url)
     record = CallRecordBuilder(
         request_id=uuid.uuid4().hex,
         tier=tier,
-        cohort="control",
+        cohort=cohort,
         method=request.method,
         path=request.url.path,
         start=now,
@@ -128,7 +136,9 @@ async def passthrough(
         max_tokens=facts.max_tokens,
         rollout_fraction=fraction,
     )
-    attempt = record.attempt_started(origin, "primary", now)
+    if one_attempt is not None:
+        record.one_attempt_because(one_attempt)
+    attempt = record.attempt_started(origin_name, "primary", now)
     end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
     end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
     outgoing = stamp_sent(
@@ -260,15 +270,3 @@ class _MeasuredStream(httpx.AsyncByteStream):
             await self._response.aclose()
         finally:
             self._end("abandoned", "closed_by_caller", "cancelled")
-
-
-def _origin(url: httpx.URL) -> str:
-    """scheme://host[:port], never credentials (what ``record.replica`` names)."""
-    port = f":{url.port}" if url.port is not None else ""
-    host = f"[{url.host}]" if ":" in url.host else url.host
-    return f"{url.scheme}://{host}{port}"
-
-
-def _origin_key(url: httpx.URL) -> tuple[str, str, int | None]:
-    default = {"http": 80, "https": 443}.get(url.scheme)
-    return url.scheme, url.host.lower(), url.port if url.port is not None else default

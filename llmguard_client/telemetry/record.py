@@ -53,9 +53,10 @@ the policy's ``max_continuations`` were used; less than its ``min_time_left`` wa
 tokens left under ``max_tokens``; no other replica to send it to; the retry budget refused it; the Guard was
 closed; the continuation attempt failed or got no first token in time; the break was the total deadline."""
 
-OneAttempt = Literal["streamed_body"]
+OneAttempt = Literal["streamed_body", "other_origin"]
 """Why the guard sent a call once, with no hedge and no retry of its own: ``streamed_body``, its request body
-was an iterator, sent as it came (its chunks cannot be produced again)."""
+was an iterator, sent as it came (its chunks cannot be produced again); ``other_origin``, the request followed a
+redirect to an origin that is no replica's, and was sent there as it is (``replica`` names that origin)."""
 
 CallStatus = Literal["pending", "ok", "timeout", "http_error", "error", "rejected", "cancelled", "abandoned"]
 """ok; timeout (see ``cause``); http_error (a server error status reached the caller);
