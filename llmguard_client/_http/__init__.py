@@ -1,1 +1,2 @@
-"""HTTP plumbing under the layers: per-replica connection pools, TLS, Retry-After parsing."""
+"""HTTP plumbing under the layers: per-replica connection pools, TLS, proxies, Retry-After parsing, uploads sent
+as they are read, compressed answers decoded, origins and the redirects that leave them."""

@@ -28,6 +28,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
+from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
@@ -69,7 +70,7 @@ class AttemptLayer:
         won = False
         try:
             request = stamp_sent(call.attempt_request(state, attempt, route.body), attempt, clock)
-            response = await state.transport.handle_async_request(request)
+            response = decode_in_place(await state.transport.handle_async_request(request))
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:

@@ -6,8 +6,9 @@ what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fracti
 - exactly one request, to the URL the caller built (no re-routing across replicas);
 - the caller's method, URL, headers (minus the guard's own ``x-llmguard-*``), body stream,
   timeouts and extensions; nothing added (no ``traceparent``, no replica headers);
-- the server's answer returned as it came, error statuses included; a transport error is
-  raised as httpx raised it; no deadline, hedge, retry, bulkhead or budget applies;
+- the server's answer returned as it came, error statuses included (a compressed one decoded, as a
+  guarded answer is: `llmguard_client._http.encoding`); a transport error is raised as httpx
+  raised it; no deadline, hedge, retry, bulkhead or budget applies;
 - the tier (the record's) is resolved as for a guarded call: an ``x-llmguard-tier`` or
   ``x-llmguard-cohort`` header naming nothing configured fails the call before it is sent
   (`llmguard_client.GuardRequestError`), so a typo fails at 5 % exactly as at 100 %;
@@ -34,6 +35,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.request import RequestFacts
+from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.origin import OriginKey, origin, origin_key
 from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.proxy import environment_proxy
@@ -153,7 +155,7 @@ async def passthrough(
         clock,
     )
     try:
-        response = await transport_for_url(request.url).handle_async_request(outgoing)
+        response = decode_in_place(await transport_for_url(request.url).handle_async_request(outgoing))
     except anyio.get_cancelled_exc_class():
         end("cancelled", "cancelled_by_caller", "cancelled")
         raise
