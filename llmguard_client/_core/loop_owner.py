@@ -13,6 +13,12 @@ generators then (``asyncio.run``, ``asyncio.Runner``, ``anyio.run``, pytest-asyn
 parked from the first call on, is this module's. A loop closed without that (``loop.close()`` alone) leaves its
 connections unclosed; the next loop to call drops them, as an httpx client's would be dropped. Calls outside
 asyncio (trio) are not checked.
+
+Sync calls run on the Guard's own loop, on a thread of its own (its *home*, `llmguard_client.edges`), unless an
+asyncio loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
+handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
+code takes the Guard over from its home loop if no sync call is running there; the home's pools are closed
+on the home loop.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import httpx
 
 logger = logging.getLogger("llmguard_client")
+
+BLOCKS_ITS_LOOP = (
+    "a sync call from the event loop this Guard's calls run on would block the loop it needs; await the async "
+    "client there (guard.http_client(), guard.httpx2_client()), or run the sync code in a worker thread "
+    "(asyncio.to_thread, loop.run_in_executor), where the Guard's sync clients run their calls on this loop"
+)
+"""Why a sync call from the owner loop's own thread is refused."""
 
 WRONG_LOOP = (
     "this Guard's connections belong to another event loop, which is still running (e.g. two threads each "
@@ -41,15 +54,22 @@ SwapPools = Callable[[], Sequence[httpx.AsyncBaseTransport]]
 class LoopOwner:
     """Which running asyncio loop may use the Guard's connections now."""
 
-    __slots__ = ("_lock", "_loop", "_released", "_swap", "_watch")
+    __slots__ = ("_home", "_home_calls", "_lock", "_loop", "_released", "_swap", "_token", "_watch")
 
     def __init__(self, swap_pools: SwapPools) -> None:
         self._swap = swap_pools
         self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         self._watch: AsyncGenerator[None] | None = None
-        """Parked in the owner loop until it ends (see the module's docstring)."""
+        """Parked in the owner loop until it ends (see the module's docstring); held here, as a loop holds its
+        async generators only weakly."""
+        self._token: object | None = None
+        """The current watcher's: one left behind by a move to another loop does nothing as it ends."""
         self._released = True
         """Whether the owner's pools were swapped out as it ended (True before any loop owned them)."""
+        self._home: asyncio.AbstractEventLoop | None = None
+        """The Guard's own loop for sync calls, once it has started."""
+        self._home_calls = 0
+        """Sync calls running on the home loop: while there are any, no other loop takes the Guard over."""
         self._lock = threading.Lock()
 
     def owns(self) -> bool:
@@ -58,31 +78,84 @@ class LoopOwner:
         owner = self._loop
         return loop is None or (owner is not None and owner() is loop)
 
+    def _owner(self) -> asyncio.AbstractEventLoop | None:
+        owner = self._loop() if self._loop is not None else None
+        return None if owner is None or owner.is_closed() else owner
+
     async def claim(self) -> str | None:
         """Make the running loop the owner if no other loop runs with the Guard's connections; else why not."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            owner = self._loop() if self._loop is not None else None
+            owner = self._owner()
             if owner is loop:
                 return None
-            if owner is not None and not owner.is_closed():
+            if owner is not None and (owner is not self._home or self._home_calls):
                 return WRONG_LOOP
             self._loop = weakref.ref(loop)
-            stale = not self._released
+            stale = not self._released and owner is None
             self._released = False
-            self._watch = watch = self._until_loop_ends()  # the old one, if any, is dropped with its loop
+            self._token = token = object()
+            self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
+        elif owner is not None:  # taken over from the idle home loop: its pools are closed there
+            _close_on(owner, self._swap())
         await watch.__anext__()  # parked: the loop closes it as it ends
         return None
 
-    async def _until_loop_ends(self) -> AsyncGenerator[None]:
+    async def _until_loop_ends(self, token: object) -> AsyncGenerator[None]:
         try:
             yield
         finally:
-            self._released = True
-            for pool in self._swap():
-                try:
-                    await pool.aclose()
-                except Exception:  # e.g. a connection the server reset: the others are still closed
-                    logger.debug("closing a connection pool as its event loop ended", exc_info=True)
+            with self._lock:
+                current = self._token is token  # else the Guard moved on while this loop still ran
+                if current:
+                    self._released = True
+            if current:
+                await _close_all(self._swap())
+
+    # --- sync calls ------------------------------------------------------------------------
+
+    def set_home(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The Guard's own loop for sync calls has started."""
+        self._home = loop
+
+    def sync_loop(self) -> asyncio.AbstractEventLoop | None:
+        """Where a sync call runs: the caller's running asyncio loop that owns the Guard (not the home loop); or
+        None, the home loop, where the call is counted until `sync_call_ended`."""
+        with self._lock:
+            owner = self.sync_owner()
+            if owner is None:
+                self._home_calls += 1
+            return owner
+
+    def sync_owner(self) -> asyncio.AbstractEventLoop | None:
+        """The running asyncio loop that owns the Guard, if it is not the home loop."""
+        owner = self._owner()
+        return owner if owner is not None and owner is not self._home and owner.is_running() else None
+
+    def sync_call_ended(self) -> None:
+        """A sync call counted by `sync_loop` has ended on the home loop."""
+        with self._lock:
+            self._home_calls -= 1
+
+    def home_owns(self) -> bool:
+        """Whether the Guard's connections are the home loop's (or no running loop's)."""
+        owner = self._owner()
+        return owner is None or owner is self._home
+
+
+async def _close_all(pools: Sequence[httpx.AsyncBaseTransport]) -> None:
+    for pool in pools:
+        try:
+            await pool.aclose()
+        except Exception:  # e.g. a connection the server reset: the others are still closed
+            logger.debug("closing a connection pool its event loop no longer uses", exc_info=True)
+
+
+def _close_on(loop: asyncio.AbstractEventLoop, pools: Sequence[httpx.AsyncBaseTransport]) -> None:
+    """Close ``pools`` on ``loop`` (another thread's), without waiting; dropped if that loop has closed."""
+    try:
+        asyncio.run_coroutine_threadsafe(_close_all(pools), loop)
+    except RuntimeError:  # closed in between: the connections go with it
+        logger.debug("the home loop closed before its connection pools could be closed there")

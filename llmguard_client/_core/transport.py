@@ -142,7 +142,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._given_up = GivenUp()
         """Calls given up on with an error, or whose retry the SDK sends: `llmguard_client._core.given_up`."""
         self._warned_stacking = False
-        self._loops = LoopOwner(self._new_pools)
+        self.loops = LoopOwner(self._new_pools)
+        """Which event loop the Guard's connections belong to; where sync calls run."""
         self._redirects = RedirectTargets[Assignment](self._bases)
         """Redirects to origins that are no replica's, until the request that follows each comes."""
 
@@ -166,8 +167,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
-            if not self._loops.owns():
-                wrong_loop = await self._loops.claim()
+            if not self.loops.owns():
+                wrong_loop = await self.loops.claim()
                 if wrong_loop is not None:
                     raise WrongEventLoop(wrong_loop, request=request)
             if request.url.scheme not in ("http", "https") or not request.url.host:

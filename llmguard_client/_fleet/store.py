@@ -131,6 +131,8 @@ class FleetStore:
         self._periodic: list[tuple[float, Op[None]]] = []
         self._last_error: str | None = None
         self._warned_backend = False
+        self._moving = False
+        """The supervisor was asked to stop on the loop it ran on (see `start`)."""
         self.lag: float | None = None
         self.transitions = 0
         self.resyncs = 0
@@ -205,9 +207,14 @@ class FleetStore:
     # --- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the supervisor on the running asyncio loop, unless it runs already (cheap: called per call)."""
+        """Start the supervisor on the running asyncio loop, unless it runs already (cheap: called per call). If it
+        runs on another loop that still runs (the Guard's calls moved from its own sync loop to async code's),
+        stop it there: a call after it has stopped starts it here."""
         task = self._task
-        if (task is not None and not task.done()) or self._state == "closed":
+        if task is not None and not task.done():
+            self._leave_other_loop(task)
+            return
+        if self._state == "closed":
             return
         try:
             loop = asyncio.get_running_loop()
@@ -222,6 +229,21 @@ class FleetStore:
         self._outbox_ready = asyncio.Event()
         self._settled = asyncio.Event()
         self._task = loop.create_task(self._supervise(), name=f"llmguard-fleet-{self.name}")
+
+    def _leave_other_loop(self, task: asyncio.Task[None]) -> None:
+        home = task.get_loop()
+        if self._moving or home is asyncio._get_running_loop() or asyncio._get_running_loop() is None:
+            return
+        stop = self._stop
+        try:  # the supervisor finishes its shielded cleanup there, then ends: the store is idle
+            home.call_soon_threadsafe(stop.cancel if stop is not None else task.cancel)
+        except RuntimeError:  # that loop has closed: its task is gone with it
+            return
+        self._moving = True
+        task.add_done_callback(self._moved)
+
+    def _moved(self, _: asyncio.Task[None]) -> None:
+        self._moving = False
 
     async def aclose(self) -> None:
         """Stop the background work and close the connections (idempotent)."""

@@ -1,4 +1,6 @@
-"""Which event-loop thread serves a Guard's sync calls: started on first use, stopped with the Guard.
+"""Which event loop serves a Guard's sync calls: the running asyncio loop of the caller's that owns the Guard
+(its calls come from other threads: a web app's sync handlers beside its async ones), else the Guard's own loop
+thread, started on first use and stopped with the Guard.
 
 A process forked after a Guard's sync calls started its thread (gunicorn ``--preload``, a prefork worker pool,
 ``multiprocessing`` with fork) has no such thread: its sync calls would wait for it for ever. In the child such
@@ -18,9 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import httpx
 
-from llmguard_client.edges._runner import CLOSED, SyncRunner
-from llmguard_client.errors import GuardClosed
+from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP
+from llmguard_client.edges._runner import CLOSED, CallersLoop, SyncBody, SyncRunner, send, wait_for
+from llmguard_client.errors import GuardClosed, WrongEventLoop
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
@@ -60,6 +64,30 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
+    """Run a sync call: on the caller's running asyncio loop that owns the Guard (from another thread: the
+    loop's own thread is refused, it would wait for itself), else on the Guard's own loop thread."""
+    loops = guard.transport.loops
+    owner = loops.sync_loop()
+    if owner is None:
+        try:
+            runner = runner_for(guard)
+        except BaseException:
+            loops.sync_call_ended()
+            raise
+        return send(runner, guard.transport, request, loops.sync_call_ended)
+    if _running_loop() is owner:
+        raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
+    return send(CallersLoop(owner), guard.transport, request)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def runner_for(guard: GuardHandle) -> SyncRunner:
     """The Guard's event-loop thread for sync calls, started on first use."""
     with _lock:
@@ -69,9 +97,12 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
         if runner is None:
             runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
             _runners[guard] = runner
-            # A Guard dropped without close(): close its pools on that loop and stop the thread (neither the
-            # runner nor the pools' aclose hold a reference to the Guard).
-            weakref.finalize(guard, _abandon, runner, guard._replica_set.aclose)
+            loops = guard.transport.loops
+            assert runner.loop is not None
+            loops.set_home(runner.loop)
+            # A Guard dropped without close(): close its pools on that loop if they are its, and stop the thread
+            # (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
+            weakref.finalize(guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns)
         return runner
 
 
@@ -95,6 +126,9 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
                 _runners[guard] = _CLOSED
             return False
         _runners[guard] = _CLOSED
+    if not guard.transport.loops.home_owns():  # async code took the Guard over: it is closed there
+        await anyio.to_thread.run_sync(runner.stop)
+        return False
     await anyio.to_thread.run_sync(runner.stop, functools.partial(guard.aclose, grace))
     return True
 
@@ -105,6 +139,10 @@ def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
         if _runners.get(guard) is _FORKED:  # the connections are the parent's: nothing to close here
             _runners[guard] = _CLOSED
             return
+    owner = None if _in_event_loop() else guard.transport.loops.sync_owner()
+    if owner is not None:  # async code owns the Guard, on a loop still running: closed there
+        wait_for(asyncio.run_coroutine_threadsafe(guard.aclose(grace), owner), owner)
+        return
     runner = running_runner(guard)
     if runner is not None:
         with _lock:
@@ -140,10 +178,11 @@ def _in_event_loop() -> bool:
     return False
 
 
-def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]]) -> None:
+def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]], home_owns: Callable[[], bool]) -> None:
     if not runner.running:
         return
+    closing = close_pools if home_owns() else None  # else they are another loop's, closed as it ends
     if runner.in_own_thread():  # collected on its own loop: stop it from another thread
-        threading.Thread(target=runner.stop, args=(close_pools,), daemon=True).start()
+        threading.Thread(target=runner.stop, args=(closing,), daemon=True).start()
     else:
-        runner.stop(close_pools)
+        runner.stop(closing)

@@ -33,7 +33,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -47,6 +48,9 @@ CLOSED = "this Guard is closed; build a new Guard to send more requests"
 """Why a sync call is refused once the Guard closed."""
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
+LOOP_CHECK = 0.5
+"""Seconds between two checks, while a sync caller waits, that the loop running its call has not closed (a loop
+of the caller's own may end with the call in it)."""
 READ_AHEAD = 16
 """Chunks the task may read before the caller's thread has taken them. One chunk at a time cost a wake of
 the loop per chunk (a pipe write, an epoll return, a task switch) on top of the wake of the caller: the sync
@@ -73,7 +77,7 @@ _Item = bytes | _End | _Failed
 class SyncBody:
     """The body of one sync call: iterate it for raw chunks, ``close()`` it when done (idempotent)."""
 
-    def __init__(self, runner: SyncRunner, exchange: _Exchange) -> None:
+    def __init__(self, runner: LoopAccess, exchange: _Exchange) -> None:
         self._runner = runner
         self._exchange = exchange
         self._closed = False
@@ -217,9 +221,13 @@ class _Exchange:
         if self._pending is not None:
             end, self._pending = self._pending, None
             return end
-        if self._items.empty() and not self._ended and self._loop.is_closed():
-            return _Failed(GuardClosed("this Guard was closed while the response was being read"))
-        item: _Item = self._items.get()
+        while True:
+            try:
+                item: _Item = self._items.get(timeout=LOOP_CHECK)
+                break
+            except queue.Empty:
+                if self._loop.is_closed():  # the loop ended without the task handing over the end
+                    return _Failed(GuardClosed("the event loop running this call ended while its body was read"))
         taken = 1
         if isinstance(item, bytes) and not self._items.empty():
             chunks: list[bytes] = [item]
@@ -253,8 +261,93 @@ def _portable(context: contextvars.Context) -> list[tuple[contextvars.ContextVar
     return [(var, value) for var, value in context.items() if var is not skip]
 
 
+class LoopAccess(Protocol):
+    """An event loop that sync callers run calls on from their own threads."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
+
+    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
+        """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
+
+
+def send(
+    access: LoopAccess, core: httpx.AsyncBaseTransport, request: httpx.Request, ended: Callable[[], None] | None = None
+) -> tuple[httpx.Response, SyncBody]:
+    """Run one call through the core on ``access``'s loop: the response head and its body to pull. ``ended`` is
+    called once the call's task is over, or at once if it could not start."""
+    loop = access.loop
+    if loop is None:
+        if ended is not None:
+            ended()
+        raise GuardClosed(CLOSED)
+    head: Future[httpx.Response] = Future()
+    exchange = _Exchange(core, request, head, loop)
+    try:
+        task = access.start(exchange.drive)
+    except BaseException:
+        if ended is not None:
+            ended()
+        raise
+    if ended is not None:
+        task.add_done_callback(lambda _: ended())
+    try:
+        response = wait_for(head, loop)
+    except BaseException:
+        if not head.done():  # the caller was interrupted (e.g. KeyboardInterrupt): stop the call
+            access.call(exchange.close)
+        raise
+    return response, SyncBody(access, exchange)
+
+
+def wait_for(future: Future[Any], loop: asyncio.AbstractEventLoop) -> Any:
+    """``future``'s result, from a sync caller's thread; `GuardClosed` if ``loop``, which was to settle it, closes
+    first (then nothing ever will)."""
+    while True:
+        try:
+            return future.result(timeout=LOOP_CHECK)
+        except FutureTimeout:
+            if loop.is_closed() and not future.done():
+                raise GuardClosed("the event loop running this call ended before the call did") from None
+        except FutureCancelled:
+            raise GuardClosed("this Guard was closed while the call was running") from None
+
+
+class CallersLoop:
+    """A running asyncio loop of the caller's that owns the Guard: sync calls from other threads run there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        return not self._loop.is_closed()
+
+    def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
+        return wait_for(self.start(func), self._loop)
+
+    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
+        async def run() -> Any:
+            return await func()
+
+        try:
+            return asyncio.run_coroutine_threadsafe(run(), self._loop)
+        except RuntimeError as exc:  # the loop closed in between
+            raise GuardClosed("the event loop this Guard's calls run on has ended") from exc
+
+
 class SyncRunner:
-    """A daemon thread running an event loop with a `BlockingPortal`, for one Guard's sync calls."""
+    """A daemon thread running an event loop with a `BlockingPortal`, for one Guard's sync calls (its home)."""
 
     def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
         self._core = core
@@ -272,6 +365,10 @@ class SyncRunner:
     @property
     def running(self) -> bool:
         return self._portal is not None and not self._stopped
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
 
     @property
     def thread(self) -> threading.Thread:
@@ -319,22 +416,6 @@ class SyncRunner:
             return portal.start_task_soon(func)
         except RuntimeError as exc:  # the portal stopped in between
             raise GuardClosed(CLOSED) from exc
-
-    def send(self, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
-        """Run one call through the core; returns the response head and its body to pull."""
-        loop = self._loop
-        if loop is None:
-            raise GuardClosed(CLOSED)
-        head: Future[httpx.Response] = Future()
-        exchange = _Exchange(self._core, request, head, loop)
-        self.start(exchange.drive)
-        try:
-            response = head.result()
-        except BaseException:
-            if not head.done():  # the caller was interrupted (e.g. KeyboardInterrupt): stop the call
-                self.call(exchange.close)
-            raise
-        return response, SyncBody(self, exchange)
 
     def stop(self, close_guard: Callable[[], Awaitable[None]] | None = None) -> None:
         """Close the Guard on this loop (if given), cancel what is left, end the thread."""

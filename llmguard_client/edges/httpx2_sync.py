@@ -9,10 +9,10 @@ import httpx
 import httpx2
 
 from llmguard_client.edges._httpx2_types import core_request, response_extensions, streamed, translate_error
-from llmguard_client.edges._registry import runner_for
+from llmguard_client.edges._registry import send_sync
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
-from llmguard_client.errors import GuardClosed
+from llmguard_client.errors import GuardClosed, WrongEventLoop
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
@@ -32,8 +32,8 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
         inner = core_request(request, upload if upload is not None else request.read())
         try:
             try:
-                response, body = runner_for(self._guard).send(inner)
-            except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+                response, body = send_sync(self._guard, inner)
+            except (GuardClosed, WrongEventLoop) as closed:  # no loop to run the core on: refused, nothing sent
                 refusal = self._guard.transport.refuse(inner, closed)
                 return httpx2.Response(
                     refusal.status_code, headers=refusal.headers.raw, content=refusal.content, request=request

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from llmguard_client._http.upload import sync_streamed
-from llmguard_client.edges._registry import runner_for
+from llmguard_client.edges._registry import send_sync
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
-from llmguard_client.errors import GuardClosed
+from llmguard_client.errors import GuardClosed, WrongEventLoop
 from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_captures
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ class SyncGuardTransport(httpx.BaseTransport):
         if captures:
             inner.extensions = {**inner.extensions, CAPTURES_EXTENSION: captures}
         try:
-            response, body = runner_for(self._guard).send(inner)
-        except GuardClosed as closed:  # no loop to run the core on: answer as it would after the close
+            response, body = send_sync(self._guard, inner)
+        except (GuardClosed, WrongEventLoop) as closed:  # no loop to run the core on: refused, nothing sent
             return self._guard.transport.refuse(request, closed)
         out = httpx.Response(response.status_code, headers=response.headers.raw, stream=_Body(body), request=request)
         out.extensions = response.extensions  # shared (the constructor copies): the final record lands in it

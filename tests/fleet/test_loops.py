@@ -68,3 +68,35 @@ def test_a_loop_that_ends_while_the_store_connects_ends(
             await asyncio.sleep(0)
 
     run_in_turn(guard, *(functools.partial(start_then_end, turns) for turns in range(40)))
+
+
+def test_the_fleet_store_follows_the_calls_from_the_guards_own_loop_to_async_code(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    """A sync call first (on the Guard's own loop, where the store connects), then async code takes the Guard
+    over: the store stops on the Guard's loop and connects again on the async one, where the calls are."""
+    guard = Guard([servers[0].url], fleet=redis_server.url, name="moves")
+
+    def connected(resyncs: int) -> bool:
+        fleet = guard.snapshot().fleet
+        return fleet is not None and fleet.connected and fleet.resyncs == resyncs
+
+    def sync_call() -> int:
+        with guard.sync_http_client() as client:
+            return client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code
+
+    async def app() -> list[int]:
+        statuses = [await asyncio.to_thread(sync_call)]
+        with anyio.fail_after(15):
+            while not connected(1):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        async with httpx.AsyncClient(transport=guard.transport) as client:
+            statuses.append((await client.post(servers[0].url + "/v1/chat/completions", json=BODY)).status_code)
+            with anyio.fail_after(15):
+                while not connected(2):
+                    await anyio.sleep(0.01)
+                    await client.post(servers[0].url + "/v1/chat/completions", json=BODY)  # each call starts it
+        return statuses
+
+    [statuses] = run_in_turn(guard, app)
+    assert statuses == [200, 200]

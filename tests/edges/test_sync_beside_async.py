@@ -1,0 +1,157 @@
+"""Sync calls beside async code on one Guard (a web app's sync handlers in worker threads beside its async ones):
+run on the caller's loop that owns the Guard; async code takes the Guard over from its idle home loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from llmguard_client import Guard, GuardClosed, PhaseRecord, WrongEventLoop
+from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
+from tests.loopback import LoopbackServer, Script
+
+openai = pytest.importorskip("openai")
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def server(servers: list[LoopbackServer]) -> Iterator[LoopbackServer]:
+    assert eventually(lambda: client_sockets(servers[:1]) == 0)  # nothing left by an earlier test
+    yield servers[0]
+
+
+def guard_over(server: LoopbackServer, records: list[PhaseRecord] | None = None) -> Guard:
+    return Guard(
+        [server.url],
+        instrumentation=None,
+        transport_factory=pools,
+        on_record=None if records is None else records.append,
+    )
+
+
+def sync_sdk_call(guard: Guard, server: LoopbackServer) -> str:
+    """One chat completion through the sync openai SDK (no retry of its own, so a failure is not hidden)."""
+    client = openai.OpenAI(
+        base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.sync_http_client()
+    )
+    return client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content or ""
+
+
+def sync_stream(guard: Guard, server: LoopbackServer) -> str:
+    client = openai.OpenAI(
+        base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.sync_http_client()
+    )
+    events = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    return "".join(chunk.choices[0].delta.content or "" for chunk in events if chunk.choices)
+
+
+async def async_sdk_call(guard: Guard, server: LoopbackServer) -> str:
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.http_client()
+    )
+    return (await client.chat.completions.create(model="m", messages=MESSAGES)).choices[0].message.content or ""
+
+
+async def test_sync_calls_from_worker_threads_run_on_the_async_loop_that_owns_the_guard(server: LoopbackServer) -> None:
+    records: list[PhaseRecord] = []
+    async with guard_over(server, records) as guard:
+        assert await async_sdk_call(guard, server)
+        served = await asyncio.gather(
+            *(asyncio.to_thread(sync_sdk_call, guard, server) for _ in range(4)),
+            asyncio.to_thread(sync_stream, guard, server),
+        )
+        assert all(served)  # before: each refused with a 400 naming another event loop
+        assert sync_threads() == []  # no loop of the Guard's own: the calls ran on this one
+    assert len(server.received) == 6
+    assert [r.status for r in records] == ["ok"] * 6
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+async def test_async_code_takes_the_guard_over_from_its_idle_home_loop(server: LoopbackServer) -> None:
+    guard = guard_over(server)
+    assert await asyncio.to_thread(sync_sdk_call, guard, server)  # the first call: on the Guard's own loop
+    assert len(sync_threads()) == 1
+    assert await async_sdk_call(guard, server)  # before: refused, the home loop still ran
+    assert await asyncio.to_thread(sync_stream, guard, server)  # now on this loop
+    await guard.aclose()
+    assert sync_threads() == []
+    assert len(server.received) == 3
+    assert eventually(lambda: client_sockets([server]) == 0)  # the home loop's connection too
+
+
+async def test_an_async_call_is_refused_while_a_sync_call_runs_on_the_home_loop(server: LoopbackServer) -> None:
+    """The home loop's calls use its connections: no other loop takes them over until they have ended."""
+    server.script = Script(tokens=200)  # more chunks than the sync body reads ahead of its caller
+    guard = guard_over(server)
+    sync_client = guard.sync_http_client()
+    request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
+    opened = await asyncio.to_thread(sync_client.send, request, stream=True)  # the first call: on the home loop
+    async with guard.http_client() as client:
+        with pytest.raises(WrongEventLoop, match="still running"):
+            await client.post(server.url + CHAT, json=BODY)
+        await asyncio.to_thread(opened.close)
+        assert (await client.post(server.url + CHAT, json=BODY)).status_code == 200
+    await guard.aclose()
+    assert len(server.received) == 2
+
+
+async def test_a_sync_call_from_the_owner_loops_own_thread_is_refused_at_once(server: LoopbackServer) -> None:
+    """It would block the loop that must run it: refused before anything is sent, naming the fix."""
+    async with guard_over(server) as guard:
+        assert await async_sdk_call(guard, server)
+        with pytest.raises(openai.BadRequestError, match=r"asyncio\.to_thread") as refused:
+            sync_sdk_call(guard, server)
+        assert refused.value.response.headers["x-llmguard-cause"] == "wrong_event_loop"
+    assert len(server.received) == 1
+
+
+async def test_guard_close_from_a_worker_thread_closes_it_on_the_loop_that_owns_it(server: LoopbackServer) -> None:
+    guard = guard_over(server)
+    assert await async_sdk_call(guard, server)
+    assert await asyncio.to_thread(sync_sdk_call, guard, server)
+    await asyncio.to_thread(guard.close)
+    assert eventually(lambda: client_sockets([server]) == 0)
+    with pytest.raises(GuardClosed):
+        await asyncio.to_thread(guard.sync_http_client)
+
+
+def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ever(server: LoopbackServer) -> None:
+    server.script = Script(hang_before_headers=30)
+    guard = guard_over(server)
+    outcome: list[BaseException | httpx.Response] = []
+    started = threading.Event()
+
+    def waiting_call() -> None:
+        with guard.sync_http_client() as client:
+            started.set()
+            try:
+                outcome.append(client.post(server.url + CHAT, json=BODY))
+            except BaseException as exc:
+                outcome.append(exc)
+
+    async def app() -> None:
+        server.script = Script()
+        async with guard.http_client() as client:
+            await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
+        server.script = Script(hang_before_headers=30)
+        worker = threading.Thread(target=waiting_call)
+        worker.start()
+        await asyncio.to_thread(started.wait, 10)
+        assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
+        app.worker = worker  # type: ignore[attr-defined]
+
+    asyncio.run(app())  # returns with the sync call in flight on its loop
+    worker: threading.Thread = app.worker  # type: ignore[attr-defined]
+    worker.join(20)
+    try:
+        assert not worker.is_alive()
+        [error] = outcome
+        assert isinstance(error, GuardClosed)
+    finally:
+        guard.close()
