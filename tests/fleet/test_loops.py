@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
+import pytest
 
 from llmguard_client import Guard
 from tests.loopback import LoopbackServer
@@ -53,6 +54,7 @@ def test_the_fleet_store_reconnects_on_each_new_event_loop(
     assert (first[2], second[2]) == (1, 2)  # connected once on each loop
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a session task's coroutine left unawaited
 def test_a_loop_that_ends_while_the_store_connects_ends(
     redis_server: RedisServer, servers: list[LoopbackServer]
 ) -> None:
