@@ -155,3 +155,15 @@ def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ev
         assert isinstance(error, GuardClosed)
     finally:
         guard.close()
+
+
+async def test_a_sync_callers_tier_and_capture_travel_with_its_call_to_the_async_loop(server: LoopbackServer) -> None:
+    async with guard_over(server) as guard:
+        assert await async_sdk_call(guard, server)
+
+        def in_a_worker_thread() -> list[tuple[str, str]]:
+            with guard.tier("batch"), guard.capture() as calls:
+                sync_sdk_call(guard, server)
+            return [(call.tier, call.status) for call in calls]
+
+        assert await asyncio.to_thread(in_a_worker_thread) == [("batch", "ok")]
