@@ -50,7 +50,6 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import CancelledError as FutureCancelled
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,7 +58,8 @@ import httpx
 
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.lease import close_quietly
-from llmguard_client.edges._registry import runner_for
+from llmguard_client.edges._registry import sync_access
+from llmguard_client.edges._runner import start_counted, wait_for
 from llmguard_client.errors import GuardClosed, GuardConfigError
 
 if TYPE_CHECKING:
@@ -192,23 +192,25 @@ async def poll_vllm_metrics(
 
 @contextlib.contextmanager
 def vllm_metrics_polled(guard: Guard, *, every: float = 0.1, request_timeout: float | None = None) -> Iterator[None]:
-    """`poll_vllm_metrics` for sync code: polls on the Guard's event-loop thread (the one its sync clients share)
-    while the block runs, and has stopped when it exits. The arguments are checked before anything starts."""
+    """`poll_vllm_metrics` for sync code: polls where the Guard's sync calls run (its own event-loop thread, or the
+    running loop of async code that owns the Guard) while the block runs, and has stopped when it exits. The
+    arguments are checked before anything starts."""
     _checked(every, request_timeout)
     if asyncio._get_running_loop() is not None:  # the poller would write the router's state from another thread
         raise GuardConfigError(
             "vllm_metrics_polled is for sync code; in async code run poll_vllm_metrics(guard) in a task group"
         )
     poller = _Poller(functools.partial(poll_vllm_metrics, guard, every=every, request_timeout=request_timeout))
-    runner = runner_for(guard)
-    polling = runner.start(poller.run)
+    access, ended = sync_access(guard)  # where the sync calls run: the poller uses the same connections
+    polling = start_counted(access, poller.run, ended)
     try:
         yield
     finally:
         with contextlib.suppress(GuardClosed):  # closed meanwhile: the poller was cancelled with the loop
-            runner.call(poller.stop)
-        with contextlib.suppress(FutureCancelled):
-            polling.result()
+            access.call(poller.stop)
+        if access.loop is not None:
+            with contextlib.suppress(GuardClosed):  # its loop ended (cancelling it) or closed
+                wait_for(polling, access.loop)
 
 
 class _Poller:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any
 
@@ -159,6 +160,39 @@ def test_sync_code_polls_on_the_guards_loop_thread_while_its_block_runs_and_not_
     closing = Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None)
     with vllm_metrics_polled(closing):
         closing.close()  # the poller ends with the Guard's loop; leaving the block raises nothing
+
+
+async def test_a_sync_poller_beside_async_code_polls_on_the_loop_that_owns_the_guard() -> None:
+    """From a worker thread of an app whose async code uses the Guard, the poller runs on the app's loop (the
+    connections the calls use), not on a loop thread of the Guard's own."""
+    metrics = Metrics()
+    metrics.bodies = {"http://a:1": (200, "vllm:num_requests_waiting 4\n"), "http://b:1": (200, "")}
+
+    def replicas_that_chat(replica: Replica) -> httpx.AsyncBaseTransport:
+        polled = metrics.factory(replica)
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/chat/completions"):
+                return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "hi"}}]})
+            return polled.handle_request(request)
+
+        return httpx.MockTransport(handle)
+
+    async with Guard(["http://a:1", "http://b:1"], transport_factory=replicas_that_chat, instrumentation=None) as guard:
+        async with guard.http_client() as client:  # a first call: this loop owns the Guard
+            assert (await client.post("http://a:1/v1/chat/completions", json={"model": "m"})).status_code == 200
+
+        def sync_code() -> tuple[float | None, list[str]]:
+            with vllm_metrics_polled(guard):
+                waited_until = time.monotonic() + 30
+                while guard.snapshot().replicas[0].server_waiting is None and time.monotonic() < waited_until:
+                    time.sleep(0.01)
+                return guard.snapshot().replicas[0].server_waiting, [
+                    t.name for t in threading.enumerate() if t.name.startswith("llmguard-sync-")
+                ]
+
+        assert await anyio.to_thread.run_sync(sync_code) == (4.0, [])
+        assert sum(metrics.polls.values()) >= 2
 
 
 def test_a_sync_openai_client_streams_while_the_simulated_servers_queues_are_polled() -> None:

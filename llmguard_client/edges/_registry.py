@@ -23,7 +23,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP
-from llmguard_client.edges._runner import CLOSED, CallersLoop, SyncBody, SyncRunner, send, wait_for
+from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
 
 if TYPE_CHECKING:
@@ -65,20 +65,29 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
 
 
 def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
-    """Run a sync call: on the caller's running asyncio loop that owns the Guard (from another thread: the
-    loop's own thread is refused, it would wait for itself), else on the Guard's own loop thread."""
+    """Run a sync call where `sync_access` says."""
+    access, ended = sync_access(guard, request)
+    return send(access, guard.transport, request, ended)
+
+
+def sync_access(
+    guard: GuardHandle, request: httpx.Request | None = None
+) -> tuple[LoopAccess, Callable[[], None] | None]:
+    """Where a sync call (or the sync server-hints poller) runs: on the caller's running asyncio loop that owns the
+    Guard, from another thread (from that loop's own thread it is refused: it would wait for itself); else on the
+    Guard's own loop thread, where it keeps the Guard (no other loop takes it over) until the returned callback
+    says it has ended."""
     loops = guard.transport.loops
     owner = loops.sync_loop()
     if owner is None:
         try:
-            runner = runner_for(guard)
+            return runner_for(guard), loops.sync_call_ended
         except BaseException:
             loops.sync_call_ended()
             raise
-        return send(runner, guard.transport, request, loops.sync_call_ended)
     if _running_loop() is owner:
         raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
-    return send(CallersLoop(owner), guard.transport, request)
+    return CallersLoop(owner), None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -289,14 +289,7 @@ def send(
         raise GuardClosed(CLOSED)
     head: Future[httpx.Response] = Future()
     exchange = _Exchange(core, request, head, loop)
-    try:
-        task = access.start(exchange.drive)
-    except BaseException:
-        if ended is not None:
-            ended()
-        raise
-    if ended is not None:
-        task.add_done_callback(lambda _: ended())
+    start_counted(access, exchange.drive, ended)
     try:
         response = wait_for(head, loop)
     except BaseException:
@@ -304,6 +297,22 @@ def send(
             access.call(exchange.close)
         raise
     return response, SyncBody(access, exchange)
+
+
+def start_counted(
+    access: LoopAccess, func: Callable[[], Awaitable[Any]], ended: Callable[[], None] | None
+) -> Future[Any]:
+    """Start ``func`` as a task on ``access``'s loop; ``ended`` (if given) is called once that task is over, or at
+    once if it could not start."""
+    try:
+        task = access.start(func)
+    except BaseException:
+        if ended is not None:
+            ended()
+        raise
+    if ended is not None:
+        task.add_done_callback(lambda _: ended())
+    return task
 
 
 def wait_for(future: Future[Any], loop: asyncio.AbstractEventLoop) -> Any:
