@@ -60,8 +60,10 @@ def body_facts(body: bytes, absorb: Any = absorb_chat_body) -> ResponseFacts:
         {"reasoning_content": "thinking"},
         {"reasoning": "thinking"},
         {"role": "assistant", "content": "x"},
+        {"content": None, "audio": {"id": "audio_1", "transcript": "Hel"}},  # spoken output: no text content
+        {"audio": {"data": "UklGRg=="}},
     ],
-    ids=["content", "space", "tool_calls", "reasoning_content", "reasoning", "role_and_content"],
+    ids=["content", "space", "tool_calls", "reasoning_content", "reasoning", "role_and_content", "audio", "audio_data"],
 )
 def test_chat_delta_with_content_is_a_first_token(delta: dict[str, Any]) -> None:
     scanner, results = scan(event(chunk(delta)))
@@ -98,6 +100,7 @@ def test_completions_empty_text_is_not_a_first_token() -> None:
         {"content": None},
         {"tool_calls": []},
         {"reasoning_content": ""},
+        {"audio": {}},
         {},
     ],
     ids=[
@@ -107,6 +110,7 @@ def test_completions_empty_text_is_not_a_first_token() -> None:
         "null_content",
         "empty_tool_calls",
         "empty_reasoning",
+        "empty_audio",
         "empty",
     ],
 )
