@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 _H = TypeVar("_H")
 
 _DEFAULT_TIERS: Mapping[str, Tier] = {
+    # The deadlines are the user's SLOs: a call that names no tier waits as long as the SDK itself would (its
+    # read timeout, 600 s, for each read), so the guard never fails a call the plain SDK would have served.
+    "default": Tier(ttft=600.0, total=3600.0, stall=600.0),
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
@@ -133,7 +136,8 @@ class Guard:
 
     replicas:      base URLs (or `Replica` with per-replica headers) of one model's replicas.
     tiers:         SLO tiers by name; a call picks one with the ``x-llmguard-tier`` header or
-                   ``with guard.tier(name)``, else ``default_tier``.
+                   ``with guard.tier(name)``, else ``default_tier``. Without it: ``default`` (no deadline
+                   shorter than the SDKs' 600 s read timeout), ``interactive`` and ``batch``.
     hedge:         `HedgePolicy`, on by default with >= 2 replicas; None switches hedging off.
     retry:         `RetryPolicy`, on by default; None switches retries off.
     budget:        `BudgetPolicy` shared by retries and hedges; None: unbounded (not advised).

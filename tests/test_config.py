@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -20,8 +21,10 @@ from llmguard_client import (
     Replica,
     RetryPolicy,
     Tier,
+    TTFTTimeout,
     UnknownTierError,
 )
+from tests.virtual import BACKENDS, run_virtual
 
 A = "http://10.0.0.1:8000"
 B = "http://10.0.0.2:8000"
@@ -493,3 +496,38 @@ def test_affinity_takes_auto_explicit_a_policy_or_none_and_names_what_is_accepte
         AffinityPolicy(load_slack=-1)
     with pytest.raises(GuardConfigError, match="auto must be True or False"):
         AffinityPolicy(auto="yes")  # type: ignore[arg-type]
+
+
+def slow_replica(seconds: float) -> Callable[[Replica], httpx.AsyncBaseTransport]:
+    """Replicas that answer a non-streaming chat completion after ``seconds`` (of the event loop's clock)."""
+
+    def factory(replica: Replica) -> httpx.AsyncBaseTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            await anyio.sleep(seconds)
+            return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "done"}}]})
+
+        return httpx.MockTransport(handle)
+
+    return factory
+
+
+@BACKENDS
+def test_a_call_that_names_no_tier_waits_as_the_sdk_would_and_interactive_is_there_to_choose(backend: str) -> None:
+    """The default tier cuts no answer the plain SDK waits for (10 s here; its read timeout is 600 s); the
+    built-in interactive tier, chosen per call, bounds the same answer at 2 s."""
+
+    async def main() -> None:
+        async with Guard([A, B], transport_factory=slow_replica(10.0), instrumentation=None) as g:
+            assert g.default_tier == "default"
+            async with g.http_client() as client:
+                start = anyio.current_time()
+                answered = await client.post(A + "/v1/chat/completions", json={"model": "m"})
+                assert answered.status_code == 200 and anyio.current_time() - start == pytest.approx(10.0, abs=0.01)
+                start = anyio.current_time()
+                with pytest.raises(TTFTTimeout):
+                    await client.post(
+                        A + "/v1/chat/completions", json={"model": "m"}, headers={"x-llmguard-tier": "interactive"}
+                    )
+                assert anyio.current_time() - start == pytest.approx(2.0, abs=0.01)
+
+    run_virtual(main, backend)
