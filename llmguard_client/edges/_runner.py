@@ -321,11 +321,13 @@ def wait_for(future: Future[Any], loop: asyncio.AbstractEventLoop) -> Any:
     while True:
         try:
             return future.result(timeout=LOOP_CHECK)
-        except FutureTimeout:
-            if loop.is_closed() and not future.done():
-                raise GuardClosed("the event loop running this call ended before the call did") from None
         except FutureCancelled:
             raise GuardClosed("this Guard was closed while the call was running") from None
+        except FutureTimeout:
+            if future.done():  # the call's own TimeoutError (the same class as the wait's since Python 3.11)
+                raise
+            if loop.is_closed():
+                raise GuardClosed("the event loop running this call ended before the call did") from None
 
 
 class CallersLoop:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import httpx
 import pytest
 
 from llmguard_client import Guard, GuardClosed, PhaseRecord, WrongEventLoop
+from llmguard_client.edges._runner import wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
@@ -167,3 +169,16 @@ async def test_a_sync_callers_tier_and_capture_travel_with_its_call_to_the_async
             return [(call.tier, call.status) for call in calls]
 
         assert await asyncio.to_thread(in_a_worker_thread) == [("batch", "ok")]
+
+
+def test_a_calls_own_timeout_error_reaches_the_sync_caller_as_it_was_raised() -> None:
+    """A builtin TimeoutError the call raised is the same class as a timed-out wait for its result (Python 3.11):
+    the sync caller gets it at once, not a wait that never ends."""
+    loop = asyncio.new_event_loop()
+    try:
+        future: Future[None] = Future()
+        future.set_exception(TimeoutError("the call's own"))
+        with pytest.raises(TimeoutError, match="the call's own"):
+            wait_for(future, loop)
+    finally:
+        loop.close()
