@@ -17,8 +17,9 @@ asyncio (trio) are not checked.
 Sync calls run on the Guard's own loop, on a thread of its own (its *home*, `llmguard_client.edges`), unless an
 asyncio loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
 handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
-code takes the Guard over from its home loop if no sync call is running there; the home's pools are closed
-on the home loop.
+code takes the Guard over from its home loop once the sync calls running there have ended (new ones wait for
+that, so it comes even under steady sync traffic), within its tier's ttft; the home's pools are closed on the
+home loop.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 
@@ -47,6 +49,10 @@ WRONG_LOOP = (
     "serve every thread from one loop"
 )
 
+HANDOVER_POLL = 0.01
+"""Seconds between two looks, while a loop waits to take the Guard over, at whether the home loop's sync calls
+have ended."""
+
 SwapPools = Callable[[], Sequence[httpx.AsyncBaseTransport]]
 """Give the Guard new connection pools and return the old ones (to close, or to drop)."""
 
@@ -54,7 +60,19 @@ SwapPools = Callable[[], Sequence[httpx.AsyncBaseTransport]]
 class LoopOwner:
     """Which running asyncio loop may use the Guard's connections now."""
 
-    __slots__ = ("_home", "_home_calls", "_lock", "_loop", "_released", "_swap", "_token", "_watch")
+    __slots__ = (
+        "_home",
+        "_home_calls",
+        "_home_idle",
+        "_lock",
+        "_loop",
+        "_pending",
+        "_pending_wait",
+        "_released",
+        "_swap",
+        "_token",
+        "_watch",
+    )
 
     def __init__(self, swap_pools: SwapPools) -> None:
         self._swap = swap_pools
@@ -70,7 +88,12 @@ class LoopOwner:
         """The Guard's own loop for sync calls, once it has started."""
         self._home_calls = 0
         """Sync calls running on the home loop: while there are any, no other loop takes the Guard over."""
+        self._pending: asyncio.AbstractEventLoop | None = None
+        """A loop waiting for the home loop's sync calls to end, to take the Guard over (`claim`)."""
+        self._pending_wait = 0.0
         self._lock = threading.Lock()
+        self._home_idle = threading.Condition(self._lock)
+        """Notified when the pending loop has taken the Guard over, or given up."""
 
     def owns(self) -> bool:
         """Whether the running loop may make a call without claiming (it owns the Guard, or is not asyncio)."""
@@ -82,20 +105,38 @@ class LoopOwner:
         owner = self._loop() if self._loop is not None else None
         return None if owner is None or owner.is_closed() else owner
 
-    async def claim(self) -> str | None:
-        """Make the running loop the owner if no other loop runs with the Guard's connections; else why not."""
+    async def claim(self, wait: float = 0.0) -> str | None:
+        """Make the running loop the owner if no other loop runs with the Guard's connections; else why not. From
+        the Guard's own loop, busy with sync calls, the Guard is handed over once they have ended, waited for up to
+        ``wait`` seconds: meanwhile new sync calls wait for the handover (`sync_loop`), so the busy loop drains."""
         loop = asyncio.get_running_loop()
-        with self._lock:
-            owner = self._owner()
-            if owner is loop:
-                return None
-            if owner is not None and (owner is not self._home or self._home_calls):
-                return WRONG_LOOP
-            self._loop = weakref.ref(loop)
-            stale = not self._released and owner is None
-            self._released = False
-            self._token = token = object()
-            self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
+        give_up = loop.time() + wait
+        try:
+            while True:
+                with self._lock:
+                    owner = self._owner()
+                    if owner is loop:
+                        return None
+                    if owner is not None and owner is not self._home:
+                        return WRONG_LOOP
+                    if owner is None or not self._home_calls:
+                        self._pending = None
+                        self._home_idle.notify_all()
+                        self._loop = weakref.ref(loop)
+                        stale = not self._released and owner is None
+                        self._released = False
+                        self._token = token = object()
+                        self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
+                        break
+                    if self._pending not in (None, loop) or loop.time() >= give_up:
+                        return WRONG_LOOP
+                    self._pending, self._pending_wait = loop, wait
+                await asyncio.sleep(HANDOVER_POLL)
+        finally:
+            with self._lock:
+                if self._pending is loop:  # given up, or cancelled: the sync calls stop waiting for it
+                    self._pending = None
+                    self._home_idle.notify_all()
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
         elif owner is not None:  # taken over from the idle home loop: its pools are closed there
@@ -122,8 +163,18 @@ class LoopOwner:
 
     def sync_loop(self) -> asyncio.AbstractEventLoop | None:
         """Where a sync call runs: the caller's running asyncio loop that owns the Guard (not the home loop); or
-        None, the home loop, where the call is counted until `sync_call_ended`."""
+        None, the home loop, where the call is counted until `sync_call_ended`. While a loop waits to take the
+        Guard over from the home loop, the call waits for that (at most as long as that loop does)."""
         with self._lock:
+            pending, started = self._pending, time.monotonic()
+            while (
+                pending is not None
+                and not pending.is_closed()
+                and asyncio._get_running_loop() is not pending  # else that loop waits for this very call
+                and time.monotonic() - started < self._pending_wait
+            ):
+                self._home_idle.wait(HANDOVER_POLL * 10)
+                pending = self._pending
             owner = self.sync_owner()
             if owner is None:
                 self._home_calls += 1

@@ -167,10 +167,6 @@ class GuardTransport(httpx.AsyncBaseTransport):
         try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
-            if not self.loops.owns():
-                wrong_loop = await self.loops.claim()
-                if wrong_loop is not None:
-                    raise WrongEventLoop(wrong_loop, request=request)
             if request.url.scheme not in ("http", "https") or not request.url.host:
                 raise GuardRequestError(
                     f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "
@@ -178,6 +174,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
                     request=request,
                 )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
+            if not self.loops.owns():  # a handover from the Guard's own sync loop is waited for within the ttft
+                handover = within_read_timeout(self._tiers[tier_name], request.extensions).ttft
+                wrong_loop = await self.loops.claim(handover)
+                if wrong_loop is not None:
+                    raise WrongEventLoop(wrong_loop, request=request)
             attempts = max_attempts(headers.max_attempts, self._tiers[tier_name], request)
             followed = self._redirects.take(request.url, self._clock()) if len(self._redirects) else None
             # before a Call: a control call never builds one; a redirect followed elsewhere keeps its call's cohort

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardClosed, PhaseRecord, WrongEventLoop
+from llmguard_client import Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
 from llmguard_client.edges._runner import wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
@@ -87,20 +87,72 @@ async def test_async_code_takes_the_guard_over_from_its_idle_home_loop(server: L
     assert eventually(lambda: client_sockets([server]) == 0)  # the home loop's connection too
 
 
-async def test_an_async_call_is_refused_while_a_sync_call_runs_on_the_home_loop(server: LoopbackServer) -> None:
-    """The home loop's calls use its connections: no other loop takes them over until they have ended."""
+async def test_an_async_call_takes_the_guard_over_once_the_home_loops_sync_call_has_ended(
+    server: LoopbackServer,
+) -> None:
+    """The home loop's calls use its connections: the async call waits for them to end (within its ttft)."""
     server.script = Script(tokens=200)  # more chunks than the sync body reads ahead of its caller
     guard = guard_over(server)
     sync_client = guard.sync_http_client()
     request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
     opened = await asyncio.to_thread(sync_client.send, request, stream=True)  # the first call: on the home loop
     async with guard.http_client() as client:
+        waiting = asyncio.ensure_future(client.post(server.url + CHAT, json=BODY))
+        assert await asyncio.to_thread(eventually, lambda: len(server.received) == 1)
+        assert not waiting.done()  # before: refused at once (WrongEventLoop)
+        await asyncio.to_thread(opened.close)
+        assert (await waiting).status_code == 200
+        later = await asyncio.to_thread(sync_client.send, request, stream=True)  # now on this loop
+        assert later.status_code == 200
+        await asyncio.to_thread(later.close)
+    await guard.aclose()
+    assert len(server.received) == 3
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+async def test_a_handover_that_does_not_come_within_the_ttft_is_refused(server: LoopbackServer) -> None:
+    server.script = Script(tokens=200)
+    guard = Guard(
+        [server.url], instrumentation=None, transport_factory=pools, tiers={"t": Tier(ttft=0.3, total=10, stall=10)}
+    )
+    sync_client = guard.sync_http_client()
+    request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
+    opened = await asyncio.to_thread(sync_client.send, request, stream=True)
+    async with guard.http_client() as client:
         with pytest.raises(WrongEventLoop, match="still running"):
             await client.post(server.url + CHAT, json=BODY)
-        await asyncio.to_thread(opened.close)
-        assert (await client.post(server.url + CHAT, json=BODY)).status_code == 200
+    await asyncio.to_thread(opened.close)
     await guard.aclose()
-    assert len(server.received) == 2
+    assert len(server.received) == 1
+
+
+async def test_under_steady_sync_traffic_async_code_still_takes_the_guard_over(server: LoopbackServer) -> None:
+    """New sync calls wait while an async call waits to take the Guard over, so the home loop drains; they then
+    run on the async loop."""
+    server.script = Script(tokens=5, gap=0.02)
+    guard = guard_over(server)
+    stop = threading.Event()
+    served: list[str] = []
+
+    def steady() -> None:
+        while not stop.is_set():
+            served.append(sync_stream(guard, server))
+
+    workers = [threading.Thread(target=steady) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        assert await asyncio.to_thread(eventually, lambda: len(served) >= 8, 10)
+        assert await async_sdk_call(guard, server)  # before: refused while any sync call ran (always, here)
+        before = len(served)
+        assert await asyncio.to_thread(eventually, lambda: len(served) >= before + 8, 10)
+    finally:
+        stop.set()
+        for worker in workers:
+            await asyncio.to_thread(worker.join, 10)
+    assert all(served)
+    await guard.aclose()
+    assert sync_threads() == []
 
 
 async def test_a_sync_call_from_the_owner_loops_own_thread_is_refused_at_once(server: LoopbackServer) -> None:
