@@ -119,7 +119,8 @@ class LoopOwner:
                         return None
                     if owner is not None and owner is not self._home:
                         return WRONG_LOOP
-                    if owner is None or not self._home_calls:
+                    # no owner, or the home loop: taken now unless sync calls run, or are about to, on the home loop
+                    if loop is self._home or not self._home_calls:
                         self._pending = None
                         self._home_idle.notify_all()
                         self._loop = weakref.ref(loop)

@@ -234,3 +234,23 @@ def test_a_calls_own_timeout_error_reaches_the_sync_caller_as_it_was_raised() ->
             wait_for(future, loop)
     finally:
         loop.close()
+
+
+async def test_sync_and_async_calls_starting_together_are_all_served(server: LoopbackServer) -> None:
+    """Whichever comes first, no call is refused: a sync call counted on the Guard's own loop before that loop
+    claims the Guard keeps an async call from taking the Guard over under it."""
+    server.script = Script(tokens=5, gap=0.002)
+    records: list[PhaseRecord] = []
+    guard = guard_over(server, records)
+
+    async def async_calls() -> None:
+        for _ in range(10):
+            assert await async_sdk_call(guard, server)
+
+    def sync_calls() -> None:
+        for _ in range(10):
+            assert sync_stream(guard, server)
+
+    await asyncio.gather(*(async_calls() for _ in range(4)), *(asyncio.to_thread(sync_calls) for _ in range(4)))
+    await guard.aclose()
+    assert [r.status for r in records] == ["ok"] * 80
