@@ -121,8 +121,9 @@ class LoopOwner:
                         return WRONG_LOOP
                     # no owner, or the home loop: taken now unless sync calls run, or are about to, on the home loop
                     if loop is self._home or not self._home_calls:
-                        self._pending = None
-                        self._home_idle.notify_all()
+                        if self._pending is loop:  # the sync calls waiting for this handover go on
+                            self._pending = None
+                            self._home_idle.notify_all()
                         self._loop = weakref.ref(loop)
                         stale = not self._released and owner is None
                         self._released = False
