@@ -27,7 +27,6 @@ MOST = 1024
 """Targets remembered at once; beyond it the oldest are forgotten (their requests go to the replicas)."""
 
 Tag = TypeVar("Tag")
-_Target = tuple[OriginKey, bytes]
 
 
 class RedirectTargets(Generic[Tag]):
@@ -38,16 +37,12 @@ class RedirectTargets(Generic[Tag]):
         self._replicas = frozenset(origin_key(url) for url in replicas)
         self._keep_for = keep_for
         self._most = most
-        self._pending: dict[_Target, deque[tuple[float, Tag]]] = {}
-        self._order: deque[tuple[float, _Target]] = deque()
-        """Every target in the order noted, taken or not (a target noted twice is here twice): forgotten from the
-        left, when it expires or to make room."""
-        self._count = 0
-        """Targets noted and not yet taken or forgotten."""
+        self._pending: deque[tuple[float, OriginKey, bytes, Tag]] = deque()
+        """(noted at, origin, path and query, tag) in the order noted; each answer's is taken once."""
         self._warned: set[str] = set()
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._pending)
 
     def note(self, request: httpx.Request, response: httpx.Response, tag: Tag, now: float, *, own: bool) -> None:
         """Remember where ``response`` redirects ``request`` if that origin is no replica's. ``own``: the
@@ -61,12 +56,9 @@ class RedirectTargets(Generic[Tag]):
         if key in self._replicas or (own and key == origin_key(request.url)):
             return
         self._forget_expired(now)
-        while len(self._order) >= self._most:
-            self._drop_oldest()
-        target = (key, url.raw_path)
-        self._pending.setdefault(target, deque()).append((now, tag))
-        self._order.append((now, target))
-        self._count += 1
+        if len(self._pending) >= self._most:
+            self._pending.popleft()
+        self._pending.append((now, key, url.raw_path, tag))
         name = origin(url)
         if name not in self._warned and len(self._warned) < self._most:
             self._warned.add(name)
@@ -80,27 +72,16 @@ class RedirectTargets(Generic[Tag]):
     def take(self, url: httpx.URL, now: float) -> Tag | None:
         """The tag of a redirect to ``url`` noted in the last ``keep_for`` seconds (taken: once per answer)."""
         self._forget_expired(now)
-        tags = self._pending.get((origin_key(url), url.raw_path))
-        if not tags:
-            return None
-        _, tag = tags.popleft()
-        self._count -= 1
-        if not tags:
-            del self._pending[(origin_key(url), url.raw_path)]
-        return tag
+        key, path = origin_key(url), url.raw_path
+        for index, (_, origin_of, path_of, tag) in enumerate(self._pending):
+            if origin_of == key and path_of == path:
+                del self._pending[index]
+                return tag
+        return None
 
     def _forget_expired(self, now: float) -> None:
-        while self._order and self._order[0][0] <= now - self._keep_for:
-            self._drop_oldest()
-
-    def _drop_oldest(self) -> None:
-        noted, target = self._order.popleft()
-        tags = self._pending.get(target)
-        if tags and tags[0][0] == noted:
-            tags.popleft()
-            self._count -= 1
-            if not tags:
-                del self._pending[target]
+        while self._pending and self._pending[0][0] <= now - self._keep_for:
+            self._pending.popleft()
 
 
 def _followed_url(request_url: httpx.URL, location: str) -> httpx.URL | None:
