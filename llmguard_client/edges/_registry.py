@@ -85,16 +85,9 @@ def sync_access(
         except BaseException:
             loops.sync_call_ended()
             raise
-    if _running_loop() is owner:
+    if asyncio._get_running_loop() is owner:
         raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
     return CallersLoop(owner), None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def runner_for(guard: GuardHandle) -> SyncRunner:
