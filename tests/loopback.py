@@ -88,6 +88,8 @@ class Script:
     """Send an event whose data is not JSON just before token ``malformed_at``."""
     json_for_stream: bool = False
     """Answer a plain JSON completion even when the request asked for a stream."""
+    stream_media_type: str | None = "text/event-stream"
+    """The content type a stream is labelled with (None: no ``content-type`` header), whatever it holds."""
     continued: Script | None = None
     """The script for a continuation request (one already holding `` t0 t1 ...``); its tokens go on from there."""
     tool_calls: bool = False
@@ -285,7 +287,9 @@ class LoopbackServer:
             self.counters["work_tokens"] += 1
             return Response(encoder.complete(), media_type="application/json", headers=script.headers)
         return StreamingResponse(
-            self._events(encoder, script, tokens, generation), media_type="text/event-stream", headers=script.headers
+            self._events(encoder, script, tokens, generation),
+            media_type=script.stream_media_type,
+            headers=script.headers,
         )
 
     async def _events(self, encoder: _Encoder, script: Script, tokens: int, generation: int) -> AsyncIterator[bytes]:

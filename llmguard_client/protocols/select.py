@@ -7,7 +7,8 @@ POST .../chat/completions        event stream     `ChatReader`
 POST .../completions             event stream     `CompletionsReader`
 POST .../responses               event stream     `ResponsesReader`
 POST .../messages                event stream     `MessagesReader`
-one of those, ``stream: true``   anything else    `NotAStreamReader` (always a failure)
+one of those, ``stream: true``   anything else    the protocol's, if the body opens with an event field;
+                                                 else `NotAStreamReader` (always a failure)
 one of those, not streaming      JSON             `BodyReader` (the protocol's body facts)
 anything else                    anything         `PassthroughReader` (first bytes = first token)
 ==============================  ===============  ==============================================
@@ -19,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmguard_client.protocols.base import StreamReader
-from llmguard_client.protocols.body import Absorb, BodyReader, NotAStreamReader
+from llmguard_client.protocols.body import Absorb, BodyReader
 from llmguard_client.protocols.chat import ChatReader, absorb_chat_body
 from llmguard_client.protocols.completions import CompletionsReader, absorb_completions_body
 from llmguard_client.protocols.messages import MessagesReader, absorb_message_body
 from llmguard_client.protocols.passthrough import PassthroughReader
 from llmguard_client.protocols.responses import ResponsesReader, absorb_response
+from llmguard_client.protocols.sse import SSEReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,7 @@ class WireProtocol:
 
     name: str
     suffix: str
-    stream: Callable[[], StreamReader]
+    stream: Callable[[], SSEReader]
     absorb: Absorb
 
 
@@ -66,7 +68,9 @@ def reader_for(method: str, path: str, content_type: str, requested_stream: bool
     if "text/event-stream" in content_type:
         return protocol.stream()
     if requested_stream:
-        return NotAStreamReader(json_body="json" in content_type)
+        reader = protocol.stream()
+        reader.unlabelled(json_body="json" in content_type)
+        return reader
     if "json" in content_type:
         return BodyReader(protocol.absorb)
     return PassthroughReader()

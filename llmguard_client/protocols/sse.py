@@ -5,6 +5,12 @@
 blank line) to `SSEReader.event`. Comments, ``id:``/``retry:`` fields and events with no or empty
 data are skipped. At EOF an unterminated last event is still handed over (lenient: a server that omits the
 final blank line is not judged truncated for it).
+
+A stream asked for and answered without the ``text/event-stream`` content type (a proxy that labels it
+``application/json``, a server that says ``application/x-ndjson``, no label at all) is judged by its first
+bytes, as the SDKs read it regardless of the label (`SSEReader.unlabelled`): a body that opens with an event
+field (``data:``, ``event:``, ``id:``, ``retry:`` or a ``:`` comment, after blank lines) is read as events;
+any other body is a plain one where a stream was asked for (`NotAStreamReader`: a failure).
 """
 
 from __future__ import annotations
@@ -14,13 +20,39 @@ from abc import abstractmethod
 from typing import Any
 
 from llmguard_client.protocols.base import StreamFailure, StreamReader
+from llmguard_client.protocols.body import NotAStreamReader
 from llmguard_client.protocols.errors import error_failure, malformed
+
+_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+_SNIFF_LIMIT = 1024
+"""Bytes of blank lines an unlabelled body may open with before it is judged not to be an event stream."""
+
+
+def opens_like_events(head: bytes) -> bool | None:
+    """Whether an unlabelled body that opens with ``head`` is an event stream; None while it cannot tell."""
+    head = head.lstrip(b"\r\n")
+    if any(head.startswith(field) for field in _FIELDS):
+        return True
+    if not head or any(field.startswith(head) for field in _FIELDS):
+        return None
+    return False
+
+
+class _Unlabelled:
+    """The opening of an unlabelled body, held until it shows what the body is."""
+
+    __slots__ = ("head", "json_body", "plain")
+
+    def __init__(self, json_body: bool) -> None:
+        self.head = b""
+        self.json_body = json_body
+        self.plain: NotAStreamReader | None = None
 
 
 class SSEReader(StreamReader):
     """The framing half of an event-stream reader; subclasses give events their meaning."""
 
-    __slots__ = ("_data", "_event", "_events", "_held", "_partial", "_skip_lf")
+    __slots__ = ("_data", "_event", "_events", "_held", "_partial", "_skip_lf", "_unlabelled")
 
     end_marker: str = "its end marker"
     """How the protocol ends a complete answer (for the truncation message)."""
@@ -36,6 +68,12 @@ class SSEReader(StreamReader):
         self._data: list[bytes] = []
         self._event = b""
         self._events = 0
+        self._unlabelled: _Unlabelled | None = None
+
+    def unlabelled(self, *, json_body: bool) -> None:
+        """The answer did not say it is an event stream (``json_body``: it said JSON): let its first bytes
+        decide (see the module docstring). Called before the first chunk."""
+        self._unlabelled = _Unlabelled(json_body)
 
     @property
     def chunks(self) -> int | None:
@@ -44,6 +82,8 @@ class SSEReader(StreamReader):
     def feed(self, chunk: bytes) -> bool:
         if self.failure is not None:
             return self.first_token
+        if self._unlabelled is not None:
+            return self._feed_unlabelled(chunk)
         if self.first_token and not self._partial and not self._data and not self._event and self.skippable(chunk):
             self._events += chunk.count(b"\n\n")  # whole events only, none of interest: just count them
             return True
@@ -85,7 +125,29 @@ class SSEReader(StreamReader):
                 self._event = line[6:].strip()
         return self.first_token
 
+    def _feed_unlabelled(self, chunk: bytes, *, ended: bool = False) -> bool:
+        body = self._unlabelled
+        assert body is not None
+        if body.plain is None:
+            body.head += chunk
+            events = opens_like_events(body.head)
+            if events is None and len(body.head) <= _SNIFF_LIMIT and not ended:
+                return False
+            chunk, body.head = body.head, b""
+            if events:
+                self._unlabelled = None
+                return self.feed(chunk)
+            body.plain = NotAStreamReader(json_body=body.json_body)
+        body.plain.feed(chunk)
+        self.failure = body.plain.failure
+        return False
+
     def end_of_body(self) -> StreamFailure | None:
+        if self._unlabelled is not None:
+            self._feed_unlabelled(b"", ended=True)
+            if self._unlabelled is not None and self._unlabelled.plain is not None:
+                self.failure = self._unlabelled.plain.end_of_body()
+                return self.failure
         if self.failure is None and (self._partial or self._data):
             self.feed(b"\n\n")  # hand over an unterminated last event
         if self.failure is None and not self.complete:

@@ -17,6 +17,7 @@ from llmguard_client.protocols.errors import error_failure
 from llmguard_client.protocols.messages import MessagesReader
 from llmguard_client.protocols.passthrough import PassthroughReader
 from llmguard_client.protocols.responses import ResponsesReader
+from llmguard_client.protocols.sse import opens_like_events
 
 SSE = "text/event-stream; charset=utf-8"
 
@@ -29,8 +30,8 @@ SSE = "text/event-stream; charset=utf-8"
         ("POST", "/v1/completions", SSE, True, CompletionsReader),
         ("POST", "/v1/responses", SSE, True, ResponsesReader),
         ("POST", "/v1/messages", SSE, False, MessagesReader),
-        ("POST", "/v1/chat/completions", "application/json", True, NotAStreamReader),
-        ("POST", "/v1/chat/completions", "text/html", True, NotAStreamReader),
+        ("POST", "/v1/chat/completions", "application/json", True, ChatReader),  # judged by its first bytes
+        ("POST", "/v1/messages", "text/html", True, MessagesReader),
         ("POST", "/v1/chat/completions", "application/json", False, BodyReader),
         ("POST", "/v1/chat/completions", "text/plain", False, PassthroughReader),
         ("POST", "/v1/messages/count_tokens", "application/json", False, PassthroughReader),
@@ -50,6 +51,71 @@ def test_passthrough_counts_the_first_bytes_as_the_first_token() -> None:
     assert reader.feed(b'data: {"token": {"text": "x"}}\n\n') is True
     assert reader.failure is None and reader.chunks is None and not reader.complete
     assert reader.end_of_body() is None and reader.complete
+
+
+CHUNK = {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+EVENTS = b"data: " + json.dumps(CHUNK).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("head", "events"),
+    [
+        (b"data: {}", True),
+        (b"data:{}", True),
+        (b"\r\n\nevent: x", True),
+        (b": keep-alive", True),
+        (b"id: 1", True),
+        (b"retry: 10", True),
+        (b"", None),
+        (b"\n\n", None),
+        (b"da", None),
+        (b"even", None),
+        (b'{"id": "c"}', False),
+        (b"  data: {}", False),
+        (b"<html>", False),
+        (b"dat {", False),
+    ],
+)
+def test_an_unlabelled_body_is_an_event_stream_if_it_opens_with_an_event_field(
+    head: bytes, events: bool | None
+) -> None:
+    assert opens_like_events(head) is events
+
+
+@pytest.mark.parametrize("label", ["application/json", "text/plain", "application/x-ndjson", ""])
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_events_under_another_label_are_read_as_events_however_they_are_split(label: str, size: int) -> None:
+    reader = reader_for("POST", "/v1/chat/completions", label, True)
+    first_token = [reader.feed(EVENTS[i : i + size]) for i in range(0, len(EVENTS), size)]
+    assert any(first_token) and reader.failure is None and reader.complete
+    assert reader.end_of_body() is None and reader.facts.response_id == "c"
+
+
+@pytest.mark.parametrize("label", ["application/json", "text/plain"])
+def test_a_plain_body_under_another_label_is_still_a_failure_with_its_error(label: str) -> None:
+    body = b'{"error": {"message": "busy", "type": "Service Unavailable", "code": 503}}'
+    reader = reader_for("POST", "/v1/chat/completions", label, True)
+    for i in range(0, len(body), 7):
+        assert reader.feed(body[i : i + 7]) is False
+    failure = reader.end_of_body()
+    kind = "json_body" if "json" in label else "not_sse"
+    assert failure is not None and (failure.kind, failure.status, failure.overload) == (kind, 503, True)
+    assert not reader.first_token
+
+
+@pytest.mark.parametrize("body", [b"", b"\n\n", b"dat"])
+def test_an_unlabelled_body_too_short_to_tell_is_a_plain_one(body: bytes) -> None:
+    reader = reader_for("POST", "/v1/chat/completions", "text/plain", True)
+    reader.feed(body)
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "not_sse"
+
+
+def test_an_unlabelled_body_of_blank_lines_is_judged_without_reading_it_all() -> None:
+    reader = reader_for("POST", "/v1/chat/completions", "text/plain", True)
+    reader.feed(b"\n" * 2000)
+    reader.feed(b"x" * (PLAIN_BODY_LIMIT + 1))
+    assert reader.failure is not None and reader.failure.kind == "not_sse"
 
 
 def test_a_plain_json_body_for_a_stream_request_is_a_failure() -> None:
