@@ -1,4 +1,4 @@
-"""The one asyncio event loop a Guard's connections belong to at a time, and the Guard's move to the next.
+"""The one event loop a Guard's connections belong to at a time, and the Guard's move to the next.
 
 A connection pool opened on one event loop cannot be used from another: two threads each running
 ``asyncio.run`` with one Guard failed as "Connection error." over ``RuntimeError: ... bound to a different
@@ -11,11 +11,12 @@ task in ``asyncio.run``), the next loop that calls takes the Guard over, with po
 The owner's pools are swapped for new ones, and closed, while it ends: the loop finalizes its async
 generators then (``asyncio.run``, ``asyncio.Runner``, ``anyio.run``, pytest-asyncio, uvloop), and one of them,
 parked from the first call on, is this module's. A loop closed without that (``loop.close()`` alone) leaves its
-connections unclosed; the next loop to call drops them, as an httpx client's would be dropped. Calls outside
-asyncio (trio) are not checked.
+connections unclosed; the next loop to call drops them, as an httpx client's would be dropped. A trio run is an
+event loop here as an asyncio loop is (`llmguard_client._core.event_loops`): ``trio.run`` finalizes its async
+generators as it ends too.
 
 Sync calls run on the Guard's own loop, on a thread of its own (its *home*, `llmguard_client.edges`), unless an
-asyncio loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
+event loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
 handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
 code takes the Guard over from its home loop once the sync calls running there have ended (new ones wait for
 that, so it comes even under steady sync traffic), within its tier's ttft; the home's pools are closed on the
@@ -31,14 +32,17 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 
+import anyio
 import httpx
+
+from llmguard_client._core.event_loops import EventLoop, running_loop
 
 logger = logging.getLogger("llmguard_client")
 
 BLOCKS_ITS_LOOP = (
     "a sync call from the event loop this Guard's calls run on would block the loop it needs; await the async "
     "client there (guard.http_client(), guard.httpx2_client()), or run the sync code in a worker thread "
-    "(asyncio.to_thread, loop.run_in_executor), where the Guard's sync clients run their calls on this loop"
+    "(asyncio.to_thread, trio.to_thread.run_sync), where the Guard's sync clients run their calls on this loop"
 )
 """Why a sync call from the owner loop's own thread is refused."""
 
@@ -58,7 +62,7 @@ SwapPools = Callable[[], Sequence[httpx.AsyncBaseTransport]]
 
 
 class LoopOwner:
-    """Which running asyncio loop may use the Guard's connections now."""
+    """Which running event loop may use the Guard's connections now."""
 
     __slots__ = (
         "_home",
@@ -76,7 +80,7 @@ class LoopOwner:
 
     def __init__(self, swap_pools: SwapPools) -> None:
         self._swap = swap_pools
-        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._loop: weakref.ref[EventLoop] | None = None
         self._watch: AsyncGenerator[None] | None = None
         """Parked in the owner loop until it ends (see the module's docstring); held here, as a loop holds its
         async generators only weakly."""
@@ -88,7 +92,7 @@ class LoopOwner:
         """The Guard's own loop for sync calls, once it has started."""
         self._home_calls = 0
         """Sync calls running on the home loop: while there are any, no other loop takes the Guard over."""
-        self._pending: asyncio.AbstractEventLoop | None = None
+        self._pending: EventLoop | None = None
         """A loop waiting for the home loop's sync calls to end, to take the Guard over (`claim`)."""
         self._pending_wait = 0.0
         self._lock = threading.Lock()
@@ -96,12 +100,12 @@ class LoopOwner:
         """Notified when the pending loop has taken the Guard over, or given up."""
 
     def owns(self) -> bool:
-        """Whether the running loop may make a call without claiming (it owns the Guard, or is not asyncio)."""
-        loop = asyncio._get_running_loop()
+        """Whether the running loop may make a call without claiming (it owns the Guard, or there is none)."""
+        loop = running_loop()
         owner = self._loop
         return loop is None or (owner is not None and owner() is loop)
 
-    def _owner(self) -> asyncio.AbstractEventLoop | None:
+    def _owner(self) -> EventLoop | None:
         owner = self._loop() if self._loop is not None else None
         return None if owner is None or owner.is_closed() else owner
 
@@ -109,7 +113,8 @@ class LoopOwner:
         """Make the running loop the owner if no other loop runs with the Guard's connections; else why not. From
         the Guard's own loop, busy with sync calls, the Guard is handed over once they have ended, waited for up to
         ``wait`` seconds: meanwhile new sync calls wait for the handover (`sync_loop`), so the busy loop drains."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
+        assert loop is not None, "claimed from a running event loop"
         give_up = loop.time() + wait
         try:
             while True:
@@ -133,7 +138,7 @@ class LoopOwner:
                     if self._pending not in (None, loop) or loop.time() >= give_up:
                         return WRONG_LOOP
                     self._pending, self._pending_wait = loop, wait
-                await asyncio.sleep(HANDOVER_POLL)
+                await anyio.sleep(HANDOVER_POLL)
         finally:
             with self._lock:
                 if self._pending is loop:  # given up, or cancelled: the sync calls stop waiting for it
@@ -141,8 +146,8 @@ class LoopOwner:
                     self._home_idle.notify_all()
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
-        elif owner is not None:  # taken over from the idle home loop: its pools are closed there
-            _close_on(owner, self._swap())
+        elif owner is not None and self._home is not None:  # taken over from the idle home loop: closed there
+            _close_on(self._home, self._swap())
         await watch.__anext__()  # parked: the loop closes it as it ends
         return None
 
@@ -155,7 +160,8 @@ class LoopOwner:
                 if current:
                     self._released = True
             if current:
-                await _close_all(self._swap())
+                with anyio.CancelScope(shield=True):  # a trio run ends its async generators in a cancelled scope
+                    await _close_all(self._swap())
 
     # --- sync calls ------------------------------------------------------------------------
 
@@ -163,8 +169,8 @@ class LoopOwner:
         """The Guard's own loop for sync calls has started."""
         self._home = loop
 
-    def sync_loop(self) -> asyncio.AbstractEventLoop | None:
-        """Where a sync call runs: the caller's running asyncio loop that owns the Guard (not the home loop); or
+    def sync_loop(self) -> EventLoop | None:
+        """Where a sync call runs: the caller's running event loop that owns the Guard (not the home loop); or
         None, the home loop, where the call is counted until `sync_call_ended`. While a loop waits to take the
         Guard over from the home loop, the call waits for that (at most as long as that loop does)."""
         with self._lock:
@@ -172,7 +178,7 @@ class LoopOwner:
             while (
                 pending is not None
                 and not pending.is_closed()
-                and asyncio._get_running_loop() is not pending  # else that loop waits for this very call
+                and running_loop() is not pending  # else that loop waits for this very call
                 and time.monotonic() - started < self._pending_wait
             ):
                 self._home_idle.wait(HANDOVER_POLL * 10)
@@ -182,8 +188,8 @@ class LoopOwner:
                 self._home_calls += 1
             return owner
 
-    def sync_owner(self) -> asyncio.AbstractEventLoop | None:
-        """The running asyncio loop that owns the Guard, if it is not the home loop."""
+    def sync_owner(self) -> EventLoop | None:
+        """The running event loop that owns the Guard, if it is not the home loop."""
         owner = self._owner()
         return owner if owner is not None and owner is not self._home and owner.is_running() else None
 

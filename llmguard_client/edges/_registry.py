@@ -10,10 +10,8 @@ parent's, still in use there).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 
+from llmguard_client._core.event_loops import run_threadsafe, running_loop
 from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
@@ -85,7 +84,7 @@ def sync_access(
         except BaseException:
             loops.sync_call_ended()
             raise
-    if asyncio._get_running_loop() is owner:
+    if running_loop() is owner:
         raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
     return CallersLoop(owner), None
 
@@ -143,7 +142,7 @@ def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
             return
     owner = None if _in_event_loop() else guard.transport.loops.sync_owner()
     if owner is not None:  # async code owns the Guard, on a loop still running: closed there
-        wait_for(asyncio.run_coroutine_threadsafe(guard.aclose(grace), owner), owner)
+        wait_for(run_threadsafe(functools.partial(guard.aclose, grace), owner), owner)
         return
     runner = running_runner(guard)
     if runner is not None:
@@ -165,19 +164,7 @@ def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
 
 
 def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        pass
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_task()
-            return True
-        except RuntimeError:
-            pass
-    return False
+    return running_loop() is not None
 
 
 def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]], home_owns: Callable[[], bool]) -> None:

@@ -40,6 +40,7 @@ import anyio
 import httpx
 from anyio.from_thread import BlockingPortal
 
+from llmguard_client._core.event_loops import EventLoop, run_threadsafe
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -114,7 +115,7 @@ class _Exchange:
         core: httpx.AsyncBaseTransport,
         request: httpx.Request,
         head: Future[httpx.Response],
-        loop: asyncio.AbstractEventLoop,
+        loop: EventLoop,
     ) -> None:
         self._core = core
         self._request = request
@@ -265,7 +266,7 @@ class LoopAccess(Protocol):
     """An event loop that sync callers run calls on from their own threads."""
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    def loop(self) -> EventLoop | None: ...
 
     @property
     def running(self) -> bool: ...
@@ -315,7 +316,7 @@ def start_counted(
     return task
 
 
-def wait_for(future: Future[Any], loop: asyncio.AbstractEventLoop) -> Any:
+def wait_for(future: Future[Any], loop: EventLoop) -> Any:
     """``future``'s result, from a sync caller's thread; `GuardClosed` if ``loop``, which was to settle it, closes
     first (then nothing ever will)."""
     while True:
@@ -331,13 +332,13 @@ def wait_for(future: Future[Any], loop: asyncio.AbstractEventLoop) -> Any:
 
 
 class CallersLoop:
-    """A running asyncio loop of the caller's that owns the Guard: sync calls from other threads run there."""
+    """A running event loop of the caller's that owns the Guard: sync calls from other threads run there."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: EventLoop) -> None:
         self._loop = loop
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop:
+    def loop(self) -> EventLoop:
         return self._loop
 
     @property
@@ -348,11 +349,8 @@ class CallersLoop:
         return wait_for(self.start(func), self._loop)
 
     def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
-        async def run() -> Any:
-            return await func()
-
         try:
-            return asyncio.run_coroutine_threadsafe(run(), self._loop)
+            return run_threadsafe(func, self._loop)
         except RuntimeError as exc:  # the loop closed in between
             raise GuardClosed("the event loop this Guard's calls run on has ended") from exc
 

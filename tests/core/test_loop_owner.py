@@ -61,6 +61,33 @@ def test_each_asyncio_run_in_turn_is_served_and_closes_its_connections(server: L
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
+def test_each_trio_run_in_turn_is_served_and_closes_its_connections(server: LoopbackServer) -> None:
+    """A trio run is an event loop as an asyncio one is: its connections are closed as it ends, the next run
+    takes the Guard over, and ``guard.close()`` afterwards has nothing of an ended run's to close (it raised
+    ``RuntimeError: must be called from async context``, closing a trio socket from asyncio)."""
+    trio = pytest.importorskip("trio")
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+
+    async def call() -> str:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+        return answer.choices[0].message.content or ""
+
+    try:
+        for _ in range(3):
+            assert trio.run(call) != ""
+            assert eventually(lambda: client_sockets([server]) == 0)  # closed as its run ended
+        assert sdk_call(guard, server) != ""  # then an asyncio loop takes it over
+    finally:
+        guard.close()
+    assert len(server.received) == 4
+
+
 def test_a_guard_closes_from_sync_code_after_its_loop_ended(server: LoopbackServer) -> None:
     guard = Guard([server.url], instrumentation=None, transport_factory=pools)
     assert sdk_call(guard, server) != ""

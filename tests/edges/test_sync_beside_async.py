@@ -75,6 +75,30 @@ async def test_sync_calls_from_worker_threads_run_on_the_async_loop_that_owns_th
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
+def test_sync_calls_from_worker_threads_run_on_the_trio_run_that_owns_the_guard(server: LoopbackServer) -> None:
+    """As beside asyncio (before: ``RuntimeError: must be called from async context`` for the sync call, the
+    home loop using the trio run's sockets, and again as the Guard closed)."""
+    trio = pytest.importorskip("trio")
+    records: list[PhaseRecord] = []
+
+    async def app() -> list[str]:
+        async with guard_over(server, records) as guard:
+            served = [await async_sdk_call(guard, server)]
+            async with trio.open_nursery() as nursery:
+                for work in (sync_sdk_call, sync_sdk_call, sync_stream):
+
+                    async def in_a_thread(work: Any = work) -> None:
+                        served.append(await trio.to_thread.run_sync(work, guard, server))
+
+                    nursery.start_soon(in_a_thread)
+            assert sync_threads() == []  # no loop of the Guard's own: the calls ran on this run
+            return served
+
+    assert all(trio.run(app))
+    assert [r.status for r in records] == ["ok"] * 4
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
 async def test_async_code_takes_the_guard_over_from_its_idle_home_loop(server: LoopbackServer) -> None:
     guard = guard_over(server)
     assert await asyncio.to_thread(sync_sdk_call, guard, server)  # the first call: on the Guard's own loop

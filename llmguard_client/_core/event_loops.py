@@ -1,0 +1,132 @@
+"""The event loop a call runs on, asyncio's or a trio run's, as the loop owner and the sync edges see it.
+
+An asyncio loop is used as it is. A trio run is a `TrioRun`, one object per run (kept in a run variable, so it
+lives exactly as long as the run, as an asyncio loop object does), with the four methods of an asyncio loop
+the guard uses (`EventLoop`); `run_threadsafe` starts a task on either from another thread, as
+``asyncio.run_coroutine_threadsafe`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class EventLoop(Protocol):
+    """What the guard asks of a running event loop: asyncio's `AbstractEventLoop` has it all."""
+
+    def is_closed(self) -> bool: ...
+
+    def is_running(self) -> bool: ...
+
+    def call_soon_threadsafe(self, callback: Callable[[], object], /) -> object: ...
+
+    def time(self) -> float:
+        """The loop's clock (from inside the loop)."""
+        ...
+
+
+_run_var: Any = None
+"""The `trio.lowlevel.RunVar` holding each run's `TrioRun`, made on first use (trio is imported only if used)."""
+
+
+def running_loop() -> EventLoop | None:
+    """The event loop running in this thread (asyncio's, or a trio run), or None."""
+    loop = asyncio._get_running_loop()  # the C fast path, as asyncio's own code uses
+    if loop is not None:
+        return loop
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        token = trio.lowlevel.current_trio_token()
+    except RuntimeError:  # not in a trio run
+        return None
+    global _run_var
+    if _run_var is None:
+        _run_var = trio.lowlevel.RunVar("llmguard_client.run")
+    try:
+        run: TrioRun = _run_var.get()
+    except LookupError:
+        run = TrioRun(token)
+        _run_var.set(run)
+    return run
+
+
+def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[T]:
+    """Start ``func()`` as a task on ``loop`` from another thread; its future. ``RuntimeError`` if the loop has
+    ended; the future is cancelled if the loop ends before the task does."""
+    if isinstance(loop, TrioRun):
+        return loop.start(func)
+
+    async def call() -> T:
+        return await func()
+
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+    return asyncio.run_coroutine_threadsafe(call(), loop)
+
+
+def _nothing() -> None:
+    pass
+
+
+class TrioRun:
+    """One trio run, seen as an `EventLoop`."""
+
+    __slots__ = ("__weakref__", "_token")
+
+    def __init__(self, token: Any) -> None:
+        self._token = token
+
+    def is_closed(self) -> bool:
+        import trio
+
+        try:
+            self._token.run_sync_soon(_nothing)
+        except trio.RunFinishedError:
+            return True
+        return False
+
+    def is_running(self) -> bool:
+        return not self.is_closed()
+
+    def call_soon_threadsafe(self, callback: Callable[[], object], /) -> None:
+        import trio
+
+        try:
+            self._token.run_sync_soon(callback)
+        except trio.RunFinishedError as exc:
+            raise RuntimeError("the trio run has ended") from exc
+
+    def time(self) -> float:
+        import trio
+
+        return float(trio.current_time())
+
+    def start(self, func: Callable[[], Awaitable[T]]) -> Future[T]:
+        """`run_threadsafe` on this run: a system task (so that it does not belong to any of the caller's
+        nurseries), cancelled with the run's end."""
+        import trio
+
+        future: Future[T] = Future()
+
+        async def run() -> None:
+            try:
+                result = await func()
+            except trio.Cancelled:  # the run is ending
+                future.cancel()
+                raise
+            except BaseException as exc:
+                future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                future.set_result(result)
+
+        self.call_soon_threadsafe(lambda: trio.lowlevel.spawn_system_task(run))
+        return future

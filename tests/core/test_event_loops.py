@@ -1,0 +1,92 @@
+"""The event loop a call runs on: asyncio's loop as it is, a trio run as one object for as long as it runs, and a
+task started on either from another thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import CancelledError, Future
+
+import pytest
+
+from llmguard_client._core.event_loops import EventLoop, TrioRun, run_threadsafe, running_loop
+
+trio = pytest.importorskip("trio")
+trio_testing = pytest.importorskip("trio.testing")
+
+
+def test_no_loop_outside_a_run_and_asyncios_own_inside_one() -> None:
+    assert running_loop() is None
+
+    async def main() -> None:
+        assert running_loop() is asyncio.get_running_loop()
+
+    asyncio.run(main())
+
+
+def test_a_trio_run_is_one_object_while_it_runs_and_closed_once_it_ended() -> None:
+    async def main() -> EventLoop | None:
+        run = running_loop()
+        assert run is not None and run is running_loop() and run.is_running() and not run.is_closed()
+        await trio.sleep(5)
+        assert run.time() == trio.current_time() == 5.0  # the run's clock
+        return run
+
+    first = trio.run(main, clock=trio_testing.MockClock(autojump_threshold=0))
+    second = trio.run(main, clock=trio_testing.MockClock(autojump_threshold=0))
+    assert isinstance(first, TrioRun) and isinstance(second, TrioRun) and first is not second
+    assert first.is_closed() and not first.is_running()
+    with pytest.raises(RuntimeError, match="ended"):
+        first.call_soon_threadsafe(lambda: None)
+
+
+def test_a_task_started_from_another_thread_runs_on_the_trio_run() -> None:
+    """Its result and its exception reach the thread; a task still running as the run ends is cancelled; once
+    the run has ended nothing more starts."""
+    seen: dict[str, object] = {}
+
+    async def on_the_run() -> object:
+        return trio.lowlevel.current_trio_token()
+
+    async def fails() -> None:
+        raise ValueError("from the task")
+
+    async def waits() -> None:
+        await trio.sleep_forever()
+
+    def from_a_thread(run: EventLoop) -> None:
+        seen["token"] = run_threadsafe(on_the_run, run).result(10)
+        with pytest.raises(ValueError, match="from the task"):
+            run_threadsafe(fails, run).result(10)
+        seen["waiting"] = run_threadsafe(waits, run)
+
+    async def main() -> EventLoop:
+        run = running_loop()
+        assert run is not None
+        await trio.to_thread.run_sync(from_a_thread, run)
+        seen["own token"] = trio.lowlevel.current_trio_token()
+        return run
+
+    run = trio.run(main)
+    assert seen["token"] is seen["own token"]
+    waiting = seen["waiting"]
+    assert isinstance(waiting, Future)
+    with pytest.raises(CancelledError):
+        waiting.result(10)
+    with pytest.raises(RuntimeError):
+        run_threadsafe(on_the_run, run)
+
+
+def test_a_task_started_on_an_asyncio_loop_from_another_thread() -> None:
+    async def on_the_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        result: list[object] = []
+        thread = threading.Thread(target=lambda: result.append(run_threadsafe(on_the_loop, loop).result(10)))
+        thread.start()
+        await asyncio.to_thread(thread.join, 10)
+        assert result == [loop]
+
+    asyncio.run(main())
