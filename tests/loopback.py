@@ -1,7 +1,7 @@
 """The one scriptable OpenAI-compatible test server, on 127.0.0.1, for tests of real request paths.
 
 Each `LoopbackServer` runs uvicorn in its own thread and event loop, so disconnects, pooling and
-timing are real. A test sets ``server.script`` to a `Script` describing the next responses, or
+timing are real (with ``http2=True``, hypercorn: HTTP/2 with prior knowledge as well as HTTP/1.1). A test sets ``server.script`` to a `Script` describing the next responses, or
 ``server.scripter`` to choose a `Script` per request; the server records every request it received and
 every response it could not finish because the client went away.
 
@@ -135,6 +135,7 @@ class LoopbackServer:
         attempts: collections.Counter[int] | None = None,
         lock: threading.Lock | None = None,
         gauge: ConcurrencyGauge | None = None,
+        http2: bool = False,
     ) -> None:
         self.name = name
         self.gauge = gauge or ConcurrencyGauge()
@@ -172,12 +173,18 @@ class LoopbackServer:
                 Route("/sim/reset", self._reset, methods=["POST"]),
             ]
         )
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
+        self._server: uvicorn.Server | _Hypercorn = (
+            _Hypercorn(app, sock)
+            if http2
+            else uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1))
+        )
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def _serve(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        if isinstance(self._server, _Hypercorn):
+            asyncio.run(self._server.serve())
+        else:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
 
     def start(self) -> None:
         self._thread.start()
@@ -359,6 +366,30 @@ class LoopbackServer:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
         }
+
+
+class _Hypercorn:
+    """Serves the app with hypercorn on the server's socket, with uvicorn.Server's ``started``/``should_exit``."""
+
+    def __init__(self, app: Starlette, sock: socket.socket) -> None:
+        from hypercorn.config import Config
+
+        self._app = app
+        self._config = Config()
+        self._config.bind = [f"fd://{sock.fileno()}"]
+        self._config.graceful_timeout = 1
+        self.started = False
+        self.should_exit = False
+
+    async def serve(self) -> None:
+        from hypercorn.asyncio import serve
+
+        async def until_asked_to_exit() -> None:
+            self.started = True
+            while not self.should_exit:
+                await asyncio.sleep(0.05)
+
+        await serve(self._app, self._config, shutdown_trigger=until_asked_to_exit)  # type: ignore[arg-type]
 
 
 @dataclass

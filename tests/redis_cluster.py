@@ -203,10 +203,30 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     ca, ca_key = directory / "ca.pem", directory / "ca.key"
     cert, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
     ext = directory / "server.ext"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    # What Python 3.13's strict verification (VERIFY_X509_STRICT) asks of a chain: a CA whose key usage allows
+    # signing certificates, and a leaf that names its issuer's key.
+    ext.write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    ca_extensions = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     steps = [
-        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=llmguard test CA"],
+        [
+            "req",
+            "-x509",
+            *ec,
+            *ca_extensions,
+            "-keyout",
+            ca_key,
+            "-out",
+            ca,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=llmguard test CA",
+        ],
         ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
         [
             "x509",

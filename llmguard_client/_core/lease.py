@@ -38,6 +38,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.clock import TimeSource, current_time_source
+from llmguard_client._http.http2_reset import reset_unfinished
 from llmguard_client.errors import GuardClosed
 from llmguard_client.telemetry.record import CallStatus
 
@@ -64,7 +65,8 @@ class Cancellable(Protocol):
 async def close_quietly(response: httpx.Response, reading: AsyncIterator[bytes] | None = None) -> None:
     """Close a response (and the iterator ``reading`` its body) under a shield, within `CLOSE_GRACE`,
     swallowing transport errors. A body read to its end (``reading`` an async generator that finished)
-    is closed without the grace timer: that close waits on nothing (the connection goes back to its pool)."""
+    is closed without the grace timer: that close waits on nothing (the connection goes back to its pool). An
+    HTTP/2 stream the server may still be sending is reset first (over HTTP/1.1 the close itself tells the server)."""
     if reading is not None and getattr(reading, "ag_frame", reading) is None:  # finished: nothing to close
         reading = None
         deadline = math.inf
@@ -74,6 +76,7 @@ async def close_quietly(response: httpx.Response, reading: AsyncIterator[bytes] 
         anyio.CancelScope(shield=True, deadline=deadline),
         contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
     ):
+        await reset_unfinished(response)
         aclose = getattr(reading, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(RuntimeError):  # still running in a read that is being interrupted
