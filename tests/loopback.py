@@ -1,7 +1,8 @@
 """The one scriptable OpenAI-compatible test server, on 127.0.0.1, for tests of real request paths.
 
 Each `LoopbackServer` runs uvicorn in its own thread and event loop, so disconnects, pooling and
-timing are real (with ``http2=True``, hypercorn: HTTP/2 with prior knowledge as well as HTTP/1.1). A test sets ``server.script`` to a `Script` describing the next responses, or
+timing are real (with ``http2=True``, hypercorn: HTTP/2 with prior knowledge as well as HTTP/1.1). A test
+sets ``server.script`` to a `Script` describing the next responses, or
 ``server.scripter`` to choose a `Script` per request; the server records every request it received and
 every response it could not finish because the client went away.
 
@@ -386,7 +387,7 @@ class _Hypercorn:
 
         async def until_asked_to_exit() -> None:
             self.started = True
-            while not self.should_exit:
+            while not self.should_exit:  # noqa: ASYNC110 - set from another thread, as uvicorn's is
                 await asyncio.sleep(0.05)
 
         await serve(self._app, self._config, shutdown_trigger=until_asked_to_exit)  # type: ignore[arg-type]

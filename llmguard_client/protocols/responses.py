@@ -1,7 +1,8 @@
 """OpenAI Responses API (``POST .../responses``): typed events (``event: response.output_text.delta``).
 
 - first content token: the first ``*.delta`` event with a non-empty ``delta`` (output text, refusal,
-  function-call arguments, reasoning text or summary, audio); ``response.created``,
+  function-call arguments, reasoning text or summary, audio), or a generated image's first partial image
+  (``response.image_generation_call.partial_image``: an answer that is an image has no delta); ``response.created``,
   ``response.in_progress``, ``response.output_item.added`` and the like do not count;
 - in-stream error: an ``error`` event (``{"type": "error", "code": ..., "message": ...}``, or any
   data under ``event: error``, e.g. vLLM's ``{"type": "error", "error": {...}}``) or ``response.failed``
@@ -67,8 +68,8 @@ class ResponsesReader(SSEReader):
         elif kind in _ENDS:
             absorb_response(self.facts, obj.get("response"))
             self.complete = True
-        elif kind.endswith(".delta"):
-            if obj.get("delta") and not self.first_token:
+        elif kind.endswith(".delta") or kind.endswith(".partial_image"):
+            if (obj.get("delta") or obj.get("partial_image_b64")) and not self.first_token:
                 self.first_token = True
                 self._events = 1
         elif kind.startswith("response.") and isinstance(obj.get("response"), dict):

@@ -67,6 +67,16 @@ def test_every_kind_of_delta_is_content(kind: str) -> None:
     assert results == [False, True]
 
 
+def test_a_generated_images_first_partial_image_is_its_first_token() -> None:
+    """An answer that is an image has no delta: before, the guard held its partial images back until the end."""
+    generating = ev({"type": "response.image_generation_call.generating", "output_index": 0, "item_id": "ig_1"})
+    partial = {"type": "response.image_generation_call.partial_image", "output_index": 0, "item_id": "ig_1"}
+    empty = ev({**partial, "partial_image_index": 0, "partial_image_b64": ""})
+    image = ev({**partial, "partial_image_index": 1, "partial_image_b64": "iVBORw0KGgo="})
+    _, results = feed(CREATED, ITEM, generating, empty, image)
+    assert results == [False, False, False, False, True]
+
+
 def test_completed_is_the_end_marker_and_carries_usage_and_reason() -> None:
     reader, _ = feed(CREATED, DELTA, DELTA, DONE_TEXT, COMPLETED)
     assert reader.complete and reader.end_of_body() is None
