@@ -354,6 +354,7 @@ class Guard:
                 await lease.aclose("error", "guard_closed")
             if not self._pools_closed:
                 self._pools_closed = True
+                await self.transport.loops.retire()
                 try:
                     if self._fleet is not None:
                         await self._fleet.aclose()

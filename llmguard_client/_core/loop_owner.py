@@ -151,6 +151,17 @@ class LoopOwner:
         await watch.__anext__()  # parked: the loop closes it as it ends
         return None
 
+    async def retire(self) -> None:
+        """The Guard is closing its pools: end the generator parked in the owner loop, if that is the running loop,
+        so that it is not collected unfinished once the Guard is gone (trio warns of such a generator; asyncio
+        finalizes it quietly). From another loop it is left to its own loop's end."""
+        with self._lock:
+            watch = self._watch
+            if watch is None or self._owner() is not running_loop():
+                return
+            self._watch = self._token = None  # its finally does nothing now: the Guard closes the pools itself
+        await watch.aclose()
+
     async def _until_loop_ends(self, token: object) -> AsyncGenerator[None]:
         try:
             yield

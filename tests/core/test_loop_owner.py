@@ -88,6 +88,30 @@ def test_each_trio_run_in_turn_is_served_and_closes_its_connections(server: Loop
     assert len(server.received) == 4
 
 
+def test_a_guard_closed_and_dropped_while_its_trio_run_goes_on_leaves_nothing_unfinished(
+    server: LoopbackServer,
+) -> None:
+    """Closing the Guard ends what it parked in the run; before, the run later collected it unfinished and trio
+    warned (``ResourceWarning: Async generator ... was garbage collected before it had been exhausted``)."""
+    trio = pytest.importorskip("trio")
+    unraisable: list[str] = []
+
+    async def main() -> None:
+        async with Guard([server.url], instrumentation=None, transport_factory=pools) as guard:
+            assert (await guard.http_client().post(server.url + CHAT, json=BODY)).is_success
+        del guard
+        gc.collect()
+        await trio.sleep(0)
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    try:
+        trio.run(main)
+    finally:
+        sys.unraisablehook = previous
+    assert unraisable == []
+
+
 def test_a_guard_closes_from_sync_code_after_its_loop_ended(server: LoopbackServer) -> None:
     guard = Guard([server.url], instrumentation=None, transport_factory=pools)
     assert sdk_call(guard, server) != ""
