@@ -13,7 +13,7 @@ import pytest
 
 from tests.bytecode import precompile
 from tests.leaks import no_leaks
-from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, stop_all
+from tests.loopback import LoopbackCluster, LoopbackServer, loopback_cluster, running
 from tests.redis_server import _shared_redis, redis_factory, redis_server
 from tests.scheduling import OneAtATime, rank
 
@@ -22,11 +22,8 @@ __all__ = ["_shared_redis", "no_leaks", "redis_factory", "redis_server"]
 
 @pytest.fixture(scope="session")
 def _servers() -> Iterator[list[LoopbackServer]]:
-    servers = [LoopbackServer(f"s{i}") for i in range(3)]
-    for server in servers:
-        server.start()
-    yield servers
-    stop_all(servers)
+    with running([LoopbackServer(f"s{i}") for i in range(3)]) as servers:
+        yield servers
 
 
 @pytest.fixture

@@ -425,12 +425,19 @@ def loopback_cluster(n: int = 2, *, default: Script | None = None) -> Iterator[L
     gauge = ConcurrencyGauge()
     default = default or Script(tokens=None, gap=0.002)
     servers = [LoopbackServer(f"r{i}", default=default, attempts=attempts, lock=lock, gauge=gauge) for i in range(n)]
+    with running(servers):
+        yield LoopbackCluster(servers, gauge)
+
+
+@contextlib.contextmanager
+def running(servers: list[LoopbackServer]) -> Iterator[list[LoopbackServer]]:
+    """``servers`` started, and stopped together on exit (those that started, if one fails to)."""
     started: list[LoopbackServer] = []
     try:
-        for s in servers:
-            s.start()
-            started.append(s)
-        yield LoopbackCluster(servers, gauge)
+        for server in servers:
+            server.start()
+            started.append(server)
+        yield servers
     finally:
         stop_all(started)
 

@@ -23,8 +23,9 @@ BODY = {"model": "m", "messages": MESSAGES}
 CHAT = "/v1/chat/completions"
 
 
-def sdk_call(guard: Guard, server: LoopbackServer) -> str:
-    """One chat completion through the openai SDK with no retry of its own (so a failure is not hidden)."""
+def sdk_call(guard: Guard, server: LoopbackServer, backend: str = "asyncio") -> str:
+    """One chat completion through the openai SDK with no retry of its own (so a failure is not hidden), in an
+    ``asyncio.run`` or a ``trio.run`` of its own."""
 
     async def call() -> str:
         client = openai.AsyncOpenAI(
@@ -36,6 +37,8 @@ def sdk_call(guard: Guard, server: LoopbackServer) -> str:
         answer = await client.chat.completions.create(model="m", messages=MESSAGES)
         return answer.choices[0].message.content or ""
 
+    if backend == "trio":
+        return str(pytest.importorskip("trio").run(call))
     return asyncio.run(call())
 
 
@@ -65,22 +68,10 @@ def test_each_trio_run_in_turn_is_served_and_closes_its_connections(server: Loop
     """A trio run is an event loop as an asyncio one is: its connections are closed as it ends, the next run
     takes the Guard over, and ``guard.close()`` afterwards has nothing of an ended run's to close (it raised
     ``RuntimeError: must be called from async context``, closing a trio socket from asyncio)."""
-    trio = pytest.importorskip("trio")
     guard = Guard([server.url], instrumentation=None, transport_factory=pools)
-
-    async def call() -> str:
-        client = openai.AsyncOpenAI(
-            base_url=server.url + "/v1",
-            api_key="k",
-            max_retries=0,
-            http_client=guard.http_client_for(openai.AsyncOpenAI),
-        )
-        answer = await client.chat.completions.create(model="m", messages=MESSAGES)
-        return answer.choices[0].message.content or ""
-
     try:
         for _ in range(3):
-            assert trio.run(call) != ""
+            assert sdk_call(guard, server, "trio") != ""
             assert eventually(lambda: client_sockets([server]) == 0)  # closed as its run ended
         assert sdk_call(guard, server) != ""  # then an asyncio loop takes it over
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from llmguard_client import Guard, HedgePolicy, PhaseRecord, Replica, Tier
 from tests.edges.conftest import aeventually
-from tests.loopback import LoopbackServer, Script, stop_all
+from tests.loopback import LoopbackServer, Script, running
 
 pytest.importorskip("h2")
 pytest.importorskip("hypercorn")
@@ -23,11 +23,8 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def _h2_servers() -> Iterator[list[LoopbackServer]]:
-    servers = [LoopbackServer(f"h2-{i}", http2=True) for i in range(2)]
-    for server in servers:
-        server.start()
-    yield servers
-    stop_all(servers)
+    with running([LoopbackServer(f"h2-{i}", http2=True) for i in range(2)]) as servers:
+        yield servers
 
 
 @pytest.fixture
