@@ -20,7 +20,10 @@ event loop of the caller's owns the Guard: then they run on that loop (`sync_loo
 handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
 code takes the Guard over from its home loop once the sync calls running there have ended (new ones wait for
 that, so it comes even under steady sync traffic), within its tier's ttft; the home's pools are closed on the
-home loop.
+home loop. A sync call made on the owner loop's own thread (a notebook cell after an awaited call) blocks that loop
+until it returns: if nothing of the Guard's is in flight there, the Guard leaves that loop for its home
+(`leave_blocked_owner`, its pools closed on the old loop once it runs again) and the call runs on the home loop; else
+it is refused, as it would wait for the calls of the very loop it blocks.
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import anyio
 import httpx
 
-from llmguard_client._core.event_loops import EventLoop, running_loop
+from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop
 
 logger = logging.getLogger("llmguard_client")
 
 BLOCKS_ITS_LOOP = (
-    "a sync call from the event loop this Guard's calls run on would block the loop it needs; await the async "
-    "client there (guard.http_client(), guard.httpx2_client()), or run the sync code in a worker thread "
-    "(asyncio.to_thread, trio.to_thread.run_sync), where the Guard's sync clients run their calls on this loop"
+    "a sync call from the event loop this Guard's calls run on, while calls of that loop are in flight, would block "
+    "the loop they need; await the async client there (guard.http_client(), guard.httpx2_client()), or run the sync "
+    "code in a worker thread (asyncio.to_thread, trio.to_thread.run_sync), where the Guard's sync clients run their "
+    "calls on this loop"
 )
-"""Why a sync call from the owner loop's own thread is refused."""
+"""Why a sync call from the owner loop's own thread is refused while the Guard has calls in flight there."""
 
 WRONG_LOOP = (
     "this Guard's connections belong to another event loop, which is still running (e.g. two threads each "
@@ -68,6 +72,7 @@ class LoopOwner:
         "_home",
         "_home_calls",
         "_home_idle",
+        "_idle",
         "_lock",
         "_loop",
         "_pending",
@@ -78,8 +83,10 @@ class LoopOwner:
         "_watch",
     )
 
-    def __init__(self, swap_pools: SwapPools) -> None:
+    def __init__(self, swap_pools: SwapPools, idle: Callable[[], bool]) -> None:
         self._swap = swap_pools
+        self._idle = idle
+        """Whether the Guard has nothing in flight (no call, no request in a pool)."""
         self._loop: weakref.ref[EventLoop] | None = None
         self._watch: AsyncGenerator[None] | None = None
         """Parked in the owner loop until it ends (see the module's docstring); held here, as a loop holds its
@@ -198,6 +205,26 @@ class LoopOwner:
             if owner is None:
                 self._home_calls += 1
             return owner
+
+    def leave_blocked_owner(self) -> bool:
+        """A sync call on the owner loop's own thread, which blocks that loop until it returns: if nothing of the
+        Guard's is in flight, the Guard leaves the loop (as if it had ended: new pools for the next loop to claim, the
+        old ones closed there once it runs again) and True, the call goes to the home loop; else False."""
+        loop = running_loop()
+        with self._lock:
+            if loop is None or loop is self._home or self._owner() is not loop or not self._idle():
+                return False
+            watch, old = self._watch, self._swap()
+            self._loop = self._watch = self._token = None  # the parked generator's finally does nothing now
+            self._released = True
+
+        async def settle() -> None:
+            if watch is not None:
+                await watch.aclose()
+            await _close_all(old)
+
+        run_threadsafe(settle, loop)  # from the loop's own thread: runs once the sync call has returned
+        return True
 
     def sync_owner(self) -> EventLoop | None:
         """The running event loop that owns the Guard, if it is not the home loop."""

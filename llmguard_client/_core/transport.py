@@ -46,6 +46,7 @@ from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
+from llmguard_client._http.pool import pool_idle
 from llmguard_client._http.redirects import RedirectTargets
 from llmguard_client._http.upload import sent_once, streamed_body
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
@@ -142,7 +143,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._given_up = GivenUp()
         """Calls given up on with an error, or whose retry the SDK sends: `llmguard_client._core.given_up`."""
         self._warned_stacking = False
-        self.loops = LoopOwner(self._new_pools)
+        self.loops = LoopOwner(self._new_pools, self._idle)
         """Which event loop the Guard's connections belong to; where sync calls run."""
         self._redirects = RedirectTargets[Assignment](self._bases)
         """Redirects to origins that are no replica's, until the request that follows each comes."""
@@ -157,6 +158,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if self._registry.closed:
             return []
         return [*self._replicas.renew_transports(), *self.passthrough_pool.renew()]
+
+    def _idle(self) -> bool:
+        """No call in flight, guarded (a live lease, even between attempts) or not (a request in a pool)."""
+        if self._registry.live:
+            return False
+        return all(pool_idle(t) for t in (*self._replicas.transports(), *self.passthrough_pool.shared()))
 
     # --- the request path -----------------------------------------------------------------
 

@@ -203,3 +203,11 @@ def replica_transport(
     if type(pool) is httpcore.AsyncConnectionPool and httpcore.__version__.startswith(_FIXED_VERSIONS):
         pool.__class__ = ReplicaPool  # the same pool, built by httpx with its settings; only the pass differs
     return transport
+
+
+def pool_idle(transport: httpx.AsyncBaseTransport) -> bool:
+    """Whether ``transport`` has no request in flight: True for an httpx transport whose pool holds none (a request
+    stays in the pool until its response is closed), False for one that cannot be told (a transport of the user's)."""
+    pool = getattr(transport, "_pool", None) if isinstance(transport, httpx.AsyncHTTPTransport) else None
+    requests = getattr(pool, "_requests", None)
+    return isinstance(requests, list) and not requests

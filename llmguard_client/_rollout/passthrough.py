@@ -90,6 +90,11 @@ class PassthroughPool:
             self._other_origins[key] = other
             return other
 
+    def shared(self) -> list[httpx.AsyncHTTPTransport]:
+        """The shared pools for other origins now."""
+        with self._lock:
+            return list(self._other.values())
+
     def renew(self) -> list[httpx.AsyncHTTPTransport]:
         """Forget the shared pools (another event loop builds its own as it needs them) and return them."""
         with self._lock:

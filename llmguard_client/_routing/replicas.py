@@ -342,9 +342,13 @@ class ReplicaSet:
             return True
         return False
 
+    def transports(self) -> list[httpx.AsyncBaseTransport]:
+        """Each replica's current transport."""
+        return [state.transport for state in self.states]
+
     def renew_transports(self) -> list[httpx.AsyncBaseTransport]:
         """Give each replica a new transport from the factory (for another event loop); returns the old ones."""
-        old = [state.transport for state in self.states]
+        old = self.transports()
         for state in self.states:
             state.transport = self._transport_factory(state.replica)
         return old

@@ -72,20 +72,25 @@ def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Respons
 def sync_access(
     guard: GuardHandle, request: httpx.Request | None = None
 ) -> tuple[LoopAccess, Callable[[], None] | None]:
-    """Where a sync call (or the sync server-hints poller) runs: on the caller's running asyncio loop that owns the
-    Guard, from another thread (from that loop's own thread it is refused: it would wait for itself); else on the
-    Guard's own loop thread, where it keeps the Guard (no other loop takes it over) until the returned callback
-    says it has ended."""
+    """Where a sync call (or the sync server-hints poller) runs: on the caller's running event loop that owns the
+    Guard, from another thread; else on the Guard's own loop thread, where it keeps the Guard (no other loop takes
+    it over) until the returned callback says it has ended. From the owner loop's own thread (which the call
+    blocks) the Guard first leaves that loop for its own, if nothing is in flight there; else it is refused: the
+    call would wait for the loop it blocks."""
     loops = guard.transport.loops
     owner = loops.sync_loop()
+    if owner is not None and running_loop() is owner:
+        if not loops.leave_blocked_owner():
+            raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
+        owner = loops.sync_loop()
+        if owner is not None:  # another loop took the Guard in between
+            return CallersLoop(owner), None
     if owner is None:
         try:
             return runner_for(guard), loops.sync_call_ended
         except BaseException:
             loops.sync_call_ended()
             raise
-    if running_loop() is owner:
-        raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
     return CallersLoop(owner), None
 
 

@@ -179,14 +179,55 @@ async def test_under_steady_sync_traffic_async_code_still_takes_the_guard_over(s
     assert sync_threads() == []
 
 
-async def test_a_sync_call_from_the_owner_loops_own_thread_is_refused_at_once(server: LoopbackServer) -> None:
-    """It would block the loop that must run it: refused before anything is sent, naming the fix."""
+async def test_a_sync_call_on_the_owner_loops_own_thread_runs_on_the_guards_loop_when_nothing_is_in_flight(
+    server: LoopbackServer,
+) -> None:
+    """A notebook: cells that await the async client and cells that call the sync one, on the kernel loop's thread,
+    which a sync call blocks. With nothing in flight the Guard leaves that loop for its own, and comes back at
+    the next awaited call (before: every sync call after the first awaited one was refused with a 400)."""
+    records: list[PhaseRecord] = []
+    async with guard_over(server, records) as guard:
+        for cell in ("async", "sync", "async", "sync", "sync", "async"):
+            answer = await async_sdk_call(guard, server) if cell == "async" else sync_sdk_call(guard, server)
+            assert answer
+            await asyncio.sleep(0.01)  # between cells the kernel loop runs: the old loop's pools are closed there
+        assert eventually(lambda: client_sockets([server]) <= 1)  # the pool of the loop that calls now, at most
+    assert [r.status for r in records] == ["ok"] * 6
+    assert eventually(lambda: client_sockets([server]) == 0)
+    assert sync_threads() == []
+
+
+async def test_a_sync_call_on_the_owner_loops_own_thread_is_refused_while_a_call_is_in_flight_there(
+    server: LoopbackServer,
+) -> None:
+    """It would wait for a loop it blocks: refused before anything is sent, naming the fix."""
+    server.script = Script(tokens=50, gap=0.01)
     async with guard_over(server) as guard:
-        assert await async_sdk_call(guard, server)
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.http_client()
+        )
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
         with pytest.raises(openai.BadRequestError, match=r"asyncio\.to_thread") as refused:
             sync_sdk_call(guard, server)
         assert refused.value.response.headers["x-llmguard-cause"] == "wrong_event_loop"
+        await stream.close()
     assert len(server.received) == 1
+
+
+def test_a_sync_call_on_a_trio_runs_own_thread_runs_on_the_guards_loop_when_nothing_is_in_flight(
+    server: LoopbackServer,
+) -> None:
+    trio = pytest.importorskip("trio")
+
+    async def cells() -> list[str]:
+        async with guard_over(server) as guard:
+            answers = [await async_sdk_call(guard, server), sync_sdk_call(guard, server)]
+            await trio.sleep(0.01)
+            answers.append(await async_sdk_call(guard, server))
+            return answers
+
+    assert all(trio.run(cells))
+    assert eventually(lambda: client_sockets([server]) == 0)
 
 
 async def test_guard_close_from_a_worker_thread_closes_it_on_the_loop_that_owns_it(server: LoopbackServer) -> None:
