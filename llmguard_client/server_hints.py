@@ -58,6 +58,7 @@ import httpx
 
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock
 from llmguard_client._core.lease import close_quietly
+from llmguard_client._http.pool import DROPPABLE
 from llmguard_client.edges._registry import sync_access
 from llmguard_client.edges._runner import start_counted, wait_for
 from llmguard_client.errors import GuardClosed, GuardConfigError
@@ -172,12 +173,16 @@ async def poll_vllm_metrics(
     time_source = current_time_source(clock if clock is not None else guard._clock)
     now = time_source.now
     shared = guard._fleet.hints if guard._fleet is not None else None
+    loops = guard.transport.loops
     fresh_for = 3 * every
     skip: set[str] = set()
     try:
         while len(skip) < len(replicas.states):
             started = now()
-            if shared is None or await shared.lead(hold_for=fresh_for):
+            # The replicas' connections are the loop's that owns the Guard: polled from there only (a notebook's
+            # sync cell may have moved the Guard to its own thread meanwhile; the next round takes it back).
+            ours = loops.owns() or await loops.claim() is None
+            if ours and (shared is None or await shared.lead(hold_for=fresh_for)):
                 loads = await poll_once(
                     replicas, request_timeout=request_timeout, fresh_for=fresh_for, skip=skip, clock=now
                 )
@@ -251,7 +256,7 @@ def _checked(every: float, request_timeout: float | None) -> float:
 
 
 async def _fetch(state: ReplicaState, request_timeout: float, skip: set[str]) -> ServerLoad | None:
-    request = httpx.Request("GET", metrics_url(state.base), headers=state.replica.headers)
+    request = httpx.Request("GET", metrics_url(state.base), headers=state.replica.headers, extensions={DROPPABLE: True})
     response: httpx.Response | None = None
     with anyio.move_on_after(request_timeout):
         try:

@@ -216,6 +216,32 @@ def test_a_sync_openai_client_streams_while_the_simulated_servers_queues_are_pol
     assert None not in reported, reported  # both servers' queues reached the router through the sync loop
 
 
+def test_the_poller_goes_on_when_a_notebook_cell_moves_the_guard_to_its_own_thread_and_back() -> None:
+    """A sync call on the loop's own thread (a notebook cell) moves the Guard to its own thread while it runs; the
+    poller, a task of that loop, takes the Guard back at its next round instead of polling over connections of
+    another loop (before: the poller's task died, leaving a socket unclosed)."""
+    openai = pytest.importorskip("openai")
+    ask: Any = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+
+    async def kernel(urls: list[str]) -> None:
+        async with Guard(urls, instrumentation=None) as guard:
+            aclient = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.http_client())
+            client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.sync_http_client())
+            async with anyio.create_task_group() as cells:
+                cells.start_soon(poll_vllm_metrics, guard)
+                for _ in range(3):
+                    assert (await aclient.chat.completions.create(**ask)).choices
+                    assert client.chat.completions.create(**ask).choices  # blocks this loop while it runs
+                    await anyio.sleep(0.3)  # a few of the poller's rounds
+                for replica in guard.snapshot().replicas:
+                    replica_hint = replica.server_waiting
+                    assert replica_hint is not None, replica
+                cells.cancel_scope.cancel()  # the poller ran to here: a dead one would have ended the group
+
+    with spawn_cluster("healthy", replicas=2) as urls:
+        anyio.run(kernel, urls)
+
+
 async def test_async_code_is_sent_to_the_coroutine() -> None:
     async with Guard(["http://a:1"], instrumentation=None) as guard:
         with pytest.raises(GuardConfigError, match=r"for sync code; in async code run poll_vllm_metrics"):

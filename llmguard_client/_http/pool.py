@@ -205,9 +205,17 @@ def replica_transport(
     return transport
 
 
+DROPPABLE = "llmguard_droppable"
+"""A request extension marking a request the Guard may drop when its connections move to another event loop (a
+server-hints poll): `pool_idle` does not count it."""
+
+
 def pool_idle(transport: httpx.AsyncBaseTransport) -> bool:
-    """Whether ``transport`` has no request in flight: True for an httpx transport whose pool holds none (a request
-    stays in the pool until its response is closed), False for one that cannot be told (a transport of the user's)."""
+    """Whether ``transport`` has no request in flight but droppable ones: True for an httpx transport whose pool
+    holds none (a request stays in the pool until its response is closed), False for one that cannot be told (a
+    transport of the user's)."""
     pool = getattr(transport, "_pool", None) if isinstance(transport, httpx.AsyncHTTPTransport) else None
     requests = getattr(pool, "_requests", None)
-    return isinstance(requests, list) and not requests
+    if not isinstance(requests, list):
+        return False
+    return all(r.request.extensions.get(DROPPABLE) for r in requests)
