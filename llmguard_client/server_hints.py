@@ -198,15 +198,17 @@ async def poll_vllm_metrics(
 @contextlib.contextmanager
 def vllm_metrics_polled(guard: Guard, *, every: float = 0.1, request_timeout: float | None = None) -> Iterator[None]:
     """`poll_vllm_metrics` for sync code: polls where the Guard's sync calls run (its own event-loop thread, or the
-    running loop of async code that owns the Guard) while the block runs, and has stopped when it exits. The
-    arguments are checked before anything starts."""
+    running loop of async code that owns the Guard) while the block runs, and has stopped when it exits. On the
+    Guard's own thread it does not keep the Guard there: async code that takes the Guard over meanwhile is not kept
+    waiting, and the poller skips its rounds until the Guard is back. The arguments are checked before anything
+    starts."""
     _checked(every, request_timeout)
     if asyncio._get_running_loop() is not None:  # the poller would write the router's state from another thread
         raise GuardConfigError(
             "vllm_metrics_polled is for sync code; in async code run poll_vllm_metrics(guard) in a task group"
         )
     poller = _Poller(functools.partial(poll_vllm_metrics, guard, every=every, request_timeout=request_timeout))
-    access, ended = sync_access(guard)  # where the sync calls run: the poller uses the same connections
+    access, ended = sync_access(guard, holds=False)  # where the sync calls run: the poller uses the same connections
     polling = start_counted(access, poller.run, ended)
     try:
         yield

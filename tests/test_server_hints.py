@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 import time
@@ -11,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardClosed, GuardConfigError, Replica
+from llmguard_client import Guard, GuardClosed, GuardConfigError, Replica, Tier
 from llmguard_client._core.clock import loop_clock
 from llmguard_client.server_hints import (
     ServerLoad,
@@ -23,6 +24,7 @@ from llmguard_client.server_hints import (
 )
 from llmguard_tools.sim.cluster import SimCluster
 from llmguard_tools.sim.launch import spawn_cluster
+from tests.edges.conftest import eventually
 from tests.sim.conftest import one_off
 from tests.virtual import BACKENDS, run_virtual
 
@@ -160,6 +162,41 @@ def test_sync_code_polls_on_the_guards_loop_thread_while_its_block_runs_and_not_
     closing = Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None)
     with vllm_metrics_polled(closing):
         closing.close()  # the poller ends with the Guard's loop; leaving the block raises nothing
+
+
+def test_async_code_run_inside_a_sync_pollers_block_is_served_and_the_poller_goes_on_after() -> None:
+    """The sync poller does not keep the Guard on its own thread: an ``asyncio.run`` inside the block takes it
+    over at once (before: its call waited out its whole ttft, then was refused: 600 s with the default tier), and
+    the poller, which skips its rounds meanwhile, polls again once that loop has ended."""
+    metrics = Metrics()
+
+    def replicas_that_chat(replica: Replica) -> httpx.AsyncBaseTransport:
+        polled = metrics.factory(replica)
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/chat/completions"):
+                return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "hi"}}]})
+            return polled.handle_request(request)
+
+        return httpx.MockTransport(handle)
+
+    def polls() -> int:
+        return sum(metrics.polls.values())
+
+    async def async_code(guard: Guard) -> int:
+        async with guard.http_client() as client:
+            return (await client.post("http://a:1/v1/chat/completions", json={"model": "m"})).status_code
+
+    tiers = {"t": Tier(ttft=5, total=10)}
+    guard = Guard(["http://a:1"], transport_factory=replicas_that_chat, instrumentation=None, tiers=tiers)
+    try:
+        with vllm_metrics_polled(guard):
+            assert eventually(lambda: polls() >= 2)
+            assert asyncio.run(async_code(guard)) == 200
+            before = polls()
+            assert eventually(lambda: polls() >= before + 2)  # polling again, on the Guard's own thread
+    finally:
+        guard.close()
 
 
 async def test_a_sync_poller_beside_async_code_polls_on_the_loop_that_owns_the_guard() -> None:

@@ -187,10 +187,11 @@ class LoopOwner:
         """The Guard's own loop for sync calls has started."""
         self._home = loop
 
-    def sync_loop(self) -> EventLoop | None:
+    def sync_loop(self, count: bool = True) -> EventLoop | None:
         """Where a sync call runs: the caller's running event loop that owns the Guard (not the home loop); or
-        None, the home loop, where the call is counted until `sync_call_ended`. While a loop waits to take the
-        Guard over from the home loop, the call waits for that (at most as long as that loop does)."""
+        None, the home loop, where the call is counted until `sync_call_ended` (unless not ``count``: the sync
+        server-hints poller, which holds no loop). While a loop waits to take the Guard over from the home loop, the
+        call waits for that (at most as long as that loop does)."""
         with self._lock:
             pending, started = self._pending, time.monotonic()
             while (
@@ -202,7 +203,7 @@ class LoopOwner:
                 self._home_idle.wait(HANDOVER_POLL * 10)
                 pending = self._pending
             owner = self.sync_owner()
-            if owner is None:
+            if owner is None and count:
                 self._home_calls += 1
             return owner
 

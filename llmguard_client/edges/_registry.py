@@ -70,26 +70,28 @@ def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Respons
 
 
 def sync_access(
-    guard: GuardHandle, request: httpx.Request | None = None
+    guard: GuardHandle, request: httpx.Request | None = None, *, holds: bool = True
 ) -> tuple[LoopAccess, Callable[[], None] | None]:
     """Where a sync call (or the sync server-hints poller) runs: on the caller's running event loop that owns the
-    Guard, from another thread; else on the Guard's own loop thread, where it keeps the Guard (no other loop takes
-    it over) until the returned callback says it has ended. From the owner loop's own thread (which the call
-    blocks) the Guard first leaves that loop for its own, if nothing is in flight there; else it is refused: the
-    call would wait for the loop it blocks."""
+    Guard, from another thread; else on the Guard's own loop thread, where a call (``holds``) keeps the Guard (no
+    other loop takes it over) until the returned callback says it has ended. From the owner loop's own thread
+    (which the call blocks) the Guard first leaves that loop for its own, if nothing is in flight there; else it
+    is refused: the call would wait for the loop it blocks."""
     loops = guard.transport.loops
-    owner = loops.sync_loop()
+    owner = loops.sync_loop(holds)
     if owner is not None and running_loop() is owner:
         if not loops.leave_blocked_owner():
             raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
-        owner = loops.sync_loop()
+        owner = loops.sync_loop(holds)
         if owner is not None:  # another loop took the Guard in between
             return CallersLoop(owner), None
     if owner is None:
+        ended = loops.sync_call_ended if holds else None
         try:
-            return runner_for(guard), loops.sync_call_ended
+            return runner_for(guard), ended
         except BaseException:
-            loops.sync_call_ended()
+            if ended is not None:
+                ended()
             raise
     return CallersLoop(owner), None
 
