@@ -83,6 +83,17 @@ class Metrics:
 
         return httpx.MockTransport(handle)
 
+    def chatting(self, replica: Replica) -> httpx.AsyncBaseTransport:
+        """`factory`'s transport, which also answers chat completions (for calls beside the polls)."""
+        polled = self.factory(replica)
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/chat/completions"):
+                return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "hi"}}]})
+            return polled.handle_request(request)
+
+        return httpx.MockTransport(handle)
+
 
 async def test_a_queue_at_the_server_counts_as_load_and_a_full_kv_cache_ranks_last() -> None:
     metrics = Metrics()
@@ -170,16 +181,6 @@ def test_async_code_run_inside_a_sync_pollers_block_is_served_and_the_poller_goe
     the poller, which skips its rounds meanwhile, polls again once that loop has ended."""
     metrics = Metrics()
 
-    def replicas_that_chat(replica: Replica) -> httpx.AsyncBaseTransport:
-        polled = metrics.factory(replica)
-
-        def handle(request: httpx.Request) -> httpx.Response:
-            if request.url.path.endswith("/chat/completions"):
-                return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "hi"}}]})
-            return polled.handle_request(request)
-
-        return httpx.MockTransport(handle)
-
     def polls() -> int:
         return sum(metrics.polls.values())
 
@@ -188,7 +189,7 @@ def test_async_code_run_inside_a_sync_pollers_block_is_served_and_the_poller_goe
             return (await client.post("http://a:1/v1/chat/completions", json={"model": "m"})).status_code
 
     tiers = {"t": Tier(ttft=5, total=10)}
-    guard = Guard(["http://a:1"], transport_factory=replicas_that_chat, instrumentation=None, tiers=tiers)
+    guard = Guard(["http://a:1"], transport_factory=metrics.chatting, instrumentation=None, tiers=tiers)
     try:
         with vllm_metrics_polled(guard):
             assert eventually(lambda: polls() >= 2)
@@ -205,17 +206,7 @@ async def test_a_sync_poller_beside_async_code_polls_on_the_loop_that_owns_the_g
     metrics = Metrics()
     metrics.bodies = {"http://a:1": (200, "vllm:num_requests_waiting 4\n"), "http://b:1": (200, "")}
 
-    def replicas_that_chat(replica: Replica) -> httpx.AsyncBaseTransport:
-        polled = metrics.factory(replica)
-
-        def handle(request: httpx.Request) -> httpx.Response:
-            if request.url.path.endswith("/chat/completions"):
-                return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "hi"}}]})
-            return polled.handle_request(request)
-
-        return httpx.MockTransport(handle)
-
-    async with Guard(["http://a:1", "http://b:1"], transport_factory=replicas_that_chat, instrumentation=None) as guard:
+    async with Guard(["http://a:1", "http://b:1"], transport_factory=metrics.chatting, instrumentation=None) as guard:
         async with guard.http_client() as client:  # a first call: this loop owns the Guard
             assert (await client.post("http://a:1/v1/chat/completions", json={"model": "m"})).status_code == 200
 
