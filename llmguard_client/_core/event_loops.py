@@ -71,6 +71,29 @@ def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[
     return asyncio.run_coroutine_threadsafe(call(), loop)
 
 
+_started_soon: set[asyncio.Task[Any]] = set()
+"""Tasks `start_soon` started, held until done (a loop holds its tasks only weakly)."""
+
+
+def start_soon(func: Callable[[], Awaitable[object]], loop: EventLoop) -> None:
+    """Start ``func()`` as a task on ``loop`` when it next runs (from any thread, the loop's own included, running
+    or stopped); nothing is made if it never runs again. ``RuntimeError`` if it has closed."""
+    if isinstance(loop, TrioRun):
+        loop.start(func)
+        return
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+
+    def start() -> None:
+        async def call() -> None:
+            await func()
+
+        task = loop.create_task(call())
+        _started_soon.add(task)
+        task.add_done_callback(_started_soon.discard)
+
+    loop.call_soon_threadsafe(start)
+
+
 def _nothing() -> None:
     pass
 

@@ -38,7 +38,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import anyio
 import httpx
 
-from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop
+from llmguard_client._core.event_loops import EventLoop, running_loop, start_soon
 
 logger = logging.getLogger("llmguard_client")
 
@@ -123,6 +123,7 @@ class LoopOwner:
         loop = running_loop()
         assert loop is not None, "claimed from a running event loop"
         give_up = loop.time() + wait
+        left: tuple[EventLoop, AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]] | None = None
         try:
             while True:
                 with self._lock:
@@ -130,7 +131,10 @@ class LoopOwner:
                     if owner is loop:
                         return None
                     if owner is not None and owner is not self._home:
-                        return WRONG_LOOP
+                        if owner.is_running() or not self._idle():
+                            return WRONG_LOOP
+                        # a stopped loop (run_until_complete between runs) with nothing in flight: left as if ended
+                        left, owner = (owner, *self._leave()), None
                     # no owner, or the home loop: taken now unless sync calls run, or are about to, on the home loop
                     if loop is self._home or not self._home_calls:
                         if self._pending is loop:  # the sync calls waiting for this handover go on
@@ -151,6 +155,8 @@ class LoopOwner:
                 if self._pending is loop:  # given up, or cancelled: the sync calls stop waiting for it
                     self._pending = None
                     self._home_idle.notify_all()
+        if left is not None:
+            _settle_on(*left)
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
         elif owner is not None and self._home is not None:  # taken over from the idle home loop: closed there
@@ -209,23 +215,23 @@ class LoopOwner:
 
     def leave_blocked_owner(self) -> bool:
         """A sync call on the owner loop's own thread, which blocks that loop until it returns: if nothing of the
-        Guard's is in flight, the Guard leaves the loop (as if it had ended: new pools for the next loop to claim, the
-        old ones closed there once it runs again) and True, the call goes to the home loop; else False."""
+        Guard's is in flight, the Guard leaves the loop (`_leave`) and True, the call goes to the home loop; else
+        False."""
         loop = running_loop()
         with self._lock:
             if loop is None or loop is self._home or self._owner() is not loop or not self._idle():
                 return False
-            watch, old = self._watch, self._swap()
-            self._loop = self._watch = self._token = None  # the parked generator's finally does nothing now
-            self._released = True
-
-        async def settle() -> None:
-            if watch is not None:
-                await watch.aclose()
-            await _close_all(old)
-
-        run_threadsafe(settle, loop)  # from the loop's own thread: runs once the sync call has returned
+            left = self._leave()
+        _settle_on(loop, *left)
         return True
+
+    def _leave(self) -> tuple[AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]]:
+        """With the lock held: the owner loop gives the Guard up as if it had ended (new pools for the next loop to
+        claim); its parked generator (whose finally does nothing now) and its pools, for `_settle_on`."""
+        watch, old = self._watch, self._swap()
+        self._loop = self._watch = self._token = None
+        self._released = True
+        return watch, old
 
     def sync_owner(self) -> EventLoop | None:
         """The running event loop that owns the Guard, if it is not the home loop."""
@@ -249,6 +255,22 @@ async def _close_all(pools: Sequence[httpx.AsyncBaseTransport]) -> None:
             await pool.aclose()
         except Exception:  # e.g. a connection the server reset: the others are still closed
             logger.debug("closing a connection pool its event loop no longer uses", exc_info=True)
+
+
+def _settle_on(loop: EventLoop, watch: AsyncGenerator[None] | None, pools: Sequence[httpx.AsyncBaseTransport]) -> None:
+    """End ``watch`` and close ``pools`` on ``loop``, a loop the Guard left, once it runs again (dropped if it never
+    does: its connections then go as a plain client's would)."""
+
+    async def settle() -> None:
+        with anyio.CancelScope(shield=True):  # the loop may be ending: the connections are closed all the same
+            if watch is not None:
+                await watch.aclose()
+            await _close_all(pools)
+
+    try:
+        start_soon(settle, loop)
+    except RuntimeError:  # closed in between
+        logger.debug("a loop the Guard left closed before its connection pools could be closed there")
 
 
 def _close_on(loop: asyncio.AbstractEventLoop, pools: Sequence[httpx.AsyncBaseTransport]) -> None:

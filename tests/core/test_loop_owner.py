@@ -11,11 +11,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from llmguard_client import Guard, WrongEventLoop
 from tests.edges.conftest import client_sockets, eventually, pools
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, Script
 
 openai = pytest.importorskip("openai")
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
@@ -101,6 +102,68 @@ def test_a_guard_closed_and_dropped_while_its_trio_run_goes_on_leaves_nothing_un
     finally:
         sys.unraisablehook = previous
     assert unraisable == []
+
+
+def close_after_its_left_over_work(loop: asyncio.AbstractEventLoop) -> None:
+    """Run ``loop`` until what it was left to do (the closes of pools the Guard left on it) is done, then close it."""
+
+    async def left_over() -> None:
+        await asyncio.sleep(0)  # the callbacks scheduled from other threads start their tasks
+        await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not asyncio.current_task()))
+        await asyncio.sleep(0)  # the transports' connection_lost callbacks
+
+    loop.run_until_complete(left_over())
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+def test_a_loop_stopped_between_runs_gives_the_guard_up_to_sync_calls_and_other_loops(server: LoopbackServer) -> None:
+    """``loop.run_until_complete`` on one loop kept for the process (older code, sync wrappers) leaves the loop
+    stopped, not closed, between runs: a sync call or another loop's call there was refused (``WrongEventLoop``;
+    the plain SDK serves the sync one). With nothing in flight the stopped loop now gives the Guard up, its
+    connections closed there when it next runs."""
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    loop = asyncio.new_event_loop()
+
+    async def call() -> str:
+        async with guard.http_client() as client:
+            return (await client.post(server.url + CHAT, json=BODY)).text
+
+    try:
+        for _ in range(2):
+            assert loop.run_until_complete(call())
+            with guard.sync_http_client() as client:
+                assert client.post(server.url + CHAT, json=BODY).is_success  # before: a 400, WrongEventLoop
+            assert loop.run_until_complete(call())
+            assert asyncio.run(call())  # another loop: before, WrongEventLoop
+        assert len(server.received) == 8
+    finally:
+        guard.close()
+        close_after_its_left_over_work(loop)
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+def test_a_loop_stopped_with_a_call_in_flight_keeps_the_guard(server: LoopbackServer) -> None:
+    """A call suspended in a stopped loop still needs that loop's connections: other loops are refused."""
+    server.script = Script(tokens=50, gap=0.01)
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    loop = asyncio.new_event_loop()
+
+    async def open_stream() -> httpx.Response:
+        return await guard.http_client().send(
+            guard.http_client().build_request("POST", server.url + CHAT, json=BODY), stream=True
+        )
+
+    try:
+        response = loop.run_until_complete(open_stream())  # its body not read yet: in flight, the loop stopped
+        with pytest.raises(WrongEventLoop), guard.sync_http_client() as client:
+            client.post(server.url + CHAT, json=BODY)
+        loop.run_until_complete(response.aclose())
+        with guard.sync_http_client() as client:  # nothing in flight now
+            assert client.post(server.url + CHAT, json=BODY).is_success
+    finally:
+        guard.close()
+        close_after_its_left_over_work(loop)
 
 
 def test_a_guard_closes_from_sync_code_after_its_loop_ended(server: LoopbackServer) -> None:
