@@ -3,7 +3,8 @@
 An asyncio loop is used as it is. A trio run is a `TrioRun`, one object per run (kept in a run variable, so it
 lives exactly as long as the run, as an asyncio loop object does), with the four methods of an asyncio loop
 the guard uses (`EventLoop`); `run_threadsafe` starts a task on either from another thread, as
-``asyncio.run_coroutine_threadsafe`` does.
+``asyncio.run_coroutine_threadsafe`` does, and `start_soon` one that starts when the loop next runs (a stopped
+asyncio loop's included), made only then.
 """
 
 from __future__ import annotations

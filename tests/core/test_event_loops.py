@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError, Future
 
 import pytest
 
-from llmguard_client._core.event_loops import EventLoop, TrioRun, run_threadsafe, running_loop
+from llmguard_client._core.event_loops import EventLoop, TrioRun, run_threadsafe, running_loop, start_soon
 
 trio = pytest.importorskip("trio")
 trio_testing = pytest.importorskip("trio.testing")
@@ -90,3 +90,24 @@ def test_a_task_started_on_an_asyncio_loop_from_another_thread() -> None:
         assert result == [loop]
 
     asyncio.run(main())
+
+
+def test_a_task_started_soon_on_a_stopped_loop_runs_when_the_loop_next_runs_and_is_never_made_if_it_does_not() -> None:
+    """(A coroutine made for a loop that closes without running again would warn that it was never awaited.)"""
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("ran")
+
+    loop = asyncio.new_event_loop()
+    try:
+        start_soon(work, loop)  # stopped: nothing runs yet
+        assert ran == []
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert ran == ["ran"]
+        start_soon(work, loop)
+    finally:
+        loop.close()  # without running again: the second task was never made (no RuntimeWarning under -W error)
+    assert ran == ["ran"]
+    with pytest.raises(RuntimeError):
+        start_soon(work, loop)
