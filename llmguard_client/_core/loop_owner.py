@@ -160,7 +160,7 @@ class LoopOwner:
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
         elif owner is not None and self._home is not None:  # taken over from the idle home loop: closed there
-            _close_on(self._home, self._swap())
+            _settle_on(self._home, None, self._swap())
         await watch.__anext__()  # parked: the loop closes it as it ends
         return None
 
@@ -258,8 +258,8 @@ async def _close_all(pools: Sequence[httpx.AsyncBaseTransport]) -> None:
 
 
 def _settle_on(loop: EventLoop, watch: AsyncGenerator[None] | None, pools: Sequence[httpx.AsyncBaseTransport]) -> None:
-    """End ``watch`` and close ``pools`` on ``loop``, a loop the Guard left, once it runs again (dropped if it never
-    does: its connections then go as a plain client's would)."""
+    """End ``watch`` and close ``pools`` on ``loop``, a loop the Guard left (the home loop, or one that ended or
+    stopped), once it runs (dropped if it never does again: its connections then go as a plain client's would)."""
 
     async def settle() -> None:
         with anyio.CancelScope(shield=True):  # the loop may be ending: the connections are closed all the same
@@ -271,11 +271,3 @@ def _settle_on(loop: EventLoop, watch: AsyncGenerator[None] | None, pools: Seque
         start_soon(settle, loop)
     except RuntimeError:  # closed in between
         logger.debug("a loop the Guard left closed before its connection pools could be closed there")
-
-
-def _close_on(loop: asyncio.AbstractEventLoop, pools: Sequence[httpx.AsyncBaseTransport]) -> None:
-    """Close ``pools`` on ``loop`` (another thread's), without waiting; dropped if that loop has closed."""
-    try:
-        asyncio.run_coroutine_threadsafe(_close_all(pools), loop)
-    except RuntimeError:  # closed in between: the connections go with it
-        logger.debug("the home loop closed before its connection pools could be closed there")
