@@ -17,7 +17,8 @@ keeps working::
         │   ├── StallTimeout            the stream went silent longer than the tier's stall
         │   └── AllAttemptsTimedOut     every attempt ended in a timeout (e.g. the SDK's own ``timeout=``)
         ├── GuardUnavailable(httpx.TransportError)
-        │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try
+        │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try; also the
+        │   │   │                       httpx class of the last one's error (e.g. httpx.RemoteProtocolError)
         │   │   └── AllAttemptsFailedToConnect   ... every one to connect (also an httpx.ConnectError)
         │   ├── BudgetExhausted         a retry or hedge was needed, the shared budget was empty
         │   ├── AllReplicasCooling      every replica is cooling down past the deadline (.retry_after)
@@ -198,6 +199,25 @@ class AllAttemptsFailed(GuardUnavailable):
 class AllAttemptsFailedToConnect(AllAttemptsFailed, httpx.ConnectError):
     """`AllAttemptsFailed` where every attempt failed to connect: also an ``httpx.ConnectError``, the error
     a plain httpx client raises for a server that refuses the connection."""
+
+
+_failed_like: dict[type[httpx.RequestError], type[AllAttemptsFailed]] = {}
+
+
+def all_attempts_failed_like(error: BaseException | None) -> type[AllAttemptsFailed]:
+    """The class of `AllAttemptsFailed` raised when an attempt's ``error`` was the last: also that error's httpx
+    class (``httpx.RemoteProtocolError`` for a server that hung up, ``httpx.ReadError``, ``httpx.ProxyError``...),
+    as a plain client's own retries raise the last error, so ``except httpx.RemoteProtocolError`` and an SDK's
+    reading of the error's kind see what they would without the guard (`AllAttemptsFailedToConnect` is kept for
+    calls whose every attempt failed to connect). A timeout, or an error of no httpx class, gives
+    `AllAttemptsFailed` itself: a call whose attempts did not all time out is no timeout."""
+    bases = (c for c in type(error).__mro__ if issubclass(c, httpx.RequestError) and c.__module__ != __name__)
+    base = next(bases, None)  # the library's own class (a guard failure's httpx base), by identity, not by name
+    if base is None or issubclass(base, httpx.TimeoutException):
+        return AllAttemptsFailed
+    if base not in _failed_like:
+        _failed_like[base] = type("AllAttemptsFailed", (AllAttemptsFailed, base), {"__module__": __name__})
+    return _failed_like[base]
 
 
 class BudgetExhausted(GuardUnavailable):

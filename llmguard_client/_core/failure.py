@@ -27,7 +27,13 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
-from llmguard_client.errors import AllAttemptsFailed, AllAttemptsFailedToConnect, AllAttemptsTimedOut, GuardFailure
+from llmguard_client.errors import (
+    AllAttemptsFailed,
+    AllAttemptsFailedToConnect,
+    AllAttemptsTimedOut,
+    GuardFailure,
+    all_attempts_failed_like,
+)
 from llmguard_client.telemetry._record_builder import AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
@@ -47,10 +53,10 @@ def attempts_error(
     call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None
 ) -> AllAttemptsFailed | AllAttemptsTimedOut:
     """The error a call's attempts met when none got a server answer: `AllAttemptsTimedOut` when every one
-    ended in a timeout, `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`;
-    ``__cause__`` the last attempt's error. ``refusal``, why the
-    guard sent no further attempt (cooling, budget, open circuits), is named in the message and the cause, but
-    never changes the type: a refusal only speaks for itself before anything was sent."""
+    ended in a timeout, `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`
+    of the last attempt's httpx class (`all_attempts_failed_like`); ``__cause__`` the last attempt's error.
+    ``refusal``, why the guard sent no further attempt (cooling, budget, open circuits), is named in the message
+    and the cause, but never changes the type: a refusal only speaks for itself before anything was sent."""
     timed_out = all(isinstance(f.error, httpx.TimeoutException) for f in failures)
     what = "timed out" if timed_out else "failed before a response"
     message = (
@@ -59,11 +65,13 @@ def attempts_error(
     )
     if refusal is not None:
         message += f"; no further attempt: {refusal.message}"
-    kind: type[AllAttemptsFailed | AllAttemptsTimedOut] = AllAttemptsFailed
+    kind: type[AllAttemptsFailed | AllAttemptsTimedOut]
     if timed_out:
         kind = AllAttemptsTimedOut
     elif all(isinstance(f.error, httpx.ConnectError) for f in failures):
         kind = AllAttemptsFailedToConnect
+    else:
+        kind = all_attempts_failed_like(failures[-1].error)
     error = kind(
         message,
         request=call.request,

@@ -43,7 +43,7 @@ from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.loop_owner import LoopOwner
-from llmguard_client._core.outcome import Failed, Route, Win
+from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
 from llmguard_client._http.pool import pool_idle
@@ -440,10 +440,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
-            assert last.error is not None
-            if not isinstance(last.error, (httpx.HTTPError, OSError)):  # an unexpected error is never disguised
-                await lease.aclose("error", last.attempt.error)
-                raise last.error
+            await self._raise_if_not_httpx(call, last)
             error, met = attempts_error(call, outcome.failures, error), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
@@ -472,6 +469,15 @@ class GuardTransport(httpx.AsyncBaseTransport):
             self._given_up.forget(call.request, call.body)
         raise error
 
+    @staticmethod
+    async def _raise_if_not_httpx(call: Call, last: AttemptFailure) -> None:
+        """An error of no httpx class (a request body that could not be read, an OSError of the caller's own
+        transport, a bug) is never disguised: the caller gets it as it was raised, as without a guard."""
+        assert last.error is not None
+        if not isinstance(last.error, httpx.HTTPError):
+            await call.lease.aclose("error", last.attempt.error)
+            raise last.error
+
     async def _hand_back(self, call: Call, outcome: Failed, before: Episode | None) -> httpx.Response:
         """Cooperative mode: the guard allows a retry and the SDK sends it (`llmguard_client._core.cooperative`):
         the failure itself, a server's answer marked ``x-should-retry: true``, or the error raised."""
@@ -490,6 +496,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
             )
             return response
+        await self._raise_if_not_httpx(call, last)
         error = attempts_error(call, outcome.failures, None)
         await lease.aclose("timeout" if isinstance(error, GuardTimeout) else "error", error.cause)
         self._given_up.remember(call.request, call.body, replace(episode, error=error), call.clock())

@@ -63,21 +63,28 @@ def response_extensions(extensions: MutableMapping[str, Any]) -> dict[str, Any]:
 
 
 def translate_error(exc: BaseException, request: httpx2.Request) -> BaseException:
-    """The httpx2 counterpart of an httpx exception (other exceptions are returned unchanged)."""
+    """The httpx2 counterpart of an httpx exception, to raise as it is (other exceptions are returned
+    unchanged). Its ``__cause__`` is ``exc``; a guard failure's is its own cause translated too (the last
+    attempt's error), so an SDK that reads the chain for the reason (anthropic: "Connection to host failed:
+    Server disconnected without sending a response.") finds the httpx2 error a plain client would have met."""
     if not isinstance(exc, httpx.RequestError):  # transports raise request errors only
         return exc
     target: Any = _httpx2_class(type(exc))
     if target is None:
         return exc
     mapped: BaseException
+    cause: BaseException = exc
     if isinstance(exc, GuardFailure):
         failure: GuardFailure = target(exc.message, record=exc.record, retry_after=exc.retry_after)
         failure.cause = exc.cause  # an instance's own cause (e.g. why no further attempt was sent)
         mapped = failure
+        if isinstance(exc.__cause__, httpx.RequestError):
+            cause = translate_error(exc.__cause__, request)
     else:
         mapped = target(str(exc))
     if isinstance(mapped, httpx2.HTTPError):
         mapped.request = request
+    mapped.__cause__ = cause
     return mapped
 
 

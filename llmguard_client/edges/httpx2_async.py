@@ -30,7 +30,8 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
         try:
             response = await self._core.handle_async_request(inner)
         except httpx.HTTPError as exc:
-            raise translate_error(exc, request) from exc
+            error = translate_error(exc, request)
+            raise error from error.__cause__
         out = httpx2.Response(
             response.status_code, headers=response.headers.raw, stream=_Body(response, request), request=request
         )
@@ -73,7 +74,8 @@ class _Chunks:
         try:
             return await self._chunks.__anext__()
         except httpx.HTTPError as exc:
-            raise translate_error(exc, self._request) from exc
+            error = translate_error(exc, self._request)
+            raise error from error.__cause__
 
 
 def httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.AsyncClient:

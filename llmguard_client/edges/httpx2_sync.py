@@ -39,7 +39,8 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
                     refusal.status_code, headers=refusal.headers.raw, content=refusal.content, request=request
                 )
         except httpx.HTTPError as exc:
-            raise translate_error(exc, request) from exc
+            error = translate_error(exc, request)
+            raise error from error.__cause__
         out = httpx2.Response(
             response.status_code, headers=response.headers.raw, stream=_Body(body, request), request=request
         )
@@ -56,7 +57,8 @@ class _Body(httpx2.SyncByteStream):
         try:
             yield from self._body
         except httpx.HTTPError as exc:
-            raise translate_error(exc, self._request) from exc
+            error = translate_error(exc, self._request)
+            raise error from error.__cause__
 
     def close(self) -> None:
         self._body.close()
