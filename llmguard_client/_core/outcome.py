@@ -9,6 +9,7 @@ sent). Layers hand each other values: none reads another layer's state off the `
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -112,6 +113,11 @@ class Win:
         return self.reader.facts
 
 
+_NETWORK_ERRORS = (httpx.TransportError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream)
+"""Network failures of an attempt: retried elsewhere, and given up on as `AllAttemptsFailed` (any other
+exception is the caller's or a bug: neither retried nor disguised)."""
+
+
 @dataclass(slots=True, eq=False)
 class AttemptFailure:
     """An attempt that produced no usable answer; its connection is closed."""
@@ -137,8 +143,9 @@ class AttemptFailure:
 
     @property
     def is_transport_error(self) -> bool:
-        """A network-level failure (as opposed to an error status or an unexpected exception)."""
-        return isinstance(self.error, (httpx.TransportError, OSError, anyio.BrokenResourceError, anyio.EndOfStream))
+        """A network-level failure (as opposed to an error status or an unexpected exception): httpx's, or one of
+        those its pool lets through unmapped (a TLS record error, a stream ended or broken under it)."""
+        return isinstance(self.error, _NETWORK_ERRORS)
 
     @property
     def refused(self) -> bool:

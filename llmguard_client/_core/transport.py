@@ -440,7 +440,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
-            await self._raise_if_not_httpx(call, last)
+            await self._raise_unless_network_failure(call, last)
             error, met = attempts_error(call, outcome.failures, error), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
@@ -470,11 +470,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
         raise error
 
     @staticmethod
-    async def _raise_if_not_httpx(call: Call, last: AttemptFailure) -> None:
-        """An error of no httpx class (a request body that could not be read, an OSError of the caller's own
-        transport, a bug) is never disguised: the caller gets it as it was raised, as without a guard."""
+    async def _raise_unless_network_failure(call: Call, last: AttemptFailure) -> None:
+        """An error that is neither httpx's nor the network's (a request body that could not be read, an OSError
+        of the caller's own transport, a bug) is never disguised: the caller gets it as it was raised, as without
+        a guard. (A network error httpx lets through, such as a TLS record error, is given up on as the rest.)"""
         assert last.error is not None
-        if not isinstance(last.error, httpx.HTTPError):
+        if not (isinstance(last.error, httpx.HTTPError) or last.is_transport_error):
             await call.lease.aclose("error", last.attempt.error)
             raise last.error
 
@@ -496,7 +497,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
             )
             return response
-        await self._raise_if_not_httpx(call, last)
+        await self._raise_unless_network_failure(call, last)
         error = attempts_error(call, outcome.failures, None)
         await lease.aclose("timeout" if isinstance(error, GuardTimeout) else "error", error.cause)
         self._given_up.remember(call.request, call.body, replace(episode, error=error), call.clock())

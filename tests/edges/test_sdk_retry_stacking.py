@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import ssl
 import weakref
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -222,3 +224,43 @@ async def test_an_uncounted_request_is_a_retry_only_within_the_sdks_backoff_wind
     assert await memory.recall(request(**OPENAI_1_40_HEADERS), now=9.5) is None  # past the SDK's backoff
     counted = request(**OPENAI_1_40_HEADERS, **{"x-stainless-retry-count": "1"})
     assert await memory.recall(counted, now=20.0) is not None  # a counted retry: the whole window
+
+
+class Raising(httpx.AsyncBaseTransport):
+    """A replica's transport that raises ``error`` for every request it is given, and counts them."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error, self.sent = error, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]"), anyio.EndOfStream()],
+    ids=["tls_record_error", "end_of_stream"],
+)
+async def test_a_network_error_httpx_leaves_unmapped_is_given_up_on_once(error: BaseException) -> None:
+    """Errors the pool lets through (openai counts both as connection errors, and retries them) are the guard's
+    to retry; once it gave up, the SDK's two retries send nothing."""
+    transport = Raising(error)
+    async with Guard(["http://a.invalid"], retry=RETRY, transport_factory=lambda _: transport) as guard:
+        client = openai.AsyncOpenAI(
+            base_url="http://a.invalid/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        with pytest.raises(openai.APIConnectionError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "all_attempts_failed"
+    assert transport.sent == 3  # the guard's three attempts; none for the SDK's two retries
+
+
+async def test_an_error_of_the_callers_own_transport_is_neither_retried_nor_disguised() -> None:
+    transport = Raising(OSError("local failure"))
+    async with Guard(["http://a.invalid"], retry=RETRY, transport_factory=lambda _: transport) as guard:
+        client = guard.http_client()
+        with pytest.raises(OSError, match="local failure") as caught:
+            await client.post("http://a.invalid/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+        await client.aclose()
+    assert caught.value is transport.error and transport.sent == 1
