@@ -65,6 +65,25 @@ def _to_httpx_error(exc: Exception, request: httpx.Request) -> Exception:
     return exc
 
 
+class _Raised(Exception):
+    """A BaseException a test's *sync* transport raised (e.g. ``asyncio.CancelledError``), carried through the
+    guard's event loop, where it would read as a cancellation of the guard's own task; the router re-raises
+    ``error`` itself to the client, as the client would have met it from its transport."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+def _call_sync(handle: Callable[[Any], Any], request: Any) -> Any:
+    try:
+        return handle(request)
+    except Exception:
+        raise
+    except BaseException as exc:  # synchronous code is not cancelled by the loop: this is the transport's own
+        raise _Raised(exc) from None
+
+
 def _unread_body(request: httpx.Request) -> httpx.AsyncByteStream | None:
     """The attempt's body when the guard sends it as it comes (not held in memory), else None."""
     stream = request.stream
@@ -106,13 +125,14 @@ class _Httpx2Inner(httpx.AsyncBaseTransport):
                 response = await self._inner.handle_async_request(req2)
                 stream: Any = _AsyncChunks(response)
             elif unread is not None:  # the transport pulls the body from this loop: call it from a worker thread
-                response = await anyio.to_thread.run_sync(self._inner.handle_request, req2)
+                response = await anyio.to_thread.run_sync(_call_sync, self._inner.handle_request, req2)
                 stream = _AsyncChunks(response)
             else:
-                response = self._inner.handle_request(req2)
+                response = _call_sync(self._inner.handle_request, req2)
                 stream = _AsyncChunks(response)
         except httpx2.HTTPError as exc:
             raise _to_httpx_error(exc, request) from exc
+        response.request = req2  # as the test's client sets it on what its transport returns
         return httpx.Response(
             response.status_code, headers=response.headers.raw, stream=stream, extensions=dict(response.extensions)
         )
@@ -159,7 +179,7 @@ class _HttpxSyncInner(httpx.AsyncBaseTransport):
         unread = _unread_body(request)
         if unread is None:
             await request.aread()
-            response = self._inner.handle_request(request)
+            response = _call_sync(self._inner.handle_request, request)
         else:  # the transport pulls the body from this loop: call it from a worker thread
             pulled = httpx.Request(
                 request.method,
@@ -168,7 +188,8 @@ class _HttpxSyncInner(httpx.AsyncBaseTransport):
                 content=_Pull(unread),
                 extensions=request.extensions,
             )
-            response = await anyio.to_thread.run_sync(self._inner.handle_request, pulled)
+            response = await anyio.to_thread.run_sync(_call_sync, self._inner.handle_request, pulled)
+        response.request = request if unread is None else pulled
         return httpx.Response(
             response.status_code,
             headers=response.headers.raw,
@@ -259,7 +280,10 @@ def _router(client: Any) -> Any:
             _peer_guarded = True
 
             def handle_request(self, request: Any) -> Any:
-                return edge(request).handle_request(request)
+                try:
+                    return edge(request).handle_request(request)
+                except _Raised as carried:
+                    raise carried.error from None
 
         return SyncRouter()
 
@@ -267,7 +291,10 @@ def _router(client: Any) -> Any:
         _peer_guarded = True
 
         async def handle_async_request(self, request: Any) -> Any:
-            return await edge(request).handle_async_request(request)
+            try:
+                return await edge(request).handle_async_request(request)
+            except _Raised as carried:
+                raise carried.error from None
 
     return AsyncRouter()
 
