@@ -3,9 +3,9 @@
 After a round fails, `Retrier` decides whether and where to try again:
 
 - only what is worth retrying: transport errors before the first token, and the
-  statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never. Calls to
-  paths that are not idempotent-safe generation calls are retried on connect errors
-  only (the request never reached a server);
+  statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never. Other POSTs
+  than generation calls (embeddings, files...) are retried on connect errors only (the
+  request never reached a server); a GET, HEAD or OPTIONS is retried as a generation call;
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`), or
   `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
