@@ -116,6 +116,10 @@ class Win:
 _NETWORK_ERRORS = (httpx.TransportError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream)
 """Network failures of an attempt: retried elsewhere, and given up on as `AllAttemptsFailed` (any other
 exception is the caller's or a bug: neither retried nor disguised)."""
+_REQUEST_FAULTS = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
+"""Transport errors that are the request's own (a header value with a newline, a body longer than its
+``content-length``, a URL scheme no pool speaks): never the replica's failure, so neither retried by the guard
+(the SDK retries them or not, as without a guard) nor counted toward the replica's circuit."""
 
 
 @dataclass(slots=True, eq=False)
@@ -145,7 +149,7 @@ class AttemptFailure:
     def is_transport_error(self) -> bool:
         """A network-level failure (as opposed to an error status or an unexpected exception): httpx's, or one of
         those its pool lets through unmapped (a TLS record error, a stream ended or broken under it)."""
-        return isinstance(self.error, _NETWORK_ERRORS)
+        return isinstance(self.error, _NETWORK_ERRORS) and not isinstance(self.error, _REQUEST_FAULTS)
 
     @property
     def refused(self) -> bool:

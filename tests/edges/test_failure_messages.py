@@ -105,3 +105,18 @@ async def test_a_request_body_that_cannot_be_read_is_raised_as_the_callers_own_e
         await client.aclose()
     assert caught.value is error
     assert guard_failure(caught.value) is None
+
+
+async def test_a_request_the_client_cannot_send_is_its_own_fault_not_the_replicas() -> None:
+    """A header value with a newline is refused by the client's HTTP library before anything is sent: the guard
+    neither retries it (the SDK's own retries decide, as without a guard) nor counts it against the replica."""
+    async with hanging_up() as url, Guard([url], retry=RETRY, instrumentation=None) as guard:
+        client = guard.http_client()
+        for _ in range(6):  # more than the circuit's failures
+            with pytest.raises(httpx.LocalProtocolError) as caught:
+                await client.post(url + "/v1/chat/completions", json={}, headers={"x-note": "two\nlines"})
+            assert caught.value.record is not None and len(caught.value.record.attempts) == 1  # type: ignore[attr-defined]
+        snapshot = guard.snapshot()
+        await client.aclose()
+    assert snapshot.budget is not None and snapshot.budget.spent == 0
+    assert snapshot.replicas[0].healthy and snapshot.replicas[0].circuit_open_for == 0
