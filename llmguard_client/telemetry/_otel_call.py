@@ -42,6 +42,7 @@ class Shared:
     urls: UrlCache
     attempt_spans: bool
     provider_name: str
+    propagate: bool
 
 
 def close_span(
@@ -86,7 +87,8 @@ class CallObserver:
     def attempt_started(self, attempt: LiveAttempt, url: str, headers: MutableMapping[str, str]) -> None:
         shared = self._shared
         if not shared.attempt_spans:
-            propagate.inject(headers, context=self._context())
+            if shared.propagate:
+                propagate.inject(headers, context=self._context())
             return
         record = self._record
         scrubbed, server = shared.urls.url(url)
@@ -110,7 +112,8 @@ class CallObserver:
             start_time=epoch_ns(record, attempt.start),
         )
         self._attempt_spans[attempt.index] = span
-        propagate.inject(headers, context=trace.set_span_in_context(span, self._context()))
+        if shared.propagate:
+            propagate.inject(headers, context=trace.set_span_in_context(span, self._context()))
 
     def attempt_finished(self, attempt: LiveAttempt) -> None:
         if attempt.outcome == "won" and not self._done:

@@ -58,6 +58,9 @@ class OpenTelemetryInstrumentation:
         each HTTP request: the per-attempt spans and the ``http.client.request.duration`` metric are
         then left to it (no duplicates); ``traceparent`` then names the logical span.
     :param provider_name: ``gen_ai.provider.name`` (``openai``, ``azure.ai.openai``, ``x_ai``...).
+    :param propagate: put each attempt's trace context (``traceparent``, and ``tracestate`` / ``baggage``
+        with the global propagator) in its request. False: the guard adds none, and the request carries what
+        the caller's own did (e.g. anthropic's ``open_telemetry={"propagation": False}``: nothing).
 
     The GenAI metrics keep their v1.41.0 names unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` lists
     ``gen_ai_latest_experimental`` when the instrumentation is built: then the latest names
@@ -73,13 +76,14 @@ class OpenTelemetryInstrumentation:
         *,
         attempt_spans: bool = True,
         provider_name: str = sc.PROVIDER_OPENAI,
+        propagate: bool = True,
     ) -> None:
         tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, VERSION, tracer_provider, sc.SCHEMA_URL)
         meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)
         self._signals = SignalState(tracer_provider, meter_provider)
         self._budgets = budget_registry(meter_provider)
         instruments = Instruments(meter, self._budgets, latest=sc.gen_ai_latest())
-        self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name)
+        self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name, propagate)
 
     # -- Instrumentation protocol ---------------------------------------------------------------
     def call_started(self, record: LiveCall) -> CallObservation:

@@ -99,6 +99,31 @@ async def test_e2e_streamed_call(otel: Otel, servers: list[LoopbackServer]) -> N
     }
 
 
+@pytest.mark.parametrize("attempt_spans", [True, False])
+async def test_without_propagation_the_request_carries_only_the_callers_own_trace_context(
+    otel: Otel, servers: list[LoopbackServer], attempt_spans: bool
+) -> None:
+    """``propagate=False`` (a caller whose SDK was told not to send trace context, e.g. anthropic's
+    ``open_telemetry={"propagation": False}``): the guard adds none, and leaves the caller's own as it was."""
+    from llmguard_client import Guard
+
+    servers[0].script = Script(tokens=2)
+    own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    instrumentation = otel.instrumentation(propagate=False, attempt_spans=attempt_spans)
+    async with (
+        Guard([servers[0].url], hedge=None, instrumentation=instrumentation) as guard,
+        guard.http_client() as client,
+    ):
+        for headers in ({}, {"traceparent": own}):
+            response = await client.post(servers[0].url + CHAT, json=STREAM_BODY, headers=headers)
+            await response.aread()
+    sent = [r.headers for r in servers[0].received]
+    assert "traceparent" not in sent[0] and "baggage" not in sent[0]
+    assert sent[1]["traceparent"] == own
+    attempts = [span for span in otel.finished() if span.parent is not None]
+    assert len(attempts) == (2 if attempt_spans else 0)  # the spans are made as before
+
+
 def ns_of(record: PhaseRecord, t: float | None) -> int:
     assert t is not None
     return round(record.start_unix * 1e9) + round((t - record.start) * 1e9)
