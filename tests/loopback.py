@@ -442,6 +442,21 @@ def running(servers: list[LoopbackServer]) -> Iterator[list[LoopbackServer]]:
         stop_all(started)
 
 
+@contextlib.asynccontextmanager
+async def raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
+) -> AsyncIterator[str]:
+    """A server on the test's own loop that runs ``handle`` for each connection, as it is (for answers no
+    `Script` describes: a hang-up, a fixed body); its base URL."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 def stop_all(servers: list[LoopbackServer]) -> None:
     """Stop ``servers`` together: every one is asked to exit before any is waited for."""
     for server in servers:

@@ -7,7 +7,9 @@
 - in-stream error: an ``error`` event (``{"type": "error", "code": ..., "message": ...}``, or any
   data under ``event: error``, e.g. vLLM's ``{"type": "error", "error": {...}}``) or ``response.failed``
   (its ``response.error``);
-- end marker: ``response.completed`` or ``response.incomplete`` (e.g. ``max_output_tokens`` reached);
+- end marker: ``response.completed`` or ``response.incomplete`` (e.g. ``max_output_tokens`` reached), or a
+  ``data: [DONE]`` line, at which the openai SDK ends any stream (a proxy may add one after the last event);
+  nothing after the end marker is judged;
 - usage: ``response.usage.input_tokens`` / ``output_tokens`` in the final event; id and model from
   ``response.created``; the finish reason is ``incomplete_details.reason`` or the final ``status``.
 
@@ -47,6 +49,11 @@ class ResponsesReader(SSEReader):
     end_marker = "response.completed or response.incomplete"
 
     def event(self, name: bytes, data: bytes) -> None:
+        if self.complete:  # past the end marker, as the SDK reads it
+            return
+        if len(data) < 16 and data.strip() == b"[DONE]":
+            self.complete = True
+            return
         if self.first_token:
             self._events += 1
             if data.find(b'.delta"') >= 0:

@@ -12,34 +12,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from typing import Any
 
 import httpx
 import pytest
 
 from llmguard_client import AllAttemptsFailed, Guard, RetryPolicy, guard_failure
+from tests.loopback import raw_server
 
 HUNG_UP = "Server disconnected without sending a response."
 RETRY = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
 
 
-@asynccontextmanager
-async def hanging_up() -> AsyncIterator[str]:
+async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read the request's head, then close the connection without a word."""
+    with suppress(asyncio.IncompleteReadError, ConnectionError):
+        await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+
+
+def hanging_up() -> AbstractAsyncContextManager[str]:
     """A server that reads each request's head, then closes the connection without a word; its base URL."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with suppress(asyncio.IncompleteReadError, ConnectionError):
-            await reader.readuntil(b"\r\n\r\n")
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        await server.wait_closed()
+    return raw_server(hang_up)
 
 
 async def test_a_plain_httpx_caller_catches_the_error_its_client_would_raise() -> None:

@@ -92,6 +92,19 @@ def test_incomplete_is_an_end_marker_too() -> None:
     assert reader.complete and reader.facts.finish_reasons == ["incomplete"]
 
 
+@pytest.mark.parametrize("before", [(CREATED, DELTA), (CREATED, DELTA, COMPLETED), (CREATED, COMPLETED)])
+def test_a_done_line_ends_the_stream_as_the_openai_sdk_reads_it(before: tuple[bytes, ...]) -> None:
+    """A proxy's ``data: [DONE]`` after (or instead of) ``response.completed``: the SDK stops there; before, the
+    guard took it for a malformed event, and failed the call when no delta had come (an empty answer)."""
+    reader, _ = feed(*before, b"data: [DONE]\n\n")
+    assert reader.complete and reader.failure is None and reader.end_of_body() is None
+
+
+def test_nothing_after_the_end_marker_is_judged() -> None:
+    reader, _ = feed(CREATED, COMPLETED, b"data: not json\n\n", ev({"type": "error", "message": "late"}))
+    assert reader.complete and reader.failure is None
+
+
 def test_eof_before_completed_is_truncation() -> None:
     reader, _ = feed(CREATED, DELTA, DONE_TEXT)
     failure = reader.end_of_body()

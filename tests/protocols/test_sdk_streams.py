@@ -3,6 +3,9 @@ first content delta, deltas reach the caller as the server sends them (not at th
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +16,7 @@ import pytest
 
 from llmguard_client import Guard, PhaseRecord, Tier
 from tests.clients import anthropic_on_httpx
-from tests.loopback import LoopbackServer, Script
+from tests.loopback import LoopbackServer, Script, raw_server
 
 GAP = 0.6
 """Seconds between two tokens sent by the server: a delta must reach the caller before the next is sent (a loaded
@@ -222,3 +225,42 @@ async def test_a_chat_stream_has_no_acceptance_phase(servers: list[LoopbackServe
             await response.aread()
     (record,) = records
     assert record.status == "ok" and record.first_token is not None and record.accepted is None
+
+
+def responses_body(deltas: list[str]) -> bytes:
+    """A Responses stream as a proxy may send it: its events, then a ``data: [DONE]`` line."""
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {"id": "resp_1", "object": "response", "status": "in_progress"}}
+    ]
+    events += [{"type": "response.output_text.delta", "delta": d, "item_id": "m", "output_index": 0} for d in deltas]
+    final = {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "status": "completed",
+             "output": [], "parallel_tool_calls": False, "tool_choice": "auto", "tools": []}  # fmt: skip
+    events.append({"type": "response.completed", "response": final})
+    wire = b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode()) for e in events)
+    return wire + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("deltas", [["a", "b"], []], ids=["answer", "empty_answer"])
+async def test_a_responses_stream_ended_by_done_is_read_as_the_sdk_reads_it(deltas: list[str]) -> None:
+    body = responses_body(deltas)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)) if length else 0)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    records: list[PhaseRecord] = []
+    async with raw_server(answer) as url, Guard([url], instrumentation=None, on_record=records.append) as guard:
+        seen = []
+        for http_client in (None, guard.http_client_for(openai.AsyncOpenAI)):
+            kwargs: dict[str, Any] = {} if http_client is None else {"http_client": http_client}
+            oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0, **kwargs)
+            stream = await oai.responses.create(model="m", input="hi", stream=True)
+            seen.append([event.type async for event in stream])
+            await oai.close()
+    plain, guarded = seen
+    assert guarded == plain and plain[-1] == "response.completed"
+    assert [r.status for r in records] == ["ok"] and len(records[0].attempts) == 1
