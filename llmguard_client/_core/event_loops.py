@@ -95,6 +95,17 @@ def start_soon(func: Callable[[], Awaitable[object]], loop: EventLoop) -> None:
     loop.call_soon_threadsafe(start)
 
 
+async def started_soon_ended(timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) for the tasks `start_soon` started, or is about to start, on the running
+    asyncio loop: a loop about to end lets them finish (they close a Guard's connections there) rather than cancel
+    or drop them."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)  # a start queued by another thread makes its task now
+    tasks = [task for task in _started_soon if task.get_loop() is loop]
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
 def _nothing() -> None:
     pass
 

@@ -40,7 +40,7 @@ import anyio
 import httpx
 from anyio.from_thread import BlockingPortal
 
-from llmguard_client._core.event_loops import EventLoop, run_threadsafe
+from llmguard_client._core.event_loops import EventLoop, run_threadsafe, started_soon_ended
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -49,6 +49,8 @@ CLOSED = "this Guard is closed; build a new Guard to send more requests"
 """Why a sync call is refused once the Guard closed."""
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
+SETTLE_TIMEOUT = 5.0
+"""Seconds ``stop()`` lets the tasks started on the loop to close connection pools there finish."""
 LOOP_CHECK = 0.5
 """Seconds between two checks, while a sync caller waits, that the loop running its call has not closed (a loop
 of the caller's own may end with the call in it)."""
@@ -439,6 +441,7 @@ class SyncRunner:
         finally:
             self._stopped = True
             with contextlib.suppress(RuntimeError):  # already stopping
+                portal.call(started_soon_ended, SETTLE_TIMEOUT)  # e.g. pools left here being closed
                 portal.call(portal.stop, True)
             self._thread.join(JOIN_TIMEOUT)
             if self._thread.is_alive():  # pragma: no cover - a close that hangs

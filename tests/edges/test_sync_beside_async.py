@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from llmguard_client import Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
+from llmguard_client._core.event_loops import start_soon
 from llmguard_client.edges._runner import wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
@@ -319,3 +321,28 @@ async def test_sync_and_async_calls_starting_together_are_all_served(server: Loo
     await asyncio.gather(*(async_calls() for _ in range(4)), *(asyncio.to_thread(sync_calls) for _ in range(4)))
     await guard.aclose()
     assert [r.status for r in records] == ["ok"] * 80
+
+
+@pytest.mark.parametrize("owner", ["home", "async"])
+async def test_closing_lets_a_task_left_on_the_guards_own_loop_finish_before_that_loop_ends(
+    server: LoopbackServer, owner: str
+) -> None:
+    """What the Guard starts on its own loop to close pools it left there (`start_soon`) finishes before the
+    close ends that loop, however late it was started; before, the loop's end could cancel it half-way and leave
+    a connection to be collected unclosed."""
+    guard = guard_over(server)
+    assert await asyncio.to_thread(sync_sdk_call, guard, server)  # the Guard's own loop runs
+    if owner == "async":
+        assert await async_sdk_call(guard, server)  # taken over: the close stops the home loop only
+    home = guard.transport.loops._home
+    assert home is not None
+    finished = threading.Event()
+
+    async def closing_slowly() -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.3)
+        finished.set()
+
+    start_soon(closing_slowly, home)
+    await guard.aclose()
+    assert finished.is_set() and sync_threads() == []
