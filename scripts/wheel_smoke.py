@@ -9,8 +9,10 @@ Steps, each printed on one line; the first failure prints its output and exits 1
    the wheel must hold the runtime only (``llmguard_client/``: no simulator, bench, compare or load-test code,
    which ship in llmguard-tools) and one command, ``llmguard-rollout``.
 2. For each dependency set, a fresh venv with the wheel and nothing else (no extras, no test packages):
-   ``newest``: whatever pip resolves today; ``oldest``: every runtime dependency held to its declared minimum
-   (a constraints file ``name==X.Y.*`` written from the wheel's own ``Requires-Dist``, so it cannot drift).
+   ``newest``: whatever pip resolves today, on this interpreter; ``oldest``: every runtime dependency held to
+   its declared minimum (a constraints file ``name==X.Y.*`` written from the wheel's own ``Requires-Dist``, so it
+   cannot drift), on the oldest Python the wheel declares (``Requires-Python``), found on ``PATH`` or under
+   pyenv; where there is none, on this interpreter, saying so.
 3. In each venv, ``pip check``, then ``scripts/wheel_smoke_call.py`` (copied out of the checkout and run with
    ``python -I``, so the installed wheel is the only llmguard_client it can import): a plain and a streamed
    call through ``guard.http_client()`` against a stdlib ``http.server`` on 127.0.0.1; ``llmguard-rollout
@@ -33,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = Path(__file__).resolve().with_name("wheel_smoke_call.py")
+_OLDEST_PYTHON = re.compile(r">=\s*(3\.[0-9]+)(?:\.0)?")
 _LOWER_BOUND = re.compile(r"^([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*\(?\s*[^;]*?>=\s*([0-9][0-9A-Za-z.]*)")
 
 
@@ -50,12 +53,44 @@ def step(what: str, command: Sequence[str | Path], cwd: Path | None = None) -> s
     return proc.stdout
 
 
-def runtime_requirements(wheel: Path) -> list[str]:
-    """The wheel's ``Requires-Dist`` lines that no extra guards: what a bare ``pip install`` brings."""
+def wheel_metadata(wheel: Path) -> email.message.Message:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
-    return [req for req in metadata.get_all("Requires-Dist") or [] if "extra ==" not in req]
+        return email.parser.Parser().parsestr(archive.read(name).decode())
+
+
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines that no extra guards: what a bare ``pip install`` brings."""
+    return [req for req in wheel_metadata(wheel).get_all("Requires-Dist") or [] if "extra ==" not in req]
+
+
+def oldest_python(requires_python: str) -> str:
+    """``X.Y`` of a ``Requires-Python`` of the form ``>=X.Y``; SmokeError for any other form."""
+    match = _OLDEST_PYTHON.fullmatch(requires_python.strip())
+    if match is None:
+        raise SmokeError(f"FAILED: Requires-Python {requires_python!r} is not '>=X.Y': no oldest Python to test on")
+    return match[1]
+
+
+def find_python(version: str) -> Path | None:
+    """An interpreter of Python ``version`` (``X.Y``): ``pythonX.Y`` on PATH, else the newest pyenv build of it."""
+    for candidate in [shutil.which(f"python{version}"), *sorted(_pyenv_builds(version), reverse=True)]:
+        if candidate is None:
+            continue
+        proc = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if proc.returncode == 0 and proc.stdout.strip() == version:
+            return Path(candidate)
+    return None
+
+
+def _pyenv_builds(version: str) -> list[str]:
+    proc = subprocess.run(["pyenv", "root"], capture_output=True, text=True) if shutil.which("pyenv") else None
+    if proc is None or proc.returncode != 0:
+        return []
+    builds = Path(proc.stdout.strip(), "versions").glob(f"{version}.*/bin/python{version}")
+    return [str(build) for build in builds]
 
 
 def minima(requirements: Sequence[str]) -> list[str]:
@@ -99,7 +134,8 @@ def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
     for name in sets:
         venv = work / f"venv-{name}"
         python = venv / "bin" / "python"
-        step(f"[{name}] fresh venv", [sys.executable, "-m", "venv", venv])
+        base, version = base_python(name, wheel)
+        step(f"[{name}] fresh venv on Python {version}", [base, "-m", "venv", venv])
         install: list[str | Path] = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
         if name == "oldest":
             constraints = work / "minima.txt"
@@ -111,6 +147,19 @@ def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
         step(f"[{name}] pip check", [python, "-m", "pip", "check", "--disable-pip-version-check"])
         print("     " + step(f"[{name}] calls", [python, "-I", call], cwd=work).strip())
         step(f"[{name}] llmguard-rollout --help", [venv / "bin" / "llmguard-rollout", "--help"], cwd=work)
+
+
+def base_python(name: str, wheel: Path) -> tuple[Path, str]:
+    """The interpreter a set's venv is made from, and its version: the oldest declared Python for ``oldest``
+    (where this machine has one), this interpreter otherwise."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if name == "oldest":
+        version = oldest_python(wheel_metadata(wheel).get("Requires-Python", ""))
+        found = find_python(version)
+        if found is not None:
+            return found, version
+        print(f"     no Python {version} on this machine: the oldest set runs on Python {here}")
+    return Path(sys.executable), here
 
 
 def main(argv: Sequence[str] | None = None) -> int:

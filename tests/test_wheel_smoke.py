@@ -44,3 +44,18 @@ def test_the_runtime_declares_a_lower_bound_for_every_dependency() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
     assert len(wheel_smoke.minima(declared)) == len(declared)
+
+
+@pytest.mark.parametrize("requires_python", [">=3.10", ">= 3.10", ">=3.10.0"])
+def test_the_oldest_set_runs_on_the_python_the_wheel_declares_as_its_minimum(requires_python: str) -> None:
+    assert wheel_smoke.oldest_python(requires_python) == "3.10"
+
+
+@pytest.mark.parametrize("requires_python", ["", "~=3.10", ">=3.10,<4", ">=3.10.2"])
+def test_a_requires_python_of_another_form_names_what_is_accepted(requires_python: str) -> None:
+    with pytest.raises(wheel_smoke.SmokeError, match=r"is not '>=X\.Y'"):
+        wheel_smoke.oldest_python(requires_python)
+
+
+def test_a_python_this_machine_does_not_have_is_not_found() -> None:
+    assert wheel_smoke.find_python("3.99") is None
