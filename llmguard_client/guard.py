@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -81,6 +82,17 @@ def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMI
     the CA bundle, 0.3-1.7 s each on a busy 2-core machine), through the proxy the environment names for the
     replica, as the SDKs' own clients would (`environment_proxy`)."""
     return replica_transport(limits, default_tls_context(), environment_proxy(replica.url))
+
+
+def _require_httpx2(method: str) -> None:
+    """A missing httpx2 named with the extra that brings it, not only as a module that is not there."""
+    if importlib.util.find_spec("httpx2") is None:
+        raise ModuleNotFoundError(
+            f"guard.{method}() needs httpx2, the [httpx2] extra: pip install 'llmguard-client[httpx2]' "
+            "(openai >= 3 and anthropic >= 1 bring it; for openai 1.x/2.x use guard.http_client(), or "
+            "guard.http_client_for(SDKClass) for whichever the installed SDK takes)",
+            name="httpx2",
+        )
 
 
 def _check_policy(label: str, value: object, kind: type) -> None:
@@ -395,6 +407,7 @@ class Guard:
 
         Same defaults as `http_client`; closing it leaves the guard open.
         """
+        _require_httpx2("httpx2_client")
         from llmguard_client.edges.httpx2_async import httpx2_client
 
         self._refuse_if_closed()
@@ -413,6 +426,7 @@ class Guard:
 
     def sync_httpx2_client(self, **kwargs: Any) -> httpx2.Client:
         """An `httpx2.Client` through the guard, for sync code (``openai.OpenAI`` >= 3, ``anthropic.Anthropic``)."""
+        _require_httpx2("sync_httpx2_client")
         from llmguard_client.edges.httpx2_sync import sync_httpx2_client
 
         self._refuse_if_closed()

@@ -1,4 +1,5 @@
-"""Run inside a fresh venv that holds the llmguard-client wheel alone: one plain and one streamed call.
+"""Run inside a fresh venv that holds the llmguard-client wheel alone: one plain and one streamed call, and the
+error of a client that needs an extra (``guard.httpx2_client()`` without httpx2).
 
 ``scripts/wheel_smoke.py`` copies this file out of the checkout and runs it with ``python -I``, so the only
 llmguard_client it can import is the installed wheel. Standard library plus the wheel's own dependencies only:
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 TOKENS = ["Hello", " from", " the", " loopback", " server."]
-ABSENT = ("openai", "trio", "uvicorn", "starlette", "rich", "redis", "pytest", "llmguard_tools")
+ABSENT = ("openai", "httpx2", "trio", "uvicorn", "starlette", "rich", "redis", "pytest", "llmguard_tools")
 """Installed only by an extra or a test venv: none may be here, or the wheel is not alone."""
 
 
@@ -106,6 +107,12 @@ async def calls(url: str) -> None:
             record = resp.extensions["llmguard"]
             assert record.status == "ok" and record.ttft is not None, record
         assert guard.snapshot().idle, guard.snapshot()
+        try:  # without the [httpx2] extra its clients say which extra brings it
+            guard.httpx2_client()
+        except ModuleNotFoundError as missing:
+            assert "pip install 'llmguard-client[httpx2]'" in str(missing), missing
+        else:
+            raise AssertionError("guard.httpx2_client() without httpx2 installed raised nothing")
 
 
 def main() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import httpx
 import pytest
 
@@ -56,3 +58,14 @@ def test_a_class_without_http_client_is_refused_clearly(guard: Guard) -> None:
 def test_an_unreadable_annotation_is_refused_with_the_explicit_factories(guard: Guard) -> None:
     with pytest.raises(TypeError, match=r"cannot tell which HTTP client OpaqueSDK takes.*guard\.sync_http_client\(\)"):
         guard.http_client_for(OpaqueSDK)
+
+
+@pytest.mark.parametrize("method", ["httpx2_client", "sync_httpx2_client"])
+def test_without_httpx2_its_clients_name_the_extra_that_brings_it(
+    guard: Guard, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "httpx2", None)  # as in an install without it: `import httpx2` fails
+    with pytest.raises(ModuleNotFoundError, match=rf"guard\.{method}\(\) needs httpx2, the \[httpx2\] extra") as err:
+        getattr(guard, method)()
+    assert err.value.name == "httpx2"
+    assert isinstance(guard.http_client(), httpx.AsyncClient)  # the httpx edges need no httpx2
