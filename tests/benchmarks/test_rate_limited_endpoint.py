@@ -1,0 +1,20 @@
+"""benchmarks/rate_limited_endpoint.py: the endpoint's limit is a token bucket that says when its next token comes."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.rate_limited_endpoint import TokenBucket
+
+WHOLE_SECONDS, MILLISECONDS = ("retry-after", "1"), ("retry-after-ms", "200")
+
+
+@pytest.mark.parametrize(("retry_after_ms", "header"), [(False, WHOLE_SECONDS), (True, MILLISECONDS)])
+def test_a_full_bucket_admits_its_tokens_then_refuses_until_the_next_one(
+    retry_after_ms: bool, header: tuple[str, str]
+) -> None:
+    bucket = TokenBucket(5.0, retry_after_ms)
+    assert [bucket(i, 1) for i in range(5)] == [None] * 5  # answered as scripted
+    refused = bucket(5, 1)
+    assert refused is not None and refused.status == 429
+    assert list(refused.headers.items()) == [header]  # 0.2 s to the next token: 1 whole second, or 200 ms
