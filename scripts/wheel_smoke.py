@@ -74,7 +74,7 @@ def oldest_python(requires_python: str) -> str:
 
 def find_python(version: str) -> Path | None:
     """An interpreter of Python ``version`` (``X.Y``): ``pythonX.Y`` on PATH, else the newest pyenv build of it."""
-    for candidate in [shutil.which(f"python{version}"), *sorted(_pyenv_builds(version), reverse=True)]:
+    for candidate in [shutil.which(f"python{version}"), *_pyenv_builds(version)]:
         if candidate is None:
             continue
         proc = subprocess.run(
@@ -86,11 +86,19 @@ def find_python(version: str) -> Path | None:
 
 
 def _pyenv_builds(version: str) -> list[str]:
+    """pyenv's builds of Python ``version``, the newest patch release first."""
     proc = subprocess.run(["pyenv", "root"], capture_output=True, text=True) if shutil.which("pyenv") else None
     if proc is None or proc.returncode != 0:
         return []
     builds = Path(proc.stdout.strip(), "versions").glob(f"{version}.*/bin/python{version}")
-    return [str(build) for build in builds]
+    return [str(build) for build in sorted(builds, key=_patch_level, reverse=True)]
+
+
+def _patch_level(build: Path) -> int:
+    """The patch release of a pyenv build ``.../versions/X.Y.Z/bin/pythonX.Y`` (3.10.13 after 3.10.9); -1 for a
+    name of another form (``3.10-dev``)."""
+    patch = build.parents[1].name.split(".")[-1]
+    return int(patch) if patch.isdigit() else -1
 
 
 def minima(requirements: Sequence[str]) -> list[str]:

@@ -59,3 +59,8 @@ def test_a_requires_python_of_another_form_names_what_is_accepted(requires_pytho
 
 def test_a_python_this_machine_does_not_have_is_not_found() -> None:
     assert wheel_smoke.find_python("3.99") is None
+
+
+def test_pyenv_builds_are_ordered_by_patch_release_not_as_text() -> None:
+    builds = [Path(f"/root/.pyenv/versions/3.10.{z}/bin/python3.10") for z in ("9", "13", "2")]
+    assert sorted(builds, key=wheel_smoke._patch_level, reverse=True)[0].parents[1].name == "3.10.13"
