@@ -61,6 +61,9 @@ class BudgetSnapshot:
     """Logical requests credited to the current window (a conservative under-count)."""
     window_extras: int
     """Extra attempts charged to the current window (a conservative over-count)."""
+    paced: int = 0
+    """Lifetime retries admitted past the bound, and not refunded, because they go back to the replica that
+    answered with a Retry-After, no sooner than it asked (`RetryBudget.try_acquire`); in ``spent`` too."""
     pending: int = 0
     """Tickets acquired but neither used (`BudgetTicket.settle`) nor refunded: 0 when no call is live."""
     scope: Literal["process", "fleet"] = "process"
@@ -98,11 +101,13 @@ class BudgetTicket:
     """One reserved extra attempt: :meth:`settle` it when the attempt is sent, :meth:`refund` it if it
     never is. Until one of the two, it counts as ``pending`` in the budget's snapshot."""
 
-    __slots__ = ("_budget", "_refunded", "_seq", "_settled")
+    __slots__ = ("_budget", "_paced", "_refunded", "_seq", "_settled")
 
-    def __init__(self, budget: RetryBudget, seq: int) -> None:
+    def __init__(self, budget: RetryBudget, seq: int, paced: bool = False) -> None:
         self._budget = budget
         self._seq = seq
+        self._paced = paced
+        """Admitted past the bound (a paced retry)."""
         self._refunded = False
         self._settled = False
 
@@ -122,7 +127,7 @@ class BudgetTicket:
         if not self._refunded and not self._settled:
             self._refunded = True
             self._budget._pending -= 1
-            self._budget._refund(self._seq)
+            self._budget._refund(self._seq, self._paced)
 
     def __repr__(self) -> str:
         return f"BudgetTicket(seq={self._seq}, refunded={self._refunded})"
@@ -149,6 +154,11 @@ class RetryBudget:
     The price is that up to one bucket (10 % of the window) of requests may go uncredited, so the
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
+    One kind of extra attempt passes the bound: a *paced* retry, which goes back to the replica that answered
+    with a Retry-After, no sooner than it asked. The server set its pace, as a provider's rate limit does
+    (the plain SDKs honour it too), so an empty budget does not end the call. It is still charged to the
+    window (hedges see the load) and counted in ``paced``; the bound above holds for every other extra attempt.
+
     With ``share`` (``BudgetPolicy(scope="fleet")``) the budget decides on the fleet's totals whenever they are
     in force, and keeps its own window for when they are not.
 
@@ -166,6 +176,7 @@ class RetryBudget:
         "_max_buckets",
         "_next_seq",
         "_now",
+        "_paced",
         "_pending",
         "_published",
         "_ratio",
@@ -202,6 +213,7 @@ class RetryBudget:
         self._requests = 0
         self._spent = 0
         self._pending = 0
+        self._paced = 0
         self._refused = 0
         self._published = float(floor)
         self._shared: SharedWindow | None = None
@@ -237,14 +249,17 @@ class RetryBudget:
         self._requests += 1
         self._publish(now)
 
-    def try_acquire(self) -> BudgetTicket | None:
-        """Reserve one extra attempt (retry or hedge); None if the budget refuses (counted in ``refused``)."""
+    def try_acquire(self, paced: bool = False) -> BudgetTicket | None:
+        """Reserve one extra attempt (retry or hedge); None if the budget refuses (counted in ``refused``).
+        ``paced``: a retry the server paced (see the class doc), admitted past the bound (counted in ``paced``)."""
         now = self._tick()
         requests, extras = self._counts(now)
-        if extras + 1 > self._ratio * requests + self._floor:
+        past = extras + 1 > self._ratio * requests + self._floor
+        if past and not paced:
             self._refused += 1
             self._publish(now)
             return None
+        self._paced += past
         bucket = self._current(now)
         bucket.extras += 1
         seq = self._next_seq
@@ -253,11 +268,12 @@ class RetryBudget:
         self._spent += 1
         self._pending += 1
         self._publish(now)
-        return BudgetTicket(self, seq)
+        return BudgetTicket(self, seq, past)
 
     @property
     def level(self) -> float:
-        """Extra attempts available right now (fractional; ``try_acquire`` succeeds iff ``>= 1``)."""
+        """Extra attempts available right now (fractional; ``try_acquire`` succeeds iff ``>= 1``, or for a
+        paced retry)."""
         return self._publish(self._tick())
 
     @property
@@ -282,6 +298,7 @@ class RetryBudget:
             requests=self._requests,
             window_requests=requests,
             window_extras=extras,
+            paced=self._paced,
             pending=self._pending,
             scope="process" if shared is None else "fleet",
             fleet=None if shared is None else shared.view(),
@@ -354,8 +371,9 @@ class RetryBudget:
         nxt.seq_lo = min(old.seq_lo, nxt.seq_lo)
         nxt.seq_hi = max(old.seq_hi, nxt.seq_hi)
 
-    def _refund(self, seq: int) -> None:
+    def _refund(self, seq: int, paced: bool) -> None:
         self._spent -= 1
+        self._paced -= paced
         for bucket in self._buckets:
             if bucket.seq_lo <= seq <= bucket.seq_hi:
                 bucket.extras -= 1

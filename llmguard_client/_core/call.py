@@ -98,20 +98,20 @@ class Call:
         stats = self.ttft_stats
         return 0.0 if stats is None else stats.high(self.tier_name, self.record.stream)
 
-    def pay_extra(self, budget: RetryBudget | None = None) -> Payment | None:
+    def pay_extra(self, budget: RetryBudget | None = None, paced: bool = False) -> Payment | None:
         """A payment for one extra attempt (retry, hedge, continuation) from ``budget`` (default: the
-        call's), held by the lease until the attempt is sent; None when the budget refuses. The one
-        place an attempt is paid for."""
+        call's), held by the lease until the attempt is sent; None when the budget refuses (never for a
+        ``paced`` retry: `RetryBudget.try_acquire`). The one place an attempt is paid for."""
         from llmguard_client._core.outcome import Payment
 
         budget = budget if budget is not None else self.budget
         if budget is None:
-            return Payment()
-        ticket = budget.try_acquire()
+            return Payment(paced=paced)
+        ticket = budget.try_acquire(paced)
         if ticket is None:
             self.observation.budget_refused(self.record)
             return None
-        return Payment(ticket, self.lease.hold(ticket.refund))
+        return Payment(ticket, self.lease.hold(ticket.refund), paced)
 
     def attempt_request(
         self, state: ReplicaState, attempt: AttemptRecordBuilder, body: bytes | None = None

@@ -42,7 +42,7 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     from the budget; None when the budget refuses (nothing is sent)."""
     call.first_token_deadline = episode.first_token_deadline
     call.total_deadline = episode.total_deadline
-    payment = call.pay_extra()
+    payment = call.pay_extra(paced=episode.paced)
     if payment is None:
         return None
     now, key = call.clock(), call.affinity_key
@@ -58,6 +58,7 @@ def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode
         total_deadline=call.total_deadline,
         rounds=(before.rounds if before is not None else 0) + 1,
         failed=tuple(dict.fromkeys(failed)),
+        paced=outcome.paced,
     )
 
 

@@ -58,6 +58,8 @@ class Episode:
     total_deadline: float
     rounds: int
     failed: tuple[ReplicaState, ...]
+    paced: bool = False
+    """The retry allowed waits out the server's Retry-After (`Payment.paced`): it may pass the budget's bound."""
     error: GuardFailure | None = None
     answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
     record: PhaseRecord | None = None

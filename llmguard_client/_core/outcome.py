@@ -33,6 +33,8 @@ class Payment:
 
     ticket: BudgetTicket | None = None
     hold: Hold | None = None
+    paced: bool = False
+    """A retry the server paced (`RetryBudget.try_acquire`): it may pass the budget's bound."""
 
     def settle(self) -> None:
         """The attempt is being sent: the ticket is spent for good."""
@@ -173,6 +175,8 @@ class Failed:
     """Why no further attempt was sent, when the retry layer decided it (see `Stop`)."""
     retry_in: float = 0.0
     """With ``stopped="sdk"``: the seconds the SDK should wait before its retry (backoff or Retry-After)."""
+    paced: bool = False
+    """With ``stopped="sdk"``: that retry is paced by the server's Retry-After (`Payment.paced`)."""
 
     @property
     def last(self) -> AttemptFailure | None:

@@ -21,7 +21,9 @@ After a round fails, `Retrier` decides whether and where to try again:
 - every retry is paid from the shared budget; an empty budget ends the call at once
   with the last server answer. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
-  budget that the live ones need);
+  budget that the live ones need). A retry that goes back to the replica that answered with a
+  Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
+  and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it;
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
@@ -137,7 +139,7 @@ class RetryLayer:
                 return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
             if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
-                return Failed(failures, stopped="sdk", retry_in=wait)
+                return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)
             if route.kind != "continuation":
                 kind = "retry"
             if wait > 0:
@@ -305,9 +307,14 @@ class RetryLayer:
                 wait = max(wait, self.backoff.returning(times))
             if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
+        # Back to the replica that asked for a wait: not before its cool-down ends (not at its probe), so the
+        # server paces this retry.
+        paced = bool(last.retry_after) and state is last.state and not self._provider_limit(last)
+        if paced:
+            wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
-        payment = Payment() if last.refused else call.pay_extra(route.budget)
+        payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
         if payment is None:
             return Failed(
                 reason=BudgetExhausted(

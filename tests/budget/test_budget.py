@@ -260,6 +260,20 @@ def test_zero_ratio_zero_floor_refuses_everything() -> None:
     assert budget.refused == 1
 
 
+def test_a_paced_retry_is_paid_while_there_is_room_and_passes_the_bound_when_there_is_none() -> None:
+    clock = FakeClock()
+    budget = RetryBudget(ratio=0.0, floor=1, window=10.0, clock=clock)
+    assert budget.try_acquire(paced=True) is not None  # room: paid like any extra attempt
+    assert budget.snapshot().paced == 0
+    assert budget.try_acquire() is None  # the bound holds for every other extra attempt
+    past = budget.try_acquire(paced=True)
+    assert past is not None
+    snap = budget.snapshot()
+    assert (snap.paced, snap.spent, snap.refused, snap.window_extras, snap.level) == (1, 2, 1, 2, 0.0)
+    clock.advance(10.0)  # charged to the window like the others: it ages out with them
+    assert budget.level == 1.0
+
+
 def test_refund_returns_capacity_and_is_idempotent() -> None:
     budget = RetryBudget(ratio=0.0, floor=1, clock=FakeClock())
     ticket = budget.try_acquire()

@@ -118,6 +118,19 @@ async def test_the_budget_still_caps_the_sdks_retries(servers: list[LoopbackServ
     assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
 
 
+async def test_a_retry_the_server_paced_passes_an_empty_budget(servers: list[LoopbackServer]) -> None:
+    """One endpoint under a rate limit: its 429 asks for a wait, the guard tells the SDK to wait that long, and
+    the SDK's retry is sent although the budget is empty (the server paced it); a 500 would have ended the call."""
+    rate_limited = Script(status=429, headers={"retry-after-ms": "200"}, body=ERROR)
+    servers[0].scripter = lambda index, attempt: rate_limited if attempt == 1 else None
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20), BudgetPolicy(ratio=0.0, floor=0)) as guard:
+        answer = await sdk(guard, servers[0].url, max_retries=2).chat.completions.create(model="m", messages=MESSAGES)
+        budget = guard.snapshot().budget
+    assert answer.choices
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
+    assert budget is not None and (budget.paced, budget.spent, budget.refused) == (1, 1, 0)
+
+
 async def test_timeouts_are_retried_by_the_sdk_within_the_guards_attempts(servers: list[LoopbackServer]) -> None:
     servers[0].script = Script(hang_before_headers=5.0)
     async with cooperative([servers[0].url], Tier(ttft=30, total=60, max_attempts=2)) as guard:

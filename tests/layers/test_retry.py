@@ -91,6 +91,58 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
     assert 0.4 <= third.start - second.finish <= 0.8  # [1/2, 1] x 0.8: the replica failed the call twice
 
 
+@BACKENDS
+@pytest.mark.parametrize("budget", [BudgetPolicy(), BudgetPolicy(ratio=0.0, floor=0)], ids=["room", "empty"])
+def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_ends_whatever_the_budget(
+    backend: str, budget: BudgetPolicy
+) -> None:
+    """One hosted endpoint answering 429 with Retry-After (a provider's rate limit): the call's retry goes back
+    when the server's wait ends, not at the cool-down's probe (halfway), and an empty budget does not stop it:
+    the server paced it, as the plain SDK would send it."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=429, retry_after="2", headers_after=0.01), Plan()])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, budget=budget, hedge=None) as guard:
+            async with guard.http_client() as client:
+                response = await client.post("http://a.test" + CHAT, json=BODY)
+                assert response.status_code == 200
+            snapshot = guard.snapshot().budget
+            past_the_bound = 1 if budget.floor == 0 else 0  # paid while the budget has room
+            assert snapshot is not None and (snapshot.paced, snapshot.spent, snapshot.refused) == (past_the_bound, 1, 0)
+
+    run_virtual(main, backend)
+    first, retry = records[0].attempts
+    assert (first.status_code, retry.kind, retry.outcome) == (429, "retry", "won")
+    assert first.finish is not None and retry.start == pytest.approx(first.finish + 2.0, abs=1e-6)
+
+
+@BACKENDS
+def test_a_retry_to_another_replica_after_a_retry_after_is_paid_from_the_budget(backend: str) -> None:
+    """Only a retry that waits out the server's own Retry-After passes an empty budget: one that goes at once
+    to another replica is extra load the budget bounds, and the caller gets the 429."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="2")]),
+        "http://b.test": FakeReplica("b"),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        budget = BudgetPolicy(ratio=0.0, floor=0)
+        async with virtual_guard(fakes, records, tiers=tiers, budget=budget, hedge=None) as guard:
+            async with guard.http_client() as client:
+                response = await client.post("http://a.test" + CHAT, json=BODY)
+                assert response.status_code == 429
+                assert response.headers["x-llmguard-cause"] == "budget_exhausted"
+            snapshot = guard.snapshot().budget
+            assert snapshot is not None and (snapshot.paced, snapshot.refused) == (0, 1)
+
+    run_virtual(main, backend)
+    assert len(records[0].attempts) == 1 and fakes["http://b.test"].requests == 0
+
+
 async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(servers: list[LoopbackServer]) -> None:
     for server in servers[:2]:
         server.script = Script(status=429, headers={"retry-after": "30"})
