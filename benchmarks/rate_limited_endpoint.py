@@ -1,6 +1,6 @@
 """One hosted endpoint behind a provider's rate limit: the plain openai SDK, the guard, the guard with `RateLimit`.
 
-    python -m benchmarks.rate_limited_endpoint [--rps 5] [--callers 1,2] [--calls 60] [--repeats 2] [--budget-floor N]
+    python -m benchmarks.rate_limited_endpoint [--rps 5] [--callers 1,2] [--calls 60] [--repeats 2] [--retry-after-ms]
 
 The endpoint (a loopback server) admits requests through a token bucket, as a provider's per-key limit does:
 ``--rps`` tokens a second, as many held when full; a request that finds no token gets a 429 whose
@@ -10,11 +10,9 @@ as fast as the last one ends (more than the limit admits), through ``openai.Asyn
 ``max_retries=2``:
 
 - ``plain``: the SDK's own client; it retries each 429 after its Retry-After, twice at most;
-- ``guarded``: through a default Guard (tier ttft 10 s, total 60 s), which retries under its retry budget
-  (10 % of the calls + 4 per 10 s) and cools the endpoint for each Retry-After;
+- ``guarded``: through a default Guard (tier ttft 10 s, total 60 s), which cools the endpoint for each
+  Retry-After and retries the call when it ends, even past its retry budget (the server paced that retry);
 - ``guarded-ratelimit``: the same with ``RateLimit(requests_per_minute=60 x rps)``, the provider's limit.
-
-``--budget-floor N`` gives both guarded clients ``BudgetPolicy(floor=N)`` (the default floor is 4).
 
 Reported per run: calls served and failed (by ``guard_failure``), the wall time, calls served per second, and
 the requests the endpoint received per call. The clients alternate within each round, a fresh bucket each.
@@ -32,7 +30,7 @@ import anyio
 import httpx
 import openai
 
-from llmguard_client import BudgetPolicy, Guard, RateLimit, Tier, guard_failure
+from llmguard_client import Guard, RateLimit, Tier, guard_failure
 from tests.loopback import LoopbackServer, Script
 
 TIER = {"interactive": Tier(ttft=10.0, total=60.0, stall=5.0)}
@@ -78,8 +76,7 @@ async def one_run(client_name: str, server: LoopbackServer, callers: int, calls:
     result = Run(client_name, callers)
     before = len(server.received)
     rate_limit = RateLimit(requests_per_minute=round(args.rps * 60)) if client_name == "guarded-ratelimit" else None
-    budget = BudgetPolicy() if args.budget_floor is None else BudgetPolicy(floor=args.budget_floor)
-    guard = Guard([server.url], tiers=TIER, rate_limit=rate_limit, budget=budget)
+    guard = Guard([server.url], tiers=TIER, rate_limit=rate_limit)
     async with guard, httpx.AsyncClient() as plain_http:
         http = plain_http if client_name == "plain" else guard.http_client_for(openai.AsyncOpenAI)
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="bench", http_client=http)
@@ -140,7 +137,6 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60, help="calls per run, all callers together")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--retry-after-ms", action="store_true", help="send retry-after-ms, not whole seconds")
-    parser.add_argument("--budget-floor", type=int, help="BudgetPolicy(floor=N) for the guarded clients")
     anyio.run(main_async, parser.parse_args())
 
 
