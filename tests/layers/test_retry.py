@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
+from llmguard_client._budget.budget import BudgetSnapshot
 from llmguard_client._layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
@@ -25,6 +26,26 @@ def make_guard(replicas: list[str], records: list[PhaseRecord], **kwargs: Any) -
     kwargs.setdefault("tiers", {"t": Tier(ttft=2.0, total=10.0, stall=2.0)})
     kwargs.setdefault("hedge", None)
     return Guard(replicas=replicas, instrumentation=None, on_record=records.append, **kwargs)
+
+
+def one_virtual_call(
+    backend: str, fakes: dict[str, FakeReplica], **guard: Any
+) -> tuple[httpx.Response, BudgetSnapshot | None, PhaseRecord]:
+    """One call to ``http://a.test`` through a virtual-time Guard (tier ttft 5 s, no hedging): its answer, the
+    budget's snapshot after it, its record."""
+    records: list[PhaseRecord] = []
+    seen: list[tuple[httpx.Response, BudgetSnapshot | None]] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, **guard) as virtual:
+            async with virtual.http_client() as client:
+                response = await client.post("http://a.test" + CHAT, json=BODY)
+            seen.append((response, virtual.snapshot().budget))
+
+    run_virtual(main, backend)
+    ((response, budget),), (record,) = seen, records
+    return response, budget, record
 
 
 async def test_429_retry_goes_to_another_replica_without_waiting(servers: list[LoopbackServer]) -> None:
@@ -73,18 +94,10 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
     `RetryPolicy.same_replica_backoff`, then twice that, as an SDK retrying one endpoint does, so the call rides
     through; a retry to another replica that has not failed the call goes at once (the 429 test above)."""
     fakes = {"http://a.test": FakeReplica("a", [failure, failure, Plan()])}
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.4)
-        async with virtual_guard(fakes, records, tiers=tiers, retry=policy, hedge=None) as guard:
-            async with guard.http_client() as client:
-                response = await client.post("http://a.test" + CHAT, json=BODY)
-                assert response.status_code == 200
-
-    run_virtual(main, backend)
-    first, second, third = records[0].attempts
+    policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.4)
+    response, _, record = one_virtual_call(backend, fakes, retry=policy)
+    assert response.status_code == 200
+    first, second, third = record.attempts
     assert (first.outcome, second.outcome, third.outcome) == ("failed", "failed", "won")
     assert first.finish is not None and second.finish is not None
     assert 0.2 <= second.start - first.finish <= 0.4  # [1/2, 1] x 0.4
@@ -100,20 +113,11 @@ def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_en
     when the server's wait ends, not at the cool-down's probe (halfway), and an empty budget does not stop it:
     the server paced it, as the plain SDK would send it."""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=429, retry_after="2", headers_after=0.01), Plan()])}
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        async with virtual_guard(fakes, records, tiers=tiers, budget=budget, hedge=None) as guard:
-            async with guard.http_client() as client:
-                response = await client.post("http://a.test" + CHAT, json=BODY)
-                assert response.status_code == 200
-            snapshot = guard.snapshot().budget
-            past_the_bound = 1 if budget.floor == 0 else 0  # paid while the budget has room
-            assert snapshot is not None and (snapshot.paced, snapshot.spent, snapshot.refused) == (past_the_bound, 1, 0)
-
-    run_virtual(main, backend)
-    first, retry = records[0].attempts
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=budget)
+    assert response.status_code == 200
+    past_the_bound = 1 if budget.floor == 0 else 0  # paid while the budget has room
+    assert snapshot is not None and (snapshot.paced, snapshot.spent, snapshot.refused) == (past_the_bound, 1, 0)
+    first, retry = record.attempts
     assert (first.status_code, retry.kind, retry.outcome) == (429, "retry", "won")
     assert first.finish is not None and retry.start == pytest.approx(first.finish + 2.0, abs=1e-6)
 
@@ -126,21 +130,10 @@ def test_a_retry_to_another_replica_after_a_retry_after_is_paid_from_the_budget(
         "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="2")]),
         "http://b.test": FakeReplica("b"),
     }
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        budget = BudgetPolicy(ratio=0.0, floor=0)
-        async with virtual_guard(fakes, records, tiers=tiers, budget=budget, hedge=None) as guard:
-            async with guard.http_client() as client:
-                response = await client.post("http://a.test" + CHAT, json=BODY)
-                assert response.status_code == 429
-                assert response.headers["x-llmguard-cause"] == "budget_exhausted"
-            snapshot = guard.snapshot().budget
-            assert snapshot is not None and (snapshot.paced, snapshot.refused) == (0, 1)
-
-    run_virtual(main, backend)
-    assert len(records[0].attempts) == 1 and fakes["http://b.test"].requests == 0
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0))
+    assert response.status_code == 429 and response.headers["x-llmguard-cause"] == "budget_exhausted"
+    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (0, 1)
+    assert len(record.attempts) == 1 and fakes["http://b.test"].requests == 0
 
 
 async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(servers: list[LoopbackServer]) -> None:
