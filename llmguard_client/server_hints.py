@@ -136,14 +136,20 @@ async def poll_once(
     fresh_for: float = 6.0,
     skip: set[str] | None = None,
     clock: Clock = loop_clock,
+    owns: Callable[[], bool] | None = None,
 ) -> dict[str, ServerLoad | None]:
     """Read every replica's ``/metrics`` at once (each within ``request_timeout`` s) and hand what they say to
     the router, stamped with ``clock`` (the Guard's: the event loop's by default); returns the hint per
-    replica name (None: no hint). Names in ``skip`` are not polled; a replica that answers 404 is added to it."""
+    replica name (None: no hint). Names in ``skip`` are not polled; a replica that answers 404 is added to it.
+    ``owns``: whether the running loop may use the replicas' connections, asked right before each request (a sync
+    call on this loop's thread may have moved them to another loop since the round began); no request without."""
     skip = skip if skip is not None else set()
     out: dict[str, ServerLoad | None] = {}
 
     async def one(state: ReplicaState) -> None:
+        if owns is not None and not owns():  # no await from here to the pool: the connections read are this loop's
+            out[state.name] = None
+            return
         load = await _fetch(state, request_timeout, skip)
         out[state.name] = load
         if load is not None:
@@ -184,7 +190,12 @@ async def poll_vllm_metrics(
             ours = loops.owns() or await loops.claim() is None
             if ours and (shared is None or await shared.lead(hold_for=fresh_for)):
                 loads = await poll_once(
-                    replicas, request_timeout=request_timeout, fresh_for=fresh_for, skip=skip, clock=now
+                    replicas,
+                    request_timeout=request_timeout,
+                    fresh_for=fresh_for,
+                    skip=skip,
+                    clock=now,
+                    owns=loops.owns,
                 )
                 if shared is not None:
                     shared.publish({n: (x.waiting, x.kv_usage) for n, x in loads.items() if x is not None}, fresh_for)

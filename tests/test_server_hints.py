@@ -270,6 +270,32 @@ def test_the_poller_goes_on_when_a_notebook_cell_moves_the_guard_to_its_own_thre
         anyio.run(kernel, urls)
 
 
+def test_a_round_the_notebook_cell_moved_the_guard_away_from_sends_nothing_on_the_other_loops_connections() -> None:
+    """The poller's round began on the loop that owns the Guard; before its requests left, a sync cell on that
+    loop's thread moved the Guard to its own thread, whose call left a connection in the pools. The round sends
+    nothing (before: it used that connection from the wrong loop and its task died with ``RuntimeError: ... bound
+    to a different event loop``, or opened connections in the other loop's pools, left unclosed)."""
+    openai = pytest.importorskip("openai")
+    ask: Any = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+
+    async def kernel(urls: list[str]) -> None:
+        async with Guard(urls, instrumentation=None) as guard:
+            aclient = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.http_client())
+            client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.sync_http_client())
+            assert (await aclient.chat.completions.create(**ask)).choices  # this loop owns the Guard
+            async with anyio.create_task_group() as cells:
+                cells.start_soon(poll_vllm_metrics, guard)
+                await anyio.sleep(0)  # the poller's round begins: its requests are tasks that have not run yet
+                assert client.chat.completions.create(**ask).choices  # the cell moves the Guard to its thread
+                await anyio.sleep(0.3)  # that round ends, the next one takes the Guard back and polls
+                for replica in guard.snapshot().replicas:
+                    assert replica.server_waiting is not None, replica
+                cells.cancel_scope.cancel()  # the poller ran to here: a dead one would have ended the group
+
+    with spawn_cluster("healthy", replicas=2) as urls:
+        anyio.run(kernel, urls)
+
+
 async def test_async_code_is_sent_to_the_coroutine() -> None:
     async with Guard(["http://a:1"], instrumentation=None) as guard:
         with pytest.raises(GuardConfigError, match=r"for sync code; in async code run poll_vllm_metrics"):
