@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -285,7 +286,7 @@ def test_a_round_the_notebook_cell_moved_the_guard_away_from_sends_nothing_on_th
             assert (await aclient.chat.completions.create(**ask)).choices  # this loop owns the Guard
             async with anyio.create_task_group() as cells:
                 cells.start_soon(poll_vllm_metrics, guard)
-                await anyio.sleep(0)  # the poller's round begins: its requests are tasks that have not run yet
+                await anyio.lowlevel.checkpoint()  # the poller's round begins: its requests are tasks not yet run
                 assert client.chat.completions.create(**ask).choices  # the cell moves the Guard to its thread
                 await anyio.sleep(0.3)  # that round ends, the next one takes the Guard back and polls
                 for replica in guard.snapshot().replicas:
