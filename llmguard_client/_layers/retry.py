@@ -3,7 +3,8 @@
 After a round fails, `Retrier` decides whether and where to try again:
 
 - only what is worth retrying: transport errors before the first token, and the
-  statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never. Other POSTs
+  statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never, nor an answer
+  the server marked ``x-should-retry: false`` (as the openai and anthropic SDKs read it). Other POSTs
   than generation calls (embeddings, files...) are retried on connect errors only (the
   request never reached a server); a GET, HEAD or OPTIONS is retried as a generation call;
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
@@ -257,6 +258,8 @@ class RetryLayer:
         assert self.policy is not None
         if failure.is_connect_error:
             return True
+        if failure.headers.get("x-should-retry") == "false":  # the server's word, which the SDKs obey too
+            return False
         if not call.retry_any_status:
             return False
         if failure.status_code is not None:

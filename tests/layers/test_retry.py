@@ -136,6 +136,21 @@ def test_a_retry_to_another_replica_after_a_retry_after_is_paid_from_the_budget(
     assert len(record.attempts) == 1 and fakes["http://b.test"].requests == 0
 
 
+@BACKENDS
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_an_answer_the_server_marked_not_to_retry_is_not_retried_anywhere(backend: str, status: int) -> None:
+    """``x-should-retry: false`` is the server's word that the request must not be sent again (the openai and
+    anthropic SDKs obey it before looking at the status): one request, as through the plain SDK, not three."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=status, headers={"x-should-retry": "false"})]),
+        "http://b.test": FakeReplica("b"),
+    }
+    response, snapshot, record = one_virtual_call(backend, fakes)
+    assert response.status_code == status and response.headers["x-should-retry"] == "false"
+    assert len(record.attempts) == 1 and fakes["http://b.test"].requests == 0
+    assert snapshot is not None and snapshot.spent == 0
+
+
 async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(servers: list[LoopbackServer]) -> None:
     for server in servers[:2]:
         server.script = Script(status=429, headers={"retry-after": "30"})
