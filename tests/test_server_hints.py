@@ -6,6 +6,7 @@ import asyncio
 import functools
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -245,30 +246,43 @@ def test_a_sync_openai_client_streams_while_the_simulated_servers_queues_are_pol
     assert None not in reported, reported  # both servers' queues reached the router through the sync loop
 
 
-def test_the_poller_goes_on_when_a_notebook_cell_moves_the_guard_to_its_own_thread_and_back() -> None:
-    """A sync call on the loop's own thread (a notebook cell) moves the Guard to its own thread while it runs; the
-    poller, a task of that loop, takes the Guard back at its next round instead of polling over connections of
-    another loop (before: the poller's task died, leaving a socket unclosed)."""
+ASK: Any = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+Cells = Callable[[Any, Any, Callable[[], None]], Awaitable[None]]
+"""A notebook's cells: given its async and sync openai clients (one Guard) and what starts the poller."""
+
+
+def run_notebook(cells: Cells) -> None:
+    """A kernel's loop running ``cells`` against a simulated cluster of two replicas; then every replica's queue
+    must have reached the router, and the poller must still run (a dead one would have ended the task group)."""
     openai = pytest.importorskip("openai")
-    ask: Any = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
 
     async def kernel(urls: list[str]) -> None:
         async with Guard(urls, instrumentation=None) as guard:
             aclient = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.http_client())
             client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.sync_http_client())
-            async with anyio.create_task_group() as cells:
-                cells.start_soon(poll_vllm_metrics, guard)
-                for _ in range(3):
-                    assert (await aclient.chat.completions.create(**ask)).choices
-                    assert client.chat.completions.create(**ask).choices  # blocks this loop while it runs
-                    await anyio.sleep(0.3)  # a few of the poller's rounds
+            async with anyio.create_task_group() as group:
+                await cells(aclient, client, functools.partial(group.start_soon, poll_vllm_metrics, guard))
                 for replica in guard.snapshot().replicas:
-                    replica_hint = replica.server_waiting
-                    assert replica_hint is not None, replica
-                cells.cancel_scope.cancel()  # the poller ran to here: a dead one would have ended the group
+                    assert replica.server_waiting is not None, replica
+                group.cancel_scope.cancel()
 
     with spawn_cluster("healthy", replicas=2) as urls:
         anyio.run(kernel, urls)
+
+
+def test_the_poller_goes_on_when_a_notebook_cell_moves_the_guard_to_its_own_thread_and_back() -> None:
+    """A sync call on the loop's own thread (a notebook cell) moves the Guard to its own thread while it runs; the
+    poller, a task of that loop, takes the Guard back at its next round instead of polling over connections of
+    another loop (before: the poller's task died, leaving a socket unclosed)."""
+
+    async def cells(aclient: Any, client: Any, start_poller: Callable[[], None]) -> None:
+        start_poller()
+        for _ in range(3):
+            assert (await aclient.chat.completions.create(**ASK)).choices
+            assert client.chat.completions.create(**ASK).choices  # blocks this loop while it runs
+            await anyio.sleep(0.3)  # a few of the poller's rounds
+
+    run_notebook(cells)
 
 
 def test_a_round_the_notebook_cell_moved_the_guard_away_from_sends_nothing_on_the_other_loops_connections() -> None:
@@ -276,25 +290,15 @@ def test_a_round_the_notebook_cell_moved_the_guard_away_from_sends_nothing_on_th
     loop's thread moved the Guard to its own thread, whose call left a connection in the pools. The round sends
     nothing (before: it used that connection from the wrong loop and its task died with ``RuntimeError: ... bound
     to a different event loop``, or opened connections in the other loop's pools, left unclosed)."""
-    openai = pytest.importorskip("openai")
-    ask: Any = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
 
-    async def kernel(urls: list[str]) -> None:
-        async with Guard(urls, instrumentation=None) as guard:
-            aclient = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.http_client())
-            client = openai.OpenAI(base_url=urls[0] + "/v1", api_key="sim", http_client=guard.sync_http_client())
-            assert (await aclient.chat.completions.create(**ask)).choices  # this loop owns the Guard
-            async with anyio.create_task_group() as cells:
-                cells.start_soon(poll_vllm_metrics, guard)
-                await anyio.lowlevel.checkpoint()  # the poller's round begins: its requests are tasks not yet run
-                assert client.chat.completions.create(**ask).choices  # the cell moves the Guard to its thread
-                await anyio.sleep(0.3)  # that round ends, the next one takes the Guard back and polls
-                for replica in guard.snapshot().replicas:
-                    assert replica.server_waiting is not None, replica
-                cells.cancel_scope.cancel()  # the poller ran to here: a dead one would have ended the group
+    async def cells(aclient: Any, client: Any, start_poller: Callable[[], None]) -> None:
+        assert (await aclient.chat.completions.create(**ASK)).choices  # this loop owns the Guard
+        start_poller()
+        await anyio.lowlevel.checkpoint()  # the poller's round begins: its requests are tasks not yet run
+        assert client.chat.completions.create(**ASK).choices  # the cell moves the Guard to its thread
+        await anyio.sleep(0.3)  # that round ends, the next one takes the Guard back and polls
 
-    with spawn_cluster("healthy", replicas=2) as urls:
-        anyio.run(kernel, urls)
+    run_notebook(cells)
 
 
 async def test_async_code_is_sent_to_the_coroutine() -> None:
