@@ -24,6 +24,7 @@ import argparse
 import collections
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -41,14 +42,15 @@ LIMITED = {"message": "Rate limit reached for requests", "type": "requests", "co
 class TokenBucket:
     """The endpoint's limit, as a `LoopbackServer.scripter`: None (answer) while a token is left, else a 429."""
 
-    def __init__(self, rps: float, retry_after_ms: bool) -> None:
+    def __init__(self, rps: float, retry_after_ms: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.rps = rps
         self.tokens = rps
-        self.at = time.monotonic()
+        self.clock = clock
+        self.at = clock()
         self.retry_after_ms = retry_after_ms
 
     def __call__(self, index: int, attempt: int) -> Script | None:
-        now = time.monotonic()
+        now = self.clock()
         self.tokens = min(self.rps, self.tokens + (now - self.at) * self.rps)
         self.at = now
         if self.tokens >= 1.0:
