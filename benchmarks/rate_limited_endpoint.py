@@ -1,13 +1,14 @@
 """One hosted endpoint behind a provider's rate limit: the plain openai SDK, the guard, the guard with `RateLimit`.
 
-    python -m benchmarks.rate_limited_endpoint [--rps 5] [--callers 1,2] [--calls 60] [--repeats 2] [--retry-after-ms]
+    python -m benchmarks.rate_limited_endpoint [--rps 5] [--callers 1,2] [--calls 60] [--repeats 2]
+        [--retry-after seconds|ms|none]
 
 The endpoint (a loopback server) admits requests through a token bucket, as a provider's per-key limit does:
 ``--rps`` tokens a second, as many held when full; a request that finds no token gets a 429 whose
-``Retry-After`` is the whole seconds until the next one (``--retry-after-ms``: a ``retry-after-ms`` to the
-millisecond instead). ``--callers`` concurrent callers make ``--calls`` streamed chat calls in all, each
-as fast as the last one ends (more than the limit admits), through ``openai.AsyncOpenAI`` with its default
-``max_retries=2``:
+``Retry-After`` is the whole seconds until the next one (``--retry-after ms``: a ``retry-after-ms`` to the
+millisecond instead; ``none``: no header, as some gateways answer). ``--callers`` concurrent callers make
+``--calls`` streamed chat calls in all, each as fast as the last one ends (more than the limit admits), through
+``openai.AsyncOpenAI`` with its default ``max_retries=2``:
 
 - ``plain``: the SDK's own client; it retries each 429 after its Retry-After, twice at most;
 - ``guarded``: through a default Guard (tier ttft 10 s, total 60 s), which cools the endpoint for each
@@ -26,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import anyio
 import httpx
@@ -36,18 +38,20 @@ from tests.loopback import LoopbackServer, Script
 
 TIER = {"interactive": Tier(ttft=10.0, total=60.0, stall=5.0)}
 CLIENTS = ("plain", "guarded", "guarded-ratelimit")
+RetryAfter = Literal["seconds", "ms", "none"]
+"""A 429's wait until the next token: ``Retry-After`` in whole seconds, ``retry-after-ms``, or no header."""
 LIMITED = {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}
 
 
 class TokenBucket:
     """The endpoint's limit, as a `LoopbackServer.scripter`: None (answer) while a token is left, else a 429."""
 
-    def __init__(self, rps: float, retry_after_ms: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rps: float, retry_after: RetryAfter, clock: Callable[[], float] = time.monotonic) -> None:
         self.rps = rps
         self.tokens = rps
         self.clock = clock
         self.at = clock()
-        self.retry_after_ms = retry_after_ms
+        self.retry_after = retry_after
 
     def __call__(self, index: int, attempt: int) -> Script | None:
         now = self.clock()
@@ -57,10 +61,11 @@ class TokenBucket:
             self.tokens -= 1.0
             return None
         wait = (1.0 - self.tokens) / self.rps
-        if self.retry_after_ms:
-            header = {"retry-after-ms": str(math.ceil(wait * 1000))}
-        else:
-            header = {"retry-after": str(math.ceil(wait))}
+        header = {
+            "seconds": {"retry-after": str(math.ceil(wait))},
+            "ms": {"retry-after-ms": str(math.ceil(wait * 1000))},
+            "none": {},
+        }[self.retry_after]
         return Script(status=429, headers=header, body={"error": LIMITED})
 
 
@@ -74,7 +79,7 @@ class Run:
 
 
 async def one_run(client_name: str, server: LoopbackServer, callers: int, calls: int, args: argparse.Namespace) -> Run:
-    server.scripter = TokenBucket(args.rps, args.retry_after_ms)
+    server.scripter = TokenBucket(args.rps, args.retry_after)
     result = Run(client_name, callers)
     before = len(server.received)
     rate_limit = RateLimit(requests_per_minute=round(args.rps * 60)) if client_name == "guarded-ratelimit" else None
@@ -138,7 +143,9 @@ def main() -> None:
     parser.add_argument("--callers", type=lambda s: [int(c) for c in s.split(",")], default=[1, 2])
     parser.add_argument("--calls", type=int, default=60, help="calls per run, all callers together")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--retry-after-ms", action="store_true", help="send retry-after-ms, not whole seconds")
+    parser.add_argument(
+        "--retry-after", choices=get_args(RetryAfter), default="seconds", help="what a 429 says of when to come back"
+    )
     anyio.run(main_async, parser.parse_args())
 
 
