@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import httpx
 import openai
 
 from llmguard_client import Guard, RateLimit, Tier, guard_failure
+from llmguard_tools.sim.provider_limit import ProviderLimit
 from tests.loopback import LoopbackServer, Script
 
 TIER = {"interactive": Tier(ttft=10.0, total=60.0, stall=5.0)}
@@ -44,29 +44,19 @@ LIMITED = {"message": "Rate limit reached for requests", "type": "requests", "co
 
 
 class TokenBucket:
-    """The endpoint's limit, as a `LoopbackServer.scripter`: None (answer) while a token is left, else a 429."""
+    """The endpoint's limit, as a `LoopbackServer.scripter`: the simulator's provider limit on requests only
+    (``rps`` a second, ``rps`` held when full). None (answer) while it admits, else a 429 with the one header of
+    ``retry_after`` and none of the ``x-ratelimit-*`` (with them, a `RateLimit` would take the 429s itself)."""
 
     def __init__(self, rps: float, retry_after: RetryAfter, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rps = rps
-        self.tokens = rps
-        self.clock = clock
-        self.at = clock()
-        self.retry_after = retry_after
+        self.limit = ProviderLimit(RateLimit(requests_per_minute=rps * 60.0), clock)
+        self.header = {"seconds": "retry-after", "ms": "retry-after-ms", "none": None}[retry_after]
 
     def __call__(self, index: int, attempt: int) -> Script | None:
-        now = self.clock()
-        self.tokens = min(self.rps, self.tokens + (now - self.at) * self.rps)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        admitted, headers = self.limit.admit(0)
+        if admitted:
             return None
-        wait = (1.0 - self.tokens) / self.rps
-        header = {
-            "seconds": {"retry-after": str(math.ceil(wait))},
-            "ms": {"retry-after-ms": str(math.ceil(wait * 1000))},
-            "none": {},
-        }[self.retry_after]
-        return Script(status=429, headers=header, body={"error": LIMITED})
+        return Script(status=429, headers={k: v for k, v in headers if k == self.header}, body={"error": LIMITED})
 
 
 @dataclass

@@ -5,13 +5,14 @@ A request is charged its prompt tokens plus ``max_tokens`` when it arrives and r
 generate when it ends. One that does not fit is refused at once: 429 ``rate_limit_exceeded`` with
 ``Retry-After`` / ``retry-after-ms`` (when it would fit) and the ``x-ratelimit-*`` headers, which every
 admitted answer carries too. The bucket refills continuously on the wall clock, each dimension up to
-``burst`` seconds of its rate.
+``burst`` seconds of its rate (``time.monotonic``, or the clock given).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmguard_client import RateLimit
@@ -42,10 +43,11 @@ class _Dimension:
 class _Bucket:
     """The provider's bucket: one request and its tokens charged at once, or refused charging nothing."""
 
-    def __init__(self, limit: RateLimit) -> None:
+    def __init__(self, limit: RateLimit, clock: Callable[[], float]) -> None:
         self.requests = _Dimension(limit.requests_per_minute, limit.burst)
         self.tokens = _Dimension(limit.tokens_per_minute, limit.burst)
-        self._last = time.monotonic()
+        self._clock = clock
+        self._last = clock()
 
     def take(self, tokens: float) -> float | None:
         """None when admitted; else the seconds until it would fit."""
@@ -66,24 +68,25 @@ class _Bucket:
         return self.requests.level, self.tokens.level
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         elapsed, self._last = max(0.0, now - self._last), now
         for dim in (self.requests, self.tokens):
             dim.level = min(dim.capacity, dim.level + elapsed * dim.rate)
 
 
 class ProviderLimit:
-    """The cluster's shared bucket for ``limit``."""
+    """The cluster's shared bucket for ``limit``, refilled on ``clock``."""
 
-    def __init__(self, limit: RateLimit) -> None:
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
         self.counters = LimitCounters()
-        self._bucket = _Bucket(limit)
+        self._clock = clock
+        self._bucket = _Bucket(limit, clock)
 
     def reset(self) -> None:
         """A full bucket and zeroed counters (between two clients of a bench)."""
         self.counters = LimitCounters()
-        self._bucket = _Bucket(self.limit)
+        self._bucket = _Bucket(self.limit, self._clock)
 
     def admit(self, tokens: int) -> tuple[bool, list[tuple[str, str]]]:
         """Charge one request of ``tokens``: (admitted, the headers to answer with)."""
