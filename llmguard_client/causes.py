@@ -3,8 +3,9 @@
 One question, whatever raised: an `llmguard_client` exception (raise mode), an httpx or
 httpx2 exception the edges translated, or an SDK's own error (openai, anthropic). The
 answer is the guard's machine-readable cause (``"ttft_timeout"``, ``"bulkhead_full"``,
-``"budget_exhausted"``...; ``"upstream_status"`` when the guard handed back a server's own
-error answer), or None when the guard had no hand in it.
+``"budget_exhausted"``...; ``"upstream_status"`` when the guard stopped retrying a server's error
+answer and handed it back), or None when the guard had no hand in it (an answer it does not retry, such as
+a 400 or a 409, is the server's and the SDK's, as without a guard).
 
 Where it looks, in order, on the exception and then on its ``__cause__`` / ``__context__``
 chain (and the members of an exception group): a `GuardFailure`'s ``.cause``; then the

@@ -82,6 +82,9 @@ class GuardFailure(LLMGuardError):
 
     cause: str = "guard_failure"
     status_code: int = 502
+    final: bool = False
+    """True when the guard will not try this call again: it spent the attempts or the deadline the call had, and
+    a retry of it (by the SDK, within its backoff) fails at once with the same error, sending nothing."""
 
     def __init__(
         self,

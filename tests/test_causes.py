@@ -69,12 +69,21 @@ async def test_openai_errors_of_each_mode(servers: list[LoopbackServer]) -> None
             assert guard_failure(caught.value) == "ttft_timeout"
 
 
-async def test_a_server_error_handed_back_is_marked_upstream_status(servers: list[LoopbackServer]) -> None:
-    """The guard hands a server's own error answer back (after any retries it allowed), marked as such."""
+@pytest.mark.parametrize(("status", "cause"), [(500, "upstream_status"), (400, None), (409, None)])
+async def test_a_server_error_is_marked_upstream_status_only_when_the_guard_retried_it(
+    servers: list[LoopbackServer], status: int, cause: str | None
+) -> None:
+    """A 500 the guard retried and then handed back is its decision; a 400 or a 409, which the guard does not retry
+    (the SDK may, as without a guard), carries no cause of the guard's, so a retry loop of the caller's treats it
+    as it would without a guard."""
     for server in servers:
-        server.script = Script(status=400, body={"error": {"message": "bad", "type": "invalid_request_error"}})
+        server.script = Script(status=status, body={"error": {"message": "no", "type": "invalid_request_error"}})
     async with Guard([s.url for s in servers], instrumentation=None, transport_factory=pools) as guard:
-        client = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=guard.httpx2_client())
-        with pytest.raises(openai.BadRequestError) as caught:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="k", max_retries=0, http_client=guard.httpx2_client()
+        )
+        with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES)
-    assert guard_failure(caught.value) == "upstream_status"
+    assert caught.value.status_code == status and guard_failure(caught.value) == cause
+    sent = sum(len(s.received) for s in servers)
+    assert sent == (1 if cause is None else 3)  # the guard's three attempts, or its one

@@ -178,6 +178,6 @@ def _copy(
     """A new ``error``: the same type, record, retry-after and cause string, with ``message``, ``request`` and
     ``cause`` as its ``__cause__``."""
     fresh = type(error)(message, request=request, record=error.record, retry_after=error.retry_after)
-    fresh.cause = error.cause
+    fresh.cause, fresh.final = error.cause, error.final
     fresh.__cause__ = cause
     return fresh

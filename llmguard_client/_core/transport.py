@@ -434,10 +434,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
             call.record.answered(last.status_code, last.attempt.replica)
             await lease.aclose("rejected" if error is not None else "http_error", cause)
             # The guard retried, or stopped retrying (attempts, budget, deadline): the SDK must not retry on top. An
-            # answer the guard does not retry at all (a 409 or a 52x, any status off the generation paths) is the
-            # SDK's to retry or not, as without a guard.
-            no_retry = error is not None or (self._retries and outcome.stopped != "not_retryable")
-            return upstream_response(last, cause, call.request, call.record.snapshot(), no_retry=no_retry)
+            # answer the guard does not retry at all (a 400, a 409 or a 52x, any status off the generation paths) is
+            # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's.
+            decided = error is not None or (self._retries and outcome.stopped != "not_retryable")
+            return upstream_response(
+                last, cause if decided else None, call.request, call.record.snapshot(), no_retry=decided
+            )
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
             await self._raise_unless_network_failure(call, last)

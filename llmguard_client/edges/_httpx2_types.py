@@ -76,7 +76,7 @@ def translate_error(exc: BaseException, request: httpx2.Request) -> BaseExceptio
     cause: BaseException = exc
     if isinstance(exc, GuardFailure):
         failure: GuardFailure = target(exc.message, record=exc.record, retry_after=exc.retry_after)
-        failure.cause = exc.cause  # an instance's own cause (e.g. why no further attempt was sent)
+        failure.cause, failure.final = exc.cause, exc.final  # the instance's own (e.g. why nothing more was sent)
         mapped = failure
         if isinstance(exc.__cause__, httpx.RequestError):
             cause = translate_error(exc.__cause__, request)
