@@ -42,7 +42,9 @@ replica cooling, a closed Guard) are returned as proxy-style HTTP responses inst
 `llmguard_client._core.failure`. What a call's attempts met is raised in every mode: a
 timeout as ``GuardTimeout`` (the SDK's timeout error), failures without an answer as
 ``AllAttemptsFailed`` (its connection error); the SDK's retry of a call the guard gave up
-on fails at once with the same error (`llmguard_client._core.given_up`). Whenever a server
+on (``final``) fails at once with the same error (`llmguard_client._core.given_up`), and openai
+>= 3, given its client by ``guard.http_client_for``, gets such a failure as its own error and
+sends no retry at all (`llmguard_client.edges.sdk`). Whenever a server
 did answer (a 429, a 503, a 500), the guard hands that answer back, in either mode, rather
 than raising. ``BudgetExhausted``, ``AllReplicasCooling`` and ``RateLimited`` are refusals:
 raised (or answered) as such only when they stop a call before anything was sent; after

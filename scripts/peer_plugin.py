@@ -239,19 +239,15 @@ def _guard_for(url: Any, inner_key: int, sync: bool) -> Guard:
     return guard
 
 
-def _edge(guard: Guard, flavor2: bool, sync: bool) -> Any:
-    """The guard's own transport for this kind of client (what ``guard.http_client_for`` builds on)."""
+def _edge(guard: Guard, sdk: Any) -> Any:
+    """The guard's own transport for this SDK class's clients (the transport of ``guard.http_client_for(sdk)``)."""
     cache = guard.__dict__.setdefault("_peer_edges", {})
-    if (flavor2, sync) not in cache:
-        if flavor2:
-            client: Any = guard.sync_httpx2_client() if sync else guard.httpx2_client()
-        else:
-            client = guard.sync_http_client() if sync else guard.http_client()
-        cache[flavor2, sync] = client._transport
-    return cache[flavor2, sync]
+    if sdk not in cache:
+        cache[sdk] = guard.http_client_for(sdk)._transport
+    return cache[sdk]
 
 
-def _router(client: Any) -> Any:
+def _router(client: Any, sdk: Any) -> Any:
     flavor2 = httpx2 is not None and isinstance(client, (httpx2.Client, httpx2.AsyncClient))
     sync = isinstance(client, httpx2.Client) if flavor2 else isinstance(client, httpx.Client)
     original = client._transport
@@ -267,7 +263,7 @@ def _router(client: Any) -> Any:
 
     def edge(request: Any) -> Any:
         stats["guarded_requests"] += 1
-        return _edge(_guard_for(request.url, inner_key, sync), flavor2, sync)
+        return _edge(_guard_for(request.url, inner_key, sync), sdk)
 
     base: Any
     if flavor2:
@@ -315,7 +311,7 @@ def _patch_client_init(module_name: str) -> None:
                 guarded._transport._peer_template = True
                 kwargs["http_client"] = guarded
             __original(self, *args, **kwargs)
-            self._client._transport = _router(self._client)
+            self._client._transport = _router(self._client, type(self))
 
         cls.__init__ = init
 

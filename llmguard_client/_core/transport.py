@@ -466,7 +466,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         elif not sdk_decides and (
             (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout))
         ):
-            self._given_up.remember(call.request, call.body, error, call.clock())  # its attempts or deadline spent
+            error.final = True  # its attempts or deadline spent
+            self._given_up.remember(call.request, call.body, error, call.clock())
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)
         raise error
@@ -511,7 +512,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await call.lease.aclose("rejected", "budget_exhausted")
         if episode.error is not None:
             error = again_error(episode.error, call.request, 1)
-            error.cause = "budget_exhausted"
+            error.cause, error.final = "budget_exhausted", True
             self._given_up.remember(call.request, call.body, episode.error, call.clock())
             raise error
         assert episode.answer is not None

@@ -13,7 +13,8 @@ both the guard's class and the httpx2 one: ``except TTFTTimeout``, ``.cause``,
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -60,6 +61,28 @@ def response_extensions(extensions: MutableMapping[str, Any]) -> dict[str, Any]:
     for key in _DROPPED_EXTENSIONS:
         extensions.pop(key, None)
     return extensions if isinstance(extensions, dict) else dict(extensions)  # httpx's is a dict
+
+
+@dataclass(frozen=True, slots=True)
+class SdkErrors:
+    """The errors of an SDK that passes its own error, raised by its HTTP client, on to the caller as it is,
+    without retrying (openai >= 3). A failure the guard made final (`GuardFailure.final`) reaches such an SDK as
+    the error the SDK would have raised for it, caused by it: the SDK then skips the retries the guard would
+    refuse at once, and the backoff sleeps before them, so the caller learns of a deadline when it passes."""
+
+    timeout: Callable[[httpx2.Request], Exception]
+    connection: Callable[[httpx2.Request], Exception]
+
+
+def caller_error(exc: BaseException, request: httpx2.Request, sdk: SdkErrors | None) -> BaseException:
+    """What an httpx2 edge raises for the core's ``exc`` (``raise error from error.__cause__``): the httpx2
+    counterpart (`translate_error`), or, for a final failure and an ``sdk`` given, that SDK's own error."""
+    error = translate_error(exc, request)
+    if sdk is None or not (isinstance(error, GuardFailure) and error.final):
+        return error
+    own = sdk.timeout(request) if isinstance(error, httpx2.TimeoutException) else sdk.connection(request)
+    own.__cause__ = error
+    return own
 
 
 def translate_error(exc: BaseException, request: httpx2.Request) -> BaseException:

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._httpx2_types import core_request, response_extensions, streamed, translate_error
+from llmguard_client.edges._httpx2_types import (
+    SdkErrors,
+    caller_error,
+    core_request,
+    response_extensions,
+    streamed,
+    translate_error,
+)
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
 if TYPE_CHECKING:
@@ -21,8 +28,9 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
     ``aclose()`` does nothing: the Guard owns the pools (``await guard.aclose()``).
     """
 
-    def __init__(self, core: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, core: httpx.AsyncBaseTransport, sdk: SdkErrors | None = None) -> None:
         self._core = core
+        self._sdk = sdk
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         upload = streamed(request, sync=False)  # an iterator's or an upload's body is sent as it is read
@@ -30,7 +38,7 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
         try:
             response = await self._core.handle_async_request(inner)
         except httpx.HTTPError as exc:
-            error = translate_error(exc, request)
+            error = caller_error(exc, request, self._sdk)
             raise error from error.__cause__
         out = httpx2.Response(
             response.status_code, headers=response.headers.raw, stream=_Body(response, request), request=request
@@ -78,7 +86,8 @@ class _Chunks:
             raise error from error.__cause__
 
 
-def httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.AsyncClient:
-    """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`)."""
+def httpx2_client(guard: GuardHandle, *, sdk: SdkErrors | None = None, **kwargs: Any) -> httpx2.AsyncClient:
+    """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`); ``sdk``: the errors of
+    the SDK it is for, when that SDK passes its own on unretried."""
     with_sdk_defaults(kwargs, httpx2.Timeout)
-    return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport), **kwargs)
+    return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport, sdk), **kwargs)

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._httpx2_types import core_request, response_extensions, streamed, translate_error
+from llmguard_client.edges._httpx2_types import (
+    SdkErrors,
+    caller_error,
+    core_request,
+    response_extensions,
+    streamed,
+    translate_error,
+)
 from llmguard_client.edges._registry import send_sync
 from llmguard_client.edges._runner import SyncBody
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
@@ -24,8 +31,9 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
     ``close()`` does nothing: the Guard owns the pools and the thread (``guard.close()``).
     """
 
-    def __init__(self, guard: GuardHandle) -> None:
+    def __init__(self, guard: GuardHandle, sdk: SdkErrors | None = None) -> None:
         self._guard = guard
+        self._sdk = sdk
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         upload = streamed(request, sync=True)  # an iterator's or an upload's body is sent as it is read
@@ -39,7 +47,7 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
                     refusal.status_code, headers=refusal.headers.raw, content=refusal.content, request=request
                 )
         except httpx.HTTPError as exc:
-            error = translate_error(exc, request)
+            error = caller_error(exc, request, self._sdk)
             raise error from error.__cause__
         out = httpx2.Response(
             response.status_code, headers=response.headers.raw, stream=_Body(body, request), request=request
@@ -64,7 +72,8 @@ class _Body(httpx2.SyncByteStream):
         self._body.close()
 
 
-def sync_httpx2_client(guard: GuardHandle, **kwargs: Any) -> httpx2.Client:
-    """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`)."""
+def sync_httpx2_client(guard: GuardHandle, *, sdk: SdkErrors | None = None, **kwargs: Any) -> httpx2.Client:
+    """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`); ``sdk`` as for
+    `llmguard_client.edges.httpx2_async.httpx2_client`."""
     with_sdk_defaults(kwargs, httpx2.Timeout)
-    return httpx2.Client(transport=SyncHttpx2GuardTransport(guard), **kwargs)
+    return httpx2.Client(transport=SyncHttpx2GuardTransport(guard, sdk), **kwargs)

@@ -13,11 +13,13 @@ passes whatever the installed SDK version); at run time the same annotation pick
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from llmguard_client.edges._guard_handle import GuardHandle
+    from llmguard_client.edges._httpx2_types import SdkErrors
 
 H_contra = TypeVar("H_contra", contravariant=True)
 
@@ -39,9 +41,30 @@ def http_client_for(guard: GuardHandle, sdk: Callable[..., object], **kwargs: An
             "pass one explicitly: guard.http_client(), guard.sync_http_client(), guard.httpx2_client() "
             "or guard.sync_httpx2_client()"
         )
-    if flavor2:
-        return guard.httpx2_client(**kwargs) if is_async else guard.sync_httpx2_client(**kwargs)
-    return guard.http_client(**kwargs) if is_async else guard.sync_http_client(**kwargs)
+    if not flavor2:
+        return guard.http_client(**kwargs) if is_async else guard.sync_http_client(**kwargs)
+    from llmguard_client.edges.httpx2_async import httpx2_client
+    from llmguard_client.edges.httpx2_sync import sync_httpx2_client
+
+    guard._refuse_if_closed()
+    build = httpx2_client if is_async else sync_httpx2_client
+    return build(guard, sdk=_passes_own_errors_on(sdk), **kwargs)
+
+
+def _passes_own_errors_on(sdk: Callable[..., object]) -> SdkErrors | None:
+    """openai >= 3 (the openai classes that take httpx2) raises an `openai.OpenAIError` its HTTP client raised as it
+    is, without retrying it: a final failure of the guard's is raised to it as its own timeout or connection error
+    (what it raises for an httpx2 one), so it spends no backoff sleep on retries the guard would refuse. anthropic
+    retries its own connection errors too, and is given httpx2's."""
+    module = sys.modules.get(getattr(sdk, "__module__", "").partition(".")[0])
+    if module is None or module.__name__ != "openai":
+        return None
+    from llmguard_client.edges._httpx2_types import SdkErrors
+
+    timeout, connection = module.APITimeoutError, module.APIConnectionError
+    return SdkErrors(
+        timeout=lambda request: timeout(request=request), connection=lambda request: connection(request=request)
+    )
 
 
 def _http_client_annotation(sdk: Callable[..., object]) -> str:

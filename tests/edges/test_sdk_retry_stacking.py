@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client import FailureMode, Guard, RetryPolicy, Tier, guard_failure
+from llmguard_client import FailureMode, Guard, RetryPolicy, Tier, TTFTTimeout, guard_failure
 from llmguard_client._core.given_up import GivenUp
 from llmguard_client.errors import AllAttemptsFailed
 from tests.edges.conftest import pools
@@ -47,10 +47,40 @@ def sent(servers: list[LoopbackServer], at_least: int) -> int:
     return sum(len(s.received) for s in servers)
 
 
+def sdk_retries(caplog: pytest.LogCaptureFixture) -> int:
+    """How many retries the openai SDK logged that it would send ("Retrying request ...")."""
+    return sum(r.name.startswith("openai") and r.getMessage().startswith("Retrying") for r in caplog.records)
+
+
 @pytest.mark.parametrize("mode", ["auto", "raise"])
 async def test_the_sdk_retry_of_a_timed_out_call_sends_nothing(
     servers: list[LoopbackServer], mode: FailureMode, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Through ``guard.httpx2_client()`` the SDK retries the timeout, as it retries any error of its HTTP
+    client's; each retry fails at once."""
+    for server in servers:
+        server.script = Script(hang_before_headers=5.0)
+    async with guard_over(servers, mode) as guard:
+        client = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        assert client.max_retries == 2
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(openai.APITimeoutError) as caught:
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "ttft_timeout"
+    assert "retry 2 of a call the guard already gave up on" in str(caught.value.__cause__)
+    assert sdk_retries(caplog) == 2
+    assert sent(servers, 1) == 1  # the guard's one attempt; the SDK's two retries sent nothing
+    warnings = [r for r in caplog.records if "max_retries=0" in r.getMessage()]
+    assert len(warnings) == (1 if mode == "raise" else 0)  # raise mode is told once that the SDK stacks
+
+
+@pytest.mark.parametrize("mode", ["auto", "raise"])
+async def test_openai_is_given_a_final_timeout_as_its_own_error_and_sends_no_retry(
+    servers: list[LoopbackServer], mode: FailureMode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through ``guard.http_client_for(openai.AsyncOpenAI)`` the guard raises a deadline it will not retry as
+    openai's own ``APITimeoutError``, which openai >= 3 passes on without retrying: the caller gets it when the
+    deadline passes, not after the SDK's backoff sleeps, and the cause is the guard's own."""
     for server in servers:
         server.script = Script(hang_before_headers=5.0)
     async with guard_over(servers, mode) as guard:
@@ -58,14 +88,14 @@ async def test_the_sdk_retry_of_a_timed_out_call_sends_nothing(
             base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
         )
         assert client.max_retries == 2
-        with caplog.at_level(logging.WARNING, logger="llmguard_client"):
+        with caplog.at_level(logging.INFO):
             with pytest.raises(openai.APITimeoutError) as caught:
                 await client.chat.completions.create(model="m", messages=MESSAGES)
-    assert guard_failure(caught.value) == "ttft_timeout"
-    assert "retry 2 of a call the guard already gave up on" in str(caught.value.__cause__)
-    assert sent(servers, 1) == 1  # the guard's one attempt; the SDK's two retries sent nothing
-    warnings = [r for r in caplog.records if "max_retries=0" in r.getMessage()]
-    assert len(warnings) == (1 if mode == "raise" else 0)  # raise mode is told once that the SDK stacks
+    cause = caught.value.__cause__
+    assert isinstance(cause, TTFTTimeout) and cause.final and not str(cause).startswith("retry")
+    assert guard_failure(caught.value) == "ttft_timeout" and sdk_retries(caplog) == 0
+    assert sent(servers, 1) == 1
+    assert not [r for r in caplog.records if "max_retries=0" in r.getMessage()]  # nothing stacked to warn of
 
 
 def test_the_sync_sdk_retry_of_a_failed_call_sends_nothing(servers: list[LoopbackServer]) -> None:
@@ -78,7 +108,8 @@ def test_the_sync_sdk_retry_of_a_failed_call_sends_nothing(servers: list[Loopbac
         with pytest.raises(openai.APIConnectionError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     assert guard_failure(caught.value) == "all_attempts_failed"
-    assert sent(servers, 3) == 3  # the guard's three attempts; none for the SDK's two retries
+    assert isinstance(caught.value.__cause__, AllAttemptsFailed) and caught.value.__cause__.final
+    assert sent(servers, 3) == 3  # the guard's three attempts; the SDK, given its own error, sent no retry
 
 
 @pytest.mark.parametrize("first", ["503", "dropped connection"])
