@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -75,6 +76,8 @@ DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connectio
 """Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
 the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
 _UNSET: Any = object()
+
+logger = logging.getLogger("llmguard_client")
 
 
 def default_transport(replica: Replica, limits: httpx.Limits = DEFAULT_POOL_LIMITS) -> httpx.AsyncBaseTransport:
@@ -468,8 +471,16 @@ class Guard:
 
     def set_rollout(self, fraction: float | FractionSource) -> None:
         """Change the guarded fraction live, from any thread or task: a number from 0.0 (off: every call
-        passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s."""
+        passed through) to 1.0, or a callable polled at most every ``rollout_poll_interval`` s. While
+        ``LLMGUARD_DISABLED`` holds the guard off (read when it was built), the fraction is kept, not used, and a
+        warning says so."""
         self._rollout.set(fraction)
+        if self._rollout.disabled:
+            logger.warning(
+                "set_rollout(%r) takes no effect: LLMGUARD_DISABLED was set when this Guard was built, and keeps "
+                "every call unguarded for its life; restart the process without it to guard calls",
+                fraction,
+            )
 
     # --- fault injection ------------------------------------------------------------------------
 

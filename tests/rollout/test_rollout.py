@@ -183,13 +183,17 @@ def test_an_unrecognised_kill_switch_value_disables_and_warns(caplog: pytest.Log
     assert "treating it as 1" in caplog.text
 
 
-def test_the_kill_switch_is_read_at_construction_and_outlasts_set_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kill_switch_is_read_at_construction_and_outlasts_set_rollout(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("LLMGUARD_DISABLED", "1")
     guard = Guard(["http://r1.test:8000"], rollout=1.0, instrumentation=None)
     monkeypatch.delenv("LLMGUARD_DISABLED")
     assert guard.rollout == 0.0
-    guard.set_rollout(1.0)
+    with caplog.at_level(logging.WARNING, logger="llmguard_client"):
+        guard.set_rollout(1.0)
     assert guard.rollout == 0.0
+    assert "set_rollout(1.0) takes no effect: LLMGUARD_DISABLED" in caplog.text
     assert Guard(["http://r1.test:8000"], rollout=1.0, instrumentation=None).rollout == 1.0
 
 
