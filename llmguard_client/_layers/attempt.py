@@ -75,8 +75,9 @@ class AttemptLayer:
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
                 return Failed([await _error_status(attempt, state, response, clock)])
+            content_type = response.headers.get("content-type", "")
             reader = reader_for(
-                request.method, request.url.path, response.headers.get("content-type", ""), call.record.stream
+                request.method, request.url.path, content_type, call.record.stream, response.status_code
             )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from

@@ -11,6 +11,8 @@ one of those, ``stream: true``   anything else    the protocol's, if the body op
                                                  else `NotAStreamReader` (always a failure)
 one of those, not streaming      JSON             `BodyReader` (the protocol's body facts)
 anything else                    anything         `PassthroughReader` (first bytes = first token)
+any request                      a redirect, or   `PassthroughReader`: no generation to judge; the
+                                 204 / 205        client follows the redirect as without a guard
 ==============================  ===============  ==============================================
 """
 
@@ -59,10 +61,14 @@ def protocol_for(method: str, path: str) -> WireProtocol | None:
     return None
 
 
-def reader_for(method: str, path: str, content_type: str, requested_stream: bool) -> StreamReader:
-    """A fresh reader for one answer; see the module docstring for the table."""
+NO_GENERATION = frozenset({204, 205})
+"""Success statuses that carry no body (`reader_for` passes them through, as the 3xx)."""
+
+
+def reader_for(method: str, path: str, content_type: str, requested_stream: bool, status: int = 200) -> StreamReader:
+    """A fresh reader for one answer (``status`` below 400); see the module docstring for the table."""
     protocol = protocol_for(method, path)
-    if protocol is None:
+    if protocol is None or 300 <= status < 400 or status in NO_GENERATION:
         return PassthroughReader()
     content_type = content_type.lower()
     if "text/event-stream" in content_type:

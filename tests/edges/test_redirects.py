@@ -42,14 +42,18 @@ def redirect_to(target: str) -> Callable[[int, int], Script]:
     return lambda index, attempt: Script(status=307, body={}, headers={"location": target})
 
 
-async def create(client: Any, sync: bool) -> str:
-    """One chat completion with the openai SDK on ``client`` (sync or async): its answer's text."""
+async def create(client: Any, sync: bool, stream: bool = False) -> str:
+    """One chat completion with the openai SDK on ``client`` (sync or async, streamed or not): its answer's text."""
     if sync:
         done = openai.OpenAI(base_url="http://llm.internal/v1", api_key="k", http_client=client)
-        answer = done.chat.completions.create(model="m", messages=MESSAGES)
+        answer = done.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
     else:
         sdk = openai.AsyncOpenAI(base_url="http://llm.internal/v1", api_key="k", http_client=client)
-        answer = await sdk.chat.completions.create(model="m", messages=MESSAGES)
+        answer = await sdk.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+        if stream:
+            return "".join([c.choices[0].delta.content or "" async for c in answer if c.choices])
     text = answer.choices[0].message.content
     assert isinstance(text, str)
     return text
@@ -97,6 +101,25 @@ async def test_a_redirect_on_the_guards_own_origin_is_a_new_guarded_call_to_a_re
     assert len(replica.received) == 2
     assert [r.one_attempt for r in records] == [None, None]
     assert records[1].replica == replica.url
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(("name", "client", "sync"), CLIENTS, ids=[c[0] for c in CLIENTS])
+async def test_a_redirect_without_a_body_is_followed_once_not_retried_as_a_failed_answer(
+    servers: list[LoopbackServer], name: str, client: Callable[[Guard], Any], sync: bool, stream: bool
+) -> None:
+    """A 307 with an empty body is no answer to judge (a streamed call's is no event stream): the client gets it
+    and follows it, as without a guard (before: the guard sent the request three times and failed the call)."""
+    replica = servers[0]
+    replica.scripter = lambda index, attempt: (
+        Script(status=307, body="", headers={"location": "/v1/chat/completions?moved=1"}) if attempt == 1 else None
+    )
+    records: list[PhaseRecord] = []
+    async with guard_over(replica, records) as guard:
+        text = await create(client(guard), sync, stream)
+    assert text
+    assert len(replica.received) == 2  # the call, then the request that followed its redirect
+    assert [(r.http_status, len(r.attempts)) for r in records] == [(307, 1), (200, 1)]
 
 
 async def test_a_relative_redirect_from_the_other_origin_stays_there(servers: list[LoopbackServer]) -> None:

@@ -45,6 +45,15 @@ def test_reader_for(method: str, path: str, content_type: str, stream: bool, exp
     assert type(reader_for(method, path, content_type, stream)) is expected
 
 
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308, 204, 205])
+@pytest.mark.parametrize("content_type", ["", "application/json", SSE, "text/html"])
+def test_a_redirect_or_an_answer_without_content_is_passed_through(status: int, content_type: str) -> None:
+    """No generation to judge: a streamed call's 307 is handed to the client to follow, not failed as no stream."""
+    reader = reader_for("POST", "/v1/chat/completions", content_type, True, status)
+    assert type(reader) is PassthroughReader
+    assert reader.end_of_body() is None and reader.complete
+
+
 def test_passthrough_counts_the_first_bytes_as_the_first_token() -> None:
     reader = PassthroughReader()
     assert reader.feed(b"") is False
