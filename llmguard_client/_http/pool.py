@@ -83,6 +83,15 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
     """When a pass last probed every idle connection (`time.monotonic`)."""
     _on_reused: weakref.WeakSet[httpcore.Request] | None = None
     """The requests the last pass handed a kept-alive connection (built on first use: httpx builds the pool)."""
+    _made: weakref.WeakSet[Connection] | None = None
+    """Every connection this pool made and has not dropped (built on first use)."""
+    _closed = False
+    """Set by `aclose`. httpcore's close closes the connections in the pool's list; one still connecting for a
+    request then joins no list: it is closed here when a request ends (its own, once its response is closed)."""
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await super().aclose()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
         for _ in range(STALE_RESENDS):
@@ -101,10 +110,16 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
             self._swept_at = now
         if self._on_reused is None:
             self._on_reused = weakref.WeakSet()
-        return _assign_once(self, sweep, self._on_reused)
+        closing = _assign_once(self, sweep, self._on_reused)
+        if self._closed and self._made:  # after the close: each connection left idle, in a list or in none
+            closing += [c for c in self._made if c.is_idle() and not c.is_closed() and c not in closing]
+        return closing
 
     def create_connection(self, origin: httpcore.Origin) -> Connection:
         connection = super().create_connection(origin)
+        if self._made is None:
+            self._made = weakref.WeakSet()
+        self._made.add(connection)
         if isinstance(connection, httpcore.AsyncHTTPConnection):
             connection._request_lock = FastLock()  # taken at each request, around the connect if any
         return connection

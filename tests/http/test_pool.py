@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpcore
 import httpx
 import pytest
@@ -292,3 +294,61 @@ async def test_through_a_guard_a_resend_on_a_new_connection_is_not_a_retry() -> 
     assert [len(call.attempts) for call in calls] == [1] * 6
     assert snapshot.budget is not None and (snapshot.budget.spent, snapshot.budget.refused) == (0, 0)
     assert snapshot.replicas[0].healthy
+
+
+class ConnectsOnCue(httpcore.AsyncNetworkBackend):
+    """The real network backend, each connect held until ``go`` is set; keeps the streams it made."""
+
+    def __init__(self) -> None:
+        self.connecting, self.go = anyio.Event(), anyio.Event()
+        self.streams: list[httpcore.AsyncNetworkStream] = []
+        self._backend = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
+        self.connecting.set()
+        await self.go.wait()
+        stream = await self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        self.streams.append(stream)
+        return stream
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+async def test_a_connection_made_while_the_pool_closed_is_closed_when_its_request_ends() -> None:
+    """The Guard closes a pool it leaves for another event loop while a server-hints poll still connects on it:
+    httpcore's close closes the connections it lists, not that one, which joins no list. Its request is served,
+    and the connection closed as the response is (before: left open, a ResourceWarning when collected)."""
+    server = ClosesKeptAlive()
+    async with serving(server) as url:
+        transport = pool_transport()
+        backend = ConnectsOnCue()
+        transport._pool._network_backend = backend
+        answers: list[bytes] = []
+
+        async def send() -> None:
+            response = await transport.handle_async_request(
+                httpx.Request("POST", url + "/v1/embeddings", content=b"{}")
+            )
+            answers.append(await response.aread())
+            await response.aclose()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(send)
+            await backend.connecting.wait()
+            await transport.aclose()
+            backend.go.set()
+        (stream,) = backend.streams
+        socket = stream.get_extra_info("socket")
+        for _ in range(100):  # the socket is closed once the loop has run the transport's close
+            if socket.fileno() == -1:
+                break
+            await anyio.lowlevel.checkpoint()
+    assert answers == [b"ok"] and socket.fileno() == -1
