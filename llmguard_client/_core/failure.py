@@ -58,7 +58,7 @@ def attempts_error(
     ``refusal``, why the guard sent no further attempt (cooling, budget, open circuits), is named in the message
     and the cause, but never changes the type: a refusal only speaks for itself before anything was sent."""
     timed_out = all(isinstance(f.error, httpx.TimeoutException) for f in failures)
-    what = "timed out" if timed_out else "failed before a response"
+    what = "timed out" if timed_out else "failed before its first token"  # some with an answer that was none
     message = (
         f"every attempt {what} (tier {call.tier_name!r}, {call.clock() - call.record.start:.3f}s elapsed); "
         f"{describe_attempts(call.record)}"

@@ -369,7 +369,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
-            stream=GuardBody(call, win, self.stream, continuation),
+            stream=GuardBody(call, win, self.stream, continuation, self._given_up),
             request=call.request,
             extensions=win.response.extensions,  # copied by httpx
         )

@@ -35,6 +35,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import Call
+from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease
 from llmguard_client._core.outcome import Win
 from llmguard_client._layers.attempt import error_kind
@@ -55,9 +56,17 @@ class GuardBody(httpx.AsyncByteStream):
     judged by its protocol reader."""
 
     def __init__(
-        self, call: Call, win: Win, stages: StreamStages, continuation: CallContinuation | None = None
+        self,
+        call: Call,
+        win: Win,
+        stages: StreamStages,
+        continuation: CallContinuation | None = None,
+        given_up: GivenUp | None = None,
     ) -> None:
         self._call = call
+        self._given_up = given_up
+        """Where a call that asked for no stream is remembered when its total deadline passes mid-body: the SDK
+        reads such a body before it returns, and retries its failure, which must then fail at once."""
         self._lease: CallLease | None = call.lease
         """The call's lease until it is closed (then None)."""
         self._pending = deque(win.chunks)
@@ -218,6 +227,9 @@ class GuardBody(httpx.AsyncByteStream):
             return await self.__anext__()
         if not self._stall_tripped and self._resume is not None:
             call.record.not_continued_because("total_deadline")
+        if not self._stall_tripped and self._given_up is not None and not call.record.stream:
+            error.final = True  # the total deadline is the call's, across every attempt: nothing more is sent
+            self._given_up.remember(call.request, call.body, error, call.clock())
         await self._end("timeout", error.cause)
         raise error
 

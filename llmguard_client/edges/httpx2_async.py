@@ -14,7 +14,6 @@ from llmguard_client.edges._httpx2_types import (
     core_request,
     response_extensions,
     streamed,
-    translate_error,
 )
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
@@ -41,7 +40,10 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
             error = caller_error(exc, request, self._sdk)
             raise error from error.__cause__
         out = httpx2.Response(
-            response.status_code, headers=response.headers.raw, stream=_Body(response, request), request=request
+            response.status_code,
+            headers=response.headers.raw,
+            stream=_Body(response, request, self._sdk),
+            request=request,
         )
         out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
         return out
@@ -55,25 +57,27 @@ class _Body(httpx2.AsyncByteStream):
     would be finalized, racing the response's own close, when the event loop shuts down.
     """
 
-    def __init__(self, response: httpx.Response, request: httpx2.Request) -> None:
+    def __init__(self, response: httpx.Response, request: httpx2.Request, sdk: SdkErrors | None) -> None:
         self._response = response
         self._request = request
+        self._sdk = sdk
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         stream = self._response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        return _Chunks(stream.__aiter__(), self._request)
+        return _Chunks(stream.__aiter__(), self._request, self._sdk)
 
     async def aclose(self) -> None:
         await self._response.aclose()
 
 
 class _Chunks:
-    __slots__ = ("_chunks", "_request")
+    __slots__ = ("_chunks", "_request", "_sdk")
 
-    def __init__(self, chunks: AsyncIterator[bytes], request: httpx2.Request) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], request: httpx2.Request, sdk: SdkErrors | None) -> None:
         self._chunks = chunks
         self._request = request
+        self._sdk = sdk
 
     def __aiter__(self) -> _Chunks:
         return self
@@ -82,7 +86,7 @@ class _Chunks:
         try:
             return await self._chunks.__anext__()
         except httpx.HTTPError as exc:
-            error = translate_error(exc, self._request)
+            error = caller_error(exc, self._request, self._sdk)
             raise error from error.__cause__
 
 

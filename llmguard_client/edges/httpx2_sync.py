@@ -14,7 +14,6 @@ from llmguard_client.edges._httpx2_types import (
     core_request,
     response_extensions,
     streamed,
-    translate_error,
 )
 from llmguard_client.edges._registry import send_sync
 from llmguard_client.edges._runner import SyncBody
@@ -50,22 +49,23 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
             error = caller_error(exc, request, self._sdk)
             raise error from error.__cause__
         out = httpx2.Response(
-            response.status_code, headers=response.headers.raw, stream=_Body(body, request), request=request
+            response.status_code, headers=response.headers.raw, stream=_Body(body, request, self._sdk), request=request
         )
         out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
         return out
 
 
 class _Body(httpx2.SyncByteStream):
-    def __init__(self, body: SyncBody, request: httpx2.Request) -> None:
+    def __init__(self, body: SyncBody, request: httpx2.Request, sdk: SdkErrors | None) -> None:
         self._body = body
         self._request = request
+        self._sdk = sdk
 
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._body
         except httpx.HTTPError as exc:
-            error = translate_error(exc, self._request)
+            error = caller_error(exc, self._request, self._sdk)
             raise error from error.__cause__
 
     def close(self) -> None:

@@ -6,10 +6,13 @@ Real openai SDK (async and sync, default ``max_retries=2``) through the guard to
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import ssl
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -295,3 +298,47 @@ async def test_an_error_of_the_callers_own_transport_is_neither_retried_nor_disg
             await client.post("http://a.invalid/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
         await client.aclose()
     assert caught.value is transport.error and transport.sent == 1
+
+
+@contextlib.asynccontextmanager
+async def trickling(sent: list[bytes]) -> AsyncIterator[str]:
+    """A server answering each request with a 200 ``text/plain`` body that never ends (a byte every 20 ms), as
+    a gateway's error page might: no protocol reader claims it, so its first bytes are the first token."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+            sent.append(await reader.readexactly(int(length[0].split(b":")[1])))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("factory", ["httpx2_client", "http_client_for"])
+async def test_a_call_past_its_total_deadline_mid_body_is_not_sent_again_by_the_sdk(
+    factory: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call that asks for no stream has its body read by the SDK before create() returns, and the SDK retries
+    what that read raises: after the tier's total deadline passed mid-body, its retry fails at once (or, given
+    its own error through ``http_client_for``, openai sends none), so the call ends within its total deadline
+    instead of one total per SDK request."""
+    sent: list[bytes] = []
+    async with trickling(sent) as url:
+        tiers = {"t": Tier(ttft=1.0, total=1.0, stall=2.0)}  # its first bytes come at once: a win
+        async with Guard([url], tiers=tiers, retry=RETRY, instrumentation=None, transport_factory=pools) as guard:
+            http = guard.httpx2_client() if factory == "httpx2_client" else guard.http_client_for(openai.AsyncOpenAI)
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=1, http_client=http)
+            with caplog.at_level(logging.INFO), pytest.raises(openai.APITimeoutError) as caught:
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert guard_failure(caught.value) == "total_timeout" and len(sent) == 1
+    assert sdk_retries(caplog) == (1 if factory == "httpx2_client" else 0)
