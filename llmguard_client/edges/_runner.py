@@ -40,7 +40,7 @@ import anyio
 import httpx
 from anyio.from_thread import BlockingPortal
 
-from llmguard_client._core.event_loops import EventLoop, run_threadsafe, started_soon_ended
+from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -95,11 +95,18 @@ class SyncBody:
             yield item
 
     def close(self) -> None:
+        """End the call: from a plain thread, once the upstream response is closed (the server has seen the
+        disconnect); from a thread that runs an event loop (a stream the caller dropped, collected there: the
+        Guard's own loop, or an app's loop its sync calls run on), at once, the call's task told to end, as
+        waiting there would block the very loop that must run it."""
         if self._closed:
             return
         self._closed = True
         if self._exchange.ended or not self._runner.running:
             return  # the call already closed its response, or the Guard's stop cancels it
+        if running_loop() is not None:
+            self._exchange.end_soon()
+            return
         with contextlib.suppress(GuardClosed):  # the Guard is stopping right now: its stop closes the call
             self._runner.call(self._exchange.close)
 
@@ -250,11 +257,19 @@ class _Exchange:
 
     async def close(self) -> None:
         """Stop the call (closing the upstream response) and wait until it is done."""
+        self._cancel()
+        if self._done is not None:
+            await self._done.wait()
+
+    def end_soon(self) -> None:
+        """From any thread, without waiting: tell the call's task to stop (it closes the upstream response)."""
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the task ended with it
+            self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
         self._cancelled = True
         if self._scope is not None:
             self._scope.cancel()
-        if self._done is not None:
-            await self._done.wait()
 
 
 def _portable(context: contextvars.Context) -> list[tuple[contextvars.ContextVar[Any], Any]]:

@@ -15,6 +15,7 @@ import pytest
 
 from llmguard_client import Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
 from llmguard_client._core.event_loops import start_soon
+from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
@@ -346,3 +347,45 @@ async def test_closing_lets_a_task_left_on_the_guards_own_loop_finish_before_tha
     start_soon(closing_slowly, home)
     await guard.aclose()
     assert finished.is_set() and sync_threads() == []
+
+
+def open_sync_stream(guard: Guard, server: LoopbackServer) -> Any:
+    """A sync openai stream through the Guard, its first chunk read; left open, as a caller that drops it does."""
+    client = openai.OpenAI(
+        base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.sync_http_client()
+    )
+    events = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(iter(events))
+    return events
+
+
+async def test_a_sync_stream_closed_on_the_loop_its_call_runs_on_ends_the_call_without_blocking_the_loop(
+    server: LoopbackServer,
+) -> None:
+    """A web app's sync handler drops its stream, and the collector closes it on the app's loop thread, where the
+    call runs: the close tells the call to end and returns (before: it waited for a task of the loop it blocked,
+    and the app's loop froze for good)."""
+    server.script = Script(tokens=400, gap=0.01)
+    async with guard_over(server) as guard:
+        assert await async_sdk_call(guard, server)  # this loop owns the Guard: sync calls run here
+        events = await asyncio.to_thread(open_sync_stream, guard, server)
+        events.close()  # on this loop's thread, as a collection here does
+        with anyio.fail_after(10):  # a bound on a hang, not a timing: the call ends as soon as the loop runs
+            while guard.snapshot().calls_in_flight:  # noqa: ASYNC110 - the snapshot signals nothing
+                await anyio.sleep(0.01)
+    assert eventually(lambda: server.disconnects == 1 and client_sockets([server]) == 0)
+
+
+def test_a_sync_stream_closed_on_the_guards_own_loop_thread_ends_the_call(server: LoopbackServer) -> None:
+    """The same, collected on the Guard's own loop thread, which serves sync calls (before: the close raised
+    ``RuntimeError`` there, unraisable in a collection, and the call held its connection and lease for good)."""
+    server.script = Script(tokens=400, gap=0.01)
+    with guard_over(server) as guard:
+        events = open_sync_stream(guard, server)
+
+        async def close_there() -> None:
+            events.close()
+
+        runner_for(guard).call(close_there)
+        assert eventually(lambda: guard.snapshot().calls_in_flight == 0)
+    assert eventually(lambda: server.disconnects == 1 and client_sockets([server]) == 0)
