@@ -350,7 +350,8 @@ class Guard:
         get ``grace`` seconds to finish (default 0); then each is aborted: a call still
         waiting for its first token ends with `GuardClosed` (raised, or a 503 response in
         response mode), a stream being read raises `GuardClosed` from its next read. Then the
-        connection pools are closed. Idempotent.
+        connection pools are closed. Idempotent. Cancelled during the grace (``asyncio.wait_for``,
+        ``anyio.move_on_after``), it ends the grace there, aborts and closes as above, then raises the cancellation.
         """
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
             raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
@@ -360,8 +361,12 @@ class Guard:
         if registry.closed and not registry.live and self._pools_closed:
             return
         registry.closed = True
-        with anyio.CancelScope(shield=True):
+        interrupted: BaseException | None = None
+        try:
             await registry.wait_empty(grace)
+        except anyio.get_cancelled_exc_class() as cancelled:  # a bound on the close ends the grace, not the close
+            interrupted = cancelled
+        with anyio.CancelScope(shield=True):
             leases = list(registry.live)
             for lease in leases:
                 lease.abort()
@@ -378,6 +383,8 @@ class Guard:
                     await self._passthrough_pool.aclose()
                     if isinstance(self._on_record, RecordLogger):
                         self._on_record.close()  # its file, if it writes one
+        if interrupted is not None:
+            raise interrupted
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,

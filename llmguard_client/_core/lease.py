@@ -159,9 +159,11 @@ class LeaseRegistry:
         if not self.live or grace <= 0:
             return
         self._empty = anyio.Event()
-        with anyio.move_on_after(grace):
-            await self._empty.wait()
-        self._empty = None
+        try:
+            with anyio.move_on_after(grace):
+                await self._empty.wait()
+        finally:  # also when the close is cancelled meanwhile
+            self._empty = None
 
 
 class CallLease:

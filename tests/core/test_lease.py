@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 from typing import Any
@@ -164,6 +165,46 @@ def test_aclose_with_grace_lets_calls_finish(backend: str) -> None:
 
     run_virtual(main, backend)
     assert records[0].status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("bound", "backend"), [("asyncio.wait_for", "asyncio"), ("move_on_after", "asyncio"), ("move_on_after", "trio")]
+)
+def test_a_close_cancelled_during_its_grace_still_closes_everything(bound: str, backend: str) -> None:
+    """A bound on the close (``asyncio.wait_for``'s ``Task.cancel()``, which an anyio shield does not stop on
+    asyncio, or a cancel scope) ends the grace there: the calls in flight are aborted and the pools closed, then
+    the cancellation is raised (before: asyncio's stopped the close half-way, the stream read on to its end; a
+    cancel scope was ignored until the grace ended)."""
+    records: list[PhaseRecord] = []
+    guard, fakes = make({A: [Plan(tokens=100, gap=0.5)]}, records, hedge=None)
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        client = guard.http_client()
+
+        async def call() -> None:
+            try:
+                async with client.stream("POST", A + CHAT, json=BODY) as response:
+                    await response.aread()
+            except GuardClosed as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.sleep(1.0)
+            closing_at = now()
+            if bound == "asyncio.wait_for":
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(guard.aclose(grace=30.0), 2.0)
+            else:
+                with anyio.move_on_after(2.0):
+                    await guard.aclose(grace=30.0)
+            assert now() == closing_at + 2.0  # aborted when the bound ended, not after the grace
+            assert_released(guard, fakes)
+        await client.aclose()
+
+    run_virtual(main, backend)
+    assert len(errors) == 1 and [r.cause for r in records] == ["guard_closed"]
 
 
 def test_aclose_rejects_a_bad_grace() -> None:
