@@ -42,6 +42,15 @@ def assert_released(guard: Guard, fakes: dict[str, FakeReplica]) -> None:
     assert all(f.open_streams == 0 for f in fakes.values()), {u: f.open_streams for u, f in fakes.items()}
 
 
+async def read_a_stream(client: httpx.AsyncClient, errors: list[BaseException]) -> None:
+    """One streamed call read to its end; the `GuardClosed` that ends it, if one does, kept in ``errors``."""
+    try:
+        async with client.stream("POST", A + CHAT, json=BODY) as response:
+            await response.aread()
+    except GuardClosed as exc:
+        errors.append(exc)
+
+
 PHASES = {
     # phase: (plans, guard options, seconds after which the caller cancels)
     "waiting_for_a_bulkhead_slot": ({A: [Plan(first_token_after=50)]}, {"bulkheads": {"i": Bulkhead(1, 5)}}, 0.5),
@@ -124,13 +133,7 @@ def test_aclose_aborts_calls_waiting_and_streaming(backend: str) -> None:
 
     async def main() -> None:
         client = guard.http_client()
-
-        async def call() -> None:
-            try:
-                async with client.stream("POST", A + CHAT, json=BODY) as response:
-                    await response.aread()
-            except GuardClosed as exc:
-                errors.append(exc)
+        call = functools.partial(read_a_stream, client, errors)
 
         async with anyio.create_task_group() as tg:
             for _ in range(10):
@@ -181,13 +184,7 @@ def test_a_close_cancelled_during_its_grace_still_closes_everything(bound: str, 
 
     async def main() -> None:
         client = guard.http_client()
-
-        async def call() -> None:
-            try:
-                async with client.stream("POST", A + CHAT, json=BODY) as response:
-                    await response.aread()
-            except GuardClosed as exc:
-                errors.append(exc)
+        call = functools.partial(read_a_stream, client, errors)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
