@@ -72,16 +72,30 @@ async def close_quietly(response: httpx.Response, reading: AsyncIterator[bytes] 
         deadline = math.inf
     else:
         deadline = anyio.current_time() + CLOSE_GRACE
-    with (
-        anyio.CancelScope(shield=True, deadline=deadline),
-        contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
-    ):
-        await reset_unfinished(response)
-        aclose = getattr(reading, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(RuntimeError):  # still running in a read that is being interrupted
-                await aclose()
-        await response.aclose()
+    try:
+        with (
+            anyio.CancelScope(shield=True, deadline=deadline),
+            contextlib.suppress(httpx.HTTPError, OSError, anyio.BrokenResourceError),
+        ):
+            await reset_unfinished(response)
+            aclose = getattr(reading, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(RuntimeError):  # still running in a read that is being interrupted
+                    await aclose()
+            await response.aclose()
+    except anyio.get_cancelled_exc_class():  # asyncio's Task.cancel() passes an anyio shield
+        await _close_socket(response)  # the close it interrupted may not have reached the socket
+        raise
+
+
+async def _close_socket(response: httpx.Response) -> None:
+    """Close ``response``'s connection itself (httpcore's network stream, where it has one): the server sees the
+    disconnect, whatever the pool's own close got to. No wait: the socket's close comes before any await."""
+    stream = response.extensions.get("network_stream")
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 def _no_finish(status: CallStatus, cause: str | None) -> None:
