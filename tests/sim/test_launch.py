@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -12,7 +13,10 @@ import httpx
 import pytest
 
 from llmguard_client._http.tls import default_tls_context
+from llmguard_tools.sim.__main__ import main as sim_main
+from llmguard_tools.sim.cluster import SimCluster
 from llmguard_tools.sim.launch import ClusterStartError, spawn_cluster
+from llmguard_tools.sim.scenarios import get_scenario
 
 TLS = default_tls_context()
 """One TLS context for the module's calls (each ``httpx.get`` would otherwise load the CA bundle)."""
@@ -56,3 +60,36 @@ def test_module_prints_the_ready_line_and_exits_on_sigterm() -> None:
         assert httpx.get(urls[2] + "/sim/stats", verify=TLS).json()["kv_total"] == 1408
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_port_puts_replica_i_on_port_plus_i_and_a_taken_one_is_named() -> None:
+    """``--port P``: a cluster a user's app can be pointed at once, the same ports at each start."""
+    port = _free_port()
+    async with SimCluster(get_scenario("healthy", 1), port=port) as cluster:
+        assert cluster.urls == [f"http://127.0.0.1:{port}"]
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(cluster.urls[0] + "/v1/models")).status_code == 200
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):  # taken: by the first cluster
+            async with SimCluster(get_scenario("healthy", 1), port=port):
+                pass
+
+
+def test_the_command_refuses_a_port_that_is_none_and_names_a_taken_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        sim_main(["--scenario", "healthy", "--port", "70000"])
+    assert "--port must be a TCP port (1-65535), or 0 for free ports; got 70000" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert sim_main(["--scenario", "healthy", "--replicas", "1", "--port", str(port)]) == 2
+    assert capsys.readouterr().err == f"python -m llmguard_tools.sim: cannot listen on 127.0.0.1:{port} " + (
+        "(Address already in use)\n"
+    )

@@ -35,10 +35,12 @@ class _Server(uvicorn.Server):
 class SimCluster:
     """Async context manager running ``scenario``'s replicas; ``urls[i]`` serves ``replicas[i]``."""
 
-    def __init__(self, scenario: ScenarioConfig, seed: int = 0, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, scenario: ScenarioConfig, seed: int = 0, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.scenario = scenario
         self.seed = seed
         self.host = host
+        self.port = port
+        """Replica ``i`` listens on ``port + i``; 0: each on a free port the system picks."""
         self.replicas = [
             Replica(i, scenario.engine, scenario.faults_for(i), seed=seed, model=scenario.model)
             for i in range(scenario.replicas)
@@ -58,7 +60,12 @@ class SimCluster:
                 # listener says TCP; without it a reused connection waited out a 40 ms delayed ACK.
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((self.host, 0))
+                port = self.port + replica.index if self.port else 0
+                try:
+                    sock.bind((self.host, port))
+                except OSError as exc:
+                    sock.close()
+                    raise OSError(exc.errno, f"cannot listen on {self.host}:{port} ({exc.strerror})") from exc
                 config = uvicorn.Config(
                     build_app(replica, self.provider),
                     http="h11",
