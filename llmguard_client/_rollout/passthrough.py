@@ -126,8 +126,8 @@ async def passthrough(
     now = clock()
     try:
         body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
-    except httpx.RequestNotRead:
-        body = b""
+    except httpx.RequestNotRead:  # an httpx2 edge's body: in memory all the same, given as a stream of it
+        body = b"".join(request.stream) if isinstance(request.stream, httpx.ByteStream) else b""
     facts = RequestFacts.parse(request, body)
     origin_name = origin(request.url)
     record = CallRecordBuilder(

@@ -260,3 +260,23 @@ def test_pass_through_under_trio(servers: list[LoopbackServer]) -> None:
     anyio.run(main, backend="trio")
     assert [(r.status, r.cohort) for r in records] == [("ok", "control"), ("timeout", "control")]
     assert records[0].ttft is not None and records[0].ttft >= 0.1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_control_record_through_the_httpx2_edge_has_the_requests_facts(
+    servers: list[LoopbackServer], stream: bool
+) -> None:
+    """openai >= 3's client hands the guard its body as a stream of the bytes in memory: the control record still
+    reads the model, ``stream`` and ``max_tokens`` from it (before: None, False, None)."""
+    openai = pytest.importorskip("openai")
+    records: list[PhaseRecord] = []
+    async with Guard([servers[0].url], rollout=0.0, instrumentation=None, on_record=records.append) as guard:
+        client = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        answer = await client.chat.completions.create(
+            model="gpt-x", messages=[{"role": "user", "content": "hi"}], max_tokens=7, stream=stream
+        )
+        if stream:
+            async for _ in answer:
+                pass
+    (record,) = records
+    assert (record.cohort, record.model, record.stream, record.max_tokens) == ("control", "gpt-x", stream, 7)
