@@ -9,8 +9,10 @@ is the same call again fails at once with that error, sending nothing.
 
 The same call is recognised by its ``Idempotency-Key`` header when it has one (a retry keeps it), else by
 its method, URL and body together with ``x-stainless-retry-count`` > 0 (a first request is never taken for
-a retry). The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW` seconds after the give-up
-(longer than an SDK's backoff between two retries: openai sleeps at most 8 s).
+a retry), sent from the same task (async) or thread (sync) as the call: an SDK sends its retries from where
+it sent the call, so another caller's request with the same body (the same prompt, or a control call beside
+a guarded one) is never taken for one. The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW`
+seconds after the give-up (longer than an SDK's backoff between two retries: openai sleeps at most 8 s).
 
 Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
 request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
@@ -21,8 +23,12 @@ request sent again as a new call within those seconds, from such an SDK, fails a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import itertools
 import logging
+import sys
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -43,6 +49,8 @@ WINDOW = 30.0
 UNCOUNTED_WINDOW = 9.0
 """Seconds after the give-up during which a Stainless SDK's request without a retry count is taken for a retry
 of the same call (openai sleeps at most 8 s between two of its requests)."""
+CALLER_EXTENSION = "llmguard_caller"
+"""Set by the sync edges to their caller's thread: a sync call runs in a task of the Guard's loop, not the caller's."""
 SDK_HEADERS = ("x-stainless-lang", "x-stainless-package-version")
 """Headers every Stainless-built SDK sends, whether or not it sends its retry count."""
 
@@ -144,7 +152,44 @@ def _identity(request: httpx.Request, body: bytes) -> str:
         return "key:" + key
     digest = hashlib.sha256(body)
     digest.update(b"\0" + request.method.encode() + b"\0" + str(request.url).encode())
+    digest.update(b"\0" + _caller(request).encode())
     return "hash:" + digest.hexdigest()
+
+
+def _caller(request: httpx.Request) -> str:
+    """Where ``request`` was sent from: the thread a sync edge named, else the running task. An SDK sends a
+    call's retries from where it sent the call; another caller's request with the same body is another call."""
+    caller = request.extensions.get(CALLER_EXTENSION)
+    if caller is not None:
+        return str(caller)
+    task = _running_task()
+    if task is None:  # the memory used directly, outside a task
+        return ""
+    try:  # a number of its own for the task's life: a task made later at the same address is not taken for it
+        mark = _task_marks.get(task)
+        if mark is None:
+            mark = _task_marks[task] = next(_mark_counter)
+    except TypeError:  # a task that takes no weak reference
+        return f"task-id:{id(task)}"
+    return f"task:{mark}"
+
+
+_task_marks: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+_mark_counter = itertools.count()
+
+
+def _running_task() -> object | None:
+    """The asyncio task or trio task running now, if any."""
+    if asyncio._get_running_loop() is not None:
+        return asyncio.current_task()
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        task: object = trio.lowlevel.current_task()
+    except RuntimeError:  # not in a trio run
+        return None
+    return task
 
 
 def kept(error: GuardFailure) -> GuardFailure:

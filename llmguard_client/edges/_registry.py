@@ -21,6 +21,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
+from llmguard_client._core.given_up import CALLER_EXTENSION
 from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
@@ -64,7 +65,8 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
 
 
 def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
-    """Run a sync call where `sync_access` says."""
+    """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here)."""
+    request.extensions[CALLER_EXTENSION] = f"thread:{threading.get_ident()}"
     access, ended = sync_access(guard, request)
     return send(access, guard.transport, request, ended)
 

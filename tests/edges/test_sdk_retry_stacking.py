@@ -342,3 +342,36 @@ async def test_a_call_past_its_total_deadline_mid_body_is_not_sent_again_by_the_
                 await client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "total_timeout" and len(sent) == 1
     assert sdk_retries(caplog) == (1 if factory == "httpx2_client" else 0)
+
+
+async def test_another_callers_retry_of_the_same_body_is_not_taken_for_a_given_up_call(
+    servers: list[LoopbackServer],
+) -> None:
+    """Two callers send the same prompt: the guard gave up on the first's call; the second's (a control call here,
+    passed through as without a guard) gets its own SDK retry sent, as the plain SDK would. Before: its retry was
+    taken for the first caller's and refused with that call's error (one request, not two)."""
+    for server in servers:
+        server.script = Script(hang_before_headers=5.0)
+    async with guard_over(servers, "auto") as guard:
+
+        def client(**options: Any) -> Any:
+            http = guard.http_client_for(openai.AsyncOpenAI)
+            return openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", http_client=http, **options)
+
+        async def guarded() -> None:
+            with pytest.raises(openai.APITimeoutError):
+                await client().chat.completions.create(model="m", messages=MESSAGES)
+
+        async def control() -> None:
+            with pytest.raises(openai.APITimeoutError) as caught:
+                await client(timeout=0.3, max_retries=1).chat.completions.create(
+                    model="m", messages=MESSAGES, extra_headers={"x-llmguard-cohort": "control"}
+                )
+            assert guard_failure(caught.value) is None  # the SDK's own timeout, twice
+
+        first = asyncio.create_task(guarded())
+        await first
+        assert sent(servers, 1) == 1
+        second = asyncio.create_task(control())  # another caller: another task (the first is still referenced)
+        await second
+    assert sent(servers, 3) == 3  # the control call's request and its SDK retry
