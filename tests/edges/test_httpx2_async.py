@@ -35,38 +35,28 @@ async def test_openai_streamed_and_not_streamed(servers: list[LoopbackServer], a
     assert [(c.stream, c.status) for c in calls] == [(False, "ok"), (True, "ok")]
 
 
+@pytest.mark.parametrize("cancelled_after", [None, 1, 2, 3])
 async def test_closing_an_openai_stream_midway_closes_the_upstream(
-    servers: list[LoopbackServer], amake_guard: MakeGuard
+    servers: list[LoopbackServer], amake_guard: MakeGuard, cancelled_after: int | None
 ) -> None:
+    """Also when asyncio's ``Task.cancel()`` (``wait_for``, ``asyncio.timeout``), which passes the anyio shield
+    around the close, lands ``cancelled_after`` loop steps into ``stream.close()`` (before: at one step, the server
+    generated to the end and the call's connection stayed open)."""
     for server in servers:
         server.script = Script(tokens=300, gap=0.01)
     guard = amake_guard(hedge=None)
     stream = await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES, stream=True)
     async for _ in stream:
         break
-    await stream.close()
-    assert await aeventually(lambda: sum(s.disconnects for s in servers) == 1), [s.disconnects for s in servers]
-
-
-@pytest.mark.parametrize("steps", [1, 2, 3])
-async def test_a_stream_close_cancelled_by_asyncio_midway_still_closes_the_upstream(
-    servers: list[LoopbackServer], amake_guard: MakeGuard, steps: int
-) -> None:
-    """asyncio's ``Task.cancel()`` (``wait_for``, ``asyncio.timeout``) passes the anyio shield around the close: one
-    landing ``steps`` loop steps into ``stream.close()`` must not leave the connection open (before: at one step,
-    the server generated to the end and the call's connection stayed open)."""
-    for server in servers:
-        server.script = Script(tokens=300, gap=0.01)
-    guard = amake_guard(hedge=None)
-    stream = await oai(guard, servers[0]).chat.completions.create(model="m", messages=MESSAGES, stream=True)
-    async for _ in stream:
-        break
-    closing = asyncio.ensure_future(stream.close())
-    for _ in range(steps):
-        await asyncio.sleep(0)  # the close runs to its next suspension
-    closing.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await closing
+    if cancelled_after is None:
+        await stream.close()
+    else:
+        closing = asyncio.ensure_future(stream.close())
+        for _ in range(cancelled_after):
+            await asyncio.sleep(0)  # the close runs to its next suspension
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
     assert await aeventually(lambda: sum(s.disconnects for s in servers) == 1), [s.disconnects for s in servers]
     assert guard.snapshot().calls_in_flight == 0
 
