@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import os
 import sys
 import weakref
 from collections import OrderedDict
@@ -146,6 +147,14 @@ class GivenUp:
             del calls[key]
 
 
+def sdk_call(request: httpx.Request, body: bytes) -> tuple[str | None, int]:
+    """The SDK call ``request`` belongs to, for its record: an id its retries share (from the identity the memory
+    uses) and its retry count; ``(None, 0)`` for a request sent by no SDK that counts its retries."""
+    if RETRY_COUNT_HEADER not in request.headers:
+        return None, 0
+    return _identity(request, body).partition(":")[2][:16], retry_count(request)
+
+
 def _identity(request: httpx.Request, body: bytes) -> str:
     key: str | None = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None:
@@ -170,8 +179,8 @@ def _caller(request: httpx.Request) -> str:
         if mark is None:
             mark = _task_marks[task] = next(_mark_counter)
     except TypeError:  # a task that takes no weak reference
-        return f"task-id:{id(task)}"
-    return f"task:{mark}"
+        return f"task-id:{os.getpid()}:{id(task)}"
+    return f"task:{os.getpid()}:{mark}"  # the process too: a record's id is compared across processes
 
 
 _task_marks: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()

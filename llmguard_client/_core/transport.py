@@ -38,7 +38,7 @@ from llmguard_client._core.caller_intent import max_attempts, within_read_timeou
 from llmguard_client._core.clock import Clock, current_time_source
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
-from llmguard_client._core.given_up import Episode, GivenUp
+from llmguard_client._core.given_up import Episode, GivenUp, sdk_call
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -314,6 +314,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             stream=facts.stream,
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
+            sdk_call=sdk_call(request, body),
         )
         if sent_once(streamed):
             record.one_attempt_because("streamed_body")

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import anyio
 import httpx
 
+from llmguard_client._core.given_up import sdk_call
 from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.origin import OriginKey, origin, origin_key
@@ -142,6 +143,7 @@ async def passthrough(
         stream=facts.stream,
         max_tokens=facts.max_tokens,
         rollout_fraction=fraction,
+        sdk_call=sdk_call(request, body),
     )
     if one_attempt is not None:
         record.one_attempt_because(one_attempt)

@@ -66,7 +66,7 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
 
 def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
     """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here)."""
-    request.extensions[CALLER_EXTENSION] = f"thread:{threading.get_ident()}"
+    request.extensions[CALLER_EXTENSION] = f"thread:{os.getpid()}:{threading.get_ident()}"
     access, ended = sync_access(guard, request)
     return send(access, guard.transport, request, ended)
 

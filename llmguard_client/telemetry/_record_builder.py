@@ -209,11 +209,13 @@ class CallRecordBuilder:
         stream: bool,
         max_tokens: int | None,
         rollout_fraction: float | None,
+        sdk_call: tuple[str | None, int] = (None, 0),
     ) -> None:
         f = self._fields = _CALL.copy()
         f["request_id"], f["tier"], f["cohort"], f["method"], f["path"] = request_id, tier, cohort, method, path
         f["start"], f["start_unix"], f["model"], f["stream"] = start, start_unix, model, stream
         f["max_tokens"], f["rollout_fraction"] = max_tokens, rollout_fraction
+        f["sdk_call"], f["sdk_retry"] = sdk_call
         self._attempts: list[AttemptRecordBuilder] = []
         self._extensions: MutableMapping[str, Any] | None = None
         self._final: PhaseRecord | None = None

@@ -140,6 +140,11 @@ class PhaseRecord:
     if nothing broke)."""
     one_attempt: OneAttempt | None = None
     """Why the guard gave this call one attempt only, with no hedge and no retry (None: it did not limit it)."""
+    sdk_call: str | None = None
+    """Sent by an SDK that counts its retries (openai, anthropic): an id of the SDK's call, the same on the
+    records of its retries (a record per request the SDK sent); None otherwise."""
+    sdk_retry: int = 0
+    """The SDK's count of this request among its call's (``x-stainless-retry-count``): 0 for the first."""
 
     @property
     def ttft(self) -> float | None:

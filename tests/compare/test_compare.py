@@ -208,6 +208,34 @@ def test_ttft_and_e2e_are_derived_when_only_timestamps_are_there() -> None:
     assert (only.ttft, only.e2e, only.attempts, only.fraction) == (0.5, 2.0, 0, None)
 
 
+def test_an_sdks_retries_are_folded_into_the_call_they_retry() -> None:
+    """A control call's SDK retries are a record each (the guard did not send them): read as one call, with the
+    last request's outcome, the time from the first request's start, and every request's attempts."""
+
+    def line(cohort: str, start: float, status: str, code: int, sdk: tuple[str | None, int], ttft: float | None) -> str:
+        finish = start + (0.05 if ttft is None else ttft + 0.3)
+        first = None if ttft is None else start + ttft
+        record = {"cohort": cohort, "tier": "t", "status": status, "http_status": code, "start": start}
+        record |= {"first_token": first, "finish": finish, "sdk_call": sdk[0], "sdk_retry": sdk[1]}
+        return json.dumps({**record, "attempts": [{"sent": start}]})
+
+    lines = [
+        line("control", 1.0, "http_error", 429, ("a", 0), None),
+        line("guarded", 1.2, "ok", 200, ("b", 0), 0.1),  # another call between
+        line("guarded", 1.5, "ok", 200, ("a", 1), 0.2),  # a's retry, drawn into the other cohort
+        line("control", 3.0, "ok", 200, ("a", 0), 0.1),  # the same body sent again later: a call of its own
+        line("control", 4.0, "ok", 200, (None, 0), 0.1),  # no SDK: never folded
+    ]
+    calls = read_records(lines).calls
+    assert [(c.cohort, c.status, c.http_status, c.attempts) for c in calls] == [
+        ("control", "ok", 200, 2),
+        ("guarded", "ok", 200, 1),
+        ("control", "ok", 200, 1),
+        ("control", "ok", 200, 1),
+    ]
+    assert calls[0].ttft == pytest.approx(0.7) and calls[0].e2e == pytest.approx(1.0)  # from the first request
+
+
 # --- the CLI ------------------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmguard_client import Guard, OpenTelemetryInstrumentation, PhaseRecord, Tier, UnknownTierError, guard_failure
 from llmguard_client._rollout.rollout import key_position
+from llmguard_tools.compare.load import read_records
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
 from tests.recording import RecordingServer
@@ -280,3 +282,25 @@ async def test_a_control_record_through_the_httpx2_edge_has_the_requests_facts(
                 pass
     (record,) = records
     assert (record.cohort, record.model, record.stream, record.max_tokens) == ("control", "gpt-x", stream, 7)
+
+
+async def test_a_control_calls_sdk_retries_read_as_one_call_as_its_caller_saw_it(servers: list[LoopbackServer]) -> None:
+    """Each control call meets a 429 (``Retry-After: 0``), and the SDK's retry of it is served: a record per request,
+    the two sharing an ``sdk_call``, which `compare` reads as one successful call (before: two calls, half failed)."""
+    openai = pytest.importorskip("openai")
+    servers[0].scripter = lambda index, attempt: (
+        Script(status=429, headers={"retry-after": "0"}, body={"error": {"message": "slow down"}})
+        if attempt == 1
+        else None
+    )
+    records: list[PhaseRecord] = []
+    async with Guard([servers[0].url], rollout=0.0, instrumentation=None, on_record=records.append) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        for i in range(4):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"req{i} hi"}])
+    assert [(r.http_status, r.sdk_retry) for r in records] == [(429, 0), (200, 1)] * 4
+    assert len({r.sdk_call for r in records}) == 4 and None not in {r.sdk_call for r in records}
+    calls = read_records(json.dumps(r.to_dict()) for r in records).calls
+    assert [(c.cohort, c.status, c.attempts) for c in calls] == [("control", "ok", 2)] * 4

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
-__all__ = ["Call", "Records", "read_path", "read_records"]
+__all__ = ["Call", "Records", "read_path", "read_records", "sdk_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,10 @@ class Call:
     sent: int
     """Attempts that reached a server (their request was written, or an answer came back)."""
     fraction: float | None
+    start: float | None = None
+    sdk_call: str | None = None
+    """The SDK call the record's request belongs to (`PhaseRecord.sdk_call`), if an SDK sent it."""
+    sdk_retry: int = 0
 
     @property
     def ok(self) -> bool:
@@ -73,7 +77,48 @@ def read_records(lines: Iterable[str]) -> Records:
             objects += obj is not None
         else:
             calls.append(call)
-    return Records(calls, skipped, read, objects)
+    return Records(sdk_calls(calls), skipped, read, objects)
+
+
+def sdk_calls(requests: list[Call]) -> list[Call]:
+    """One `Call` per call the caller made: an SDK's retry (a record of the same ``sdk_call`` with a higher
+    ``sdk_retry``, after it) is folded into the call it retries, which takes the last request's outcome, the time
+    from the first request's start, and every request's attempts, in the first request's cohort and tier. A
+    control call's retries are the SDK's, one record each; a guarded call's are the guard's, inside its record."""
+    calls: list[Call] = []
+    open_calls: dict[str, int] = {}
+    """Each SDK call's index in ``calls`` and the retry count of its last request."""
+    last_retry: dict[str, int] = {}
+    for request in requests:  # in the order written: a request's record is written once it ended
+        key = request.sdk_call
+        if key is None or request.sdk_retry <= last_retry.get(key, -1) or key not in open_calls:
+            if key is not None:
+                open_calls[key], last_retry[key] = len(calls), request.sdk_retry
+            calls.append(request)
+            continue
+        index = open_calls[key]
+        calls[index] = _folded(calls[index], request)
+        last_retry[key] = request.sdk_retry
+    return calls
+
+
+def _folded(first: Call, retry: Call) -> Call:
+    """``first`` (the call so far) with the SDK's ``retry`` of it after."""
+    shift = (retry.start - first.start) if retry.start is not None and first.start is not None else None
+
+    def since_first(seconds: float | None) -> float | None:
+        return None if seconds is None or shift is None else shift + seconds
+
+    return replace(
+        first,
+        status=retry.status,
+        http_status=retry.http_status,
+        ttft=since_first(retry.ttft),
+        e2e=since_first(retry.e2e),
+        attempts=first.attempts + retry.attempts,
+        sent=first.sent + retry.sent,
+        sdk_retry=retry.sdk_retry,
+    )
 
 
 def _objects(lines: Iterable[str]) -> Iterator[dict[str, Any] | None]:
@@ -123,4 +168,7 @@ def _call(obj: dict[str, Any]) -> Call | None:
         attempts=len(attempts),
         sent=reached,
         fraction=_number(obj.get("rollout_fraction")),
+        start=_number(obj.get("start")),
+        sdk_call=obj.get("sdk_call") if isinstance(obj.get("sdk_call"), str) else None,
+        sdk_retry=retry if isinstance(retry := obj.get("sdk_retry"), int) and not isinstance(retry, bool) else 0,
     )
