@@ -59,6 +59,20 @@ def running_loop() -> EventLoop | None:
     return run
 
 
+def running_task() -> object | None:
+    """The task running now (asyncio's, or trio's), or None outside one."""
+    if asyncio._get_running_loop() is not None:
+        return asyncio.current_task()
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        task: object = trio.lowlevel.current_task()
+    except RuntimeError:  # not in a trio run
+        return None
+    return task
+
+
 def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[T]:
     """Start ``func()`` as a task on ``loop`` from another thread; its future. ``RuntimeError`` if the loop has
     ended; the future is cancelled if the loop ends before the task does."""

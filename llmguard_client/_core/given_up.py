@@ -23,18 +23,17 @@ request sent again as a new call within those seconds, from such an SDK, fails a
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import logging
 import os
-import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import httpx
 
+from llmguard_client._core.event_loops import running_task
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.telemetry.record import PhaseRecord
@@ -171,34 +170,17 @@ def _caller(request: httpx.Request) -> str:
     caller = request.extensions.get(CALLER_EXTENSION)
     if caller is not None:
         return str(caller)
-    task = _running_task()
+    task = running_task()
     if task is None:  # the memory used directly, outside a task
         return ""
-    try:  # a number of its own for the task's life: a task made later at the same address is not taken for it
-        mark = _task_marks.get(task)
-        if mark is None:
-            mark = _task_marks[task] = next(_mark_counter)
-    except TypeError:  # a task that takes no weak reference
-        return f"task-id:{os.getpid()}:{id(task)}"
+    mark = _task_marks.get(task)  # a number for the task's life: a later task at the same address is another
+    if mark is None:
+        mark = _task_marks[task] = next(_mark_counter)
     return f"task:{os.getpid()}:{mark}"  # the process too: a record's id is compared across processes
 
 
 _task_marks: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
 _mark_counter = itertools.count()
-
-
-def _running_task() -> object | None:
-    """The asyncio task or trio task running now, if any."""
-    if asyncio._get_running_loop() is not None:
-        return asyncio.current_task()
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return None
-    try:
-        task: object = trio.lowlevel.current_task()
-    except RuntimeError:  # not in a trio run
-        return None
-    return task
 
 
 def kept(error: GuardFailure) -> GuardFailure:
