@@ -86,19 +86,17 @@ def sdk_calls(requests: list[Call]) -> list[Call]:
     from the first request's start, and every request's attempts, in the first request's cohort and tier. A
     control call's retries are the SDK's, one record each; a guarded call's are the guard's, inside its record."""
     calls: list[Call] = []
-    open_calls: dict[str, int] = {}
-    """Each SDK call's index in ``calls`` and the retry count of its last request."""
-    last_retry: dict[str, int] = {}
+    index_of: dict[str, int] = {}
+    """Each SDK call's place in ``calls`` (its ``sdk_retry`` is that of its last request so far)."""
     for request in requests:  # in the order written: a request's record is written once it ended
         key = request.sdk_call
-        if key is None or request.sdk_retry <= last_retry.get(key, -1) or key not in open_calls:
-            if key is not None:
-                open_calls[key], last_retry[key] = len(calls), request.sdk_retry
-            calls.append(request)
+        index = index_of.get(key) if key is not None else None
+        if index is not None and request.sdk_retry > calls[index].sdk_retry:
+            calls[index] = _folded(calls[index], request)
             continue
-        index = open_calls[key]
-        calls[index] = _folded(calls[index], request)
-        last_retry[key] = request.sdk_retry
+        if key is not None:
+            index_of[key] = len(calls)
+        calls.append(request)
     return calls
 
 
