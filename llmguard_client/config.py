@@ -233,7 +233,8 @@ class RetryPolicy:
     ``backoff_initial`` x 2^(round-1))], `llmguard_client._layers.retry.Backoff`); a server's Retry-After replaces it
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows (a retry the server paced, back to the replica that sent a
-    Retry-After once that wait is over, is sent past it: `BudgetPolicy`), and only if it fits the tier deadline.
+    Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if
+    it fits the tier deadline.
 
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
     call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [1/2, 1] x
@@ -317,8 +318,9 @@ class BudgetPolicy:
     """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the logical calls of the last
     ``window`` seconds, plus ``floor`` so a quiet client can still retry. ``scope="fleet"`` counts the calls and
     extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md).
-    A retry the server paced (back to the replica that answered with a Retry-After, once that wait is over) is
-    sent even when the budget is empty, and charged to it (``snapshot().paced`` counts those past the bound)."""
+    A retry the server paced (back to the replica that answered with a Retry-After, or a 429 without one, once
+    that wait or the cool-down standing in for it is over) is sent even when the budget is empty, and charged
+    to it (``snapshot().paced`` counts those past the bound)."""
 
     ratio: float = 0.1
     floor: int = 4

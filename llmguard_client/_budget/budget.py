@@ -63,7 +63,8 @@ class BudgetSnapshot:
     """Extra attempts charged to the current window (a conservative over-count)."""
     paced: int = 0
     """Lifetime retries admitted past the bound, and not refunded, because they go back to the replica that
-    answered with a Retry-After, no sooner than it asked (`RetryBudget.try_acquire`); in ``spent`` too."""
+    answered with a Retry-After (or a 429 without one), no sooner than it asked (`RetryBudget.try_acquire`); in
+    ``spent`` too."""
     pending: int = 0
     """Tickets acquired but neither used (`BudgetTicket.settle`) nor refunded: 0 when no call is live."""
     scope: Literal["process", "fleet"] = "process"
@@ -155,7 +156,8 @@ class RetryBudget:
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
     One kind of extra attempt passes the bound: a *paced* retry, which goes back to the replica that answered
-    with a Retry-After, no sooner than it asked. The server set its pace, as a provider's rate limit does
+    with a Retry-After, no sooner than it asked (or with a 429 without one, once the guard's cool-down standing
+    in for it ends). The server set its pace, as a provider's rate limit does
     (the plain SDKs honour it too), so an empty budget does not end the call. It is still charged to the
     window (hedges see the load) and counted in ``paced``; the bound above holds for every other extra attempt.
 

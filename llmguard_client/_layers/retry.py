@@ -24,7 +24,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need). A retry that goes back to the replica that answered with a
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
-  and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it;
+  and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
+  back to a replica that answered 429 without a Retry-After, once the cool-down standing in for it ends
+  (a 503 without one, an overloaded engine, stays within the budget);
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
@@ -311,8 +313,10 @@ class RetryLayer:
             if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to the replica that asked for a wait: not before its cool-down ends (not at its probe), so the
-        # server paces this retry.
-        paced = bool(last.retry_after) and state is last.state and not self._provider_limit(last)
+        # server paces this retry. A 429 is such a request even without a Retry-After (the guard's own cool-down
+        # stands in for it): the server refused this client, cheaply, and the plain SDK would retry it too.
+        asked_to_wait = bool(last.retry_after) or (last.retry_after is None and last.status_code == 429)
+        paced = asked_to_wait and state is last.state and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):

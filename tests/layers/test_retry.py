@@ -123,6 +123,27 @@ def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_en
 
 
 @BACKENDS
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_429_without_retry_after_is_paced_by_the_cool_down_and_a_503_by_the_budget(backend: str, status: int) -> None:
+    """One hosted endpoint answering a 429 with no Retry-After (some gateways send none): the server refused
+    this client, and the guard's own cool-down stands in for the wait, so the retry goes back when it ends
+    and passes an empty budget, as the plain SDK would retry. A 503 without one is an overloaded engine: the
+    budget still bounds its retries, and the caller gets the answer at once."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
+    retry = RetryPolicy(overload_cooldown=1.5)
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
+    assert snapshot is not None
+    if status == 503:
+        assert response.status_code == 503 and response.headers["x-llmguard-cause"] == "budget_exhausted"
+        assert (snapshot.paced, snapshot.refused, len(record.attempts)) == (0, 1, 1)
+        return
+    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0)
+    first, retry_attempt = record.attempts
+    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (429, "retry", "won")
+    assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
+
+
+@BACKENDS
 def test_a_retry_to_another_replica_after_a_retry_after_is_paid_from_the_budget(backend: str) -> None:
     """Only a retry that waits out the server's own Retry-After passes an empty budget: one that goes at once
     to another replica is extra load the budget bounds, and the caller gets the 429."""
@@ -167,23 +188,33 @@ async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(serv
     assert len(records[0].attempts) == 2 and records[0].status == "rejected"
 
 
-async def test_openai_against_always_429_sees_no_stacked_retries(servers: list[LoopbackServer]) -> None:
-    """The server sees at most 1 + budgeted retries per call, not openai's x3."""
-    servers[0].script = Script(status=429, body={"error": {"message": "slow down", "type": "rate_limit"}})
+@pytest.mark.parametrize(
+    ("status", "error"), [(503, openai.InternalServerError), (429, openai.RateLimitError)], ids=["503", "429"]
+)
+async def test_openai_against_an_always_failing_endpoint_sees_no_stacked_retries(
+    servers: list[LoopbackServer], status: int, error: type[openai.APIStatusError]
+) -> None:
+    """No SDK retry stacked on the guard's: one record per call, at most `RetryPolicy.max_attempts` requests
+    each, never openai's x3 on top. An overloaded engine's 503s are retried within the budget only; a 429
+    without Retry-After is retried after each cool-down, as often as the plain SDK would (1 + 2)."""
+    servers[0].script = Script(status=status, body={"error": {"message": "slow down", "type": "x"}})
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.1, floor=2, window=60.0)
     calls = 10
-    # A short cool-down after each Retry-After-less 429: the default 1 s only made the budgeted retries wait.
+    # A short cool-down after each Retry-After-less 429/503: the default 1 s only made the retries wait.
     retry = RetryPolicy(overload_cooldown=0.05)
     async with make_guard([servers[0].url], records, budget=budget, retry=retry) as guard:
         oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
         for _ in range(calls):
-            with pytest.raises(openai.RateLimitError):
+            with pytest.raises(error):
                 await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     received = len(servers[0].received)
     assert len(records) == calls  # each SDK retry (after its 0.5-8 s sleep) would be one more record
-    assert received <= calls + budget.floor + budget.ratio * calls
-    assert all(len(r.attempts) <= RetryPolicy().max_attempts for r in records)
+    assert all(len(r.attempts) <= retry.max_attempts for r in records)
+    if status == 503:
+        assert received <= calls + budget.floor + budget.ratio * calls
+    else:
+        assert received == calls * retry.max_attempts
 
 
 async def test_empty_budget_returns_the_last_server_answer(servers: list[LoopbackServer]) -> None:
