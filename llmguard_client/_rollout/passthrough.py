@@ -237,7 +237,9 @@ class _MeasuredStream(httpx.AsyncByteStream):
         try:
             async for chunk in stream:
                 if reader is not None and reader.feed(chunk) and end.record.first_token is None:
-                    end.record.first_token_at(end.clock())
+                    now = end.clock()
+                    end.record.first_token_at(now)
+                    end.attempt.attempt_first_token(now)  # as it comes: a fault injected mid-body waits for it
                 yield chunk
         except Exception as exc:
             cause = error_kind(exc)
@@ -265,7 +267,8 @@ class _MeasuredStream(httpx.AsyncByteStream):
             facts.finish_reasons,
             reader.chunks,
         )
-        end.attempt.attempt_first_token(first_token)
+        if end.attempt.first_token is None:
+            end.attempt.attempt_first_token(first_token)
         if reader.failure is not None:
             end("error", reader.failure.cause, "failed", reader.failure.cause)
         else:

@@ -131,6 +131,21 @@ async def test_an_injected_cut_without_continuation_fails_as_a_real_reset(server
     assert injected == real == (openai.APIConnectionError, "error", "remote_protocol_error", [(a, "primary", "won")])
 
 
+async def test_an_injected_cut_reaches_the_control_cohort_too(servers: list[LoopbackServer]) -> None:
+    """A rollout comparison under chaos sees the same faults on both sides: a control call's stream is cut
+    after its first content token, as a guarded call's is, and its attempt is marked."""
+    a = servers[0].url
+    servers[0].script = Script(tokens=10, gap=0.005)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, chaos=Chaos(cut=1.0), rollout=0.0) as guard:
+        with pytest.raises(openai.APIConnectionError):
+            await sdk_text(guard, a)
+    (record,) = records
+    (attempt,) = record.attempts
+    assert (record.cohort, record.status, attempt.chaos) == ("control", "error", ("cut",))
+    assert attempt.first_token is not None and record.first_token == attempt.first_token
+
+
 BODY = {"model": "m", "messages": MESSAGES, "stream": True}
 
 
