@@ -243,7 +243,7 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
-        self._chaos = chaos_switch(chaos)  # None unless LLMGUARD_CHAOS=1: then nothing is wrapped
+        self._chaos = chaos_switch(chaos, resolved)  # None unless LLMGUARD_CHAOS=1: then nothing is wrapped
         if self._chaos is not None:
             transport_factory = self._chaos.wrapping(transport_factory)
         cohorts = Rollout(

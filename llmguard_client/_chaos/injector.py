@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import anyio
@@ -38,8 +38,10 @@ class ChaosSwitch:
     """The `Chaos` policy in force (None: nothing injected), switchable at run time from any thread, and the
     seeded random source its draws come from (a new one, from the policy's seed, on every switch)."""
 
-    def __init__(self, policy: Chaos | None) -> None:
+    def __init__(self, policy: Chaos | None, replicas: Collection[Replica]) -> None:
         self._state: tuple[Chaos, random.Random] | None = None
+        self._names = sorted({r.name for r in replicas})
+        self._known = {r.name for r in replicas} | {r.url.rstrip("/") for r in replicas}
         self.set(policy)
 
     @property
@@ -56,6 +58,12 @@ class ChaosSwitch:
         if not isinstance(policy, Chaos):
             raise GuardConfigError(f"chaos must be a Chaos(...) or None, got {policy!r}")
         refuse_unless_enabled()
+        unknown = sorted(set(policy.replicas or ()) - self._known)
+        if unknown:  # a fault test that injects nothing would pass without testing anything
+            raise GuardConfigError(
+                f"Chaos.replicas names {', '.join(map(repr, unknown))}, not a replica of this Guard; "
+                f"accepted: its replicas' base URLs, as given to Guard(replicas=...): {self._names}"
+            )
         self._state = (policy, random.Random(policy.seed))  # one assignment: a draw sees the old or the new
 
     def draw(self, replica: Replica) -> Draw | None:
@@ -98,14 +106,14 @@ def refuse_unless_enabled() -> None:
         )
 
 
-def chaos_switch(policy: Chaos | None) -> ChaosSwitch | None:
-    """The switch for a Guard built with ``chaos=policy``: None (no wrapping, nothing can be injected later)
-    unless ``LLMGUARD_CHAOS`` is set; a policy without it is refused."""
+def chaos_switch(policy: Chaos | None, replicas: Collection[Replica]) -> ChaosSwitch | None:
+    """The switch for a Guard of ``replicas`` built with ``chaos=policy``: None (no wrapping, nothing can be
+    injected later) unless ``LLMGUARD_CHAOS`` is set; a policy without it is refused."""
     if policy is not None:
         if not isinstance(policy, Chaos):
             raise GuardConfigError(f"chaos must be a Chaos(...) or None, got {policy!r}")
         refuse_unless_enabled()
-    return ChaosSwitch(policy) if chaos_enabled() else None
+    return ChaosSwitch(policy, replicas) if chaos_enabled() else None
 
 
 class ChaosTransport(httpx.AsyncBaseTransport):

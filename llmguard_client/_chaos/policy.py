@@ -63,7 +63,8 @@ class Chaos:
                    mid-body) at the first read after its first content token. An answer that is complete
                    by then (a non-streamed body) is not cut, nor marked.
     latency:       wait ``latency_for`` seconds before sending.
-    replicas:      inject only into attempts to these replicas (names or base URLs); None: every replica.
+    replicas:      inject only into attempts to these replicas (base URLs, as the Guard was given them; one that
+                   is not the Guard's is refused when the policy is set); None: every replica.
     seed:          seeds the random source the attempts' draws come from (None: unseeded). With one seed and
                    the same sequence of attempts, the same attempts get the same faults.
 

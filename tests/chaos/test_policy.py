@@ -89,7 +89,7 @@ def test_a_policy_is_refused_by_the_guard_when_it_is_not_one(chaos_on: None) -> 
 
 
 def draws(policy: Chaos, n: int, replica: str = URLS[0]) -> list[tuple[str | None, float]]:
-    switch = ChaosSwitch(policy)
+    switch = ChaosSwitch(policy, [Replica(url) for url in URLS])
     out = []
     for _ in range(n):
         drawn = switch.draw(Replica(replica))
@@ -114,3 +114,20 @@ def test_only_the_named_replicas_get_faults(chaos_on: None) -> None:
     policy = Chaos(reset=1.0, replicas=["http://a.test/"])
     assert {fault for fault, _ in draws(policy, 10, "http://a.test")} == {"reset"}
     assert {fault for fault, _ in draws(policy, 10, "http://b.test")} == {None}
+
+
+@pytest.mark.parametrize(
+    "named",
+    ["http://a.test/v1", "http://localhost:9", "a.test"],
+    ids=["openai-base-url", "another-host", "no-scheme"],
+)
+def test_a_policy_naming_no_replica_of_the_guard_is_refused_before_anything_is_sent(chaos_on: None, named: str) -> None:
+    """A fault test whose faults go nowhere would pass without testing anything: the policy is refused when the
+    Guard is built and by ``set_chaos``, naming what was wrong and what is accepted."""
+    policy = Chaos(reset=1.0, replicas=[URLS[0], named])
+    with pytest.raises(GuardConfigError, match=f"{named!r}, not a replica of this Guard.*{URLS[1]}"):
+        Guard(URLS, instrumentation=None, chaos=policy)
+    guard = Guard(URLS, instrumentation=None, chaos=Chaos(reset=1.0, replicas=[URLS[0] + "/"]))
+    with pytest.raises(GuardConfigError, match="not a replica of this Guard"):
+        guard.set_chaos(policy)
+    assert guard.chaos == Chaos(reset=1.0, replicas=[URLS[0]])  # the policy in force is unchanged
