@@ -37,7 +37,7 @@ from llmguard_tools.sim.wire import DONE, sse
 from llmguard_tools.sim.wire_messages import MessagesWire
 from llmguard_tools.sim.wire_responses import ResponsesWire
 
-CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/files")
+CHAT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/files", "/v1/embeddings")
 COUNTERS = (
     "received",
     "admitted",

@@ -10,6 +10,7 @@ POST .../messages                event stream     `MessagesReader`
 one of those, ``stream: true``   anything else    the protocol's, if the body opens with an event field;
                                                  else `NotAStreamReader` (always a failure)
 one of those, not streaming      JSON             `BodyReader` (the protocol's body facts)
+POST .../embeddings              JSON             `EmbeddingsReader`: passed through, model and usage noted
 anything else                    anything         `PassthroughReader` (first bytes = first token)
 any request                      a redirect, or   `PassthroughReader`: no generation to judge; the
                                  204 / 205        client follows the redirect as without a guard
@@ -25,6 +26,7 @@ from llmguard_client.protocols.base import StreamReader
 from llmguard_client.protocols.body import Absorb, BodyReader
 from llmguard_client.protocols.chat import ChatReader, absorb_chat_body
 from llmguard_client.protocols.completions import CompletionsReader, absorb_completions_body
+from llmguard_client.protocols.embeddings import EmbeddingsReader
 from llmguard_client.protocols.messages import MessagesReader, absorb_message_body
 from llmguard_client.protocols.passthrough import PassthroughReader
 from llmguard_client.protocols.responses import ResponsesReader, absorb_response
@@ -68,8 +70,11 @@ NO_GENERATION = frozenset({204, 205})
 def reader_for(method: str, path: str, content_type: str, requested_stream: bool, status: int = 200) -> StreamReader:
     """A fresh reader for one answer (``status`` below 400); see the module docstring for the table."""
     protocol = protocol_for(method, path)
-    if protocol is None or 300 <= status < 400 or status in NO_GENERATION:
+    if 300 <= status < 400 or status in NO_GENERATION:
         return PassthroughReader()
+    if protocol is None:
+        embeddings = method == "POST" and path.rstrip("/").endswith("/embeddings") and "json" in content_type.lower()
+        return EmbeddingsReader() if embeddings else PassthroughReader()
     content_type = content_type.lower()
     if "text/event-stream" in content_type:
         return protocol.stream()

@@ -13,6 +13,7 @@ from llmguard_client.protocols.base import StreamFailure
 from llmguard_client.protocols.body import PLAIN_BODY_LIMIT, BodyReader, NotAStreamReader
 from llmguard_client.protocols.chat import ChatReader
 from llmguard_client.protocols.completions import CompletionsReader
+from llmguard_client.protocols.embeddings import EmbeddingsReader
 from llmguard_client.protocols.errors import error_failure
 from llmguard_client.protocols.messages import MessagesReader
 from llmguard_client.protocols.passthrough import PassthroughReader
@@ -36,7 +37,8 @@ SSE = "text/event-stream; charset=utf-8"
         ("POST", "/v1/chat/completions", "text/plain", False, PassthroughReader),
         ("POST", "/v1/messages/count_tokens", "application/json", False, PassthroughReader),
         ("POST", "/generate_stream", SSE, True, PassthroughReader),
-        ("POST", "/v1/embeddings", "application/json", False, PassthroughReader),
+        ("POST", "/v1/embeddings", "application/json", False, EmbeddingsReader),
+        ("POST", "/v1/embeddings", "text/plain", False, PassthroughReader),
         ("GET", "/v1/responses", SSE, True, PassthroughReader),
         ("GET", "/v1/models", "application/json", False, PassthroughReader),
     ],
