@@ -387,8 +387,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if win is not None:
             attempt = win.attempt
             if attempt.outcome == "won":
-                if attempt.finish is None or win.rest is not None:
-                    attempt.attempt_finished("won", now)
+                if attempt.finish is None or win.rest is not None:  # a body that broke: the attempt's error too
+                    attempt.attempt_finished("won", now, error=cause if status in ("error", "timeout") else None)
                 end = attempt.finish if attempt.finish is not None else now
                 ok, tokens, duration = _stream_outcome(status, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)

@@ -127,6 +127,7 @@ async def test_an_injected_cut_without_continuation_fails_as_a_real_reset(server
         outcomes.append((type(caught.value), record.status, record.cause, [x[:3] for x in attempts(record)]))
         marks = [x[4] for x in attempts(record)]
         assert marks == ([("cut",)] if chaos is not None else [()])
+        assert record.attempts[0].error == record.cause  # the winner's break is its error too, as on its span
     injected, real = outcomes
     assert injected == real == (openai.APIConnectionError, "error", "remote_protocol_error", [(a, "primary", "won")])
 
