@@ -460,8 +460,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
         # A failure the guard does not retry at all (off the generation paths, anything but a refused connection)
-        # is the SDK's to retry or not, as without a guard; so is a call whose body the guard does not hold.
-        sdk_decides = met and outcome.stopped == "not_retryable"
+        # is the SDK's to retry or not, as without a guard; so is a call whose body the guard does not hold, and a
+        # first-token deadline that was the SDK's own read timeout (shorter than the tier's): its max_retries
+        # decides, as it does without a guard (0: this one request; else the next goes as a call of its own).
+        sdk_decides = (met and outcome.stopped == "not_retryable") or (
+            isinstance(error, TTFTTimeout) and call.tier.ttft < self._tiers[call.tier_name].ttft
+        )
         if call.streamed is not None:
             pass
         elif not sdk_decides and (

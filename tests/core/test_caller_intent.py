@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -137,6 +138,52 @@ def test_the_sdks_timeout_bounds_the_whole_call_not_each_attempt(servers: list[L
     assert len(calls[0].attempts) == 1
     assert server.wait_for(lambda: len(server.received) == 1)
     assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("create", ["chat", "embeddings"])
+def test_a_request_that_outlasts_the_sdks_timeout_is_the_sdks_to_retry(
+    servers: list[LoopbackServer], kind: str, create: str
+) -> None:
+    """openai.OpenAI(timeout=1.0) with its default max_retries=2, a server whose first answer takes 3 s and the
+    next comes at once: served on the SDK's retry, as without a guard (2 requests), not failed at 1 s. The
+    timeout was the SDK's own deadline, shorter than the tier's, so its max_retries decides."""
+    server = servers[0]
+    server.scripter = lambda index, attempt: Script(hang_before_headers=3.0) if attempt == 1 else None
+    if create == "embeddings":
+        vector = {"object": "embedding", "index": 0, "embedding": [0.5]}
+        server.script = Script(body={"object": "list", "data": [vector], "model": "e", "usage": {"prompt_tokens": 1}})
+
+    async def call(client: Any) -> object:
+        if create == "chat":
+            return await client.chat.completions.create(model="m", messages=MESSAGES)
+        return await client.embeddings.create(model="m", input="req1 hi")
+
+    def sync_call(client: Any) -> object:
+        if create == "chat":
+            return client.chat.completions.create(model="m", messages=MESSAGES)
+        return client.embeddings.create(model="m", input="req1 hi")
+
+    with guard_over(server, tier=Tier(ttft=10, total=20)) as guard, guard.capture() as calls:
+        if kind == "sync":
+            client = openai.OpenAI(
+                base_url=server.url + "/v1", api_key="k", timeout=1.0, http_client=guard.http_client_for(openai.OpenAI)
+            )
+            sync_call(client)
+        else:
+
+            async def main() -> None:
+                async with openai.AsyncOpenAI(
+                    base_url=server.url + "/v1",
+                    api_key="k",
+                    timeout=1.0,
+                    http_client=guard.http_client_for(openai.AsyncOpenAI),
+                ) as client:
+                    await call(client)
+
+            anyio.run(main)
+    assert [(c.status, c.cause) for c in calls] == [("timeout", "ttft_timeout"), ("ok", None)]
+    assert server.wait_for(lambda: len(server.received) == 2)
 
 
 async def test_the_sdks_timeout_bounds_each_silence_of_a_stream(servers: list[LoopbackServer]) -> None:
