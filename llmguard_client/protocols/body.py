@@ -24,10 +24,15 @@ Absorb = Callable[[ResponseFacts, dict[str, Any]], None]
 """Takes a protocol's facts from its complete JSON body."""
 
 
+_ANSWER_KEYS = ("choices", "output", "content")
+"""A body with one of these is the protocol's answer, even one whose ``error`` is set: a Responses API
+response with ``status: "failed"`` (``output: []``) is handed to the caller as the SDK returns it."""
+
+
 def _error_in(obj: dict[str, Any]) -> object:
     """The error object of a JSON error body (OpenAI/vLLM ``{"error": ...}``, Anthropic ``type: error``)."""
     error = obj.get("error")
-    if error and not obj.get("choices") and not obj.get("output") and not obj.get("content"):
+    if error and not any(key in obj for key in _ANSWER_KEYS):
         return error
     return None
 

@@ -167,3 +167,20 @@ def test_the_sim_wire_round_trips() -> None:
     body = BodyReader(absorb_response)
     body.feed(wire.complete(2, "stop", 5))
     assert body.end_of_body() is None and body.facts.completion_tokens == 2
+
+
+def test_a_failed_response_is_an_answer_not_an_error_body() -> None:
+    """``status: "failed"`` with ``output: []`` and its ``error`` set is what the SDK returns as a `Response`:
+    passed to the caller once, not retried as a 500 three times."""
+    failed = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "failed",
+        "error": {"code": "server_error", "message": "The model failed to generate a response."},
+        "output": [],
+        "model": "m",
+    }
+    body = BodyReader(absorb_response)
+    body.feed(json.dumps(failed).encode())
+    assert body.end_of_body() is None and body.failure is None and body.complete
+    assert body.facts.response_id == "resp_1"
