@@ -8,13 +8,15 @@ passes closes the connection (the server sees the disconnect) and raises `StallT
 
 The winner's protocol reader (`llmguard_client.protocols`) keeps reading: an in-stream error
 raises `UpstreamStreamError` at the read after the chunk that carried it (the chunk itself, with
-any tokens before the error, is delivered first), and an EOF before the protocol's end marker
-raises `StreamTruncated`; the call is recorded ``error`` with the failure's cause. A caller that
-closes the body after the end marker (openai 2.x stops at ``[DONE]``) leaves a call recorded ``ok``.
-(The control cohort never gets here: `llmguard_client._rollout.passthrough` serves it.) The body holds
-the call's lease and closes it exactly once: at the end of the stream, on an error or a
-deadline, when the caller closes the response, when an unclosed body is garbage-collected
-(`weakref.finalize`), or when ``Guard.aclose()`` aborts the call (`GuardClosed`).
+any tokens before the error, is delivered first; a Responses API ``error`` or ``response.failed``,
+which the SDK hands over as events, is passed on and the stream read to its end), and an EOF
+before the protocol's end marker raises `StreamTruncated`; the call is recorded ``error`` with
+the failure's cause. A caller that closes the body after the end marker (openai 2.x stops at
+``[DONE]``) leaves a call recorded ``ok``. (The control cohort never gets here:
+`llmguard_client._rollout.passthrough` serves it.) The body holds the call's lease and closes it
+exactly once: at the end of the stream, on an error or a deadline, when the caller closes the
+response, when an unclosed body is garbage-collected (`weakref.finalize`), or when
+``Guard.aclose()`` aborts the call (`GuardClosed`).
 
 With a `ContinuationPolicy` a break after the first token (reset, truncation, stall, in-stream error or
 malformed event; not the total deadline) is first handed to the call's continuation
@@ -138,7 +140,9 @@ class GuardBody(httpx.AsyncByteStream):
         if reader.failure is not None and self._failure is None:  # carried by the chunk just delivered
             if await self._continued(reader.failure.cause):
                 return await self.__anext__()
-            await self._upstream_failed(reader.failure)
+            if not reader.errors_are_events:
+                await self._upstream_failed(reader.failure)
+            self._failure = reader.failure  # an event the caller reads past, as the server goes on: noted
         if self._complete or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
             raise StopAsyncIteration
@@ -200,14 +204,14 @@ class GuardBody(httpx.AsyncByteStream):
             return await self._interrupted()
         if isinstance(error, StopAsyncIteration):
             failure = self._reader.end_of_body()
-            if failure is None:
-                self._complete = True
-                await self._end("ok", None)
+            if failure is None or failure is self._failure:  # complete, or after an error the caller read
+                self._complete = failure is None
+                await self._end("ok" if failure is None else "error", None if failure is None else failure.cause)
                 raise StopAsyncIteration
             if await self._continued(failure.cause):
                 return await self.__anext__()
             await self._upstream_failed(failure)
-        if await self._continued(error_kind(error)):
+        if self._failure is None and await self._continued(error_kind(error)):  # not after an error passed on
             return await self.__anext__()
         await self._end("error", error_kind(error))
         raise error

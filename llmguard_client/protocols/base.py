@@ -93,6 +93,9 @@ class StreamReader(ABC):
 
     protocol: str = "?"
     """``chat``, ``completions``, ``responses``, ``messages``, ``body`` or ``passthrough``."""
+    errors_are_events: bool = False
+    """An error after the first content token is an event of the stream that the SDK hands to its caller and
+    reads past (the Responses API's ``error`` and ``response.failed``), rather than one it raises at."""
 
     def __init__(self) -> None:
         self.first_token = False

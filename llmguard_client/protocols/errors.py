@@ -88,6 +88,8 @@ def error_failure(error: object, kind: FailureKind = "error_event", error_type: 
     status = _status_of(raw_code) or _status_of(fields.get("status"))
     if status is None:
         status = next((_TYPE_STATUS[n] for n in names if n in _TYPE_STATUS), None)
+    if status is None and any(n.startswith("invalid_") for n in names):  # Responses' invalid_prompt, invalid_image...
+        status = 400
     overload = status in OVERLOAD_STATUSES or any(n in OVERLOAD_TYPES for n in names)
     code = raw_code if raw_code is not None else type_
     body = {

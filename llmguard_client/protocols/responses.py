@@ -47,6 +47,7 @@ class ResponsesReader(SSEReader):
     __slots__ = ()
     protocol = "responses"
     end_marker = "response.completed or response.incomplete"
+    errors_are_events = True  # the openai SDK yields ``error`` / ``response.failed`` and reads on
 
     def event(self, name: bytes, data: bytes) -> None:
         if self.complete:  # past the end marker, as the SDK reads it

@@ -160,6 +160,8 @@ def test_a_huge_plain_body_is_judged_without_reading_it_all() -> None:
         ({"message": "m", "type": "overloaded_error"}, None, 529, True),
         ({"message": "m", "code": "rate_limit_exceeded"}, None, 429, True),
         ({"message": "m", "type": "invalid_request_error", "code": None}, None, 400, False),
+        ({"message": "m", "code": "invalid_prompt"}, None, 400, False),  # Responses' prompt and image errors
+        ({"message": "m", "code": "invalid_image_url"}, None, 400, False),
         ({"message": "m", "status": 502}, None, 502, False),
         ("Model is overloaded", "overloaded", 503, True),
         ("something broke", None, None, False),

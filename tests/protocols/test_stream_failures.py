@@ -168,7 +168,7 @@ async def test_every_replica_failing_without_a_status_raises_all_attempts_failed
 # --- after the first token: the caller's error ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
+@pytest.mark.parametrize("protocol", ["chat", "completions", "messages"])
 async def test_an_error_event_after_the_first_token_raises_upstream_stream_error(
     servers: list[LoopbackServer], protocol: str
 ) -> None:
@@ -189,6 +189,27 @@ async def test_an_error_event_after_the_first_token_raises_upstream_stream_error
     (record,) = records
     assert (record.status, record.cause) == ("error", "stream_error_event")
     assert len(record.attempts) == 1  # never retried after the first token
+
+
+async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_reads_past(
+    servers: list[LoopbackServer],
+) -> None:
+    """The Responses API's ``error`` / ``response.failed`` are events the openai SDK yields and reads past: the
+    guarded SDK yields the same events as the plain one, raises nothing, and the record says the call failed."""
+    servers[0].script = Script(tokens=5, error_at=2)
+    records: list[PhaseRecord] = []
+
+    async def events(http_client: httpx.AsyncClient | None) -> list[str]:
+        async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=http_client) as oai:
+            stream = await oai.responses.create(model="m", input="x", stream=True)
+            return [event.type async for event in stream]
+
+    plain = await events(None)
+    async with make_guard(servers[:1], records) as guard:
+        guarded = await events(guard.http_client_for(openai.AsyncOpenAI))
+    assert guarded == plain and plain[-1] == "error" and plain.count("response.output_text.delta") == 2
+    (record,) = records
+    assert (record.status, record.cause, len(record.attempts)) == ("error", "stream_error_event", 1)
 
 
 @pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
