@@ -5,7 +5,8 @@
 at once when the command announces a change on ``llmguard:checkout:rollout``) and hands the result to its
 `llmguard_client._rollout.rollout.Rollout` as an override. The kill switch wins over the fraction; with
 neither set a process uses its own ``Guard(rollout=...)``. While the store is unreachable the last value
-read stays in force. Every process computes a key's cohort with the same hash, so widening the fraction
+read stays in force, and a store that comes back empty (a restarted Redis) gets it written back (``SET NX``,
+as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. Every process computes a key's cohort with the same hash, so widening the fraction
 only moves keys into the guarded cohort, on every process.
 """
 
@@ -61,13 +62,24 @@ class FleetFlag:
         self.store = store
         self.rollout = rollout
         self.keys = (store.key("rollout", "fraction"), store.key("rollout", "kill"))
+        self._stored: tuple[object, object] = (None, None)
+        """The two values last read (raw), written back after a reconnection to a store that lost them."""
+        store.on_connect(self.restore)
         store.every(max(poll_interval, 0.05), self.read)
         store.subscribe(store.key("rollout"), lambda _: store.submit(self.read))
+
+    async def restore(self, client: Redis) -> None:
+        """Write back the values last read where the store has none (it restarted empty); the read that
+        follows every resync then takes whichever values are in force."""
+        for key, value in zip(self.keys, self._stored, strict=True):
+            if isinstance(value, (bytes, str)):
+                await client.set(key, value, nx=True)
 
     async def read(self, client: Redis) -> None:
         fraction, kill = (
             await client.mget(*self.keys) if not self.store.url.cluster else [await client.get(k) for k in self.keys]
         )
+        self._stored = (fraction, kill)
         value = parse_flag(fraction, kill)
         if value != self.rollout.override:
             logger.info(

@@ -1,0 +1,72 @@
+"""The fleet-wide rollout flag survives a Redis restart: the processes write back what they last read, so a kill
+switch is lifted only by ``set`` or ``clear``, never by the store coming back empty."""
+
+from __future__ import annotations
+
+import anyio
+import redis.asyncio as redis
+
+from llmguard_client import Guard
+from llmguard_client.fleet_cli import main
+from tests.fleet.guards import connected, until
+from tests.redis_server import RedisServer
+
+REPLICAS = ["http://127.0.0.1:9/r0"]
+KILL = "llmguard:checkout:rollout:kill"
+
+
+def guard(url: str) -> Guard:
+    g = Guard(REPLICAS, fleet=url, name="checkout", rollout=1.0, rollout_poll_interval=0.05)
+    g._fleet.store.heartbeat = 0.1  # type: ignore[union-attr]  # notice the restart quickly
+    return g
+
+
+async def rollout(server: RedisServer, *command: str) -> None:
+    assert await anyio.to_thread.run_sync(main, [*command, "--fleet", server.url, "--name", "checkout"]) == 0
+
+
+async def restart(server: RedisServer, *guards: Guard) -> None:
+    server.stop()
+    await until(lambda: all(g.snapshot().fleet.degraded for g in guards))  # type: ignore[union-attr]
+    server.start()  # empty: a restart loses every key
+    await until(lambda: all(g.snapshot().fleet.connected for g in guards))  # type: ignore[union-attr]
+
+
+async def test_a_kill_switch_stays_on_through_a_restart(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    a, b = guard(server.url), guard(server.url)
+    try:
+        await connected(a, b)
+        await rollout(server, "kill")
+        await until(lambda: a._rollout.override == b._rollout.override == 0.0)
+        await restart(server, a, b)
+        await anyio.sleep(0.3)  # several polls of the restarted store
+        assert a._rollout.override == b._rollout.override == 0.0
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert await client.get(KILL) is not None
+        finally:
+            await client.aclose()
+        await rollout(server, "clear")  # the command still lifts it
+        await until(lambda: a._rollout.override is None and b._rollout.override is None)
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_a_cleared_flag_stays_cleared_through_a_restart(redis_factory: type[RedisServer]) -> None:
+    server = redis_factory()
+    server.start()
+    a = guard(server.url)
+    try:
+        await connected(a)
+        await rollout(server, "kill")
+        await until(lambda: a._rollout.override == 0.0)
+        await rollout(server, "clear")
+        await until(lambda: a._rollout.override is None)
+        await restart(server, a)
+        await anyio.sleep(0.3)
+        assert a._rollout.override is None
+    finally:
+        await a.aclose()
