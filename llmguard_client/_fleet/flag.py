@@ -6,8 +6,9 @@ at once when the command announces a change on ``llmguard:checkout:rollout``) an
 `llmguard_client._rollout.rollout.Rollout` as an override. The kill switch wins over the fraction; with
 neither set a process uses its own ``Guard(rollout=...)``. While the store is unreachable the last value
 read stays in force, and a store that comes back empty (a restarted Redis) gets it written back (``SET NX``,
-as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. Every process computes a key's cohort with the same hash, so widening the fraction
-only moves keys into the guarded cohort, on every process.
+as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. Every
+process computes a key's cohort with the same hash, so widening the fraction only moves keys into the guarded
+cohort, on every process.
 """
 
 from __future__ import annotations

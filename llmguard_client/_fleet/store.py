@@ -3,7 +3,9 @@
 Calls never wait on it. What the fleet shares reaches each process in the background (a pub/sub listener and
 periodic reads, `FleetStore.subscribe` / `FleetStore.every`) and is mirrored into local state that calls read.
 Code that must ask Redis during a call uses `FleetStore.run`, bounded by ``op_timeout`` (50 ms by default):
-on any failure or timeout it returns the caller's default at once.
+on any failure or timeout it returns the caller's default at once. A timeout alone is no outage (a Redis one
+region away, a latency spike): the store turns *slow*, and calls decide locally at once, without a round trip,
+until a heartbeat is answered within ``op_timeout``; the heartbeat's own failure degrades it, as any error does.
 
 The store runs on the asyncio loop of the first call (redis-py's asyncio client is asyncio-only; under trio
 the fleet stays off and the Guard keeps its state in process). One supervisor task connects, subscribes,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["FleetSnapshot", "FleetStore"]
 
 logger = logging.getLogger("llmguard_client")
+
+_SLOW_WARNING_EVERY = 60.0
+"""Seconds between two warnings that the store answers too slowly for calls (a far Redis would warn on and on)."""
 
 T = TypeVar("T")
 Op = Callable[["Redis"], Awaitable[T]]
@@ -102,6 +108,9 @@ class FleetSnapshot:
     hints: Literal["polling", "following"] | None = None
     """Server hints (``poll_vllm_metrics``): this process polls the servers for the fleet (or for itself, while
     the store is unreachable), or believes the process that does; None: no poller runs here."""
+    slow: bool = False
+    """Connected, but an operation a call waited for took longer than it may wait: calls decide locally (a
+    fleet-wide rate limit by this process's share) until a heartbeat is answered in time."""
 
 
 class FleetStore:
@@ -147,6 +156,9 @@ class FleetStore:
         self.lag: float | None = None
         self.transitions = 0
         self.resyncs = 0
+        self._slow = False
+        """An operation of a call timed out while connected (see the module docstring)."""
+        self._slow_warned = -math.inf
 
     # --- the contract -----------------------------------------------------------------------
 
@@ -171,14 +183,33 @@ class FleetStore:
         if client is None or self._state != "connected":
             self.start()
             return default
+        if self._slow:
+            return default
         try:
             with anyio.fail_after(self.op_timeout):
                 return await op(client)
         except anyio.get_cancelled_exc_class():
             raise
+        except TimeoutError:
+            self._turn_slow()
+            return default
         except Exception as exc:
             self.degrade(exc)
             return default
+
+    def _turn_slow(self) -> None:
+        self._slow = True
+        self._last_error = f"TimeoutError: no answer within {self.op_timeout * 1000:g} ms"
+        now = anyio.current_time()
+        if now - self._slow_warned >= _SLOW_WARNING_EVERY:
+            self._slow_warned = now
+            logger.warning(
+                "llmguard fleet %s (name %r) answers slower than a call may wait (%g ms): calls decide locally "
+                "until it answers in time",
+                self.url.redacted,
+                self.name,
+                self.op_timeout * 1000,
+            )
 
     async def first_connection(self) -> bool:
         """Connected now; or, while the first connection is under way, once it is, waiting at most
@@ -281,6 +312,7 @@ class FleetStore:
             lag=self.lag,
             transitions=self.transitions,
             resyncs=self.resyncs,
+            slow=self._slow and self._state == "connected",
         )
 
     def degrade(self, exc: BaseException) -> None:
@@ -356,7 +388,7 @@ class FleetStore:
             with anyio.fail_after(self.connect_timeout):
                 await _in_own_task(self._resync(client, pubsub))
             was = self._state
-            self._state, self._client = "connected", client
+            self._state, self._client, self._slow = "connected", client, False
             self.resyncs += 1
             if self._settled is not None:
                 self._settled.set()
@@ -424,8 +456,12 @@ class FleetStore:
     async def _beat(self, client: Redis) -> None:
         while True:
             await anyio.sleep(self.heartbeat)
+            sent = anyio.current_time()
             with anyio.fail_after(max(self.heartbeat, self.op_timeout)):
                 await ping(client)  # on a cluster, every primary: a lost node is noticed within one beat
+            if self._slow and anyio.current_time() - sent < self.op_timeout:
+                self._slow = False
+                logger.info("llmguard fleet %s (name %r) answers in time again", self.url.redacted, self.name)
 
     async def _repeat(self, client: Redis, seconds: float, read: Op[None]) -> None:
         while True:

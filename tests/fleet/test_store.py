@@ -111,13 +111,44 @@ async def slow(client: redis.Redis) -> int:
     return 1
 
 
-async def test_an_op_slower_than_the_bound_returns_the_default(redis_server: RedisServer) -> None:
-    store = make_store(redis_server.url)
+async def test_an_op_slower_than_the_bound_returns_the_default_and_the_next_calls_decide_at_once(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A timeout is no outage (a Redis one region away answers, only too late for a call): no reconnection,
+    no resync; the calls that follow get their default without a round trip, and one warning says why."""
+    store = make_store(redis_server.url, heartbeat=30.0)  # no heartbeat during the test
+    sent: list[int] = []
+
+    async def counted(client: redis.Redis) -> int:
+        sent.append(1)
+        return 1
+
+    try:
+        store.start()
+        await until(lambda: store.available)
+        with caplog.at_level(logging.WARNING, logger="llmguard_client"):
+            assert await store.run(slow, -1) == -1
+            assert [await store.run(counted, -1) for _ in range(3)] == [-1] * 3
+            assert await store.run(slow, -1) == -1
+        assert sent == []
+        snap = store.snapshot()
+        assert (snap.state, snap.slow, snap.transitions, snap.resyncs) == ("connected", True, 0, 1)
+        assert "Timeout" in (snap.last_error or "")
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "slower than a call may wait" in warnings[0]
+    finally:
+        await store.aclose()
+
+
+async def test_a_heartbeat_answered_in_time_lets_calls_ask_the_store_again(redis_server: RedisServer) -> None:
+    store = make_store(redis_server.url, heartbeat=0.1)
     try:
         store.start()
         await until(lambda: store.available)
         assert await store.run(slow, -1) == -1
-        assert "Timeout" in (store.snapshot().last_error or "")
+        await until(lambda: not store.snapshot().slow)
+        assert await store.run(echo, None) == b"1"
+        assert (store.snapshot().transitions, store.snapshot().resyncs) == (0, 1)
     finally:
         await store.aclose()
 
