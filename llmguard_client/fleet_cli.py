@@ -78,10 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(exc, GuardConfigError) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the command; raises `llmguard_client.errors.GuardConfigError` for bad input."""
     from llmguard_client.errors import GuardConfigError
@@ -126,3 +122,7 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
         f"{name}: {value:g} of calls guarded on every process "
         f"(fraction {stored_text}, kill switch {'ON' if killed else 'off'})"
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

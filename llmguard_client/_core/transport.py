@@ -189,6 +189,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             attempts = max_attempts(headers.max_attempts, self._tiers[tier_name], request)
             followed = self._redirects.take(request.url, self._clock()) if len(self._redirects) else None
             # before a Call: a control call never builds one; a redirect followed elsewhere keeps its call's cohort
+            if followed is None and self._rollout.settle is not None:
+                connecting = self._rollout.settle()  # the fleet's flag (a kill switch) for a new process's calls
+                if connecting is not None:
+                    await connecting
             assignment = self._rollout.assign(request, headers) if followed is None else followed
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)

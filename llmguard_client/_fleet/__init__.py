@@ -51,6 +51,7 @@ class Fleet:
         self.hints = FleetHints(store, replicas, clock)
         self.flag = FleetFlag(store, rollout, poll_interval)
         rollout.wake = store.start
+        rollout.settle = store.settling
         self.budgets: FleetBudgetSync | None = None
 
     def share_budget(self, budget: RetryBudget, label: str) -> None:

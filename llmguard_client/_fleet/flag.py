@@ -14,7 +14,7 @@ cohort, on every process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from llmguard_client._fleet.store import FleetStore
@@ -54,6 +54,8 @@ class FleetRollout(Protocol):
     """The fleet's fraction in force (None: the process's own)."""
     wake: Callable[[], None] | None
     """Called on each call's cohort decision (the fleet store connects on first use)."""
+    settle: Callable[[], Awaitable[bool] | None] | None
+    """Awaited, when it gives an awaitable, before a call's cohort is decided (the store's first connection)."""
 
 
 class FleetFlag:

@@ -211,6 +211,11 @@ class FleetStore:
                 self.op_timeout * 1000,
             )
 
+    def settling(self) -> Awaitable[bool] | None:
+        """`first_connection` while the first connection is under way (what a call's cohort waits for, so that
+        a process's first calls follow the fleet's kill switch); None, at once, otherwise."""
+        return self.first_connection() if self._state in ("idle", "connecting") else None
+
     async def first_connection(self) -> bool:
         """Connected now; or, while the first connection is under way, once it is, waiting at most
         ``op_timeout`` (what a fleet-wide rate limit's first admission awaits). False at once otherwise."""

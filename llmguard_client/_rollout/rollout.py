@@ -28,7 +28,7 @@ import math
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -187,6 +187,9 @@ class Rollout:
         the Guard's own (`llmguard_client._fleet.flag`). None: the Guard's own."""
         self.wake: Callable[[], None] | None = None
         """Called as each call is assigned (the fleet store starts on the first call's event loop)."""
+        self.settle: Callable[[], Awaitable[bool] | None] | None = None
+        """The fleet store's first connection while it is under way (at most its operation timeout, 50 ms):
+        the caller awaits it before `assign`, so that a new process's first calls follow the fleet's flag."""
         self.set(fraction)
 
     # --- the fraction ---------------------------------------------------------------------

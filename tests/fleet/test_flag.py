@@ -9,9 +9,11 @@ import redis.asyncio as redis
 from llmguard_client import Guard
 from llmguard_client.fleet_cli import main
 from tests.fleet.guards import connected, until
+from tests.loopback import LoopbackServer
 from tests.redis_server import RedisServer
 
 REPLICAS = ["http://127.0.0.1:9/r0"]
+BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
 KILL = "llmguard:checkout:rollout:kill"
 
 
@@ -70,3 +72,33 @@ async def test_a_cleared_flag_stays_cleared_through_a_restart(redis_factory: typ
         assert a._rollout.override is None
     finally:
         await a.aclose()
+
+
+async def test_a_new_process_follows_the_kill_switch_from_its_first_call(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    """A process started while the kill switch is on: its first call waits for the store's first connection
+    (at most 50 ms), whose resync reads the flag, so no call of it is guarded."""
+    await rollout(redis_server, "kill")
+    g = Guard([servers[0].url], fleet=redis_server.url, name="checkout", rollout=1.0)
+    g._fleet.store.op_timeout = 10.0  # type: ignore[union-attr]  # a busy machine's connection may take > 50 ms
+    try:
+        async with g.http_client() as client:
+            with g.capture() as calls:
+                for _ in range(3):
+                    assert (await client.post(servers[0].url + "/v1/chat/completions", json=BODY)).status_code == 200
+        assert [c.cohort for c in calls] == ["control"] * 3
+    finally:
+        await g.aclose()
+
+
+def test_a_new_sync_process_follows_the_kill_switch_from_its_first_call(
+    redis_server: RedisServer, servers: list[LoopbackServer]
+) -> None:
+    main(["kill", "--fleet", redis_server.url, "--name", "checkout"])
+    with Guard([servers[0].url], fleet=redis_server.url, name="checkout", rollout=1.0) as g:
+        g._fleet.store.op_timeout = 10.0  # type: ignore[union-attr]
+        with g.sync_http_client() as client, g.capture() as calls:
+            for _ in range(3):
+                assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
+        assert [c.cohort for c in calls] == ["control"] * 3
