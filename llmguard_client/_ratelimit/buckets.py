@@ -33,6 +33,7 @@ no computed retry-after from a refill rate, and no way to correct a charge after
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -188,13 +189,19 @@ class _Scope:
         """A background write of returned room (`RateLimiter._return_soon`) is queued."""
 
     def admitted(self, count: float) -> None:
-        """The fleet admitted this process's attempt as its ``count``-th: rescale the local bucket to the share."""
+        """The fleet admitted this process's attempt as its ``count``-th: rescale the local bucket to the share.
+        Concurrent admissions' replies may come out of order: each count takes its place in the window, which
+        keeps the highest; a count below all of it, and below half the highest, is a restarted (emptied) store
+        counting from 0 again."""
         seen = self.admissions
-        if seen and count <= seen[-1]:  # a restarted (emptied) store counts from 0 again
+        if seen and count < seen[0] and count < seen[-1] / 2:
             seen.clear()
-        seen.append(count)
-        if len(seen) >= SHARE_MIN_SAMPLES:
-            self.local.scale(min(1.0, (len(seen) - 1) / (seen[-1] - seen[0])))
+        if len(seen) == seen.maxlen:
+            seen.popleft()
+        seen.insert(bisect.bisect(seen, count), count)
+        span = seen[-1] - seen[0]
+        if len(seen) >= SHARE_MIN_SAMPLES and span > 0:
+            self.local.scale(min(1.0, (len(seen) - 1) / span))
 
 
 class RateLimiter:

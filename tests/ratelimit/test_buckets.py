@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from llmguard_client import Guard, GuardConfigError, RateLimit, Replica
-from llmguard_client._ratelimit.buckets import Grant, LocalBucket
+from llmguard_client._ratelimit.buckets import Grant, LocalBucket, _Scope
 from tests.virtual import BACKENDS, run_virtual
 
 
@@ -40,6 +40,31 @@ def test_a_charge_larger_than_the_capacity_fits_once_the_bucket_is_full() -> Non
     assert bucket.take(50, max_wait=0.0).admitted
     assert bucket.levels()[1] == -40.0
     assert bucket.take(50, max_wait=0.0).retry_after == pytest.approx(5.0)  # (10 - -40) / 10
+
+
+@pytest.mark.parametrize("order", ["in-order", "replies-swapped-in-pairs"])
+def test_the_share_is_learnt_from_the_fleets_counts_whatever_order_the_replies_come_in(order: str) -> None:
+    """Three processes admitting in turn: this one's attempts are every third the fleet admits. Concurrent
+    callers' replies may come back swapped; the share is still a third (a swap used to be taken for a restarted
+    store, the window cleared each time, and the process kept the whole limit when the store then failed)."""
+    clock = [0.0]
+    scope = _Scope(LocalBucket(RateLimit(requests_per_minute=60, burst=30.0), lambda: clock[0]), "k")  # 30 full
+    counts = [3.0 * n for n in range(1, 17)]
+    if order != "in-order":
+        counts = [c for pair in zip(counts[1::2], counts[::2], strict=True) for c in pair]
+    for count in counts:
+        scope.admitted(count)
+    clock[0] = 60.0  # refilled: the bucket holds what its share allows
+    assert scope.local.levels()[0] == pytest.approx(10.0)  # a third of the capacity: the share, 15 / 45
+
+
+def test_a_store_counting_from_zero_again_starts_the_share_afresh() -> None:
+    scope = _Scope(LocalBucket(RateLimit(requests_per_minute=60, burst=30.0), lambda: 0.0), "k")
+    for count in range(100, 116):  # alone: the whole limit
+        scope.admitted(float(count))
+    for count in range(1, 8):  # a restarted store: 7 samples, fewer than the share needs
+        scope.admitted(float(2 * count))
+    assert list(scope.admissions) == [2.0 * n for n in range(1, 8)]
 
 
 def test_corrections_and_the_providers_room_adjust_the_levels() -> None:
