@@ -4,7 +4,7 @@ The runtime's one command (``llmguard rollout`` in llmguard-tools is the same): 
 operating the library, so a host with only the runtime installed has it.
 
 ``set`` writes the guarded fraction (and lifts the kill switch), ``kill`` guards no call anywhere until the
-next ``set``, ``clear`` removes both (each process goes back to its own ``Guard(rollout=...)``); ``get``
+next ``set``, ``clear`` marks both unset (each process goes back to its own ``Guard(rollout=...)``); ``get``
 prints what is stored. Each change is announced, so running processes follow at once, and within their
 ``rollout_poll_interval`` at the latest (`llmguard_client._fleet.flag`).
 """
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from llmguard_client._fleet.flag import parse_flag
+from llmguard_client._fleet.flag import UNSET, parse_flag
 from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
 
 __all__ = ["FleetCommandError", "add_parser", "main", "run"]
@@ -101,13 +101,16 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
     keys = (prefix + "rollout:fraction", prefix + "rollout:kill")
     client = url.client(socket_timeout=TIMEOUT, connect_timeout=TIMEOUT)
     try:
+        # Written, never deleted: a key that is missing means a store that lost it (a restarted Redis), which
+        # the processes fill again with what they last read; a deleted key would be filled with the old value.
         if action == "set":
             await client.set(keys[0], repr(fraction))
-            await client.delete(keys[1])
+            await client.set(keys[1], "0")
         elif action == "kill":
             await client.set(keys[1], "1")
         elif action == "clear":
-            await client.delete(*keys)
+            await client.set(keys[0], UNSET)
+            await client.set(keys[1], "0")
         if action != "get":
             await client.publish(prefix + "rollout", action)
         stored, kill = await client.get(keys[0]), await client.get(keys[1])
@@ -117,7 +120,7 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
     killed = parse_flag(None, kill) == 0.0
     if value is None:
         return f"{name}: no fleet-wide rollout set; each process uses its own Guard(rollout=...)"
-    stored_text = "unset" if stored is None else stored.decode() if isinstance(stored, bytes) else str(stored)
+    stored_text = stored.decode() if isinstance(stored, bytes) else UNSET if stored is None else str(stored)
     return (
         f"{name}: {value:g} of calls guarded on every process "
         f"(fraction {stored_text}, kill switch {'ON' if killed else 'off'})"

@@ -6,7 +6,9 @@ at once when the command announces a change on ``llmguard:checkout:rollout``) an
 `llmguard_client._rollout.rollout.Rollout` as an override. The kill switch wins over the fraction; with
 neither set a process uses its own ``Guard(rollout=...)``. While the store is unreachable the last value
 read stays in force, and a store that comes back empty (a restarted Redis) gets it written back (``SET NX``,
-as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. Every
+as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. So that a
+process cut off while the command ran cannot undo it on reconnecting, the command never deletes a key:
+``set`` and ``clear`` write the kill switch ``0`` and ``clear`` the fraction `UNSET`. Every
 process computes a key's cohort with the same hash, so widening the fraction only moves keys into the guarded
 cohort, on every process.
 """
@@ -22,7 +24,10 @@ from llmguard_client._fleet.store import FleetStore
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["FleetFlag", "FleetRollout", "parse_flag"]
+__all__ = ["UNSET", "FleetFlag", "FleetRollout", "parse_flag"]
+
+UNSET = "unset"
+"""The stored fraction after ``clear``: no fleet-wide fraction (each process uses its own ``rollout=``)."""
 
 logger = logging.getLogger("llmguard_client")
 

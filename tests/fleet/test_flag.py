@@ -4,6 +4,7 @@ switch is lifted only by ``set`` or ``clear``, never by the store coming back em
 from __future__ import annotations
 
 import anyio
+import pytest
 import redis.asyncio as redis
 
 from llmguard_client import Guard
@@ -70,6 +71,34 @@ async def test_a_cleared_flag_stays_cleared_through_a_restart(redis_factory: typ
         await restart(server, a)
         await anyio.sleep(0.3)
         assert a._rollout.override is None
+    finally:
+        await a.aclose()
+
+
+@pytest.mark.parametrize("command", [("clear",), ("set", "1.0")])
+async def test_a_command_run_while_a_process_was_cut_off_is_not_undone_when_it_reconnects(
+    redis_server: RedisServer, command: tuple[str, ...]
+) -> None:
+    """A process that read the kill switch, then lost the store while the operator lifted it, must not write
+    the kill switch back when it reconnects: the command writes its values, it deletes none."""
+    a = guard(redis_server.url)
+    store = a._fleet.store  # type: ignore[union-attr]
+    try:
+        await connected(a)
+        await rollout(redis_server, "kill")
+        await until(lambda: a._rollout.override == 0.0)
+        store.backoff_initial = 4.0  # cut off for 2-4 s
+        store.degrade(RuntimeError("cut off by the test"))
+        await rollout(redis_server, *command)
+        assert a.snapshot().fleet.degraded  # type: ignore[union-attr]  # the command ran while it was cut off
+        await until(lambda: a.snapshot().fleet.connected)  # type: ignore[union-attr]
+        expected = None if command == ("clear",) else 1.0
+        await until(lambda: a._rollout.override == expected)
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            assert await client.get(KILL) == b"0"
+        finally:
+            await client.aclose()
     finally:
         await a.aclose()
 
