@@ -31,6 +31,10 @@ malformed: an event (or body) that is not the protocol's JSON; json_body / not_s
 for and a JSON / other non-SSE body came; truncated: EOF before the end marker."""
 
 
+ANSWER_FAILED = "answer_failed"
+"""The cause of a call whose answer says it failed (`ResponseFacts.failed`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamFailure:
     """Why a 200 answer is not a usable one.
@@ -59,7 +63,7 @@ class StreamFailure:
 class ResponseFacts:
     """What the guard learns from a response body; no text is ever kept."""
 
-    __slots__ = ("completion_tokens", "finish_reasons", "model", "prompt_tokens", "response_id")
+    __slots__ = ("completion_tokens", "failed", "finish_reasons", "model", "prompt_tokens", "response_id")
 
     def __init__(self) -> None:
         self.prompt_tokens: int | None = None
@@ -67,6 +71,9 @@ class ResponseFacts:
         self.response_id: str | None = None
         self.model: str | None = None
         self.finish_reasons: list[str] = []
+        self.failed = False
+        """The answer, handed over as it came, says it failed (a Responses API ``status: "failed"``): the call
+        is recorded ``error`` (cause `ANSWER_FAILED`), though nothing is retried nor raised."""
 
     def identify(self, obj: dict[str, object]) -> None:
         """Take ``id`` and ``model`` from an object, the first time they appear."""

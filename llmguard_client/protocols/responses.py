@@ -39,6 +39,8 @@ def absorb_response(facts: ResponseFacts, response: object) -> None:
         facts.finish_reasons.append(reason)
     elif isinstance(status, str) and status not in ("in_progress", "queued"):
         facts.finish_reasons.append(status)
+    if status == "failed":
+        facts.failed = True
 
 
 class ResponsesReader(SSEReader):

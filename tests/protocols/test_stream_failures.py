@@ -212,6 +212,32 @@ async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_re
     assert (record.status, record.cause, len(record.attempts)) == ("error", "stream_error_event", 1)
 
 
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+async def test_a_failed_response_is_handed_over_once_and_recorded_as_an_error(
+    servers: list[LoopbackServer], rollout: float
+) -> None:
+    """A non-streamed Responses API answer with ``status: "failed"``: the SDK returns it (no exception), after one
+    request, as without the guard; the record says the call failed, in either cohort."""
+    failed = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "failed",
+        "error": {"code": "server_error", "message": "The model failed to generate a response."},
+        "output": [],
+        "model": "m",
+    }
+    servers[0].script = Script(body=failed)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, rollout=rollout) as guard:
+        async with openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        ) as oai:
+            answer = await oai.responses.create(model="m", input="x")
+    assert answer.status == "failed" and len(servers[0].received) == 1
+    (record,) = records
+    assert (record.status, record.cause, [a.outcome for a in record.attempts]) == ("error", "answer_failed", ["won"])
+
+
 @pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
 async def test_eof_after_the_first_token_raises_stream_truncated(servers: list[LoopbackServer], protocol: str) -> None:
     servers[0].script = Script(tokens=5, truncate_at=2)
