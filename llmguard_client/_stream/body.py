@@ -44,9 +44,9 @@ from llmguard_client._layers.attempt import error_kind
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
-from llmguard_client.errors import GuardClosed, GuardTimeout, StallTimeout, TotalTimeout
+from llmguard_client.errors import GuardClosed, GuardStreamError, GuardTimeout, StallTimeout, TotalTimeout
 from llmguard_client.protocols import StreamFailure, stream_error
-from llmguard_client.protocols.base import ANSWER_FAILED
+from llmguard_client.protocols.base import ANSWER_FAILED, StreamReader
 from llmguard_client.protocols.splice import cut_before_failure
 from llmguard_client.telemetry.record import CallStatus
 
@@ -84,6 +84,8 @@ class GuardBody(httpx.AsyncByteStream):
         self._end_delivered = False
         """The chunk holding the protocol's end marker has been handed to the caller."""
         self._failure: StreamFailure | None = None
+        self._raise_next: GuardStreamError | None = None
+        """The error of a failure delivered with its chunk, for the caller's next read (the call ended then)."""
         self._ended = False
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
@@ -130,6 +132,9 @@ class GuardBody(httpx.AsyncByteStream):
     async def _next(self) -> bytes:
         """Every chunk but the steady state's: the replayed prefix, a failure the last chunk carried,
         the end, reads without a watchdog (or after it tripped)."""
+        if self._raise_next is not None:
+            error, self._raise_next = self._raise_next, None
+            raise error
         if self._ended:
             await self._end("abandoned", None)
             raise StopAsyncIteration
@@ -137,6 +142,8 @@ class GuardBody(httpx.AsyncByteStream):
         if self._pending:
             chunk = self._pending.popleft()
             self._end_delivered = not self._pending and reader.complete
+            if not self._pending:
+                await self._end_if_failed(reader)
             return chunk
         if reader.failure is not None and self._failure is None:  # carried by the chunk just delivered
             if await self._continued(reader.failure.cause):
@@ -194,7 +201,17 @@ class GuardBody(httpx.AsyncByteStream):
             if not chunk:
                 return await self.__anext__()
         self._end_delivered = reader.complete
+        await self._end_if_failed(reader)
         return chunk
+
+    async def _end_if_failed(self, reader: StreamReader) -> None:
+        """The chunk about to be handed over carries a failure that ends the answer: end the call now, the
+        error raised at the caller's next read. An SDK raises at the error event itself and may never read
+        again (openai 1.x leaves such a stream open), which would leave the call open until collected. Not
+        with a continuation (it decides at the next read) nor for errors the SDK reads past as events."""
+        failure = reader.failure
+        if failure is not None and self._failure is None and self._resume is None and not reader.errors_are_events:
+            self._raise_next = await self._fail(failure)
 
     async def _read_ended(self, error: BaseException) -> bytes:
         """A read ended without a chunk: interrupted by the watchdog, EOF, or a transport error.
@@ -263,13 +280,17 @@ class GuardBody(httpx.AsyncByteStream):
 
     async def _upstream_failed(self, failure: StreamFailure) -> NoReturn:
         """A failure after the first token: raised into the caller's iteration with the connection closed."""
+        raise await self._fail(failure)
+
+    async def _fail(self, failure: StreamFailure) -> GuardStreamError:
+        """End the call with ``failure`` after the first token (its connection closed): the error to raise."""
         self._failure = failure
         call = self._call
         error = stream_error(
             failure, replica=self._win.state.name, request=call.request, record=call.record, after_first_token=True
         )
         await self._end("error", error.cause)
-        raise error
+        return error
 
     def _timeout(self, stall_tripped: bool) -> GuardTimeout:
         call = self._call

@@ -191,6 +191,26 @@ async def test_an_error_event_after_the_first_token_raises_upstream_stream_error
     assert len(record.attempts) == 1  # never retried after the first token
 
 
+async def test_a_call_ends_when_the_chunk_carrying_its_error_event_is_handed_over(
+    servers: list[LoopbackServer],
+) -> None:
+    """An SDK raises at the error event itself and may never read again (openai 1.x leaves that stream open):
+    the call is recorded and its connection closed as the chunk is handed over; the next read still raises."""
+    servers[0].script = Script(tokens=5, error_at=2)
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
+        path, body = PATHS["chat"]
+        async with client.stream("POST", servers[0].url + path, json={"model": "m", "stream": True, **body}) as r:
+            chunks = r.aiter_raw()
+            while b'"error"' not in await chunks.__anext__():
+                pass
+            (record,) = records  # before any further read
+            assert (record.status, record.cause) == ("error", "stream_error_event")
+            with pytest.raises(UpstreamStreamError):
+                await chunks.__anext__()
+    assert len(records) == 1
+
+
 async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_reads_past(
     servers: list[LoopbackServer],
 ) -> None:
