@@ -158,6 +158,8 @@ class FleetStore:
         self.resyncs = 0
         self._slow = False
         """An operation of a call timed out while connected (see the module docstring)."""
+        self._waited_out = False
+        """A call's wait for the first connection ran out (`settling`); reset when a supervisor starts."""
         self._slow_warned = -math.inf
 
     # --- the contract -----------------------------------------------------------------------
@@ -213,22 +215,28 @@ class FleetStore:
 
     def settling(self) -> Awaitable[bool] | None:
         """`first_connection` while the first connection is under way (what a call's cohort waits for, so that
-        a process's first calls follow the fleet's kill switch); None, at once, otherwise."""
-        return self.first_connection() if self._state in ("idle", "connecting") else None
+        a process's first calls follow the fleet's kill switch); None, at once, otherwise, and once a wait for
+        it has run out (a store that accepts connections and never answers slows one wait, not every call)."""
+        if self._state not in ("idle", "connecting") or self._waited_out:
+            return None
+        return self.first_connection()
 
     async def first_connection(self) -> bool:
         """Connected now; or, while the first connection is under way, once it is, waiting at most
-        ``op_timeout`` (what a fleet-wide rate limit's first admission awaits). False at once otherwise."""
+        ``op_timeout`` (what a fleet-wide rate limit's first admission awaits). False at once otherwise, and
+        once a wait for this connection has run out."""
         if self._state == "connected":
             return True
         if self._state not in ("idle", "connecting"):
             return False
         self.start()
         settled = self._settled
-        if settled is None:  # no asyncio loop: the fleet stays off
+        if settled is None or self._waited_out:  # no asyncio loop (the fleet stays off), or waited for in vain
             return False
-        with anyio.move_on_after(self.op_timeout):
+        with anyio.move_on_after(self.op_timeout) as waited:
             await settled.wait()
+        if waited.cancelled_caught:
+            self._waited_out = True  # until this connection settles: the next calls do not wait for it again
         return self.available  # (re-read: the wait may have changed the state)
 
     # --- for the parts that share through the store -----------------------------------------
@@ -272,6 +280,7 @@ class FleetStore:
                 logger.warning("llmguard fleet %s: %s", self.url.redacted, self._last_error)
             return
         self._stop = None
+        self._waited_out = False
         self._trouble = asyncio.Event()
         self._outbox_ready = asyncio.Event()
         self._settled = asyncio.Event()
@@ -355,7 +364,7 @@ class FleetStore:
                 await self._connect_forever()
         finally:
             if self._state != "closed":
-                self._state = "idle"
+                self._state, self._waited_out = "idle", False
 
     async def _connect_forever(self) -> None:
         delay = self.backoff_initial

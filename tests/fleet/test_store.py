@@ -4,6 +4,7 @@ per transition, reconnects and resyncs; credentials never show."""
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 
 import anyio
@@ -151,6 +152,25 @@ async def test_a_heartbeat_answered_in_time_lets_calls_ask_the_store_again(redis
         assert (store.snapshot().transitions, store.snapshot().resyncs) == (0, 1)
     finally:
         await store.aclose()
+
+
+async def test_a_store_that_never_answers_its_first_connection_is_waited_for_once() -> None:
+    """A Redis that accepts connections and never answers (a black hole): the first call waits for the first
+    connection at most ``op_timeout``; the calls after it, while that connection is still under way, do not."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # connections complete in the backlog; nothing ever answers
+    port = listener.getsockname()[1]
+    store = make_store(f"redis://127.0.0.1:{port}/0", op_timeout=0.05, connect_timeout=30.0)
+    try:
+        waiting = store.settling()
+        assert waiting is not None
+        assert await waiting is False
+        assert store.snapshot().state == "connecting"
+        assert store.settling() is None and await store.first_connection() is False  # no second wait
+    finally:
+        await store.aclose()
+        listener.close()
 
 
 Fault = Callable[[RedisServer], None]
