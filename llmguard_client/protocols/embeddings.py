@@ -43,11 +43,17 @@ class EmbeddingsReader(PassthroughReader):
             model = _MODEL.search(edge)
             if model is not None and facts.model is None:
                 facts.identify({"model": _loads(model.group(1))})
-        usage = _USAGE.search(self._tail) or _USAGE.search(self._head)
+        # The top-level usage follows the data array: one in an item of it (a proxy's extra) is not the answer's.
+        usage = _USAGE.search(_after_data(self._tail)) or _USAGE.search(_after_data(self._head))
         if usage is not None:
             facts.count(_loads(usage.group(1)), "prompt_tokens", "completion_tokens")
         self._head = self._tail = b""
         return super().end_of_body()
+
+
+def _after_data(edge: bytes) -> bytes:
+    """The part of ``edge`` after its last ``]`` (the end of the data array, when it holds it), else all of it."""
+    return edge[edge.rfind(b"]") + 1 :]
 
 
 def _loads(text: bytes) -> object:

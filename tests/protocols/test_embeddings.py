@@ -75,6 +75,13 @@ def test_the_model_and_usage_are_read_from_either_end_however_the_body_is_split(
     assert (reader.facts.model, reader.facts.prompt_tokens) == (model, prompt_tokens)
 
 
+def test_a_usage_inside_the_data_array_is_not_taken_for_the_answers() -> None:
+    body = openai_body(40)
+    body["data"][-1]["usage"] = {"prompt_tokens": 999}
+    reader = read(json.dumps(body).encode(), 1000)
+    assert reader.facts.prompt_tokens == 7
+
+
 @pytest.mark.parametrize("body", [b"", b"not json", b'{"object": "list", "data": []}', b'{"usage": {"prompt'])
 def test_a_body_without_them_leaves_them_unknown_and_is_never_a_failure(body: bytes) -> None:
     reader = read(body, 5)
