@@ -58,6 +58,16 @@ VLLM_BUSY: dict[str, Any] = {
 }
 """The error vLLM 0.32 sends on queue overflow (``--max-num-queued-reqs``), inside a 200 stream under races."""
 
+FAILED_RESPONSE: dict[str, Any] = {
+    "id": "resp_1",
+    "object": "response",
+    "status": "failed",
+    "error": {"code": "server_error", "message": "The model failed to generate a response."},
+    "output": [],
+    "model": "m",
+}
+"""A non-streamed Responses API answer that says it failed: the openai SDK returns it as a `Response`."""
+
 
 @dataclass
 class Script:

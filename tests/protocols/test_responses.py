@@ -10,6 +10,7 @@ import pytest
 from llmguard_client.protocols.body import BodyReader
 from llmguard_client.protocols.responses import ResponsesReader, absorb_response
 from llmguard_tools.sim.wire_responses import ResponsesWire
+from tests.loopback import FAILED_RESPONSE
 
 
 def ev(obj: dict[str, Any]) -> bytes:
@@ -172,15 +173,7 @@ def test_the_sim_wire_round_trips() -> None:
 def test_a_failed_response_is_an_answer_not_an_error_body() -> None:
     """``status: "failed"`` with ``output: []`` and its ``error`` set is what the SDK returns as a `Response`:
     passed to the caller once, not retried as a 500 three times."""
-    failed = {
-        "id": "resp_1",
-        "object": "response",
-        "status": "failed",
-        "error": {"code": "server_error", "message": "The model failed to generate a response."},
-        "output": [],
-        "model": "m",
-    }
     body = BodyReader(absorb_response)
-    body.feed(json.dumps(failed).encode())
+    body.feed(json.dumps(FAILED_RESPONSE).encode())
     assert body.end_of_body() is None and body.failure is None and body.complete
     assert body.facts.response_id == "resp_1"

@@ -25,7 +25,7 @@ from llmguard_client import (
     UpstreamStreamError,
 )
 from tests.clients import anthropic_on_httpx
-from tests.loopback import VLLM_BUSY, LoopbackServer, Script
+from tests.loopback import FAILED_RESPONSE, VLLM_BUSY, LoopbackServer, Script
 
 TTFT = 1.0
 MESSAGES = [{"role": "user", "content": "x"}]
@@ -238,15 +238,7 @@ async def test_a_failed_response_is_handed_over_once_and_recorded_as_an_error(
 ) -> None:
     """A non-streamed Responses API answer with ``status: "failed"``: the SDK returns it (no exception), after one
     request, as without the guard; the record says the call failed, in either cohort."""
-    failed = {
-        "id": "resp_1",
-        "object": "response",
-        "status": "failed",
-        "error": {"code": "server_error", "message": "The model failed to generate a response."},
-        "output": [],
-        "model": "m",
-    }
-    servers[0].script = Script(body=failed)
+    servers[0].script = Script(body=FAILED_RESPONSE)
     records: list[PhaseRecord] = []
     async with make_guard(servers[:1], records, rollout=rollout) as guard:
         async with openai.AsyncOpenAI(
