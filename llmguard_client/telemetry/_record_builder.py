@@ -65,10 +65,11 @@ class AttemptRecordBuilder:
         self._fields["sent"] = t
 
     def attempt_headers(self, t: float, status_code: int) -> None:
-        """The response headers arrived (also the send time when the transport reported none)."""
+        """The response headers arrived (also the send time when the transport reported none, unless the
+        answer was injected by chaos mode: nothing was sent)."""
         f = self._fields
         f["headers"] = t
-        if f["sent"] is None:
+        if f["sent"] is None and not f["chaos"]:
             f["sent"] = t
         f["status_code"] = status_code
 

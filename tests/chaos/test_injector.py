@@ -53,6 +53,7 @@ async def test_an_injected_429_cools_the_replica_and_the_retry_goes_elsewhere(se
         (b, "retry", "won", None, ()),
     ]
     assert records[0].attempts[0].retry_after == 60.0 and records[0].attempts[0].status_code == 429
+    assert records[0].attempts[0].sent is None and records[0].attempts[0].headers is not None  # nothing was sent
     assert [attempts(r) for r in records[1:]] == [[(b, "primary", "won", None, ())]] * 2  # a is cooling down
     cooling = {r.name: r.cooling_for for r in snapshot.replicas}
     assert cooling[a] > 50.0 and cooling[b] == 0.0
