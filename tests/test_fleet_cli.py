@@ -104,3 +104,14 @@ def test_an_unreachable_fleet_exits_1_without_its_password(
     assert command(["kill", "--fleet", "redis://:secret@127.0.0.1:1/0", "--name", "checkout"]) == 1
     err = capsys.readouterr().err
     assert "did not answer" in err and "secret" not in err and err.count("\n") == 1
+
+
+def test_run_as_a_module_it_is_the_same_command() -> None:
+    """``python -m llmguard_client.fleet_cli``: the module's entry point runs once the module is whole."""
+    done = subprocess.run(
+        [sys.executable, "-m", "llmguard_client.fleet_cli", "set", "--fleet", "redis://127.0.0.1:1/0", "--name", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a FRACTION" in done.stderr
