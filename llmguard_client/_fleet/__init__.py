@@ -50,7 +50,6 @@ class Fleet:
         replicas.shared = self.mirror
         self.hints = FleetHints(store, replicas, clock)
         self.flag = FleetFlag(store, rollout, poll_interval)
-        rollout.wake = store.start
         rollout.settle = store.settling
         self.budgets: FleetBudgetSync | None = None
 

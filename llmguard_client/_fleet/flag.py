@@ -57,10 +57,9 @@ class FleetRollout(Protocol):
 
     override: float | None
     """The fleet's fraction in force (None: the process's own)."""
-    wake: Callable[[], None] | None
-    """Called on each call's cohort decision (the fleet store connects on first use)."""
     settle: Callable[[], Awaitable[bool] | None] | None
-    """Awaited, when it gives an awaitable, before a call's cohort is decided (the store's first connection)."""
+    """Called before each call's cohort is decided (the store connects on first use); what it gives, the
+    store's first connection under way, is awaited."""
 
 
 class FleetFlag:

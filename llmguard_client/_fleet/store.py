@@ -214,10 +214,12 @@ class FleetStore:
             )
 
     def settling(self) -> Awaitable[bool] | None:
-        """`first_connection` while the first connection is under way (what a call's cohort waits for, so that
-        a process's first calls follow the fleet's kill switch); None, at once, otherwise, and once a wait for
-        it has run out (a store that accepts connections and never answers slows one wait, not every call)."""
-        if self._state not in ("idle", "connecting") or self._waited_out:
+        """`start` (per call: cheap once it runs), then `first_connection` while the first connection is under
+        way (what a call's cohort waits for, so that a process's first calls follow the fleet's kill switch);
+        None, at once, otherwise, and once a wait for it has run out (a store that accepts connections and
+        never answers slows one wait, not every call)."""
+        self.start()
+        if self._state not in ("idle", "connecting") or self._waited_out or self._settled is None:
             return None
         return self.first_connection()
 

@@ -185,11 +185,10 @@ class Rollout:
         self.override: float | None = None
         """The fleet-wide fraction (0.0 for its kill switch) when the fleet store holds one: it wins over
         the Guard's own (`llmguard_client._fleet.flag`). None: the Guard's own."""
-        self.wake: Callable[[], None] | None = None
-        """Called as each call is assigned (the fleet store starts on the first call's event loop)."""
         self.settle: Callable[[], Awaitable[bool] | None] | None = None
-        """The fleet store's first connection while it is under way (at most its operation timeout, 50 ms):
-        the caller awaits it before `assign`, so that a new process's first calls follow the fleet's flag."""
+        """Called before each call is assigned: starts the fleet store on the call's event loop, and gives its
+        first connection while it is under way (at most its operation timeout, 50 ms), which the caller awaits
+        before `assign`, so that a new process's first calls follow the fleet's flag."""
         self.set(fraction)
 
     # --- the fraction ---------------------------------------------------------------------
@@ -260,8 +259,6 @@ class Rollout:
         """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
         the request's, if they were read already."""
         headers = headers if headers is not None else CallerHeaders(request)
-        if self.wake is not None:
-            self.wake()
         pinned = headers.cohort
         cohort = pinned.strip().lower() if pinned is not None else None
         if cohort is not None and cohort != "guarded" and cohort != "control":  # checked even while off

@@ -34,7 +34,7 @@ class EmbeddingsReader(PassthroughReader):
     def feed(self, chunk: bytes) -> bool:
         if len(self._head) < EDGE:
             self._head += chunk[: EDGE - len(self._head)]
-        self._tail = (self._tail + chunk)[-EDGE:]
+        self._tail = (self._tail + chunk[-EDGE:])[-EDGE:]  # at most 2 x EDGE copied per chunk
         return super().feed(chunk)
 
     def end_of_body(self) -> StreamFailure | None:
