@@ -119,15 +119,25 @@ def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseR
 
 
 def upstream_response(
-    failure: AttemptFailure, cause: str | None, request: httpx.Request, record: PhaseRecord, *, no_retry: bool
+    failure: AttemptFailure,
+    cause: str | None,
+    request: httpx.Request,
+    record: PhaseRecord,
+    *,
+    no_retry: bool,
+    as_sent: bool = False,
 ) -> httpx.Response:
     """The last server answer, handed back as it was; ``cause`` and ``no_retry`` mark it for the caller
-    (``x-llmguard-cause``, ``x-should-retry: false``)."""
-    headers = [(k, v) for k, v in failure.headers.multi_items() if k.lower() not in _DROPPED]
+    (``x-llmguard-cause``, ``x-should-retry: false``). With ``as_sent``, a 200 whose error event the SDK reads
+    itself is handed back as it came (`AttemptFailure.as_sent`), not as the status its error stands for."""
+    status, raw, body = (
+        failure.as_sent if as_sent and failure.as_sent else (failure.status_code or 502, failure.headers, failure.body)
+    )
+    headers = [(k, v) for k, v in raw.multi_items() if k.lower() not in _DROPPED]
     response = httpx.Response(
-        failure.status_code or 502,
+        status,
         headers=headers,
-        content=failure.body,
+        content=body,
         request=request,
         extensions={**failure.extensions, "llmguard": record},
     )

@@ -139,6 +139,10 @@ class AttemptFailure:
     stream_failure: StreamFailure | None = None
     """Set when a 200 answer failed before its first token (then ``status_code`` is the status the
     failure stands for, if any, and ``body`` an equivalent JSON error)."""
+    as_sent: tuple[int, httpx.Headers, bytes] | None = None
+    """That 200 as it came (status, headers, the whole body), when its SDK reads the error event itself
+    (the Responses API's ``error`` / ``response.failed``): what the caller gets if it is the call's last answer,
+    as without a guard."""
 
     @property
     def overload(self) -> bool:

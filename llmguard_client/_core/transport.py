@@ -435,15 +435,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
             last = None
         if last is not None and last.status_code is not None:
+            status: CallStatus = "rejected" if error is not None else "http_error"
             cause = error.cause if error is not None else "upstream_status"
-            call.record.answered(last.status_code, last.attempt.replica)
-            await lease.aclose("rejected" if error is not None else "http_error", cause)
+            if last.as_sent is not None and last.stream_failure is not None and error is None:
+                status, cause = "error", last.stream_failure.cause  # the 200 the caller reads the error event of
+            call.record.answered(last.as_sent[0] if last.as_sent else last.status_code, last.attempt.replica)
+            await lease.aclose(status, cause)
             # The guard retried, or stopped retrying (attempts, budget, deadline): the SDK must not retry on top. An
             # answer the guard does not retry at all (a 400, a 409 or a 52x, any status off the generation paths) is
             # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's.
             decided = error is not None or (self._retries and outcome.stopped != "not_retryable")
             return upstream_response(
-                last, cause if decided else None, call.request, call.record.snapshot(), no_retry=decided
+                last, cause if decided else None, call.request, call.record.snapshot(), no_retry=decided, as_sent=True
             )
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
@@ -451,7 +454,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             error, met = attempts_error(call, outcome.failures, error), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
-        status: CallStatus = (
+        status = (
             "timeout"
             if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")

@@ -33,7 +33,7 @@ from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardClosed
-from llmguard_client.protocols import StreamFailure, read_opening, reader_for
+from llmguard_client.protocols import Opening, StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error
 from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
 
@@ -85,7 +85,7 @@ class AttemptLayer:
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)
             if reader.failure is not None:  # before the first token: a failed attempt, like a 503
-                return Failed([_stream_failure(call, attempt, state, reader.failure, response, clock)])
+                return Failed([_stream_failure(call, attempt, state, reader.failure, response, opening, clock)])
             attempt.attempt_first_token(clock(), complete=opening.rest is None)
             won = True
             return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
@@ -134,11 +134,17 @@ def _stream_failure(
     state: ReplicaState,
     failure: StreamFailure,
     response: httpx.Response,
+    opening: Opening,
     clock: Clock,
 ) -> AttemptFailure:
     """A 200 that failed before its first token, as a failed attempt: with the status its error stands
-    for (a JSON error body to hand back if it is the call's last answer), else as a stream error."""
+    for (a JSON error body to hand back if it is the call's last answer), else as a stream error. An error
+    event its SDK reads itself (`StreamReader.errors_are_events`), in a body read to its end, is also kept as
+    it came (``as_sent``), to hand back as such."""
     attempt.attempt_finished("failed", clock(), error=failure.cause, retry_after=failure.retry_after)
+    as_sent = None
+    if opening.reader.errors_are_events and failure.kind == "error_event" and opening.rest is None:
+        as_sent = (response.status_code, response.headers, b"".join(opening.chunks))
     error = None
     headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
     if failure.retry_after is not None:
@@ -155,6 +161,7 @@ def _stream_failure(
         retry_after=failure.retry_after,
         extensions=dict(response.extensions),
         stream_failure=failure,
+        as_sent=as_sent,
     )
 
 

@@ -232,6 +232,34 @@ async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_re
     assert (record.status, record.cause, len(record.attempts)) == ("error", "stream_error_event", 1)
 
 
+@pytest.mark.parametrize(
+    ("code", "requests"), [(500, 3), ("invalid_prompt", 1)], ids=["retried_server_error", "invalid_prompt"]
+)
+async def test_a_responses_error_before_the_first_token_reaches_the_caller_as_the_event_it_was(
+    servers: list[LoopbackServer], code: object, requests: int
+) -> None:
+    """When no attempt gets past a Responses API ``error`` event (a server error on every attempt, or a prompt
+    error that is not retried), the guarded SDK yields the events the plain one does, not an HTTP error."""
+    for server in servers[:2]:
+        server.script = Script(error_at=0, error={"message": "boom", "type": "x", "code": code})
+    records: list[PhaseRecord] = []
+
+    async def events(http_client: httpx.AsyncClient | None) -> list[str]:
+        async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=http_client) as oai:
+            stream = await oai.responses.create(model="m", input="x", stream=True)
+            return [event.type async for event in stream]
+
+    plain = await events(None)
+    sent_plain = sum(len(server.received) for server in servers[:2])
+    async with make_guard(servers[:2], records) as guard:
+        guarded = await events(guard.http_client_for(openai.AsyncOpenAI))
+    assert guarded == plain and plain[-1] == "error" and sent_plain == 1
+    assert sum(len(server.received) for server in servers[:2]) - sent_plain == requests
+    (record,) = records
+    assert (record.status, record.cause, record.http_status) == ("error", "stream_error_event", 200)
+    assert [a.outcome for a in record.attempts] == ["failed"] * requests
+
+
 @pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
 async def test_a_failed_response_is_handed_over_once_and_recorded_as_an_error(
     servers: list[LoopbackServer], rollout: float
