@@ -219,8 +219,8 @@ def vllm_metrics_polled(guard: Guard, *, every: float = 0.1, request_timeout: fl
             "vllm_metrics_polled is for sync code; in async code run poll_vllm_metrics(guard) in a task group"
         )
     poller = _Poller(functools.partial(poll_vllm_metrics, guard, every=every, request_timeout=request_timeout))
-    access, ended = sync_access(guard, holds=False)  # where the sync calls run: the poller uses the same connections
-    polling = start_counted(access, poller.run, ended)
+    access, _ = sync_access(guard, holds=False)  # where the sync calls run: the poller uses the same connections
+    polling = start_counted(access, poller.run, None)
     try:
         yield
     finally:

@@ -18,12 +18,14 @@ generators as it ends too.
 Sync calls run on the Guard's own loop, on a thread of its own (its *home*, `llmguard_client.edges`), unless an
 event loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
 handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
-code takes the Guard over from its home loop once the sync calls running there have ended (new ones wait for
-that, so it comes even under steady sync traffic), within its tier's ttft; the home's pools are closed on the
-home loop. A sync call made on the owner loop's own thread (a notebook cell after an awaited call) blocks that loop
-until it returns: if nothing of the Guard's is in flight there, the Guard leaves that loop for its home
-(`leave_blocked_owner`, its pools closed on the old loop once it runs again) and the call runs on the home loop; else
-it is refused, as it would wait for the calls of the very loop it blocks.
+code takes the Guard over from its home loop once the sync calls running there have handed their responses over
+(new ones wait for that, so it comes even under steady sync traffic), within its tier's ttft: a call that has
+handed its response over sends nothing more, and its body is read on at home, from the home's pools, which are
+closed there once the last such body has ended. A sync call made on the owner loop's own thread (a notebook
+cell after an awaited call) blocks that loop until it returns: if nothing of the Guard's is in flight there, the
+Guard leaves that loop for its home (`leave_blocked_owner`, its pools closed on the old loop once it runs again)
+and the call runs on the home loop; else it is refused, as it would wait for the calls of the very loop it
+blocks.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ BLOCKS_ITS_LOOP = (
 )
 """Why a sync call from the owner loop's own thread is refused while the Guard has calls in flight there."""
 
+HANDOVER_TIMED_OUT = (
+    "sync calls running on this Guard's own thread were still waiting for their first token when this call's ttft "
+    "ran out, so the Guard could not move to this event loop (their connections are that thread's); make an async "
+    "call first (the app's startup), so that sync calls from worker threads run on this loop from the start"
+)
+"""Why a call from another loop is refused while the home loop's sync calls outlast its ttft."""
+
 WRONG_LOOP = (
     "this Guard's connections belong to another event loop, which is still running (e.g. two threads each "
     "running asyncio.run); use one Guard per running event loop (build it inside that loop: `async with "
@@ -72,7 +81,9 @@ class LoopOwner:
         "_home",
         "_home_calls",
         "_home_idle",
+        "_home_streams",
         "_idle",
+        "_left_at_home",
         "_lock",
         "_loop",
         "_pending",
@@ -98,7 +109,12 @@ class LoopOwner:
         self._home: asyncio.AbstractEventLoop | None = None
         """The Guard's own loop for sync calls, once it has started."""
         self._home_calls = 0
-        """Sync calls running on the home loop: while there are any, no other loop takes the Guard over."""
+        """Sync calls on the home loop that have not handed their response over: while there are any, no other loop
+        takes the Guard over (they may send attempts, through the pools of the loop that owns the Guard)."""
+        self._home_streams = 0
+        """Sync calls on the home loop whose bodies are still read there (`HomeCall.delivered`)."""
+        self._left_at_home: list[httpx.AsyncBaseTransport] = []
+        """Home pools the Guard left while bodies were still read from them: closed there after the last one."""
         self._pending: EventLoop | None = None
         """A loop waiting for the home loop's sync calls to end, to take the Guard over (`claim`)."""
         self._pending_wait = 0.0
@@ -147,7 +163,7 @@ class LoopOwner:
                         self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
                         break
                     if self._pending not in (None, loop) or loop.time() >= give_up:
-                        return WRONG_LOOP
+                        return HANDOVER_TIMED_OUT if self._pending in (None, loop) else WRONG_LOOP
                     self._pending, self._pending_wait = loop, wait
                 await anyio.sleep(HANDOVER_POLL)
         finally:
@@ -159,8 +175,8 @@ class LoopOwner:
             _settle_on(*left)
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped
             self._swap()
-        elif owner is not None and self._home is not None:  # taken over from the idle home loop: closed there
-            _settle_on(self._home, None, self._swap())
+        elif owner is not None and self._home is not None:  # taken over from the home loop: closed there
+            self._leave_home(self._swap())
         await watch.__anext__()  # parked: the loop closes it as it ends
         return None
 
@@ -195,9 +211,9 @@ class LoopOwner:
 
     def sync_loop(self, count: bool = True) -> EventLoop | None:
         """Where a sync call runs: the caller's running event loop that owns the Guard (not the home loop); or
-        None, the home loop, where the call is counted until `sync_call_ended` (unless not ``count``: the sync
-        server-hints poller, which holds no loop). While a loop waits to take the Guard over from the home loop, the
-        call waits for that (at most as long as that loop does)."""
+        None, the home loop, where the call is counted (`home_call`; unless not ``count``: the sync server-hints
+        poller, which holds no loop). While a loop waits to take the Guard over from the home loop, the call waits
+        for that (at most as long as that loop does)."""
         with self._lock:
             pending, started = self._pending, time.monotonic()
             while (
@@ -238,15 +254,69 @@ class LoopOwner:
         owner = self._owner()
         return owner if owner is not None and owner is not self._home and owner.is_running() else None
 
-    def sync_call_ended(self) -> None:
-        """A sync call counted by `sync_loop` has ended on the home loop."""
+    def home_call(self) -> HomeCall:
+        """The sync call just counted by `sync_loop` (on the home loop): what it tells as it goes on."""
+        return HomeCall(self)
+
+    def _delivered(self) -> None:
         with self._lock:
             self._home_calls -= 1
+            self._home_streams += 1
+
+    def _ended(self, delivered: bool) -> None:
+        with self._lock:
+            if not delivered:
+                self._home_calls -= 1
+                return
+            self._home_streams -= 1
+            if self._home_streams or not self._left_at_home:
+                return
+            left, self._left_at_home = self._left_at_home, []
+        assert self._home is not None
+        _settle_on(self._home, None, left)
+
+    def _leave_home(self, pools: Sequence[httpx.AsyncBaseTransport]) -> None:
+        """The home loop's pools, which the Guard left: closed there, at once or after the last body read from
+        them."""
+        with self._lock:
+            self._left_at_home.extend(pools)
+            if self._home_streams:
+                return
+            left, self._left_at_home = self._left_at_home, []
+        assert self._home is not None
+        _settle_on(self._home, None, left)
+
+    async def close_left_at_home(self) -> None:
+        """On the home loop, as the Guard closes: the home pools it left, with any body still read from them."""
+        with self._lock:
+            left, self._left_at_home = self._left_at_home, []
+        await _close_all(left)
 
     def home_owns(self) -> bool:
         """Whether the Guard's connections are the home loop's (or no running loop's)."""
         owner = self._owner()
         return owner is None or owner is self._home
+
+
+class HomeCall:
+    """A sync call running on the home loop: it keeps the Guard there until it has handed its response over
+    (`delivered`); its body is then read on at home, from the home's pools, until it has `ended`."""
+
+    __slots__ = ("_delivered", "_owner")
+
+    def __init__(self, owner: LoopOwner) -> None:
+        self._owner = owner
+        self._delivered = False
+
+    def delivered(self) -> None:
+        """The response is the caller's: the call sends nothing more (another loop may take the Guard over)."""
+        if not self._delivered:
+            self._delivered = True
+            self._owner._delivered()
+
+    def ended(self) -> None:
+        """The call's task is over (once)."""
+        self._owner._ended(self._delivered)
 
 
 async def _close_all(pools: Sequence[httpx.AsyncBaseTransport]) -> None:

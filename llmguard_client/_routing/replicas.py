@@ -141,6 +141,8 @@ class ReplicaSet:
         """Below this share of healthy replicas, open circuits still take calls (`RetryPolicy.panic_threshold`)."""
         self._panicking = False
         self._transport_factory = transport_factory
+        self.renewals = 0
+        """How many times the replicas' pools were renewed for another event loop (`renew_transports`)."""
         self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
@@ -351,6 +353,7 @@ class ReplicaSet:
         old = self.transports()
         for state in self.states:
             state.transport = self._transport_factory(state.replica)
+        self.renewals += 1
         return old
 
     async def aclose(self) -> None:

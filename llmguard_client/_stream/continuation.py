@@ -136,7 +136,8 @@ class Continuer:
             return None
         budget = self.budgets[tier]
         budget.record_request()
-        return CallContinuation(self._replicas, self._path, self._classify, policy, budget, *request)
+        replicas = self._replicas
+        return CallContinuation(replicas, self._path, self._classify, policy, budget, *request, pools=replicas.renewals)
 
 
 @dataclass(slots=True, eq=False)
@@ -157,6 +158,9 @@ class CallContinuation:
     splicer: Splicer | None = None
     """The current part's splicer (None while the original stream is the current part)."""
     tried: list[ReplicaState] = field(default_factory=list)
+    pools: int = 0
+    """The replicas' pools the call started with (`ReplicaSet.renewals`): once the Guard has moved to another
+    event loop, this call's loop may not send through the new ones."""
 
     def _part(self, reader: object) -> tuple[str, int, bool] | None:
         """(text, tokens, still a plain text answer) of the current part, or None if it kept no text."""
@@ -182,6 +186,8 @@ class CallContinuation:
         return resumed
 
     async def _resume(self, call: Call, win: Win, reader: object, cause: str) -> Resumed | NotContinued:
+        if self.replicas.renewals != self.pools:
+            return "guard_moved"
         part = self._part(reader)
         if part is None:
             return "no_text"

@@ -22,7 +22,7 @@ import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
 from llmguard_client._core.given_up import CALLER_EXTENSION
-from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP
+from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
 
@@ -67,18 +67,18 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
 def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
     """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here)."""
     request.extensions[CALLER_EXTENSION] = f"thread:{os.getpid()}:{threading.get_ident()}"
-    access, ended = sync_access(guard, request)
-    return send(access, guard.transport, request, ended)
+    access, home = sync_access(guard, request)
+    return send(access, guard.transport, request, home)
 
 
 def sync_access(
     guard: GuardHandle, request: httpx.Request | None = None, *, holds: bool = True
-) -> tuple[LoopAccess, Callable[[], None] | None]:
+) -> tuple[LoopAccess, HomeCall | None]:
     """Where a sync call (or the sync server-hints poller) runs: on the caller's running event loop that owns the
     Guard, from another thread; else on the Guard's own loop thread, where a call (``holds``) keeps the Guard (no
-    other loop takes it over) until the returned callback says it has ended. From the owner loop's own thread
-    (which the call blocks) the Guard first leaves that loop for its own, if nothing is in flight there; else it
-    is refused: the call would wait for the loop it blocks."""
+    other loop takes it over) until the returned `HomeCall` says it has handed its response over. From the owner
+    loop's own thread (which the call blocks) the Guard first leaves that loop for its own, if nothing is in flight
+    there; else it is refused: the call would wait for the loop it blocks."""
     loops = guard.transport.loops
     owner = loops.sync_loop(holds)
     if owner is not None and running_loop() is owner:
@@ -88,12 +88,12 @@ def sync_access(
         if owner is not None:  # another loop took the Guard in between
             return CallersLoop(owner), None
     if owner is None:
-        ended = loops.sync_call_ended if holds else None
+        home = loops.home_call() if holds else None
         try:
-            return runner_for(guard), ended
+            return runner_for(guard), home
         except BaseException:
-            if ended is not None:
-                ended()
+            if home is not None:
+                home.ended()
             raise
     return CallersLoop(owner), None
 
@@ -112,7 +112,9 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
             loops.set_home(runner.loop)
             # A Guard dropped without close(): close its pools on that loop if they are its, and stop the thread
             # (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
-            weakref.finalize(guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns)
+            weakref.finalize(
+                guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
+            )
         return runner
 
 
@@ -136,8 +138,9 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
                 _runners[guard] = _CLOSED
             return False
         _runners[guard] = _CLOSED
-    if not guard.transport.loops.home_owns():  # async code took the Guard over: it is closed there
-        await anyio.to_thread.run_sync(runner.stop)
+    loops = guard.transport.loops
+    if not loops.home_owns():  # async code took the Guard over: it is closed there (the bodies still read here end)
+        await anyio.to_thread.run_sync(runner.stop, loops.close_left_at_home)
         return False
     await anyio.to_thread.run_sync(runner.stop, functools.partial(guard.aclose, grace))
     return True
@@ -176,10 +179,15 @@ def _in_event_loop() -> bool:
     return running_loop() is not None
 
 
-def _abandon(runner: SyncRunner, close_pools: Callable[[], Awaitable[None]], home_owns: Callable[[], bool]) -> None:
+def _abandon(
+    runner: SyncRunner,
+    close_pools: Callable[[], Awaitable[None]],
+    home_owns: Callable[[], bool],
+    close_left: Callable[[], Awaitable[None]],
+) -> None:
     if not runner.running:
         return
-    closing = close_pools if home_owns() else None  # else they are another loop's, closed as it ends
+    closing = close_pools if home_owns() else close_left  # else they are another loop's, closed as it ends
     if runner.in_own_thread():  # collected on its own loop: stop it from another thread
         threading.Thread(target=runner.stop, args=(closing,), daemon=True).start()
     else:

@@ -41,6 +41,7 @@ import httpx
 from anyio.from_thread import BlockingPortal
 
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
+from llmguard_client._core.loop_owner import HomeCall
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -125,11 +126,14 @@ class _Exchange:
         request: httpx.Request,
         head: Future[httpx.Response],
         loop: EventLoop,
+        delivered: Callable[[], None] | None = None,
     ) -> None:
         self._core = core
         self._request = request
         self._head = head
         self._loop = loop
+        self._delivered = delivered
+        """Told once the response is handed over (a call on the Guard's own loop: `HomeCall.delivered`)."""
         self._context = _portable(contextvars.copy_context())
         self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._put_count = 0  # written by the task only
@@ -168,6 +172,8 @@ class _Exchange:
             return
         try:
             self._head.set_result(response)
+            if self._delivered is not None:
+                self._delivered()
             stream = response.stream
             assert isinstance(stream, httpx.AsyncByteStream)
             chunks = stream.__aiter__()
@@ -296,18 +302,19 @@ class LoopAccess(Protocol):
 
 
 def send(
-    access: LoopAccess, core: httpx.AsyncBaseTransport, request: httpx.Request, ended: Callable[[], None] | None = None
+    access: LoopAccess, core: httpx.AsyncBaseTransport, request: httpx.Request, home: HomeCall | None = None
 ) -> tuple[httpx.Response, SyncBody]:
-    """Run one call through the core on ``access``'s loop: the response head and its body to pull. ``ended`` is
-    called once the call's task is over, or at once if it could not start."""
+    """Run one call through the core on ``access``'s loop: the response head and its body to pull. ``home`` (a
+    call on the Guard's own loop) is told when the response is handed over, and when the call's task is over (at
+    once if it could not start)."""
     loop = access.loop
     if loop is None:
-        if ended is not None:
-            ended()
+        if home is not None:
+            home.ended()
         raise GuardClosed(CLOSED)
     head: Future[httpx.Response] = Future()
-    exchange = _Exchange(core, request, head, loop)
-    start_counted(access, exchange.drive, ended)
+    exchange = _Exchange(core, request, head, loop, None if home is None else home.delivered)
+    start_counted(access, exchange.drive, None if home is None else home.ended)
     try:
         response = wait_for(head, loop)
     except BaseException:

@@ -46,12 +46,15 @@ NotContinued = Literal[
     "guard_closed",
     "continuation_failed",
     "total_deadline",
+    "guard_moved",
 ]
 """Why a stream that broke after its first token was not continued (``ContinuationPolicy`` on): no answer text
 was kept or delivered; the answer is not a plain single-choice text answer (tool calls, logprobs, ``n > 1``);
 the policy's ``max_continuations`` were used; less than its ``min_time_left`` was left before ``total``; no
 tokens left under ``max_tokens``; no other replica to send it to; the retry budget refused it; the Guard was
-closed; the continuation attempt failed or got no first token in time; the break was the total deadline."""
+closed; the continuation attempt failed or got no first token in time; the break was the total deadline; the
+Guard had moved to another event loop since the call started (a sync stream read on the Guard's own thread after
+async code took it over)."""
 
 OneAttempt = Literal["streamed_body", "other_origin"]
 """Why the guard sent a call once, with no hedge and no retry of its own: ``streamed_body``, its request body

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
+from llmguard_client import ContinuationPolicy, Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
 from llmguard_client._core.event_loops import start_soon
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import wait_for
@@ -114,21 +114,26 @@ async def test_async_code_takes_the_guard_over_from_its_idle_home_loop(server: L
     assert eventually(lambda: client_sockets([server]) == 0)  # the home loop's connection too
 
 
-async def test_an_async_call_takes_the_guard_over_once_the_home_loops_sync_call_has_ended(
+async def test_an_async_call_takes_the_guard_over_while_a_sync_stream_is_still_read_on_the_home_loop(
     server: LoopbackServer,
 ) -> None:
-    """The home loop's calls use its connections: the async call waits for them to end (within its ttft)."""
+    """A sync call that has handed its stream over sends nothing more: the async call does not wait for its body
+    (before: it waited for the stream to end, within its ttft, else was refused). The body is read to its end from
+    the home loop's connection, which is closed after it."""
     server.script = Script(tokens=200)  # more chunks than the sync body reads ahead of its caller
     guard = guard_over(server)
     sync_client = guard.sync_http_client()
     request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
     opened = await asyncio.to_thread(sync_client.send, request, stream=True)  # the first call: on the home loop
+    chunks = opened.iter_raw()
+    first = await asyncio.to_thread(next, chunks)
     async with guard.http_client() as client:
-        waiting = asyncio.ensure_future(client.post(server.url + CHAT, json=BODY))
-        assert await asyncio.to_thread(eventually, lambda: len(server.received) == 1)
-        assert not waiting.done()  # before: refused at once (WrongEventLoop)
+        assert (await client.post(server.url + CHAT, json=BODY)).status_code == 200
+        assert client_sockets([server]) == 2  # the home loop's, still read, and this loop's
+        rest = b"".join(await asyncio.to_thread(list, chunks))
+        assert (first + rest).count(b'"content":" t') == 200 and rest.endswith(b"data: [DONE]\n\n")
         await asyncio.to_thread(opened.close)
-        assert (await waiting).status_code == 200
+        assert await asyncio.to_thread(eventually, lambda: client_sockets([server]) == 1)  # the home's closed
         later = await asyncio.to_thread(sync_client.send, request, stream=True)  # now on this loop
         assert later.status_code == 200
         await asyncio.to_thread(later.close)
@@ -137,17 +142,70 @@ async def test_an_async_call_takes_the_guard_over_once_the_home_loops_sync_call_
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
-async def test_a_handover_that_does_not_come_within_the_ttft_is_refused(server: LoopbackServer) -> None:
+async def test_closing_the_guard_ends_a_sync_stream_still_read_on_the_home_loop(server: LoopbackServer) -> None:
     server.script = Script(tokens=200)
-    guard = Guard(
-        [server.url], instrumentation=None, transport_factory=pools, tiers={"t": Tier(ttft=0.3, total=10, stall=10)}
-    )
+    guard = guard_over(server)
     sync_client = guard.sync_http_client()
     request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
     opened = await asyncio.to_thread(sync_client.send, request, stream=True)
+    chunks = opened.iter_raw()
+    await asyncio.to_thread(next, chunks)
     async with guard.http_client() as client:
-        with pytest.raises(WrongEventLoop, match="still running"):
-            await client.post(server.url + CHAT, json=BODY)
+        assert (await client.post(server.url + CHAT, json=BODY)).status_code == 200
+    await guard.aclose()
+    assert sync_threads() == []
+    assert eventually(lambda: client_sockets([server]) == 0)  # the home loop's connection too
+    with pytest.raises(httpx.HTTPError):
+        await asyncio.to_thread(list, chunks)
+
+
+async def test_a_sync_stream_read_on_after_the_handover_is_not_continued_from_that_thread(
+    servers: list[LoopbackServer],
+) -> None:
+    """Its thread's loop no longer owns the replicas' pools: a break is not continued from there (it would send
+    through the async loop's pools), and the record says why."""
+    assert eventually(lambda: client_sockets(servers[:2]) == 0)
+    for server in servers[:2]:
+        server.script = Script(tokens=200, reset_after_tokens=100)  # past what the sync body reads ahead
+    records: list[PhaseRecord] = []
+    guard = Guard(
+        [s.url for s in servers[:2]],
+        instrumentation=None,
+        transport_factory=pools,
+        on_record=records.append,
+        continuation=ContinuationPolicy(),
+    )
+    sync_client = guard.sync_http_client()
+    request = sync_client.build_request("POST", servers[0].url + CHAT, json={**BODY, "stream": True})
+    opened = await asyncio.to_thread(sync_client.send, request, stream=True)
+    chunks = opened.iter_raw()
+    await asyncio.to_thread(next, chunks)
+    async with guard.http_client() as client:
+        servers[0].script = servers[1].script = Script(tokens=3)
+        assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            await asyncio.to_thread(list, chunks)
+        await asyncio.to_thread(opened.close)
+    await guard.aclose()
+    streamed = next(r for r in records if r.stream)
+    assert (streamed.status, streamed.not_continued, len(streamed.attempts)) == ("error", "guard_moved", 1)
+    assert sum(len(s.received) for s in servers[:2]) == 2  # no continuation request was sent
+
+
+async def test_a_handover_that_does_not_come_within_the_ttft_is_refused(server: LoopbackServer) -> None:
+    """A sync call still waiting for its first token on the home loop may send attempts through the pools of the
+    loop that owns the Guard: the async call waits for it within its ttft, then is refused, naming the fix."""
+    server.script = Script(stall_before_first=1.5)
+    tiers = {"t": Tier(ttft=3.0, total=10, stall=10), "short": Tier(ttft=0.3, total=10, stall=10)}
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools, tiers=tiers, default_tier="t")
+    sync_client = guard.sync_http_client()
+    request = sync_client.build_request("POST", server.url + CHAT, json={**BODY, "stream": True})
+    waiting = asyncio.ensure_future(asyncio.to_thread(sync_client.send, request, stream=True))
+    assert await asyncio.to_thread(eventually, lambda: len(server.received) == 1)
+    async with guard.http_client() as client:
+        with pytest.raises(WrongEventLoop, match="still waiting for their first token"):
+            await client.post(server.url + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
+    opened = await waiting
     await asyncio.to_thread(opened.close)
     await guard.aclose()
     assert len(server.received) == 1
