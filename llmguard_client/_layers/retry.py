@@ -135,7 +135,7 @@ class RetryLayer:
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
-            self.learn(call.clock(), outcome.failures, counted)
+            self.learn(call.clock(), outcome.failures, counted, judged=call.retry_any_status)
             failed.extend(f.state for f in outcome.failures)
             plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
             if isinstance(plan, Failed):
@@ -209,17 +209,24 @@ class RetryLayer:
                 )
             await anyio.sleep(wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
 
-    def learn(self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None) -> None:
+    def learn(
+        self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None, *, judged: bool = True
+    ) -> None:
         """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
         stream broken after its first token: cool down replicas that signalled overload (with or without
         Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes the 429;
         count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
-        (the replicas the route already counted, updated here)."""
+        (the replicas the route already counted, updated here). Not ``judged`` (a call off the generation paths,
+        whose answers the guard leaves to the SDK): an answer's status says nothing of the replica's generation
+        calls (a 429 from an embeddings model's own rate limit), so only transport errors count."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
             if failure.status_code is not None:
                 self.replicas.saw_headers(state, now, failure.headers)
+                if not judged:
+                    self.replicas.probe_answered(state)
+                    continue
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 if self._provider_limit(failure):
                     continue  # the rate-limit layer lowered its bucket to the room the provider reported

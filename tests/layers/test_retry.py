@@ -188,6 +188,25 @@ async def test_all_cooling_past_the_deadline_fails_at_once_with_retry_after(serv
     assert len(records[0].attempts) == 2 and records[0].status == "rejected"
 
 
+async def test_an_answer_off_the_generation_paths_does_not_cool_the_replica_for_generation_calls(
+    servers: list[LoopbackServer],
+) -> None:
+    """An embeddings 429 (that model's own rate limit) is the SDK's to retry: it does not cool the replica, so
+    a chat call beside it is served at once, as through the plain SDK (before: refused, ``all_replicas_cooling``,
+    for the 20 s of the embeddings' Retry-After)."""
+    records: list[PhaseRecord] = []
+    async with make_guard([servers[0].url], records) as guard, guard.http_client() as client:
+        servers[0].script = Script(status=429, headers={"retry-after": "20"})
+        answer = await client.post(servers[0].url + "/v1/embeddings", json={"model": "e", "input": "x"})
+        assert answer.status_code == 429 and "x-llmguard-cause" not in answer.headers
+        servers[0].script = Script()
+        assert (await client.post(servers[0].url + CHAT, json=BODY)).status_code == 200
+        (replica,) = guard.snapshot().replicas
+    assert (replica.cooling_for, replica.circuit_open_for) == (0.0, 0.0)
+    assert records[-1].status == "ok" and len(records[-1].attempts) == 1
+    assert len(servers[0].received) == 2
+
+
 @pytest.mark.parametrize(
     ("status", "error"), [(503, openai.InternalServerError), (429, openai.RateLimitError)], ids=["503", "429"]
 )
