@@ -11,6 +11,7 @@ __all__ = [
     "MAX_ATTEMPTS_HEADER",
     "SESSION_HEADER",
     "TIER_HEADER",
+    "KNOWN_HEADERS",
     "CallerHeaders",
 ]
 
@@ -30,6 +31,9 @@ _GUARD_HEADERS = (
     MAX_ATTEMPTS_HEADER.encode(),
 )
 _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
+_OWN_PREFIX = b"x-llmguard-"
+KNOWN_HEADERS = ", ".join(h.decode() for h in _GUARD_HEADERS)
+"""The guard's own request headers, for messages."""
 _SDK_PREFIX = b"x-stainless-"
 """Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
 
@@ -39,15 +43,19 @@ class CallerHeaders:
     them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
     whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when absent)."""
 
-    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "max_attempts", "session", "tier")
+    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "max_attempts", "session", "tier", "unknown")
 
     def __init__(self, request: httpx.Request) -> None:
         forwarded: list[tuple[bytes, bytes]] = []
         has_own = from_sdk = False
+        unknown: str | None = None
         for key, value in request.headers.raw:
             low = key.lower()
             if low in _STRIPPED:
                 has_own = has_own or low in _GUARD_HEADERS
+                continue
+            if low[:11] == _OWN_PREFIX:  # a misspelt header of the guard's: refused, never forwarded
+                unknown = unknown or low.decode("latin-1")
                 continue
             if not from_sdk and low[:12] == _SDK_PREFIX:
                 from_sdk = True
@@ -56,6 +64,8 @@ class CallerHeaders:
         """The caller's headers minus the guard's own and those rebuilt per attempt, in order."""
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
+        self.unknown = unknown
+        """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         get = request.headers.get if has_own else _absent
         self.tier: str | None = get(TIER_HEADER)
         """``x-llmguard-tier``: the tier to use (over ``guard.tier()`` and the default)."""

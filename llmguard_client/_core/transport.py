@@ -40,7 +40,7 @@ from llmguard_client._core.cooperative import allow_retry, next_episode, resume,
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
 from llmguard_client._core.given_up import Episode, GivenUp, sdk_call
 from llmguard_client._core.given_up import again as again_error
-from llmguard_client._core.headers import CAUSE_HEADER, TIER_HEADER, CallerHeaders
+from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from llmguard_client._core.loop_owner import LoopOwner
 from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
@@ -178,6 +178,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 raise GuardRequestError(
                     f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "
                     "client a base_url (e.g. one of the replicas) or send to a full URL",
+                    request=request,
+                )
+            if headers.unknown is not None:  # for every cohort, like the tier
+                raise GuardRequestError(
+                    f"unknown header {headers.unknown!r}: the guard's own headers are {KNOWN_HEADERS}; nothing was "
+                    "sent",
                     request=request,
                 )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %

@@ -12,7 +12,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmguard_client import Guard, OpenTelemetryInstrumentation, PhaseRecord, Tier, UnknownTierError, guard_failure
+from llmguard_client import (
+    Guard,
+    GuardRequestError,
+    OpenTelemetryInstrumentation,
+    PhaseRecord,
+    Tier,
+    UnknownTierError,
+    guard_failure,
+)
 from llmguard_client._rollout.rollout import key_position
 from llmguard_tools.compare.load import read_records
 from tests.clients import plain_httpx
@@ -106,6 +114,21 @@ async def test_a_tier_typo_fails_in_the_control_cohort_as_it_would_guarded(
         with pytest.raises(UnknownTierError, match=r"'interactve'.*configured tiers: batch, interactive") as caught:
             await send(client, first.url, "json", headers)
     assert guard_failure(caught.value) == "unknown_tier" and caught.value.status_code == 400
+    assert first.requests == [] and second.requests == [] and records == []
+
+
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+async def test_a_misspelt_guard_header_is_refused_in_either_cohort_before_anything_is_sent(
+    recorders: list[RecordingServer], rollout: float
+) -> None:
+    """Before: silently ignored (the call took the default tier), and forwarded to the server by guarded calls."""
+    first, second, _ = recorders
+    records: list[PhaseRecord] = []
+    guard = Guard([first.url, second.url], tiers=TIERS, rollout=rollout, on_record=records.append)
+    async with guard, guard.http_client() as client:
+        with pytest.raises(GuardRequestError, match=r"unknown header 'x-llmguard-teir'.*x-llmguard-tier") as caught:
+            await send(client, first.url, "json", {"X-LLMGuard-Teir": "batch"})
+    assert guard_failure(caught.value) == "bad_request" and caught.value.status_code == 400
     assert first.requests == [] and second.requests == [] and records == []
 
 
