@@ -99,23 +99,29 @@ def sync_access(
 
 
 def runner_for(guard: GuardHandle) -> SyncRunner:
-    """The Guard's event-loop thread for sync calls, started on first use."""
+    """The Guard's event-loop thread for sync calls, started on first use. The thread is started outside the lock:
+    a process gevent patched after importing this module has a real lock here, and a greenlet holding it while
+    ``Thread.start`` waits for the new greenlet would block every other one."""
     with _lock:
         runner = _runners.get(guard)
-        if isinstance(runner, _Closed):
-            raise GuardClosed(runner.why)
-        if runner is None:
-            runner = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
-            _runners[guard] = runner
-            loops = guard.transport.loops
-            assert runner.loop is not None
-            loops.set_home(runner.loop)
-            # A Guard dropped without close(): close its pools on that loop if they are its, and stop the thread
-            # (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
-            weakref.finalize(
-                guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
-            )
-        return runner
+    if runner is None:
+        fresh = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
+        with _lock:
+            runner = _runners.get(guard)
+            if runner is None:
+                runner = _runners[guard] = fresh
+                # A Guard dropped without close(): close its pools on that loop if they are its, and stop the
+                # thread (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
+                loops = guard.transport.loops
+                weakref.finalize(
+                    guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
+                )
+        if runner is not fresh:  # another caller's came first
+            fresh.stop()
+    if isinstance(runner, _Closed):
+        raise GuardClosed(runner.why)
+    guard.transport.loops.set_home(runner.ready())  # by each caller: none goes on before the home is known
+    return runner
 
 
 def running_runner(guard: GuardHandle) -> SyncRunner | None:

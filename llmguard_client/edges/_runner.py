@@ -1,9 +1,12 @@
 """One background event loop per Guard, for sync callers.
 
 The request path is one async core (``guard.transport.handle_async_request``). A sync
-edge runs it on a daemon thread that hosts an anyio `BlockingPortal`, started on the
-first sync call and shared by every sync client of that Guard (so all sync callers,
-from any number of threads, share one set of pools, budgets and TTFT statistics).
+edge runs it on a daemon thread that runs an asyncio loop, started on the first sync call and
+shared by every sync client of that Guard (so all sync callers, from any number of threads,
+share one set of pools, budgets and TTFT statistics). Calls are started there as on a caller's
+own loop (`run_threadsafe`), with nothing that captured the thread functions at import time
+(anyio's `BlockingPortal` does): a process that gevent monkey-patches after importing the
+package (gunicorn ``--preload`` with gevent workers) is served like one patched first.
 
 Each sync call is driven by ONE task on that loop, from the request to the end of the
 body, so cancel scopes opened by the core never cross tasks:
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import queue
 import sys
@@ -38,7 +42,6 @@ from typing import Any, Protocol
 
 import anyio
 import httpx
-from anyio.from_thread import BlockingPortal
 
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
 from llmguard_client._core.loop_owner import HomeCall
@@ -380,24 +383,30 @@ class CallersLoop:
 
 
 class SyncRunner:
-    """A daemon thread running an event loop with a `BlockingPortal`, for one Guard's sync calls (its home)."""
+    """A daemon thread running an asyncio event loop, for one Guard's sync calls (its home)."""
 
     def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
+        """Start the thread (`ready` waits until its loop runs)."""
         self._core = core
-        self._portal: BlockingPortal | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+
+    def ready(self) -> asyncio.AbstractEventLoop:
+        """Wait until the loop runs (a greenlet waiting here lets the thread's own greenlet start it, under gevent);
+        that loop."""
         self._started.wait()
-        if self._portal is None:
+        if self._loop is None:
             raise RuntimeError("the Guard's event-loop thread did not start") from self._failed
+        return self._loop
 
     @property
     def running(self) -> bool:
-        return self._portal is not None and not self._stopped
+        return self._loop is not None and not self._stopped
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -416,13 +425,18 @@ class SyncRunner:
 
     def _serve(self) -> None:
         async def main() -> None:
-            # The loop is asyncio's (anyio.run's default); the sync edges wake it with call_soon_threadsafe.
+            # The loop is asyncio's (anyio.run's default); the sync edges wake it with call_soon_threadsafe. As it
+            # returns, the run cancels the tasks still running and waits for them.
+            self._stop = asyncio.Event()
             self._loop = asyncio.get_running_loop()
-            async with BlockingPortal() as portal:
-                self._portal = portal
-                self._started.set()
-                await portal.sleep_until_stopped()
+            self._started.set()
+            await self._stop.wait()
 
+        if asyncio._get_running_loop() is not None:  # gevent: greenlets patched in after asyncio's import share
+            # the thread's running loop; another runner's runs (a caller's came first: this one is stopped unused)
+            self._failed = RuntimeError("an event loop already runs in this thread")
+            self._started.set()
+            return
         try:
             anyio.run(main)
         except BaseException as exc:  # pragma: no cover - the loop itself failed
@@ -432,39 +446,38 @@ class SyncRunner:
 
     def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
-        portal = self._portal
-        if portal is None or self._stopped:
+        loop = self._loop
+        if loop is None or self._stopped:
             raise GuardClosed(CLOSED)
-        try:
-            return portal.call(func)
-        except FutureCancelled:
-            raise GuardClosed("this Guard was closed while the call was running") from None
+        return wait_for(self.start(func), loop)
 
     def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
         """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
-        portal = self._portal
-        if portal is None or self._stopped:
+        loop = self._loop
+        if loop is None or self._stopped:
             raise GuardClosed(CLOSED)
         try:
-            return portal.start_task_soon(func)
-        except RuntimeError as exc:  # the portal stopped in between
+            return run_threadsafe(func, loop)
+        except RuntimeError as exc:  # the loop stopped in between
             raise GuardClosed(CLOSED) from exc
 
     def stop(self, close_guard: Callable[[], Awaitable[None]] | None = None) -> None:
         """Close the Guard on this loop (if given), cancel what is left, end the thread."""
         if self.in_own_thread():
             raise RuntimeError("a Guard cannot be closed from its own event-loop thread")
-        portal = self._portal
-        if portal is None or self._stopped:
+        self._started.wait()
+        loop, stop = self._loop, self._stop
+        if loop is None or stop is None or self._stopped:
             return
         try:
             if close_guard is not None:
-                portal.call(close_guard)
+                self.call(close_guard)
         finally:
             self._stopped = True
-            with contextlib.suppress(RuntimeError):  # already stopping
-                portal.call(started_soon_ended, SETTLE_TIMEOUT)  # e.g. pools left here being closed
-                portal.call(portal.stop, True)
+            with contextlib.suppress(RuntimeError, GuardClosed):  # already stopping
+                settled = functools.partial(started_soon_ended, SETTLE_TIMEOUT)  # e.g. pools left here being closed
+                wait_for(run_threadsafe(settled, loop), loop)
+                loop.call_soon_threadsafe(stop.set)
             self._thread.join(JOIN_TIMEOUT)
             if self._thread.is_alive():  # pragma: no cover - a close that hangs
                 logger.warning("llmguard: the Guard's event-loop thread did not end within %ss", JOIN_TIMEOUT)
