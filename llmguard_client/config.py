@@ -7,6 +7,7 @@ accepted, at construction time, never in the middle of a call.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
@@ -24,6 +25,40 @@ carries the openai SDK's ``x-stainless-*`` headers, ``raise`` otherwise)."""
 
 MAX_ATTEMPTS = 10
 """The most attempts one call may be allowed (`RetryPolicy`, `Tier`, ``x-llmguard-max-attempts``)."""
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP header name (RFC 9110 token)."""
+
+
+def _check_bool(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise GuardConfigError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+def _check_header(name: str, value: str) -> None:
+    """One `Replica` header: a name every HTTP/1.1 server takes, a value that cannot end the line early."""
+    if not _TOKEN.fullmatch(name):
+        raise GuardConfigError(
+            f"Replica.headers name {name!r} is not a valid HTTP header name: use letters, digits and "
+            "!#$%&'*+-.^_`|~ only (no spaces or colons), e.g. 'authorization'"
+        )
+    bad = next((c for c in value if c in "\r\n\x00"), None)
+    if bad is not None:
+        raise GuardConfigError(
+            f"Replica.headers[{name!r}] must be a value without CR, LF or NUL (they would end the header early), "
+            f"got one with {bad!r}"
+        )
+    if value != value.strip(" \t"):
+        raise GuardConfigError(
+            f"Replica.headers[{name!r}] must not start or end with a space or tab (HTTP/1.1 refuses it)"
+        )
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise GuardConfigError(
+            f"Replica.headers[{name!r}] must be latin-1 text (ASCII in practice), got one with "
+            f"{value[exc.start]!r}"
+        ) from None
 
 
 def _int_at_least(owner: str, name: str, value: object, low: int, high: int | None = None) -> None:
@@ -134,6 +169,8 @@ class Replica:
             raise GuardConfigError(
                 f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {self.url!r}"
             )
+        if any(c.isspace() for c in self.url):
+            raise GuardConfigError(f"Replica.url must not contain whitespace (spaces, tabs, newlines), got {self.url!r}")
         try:
             parsed = httpx.URL(self.url)
         except Exception as exc:
@@ -153,6 +190,8 @@ class Replica:
                 f"Replica.headers must map header names to string values (e.g. {{'authorization': 'Bearer ...'}}), "
                 f"got a {type(self.headers).__name__} with keys {sorted(map(str, dict(self.headers)))}"
             )
+        for name, value in self.headers.items():
+            _check_header(name, value)
         object.__setattr__(self, "headers", dict(self.headers))
         if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
             raise GuardConfigError(f"Replica.rate_limit must be a RateLimit or None, got {self.rate_limit!r}")

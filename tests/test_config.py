@@ -187,6 +187,39 @@ def test_replica_header_values_must_be_strings() -> None:
     config_error(lambda: Replica(A, headers={"x-n": 1}), "Replica.headers")  # type: ignore[dict-item]
 
 
+@pytest.mark.parametrize("name", ["bad header", "x:y", "", "x-é", "a\r\nInjected"])
+def test_replica_header_names_must_be_http_tokens(name: str) -> None:
+    """A name no server takes would fail every call as a local protocol error: refused when it is configured."""
+    config_error(lambda: Replica(A, headers={name: "v"}), "Replica.headers", repr(name), "header name", "letters")
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("v\r\nInjected: 1", "'\\r'"), ("v\ninjected", "'\\n'"), ("v\x00", "'\\x00'")],
+    ids=["crlf", "lf", "nul"],
+)
+def test_replica_header_values_must_not_break_the_line(value: str, named: str) -> None:
+    error = config_error(lambda: Replica(A, headers={"authorization": value}), "Replica.headers['authorization']")
+    assert "without CR, LF or NUL" in str(error) and named in str(error)
+    assert "Injected" not in str(error) and "injected" not in str(error)  # header values are never shown
+
+
+@pytest.mark.parametrize("value", [" Bearer k", "Bearer k ", "Bearer k\t", "Bearer €"])
+def test_replica_header_values_other_servers_refuse(value: str) -> None:
+    config_error(lambda: Replica(A, headers={"authorization": value}), "Replica.headers['authorization']")
+
+
+def test_replica_header_values_with_inner_spaces_and_tabs_are_accepted() -> None:
+    assert Replica(A, headers={"authorization": "Bearer k", "x-t": "a\tb"}).headers["x-t"] == "a\tb"
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1 :8000", "http://host/v 1", "http://host/v1 ", "http://ho st", "http://h\u00a0/v1"]
+)
+def test_replica_url_with_whitespace(url: str) -> None:
+    config_error(lambda: Replica(url), "Replica.url", "must not contain whitespace", repr(url))
+
+
 # --- Tier ---------------------------------------------------------------------------------------
 
 
