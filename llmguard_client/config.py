@@ -93,8 +93,8 @@ class Tier:
     ttft:  from the call's start to the first content token, across every attempt,
            backoff and hedge (for a non-streaming call: to the complete response).
     total: from the call's start to the last byte of the response.
-    stall: the longest silence between two chunks after the first token (None: no limit
-           besides ``total``).
+    stall: the longest silence between two chunks after the first token, at most ``total``
+           (None: no limit besides ``total``).
     max_attempts: the most requests one call of this tier sends, retries included (None: the
            `RetryPolicy`'s ``max_attempts``); a call's ``x-llmguard-max-attempts`` header wins.
     """
@@ -114,6 +114,11 @@ class Tier:
             raise GuardConfigError(
                 f"Tier.ttft ({self.ttft}) must not exceed Tier.total ({self.total}): "
                 "the first token has to arrive within the whole call's deadline"
+            )
+        if self.stall is not None and self.stall > self.total:
+            raise GuardConfigError(
+                f"Tier.stall ({self.stall}) must not exceed Tier.total ({self.total}): the whole call's deadline "
+                "ends any silence first (None: no stall limit besides total)"
             )
 
 

@@ -231,6 +231,15 @@ def test_ttft_equal_to_total_is_accepted() -> None:
     assert Tier(ttft=2, total=2).total == 2
 
 
+def test_stall_greater_than_total() -> None:
+    """A stall limit past the total deadline could never fire: refused like a ttft past it."""
+    config_error(lambda: Tier(ttft=1, total=30, stall=60), "Tier.stall", "Tier.total", "60", "30", "must not exceed")
+
+
+def test_stall_equal_to_total_is_accepted() -> None:
+    assert Tier(ttft=1, total=30, stall=30).stall == 30
+
+
 @pytest.mark.parametrize("field", ["ttft", "total", "stall"])
 @pytest.mark.parametrize("value", BAD_NUMBERS, ids=BAD_NUMBER_IDS)
 def test_tier_numbers(field: str, value: Any) -> None:

@@ -74,7 +74,7 @@ def within_read_timeout(tier: Tier, extensions: Mapping[str, Any]) -> Tier:
 
 @functools.lru_cache(maxsize=256)
 def _capped(tier: Tier, read: float) -> Tier:
-    stall = read if tier.stall is None else min(tier.stall, read)
+    stall = min(read, tier.total) if tier.stall is None else min(tier.stall, read)  # a Tier's stall <= total
     if read >= tier.ttft and stall == tier.stall:
         return tier
     return dataclasses.replace(tier, ttft=min(tier.ttft, read), stall=stall)

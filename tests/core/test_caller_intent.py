@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from llmguard_client import Guard, GuardConfigError, GuardRequestError, RetryPolicy, Tier, guard_failure
-from llmguard_client._core.caller_intent import read_timeout, with_retry_count
+from llmguard_client._core.caller_intent import read_timeout, with_retry_count, within_read_timeout
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
@@ -213,3 +213,13 @@ async def test_a_timeout_longer_than_the_tier_changes_nothing(servers: list[Loop
             await client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "ttft_timeout"
     assert "(0.3s;" in str(caught.value.__cause__)  # the tier's deadline, not capped by the SDK's 600 s
+
+
+def test_a_read_timeout_past_the_total_caps_a_tier_without_stall_at_its_total() -> None:
+    """A tier with no stall limit, under the SDKs' 600 s read timeout: the stall it gets stays within its total
+    (a Tier refuses a stall past its total), so the call is not refused for a limit it never set."""
+    tier = Tier(ttft=1, total=30)
+    capped = within_read_timeout(tier, {"timeout": {"connect": 5.0, "read": 600.0}})
+    assert (capped.ttft, capped.total, capped.stall) == (1, 30, 30)
+    assert within_read_timeout(Tier(ttft=1, total=30, stall=10), {"timeout": {"read": 600.0}}).stall == 10
+    assert within_read_timeout(tier, {"timeout": {"read": 5.0}}).stall == 5.0

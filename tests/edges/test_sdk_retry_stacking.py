@@ -334,7 +334,7 @@ async def test_a_call_past_its_total_deadline_mid_body_is_not_sent_again_by_the_
     instead of one total per SDK request."""
     sent: list[bytes] = []
     async with trickling(sent) as url:
-        tiers = {"t": Tier(ttft=1.0, total=1.0, stall=2.0)}  # its first bytes come at once: a win
+        tiers = {"t": Tier(ttft=1.0, total=1.0)}  # its first bytes come at once: a win
         async with Guard([url], tiers=tiers, retry=RETRY, instrumentation=None, transport_factory=pools) as guard:
             http = guard.httpx2_client() if factory == "httpx2_client" else guard.http_client_for(openai.AsyncOpenAI)
             client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=1, http_client=http)
