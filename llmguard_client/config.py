@@ -56,8 +56,7 @@ def _check_header(name: str, value: str) -> None:
         value.encode("latin-1")
     except UnicodeEncodeError as exc:
         raise GuardConfigError(
-            f"Replica.headers[{name!r}] must be latin-1 text (ASCII in practice), got one with "
-            f"{value[exc.start]!r}"
+            f"Replica.headers[{name!r}] must be latin-1 text (ASCII in practice), got one with {value[exc.start]!r}"
         ) from None
 
 
@@ -175,7 +174,9 @@ class Replica:
                 f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {self.url!r}"
             )
         if any(c.isspace() for c in self.url):
-            raise GuardConfigError(f"Replica.url must not contain whitespace (spaces, tabs, newlines), got {self.url!r}")
+            raise GuardConfigError(
+                f"Replica.url must not contain whitespace (spaces, tabs, newlines), got {self.url!r}"
+            )
         try:
             parsed = httpx.URL(self.url)
         except Exception as exc:
@@ -250,8 +251,16 @@ class HedgePolicy:
     non_streaming: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.non_streaming, bool):
-            raise GuardConfigError(f"HedgePolicy.non_streaming must be True or False, got {self.non_streaming!r}")
+        for name in ("on_failure", "hedge_all_paths", "non_streaming"):
+            _check_bool("HedgePolicy", name, getattr(self, name))
+        paths = self.paths
+        if isinstance(paths, (str, bytes)) or not isinstance(paths, (tuple, list, frozenset, set)):
+            raise GuardConfigError(
+                f"HedgePolicy.paths must be a tuple of path suffixes, e.g. ('/chat/completions',), got {paths!r}"
+            )
+        if not all(isinstance(p, str) and p for p in paths):
+            raise GuardConfigError(f"HedgePolicy.paths must hold non-empty path suffixes (str), got {paths!r}")
+        object.__setattr__(self, "paths", tuple(paths))
         _positive("HedgePolicy", "delay", self.delay, allow_none=True)
         _positive("HedgePolicy", "min_delay", self.min_delay)
         _positive("HedgePolicy", "max_delay", self.max_delay)

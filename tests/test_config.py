@@ -281,6 +281,32 @@ def test_hedge_non_streaming_is_a_bool() -> None:
     config_error(lambda: HedgePolicy(non_streaming="yes"), "HedgePolicy.non_streaming", "True or False")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["on_failure", "hedge_all_paths"])
+@pytest.mark.parametrize("value", ["no", 0, None], ids=["str", "int", "none"])
+def test_hedge_switches_are_bools(field: str, value: Any) -> None:
+    """``on_failure="no"`` was taken as on (a truthy str): refused, naming the field and the value."""
+    config_error(lambda: HedgePolicy(**{field: value}), f"HedgePolicy.{field}", "True or False", repr(value))
+
+
+@pytest.mark.parametrize(
+    "value", ["/chat/completions", b"/chat/completions", None, 3], ids=["str", "bytes", "none", "int"]
+)
+def test_hedge_paths_is_a_tuple_of_suffixes(value: Any) -> None:
+    """A str (one path, not in a tuple) was taken as its characters' suffixes: refused with an example."""
+    config_error(lambda: HedgePolicy(paths=value), "HedgePolicy.paths", "tuple of path suffixes", repr(value))
+
+
+@pytest.mark.parametrize("value", [("/chat/completions", ""), ("/chat/completions", 3)], ids=["empty", "int"])
+def test_hedge_paths_hold_non_empty_strings(value: Any) -> None:
+    config_error(lambda: HedgePolicy(paths=value), "HedgePolicy.paths", "non-empty path suffixes", repr(value))
+
+
+def test_hedge_paths_as_a_list_are_kept_as_a_tuple() -> None:
+    policy = HedgePolicy(paths=["/chat/completions"])  # type: ignore[arg-type]
+    assert policy.paths == ("/chat/completions",) and hash(policy) == hash(HedgePolicy(paths=("/chat/completions",)))
+    assert policy.applies_to("/v1/chat/completions") and not policy.applies_to("/v1/embeddings")
+
+
 def test_hedge_quantile_of_the_wrong_type() -> None:
     config_error(lambda: HedgePolicy(quantile="0.95"), "HedgePolicy.quantile")  # type: ignore[arg-type]
 
