@@ -676,7 +676,7 @@ def _judge(call: Call) -> str:
 
 def admission_settings(spec: str) -> tuple[Admission, dict[str, float]]:
     """``--set target=0.6,growth=2,margin=1.5``: `Admission` fields, and module constants (``margin``, ``used``)."""
-    fields: dict[str, float] = {}
+    fields: dict[str, float | bool] = {}
     constants: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = part.partition("=")
@@ -684,8 +684,11 @@ def admission_settings(spec: str) -> tuple[Admission, dict[str, float]]:
         if name in CONSTANTS:
             constants[name] = number
         else:
-            default = getattr(Admission(), name)
-            fields[name] = int(number) if isinstance(default, int) and not isinstance(default, bool) else number
+            default = getattr(Admission(), name)  # Admission takes True/False for a switch and an int for a count
+            if isinstance(default, bool):
+                fields[name] = bool(number)
+            else:
+                fields[name] = int(number) if isinstance(default, int) else number
     return Admission(**fields), constants  # type: ignore[arg-type]
 
 

@@ -10,11 +10,20 @@ from llmguard_client.errors import GuardConfigError
 __all__ = ["Admission"]
 
 
-def _check(name: str, value: float, low: float, high: float = math.inf, *, open_low: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _check(
+    name: str, value: float, low: float, high: float = math.inf, *, open_low: bool = False, integer: bool = False
+) -> None:
+    kinds = int if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value > high or (value <= low if open_low else value < low):
         bound = f"> {low:g}" if open_low else f">= {low:g}"
-        raise GuardConfigError(f"Admission: {name} must be {bound} and <= {high:g}, got {value!r}")
+        kind = "an integer " if integer else ""
+        raise GuardConfigError(f"Admission: {name} must be {kind}{bound} and <= {high:g}, got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise GuardConfigError(f"Admission: {name} must be True or False, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +78,16 @@ class Admission:
     by_size: bool = True
 
     def __post_init__(self) -> None:
-        _check("min_limit", self.min_limit, 1)
-        _check("max_limit", self.max_limit, self.min_limit)
-        _check("initial_limit", self.initial_limit, self.min_limit, self.max_limit)
+        _check("min_limit", self.min_limit, 1, integer=True)
+        _check("max_limit", self.max_limit, self.min_limit, integer=True)
+        _check("initial_limit", self.initial_limit, self.min_limit, self.max_limit, integer=True)
         _check("target", self.target, 0.0, 1.0, open_low=True)
         _check("growth", self.growth, 0.0, open_low=True)
         _check("backoff", self.backoff, 0.0, 1.0, open_low=True)
-        _check("max_waiting", self.max_waiting, 0)
+        _check("max_waiting", self.max_waiting, 0, integer=True)
         _check("max_queue_wait", self.max_queue_wait, 0.0, 1.0)
         _check("reserve", self.reserve, 0.0, 0.9)
-        _check("max_server_queue", self.max_server_queue, 0)
+        _check("max_server_queue", self.max_server_queue, 0, integer=True)
         _check("signal_fresh_for", self.signal_fresh_for, 0.0, open_low=True)
+        for name in ("ask_load_reports", "send_slo", "by_size"):
+            _check_bool(name, getattr(self, name))
