@@ -111,6 +111,35 @@ def _check_on_record(on_record: object) -> None:
         )
 
 
+def _checked_factory(
+    factory: Callable[[Replica], httpx.AsyncBaseTransport],
+) -> Callable[[Replica], httpx.AsyncBaseTransport]:
+    """``transport_factory`` checked: a callable, and each transport it builds an async httpx one (the Guard
+    calls it while it is built, so a wrong one is refused there, not at the first call)."""
+    wanted = "transport_factory must be a callable returning an httpx.AsyncBaseTransport"
+    if not callable(factory):
+        raise GuardConfigError(
+            f"{wanted}, got an {type(factory).__name__} instance; pass a function, "
+            "e.g. lambda replica: httpx.AsyncHTTPTransport(http2=True)"
+        )
+
+    def build(replica: Replica) -> httpx.AsyncBaseTransport:
+        transport: object = factory(replica)
+        if not isinstance(transport, httpx.AsyncBaseTransport):
+            got = "None" if transport is None else type(transport).__name__
+            sync = (
+                " (a sync transport: use its async kind, e.g. httpx.AsyncHTTPTransport)"
+                if isinstance(transport, httpx.BaseTransport)
+                else ""
+            )
+            if isinstance(transport, httpx.BaseTransport):
+                transport.close()  # refused, so the Guard never holds it: nothing it opened stays open
+            raise GuardConfigError(f"{wanted}, got {got} for replica {replica.name!r}{sync}")
+        return transport
+
+    return build
+
+
 def _validated(
     tiers: Mapping[str, Tier] | None,
     default_tier: str | None,
@@ -243,6 +272,12 @@ class Guard:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
+        else:
+            transport_factory = _checked_factory(transport_factory)
+        if not callable(clock):
+            raise GuardConfigError(
+                f"clock must be a callable returning the current time in seconds (e.g. time.monotonic), got {clock!r}"
+            )
         self._chaos = chaos_switch(chaos, resolved)  # None unless LLMGUARD_CHAOS=1: then nothing is wrapped
         if self._chaos is not None:
             transport_factory = self._chaos.wrapping(transport_factory)

@@ -431,6 +431,50 @@ def test_empty_tiers() -> None:
     config_error(lambda: guard(tiers={}), "tiers", "at least one Tier")
 
 
+@pytest.mark.parametrize(
+    ("factory", "got"),
+    [
+        (lambda r: httpx.HTTPTransport(), "got HTTPTransport for replica 'http://10.0.0.2:8000' (a sync transport"),
+        (lambda r: None, "got None for replica 'http://10.0.0.2:8000'"),
+        (lambda r: "http://10.0.0.1:8000", "got str for replica"),
+    ],
+    ids=["sync_transport", "none", "str"],
+)
+def test_a_transport_factory_building_the_wrong_kind_is_refused_when_the_guard_is_built(
+    factory: Callable[[Replica], Any], got: str
+) -> None:
+    """The Guard calls the factory while it is built: a wrong transport was a raw AttributeError at the first
+    call (a Guard that then could not be closed), now a GuardConfigError before any call. The transports built
+    for the replicas before the refused one hold no connection."""
+    built: list[Any] = []
+
+    def first_good_then(replica: Replica) -> Any:
+        transport = httpx.AsyncHTTPTransport() if replica.url == A else factory(replica)
+        built.append(transport)
+        return transport
+
+    config_error(
+        lambda: Guard([A, B], transport_factory=first_good_then, instrumentation=None),
+        "transport_factory must be a callable returning an httpx.AsyncBaseTransport",
+        got,
+    )
+    assert len(built) == 2 and not built[0]._pool.connections
+
+
+def test_a_transport_instance_given_as_the_factory_is_refused() -> None:
+    config_error(
+        lambda: guard(transport_factory=httpx.AsyncHTTPTransport()),
+        "transport_factory must be a callable returning an httpx.AsyncBaseTransport",
+        "got an AsyncHTTPTransport instance; pass a function, e.g. lambda replica:",
+    )
+
+
+@pytest.mark.parametrize("clock", [1.0, "monotonic", 0], ids=["float", "str", "int"])
+def test_a_clock_that_is_not_callable_is_refused(clock: Any) -> None:
+    """``Guard(clock=1.0)`` was accepted, then every call raised ``TypeError: 'float' object is not callable``."""
+    config_error(lambda: guard(clock=clock), "clock must be a callable", "time.monotonic", repr(clock))
+
+
 @pytest.mark.parametrize("tiers", [{"x": None}, {"x": 1.0}, {"": Tier(1, 2)}, {"  ": Tier(1, 2)}, {1: Tier(1, 2)}])
 def test_tiers_must_map_names_to_tiers(tiers: Any) -> None:
     config_error(lambda: guard(tiers=tiers), "tiers must map non-empty names to Tier values")
