@@ -159,7 +159,8 @@ def ignored_session(key: str) -> Iterator[None]:
 
 def _check_key(key: object) -> None:
     if not isinstance(key, str) or not key:
-        raise TypeError(f"a session key must be a non-empty str (e.g. a conversation id), got {key!r}")
+        # GuardConfigError, as guard.rollout_key() raises for a bad key
+        raise GuardConfigError(f"guard.session needs a non-empty str (e.g. a conversation id), got {key!r}")
 
 
 def resolve_affinity(value: object) -> AffinityPolicy | None:

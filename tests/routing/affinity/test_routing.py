@@ -9,6 +9,7 @@ import math
 import httpx
 import pytest
 
+from llmguard_client import Guard, GuardConfigError
 from llmguard_client._routing.affinity.hashing import affinity_order, auto_key
 from llmguard_client._routing.affinity.routing import AffinityRouting, ignored_session
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
@@ -161,9 +162,9 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
     assert routing.key_for(None, b"{}", json.loads(body)) == auto_key(body)  # is read as parsed, not again
     explicit = AffinityRouting(URLS, AffinityPolicy(auto=False))
     assert explicit.key_for(None, body) is None
-    with pytest.raises(TypeError, match="non-empty str"), routing.session(""):
+    with pytest.raises(GuardConfigError, match="guard.session needs a non-empty str"), routing.session(""):
         pass
-    with pytest.raises(TypeError, match="non-empty str"), ignored_session(3):  # type: ignore[arg-type]
+    with pytest.raises(GuardConfigError, match="non-empty str.*got 3"), ignored_session(3):  # type: ignore[arg-type]
         pass
 
 
@@ -177,3 +178,17 @@ def test_the_slack_keeps_a_lightly_loaded_key_at_home_but_not_a_key_without_one(
     rs = replica_set(policy=AffinityPolicy(load_slack=2))
     by_name(rs, first).in_flight = 2
     assert first_pick(rs, "k") != first  # a new key: nothing cached anywhere, so no slack
+
+
+@pytest.mark.parametrize("affinity", ["explicit", None])
+@pytest.mark.parametrize("key", [None, 1, ""], ids=["none", "int", "empty"])
+def test_a_bad_session_key_is_the_same_error_as_a_bad_rollout_key(affinity: str | None, key: object) -> None:
+    """``guard.session(None)`` raised a plain TypeError where ``guard.rollout_key(None)`` raises GuardConfigError."""
+    guard = Guard(["http://10.0.0.1:8000"], affinity=affinity, instrumentation=None)  # type: ignore[arg-type]
+    with pytest.raises(GuardConfigError, match="guard.session needs a non-empty str") as info:
+        with guard.session(key):  # type: ignore[arg-type]
+            pass
+    assert repr(key) in str(info.value)
+    with pytest.raises(GuardConfigError, match="rollout_key needs a non-empty str or int"):
+        with guard.rollout_key(None):  # type: ignore[arg-type]
+            pass
