@@ -11,6 +11,19 @@ from llmguard_client.telemetry._jsonl import JsonLinesFile
 from llmguard_client.telemetry.record import PhaseRecord
 
 
+def _level(level: object) -> int:
+    """``level`` as a logging level: a positive int (``logging.INFO``), or a level name logging knows (``"INFO"``)."""
+    named = logging.getLevelName(level) if isinstance(level, str) else None  # logging's own name -> level mapping
+    if isinstance(named, int) and not isinstance(named, bool) and named > 0:
+        return named
+    if isinstance(level, int) and not isinstance(level, bool) and level > 0:
+        return level
+    raise GuardConfigError(
+        "RecordLogger level must be a logging level: a positive int such as logging.INFO, or the name of one "
+        f"such as 'INFO' (DEBUG, INFO, WARNING, ERROR, CRITICAL, or one given to logging.addLevelName), got {level!r}"
+    )
+
+
 class RecordLogger:
     """An ``on_record`` callback that writes each record as one JSON line.
 
@@ -20,7 +33,8 @@ class RecordLogger:
     With a path, lines are appended to that file and flushed one by one; a file moved or removed
     (log rotation) is followed by a fresh one at the path; the file is closed by ``close()``, which
     the Guard calls when it is closed (a later record reopens it). An unwritable path is a
-    `GuardConfigError` at once. Without a path, each line is logged on ``logger`` at ``level``: it
+    `GuardConfigError` at once. Without a path, each line is logged on ``logger`` (a `logging.Logger` or a
+    logger's name) at ``level`` (``logging.INFO``, or a level name such as ``"INFO"``): it
     reaches a file only through the handlers you configure (``logging.basicConfig(level=logging.INFO)``).
     Either way ``llmguard compare`` reads the lines.
     """
@@ -32,12 +46,18 @@ class RecordLogger:
         path: str | os.PathLike[str] | logging.Logger | None = None,
         *,
         logger: logging.Logger | str | None = None,
-        level: int = logging.INFO,
+        level: int | str = logging.INFO,
     ) -> None:
         if isinstance(path, logging.Logger):  # the earlier positional form, RecordLogger(a_logger)
             path, logger = None, path if logger is None else logger
         if path is not None and logger is not None:
             raise GuardConfigError("RecordLogger takes a file path or a logger, not both")
+        if logger is not None and not isinstance(logger, (logging.Logger, str)):
+            raise GuardConfigError(
+                "RecordLogger logger must be a logging.Logger, a logger's name (e.g. 'myapp.records') or None, "
+                f"got {logger!r}"
+            )
+        level = _level(level)
         self._file = JsonLinesFile(path) if path is not None else None
         logger = "llmguard_client.record" if logger is None else logger
         self._logger = logging.getLogger(logger) if isinstance(logger, str) else logger

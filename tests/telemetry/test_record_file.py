@@ -124,6 +124,32 @@ def test_a_path_of_the_wrong_type_is_refused(bad: object) -> None:
         RecordLogger(bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [123, object(), ["myapp"]], ids=["int", "object", "list"])
+def test_a_logger_of_the_wrong_type_is_refused(bad: object) -> None:
+    """``RecordLogger(logger=123)`` was accepted, then every record was lost with a logged traceback."""
+    with pytest.raises(GuardConfigError, match="RecordLogger logger must be a logging.Logger") as info:
+        RecordLogger(logger=bad)  # type: ignore[arg-type]
+    assert repr(bad) in str(info.value) and "or None" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["info", "LOUD", "", 0, -5, 2.5, None, True], ids=repr)
+def test_a_level_that_is_not_a_logging_level_is_refused(bad: object) -> None:
+    """``RecordLogger(level=...)`` must be a logging level: every record was lost with a traceback otherwise."""
+    with pytest.raises(GuardConfigError, match="RecordLogger level must be a logging level") as info:
+        RecordLogger(level=bad)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert repr(bad) in message and "logging.INFO" in message and "'INFO'" in message
+
+
+def test_a_level_name_is_taken_as_logging_takes_it(caplog: pytest.LogCaptureFixture) -> None:
+    """``level="INFO"`` (a name logging knows) logs as ``level=logging.INFO`` does; each record is logged."""
+    writer = RecordLogger(logger="llmguard_client.record.test", level="WARNING")
+    with caplog.at_level(logging.INFO, logger="llmguard_client.record.test"):
+        writer(record(1))
+    assert [r.levelno for r in caplog.records if r.name == "llmguard_client.record.test"] == [logging.WARNING]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_a_path_and_a_logger_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(GuardConfigError, match="a file path or a logger, not both"):
         RecordLogger(tmp_path / "r.jsonl", logger="myapp")
