@@ -23,6 +23,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, TracerProvider
 
+from llmguard_client.errors import GuardConfigError
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry._otel_attributes import (
     Attrs,
@@ -46,6 +47,30 @@ __all__ = [
     "scrub_url",
     "server_of",
 ]
+
+
+def _check_arguments(
+    tracer_provider: object, meter_provider: object, attempt_spans: object, provider_name: object, propagate: object
+) -> None:
+    """`OpenTelemetryInstrumentation`'s arguments checked: a wrong one fails when it is built, not in a call."""
+    owner = "OpenTelemetryInstrumentation"
+    for name, provider, kind, method in (
+        ("tracer_provider", tracer_provider, "TracerProvider", "get_tracer"),
+        ("meter_provider", meter_provider, "MeterProvider", "get_meter"),
+    ):
+        if provider is not None and not callable(getattr(provider, method, None)):
+            raise GuardConfigError(
+                f"{owner}.{name} must be an OpenTelemetry {kind} (e.g. the SDK's {kind}()) or None for the global "
+                f"one, got {provider!r}"
+            )
+    for name, value in (("attempt_spans", attempt_spans), ("propagate", propagate)):
+        if not isinstance(value, bool):
+            raise GuardConfigError(f"{owner}.{name} must be True or False, got {value!r}")
+    if not isinstance(provider_name, str) or not provider_name:
+        raise GuardConfigError(
+            f"{owner}.provider_name must be a non-empty str (gen_ai.provider.name, e.g. 'openai'), "
+            f"got {provider_name!r}"
+        )
 
 
 class OpenTelemetryInstrumentation:
@@ -78,6 +103,7 @@ class OpenTelemetryInstrumentation:
         provider_name: str = sc.PROVIDER_OPENAI,
         propagate: bool = True,
     ) -> None:
+        _check_arguments(tracer_provider, meter_provider, attempt_spans, provider_name, propagate)
         tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, VERSION, tracer_provider, sc.SCHEMA_URL)
         meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)
         self._signals = SignalState(tracer_provider, meter_provider)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from opentelemetry.trace import StatusCode
 
+from llmguard_client import GuardConfigError, OpenTelemetryInstrumentation
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.record import PhaseRecord
 from tests.loopback import LoopbackServer, Script
@@ -246,3 +247,26 @@ async def test_e2e_no_secret_or_prompt_anywhere(otel: Otel, servers: list[Loopba
     texts = all_strings(otel)
     for secret in SECRETS:
         assert not any(secret in text for text in texts), secret
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragments"),
+    [
+        ({"attempt_spans": "no"}, ("attempt_spans must be True or False", "'no'")),
+        ({"propagate": None}, ("propagate must be True or False", "None")),
+        ({"provider_name": 123}, ("provider_name must be a non-empty str", "'openai'", "123")),
+        ({"provider_name": ""}, ("provider_name must be a non-empty str", "''")),
+        ({"tracer_provider": "x"}, ("tracer_provider must be an OpenTelemetry TracerProvider", "or None", "'x'")),
+        ({"meter_provider": 1}, ("meter_provider must be an OpenTelemetry MeterProvider", "or None", "1")),
+    ],
+    ids=["attempt_spans", "propagate", "provider_name_int", "provider_name_empty", "tracer_provider", "meter_provider"],
+)
+def test_a_bad_argument_is_refused_when_built(kwargs: dict[str, Any], fragments: tuple[str, ...]) -> None:
+    """``attempt_spans="no"`` (truthy: on) and ``provider_name=123`` were accepted, ``tracer_provider="x"`` a raw
+    AttributeError: each is a GuardConfigError naming the argument, its value and what is accepted."""
+    with pytest.raises(GuardConfigError) as info:
+        OpenTelemetryInstrumentation(**kwargs)
+    message = str(info.value)
+    assert message.startswith("OpenTelemetryInstrumentation.")
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
