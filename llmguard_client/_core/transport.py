@@ -167,6 +167,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     # --- the request path -----------------------------------------------------------------
 
+    # A sync client given this async transport (``httpx.Client(transport=guard.transport)``, e.g. through a
+    # framework's ``http_client_kwargs``) is told what to use instead, not left with an AttributeError: on its
+    # first request, or on ``with`` (which enters its transport). Its close() is a no-op, as aclose() is.
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        raise TypeError(SYNC_CLIENT_MESSAGE)
+
+    def __enter__(self) -> GuardTransport:
+        raise TypeError(SYNC_CLIENT_MESSAGE)
+
+    def close(self) -> None:
+        """Nothing to do, as for ``aclose``."""
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
@@ -582,6 +595,14 @@ def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | No
         return ok, None, None
     tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
     return ok, tokens, now - first_token
+
+
+SYNC_CLIENT_MESSAGE = (
+    "guard.transport is an async httpx transport, but a sync client (httpx.Client) was given it; for sync code "
+    "use guard.sync_http_client() (an httpx.Client through the guard), or guard.http_client_for(openai.OpenAI) "
+    "for whichever client the installed SDK takes"
+)
+"""Why a sync `httpx.Client` cannot use `guard.transport`, and what to use instead."""
 
 
 def wrong_client_message(request: object) -> str:

@@ -343,3 +343,21 @@ async def test_waiting_for_a_bulkhead_slot_counts_against_ttft(servers: list[Loo
         assert (await c.post(servers[0].url + CHAT, json=STREAM_BODY)).status_code == 200  # the slot came back
     assert [r.status for r in records] == ["timeout", "ok", "ok"]
     assert records[0].attempts == () and len(servers[0].received) == 2
+
+
+def test_a_sync_client_given_the_guards_transport_is_told_what_to_use(servers: list[LoopbackServer]) -> None:
+    """``httpx.Client(transport=guard.transport)`` (what a framework's ``http_client_kwargs={"transport": ...}``
+    leads to) raised ``AttributeError: ... no attribute 'handle_request'``: a TypeError naming the fix, and nothing
+    is sent."""
+    guard = make_guard(servers, [])
+    client = httpx.Client(transport=guard.transport)
+    with pytest.raises(TypeError) as caught:
+        client.post(servers[0].url + CHAT, json=STREAM_BODY)
+    client.close()
+    with pytest.raises(TypeError) as entered, httpx.Client(transport=guard.transport):
+        pass
+    for message in (str(caught.value), str(entered.value)):
+        assert "sync client" in message and "guard.sync_http_client()" in message
+        assert "http_client_for(openai.OpenAI)" in message
+    assert sum(len(s.received) for s in servers) == 0
+    guard.close()
