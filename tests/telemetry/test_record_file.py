@@ -127,7 +127,7 @@ def test_a_path_of_the_wrong_type_is_refused(bad: object) -> None:
 @pytest.mark.parametrize("bad", [123, object(), ["myapp"]], ids=["int", "object", "list"])
 def test_a_logger_of_the_wrong_type_is_refused(bad: object) -> None:
     """``RecordLogger(logger=123)`` was accepted, then every record was lost with a logged traceback."""
-    with pytest.raises(GuardConfigError, match="RecordLogger logger must be a logging.Logger") as info:
+    with pytest.raises(GuardConfigError, match=r"RecordLogger logger must be a logging\.Logger") as info:
         RecordLogger(logger=bad)  # type: ignore[arg-type]
     assert repr(bad) in str(info.value) and "or None" in str(info.value)
 

@@ -162,9 +162,9 @@ def test_keys_come_from_the_header_then_the_session_then_the_body() -> None:
     assert routing.key_for(None, b"{}", json.loads(body)) == auto_key(body)  # is read as parsed, not again
     explicit = AffinityRouting(URLS, AffinityPolicy(auto=False))
     assert explicit.key_for(None, body) is None
-    with pytest.raises(GuardConfigError, match="guard.session needs a non-empty str"), routing.session(""):
+    with pytest.raises(GuardConfigError, match=r"guard\.session needs a non-empty str"), routing.session(""):
         pass
-    with pytest.raises(GuardConfigError, match="non-empty str.*got 3"), ignored_session(3):  # type: ignore[arg-type]
+    with pytest.raises(GuardConfigError, match=r"non-empty str.*got 3"), ignored_session(3):  # type: ignore[arg-type]
         pass
 
 
@@ -185,7 +185,7 @@ def test_the_slack_keeps_a_lightly_loaded_key_at_home_but_not_a_key_without_one(
 def test_a_bad_session_key_is_the_same_error_as_a_bad_rollout_key(affinity: str | None, key: object) -> None:
     """``guard.session(None)`` raised a plain TypeError where ``guard.rollout_key(None)`` raises GuardConfigError."""
     guard = Guard(["http://10.0.0.1:8000"], affinity=affinity, instrumentation=None)  # type: ignore[arg-type]
-    with pytest.raises(GuardConfigError, match="guard.session needs a non-empty str") as info:
+    with pytest.raises(GuardConfigError, match=r"guard\.session needs a non-empty str") as info:
         with guard.session(key):  # type: ignore[arg-type]
             pass
     assert repr(key) in str(info.value)
