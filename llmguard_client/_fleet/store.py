@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import random
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -161,6 +163,7 @@ class FleetStore:
         self._waited_out = False
         """A call's wait for the first connection ran out (`settling`); reset when a supervisor starts."""
         self._slow_warned = -math.inf
+        _stores.add(self)
 
     # --- the contract -----------------------------------------------------------------------
 
@@ -287,6 +290,22 @@ class FleetStore:
         self._outbox_ready = asyncio.Event()
         self._settled = asyncio.Event()
         self._task = loop.create_task(self._supervise(), name=f"llmguard-fleet-{self.name}")
+
+    def forked(self) -> None:
+        """In a child process just forked while this store ran on a loop that does not run there (the Guard's sync
+        loop thread, another thread's loop): forget that supervisor and its connections, unclosed (their sockets
+        are the parent's too), take an origin of its own (else each process would ignore the other's events as
+        its own), and start again on the child's first call. Before, the child's store stayed off for good while
+        its snapshot still said ``connected``."""
+        task = self._task
+        if task is None or task.done() or task.get_loop() is asyncio._get_running_loop():
+            return  # nothing started, or forked from inside the store's loop, which goes on in the child
+        self.origin = f"{random.getrandbits(48):012x}"
+        self._task = self._stop = self._client = None
+        self._trouble = self._settled = self._outbox_ready = None
+        self._moving = self._slow = self._waited_out = False
+        if self._state != "closed":
+            self._state = "idle"
 
     def _leave_other_loop(self, task: asyncio.Task[None]) -> None:
         home = task.get_loop()
@@ -484,3 +503,16 @@ class FleetStore:
             await anyio.sleep(seconds)
             with anyio.fail_after(max(self.connect_timeout, self.op_timeout)):
                 await read(client)
+
+
+_stores: weakref.WeakSet[FleetStore] = weakref.WeakSet()
+"""Every live store of this process, for a child forked from it (`FleetStore.forked`)."""
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_stores):
+        store.forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
