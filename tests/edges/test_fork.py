@@ -9,13 +9,10 @@ The scenario runs in a process of its own (a fork inside a test worker would car
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import run_script
 
 SCRIPT = """
 import os, signal, sys
@@ -50,9 +47,7 @@ with loopback_cluster(1) as cluster:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_child_forked_after_sync_calls_is_refused_at_once_and_exits() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
+    proc = run_script(SCRIPT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "parent before: 200",

@@ -6,17 +6,12 @@ identity captured at import time took every greenlet for the Guard's own loop th
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.loopback import LoopbackServer
+from tests.scripts import run_script
 
 pytest.importorskip("gevent")
-ROOT = Path(__file__).resolve().parents[2]
-
 SCRIPT = """
 import sys
 from llmguard_client import Guard  # imported before the patching, as gunicorn --preload does
@@ -48,13 +43,6 @@ print("closed", flush=True)
 def test_sync_calls_are_served_from_greenlets_when_gevent_patched_after_the_import(
     servers: list[LoopbackServer],
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, servers[0].url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_script(SCRIPT, servers[0].url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str([(200, True)] * 6), "closed"], proc.stderr

@@ -7,16 +7,12 @@ process of its own (a fork inside a test worker would carry the worker's state).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.loopback import LoopbackServer
 from tests.redis_server import RedisServer
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import run_script
 
 SCRIPT = """
 import asyncio, os, sys, time
@@ -55,13 +51,6 @@ guard.close()
 def test_a_child_forked_after_the_store_connected_connects_a_store_of_its_own(
     servers: list[LoopbackServer], redis_server: RedisServer
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, servers[0].url, redis_server.url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_script(SCRIPT, servers[0].url, redis_server.url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["parent: 200 1", "child: 200 True 2"], proc.stderr

@@ -50,6 +50,13 @@ async def stream_raw(client: httpx.AsyncClient, url: str, protocol: str = "chat"
         return b"".join([chunk async for chunk in response.aiter_raw()])
 
 
+async def responses_events(url: str, http_client: httpx.AsyncClient | None) -> list[str]:
+    """The event types the openai SDK yields for one streamed Responses API call to ``url``."""
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=http_client) as oai:
+        stream = await oai.responses.create(model="m", input="x", stream=True)
+        return [event.type async for event in stream]
+
+
 # --- before the first token: another replica answers ------------------------------------------------------
 
 BEFORE = {
@@ -219,14 +226,9 @@ async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_re
     servers[0].script = Script(tokens=5, error_at=2)
     records: list[PhaseRecord] = []
 
-    async def events(http_client: httpx.AsyncClient | None) -> list[str]:
-        async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=http_client) as oai:
-            stream = await oai.responses.create(model="m", input="x", stream=True)
-            return [event.type async for event in stream]
-
-    plain = await events(None)
+    plain = await responses_events(servers[0].url, None)
     async with make_guard(servers[:1], records) as guard:
-        guarded = await events(guard.http_client_for(openai.AsyncOpenAI))
+        guarded = await responses_events(servers[0].url, guard.http_client_for(openai.AsyncOpenAI))
     assert guarded == plain and plain[-1] == "error" and plain.count("response.output_text.delta") == 2
     (record,) = records
     assert (record.status, record.cause, len(record.attempts)) == ("error", "stream_error_event", 1)
@@ -244,15 +246,10 @@ async def test_a_responses_error_before_the_first_token_reaches_the_caller_as_th
         server.script = Script(error_at=0, error={"message": "boom", "type": "x", "code": code})
     records: list[PhaseRecord] = []
 
-    async def events(http_client: httpx.AsyncClient | None) -> list[str]:
-        async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=http_client) as oai:
-            stream = await oai.responses.create(model="m", input="x", stream=True)
-            return [event.type async for event in stream]
-
-    plain = await events(None)
+    plain = await responses_events(servers[0].url, None)
     sent_plain = sum(len(server.received) for server in servers[:2])
     async with make_guard(servers[:2], records) as guard:
-        guarded = await events(guard.http_client_for(openai.AsyncOpenAI))
+        guarded = await responses_events(servers[0].url, guard.http_client_for(openai.AsyncOpenAI))
     assert guarded == plain and plain[-1] == "error" and sent_plain == 1
     assert sum(len(server.received) for server in servers[:2]) - sent_plain == requests
     (record,) = records
