@@ -1,6 +1,6 @@
 """The guard's OpenTelemetry instruments and what each measurement carries.
 
-`Instruments` creates every instrument once per instrumentation and records the measurements of a call
+`Instruments` creates every instrument once per meter provider (`shared_instruments`) and records the measurements of a call
 (GenAI client metrics once per logical call, HTTP and llmguard metrics once per attempt) and of the guard
 (cool-downs, bulkhead refusals). `BudgetRegistry` feeds the budget-level gauge.
 """
@@ -12,15 +12,17 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry._otel_attributes import Attrs
 from llmguard_client.telemetry._otel_genai_metrics import gen_ai_metrics
+from llmguard_client.telemetry._otel_providers import VERSION
 from llmguard_client.telemetry._record_builder import AnyAttempt, AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
-__all__ = ["BudgetRegistry", "Instruments", "budget_registry"]
+__all__ = ["BudgetRegistry", "Instruments", "budget_registry", "shared_instruments"]
 
 
 class BudgetRegistry:
@@ -88,8 +90,28 @@ def budget_registry(meter_provider: MeterProvider | None) -> BudgetRegistry:
     return registry
 
 
+_GLOBAL_INSTRUMENTS: dict[bool, Instruments] = {}
+_INSTRUMENTS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, dict[bool, Instruments]] = weakref.WeakKeyDictionary()
+
+
+def shared_instruments(meter_provider: MeterProvider | None, latest: bool) -> Instruments:
+    """The instruments of every instrumentation on ``meter_provider`` (None: the global one), made once per
+    provider and naming: the global provider's proxy keeps every meter it hands out, with its instruments, for
+    the process's life, so a meter made per Guard (a Guard per test, per request, per ``asyncio.run``) grew by
+    about 2 KB a Guard until an SDK was set, and then made real instruments of them all."""
+    if meter_provider is None:
+        by_naming = _GLOBAL_INSTRUMENTS
+    else:
+        by_naming = _INSTRUMENTS_BY_PROVIDER.setdefault(meter_provider, {})
+    instruments = by_naming.get(latest)
+    if instruments is None:
+        meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)
+        instruments = by_naming[latest] = Instruments(meter, budget_registry(meter_provider), latest=latest)
+    return instruments
+
+
 class Instruments:
-    """Every instrument of one instrumentation, and the attributes of each measurement."""
+    """Every instrument of one meter provider's instrumentations, and the attributes of each measurement."""
 
     __slots__ = (
         "attempts",

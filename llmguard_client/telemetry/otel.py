@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, TracerProvider
 
@@ -35,7 +35,7 @@ from llmguard_client.telemetry._otel_attributes import (
     server_of,
 )
 from llmguard_client.telemetry._otel_call import CallObserver, Shared
-from llmguard_client.telemetry._otel_metrics import Instruments, budget_registry
+from llmguard_client.telemetry._otel_metrics import budget_registry, shared_instruments
 from llmguard_client.telemetry._otel_providers import VERSION, SignalState
 from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, CallObservation, LiveCall
 
@@ -105,10 +105,9 @@ class OpenTelemetryInstrumentation:
     ) -> None:
         _check_arguments(tracer_provider, meter_provider, attempt_spans, provider_name, propagate)
         tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, VERSION, tracer_provider, sc.SCHEMA_URL)
-        meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)
         self._signals = SignalState(tracer_provider, meter_provider)
         self._budgets = budget_registry(meter_provider)
-        instruments = Instruments(meter, self._budgets, latest=sc.gen_ai_latest())
+        instruments = shared_instruments(meter_provider, latest=sc.gen_ai_latest())
         self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name, propagate)
 
     # -- Instrumentation protocol ---------------------------------------------------------------

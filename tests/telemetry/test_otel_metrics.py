@@ -15,6 +15,7 @@ from llmguard_client import Guard
 from llmguard_client.telemetry import _otel_metrics
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+from tests.scripts import run_script
 from tests.telemetry.otel_harness import R1, R2, Otel, begin_attempt, end_attempt, new_record, points, win
 
 
@@ -167,3 +168,23 @@ async def test_the_budget_gauge_reads_a_published_level_and_never_touches_the_wi
     finally:
         budget._clock = loop_clock
         await guard.aclose()
+
+
+GUARDS_WITHOUT_AN_SDK = """
+import gc
+from opentelemetry import metrics
+from llmguard_client import Guard
+
+for _ in range(50):  # a Guard per test, per request, per asyncio.run
+    Guard(["http://127.0.0.1:9"]).close()
+gc.collect()
+print(len(metrics.get_meter_provider()._meters))  # the API's proxy keeps every meter it hands out
+"""
+
+
+def test_guards_built_without_an_sdk_share_one_meter_in_the_global_proxy() -> None:
+    """Before, each Guard's default instrumentation asked for a meter of its own, which the global proxy kept
+    (with its 12 instruments) for the process's life: about 2 KB a Guard. In a process of its own: no SDK set."""
+    proc = run_script(GUARDS_WITHOUT_AN_SDK)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1"]
