@@ -268,6 +268,10 @@ class Guard:
         tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
             raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
+        if pool_limits is not None and pool_limits.max_connections is not None and pool_limits.max_connections < 1:
+            raise GuardConfigError(  # every call would wait for a connection until its ttft ran out
+                f"pool_limits.max_connections must be at least 1 (or None: no limit), got {pool_limits.max_connections}"
+            )
         if pool_limits is not None and transport_factory is not None:
             raise GuardConfigError("pass pool_limits or transport_factory, not both (the factory builds its own pools)")
         if transport_factory is None:

@@ -469,6 +469,14 @@ def test_a_transport_instance_given_as_the_factory_is_refused() -> None:
     )
 
 
+def test_pool_limits_without_room_for_one_connection_are_refused() -> None:
+    """``httpx.Limits(max_connections=0)`` was accepted; every call then waited out its ttft for a connection."""
+    config_error(
+        lambda: guard(pool_limits=httpx.Limits(max_connections=0)),
+        "pool_limits.max_connections must be at least 1 (or None: no limit), got 0",
+    )
+
+
 @pytest.mark.parametrize("clock", [1.0, "monotonic", 0], ids=["float", "str", "int"])
 def test_a_clock_that_is_not_callable_is_refused(clock: Any) -> None:
     """``Guard(clock=1.0)`` was accepted, then every call raised ``TypeError: 'float' object is not callable``."""
