@@ -1,8 +1,8 @@
 """The guard's OpenTelemetry instruments and what each measurement carries.
 
-`Instruments` creates every instrument once per meter provider (`shared_instruments`) and records the measurements of a call
-(GenAI client metrics once per logical call, HTTP and llmguard metrics once per attempt) and of the guard
-(cool-downs, bulkhead refusals). `BudgetRegistry` feeds the budget-level gauge.
+`Instruments` creates every instrument once per meter provider (`shared_instruments`) and records the
+measurements of a call (GenAI client metrics once per logical call, HTTP and llmguard metrics once per
+attempt) and of the guard (cool-downs, bulkhead refusals). `BudgetRegistry` feeds the budget-level gauge.
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ def budget_registry(meter_provider: MeterProvider | None) -> BudgetRegistry:
 
 
 _GLOBAL_INSTRUMENTS: dict[bool, Instruments] = {}
-_INSTRUMENTS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, dict[bool, Instruments]] = weakref.WeakKeyDictionary()
+_INSTRUMENTS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, dict[bool, Instruments]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def shared_instruments(meter_provider: MeterProvider | None, latest: bool) -> Instruments:
