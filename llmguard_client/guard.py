@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import httpx
@@ -111,12 +111,22 @@ def _check_on_record(on_record: object) -> None:
         )
 
 
+def _async_transport(transport: object) -> bool:
+    """An httpx async transport, or one that serves as such (``handle_async_request`` and ``aclose``)."""
+    if isinstance(transport, httpx.AsyncBaseTransport):
+        return True
+    return callable(getattr(transport, "handle_async_request", None)) and callable(getattr(transport, "aclose", None))
+
+
 def _checked_factory(
     factory: Callable[[Replica], httpx.AsyncBaseTransport],
 ) -> Callable[[Replica], httpx.AsyncBaseTransport]:
     """``transport_factory`` checked: a callable, and each transport it builds an async httpx one (the Guard
     calls it while it is built, so a wrong one is refused there, not at the first call)."""
-    wanted = "transport_factory must be a callable returning an httpx.AsyncBaseTransport"
+    wanted = (
+        "transport_factory must be a callable returning an httpx.AsyncBaseTransport (or an object with "
+        "handle_async_request() and aclose())"
+    )
     if not callable(factory):
         raise GuardConfigError(
             f"{wanted}, got an {type(factory).__name__} instance; pass a function, "
@@ -125,7 +135,7 @@ def _checked_factory(
 
     def build(replica: Replica) -> httpx.AsyncBaseTransport:
         transport: object = factory(replica)
-        if not isinstance(transport, httpx.AsyncBaseTransport):
+        if not _async_transport(transport):
             got = "None" if transport is None else type(transport).__name__
             sync = (
                 " (a sync transport: use its async kind, e.g. httpx.AsyncHTTPTransport)"
@@ -135,7 +145,7 @@ def _checked_factory(
             if isinstance(transport, httpx.BaseTransport):
                 transport.close()  # refused, so the Guard never holds it: nothing it opened stays open
             raise GuardConfigError(f"{wanted}, got {got} for replica {replica.name!r}{sync}")
-        return transport
+        return cast(httpx.AsyncBaseTransport, transport)
 
     return build
 

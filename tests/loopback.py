@@ -93,6 +93,8 @@ class Script:
     then the protocol's tail after an error (``[DONE]`` for chat/completions, nothing else)."""
     error: dict[str, Any] = field(default_factory=lambda: dict(VLLM_BUSY))
     """The error object of ``error_at`` (default: vLLM 0.32's queue-overflow error, ``code: 503``)."""
+    open_after_error: float = 0.0
+    """Seconds the body is held open after the ``error_at`` event before it ends."""
     truncate_at: int | None = None
     """End the body cleanly just before token ``truncate_at``: no finish reason, no end marker."""
     malformed_at: int | None = None
@@ -329,6 +331,8 @@ class LoopbackServer:
             for i in range(tokens + 1):
                 if i == script.error_at:
                     yield encoder.error_event(script.error)
+                    if script.open_after_error:
+                        await asyncio.sleep(script.open_after_error)
                     finished = True
                     return
                 if i == script.truncate_at:

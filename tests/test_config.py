@@ -461,6 +461,22 @@ def test_a_transport_factory_building_the_wrong_kind_is_refused_when_the_guard_i
     assert len(built) == 2 and not built[0]._pool.connections
 
 
+async def test_a_transport_that_serves_as_an_async_one_is_taken() -> None:
+    """A factory may build its own kind of transport (``handle_async_request`` and ``aclose``, no httpx base
+    class), as it could before the factory's transports were checked."""
+
+    class Answers:
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json={"ok": True})
+
+        async def aclose(self) -> None:
+            pass
+
+    async with Guard([A], transport_factory=lambda replica: Answers(), instrumentation=None) as built:  # type: ignore[arg-type, return-value]
+        async with built.http_client() as client:
+            assert (await client.get(A + "/v1/models")).json() == {"ok": True}
+
+
 def test_a_transport_instance_given_as_the_factory_is_refused() -> None:
     config_error(
         lambda: guard(transport_factory=httpx.AsyncHTTPTransport()),

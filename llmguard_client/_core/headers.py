@@ -30,7 +30,10 @@ _GUARD_HEADERS = (
     SESSION_HEADER.encode(),
     MAX_ATTEMPTS_HEADER.encode(),
 )
-_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS})
+_ANSWER_HEADERS = (CAUSE_HEADER.encode(), b"x-llmguard-stream-failure", b"x-llmguard-chaos")
+"""Headers the guard puts on answers: one copied back onto a request (a proxy, a client replaying an answer's
+headers) is dropped, not taken for a misspelt header of the guard's."""
+_STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD_HEADERS, *_ANSWER_HEADERS})
 _OWN_PREFIX = b"x-llmguard-"
 KNOWN_HEADERS = ", ".join(h.decode() for h in _GUARD_HEADERS)
 """The guard's own request headers, for messages."""

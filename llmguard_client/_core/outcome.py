@@ -140,9 +140,9 @@ class AttemptFailure:
     """Set when a 200 answer failed before its first token (then ``status_code`` is the status the
     failure stands for, if any, and ``body`` an equivalent JSON error)."""
     as_sent: tuple[int, httpx.Headers, bytes] | None = None
-    """That 200 as it came (status, headers, the whole body), when its SDK reads the error event itself
-    (the Responses API's ``error`` / ``response.failed``): what the caller gets if it is the call's last answer,
-    as without a guard."""
+    """That 200 as it came (status, headers, the body up to its end or its error event), when its SDK reads the
+    error event itself (the Responses API's ``error`` / ``response.failed``): what the caller gets if it is the
+    call's last answer, as without a guard (no SDK retry either: a 200 is none to retry)."""
 
     @property
     def overload(self) -> bool:

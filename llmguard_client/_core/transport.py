@@ -265,9 +265,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 outcome = Failed(reason=self._closed_error(call))
         if isinstance(outcome, Win):
             return self._deliver(call, outcome, continuation)
-        if outcome.stopped == "sdk":
+        last = outcome.last
+        if outcome.stopped == "sdk" and (last is None or last.as_sent is None):
             return await self._hand_back(call, outcome, episode)
-        return await self._give_up(call, outcome)
+        return await self._give_up(call, outcome)  # also a 200 whose error event its SDK reads: no SDK retry
 
     def refuse(
         self, request: httpx.Request, error: GuardFailure, headers: CallerHeaders | None = None

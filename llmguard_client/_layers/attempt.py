@@ -139,11 +139,11 @@ def _stream_failure(
 ) -> AttemptFailure:
     """A 200 that failed before its first token, as a failed attempt: with the status its error stands
     for (a JSON error body to hand back if it is the call's last answer), else as a stream error. An error
-    event its SDK reads itself (`StreamReader.errors_are_events`), in a body read to its end, is also kept as
-    it came (``as_sent``), to hand back as such."""
+    event its SDK reads itself (`StreamReader.errors_are_events`) is also kept as it came (``as_sent``: the body
+    to its end, or up to that event when the server holds it open), to hand back as such."""
     attempt.attempt_finished("failed", clock(), error=failure.cause, retry_after=failure.retry_after)
     as_sent = None
-    if opening.reader.errors_are_events and failure.kind == "error_event" and opening.rest is None:
+    if opening.reader.errors_are_events and failure.kind == "error_event":
         as_sent = (response.status_code, response.headers, b"".join(opening.chunks))
     error = None
     headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})

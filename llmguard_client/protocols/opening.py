@@ -18,7 +18,8 @@ TLS) handshake more with a replica that just said it is overloaded."""
 
 @dataclass(slots=True)
 class Opening:
-    """What was read: every chunk so far (to replay, unchanged) and the unread rest."""
+    """What was read: every chunk so far (to replay, unchanged; after an error event in a body that goes on, those
+    up to the one carrying it) and the unread rest."""
 
     reader: StreamReader
     chunks: list[bytes]
@@ -43,8 +44,11 @@ async def read_opening(
         if first_token:
             return Opening(reader, chunks, rest)
         if reader.failure is not None:
-            if reader.failure.kind == "error_event" and await _drain(rest, chunks):
-                return Opening(reader, chunks, None)
+            if reader.failure.kind == "error_event":
+                carried = len(chunks)
+                if await _drain(rest, chunks):
+                    return Opening(reader, chunks, None)
+                del chunks[carried:]  # a body that goes on: up to the chunk carrying the error (no event cut short)
             return Opening(reader, chunks, rest)
     reader.end_of_body()
     return Opening(reader, chunks, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from typing import Any
 
 from llmguard_client.errors import GuardConfigError
 from llmguard_client.telemetry._jsonl import JsonLinesFile
@@ -45,17 +46,17 @@ class RecordLogger:
         self,
         path: str | os.PathLike[str] | logging.Logger | None = None,
         *,
-        logger: logging.Logger | str | None = None,
+        logger: logging.Logger | logging.LoggerAdapter[Any] | str | None = None,
         level: int | str = logging.INFO,
     ) -> None:
-        if isinstance(path, logging.Logger):  # the earlier positional form, RecordLogger(a_logger)
+        if isinstance(path, (logging.Logger, logging.LoggerAdapter)):  # the earlier positional form
             path, logger = None, path if logger is None else logger
         if path is not None and logger is not None:
             raise GuardConfigError("RecordLogger takes a file path or a logger, not both")
-        if logger is not None and not isinstance(logger, (logging.Logger, str)):
+        if logger is not None and not isinstance(logger, str) and not _logs(logger):
             raise GuardConfigError(
-                "RecordLogger logger must be a logging.Logger, a logger's name (e.g. 'myapp.records') or None, "
-                f"got {logger!r}"
+                "RecordLogger logger must be a logging.Logger (or a LoggerAdapter, or anything with isEnabledFor() "
+                f"and log()), a logger's name (e.g. 'myapp.records') or None, got {logger!r}"
             )
         level = _level(level)
         self._file = JsonLinesFile(path) if path is not None else None
@@ -83,3 +84,8 @@ class RecordLogger:
         """Close the file (if any) now; a later record reopens it. Idempotent."""
         if self._file is not None:
             self._file.close()
+
+
+def _logs(logger: object) -> bool:
+    """Whether ``logger`` logs as a `logging.Logger` does (a LoggerAdapter, structlog's stdlib-like loggers...)."""
+    return callable(getattr(logger, "isEnabledFor", None)) and callable(getattr(logger, "log", None))

@@ -235,21 +235,33 @@ async def test_a_responses_error_after_the_first_token_is_an_event_the_caller_re
 
 
 @pytest.mark.parametrize(
-    ("code", "requests"), [(500, 3), ("invalid_prompt", 1)], ids=["retried_server_error", "invalid_prompt"]
+    ("code", "requests", "guard"),
+    [
+        (500, 3, {}),
+        ("invalid_prompt", 1, {}),
+        (500, 1, {"retry": RetryPolicy(mode="cooperative")}),
+        (500, 3, {"open_after_error": 30.0}),
+    ],
+    ids=["retried_server_error", "invalid_prompt", "cooperative", "body_held_open"],
 )
 async def test_a_responses_error_before_the_first_token_reaches_the_caller_as_the_event_it_was(
-    servers: list[LoopbackServer], code: object, requests: int
+    servers: list[LoopbackServer], code: object, requests: int, guard: dict[str, Any]
 ) -> None:
     """When no attempt gets past a Responses API ``error`` event (a server error on every attempt, or a prompt
-    error that is not retried), the guarded SDK yields the events the plain one does, not an HTTP error."""
+    error that is not retried), the guarded SDK yields the events the plain one does, not an HTTP error: also in
+    cooperative mode (the openai SDK retries no 200), and from a server that holds the body open after the
+    event (the caller gets the events up to it; before, a 500)."""
+    held = guard.pop("open_after_error", 0.0)
     for server in servers[:2]:
         server.script = Script(error_at=0, error={"message": "boom", "type": "x", "code": code})
     records: list[PhaseRecord] = []
 
-    plain = await responses_events(servers[0].url, None)
+    plain = await responses_events(servers[0].url, None)  # the same events, the body ended (plain would wait)
     sent_plain = sum(len(server.received) for server in servers[:2])
-    async with make_guard(servers[:2], records) as guard:
-        guarded = await responses_events(servers[0].url, guard.http_client_for(openai.AsyncOpenAI))
+    for server in servers[:2]:
+        server.script.open_after_error = held
+    async with make_guard(servers[:2], records, **guard) as guarded_by:
+        guarded = await responses_events(servers[0].url, guarded_by.http_client_for(openai.AsyncOpenAI))
     assert guarded == plain and plain[-1] == "error" and sent_plain == 1
     assert sum(len(server.received) for server in servers[:2]) - sent_plain == requests
     (record,) = records

@@ -132,6 +132,21 @@ async def test_a_misspelt_guard_header_is_refused_in_either_cohort_before_anythi
     assert first.requests == [] and second.requests == [] and records == []
 
 
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+async def test_the_guards_answer_headers_copied_onto_a_request_are_dropped_not_refused(
+    recorders: list[RecordingServer], rollout: float
+) -> None:
+    """A proxy or client that copies an answer's headers onto its next request sends the guard's own answer
+    headers back: they are dropped, as the guard's request headers are, not refused as misspelt ones."""
+    first, second, _ = recorders
+    guard = Guard([first.url, second.url], tiers=TIERS, rollout=rollout)
+    copied = {"x-llmguard-cause": "budget_exhausted", "x-llmguard-stream-failure": "error_event"}
+    async with guard, guard.http_client() as client:
+        await send(client, first.url, "json", {**copied, "x-llmguard-chaos": "status_503"})
+    (sent,) = first.requests + second.requests  # the raw request
+    assert b"x-llmguard-" not in sent.lower()
+
+
 async def test_a_control_key_at_ten_percent_is_passed_through_and_a_guarded_key_is_not(
     recorders: list[RecordingServer],
 ) -> None:

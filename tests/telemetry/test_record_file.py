@@ -150,6 +150,15 @@ def test_a_level_name_is_taken_as_logging_takes_it(caplog: pytest.LogCaptureFixt
     assert not [r for r in caplog.records if r.exc_info]
 
 
+def test_a_logger_adapter_logs_the_records(caplog: pytest.LogCaptureFixture) -> None:
+    """A `logging.LoggerAdapter` (an app's context-adding logger) logs as its logger does."""
+    adapter = logging.LoggerAdapter(logging.getLogger("llmguard_client.record.adapted"), {"app": "x"})
+    writer = RecordLogger(logger=adapter)
+    with caplog.at_level(logging.INFO, logger="llmguard_client.record.adapted"):
+        writer(record(1))
+    assert [r.name for r in caplog.records] == ["llmguard_client.record.adapted"]
+
+
 def test_a_path_and_a_logger_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(GuardConfigError, match="a file path or a logger, not both"):
         RecordLogger(tmp_path / "r.jsonl", logger="myapp")
