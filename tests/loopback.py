@@ -82,6 +82,8 @@ class Script:
     role_chunk: bool = True
     keepalives_before: int = 0
     stall_before_first: float = 0.0
+    keepalive_every: float = 0.0
+    """During ``stall_before_first``, an SSE comment (``: keep-alive``) every so many seconds."""
     gap: float = 0.0
     stall_after_first: float = 0.0
     include_usage: bool | None = None
@@ -327,7 +329,12 @@ class LoopbackServer:
             for _ in range(script.keepalives_before):
                 yield b": keep-alive\n\n"
             if script.stall_before_first:
-                await asyncio.sleep(script.stall_before_first)
+                waited = 0.0
+                while script.keepalive_every and waited + script.keepalive_every < script.stall_before_first:
+                    await asyncio.sleep(script.keepalive_every)
+                    waited += script.keepalive_every
+                    yield b": keep-alive\n\n"
+                await asyncio.sleep(script.stall_before_first - waited)
             for i in range(tokens + 1):
                 if i == script.error_at:
                     yield encoder.error_event(script.error)

@@ -3,9 +3,11 @@ the retry count each attempt reports back.
 
 - ``x-llmguard-max-attempts: N`` (else the tier's ``max_attempts``, else the retry policy's): the most
   requests the call sends.
-- The SDK's ``timeout=`` reaches the transport as ``request.extensions["timeout"]``: its read timeout
-  bounds the whole call's wait for the first token, every attempt included, and each silence after it
-  (`within_read_timeout`): the tier's ``ttft`` and ``stall`` are capped by it, never raised.
+- The SDK's ``timeout=`` reaches the transport as ``request.extensions["timeout"]``, and each attempt's request
+  carries it to the replica's pool: its read timeout bounds each read, as without a guard (a keep-alive event
+  before the first token restarts it; a wait for a server's Retry-After between attempts is no read). One that
+  ends a read before the first token is the SDK's to retry (the guard does not). After the first token the
+  tier's ``stall`` is capped by it, never raised (`within_read_timeout`).
 - ``x-stainless-retry-count`` (sent by the openai and anthropic SDKs, read by servers and proxies):
   the guard's n-th attempt of a call reports the SDK's count plus n (`with_retry_count`).
 """
@@ -65,7 +67,8 @@ def with_retry_count(headers: list[tuple[bytes, bytes]], index: int) -> list[tup
 
 
 def within_read_timeout(tier: Tier, extensions: Mapping[str, Any]) -> Tier:
-    """``tier`` with its ``ttft`` and ``stall`` capped by the SDK's read timeout for this call, if it set one."""
+    """``tier`` with its ``stall`` capped by the SDK's read timeout for this call, if it set one (its ``ttft`` is
+    the tier's: before the first token the read timeout bounds each read, in the replica's pool)."""
     read = read_timeout(extensions)
     if read is None:
         return tier
@@ -75,6 +78,6 @@ def within_read_timeout(tier: Tier, extensions: Mapping[str, Any]) -> Tier:
 @functools.lru_cache(maxsize=256)
 def _capped(tier: Tier, read: float) -> Tier:
     stall = min(read, tier.total) if tier.stall is None else min(tier.stall, read)  # a Tier's stall <= total
-    if read >= tier.ttft and stall == tier.stall:
+    if stall == tier.stall:
         return tier
-    return dataclasses.replace(tier, ttft=min(tier.ttft, read), stall=stall)
+    return dataclasses.replace(tier, stall=stall)

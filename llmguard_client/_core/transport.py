@@ -201,7 +201,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 )
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
             if not self.loops.owns():  # a handover from the Guard's own sync loop is waited for within the ttft
-                handover = within_read_timeout(self._tiers[tier_name], request.extensions).ttft
+                handover = self._tiers[tier_name].ttft
                 wrong_loop = await self.loops.claim(handover)
                 if wrong_loop is not None:
                     raise WrongEventLoop(wrong_loop, request=request)
@@ -486,13 +486,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         await lease.aclose(status, error.cause)
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
-        # A failure the guard does not retry at all (off the generation paths, anything but a refused connection)
-        # is the SDK's to retry or not, as without a guard; so is a call whose body the guard does not hold, and a
-        # first-token deadline that was the SDK's own read timeout (shorter than the tier's): its max_retries
-        # decides, as it does without a guard (0: this one request; else the next goes as a call of its own).
-        sdk_decides = (met and outcome.stopped == "not_retryable") or (
-            isinstance(error, TTFTTimeout) and call.tier.ttft < self._tiers[call.tier_name].ttft
-        )
+        # A failure the guard does not retry at all (off the generation paths, anything but a refused connection;
+        # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
+        # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own).
+        sdk_decides = met and outcome.stopped == "not_retryable"
         if call.streamed is not None:
             pass
         elif not sdk_decides and (

@@ -47,6 +47,7 @@ import random
 from collections.abc import Callable
 
 import anyio
+import httpx
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
@@ -267,6 +268,8 @@ class RetryLayer:
         assert self.policy is not None
         if failure.is_connect_error:
             return True
+        if isinstance(failure.error, httpx.ReadTimeout) and not call.sdk_retries:  # the caller's own read timeout
+            return False  # (the request carries it to the pool): its SDK's to retry, as without a guard
         if failure.headers.get("x-should-retry") == "false":  # the server's word, which the SDKs obey too
             return False
         if not call.retry_any_status:

@@ -121,10 +121,12 @@ def test_read_timeout_is_the_sdks_read_component() -> None:
     assert read_timeout({}) is None
 
 
-def test_the_sdks_timeout_bounds_the_whole_call_not_each_attempt(servers: list[LoopbackServer]) -> None:
+def test_the_sdks_read_timeout_before_the_first_token_is_not_retried_by_the_guard(
+    servers: list[LoopbackServer],
+) -> None:
     """openai.OpenAI(timeout=1.0, max_retries=0), a server that answers after 3 s, Tier(ttft=5): one request,
-    given up at the SDK's 1 s as the call's first-token deadline (it used to be three read timeouts, three
-    generations on the server, and a 502)."""
+    given up at the SDK's 1 s read timeout, a timeout (it used to be three read timeouts, three generations on the
+    server, and a 502): the SDK's max_retries decides, as without a guard."""
     server = servers[0]
     server.script = Script(hang_before_headers=3.0)
     with guard_over(server, tier=Tier(ttft=5, total=10), failure_mode="raise") as guard:
@@ -133,8 +135,8 @@ def test_the_sdks_timeout_bounds_the_whole_call_not_each_attempt(servers: list[L
         )
         with guard.capture() as calls, pytest.raises(openai.APITimeoutError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES)
-    assert guard_failure(caught.value) == "ttft_timeout"
-    assert "(1.0s;" in str(caught.value.__cause__)  # the deadline it kept: the SDK's, not the tier's 5 s
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
+    assert type(caught.value.__cause__.__cause__).__name__ == "ReadTimeout"  # the SDK's own, from the pool
     assert len(calls[0].attempts) == 1
     assert server.wait_for(lambda: len(server.received) == 1)
     assert len(server.received) == 1
@@ -182,8 +184,27 @@ def test_a_request_that_outlasts_the_sdks_timeout_is_the_sdks_to_retry(
                     await call(client)
 
             anyio.run(main)
-    assert [(c.status, c.cause) for c in calls] == [("timeout", "ttft_timeout"), ("ok", None)]
+    assert [(c.status, c.cause) for c in calls] == [("timeout", "all_attempts_timed_out"), ("ok", None)]
     assert server.wait_for(lambda: len(server.received) == 2)
+
+
+@pytest.mark.parametrize("kind", ["plain", "guarded"])
+async def test_keep_alives_before_the_first_token_keep_a_call_within_the_sdks_read_timeout(
+    servers: list[LoopbackServer], kind: str
+) -> None:
+    """A read timeout bounds each read: a server that sends keep-alives while it thinks (Anthropic's pings, an SSE
+    comment) is served after 2 s under ``timeout=1.0``, with one request, through the guard as without it (before,
+    the guard took the read timeout for the first-token deadline: a timeout at 1 s, and the SDK's two retries)."""
+    server = servers[0]
+    server.script = Script(tokens=3, stall_before_first=2.0, keepalive_every=0.25)
+    async with guard_over(server, tier=Tier(ttft=10, total=20)) as guard:
+        http_client = guard.http_client_for(openai.AsyncOpenAI) if kind == "guarded" else None
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", timeout=1.0, http_client=http_client
+        ) as client:
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == " t0 t1 t2" and len(server.received) == 1
 
 
 async def test_the_sdks_timeout_bounds_each_silence_of_a_stream(servers: list[LoopbackServer]) -> None:

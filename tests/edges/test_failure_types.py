@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from llmguard_client import FailureMode, Guard, RetryPolicy, Tier, TTFTTimeout, guard_failure
+from llmguard_client import AllAttemptsTimedOut, FailureMode, Guard, RetryPolicy, Tier, guard_failure
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
@@ -52,10 +52,10 @@ async def test_every_attempt_timed_out_is_an_api_timeout_error(
         )
         with pytest.raises(openai.APITimeoutError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES)
-    # The SDK's timeout bounds the whole call (docs/usage.md): one attempt, given up at the SDK's 1 s.
-    assert guard_failure(caught.value) == "ttft_timeout"
+    # The SDK's read timeout ends the request (docs/usage.md): one attempt, given up at the SDK's 1 s, its to retry.
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
     cause = caught.value.__cause__
-    assert isinstance(cause, TTFTTimeout) and cause.record is not None
+    assert isinstance(cause, AllAttemptsTimedOut) and cause.record is not None
     assert len(cause.record.attempts) == 1
 
 
@@ -68,7 +68,7 @@ def test_every_attempt_timed_out_is_an_api_timeout_error_sync(servers: list[Loop
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", timeout=1.0, max_retries=0, http_client=http)
         with pytest.raises(openai.APITimeoutError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES)
-    assert guard_failure(caught.value) == "ttft_timeout"
+    assert guard_failure(caught.value) == "all_attempts_timed_out"
 
 
 async def test_a_5xx_stays_that_status(servers: list[LoopbackServer]) -> None:
@@ -113,4 +113,4 @@ async def test_a_cooling_replica_does_not_turn_a_timeout_into_a_429(servers: lis
             server.script = SLOW
         with pytest.raises(openai.APITimeoutError) as caught:  # this call's own failure, not the cooldown's 429
             await client.chat.completions.create(model="m", messages=MESSAGES)
-    assert guard_failure(caught.value) == "ttft_timeout"  # the SDK's 1 s: this call's own deadline
+    assert guard_failure(caught.value) == "all_attempts_timed_out"  # the SDK's 1 s read timeout: this call's own
