@@ -57,7 +57,7 @@ class CallerHeaders:
             if low in _STRIPPED:
                 has_own = has_own or low in _GUARD_HEADERS
                 continue
-            if low[:11] == _OWN_PREFIX:  # a misspelt header of the guard's: refused, never forwarded
+            if low.startswith(_OWN_PREFIX):  # a misspelt header of the guard's: refused, never forwarded
                 unknown = unknown or low.decode("latin-1")
                 continue
             if not from_sdk and low[:12] == _SDK_PREFIX:
