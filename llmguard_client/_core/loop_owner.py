@@ -35,14 +35,17 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import httpx
 
-from llmguard_client._core.event_loops import EventLoop, running_loop, start_soon
+from llmguard_client._core.event_loops import EventLoop, running_loop, running_task, start_soon
+from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
+T = TypeVar("T")
 
 BLOCKS_ITS_LOOP = (
     "a sync call from the event loop this Guard's calls run on, while calls of that loop are in flight, would block "
@@ -66,6 +69,15 @@ WRONG_LOOP = (
     "serve every thread from one loop"
 )
 
+LEFT_BEHIND = (
+    "the event loop this sync call ran on (an event loop of yours that owned the Guard) ended, or the Guard left "
+    "it, before the call's response arrived"
+)
+"""Why a sync call's run on a caller's loop ended without an answer: the edge sends it again where the Guard runs."""
+
+GUESTS_END_WITHIN = 5.0
+"""Seconds an ending owner loop waits for the sync calls it cancelled to end (each closes its connection)."""
+
 HANDOVER_POLL = 0.01
 """Seconds between two looks, while a loop waits to take the Guard over, at whether the home loop's sync calls
 have ended."""
@@ -78,6 +90,8 @@ class LoopOwner:
     """Which running event loop may use the Guard's connections now."""
 
     __slots__ = (
+        "_ended_loop",
+        "_guests",
         "_home",
         "_home_calls",
         "_home_idle",
@@ -86,6 +100,7 @@ class LoopOwner:
         "_left_at_home",
         "_lock",
         "_loop",
+        "_moved",
         "_pending",
         "_pending_wait",
         "_released",
@@ -118,9 +133,15 @@ class LoopOwner:
         self._pending: EventLoop | None = None
         """A loop waiting for the home loop's sync calls to end, to take the Guard over (`claim`)."""
         self._pending_wait = 0.0
+        self._ended_loop: weakref.ref[EventLoop] | None = None
+        """The last owner loop the Guard left as it ended: no call there takes the Guard back."""
+        self._guests: set[object] = set()
+        """The tasks of sync calls running on the owner loop, from other threads (`as_guest`)."""
         self._lock = threading.Lock()
         self._home_idle = threading.Condition(self._lock)
         """Notified when the pending loop has taken the Guard over, or given up."""
+        self._moved = threading.Condition(self._lock)
+        """Notified when the Guard leaves a loop as it ends."""
 
     def owns(self) -> bool:
         """Whether the running loop may make a call without claiming (it owns the Guard, or there is none)."""
@@ -138,6 +159,10 @@ class LoopOwner:
         ``wait`` seconds: meanwhile new sync calls wait for the handover (`sync_loop`), so the busy loop drains."""
         loop = running_loop()
         assert loop is not None, "claimed from a running event loop"
+        if (
+            self._ended_loop is not None and self._ended_loop() is loop
+        ):  # a sync call that started there before it ended
+            raise LoopEnded(LEFT_BEHIND)
         give_up = loop.time() + wait
         left: tuple[EventLoop, AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]] | None = None
         try:
@@ -197,11 +222,17 @@ class LoopOwner:
         finally:
             with self._lock:
                 current = self._token is token  # else the Guard moved on while this loop still ran
-                if current:
+                if current:  # from now on sync calls run at home, with new pools
+                    self._ended_loop = self._loop
+                    old = self._swap()
+                    self._loop = self._watch = self._token = None
                     self._released = True
+                    guests, self._guests = self._guests, set()
+                    self._moved.notify_all()
             if current:
                 with anyio.CancelScope(shield=True):  # a trio run ends its async generators in a cancelled scope
-                    await _close_all(self._swap())
+                    await _end_guests(guests)
+                    await _close_all(old)
 
     # --- sync calls ------------------------------------------------------------------------
 
@@ -248,6 +279,28 @@ class LoopOwner:
         self._loop = self._watch = self._token = None
         self._released = True
         return watch, old
+
+    async def as_guest(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run a sync call from another thread on the owner loop (the running one), as one of its guests: cancelled
+        and waited for as that loop ends (`asyncio.run` cancels only the tasks it has when its main task returns).
+        `LoopEnded` if the Guard has left the loop by the time the call starts, before anything is sent."""
+        loop, task = running_loop(), running_task()
+        with self._lock:
+            # an asyncio loop ending its async generators is about to end this Guard's too (and warns of new ones)
+            if loop is None or self._owner() is not loop or getattr(loop, "_asyncgens_shutdown_called", False):
+                raise LoopEnded(LEFT_BEHIND)
+            self._guests.add(task)
+        try:
+            return await call()
+        finally:
+            with self._lock:
+                self._guests.discard(task)
+
+    def wait_left(self, loop: EventLoop, timeout: float) -> None:
+        """From a sync caller's thread whose call ``loop`` cancelled (it is ending): wait until the Guard has left
+        it, at most ``timeout`` seconds."""
+        with self._lock:
+            self._moved.wait_for(lambda: self._owner() is not loop, timeout)
 
     def sync_owner(self) -> EventLoop | None:
         """The running event loop that owns the Guard, if it is not the home loop."""
@@ -317,6 +370,21 @@ class HomeCall:
     def ended(self) -> None:
         """The call's task is over (once)."""
         self._owner._ended(self._delivered)
+
+
+class LoopEnded(GuardClosed):
+    """A sync call's run on an event loop of the caller's ended before its response arrived, as that loop ended (or
+    the Guard left it): nothing was handed over, so the sync edge sends the call again where the Guard runs now."""
+
+
+async def _end_guests(guests: set[object]) -> None:
+    """Cancel the sync calls still running on an ending asyncio loop, and wait for them to close their connections
+    (a trio run has cancelled its system tasks, these among them, before it ends its async generators)."""
+    tasks = [task for task in guests if isinstance(task, asyncio.Task) and not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=GUESTS_END_WITHIN)
 
 
 async def _close_all(pools: Sequence[httpx.AsyncBaseTransport]) -> None:

@@ -104,6 +104,18 @@ class GuardBody(httpx.AsyncByteStream):
     def __aiter__(self) -> GuardBody:
         return self
 
+    def take_whole(self) -> bytes | None:
+        """A body that arrived whole before it was handed over (an answer that is not a stream, or a stream that
+        ended within its opening), taken at once: a reader on another thread then has every byte even if the loop
+        running the call ends before the body's end is read (which finishes the call). None for any other body,
+        or once a chunk was read."""
+        if not self._complete or self._ended or self._raise_next is not None or self._end_delivered:
+            return None
+        whole = b"".join(self._pending)
+        self._pending.clear()
+        self._end_delivered = self._reader.complete
+        return whole
+
     async def __anext__(self) -> bytes:
         watchdog = self._steady
         if watchdog is not None and watchdog.tripped is None:

@@ -11,6 +11,7 @@ parent's, still in use there).
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import weakref
@@ -22,7 +23,8 @@ import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
 from llmguard_client._core.given_up import CALLER_EXTENSION
-from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall
+from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall, LoopEnded
+from llmguard_client._http.upload import rereadable
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
 
@@ -36,6 +38,12 @@ FORKED = (
     "in gunicorn's post_fork hook, or without --preload)"
 )
 """Why a sync call is refused in a child forked after the Guard's sync calls started."""
+
+
+MOVES = 3
+"""How many times one sync call is sent again because the event loop it ran on ended first."""
+LEFT_WAIT = 1.0
+"""Seconds a sync call whose loop cancelled it waits for the Guard to leave that loop before it is sent again."""
 
 
 class _Closed:
@@ -65,10 +73,19 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
 
 
 def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
-    """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here)."""
+    """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here). A
+    call whose run on an event loop of the caller's ended with that loop before its response arrived (a task queue
+    running each task in ``asyncio.run``) is sent again where the Guard runs next, if its body can be read again."""
     request.extensions[CALLER_EXTENSION] = f"thread:{os.getpid()}:{threading.get_ident()}"
-    access, home = sync_access(guard, request)
-    return send(access, guard.transport, request, home)
+    for moves in itertools.count():
+        access, home = sync_access(guard, request)
+        try:
+            return send(access, guard.transport, request, home)
+        except LoopEnded:
+            if moves == MOVES or access.loop is None or not rereadable(request.stream):
+                raise
+            guard.transport.loops.wait_left(access.loop, LEFT_WAIT)  # the loop is ending: the Guard leaves it soon
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def sync_access(
@@ -86,7 +103,7 @@ def sync_access(
             raise WrongEventLoop(BLOCKS_ITS_LOOP, request=request)
         owner = loops.sync_loop(holds)
         if owner is not None:  # another loop took the Guard in between
-            return CallersLoop(owner), None
+            return CallersLoop(owner, loops), None
     if owner is None:
         home = loops.home_call() if holds else None
         try:
@@ -95,7 +112,7 @@ def sync_access(
             if home is not None:
                 home.ended()
             raise
-    return CallersLoop(owner), None
+    return CallersLoop(owner, loops), None
 
 
 def runner_for(guard: GuardHandle) -> SyncRunner:

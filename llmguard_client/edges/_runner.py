@@ -44,7 +44,8 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
-from llmguard_client._core.loop_owner import HomeCall
+from llmguard_client._core.loop_owner import LEFT_BEHIND, HomeCall, LoopEnded, LoopOwner
+from llmguard_client._stream.body import GuardBody
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -130,12 +131,15 @@ class _Exchange:
         head: Future[httpx.Response],
         loop: EventLoop,
         delivered: Callable[[], None] | None = None,
+        guest: bool = False,
     ) -> None:
         self._core = core
         self._request = request
         self._head = head
         self._loop = loop
         self._delivered = delivered
+        self._guest = guest
+        """Run on an event loop of the caller's (`CallersLoop`), which may end before the call does."""
         """Told once the response is handed over (a call on the Guard's own loop: `HomeCall.delivered`)."""
         self._context = _portable(contextvars.copy_context())
         self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
@@ -148,6 +152,15 @@ class _Exchange:
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._cancelled = False
+        self._whole = False
+        """The whole body was handed to the caller's thread with the response (`GuardBody.take_whole`)."""
+
+    def _why_cut(self) -> str:
+        if self._cancelled or not self._guest:
+            return "the response was closed (the Guard was closed, or the call ended)"
+        return (
+            "the event loop this sync call ran on (one of yours, which owned the Guard) ended while the body was read"
+        )
 
     async def drive(self) -> None:
         for var, value in self._context:
@@ -161,24 +174,32 @@ class _Exchange:
                 await self._run()
         finally:
             if not self._ended:  # wake a reader still waiting: the call was closed or the loop stopped
-                self._put(_Failed(httpx.ReadError("the response was closed (the Guard was closed, or the call ended)")))
+                self._put(_END if self._whole else _Failed(httpx.ReadError(self._why_cut())))
             self._done.set()
 
     async def _run(self) -> None:
         try:
             response = await self._core.handle_async_request(self._request)
         except anyio.get_cancelled_exc_class():
-            self._head.set_exception(GuardClosed("the call was cancelled before its response arrived"))
+            if self._guest and not self._cancelled:  # the caller's loop is ending: the call is sent again elsewhere
+                self._head.set_exception(LoopEnded(LEFT_BEHIND))
+            else:
+                self._head.set_exception(GuardClosed("the call was cancelled before its response arrived"))
             raise
         except Exception as exc:  # the caller's thread raises it
             self._head.set_exception(exc)
             return
         try:
+            stream = response.stream
+            assert isinstance(stream, httpx.AsyncByteStream)
+            whole = stream.take_whole() if isinstance(stream, GuardBody) else None
             self._head.set_result(response)
             if self._delivered is not None:
                 self._delivered()
-            stream = response.stream
-            assert isinstance(stream, httpx.AsyncByteStream)
+            if whole is not None:  # the caller has it all, whatever happens to the loop before the end is read
+                self._whole = True
+                if whole:
+                    self._put(whole)
             chunks = stream.__aiter__()
             try:
                 while True:
@@ -316,10 +337,13 @@ def send(
             home.ended()
         raise GuardClosed(CLOSED)
     head: Future[httpx.Response] = Future()
-    exchange = _Exchange(core, request, head, loop, None if home is None else home.delivered)
+    delivered = None if home is None else home.delivered
+    exchange = _Exchange(core, request, head, loop, delivered, guest=isinstance(access, CallersLoop))
     start_counted(access, exchange.drive, None if home is None else home.ended)
     try:
         response = wait_for(head, loop)
+    except LoopEnded:
+        raise  # nothing runs the call any more
     except BaseException:
         if not head.done():  # the caller was interrupted (e.g. KeyboardInterrupt): stop the call
             access.call(exchange.close)
@@ -355,14 +379,16 @@ def wait_for(future: Future[Any], loop: EventLoop) -> Any:
             if future.done():  # the call's own TimeoutError (the same class as the wait's since Python 3.11)
                 raise
             if loop.is_closed():
-                raise GuardClosed("the event loop running this call ended before the call did") from None
+                raise LoopEnded("the event loop running this call ended before the call did") from None
 
 
 class CallersLoop:
-    """A running event loop of the caller's that owns the Guard: sync calls from other threads run there."""
+    """A running event loop of the caller's that owns the Guard: sync calls from other threads run there, as its
+    guests (`LoopOwner.as_guest`)."""
 
-    def __init__(self, loop: EventLoop) -> None:
+    def __init__(self, loop: EventLoop, owner: LoopOwner) -> None:
         self._loop = loop
+        self._owner = owner
 
     @property
     def loop(self) -> EventLoop:
@@ -377,9 +403,9 @@ class CallersLoop:
 
     def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
         try:
-            return run_threadsafe(func, self._loop)
+            return run_threadsafe(functools.partial(self._owner.as_guest, func), self._loop)
         except RuntimeError as exc:  # the loop closed in between
-            raise GuardClosed("the event loop this Guard's calls run on has ended") from exc
+            raise LoopEnded("the event loop this Guard's calls run on has ended") from exc
 
 
 class SyncRunner:

@@ -301,8 +301,9 @@ async def test_guard_close_from_a_worker_thread_closes_it_on_the_loop_that_owns_
         await asyncio.to_thread(guard.sync_http_client)
 
 
-def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ever(server: LoopbackServer) -> None:
-    server.script = Script(hang_before_headers=30)
+def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_runs_next(
+    server: LoopbackServer,
+) -> None:
     guard = guard_over(server)
     outcome: list[BaseException | httpx.Response] = []
     started = threading.Event()
@@ -316,7 +317,6 @@ def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ev
                 outcome.append(exc)
 
     async def app() -> None:
-        server.script = Script()
         async with guard.http_client() as client:
             await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
         server.script = Script(hang_before_headers=30)
@@ -324,6 +324,7 @@ def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ev
         worker.start()
         await asyncio.to_thread(started.wait, 10)
         assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
+        server.script = Script()  # for the call sent again
         app.worker = worker  # type: ignore[attr-defined]
 
     asyncio.run(app())  # returns with the sync call in flight on its loop
@@ -331,10 +332,48 @@ def test_a_sync_call_waiting_on_a_loop_that_ends_fails_instead_of_waiting_for_ev
     worker.join(20)
     try:
         assert not worker.is_alive()
-        [error] = outcome
-        assert isinstance(error, GuardClosed)
+        [response] = outcome
+        assert isinstance(response, httpx.Response) and response.status_code == 200
+        assert len(server.received) == 3  # the async call, the sync call cut with its loop, the same sent again
     finally:
         guard.close()
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+def test_sync_calls_beside_a_task_queue_running_each_task_in_asyncio_run_are_all_served(
+    server: LoopbackServer,
+) -> None:
+    """Each task's loop owns the Guard while it runs, and the worker threads' calls run there: the calls still in
+    flight as it ends are sent again (or, answered whole, delivered), none fails, nothing is left open."""
+    server.script = Script(tokens=3, stall_before_first=0.02)
+    guard = guard_over(server)
+    stop = threading.Event()
+    served: list[str] = []
+    failed: list[BaseException] = []
+
+    def worker(streamed: bool) -> None:
+        while not stop.is_set():
+            try:
+                served.append(sync_stream(guard, server) if streamed else sync_sdk_call(guard, server))
+            except BaseException as exc:
+                failed.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(n % 2 == 0,)) for n in range(3)]
+    for thread in workers:
+        thread.start()
+    try:
+        for _ in range(30):
+            asyncio.run(async_sdk_call(guard, server))  # a task: its loop takes the Guard over, and ends
+    finally:
+        stop.set()
+        for thread in workers:
+            thread.join(20)
+    try:
+        assert not failed, failed[:3]
+        assert len(served) >= 3 and set(served) == {"hello", " t0 t1 t2"}  # answers whole, streamed or not
+    finally:
+        guard.close()  # the pools the last task's loop left are closed, none belongs to an ended loop
+    assert eventually(lambda: client_sockets([server]) == 0)
 
 
 async def test_a_sync_callers_tier_and_capture_travel_with_its_call_to_the_async_loop(server: LoopbackServer) -> None:
