@@ -10,6 +10,8 @@ POST .../messages                event stream     `MessagesReader`
 one of those, ``stream: true``   anything else    the protocol's, if the body opens with an event field;
                                                  else `NotAStreamReader` (always a failure)
 one of those, not streaming      JSON             `BodyReader` (the protocol's body facts)
+one of those, not streaming      event stream     the protocol's, if the body opens with an event field; else
+                                                 `BodyReader` (a JSON answer mislabelled by a gateway)
 POST .../embeddings              JSON             `EmbeddingsReader`: passed through, model and usage noted
 anything else                    anything         `PassthroughReader` (first bytes = first token)
 any request                      a redirect, or   `PassthroughReader`: no generation to judge; the
@@ -77,7 +79,10 @@ def reader_for(method: str, path: str, content_type: str, requested_stream: bool
         return EmbeddingsReader() if embeddings else PassthroughReader()
     content_type = content_type.lower()
     if "text/event-stream" in content_type:
-        return protocol.stream()
+        reader = protocol.stream()
+        if not requested_stream:  # the SDKs read a non-streaming answer as JSON whatever its label
+            reader.unlabelled(plain=BodyReader(protocol.absorb))
+        return reader
     if requested_stream:
         reader = protocol.stream()
         reader.unlabelled(json_body="json" in content_type)

@@ -10,7 +10,9 @@ A stream asked for and answered without the ``text/event-stream`` content type (
 ``application/json``, a server that says ``application/x-ndjson``, no label at all) is judged by its first
 bytes, as the SDKs read it regardless of the label (`SSEReader.unlabelled`): a body that opens with an event
 field (``data:``, ``event:``, ``id:``, ``retry:`` or a ``:`` comment, after blank lines) is read as events;
-any other body is a plain one where a stream was asked for (`NotAStreamReader`: a failure).
+any other body is a plain one where a stream was asked for (`NotAStreamReader`: a failure). An answer labelled
+``text/event-stream`` where no stream was asked for is judged the same way: events are read as events, any
+other body as the JSON answer it is (a gateway's label; the SDKs parse a non-streaming answer as JSON).
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ def opens_like_events(head: bytes) -> bool | None:
 class _Unlabelled:
     """The opening of an unlabelled body, held until it shows what the body is."""
 
-    __slots__ = ("head", "json_body", "plain")
+    __slots__ = ("head", "plain", "reads_plain")
 
-    def __init__(self, json_body: bool) -> None:
+    def __init__(self, reads_plain: StreamReader) -> None:
         self.head = b""
-        self.json_body = json_body
-        self.plain: NotAStreamReader | None = None
+        self.reads_plain = reads_plain
+        """The reader of the body if it is not an event stream."""
+        self.plain: StreamReader | None = None
 
 
 class SSEReader(StreamReader):
@@ -70,10 +73,13 @@ class SSEReader(StreamReader):
         self._events = 0
         self._unlabelled: _Unlabelled | None = None
 
-    def unlabelled(self, *, json_body: bool) -> None:
-        """The answer did not say it is an event stream (``json_body``: it said JSON): let its first bytes
-        decide (see the module docstring). Called before the first chunk."""
-        self._unlabelled = _Unlabelled(json_body)
+    def unlabelled(self, *, json_body: bool = False, plain: StreamReader | None = None) -> None:
+        """The answer's label may not say what it is (``json_body``: it said JSON): let its first bytes decide
+        (see the module docstring). A body that is not an event stream is read by ``plain`` (its facts are this
+        reader's), by default a `NotAStreamReader`. Called before the first chunk."""
+        reads_plain = NotAStreamReader(json_body=json_body) if plain is None else plain
+        reads_plain.facts = self.facts
+        self._unlabelled = _Unlabelled(reads_plain)
 
     @property
     def chunks(self) -> int | None:
@@ -137,7 +143,7 @@ class SSEReader(StreamReader):
             if events:
                 self._unlabelled = None
                 return self.feed(chunk)
-            body.plain = NotAStreamReader(json_body=body.json_body)
+            body.plain = body.reads_plain
         body.plain.feed(chunk)
         self.failure = body.plain.failure
         return False
@@ -145,8 +151,10 @@ class SSEReader(StreamReader):
     def end_of_body(self) -> StreamFailure | None:
         if self._unlabelled is not None:
             self._feed_unlabelled(b"", ended=True)
-            if self._unlabelled is not None and self._unlabelled.plain is not None:
-                self.failure = self._unlabelled.plain.end_of_body()
+            plain = None if self._unlabelled is None else self._unlabelled.plain
+            if plain is not None:
+                self.failure = plain.end_of_body()
+                self.first_token, self.complete = plain.first_token, plain.complete
                 return self.failure
         if self.failure is None and (self._partial or self._data):
             self.feed(b"\n\n")  # hand over an unterminated last event

@@ -99,3 +99,29 @@ async def test_a_control_calls_unlabelled_stream_is_measured_as_a_guarded_ones(
     unlabelled, labelled = records
     assert judged(unlabelled) == judged(labelled)
     assert (unlabelled.cohort, unlabelled.status, unlabelled.chunks is not None) == ("control", "ok", True)
+
+
+async def test_a_non_streaming_answer_labelled_as_a_stream_reaches_the_sdk_as_without_a_guard(
+    servers: list[LoopbackServer], amake_guard: Callable[..., Guard]
+) -> None:
+    """A gateway labels a JSON answer ``text/event-stream``: the SDK parses it as JSON, and the guard reads it so."""
+    for server in servers:
+        server.script = Script(headers={"content-type": "text/event-stream"})
+
+    async def answer(client: Any) -> str:
+        completion = await client.chat.completions.create(model="m", messages=MESSAGES)
+        return str(completion.choices[0].message.content)
+
+    async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", max_retries=0) as plain:
+        expected = await answer(plain)
+    records: list[PhaseRecord] = []
+    guard = amake_guard(on_record=records.append)
+    guarded = openai.AsyncOpenAI(
+        base_url=servers[0].url + "/v1",
+        api_key="k",
+        max_retries=0,
+        http_client=guard.http_client_for(openai.AsyncOpenAI),
+    )
+    assert await answer(guarded) == expected != ""  # before: APIConnectionError (3 x stream_truncated)
+    [record] = records
+    assert (record.status, len(record.attempts), record.completion_tokens) == ("ok", 1, 1)

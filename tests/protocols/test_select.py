@@ -129,6 +129,24 @@ def test_an_unlabelled_body_of_blank_lines_is_judged_without_reading_it_all() ->
     assert reader.failure is not None and reader.failure.kind == "not_sse"
 
 
+def test_a_non_streaming_answer_labelled_as_a_stream_is_read_as_the_json_it_is() -> None:
+    body = {
+        "id": "c",
+        "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    }
+    reader = reader_for("POST", "/v1/chat/completions", SSE, False)
+    reader.feed(json.dumps(body).encode())
+    assert reader.end_of_body() is None
+    assert reader.first_token and reader.complete
+    assert (reader.facts.prompt_tokens, reader.facts.completion_tokens) == (3, 1)
+
+
+def test_events_answering_a_non_streaming_request_are_still_read_as_events() -> None:
+    reader = reader_for("POST", "/v1/chat/completions", SSE, False)
+    assert reader.feed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+
+
 def test_a_plain_json_body_for_a_stream_request_is_a_failure() -> None:
     body = {"id": "c", "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
     reader = NotAStreamReader(json_body=True)
