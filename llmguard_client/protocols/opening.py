@@ -30,9 +30,9 @@ class Opening:
 async def read_opening(
     body: AsyncIterable[bytes], reader: StreamReader, accepted: Callable[[], None] | None = None
 ) -> Opening:
-    """Read ``body`` until ``reader`` sees the first content token or a failure, or the body ends
-    (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``); ``accepted`` is called once,
-    as soon as the reader sees the server accept the request."""
+    """Read ``body`` until ``reader`` sees the first content token, a failure or the protocol's end marker, or the
+    body ends (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``); ``accepted`` is called
+    once, as soon as the reader sees the server accept the request."""
     chunks: list[bytes] = []
     rest = body.__aiter__()
     async for chunk in rest:
@@ -49,6 +49,8 @@ async def read_opening(
                 if await _drain(rest, chunks):
                     return Opening(reader, chunks, None)
                 del chunks[carried:]  # a body that goes on: up to the chunk carrying the error (no event cut short)
+            return Opening(reader, chunks, rest)
+        if reader.complete:  # the end marker with no content (a content filter's finish_reason): the answer
             return Opening(reader, chunks, rest)
     reader.end_of_body()
     return Opening(reader, chunks, None)
