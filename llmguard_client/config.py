@@ -186,7 +186,10 @@ class Replica:
                 f"Replica.url must be an absolute http:// or https:// URL with a host, got {self.url!r}"
             )
         if parsed.query or parsed.fragment:
-            raise GuardConfigError(f"Replica.url must not carry a query or fragment, got {self.url!r}")
+            raise GuardConfigError(
+                f"Replica.url must not carry a query or fragment, got {self.url!r}: each request keeps the query "
+                "its client gives it (e.g. Azure's api-version, which AzureOpenAI adds), so give the URL without it"
+            )
         if parsed.port is not None and not 0 < parsed.port < 65536:
             raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {self.url!r}")
         if not isinstance(self.headers, Mapping) or not all(
