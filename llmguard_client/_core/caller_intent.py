@@ -45,6 +45,26 @@ def max_attempts(header: str | None, tier: Tier, request: httpx.Request) -> int 
     return value
 
 
+def check_timeouts(request: httpx.Request) -> None:
+    """Refuse, before anything is sent, a ``timeout=`` that no request could meet or that means nothing: a
+    negative or NaN value, or 0 for a connect, read or write (a ``pool`` of 0 means "no waiting for a
+    connection", which httpx honours)."""
+    timeout = request.extensions.get("timeout")
+    if not isinstance(timeout, Mapping):
+        return
+    for name in ("connect", "read", "write", "pool"):
+        value = timeout.get(name)
+        if value is None:
+            continue
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or math.isnan(value) or value < 0 or (value == 0 and name != "pool"):
+            raise GuardRequestError(
+                f"the request's {name} timeout must be a number of seconds above 0 (or None: no limit), got "
+                f"{value!r}; nothing was sent",
+                request=request,
+            )
+
+
 def read_timeout(extensions: Mapping[str, Any]) -> float | None:
     """The SDK's read timeout for this call (``timeout=``, per client or per call), None if it set none."""
     timeout = extensions.get("timeout")

@@ -34,7 +34,7 @@ import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
-from llmguard_client._core.caller_intent import max_attempts, within_read_timeout
+from llmguard_client._core.caller_intent import check_timeouts, max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
@@ -199,6 +199,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                     "sent",
                     request=request,
                 )
+            check_timeouts(request)
             tier_name = self._resolve_tier(headers, request)  # for every cohort: a typo fails at 5 % as at 100 %
             if not self.loops.owns():  # a handover from the Guard's own sync loop is waited for within the ttft
                 handover = self._tiers[tier_name].ttft

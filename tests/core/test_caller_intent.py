@@ -103,6 +103,34 @@ async def test_a_bad_max_attempts_header_is_refused_before_anything_is_sent(
     assert server.received == []
 
 
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [(-1.0, "connect"), (float("nan"), "connect"), (0, "connect"), (httpx.Timeout(5.0, read=0), "read")],
+)
+async def test_a_timeout_no_request_could_meet_is_refused_before_anything_is_sent(
+    servers: list[LoopbackServer], bad: Any, named: str
+) -> None:
+    """Before: -1 and NaN timed out after three attempts (the plain SDK raises ValueError), 0 after 1.5 s."""
+    server = servers[0]
+    async with guard_over(server) as guard:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", http_client=guard.httpx2_client())
+        with pytest.raises(openai.BadRequestError, match=f"the request's {named} timeout must be a number of seconds"):
+            await client.chat.completions.create(model="m", messages=MESSAGES, timeout=bad)
+        async with httpx.AsyncClient(transport=guard.transport, timeout=bad) as plain:  # raise mode
+            with pytest.raises(GuardRequestError, match=f"{named} timeout"):
+                await plain.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert server.received == []
+
+
+async def test_a_pool_timeout_of_zero_is_honoured_not_refused(servers: list[LoopbackServer]) -> None:
+    """httpx reads ``pool=0`` as "no waiting for a free connection": a call that finds one is served."""
+    server = servers[0]
+    async with guard_over(server) as guard:
+        async with httpx.AsyncClient(transport=guard.transport, timeout=httpx.Timeout(5.0, pool=0)) as client:
+            response = await client.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 200
+
+
 @pytest.mark.parametrize("bad", [0, 11, 2.0, True])
 def test_tier_max_attempts_is_checked(bad: Any) -> None:
     with pytest.raises(GuardConfigError, match=r"Tier\.max_attempts must be an integer from 1 to 10"):
