@@ -23,7 +23,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from llmguard_tools.sim.wire import DONE, sse
 from llmguard_tools.sim.wire_messages import MessagesWire
@@ -151,7 +151,9 @@ class LoopbackServer:
         lock: threading.Lock | None = None,
         gauge: ConcurrencyGauge | None = None,
         http2: bool = False,
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
+        """``routes``: more starlette routes, after the OpenAI ones (e.g. another API's paths)."""
         self.name = name
         self.gauge = gauge or ConcurrencyGauge()
         self.model = model
@@ -186,6 +188,7 @@ class LoopbackServer:
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/sim/stats", self._stats, methods=["GET"]),
                 Route("/sim/reset", self._reset, methods=["POST"]),
+                *routes,
             ]
         )
         self._server: uvicorn.Server | _Hypercorn = (

@@ -54,6 +54,9 @@ class Call:
     retry_any_status: bool
     replica_bases: tuple[httpx.URL, ...] = ()
     """Every replica's base URL, to recognise a request already aimed at one of them."""
+    outside: tuple[ReplicaState, ...] = ()
+    """Replicas this request must not go to: its URL means nothing there, or its state lives on another
+    (`llmguard_client._routing.reach`). Every route of the call avoids them."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
     ttft_stats: TTFTStats | None = None

@@ -46,8 +46,10 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     if payment is None:
         return None
     now, key = call.clock(), call.affinity_key
-    replica = replicas.pick_ready(now, episode.failed, key) or replicas.pick(now, episode.failed, key)
-    return Route(replica, "retry", payment, rounds=max(1, sdk_rounds(call) - episode.rounds))
+    avoid = call.outside
+    failed = (*episode.failed, *avoid)
+    replica = replicas.pick_ready(now, failed, key) or replicas.pick(now, failed, key, cornered=bool(avoid))
+    return Route(replica, "retry", payment, avoid=avoid, rounds=max(1, sdk_rounds(call) - episode.rounds))
 
 
 def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode:

@@ -51,6 +51,7 @@ from llmguard_client._http.redirects import RedirectTargets
 from llmguard_client._http.upload import sent_once, streamed_body
 from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
+from llmguard_client._routing.reach import Reach
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
@@ -122,6 +123,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         self._replicas = replicas
         self._affinity = replicas.affinity
         self._bases = tuple(s.base for s in replicas.states)
+        self._reach = Reach(self._bases)
         self._tiers = dict(tiers)
         self._default_tier = default_tier
         self._tier_var = tier_var
@@ -244,7 +246,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return await self._pass_through(request, assignment, tier_name, None)
         call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
         call.max_attempts = attempts
-        route = Route(rounds=1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts)
+        rounds = 1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts
+        route = Route(avoid=call.outside, rounds=rounds)
         if episode is not None and call.sdk_retries:
             resumed = resume(call, episode, self._replicas)
             if resumed is None:
@@ -374,6 +377,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
+            outside=tuple(self._replicas.states[i] for i in self._reach.outside(request.method, request.url)),
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
             affinity_key=key,

@@ -153,12 +153,14 @@ class RetryLayer:
         """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
         of its own (a continuation) pays for its first attempt too, and must fit its deadline."""
         if route.budget is None and route.replica is None:
-            refused = await self._wait_for_first(call)
+            refused = await self._wait_for_first(call, route.avoid)
             if refused is not None:
                 return refused
         now = call.clock()
         if route.budget is None:
-            state = route.replica or self.replicas.pick(now, key=call.affinity_key)
+            state = route.replica or self.replicas.pick(
+                now, route.avoid, call.affinity_key, cornered=bool(call.outside)
+            )
         else:
             state = (
                 route.replica
@@ -182,20 +184,20 @@ class RetryLayer:
         payment = call.pay_extra(route.budget)
         return (state, payment) if payment is not None else Failed(stopped="budget")
 
-    async def _wait_for_first(self, call: Call) -> Failed | None:
+    async def _wait_for_first(self, call: Call, avoid: tuple[ReplicaState, ...]) -> Failed | None:
         """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
         cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
         the call is refused before it is sent."""
         while True:
             now = call.clock()
-            wait = self.replicas.first_wait(now)
+            wait = self.replicas.first_wait(now, avoid)
             if wait <= 0.0:
                 return None
             # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
             if unknown or not fits_deadline(call, now, wait):
-                left = self.replicas.cooling_left(now)
+                left = self.replicas.cooling_left(now, avoid)
                 return Failed(
                     reason=AllReplicasCooling(
                         f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "

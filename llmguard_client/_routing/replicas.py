@@ -24,6 +24,7 @@ import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after
+from llmguard_client._routing.reach import relative, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
@@ -159,7 +160,9 @@ class ReplicaSet:
 
     # --- choosing -------------------------------------------------------------------------
 
-    def pick(self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None) -> ReplicaState | None:
+    def pick(
+        self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None, *, cornered: bool = False
+    ) -> ReplicaState | None:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
 
@@ -169,8 +172,10 @@ class ReplicaSet:
 
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
         bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
+        A ``cornered`` call (one that only the replicas not excluded can serve: `llmguard_client._routing.reach`)
+        goes to one whose circuit is open when none of them has a closed one, as with one replica.
         """
-        candidates = self._allowed(now, exclude)
+        candidates = self._allowed(now, exclude, cornered=cornered)
         return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
 
     def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
@@ -197,14 +202,18 @@ class ReplicaSet:
                 logger.info("llmguard: panic mode over: %d of %d replica(s) healthy", healthy, len(self.states))
         return panicking
 
-    def _allowed(self, now: float, exclude: Iterable[ReplicaState], *, cooling: bool = True) -> list[ReplicaState]:
+    def _allowed(
+        self, now: float, exclude: Iterable[ReplicaState], *, cooling: bool = True, cornered: bool = False
+    ) -> list[ReplicaState]:
         """The replicas not excluded whose circuit is closed (and, with ``cooling`` False, not cooling); in panic
-        mode, when there is none, those whose circuit is open too."""
+        mode or ``cornered``, when there is none, those whose circuit is open too."""
         excluded = set(map(id, exclude))
         left = [s for s in self.states if id(s) not in excluded and (cooling or not s.cooling(now))]
         closed = [s for s in left if not s.open(now)]
         # Judged whenever a circuit is open (and while in panic, to see it end), so both are logged as they come.
         if (len(closed) < len(left) or self._panicking) and self.panic(now) and not closed:
+            return left
+        if cornered and not closed:
             return left
         return closed
 
@@ -362,16 +371,21 @@ class ReplicaSet:
 
 
 def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
-    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is
-    swapped for ``base``'s; otherwise its path goes under ``base``'s, the segments they share
-    written once (`joined`). Query kept."""
+    """``url`` moved onto ``base``: if it starts with a known replica base, that prefix is swapped for
+    ``base``'s; if it is on a known replica's origin but under none of their bases (an Azure client's
+    ``/openai/files`` beside a replica ``/openai/deployments/dep1``), its path is kept as the client built it
+    (`llmguard_client._routing.reach` sends it only to that origin's replicas); otherwise (a virtual base URL)
+    its path goes under ``base``'s, the segments they share written once (`joined`). Query kept."""
     path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    on_origin = False
     for candidate in known:
-        if url.host == candidate.host and url.port == candidate.port and url.scheme == candidate.scheme:
-            prefix = candidate.path.rstrip("/")
-            if path == prefix or path.startswith(prefix + "/"):
-                relative = path[len(prefix) :]
-                return base.copy_with(path=base.path.rstrip("/") + relative, query=url.query or None)
+        if same_origin(url, candidate):
+            on_origin = True
+            rest = relative(path, candidate)
+            if rest is not None:
+                return base.copy_with(path=base.path.rstrip("/") + rest, query=url.query or None)
+    if on_origin:
+        return base.copy_with(path=path, query=url.query or None)
     return base.copy_with(path=joined(base.path, path), query=url.query or None)
 
 

@@ -211,7 +211,7 @@ class CallContinuation:
         route = Route(
             kind="continuation",
             resumes=(len(text), tokens, cause),
-            avoid=(win.state, *self.tried),
+            avoid=(win.state, *self.tried, *call.outside),
             body=body,
             budget=self.budget,
             deadline=min(call.total_deadline, now + call.tier.ttft),

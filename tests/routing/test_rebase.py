@@ -11,6 +11,8 @@ R1 = httpx.URL("http://10.0.0.1:8000")
 R2 = httpx.URL("http://10.0.0.2:9000")
 R1_V1 = httpx.URL("http://10.0.0.1:8000/v1")
 R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
+AZ_A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
+AZ_B = httpx.URL("https://b.openai.azure.com/openai/deployments/depB")
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,22 @@ R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
         ("http://10.0.0.1:8000/v1", R2_API, (R1_V1, R2_API), "https://gw.example.com/tenant/api/v1"),
         # same host, path not under the known prefix: appended to the target's base
         ("http://10.0.0.1:8000/v1beta/models", R2, (R1_V1, R2), "http://10.0.0.2:9000/v1beta/models"),
+        # on a known origin under no base (an Azure client's resource path, another deployment): kept as built
+        ("https://a.openai.azure.com/openai/models", AZ_A, (AZ_A, AZ_B), "https://a.openai.azure.com/openai/models"),
+        (
+            "https://a.openai.azure.com/openai/deployments/emb/embeddings",
+            AZ_A,
+            (AZ_A, AZ_B),
+            "https://a.openai.azure.com/openai/deployments/emb/embeddings",
+        ),
+        ("http://10.0.0.1:8000/health", R1_V1, (R1_V1,), "http://10.0.0.1:8000/health"),
+        # a deployment's path moves to the other deployment
+        (
+            "https://a.openai.azure.com/openai/deployments/depA/chat/completions",
+            AZ_B,
+            (AZ_A, AZ_B),
+            "https://b.openai.azure.com/openai/deployments/depB/chat/completions",
+        ),
         # unknown host: the path goes under the base, the segments they share (an OpenAI-style /v1) once
         ("http://api.example.com/v1/chat/completions", R1, (R1, R2), "http://10.0.0.1:8000/v1/chat/completions"),
         ("http://api.example.com/chat/completions", R1_V1, (R1_V1,), "http://10.0.0.1:8000/v1/chat/completions"),
@@ -66,6 +84,10 @@ R2_API = httpx.URL("https://gw.example.com/tenant/api/v1")
         "prefix_swapped_back",
         "prefix_exact",
         "prefix_lookalike",
+        "azure_resource_path",
+        "azure_other_deployment",
+        "outside_the_base",
+        "azure_deployment_swapped",
         "unknown_host",
         "unknown_host_prefix_base",
         "virtual_v1_on_v1",

@@ -153,6 +153,20 @@ def test_pick_returns_none_when_every_circuit_is_open_without_panic_mode() -> No
     assert not rs.all_open(NOW + 5)
 
 
+def test_a_cornered_call_takes_an_open_circuit_when_no_replica_it_may_use_has_a_closed_one() -> None:
+    """A call only some replicas can serve (a stored object's, `llmguard_client._routing.reach`) is sent there
+    even with their circuits open, as with one replica; while one of them has a closed circuit, it goes there."""
+    rs = replica_set(5)
+    r0, r1, *others = rs.states
+    r0.open_until = r1.open_until = NOW + 5  # 3 of 5 healthy: no panic
+    assert rs.pick(NOW, exclude=(r1, *others)) is None
+    assert rs.pick(NOW, exclude=(r1, *others), cornered=True) is r0
+    assert rs.pick(NOW, exclude=others, cornered=True) in (r0, r1)
+    r1.open_until = 0.0
+    assert [rs.pick(NOW, exclude=others, cornered=True) for _ in range(3)] == [r1] * 3
+    assert not rs.panic(NOW)
+
+
 def test_in_panic_mode_open_circuits_still_take_calls_ranked_last(caplog: pytest.LogCaptureFixture) -> None:
     rs = replica_set(3)
     r0, r1, r2 = rs.states

@@ -1,0 +1,206 @@
+"""`reach`: which replicas a request's URL can go to; the openai SDK's Azure client through a Guard whose replicas are
+Azure deployments or resources, against loopback resources that check every path."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from llmguard_client import Guard, Replica
+from llmguard_client._routing.reach import Reach, outside
+from tests.loopback import LoopbackServer, running
+
+A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
+A2 = httpx.URL("https://a.openai.azure.com/openai/deployments/depA2")
+B = httpx.URL("https://b.openai.azure.com/openai/deployments/depB")
+V1 = httpx.URL("http://10.0.0.1:8000/v1")
+V2 = httpx.URL("http://10.0.0.2:8000/v1")
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "bases", "expected"),
+    [
+        # under a base: any replica (the prefix is swapped)
+        ("POST", A.join("depA/chat/completions"), (A, B), ()),
+        ("POST", B.join("depB/chat/completions"), (A, B), ()),
+        # on a replica's origin outside every base: that origin's replicas only
+        ("GET", "https://a.openai.azure.com/openai/models", (A, B), (1,)),
+        ("POST", "https://a.openai.azure.com/openai/deployments/emb/embeddings", (A, B), (1,)),
+        ("POST", "https://b.openai.azure.com/openai/deployments/emb/embeddings", (A, A2, B), (0, 1)),
+        ("POST", "https://a.openai.azure.com/openai/deployments/emb/embeddings", (A, A2, B), (2,)),
+        ("POST", "https://a.openai.azure.com/openai/files", (A, A2, B), (2,)),
+        ("POST", "https://a.openai.azure.com/openai/responses", (A, A2, B), (2,)),
+        # an origin no replica has (a virtual base URL): any replica
+        ("POST", "http://llm.internal/v1/chat/completions", (V1, V2), ()),
+        # one replica: nothing to choose
+        ("POST", "https://b.openai.azure.com/openai/files", (A,), ()),
+    ],
+    ids=[
+        "under_base",
+        "under_other_base",
+        "resource_path",
+        "other_deployment",
+        "other_deployment_two_on_origin",
+        "other_deployment_one_on_origin",
+        "resource_path_on_shared_origin",
+        "azure_responses_outside",
+        "virtual",
+        "one_replica",
+    ],
+)
+def test_outside(method: str, url: httpx.URL | str, bases: tuple[httpx.URL, ...], expected: tuple[int, ...]) -> None:
+    assert Reach(bases).outside(method, httpx.URL(url)) == expected
+    if len(bases) > 1:
+        assert outside(method, httpx.URL(url), bases) == expected
+
+
+# --- the openai SDK's AzureOpenAI through a Guard -------------------------------------------------------------
+
+
+class AzureResource:
+    """A loopback Azure OpenAI resource: its deployments' chat and embeddings, ``/openai/models`` and
+    ``/openai/files`` (kept here); any other path is a 404, as Azure's. Records every request's method and path."""
+
+    def __init__(self, name: str, deployments: tuple[str, ...]) -> None:
+        self.name = name
+        self.deployments = deployments
+        self.seen: list[tuple[str, str, str]] = []
+        """(method, path, api-key) of each request."""
+        self.files: dict[str, dict[str, object]] = {}
+        self.server = LoopbackServer(name, routes=[Route("/openai/{rest:path}", self._handle, methods=["GET", "POST"])])
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def paths(self) -> list[str]:
+        return [path for _, path, _ in self.seen]
+
+    async def _handle(self, request: Request) -> Response:
+        method, path = request.method, request.url.path
+        await request.body()
+        self.seen.append((method, path, request.headers.get("api-key", "")))
+        if request.query_params.get("api-version") != "2024-10-21":
+            return JSONResponse({"error": {"code": "400", "message": "api-version"}}, status_code=400)
+        parts = path.split("/")[2:]  # "/openai/deployments/d/x" -> ["deployments", "d", "x"]
+        if parts[:1] == ["deployments"] and len(parts) >= 3 and parts[1] in self.deployments:
+            if parts[2:] == ["chat", "completions"]:
+                return JSONResponse(_chat(parts[1]))
+            if parts[2:] == ["embeddings"]:
+                embedding = {"object": "embedding", "index": 0, "embedding": [0.5]}
+                usage = {"prompt_tokens": 1, "total_tokens": 1}
+                return JSONResponse({"object": "list", "data": [embedding], "model": parts[1], "usage": usage})
+        if parts == ["models"] and method == "GET":
+            return JSONResponse({"object": "list", "data": [{"id": d, "object": "model"} for d in self.deployments]})
+        if parts == ["files"] and method == "POST":
+            file_id = f"file-{self.name}-{len(self.files)}"
+            self.files[file_id] = {"id": file_id, "object": "file", "bytes": 1, "created_at": 1, "filename": "a"}
+            self.files[file_id]["purpose"] = "batch"
+            return JSONResponse(self.files[file_id])
+        if parts[:1] == ["files"] and len(parts) == 2 and method == "GET" and parts[1] in self.files:
+            return JSONResponse(self.files[parts[1]])
+        return JSONResponse({"error": {"code": "404", "message": f"Resource not found: {path}"}}, status_code=404)
+
+
+def _chat(model: str) -> dict[str, object]:
+    message = {"role": "assistant", "content": "hello"}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+@pytest.fixture
+def resources() -> Iterator[tuple[AzureResource, AzureResource]]:
+    a = AzureResource("a", ("depA", "emb", "dep1"))
+    b = AzureResource("b", ("depB", "dep1"))
+    with running([a.server, b.server]):
+        yield a, b
+
+
+def _azure(guard: Guard, endpoint: str, deployment: str | None = None) -> openai.AzureOpenAI:
+    return openai.AzureOpenAI(
+        azure_endpoint=endpoint,
+        azure_deployment=deployment,
+        api_version="2024-10-21",
+        api_key="SDK-KEY",
+        max_retries=0,
+        http_client=guard.http_client_for(openai.AzureOpenAI),
+    )
+
+
+def _chat_until_both(client: openai.AzureOpenAI, model: str, b: AzureResource) -> None:
+    """Chat calls until resource ``b`` took one (the router spreads them; 20 at most)."""
+    for _ in itertools.repeat(None, 20):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "hello"
+        if any(path.endswith("/chat/completions") for path in b.paths()):
+            return
+    raise AssertionError(f"no chat call reached {b.url}: {b.seen}")
+
+
+def test_azure_deployments_as_replicas_serve_every_path_the_sdk_builds(
+    resources: tuple[AzureResource, AzureResource],
+) -> None:
+    """Two deployments on two resources as replicas, the base URL the SDK uses: chat calls go to either
+    deployment; the resource's own paths and another deployment's go where the SDK aimed them."""
+    a, b = resources
+    replicas = [
+        Replica(f"{a.url}/openai/deployments/depA", headers={"api-key": "KEY-A"}),
+        Replica(f"{b.url}/openai/deployments/depB", headers={"api-key": "KEY-B"}),
+    ]
+    with Guard(replicas=replicas) as guard:
+        client = _azure(guard, a.url, "depA")
+        _chat_until_both(client, "gpt-4o", b)
+        assert [m.id for m in client.models.list()] == ["depA", "emb", "dep1"]
+        file_id = client.files.create(file=("a.jsonl", b'{"a":1}\n'), purpose="batch").id
+        assert [client.files.retrieve(file_id).id for _ in range(4)] == [file_id] * 4
+        # no azure_deployment: the SDK puts each call's model in the path
+        plain = _azure(guard, a.url)
+        assert len(plain.embeddings.create(model="emb", input="x").data) == 1
+        plain.chat.completions.create(model="depA", messages=[{"role": "user", "content": "hi"}])
+    assert {(m, p) for m, p, _ in b.seen} == {("POST", "/openai/deployments/depB/chat/completions")}
+    assert {key for _, _, key in b.seen} == {"KEY-B"}
+    assert {p for p in a.paths() if not p.endswith("/chat/completions")} == {
+        "/openai/models",
+        "/openai/files",
+        f"/openai/files/{file_id}",
+        "/openai/deployments/emb/embeddings",
+    }
+    assert {p for p in a.paths() if p.endswith("/chat/completions")} == {"/openai/deployments/depA/chat/completions"}
+    assert {key for _, _, key in a.seen} == {"KEY-A"}
+
+
+def test_a_resource_path_reaches_its_resource_while_its_circuit_is_open(
+    resources: tuple[AzureResource, AzureResource],
+) -> None:
+    """The resource the client names has its circuit open (its chat calls kept failing; the chats go to the
+    other): a call of its own still goes to it, as it would with that resource alone, and is served."""
+    a, b = resources
+    replicas = [
+        Replica(f"{a.url}/openai/deployments/depA", headers={"api-key": "KEY-A"}),
+        Replica(f"{b.url}/openai/deployments/depB", headers={"api-key": "KEY-B"}),
+    ]
+    with Guard(replicas=replicas) as guard:
+        guard._replica_set.states[0].open_until = math.inf  # open until the test ends, whatever the clock
+        snapshot = guard.snapshot()
+        assert snapshot.replicas[0].circuit_open_for > 0 and not snapshot.panic
+        client = _azure(guard, a.url, "depA")
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        file_id = client.files.create(file=("a.jsonl", b'{"a":1}\n'), purpose="batch").id
+        assert client.files.retrieve(file_id).id == file_id
+    assert file_id.startswith("file-a-")
+    assert b.paths() == ["/openai/deployments/depB/chat/completions"]
+    assert a.paths() == ["/openai/files", f"/openai/files/{file_id}"]
