@@ -6,6 +6,10 @@ but outside its base path (an Azure client whose base is ``/openai/deployments/d
 ``/openai/files``, ``/openai/models`` or another deployment's ``/openai/deployments/emb/embeddings``) means
 something only on that origin: it goes there with the path the client built, to the replicas on that origin. A
 request on an origin no replica has (a virtual base URL such as ``http://llm.internal/v1``) may go to any.
+
+A request for stored state (`stored`: files, batches, vector stores, a stored response...) goes to one replica
+of those: the state lives on the server that made it. That is the replica whose base URL the request is under,
+else the first on its origin, else the first replica.
 """
 
 from __future__ import annotations
@@ -16,6 +20,30 @@ import httpx
 
 _CACHE = 256
 """Distinct (method, URL) pairs remembered (cleared when full)."""
+
+STORED_COLLECTIONS = frozenset(
+    {
+        "assistants",
+        "batches",
+        "containers",
+        "conversations",
+        "evals",
+        "files",
+        "fine_tuning",
+        "fine-tunes",
+        "threads",
+        "uploads",
+        "vector_stores",
+    }
+)
+"""Path segments of the OpenAI (and Anthropic) APIs whose objects live on the server that created them."""
+
+_CATALOGUE = "models"
+"""Read (GET, DELETE) on the server that holds the models, a fine-tuned one included; a POST under it is a call
+(Gemini's ``/models/{model}:generateContent``)."""
+
+_STORED_ANSWERS = ("responses", "completions")
+"""Generation paths whose answers a server may store: ``/responses/{id}``, ``GET /chat/completions``."""
 
 
 def same_origin(url: httpx.URL, base: httpx.URL) -> bool:
@@ -30,15 +58,37 @@ def relative(path: str, base: httpx.URL) -> str | None:
     return None
 
 
+def stored(method: str, path: str) -> bool:
+    """Whether a request reads or writes state kept by the server that answers it: a path with a segment naming
+    stored objects (``/files``, ``/batches``, ``/vector_stores``...; a deployment's name is not read), a read of
+    ``/models``, a stored answer (``/responses/{id}``, ``/chat/completions/{id}``) or a read of a generation
+    path (``GET /chat/completions`` lists the stored ones). A generation call (``POST /responses``) is not."""
+    segments = [s for s in path.split("/") if s]
+    for i, segment in enumerate(segments):
+        if i and segments[i - 1] == "deployments":
+            continue  # an Azure deployment's name, whatever it is
+        if segment in STORED_COLLECTIONS or (segment == _CATALOGUE and method != "POST"):
+            return True
+        if segment in _STORED_ANSWERS and (i + 1 < len(segments) or method != "POST"):
+            return True
+    return False
+
+
 def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` a request for ``url`` must not go to (see the module's docstring)."""
     path = url.raw_path.split(b"?", 1)[0].decode("ascii")
-    if any(same_origin(url, base) and relative(path, base) is not None for base in bases):
-        return ()
-    on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
-    if not on_origin:
-        return ()
-    kept = set(on_origin)
+    under = next(
+        (i for i, base in enumerate(bases) if same_origin(url, base) and relative(path, base) is not None), None
+    )
+    if under is not None:
+        reach = [under] if stored(method, relative(path, bases[under]) or "") else range(len(bases))
+    else:
+        on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
+        if on_origin:
+            reach = on_origin[:1] if stored(method, path) else on_origin
+        else:
+            reach = [0] if stored(method, path) else range(len(bases))
+    kept = set(reach)
     return tuple(i for i in range(len(bases)) if i not in kept)
 
 

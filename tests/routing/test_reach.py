@@ -15,44 +15,82 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmguard_client import Guard, Replica
-from llmguard_client._routing.reach import Reach, outside
+from llmguard_client._routing.reach import Reach, outside, stored
 from tests.loopback import LoopbackServer, running
 
 A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
 A2 = httpx.URL("https://a.openai.azure.com/openai/deployments/depA2")
 B = httpx.URL("https://b.openai.azure.com/openai/deployments/depB")
+RA = httpx.URL("https://a.openai.azure.com")
+RB = httpx.URL("https://b.openai.azure.com")
 V1 = httpx.URL("http://10.0.0.1:8000/v1")
 V2 = httpx.URL("http://10.0.0.2:8000/v1")
 
 
 @pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("POST", "/openai/deployments/dep1/chat/completions", False),
+        ("POST", "/v1/responses", False),
+        ("POST", "/v1/embeddings", False),
+        ("POST", "/v1/messages/count_tokens", False),
+        ("POST", "/v1beta/models/gemini:generateContent", False),
+        ("POST", "/openai/deployments/files/chat/completions", False),  # a deployment named "files"
+        ("POST", "/openai/files", True),
+        ("GET", "/openai/files/file-1", True),
+        ("GET", "/v1/files/file-1/content", True),
+        ("POST", "/v1/batches", True),
+        ("POST", "/v1/messages/batches", True),
+        ("GET", "/v1/vector_stores/vs_1/files", True),
+        ("GET", "/openai/models", True),
+        ("GET", "/v1/responses/resp_1", True),
+        ("POST", "/v1/responses/resp_1/cancel", True),
+        ("GET", "/v1/chat/completions", True),  # the stored chat completions
+        ("DELETE", "/v1/chat/completions/chatcmpl-1", True),
+    ],
+)
+def test_stored(method: str, path: str, expected: bool) -> None:
+    assert stored(method, path) is expected
+
+
+@pytest.mark.parametrize(
     ("method", "url", "bases", "expected"),
     [
-        # under a base: any replica (the prefix is swapped)
+        # under a base: any replica (the prefix is swapped), a stored object only the base's
         ("POST", A.join("depA/chat/completions"), (A, B), ()),
         ("POST", B.join("depB/chat/completions"), (A, B), ()),
-        # on a replica's origin outside every base: that origin's replicas only
+        ("POST", "https://b.openai.azure.com/openai/files", (RA, RB), (0,)),
+        ("GET", "http://10.0.0.2:8000/v1/files/f1", (V1, V2), (0,)),
+        ("GET", "http://10.0.0.2:8000/v1/responses/resp_1", (V1, V2), (0,)),
+        # on a replica's origin outside every base: that origin's replicas only, a stored object the first's
         ("GET", "https://a.openai.azure.com/openai/models", (A, B), (1,)),
         ("POST", "https://a.openai.azure.com/openai/deployments/emb/embeddings", (A, B), (1,)),
         ("POST", "https://b.openai.azure.com/openai/deployments/emb/embeddings", (A, A2, B), (0, 1)),
         ("POST", "https://a.openai.azure.com/openai/deployments/emb/embeddings", (A, A2, B), (2,)),
-        ("POST", "https://a.openai.azure.com/openai/files", (A, A2, B), (2,)),
+        ("POST", "https://a.openai.azure.com/openai/files", (A, A2, B), (1, 2)),
+        ("GET", "https://a.openai.azure.com/openai/models", (A, A2, B), (1, 2)),
         ("POST", "https://a.openai.azure.com/openai/responses", (A, A2, B), (2,)),
-        # an origin no replica has (a virtual base URL): any replica
+        # an origin no replica has (a virtual base URL): any replica, a stored object the first
         ("POST", "http://llm.internal/v1/chat/completions", (V1, V2), ()),
+        ("POST", "http://llm.internal/v1/files", (V1, V2), (1,)),
         # one replica: nothing to choose
         ("POST", "https://b.openai.azure.com/openai/files", (A,), ()),
     ],
     ids=[
         "under_base",
         "under_other_base",
+        "stored_under_second_base",
+        "stored_under_second_v1",
+        "stored_response_under_second_v1",
         "resource_path",
         "other_deployment",
         "other_deployment_two_on_origin",
         "other_deployment_one_on_origin",
-        "resource_path_on_shared_origin",
+        "stored_on_shared_origin",
+        "models_on_shared_origin",
         "azure_responses_outside",
         "virtual",
+        "virtual_stored",
         "one_replica",
     ],
 )
@@ -204,3 +242,23 @@ def test_a_resource_path_reaches_its_resource_while_its_circuit_is_open(
     assert file_id.startswith("file-a-")
     assert b.paths() == ["/openai/deployments/depB/chat/completions"]
     assert a.paths() == ["/openai/files", f"/openai/files/{file_id}"]
+
+
+@pytest.mark.parametrize("home", [0, 1], ids=["first", "second"])
+def test_stored_objects_stay_on_the_resource_the_client_names(
+    resources: tuple[AzureResource, AzureResource], home: int
+) -> None:
+    """Two resources as replicas: chat calls go to both; a file is created, read and listed on the resource the
+    client's endpoint names, never on the other (where it does not exist)."""
+    a, b = resources
+    replicas = [Replica(a.url, headers={"api-key": "KEY-A"}), Replica(b.url, headers={"api-key": "KEY-B"})]
+    named, other = (a, b) if home == 0 else (b, a)
+    with Guard(replicas=replicas) as guard:
+        client = _azure(guard, named.url, "dep1")
+        _chat_until_both(client, "gpt-4o", other)
+        file_id = client.files.create(file=("a.jsonl", b'{"a":1}\n'), purpose="batch").id
+        assert [client.files.retrieve(file_id).id for _ in range(6)] == [file_id] * 6
+        assert [m.id for m in client.models.list()] == list(named.deployments)
+    assert file_id.startswith(f"file-{named.name}-")
+    assert [p for p in other.paths() if "/files" in p or "/models" in p] == []
+    assert named.paths().count(f"/openai/files/{file_id}") == 6
