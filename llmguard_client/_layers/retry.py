@@ -13,9 +13,10 @@ After a round fails, `Retrier` decides whether and where to try again:
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After. A 429 carrying
-  the provider's ``x-ratelimit-*`` headers, from a replica under a configured `RateLimit`, sets no
-  cool-down: the rate-limit layer has lowered its bucket to the room they report, and admits the
-  next attempts by it;
+  the provider's ``x-ratelimit-*`` headers, from a replica under a configured `RateLimit`, lowers its
+  bucket to the room they report (the rate-limit layer) and, with a Retry-After, cools the replica for it
+  as any 429 does (the server's word on when to come back); without one it sets no cool-down: the
+  bucket admits the next attempts;
 - with a single replica left (a hosted API) that is cooling, a call's first attempt waits for the
   cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
   otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``);
@@ -217,7 +218,8 @@ class RetryLayer:
     ) -> None:
         """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
         stream broken after its first token: cool down replicas that signalled overload (with or without
-        Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes the 429;
+        Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes a 429 that
+        has no Retry-After;
         count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
         (the replicas the route already counted, updated here). Not ``judged`` (a call off the generation paths,
         whose answers the guard leaves to the SDK): an answer's status says nothing of the replica's generation
@@ -232,7 +234,7 @@ class RetryLayer:
                     continue
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 if self._provider_limit(failure):
-                    continue  # the rate-limit layer lowered its bucket to the room the provider reported
+                    continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
                     seconds, why = policy.overload_cooldown, "overload"
@@ -251,9 +253,12 @@ class RetryLayer:
                 self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
 
     def _provider_limit(self, failure: AttemptFailure) -> bool:
-        """A 429 with ``x-ratelimit-remaining-*`` headers from a replica under a configured `RateLimit`."""
+        """A 429 with ``x-ratelimit-remaining-*`` headers and no Retry-After from a replica under a configured
+        `RateLimit`: the bucket, lowered to the room reported, paces the next attempts. A Retry-After is the
+        server's own word on when to come back: it is honoured whatever else the 429 carries."""
         return (
             failure.status_code == 429
+            and failure.retry_after is None
             and self._rate_limited is not None
             and self._rate_limited(failure.state.name)
             and remaining_room(failure.headers) != (None, None)
@@ -322,7 +327,7 @@ class RetryLayer:
             times = sum(f is state for f in failed)
             if times:  # back to a replica that failed this call: give it a moment to recover
                 wait = max(wait, self.backoff.returning(times))
-            if last.retry_after is not None and not self._provider_limit(last):  # else the rate limit paces it
+            if last.retry_after is not None:
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to the replica that asked for a wait: not before its cool-down ends (not at its probe), so the
         # server paces this retry. A 429 is such a request even without a Retry-After (the guard's own cool-down

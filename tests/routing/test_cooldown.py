@@ -1,6 +1,6 @@
 """A server's Retry-After, weighed: capped, per replica, with one probe per cool-down; a 429 carrying provider
-limits feeds the rate limit instead. The real openai SDK against a real loopback server for the single-replica
-case; the exact instants in virtual time on asyncio and trio."""
+limits feeds the rate limit too, and without a Retry-After only it. The real openai SDK against a real loopback
+server for the single-replica case; the exact instants in virtual time on asyncio and trio."""
 
 from __future__ import annotations
 
@@ -148,31 +148,80 @@ async def test_another_calls_cool_down_does_not_relabel_a_500(servers: list[Loop
     assert records[-1].attempts[0].status_code == 500
 
 
-async def test_a_429_with_provider_limits_feeds_the_rate_limit_not_a_cool_down(servers: list[LoopbackServer]) -> None:
-    """With a `RateLimit` configured, a 429 carrying ``x-ratelimit-*`` lowers the bucket to the room the
-    provider reports; the replica is not cooled down for the Retry-After."""
+async def test_a_429_with_provider_limits_and_a_retry_after_cools_the_replica_and_lowers_the_bucket(
+    servers: list[LoopbackServer],
+) -> None:
+    """With a `RateLimit` configured, a 429 carrying ``x-ratelimit-*`` and a Retry-After both lowers the bucket to
+    the room the provider reports and cools the replica for the Retry-After: 20 s do not fit a 2 s ttft, so the
+    call gets the server's 429 at once, as it would without the `RateLimit`."""
     server = servers[0]
     limited = {"retry-after": "20", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
     in_turn(server, [Script(status=429, headers=limited), Script()])
-    records: list[PhaseRecord] = []
     replica = Replica(server.url, rate_limit=RateLimit(requests_per_minute=600, burst=1.0))
-    async with Guard([replica], tiers={"t": Tier(ttft=2.0, total=10.0)}, hedge=None, on_record=records.append) as guard:
+    async with Guard([replica], tiers={"t": Tier(ttft=2.0, total=10.0)}, hedge=None) as guard:
         client = openai.AsyncOpenAI(
             base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
         )
-        done = await client.chat.completions.create(model="m", messages=MESSAGES)  # not 20 s within a 2 s ttft
-        assert done.choices[0].message.content
-        assert guard.snapshot().replicas[0].cooling_for == 0.0
-    assert [a.status_code for a in records[0].attempts] == [429, 200]
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert caught.value.response.headers["retry-after"] == "20"
+        assert 15.0 < guard.snapshot().replicas[0].cooling_for <= 20.0
+        assert guard.rate_limiter is not None
+        assert guard.rate_limiter.bucket(server.url).levels()[0] < 1.0  # lowered to the 0 reported, refilling
+    assert len(server.received) == 1
+
+
+AZURE_429 = {
+    "retry-after": "4",
+    "retry-after-ms": "4000",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-remaining-tokens": "0",
+}
+OPENAI_429 = {
+    "retry-after": "4",
+    "x-ratelimit-limit-requests": "600",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "4s",
+}
 
 
 @BACKENDS
-def test_a_429_with_provider_limits_waits_for_the_rate_limits_share_not_the_retry_after(backend: str) -> None:
-    """The 429 says no request is left (``x-ratelimit-remaining-requests: 0``): the bucket takes that room, so
-    the retry goes when it refills one request (1 s at 60 a minute), not after the 20 s Retry-After, and the
+@pytest.mark.parametrize("headers", [AZURE_429, OPENAI_429], ids=["azure", "openai"])
+def test_a_429_with_provider_limits_is_retried_when_its_retry_after_ends(backend: str, headers: dict[str, str]) -> None:
+    """Azure's and OpenAI's usual 429 (a Retry-After of 4 s and ``x-ratelimit-*`` headers) under a `RateLimit`:
+    the retry goes when the Retry-After ends, as the plain SDK's does, not when the bucket has refilled a
+    request (0.1 s at 600 a minute), which the server would answer with another 429."""
+    fake = FakeReplica("a", [Plan(status=429, headers=headers), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = Guard(
+            ["http://a.test"],
+            rate_limit=RateLimit(requests_per_minute=600, tokens_per_minute=100_000),
+            tiers={"t": Tier(ttft=10.0, total=20.0)},
+            hedge=None,
+            instrumentation=None,
+            on_record=records.append,
+            transport_factory=lambda r: fake,
+        )
+        async with guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+
+    run_virtual(main, backend)
+    first, retry = records[0].attempts
+    assert first.status_code == 429 and first.finish is not None
+    assert retry.start - first.finish == pytest.approx(4.0, abs=0.01)
+    assert fake.requests == 2
+
+
+@BACKENDS
+def test_a_429_with_provider_limits_and_no_retry_after_waits_for_the_rate_limits_share(backend: str) -> None:
+    """The 429 says no request is left (``x-ratelimit-remaining-requests: 0``) and sends no Retry-After: the
+    bucket takes that room, so the retry goes when it refills one request (1 s at 60 a minute), and the
     replica is not cooled down."""
     limited = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
-    fake = FakeReplica("a", [Plan(status=429, retry_after="20", headers=limited), Plan()])
+    fake = FakeReplica("a", [Plan(status=429, headers=limited), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
