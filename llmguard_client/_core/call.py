@@ -52,6 +52,9 @@ class Call:
     """Absolute time by which the whole response must have arrived."""
     hedgeable: bool
     retry_any_status: bool
+    generation: bool = True
+    """A call on a generation path (chat, completions, responses...): only its answers' statuses say how the
+    replica serves generation calls (cool-downs, circuit); another API's (files, models, embeddings) do not."""
     replica_bases: tuple[httpx.URL, ...] = ()
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     outside: tuple[ReplicaState, ...] = ()

@@ -375,6 +375,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             total_deadline=now + tier.total,
             hedgeable=generation and streamed is None,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
+            generation=generation,
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
             outside=tuple(self._replicas.states[i] for i in self._reach.outside(request.method, request.url)),

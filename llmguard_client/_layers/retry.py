@@ -6,7 +6,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   statuses of `RetryPolicy.retry_statuses` (408, 429, 5xx); other 4xx never, nor an answer
   the server marked ``x-should-retry: false`` (as the openai and anthropic SDKs read it). Other POSTs
   than generation calls (embeddings, files...) are retried on connect errors only (the
-  request never reached a server); a GET, HEAD or OPTIONS is retried as a generation call;
+  request never reached a server); a GET, HEAD or OPTIONS is retried as a generation call. Only the answers
+  to generation calls cool a replica or count toward its circuit: another API's statuses (a 429 of the files
+  API, a 503 of models.list) speak for that API only; its transport errors count (the host did not answer);
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`), or
   `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
@@ -137,7 +139,7 @@ class RetryLayer:
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
-            self.learn(call.clock(), outcome.failures, counted, judged=call.retry_any_status)
+            self.learn(call.clock(), outcome.failures, counted, judged=call.generation)
             failed.extend(f.state for f in outcome.failures)
             plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
             if isinstance(plan, Failed):
@@ -221,9 +223,10 @@ class RetryLayer:
         Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes a 429 that
         has no Retry-After;
         count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
-        (the replicas the route already counted, updated here). Not ``judged`` (a call off the generation paths,
-        whose answers the guard leaves to the SDK): an answer's status says nothing of the replica's generation
-        calls (a 429 from an embeddings model's own rate limit), so only transport errors count."""
+        (the replicas the route already counted, updated here). Not ``judged`` (a call off the generation paths:
+        files, models, embeddings, GETs included): an answer's status speaks for that API only, not for the
+        replica's generation calls (a 429 of the files API's own rate limit, a 503 of its backend), so it cools
+        nothing and counts toward no circuit; only transport errors count (the host itself did not answer)."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state

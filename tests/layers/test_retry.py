@@ -207,6 +207,40 @@ async def test_an_answer_off_the_generation_paths_does_not_cool_the_replica_for_
     assert len(servers[0].received) == 2
 
 
+@BACKENDS
+@pytest.mark.parametrize(("status", "headers"), [(429, {"retry-after": "30"}), (503, {})], ids=["429", "503"])
+def test_an_answer_to_a_get_does_not_cool_the_replica_nor_count_toward_its_circuit(
+    backend: str, status: int, headers: dict[str, str]
+) -> None:
+    """A GET off the generation paths (``files.list``) is retried as a generation call, but its answer speaks for
+    the files API only (its own rate limit, its backend's 503): it neither cools the replica nor counts toward its
+    circuit, so a chat call beside it is sent at once and served, as through the plain SDK (before: the files
+    API's Retry-After cooled the replica, and a chat call was refused ``all_replicas_cooling`` or waited)."""
+    completion = {"id": "c", "object": "chat.completion", "model": "m", "choices": []}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/files":
+            return httpx.Response(status, headers=headers, json={"error": {"message": "files api throttled"}})
+        return httpx.Response(200, json=completion)
+
+    mock = httpx.MockTransport(answer)
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        retry = RetryPolicy(circuit_failures=1)
+        async with make_guard(["http://a.test"], records, retry=retry, transport_factory=lambda r: mock) as guard:
+            async with guard.http_client() as client:
+                assert (await client.get("http://a.test/v1/files")).status_code == status
+                assert (await client.post("http://a.test" + CHAT, json={**BODY, "stream": False})).status_code == 200
+            (replica,) = guard.snapshot().replicas
+            assert (replica.cooling_for, replica.circuit_open_for) == (0.0, 0.0)
+
+    run_virtual(main, backend)
+    files, chat = records
+    assert files.attempts[0].status_code == status
+    assert chat.status == "ok" and len(chat.attempts) == 1 and chat.attempts[0].start == chat.start
+
+
 @pytest.mark.parametrize(
     ("status", "error"), [(503, openai.InternalServerError), (429, openai.RateLimitError)], ids=["503", "429"]
 )
