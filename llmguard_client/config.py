@@ -302,8 +302,11 @@ class RetryPolicy:
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``
     or Anthropic's ``overloaded_error``) is ranked after ready replicas and not retried.
 
-    ``max_retry_after``: the longest cool-down a server's Retry-After sets (a longer one is cut to it;
-    60 s, as the openai SDK caps the wait it honours).
+    ``max_retry_after``: the longest Retry-After the guard waits (120 s, the longest the current openai SDK
+    honours). A longer one (a daily quota's 86400) cools the replica for this long only, and the call that got
+    it is not sent there again: another replica may serve it, else the server's answer is handed back at once,
+    marked final (``x-should-retry: false``), and while that replica is the only one left, calls are refused
+    before they are sent until its cool-down's probe.
 
     ``panic_threshold``: the share of replicas that must be healthy (circuit closed, not degraded) for
     health to exclude any (Envoy's panic threshold): below it, replicas with an open circuit still take
@@ -327,7 +330,7 @@ class RetryPolicy:
     circuit_failures: int = 5
     circuit_cooldown: float = 5.0
     overload_cooldown: float = 1.0
-    max_retry_after: float = 60.0
+    max_retry_after: float = 120.0
     panic_threshold: float = 0.5
     mode: Literal["guard", "cooperative"] = "guard"
     same_replica_backoff: float = 0.5

@@ -10,7 +10,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   to generation calls cool a replica or count toward its circuit: another API's statuses (a 429 of the files
   API, a 503 of models.list) speak for that API only; its transport errors count (the host did not answer);
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
-  stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`), or
+  stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`: a longer one, such as a
+  daily quota's, sends the call that got it to another replica or ends it at once, final), or
   `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
@@ -196,6 +197,19 @@ class RetryLayer:
             wait = self.replicas.first_wait(now, avoid)
             if wait <= 0.0:
                 return None
+            asked = self.replicas.asked_beyond(now)
+            if asked > 0.0:  # it asked for more rest than the guard waits: no call waits for its probe either
+                return Failed(
+                    reason=AllReplicasCooling(
+                        f"the only replica left asked for {asked:.3f}s more of rest (its Retry-After), longer than "
+                        f"the guard waits (RetryPolicy.max_retry_after); tier {call.tier_name!r} call refused "
+                        f"before it was sent (its cool-down's probe goes in {wait:.3f}s)",
+                        request=call.request,
+                        record=call.record,
+                        retry_after=asked,
+                    ),
+                    stopped="no_replica",
+                )
             # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
@@ -241,8 +255,9 @@ class RetryLayer:
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
                     seconds, why = policy.overload_cooldown, "overload"
+                asked = seconds if seconds > policy.max_retry_after else None
                 seconds = min(seconds, policy.max_retry_after)
-                self.replicas.cool_down(state, now, seconds)
+                self.replicas.cool_down(state, now, seconds, asked)
                 self._instrumentation.replica_cooled(state.name, seconds, why)
                 continue
             self.replicas.probe_answered(state)
@@ -301,6 +316,10 @@ class RetryLayer:
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
         # does (the caller is waiting mid-answer: the next replica, or the original error at once).
         avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
+        if last.retry_after is not None and last.retry_after > self.policy.max_retry_after:
+            # It asked for more rest than the guard waits (a daily quota's Retry-After: 86400): this call does not
+            # go back there; another replica may serve it, else its answer is final at once.
+            avoid = (*avoid, last.state)
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
         if state is None:

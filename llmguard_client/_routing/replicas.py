@@ -51,6 +51,9 @@ class ReplicaState:
     """When this cool-down's one probe may take a first attempt (inf: none from this process)."""
     probing: bool = False
     """The probe was sent: its win ends the cool-down."""
+    asked_beyond: tuple[float, float] = (0.0, 0.0)
+    """For a cool-down cut short of a longer Retry-After than the guard waits: (the ``cooling_until`` it set,
+    when the server's Retry-After ends); it no longer applies once ``cooling_until`` changes."""
     open_until: float = 0.0
     """Monotonic time before which the circuit is open (the replica kept failing)."""
     consecutive_failures: int = 0
@@ -178,6 +181,18 @@ class ReplicaSet:
         candidates = self._allowed(now, exclude, cornered=cornered)
         return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
 
+    def asked_beyond(self, now: float) -> float:
+        """Seconds left of the Retry-After of the only replica left, when it asked for longer than the guard waits
+        and is cooling for it (0: it did not, or more than one replica is left)."""
+        allowed = self._allowed(now, ())
+        if len(allowed) != 1:
+            return 0.0
+        state = allowed[0]
+        set_until, asked_until = state.asked_beyond
+        if not state.cooling(now) or set_until != state.cooling_until:
+            return 0.0
+        return max(0.0, asked_until - now)
+
     def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no
         probe due (`llmguard_client._routing.cooldown.first_wait`)."""
@@ -270,11 +285,13 @@ class ReplicaSet:
 
     # --- learning -------------------------------------------------------------------------
 
-    def cool_down(self, state: ReplicaState, now: float, seconds: float) -> None:
-        """The server asked for ``seconds`` of rest: no first attempts but one probe until then."""
+    def cool_down(self, state: ReplicaState, now: float, seconds: float, asked: float | None = None) -> None:
+        """The server asked for ``seconds`` of rest: no first attempts but one probe until then. ``asked``: its
+        own Retry-After, when it was longer than ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`)."""
         if now + seconds > state.cooling_until:
             state.cooling_until = now + seconds
             state.probe_at, state.probing = probe_after(now, seconds), False
+            state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
             if self.shared is not None:
                 self.shared.cooled(state, seconds)
 

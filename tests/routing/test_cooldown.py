@@ -12,7 +12,7 @@ import pytest
 
 from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
@@ -34,9 +34,9 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
     servers: list[LoopbackServer],
 ) -> None:
     """The case of a hosted endpoint: a 429 with ``Retry-After: 120``, then the server answers a 500 and
-    recovers. The cool-down is cut to ``max_retry_after``; a call that cannot wait for it is refused before it
-    is sent, with the seconds left; the next call is sent (the probe, or after the cool-down), its 500 is
-    retried like the plain SDK does, and it succeeds."""
+    recovers. The cool-down is cut to ``max_retry_after``; a call made before its probe is refused before it is
+    sent, with the server's seconds left (it asked for more than the guard waits); the next call is sent (the
+    probe), its 500 is retried like the plain SDK does, and it succeeds."""
     server = servers[0]
     in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script(status=500), Script()])
     records: list[PhaseRecord] = []
@@ -55,7 +55,7 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
         with pytest.raises(openai.RateLimitError) as refused:
             await client.chat.completions.create(model="m", messages=MESSAGES)
         assert guard_failure(refused.value) == "all_replicas_cooling"
-        assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000  # the cap, not 120 s
+        assert 5000 < float(refused.value.response.headers["retry-after-ms"]) <= 120_000  # the server's, not the cap
         assert len(server.received) == 1  # refused before it was sent
         assert guard.snapshot().replicas[0].cooling_for <= 5.0
 
@@ -68,36 +68,36 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
 
 
 @BACKENDS
-def test_a_retry_after_is_capped_and_a_call_that_fits_waits_for_the_probe(backend: str) -> None:
-    """One replica, ``Retry-After: 120`` and the default cap (60 s, the openai SDK's): a call whose deadline
-    fits waits for the probe at 30 s and succeeds there; one whose deadline does not fit is refused at once,
-    with the 60 s cool-down's time left as its retry-after; after a winning probe every call goes at once."""
+def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_the_probe(backend: str) -> None:
+    """One replica, ``Retry-After: 120`` (the default cap, the openai SDK's): a call whose deadline fits waits
+    for the probe at 60 s and succeeds there; one whose deadline does not fit is refused at once, with the
+    cool-down's time left as its retry-after; after a winning probe every call goes at once."""
     fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         tiers = {
             "short": Tier(ttft=5.0, total=60.0),
-            "mid": Tier(ttft=40.0, total=60.0),  # 30 s of it would fit, but no TTFT is known: at most half
-            "long": Tier(ttft=70.0, total=120.0),
+            "mid": Tier(ttft=100.0, total=120.0),  # 60 s of it would fit, but no TTFT is known: at most half
+            "long": Tier(ttft=130.0, total=200.0),
         }
         guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
         async with guard, guard.http_client() as client:
             started = anyio.current_time()
             first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert first.status_code == 429 and first.headers["retry-after"] == "120"  # the server's answer
-            assert fake.requests == 1  # its own retry could not wait for the probe, 30 s, within 5 s
-            assert guard.snapshot().replicas[0].cooling_for == pytest.approx(60.0)
+            assert fake.requests == 1  # its own retry could not wait for the Retry-After within 5 s
+            assert guard.snapshot().replicas[0].cooling_for == pytest.approx(120.0)
             with pytest.raises(AllReplicasCooling) as refused:
                 await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
-            assert refused.value.retry_after == pytest.approx(60.0)
+            assert refused.value.retry_after == pytest.approx(120.0)
             assert fake.requests == 1 and anyio.current_time() == started  # refused at once, before sending
             with pytest.raises(AllReplicasCooling):
                 await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "mid"})
             assert fake.requests == 1 and anyio.current_time() == started
             response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "long"})
             assert response.status_code == 200
-            assert anyio.current_time() - started == pytest.approx(30.0, abs=0.01)  # the probe, half of 60 s
+            assert anyio.current_time() - started == pytest.approx(60.0, abs=0.01)  # the probe, half of 120 s
             assert guard.snapshot().replicas[0].cooling_for == 0.0  # the probe won: the cool-down is over
             second = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert second.status_code == 200 and fake.requests == 3
@@ -109,7 +109,7 @@ def test_a_retry_after_is_capped_and_a_call_that_fits_waits_for_the_probe(backen
 def test_a_probe_answered_with_a_500_ends_the_cool_down_and_is_retried(backend: str) -> None:
     """The probe meets a 500: the server no longer asks for rest, so the call is retried after its backoff,
     as without a cool-down, instead of coming back as ``all_replicas_cooling``."""
-    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan(status=500), Plan()])
+    fake = FakeReplica("a", [Plan(status=429, retry_after="60"), Plan(status=500), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
@@ -245,9 +245,78 @@ def test_a_429_with_provider_limits_and_no_retry_after_waits_for_the_rate_limits
     assert retry.start - first.finish == pytest.approx(1.0, abs=0.01)
 
 
+@BACKENDS
+def test_a_retry_after_longer_than_the_guard_waits_is_handed_back_at_once_and_final(backend: str) -> None:
+    """A daily quota's 429 (``Retry-After: 86400``) on the only replica: the call gets it at once, one request,
+    marked final so the SDK does not retry either (as the openai SDK, which retries no Retry-After over 120 s),
+    not after 2 minutes of capped waits. Later calls are refused before they are sent, with the server's seconds
+    left, until the capped cool-down's probe, which goes to the server."""
+    fake = FakeReplica("a", [Plan(status=429, retry_after="86400")])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=600.0, total=900.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as guard:
+            async with guard.http_client() as client:
+                start = now()
+                first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-stainless-lang": "python"})
+                assert now() == start
+                assert first.status_code == 429 and first.headers["retry-after"] == "86400"
+                assert first.headers["x-should-retry"] == "false"
+                assert fake.requests == 1
+                with pytest.raises(AllReplicasCooling) as refused:
+                    await client.post("http://a.test" + CHAT, json=BODY)
+                assert now() == start and fake.requests == 1  # not sent, not waited for the probe
+                assert refused.value.retry_after > RetryPolicy().max_retry_after  # the server's ask (read up to 300 s)
+                await anyio.sleep(RetryPolicy().max_retry_after / 2)  # the probe is due
+                probe = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-stainless-lang": "python"})
+                assert probe.status_code == 429 and fake.requests == 2
+
+    run_virtual(main, backend)
+    assert len(records[0].attempts) == 1
+
+
+@BACKENDS
+def test_a_retry_after_longer_than_the_guard_waits_sends_the_retry_to_another_replica(backend: str) -> None:
+    """One replica of two says "come back tomorrow": the call is retried on the other at once and served."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="86400")]),
+        "http://b.test": FakeReplica("b"),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=600.0, total=900.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None) as guard, guard.http_client() as client:
+            start = now()
+            assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+            assert now() == start
+
+    run_virtual(main, backend)
+    assert [a.replica for a in records[0].attempts] == ["http://a.test", "http://b.test"]
+
+
+@BACKENDS
+def test_a_retry_after_of_90_s_is_waited_for_whole_as_the_openai_sdk_does(backend: str) -> None:
+    """The openai SDK honours a Retry-After of up to 120 s: so does the guard (`RetryPolicy.max_retry_after`), so a
+    call the plain SDK serves after 90 s is served after 90 s, not retried into the server's refusal at 60 s."""
+    fake = FakeReplica("a", [Plan(status=429, retry_after="90"), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=600.0, total=900.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as guard:
+            async with guard.http_client() as client:
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+
+    run_virtual(main, backend)
+    first, retry = records[0].attempts
+    assert first.finish is not None and retry.start - first.finish == pytest.approx(90.0, abs=0.01)
+
+
 def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(servers: list[LoopbackServer]) -> None:
-    """``openai.OpenAI`` through the guard: after a 429 + ``Retry-After: 120``, a call that cannot wait for the
-    probe is refused at once, nothing sent, with the capped cool-down's seconds left as its retry-after."""
+    """``openai.OpenAI`` through the guard: after a 429 + ``Retry-After: 120`` (over a 5 s cap), a call made
+    before the probe is refused at once, nothing sent, with the server's seconds left as its retry-after."""
     server = servers[0]
     in_turn(server, [Script(status=429, headers={"retry-after": "120"}), Script()])
     with Guard([server.url], tiers={"t": Tier(ttft=1.2, total=10.0)}, retry=RetryPolicy(max_retry_after=5.0)) as guard:
@@ -259,5 +328,5 @@ def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(ser
         with pytest.raises(openai.RateLimitError) as refused:
             client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(refused.value) == "all_replicas_cooling"
-    assert 0 < float(refused.value.response.headers["retry-after-ms"]) <= 5000
+    assert 5000 < float(refused.value.response.headers["retry-after-ms"]) <= 120_000  # the server's seconds left
     assert len(server.received) == 1
