@@ -197,7 +197,7 @@ class RetryLayer:
             wait = self.replicas.first_wait(now, avoid)
             if wait <= 0.0:
                 return None
-            asked = self.replicas.asked_beyond(now)
+            asked = self.replicas.asked_beyond(now, avoid)
             if asked > 0.0:  # it asked for more rest than the guard waits: no call waits for its probe either
                 return Failed(
                     reason=AllReplicasCooling(

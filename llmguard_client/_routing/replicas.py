@@ -181,10 +181,10 @@ class ReplicaSet:
         candidates = self._allowed(now, exclude, cornered=cornered)
         return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
 
-    def asked_beyond(self, now: float) -> float:
-        """Seconds left of the Retry-After of the only replica left, when it asked for longer than the guard waits
-        and is cooling for it (0: it did not, or more than one replica is left)."""
-        allowed = self._allowed(now, ())
+    def asked_beyond(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
+        """Seconds left of the Retry-After of the only replica left (not excluded), when it asked for longer than
+        the guard waits and is cooling for it (0: it did not, or more than one replica is left)."""
+        allowed = self._allowed(now, exclude)
         if len(allowed) != 1:
             return 0.0
         state = allowed[0]
