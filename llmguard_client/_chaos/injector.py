@@ -10,8 +10,9 @@ hints) pass untouched. Each injected fault is marked on the attempt's record (``
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 import anyio
@@ -138,6 +139,10 @@ class ChaosTransport(httpx.AsyncBaseTransport):
         policy, fault, latency = drawn
         if latency:
             attempt.attempt_chaos("latency")
+            connect = _timeout(request, "connect")
+            if connect is not None and connect < latency:  # a connect this slow times out in the pool
+                await anyio.sleep(connect)
+                raise httpx.ConnectTimeout(f"connect slowed {latency:g}s by Chaos latency: timed out", request=request)
             await anyio.sleep(latency)
         if fault in _STATUS:
             attempt.attempt_chaos(fault)
@@ -147,7 +152,7 @@ class ChaosTransport(httpx.AsyncBaseTransport):
             raise httpx.ReadError("connection reset by peer (injected by Chaos)", request=request)
         response = await self.inner.handle_async_request(request)
         if fault == "stall":
-            response.stream = _Stalled(_stream(response), policy.stall_for, attempt)
+            response.stream = _Stalled(_stream(response), policy.stall_for, attempt, request)
         elif fault == "cut":
             response.stream = _Cut(_stream(response), attempt)
         return response
@@ -165,6 +170,15 @@ def _status_answer(request: httpx.Request, fault: Fault, policy: Chaos) -> httpx
     return httpx.Response(status, headers=headers, content=json.dumps({"error": error}).encode(), request=request)
 
 
+def _timeout(request: httpx.Request, phase: str) -> float | None:
+    """The request's ``phase`` timeout (connect, read) in seconds, as its pool would enforce it; None: none."""
+    timeout = request.extensions.get("timeout")
+    value = timeout.get(phase) if isinstance(timeout, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return None
+    return float(value)
+
+
 def _stream(response: httpx.Response) -> httpx.AsyncByteStream:
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
@@ -172,13 +186,22 @@ def _stream(response: httpx.Response) -> httpx.AsyncByteStream:
 
 
 class _Stalled(httpx.AsyncByteStream):
-    """A body whose first bytes are held back ``seconds``: a replica that stalls before its first token."""
+    """A body whose first bytes are held back ``seconds``: a replica that stalls before its first token. A read
+    timeout shorter than the stall ends the read then (`httpx.ReadTimeout`), as the pool ends a real one."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, seconds: float, attempt: AttemptRecordBuilder) -> None:
-        self._inner, self._seconds, self._attempt = inner, seconds, attempt
+    def __init__(
+        self, inner: httpx.AsyncByteStream, seconds: float, attempt: AttemptRecordBuilder, request: httpx.Request
+    ) -> None:
+        self._inner, self._seconds, self._attempt, self._request = inner, seconds, attempt, request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         self._attempt.attempt_chaos("stall")
+        read = _timeout(self._request, "read")
+        if read is not None and read < self._seconds:
+            await anyio.sleep(read)
+            raise httpx.ReadTimeout(
+                f"read stalled {self._seconds:g}s by Chaos: timed out after {read:g}s", request=self._request
+            )
         await anyio.sleep(self._seconds)
         async for chunk in self._inner:
             yield chunk

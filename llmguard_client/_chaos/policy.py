@@ -58,11 +58,13 @@ class Chaos:
     unavailable:   answer 503 (nothing is sent).
     server_error:  answer 500 (nothing is sent).
     reset:         the connection is reset before an answer (an ``httpx.ReadError``; nothing is sent).
-    stall:         the request is sent, and the answer's first bytes are held back ``stall_for`` seconds.
+    stall:         the request is sent, and the answer's first bytes are held back ``stall_for`` seconds; a read
+                   timeout shorter than that (the client's) ends the read at that timeout (``httpx.ReadTimeout``).
     cut:           the request is sent, and its stream is cut (``httpx.RemoteProtocolError``, as a peer closing
                    mid-body) at the first read after its first content token. An answer that is complete
                    by then (a non-streamed body) is not cut, nor marked.
-    latency:       wait ``latency_for`` seconds before sending.
+    latency:       wait ``latency_for`` seconds before sending, as a slow connect: a connect timeout shorter than
+                   that (the client's) ends the attempt at that timeout (``httpx.ConnectTimeout``; nothing is sent).
     replicas:      inject only into attempts to these replicas (base URLs, as the Guard was given them; one that
                    is not the Guard's is refused when the policy is set); None: every replica.
     seed:          seeds the random source the attempts' draws come from (None: unseeded). With one seed and

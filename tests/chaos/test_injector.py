@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
-from llmguard_client import Chaos, ContinuationPolicy, Guard, HedgePolicy, PhaseRecord, Tier
+from llmguard_client import (
+    AllAttemptsTimedOut,
+    Chaos,
+    ContinuationPolicy,
+    Guard,
+    HedgePolicy,
+    PhaseRecord,
+    Tier,
+    guard_failure,
+)
 from llmguard_client._chaos import CHAOS_ENV
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
@@ -202,3 +212,99 @@ def test_added_latency_delays_the_attempt_exactly_and_is_switched_off_live(backe
         [("http://a.test", "primary", "won", None, ("latency",))],
         [("http://a.test", "primary", "won", None, ())],
     ]
+
+
+async def test_an_injected_stall_outlasting_the_sdks_read_timeout_times_out_as_a_real_one(
+    servers: list[LoopbackServer],
+) -> None:
+    """openai.AsyncOpenAI(timeout=0.5, max_retries=1) and a stall of 3 s, injected or the replica's own: each
+    request's read times out at the SDK's 0.5 s, the SDK retries once, and the call fails as an `APITimeoutError`
+    (the injected stall used to be waited out: served after 3 s, one request)."""
+    a = servers[0].url
+    outcomes = []
+    for chaos, script in [(Chaos(stall=1.0, stall_for=3.0), None), (None, Script(hang_before_headers=3.0))]:
+        servers[0].reset()
+        if script is not None:
+            servers[0].script = script
+        records: list[PhaseRecord] = []
+        async with make_guard(servers[:1], records, chaos=chaos) as guard:
+            http_client = guard.http_client_for(openai.AsyncOpenAI)
+            oai = openai.AsyncOpenAI(
+                base_url=a + "/v1", api_key="sk", http_client=http_client, timeout=0.5, max_retries=1
+            )
+            for stream in (True, False):
+                with pytest.raises(openai.APITimeoutError) as caught:
+                    answer = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+                    if stream:
+                        [c async for c in answer]
+                outcomes.append((stream, guard_failure(caught.value)))
+        assert servers[0].wait_for(lambda: len(servers[0].received) == 4)
+        marks = [("stall",)] * 4 if chaos is not None else [()] * 4
+        assert [attempts(r) for r in records] == [[(a, "primary", "failed", "read_timeout", m)] for m in marks]
+    assert outcomes == [(True, "all_attempts_timed_out"), (False, "all_attempts_timed_out")] * 2
+
+
+GET = ("GET", "http://a.test/v1/models", None)
+CHAT = ("POST", "http://a.test/v1/chat/completions", BODY)
+CHAT_BODY = ("POST", "http://a.test/v1/chat/completions", {**BODY, "stream": False})
+
+
+@BACKENDS
+@pytest.mark.parametrize("request_", [CHAT, CHAT_BODY, GET], ids=["stream", "body", "get"])
+@pytest.mark.parametrize(("read", "stall_for", "ends_at"), [(1.0, 30.0, 1.0), (5.0, 2.0, 2.0), (None, 2.0, 2.0)])
+def test_an_injected_stall_is_bounded_by_the_requests_read_timeout(
+    backend: str, request_: tuple[str, str, Any], read: float | None, stall_for: float, ends_at: float
+) -> None:
+    """A stall longer than the request's read timeout ends at that timeout in a read timeout, the pool's
+    `httpx.ReadTimeout` (the guard leaves it to the caller's retries); a shorter one, or none, is waited out."""
+    fakes = {"http://a.test": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+    method, url, body = request_
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=60.0, total=120.0)}
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None, chaos=Chaos(stall=1.0, stall_for=stall_for))
+        async with guard, guard.http_client() as client:
+            start = now()
+            timeout = httpx.Timeout(None, read=read)
+            if read is not None and read < stall_for:
+                with pytest.raises(AllAttemptsTimedOut) as caught:
+                    await client.request(method, url, json=body, timeout=timeout)
+                assert isinstance(caught.value.__cause__, httpx.ReadTimeout)
+            else:
+                assert (await client.request(method, url, json=body, timeout=timeout)).status_code == 200
+            assert now() - start == pytest.approx(ends_at, abs=1e-9)
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    (record,) = records
+    timed_out = read is not None and read < stall_for
+    outcome = ("failed", "read_timeout") if timed_out else ("won", None)
+    assert attempts(record) == [("http://a.test", "primary", *outcome, ("stall",))]
+    assert fakes["http://a.test"].requests == 1 and fakes["http://a.test"].open_streams == 0
+
+
+@BACKENDS
+def test_added_latency_outlasting_the_connect_timeout_is_a_connect_timeout(backend: str) -> None:
+    """Latency is added where a slow connect would be, before anything is sent: a connect timeout shorter than
+    it ends the attempt there (`httpx.ConnectTimeout`, nothing sent), and the guard retries it elsewhere."""
+    fakes = {"http://a.test": FakeReplica("a"), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=10.0, total=20.0)}
+        chaos = Chaos(latency=1.0, latency_for=3.0, replicas=["http://a.test"])
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None, chaos=chaos)
+        async with guard, guard.http_client() as client:
+            response = await client.post(CHAT[1], json=BODY, timeout=httpx.Timeout(None, connect=1.0))
+            assert '"b0 "' in response.text
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert attempts(record) == [
+        ("http://a.test", "primary", "failed", "connect_timeout", ("latency",)),
+        ("http://b.test", "retry", "won", None, ()),
+    ]
+    assert record.attempts[0].finish == pytest.approx(record.attempts[0].start + 1.0, abs=1e-9)
+    assert record.attempts[0].sent is None and fakes["http://a.test"].requests == 0
