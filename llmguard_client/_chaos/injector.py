@@ -21,13 +21,15 @@ import httpx
 from llmguard_client._chaos.policy import CHAOS_ENV, EXCLUSIVE, Chaos, Fault, chaos_enabled
 from llmguard_client.config import Replica
 from llmguard_client.errors import GuardConfigError
+from llmguard_client.protocols import protocol_for
 from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
 
-_STATUS: dict[Fault, tuple[int, str]] = {
-    "status_429": (429, "rate_limit_exceeded"),
-    "status_503": (503, "service_unavailable"),
-    "status_500": (500, "internal_server_error"),
+_STATUS: dict[Fault, tuple[int, str, str]] = {
+    "status_429": (429, "rate_limit_exceeded", "rate_limit_error"),
+    "status_503": (503, "service_unavailable", "overloaded_error"),
+    "status_500": (500, "internal_server_error", "api_error"),
 }
+"""A fault's status and its error type: OpenAI's, Anthropic's (``/messages``)."""
 CHAOS_HEADER = "x-llmguard-chaos"
 """Set on an injected error answer: the fault's name, so that nobody mistakes it for the replica's own."""
 
@@ -162,12 +164,18 @@ class ChaosTransport(httpx.AsyncBaseTransport):
 
 
 def _status_answer(request: httpx.Request, fault: Fault, policy: Chaos) -> httpx.Response:
-    status, code = _STATUS[fault]
+    status, openai_type, anthropic_type = _STATUS[fault]
     headers = {"content-type": "application/json", CHAOS_HEADER: fault}
     if status == 429:
         headers["retry-after"] = f"{policy.retry_after:g}"
-    error = {"message": f"HTTP {status} injected by Chaos", "type": code, "param": None, "code": code}
-    return httpx.Response(status, headers=headers, content=json.dumps({"error": error}).encode(), request=request)
+    message = f"HTTP {status} injected by Chaos"
+    protocol = protocol_for(request.method, request.url.path)
+    body: dict[str, object]
+    if protocol is not None and protocol.name == "messages":  # the Anthropic API's error shape
+        body = {"type": "error", "error": {"type": anthropic_type, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": openai_type, "param": None, "code": openai_type}}
+    return httpx.Response(status, headers=headers, content=json.dumps(body).encode(), request=request)
 
 
 def _timeout(request: httpx.Request, phase: str) -> float | None:

@@ -308,3 +308,40 @@ def test_added_latency_outlasting_the_connect_timeout_is_a_connect_timeout(backe
     ]
     assert record.attempts[0].finish == pytest.approx(record.attempts[0].start + 1.0, abs=1e-9)
     assert record.attempts[0].sent is None and fakes["http://a.test"].requests == 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "anthropic_type", "openai_type"),
+    [
+        ("rate_limited", "rate_limit_error", "rate_limit_exceeded"),
+        ("unavailable", "overloaded_error", "service_unavailable"),
+        ("server_error", "api_error", "internal_server_error"),
+    ],
+)
+async def test_an_injected_error_answer_has_the_error_shape_of_the_api_called(
+    servers: list[LoopbackServer], fault: str, anthropic_type: str, openai_type: str
+) -> None:
+    """An injected 429/503/500 to Anthropic's ``/v1/messages`` carries Anthropic's error object (its SDK's
+    ``e.type`` is the API's own, e.g. ``rate_limit_error``; it used to be OpenAI's), and OpenAI's elsewhere."""
+    anthropic = pytest.importorskip("anthropic")
+    a = servers[0].url
+    one = {"x-llmguard-max-attempts": "1"}
+    async with make_guard(servers[:1], [], chaos=Chaos(**{fault: 1.0})) as guard:
+        claude = anthropic.AsyncAnthropic(
+            base_url=a, api_key="sk", max_retries=0, http_client=guard.http_client_for(anthropic.AsyncAnthropic)
+        )
+        with pytest.raises(anthropic.APIStatusError) as from_claude:
+            await claude.messages.create(model="m", max_tokens=5, messages=MESSAGES, extra_headers=one)
+        oai = openai.AsyncOpenAI(
+            base_url=a + "/v1", api_key="sk", max_retries=0, http_client=guard.http_client_for(openai.AsyncOpenAI)
+        )
+        with pytest.raises(openai.APIStatusError) as from_openai:
+            await oai.chat.completions.create(model="m", messages=MESSAGES, extra_headers=one)
+    assert from_claude.value.type == anthropic_type
+    assert from_claude.value.body == {
+        "type": "error",
+        "error": {"type": anthropic_type, "message": f"HTTP {from_claude.value.status_code} injected by Chaos"},
+    }
+    assert from_openai.value.type == openai_type and from_openai.value.code == openai_type
+    assert from_claude.value.status_code == from_openai.value.status_code
+    assert servers[0].received == []
