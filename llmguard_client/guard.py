@@ -547,7 +547,8 @@ class Guard:
 
     def set_chaos(self, chaos: Chaos | None) -> None:
         """Inject ``chaos``'s faults from the next attempt on, or stop (None), from any thread or task. A policy is
-        refused (`GuardConfigError`) unless ``LLMGUARD_CHAOS=1`` was set when the Guard was built and still is."""
+        refused (`GuardConfigError`) unless ``LLMGUARD_CHAOS=1`` was set when the Guard was built (whether it
+        still is does not matter)."""
         if self._chaos is None:
             if chaos is not None:
                 refuse_unless_enabled()  # names the variable when it is unset now
