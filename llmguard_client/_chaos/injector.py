@@ -166,7 +166,7 @@ def _status_answer(request: httpx.Request, fault: Fault, policy: Chaos) -> httpx
     status, openai_type, anthropic_type = _STATUS[fault]
     headers = {"content-type": "application/json", CHAOS_HEADER: fault}
     if status == 429:
-        headers["retry-after"] = f"{policy.retry_after:g}"
+        headers.update(_retry_after(policy.retry_after))
     message = f"HTTP {status} injected by Chaos"
     protocol = protocol_for(request.method, request.url.path)
     body: dict[str, object]
@@ -175,6 +175,15 @@ def _status_answer(request: httpx.Request, fault: Fault, policy: Chaos) -> httpx
     else:
         body = {"error": {"message": message, "type": openai_type, "param": None, "code": openai_type}}
     return httpx.Response(status, headers=headers, content=json.dumps(body).encode(), request=request)
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    """``Retry-After`` in whole seconds (HTTP's delay-seconds), rounded up; a fractional delay also exactly, in
+    ``retry-after-ms`` (which the guard and the openai and anthropic SDKs read first)."""
+    headers = {"retry-after": str(math.ceil(seconds))}
+    if seconds != math.ceil(seconds):
+        headers["retry-after-ms"] = str(round(seconds * 1000))
+    return headers
 
 
 def _timeout(request: httpx.Request, phase: str) -> float | None:

@@ -54,7 +54,8 @@ class Chaos:
     the real one: a 429 cools the replica down for its Retry-After, a stall is hedged, a cut stream is
     continued (``ContinuationPolicy``) or fails typed.
 
-    rate_limited:  answer 429 with ``Retry-After: retry_after`` (nothing is sent to the replica).
+    rate_limited:  answer 429 with ``Retry-After: retry_after`` (nothing is sent to the replica), in whole
+                   seconds rounded up, a fractional delay also exactly in ``retry-after-ms``.
     unavailable:   answer 503 (nothing is sent).
     server_error:  answer 500 (nothing is sent).
     reset:         the connection is reset before an answer (an ``httpx.ReadError``; nothing is sent).

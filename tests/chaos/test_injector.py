@@ -345,3 +345,34 @@ async def test_an_injected_error_answer_has_the_error_shape_of_the_api_called(
     assert from_openai.value.type == openai_type and from_openai.value.code == openai_type
     assert from_claude.value.status_code == from_openai.value.status_code
     assert servers[0].received == []
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "headers", "learned"),
+    [
+        (2.0, {"retry-after": "2"}, 2.0),
+        (0.4, {"retry-after": "1", "retry-after-ms": "400"}, 0.4),
+        (2.5, {"retry-after": "3", "retry-after-ms": "2500"}, 2.5),
+        (1e9, {"retry-after": "1000000000"}, 300.0),  # the record caps what it notes at 300 s
+    ],
+)
+def test_an_injected_retry_after_is_whole_seconds_and_a_fraction_is_sent_in_ms_too(
+    retry_after: float, headers: dict[str, str], learned: float
+) -> None:
+    """HTTP's Retry-After is an integer of seconds (it used to be ``%g``: ``0.4``, ``1e+09``); a fractional delay
+    is rounded up there, and sent exactly as ``retry-after-ms``, which the guard and the SDKs read first."""
+    fakes = {"http://a.test": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        chaos = Chaos(rate_limited=1.0, retry_after=retry_after)
+        guard = virtual_guard(fakes, records, tiers={"i": Tier(ttft=1.0, total=5.0)}, hedge=None, chaos=chaos)
+        async with guard, guard.http_client() as client:
+            one = {"x-llmguard-max-attempts": "1"}
+            response = await client.post("http://a.test/v1/chat/completions", json=BODY, headers=one)
+        assert response.status_code == 429
+        assert {k: v for k, v in response.headers.items() if k.startswith("retry-after")} == headers
+
+    run_virtual(main)
+    (record,) = records
+    assert record.attempts[0].retry_after == pytest.approx(learned)
