@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -376,3 +377,47 @@ def test_an_injected_retry_after_is_whole_seconds_and_a_fraction_is_sent_in_ms_t
     run_virtual(main)
     (record,) = records
     assert record.attempts[0].retry_after == pytest.approx(learned)
+
+
+async def test_the_kill_switch_turns_the_guard_off_not_the_faults(
+    servers: list[LoopbackServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``LLMGUARD_DISABLED=1`` every call is passed through as the control cohort, and still gets the
+    injected faults, as it would get a real replica's: an injected 429 reaches the caller, unretried."""
+    monkeypatch.setenv("LLMGUARD_DISABLED", "1")
+    a = servers[0].url
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:2], records, chaos=Chaos(rate_limited=1.0, replicas=[a])) as guard:
+        with pytest.raises(openai.RateLimitError):
+            await sdk_text(guard, a)
+    (record,) = records
+    assert (record.cohort, attempts(record)) == ("control", [(a, "primary", "failed", "http_429", ("status_429",))])
+
+
+@BACKENDS
+def test_switching_chaos_off_does_not_end_a_stall_under_way(backend: str) -> None:
+    """`set_chaos(None)` applies from the next attempt: a stall already held goes on to its end (30 s here)."""
+    fakes = {"http://a.test": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=60.0, total=120.0)}
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None, chaos=Chaos(stall=1.0, stall_for=30.0))
+        async with guard, guard.http_client() as client, anyio.create_task_group() as tg:
+            start = now()
+
+            async def switch_off() -> None:
+                await anyio.sleep(1.0)
+                guard.set_chaos(None)
+
+            tg.start_soon(switch_off)
+            await client.post(CHAT[1], json=BODY)
+            assert now() - start == pytest.approx(30.0, abs=1e-9)
+            await client.post(CHAT[1], json=BODY)
+            assert now() - start == pytest.approx(30.0, abs=1e-9)
+
+    run_virtual(main, backend)
+    assert [attempts(r) for r in records] == [
+        [("http://a.test", "primary", "won", None, ("stall",))],
+        [("http://a.test", "primary", "won", None, ())],
+    ]

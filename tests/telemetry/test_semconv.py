@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmguard_client.telemetry import semconv as sc
@@ -25,3 +27,12 @@ OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 def test_gen_ai_latest_parses_the_comma_separated_list(value: str | None, expected: bool) -> None:
     environ = {} if value is None else {OPT_IN: value}
     assert sc.gen_ai_latest(environ) is expected
+
+
+def test_every_llmguard_attribute_is_in_the_observability_tables() -> None:
+    """Each ``llmguard.*`` span attribute and metric label is documented in docs/observability.md (``llmguard.chaos``,
+    on attempt spans, was not)."""
+    doc = (Path(__file__).parents[2] / "docs" / "observability.md").read_text(encoding="utf-8")
+    names = [v for k, v in vars(sc).items() if k.startswith("LLMGUARD_") and isinstance(v, str) and "." in v]
+    assert sc.LLMGUARD_CHAOS in names
+    assert [name for name in names if f"`{name}`" not in doc] == []
