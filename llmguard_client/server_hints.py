@@ -49,6 +49,7 @@ import functools
 import logging
 import math
 import random
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,12 +57,15 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 
-from llmguard_client._core.clock import Clock, current_time_source, loop_clock
+from llmguard_client._core.clock import Clock, current_time_source, loop_clock, raise_bare
 from llmguard_client._core.lease import close_quietly
 from llmguard_client._http.pool import DROPPABLE
 from llmguard_client.edges._registry import sync_access
 from llmguard_client.edges._runner import start_counted, wait_for
 from llmguard_client.errors import GuardClosed, GuardConfigError
+
+if sys.version_info < (3, 11):  # anyio brings the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 if TYPE_CHECKING:
     from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
@@ -157,10 +161,13 @@ async def poll_once(
                 state, clock(), waiting=load.waiting, kv_usage=load.kv_usage, fresh_for=fresh_for
             )
 
-    async with anyio.create_task_group() as tg:
-        for state in replicas.states:
-            if state.name not in skip:
-                tg.start_soon(one, state)
+    try:
+        async with anyio.create_task_group() as tg:
+            for state in replicas.states:
+                if state.name not in skip:
+                    tg.start_soon(one, state)
+    except BaseExceptionGroup as group:  # e.g. Ctrl-C, which trio delivers to any task: raised as it came
+        raise_bare(group)
     return out
 
 

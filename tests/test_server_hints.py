@@ -129,6 +129,35 @@ async def test_a_replica_without_metrics_is_not_polled_again() -> None:
         assert metrics.polls == {"http://a:1": 1, "http://b:1": 2}
 
 
+@BACKENDS
+def test_ctrl_c_in_one_replicas_poll_reaches_the_caller_as_keyboard_interrupt(backend: str) -> None:
+    """Trio delivers Ctrl-C to any task, here one polling a replica: the poller's task group hands it on as it
+    came, not in a group (the caller's own task group, where the poller runs, is the one that groups)."""
+    metrics = Metrics()
+    interrupt = KeyboardInterrupt()
+
+    def factory(replica: Replica) -> httpx.AsyncBaseTransport:
+        if replica.name == "http://b:1":
+
+            def handle(request: httpx.Request) -> httpx.Response:
+                raise interrupt
+
+            return httpx.MockTransport(handle)
+        return metrics.factory(replica)
+
+    async def main() -> None:
+        async with Guard(["http://a:1", "http://b:1"], transport_factory=factory, instrumentation=None) as guard:
+            await poll_once(guard._replica_set)
+
+    try:
+        run_virtual(main, backend)
+    except BaseException as exc:  # a KeyboardInterrupt must not end the test session
+        caught: BaseException | None = exc
+    else:
+        caught = None
+    assert caught is interrupt, repr(caught)
+
+
 def test_the_poller_runs_about_ten_times_a_second_by_default_in_your_task_group_and_stops_when_cancelled() -> None:
     metrics = Metrics()
 

@@ -27,15 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import anyio
 import sniffio
 from anyio.abc import TaskGroup
+
+if sys.version_info < (3, 11):  # anyio brings the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 
 class Owner(Protocol):
@@ -318,7 +322,9 @@ class AnyioTime(TimeSource):
 
 class GroupTasks:
     """A round's tasks in an anyio task group (entered with the round); a timer is a sleeping task.
-    A task's error cancels the group and is raised on exit, as any task group's."""
+    A task's error cancels the group and is raised on exit, bare as `LoopTasks` raises it: the
+    group is the guard's own, so it never changes the shape of what reaches the caller
+    (`raise_bare`)."""
 
     __slots__ = ("_group", "_lease", "_started", "_time")
 
@@ -335,7 +341,10 @@ class GroupTasks:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        return await self._group.__aexit__(exc_type, exc, tb)
+        try:
+            return await self._group.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            raise_bare(group)
 
     def start_soon(self, run: Callable[..., Awaitable[None]], *args: object) -> None:
         self._started = True
@@ -355,3 +364,27 @@ class GroupTasks:
         with scope:
             await self._time.sleep_until(when)
             fn()
+
+
+def raise_bare(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Raise the one error of a task group's ``group`` that would have reached the caller without it.
+
+    Trio delivers a Ctrl-C (``KeyboardInterrupt``) to whichever task it finds, and a task group
+    wraps whatever ends its tasks or its body in a group, which ``except KeyboardInterrupt`` no
+    longer matches. Picked, as `LoopTasks` does on asyncio: a ``KeyboardInterrupt`` or
+    ``SystemExit`` first (it must not be lost), then the first other error, then the first
+    cancellation; each is raised as it was, with its own cause and context. A group raised by
+    a task itself (one of ``group.exceptions``) is raised as it is, not unwrapped."""
+    cancelled = anyio.get_cancelled_exc_class()
+    errors = group.exceptions
+    chosen = (
+        next((e for e in errors if isinstance(e, (KeyboardInterrupt, SystemExit))), None)
+        or next((e for e in errors if not isinstance(e, cancelled)), None)
+        or errors[0]
+    )
+    context = chosen.__context__
+    try:
+        raise chosen
+    finally:  # raised while handling the group, whose context Python would give it
+        chosen.__context__ = context
+        del chosen

@@ -3,6 +3,9 @@ started, cancelled, aborted with the call's lease and joined; asyncio's loop tas
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -10,6 +13,9 @@ import pytest
 from llmguard_client._core.clock import AsyncioTime, LoopTasks, current_time_source, loop_clock
 from llmguard_client._core.lease import CallLease, LeaseRegistry
 from tests.virtual import BACKENDS, now, run_virtual
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import ExceptionGroup
 
 
 def _never() -> None:
@@ -153,3 +159,61 @@ async def test_asyncio_loop_tasks_stop_the_round_once_and_raise_the_first_error(
 def test_the_default_clock_works_outside_a_loop() -> None:
     """``Guard.snapshot()`` from sync code reads the default clock with no loop running."""
     assert isinstance(loop_clock(), float)
+
+
+def _raised_by(run: Callable[[], None]) -> BaseException | None:
+    """What ``run()`` raised, whatever its type (a KeyboardInterrupt must not end the test session)."""
+    try:
+        run()
+    except BaseException as exc:  # the test asserts on it
+        return exc
+    return None
+
+
+_ERRORS: dict[str, Callable[[], BaseException]] = {
+    "ctrl_c": KeyboardInterrupt,
+    "exit": lambda: SystemExit(3),
+    "callers_error": lambda: LookupError("the caller's"),
+    "callers_group": lambda: ExceptionGroup("the caller's own group", [LookupError("inside")]),
+}
+
+
+@BACKENDS
+@pytest.mark.parametrize("raised_in", ["task", "round"])
+@pytest.mark.parametrize("kind", list(_ERRORS))
+def test_an_error_leaves_a_rounds_tasks_as_it_was_raised_not_in_a_group(
+    backend: str, raised_in: str, kind: str
+) -> None:
+    """Trio delivers Ctrl-C to any task, and a task group wraps what ends it in a group: the round's tasks
+    hand the caller the error itself (``except KeyboardInterrupt`` matches), on either backend, from a
+    hedge's task or the round's own; a group the caller raised stays that group (trio's cancel scopes copy a
+    group as they take their cancellations out of it: the same type, message and exceptions)."""
+    error = _ERRORS[kind]()
+    context = LookupError("what it was raised while handling")
+
+    async def main() -> None:
+        async def raise_it() -> None:
+            try:
+                raise context
+            except LookupError:
+                raise error  # noqa: B904  # its context is part of what must come out unchanged
+
+        async with current_time_source().tasks(CallLease(LeaseRegistry()), lambda: None) as tasks:
+            try:
+                tasks.start_soon(anyio.sleep, 10)  # another hedge, still waiting for its first token
+                if raised_in == "task":
+                    tasks.start_soon(raise_it)
+                    await anyio.sleep(10)
+                else:
+                    await anyio.sleep(0.1)
+                    await raise_it()
+            finally:
+                tasks.cancel()  # as the round's end does
+
+    caught = _raised_by(lambda: run_virtual(main, backend))
+    assert type(caught) is type(error) and caught.args == error.args, repr(caught)
+    if isinstance(error, ExceptionGroup):
+        assert isinstance(caught, ExceptionGroup) and caught.exceptions == error.exceptions
+    else:
+        assert caught is error
+    assert caught.__context__ is context

@@ -3,15 +3,22 @@ token wins, losers are closed."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
+import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import httpx
+import looptime
 import pytest
+import trio
+import trio.lowlevel
+import trio.testing
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
@@ -279,6 +286,56 @@ def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backe
     assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].open_streams == 0
     assert records[0].status == "error" and records[0].cause == "guard_closed"
     assert "won" not in [a.outcome for a in records[0].attempts]
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt (Python's default, which trio and ``asyncio.run`` build on)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@BACKENDS
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_ctrl_c_while_a_hedge_waits_for_its_first_token_reaches_the_caller_as_keyboard_interrupt(backend: str) -> None:
+    """SIGINT once the primary and its hedge are both in flight: the caller's ``except KeyboardInterrupt``
+    catches it, as it does without the guard. Each backend delivers it its own way: trio raises it in the
+    main task (the caller's, waiting in the round), ``asyncio.run`` cancels the main task and raises it."""
+    slow = Plan(first_token_after=10.0)
+    fakes = {"http://a.test": FakeReplica("a", [slow]), "http://b.test": FakeReplica("b", [slow])}
+    records: list[PhaseRecord] = []
+
+    async def ctrl_c_once_both_are_asked() -> None:
+        while sum(f.requests for f in fakes.values()) < 2:  # noqa: ASYNC110 - the fakes signal nothing
+            await anyio.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)
+
+    interrupters: list[asyncio.Task[None]] = []  # the loop keeps only weak references to its tasks
+
+    async def main() -> None:
+        async with guard_for(fakes, records, hedge=HedgePolicy(delay=0.2)) as guard, guard.http_client() as client:
+            if backend == "trio":  # a system task is shielded from Ctrl-C: trio delivers it to the main task
+                trio.lowlevel.spawn_system_task(ctrl_c_once_both_are_asked)
+            else:
+                interrupters.append(asyncio.create_task(ctrl_c_once_both_are_asked()))
+            await client.post("http://a.test" + CHAT, json=BODY)
+
+    def run() -> None:
+        if backend == "trio":
+            trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        else:
+            with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=1000.0)) as runner:
+                runner.run(main())
+
+    try:
+        run()
+    except BaseException as exc:  # a KeyboardInterrupt must not end the test session
+        caught: BaseException | None = exc
+    else:
+        caught = None
+    assert type(caught) is KeyboardInterrupt, repr(caught)
+    assert [f.requests for f in fakes.values()] == [1, 1]
 
 
 async def test_hedge_fires_at_the_delay_on_another_replica_and_wins(servers: list[LoopbackServer]) -> None:
