@@ -420,7 +420,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 if attempt.finish is None or win.rest is not None:  # a body that broke: the attempt's error too
                     attempt.attempt_finished("won", now, error=cause if status in ("error", "timeout") else None)
                 end = attempt.finish if attempt.finish is not None else now
-                ok, tokens, duration = _stream_outcome(status, win, now)
+                ok, tokens, duration = _stream_outcome(status, cause, win, now)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
                 call.record.response_facts(
@@ -581,14 +581,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
 
 
-def _stream_outcome(status: CallStatus, win: Win, now: float) -> tuple[bool | None, int | None, float | None]:
+def _stream_outcome(
+    status: CallStatus, cause: str | None, win: Win, now: float
+) -> tuple[bool | None, int | None, float | None]:
     """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
     complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
-    error or a truncation), None when the caller closed it early (nothing to blame). Timing (tokens after the
-    first token over the seconds since it) only for event streams."""
+    error or a truncation), None when the caller closed it early or the Guard closed under it (nothing to
+    blame the replica for). Timing (tokens after the first token over the seconds since it) only for event
+    streams."""
     reader = win.reader
     ok: bool | None
-    if status == "ok":
+    if cause == GuardClosed.cause:  # aborted by Guard.aclose(): the guard's own doing, not the replica's
+        ok = None
+    elif status == "ok":
         ok = reader.failure is None
     elif status == "abandoned":
         ok = True if reader.complete and reader.failure is None else None

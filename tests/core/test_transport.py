@@ -12,9 +12,11 @@ import pytest
 
 from llmguard_client import (
     Guard,
+    GuardClosed,
     GuardFailure,
     PhaseRecord,
     Replica,
+    RetryPolicy,
     StallTimeout,
     Tier,
     TotalTimeout,
@@ -25,6 +27,7 @@ from llmguard_client import (
 from llmguard_client._stream.body import GuardBody
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 STREAM_BODY: dict[str, Any] = {
@@ -361,3 +364,41 @@ def test_a_sync_client_given_the_guards_transport_is_told_what_to_use(servers: l
         assert "http_client_for(openai.OpenAI)" in message
     assert sum(len(s.received) for s in servers) == 0
     guard.close()
+
+
+@BACKENDS
+def test_calls_the_guard_aborts_as_it_closes_count_against_no_replica(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Guard.aclose()`` with streams being read and calls still waiting for their first token: the guard's
+    own abort, like a caller closing a stream early, is no replica's failure. Before, each stream cut counted
+    as a failure after the first token, and one replica was drained (logged: "failures 57%")."""
+    plans = [Plan(tokens=50, gap=0.1), Plan(first_token_after=5.0)] * 3  # streams, and calls with no token yet
+    fakes = {"http://a.test": FakeReplica("a", plans), "http://b.test": FakeReplica("b", plans)}
+    records: list[PhaseRecord] = []
+    ended: list[BaseException] = []
+
+    async def main() -> None:
+        # At panic_threshold 1.0 the snapshot's `panic` says whether any replica is unhealthy (degraded or open).
+        guard = virtual_guard(fakes, records, retry=RetryPolicy(panic_threshold=1.0))
+        async with guard.http_client() as client:
+
+            async def call() -> None:
+                try:
+                    async with client.stream("POST", "http://a.test" + CHAT, json=STREAM_BODY) as response:
+                        await response.aread()
+                except GuardClosed as closed:
+                    ended.append(closed)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(call)
+                await anyio.sleep(0.3)
+                await guard.aclose()
+        assert not guard.snapshot().panic
+
+    run_virtual(main, backend)
+    assert len(ended) == 6
+    assert sum(r.ttft is not None for r in records) >= 2  # some were cut mid-stream
+    assert {(r.status, r.cause) for r in records} == {("error", "guard_closed")}
+    assert not [r.getMessage() for r in caplog.records if "degraded" in r.getMessage()]

@@ -455,18 +455,19 @@ DONE = b"data: [DONE]\n\n"
 
 def test_stream_outcome_tells_complete_broken_truncated_and_abandoned_streams() -> None:
     good = _delivered(TOKEN, TOKEN, STOP, DONE)
-    assert _stream_outcome("ok", good, 1.5) == (True, 3, 0.5)
+    assert _stream_outcome("ok", None, good, 1.5) == (True, 3, 0.5)
     truncated = _delivered(TOKEN, TOKEN)  # the server closed cleanly, without a finish reason or [DONE]
-    assert _stream_outcome("error", truncated, 1.5)[0] is False
-    assert _stream_outcome("error", good, 1.5)[0] is False
-    assert _stream_outcome("timeout", good, 1.5)[0] is False
-    assert _stream_outcome("abandoned", _delivered(TOKEN, ended=False), 1.5)[0] is None
-    assert _stream_outcome("abandoned", good, 1.5)[0] is True  # closed after [DONE]
+    assert _stream_outcome("error", "stream_truncated", truncated, 1.5)[0] is False
+    assert _stream_outcome("error", "stream_error", good, 1.5)[0] is False
+    assert _stream_outcome("timeout", "stall_timeout", good, 1.5)[0] is False
+    assert _stream_outcome("abandoned", None, _delivered(TOKEN, ended=False), 1.5)[0] is None
+    assert _stream_outcome("abandoned", None, good, 1.5)[0] is True  # closed after [DONE]
+    assert _stream_outcome("error", "guard_closed", good, 1.5) == (None, 3, 0.5)  # cut by Guard.aclose()
     body = SimpleNamespace(
         reader=reader_for("POST", "/v1/chat/completions", "application/json", False),
         attempt=SimpleNamespace(first_token=1.0),
     )
-    assert _stream_outcome("ok", body, 1.0)[1:] == (None, None)  # non-streaming: no timing
+    assert _stream_outcome("ok", None, body, 1.0)[1:] == (None, None)  # non-streaming: no timing
 
 
 # --- rate-limit headers ------------------------------------------------------------------------------------
