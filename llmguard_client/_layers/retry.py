@@ -129,6 +129,8 @@ class RetryLayer:
             rounds += 1
             outcome = await call_next(call, route.next(state, kind, payment, (*route.avoid, *failed)))
             if isinstance(outcome, Win):
+                if not call.generation:  # another API's answer says nothing of the replica's generation calls
+                    return outcome
                 # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
                 streamed = outcome.reader.chunks is not None
                 self.replicas.succeeded(
@@ -155,15 +157,17 @@ class RetryLayer:
 
     async def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
         """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
-        of its own (a continuation) pays for its first attempt too, and must fit its deadline."""
-        if route.budget is None and route.replica is None:
+        of its own (a continuation) pays for its first attempt too, and must fit its deadline. A call off the
+        generation paths (files, models, embeddings) does not wait for a cool-down: the server asked generation
+        calls for rest, and its other APIs may answer."""
+        if route.budget is None and route.replica is None and call.generation:
             refused = await self._wait_for_first(call, route.avoid)
             if refused is not None:
                 return refused
         now = call.clock()
         if route.budget is None:
             state = route.replica or self.replicas.pick(
-                now, route.avoid, call.affinity_key, cornered=bool(call.outside)
+                now, route.avoid, call.affinity_key, cornered=bool(call.outside), resting=call.generation
             )
         else:
             state = (

@@ -164,7 +164,13 @@ class ReplicaSet:
     # --- choosing -------------------------------------------------------------------------
 
     def pick(
-        self, now: float, exclude: Iterable[ReplicaState] = (), key: str | None = None, *, cornered: bool = False
+        self,
+        now: float,
+        exclude: Iterable[ReplicaState] = (),
+        key: str | None = None,
+        *,
+        cornered: bool = False,
+        resting: bool = True,
     ) -> ReplicaState | None:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
@@ -176,10 +182,13 @@ class ReplicaSet:
         A call with an affinity ``key`` goes to the key's first replica the router allows, within the load
         bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         A ``cornered`` call (one that only the replicas not excluded can serve: `llmguard_client._routing.reach`)
-        goes to one whose circuit is open when none of them has a closed one, as with one replica.
+        goes to one whose circuit is open when none of them has a closed one, as with one replica. Not
+        ``resting`` (a call off the generation paths), cool-downs are not heeded and no probe is taken.
         """
         candidates = self._allowed(now, exclude, cornered=cornered)
-        return self.router.pick(now, first_attempt_candidates(candidates, now), self._prefer(key, now))
+        if resting:  # else (a call off the generation paths) a cooling replica takes it, as a ready one would
+            candidates = first_attempt_candidates(candidates, now)
+        return self.router.pick(now, candidates, self._prefer(key, now))
 
     def asked_beyond(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds left of the Retry-After of the only replica left (not excluded), when it asked for longer than

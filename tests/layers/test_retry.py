@@ -12,7 +12,15 @@ import httpx
 import openai
 import pytest
 
-from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, PhaseRecord, RetryPolicy, Tier
+from llmguard_client import (
+    AllAttemptsFailed,
+    AllReplicasCooling,
+    BudgetPolicy,
+    Guard,
+    PhaseRecord,
+    RetryPolicy,
+    Tier,
+)
 from llmguard_client._budget.budget import BudgetSnapshot
 from llmguard_client._layers.retry import Backoff, RetryLayer
 from tests.loopback import LoopbackServer, Script
@@ -239,6 +247,44 @@ def test_an_answer_to_a_get_does_not_cool_the_replica_nor_count_toward_its_circu
     files, chat = records
     assert files.attempts[0].status_code == status
     assert chat.status == "ok" and len(chat.attempts) == 1 and chat.attempts[0].start == chat.start
+
+
+@BACKENDS
+def test_a_chat_cool_down_neither_holds_back_a_get_nor_is_ended_by_its_answer(backend: str) -> None:
+    """The reverse: a chat call's 429 (Retry-After: 30) cools the lone replica for generation calls, yet a
+    ``files.list`` beside it is sent at once and served, as through the plain SDK (before: refused
+    ``all_replicas_cooling``, nothing sent, or held until the cool-down's probe); its answer does not end the
+    cool-down, so the next chat call still waits for it."""
+    throttled = {"on": True}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/files":
+            return httpx.Response(200, json={"object": "list", "data": []})
+        if throttled["on"]:
+            return httpx.Response(429, headers={"retry-after": "30"}, json={"error": {"message": "busy"}})
+        return httpx.Response(200, json={"id": "c", "object": "chat.completion", "model": "m", "choices": []})
+
+    mock = httpx.MockTransport(answer)
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"fast": Tier(ttft=1.0, total=5.0)}
+        async with make_guard(
+            ["http://a.test"], records, tiers=tiers, default_tier="fast", transport_factory=lambda r: mock
+        ) as guard:
+            async with guard.http_client() as client:
+                chat = await client.post("http://a.test" + CHAT, json={**BODY, "stream": False})
+                assert chat.status_code == 429  # 30 s of rest do not fit its 1 s ttft: handed back
+                assert (await client.get("http://a.test/v1/files")).status_code == 200
+                (replica,) = guard.snapshot().replicas
+                assert replica.cooling_for > 20  # the files API's answer did not end the chat cool-down
+                throttled["on"] = False
+                with pytest.raises(AllReplicasCooling):  # a plain httpx client gets the refusal raised
+                    await client.post("http://a.test" + CHAT, json={**BODY, "stream": False})
+
+    run_virtual(main, backend)
+    files = next(r for r in records if r.attempts and r.attempts[0].status_code == 200)
+    assert len(files.attempts) == 1 and files.attempts[0].start == files.start
 
 
 @pytest.mark.parametrize(
