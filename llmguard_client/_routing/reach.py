@@ -14,12 +14,17 @@ else the first on its origin, else the first replica.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import httpx
 
 _CACHE = 256
 """Distinct (method, URL) pairs remembered (cleared when full)."""
+_VIRTUAL_NOTED = 16
+"""Origins no replica has that are noted (and warned of) at most: a bound on what a Guard remembers."""
+
+logger = logging.getLogger("llmguard_client")
 
 STORED_COLLECTIONS = frozenset(
     {
@@ -93,19 +98,42 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
 
 
 class Reach:
-    """`outside` for one replica set's bases, cached: a service calls few distinct paths."""
+    """`outside` for one replica set's bases, cached: a service calls few distinct paths. It also notes the
+    origins no replica has (virtual base URLs): a second one is most likely a client meant for another service
+    (a copy of the client with another ``base_url``), whose requests, and API key, go to the replicas: logged
+    once per such origin."""
 
     def __init__(self, bases: Sequence[httpx.URL]) -> None:
         self._bases = tuple(bases)
         self._cache: dict[tuple[str, str, str, int | None, bytes], tuple[int, ...]] = {}
+        self._virtual: list[tuple[str, str, int | None]] = []
+        """The origins no replica has that requests named, in order (at most `_VIRTUAL_NOTED`)."""
 
     def outside(self, method: str, url: httpx.URL) -> tuple[int, ...]:
-        if len(self._bases) < 2:
-            return ()
         key = (method, url.scheme, url.host, url.port, url.raw_path)
         found = self._cache.get(key)
         if found is None:
             if len(self._cache) >= _CACHE:
                 self._cache.clear()
-            found = self._cache[key] = outside(method, url, self._bases)
+            self._note_origin(url)
+            found = self._cache[key] = outside(method, url, self._bases) if len(self._bases) > 1 else ()
         return found
+
+    def _note_origin(self, url: httpx.URL) -> None:
+        origin = (url.scheme, url.host, url.port)
+        if origin in self._virtual or len(self._virtual) >= _VIRTUAL_NOTED:
+            return
+        if any(same_origin(url, base) for base in self._bases):
+            return
+        self._virtual.append(origin)
+        if len(self._virtual) > 1:
+            first = self._virtual[0]
+            logger.warning(
+                "llmguard: requests for %s://%s are sent to the replicas, with their headers (API keys included), "
+                "as those for %s://%s are: neither host is a replica. If the second client is meant for another "
+                "service, give it its own HTTP client, not the guard's",
+                url.scheme,
+                url.netloc.decode("ascii"),
+                first[0],
+                first[1] if first[2] is None else f"{first[1]}:{first[2]}",
+            )

@@ -262,3 +262,19 @@ def test_stored_objects_stay_on_the_resource_the_client_names(
     assert file_id.startswith(f"file-{named.name}-")
     assert [p for p in other.paths() if "/files" in p or "/models" in p] == []
     assert named.paths().count(f"/openai/files/{file_id}") == 6
+
+
+async def test_a_second_host_that_is_no_replica_is_warned_of_once(
+    servers: list[LoopbackServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client copied with another service's base URL sends its requests, and its key, to the replicas: the
+    first origin no replica has is the client's virtual base URL, a second one is logged, once."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    async with Guard([servers[0].url], instrumentation=None) as guard, guard.http_client() as client:
+        for url in ("http://llm.internal/v1", servers[0].url + "/v1", "http://llm.internal/v1"):
+            assert (await client.post(url + "/chat/completions", json=body)).status_code == 200
+        assert not [r for r in caplog.records if "neither host is a replica" in r.getMessage()]
+        for _ in range(2):
+            assert (await client.post("http://other.example/v1/chat/completions", json=body)).status_code == 200
+    [warning] = [r for r in caplog.records if "neither host is a replica" in r.getMessage()]
+    assert "http://other.example" in warning.getMessage() and "http://llm.internal" in warning.getMessage()
