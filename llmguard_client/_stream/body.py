@@ -200,6 +200,10 @@ class GuardBody(httpx.AsyncByteStream):
         try:
             with scope:
                 return await self._rest.__anext__()
+        except _READ_ERRORS:
+            if lease.aborted:  # Guard.aclose() closed the connection between two reads: this EOF is its doing
+                return None
+            raise
         finally:
             lease.cancellables.discard(scope)
         return None

@@ -12,7 +12,8 @@ pending read at once with a transport error (the server sees the disconnect). Th
 stall, total deadline or abort the watchdog recorded in ``tripped``.
 
 Elsewhere (trio, HTTP/2, where one socket carries other streams, or a transport without a socket) the body
-keeps one cancel scope per read: `for_response` returns None.
+keeps one cancel scope per read: `for_response` returns None. So does uvloop, whose socket object cannot be
+shut down.
 
 All times here are on the call's clock (``TimeSource.now``); the time source puts its timers on the loop.
 """
@@ -24,6 +25,7 @@ import functools
 import math
 import socket
 import weakref
+from asyncio.trsock import TransportSocket
 from typing import Literal
 
 import httpx
@@ -38,7 +40,7 @@ class ReadWatchdog:
 
     __slots__ = ("_now", "_socket", "_stall", "_timer", "_timers", "_total_at", "reading", "since", "tripped")
 
-    def __init__(self, timers: LoopTimers, sock: socket.socket, stall: float, total_at: float) -> None:
+    def __init__(self, timers: LoopTimers, sock: Shuts, stall: float, total_at: float) -> None:
         self._timers = timers
         self._now = timers.now  # read once per chunk: time.monotonic itself on asyncio's own loops
         self._socket = sock
@@ -127,12 +129,17 @@ class ReadWatchdog:
             self._socket.shutdown(socket.SHUT_RDWR)
 
 
-_sockets: weakref.WeakKeyDictionary[object, socket.socket | None] = weakref.WeakKeyDictionary()
+Shuts = socket.socket | TransportSocket
+_SHUTS_DOWN = (socket.socket, TransportSocket)
+"""Sockets whose ``shutdown`` interrupts a read: a plain one, and asyncio's wrapper of one. uvloop's
+``PseudoSocket`` raises ``TypeError`` there, so a uvloop connection is read with a cancel scope per read."""
+
+_sockets: weakref.WeakKeyDictionary[object, Shuts | None] = weakref.WeakKeyDictionary()
 """Each pooled connection's socket, looked up once (anyio builds every extra attribute, with a
 ``getpeername`` call, on each lookup) and forgotten with the connection."""
 
 
-def _http11_socket(response: httpx.Response) -> socket.socket | None:
+def _http11_socket(response: httpx.Response) -> Shuts | None:
     """The socket under an HTTP/1.1 response read on asyncio, if there is one to shut down."""
     extensions = response.extensions
     if extensions.get("http_version") != b"HTTP/1.1":
@@ -144,7 +151,7 @@ def _http11_socket(response: httpx.Response) -> socket.socket | None:
         pass
     get_extra_info = getattr(stream, "get_extra_info", None)
     sock = get_extra_info("socket") if get_extra_info is not None else None
-    found = sock if hasattr(sock, "shutdown") else None
+    found = sock if isinstance(sock, _SHUTS_DOWN) else None
     with contextlib.suppress(TypeError):
         _sockets[stream] = found
     return found
