@@ -177,5 +177,11 @@ class TrioRun:
             else:
                 future.set_result(result)
 
-        self.call_soon_threadsafe(lambda: trio.lowlevel.spawn_system_task(run))
+        def spawn() -> None:
+            try:
+                trio.lowlevel.spawn_system_task(run)
+            except RuntimeError:  # the run is ending ("Nursery is closed to new arrivals"): raised here, in trio's
+                future.cancel()  # own callback, it would crash the caller's run with a TrioInternalError
+
+        self.call_soon_threadsafe(spawn)
         return future

@@ -13,6 +13,7 @@ from llmguard_client._core.event_loops import EventLoop, TrioRun, run_threadsafe
 
 trio = pytest.importorskip("trio")
 trio_testing = pytest.importorskip("trio.testing")
+trio_testing = pytest.importorskip("trio.testing")
 
 
 def test_no_loop_outside_a_run_and_asyncios_own_inside_one() -> None:
@@ -75,6 +76,31 @@ def test_a_task_started_from_another_thread_runs_on_the_trio_run() -> None:
         waiting.result(10)
     with pytest.raises(RuntimeError):
         run_threadsafe(on_the_run, run)
+
+
+def test_a_task_started_as_a_trio_run_ends_is_cancelled_without_crashing_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a run ends, its system nursery takes no new task: the spawn, made in trio's own callback, raised there
+    and trio ended the caller's run with a ``TrioInternalError``. The task's future is cancelled instead."""
+
+    def closed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Nursery is closed to new arrivals")
+
+    async def never() -> None:
+        raise AssertionError("not started")
+
+    async def main() -> Future[None]:
+        run = running_loop()
+        assert run is not None
+        monkeypatch.setattr(trio.lowlevel, "spawn_system_task", closed)
+        started = await trio.to_thread.run_sync(run_threadsafe, never, run)
+        await trio_testing.wait_all_tasks_blocked()  # the spawn callback has run
+        return started
+
+    started = trio.run(main)  # before: trio.TrioInternalError
+    with pytest.raises(CancelledError):
+        started.result(10)
 
 
 def test_a_task_started_on_an_asyncio_loop_from_another_thread() -> None:
