@@ -78,6 +78,20 @@ LEFT_BEHIND = (
 GUESTS_END_WITHIN = 5.0
 """Seconds an ending owner loop waits for the sync calls it cancelled to end (each closes its connection)."""
 
+OWNER_RUNS = "the event loop that owns this Guard was stopped for a moment as this sync call started, and runs again"
+"""Why a sync call that came to the Guard's own loop is sent again (to the owner loop, as its guest)."""
+
+OWNER_STOPPED = (
+    "the event loop this Guard's calls run on is stopped (between two runs of run_until_complete) with calls of its "
+    "own in flight, which go on only when it runs again; run it again first (or close those calls), or make the "
+    "sync calls from another thread while it runs"
+)
+"""Why a call is refused while the owner loop stays stopped with calls in flight."""
+
+STOPPED_WAIT = 1.0
+"""Seconds a call waits for an owner loop stopped with calls in flight to run again or end: asyncio.run stops
+its loop for a moment between its main task and its clean-up; a loop stopped for good would wait for ever."""
+
 HANDOVER_POLL = 0.01
 """Seconds between two looks, while a loop waits to take the Guard over, at whether the home loop's sync calls
 have ended."""
@@ -159,11 +173,10 @@ class LoopOwner:
         ``wait`` seconds: meanwhile new sync calls wait for the handover (`sync_loop`), so the busy loop drains."""
         loop = running_loop()
         assert loop is not None, "claimed from a running event loop"
-        if (
-            self._ended_loop is not None and self._ended_loop() is loop
-        ):  # a sync call that started there before it ended
+        if self._ended_loop is not None and self._ended_loop() is loop:  # a sync call that started before it ended
             raise LoopEnded(LEFT_BEHIND)
         give_up = loop.time() + wait
+        stopped_since = loop.time()
         left: tuple[EventLoop, AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]] | None = None
         try:
             while True:
@@ -171,13 +184,24 @@ class LoopOwner:
                     owner = self._owner()
                     if owner is loop:
                         return None
+                    stopped_busy = False
                     if owner is not None and owner is not self._home:
-                        if owner.is_running() or not self._idle():
+                        if owner.is_running() and loop is self._home:
+                            # a sync call that came home while the owner was stopped for a moment (asyncio.run
+                            # between its main task and its clean-up): it is sent again, to run on that loop
+                            raise OwnerRuns(OWNER_RUNS)
+                        if owner.is_running():
                             return WRONG_LOOP
-                        # a stopped loop (run_until_complete between runs) with nothing in flight: left as if ended
-                        left, owner = (owner, *self._leave()), None
+                        if self._idle():  # stopped (run_until_complete between runs), nothing in flight: left
+                            left, owner = (owner, *self._leave()), None
+                        elif loop.time() >= min(give_up, stopped_since + STOPPED_WAIT):
+                            return OWNER_STOPPED
+                        else:  # stopped with calls in flight: they end, or go on, when it ends or runs again
+                            stopped_busy = True
                     # no owner, or the home loop: taken now unless sync calls run, or are about to, on the home loop
-                    if loop is self._home or not self._home_calls:
+                    if stopped_busy:
+                        pass
+                    elif loop is self._home or not self._home_calls:
                         if self._pending is loop:  # the sync calls waiting for this handover go on
                             self._pending = None
                             self._home_idle.notify_all()
@@ -187,9 +211,10 @@ class LoopOwner:
                         self._token = token = object()
                         self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
                         break
-                    if self._pending not in (None, loop) or loop.time() >= give_up:
+                    elif self._pending not in (None, loop) or loop.time() >= give_up:
                         return HANDOVER_TIMED_OUT if self._pending in (None, loop) else WRONG_LOOP
-                    self._pending, self._pending_wait = loop, wait
+                    else:
+                        self._pending, self._pending_wait = loop, wait
                 await anyio.sleep(HANDOVER_POLL)
         finally:
             with self._lock:
@@ -375,6 +400,11 @@ class HomeCall:
 class LoopEnded(GuardClosed):
     """A sync call's run on an event loop of the caller's ended before its response arrived, as that loop ended (or
     the Guard left it): nothing was handed over, so the sync edge sends the call again where the Guard runs now."""
+
+
+class OwnerRuns(LoopEnded):
+    """A sync call came to the Guard's own loop while the owner loop was stopped for a moment, and it runs again:
+    nothing was sent; the sync edge sends the call again, to run on that loop."""
 
 
 async def _end_guests(guests: set[object]) -> None:

@@ -23,7 +23,7 @@ import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
 from llmguard_client._core.given_up import CALLER_EXTENSION
-from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall, LoopEnded
+from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall, LoopEnded, OwnerRuns
 from llmguard_client._http.upload import rereadable
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
@@ -77,12 +77,14 @@ def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Respons
     call whose run on an event loop of the caller's ended with that loop before its response arrived (a task queue
     running each task in ``asyncio.run``) is sent again where the Guard runs next, if its body can be read again."""
     request.extensions[CALLER_EXTENSION] = f"thread:{os.getpid()}:{threading.get_ident()}"
-    for moves in itertools.count():
+    moves = 0
+    for tries in itertools.count(1):
         access, home = sync_access(guard, request)
         try:
             return send(access, guard.transport, request, home)
-        except LoopEnded:
-            if moves == MOVES or access.loop is None or not rereadable(request.stream):
+        except LoopEnded as ended:
+            moves += not isinstance(ended, OwnerRuns)  # that one sent nothing: it only missed the owner loop
+            if moves > MOVES or tries > 3 * MOVES or access.loop is None or not rereadable(request.stream):
                 raise
             guard.transport.loops.wait_left(access.loop, LEFT_WAIT)  # the loop is ending: the Guard leaves it soon
     raise AssertionError("unreachable")  # pragma: no cover

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -338,6 +339,51 @@ def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_ru
     finally:
         guard.close()
     assert eventually(lambda: client_sockets([server]) == 0)
+
+
+def test_a_sync_call_made_while_the_owner_loop_is_stopped_for_a_moment_runs_there_once_it_runs_again(
+    server: LoopbackServer,
+) -> None:
+    """asyncio.run stops its loop for a moment between its main task and its clean-up. A worker's sync call made
+    then, while another's was in flight on that loop, went to the Guard's own loop and was refused ("connections
+    belong to another event loop, which is still running", a 400); it now waits for that loop, and runs there."""
+    guard = guard_over(server)
+    outcome: dict[str, BaseException | httpx.Response] = {}
+
+    def sync_call(name: str) -> None:
+        with guard.sync_http_client() as client:
+            try:
+                outcome[name] = client.post(server.url + CHAT, json=BODY)
+            except BaseException as exc:
+                outcome[name] = exc
+
+    loop = asyncio.new_event_loop()
+    first = threading.Thread(target=sync_call, args=("first",))
+    second = threading.Thread(target=sync_call, args=("second",))
+    try:
+
+        async def own_then_start_one() -> None:
+            async with guard.http_client() as client:
+                await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
+            server.script = Script(hang_before_headers=0.5)
+            first.start()
+            assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
+            server.script = Script()
+
+        loop.run_until_complete(own_then_start_one())  # stops with the first sync call in flight on it
+        second.start()
+        time.sleep(0.05)  # the second call finds the loop stopped
+        loop.run_until_complete(asyncio.to_thread(eventually, lambda: len(outcome) == 2, 10))
+        first.join(10)
+        second.join(10)
+        assert {name: getattr(answer, "status_code", answer) for name, answer in outcome.items()} == {
+            "first": 200,
+            "second": 200,
+        }
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+        guard.close()
 
 
 def test_sync_calls_beside_a_task_queue_running_each_task_in_asyncio_run_are_all_served(
