@@ -84,8 +84,11 @@ def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Respons
             return send(access, guard.transport, request, home)
         except LoopEnded as ended:
             moves += not isinstance(ended, OwnerRuns)  # that one sent nothing: it only missed the owner loop
-            if moves > MOVES or tries > 3 * MOVES or access.loop is None or not rereadable(request.stream):
-                raise
+            if not rereadable(request.stream):
+                why = f"{ended}; it was not sent again: its request body (an iterator's) can be read only once"
+                raise GuardClosed(why, request=request) from ended
+            if moves > MOVES or tries > 3 * MOVES or access.loop is None:
+                raise GuardClosed(f"{ended}; it was sent again {moves - 1} time(s)", request=request) from ended
             guard.transport.loops.wait_left(access.loop, LEFT_WAIT)  # the loop is ending: the Guard leaves it soon
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -4,6 +4,7 @@ run on the caller's loop that owns the Guard; async code takes the Guard over fr
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -383,6 +384,42 @@ def test_a_sync_call_made_while_the_owner_loop_is_stopped_for_a_moment_runs_ther
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+        guard.close()
+
+
+def test_a_sync_call_whose_body_is_read_once_is_not_sent_again_when_its_loop_ends(server: LoopbackServer) -> None:
+    """An iterator's body was sent as it was read: cut with its loop, the call fails, saying why it was not sent
+    again (before: the private loop-ended error, with no word of the body)."""
+    guard = guard_over(server)
+    outcome: list[BaseException | httpx.Response] = []
+    started = threading.Event()
+
+    def waiting_call() -> None:
+        with guard.sync_http_client() as client:
+            started.set()
+            try:
+                outcome.append(client.post(server.url + CHAT, content=iter([json.dumps(BODY).encode()])))
+            except BaseException as exc:
+                outcome.append(exc)
+
+    async def app() -> None:
+        async with guard.http_client() as client:
+            await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
+        server.script = Script(hang_before_headers=30)
+        worker = threading.Thread(target=waiting_call)
+        worker.start()
+        await asyncio.to_thread(started.wait, 10)
+        assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
+        app.worker = worker  # type: ignore[attr-defined]
+
+    asyncio.run(app())
+    worker: threading.Thread = app.worker  # type: ignore[attr-defined]
+    worker.join(20)
+    try:
+        [error] = outcome
+        assert type(error) is GuardClosed and "can be read only once" in str(error)
+        assert len(server.received) == 2  # sent once
+    finally:
         guard.close()
 
 
