@@ -5,8 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from llmguard_client import Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier, TTFTTimeout
+from llmguard_client import Guard, HedgePolicy, PhaseRecord, Tier, TTFTTimeout
 from tests.loopback import LoopbackServer, Script
+from tests.stream.test_watchdog import close_between_two_reads
 
 pytest.importorskip("trio")
 
@@ -42,21 +43,7 @@ def test_hedged_stream_and_deadline_under_trio(servers: list[LoopbackServer]) ->
 def test_closing_the_guard_between_two_reads_ends_the_next_one_with_guard_closed(servers: list[LoopbackServer]) -> None:
     """On trio each read has a cancel scope (no watchdog): a close that comes between two reads found the
     connection already closed at the next one and raised ``StreamTruncated``; it is ``GuardClosed``, as on asyncio."""
-    servers[0].script = Script(tokens=500, gap=0.01)
     records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        guard = Guard([servers[0].url], tiers={"t": Tier(ttft=2.0, total=30.0, stall=5.0)}, on_record=records.append)
-        async with guard.http_client() as client:
-            body = {"model": "m", "messages": [], "stream": True}
-            async with client.stream("POST", servers[0].url + "/v1/chat/completions", json=body) as response:
-                chunks = response.aiter_raw()
-                await chunks.__anext__()
-                await guard.aclose()
-                with pytest.raises(GuardClosed):
-                    async for _ in chunks:
-                        pass
-
-    anyio.run(main, backend="trio")
+    anyio.run(close_between_two_reads, servers[0], records, backend="trio")
     assert records[0].cause == "guard_closed"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)

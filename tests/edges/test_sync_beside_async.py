@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -303,10 +303,11 @@ async def test_guard_close_from_a_worker_thread_closes_it_on_the_loop_that_owns_
         await asyncio.to_thread(guard.sync_http_client)
 
 
-def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_runs_next(
-    server: LoopbackServer,
-) -> None:
-    guard = guard_over(server)
+def cut_with_its_loop(
+    guard: Guard, server: LoopbackServer, post: Callable[[httpx.Client], httpx.Response]
+) -> BaseException | httpx.Response:
+    """A worker's sync call (``post``) runs on the loop of an ``asyncio.run`` that owns the Guard and returns while
+    the server holds the call: its outcome, once the worker is done (the server answers what comes after at once)."""
     outcome: list[BaseException | httpx.Response] = []
     started = threading.Event()
 
@@ -314,27 +315,34 @@ def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_ru
         with guard.sync_http_client() as client:
             started.set()
             try:
-                outcome.append(client.post(server.url + CHAT, json=BODY))
+                outcome.append(post(client))
             except BaseException as exc:
                 outcome.append(exc)
+
+    worker = threading.Thread(target=waiting_call)
 
     async def app() -> None:
         async with guard.http_client() as client:
             await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
         server.script = Script(hang_before_headers=30)
-        worker = threading.Thread(target=waiting_call)
         worker.start()
         await asyncio.to_thread(started.wait, 10)
         assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
-        server.script = Script()  # for the call sent again
-        app.worker = worker  # type: ignore[attr-defined]
+        server.script = Script()  # for a call sent again
 
     asyncio.run(app())  # returns with the sync call in flight on its loop
-    worker: threading.Thread = app.worker  # type: ignore[attr-defined]
     worker.join(20)
+    assert not worker.is_alive()
+    [answer] = outcome
+    return answer
+
+
+def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_runs_next(
+    server: LoopbackServer,
+) -> None:
+    guard = guard_over(server)
     try:
-        assert not worker.is_alive()
-        [response] = outcome
+        response = cut_with_its_loop(guard, server, lambda client: client.post(server.url + CHAT, json=BODY))
         assert isinstance(response, httpx.Response) and response.status_code == 200
         assert len(server.received) == 3  # the async call, the sync call cut with its loop, the same sent again
     finally:
@@ -391,32 +399,9 @@ def test_a_sync_call_whose_body_is_read_once_is_not_sent_again_when_its_loop_end
     """An iterator's body was sent as it was read: cut with its loop, the call fails, saying why it was not sent
     again (before: the private loop-ended error, with no word of the body)."""
     guard = guard_over(server)
-    outcome: list[BaseException | httpx.Response] = []
-    started = threading.Event()
-
-    def waiting_call() -> None:
-        with guard.sync_http_client() as client:
-            started.set()
-            try:
-                outcome.append(client.post(server.url + CHAT, content=iter([json.dumps(BODY).encode()])))
-            except BaseException as exc:
-                outcome.append(exc)
-
-    async def app() -> None:
-        async with guard.http_client() as client:
-            await client.post(server.url + CHAT, json=BODY)  # this loop owns the Guard
-        server.script = Script(hang_before_headers=30)
-        worker = threading.Thread(target=waiting_call)
-        worker.start()
-        await asyncio.to_thread(started.wait, 10)
-        assert await asyncio.to_thread(eventually, lambda: len(server.received) == 2, 10)
-        app.worker = worker  # type: ignore[attr-defined]
-
-    asyncio.run(app())
-    worker: threading.Thread = app.worker  # type: ignore[attr-defined]
-    worker.join(20)
+    body = json.dumps(BODY).encode()
     try:
-        [error] = outcome
+        error = cut_with_its_loop(guard, server, lambda client: client.post(server.url + CHAT, content=iter([body])))
         assert type(error) is GuardClosed and "can be read only once" in str(error)
         assert len(server.received) == 2  # sent once
     finally:

@@ -9,9 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from llmguard_client import GuardClosed, PhaseRecord, StallTimeout, Tier
+from llmguard_client import PhaseRecord, StallTimeout, Tier
 from tests.core.test_transport import CHAT, STREAM_BODY, make_guard
 from tests.loopback import LoopbackServer, Script
+from tests.stream.test_watchdog import close_between_two_reads
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -23,21 +24,8 @@ def on_uvloop(main: Callable[[], Awaitable[None]]) -> None:
 
 def test_closing_the_guard_ends_a_stream_read_on_uvloop(servers: list[LoopbackServer]) -> None:
     """Before: ``aclose()`` raised ``TypeError('transport sockets do not support shutdown() method')``."""
-    servers[0].script = Script(tokens=500, gap=0.01)
     records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        guard = make_guard(servers[:1], records, tiers={"t": Tier(ttft=2.0, total=30.0, stall=5.0)})
-        async with guard.http_client() as client:
-            async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
-                iterator = response.aiter_raw()
-                await iterator.__anext__()
-                await guard.aclose()
-                with pytest.raises(GuardClosed):
-                    async for _ in iterator:
-                        pass
-
-    on_uvloop(main)
+    on_uvloop(lambda: close_between_two_reads(servers[0], records))
     assert records[0].cause == "guard_closed"
     assert servers[0].wait_for(lambda: servers[0].disconnects == 1)
 
