@@ -33,6 +33,13 @@ def judged(record: PhaseRecord) -> tuple[object, ...]:
     return record.status, len(record.attempts), record.chunks, record.completion_tokens, record.first_token is not None
 
 
+def guarded_openai(server: LoopbackServer, guard: Guard) -> Any:
+    """The async openai client through ``guard``, as the plain one (no retry of its own)."""
+    return openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="k", max_retries=0, http_client=guard.http_client_for(openai.AsyncOpenAI)
+    )
+
+
 @pytest.mark.parametrize("media_type", LABELS)
 async def test_an_openai_stream_with_another_label_reaches_the_sdk_as_without_a_guard(
     servers: list[LoopbackServer], amake_guard: Callable[..., Guard], media_type: str | None
@@ -42,12 +49,7 @@ async def test_an_openai_stream_with_another_label_reaches_the_sdk_as_without_a_
         expected = await chat_text(plain)
     records: list[PhaseRecord] = []
     guard = amake_guard(on_record=records.append)
-    guarded = openai.AsyncOpenAI(
-        base_url=servers[0].url + "/v1",
-        api_key="k",
-        max_retries=0,
-        http_client=guard.http_client_for(openai.AsyncOpenAI),
-    )
+    guarded = guarded_openai(servers[0], guard)
     assert await chat_text(guarded) == expected != ""  # before: APIConnectionError (3 x stream_not_sse / json_body)
     label_streams(servers, "text/event-stream")
     assert await chat_text(guarded) == expected
@@ -116,12 +118,7 @@ async def test_a_non_streaming_answer_labelled_as_a_stream_reaches_the_sdk_as_wi
         expected = await answer(plain)
     records: list[PhaseRecord] = []
     guard = amake_guard(on_record=records.append)
-    guarded = openai.AsyncOpenAI(
-        base_url=servers[0].url + "/v1",
-        api_key="k",
-        max_retries=0,
-        http_client=guard.http_client_for(openai.AsyncOpenAI),
-    )
+    guarded = guarded_openai(servers[0], guard)
     assert await answer(guarded) == expected != ""  # before: APIConnectionError (3 x stream_truncated)
     [record] = records
     assert (record.status, len(record.attempts), record.completion_tokens) == ("ok", 1, 1)
