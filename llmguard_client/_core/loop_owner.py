@@ -16,16 +16,20 @@ event loop here as an asyncio loop is (`llmguard_client._core.event_loops`): ``t
 generators as it ends too.
 
 Sync calls run on the Guard's own loop, on a thread of its own (its *home*, `llmguard_client.edges`), unless an
-event loop of the caller's owns the Guard: then they run on that loop (`sync_loop`), so a web app's sync
-handlers (in worker threads) and its async ones share one Guard. The other way round, the first call of async
-code takes the Guard over from its home loop once the sync calls running there have handed their responses over
-(new ones wait for that, so it comes even under steady sync traffic), within its tier's ttft: a call that has
-handed its response over sends nothing more, and its body is read on at home, from the home's pools, which are
-closed there once the last such body has ended. A sync call made on the owner loop's own thread (a notebook
-cell after an awaited call) blocks that loop until it returns: if nothing of the Guard's is in flight there, the
-Guard leaves that loop for its home (`leave_blocked_owner`, its pools closed on the old loop once it runs again)
-and the call runs on the home loop; else it is refused, as it would wait for the calls of the very loop it
-blocks.
+event loop of the caller's owns the Guard: then they run on that loop (`sync_loop`) as its guests (`as_guest`), so
+a web app's sync handlers (in worker threads) and its async ones share one Guard. As that loop ends, the Guard
+leaves it at once (sync calls go home, with new pools) and cancels and waits for its guests; a guest cut before its
+answer arrived is sent again by the sync edge (`LoopEnded`). A loop stopped for a moment with guests in flight
+(``asyncio.run`` between its main task and its clean-up) is waited for, up to `STOPPED_WAIT`.
+
+The other way round, the first call of async code takes the Guard over from its home loop once the sync calls
+running there have handed their responses over (new ones wait for that, so it comes even under steady sync traffic),
+within its tier's ttft: a call that has handed its response over sends nothing more, and its body is read on at
+home, from the home's pools, which are closed there once the last such body has ended. A sync call made on the owner
+loop's own thread (a notebook cell after an awaited call) blocks that loop until it returns: if nothing of the
+Guard's is in flight there, the Guard leaves that loop for its home (`leave_blocked_owner`, its pools closed on the
+old loop once it runs again) and the call runs on the home loop; else it is refused, as it would wait for the calls
+of the very loop it blocks.
 """
 
 from __future__ import annotations
