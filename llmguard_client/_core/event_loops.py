@@ -10,6 +10,8 @@ asyncio loop's included), made only then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -78,12 +80,41 @@ def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[
     ended; the future is cancelled if the loop ends before the task does."""
     if isinstance(loop, TrioRun):
         return loop.start(func)
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+    future: Future[T] = Future()
 
     async def call() -> T:
         return await func()
 
-    assert isinstance(loop, asyncio.AbstractEventLoop)
-    return asyncio.run_coroutine_threadsafe(call(), loop)
+    def start() -> None:  # the coroutine is made here, so a loop that closes first leaves none never awaited
+        if future.cancelled():
+            return
+        task = loop.create_task(call())
+        task.add_done_callback(functools.partial(_settle, future))
+        future.add_done_callback(functools.partial(_cancel_with, loop, task))  # and the future holds the task
+
+    loop.call_soon_threadsafe(start)
+    return future
+
+
+def _cancel_with(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], future: Future[Any]) -> None:
+    """A future cancelled by its caller cancels its task, as ``asyncio.run_coroutine_threadsafe``'s does."""
+    if future.cancelled():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the task ended with it
+            loop.call_soon_threadsafe(task.cancel)
+
+
+def _settle(future: Future[T], task: asyncio.Task[T]) -> None:
+    """``future`` takes the outcome of ``task``, which ran for it on an asyncio loop."""
+    if task.cancelled():
+        future.cancel()
+    if not future.set_running_or_notify_cancel():
+        return
+    error = task.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(task.result())
 
 
 _started_soon: set[asyncio.Task[Any]] = set()

@@ -4,12 +4,15 @@ task started on either from another thread."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import warnings
 from concurrent.futures import CancelledError, Future
 
 import pytest
 
 from llmguard_client._core.event_loops import EventLoop, TrioRun, run_threadsafe, running_loop, start_soon
+from tests.edges.conftest import eventually
 
 trio = pytest.importorskip("trio")
 trio_testing = pytest.importorskip("trio.testing")
@@ -137,3 +140,47 @@ def test_a_task_started_soon_on_a_stopped_loop_runs_when_the_loop_next_runs_and_
     assert ran == ["ran"]
     with pytest.raises(RuntimeError):
         start_soon(work, loop)
+
+
+def test_a_call_dispatched_to_an_asyncio_loop_that_closes_first_leaves_no_coroutine_never_awaited() -> None:
+    """Before: the coroutine was made at once, and collected unawaited with the loop (a RuntimeWarning)."""
+
+    async def never() -> None:
+        raise AssertionError("not started")
+
+    loop = asyncio.new_event_loop()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        started = run_threadsafe(never, loop)
+        loop.close()  # before it ever ran
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert not started.done()
+
+
+def test_a_call_on_an_asyncio_loop_gives_its_future_its_outcome_and_is_cancelled_with_it() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+
+        async def answer() -> int:
+            return 42
+
+        async def fails() -> None:
+            raise ValueError("from the task")
+
+        async def waits() -> None:
+            await asyncio.sleep(3600)
+
+        assert run_threadsafe(answer, loop).result(10) == 42
+        with pytest.raises(ValueError, match="from the task"):
+            run_threadsafe(fails, loop).result(10)
+        waiting = run_threadsafe(waits, loop)
+        assert eventually(lambda: len(asyncio.all_tasks(loop)) == 1)
+        waiting.cancel()
+        assert eventually(lambda: not asyncio.all_tasks(loop))
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
