@@ -54,7 +54,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import Call
-from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Win
+from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room
@@ -203,34 +203,24 @@ class RetryLayer:
                 return None
             asked = self.replicas.asked_beyond(now, avoid)
             if asked > 0.0:  # it asked for more rest than the guard waits: no call waits for its probe either
-                return Failed(
-                    reason=AllReplicasCooling(
-                        f"the only replica left asked for {asked:.3f}s more of rest (its Retry-After), longer than "
-                        f"the guard waits (RetryPolicy.max_retry_after); tier {call.tier_name!r} call refused "
-                        f"before it was sent (its cool-down's probe goes in {wait:.3f}s)",
-                        request=call.request,
-                        record=call.record,
-                        retry_after=asked,
-                    ),
-                    stopped="no_replica",
+                why = (
+                    f"the only replica left asked for {asked:.3f}s more of rest (its Retry-After), longer than the "
+                    f"guard waits (RetryPolicy.max_retry_after); tier {call.tier_name!r} call refused before it was "
+                    f"sent (its cool-down's probe goes in {wait:.3f}s)"
                 )
+                return _cooling_refusal(call, why, asked, "no_replica")
             # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
             if unknown or not fits_deadline(call, now, wait):
                 left = self.replicas.cooling_left(now, avoid)
-                return Failed(
-                    reason=AllReplicasCooling(
-                        f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
-                        f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, does not fit the "
-                        f"{call.first_token_deadline - now:.3f}s left before the ttft deadline of tier "
-                        f"{call.tier_name!r} ({call.tier.ttft}s); refused before it was sent",
-                        request=call.request,
-                        record=call.record,
-                        retry_after=left,
-                    ),
-                    stopped="deadline",
+                why = (
+                    f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
+                    f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, does not fit the "
+                    f"{call.first_token_deadline - now:.3f}s left before the ttft deadline of tier "
+                    f"{call.tier_name!r} ({call.tier.ttft}s); refused before it was sent"
                 )
+                return _cooling_refusal(call, why, left, "deadline")
             await anyio.sleep(wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
 
     def learn(
@@ -377,3 +367,9 @@ class RetryLayer:
                 stopped="budget",
             )
         return wait, state, payment
+
+
+def _cooling_refusal(call: Call, why: str, retry_after: float, stopped: Stop) -> Failed:
+    """A first attempt refused before it was sent because the one replica left is cooling (`AllReplicasCooling`)."""
+    reason = AllReplicasCooling(why, request=call.request, record=call.record, retry_after=retry_after)
+    return Failed(reason=reason, stopped=stopped)
