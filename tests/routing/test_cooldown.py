@@ -195,14 +195,12 @@ def test_a_429_with_provider_limits_is_retried_when_its_retry_after_ends(backend
     records: list[PhaseRecord] = []
 
     async def main() -> None:
-        guard = Guard(
-            ["http://a.test"],
+        guard = virtual_guard(
+            {"http://a.test": fake},
+            records,
             rate_limit=RateLimit(requests_per_minute=600, tokens_per_minute=100_000),
             tiers={"t": Tier(ttft=10.0, total=20.0)},
             hedge=None,
-            instrumentation=None,
-            on_record=records.append,
-            transport_factory=lambda r: fake,
         )
         async with guard, guard.http_client() as client:
             response = await client.post("http://a.test" + CHAT, json=BODY)
