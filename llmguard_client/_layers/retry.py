@@ -22,7 +22,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   bucket admits the next attempts;
 - with a single replica left (a hosted API) that is cooling, a call's first attempt waits for the
   cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
-  otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``);
+  otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``); while another call is
+  the probe, the waiting calls go when it is served, and decide again when it is refused;
 - every retry is paid from the shared budget; an empty budget ends the call at once
   with the last server answer. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
@@ -152,6 +153,7 @@ class RetryLayer:
                 return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)
             if route.kind != "continuation":
                 kind = "retry"
+            self.replicas.take_probe(state, call.clock() + wait)  # sent as the cool-down's probe, if it is
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
@@ -195,7 +197,8 @@ class RetryLayer:
     async def _wait_for_first(self, call: Call, avoid: tuple[ReplicaState, ...]) -> Failed | None:
         """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
         cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
-        the call is refused before it is sent."""
+        the call is refused before it is sent. A change of the cool-down (another call's probe served, or
+        refused again) ends the wait early, to decide again."""
         while True:
             now = call.clock()
             wait = self.replicas.first_wait(now, avoid)
@@ -221,7 +224,8 @@ class RetryLayer:
                     f"{call.tier_name!r} ({call.tier.ttft}s); refused before it was sent"
                 )
                 return _cooling_refusal(call, why, left, "deadline")
-            await anyio.sleep(wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
+            # Woken early when the cool-down changes: its probe served (go now) or refused (decide again).
+            await self.replicas.cooling_changed.wait(wait)  # inside the deadline layer's scope: aclose() ends it
 
     def learn(
         self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None, *, judged: bool = True
@@ -335,7 +339,9 @@ class RetryLayer:
                     stopped="deadline",
                 )
             wait = soonest
-            state = self.replicas.pick(now + soonest, avoid, key) or last.state
+            # Chosen ahead: the probe is taken only when the retry is sent as the probe (see __call__), not
+            # by a retry the server paced past it (it goes after the cool-down, below).
+            state = self.replicas.pick(now + soonest, avoid, key, take=False) or last.state
         elif (last.retry_after is not None or last.overload) and state is not last.state:
             wait = 0.0  # overload on one replica: go to another at once
         else:

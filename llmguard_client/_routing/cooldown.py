@@ -14,8 +14,11 @@ overload benchmark's goodput fell from 1.03x/0.98x of plain to 0.97x/0.95x).
 When a single candidate is left (one replica, as a hosted API) and it is cooling, there is nowhere else to
 go: a first attempt waits for its probe (or the end of the cool-down, whichever comes first) if that fits
 the call's first-token deadline, and is refused before it is sent otherwise (`first_wait`; the retry layer
-decides, `llmguard_client._layers.retry`). A retry also waits for the first to free, within the call's
-first-token deadline.
+decides, `llmguard_client._layers.retry`); a change of the cool-down (its probe served, or refused again)
+wakes the waiting calls to decide again. A retry also waits for the first to free, within the call's
+first-token deadline; a retry chosen ahead of its time takes the probe only if it is sent as the probe
+(`take_probe`): one paced by the server's Retry-After goes after the cool-down, and leaves the probe to the
+calls waiting.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Protocol, TypeVar
 
-__all__ = ["PROBE_AT", "Cooling", "first_attempt_candidates", "first_wait", "probe_after"]
+__all__ = ["PROBE_AT", "Cooling", "first_attempt_candidates", "first_wait", "probe_after", "take_probe"]
 
 PROBE_AT = 0.5
 """The share of a cool-down after which its one probe may go."""
@@ -47,18 +50,27 @@ def probe_after(now: float, seconds: float) -> float:
     return now + PROBE_AT * seconds
 
 
-def first_attempt_candidates(candidates: list[C], now: float) -> list[C]:
-    """The replicas among ``candidates`` that may take a first attempt now (see the module docstring):
+def take_probe(s: Cooling, now: float) -> None:
+    """Make the attempt sent to ``s`` at ``now`` its cool-down's one probe, if that probe is due then: its answer
+    ends the cool-down or renews it."""
+    if s.cooling(now) and s.probe_at <= now:
+        s.probe_at, s.probing = math.inf, True
+
+
+def first_attempt_candidates(candidates: list[C], now: float, *, take: bool = True) -> list[C]:
+    """The replicas among ``candidates`` that may take a first attempt at ``now`` (see the module docstring):
     all of them while none is cooling; else a due probe alone, or the ready ones; when several are all
     cooling, all of them again (the router spreads them by load); a single cooling one only as its probe
-    (else none: `first_wait` says for how long)."""
+    (else none: `first_wait` says for how long). Not ``take`` (a choice ahead of the attempt), a due probe
+    is offered but not taken: `take_probe` takes it when the attempt is sent as the probe."""
     if not any(s.cooling(now) for s in candidates):
         return candidates
     ready = [s for s in candidates if not s.cooling(now)]
     if ready or len(candidates) == 1:
         for s in candidates:
             if s.probe_at <= now and s.cooling(now):
-                s.probe_at, s.probing = math.inf, True
+                if take:
+                    take_probe(s, now)
                 return [s]
         return ready
     return candidates

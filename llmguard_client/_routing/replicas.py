@@ -23,9 +23,10 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after
+from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after, take_probe
 from llmguard_client._routing.reach import relative, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
+from llmguard_client._routing.wakeup import Wakeup
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
 
@@ -143,6 +144,8 @@ class ReplicaSet:
     ) -> None:
         self.panic_threshold = panic_threshold
         """Below this share of healthy replicas, open circuits still take calls (`RetryPolicy.panic_threshold`)."""
+        self.cooling_changed = Wakeup()
+        """Wakes the first attempts waiting for a cool-down when one is renewed, or ended by its probe."""
         self._panicking = False
         self._transport_factory = transport_factory
         self.renewals = 0
@@ -171,6 +174,7 @@ class ReplicaSet:
         *,
         cornered: bool = False,
         resting: bool = True,
+        take: bool = True,
     ) -> ReplicaState | None:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
@@ -183,11 +187,13 @@ class ReplicaSet:
         bound (`llmguard_client._routing.affinity.routing`); ``pick_ready`` and ``pick_hedge`` do the same.
         A ``cornered`` call (one that only the replicas not excluded can serve: `llmguard_client._routing.reach`)
         goes to one whose circuit is open when none of them has a closed one, as with one replica. Not
-        ``resting`` (a call off the generation paths), cool-downs are not heeded and no probe is taken.
+        ``resting`` (a call off the generation paths), cool-downs are not heeded and no probe is taken. Not
+        ``take`` (a retry chosen ahead of ``now``, when it will be sent), a due probe may be chosen but is not
+        taken: `take_probe` takes it if the attempt goes as the probe.
         """
         candidates = self._allowed(now, exclude, cornered=cornered)
         if resting:  # else (a call off the generation paths) a cooling replica takes it, as a ready one would
-            candidates = first_attempt_candidates(candidates, now)
+            candidates = first_attempt_candidates(candidates, now, take=take)
         return self.router.pick(now, candidates, self._prefer(key, now))
 
     def asked_beyond(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
@@ -201,6 +207,11 @@ class ReplicaSet:
         if not state.cooling(now) or set_until != state.cooling_until:
             return 0.0
         return max(0.0, asked_until - now)
+
+    def take_probe(self, state: ReplicaState, at: float) -> None:
+        """An attempt goes to ``state`` at ``at``: if ``state`` is cooling then with its probe due, it is that
+        probe (the calls waiting for it wait for its answer instead)."""
+        take_probe(state, at)
 
     def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no
@@ -291,6 +302,7 @@ class ReplicaSet:
         processes of a fleet keep theirs: a clear would close their circuits too)."""
         if state.probing:
             state.cooling_until, state.probing = 0.0, False
+            self.cooling_changed.notify()
 
     # --- learning -------------------------------------------------------------------------
 
@@ -301,6 +313,7 @@ class ReplicaSet:
             state.cooling_until = now + seconds
             state.probe_at, state.probing = probe_after(now, seconds), False
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
+            self.cooling_changed.notify()
             if self.shared is not None:
                 self.shared.cooled(state, seconds)
 
@@ -320,6 +333,7 @@ class ReplicaSet:
                 self.shared.closed(state)
         if state.probing:
             state.cooling_until, state.probing = 0.0, False
+            self.cooling_changed.notify()
         if state.tripped:
             logger.info("llmguard: replica %s answered again; its circuit is closed", state.name)
         state.consecutive_failures = 0

@@ -328,3 +328,79 @@ def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(ser
     assert guard_failure(refused.value) == "all_replicas_cooling"
     assert 5000 < float(refused.value.response.headers["retry-after-ms"]) <= 120_000  # the server's seconds left
     assert len(server.received) == 1
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [429, 503])
+def test_with_one_replica_the_calls_waiting_go_at_the_probe_half_way_and_the_rest_once_it_is_served(
+    backend: str, status: int
+) -> None:
+    """One replica answers a call ``Retry-After: 4``; three calls start 0.2 s later. The first call's retry waits
+    for the whole Retry-After (the server paces it) without taking the cool-down's probe: one new call is the
+    probe at 2 s, half-way, and once it is served (its first token at 2.5 s) the cool-down is over and the two
+    others go at once, not at 4 s."""
+    fake = FakeReplica("a", [Plan(status=status, retry_after="4"), Plan(first_token_after=0.5)])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard({"http://a.test": fake}, records, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client() as client:
+
+            async def call() -> None:
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+
+            start = now()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(0.2)
+                for _ in range(3):
+                    tg.start_soon(call)
+            assert guard.snapshot().replicas[0].cooling_for == 0.0
+
+        sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
+        assert sent == [0.0, 2.0, 2.5, 2.5, 4.0]  # the 429, the probe, the two others, the first call's retry
+        first = next(r for r in records if len(r.attempts) == 2)
+        assert [a.status_code for a in first.attempts] == [status, 200]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_others_then(backend: str) -> None:
+    """The probe at 2 s is answered ``Retry-After: 4`` again at 2.5 s: the cool-down now ends at 6.5 s with its
+    probe at 4.5 s. Of the calls waiting since 2.2 s, one whose deadline does not fit the wait for that probe is
+    refused then, before it is sent; one whose deadline fits keeps waiting and is that probe."""
+    fake = FakeReplica(
+        "a", [Plan(status=429, retry_after="4"), Plan(status=429, retry_after="4", headers_after=0.5), Plan()]
+    )
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"long": Tier(ttft=600.0, total=900.0), "short": Tier(ttft=4.0, total=60.0)}
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client() as client:
+            refused: list[tuple[float, AllReplicasCooling]] = []
+
+            async def call(tier: str = "long") -> None:
+                try:
+                    response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": tier})
+                except AllReplicasCooling as error:
+                    refused.append((now() - start, error))
+                else:
+                    assert response.status_code == 200
+
+            start = now()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)  # the 429 at 0 s; its retry at 4 s, when its Retry-After ends
+                await anyio.sleep(0.2)
+                tg.start_soon(call)  # the probe at 2 s, refused at 2.5 s; its retry at 6.5 s
+                await anyio.sleep(2.0)
+                tg.start_soon(call, "short")  # fits a wait to 4 s (its deadline is 6.2 s), not one to 4.5 s
+                tg.start_soon(call)
+            assert fake.requests == 5
+
+        assert [(at, error.retry_after) for at, error in refused] == [(pytest.approx(2.5), pytest.approx(4.0))]
+        sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
+        assert sent == [0.0, 2.0, 4.0, 4.5, 6.5]
+
+    run_virtual(main, backend)
