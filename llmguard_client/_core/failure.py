@@ -27,6 +27,7 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
+from llmguard_client._http.error_body import ERROR_BODY_LIMIT, WholeErrorBody
 from llmguard_client.errors import (
     AllAttemptsFailed,
     AllAttemptsFailedToConnect,
@@ -118,6 +119,18 @@ def failure_response(error: GuardFailure, request: httpx.Request, record: PhaseR
     )
 
 
+def untold_answer(status: int) -> bytes:
+    """The body of a server's answer handed back again (cooperative mode: the SDK's retry may not be sent after
+    all) when the guard did not keep it (longer than `ERROR_BODY_LIMIT`): an OpenAI-format JSON error saying so,
+    never the body cut."""
+    message = (
+        f"the retry budget is empty: this retry was not sent; the server's last answer ({status}) had a body "
+        f"longer than the {ERROR_BODY_LIMIT // 1024} KiB the guard keeps, so it is not repeated here"
+    )
+    error = {"message": message, "type": "llmguard_error", "code": "budget_exhausted", "param": None}
+    return json.dumps({"error": error}).encode()
+
+
 def upstream_response(
     failure: AttemptFailure,
     cause: str | None,
@@ -127,17 +140,19 @@ def upstream_response(
     no_retry: bool,
     as_sent: bool = False,
 ) -> httpx.Response:
-    """The last server answer, handed back as it was; ``cause`` and ``no_retry`` mark it for the caller
-    (``x-llmguard-cause``, ``x-should-retry: false``). With ``as_sent``, a 200 whose error event the SDK reads
-    itself is handed back as it came (`AttemptFailure.as_sent`), not as the status its error stands for."""
-    status, raw, body = (
-        failure.as_sent if as_sent and failure.as_sent else (failure.status_code or 502, failure.headers, failure.body)
-    )
+    """The last server answer, handed back as it was, its body whole (the rest of a long one read on from the
+    server, `AttemptFailure.unread`: the caller's lease must not close it); ``cause`` and ``no_retry`` mark it for
+    the caller (``x-llmguard-cause``, ``x-should-retry: false``). With ``as_sent``, a 200 whose error event the SDK
+    reads itself is handed back as it came (`AttemptFailure.as_sent`), not as the status its error stands for."""
+    sent = failure.as_sent if as_sent else None
+    status, raw, body = sent or (failure.status_code or 502, failure.headers, failure.body)
+    unread = failure.unread if sent is None else None
     headers = [(k, v) for k, v in raw.multi_items() if k.lower() not in _DROPPED]
     response = httpx.Response(
         status,
         headers=headers,
-        content=body,
+        content=body if unread is None else None,
+        stream=WholeErrorBody(body, unread) if unread is not None else None,
         request=request,
         extensions={**failure.extensions, "llmguard": record},
     )

@@ -60,7 +60,8 @@ class Episode:
     """A call in cooperative mode (`RetryPolicy.mode`) between two of the SDK's requests: the guard allowed
     a retry, and what must hold across the requests (the deadlines, the attempts used, the replicas that
     failed it) waits here for the SDK's next one. ``error`` or ``answer`` is what the last request got, handed
-    back again if the next one may not be sent after all (e.g. the budget emptied meanwhile)."""
+    back again if the next one may not be sent after all (e.g. the budget emptied meanwhile); an answer's body is
+    None when it was longer than the guard keeps (`llmguard_client._http.error_body`)."""
 
     first_token_deadline: float
     total_deadline: float
@@ -69,7 +70,7 @@ class Episode:
     paced: bool = False
     """The retry allowed waits out the server's Retry-After (`Payment.paced`): it may pass the budget's bound."""
     error: GuardFailure | None = None
-    answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+    answer: tuple[int, list[tuple[bytes, bytes]], bytes | None] | None = None
     record: PhaseRecord | None = None
 
 

@@ -254,6 +254,10 @@ class CallLease:
         if self.closed:
             raise GuardClosed("the call ended (the Guard was closed) before this answer arrived; it is closed")
 
+    def disown(self, response: httpx.Response) -> None:
+        """``response`` is handed on (an error answer the caller reads to its end): the lease no longer closes it."""
+        self._responses.pop(response, None)
+
     async def close_response(self, response: httpx.Response) -> None:
         """Close one owned response now (shielded)."""
         reading = self._responses.pop(response, None)

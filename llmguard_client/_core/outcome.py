@@ -10,7 +10,7 @@ sent). Layers hand each other values: none reads another layer's state off the `
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,7 +18,8 @@ import anyio
 import httpx
 
 from llmguard_client._budget.budget import BudgetTicket, RetryBudget
-from llmguard_client._core.lease import Hold
+from llmguard_client._core.lease import CallLease, Hold
+from llmguard_client._http.error_body import Unread
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.errors import GuardFailure
 from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
@@ -126,7 +127,7 @@ _REQUEST_FAULTS = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
 
 @dataclass(slots=True, eq=False)
 class AttemptFailure:
-    """An attempt that produced no usable answer; its connection is closed."""
+    """An attempt that produced no usable answer; its connection is closed (but for an ``unread`` body's)."""
 
     attempt: AttemptRecordBuilder
     state: ReplicaState
@@ -143,6 +144,9 @@ class AttemptFailure:
     """That 200 as it came (status, headers, the body up to its end or its error event), when its SDK reads the
     error event itself (the Responses API's ``error`` / ``response.failed``): what the caller gets if it is the
     call's last answer, as without a guard (no SDK retry either: a 200 is none to retry)."""
+    unread: Unread | None = None
+    """The rest of an error answer's body longer than ``body`` (`llmguard_client._http.error_body`), its
+    response still open: read on by the caller if this is the call's last answer, else closed (`close_unread`)."""
 
     @property
     def overload(self) -> bool:
@@ -188,3 +192,12 @@ class Failed:
 
 
 Outcome = Win | Failed
+
+
+async def close_unread(lease: CallLease, failures: Iterable[AttemptFailure]) -> None:
+    """Close the open responses of ``failures`` whose error bodies will not be handed on (retried, or another
+    attempt won): the server sees the disconnect now, not when the call ends."""
+    for failure in failures:
+        unread, failure.unread = failure.unread, None
+        if unread is not None:
+            await lease.close_response(unread.response)

@@ -37,7 +37,13 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.caller_intent import check_timeouts, max_attempts, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
-from llmguard_client._core.failure import attempts_error, describe_attempts, failure_response, upstream_response
+from llmguard_client._core.failure import (
+    attempts_error,
+    describe_attempts,
+    failure_response,
+    untold_answer,
+    upstream_response,
+)
 from llmguard_client._core.given_up import Episode, GivenUp, sdk_call
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
@@ -466,6 +472,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if last.as_sent is not None and last.stream_failure is not None and error is None:
                 status, cause = "error", last.stream_failure.cause  # the 200 the caller reads the error event of
             call.record.answered(last.as_sent[0] if last.as_sent else last.status_code, last.attempt.replica)
+            _hand_on(lease, last)
             await lease.aclose(status, cause)
             # The guard retried, or stopped retrying (attempts, budget, deadline): the SDK must not retry on top. An
             # answer the guard does not retry at all (a 400, a 409 or a 52x, any status off the generation paths) is
@@ -525,12 +532,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
         episode = next_episode(call, outcome, before)
         if last.status_code is not None:
             call.record.answered(last.status_code, last.attempt.replica)
+            _hand_on(lease, last)
             await lease.aclose("http_error", "upstream_status")
             record = call.record.snapshot()
             response = upstream_response(last, "upstream_status", call.request, record, no_retry=False)
             allow_retry(response, outcome.retry_in)
             kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _RETRY_HEADERS]
-            answer = (response.status_code, kept, last.body)
+            answer = (response.status_code, kept, last.body if last.unread is None else None)  # None: not kept
             self._given_up.remember(
                 call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
             )
@@ -552,6 +560,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             raise error
         assert episode.answer is not None
         status, raw, body = episode.answer
+        if body is None:  # longer than the guard keeps: said so, never repeated cut
+            raw = [(k, v) for k, v in raw if k.lower() != b"content-type"] + [(b"content-type", b"application/json")]
+            body = untold_answer(status)
         response = httpx.Response(status, headers=raw, content=body, request=call.request)
         response.extensions = {"llmguard": episode.record}
         response.headers["x-should-retry"] = "false"
@@ -579,6 +590,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Nothing to do: the `Guard` owns the connection pools (``await guard.aclose()``)."""
+
+
+def _hand_on(lease: CallLease, last: AttemptFailure) -> None:
+    """The last answer goes to the caller: the rest of its error body, if it is longer than the guard keeps, is
+    read on from the server by the caller (`upstream_response`), so the call's end must not close it."""
+    if last.unread is not None:
+        lease.disown(last.unread.response)
 
 
 def _stream_outcome(

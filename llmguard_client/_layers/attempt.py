@@ -5,11 +5,12 @@ An attempt ends in exactly one of two ways:
   answer no protocol reader claims: its first bytes), or the stream ended complete without
   one. The open response, the bytes read so far and the replica's in-flight count stay with
   the call's lease, which closes them when the call ends.
-- `Failed`: an error status (its body read, bounded), a transport error, or
+- `Failed`: an error status (its body read up to 64 KiB, `llmguard_client._http.error_body`; a longer one's
+  response is left open, its rest unread, for the caller if it is the call's last answer), a transport error, or
   a 200 that failed before its first token: an in-stream error event, a malformed event, a
   plain body where a stream was asked for, an EOF before the end marker
-  (`llmguard_client.protocols`). Its connection is closed and its in-flight count released
-  before it returns.
+  (`llmguard_client.protocols`). Its connection is closed (but for an unread error body's) and its
+  in-flight count released before it returns.
 
 Everything is registered on the lease the moment it is acquired, so an attempt cancelled at
 any point (it lost a hedge race, a deadline passed, the caller left, the Guard closed)
@@ -29,6 +30,7 @@ from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._http.encoding import decode_in_place
+from llmguard_client._http.error_body import read_head
 from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
@@ -36,9 +38,6 @@ from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import Opening, StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error
 from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
-
-ERROR_BODY_LIMIT = 64 * 1024
-"""Bytes of an error response kept to hand back to the caller."""
 
 
 def error_kind(exc: BaseException) -> str:
@@ -74,7 +73,11 @@ class AttemptLayer:
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
-                return Failed([await _error_status(attempt, state, response, clock)])
+                failure = await _error_status(attempt, state, response, clock)
+                if failure.unread is not None:  # the lease keeps it open until it is handed on or closed
+                    call.lease.own(response, failure.unread.chunks)
+                    response = None
+                return Failed([failure])
             content_type = response.headers.get("content-type", "")
             reader = reader_for(
                 request.method, request.url.path, content_type, call.record.stream, response.status_code
@@ -108,7 +111,7 @@ class AttemptLayer:
 async def _error_status(
     attempt: AttemptRecordBuilder, state: ReplicaState, response: httpx.Response, clock: Clock
 ) -> AttemptFailure:
-    body = await _read_limited(response, ERROR_BODY_LIMIT)
+    body, unread = await read_head(response)
     retry_after = parse_retry_after(response.headers)
     attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)
     return AttemptFailure(
@@ -119,6 +122,7 @@ async def _error_status(
         body=body,
         retry_after=retry_after,
         extensions=dict(response.extensions),
+        unread=unread,
     )
 
 
@@ -163,18 +167,6 @@ def _stream_failure(
         stream_failure=failure,
         as_sent=as_sent,
     )
-
-
-async def _read_limited(response: httpx.Response, limit: int) -> bytes:
-    stream = _body(response)
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in stream:
-        parts.append(chunk)
-        size += len(chunk)
-        if size >= limit:
-            break
-    return b"".join(parts)[:limit]
 
 
 def stamp_sent(request: httpx.Request, attempt: AttemptRecordBuilder, clock: Clock) -> httpx.Request:

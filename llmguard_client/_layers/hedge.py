@@ -36,7 +36,7 @@ import anyio
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Tasks, TimerHandle
-from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Race, Route, Win
+from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Race, Route, Win, close_unread
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
@@ -90,7 +90,9 @@ class HedgeLayer:
                 with anyio.CancelScope(shield=True):
                     await self._settle_extras(call, race, round_.results)
         if outcome is None:
-            return race.winner if race.winner is not None else Failed(round_.failures)
+            outcome = race.winner if race.winner is not None else Failed(round_.failures)
+        if isinstance(outcome, Win):  # the failures' answers go to nobody
+            await close_unread(call.lease, round_.failures)
         return outcome
 
     async def _settle_extras(self, call: Call, race: Race, results: deque[Outcome]) -> None:
@@ -99,6 +101,8 @@ class HedgeLayer:
         in time), never orphaned."""
         while results:
             extra = results.popleft()
+            if isinstance(extra, Failed):  # judged by nobody: its answer goes to nobody
+                await close_unread(call.lease, extra.failures)
             if not isinstance(extra, Win) or extra is race.winner:
                 continue
             token = extra.attempt.first_token

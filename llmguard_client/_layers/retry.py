@@ -55,7 +55,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import Call
-from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win
+from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win, close_unread
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room
@@ -151,6 +151,7 @@ class RetryLayer:
             wait, state, payment = plan
             if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
                 return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)
+            await close_unread(call.lease, outcome.failures)  # retried: their answers go to nobody
             if route.kind != "continuation":
                 kind = "retry"
             self.replicas.take_probe(state, call.clock() + wait)  # sent as the cool-down's probe, if it is

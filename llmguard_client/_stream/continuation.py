@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.clock import Clock, loop_clock
-from llmguard_client._core.outcome import Failed, Outcome, Route, Win
+from llmguard_client._core.outcome import Failed, Outcome, Route, Win, close_unread
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import ContinuationPolicy
 from llmguard_client.errors import GuardClosed
@@ -229,6 +229,7 @@ class CallContinuation:
             self.tried.append(win.state)
         if isinstance(outcome, Failed):
             self.tried.extend(f.state for f in outcome.failures)
+            await close_unread(call.lease, outcome.failures)  # the caller gets the broken stream's error
             if sent:
                 return "continuation_failed"
             return _NOT_SENT.get(outcome.stopped or "no_replica", "no_replica")

@@ -194,3 +194,32 @@ async def test_a_retry_the_budget_no_longer_allows_gets_the_last_answer_as_final
     )
     assert again.json() == ERROR and "retry-after-ms" not in again.headers
     assert len(servers[0].received) == 3  # a, b, b's retry; a's retry was not sent
+
+
+async def test_an_answer_too_long_to_keep_comes_whole_and_a_declined_retry_says_it_is_not_repeated(
+    servers: list[LoopbackServer],
+) -> None:
+    """The SDK gets the server's long answer whole; the guard keeps only its first 64 KiB, so when the SDK's retry
+    may not be sent after all, the answer handed back again says so (a JSON error of the same status), never cut."""
+    long_error = {"error": {"message": "the server's own words " * 12_000, "type": "server_error"}}
+    servers[0].script = Script(status=500, body=long_error)
+    sdk_headers = {"x-stainless-lang": "python"}
+    guard = Guard(
+        [servers[0].url],
+        tiers={"t": Tier(ttft=10, total=20)},
+        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
+        budget=BudgetPolicy(ratio=0.0, floor=1),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+    url = servers[0].url + "/v1/chat/completions"
+    async with guard, guard.http_client() as client:
+        first = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        other = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
+        await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+        again = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+    assert first.json() == other.json() == long_error  # whole, with the retry allowed
+    assert (again.status_code, again.headers["x-llmguard-cause"]) == (500, "budget_exhausted")
+    error = again.json()["error"]
+    assert error["code"] == "budget_exhausted" and "not repeated" in error["message"]
+    assert len(servers[0].received) == 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -25,12 +25,14 @@ from llmguard_client import (
     GuardClosed,
     GuardConfigError,
     GuardRequestError,
+    HedgePolicy,
     PhaseRecord,
     Replica,
     RetryPolicy,
     Tier,
     UnknownTierError,
 )
+from llmguard_client._http.error_body import ERROR_BODY_LIMIT
 
 R1 = "http://r1.test:8000"
 R2 = "http://r2.test:9000"
@@ -381,6 +383,95 @@ async def test_no_retry_when_retry_is_off() -> None:
     assert len(upstream.seen) == 1 and len(records[0].attempts) == 1
     # Retries off: the caller's own SDK may retry, so the answer is not marked no-retry.
     assert "x-should-retry" not in response.headers
+
+
+class EndlessErrorBody(httpx.AsyncByteStream):
+    """An error answer's body that never ends: what the guard read of it, and whether it was closed."""
+
+    CHUNK = 16 * 1024
+
+    def __init__(self) -> None:
+        self.read = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            self.read += self.CHUNK
+            yield b"x" * self.CHUNK
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_retried_error_answer_is_read_to_its_limit_and_closed_before_the_retry() -> None:
+    bodies: list[EndlessErrorBody] = []
+
+    def respond(replica: str, request: httpx.Request, n: int) -> httpx.Response:
+        if n > 1:
+            return httpx.Response(200, json=COMPLETION)
+        bodies.append(EndlessErrorBody())
+        return httpx.Response(500, stream=bodies[-1])
+
+    async with make_guard(Upstream(respond)) as guard, guard.http_client() as client:
+        async with client.stream("POST", R1 + CHAT, json=BODY) as response:  # the call is live until it is closed
+            assert response.status_code == 200
+            assert bodies[0].closed and bodies[0].read <= ERROR_BODY_LIMIT + EndlessErrorBody.CHUNK
+
+
+async def test_the_last_error_answer_is_read_on_by_the_caller_and_closed_when_the_caller_closes_it() -> None:
+    bodies: list[EndlessErrorBody] = []
+
+    def respond(replica: str, request: httpx.Request, n: int) -> httpx.Response:
+        bodies.append(EndlessErrorBody())
+        return httpx.Response(500, stream=bodies[-1])
+
+    async with make_guard(Upstream(respond)) as guard, guard.http_client() as client:
+        async with client.stream("POST", R1 + CHAT, json=BODY) as response:
+            assert response.status_code == 500 and len(bodies) == 3  # three attempts: the last one's answer
+            assert [b.closed for b in bodies] == [True, True, False]
+            assert all(b.read <= ERROR_BODY_LIMIT + EndlessErrorBody.CHUNK for b in bodies)
+            read = 0
+            async for chunk in response.aiter_raw():
+                read += len(chunk)
+                if read > 4 * ERROR_BODY_LIMIT:
+                    break
+        assert bodies[-1].closed and bodies[-1].read >= read
+
+
+async def test_a_hedge_round_closes_a_failed_attempts_long_error_answer_when_another_attempt_wins() -> None:
+    failed = anyio.Event()
+    body = EndlessErrorBody()
+    seen: list[httpx.Request] = []
+
+    async def respond(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:  # the primary: its answer waits until the hedge has failed
+            await failed.wait()
+            data = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=data)
+        failed.set()
+        return httpx.Response(500, stream=body)
+
+    def factory(replica: Replica) -> httpx.AsyncBaseTransport:
+        return httpx.MockTransport(respond)
+
+    records: list[PhaseRecord] = []
+    hedge = HedgePolicy(delay=0.01, min_delay=0.01)
+    async with (
+        Guard(
+            [R1, R2],
+            tiers=TIERS,
+            hedge=hedge,
+            transport_factory=factory,
+            instrumentation=None,
+            on_record=records.append,
+        ) as guard,
+        guard.http_client() as client,
+        client.stream("POST", R1 + CHAT, json={**BODY, "stream": True}) as response,
+    ):
+        assert response.status_code == 200 and len(seen) == 2
+        assert body.closed and body.read <= ERROR_BODY_LIMIT + EndlessErrorBody.CHUNK
+    assert [(a.kind, a.outcome) for a in records[0].attempts] == [("primary", "won"), ("hedge", "failed")]
 
 
 # --- rollout and cohorts ------------------------------------------------------------------------------------

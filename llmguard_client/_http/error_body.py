@@ -1,0 +1,77 @@
+"""An error answer's body: its first bytes read to judge it, the rest left with the server until it is handed on.
+
+The guard judges an error answer (retry it, cool its replica, hand it back) from its status and headers, and
+keeps at most `ERROR_BODY_LIMIT` bytes of its body (`read_head`): memory stays bounded however long the body.
+A longer body is not cut: its rest stays unread on the open response (`Unread`), and the answer handed to the
+caller reads it there after the bytes kept (`WholeErrorBody`), so the caller gets the server's answer whole,
+as without a guard. An answer that is not handed on (it is retried, or another attempt won) is closed unread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+ERROR_BODY_LIMIT = 64 * 1024
+"""Bytes of an error answer's body the guard reads while it judges the answer, and keeps (a cooperative retry's
+replay keeps a body no longer than this); the caller gets the whole body."""
+
+
+@dataclass(slots=True, eq=False)
+class Unread:
+    """The rest of an error answer's body, still with the server: ``chunks`` read on from ``response``."""
+
+    response: httpx.Response
+    chunks: AsyncIterator[bytes]
+
+
+async def read_head(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> tuple[bytes, Unread | None]:
+    """The body's first ``limit`` bytes, and its rest if it goes on (None: ``head`` is all of it)."""
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    chunks = stream.__aiter__()
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return b"".join(parts), None
+        parts.append(chunk)
+        size += len(chunk)
+    whole = b"".join(parts)
+    return whole[:limit], Unread(response, _after(whole[limit:], chunks))
+
+
+async def _after(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+class WholeErrorBody(httpx.AsyncByteStream):
+    """An error answer's body as the caller gets it: the bytes the guard kept, then the rest from the server;
+    closing it closes the server's response."""
+
+    __slots__ = ("_head", "_unread")
+
+    def __init__(self, head: bytes, unread: Unread) -> None:
+        self._head = head
+        self._unread = unread
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        head, self._head = self._head, b""
+        if head:
+            yield head
+        async for chunk in self._unread.chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._unread.chunks, "aclose", None)
+        try:
+            if aclose is not None:
+                await aclose()
+        finally:
+            await self._unread.response.aclose()
