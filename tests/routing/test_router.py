@@ -420,6 +420,57 @@ def test_a_lost_race_raises_the_ttft_estimate_but_never_lowers_it() -> None:
     assert r0.health.ttft == pytest.approx(0.1 + 0.2 * (0.3 - 0.1))
 
 
+def test_a_fresh_replica_whose_calls_keep_losing_races_is_judged_by_them() -> None:
+    """r1 has never answered; each of its calls lost its hedge race after 515 ms (the warm-up hedge delay and
+    r0's TTFT), against r0's 20 ms. Each loss is evidence above the median replica's TTFT it was costed with, so
+    it counts as a sample: after `MIN_SAMPLES` of them r1 is drained, not left "unknown" and taking its turns."""
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, [r0], [FAST])
+    for lost in range(router.MIN_SAMPLES):
+        assert not r1.health.drained, lost
+        router.outran(r1, NOW + lost, 0.515)
+    assert r1.health.drained and r1.health.ttft == pytest.approx(0.515)
+    assert "r1" not in picks(router, states, 20, NOW + 3)
+
+
+def test_a_race_lost_faster_than_the_median_replica_answers_is_no_sample() -> None:
+    """A hedge that lost 10 ms after it was sent says nothing of its replica's speed: no sample, still unknown."""
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, [r0], [FAST])
+    router.outran(r1, NOW, 0.01)
+    assert r1.health.ttft is None and not r1.health.ttft_first
+
+
+@BACKENDS
+def test_a_fresh_guard_stops_sending_calls_to_a_replica_whose_calls_lose_every_race(backend: str) -> None:
+    """Two replicas through a whole Guard, hedging on (warm-up delay 0.5 s), in virtual time: b has a long queue
+    (its first token after 6 s), a answers in 15 ms. Each call sent to b is hedged to a and loses the race.
+    Before, b stayed "unknown" (costed as the median replica) and took every other call until the hedge budget
+    refused one, which then waited 6 s for b; now b takes `MIN_SAMPLES` calls, is drained, and no call waits."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.015)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=6.0)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=10.0, total=20.0)})
+        async with guard, guard.http_client() as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+            for _ in range(16):
+                async with client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
+                    await response.aread()
+            assert guard._replica_set.router.degraded("http://b.test")
+
+    run_virtual(main, backend)
+    sent_to_b = [r for r in records if r.attempts[0].replica == "http://b.test"]
+    assert len(sent_to_b) == Router.MIN_SAMPLES
+    assert all(r.attempts[0].outcome == "lost" for r in sent_to_b)
+    assert all(a.replica == "http://a.test" for r in records for a in r.attempts if a.outcome == "won")
+
+
 # --- mid-stream failures -----------------------------------------------------------------------------------
 
 
