@@ -463,6 +463,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         else the guard's own error. A refusal that
         came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type."""
         error, last, lease = outcome.reason, outcome.last, call.lease
+        if isinstance(error, TTFTTimeout) and call.generation and call.record.stream:
+            self._replicas.timed_out(call.record.attempts)  # no first token in time: a lower bound on each's TTFT
         if isinstance(error, GuardClosed) or lease.aborted:
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
             last = None

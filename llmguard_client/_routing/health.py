@@ -37,8 +37,9 @@ class ReplicaHealth:
     """Estimated seconds per output token after the first (None: no stream finished yet)."""
     ttft_first: list[float] = field(default_factory=list)
     """The first TTFT samples, up to `llmguard_client._routing.router.Router.MIN_SAMPLES`: until there are
-    that many, ``ttft`` is their lower median and speed drains nothing. An attempt that lost a race before its
-    first token after longer than the median replica's TTFT adds the time it waited (a lower bound)."""
+    that many, ``ttft`` is their lower median and speed drains nothing. An attempt that lost a race (or that a
+    first-token deadline ended) before its first token, after longer than the median replica's TTFT, adds the
+    time it waited (a lower bound)."""
     tpot_first: list[float] = field(default_factory=list)
     """The same for ``tpot``."""
     failure: float = 0.0

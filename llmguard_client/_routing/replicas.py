@@ -29,6 +29,7 @@ from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client._routing.wakeup import Wakeup
 from llmguard_client.config import AffinityPolicy, Replica
 from llmguard_client.telemetry._record_builder import AnyAttempt
+from llmguard_client.telemetry.record import AttemptOutcome
 
 logger = logging.getLogger("llmguard_client")
 
@@ -353,9 +354,17 @@ class ReplicaSet:
 
     def losers(self, attempts: Iterable[AnyAttempt]) -> None:
         """Attempts that lost a race before their first token: how long each waited is a lower
-        bound on its replica's TTFT."""
+        bound on its replica's TTFT (`Router.outran`)."""
+        self._waited(attempts, "lost")
+
+    def timed_out(self, attempts: Iterable[AnyAttempt]) -> None:
+        """A streamed call's first-token deadline ended these attempts (those still waiting were cancelled): how
+        long each waited is a lower bound on its replica's TTFT, as for a lost race."""
+        self._waited(attempts, "cancelled")
+
+    def _waited(self, attempts: Iterable[AnyAttempt], outcome: AttemptOutcome) -> None:
         for attempt in attempts:
-            if attempt.outcome == "lost" and attempt.first_token is None and attempt.finish is not None:
+            if attempt.outcome == outcome and attempt.first_token is None and attempt.finish is not None:
                 state = self._by_name.get(attempt.replica)
                 if state is not None:
                     self.router.outran(state, attempt.finish, attempt.finish - attempt.start)

@@ -10,11 +10,11 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   from then on an EWMA whose samples are clipped to `Router.CLIP` x the current estimate, so one
   straggler nudges the estimate instead of multiplying it, while a replica that stays slow gets there
   within a few calls. An attempt that
-  lost a hedge race before its first token is a lower bound on that replica's TTFT: above the estimate
-  the replica is costed with (the median replica's until it has `Router.MIN_SAMPLES` samples) it counts
-  as a sample (a first one, or the EWMA's), and it is ignored otherwise. A replica whose calls keep losing
-  races (a long queue) is thus judged by them within `Router.MIN_SAMPLES` calls instead of staying unknown
-  and taking its share.
+  lost a hedge race before its first token, or that a streamed call's first-token deadline ended, is a
+  lower bound on that replica's TTFT: above the estimate the replica is costed with (the median replica's
+  until it has `Router.MIN_SAMPLES` samples) it counts as a sample (a first one, or the EWMA's), and it is
+  ignored otherwise. A replica whose calls keep losing races or timing out (a long queue) is thus judged by
+  them within `Router.MIN_SAMPLES` calls instead of staying unknown and taking its share.
 - ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
   `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
   error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
@@ -35,8 +35,8 @@ tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
 `Router.FAILURE_WEIGHT` x failure): the least-cost
 replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
-estimates (fewer than `Router.MIN_SAMPLES` samples, lost races included) take the median replica's, so a
-fresh guard balances by load alone. A replica without
+estimates (fewer than `Router.MIN_SAMPLES` samples, lost races and first-token timeouts included) take
+the median replica's, so a fresh guard balances by load alone. A replica without
 rate-limit room (or whose server reports its KV cache full) ranks after every one with room, and one
 whose server reports a queue after every one reporting none (a new call would wait behind that queue,
 however few of the guard's own calls are there); a cooling one (Retry-After) only loses ties
@@ -315,11 +315,11 @@ class Router(Generic[S]):
         state.health.unanswered_since = None
 
     def outran(self, state: S, now: float, waited: float) -> None:
-        """An attempt on ``state`` ended after ``waited`` seconds with no first token (it lost a race): a lower
-        bound on its TTFT. Above the estimate the replica is costed with (`_ttft`: the median replica's until it
-        has `MIN_SAMPLES` samples) it is evidence, and counts as a sample: a replica whose calls keep losing is
-        judged by them within `MIN_SAMPLES` calls instead of staying unknown, costed as the median replica;
-        otherwise it says nothing new."""
+        """An attempt on ``state`` ended after ``waited`` seconds with no first token (it lost a race, or the call's
+        first-token deadline ended it): a lower bound on its TTFT. Above the estimate the replica is costed with
+        (`_ttft`: the median replica's until it has `MIN_SAMPLES` samples) it is evidence, and counts as a
+        sample: a replica whose calls keep losing is judged by them within `MIN_SAMPLES` calls instead of
+        staying unknown, costed as the median replica; otherwise it says nothing new."""
         h = state.health
         h.unanswered_since = None
         if self._stale:

@@ -24,6 +24,7 @@ from llmguard_client import (
     UnknownTierError,
     guard_failure,
 )
+from llmguard_client._routing.router import Router
 from llmguard_client._stream.body import GuardBody
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
@@ -402,3 +403,33 @@ def test_calls_the_guard_aborts_as_it_closes_count_against_no_replica(
     assert sum(r.ttft is not None for r in records) >= 2  # some were cut mid-stream
     assert {(r.status, r.cause) for r in records} == {("error", "guard_closed")}
     assert not [r.getMessage() for r in caplog.records if "degraded" in r.getMessage()]
+
+
+@BACKENDS
+def test_a_replica_whose_streamed_calls_time_out_before_their_first_token_is_judged_by_it(backend: str) -> None:
+    """No hedging, a 2 s ttft, b's first token after 6 s (a long queue), a's after 15 ms, in virtual time. Each
+    attempt the ttft deadline ends waited 2 s for nothing: a lower bound on b's TTFT, as a lost race is. Before,
+    it taught the router nothing: b stayed "unknown" and every other call timed out; now b is drained after
+    `Router.MIN_SAMPLES` of them and the calls after go to a."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.015)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=6.0)]),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, hedge=None, tiers={"t": Tier(ttft=2.0, total=20.0)})
+        async with guard, guard.http_client() as client:
+            for _ in range(12):
+                try:
+                    async with client.stream("POST", "http://a.test" + CHAT, json=STREAM_BODY) as response:
+                        await response.aread()
+                except TTFTTimeout:
+                    pass
+            assert guard._replica_set.router.degraded("http://b.test")
+
+    run_virtual(main, backend)
+    timed_out = [r for r in records if r.status == "timeout"]
+    assert len(timed_out) == Router.MIN_SAMPLES
+    assert {r.attempts[0].replica for r in timed_out} == {"http://b.test"}
+    assert [r.status for r in records[-6:]] == ["ok"] * 6
