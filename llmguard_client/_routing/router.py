@@ -44,8 +44,9 @@ however few of the guard's own calls are there); a cooling one (Retry-After) onl
 `llmguard_client._routing.cooldown`).
 
 Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the median replica's
-(and `Router.TTFT_FLOOR` / `Router.TPOT_FLOOR` above it, judged only once it has `Router.MIN_SAMPLES`
-samples of it), or whose failure rate reaches
+(and `Router.TTFT_FLOOR` above it for TTFT; for TPOT, `Router.TPOT_FLOOR` and enough to add more than a first
+token takes over a typical answer, `Router._tpot_floor`: a busy client's late reads of short streams are not a slow
+replica; judged only once it has `Router.MIN_SAMPLES` samples of it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
 ``probe_every``, the first `Router.FIRST_PROBE` seconds after the drain and each next one twice as long after
 the last, up to ``probe_interval`` seconds. Speed drains a replica only while no
@@ -456,7 +457,7 @@ class Router(Generic[S]):
             return True
         enough = self.MIN_SAMPLES
         slow = (len(h.ttft_first) >= enough and worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR)) or (
-            len(h.tpot_first) >= enough and worse(h.tpot, self._ref_tpot, self.DRAIN_RATIO, self.TPOT_FLOOR)
+            len(h.tpot_first) >= enough and worse(h.tpot, self._ref_tpot, self.DRAIN_RATIO, self._tpot_floor(h))
         )
         # While some replica signals overload (a Retry-After cool-down), slowness is load, not a degraded
         # replica: draining one for speed would pile its share onto replicas that are overloaded too.
@@ -488,10 +489,21 @@ class Router(Generic[S]):
         self._ref_ttft = lower_median([s.health.ttft for s in states if s.health.ttft is not None])
         self._ref_tpot = lower_median([s.health.tpot for s in states if s.health.tpot is not None])
 
+    def _tpot_floor(self, h: ReplicaHealth) -> float:
+        """How far above the median replica's a TPOT estimate must be to count as slow: `TPOT_FLOOR`, and far enough
+        that over a typical answer (its tokens after the first) it adds more than a first token takes, the
+        replica's own or the median replica's (and `TTFT_FLOOR`). A busy client reads a stream's end late, by a
+        pass of its event loop, as it reads first tokens late: over a short answer's few tokens that delay reads
+        as a slow replica (3-token streams of two identical replicas measured 6-37 ms per token against the
+        median's 0-2 ms on a CPU-bound client), while the first-token times of the same calls hold it too."""
+        after_first = (self._tokens if self._tokens is not None else self.DEFAULT_TOKENS) - 1.0
+        first_token = max(self.TTFT_FLOOR, self._ref_ttft or 0.0, h.ttft or 0.0)
+        return max(self.TPOT_FLOOR, first_token / max(1.0, after_first))
+
     def _beyond(self, h: ReplicaHealth, now: float, ratio: float, failure: float) -> bool:
         return (
             worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
-            or worse(h.tpot, self._ref_tpot, ratio, self.TPOT_FLOOR)
+            or worse(h.tpot, self._ref_tpot, ratio, self._tpot_floor(h))
             or self._failure(h, now) >= failure
         )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -204,6 +205,69 @@ def test_a_replica_5x_slower_per_token_is_drained() -> None:
         router.stream_finished(states[2], NOW, ok=True, tokens=21, duration=20 * 0.05)
         streams += 1
     assert states[2].health.drained and streams <= 8  # the EWMA climbs x1.6 a stream at most, to 4x
+
+
+def test_a_busy_clients_late_reads_of_short_streams_drain_no_replica() -> None:
+    """Measured on a CPU-bound client (two identical loopback replicas, 3-token streams, 50 calls at a time):
+    first tokens about 100 ms after the request on either replica (the client's event loop is that late), the
+    rest of a stream mostly read within 1 ms of its first token, but read one pass of the loop later, 60-120 ms,
+    now and then, for a run of streams in a row. Spread over 3 tokens a run of those raised one replica's
+    per-token estimate to 7-37 ms against the median's 0-2 ms, and it was drained, both replicas in turn."""
+    router, states = cluster(2)
+    for _ in range(10):
+        for state in states:
+            router.first_token(state, NOW, 0.1)
+            router.stream_finished(state, NOW, ok=True, tokens=4, duration=0.0008)
+    for _ in range(12):  # one replica's streams end during the loop's late passes
+        router.stream_finished(states[0], NOW, ok=True, tokens=4, duration=0.12)
+    assert states[0].health.tpot is not None and states[0].health.tpot > 0.03  # it reads as ~100x slower per token
+    assert not states[0].health.drained and router.epoch == 0  # costed by it, not drained
+
+
+def test_a_replica_slower_per_token_by_more_than_a_first_token_over_a_short_answer_is_drained() -> None:
+    """Short answers are still judged per token: 3 tokens 200 ms apart where the others take 10 ms add 380 ms to
+    a call whose first token takes 100 ms."""
+    router, states = cluster()
+    for _ in range(10):
+        for state in states:
+            router.first_token(state, NOW, 0.1)
+            router.stream_finished(state, NOW, ok=True, tokens=3, duration=2 * 0.01)
+    for _ in range(8):
+        router.stream_finished(states[2], NOW, ok=True, tokens=3, duration=2 * 0.2)
+    assert states[2].health.drained
+
+
+@BACKENDS
+def test_a_busy_client_reading_streams_late_keeps_both_replicas(backend: str) -> None:
+    """A whole Guard over two identical replicas in virtual time, 400 calls 16 at a time, 3-token answers, first
+    tokens after 80 ms; the client is busy a seventh of the time, and a call that finds it busy reads the rest of
+    its stream 100 ms late (one pass of a busy event loop). Neither replica is drained and each answers its
+    share; before, the late reads of 3-token streams drained one replica after the other."""
+    fakes = {f"http://{n}.test": FakeReplica(n, [Plan(first_token_after=0.08, tokens=3)]) for n in "ab"}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=5.0, total=10.0)})
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        async with guard, guard.http_client() as client:
+            limit = anyio.Semaphore(16)
+
+            async def one() -> None:
+                async with limit, client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
+                    read_late = int(anyio.current_time() * 10) % 7 == 0  # the client is busy now
+                    async for _ in response.aiter_raw():
+                        if read_late:
+                            await anyio.sleep(0.1)
+                            read_late = False
+
+            async with anyio.create_task_group() as tasks:
+                for _ in range(400):
+                    tasks.start_soon(one)
+            assert guard._replica_set.router.epoch == 0  # nothing drained, ever
+
+    run_virtual(main, backend)
+    winners = Counter(a.replica for r in records for a in r.attempts if a.outcome == "won")
+    assert min(winners.values()) >= 160, winners
 
 
 def test_a_replica_3x_slower_is_not_drained_only_costed() -> None:
