@@ -52,6 +52,11 @@ class ReplicaHealth:
     """Probes sent here since it was drained: the wait before the next one doubles with each."""
     last_pick: float = -math.inf
     """When an attempt was last sent here."""
+    last_first: float = -math.inf
+    """When a first attempt or a retry was last sent here (a hedge is not counted): a drained replica's next probe
+    waits from it. A hedge that loses its race before its request is even written tells nothing of the replica,
+    and in a cluster of two the drained replica is where every hedge goes, so counting hedges put its probe off for
+    as long as the hedges came."""
     recent: float = 0.0
     """Attempts sent here, fading with a half-life of `RECENT_HALF_LIFE`, as of ``last_pick`` (read it with
     `recent_calls`): the share of recent calls a new affinity key is placed by."""
@@ -85,10 +90,12 @@ class Routable(Protocol):
     def cooling(self, now: float) -> bool: ...
 
 
-def sent(h: ReplicaHealth, now: float) -> None:
-    """An attempt goes to this replica now."""
+def sent(h: ReplicaHealth, now: float, *, hedge: bool = False) -> None:
+    """An attempt goes to this replica now (a ``hedge``: another attempt of the same call is already waiting)."""
     h.recent = recent_calls(h, now) + 1.0
     h.last_pick = now
+    if not hedge:
+        h.last_first = now
     if h.unanswered_since is None:
         h.unanswered_since = now
 

@@ -214,7 +214,7 @@ class Router(Generic[S]):
             return None
         chosen = prefer(candidates) if prefer is not None else None  # cache affinity (_routing.affinity.routing)
         if chosen is not None:
-            sent(chosen.health, now)
+            sent(chosen.health, now, hedge=True)
             return chosen
 
         def key(s: S) -> tuple[bool, bool, bool, float, int]:
@@ -223,7 +223,7 @@ class Router(Generic[S]):
             return (h.drained, no_room(h, now), bool(server_waiting(h, now)), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
-        sent(chosen.health, now)
+        sent(chosen.health, now, hedge=True)
         return chosen
 
     def degraded(self, name: str) -> bool:
@@ -237,9 +237,9 @@ class Router(Generic[S]):
         due = [
             s
             for s in candidates
-            if s.health.drained and now - max(s.health.last_pick, s.health.drained_at) >= self._probe_wait(s.health)
+            if s.health.drained and now - max(s.health.last_first, s.health.drained_at) >= self._probe_wait(s.health)
         ]
-        return min(due, key=lambda s: s.health.last_pick) if due else None
+        return min(due, key=lambda s: s.health.last_first) if due else None
 
     def _probe_wait(self, h: ReplicaHealth) -> float:
         """Seconds from a drained replica's last call to its next probe: `FIRST_PROBE` after the drain, doubling

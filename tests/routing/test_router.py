@@ -324,6 +324,23 @@ def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -
     assert 9 <= probes <= 10
 
 
+def test_hedges_sent_to_a_drained_replica_do_not_put_its_probe_off() -> None:
+    """In a cluster of two the drained replica is where every hedge goes; hedges that lose before their request is
+    written teach nothing, and they came often enough to keep its first probe away for good."""
+    router, states = cluster(n=2, probe_every=10, probe_interval=1.0)
+    r0, r1 = states
+    warm(router, [r0], [FAST])
+    for _ in range(5):
+        router.first_token(r1, NOW, SLOW)
+    assert r1.health.drained
+    now, probes = NOW, 0
+    for _ in range(40):  # 2 s of calls at 20 a second, each hedged to the drained replica
+        now += 0.05
+        probes += router.pick(now, states) is r1
+        assert router.pick_hedge(now, [r1]) is r1
+    assert probes >= 2  # after 0.5 s, then 1 s after that, as without hedges
+
+
 def test_a_drained_replica_that_recovers_is_brought_back() -> None:
     router, states = cluster()
     r1 = states[1]
