@@ -91,7 +91,7 @@ class HedgeLayer:
                     await self._settle_extras(call, race, round_.results)
         if outcome is None:
             outcome = race.winner if race.winner is not None else Failed(round_.failures)
-        if isinstance(outcome, Win):  # the failures' answers go to nobody
+        if isinstance(outcome, Win) and round_.failures:  # the failures' answers go to nobody
             await close_unread(call.lease, round_.failures)
         return outcome
 
