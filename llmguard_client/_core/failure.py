@@ -27,12 +27,15 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
-from llmguard_client._http.error_body import ERROR_BODY_LIMIT, WholeErrorBody
+from llmguard_client._http.error_body import ERROR_BODY_LIMIT, ReadBound, WholeErrorBody
 from llmguard_client.errors import (
     AllAttemptsFailed,
     AllAttemptsFailedToConnect,
     AllAttemptsTimedOut,
     GuardFailure,
+    GuardTimeout,
+    StallTimeout,
+    TotalTimeout,
     all_attempts_failed_like,
 )
 from llmguard_client.telemetry._record_builder import AnyCall
@@ -131,19 +134,44 @@ def untold_answer(status: int) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+def read_bound(call: Call) -> ReadBound:
+    """``call``'s stall and total deadlines over the rest of a server's error answer it hands on: a server that
+    drips it ends in the call's `StallTimeout` or `TotalTimeout`, as a stream that drips does."""
+    tier, name = call.tier, call.tier_name
+
+    def expired(stalled: bool) -> GuardTimeout:
+        elapsed = call.clock() - call.record.start
+        if stalled:
+            return StallTimeout(
+                f"the server's error answer stalled: no bytes of its body for {tier.stall}s (tier {name!r} stall "
+                f"limit), {elapsed:.3f}s into the call; the connection was closed",
+                request=call.request,
+                record=call.record,
+            )
+        return TotalTimeout(
+            f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; {elapsed:.3f}s elapsed) while "
+            "its server's error answer was read; the connection was closed",
+            request=call.request,
+            record=call.record,
+        )
+
+    return ReadBound(call.time.loop_deadline(call.total_deadline), tier.stall or math.inf, expired)
+
+
 def upstream_response(
     failure: AttemptFailure,
     cause: str | None,
-    request: httpx.Request,
+    call: Call,
     record: PhaseRecord,
     *,
     no_retry: bool,
     as_sent: bool = False,
 ) -> httpx.Response:
     """The last server answer, handed back as it was, its body whole (the rest of a long one read on from the
-    server, `AttemptFailure.unread`: the caller's lease must not close it); ``cause`` and ``no_retry`` mark it for
-    the caller (``x-llmguard-cause``, ``x-should-retry: false``). With ``as_sent``, a 200 whose error event the SDK
-    reads itself is handed back as it came (`AttemptFailure.as_sent`), not as the status its error stands for."""
+    server within the call's deadlines, `AttemptFailure.unread`: the caller's lease must not close it); ``cause``
+    and ``no_retry`` mark it for the caller (``x-llmguard-cause``, ``x-should-retry: false``). With ``as_sent``, a
+    200 whose error event the SDK reads itself is handed back as it came (`AttemptFailure.as_sent`), not as the
+    status its error stands for."""
     sent = failure.as_sent if as_sent else None
     status, raw, body = sent or (failure.status_code or 502, failure.headers, failure.body)
     unread = failure.unread if sent is None else None
@@ -152,8 +180,8 @@ def upstream_response(
         status,
         headers=headers,
         content=body if unread is None else None,
-        stream=WholeErrorBody(body, unread) if unread is not None else None,
-        request=request,
+        stream=WholeErrorBody(body, unread, read_bound(call)) if unread is not None else None,
+        request=call.request,
         extensions={**failure.extensions, "llmguard": record},
     )
     if cause is not None:

@@ -481,7 +481,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's.
             decided = error is not None or (self._retries and outcome.stopped != "not_retryable")
             return upstream_response(
-                last, cause if decided else None, call.request, call.record.snapshot(), no_retry=decided, as_sent=True
+                last, cause if decided else None, call, call.record.snapshot(), no_retry=decided, as_sent=True
             )
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
@@ -537,7 +537,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             _hand_on(lease, last)
             await lease.aclose("http_error", "upstream_status")
             record = call.record.snapshot()
-            response = upstream_response(last, "upstream_status", call.request, record, no_retry=False)
+            response = upstream_response(last, "upstream_status", call, record, no_retry=False)
             allow_retry(response, outcome.retry_in)
             kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _RETRY_HEADERS]
             answer = (response.status_code, kept, last.body if last.unread is None else None)  # None: not kept

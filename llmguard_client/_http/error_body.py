@@ -4,14 +4,16 @@ The guard judges an error answer (retry it, cool its replica, hand it back) from
 keeps at most `ERROR_BODY_LIMIT` bytes of its body (`read_head`): memory stays bounded however long the body.
 A longer body is not cut: its rest stays unread on the open response (`Unread`), and the answer handed to the
 caller reads it there after the bytes kept (`WholeErrorBody`), so the caller gets the server's answer whole,
-as without a guard. An answer that is not handed on (it is retried, or another attempt won) is closed unread.
+as without a guard, within the call's stall and total deadlines (`ReadBound`). An answer that is not handed on
+(it is retried, or another attempt won) is closed unread.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import anyio
 import httpx
 
 ERROR_BODY_LIMIT = 64 * 1024
@@ -51,21 +53,45 @@ async def _after(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[by
         yield chunk
 
 
+@dataclass(frozen=True, slots=True)
+class ReadBound:
+    """The call's deadlines over the rest of a handed-on error body: each read within ``stall`` seconds, the last
+    by ``until`` (the event loop's time); past either, ``expired(stalled)`` is raised (the call's `StallTimeout` or
+    `TotalTimeout`), as for a stream's reads. A server that drips its error body is bounded as one that drips a
+    stream is."""
+
+    until: float
+    stall: float
+    expired: Callable[[bool], Exception]
+
+
 class WholeErrorBody(httpx.AsyncByteStream):
-    """An error answer's body as the caller gets it: the bytes the guard kept, then the rest from the server;
-    closing it closes the server's response."""
+    """An error answer's body as the caller gets it: the bytes the guard kept, then the rest from the server,
+    within the call's deadlines (``bound``); closing it closes the server's response."""
 
-    __slots__ = ("_head", "_unread")
+    __slots__ = ("_bound", "_head", "_unread")
 
-    def __init__(self, head: bytes, unread: Unread) -> None:
+    def __init__(self, head: bytes, unread: Unread, bound: ReadBound) -> None:
         self._head = head
         self._unread = unread
+        self._bound = bound
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         head, self._head = self._head, b""
         if head:
             yield head
-        async for chunk in self._unread.chunks:
+        bound, chunks = self._bound, self._unread.chunks
+        while True:
+            left = bound.until - anyio.current_time()
+            with anyio.move_on_after(min(bound.stall, left)) as scope:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+            if scope.cancelled_caught:
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+                raise bound.expired(bound.stall <= left)
             yield chunk
 
     async def aclose(self) -> None:

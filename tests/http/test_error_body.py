@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
+import anyio
 import httpx
 import pytest
 
-from llmguard_client._http.error_body import ERROR_BODY_LIMIT, WholeErrorBody, read_head
+from llmguard_client._http.error_body import ERROR_BODY_LIMIT, ReadBound, WholeErrorBody, read_head
+from tests.virtual import BACKENDS, run_virtual
 
 CHUNK = 16 * 1024
 
@@ -30,6 +33,32 @@ class ServerBody(httpx.AsyncByteStream):
         self.closed = True
 
 
+class Expired(Exception):
+    """What the bound raised: ``stalled`` (True) or past its total deadline."""
+
+    def __init__(self, stalled: bool) -> None:
+        self.stalled = stalled
+
+
+UNBOUNDED = ReadBound(math.inf, math.inf, Expired)
+
+
+class DrippingBody(ServerBody):
+    """A long body whose rest, after its first ``CHUNK`` pieces past the limit, comes a byte every ``gap`` s."""
+
+    def __init__(self, gap: float) -> None:
+        super().__init__(b"x" * (ERROR_BODY_LIMIT + CHUNK))
+        self.gap = gap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for piece in super().__aiter__():
+            yield piece
+        while True:
+            await anyio.sleep(self.gap)
+            self.read += 1
+            yield b"x"
+
+
 def answer(size: int) -> tuple[httpx.Response, ServerBody]:
     data = bytes(i % 251 for i in range(size))
     body = ServerBody(data)
@@ -50,7 +79,7 @@ async def test_a_longer_body_is_read_only_to_the_limit_and_handed_on_whole(size:
     assert head == body.data[:ERROR_BODY_LIMIT]
     assert unread is not None and unread.response is response
     assert body.read <= ERROR_BODY_LIMIT + CHUNK  # what the guard holds while it judges: bounded
-    handed = httpx.Response(500, stream=WholeErrorBody(head, unread))
+    handed = httpx.Response(500, stream=WholeErrorBody(head, unread, UNBOUNDED))
     assert await handed.aread() == body.data  # httpx closes the stream once it is read
     assert body.closed
 
@@ -59,6 +88,28 @@ async def test_closing_a_handed_on_body_unread_closes_the_server_response() -> N
     response, body = answer(300_000)
     head, unread = await read_head(response)
     assert unread is not None
-    handed = httpx.Response(500, stream=WholeErrorBody(head, unread))
+    handed = httpx.Response(500, stream=WholeErrorBody(head, unread, UNBOUNDED))
     await handed.aclose()
     assert body.closed and body.read <= ERROR_BODY_LIMIT + CHUNK
+
+
+@BACKENDS
+@pytest.mark.parametrize(("gap", "stalled"), [(0.1, False), (2.0, True)])
+def test_a_server_dripping_the_rest_ends_in_the_calls_deadline_and_is_closed(
+    backend: str, gap: float, stalled: bool
+) -> None:
+    """A byte every 0.1 s is no stall: the total deadline (3 s) ends it; a byte every 2 s stalls (limit 1 s)."""
+
+    async def main() -> None:
+        body = DrippingBody(gap)
+        head, unread = await read_head(httpx.Response(500, stream=body))
+        assert unread is not None
+        start = anyio.current_time()
+        handed = httpx.Response(500, stream=WholeErrorBody(head, unread, ReadBound(start + 3.0, 1.0, Expired)))
+        with pytest.raises(Expired) as raised:
+            await handed.aread()
+        assert raised.value.stalled is stalled
+        assert anyio.current_time() - start == pytest.approx(1.0 if stalled else 3.0, abs=0.11)
+        assert body.closed
+
+    run_virtual(main, backend)

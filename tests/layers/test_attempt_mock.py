@@ -29,10 +29,13 @@ from llmguard_client import (
     PhaseRecord,
     Replica,
     RetryPolicy,
+    StallTimeout,
     Tier,
+    TotalTimeout,
     UnknownTierError,
 )
 from llmguard_client._http.error_body import ERROR_BODY_LIMIT
+from tests.virtual import BACKENDS, run_virtual
 
 R1 = "http://r1.test:8000"
 R2 = "http://r2.test:9000"
@@ -436,6 +439,50 @@ async def test_the_last_error_answer_is_read_on_by_the_caller_and_closed_when_th
                 if read > 4 * ERROR_BODY_LIMIT:
                     break
         assert bodies[-1].closed and bodies[-1].read >= read
+
+
+class DrippingErrorBody(EndlessErrorBody):
+    """An error answer's body past the guard's limit at once, then a byte every ``gap`` seconds."""
+
+    def __init__(self, gap: float) -> None:
+        super().__init__()
+        self.gap = gap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.read <= ERROR_BODY_LIMIT:
+            self.read += self.CHUNK
+            yield b"x" * self.CHUNK
+        while True:
+            await anyio.sleep(self.gap)
+            self.read += 1
+            yield b"x"
+
+
+@BACKENDS
+@pytest.mark.parametrize(("gap", "error"), [(0.1, TotalTimeout), (20.0, StallTimeout)])
+def test_the_rest_of_a_dripped_error_answer_is_read_within_the_calls_deadlines(
+    backend: str, gap: float, error: type[Exception]
+) -> None:
+    """The caller reads the rest of a long error answer from the server: a server that drips it ends in the call's
+    total deadline (10 s; a byte every 0.1 s is no stall) or its stall limit (5 s), as a dripping stream does,
+    with the connection closed; not in the client's read timeout, minutes later."""
+    bodies: list[DrippingErrorBody] = []
+
+    def respond(replica: str, request: httpx.Request, n: int) -> httpx.Response:
+        bodies.append(DrippingErrorBody(gap))
+        return httpx.Response(400, stream=bodies[-1])  # not retried: the caller gets this answer
+
+    async def main() -> None:
+        async with make_guard(Upstream(respond)) as guard, guard.http_client() as client:
+            start = anyio.current_time()
+            async with client.stream("POST", R1 + CHAT, json=BODY) as response:
+                assert response.status_code == 400
+                with pytest.raises(error):
+                    await response.aread()
+            assert anyio.current_time() - start == pytest.approx(10.0 if error is TotalTimeout else 5.0, abs=0.2)
+        assert len(bodies) == 1 and bodies[0].closed
+
+    run_virtual(main, backend)
 
 
 async def test_a_hedge_round_closes_a_failed_attempts_long_error_answer_when_another_attempt_wins() -> None:
