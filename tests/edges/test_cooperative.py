@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier, guard_failure
@@ -165,26 +166,31 @@ async def test_a_caller_that_is_not_an_sdk_keeps_the_guards_retries(cluster: Loo
     assert len(response.extensions["llmguard"].attempts) == 2
 
 
-async def test_a_retry_the_budget_no_longer_allows_gets_the_last_answer_as_final(servers: list[LoopbackServer]) -> None:
-    """The guard allowed a retry; before the SDK sent it, another call spent the budget's last retry: the
-    retry is not sent, and the last answer comes back final (the SDK's headers written by hand here, to
-    interleave the two calls)."""
-    servers[0].script = Script(status=500, body=ERROR)
-    sdk_headers = {"x-stainless-lang": "python"}
+async def retry_spent_by_another_call(server: LoopbackServer, error: dict[str, Any]) -> list[httpx.Response]:
+    """Call a gets ``error`` and a retry allowed; before the SDK sends it, call b spends the budget's one retry:
+    a, b, b's retry, a's retry (the SDK's headers written by hand here, to interleave the two calls)."""
+    server.script = Script(status=500, body=error)
     guard = Guard(
-        [servers[0].url],
+        [server.url],
         tiers={"t": Tier(ttft=10, total=20)},
         retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
         budget=BudgetPolicy(ratio=0.0, floor=1),
         instrumentation=None,
         transport_factory=pools,
     )
-    url = servers[0].url + "/v1/chat/completions"
+    url = server.url + "/v1/chat/completions"
+    answers: list[httpx.Response] = []
     async with guard, guard.http_client() as client:
-        first = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
-        other = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
-        spent = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
-        again = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+        for model, retry in (("a", "0"), ("b", "0"), ("b", "1"), ("a", "1")):
+            headers = {"x-stainless-lang": "python", "x-stainless-retry-count": retry}
+            answers.append(await client.post(url, json={"model": model}, headers=headers))
+    return answers
+
+
+async def test_a_retry_the_budget_no_longer_allows_gets_the_last_answer_as_final(servers: list[LoopbackServer]) -> None:
+    """The guard allowed a retry; before the SDK sent it, another call spent the budget's last retry: the
+    retry is not sent, and the last answer comes back final."""
+    first, other, spent, again = await retry_spent_by_another_call(servers[0], ERROR)
     assert [r.headers["x-should-retry"] for r in (first, other)] == ["true", "true"]
     assert spent.status_code == 500  # call b's retry took the budget's one ticket
     assert (again.status_code, again.headers["x-should-retry"], again.headers["x-llmguard-cause"]) == (
@@ -202,22 +208,7 @@ async def test_an_answer_too_long_to_keep_comes_whole_and_a_declined_retry_says_
     """The SDK gets the server's long answer whole; the guard keeps only its first 64 KiB, so when the SDK's retry
     may not be sent after all, the answer handed back again says so (a JSON error of the same status), never cut."""
     long_error = {"error": {"message": "the server's own words " * 12_000, "type": "server_error"}}
-    servers[0].script = Script(status=500, body=long_error)
-    sdk_headers = {"x-stainless-lang": "python"}
-    guard = Guard(
-        [servers[0].url],
-        tiers={"t": Tier(ttft=10, total=20)},
-        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
-        budget=BudgetPolicy(ratio=0.0, floor=1),
-        instrumentation=None,
-        transport_factory=pools,
-    )
-    url = servers[0].url + "/v1/chat/completions"
-    async with guard, guard.http_client() as client:
-        first = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
-        other = await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "0"})
-        await client.post(url, json={"model": "b"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
-        again = await client.post(url, json={"model": "a"}, headers={**sdk_headers, "x-stainless-retry-count": "1"})
+    first, other, _, again = await retry_spent_by_another_call(servers[0], long_error)
     assert first.json() == other.json() == long_error  # whole, with the retry allowed
     assert (again.status_code, again.headers["x-llmguard-cause"]) == (500, "budget_exhausted")
     error = again.json()["error"]
