@@ -32,6 +32,7 @@ from llmguard_client.errors import (
     AllAttemptsFailed,
     AllAttemptsFailedToConnect,
     AllAttemptsTimedOut,
+    GuardClosed,
     GuardFailure,
     GuardTimeout,
     StallTimeout,
@@ -155,7 +156,13 @@ def read_bound(call: Call) -> ReadBound:
             record=call.record,
         )
 
-    return ReadBound(call.time.loop_deadline(call.total_deadline), tier.stall or math.inf, expired)
+    def closed() -> GuardClosed | None:
+        if not call.lease.guard_closed:
+            return None
+        why = "the Guard was closed while the server's error answer was being read; the connection was closed"
+        return GuardClosed(why, request=call.request, record=call.record)
+
+    return ReadBound(call.time.loop_deadline(call.total_deadline), tier.stall or math.inf, expired, closed)
 
 
 def upstream_response(

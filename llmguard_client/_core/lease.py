@@ -254,6 +254,11 @@ class CallLease:
         if self.closed:
             raise GuardClosed("the call ended (the Guard was closed) before this answer arrived; it is closed")
 
+    @property
+    def guard_closed(self) -> bool:
+        """The Guard this call runs in was closed (or is closing)."""
+        return self._registry.closed
+
     def disown(self, response: httpx.Response) -> None:
         """``response`` is handed on (an error answer the caller reads to its end): the lease no longer closes it."""
         self._responses.pop(response, None)

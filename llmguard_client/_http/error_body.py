@@ -63,6 +63,9 @@ class ReadBound:
     until: float
     stall: float
     expired: Callable[[bool], Exception]
+    closed: Callable[[], Exception | None]
+    """The error for a read that failed because the Guard was closed meanwhile (None while it is open): the
+    caller's error says so, as for a stream's reads."""
 
 
 class WholeErrorBody(httpx.AsyncByteStream):
@@ -88,6 +91,11 @@ class WholeErrorBody(httpx.AsyncByteStream):
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     return
+                except httpx.TransportError as exc:
+                    closed = bound.closed()
+                    if closed is None:
+                        raise
+                    raise closed from exc
             if scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
                     await self.aclose()

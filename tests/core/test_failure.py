@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmguard_client import BudgetPolicy, Guard, RetryPolicy, Tier
+from llmguard_client import BudgetPolicy, Guard, GuardClosed, RetryPolicy, Tier, guard_failure
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
@@ -102,3 +102,17 @@ def test_a_sync_caller_gets_a_long_error_answer_whole(
     plain, guarded = errors
     assert_same_answer(guarded, plain, status, cause)
     assert sum(len(s.received) for s in servers) == 1 + attempts
+
+
+async def test_closing_the_guard_while_a_caller_reads_a_long_error_answer_ends_the_read_with_guard_closed(
+    servers: list[LoopbackServer],
+) -> None:
+    """The caller reads the rest of a long error answer from the server; `Guard.aclose()` meanwhile closes that
+    connection, and the read ends in `GuardClosed`, as a stream's read does, not in a bare `httpx.ReadError`."""
+    async with guard_over(servers, 400, {}) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + "/v1/chat/completions", json={"model": "m"}) as response:
+            assert response.status_code == 400
+            await guard.aclose()
+            with pytest.raises(GuardClosed) as caught:
+                await response.aread()
+    assert guard_failure(caught.value) == "guard_closed"

@@ -40,7 +40,7 @@ class Expired(Exception):
         self.stalled = stalled
 
 
-UNBOUNDED = ReadBound(math.inf, math.inf, Expired)
+UNBOUNDED = ReadBound(math.inf, math.inf, Expired, lambda: None)
 
 
 class DrippingBody(ServerBody):
@@ -105,7 +105,8 @@ def test_a_server_dripping_the_rest_ends_in_the_calls_deadline_and_is_closed(
         head, unread = await read_head(httpx.Response(500, stream=body))
         assert unread is not None
         start = anyio.current_time()
-        handed = httpx.Response(500, stream=WholeErrorBody(head, unread, ReadBound(start + 3.0, 1.0, Expired)))
+        bound = ReadBound(start + 3.0, 1.0, Expired, lambda: None)
+        handed = httpx.Response(500, stream=WholeErrorBody(head, unread, bound))
         with pytest.raises(Expired) as raised:
             await handed.aread()
         assert raised.value.stalled is stalled
