@@ -24,6 +24,8 @@ from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guar
 
 NOW = 1000.0
 FAST, SLOW = 0.020, 0.200  # seconds to first token: a healthy replica and one 10x slower
+CHAT = "http://a.test/v1/chat/completions"
+STREAMED = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
 
 
 @dataclass(eq=False)
@@ -48,6 +50,13 @@ def warm(router: Router[Fake], states: list[Fake], ttfts: list[float], tpot: flo
         for state, ttft in zip(states, ttfts, strict=True):
             router.first_token(state, NOW, ttft)
             router.stream_finished(state, NOW, ok=True, tokens=21, duration=20 * tpot)
+
+
+async def stream_calls(client: httpx.AsyncClient, n: int) -> None:
+    """``n`` streamed calls one after another, each read to its end."""
+    for _ in range(n):
+        async with client.stream("POST", CHAT, json=STREAMED) as response:
+            await response.aread()
 
 
 def picks(router: Router[Fake], states: list[Fake], n: int, now: float = NOW) -> Counter[str]:
@@ -186,10 +195,7 @@ def test_a_fresh_guard_keeps_a_healthy_replica_after_one_straggler(backend: str)
     async def main() -> None:
         guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=5.0, total=10.0)})
         async with guard, guard.http_client() as client:
-            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-            for _ in range(30):
-                async with client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
-                    await response.aread()
+            await stream_calls(client, 30)
             assert not guard._replica_set.router.degraded("http://b.test")
 
     run_virtual(main, backend)
@@ -248,12 +254,11 @@ def test_a_busy_client_reading_streams_late_keeps_both_replicas(backend: str) ->
 
     async def main() -> None:
         guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=5.0, total=10.0)})
-        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
         async with guard, guard.http_client() as client:
             limit = anyio.Semaphore(16)
 
             async def one() -> None:
-                async with limit, client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
+                async with limit, client.stream("POST", CHAT, json=STREAMED) as response:
                     read_late = int(anyio.current_time() * 10) % 7 == 0  # the client is busy now
                     async for _ in response.aiter_raw():
                         if read_late:
@@ -539,10 +544,7 @@ def test_a_fresh_guard_stops_sending_calls_to_a_replica_whose_calls_lose_every_r
     async def main() -> None:
         guard = virtual_guard(fakes, records, tiers={"t": Tier(ttft=10.0, total=20.0)})
         async with guard, guard.http_client() as client:
-            body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-            for _ in range(16):
-                async with client.stream("POST", "http://a.test/v1/chat/completions", json=body) as response:
-                    await response.aread()
+            await stream_calls(client, 16)
             assert guard._replica_set.router.degraded("http://b.test")
 
     run_virtual(main, backend)
