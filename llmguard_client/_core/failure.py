@@ -135,26 +135,32 @@ def untold_answer(status: int) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
-def read_bound(call: Call) -> ReadBound:
-    """``call``'s stall and total deadlines over the rest of a server's error answer it hands on: a server that
-    drips it ends in the call's `StallTimeout` or `TotalTimeout`, as a stream that drips does."""
+def read_timeout(call: Call, stalled: bool, *, what: str, during: str) -> GuardTimeout:
+    """The error for a read of ``call``'s answer past the tier's stall limit (``stalled``) or its total deadline:
+    ``what`` stalled, or the deadline passed ``during`` that read; the connection is closed by then."""
     tier, name = call.tier, call.tier_name
-
-    def expired(stalled: bool) -> GuardTimeout:
-        elapsed = call.clock() - call.record.start
-        if stalled:
-            return StallTimeout(
-                f"the server's error answer stalled: no bytes of its body for {tier.stall}s (tier {name!r} stall "
-                f"limit), {elapsed:.3f}s into the call; the connection was closed",
-                request=call.request,
-                record=call.record,
-            )
-        return TotalTimeout(
-            f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; {elapsed:.3f}s elapsed) while "
-            "its server's error answer was read; the connection was closed",
+    elapsed = call.clock() - call.record.start
+    if stalled:
+        return StallTimeout(
+            f"{what} stalled: no bytes for {tier.stall}s (tier {name!r} stall limit) "
+            f"{during}, {elapsed:.3f}s into the call; the connection was closed",
             request=call.request,
             record=call.record,
         )
+    return TotalTimeout(
+        f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; "
+        f"{elapsed:.3f}s elapsed, {during}); the connection was closed",
+        request=call.request,
+        record=call.record,
+    )
+
+
+def read_bound(call: Call) -> ReadBound:
+    """``call``'s stall and total deadlines over the rest of a server's error answer it hands on: a server that
+    drips it ends in the call's `StallTimeout` or `TotalTimeout`, as a stream that drips does."""
+
+    def expired(stalled: bool) -> GuardTimeout:
+        return read_timeout(call, stalled, what="the server's error answer", during="while its body was read")
 
     def closed() -> GuardClosed | None:
         if not call.lease.guard_closed:
@@ -162,7 +168,7 @@ def read_bound(call: Call) -> ReadBound:
         why = "the Guard was closed while the server's error answer was being read; the connection was closed"
         return GuardClosed(why, request=call.request, record=call.record)
 
-    return ReadBound(call.time.loop_deadline(call.total_deadline), tier.stall or math.inf, expired, closed)
+    return ReadBound(call.time.loop_deadline(call.total_deadline), call.tier.stall or math.inf, expired, closed)
 
 
 def upstream_response(

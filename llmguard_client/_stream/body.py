@@ -37,6 +37,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import Call
+from llmguard_client._core.failure import read_timeout
 from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease
 from llmguard_client._core.outcome import Win
@@ -44,7 +45,7 @@ from llmguard_client._layers.attempt import error_kind
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
-from llmguard_client.errors import GuardClosed, GuardStreamError, GuardTimeout, StallTimeout, TotalTimeout
+from llmguard_client.errors import GuardClosed, GuardStreamError, GuardTimeout
 from llmguard_client.protocols import StreamFailure, stream_error
 from llmguard_client.protocols.base import ANSWER_FAILED, StreamReader
 from llmguard_client.protocols.splice import cut_before_failure
@@ -309,22 +310,9 @@ class GuardBody(httpx.AsyncByteStream):
         return error
 
     def _timeout(self, stall_tripped: bool) -> GuardTimeout:
-        call = self._call
-        tier, name = call.tier, call.tier_name
-        elapsed = call.clock() - call.record.start
         if stall_tripped:
-            return StallTimeout(
-                f"the stream stalled: no bytes for {tier.stall}s (tier {name!r} stall limit) "
-                f"after the first token, {elapsed:.3f}s into the call; the connection was closed",
-                request=call.request,
-                record=call.record,
-            )
-        return TotalTimeout(
-            f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; "
-            f"{elapsed:.3f}s elapsed, mid-stream); the connection was closed",
-            request=call.request,
-            record=call.record,
-        )
+            return read_timeout(self._call, True, what="the stream", during="after the first token")
+        return read_timeout(self._call, False, what="the stream", during="mid-stream")
 
     async def _end(self, status: CallStatus, cause: str | None) -> None:
         self._steady = None
