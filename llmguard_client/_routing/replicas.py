@@ -301,6 +301,10 @@ class ReplicaSet:
         """A probe of ``state``'s cool-down was answered with something other than overload (a 500, a reset):
         the server no longer asks for rest, so the cool-down ends here (the circuit judges the failure; other
         processes of a fleet keep theirs: a clear would close their circuits too)."""
+        self._probe_ended(state)
+
+    def _probe_ended(self, state: ReplicaState) -> None:
+        """If ``state``'s cool-down had its probe in flight, that probe's answer ends it: the calls waiting go."""
         if state.probing:
             state.cooling_until, state.probing = 0.0, False
             self.cooling_changed.notify()
@@ -332,9 +336,7 @@ class ReplicaSet:
                 self.shared.cleared(state)
             elif state.tripped:  # a circuit closing says nothing of a Retry-After another process was given
                 self.shared.closed(state)
-        if state.probing:
-            state.cooling_until, state.probing = 0.0, False
-            self.cooling_changed.notify()
+        self._probe_ended(state)
         if state.tripped:
             logger.info("llmguard: replica %s answered again; its circuit is closed", state.name)
         state.consecutive_failures = 0
