@@ -48,7 +48,9 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     now, key = call.clock(), call.affinity_key
     avoid = call.outside
     failed = (*episode.failed, *avoid)
-    replica = replicas.pick_ready(now, failed, key) or replicas.pick(now, failed, key, cornered=bool(avoid))
+    replica = replicas.pick_ready(now, failed, key) or replicas.pick(
+        now, failed, key, cornered=bool(avoid), keep=call.lease.hold
+    )
     return Route(replica, "retry", payment, avoid=avoid, rounds=max(1, sdk_rounds(call) - episode.rounds))
 
 

@@ -154,7 +154,7 @@ class RetryLayer:
             await close_unread(call.lease, outcome.failures)  # retried: their answers go to nobody
             if route.kind != "continuation":
                 kind = "retry"
-            self.replicas.take_probe(state, call.clock() + wait)  # sent as the cool-down's probe, if it is
+            self.replicas.take_probe(state, call.clock() + wait, call.lease.hold)  # sent as the probe, if it is
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
@@ -170,13 +170,18 @@ class RetryLayer:
         now = call.clock()
         if route.budget is None:
             state = route.replica or self.replicas.pick(
-                now, route.avoid, call.affinity_key, cornered=bool(call.outside), resting=call.generation
+                now,
+                route.avoid,
+                call.affinity_key,
+                cornered=bool(call.outside),
+                resting=call.generation,
+                keep=call.lease.hold,
             )
         else:
             state = (
                 route.replica
                 or self.replicas.pick_ready(now, exclude=route.avoid)
-                or self.replicas.pick(now, exclude=route.avoid)
+                or self.replicas.pick(now, exclude=route.avoid, keep=call.lease.hold)
             )
         if state is None:
             return Failed(

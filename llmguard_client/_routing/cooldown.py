@@ -18,7 +18,8 @@ decides, `llmguard_client._layers.retry`); a change of the cool-down (its probe 
 wakes the waiting calls to decide again. A retry also waits for the first to free, within the call's
 first-token deadline; a retry chosen ahead of its time takes the probe only if it is sent as the probe
 (`take_probe`): one paced by the server's Retry-After goes after the cool-down, and leaves the probe to the
-calls waiting.
+calls waiting. A probe that nothing answered (its caller gave up, its deadline passed first) is given back when
+its call ends (`give_back_probe`): due again, the next call waiting goes as the probe.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from __future__ import annotations
 import math
 from typing import Protocol, TypeVar
 
-__all__ = ["PROBE_AT", "Cooling", "first_attempt_candidates", "first_wait", "probe_after", "take_probe"]
+__all__ = [
+    "PROBE_AT",
+    "Cooling",
+    "first_attempt_candidates",
+    "first_wait",
+    "give_back_probe",
+    "probe_after",
+    "take_probe",
+]
 
 PROBE_AT = 0.5
 """The share of a cool-down after which its one probe may go."""
@@ -38,6 +47,7 @@ class Cooling(Protocol):
     cooling_until: float
     probe_at: float
     probing: bool
+    probes: int
 
     def cooling(self, now: float) -> bool: ...
 
@@ -50,27 +60,37 @@ def probe_after(now: float, seconds: float) -> float:
     return now + PROBE_AT * seconds
 
 
-def take_probe(s: Cooling, now: float) -> None:
+def take_probe(s: Cooling, now: float) -> int | None:
     """Make the attempt sent to ``s`` at ``now`` its cool-down's one probe, if that probe is due then: its answer
-    ends the cool-down or renews it."""
-    if s.cooling(now) and s.probe_at <= now:
-        s.probe_at, s.probing = math.inf, True
+    ends the cool-down or renews it. Returns the probe's number (for `give_back_probe`), or None."""
+    if not (s.cooling(now) and s.probe_at <= now):
+        return None
+    s.probe_at, s.probing = math.inf, True
+    s.probes += 1
+    return s.probes
 
 
-def first_attempt_candidates(candidates: list[C], now: float, *, take: bool = True) -> list[C]:
+def give_back_probe(s: Cooling, probe: int) -> bool:
+    """The call that sent probe number ``probe`` ended: if nothing answered that probe (it is still the one in
+    flight), it is due again at once. Returns whether it was given back."""
+    if not (s.probing and s.probes == probe):
+        return False
+    s.probe_at, s.probing = -math.inf, False
+    return True
+
+
+def first_attempt_candidates(candidates: list[C], now: float) -> list[C]:
     """The replicas among ``candidates`` that may take a first attempt at ``now`` (see the module docstring):
     all of them while none is cooling; else a due probe alone, or the ready ones; when several are all
     cooling, all of them again (the router spreads them by load); a single cooling one only as its probe
-    (else none: `first_wait` says for how long). Not ``take`` (a choice ahead of the attempt), a due probe
-    is offered but not taken: `take_probe` takes it when the attempt is sent as the probe."""
+    (else none: `first_wait` says for how long). A due probe is offered, not taken: `take_probe` takes it
+    when the attempt is sent as the probe."""
     if not any(s.cooling(now) for s in candidates):
         return candidates
     ready = [s for s in candidates if not s.cooling(now)]
     if ready or len(candidates) == 1:
         for s in candidates:
             if s.probe_at <= now and s.cooling(now):
-                if take:
-                    take_probe(s, now)
                 return [s]
         return ready
     return candidates

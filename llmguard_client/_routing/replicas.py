@@ -23,7 +23,13 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.cooldown import first_attempt_candidates, first_wait, probe_after, take_probe
+from llmguard_client._routing.cooldown import (
+    first_attempt_candidates,
+    first_wait,
+    give_back_probe,
+    probe_after,
+    take_probe,
+)
 from llmguard_client._routing.reach import relative, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client._routing.wakeup import Wakeup
@@ -32,6 +38,9 @@ from llmguard_client.telemetry._record_builder import AnyAttempt
 from llmguard_client.telemetry.record import AttemptOutcome
 
 logger = logging.getLogger("llmguard_client")
+
+Keep = Callable[[Callable[[], None]], object]
+"""Where a call keeps what it must undo when it ends (its lease's ``hold``)."""
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
@@ -53,6 +62,8 @@ class ReplicaState:
     """When this cool-down's one probe may take a first attempt (inf: none from this process)."""
     probing: bool = False
     """The probe was sent: its win ends the cool-down."""
+    probes: int = 0
+    """How many probes this process sent here: the last one's number names the probe in flight."""
     asked_beyond: tuple[float, float] = (0.0, 0.0)
     """For a cool-down cut short of a longer Retry-After than the guard waits: (the ``cooling_until`` it set,
     when the server's Retry-After ends); it no longer applies once ``cooling_until`` changes."""
@@ -176,6 +187,7 @@ class ReplicaSet:
         cornered: bool = False,
         resting: bool = True,
         take: bool = True,
+        keep: Keep | None = None,
     ) -> ReplicaState | None:
         """The replica for a call's first attempt, among those not excluded whose circuit is closed
         (None when there is none): the router's least-cost choice, or a probe of a drained replica.
@@ -190,12 +202,15 @@ class ReplicaSet:
         goes to one whose circuit is open when none of them has a closed one, as with one replica. Not
         ``resting`` (a call off the generation paths), cool-downs are not heeded and no probe is taken. Not
         ``take`` (a retry chosen ahead of ``now``, when it will be sent), a due probe may be chosen but is not
-        taken: `take_probe` takes it if the attempt goes as the probe.
+        taken: `take_probe` takes it if the attempt goes as the probe. ``keep``: see `take_probe`.
         """
-        candidates = self._allowed(now, exclude, cornered=cornered)
+        offered = self._allowed(now, exclude, cornered=cornered)
         if resting:  # else (a call off the generation paths) a cooling replica takes it, as a ready one would
-            candidates = first_attempt_candidates(candidates, now, take=take)
-        return self.router.pick(now, candidates, self._prefer(key, now))
+            offered = first_attempt_candidates(offered, now)
+        state = self.router.pick(now, offered, self._prefer(key, now))
+        if take and resting and len(offered) == 1 and state is not None:  # offered alone: perhaps as the probe
+            self.take_probe(state, now, keep)
+        return state
 
     def asked_beyond(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds left of the Retry-After of the only replica left (not excluded), when it asked for longer than
@@ -209,10 +224,18 @@ class ReplicaSet:
             return 0.0
         return max(0.0, asked_until - now)
 
-    def take_probe(self, state: ReplicaState, at: float) -> None:
+    def take_probe(self, state: ReplicaState, at: float, keep: Keep | None = None) -> None:
         """An attempt goes to ``state`` at ``at``: if ``state`` is cooling then with its probe due, it is that
-        probe (the calls waiting for it wait for its answer instead)."""
-        take_probe(state, at)
+        probe (the calls waiting for it wait for its answer instead). ``keep`` (the call's lease's ``hold``)
+        keeps the probe's give-back: when the call ends with nothing having answered the probe (its caller gave
+        up, its deadline passed first), the probe is due again and the calls waiting are woken."""
+        probe = take_probe(state, at)
+        if probe is not None and keep is not None:
+            keep(lambda: self._give_back_probe(state, probe))
+
+    def _give_back_probe(self, state: ReplicaState, probe: int) -> None:
+        if give_back_probe(state, probe):
+            self.cooling_changed.notify()
 
     def first_wait(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no

@@ -404,3 +404,41 @@ def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_
         assert sent == [0.0, 2.0, 4.0, 4.5, 6.5]
 
     run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waiting(backend: str) -> None:
+    """The probe at 2 s hangs before its first token and its caller gives up at 2.5 s. Nothing answered it, so
+    the cool-down still has no word from the server: the probe is due again, and of the two calls waiting since
+    2.1 s one goes as the new probe at once; once that is served (at 3 s) the other goes, not at 4 s."""
+    fake = FakeReplica(
+        "a", [Plan(status=429, retry_after="4"), Plan(first_token_after=30.0), Plan(first_token_after=0.5), Plan()]
+    )
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"long": Tier(ttft=600.0, total=900.0)}
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client() as client:
+
+            async def call() -> None:
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+
+            async def given_up() -> None:
+                with anyio.move_on_after(2.3):  # it waits for the probe at 2 s, then hangs there
+                    await call()
+
+            start = now()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)  # the 429 at 0 s; its retry at 4 s, when its Retry-After ends
+                await anyio.sleep(0.2)
+                tg.start_soon(given_up)
+                await anyio.sleep(1.9)
+                tg.start_soon(call)
+                tg.start_soon(call)
+            assert guard.snapshot().replicas[0].cooling_for == 0.0
+
+        sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
+        assert sent == [0.0, 2.0, 2.5, 3.0, 4.0]  # the 429, the probe given up, the next probe, the other, the retry
+
+    run_virtual(main, backend)
