@@ -46,7 +46,7 @@ class Fleet:
         clock: Callable[[], float],
     ) -> None:
         self.store = store
-        self.mirror = FleetMirror(store, replicas.states, clock)
+        self.mirror = FleetMirror(store, replicas.states, clock, replicas.cooling_changed.notify)
         replicas.shared = self.mirror
         self.hints = FleetHints(store, replicas, clock)
         self.flag = FleetFlag(store, rollout, poll_interval)

@@ -9,7 +9,8 @@ Retry-After another process was given is that process's to probe. An event names
 without credentials), what happened and for how long; nothing about a user or a prompt is stored.
 
 A cool-down learned from another process carries no probe for this one: the process that learned it
-sends the one probe of that cool-down (`llmguard_client._routing.cooldown`).
+sends the one probe of that cool-down (`llmguard_client._routing.cooldown`). A mirrored change of a cool-down
+(one renewed or ended elsewhere) wakes the calls waiting here for it, as a change learned here does.
 """
 
 from __future__ import annotations
@@ -37,11 +38,19 @@ class FleetMirror:
     """Publishes this process's cool-downs and circuit changes; applies the others' (the ReplicaSet's
     ``shared`` hooks)."""
 
-    def __init__(self, store: FleetStore, states: Sequence[ReplicaState], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: FleetStore,
+        states: Sequence[ReplicaState],
+        clock: Callable[[], float],
+        cooling_changed: Callable[[], None] = lambda: None,
+    ) -> None:
         self.store = store
         self.states = list(states)
         self._by_name = {s.name: s for s in self.states}
         self._clock = clock
+        self._cooling_changed = cooling_changed
+        """Wakes the calls waiting for a cool-down (`llmguard_client._routing.wakeup.Wakeup.notify`)."""
         self.channel = store.key("events")
         store.subscribe(self.channel, self.receive)
         store.on_connect(self.resync)
@@ -100,7 +109,8 @@ class FleetMirror:
         self.store.lag = max(0.0, time.time() - sent)
         now = self._clock()
         if kind == "cool":
-            self._cool(state, now + ms / 1000)
+            if self._cool(state, now + ms / 1000):
+                self._cooling_changed()
         elif kind == "open":
             self._open(state, now + ms / 1000)
         elif kind in ("clear", "close"):
@@ -110,6 +120,7 @@ class FleetMirror:
                 state.cooling_until = min(state.cooling_until, now)
                 state.probing = False
                 state.probe_at = math.inf
+                self._cooling_changed()
 
     async def resync(self, client: Redis) -> None:
         """After a (re)connection: write what is in force here and missing there, and publish it (the processes
@@ -141,11 +152,14 @@ class FleetMirror:
                 self._open(s, now + opened / 1000)
 
     @staticmethod
-    def _cool(state: ReplicaState, until: float) -> None:
-        if until > state.cooling_until + _SLACK:
-            state.cooling_until = until
-            state.probe_at = math.inf  # the process that learned it sends the probe
-            state.probing = False
+    def _cool(state: ReplicaState, until: float) -> bool:
+        """Mirror a cool-down until ``until``; whether it changed this process's (a new or longer one)."""
+        if until <= state.cooling_until + _SLACK:
+            return False
+        state.cooling_until = until
+        state.probe_at = math.inf  # the process that learned it sends the probe
+        state.probing = False
+        return True
 
     @staticmethod
     def _open(state: ReplicaState, until: float) -> None:

@@ -73,6 +73,37 @@ async def test_a_probe_that_wins_clears_the_cool_down_everywhere(redis_server: R
             await g.aclose()
 
 
+async def test_a_cool_down_renewed_or_ended_elsewhere_wakes_the_calls_waiting_here(redis_server: RedisServer) -> None:
+    """A call waiting in b for a cool-down (b's `Wakeup`, as a single-replica call waits for its probe) is woken
+    when another process's probe ends it, and when another process renews it (it decides again then); before,
+    it slept on to the end of its own wait (30 s here, past the bound of `until`)."""
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    woken: list[str] = []
+
+    async def wait_in_b(label: str) -> None:
+        await b._replica_set.cooling_changed.wait(30.0)
+        woken.append(label)
+
+    try:
+        await connected(a, b)
+        a._replica_set.cool_down(states(a)[0], anyio.current_time(), 30.0)
+        await until(lambda: states(b)[0].cooling(anyio.current_time()))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_in_b, "renewed")
+            await anyio.sleep(0.05)
+            a._replica_set.cool_down(states(a)[0], anyio.current_time(), 60.0)  # renewed, longer
+            await until(lambda: woken == ["renewed"])
+            tg.start_soon(wait_in_b, "ended")
+            await anyio.sleep(0.05)
+            states(a)[0].probing = True
+            a._replica_set.succeeded(states(a)[0], 0.05, anyio.current_time())  # a's probe served
+            await until(lambda: woken == ["renewed", "ended"])
+        assert not states(b)[0].cooling(anyio.current_time())
+    finally:
+        for g in (a, b):
+            await g.aclose()
+
+
 async def test_a_circuit_closing_elsewhere_ends_the_circuit_but_not_a_cool_down(redis_server: RedisServer) -> None:
     a, b = guard(redis_server.url), guard(redis_server.url)
     try:
