@@ -60,6 +60,12 @@ class ReplicaHealth:
     recent: float = 0.0
     """Attempts sent here, fading with a half-life of `RECENT_HALF_LIFE`, as of ``last_pick`` (read it with
     `recent_calls`): the share of recent calls a new affinity key is placed by."""
+    bounded: bool = False
+    """``ttft`` was last raised by a lower bound (a lost race, a first-token timeout), with no first token since:
+    only the replica's own calls can correct it."""
+    checking: bool = False
+    """The last first attempt sent here was a probe of a replica the costs had left out
+    (`llmguard_client._routing.router.Router`): its success counts as a drained replica's probe's does."""
     unanswered_since: float | None = None
     """When the first attempt sent here since its last first token (or failure) went out: while
     calls are in flight, a replica silent for longer than its TTFT estimate is costed as that slow."""

@@ -189,8 +189,9 @@ class Router(Generic[S]):
             chosen = prefer(healthy) if prefer is not None else None  # cache affinity (_routing.affinity.routing)
             if chosen is None:
                 if len(healthy) > self.full_scan_up_to:
-                    healthy = self._rng.sample(healthy, 2)
-                chosen = self._least_cost(healthy, now, rotate=True)
+                    chosen = self._least_cost(self._rng.sample(healthy, 2), now, rotate=True)
+                else:
+                    chosen = self._left_out(now, healthy) or self._least_cost(healthy, now, rotate=True)
         else:
             self._since_probe = 0
             chosen.health.probes += 1
@@ -240,6 +241,31 @@ class Router(Generic[S]):
             if s.health.drained and now - max(s.health.last_first, s.health.drained_at) >= self._probe_wait(s.health)
         ]
         return min(due, key=lambda s: s.health.last_first) if due else None
+
+    def _left_out(self, now: float, states: list[S]) -> S | None:
+        """A replica the costs kept from every first attempt for ``probe_interval`` s while another took them,
+        costed on what only its own calls can correct (a failure rate, or a lost race's lower bound on its TTFT):
+        it gets this call, as a probe whose success counts as fast as a drained replica's probe's. Without it, one
+        caller's sequential calls never went back to a replica healed from a short outage until its failures had
+        faded (~45 s). Only where every replica is costed (a full scan): two drawn at random explore by
+        themselves."""
+        interval = self.probe_interval
+        if len(states) < 2 or not any(now - s.health.last_first < interval for s in states):
+            return None  # an idle client: nothing was left out
+        left = [
+            s
+            for s in states
+            if now - s.health.last_first >= interval
+            and (s.health.bounded or self._failure(s.health, now) > 0.0)
+            and not s.cooling(now)
+            and not no_room(s.health, now)
+            and not server_waiting(s.health, now)
+        ]
+        if not left:
+            return None
+        chosen = min(left, key=lambda s: s.health.last_first)
+        chosen.health.checking = True
+        return chosen
 
     def _probe_wait(self, h: ReplicaHealth) -> float:
         """Seconds from a drained replica's last call to its next probe: `FIRST_PROBE` after the drain, doubling
@@ -305,9 +331,11 @@ class Router(Generic[S]):
         h = state.health
         if h.drained and h.ttft is not None and not worse(ttft, self._ref_ttft, self.RECOVER_RATIO, self.TTFT_FLOOR):
             h.ttft = max(0.0, ttft)
+        elif h.checking and h.bounded and len(h.ttft_first) >= self.MIN_SAMPLES:
+            h.ttft = max(0.0, ttft)  # a first token where only lower bounds were: a measurement replaces them
         else:
             h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
-        h.unanswered_since = None
+        h.unanswered_since, h.bounded = None, False
         self._reassess(state, now)
 
     def answered(self, state: S) -> None:
@@ -328,6 +356,7 @@ class Router(Generic[S]):
         costed = self._ttft(state)
         if costed is None or waited > costed:
             h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, waited), h.drained)
+            h.bounded, h.checking = True, False
             self._reassess(state, now)
 
     def failed(self, state: S, now: float) -> None:
@@ -418,10 +447,13 @@ class Router(Generic[S]):
         return current + (self.DRAINED_EWMA if drained else self.EWMA) * (sample - current)
 
     def _count(self, h: ReplicaHealth, now: float, *, failed: bool, weight: float = 1.0) -> None:
-        alpha = self.DRAINED_EWMA if h.drained else self.FAILURE_EWMA
+        # A left-out replica's probe that succeeds is the news its costs waited for (it healed): it counts as a
+        # drained replica's; one that fails counts as any failure, so that one probe does not drain it.
+        alpha = self.DRAINED_EWMA if h.drained or (h.checking and not failed) else self.FAILURE_EWMA
         current = self._failure(h, now)
         h.failure = current + alpha * ((weight if failed else 0.0) - current)
         h.failure_at = now
+        h.checking = False
 
     def _reassess(self, state: S, now: float) -> None:
         """Refresh the reference medians; bring ``state`` back if it is drained and its own calls

@@ -209,8 +209,11 @@ def test_pick_never_returns_an_excluded_replica() -> None:
 
 
 def test_pick_ranks_a_recently_failed_replica_last_until_the_failure_fades() -> None:
+    """Within the probe interval of its last call the failed replica takes none; it is probed after it (the
+    router's test of left-out replicas), and shares the calls again once the failure has faded."""
     rs = replica_set(2)
     r0, _ = rs.states
+    assert rs.pick(NOW, exclude=[rs.states[1]]) is r0
     rs.failed(r0, NOW, threshold=5, cooldown=5.0)
     assert set(names([rs.pick(NOW + 1) for _ in range(4)])) == {"r1"}
     later = NOW + 4 * rs.router.FAILURE_HALF_LIFE  # 0.1 / 16 is below FAILURE_FORGOTTEN

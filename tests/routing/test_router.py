@@ -554,6 +554,41 @@ def test_a_fresh_guard_stops_sending_calls_to_a_replica_whose_calls_lose_every_r
     assert all(a.replica == "http://a.test" for r in records for a in r.attempts if a.outcome == "won")
 
 
+@BACKENDS
+def test_one_callers_calls_go_back_to_a_replica_healed_from_a_short_outage(backend: str) -> None:
+    """Two replicas through a whole Guard in virtual time, one call every 0.5 s: b refuses three connections (an
+    outage; each call is retried on a at once), then serves again. b gets a call again within the probe interval
+    of its last one, and about half of them from then on; before, none for the ~45 s its failures took to fade."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02)]),
+        "http://b.test": FakeReplica(
+            "b", [Plan(first_token_after=0.02), *[Plan(refused=True)] * 3, Plan(first_token_after=0.02)]
+        ),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, hedge=None)
+        async with guard, guard.http_client() as client:
+            for _ in range(40):
+                async with client.stream("POST", CHAT, json=STREAMED) as response:
+                    await response.aread()
+                await anyio.sleep(0.5)
+
+    run_virtual(main, backend)
+    to_b = [i for i, r in enumerate(records) if r.attempts[0].replica == "http://b.test"]
+    refused = [i for i in to_b if r_status(records[i]) is None]
+    assert len(refused) == 3 and all(records[i].status == "ok" for i in refused)
+    after = [i for i in to_b if i > refused[-1]]
+    assert after and after[0] - refused[-1] <= 5  # within ~2 s of calls every 0.5 s
+    assert len(after) >= (len(records) - refused[-1]) // 3
+
+
+def r_status(record: PhaseRecord) -> int | None:
+    """The first attempt's status (None: it got no answer)."""
+    return record.attempts[0].status_code
+
+
 # --- mid-stream failures -----------------------------------------------------------------------------------
 
 
@@ -675,3 +710,52 @@ def test_degradation_is_judged_against_succeeding_replicas_only(caplog: pytest.L
     assert breaking.health.drained and not healthy.health.drained
     drained = [r.getMessage() for r in caplog.records if "is degraded" in r.getMessage()]
     assert len(drained) == 1 and drained[0].startswith("llmguard: replica r0 is degraded"), drained
+
+
+def sequential_calls(
+    router: Router[Fake], states: list[Fake], start: float, end: float, gap: float, tpot: float = 0.01
+) -> list[str]:
+    """One call at a time every ``gap`` s from ``start`` to ``end``, each answered at once by whichever replica
+    it went to (a first token in ``FAST``, 21 tokens at ``tpot``): the names of the replicas, in order."""
+    chosen: list[str] = []
+    now = start
+    while now < end:
+        state = router.pick(now, states)
+        assert state is not None
+        router.first_token(state, now, FAST)
+        router.stream_finished(state, now, ok=True, tokens=21, duration=20 * tpot)
+        chosen.append(state.name)
+        now += gap
+    return chosen
+
+
+def test_a_replica_kept_from_calls_by_an_old_outage_is_probed_and_takes_its_share_again() -> None:
+    """r1 failed three calls and lost two races in a partition of a few seconds, then healed. One caller, one call
+    every 0.5 s: the failure rate fading alone kept r1 from every call for ~45 s (its cost 3.7x r0's at first),
+    so nothing measured that it was back. Now a replica the costs kept from every first attempt for
+    ``probe_interval`` gets one as a probe, whose outcome counts as fast as a drained replica's probe's: r1 is
+    probed within 2 s and shares the calls again within seconds."""
+    router, states = cluster(2)
+    r1 = states[1]
+    warm(router, states, [FAST, FAST])
+    for i in range(3):
+        router.failed(r1, NOW + i)
+    router.outran(r1, NOW + 3, 3.0)
+    router.outran(r1, NOW + 3.5, 3.0)
+    assert not r1.health.drained
+    chosen = sequential_calls(router, states, NOW + 4, NOW + 30, 0.5)
+    first_r1 = chosen.index("r1")
+    assert first_r1 * 0.5 <= router.probe_interval + 0.5  # probed within the probe interval
+    later = chosen[len(chosen) // 2 :]  # from 17 s on
+    assert later.count("r1") >= len(later) // 3  # its share again
+
+
+def test_a_replica_measured_slower_is_not_probed_for_being_left_out() -> None:
+    """A replica whose own first tokens (not failures nor lost races) make it 3x slower than the other, not
+    enough to drain it, keeps no share of one caller's sequential calls, as before: its estimate is a
+    measurement."""
+    router, states = cluster(2)
+    warm(router, states, [FAST, 3 * FAST], tpot=0.001)
+    chosen = sequential_calls(router, states, NOW + 1, NOW + 20, 0.5, tpot=0.001)
+    assert not states[1].health.drained
+    assert chosen.count("r1") == 0
