@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -152,8 +153,12 @@ class LoopbackServer:
         gauge: ConcurrencyGauge | None = None,
         http2: bool = False,
         routes: Sequence[BaseRoute] = (),
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
-        """``routes``: more starlette routes, after the OpenAI ones (e.g. another API's paths)."""
+        """``routes``: more starlette routes, after the OpenAI ones (e.g. another API's paths); ``tls``: a
+        (certificate, key) pair to serve HTTPS with (uvicorn only; `tests.redis_cluster.make_certificates`)."""
+        if tls is not None and http2:
+            raise ValueError("tls= is served by uvicorn, without http2=True")
         self.name = name
         self.gauge = gauge or ConcurrencyGauge()
         self.model = model
@@ -181,7 +186,7 @@ class LoopbackServer:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self._sock = sock
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'http' if tls is None else 'https'}://127.0.0.1:{self.port}"
         app = Starlette(
             routes=[
                 *(Route(path, self._chat, methods=["POST"]) for path in CHAT_PATHS),
@@ -194,7 +199,16 @@ class LoopbackServer:
         self._server: uvicorn.Server | _Hypercorn = (
             _Hypercorn(app, sock)
             if http2
-            else uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1))
+            else uvicorn.Server(
+                uvicorn.Config(
+                    app,
+                    log_level="warning",
+                    lifespan="off",
+                    timeout_graceful_shutdown=1,
+                    ssl_certfile=None if tls is None else str(tls[0]),
+                    ssl_keyfile=None if tls is None else str(tls[1]),
+                )
+            )
         )
         self._thread = threading.Thread(target=self._serve, daemon=True)
 

@@ -1,0 +1,85 @@
+"""A Guard trusts the CAs an httpx client built at the same moment would: ``SSL_CERT_FILE``/``SSL_CERT_DIR`` set
+after an earlier Guard of the process was built count for every later one, as they do for the plain SDK."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmguard_client import Guard, Tier
+from llmguard_client._http.tls import default_tls_context
+from tests.loopback import LoopbackServer, Script, running
+from tests.redis_cluster import OPENSSL, make_certificates
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a 127.0.0.1 certificate it signed: (ca, cert, key)."""
+    if OPENSSL is None:
+        pytest.skip("needs the openssl command to make a CA")
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def tls_server(certificates: tuple[Path, Path, Path]) -> Iterator[LoopbackServer]:
+    """An HTTPS loopback server whose certificate only the throwaway CA vouches for."""
+    _, cert, key = certificates
+    server = LoopbackServer("tls", default=Script(tokens=2), tls=(cert, key))
+    with running([server]):
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _no_ca_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in CA_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _ca_as(variable: str, ca: Path, directory: Path) -> str:
+    """``ca`` as ``SSL_CERT_FILE`` names it (the file) or as ``SSL_CERT_DIR`` does (a hashed directory)."""
+    if variable == "SSL_CERT_FILE":
+        return str(ca)
+    assert OPENSSL is not None
+    shutil.copy(ca, directory / "ca.pem")
+    subprocess.run([OPENSSL, "rehash", str(directory)], capture_output=True, timeout=30, check=True)
+    return str(directory)
+
+
+@pytest.mark.parametrize("variable", CA_VARIABLES)
+async def test_a_ca_named_after_a_first_guard_was_built_is_trusted_by_the_next(
+    variable: str,
+    tls_server: LoopbackServer,
+    certificates: tuple[Path, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tiers = {"t": Tier(ttft=10, total=20)}
+    async with Guard([tls_server.url], tiers), Guard(["https://127.0.0.1:9"], tiers):
+        pass  # Guards built before the environment names the CA
+    monkeypatch.setenv(variable, _ca_as(variable, certificates[0], tmp_path))
+    async with Guard([tls_server.url], tiers, failure_mode="raise", retry=None) as guard:
+        async with guard.http_client() as client:
+            response = await client.post(tls_server.url + "/v1/chat/completions", json=BODY)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"]
+    assert len(tls_server.received) == 1
+
+
+def test_one_context_per_value_of_the_environment(
+    certificates: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = default_tls_context()
+    assert default_tls_context() is default  # not rebuilt per call
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificates[0]))
+    ours = default_tls_context()
+    assert ours is not default and default_tls_context() is ours
+    assert [c["subject"] for c in ours.get_ca_certs()] == [((("commonName", "llmguard test CA"),),)]
+    monkeypatch.delenv("SSL_CERT_FILE")
+    assert default_tls_context() is default
