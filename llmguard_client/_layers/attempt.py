@@ -31,6 +31,7 @@ from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.error_body import read_head
+from llmguard_client._http.http2_reset import reset_when_abandoned
 from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
@@ -69,6 +70,7 @@ class AttemptLayer:
         won = False
         try:
             request = stamp_sent(call.attempt_request(state, attempt, route.body), attempt, clock)
+            reset_when_abandoned(request, state.transport)  # HTTP/2: a stream dropped before its headers too
             response = decode_in_place(await state.transport.handle_async_request(request))
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)

@@ -1,6 +1,6 @@
 """Replicas spoken to over HTTP/2: an answer the guard abandons (a stream its caller closed, a hedge's loser, a call
-past its deadline) is reset, so the server stops generating it, as a closed HTTP/1.1 connection tells it; an
-answer read to its end is not, and its connection is kept."""
+past its deadline, before or after the server sent its headers) is reset, so the server stops generating it, as a
+closed HTTP/1.1 connection tells it; an answer read to its end is not, and its connection is kept."""
 
 from __future__ import annotations
 
@@ -83,6 +83,50 @@ async def test_a_call_past_its_deadline_is_reset_and_its_server_stops(h2_servers
         assert await aeventually(lambda: server.disconnects == 1)
     assert server.completed == 0
     assert records[0].cause == "total_timeout"
+
+
+async def test_a_hedges_loser_without_headers_yet_is_reset_and_its_server_stops(
+    h2_servers: list[LoopbackServer],
+) -> None:
+    slow, fast = h2_servers
+    slow.script = Script(hang_before_headers=30.0)
+    records: list[PhaseRecord] = []
+    async with guard_over([slow, fast], records, hedge=HedgePolicy(delay=0.1)) as guard:
+        async with guard.http_client() as client:
+            for _ in range(3):
+                assert (await client.post(slow.url + CHAT, json=BODY)).is_success
+        lost = sum(a.outcome == "lost" for r in records for a in r.attempts)
+        assert lost >= 1
+        # before: 0, httpcore forgot each loser's stream and the server waited out its 30 s
+        assert await aeventually(lambda: slow.disconnects == lost)
+    assert slow.counters["admitted"] == 0
+
+
+async def test_a_call_past_its_deadline_before_its_headers_is_reset(h2_servers: list[LoopbackServer]) -> None:
+    server = h2_servers[0]
+    server.script = Script(hang_before_headers=30.0)
+    records: list[PhaseRecord] = []
+    async with guard_over([server], records, tiers={"t": Tier(ttft=0.3, total=0.3)}, retry=None) as guard:
+        async with guard.http_client() as client:
+            with pytest.raises(httpx.HTTPError):
+                await client.post(server.url + CHAT, json=BODY)
+        assert await aeventually(lambda: server.disconnects == 1)  # before: 0
+    assert server.counters["admitted"] == 0
+    assert records[0].cause == "ttft_timeout"
+
+
+async def test_a_callers_own_trace_hook_still_sees_every_event(h2_servers: list[LoopbackServer]) -> None:
+    server = h2_servers[0]
+    events: list[str] = []
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        events.append(event)
+
+    records: list[PhaseRecord] = []
+    async with guard_over([server], records) as guard, guard.http_client() as client:
+        response = await client.post(server.url + CHAT, json=BODY, extensions={"trace": trace})
+    assert response.is_success
+    assert "http2.send_request_headers.started" in events and "http2.response_closed.complete" in events
 
 
 async def test_answers_read_to_their_end_are_not_reset_and_share_one_connection(
