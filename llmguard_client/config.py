@@ -379,7 +379,9 @@ class BudgetPolicy:
     extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md).
     A retry the server paced (back to the replica that answered with a Retry-After, or a 429 without one, once
     that wait or the cool-down standing in for it is over) is sent even when the budget is empty, and charged
-    to it (``snapshot().paced`` counts those past the bound)."""
+    to it (``snapshot().paced`` counts those past the bound). So is, on the only replica left (nowhere else to go), a
+    retry of a 5xx, overload answer or transport error the budget refused: the replica cools for
+    `RetryPolicy.overload_cooldown` unless it is cooling already, and the retry goes when that cool-down ends."""
 
     ratio: float = 0.1
     floor: int = 4

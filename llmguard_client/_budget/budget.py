@@ -157,7 +157,8 @@ class RetryBudget:
 
     One kind of extra attempt passes the bound: a *paced* retry, which goes back to the replica that answered
     with a Retry-After, no sooner than it asked (or with a 429 without one, once the guard's cool-down standing
-    in for it ends). The server set its pace, as a provider's rate limit does
+    in for it ends; or to the only replica left, failing, at the end of the cool-down the guard puts it in when
+    the bound refused the retry: the retry layer decides). The server set its pace, as a provider's rate limit does
     (the plain SDKs honour it too), so an empty budget does not end the call. It is still charged to the
     window (hedges see the load) and counted in ``paced``; the bound above holds for every other extra attempt.
 

@@ -31,7 +31,12 @@ After a round fails, `Retrier` decides whether and where to try again:
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
   and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
   back to a replica that answered 429 without a Retry-After, once the cool-down standing in for it ends
-  (a 503 without one, an overloaded engine, stays within the budget);
+  (a 503 without one, an overloaded engine, stays within the budget while another replica is left);
+- on the only replica left (one configured, or the others excluded or open), a streak of failures (5xx,
+  overload answers, transport errors) that empties the budget does not end the calls: the replica cools
+  for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first
+  attempts wait for its probe, and the refused retry goes as a paced one at the cool-down's end, within the
+  call's deadline and attempts (the plain SDK would retry there too; the server sees probes, not a flood);
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
@@ -367,6 +372,10 @@ class RetryLayer:
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
+        if payment is None and route.kind != "continuation" and self._pace_alone(now, last, state, avoid):
+            wait = max(wait, state.cooling_until - now)  # at the cool-down's end, past the budget's bound
+            if fits_deadline(call, now, wait, deadline):
+                payment = call.pay_extra(route.budget, paced=True)
         if payment is None:
             return Failed(
                 reason=BudgetExhausted(
@@ -379,6 +388,25 @@ class RetryLayer:
                 stopped="budget",
             )
         return wait, state, payment
+
+    def _pace_alone(
+        self, now: float, last: AttemptFailure, state: ReplicaState, avoid: tuple[ReplicaState, ...]
+    ) -> bool:
+        """Whether a retry the budget refused goes instead as a paced retry: it goes back to the only replica left
+        (nowhere else to go), which failed with a 5xx, an overload answer or a transport error. That replica is
+        then cooled for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``): new
+        first attempts wait for its probe, and the retry goes at the cool-down's end."""
+        assert self.policy is not None
+        failing = last.overload or last.is_transport_error or (last.status_code or 0) >= 500
+        if not failing or self._provider_limit(last) or state is not last.state:
+            return False
+        if self.replicas.alone(now, avoid) is not state:
+            return False
+        if not state.cooling(now):
+            seconds = self.policy.overload_cooldown
+            self.replicas.cool_down(state, now, seconds)
+            self._instrumentation.replica_cooled(state.name, seconds, "failing")
+        return True
 
 
 def _cooling_refusal(call: Call, why: str, retry_after: float, stopped: Stop) -> Failed:

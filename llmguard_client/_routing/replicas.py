@@ -224,6 +224,12 @@ class ReplicaSet:
             return 0.0
         return max(0.0, asked_until - now)
 
+    def alone(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
+        """The only replica left (not excluded; circuit closed, or open in panic mode when nowhere else is), or
+        None when there are several, or none."""
+        allowed = self._allowed(now, exclude)
+        return allowed[0] if len(allowed) == 1 else None
+
     def take_probe(self, state: ReplicaState, at: float, keep: Keep | None = None) -> None:
         """An attempt goes to ``state`` at ``at``: if ``state`` is cooling then with its probe due, it is that
         probe (the calls waiting for it wait for its answer instead). ``keep`` (the call's lease's ``hold``)

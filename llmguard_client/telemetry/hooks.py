@@ -121,7 +121,8 @@ class Instrumentation(Protocol):
         request's attributes of a `PhaseRecord`; the final one comes to ``call_finished``)."""
 
     def replica_cooled(self, replica: str, seconds: float, reason: str) -> None:
-        """A replica was put in cool-down (``reason``: retry_after, circuit_open)."""
+        """A replica was put in cool-down (``reason``: retry_after; overload, a 429/503/529 without one; failing,
+        the only replica left failing past what the retry budget pays for; circuit_open)."""
 
     def bulkhead_rejected(self, tier: str) -> None:
         """A call was refused because its tier's bulkhead was full."""

@@ -109,14 +109,31 @@ async def test_an_explicit_attempt_limit_holds_whatever_max_retries_says(
 
 
 async def test_the_budget_still_caps_the_sdks_retries(servers: list[LoopbackServer]) -> None:
-    """A fresh Guard's budget holds 4 retries (its floor): ``max_retries=5`` gets 5 requests, the last final."""
-    servers[0].script = Script(status=500, body=ERROR)
-    async with cooperative([servers[0].url], Tier(ttft=10, total=20)) as guard:
+    """A fresh Guard's budget holds 4 retries (its floor): ``max_retries=5`` gets 5 requests, the last final
+    (over two replicas: on the only one left, a streak that empties the budget is paced by a cool-down)."""
+    for server in servers:
+        server.script = Script(status=500, body=ERROR)
+    async with cooperative([s.url for s in servers], Tier(ttft=10, total=20)) as guard:
         with pytest.raises(openai.InternalServerError) as caught:
             await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert guard_failure(caught.value) == "budget_exhausted"
-    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
+    received = sorted(r.headers.get("x-stainless-retry-count") for s in servers for r in s.received)
+    assert received == ["0", "1", "2", "3", "4"]
+
+
+async def test_a_streak_on_the_only_replica_is_paced_past_an_empty_budget(servers: list[LoopbackServer]) -> None:
+    """One endpoint failing with 500s and an empty budget: the guard tells the SDK to come back when the
+    replica's cool-down ends, and the SDK's retry is sent past the bound and served."""
+    failing = Script(status=500, body=ERROR)
+    servers[0].scripter = lambda index, attempt: failing if attempt == 1 else None
+    policy = BudgetPolicy(ratio=0.0, floor=0)
+    async with cooperative([servers[0].url], Tier(ttft=10, total=20), policy, overload_cooldown=0.2) as guard:
+        answer = await sdk(guard, servers[0].url, max_retries=2).chat.completions.create(model="m", messages=MESSAGES)
+        budget = guard.snapshot().budget
+    assert answer.choices
+    assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
+    assert budget is not None and (budget.paced, budget.spent, budget.refused) == (1, 1, 1)
 
 
 async def test_a_retry_the_server_paced_passes_an_empty_budget(servers: list[LoopbackServer]) -> None:

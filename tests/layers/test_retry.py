@@ -132,23 +132,91 @@ def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_en
 
 @BACKENDS
 @pytest.mark.parametrize("status", [429, 503])
-def test_a_429_without_retry_after_is_paced_by_the_cool_down_and_a_503_by_the_budget(backend: str, status: int) -> None:
-    """One hosted endpoint answering a 429 with no Retry-After (some gateways send none): the server refused
-    this client, and the guard's own cool-down stands in for the wait, so the retry goes back when it ends
-    and passes an empty budget, as the plain SDK would retry. A 503 without one is an overloaded engine: the
-    budget still bounds its retries, and the caller gets the answer at once."""
+def test_a_429_or_503_without_retry_after_from_the_only_replica_is_paced_by_the_cool_down(
+    backend: str, status: int
+) -> None:
+    """One hosted endpoint answering a 429 or 503 with no Retry-After (some gateways send none): the guard's own
+    cool-down stands in for the wait, so the retry goes back when it ends and passes an empty budget, as the plain
+    SDK would retry. A 429 (the server refused this client) is paced from the start; a 503's retry is refused by
+    the budget first (counted), then paced, as there is nowhere else to go."""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
     retry = RetryPolicy(overload_cooldown=1.5)
     response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
     assert snapshot is not None
-    if status == 503:
-        assert response.status_code == 503 and response.headers["x-llmguard-cause"] == "budget_exhausted"
-        assert (snapshot.paced, snapshot.refused, len(record.attempts)) == (0, 1, 1)
-        return
-    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0)
+    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 1 if status == 503 else 0)
     first, retry_attempt = record.attempts
-    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (429, "retry", "won")
+    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (status, "retry", "won")
     assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
+
+
+@BACKENDS
+def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_the_budget_is_empty(
+    backend: str,
+) -> None:
+    """One endpoint (a proxy whose backend restarts) answering 502s: the budget pays the first retry with the
+    normal backoff; when it is empty, the call does not end: the replica cools for `overload_cooldown`, the
+    retry goes at the cool-down's end, and a new call waits for the cool-down's probe instead of adding load.
+    That probe failing too renews the cool-down, and its own retry goes at the end of that one."""
+    failing = Plan(status=502, headers_after=0.01)
+    fakes = {"http://a.test": FakeReplica("a", [failing, failing, failing, Plan()])}
+    records: list[PhaseRecord] = []
+    answers: dict[str, int] = {}
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0)
+        budget = BudgetPolicy(ratio=0.0, floor=1)
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
+            async with virtual.http_client() as client, anyio.create_task_group() as tg:
+
+                async def call(name: str, after: float) -> None:
+                    await anyio.sleep(after)
+                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
+
+                tg.start_soon(call, "first", 0.0)
+                tg.start_soon(call, "second", 0.3)  # after the first's budget-paid retry failed
+            snapshot = virtual.snapshot().budget
+        assert snapshot is not None and (snapshot.paced, snapshot.refused, snapshot.spent) == (2, 2, 3)
+
+    run_virtual(main, backend)
+    assert answers == {"first": 200, "second": 200}
+    first, second = sorted(records, key=lambda r: r.start)
+    assert [(a.status_code, a.outcome) for a in first.attempts] == [(502, "failed"), (502, "failed"), (200, "won")]
+    assert [(a.status_code, a.outcome) for a in second.attempts] == [(502, "failed"), (200, "won")]
+    paid, emptied, paced = first.attempts
+    assert paid.finish is not None and emptied.finish is not None
+    assert 0.1 <= emptied.start - paid.finish <= 0.2  # the budget paid it: the normal backoff
+    assert paced.start == pytest.approx(emptied.finish + 1.0, abs=1e-6)  # at the cool-down's end
+    probe, retried = second.attempts
+    assert probe.start == pytest.approx(emptied.finish + 0.5, abs=1e-6)  # waited for the cool-down's probe
+    assert probe.finish is not None and retried.start == pytest.approx(probe.finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [502, 503])
+def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: str, status: int) -> None:
+    """Two replicas failing: the retry would go to the other one, which is extra load the budget bounds; the
+    caller gets the answer at once and no replica is cooled for failing."""
+    fakes = {
+        url: FakeReplica(url[7], [Plan(status=status, headers_after=0.01)])
+        for url in ("http://a.test", "http://b.test")
+    }
+    records: list[PhaseRecord] = []
+    cooling: list[float] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        budget = BudgetPolicy(ratio=0.0, floor=0)
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, budget=budget) as virtual:
+            async with virtual.http_client() as client:
+                response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == status and response.headers["x-llmguard-cause"] == "budget_exhausted"
+            cooling.extend(r.cooling_for for r in virtual.snapshot().replicas)
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert len(record.attempts) == 1 and sum(f.requests for f in fakes.values()) == 1
+    assert sum(c > 0 for c in cooling) == (1 if status == 503 else 0)  # a 503 cools its replica, as before
 
 
 @BACKENDS
@@ -294,8 +362,8 @@ async def test_openai_against_an_always_failing_endpoint_sees_no_stacked_retries
     servers: list[LoopbackServer], status: int, error: type[openai.APIStatusError]
 ) -> None:
     """No SDK retry stacked on the guard's: one record per call, at most `RetryPolicy.max_attempts` requests
-    each, never openai's x3 on top. An overloaded engine's 503s are retried within the budget only; a 429
-    without Retry-After is retried after each cool-down, as often as the plain SDK would (1 + 2)."""
+    each, never openai's x3 on top. A 429 or 503 without Retry-After from the only replica is retried after each
+    cool-down (past the budget once it is empty), as often as the plain SDK would (1 + 2)."""
     servers[0].script = Script(status=status, body={"error": {"message": "slow down", "type": "x"}})
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.1, floor=2, window=60.0)
@@ -310,21 +378,21 @@ async def test_openai_against_an_always_failing_endpoint_sees_no_stacked_retries
     received = len(servers[0].received)
     assert len(records) == calls  # each SDK retry (after its 0.5-8 s sleep) would be one more record
     assert all(len(r.attempts) <= retry.max_attempts for r in records)
-    if status == 503:
-        assert received <= calls + budget.floor + budget.ratio * calls
-    else:
-        assert received == calls * retry.max_attempts
+    assert received == calls * retry.max_attempts
 
 
 async def test_empty_budget_returns_the_last_server_answer(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(status=503, body={"error": {"message": "overloaded", "type": "x"}})
+    """With another replica to retry on (the only one left is paced instead: the streak test above)."""
+    for server in servers:
+        server.script = Script(status=503, body={"error": {"message": "overloaded", "type": "x"}})
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.0, floor=0)
-    async with make_guard([servers[0].url], records, budget=budget) as guard, guard.http_client() as client:
+    urls = [s.url for s in servers]
+    async with make_guard(urls, records, budget=budget) as guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
     assert response.status_code == 503 and response.json()["error"]["message"] == "overloaded"
     assert response.headers["x-llmguard-cause"] == "budget_exhausted"
-    assert len(servers[0].received) == 1
+    assert sum(len(s.received) for s in servers) == 1
 
 
 async def test_never_retries_after_the_first_token(servers: list[LoopbackServer]) -> None:
@@ -401,10 +469,12 @@ async def test_a_dead_replica_is_skipped_for_a_live_one(
 
 
 async def test_a_tier_budget_is_separate_from_the_shared_one(servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(status=500)  # not an overload status: retried on the same replica after backoff
+    for server in servers:  # two replicas: an empty budget ends the call (the only one left would pace it)
+        server.script = Script(status=500)  # not an overload status: retried after backoff
     records: list[PhaseRecord] = []
     tiers = {"t": Tier(ttft=2.0, total=10.0), "batch": Tier(ttft=5.0, total=60.0)}
-    guard = make_guard([servers[0].url], records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)})
+    urls = [s.url for s in servers]
+    guard = make_guard(urls, records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)})
     async with guard, guard.http_client() as client:
         batch = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
         interactive = await client.post(servers[0].url + CHAT, json=BODY)
