@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import anyio
 import httpx
 
 from llmguard_client._core.call import Call
@@ -39,6 +38,7 @@ from llmguard_client.errors import GuardClosed
 from llmguard_client.protocols import Opening, StreamFailure, read_opening, reader_for
 from llmguard_client.protocols.raising import stream_error
 from llmguard_client.telemetry._record_builder import ATTEMPT_EXTENSION, AttemptRecordBuilder
+from llmguard_client.telemetry.record import AttemptOutcome
 
 
 def error_kind(exc: BaseException) -> str:
@@ -94,11 +94,6 @@ class AttemptLayer:
             attempt.attempt_first_token(clock(), complete=opening.rest is None)
             won = True
             return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
-        except anyio.get_cancelled_exc_class():
-            winner = None if route.race is None else route.race.winner
-            lost = winner is not None and winner.attempt is not attempt
-            attempt.attempt_finished("lost" if lost else "cancelled", clock())
-            raise
         except GuardClosed:
             raise
         except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
@@ -106,8 +101,19 @@ class AttemptLayer:
             return Failed([AttemptFailure(attempt, state, error=exc)])
         finally:
             if not won:
+                if attempt.outcome == "pending":  # cut short, however that was raised (see `_cut_short`)
+                    attempt.attempt_finished(_cut_short(route, attempt), clock())
                 await call.lease.end_attempt(in_flight, response)
                 call.observation.attempt_finished(attempt)
+
+
+def _cut_short(route: Route, attempt: AttemptRecordBuilder) -> AttemptOutcome:
+    """How an attempt that ended with nothing to report ended: ``lost`` when another attempt of its race won,
+    else ``cancelled`` (a deadline, the caller, the Guard closing). Decided by what was recorded, not by the
+    exception: trio raises a cancellation from inside a transport's own nursery (its happy-eyeballs connect)
+    wrapped in an exception group, which no ``except Cancelled`` matches."""
+    winner = None if route.race is None else route.race.winner
+    return "lost" if winner is not None and winner.attempt is not attempt else "cancelled"
 
 
 async def _error_status(

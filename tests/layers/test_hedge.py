@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import json
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ import trio.testing
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -286,6 +290,45 @@ def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backe
     assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].open_streams == 0
     assert records[0].status == "error" and records[0].cause == "guard_closed"
     assert "won" not in [a.outcome for a in records[0].attempts]
+
+
+class ConnectsInANursery(FakeReplica):
+    """A replica whose connect never completes and, when cancelled, raises its cancellation inside an exception
+    group, as trio's ``open_tcp_stream`` (its happy-eyeballs nursery) does when a cancellation meets its connect."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class() as cancelled:
+            raise BaseExceptionGroup("connecting", [cancelled]) from None
+        raise AssertionError("unreachable")
+
+
+@BACKENDS
+def test_a_hedge_cancelled_while_connecting_is_recorded_lost_even_if_its_cancellation_comes_in_a_group(
+    backend: str,
+) -> None:
+    """The hedge fires at 0.2 s, the primary's first token comes at 0.21 s while the hedge still connects: the
+    final record says the hedge lost at that instant, never "pending" with no end."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.21)]),
+        "http://b.test": ConnectsInANursery("b"),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with guard_for(fakes, records, hedge=HedgePolicy(delay=0.2)) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200 and b"a0" in response.content
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    primary, hedge_attempt = records[0].attempts
+    assert (records[0].status, primary.outcome, hedge_attempt.outcome) == ("ok", "won", "lost")
+    assert fakes["http://b.test"].requests == 1 and hedge_attempt.sent is None
+    assert hedge_attempt.finish is not None and primary.first_token is not None
+    assert hedge_attempt.finish == pytest.approx(primary.first_token, abs=1e-9)
 
 
 @pytest.fixture
