@@ -189,6 +189,25 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Nothing to do, as for ``aclose``."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The call's response, or its error; either way it has passed through the event loop at least once.
+
+        A refusal made before any I/O (a full bulkhead, `Admission`, a rate limit, every replica cooling, the
+        budget, a bad request, a closed Guard) would otherwise come back without ever suspending, where the plain
+        SDK always awaits the network: a caller that tries again at once on it would spin, starving every other
+        task of the loop (the call holding the slot it waits for among them). So an error raised, or an answer
+        made in memory (the guard's own, or a server's error answer kept whole), first yields once, as a
+        cancellation point; a response whose body is still to be read (a winner's stream, a pass-through) is
+        returned as it is: the success path pays one type check, and a cancellation leaves no open body behind."""
+        try:
+            response = await self._handle(request)
+        except Exception:
+            await anyio.lowlevel.checkpoint()
+            raise
+        if type(response.stream) is httpx.ByteStream:
+            await anyio.lowlevel.checkpoint()
+        return response
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
         if not isinstance(request, httpx.Request):  # e.g. httpx2.AsyncClient(transport=guard.transport)
             raise TypeError(wrong_client_message(request))
         headers = CallerHeaders(request)

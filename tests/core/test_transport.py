@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from llmguard_client import (
+    Bulkhead,
+    BulkheadFull,
     Guard,
     GuardClosed,
     GuardFailure,
@@ -433,3 +435,57 @@ def test_a_replica_whose_streamed_calls_time_out_before_their_first_token_is_jud
     assert len(timed_out) == Router.MIN_SAMPLES
     assert {r.attempts[0].replica for r in timed_out} == {"http://b.test"}
     assert [r.status for r in records[-6:]] == ["ok"] * 6
+
+
+@BACKENDS
+@pytest.mark.parametrize("failure_mode", ["raise", "response"])
+def test_a_caller_retrying_a_refusal_at_once_lets_the_call_holding_the_slot_finish(
+    backend: str, failure_mode: Literal["raise", "response"]
+) -> None:
+    """A bulkhead of one slot, held by a stream being read; another task tries again at once each time it is
+    refused. A refusal passes through the event loop, as the plain SDK's network call does, so the holder reads on,
+    frees the slot, and the other call is served after a few refusals. (A refusal that never yielded would spin
+    that loop for good: it is bounded by a count of refusals, since no timeout can fire in a loop that never
+    yields.)"""
+    fakes = {"http://a.test": FakeReplica("a")}
+    records: list[PhaseRecord] = []
+    bound = 1000
+    refused: list[int] = []
+
+    async def main() -> None:
+        guard = virtual_guard(
+            fakes,
+            records,
+            tiers={"i": Tier(ttft=5.0, total=10.0)},
+            bulkheads={"i": Bulkhead(max_in_flight=1, max_waiting=0)},
+            failure_mode=failure_mode,
+        )
+        async with guard, guard.http_client() as client:
+            holding = anyio.Event()
+
+            async def hold() -> None:
+                async with client.stream("POST", "http://a.test" + CHAT, json=STREAM_BODY) as response:
+                    holding.set()
+                    for _ in range(10):  # its chunks come as the loop turns, without the clock moving
+                        await anyio.lowlevel.checkpoint()
+                    await response.aread()
+
+            async def retry_at_once() -> None:
+                for refusals in range(bound):
+                    try:
+                        response = await client.post("http://a.test" + CHAT, json=STREAM_BODY)
+                    except BulkheadFull:
+                        continue
+                    if response.status_code != 503:
+                        refused.append(refusals)
+                        return
+                raise AssertionError(f"refused {bound} times in a row: the call holding the slot never read on")
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(hold)
+                await holding.wait()
+                await retry_at_once()
+
+    run_virtual(main, backend)
+    assert refused and refused[0] > 0  # it did wait for the slot
+    assert [r.status for r in records] == ["rejected"] * refused[0] + ["ok", "ok"]  # the holder, then the retry
