@@ -15,6 +15,7 @@ a task group. Tests parametrized with `BACKENDS` run the same body through each.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ import trio
 import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 """Run a test once per backend: it takes a ``backend`` argument and hands it to `run_virtual`."""
@@ -112,6 +116,19 @@ class FakeReplica(httpx.AsyncBaseTransport):
             return httpx.Response(200, json=_completion(self.name))
         self.open_streams += 1
         return httpx.Response(200, headers={"content-type": "text/event-stream", **headers}, stream=_Events(self, plan))
+
+
+class ConnectsInANursery(FakeReplica):
+    """A replica whose connect never completes and, when cancelled, raises its cancellation inside an exception
+    group, as trio's ``open_tcp_stream`` (its happy-eyeballs nursery) does when a cancellation meets its connect."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class() as cancelled:
+            raise BaseExceptionGroup("connecting", [cancelled]) from None
+        raise AssertionError("unreachable")
 
 
 class _Events(httpx.AsyncByteStream):

@@ -366,6 +366,16 @@ class GroupTasks:
             fn()
 
 
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is the running backend's cancellation, or an exception group holding nothing else: trio
+    raises a cancellation from inside a nursery of a transport's own (its happy-eyeballs connect) wrapped in one,
+    which no ``except Cancelled`` matches."""
+    cancelled = anyio.get_cancelled_exc_class()
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_cancellation(e) for e in exc.exceptions)
+    return isinstance(exc, cancelled)
+
+
 def raise_bare(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     """Raise the one error of a task group's ``group`` that would have reached the caller without it.
 

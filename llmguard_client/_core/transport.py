@@ -35,7 +35,7 @@ import httpx
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
 from llmguard_client._core.caller_intent import check_timeouts, max_attempts, within_read_timeout
-from llmguard_client._core.clock import Clock, current_time_source
+from llmguard_client._core.clock import Clock, current_time_source, is_cancellation
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import (
     attempts_error,
@@ -281,13 +281,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
         lease = call.lease
         try:  # every wait inside is a phase of the lease, which Guard.aclose() cancels
             outcome = await self.pipeline.handle(call, route)
-        except anyio.get_cancelled_exc_class():
-            await lease.aclose("cancelled", "cancelled_by_caller")
-            raise
         except GuardFailure as refused:  # e.g. GuardClosed from an attempt
             outcome = Failed(reason=refused)
-        except BaseException as exc:
-            await lease.aclose("error", type(exc).__name__)
+        except BaseException as exc:  # a cancellation (bare, or in a group: `is_cancellation`), or not the guard's
+            if is_cancellation(exc):
+                await lease.aclose("cancelled", "cancelled_by_caller")
+            else:
+                await lease.aclose("error", type(exc).__name__)
             raise
         else:
             if lease.aborted:

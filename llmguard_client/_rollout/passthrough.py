@@ -31,9 +31,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 
-import anyio
 import httpx
 
+from llmguard_client._core.clock import is_cancellation
 from llmguard_client._core.given_up import sdk_call
 from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.encoding import decode_in_place
@@ -164,12 +164,12 @@ async def passthrough(
     )
     try:
         response = decode_in_place(await transport_for_url(request.url).handle_async_request(outgoing))
-    except anyio.get_cancelled_exc_class():
-        end("cancelled", "cancelled_by_caller", "cancelled")
-        raise
-    except Exception as exc:
-        cause = error_kind(exc)
-        end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
+    except BaseException as exc:  # a cancellation (bare, or in a group: `is_cancellation`), or an error
+        if is_cancellation(exc):
+            end("cancelled", "cancelled_by_caller", "cancelled")
+        elif isinstance(exc, Exception):
+            cause = error_kind(exc)
+            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
         raise
     attempt.attempt_headers(clock(), response.status_code)
     record.delivered(attempt, response.status_code)

@@ -30,7 +30,7 @@ from llmguard_client._routing.router import Router
 from llmguard_client._stream.body import GuardBody
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 STREAM_BODY: dict[str, Any] = {
@@ -489,3 +489,30 @@ def test_a_caller_retrying_a_refusal_at_once_lets_the_call_holding_the_slot_fini
     run_virtual(main, backend)
     assert refused and refused[0] > 0  # it did wait for the slot
     assert [r.status for r in records] == ["rejected"] * refused[0] + ["ok", "ok"]  # the holder, then the retry
+
+
+@BACKENDS
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+def test_a_call_cancelled_while_its_connect_raises_the_cancellation_in_a_group_is_recorded_cancelled(
+    backend: str, rollout: float
+) -> None:
+    """trio's connect raises a cancellation from inside its own nursery, in an exception group: the caller who
+    gave up on the call still finds it recorded as cancelled by the caller, guarded or passed through."""
+    fakes = {"http://a.test": ConnectsInANursery("a")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"i": Tier(ttft=5.0, total=10.0)}, rollout=rollout)
+        async with guard, guard.http_client() as client:
+            with anyio.move_on_after(0.1) as scope:
+                await client.post("http://a.test" + CHAT, json=STREAM_BODY)
+            assert scope.cancelled_caught and guard.snapshot().idle
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert (record.cohort, record.status, record.cause) == (
+        "guarded" if rollout else "control",
+        "cancelled",
+        "cancelled_by_caller",
+    )
+    assert [a.outcome for a in record.attempts] == ["cancelled"]

@@ -7,7 +7,6 @@ import asyncio
 import contextvars
 import json
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,10 +22,7 @@ import trio.testing
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
+from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -290,19 +286,6 @@ def test_a_hedge_answering_while_the_guard_closes_is_closed_and_never_wins(backe
     assert fakes["http://b.test"].open_streams == 0 and fakes["http://a.test"].open_streams == 0
     assert records[0].status == "error" and records[0].cause == "guard_closed"
     assert "won" not in [a.outcome for a in records[0].attempts]
-
-
-class ConnectsInANursery(FakeReplica):
-    """A replica whose connect never completes and, when cancelled, raises its cancellation inside an exception
-    group, as trio's ``open_tcp_stream`` (its happy-eyeballs nursery) does when a cancellation meets its connect."""
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.requests += 1
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class() as cancelled:
-            raise BaseExceptionGroup("connecting", [cancelled]) from None
-        raise AssertionError("unreachable")
 
 
 @BACKENDS
