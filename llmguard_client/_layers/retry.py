@@ -318,12 +318,7 @@ class RetryLayer:
         """(seconds to wait, replica, payment) for the next round, or why the route ends now."""
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
-        allowed = self.policy.max_attempts if route.rounds is None else route.rounds
-        if not call.sdk_retries and route.kind != "continuation":
-            # An SDK's retry of a request the guard handed back for it to retry (the SDK's own read timeout): the
-            # SDK's earlier requests of the call count, so the retries are not stacked (as many as without a guard).
-            allowed -= call.record.sdk_retry
-        if rounds >= allowed:
+        if rounds >= (self.policy.max_attempts if route.rounds is None else route.rounds):
             return Failed(stopped="rounds")
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline

@@ -314,12 +314,6 @@ class CallRecordBuilder:
         return self._attempts
 
     @property
-    def sdk_retry(self) -> int:
-        """The SDK's count of this request among its call's (0: its first; `PhaseRecord.sdk_retry`)."""
-        retry: int = self._fields["sdk_retry"]
-        return retry
-
-    @property
     def request_id(self) -> str:
         return self._fields["request_id"]  # type: ignore[no-any-return]
 
