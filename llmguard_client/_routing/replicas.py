@@ -215,10 +215,9 @@ class ReplicaSet:
     def asked_beyond(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds left of the Retry-After of the only replica left (not excluded), when it asked for longer than
         the guard waits and is cooling for it (0: it did not, or more than one replica is left)."""
-        allowed = self._allowed(now, exclude)
-        if len(allowed) != 1:
+        state = self.alone(now, exclude)
+        if state is None:
             return 0.0
-        state = allowed[0]
         set_until, asked_until = state.asked_beyond
         if not state.cooling(now) or set_until != state.cooling_until:
             return 0.0
