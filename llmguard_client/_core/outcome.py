@@ -38,11 +38,17 @@ class Payment:
     """A retry the server paced (`RetryBudget.try_acquire`): it may pass the budget's bound."""
 
     def settle(self) -> None:
-        """The attempt is being sent: the ticket is spent for good."""
+        """The attempt reached its server (or failed trying): the ticket is spent for good."""
         if self.ticket is not None:
             self.ticket.settle()
         if self.hold is not None:
             self.hold.discharge()
+
+    def refund(self) -> None:
+        """The attempt was cut short before its request was written: it put no load on a server, and its
+        ticket goes back to the budget now."""
+        if self.hold is not None:
+            self.hold.release()
 
 
 Stop = Literal["no_replica", "budget", "deadline", "rounds", "not_retryable", "sdk"]

@@ -63,8 +63,6 @@ class AttemptLayer:
             raise GuardClosed("the Guard was closed; no new attempt is sent", request=call.request, record=call.record)
         clock = call.clock
         attempt = call.record.attempt_started(state.name, route.kind, clock(), route.resumes)
-        if route.payment is not None:
-            route.payment.settle()
         in_flight = call.lease.occupy(state)
         response: httpx.Response | None = None
         won = False
@@ -100,8 +98,14 @@ class AttemptLayer:
             attempt.attempt_finished("failed", clock(), error=error_kind(exc))
             return Failed([AttemptFailure(attempt, state, error=exc)])
         finally:
+            cut_short = not won and attempt.outcome == "pending"  # however that was raised (see `_cut_short`)
+            if route.payment is not None:  # before any await: a cancelled attempt settles its payment too
+                if cut_short and response is None and attempt.sent is None:
+                    route.payment.refund()  # still connecting (a hedge that lost, a deadline): nothing was sent
+                else:
+                    route.payment.settle()
             if not won:
-                if attempt.outcome == "pending":  # cut short, however that was raised (see `_cut_short`)
+                if cut_short:
                     attempt.attempt_finished(_cut_short(route, attempt), clock())
                 await call.lease.end_attempt(in_flight, response)
                 call.observation.attempt_finished(attempt)

@@ -314,6 +314,38 @@ def test_a_hedge_cancelled_while_connecting_is_recorded_lost_even_if_its_cancell
     assert hedge_attempt.finish == pytest.approx(primary.first_token, abs=1e-9)
 
 
+@BACKENDS
+@pytest.mark.parametrize(
+    ("hedged_to", "spent"),
+    [
+        pytest.param(lambda: ConnectsInANursery("b"), 0, id="still-connecting"),
+        pytest.param(lambda: FakeReplica("b", [Plan(first_token_after=5)]), 1, id="answered"),
+    ],
+)
+def test_a_hedge_that_lost_before_its_request_was_written_gives_its_ticket_back(
+    backend: str, hedged_to: Any, spent: int
+) -> None:
+    """The primary wins while the hedge still connects (a replica blackholed, say): no server saw the hedge, so
+    the budget gets its ticket back at once. A hedge that reached its server and lost stays spent."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.21, tokens=50, gap=0.1)]),
+        "http://b.test": hedged_to(),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with guard_for(fakes, records, hedge=HedgePolicy(delay=0.2)) as guard, guard.http_client() as client:
+            async with client.stream("POST", "http://a.test" + CHAT, json=BODY) as response:
+                budget = guard.snapshot().budget  # the winner streams on for 5 s: the ticket is back before its end
+                assert (
+                    response.status_code == 200 and budget is not None and (budget.spent, budget.pending) == (spent, 0)
+                )
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    assert [a.outcome for a in records[0].attempts] == ["won", "lost"]
+
+
 @pytest.fixture
 def ctrl_c_raises() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt (Python's default, which trio and ``asyncio.run`` build on)."""
