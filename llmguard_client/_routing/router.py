@@ -48,10 +48,10 @@ Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the me
 token takes over a typical answer, `Router._tpot_floor`: a busy client's late reads of short streams are not a slow
 replica; judged only once it has `Router.MIN_SAMPLES` samples of it), or whose failure rate reaches
 `Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
-``probe_every``, the first `Router.FIRST_PROBE` seconds after the drain and each next one twice as long after
-the last, up to ``probe_interval`` seconds. Speed drains a replica only while no
-replica signals overload with a Retry-After: then slowness is load, and draining one replica would
-pile its share onto others that are overloaded too. While drained its estimates move faster
+``probe_every`` (or, when fewer calls come, one per ``probe_interval``), the first `Router.FIRST_PROBE` seconds
+after the drain and each next one twice as long after the last, up to ``probe_interval`` seconds. Speed drains
+a replica only while no replica signals overload with a Retry-After: then slowness is load, and draining one
+replica would pile its share onto others that are overloaded too. While drained its estimates move faster
 (`Router.DRAINED_EWMA`; a probe's first token within `Router.RECOVER_RATIO` of the median's replaces its TTFT
 estimate), and it is brought back once its estimates are under
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
@@ -154,6 +154,9 @@ class Router(Generic[S]):
         self._rng = rng if rng is not None else random.Random()
         self._turn = itertools.count()
         self._since_probe = 0
+        """First attempts since the last probe of a drained replica."""
+        self._last_probe = -math.inf
+        """When the last probe of a drained replica was sent."""
         self._tokens: float | None = None
         self._ref_ttft: float | None = None
         self._ref_tpot: float | None = None
@@ -193,7 +196,7 @@ class Router(Generic[S]):
                 else:
                     chosen = self._left_out(now, healthy) or self._least_cost(healthy, now, rotate=True)
         else:
-            self._since_probe = 0
+            self._since_probe, self._last_probe = 0, now
             chosen.health.probes += 1
         sent(chosen.health, now)
         return chosen
@@ -233,7 +236,9 @@ class Router(Generic[S]):
         return state is not None and state.health.drained
 
     def _probe_due(self, now: float, candidates: list[S]) -> S | None:
-        if self._since_probe + 1 < self.probe_every:
+        """A drained replica whose probe is due (`_probe_wait`), if probes are not too frequent: one in
+        ``probe_every`` calls at most, unless ``probe_interval`` s passed since the last (few calls come)."""
+        if self._since_probe + 1 < self.probe_every and now - self._last_probe < self.probe_interval:
             return None
         due = [
             s

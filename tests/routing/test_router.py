@@ -329,6 +329,19 @@ def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -
     assert 9 <= probes <= 10
 
 
+def test_a_drained_replica_is_probed_on_time_when_few_calls_come() -> None:
+    """One call a second against one probe in `probe_every` (10) calls: the probes still come when they are due,
+    up to one per ``probe_interval``, not one per 10 s (a replica back from a restart waited ~50 s at the default)."""
+    router, states = cluster(probe_every=10, probe_interval=2.0)
+    r0, r1, r2 = states
+    warm(router, [r0, r2], [FAST, FAST])
+    for _ in range(5):
+        router.first_token(r1, NOW, SLOW)
+    assert r1.health.drained
+    probed = [t for t in range(1, 11) if router.pick(NOW + t, states) is r1]
+    assert probed == [1, 3, 5, 7, 9]
+
+
 def test_hedges_sent_to_a_drained_replica_do_not_put_its_probe_off() -> None:
     """In a cluster of two the drained replica is where every hedge goes; hedges that lose before their request is
     written teach nothing, and they came often enough to keep its first probe away for good."""
@@ -517,7 +530,7 @@ def test_a_fresh_replica_whose_calls_keep_losing_races_is_judged_by_them() -> No
         assert not r1.health.drained, lost
         router.outran(r1, NOW + lost, 0.515)
     assert r1.health.drained and r1.health.ttft == pytest.approx(0.515)
-    assert "r1" not in picks(router, states, 20, NOW + 3)
+    assert picks(router, states, 20, NOW + 3)["r1"] == 1  # its probe, not its turns
 
 
 def test_a_race_lost_faster_than_the_median_replica_answers_is_no_sample() -> None:
