@@ -51,7 +51,7 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     replica = replicas.pick_ready(now, failed, key) or replicas.pick(
         now, failed, key, cornered=bool(avoid), keep=call.lease.hold
     )
-    return Route(replica, "retry", payment, avoid=avoid, rounds=max(1, sdk_rounds(call) - episode.rounds))
+    return Route(replica, "retry", payment, avoid=avoid, rounds=sdk_rounds(call), spent=episode.rounds)
 
 
 def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode:

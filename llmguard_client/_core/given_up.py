@@ -14,6 +14,11 @@ it sent the call, so another caller's request with the same body (the same promp
 a guarded one) is never taken for one. The memory is bounded: at most `REMEMBERED` calls, each for `WINDOW`
 seconds after the give-up (longer than an SDK's backoff between two retries: openai sleeps at most 8 s).
 
+A call whose failure the guard hands back for the SDK to retry, as without a guard (the SDK's own read timeout
+before the first token, an error the guard does not retry), is remembered too, as `HandedBack`: the rounds of
+attempts the guard already made for it. The SDK's retry of it gets only the rounds its call has left (at least
+one), so the SDK's ``max_retries`` adds no request to the guard's ``max_attempts``.
+
 Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
 request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
 no retry count is taken for a retry when it is the same call (method, URL, body) as one given up on at most
@@ -74,8 +79,17 @@ class Episode:
     record: PhaseRecord | None = None
 
 
-Remembered = GuardFailure | Episode
-"""A call given up on (its error) or one the SDK is expected to retry (its `Episode`)."""
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """A call whose failure the guard handed back for the SDK to retry as without a guard, after ``rounds`` rounds
+    of attempts of its own (the call's earlier requests' included): they count among the retry's (`Route.spent`)."""
+
+    rounds: int
+
+
+Remembered = GuardFailure | Episode | HandedBack
+"""A call given up on (its error), one the SDK is expected to retry (its `Episode`), or one handed back to the SDK
+after rounds of the guard's own (`HandedBack`)."""
 
 
 def retry_count(request: httpx.Request) -> int:
@@ -98,11 +112,11 @@ class GivenUp:
 
     def remember(self, request: httpx.Request, body: bytes, what: Remembered, now: float) -> None:
         """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
-        it (an `Episode`, cooperative mode)."""
+        it (an `Episode`, cooperative mode; a `HandedBack`)."""
         key = _identity(request, body)
         if isinstance(what, GuardFailure):
             what = kept(what)
-        elif what.error is not None:
+        elif isinstance(what, Episode) and what.error is not None:
             what = replace(what, error=kept(what.error))
         self._calls[key] = (now, what)
         self._calls.move_to_end(key)
@@ -114,10 +128,10 @@ class GivenUp:
         earlier call of the same identity left, so that retry is not answered with the other call's error."""
         self._calls.pop(_identity(request, body), None)
 
-    async def recall(self, request: httpx.Request, now: float) -> GuardFailure | Episode | None:
+    async def recall(self, request: httpx.Request, now: float) -> Remembered | None:
         """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
-        up on it, or its `Episode` (then forgotten: the retry carries it on); None for a request that is not
-        such a retry (the cheap answer while nothing is remembered)."""
+        up on it, or its `Episode` or `HandedBack` (then forgotten: the retry carries it on); None for a request
+        that is not such a retry (the cheap answer while nothing is remembered)."""
         if not self._calls:
             return None
         self._expire(now)
@@ -133,10 +147,10 @@ class GivenUp:
         if entry is None or (legacy and now - entry[0] > UNCOUNTED_WINDOW):
             return None
         what = entry[1]
-        if isinstance(what, Episode):
-            del self._calls[key]
-            return what
-        return again(what, request, count)
+        if isinstance(what, GuardFailure):
+            return again(what, request, count)
+        del self._calls[key]
+        return what
 
     def _expire(self, now: float) -> None:
         calls = self._calls

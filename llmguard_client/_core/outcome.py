@@ -91,13 +91,27 @@ class Route:
     """At most this many attempts for this route (None: the retry policy's ``max_attempts``)."""
     race: Race | None = None
     """Where a hedged round records its winner (the deadline layer's `Race`)."""
+    spent: int = 0
+    """Rounds the call's earlier requests already used, counted among ``rounds``: the SDK's retry of a request
+    the guard handed back to it (`llmguard_client._core.given_up.HandedBack`, an `Episode`). The route's first
+    round goes all the same."""
 
     def next(
         self, replica: ReplicaState, kind: AttemptKind, payment: Payment | None, avoid: tuple[ReplicaState, ...]
     ) -> Route:
         """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``."""
         return Route(
-            replica, kind, payment, self.resumes, avoid, self.body, self.budget, self.deadline, self.rounds, self.race
+            replica,
+            kind,
+            payment,
+            self.resumes,
+            avoid,
+            self.body,
+            self.budget,
+            self.deadline,
+            self.rounds,
+            self.race,
+            self.spent,
         )
 
 

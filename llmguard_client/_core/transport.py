@@ -44,7 +44,7 @@ from llmguard_client._core.failure import (
     untold_answer,
     upstream_response,
 )
-from llmguard_client._core.given_up import Episode, GivenUp, sdk_call
+from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, sdk_call
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -262,6 +262,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         streamed = streamed_body(request)  # sent as it is read: never held here, never taken for a retry
         again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not streamed else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
+        spent = again.rounds if isinstance(again, HandedBack) else 0  # the SDK's retry of a call handed back to it
         if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
             if self._failure_mode == "raise" and not self._warned_stacking:
                 self._warned_stacking = True
@@ -272,7 +273,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
         call.max_attempts = attempts
         rounds = 1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts
-        route = Route(avoid=call.outside, rounds=rounds)
+        route = Route(avoid=call.outside, rounds=rounds, spent=spent)
         if episode is not None and call.sdk_retries:
             resumed = resume(call, episode, self._replicas)
             if resumed is None:
@@ -297,7 +298,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         last = outcome.last
         if outcome.stopped == "sdk" and (last is None or last.as_sent is None):
             return await self._hand_back(call, outcome, episode)
-        return await self._give_up(call, outcome)  # also a 200 whose error event its SDK reads: no SDK retry
+        return await self._give_up(call, outcome, route.spent)  # also a 200 whose error event its SDK reads
 
     def refuse(
         self, request: httpx.Request, error: GuardFailure, headers: CallerHeaders | None = None
@@ -476,11 +477,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
             record=call.record,
         )
 
-    async def _give_up(self, call: Call, outcome: Failed) -> httpx.Response:
+    async def _give_up(self, call: Call, outcome: Failed, spent: int = 0) -> httpx.Response:
         """End a call without a winner: the last server answer if there is one, else the error its attempts
         met (raised in every failure mode: a timeout stays a timeout, a refused connection a connection error),
         else the guard's own error. A refusal that
-        came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type."""
+        came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type.
+        ``spent``: the rounds the call's earlier requests used (`Route.spent`), for an error handed back."""
         error, last, lease = outcome.reason, outcome.last, call.lease
         if isinstance(error, TTFTTimeout) and call.generation and call.record.stream:
             self._replicas.timed_out(call.record.attempts)  # no first token in time: a lower bound on each's TTFT
@@ -522,7 +524,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return failure_response(error, call.request, call.record.snapshot())
         # A failure the guard does not retry at all (off the generation paths, anything but a refused connection;
         # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
-        # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own).
+        # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
+        # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts).
         sdk_decides = met and outcome.stopped == "not_retryable"
         if call.streamed is not None:
             pass
@@ -531,6 +534,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         ):
             error.final = True  # its attempts or deadline spent
             self._given_up.remember(call.request, call.body, error, call.clock())
+        elif sdk_decides and self._retries:  # handed back: also replaces what an earlier call of the body left
+            rounds = spent + sum(a.kind in ("primary", "retry") for a in call.record.attempts)
+            self._given_up.remember(call.request, call.body, HandedBack(rounds), call.clock())
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)
         raise error

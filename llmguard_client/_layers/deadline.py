@@ -70,6 +70,7 @@ class DeadlineLayer:
             deadline,
             route.rounds,
             race,
+            route.spent,
         )
         outcome: Outcome | None = None
         with call.phase_until(deadline):  # Guard.aclose() ends it too

@@ -318,7 +318,7 @@ class RetryLayer:
         """(seconds to wait, replica, payment) for the next round, or why the route ends now."""
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
-        if rounds >= (self.policy.max_attempts if route.rounds is None else route.rounds):
+        if route.spent + rounds >= (self.policy.max_attempts if route.rounds is None else route.rounds):
             return Failed(stopped="rounds")
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
