@@ -501,6 +501,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             # answer the guard does not retry at all (a 400, a 409 or a 52x, any status off the generation paths) is
             # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's.
             decided = error is not None or (self._retries and outcome.stopped != "not_retryable")
+            if not decided and call.streamed is None:
+                self._handed_to_sdk(call, spent)
             return upstream_response(
                 last, cause if decided else None, call, call.record.snapshot(), no_retry=decided, as_sent=True
             )
@@ -534,12 +536,21 @@ class GuardTransport(httpx.AsyncBaseTransport):
         ):
             error.final = True  # its attempts or deadline spent
             self._given_up.remember(call.request, call.body, error, call.clock())
-        elif sdk_decides and self._retries:  # handed back: also replaces what an earlier call of the body left
-            rounds = spent + sum(a.kind in ("primary", "retry") for a in call.record.attempts)
-            self._given_up.remember(call.request, call.body, HandedBack(rounds), call.clock())
+        elif sdk_decides:
+            self._handed_to_sdk(call, spent)
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)
         raise error
+
+    def _handed_to_sdk(self, call: Call, spent: int) -> None:
+        """The call's failure is the SDK's to retry, as without a guard (an answer or error the guard does not
+        retry): its retry gets only the rounds the call has left (`HandedBack`; ``spent``: the rounds of its earlier
+        requests), and never the error an earlier call of the same body left."""
+        if self._retries:
+            rounds = spent + sum(a.kind in ("primary", "retry") for a in call.record.attempts)
+            self._given_up.remember(call.request, call.body, HandedBack(rounds), call.clock())
+        elif len(self._given_up):
+            self._given_up.forget(call.request, call.body)
 
     @staticmethod
     async def _raise_unless_network_failure(call: Call, last: AttemptFailure) -> None:

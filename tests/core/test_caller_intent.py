@@ -218,25 +218,28 @@ def test_a_request_that_outlasts_the_sdks_timeout_is_the_sdks_to_retry(
 
 HANG = Script(hang_before_headers=3.0)
 FAILING = Script(status=500, body={"error": {"message": "boom", "type": "server_error"}})
-SDK_TIMEOUT_PATTERNS = {
+CONFLICT = Script(status=409, body={"error": {"message": "busy", "type": "conflict"}})
+HANDED_BACK_PATTERNS = {
     "timeout_first": [HANG],
     "timeout_twice": [HANG, HANG],
     "500_then_timeout": [FAILING, HANG],
+    "409_first": [CONFLICT],
 }
 """What the server answers the call's first requests (every later one: a 500), under the SDK's timeout=1.0."""
 
 
-@pytest.mark.parametrize("pattern", sorted(SDK_TIMEOUT_PATTERNS))
+@pytest.mark.parametrize("pattern", sorted(HANDED_BACK_PATTERNS))
 @pytest.mark.parametrize("kind", ["plain", "guarded"])
-async def test_the_sdks_retry_after_its_own_read_timeout_gets_the_attempts_its_call_has_left(
+async def test_the_sdks_retry_of_a_request_handed_back_to_it_gets_the_attempts_its_call_has_left(
     servers: list[LoopbackServer], kind: str, pattern: str
 ) -> None:
-    """openai.AsyncOpenAI(timeout=1.0) with its default max_retries=2. A read timeout is the SDK's to retry, as
-    without a guard; on that retry the guard retries the 500s itself, within the attempts its call has left (the
-    guard's earlier requests of the call count): 3 requests in all, as through the plain SDK. The guard used to
-    give each SDK retry a whole new round of 3: 4 requests after one timeout, 5 after a 500 and a timeout."""
+    """openai.AsyncOpenAI(timeout=1.0) with its default max_retries=2. A read timeout, or a 409 (which the guard
+    does not retry), is the SDK's to retry, as without a guard; on that retry the guard retries the 500s itself,
+    within the attempts its call has left (the guard's earlier requests of the call count): 3 requests in all, as
+    through the plain SDK. The guard used to give each SDK retry a whole new round of 3: 4 requests after one
+    timeout or a 409, 5 after a 500 and a timeout."""
     server = servers[0]
-    scripts = SDK_TIMEOUT_PATTERNS[pattern]
+    scripts = HANDED_BACK_PATTERNS[pattern]
     server.scripter = lambda index, attempt: scripts[attempt - 1] if attempt <= len(scripts) else FAILING
     kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "timeout": 1.0}
     if kind == "plain":
