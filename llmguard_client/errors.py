@@ -163,7 +163,11 @@ class TotalTimeout(GuardTimeout):
     cause = "total_timeout"
 
 
-class StallTimeout(GuardTimeout):
+class StallTimeout(GuardTimeout, httpx.ReadTimeout):
+    """No bytes for the tier's ``stall`` (or the caller's shorter read timeout) after the first token: also an
+    ``httpx.ReadTimeout``, as the plain client's own read timeout mid-stream is (an SDK that does not wrap errors
+    raised while a stream is read passes it on as it is)."""
+
     cause = "stall_timeout"
 
 

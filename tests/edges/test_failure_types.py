@@ -3,13 +3,15 @@
 Real openai SDK (async and sync) through the guard to a real loopback server. Every attempt timed out ->
 ``openai.APITimeoutError`` in every failure mode (the guard raises an ``httpx.TimeoutException`` subclass,
 which the SDK maps); a server's 5xx -> that status; the guard's own reason for stopping stays readable
-through `guard_failure`, and a cooling replica never turns a timeout into a 429.
+through `guard_failure`, and a cooling replica never turns a timeout into a 429. A read timeout mid-stream is an
+``httpx.ReadTimeout`` through the guard as without it (SDKs before openai 3.57 pass it on as it is).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from llmguard_client import AllAttemptsTimedOut, FailureMode, Guard, RetryPolicy, Tier, guard_failure
@@ -114,3 +116,21 @@ async def test_a_cooling_replica_does_not_turn_a_timeout_into_a_429(servers: lis
         with pytest.raises(openai.APITimeoutError) as caught:  # this call's own failure, not the cooldown's 429
             await client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "all_attempts_timed_out"  # the SDK's 1 s read timeout: this call's own
+
+
+@pytest.mark.parametrize("kind", ["plain", "guarded"])
+async def test_a_read_timeout_mid_stream_is_a_read_timeout(servers: list[LoopbackServer], kind: str) -> None:
+    """The caller's read timeout (0.3 s) passes after the first token: ``except httpx.ReadTimeout`` around the
+    stream's reads catches it through the guard (its `StallTimeout`, the timeout capping the tier's stall) as
+    without it."""
+    server = servers[0]
+    server.script = Script(tokens=5, stall_after_first=3.0)
+    timeout = httpx.Timeout(10.0, read=0.3)
+    body = {"model": "m", "messages": MESSAGES, "stream": True}
+    async with one_replica(server) as guard:
+        client = httpx.AsyncClient(timeout=timeout) if kind == "plain" else guard.http_client(timeout=timeout)
+        async with client, client.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
+            with pytest.raises(httpx.ReadTimeout) as caught:
+                async for _ in response.aiter_raw():
+                    pass
+    assert (guard_failure(caught.value) == "stall_timeout") == (kind == "guarded")
