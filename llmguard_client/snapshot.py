@@ -31,13 +31,16 @@ class ReplicaSnapshot:
     circuit_open_for: float
     """Seconds left before an open circuit lets a probe through (0: closed)."""
     healthy: bool
-    """Neither cooling nor open."""
+    """Neither cooling nor open (``drained`` is told apart)."""
     open_connections: int | None
     """Connections in its pool (None: a custom transport the guard cannot inspect)."""
     server_waiting: float | None = None
     """Requests its server reported queued, from every client (``poll_vllm_metrics`` or ``vllm_metrics_polled``,
     or vLLM's load header on a non-streamed answer with `Admission`), while the report is believed (None: no
     report, or a stale one)."""
+    drained: bool = False
+    """Drained as degraded by the router (slow, failing, or rejecting with 401/403/404 what the others serve): it
+    takes only probes until they show it recovered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ def build_snapshot(
             healthy=not s.cooling(now) and not s.open(now),
             open_connections=open_connections(s.transport),
             server_waiting=server_waiting(s.health, now),
+            drained=s.health.drained,
         )
         for s in replica_set.states
     )

@@ -64,6 +64,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payme
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room
+from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import RetryPolicy
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
@@ -246,10 +247,12 @@ class RetryLayer:
         Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes a 429 that
         has no Retry-After;
         count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
-        (the replicas the route already counted, updated here). Not ``judged`` (a call off the generation paths:
-        files, models, embeddings, GETs included): an answer's status speaks for that API only, not for the
-        replica's generation calls (a 429 of the files API's own rate limit, a 503 of its backend), so it cools
-        nothing and counts toward no circuit; only transport errors count (the host itself did not answer)."""
+        (the replicas the route already counted, updated here); tell the router of a 401, 403 or 404 (a rejection:
+        it drains a replica that rejects what the others serve, and counts toward no circuit). Not ``judged`` (a
+        call off the generation paths: files, models, embeddings, GETs included): an answer's status speaks for
+        that API only, not for the replica's generation calls (a 429 of the files API's own rate limit, a 503 of
+        its backend), so it cools nothing and counts toward no circuit; only transport errors count (the host
+        itself did not answer)."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
@@ -270,6 +273,9 @@ class RetryLayer:
                 self._instrumentation.replica_cooled(state.name, seconds, why)
                 continue
             self.replicas.probe_answered(state)
+            if failure.status_code in REJECTIONS:  # 401/403/404: weighed against the others', never a circuit's
+                self.replicas.rejected(state, now, failure.status_code)
+                continue
             if not (failure.is_transport_error or (failure.status_code or 0) >= 500):
                 continue
             if counted is not None:

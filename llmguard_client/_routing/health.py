@@ -9,6 +9,7 @@ from typing import Protocol
 __all__ = [
     "KV_FULL",
     "RECENT_HALF_LIFE",
+    "REJECTIONS",
     "ReplicaHealth",
     "Routable",
     "ms",
@@ -25,6 +26,9 @@ KV_FULL = 0.95
 """KV-cache use (0-1) from which a server's report ranks its replica with those that have no room."""
 RECENT_HALF_LIFE = 30.0
 """Seconds over which `ReplicaHealth.recent` (attempts sent to a replica) fades by half."""
+REJECTIONS = frozenset({401, 403, 404})
+"""The statuses by which a replica rejects a generation call (`ReplicaHealth.rejection`): a server without the model
+(a rollout renaming it), an ingress whose pod is gone, a replica with a wrong key; or the caller's own fault."""
 
 
 @dataclass(slots=True)
@@ -46,6 +50,13 @@ class ReplicaHealth:
     """Failure rate at ``failure_at`` (it fades from then on); a failure after the first token counts
     `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times."""
     failure_at: float = 0.0
+    rejection: float = 0.0
+    """Rate of generation calls answered with one of `REJECTIONS` at ``rejection_at`` (it fades from then on, as
+    ``failure`` does), decayed by the replica's successes; a rejection counts
+    `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times (the caller gets it: it is not retried)."""
+    rejection_at: float = 0.0
+    rejected_status: int = 0
+    """The status of the last rejection (0: none yet)."""
     drained: bool = False
     drained_at: float = -math.inf
     probes: int = 0

@@ -374,9 +374,14 @@ class ReplicaSet:
         if ttft is not None:
             self.router.first_token(state, when, ttft)
         else:
-            self.router.answered(state)
+            self.router.answered(state, when)
         if headers is not None:
             self.router.saw_headers(state, when, headers)
+
+    def rejected(self, state: ReplicaState, now: float, status: int) -> None:
+        """A generation call on ``state`` was answered ``status`` (401, 403 or 404): the router weighs it against
+        the other replicas' (`Router.rejected`); it never counts toward the circuit."""
+        self.router.rejected(state, now, status)
 
     def served(self, key: str | None, state: ReplicaState) -> bool | None:
         """``state`` answered a call keyed ``key``: it becomes the key's home. Whether that was `expected_hit`."""

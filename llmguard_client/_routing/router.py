@@ -21,6 +21,15 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   A failure after the first token counts `Router.MID_STREAM_WEIGHT` (3) times: the caller sees it,
   while one before the first token costs a retry or a hedge. An overload answer (429/503 with
   Retry-After) is not a failure: it cools the replica instead.
+- ``rejection``: the same fading rate of generation calls answered 401, 403 or 404
+  (`llmguard_client._routing.health.REJECTIONS`: a server without the model while a rollout renames it, an
+  ingress whose pod is gone, a replica with a wrong key), decayed by the replica's successes (first tokens,
+  answers). A rejection counts `Router.MID_STREAM_WEIGHT` times: the caller gets it (it is not retried). It is
+  judged relatively, since a rejection may be the caller's fault (a bad key, a wrong model name), and then every
+  replica rejects alike: it weighs in a cost only above the lowest rate among the replicas compared, and drains a
+  replica only while the lower median of all the replicas' rates is under `Router.RECOVER_FAILURE` (it rejects
+  what the others serve). It never counts toward a circuit: where every replica rejects, the caller gets the
+  server's own answer, as without the guard.
 - ``unanswered_since``: while a replica has calls in flight and has produced no first token (nor
   failed) for longer than its TTFT estimate, that silence counts as its TTFT in its cost, so a
   replica that stalls all at once loses new calls within one TTFT, before any sample arrives.
@@ -32,7 +41,7 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
 
 The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
 tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
-`Router.FAILURE_WEIGHT` x failure): the least-cost
+`Router.FAILURE_WEIGHT` x (failure + rejection above the lowest compared)): the least-cost
 replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates (fewer than `Router.MIN_SAMPLES` samples, lost races and first-token timeouts included) take
@@ -47,14 +56,16 @@ Draining: a replica whose TTFT or TPOT is at least `Router.DRAIN_RATIO` x the me
 (and `Router.TTFT_FLOOR` above it for TTFT; for TPOT, `Router.TPOT_FLOOR` and enough to add more than a first
 token takes over a typical answer, `Router._tpot_floor`: a busy client's late reads of short streams are not a slow
 replica; judged only once it has `Router.MIN_SAMPLES` samples of it), or whose failure rate reaches
-`Router.DRAIN_FAILURE`, is drained: it gets no first attempts except probes, at most one call in
-``probe_every`` (or, when fewer calls come, one per ``probe_interval``), the first `Router.FIRST_PROBE` seconds
-after the drain and each next one twice as long after the last, up to ``probe_interval`` seconds. Speed drains
-a replica only while no replica signals overload with a Retry-After: then slowness is load, and draining one
-replica would pile its share onto others that are overloaded too. While drained its estimates move faster
+`Router.DRAIN_FAILURE` (or its rejection rate, while the median replica's is under `Router.RECOVER_FAILURE`),
+is drained: it gets no first attempts except probes, at most one call in ``probe_every`` (or, when fewer calls
+come, one per ``probe_interval``), the first `Router.FIRST_PROBE` seconds after the drain and each next one twice
+as long after the last, up to ``probe_interval`` seconds. Speed drains a replica only while no replica signals
+overload with a Retry-After: then slowness is load, and draining one replica would pile its share onto others
+that are overloaded too. While drained its estimates move faster
 (`Router.DRAINED_EWMA`; a probe's first token within `Router.RECOVER_RATIO` of the median's replaces its TTFT
 estimate), and it is brought back once its estimates are under
-`Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE`, with its
+`Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE` (its rejection rate too,
+unless the median replica's has reached it), with its
 speed estimates forgotten (it starts again as a replica never measured). At most a minority of
 replicas (one of 2 or 3, two of 5) is drained at a time, so a cluster-wide slowdown is never
 answered by piling everything onto one replica. The median is that of the replicas that are
@@ -109,7 +120,8 @@ class Router(Generic[S]):
     FAILURE_HALF_LIFE = 10.0
     FAILURE_WEIGHT = 10.0
     MID_STREAM_WEIGHT = 3.0
-    """A failure after the first token reaches the caller; one before it is retried or hedged away."""
+    """A failure after the first token reaches the caller; one before it is retried or hedged away. A rejection
+    (401/403/404) reaches the caller too, and counts as much."""
     FAILURE_FORGOTTEN = 0.01
     """A failure rate that has faded below this counts as none (so old failures stop breaking ties)."""
     DRAIN_RATIO = 4.0
@@ -168,6 +180,9 @@ class Router(Generic[S]):
         """Changes whenever a replica is drained or brought back."""
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
+        self._rejections_until = -math.inf
+        """Until when some replica's rejection rate may not have faded (before it, costs read the rejection rates:
+        the path of a guard whose calls were never rejected stays free of them)."""
         self._judged_refs: tuple[float | None, float | None] = (None, None)
         """The reference medians when every replica was last judged for draining."""
         self._queue_watchers: dict[str, set[Callable[[], None]]] = {}
@@ -221,9 +236,11 @@ class Router(Generic[S]):
             sent(chosen.health, now, hedge=True)
             return chosen
 
+        least = self._least_rejection(candidates, now)
+
         def key(s: S) -> tuple[bool, bool, bool, float, int]:
             h = s.health
-            speed = silent(s, now, h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+            speed = silent(s, now, h.ttft or 0.0) * self._penalty(h, now, least)
             return (h.drained, no_room(h, now), bool(server_waiting(h, now)), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
@@ -261,7 +278,7 @@ class Router(Generic[S]):
             s
             for s in states
             if now - s.health.last_first >= interval
-            and (s.health.bounded or self._failure(s.health, now) > 0.0)
+            and (s.health.bounded or self._failure(s.health, now) > 0.0 or self._rejection(s.health, now) > 0.0)
             and not s.cooling(now)
             and not no_room(s.health, now)
             and not server_waiting(s.health, now)
@@ -293,7 +310,8 @@ class Router(Generic[S]):
         if self.queues_reported_until > now:
             unqueued = [s for s in states if not server_waiting(s.health, now)]
             states = unqueued or states  # a new call would wait behind a queue its server reports
-        costs = [self._cost(s, now) for s in states]
+        least = self._least_rejection(states, now)
+        costs = [self._cost(s, now, least) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
         return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
 
@@ -309,7 +327,7 @@ class Router(Generic[S]):
         h = s.health
         return h.ttft if len(h.ttft_first) >= self.MIN_SAMPLES else self._ref_ttft
 
-    def _cost(self, s: S, now: float) -> float:
+    def _cost(self, s: S, now: float, least_rejection: float | None) -> float:
         h = s.health
         ttft = self._ttft(s)
         if h.unanswered_since is not None and ttft is not None:
@@ -320,13 +338,43 @@ class Router(Generic[S]):
         else:
             expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
         load = s.in_flight + 1 + (server_waiting(h, now) or 0.0)
-        return expected * load * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
+        return expected * load * self._penalty(h, now, least_rejection)
+
+    def _penalty(self, h: ReplicaHealth, now: float, least_rejection: float | None) -> float:
+        """The cost multiplier of failures and rejections: 1 + `FAILURE_WEIGHT` x (failure rate + rejection rate
+        above ``least_rejection``, the lowest among the replicas compared; None: no rejection to weigh). Replicas
+        that all reject alike (the caller's bad key or model) are chosen as if none did."""
+        rate = self._failure(h, now)
+        if least_rejection is not None:
+            rate += self._rejection(h, now) - least_rejection
+        return 1.0 + self.FAILURE_WEIGHT * rate
+
+    def _least_rejection(self, states: Sequence[S], now: float) -> float | None:
+        """The lowest rejection rate among ``states`` (None while no replica's rejections may be unfaded)."""
+        if self._rejections_until <= now:
+            return None
+        return min(self._rejection(s.health, now) for s in states)
 
     def _failure(self, h: ReplicaHealth, now: float) -> float:
-        if h.failure == 0.0:
+        return self._faded(h.failure, h.failure_at, now)
+
+    def _rejection(self, h: ReplicaHealth, now: float) -> float:
+        return self._faded(h.rejection, h.rejection_at, now)
+
+    def _faded(self, rate: float, at: float, now: float) -> float:
+        """A rate counted at ``at``, faded by `FAILURE_HALF_LIFE` to ``now`` (under `FAILURE_FORGOTTEN`: 0)."""
+        if rate == 0.0:
             return 0.0
-        rate = h.failure * math.pow(0.5, max(0.0, now - h.failure_at) / self.FAILURE_HALF_LIFE)
+        rate *= math.pow(0.5, max(0.0, now - at) / self.FAILURE_HALF_LIFE)
         return rate if rate >= self.FAILURE_FORGOTTEN else 0.0
+
+    def _rejecting(self, h: ReplicaHealth, now: float, at_least: float) -> bool:
+        """``h``'s rejection rate is ``at_least`` or more while the lower median of the replicas' rates is under
+        `RECOVER_FAILURE`: it rejects what the others serve (where all reject alike, the fault is the caller's)."""
+        if self._rejection(h, now) < at_least:
+            return False
+        median = lower_median([self._rejection(s.health, now) for s in self.states])
+        return (median or 0.0) < self.RECOVER_FAILURE
 
     # --- learning -------------------------------------------------------------------------
 
@@ -341,12 +389,30 @@ class Router(Generic[S]):
         else:
             h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
         h.unanswered_since, h.bounded = None, False
+        if h.rejection:
+            self._count_rejection(h, now, rejected=False)
         self._reassess(state, now)
 
-    def answered(self, state: S) -> None:
+    def answered(self, state: S, now: float) -> None:
         """An attempt on ``state`` won without a first-token time worth learning from (a
-        non-streaming body): the replica is not silent."""
-        state.health.unanswered_since = None
+        non-streaming body): the replica is not silent, and served what it may have rejected before."""
+        h = state.health
+        h.unanswered_since = None
+        if h.rejection:
+            self._count_rejection(h, now, rejected=False)
+            self._reassess(state, now)
+
+    def rejected(self, state: S, now: float, status: int) -> None:
+        """A generation call on ``state`` was answered ``status`` (one of `REJECTIONS`): its rejection rate rises
+        (``status`` is named in the log line if that drains it). It counts toward no circuit."""
+        h = state.health
+        h.unanswered_since, h.rejected_status = None, status
+        self._count_rejection(h, now, rejected=True)
+        h.checking = False
+        # A rate fades under FAILURE_FORGOTTEN within FAILURE_HALF_LIFE x log2(the highest rate / it) seconds.
+        forgotten = self.FAILURE_HALF_LIFE * math.log2(self.MID_STREAM_WEIGHT / self.FAILURE_FORGOTTEN)
+        self._rejections_until = max(self._rejections_until, now + forgotten)
+        self._reassess(state, now)
 
     def outran(self, state: S, now: float, waited: float) -> None:
         """An attempt on ``state`` ended after ``waited`` seconds with no first token (it lost a race, or the call's
@@ -452,13 +518,20 @@ class Router(Generic[S]):
         return current + (self.DRAINED_EWMA if drained else self.EWMA) * (sample - current)
 
     def _count(self, h: ReplicaHealth, now: float, *, failed: bool, weight: float = 1.0) -> None:
+        h.failure = self._counted(h, self._failure(h, now), failed, weight)
+        h.failure_at = now
+        h.checking = False
+
+    def _count_rejection(self, h: ReplicaHealth, now: float, *, rejected: bool) -> None:
+        h.rejection = self._counted(h, self._rejection(h, now), rejected, self.MID_STREAM_WEIGHT)
+        h.rejection_at = now
+
+    def _counted(self, h: ReplicaHealth, current: float, failed: bool, weight: float) -> float:
+        """A rate (``current``, faded to now) after one more outcome: ``failed`` counts ``weight``, else 0."""
         # A left-out replica's probe that succeeds is the news its costs waited for (it healed): it counts as a
         # drained replica's; one that fails counts as any failure, so that one probe does not drain it.
         alpha = self.DRAINED_EWMA if h.drained or (h.checking and not failed) else self.FAILURE_EWMA
-        current = self._failure(h, now)
-        h.failure = current + alpha * ((weight if failed else 0.0) - current)
-        h.failure_at = now
-        h.checking = False
+        return current + alpha * ((weight if failed else 0.0) - current)
 
     def _reassess(self, state: S, now: float) -> None:
         """Refresh the reference medians; bring ``state`` back if it is drained and its own calls
@@ -490,7 +563,7 @@ class Router(Generic[S]):
                 self._drain(candidate, now)
 
     def _drainable(self, h: ReplicaHealth, now: float) -> bool:
-        if self._failure(h, now) >= self.DRAIN_FAILURE:
+        if self._failure(h, now) >= self.DRAIN_FAILURE or self._rejecting(h, now, self.DRAIN_FAILURE):
             return True
         enough = self.MIN_SAMPLES
         slow = (len(h.ttft_first) >= enough and worse(h.ttft, self._ref_ttft, self.DRAIN_RATIO, self.TTFT_FLOOR)) or (
@@ -505,6 +578,18 @@ class Router(Generic[S]):
         h.drained, h.drained_at, h.probes = True, now, 0
         self._drained += 1
         self.epoch += 1
+        probed = (min(self.FIRST_PROBE, self.probe_interval), self.probe_interval)
+        if self._rejecting(h, now, self.DRAIN_FAILURE):
+            logger.warning(
+                "llmguard: replica %s answers %d to what the others serve (rejection rate %.2f, median replica's "
+                "%.2f); drained for rejecting: probed in %g s, then at most once per %g s",
+                state.name,
+                h.rejected_status,
+                self._rejection(h, now),
+                lower_median([self._rejection(s.health, now) for s in self.states]) or 0.0,
+                *probed,
+            )
+            return
         logger.warning(
             "llmguard: replica %s is degraded (ttft %s, per token %s, failures %.0f%%; median replica "
             "ttft %s, per token %s); drained: probed in %g s, then at most once per %g s",
@@ -514,8 +599,7 @@ class Router(Generic[S]):
             100 * self._failure(h, now),
             ms(self._ref_ttft),
             ms(self._ref_tpot),
-            min(self.FIRST_PROBE, self.probe_interval),
-            self.probe_interval,
+            *probed,
         )
 
     def _refresh_references(self, now: float) -> None:
@@ -542,6 +626,7 @@ class Router(Generic[S]):
             worse(h.ttft, self._ref_ttft, ratio, self.TTFT_FLOOR)
             or worse(h.tpot, self._ref_tpot, ratio, self._tpot_floor(h))
             or self._failure(h, now) >= failure
+            or self._rejecting(h, now, failure)
         )
 
 

@@ -474,7 +474,7 @@ def test_a_replica_that_goes_silent_loses_new_calls_before_any_sample_arrives() 
     assert r1.health.unanswered_since is None and r0.health.unanswered_since == NOW
     # 300 ms with a call in flight and no first token from r0: costed as 2 x 300 ms, r1 as 2 x 20 ms
     assert router.pick(NOW + 0.3, states) is r1
-    router.answered(r1)  # a non-streaming win also ends the silence
+    router.answered(r1, NOW)  # a non-streaming win also ends the silence
     assert r1.health.unanswered_since is None
     router.first_token(r0, NOW + 0.31, 0.31)  # its first token came: a real sample now
     assert r0.health.unanswered_since is None
@@ -618,6 +618,96 @@ def test_mid_stream_failures_count_and_drain_a_replica_that_keeps_breaking_strea
     assert not r0.health.drained  # one broken stream is not a pattern
     router.stream_finished(r0, NOW, ok=False, tokens=3, duration=0.02)  # 0.3 + 0.1 x (3 - 0.3) = 0.57
     assert r0.health.failure >= router.DRAIN_FAILURE and r0.health.drained
+
+
+# --- rejections (401, 403, 404) ---------------------------------------------------------------------
+
+
+def served_or_rejected(router: Router[Fake], states: list[Fake], rejecting: Fake, n: int, now: float = NOW) -> int:
+    """``n`` calls in sequence: ``rejecting`` answers 404 at once, the others serve. Returns the rejections."""
+    rejections = 0
+    for _ in range(n):
+        chosen = router.pick(now, states)
+        assert chosen is not None
+        if chosen is rejecting:
+            router.rejected(chosen, now, 404)
+            rejections += 1
+        else:
+            router.first_token(chosen, now, FAST)
+    return rejections
+
+
+def test_a_replica_rejecting_what_the_others_serve_loses_calls_and_is_drained(caplog: pytest.LogCaptureFixture) -> None:
+    """A 404 answered at once keeps a replica at 0 calls in flight: without its rejections in the cost it was the
+    cheapest and drew the calls. Counted three times (the caller gets it), one rejection costs it x4."""
+    caplog.set_level("WARNING", logger="llmguard_client")
+    router, states = cluster()
+    r2 = states[2]
+    warm(router, states, [FAST, FAST, FAST])
+    assert served_or_rejected(router, states, r2, 30) == 1  # its turn, then the cost keeps it away
+    assert r2.health.rejection == pytest.approx(0.3) and not r2.health.drained
+    router.rejected(r2, NOW + 2, 404)  # a probe of the replica left out: 0.3 faded to 0.26, + 0.1 x (3 - 0.26)
+    assert r2.health.drained
+    # Probes only: one call in 50 at most, the next 1 s after it (none in these calls at one instant).
+    assert served_or_rejected(router, states, r2, 100, now=NOW + 3) == 1
+    [line] = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert "replica r2 answers 404 to what the others serve (rejection rate 0.54, median replica's 0.00)" in line
+    assert "drained for rejecting" in line
+
+
+def test_a_drained_rejecting_replica_that_serves_a_probe_is_brought_back() -> None:
+    router, states = cluster()
+    r2 = states[2]
+    warm(router, states, [FAST, FAST, FAST])
+    router.rejected(r2, NOW, 401)
+    router.rejected(r2, NOW, 401)
+    assert r2.health.drained
+    router.first_token(r2, NOW + 1, FAST)  # its key was fixed: a success decays the rate at the drained weight
+    assert not r2.health.drained and r2.health.rejection < router.RECOVER_FAILURE
+    assert "r2" in picks(router, states, 6, now=NOW + 20)
+
+
+def test_replicas_that_all_reject_alike_are_chosen_as_if_none_did() -> None:
+    """The caller's own fault (a bad key, a wrong model name): every replica rejects, so none is drained and the
+    rejections change no choice, however high the rates."""
+    router, states = cluster()
+    r0, r1, r2 = states
+    for _ in range(4):
+        for state in states:
+            router.rejected(state, NOW, 404)
+    assert min(s.health.rejection for s in states) > router.DRAIN_FAILURE
+    assert not any(s.health.drained for s in states)
+    assert picks(router, states, 6) == {"r0": 2, "r1": 2, "r2": 2}
+    r0.in_flight, r1.in_flight, r2.in_flight = 2, 0, 1
+    assert router.pick(NOW, states) is r1
+
+
+def test_a_replica_drained_for_rejecting_is_brought_back_once_the_others_reject_alike() -> None:
+    router, states = cluster()
+    r0, r1, r2 = states
+    router.rejected(r2, NOW, 404)
+    router.rejected(r2, NOW, 404)
+    assert r2.health.drained
+    for _ in range(2):  # the model is gone everywhere now: the rejections are the caller's to fix
+        router.rejected(r0, NOW, 404)
+        router.rejected(r1, NOW, 404)
+    assert r2.health.drained  # until its own next answer (its probe), though another rejection
+    router.rejected(r2, NOW + 1, 404)
+    assert not r2.health.drained
+    assert not any(s.health.drained for s in states)
+
+
+def test_successes_decay_a_replicas_rejections() -> None:
+    """A replica that rejected during a rollout and serves again takes its share back as it serves."""
+    router, states = cluster(2)
+    r0, r1 = states
+    warm(router, states, [FAST, FAST])
+    router.rejected(r0, NOW, 404)
+    r1.in_flight = 1  # cost x 2, against x 4
+    assert router.pick(NOW, states) is r1
+    for _ in range(8):
+        router.first_token(r0, NOW, FAST)  # 0.3 x 0.9^8 = 0.13: cost x 1.9
+    assert router.pick(NOW, states) is r0
 
 
 def _delivered(*events: bytes, ended: bool = True) -> Any:

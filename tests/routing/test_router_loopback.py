@@ -3,9 +3,11 @@ away from it, probes it, and brings it back once it is fast again."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
+import pytest
 
 from llmguard_client import Guard, PhaseRecord, Tier
 from tests.loopback import LoopbackServer, Script
@@ -78,3 +80,75 @@ async def test_a_replica_that_breaks_streams_after_the_first_token_is_drained(se
     assert breaking.url in {s.name for s in router.states if s.health.failure > 0}
     assert sum(r.status == "ok" for r in records) == 30 - failed
     assert [s.in_flight for s in guard._replica_set.states] == [0, 0, 0]
+
+
+NOT_FOUND = Script(status=404, body={"error": {"message": "The model `m` does not exist.", "code": 404}})
+"""vLLM's answer for a model it does not serve (a rollout renaming the served model), sent at once."""
+
+
+async def test_a_replica_that_answers_404_to_every_call_is_drained_while_the_others_serve(
+    servers: list[LoopbackServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answered at once, its 404s kept it at 0 calls in flight, the cheapest replica: it drew the calls (99 % of
+    three looping callers' calls failed, a third of one caller's). Now at most two rejections drain it (counted
+    three times each: the caller gets them), then it takes probes only, one call in 50 at most; no circuit opens
+    and no 404 is retried."""
+    caplog.set_level("WARNING", logger="llmguard_client")
+    rejecting = servers[2]
+    rejecting.script = NOT_FOUND
+    guard = Guard(
+        replicas=[s.url for s in servers],
+        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
+        hedge=None,
+        instrumentation=None,
+    )
+    router = guard._replica_set.router
+    statuses: list[int] = []
+    async with guard, guard.http_client() as client:
+
+        async def call() -> None:
+            async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
+                await response.aread()
+                statuses.append(response.status_code)
+
+        # Drained at its second rejection: at once, or at the probe of a replica the costs left out (2 s later).
+        while not router.degraded(rejecting.url) and len(statuses) < 5000:
+            await call()
+        for _ in range(150):
+            await call()
+        snapshot = guard.snapshot()
+    assert router.degraded(rejecting.url)
+    assert statuses.count(404) == len(rejecting.received) <= 2 + math.ceil(len(statuses) / router.probe_every)
+    assert statuses.count(200) == len(statuses) - statuses.count(404)
+    assert [(r.drained, r.healthy, r.circuit_open_for) for r in snapshot.replicas] == [
+        (False, True, 0.0),
+        (False, True, 0.0),
+        (True, True, 0.0),
+    ]
+    [line] = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
+    assert f"replica {rejecting.url} answers 404 to what the others serve" in line
+
+
+async def test_when_every_replica_answers_404_every_caller_gets_it_and_nothing_is_drained(
+    servers: list[LoopbackServer],
+) -> None:
+    """The caller's own fault (a wrong model name): every replica rejects alike, so none is drained, no circuit
+    opens and no call is refused: each gets the server's 404, as without the guard."""
+    for server in servers:
+        server.script = NOT_FOUND
+    guard = Guard(
+        replicas=[s.url for s in servers],
+        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
+        hedge=None,
+        instrumentation=None,
+    )
+    async with guard, guard.http_client() as client:
+        for _ in range(30):
+            async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
+                await response.aread()
+                assert response.status_code == 404
+        snapshot = guard.snapshot()
+    assert sum(len(s.received) for s in servers) == 30  # none retried
+    assert all(s.health.rejection > guard._replica_set.router.DRAIN_FAILURE for s in guard._replica_set.states)
+    assert [(r.drained, r.healthy, r.circuit_open_for) for r in snapshot.replicas] == [(False, True, 0.0)] * 3
+    assert not snapshot.panic
