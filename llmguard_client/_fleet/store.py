@@ -13,7 +13,11 @@ runs the resync hooks (`FleetStore.on_connect`), then the listener, the writer o
 (`FleetStore.submit`), a heartbeat (PING every ``heartbeat`` s, to every primary of a cluster: it finds a paused
 server or a lost node) and the periodic reads. Any error marks the store degraded (one warning per transition,
 the credentials redacted), closes the connections and reconnects with exponential backoff (``backoff_initial``
-doubling to ``backoff_max``).
+doubling to ``backoff_max``). A session counts as working once its first heartbeat is answered: only then is the
+backoff reset and "connected again" said. One that fails before (a permission the server's ACL refuses on the
+first call, say) backs off as a failed connection does, and a failure the log has told of already is not told
+again: before, such a store reconnected ~10 times a second, warning each time. The subscription is confirmed
+before the session counts as connected, so that a refused channel fails the connection itself.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import anyio
 import anyio.abc
 
+from llmguard_client._fleet.acl import explain
 from llmguard_client._fleet.nodes import close_client, ping
 from llmguard_client._fleet.url import FleetURL, redact_text
 
@@ -152,6 +157,10 @@ class FleetStore:
         self._on_connect: list[Op[None]] = []
         self._periodic: list[tuple[float, Op[None]]] = []
         self._last_error: str | None = None
+        self._told: str | None = None
+        """The failure the log last told of; None once it has said the store works again (or said nothing)."""
+        self._working = False
+        """This session's first heartbeat was answered (see the module docstring)."""
         self._warned_backend = False
         self._moving = False
         """The supervisor was asked to stop on the loop it ran on (see `start`)."""
@@ -355,6 +364,8 @@ class FleetStore:
         detail = redact_text(f"{type(exc).__name__}: {exc}".rstrip(": "), self.url)
         if isinstance(exc, TimeoutError) and not str(exc):
             detail = "TimeoutError: no answer in time"
+        if (missing := explain(exc)) is not None:
+            detail = f"{detail}; {missing}"
         self._last_error = detail
         if self._state in ("closed", "degraded"):
             return
@@ -364,12 +375,14 @@ class FleetStore:
         self._client = None
         if self._settled is not None:
             self._settled.set()
-        logger.warning(
-            "llmguard fleet %s (name %r) degraded: %s; running on local state, reconnecting in the background",
-            self.url.redacted,
-            self.name,
-            detail,
-        )
+        if detail != self._told:  # else the log says so already: a session that failed again as the last one did
+            self._told = detail
+            logger.warning(
+                "llmguard fleet %s (name %r) degraded: %s; running on local state, reconnecting in the background",
+                self.url.redacted,
+                self.name,
+                detail,
+            )
         if self._trouble is not None:
             self._trouble.set()
 
@@ -394,7 +407,7 @@ class FleetStore:
                 self._state = "connecting"
             assert self._trouble is not None
             self._trouble.clear()
-            reached = self.resyncs
+            self._working = False
             client: Redis | None = None
             try:
                 made = self.url.client(socket_timeout=self.connect_timeout, connect_timeout=self.connect_timeout)
@@ -411,10 +424,14 @@ class FleetStore:
                         await close_client(client)
             if self.closed:
                 return
-            if self.resyncs > reached:
-                delay = self.backoff_initial  # it was connected: the next outage starts from a short wait
-            await anyio.sleep(delay * random.uniform(0.5, 1.0))
+            if self._working:
+                delay = self.backoff_initial  # it worked: the next outage starts from a short wait
+            await self._pause(delay)
             delay = min(delay * 2, self.backoff_max)
+
+    async def _pause(self, delay: float) -> None:
+        """The wait before the next connection: ``delay`` with jitter (half of it to all of it)."""
+        await anyio.sleep(delay * random.uniform(0.5, 1.0))
 
     async def _session(self, client: Redis) -> None:
         pubsub = client.pubsub()
@@ -428,8 +445,7 @@ class FleetStore:
             if self._settled is not None:
                 self._settled.set()
             if was == "degraded":
-                self.transitions += 1
-                logger.warning("llmguard fleet %s (name %r) connected again; resynced", self.url.redacted, self.name)
+                self.transitions += 1  # said in the log once it works (`_beat`)
             async with anyio.create_task_group() as tg:
                 if self._channels:
                     spawned.append(_spawn(tg, self._guarded(self._listen, pubsub)))
@@ -447,9 +463,17 @@ class FleetStore:
                 await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped in older redis-py
 
     async def _resync(self, client: Redis, pubsub: PubSub) -> None:
-        """Subscribe, then run the resync hooks and each periodic read once."""
+        """Subscribe (confirmed: a refused channel is the server's answer to it), then run the resync hooks and
+        each periodic read once."""
         if self._channels:
             await pubsub.subscribe(*self._channels)
+            confirmed = 0
+            while confirmed < len(self._channels):
+                message = await pubsub.get_message(timeout=None)
+                if message is not None and message.get("type") == "subscribe":
+                    confirmed += 1
+                elif message is not None:
+                    self._dispatch(message)
         for hook in self._on_connect:
             await hook(client)
         for _, read in self._periodic:
@@ -469,14 +493,18 @@ class FleetStore:
 
         assert isinstance(pubsub, PubSub)
         async for message in pubsub.listen():
-            if message.get("type") != "message":
-                continue
-            channel = message["channel"]
-            handler = self._channels.get(channel.decode() if isinstance(channel, bytes) else str(channel))
-            data = message["data"]
-            if handler is not None and isinstance(data, bytes):
-                handler(data)
+            self._dispatch(message)
         raise ConnectionError("the pub/sub connection closed")
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        """A published message to its channel's handler (anything else is ignored)."""
+        if message.get("type") != "message":
+            return
+        channel = message["channel"]
+        handler = self._channels.get(channel.decode() if isinstance(channel, bytes) else str(channel))
+        data = message["data"]
+        if handler is not None and isinstance(data, bytes):
+            handler(data)
 
     async def _write(self, client: Redis) -> None:
         assert self._outbox_ready is not None
@@ -494,6 +522,10 @@ class FleetStore:
             sent = anyio.current_time()
             with anyio.fail_after(max(self.heartbeat, self.op_timeout)):
                 await ping(client)  # on a cluster, every primary: a lost node is noticed within one beat
+            self._working = True
+            if self._told is not None:
+                self._told = None
+                logger.warning("llmguard fleet %s (name %r) connected again; resynced", self.url.redacted, self.name)
             if self._slow and anyio.current_time() - sent < self.op_timeout:
                 self._slow = False
                 logger.info("llmguard fleet %s (name %r) answers in time again", self.url.redacted, self.name)

@@ -46,8 +46,26 @@ pending adjustments (requests, tokens); reported room (requests, tokens; '' for 
 SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()
 
 
+_PROBE = "return 0"
+_PROBE_SHA = hashlib.sha1(_PROBE.encode()).hexdigest()
+
+
 async def load_script(redis: Any) -> None:
+    """Cache the script in Redis, and check that this user may run it (EVALSHA, of a script Redis lacks: no
+    effect): an ACL that refuses it fails the connection here, saying so once, rather than the first call of each
+    session. (EVAL, the fallback after Redis lost the script, is not probed: it runs a script.)"""
     await redis.script_load(FLEET_SCRIPT)
+    await _ignoring_noscript(redis.evalsha(_PROBE_SHA, 0))
+
+
+async def _ignoring_noscript(reply: Any) -> Any:
+    """``await reply``, None if Redis does not have the script (a refusal by the ACL comes first and is raised)."""
+    try:
+        return await reply
+    except Exception as exc:
+        if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
+            raise
+        return None
 
 
 async def run_script(redis: Any, key: str | None, args: list[str]) -> Any:

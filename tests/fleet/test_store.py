@@ -258,3 +258,65 @@ async def test_closing_the_store_lets_a_connection_close_finish(
         await store.aclose()
     assert finished.is_set()
     assert store.snapshot().state == "closed"
+
+
+def record_pauses(store: FleetStore) -> list[float]:
+    """The backoff before each reconnection, recorded (without its jitter) instead of waited: rounds are counted,
+    not timed."""
+    delays: list[float] = []
+
+    async def pause(delay: float) -> None:
+        delays.append(delay)
+        await anyio.sleep(0.001)
+
+    store._pause = pause  # type: ignore[method-assign]
+    return delays
+
+
+async def broken(client: redis.Redis) -> int:
+    await client.execute_command("NO-SUCH-COMMAND")
+    return 1
+
+
+async def test_a_session_that_fails_again_the_same_way_backs_off_and_is_told_once(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sessions that connect, then fail at once the same way (a command the server refuses, as on each call):
+    each backs off as a failed connection does, and the log says it once. Before, each reconnected after the
+    initial backoff (~10 a second), and each said "degraded" then "connected again"."""
+    caplog.set_level(logging.INFO, "llmguard_client")
+    store = make_store(redis_server.url, heartbeat=30.0, backoff_initial=0.1, backoff_max=1.0)  # no session works
+    delays = record_pauses(store)
+    try:
+        store.start()
+        for _ in range(6):
+            await until(lambda: store.available)
+            assert await store.run(broken, 0) == 0
+        told = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(told) == 1 and "degraded" in told[0] and "NO-SUCH-COMMAND" in told[0].upper(), told
+        await until(lambda: len(delays) == 6)
+        assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+        assert "NO-SUCH-COMMAND" in (store.snapshot().last_error or "").upper()
+    finally:
+        await store.aclose()
+
+
+async def test_a_session_that_works_resets_the_backoff_and_says_it_is_back(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once a session's heartbeat is answered it works: its failure is an outage of its own (told, and retried
+    after the initial backoff), and the log said it was back."""
+    caplog.set_level(logging.INFO, "llmguard_client")
+    store = make_store(redis_server.url, heartbeat=0.01, backoff_initial=0.1, backoff_max=1.0)
+    delays = record_pauses(store)
+    try:
+        store.start()
+        for _ in range(3):
+            await until(lambda: store.available and store._working)
+            assert await store.run(broken, 0) == 0
+        await until(lambda: store.available and store._working)
+        assert delays == [0.1, 0.1, 0.1]
+        told = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert [("degraded" in m, "connected again" in m) for m in told] == [(True, False), (False, True)] * 3, told
+    finally:
+        await store.aclose()
