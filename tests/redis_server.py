@@ -33,9 +33,11 @@ def _free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 (see the module docstring for its faults)."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, unixsocket: str | None = None) -> None:
         self.port = _free_port()
         self.password = password
+        self.unixsocket = unixsocket
+        """A path the server also listens on (a Unix socket), if any."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -49,6 +51,8 @@ class RedisServer:
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.unixsocket:
+            args += ["--unixsocket", self.unixsocket]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10.0
         while True:

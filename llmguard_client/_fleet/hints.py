@@ -55,12 +55,12 @@ class FleetHints:
         self.replicas = replicas
         self._by_name = {s.name: s for s in replicas.states}
         self._clock = clock
-        self.channel = store.key("hints")
+        self.channel = store.channel("hints")
         self.lease = store.key("hints", "poller")
         self._last: tuple[bool, bool] | None = None
         """This process's poller's last round: whether it polled, whether the store was connected (None: no
         poller runs here)."""
-        store.subscribe(self.channel, self.receive)
+        store.subscribe(store.key("hints"), self.receive)
 
     @property
     def role(self) -> Literal["polling", "following"] | None:

@@ -2,9 +2,9 @@
 
 Each is published twice when learned here: a key with the remaining time as its TTL
 (``llmguard:{name}:cool:{replica}``, ``...:open:{replica}``), for processes that (re)connect later, and an
-event on ``llmguard:{name}:events`` that every process's listener mirrors into its own replica states at
-once. Calls read only those local states. A probe that succeeds ends the cool-down and the circuit
-everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
+event on ``llmguard:{name}:events`` (``...@db{N}`` on database N) that every process's listener mirrors into
+its own replica states at once. Calls read only those local states. A probe that succeeds ends the cool-down
+and the circuit everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
 Retry-After another process was given is that process's to probe. An event names the replica (its URL
 without credentials), what happened and for how long; nothing about a user or a prompt is stored.
 
@@ -51,8 +51,8 @@ class FleetMirror:
         self._clock = clock
         self._cooling_changed = cooling_changed
         """Wakes the calls waiting for a cool-down (`llmguard_client._routing.wakeup.Wakeup.notify`)."""
-        self.channel = store.key("events")
-        store.subscribe(self.channel, self.receive)
+        self.channel = store.channel("events")
+        store.subscribe(store.key("events"), self.receive)
         store.on_connect(self.resync)
 
     # --- learned here -----------------------------------------------------------------------

@@ -180,6 +180,11 @@ class FleetStore:
         """``llmguard:{name}:`` + the parts joined by ``:``."""
         return f"llmguard:{self.name}:" + ":".join(parts)
 
+    def channel(self, *parts: str) -> str:
+        """The pub/sub channel to publish on for `key` ``(*parts)``: it names the database unless it is 0, as
+        pub/sub ignores the database (`FleetURL.channel`)."""
+        return self.url.channel(self.key(*parts))
+
     @property
     def closed(self) -> bool:
         return self._state == "closed"
@@ -255,9 +260,10 @@ class FleetStore:
 
     # --- for the parts that share through the store -----------------------------------------
 
-    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
-        """Call ``handler(payload)`` for each message published on ``channel`` (set up before `start`)."""
-        self._channels[channel] = handler
+    def subscribe(self, name: str, handler: Callable[[bytes], None]) -> None:
+        """Call ``handler(payload)`` for each message published on the channel of ``name`` (a `key`: the store
+        subscribes to its `channel` on this database). Set up before `start`."""
+        self._channels[self.url.channel(name)] = handler
 
     def on_connect(self, hook: Op[None]) -> None:
         """Run ``hook(client)`` after each (re)connection, before the store reports connected: a resync."""

@@ -1,10 +1,13 @@
 """A fleet store's address: checked when the Guard is built, redacted wherever it is shown.
 
-Accepted: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path.sock``, and
+Accepted: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path.sock[?db=N]``, and
 ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster (any one node; the client discovers the
 others). Valkey speaks the same protocol: use the same schemes. A TLS address may carry redis-py's TLS options
 as query parameters (`TLS_OPTIONS`), e.g. ``rediss://host:6380/0?ssl_ca_certs=/etc/redis/ca.pem``. A malformed
 address is a `GuardConfigError` at construction; one that is well formed but unreachable fails open at run time.
+
+Redis pub/sub ignores the database number: `FleetURL.channel` puts it in the fleet's channel names, so that fleets
+of one name on two databases of one Redis (staging and production) do not hear each other's events.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ class FleetURL:
     redacted: str
     """The address with its password masked: the only form that is ever logged or shown."""
     password: str | None
+    db: int = 0
+    """The database number (a cluster's is 0)."""
+
+    def channel(self, name: str) -> str:
+        """The pub/sub channel for ``name`` (a key-like name, `FleetStore.key`) on this address's database:
+        ``name`` itself on database 0, ``name@db{N}`` on database N."""
+        return name if self.db == 0 else f"{name}@db{self.db}"
 
     def __repr__(self) -> str:
         return f"FleetURL({self.redacted!r}, cluster={self.cluster})"
@@ -92,6 +102,7 @@ def parse_fleet_url(url: object) -> FleetURL:
             f"fleet URL {shown!r} has scheme {parts.scheme!r}; accepted: {', '.join(SCHEMES)} (e.g. {accepted})"
         )
     cluster = scheme.endswith("+cluster")
+    db = ""
     if scheme == "unix":
         if not parts.path:
             raise GuardConfigError(f"fleet URL {shown!r} names no socket path; expected unix:///path/to/redis.sock")
@@ -106,12 +117,14 @@ def parse_fleet_url(url: object) -> FleetURL:
         if cluster and db not in ("", "0"):
             raise GuardConfigError(f"fleet URL {shown!r}: Redis Cluster has only database 0, got /{db}")
     _check_query(parts.query, scheme, shown)
+    if scheme == "unix":
+        db = dict(urllib.parse.parse_qsl(parts.query)).get("db", "")
     plain = url.strip()
     if cluster:
         plain = scheme.replace("+cluster", "") + plain[len(parts.scheme) :]
     _check_client(cluster)
     password = urllib.parse.unquote(parts.password) if parts.password else None
-    return FleetURL(plain, cluster, shown, password)
+    return FleetURL(plain, cluster, shown, password, int(db or 0))
 
 
 def _check_client(cluster: bool) -> None:
@@ -136,10 +149,18 @@ def _check_client(cluster: bool) -> None:
 
 
 def _check_query(query: str, scheme: str, shown: str) -> None:
-    """The address's query parameters: TLS options on a TLS address only (`TLS_OPTIONS`)."""
+    """The address's query parameters: TLS options on a TLS address only (`TLS_OPTIONS`), the database on a
+    Unix socket's (``?db=N``: its path is the socket's)."""
     if not query:
         return
     accepted = ", ".join(TLS_OPTIONS)
+    if scheme == "unix":
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if len(pairs) != 1 or pairs[0][0] != "db" or not pairs[0][1].isdigit():
+            raise GuardConfigError(
+                f"fleet URL {shown!r}: a unix:// address takes one query parameter, the database: ?db=0, ?db=1..."
+            )
+        return
     if not scheme.startswith("rediss"):
         raise GuardConfigError(
             f"fleet URL {shown!r} has query parameters; only a TLS address (rediss://, rediss+cluster://) takes "

@@ -4,6 +4,7 @@ that connects later finds them; a probe's win clears them everywhere."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import anyio
 import redis.asyncio as redis
@@ -194,4 +195,48 @@ async def test_what_a_late_resync_writes_reaches_the_guards_that_resynced_before
         assert not states(early)[0].cooling(anyio.current_time())
     finally:
         for g in (early, late):
+            await g.aclose()
+
+
+async def test_fleets_of_one_name_on_two_databases_do_not_share(redis_server: RedisServer) -> None:
+    """Staging on database 1, production on 0, one Redis, one name: the keys were apart, but pub/sub ignores the
+    database, and a 429 seen on /0 cooled the replica on /1 for 4.7 s. The channels now name the database."""
+    on0, also0 = guard(redis_server.url), guard(redis_server.url)
+    on1, also1 = guard(redis_server.url.replace("/0", "/1")), guard(redis_server.url.replace("/0", "/1"))
+    try:
+        await connected(on0, also0, on1, also1)
+        on0._replica_set.cool_down(states(on0)[0], anyio.current_time(), 30.0)
+        await until(lambda: states(also0)[0].cooling(anyio.current_time()))
+        on1._replica_set.cool_down(states(on1)[1], anyio.current_time(), 30.0)
+        # Published after /0's event reached also0: had also1 heard that one, it would have come first.
+        await until(lambda: states(also1)[1].cooling(anyio.current_time()))
+        assert not states(also1)[0].cooling(anyio.current_time())
+        assert not states(on1)[0].cooling(anyio.current_time())
+        assert also0._replica_set.failed(states(also0)[0], anyio.current_time(), threshold=1, cooldown=20.0)
+        await until(lambda: states(on0)[0].open(anyio.current_time()))  # on0 has read all published before
+        assert not any(states(g)[1].cooling(anyio.current_time()) for g in (on0, also0))
+    finally:
+        for g in (on0, also0, on1, also1):
+            await g.aclose()
+
+
+async def test_a_unix_socket_address_picks_its_database_with_a_query(
+    redis_factory: type[RedisServer], tmp_path: Path
+) -> None:
+    """``unix:///path.sock?db=2`` is database 2, as ``redis://host:port/2`` is: the two share a cool-down."""
+    server = redis_factory(unixsocket=str(tmp_path / "redis.sock"))
+    server.start()
+    by_socket = guard(f"unix://{tmp_path}/redis.sock?db=2")
+    by_port = guard(server.url.replace("/0", "/2"))
+    try:
+        await connected(by_socket, by_port)
+        by_socket._replica_set.cool_down(states(by_socket)[0], anyio.current_time(), 30.0)
+        await until(lambda: states(by_port)[0].cooling(anyio.current_time()))
+        client = redis.Redis(port=server.port, db=2)
+        try:
+            assert await client.exists("llmguard:checkout:cool:http://127.0.0.1:9/r0") == 1
+        finally:
+            await client.aclose()
+    finally:
+        for g in (by_socket, by_port):
             await g.aclose()

@@ -320,3 +320,27 @@ async def test_a_session_that_works_resets_the_backoff_and_says_it_is_back(
         assert [("degraded" in m, "connected again" in m) for m in told] == [(True, False), (False, True)] * 3, told
     finally:
         await store.aclose()
+
+
+async def test_every_channel_of_the_fleet_names_its_database_unless_it_is_0(redis_server: RedisServer) -> None:
+    """Pub/sub ignores the database: the cool-downs' and circuits' events, the servers' hints and the rollout
+    flag's notices of two fleets of one name on databases 0 and 3 must travel on channels of their own."""
+    from llmguard_client import Guard
+    from tests.fleet.guards import connected
+
+    guards = [
+        Guard(["http://127.0.0.1:9"], fleet=redis_server.url.replace("/0", "/" + db), name="checkout") for db in "03"
+    ]
+    admin = redis.Redis(port=redis_server.port)
+    try:
+        await connected(*guards)
+        channels = {c.decode() for c in await admin.pubsub_channels("llmguard:checkout:*")}
+        parts = ("events", "hints", "rollout")
+        assert channels == {f"llmguard:checkout:{p}" for p in parts} | {f"llmguard:checkout:{p}@db3" for p in parts}
+        assert (
+            guards[1]._fleet is not None and guards[1]._fleet.store.channel("events") == "llmguard:checkout:events@db3"
+        )
+    finally:
+        for g in guards:
+            await g.aclose()
+        await admin.aclose()

@@ -28,6 +28,8 @@ REPLICAS = ["http://127.0.0.1:9"]
         ("redis://host:6379/zero", "database number"),
         ("redis+cluster://host:7000/3", "only database 0"),
         ("unix://", "socket path"),
+        ("unix:///run/redis.sock?db=one", "one query parameter, the database"),
+        ("unix://:hunter2@/run/redis.sock?timeout=1", "one query parameter, the database"),
         ("", "must be a Redis URL"),
     ],
 )
@@ -61,6 +63,18 @@ def test_accepted_forms() -> None:
         and cluster.redacted == "redis+cluster://:***@node1:7000"
     )
     assert parse_fleet_url("unix:///run/redis.sock").url == "unix:///run/redis.sock"
+
+
+def test_the_database_is_read_and_named_in_the_channels_unless_it_is_0() -> None:
+    """Pub/sub ignores the database: fleets of one name on two databases must not hear each other."""
+    dbs = {
+        u: parse_fleet_url(u).db for u in ("redis://h:6379", "redis://h:6379/0", "rediss://h/5", "redis+cluster://h")
+    }
+    assert dbs == {"redis://h:6379": 0, "redis://h:6379/0": 0, "rediss://h/5": 5, "redis+cluster://h": 0}
+    socket = parse_fleet_url("unix:///run/redis.sock?db=2")
+    assert (socket.db, socket.url) == (2, "unix:///run/redis.sock?db=2")
+    assert parse_fleet_url("redis://h/0").channel("llmguard:checkout:events") == "llmguard:checkout:events"
+    assert socket.channel("llmguard:checkout:events") == "llmguard:checkout:events@db2"
 
 
 def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_before_a_call() -> None:
