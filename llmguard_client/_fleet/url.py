@@ -5,6 +5,8 @@ Accepted: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), `
 others). Valkey speaks the same protocol: use the same schemes. A TLS address may carry redis-py's TLS options
 as query parameters (`TLS_OPTIONS`), e.g. ``rediss://host:6380/0?ssl_ca_certs=/etc/redis/ca.pem``. A malformed
 address is a `GuardConfigError` at construction; one that is well formed but unreachable fails open at run time.
+A TLS option is checked as redis-py will use it: a choice in any case is passed on in lower case (redis-py takes
+``none`` only), and a client certificate is loaded with its key, so that neither fails every connection later.
 
 Redis pub/sub ignores the database number: `FleetURL.channel` puts it in the fleet's channel names, so that fleets
 of one name on two databases of one Redis (staging and production) do not hear each other's events.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import ssl
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,10 +35,10 @@ SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 TLS_OPTIONS = {
     "ssl_ca_certs": "a CA bundle (PEM) to verify the server with, instead of the system's",
-    "ssl_cert_reqs": "required (the default), optional or none",
+    "ssl_cert_reqs": "required (the default), optional or none (in any case)",
     "ssl_check_hostname": "true (the default) or false",
-    "ssl_certfile": "a client certificate (PEM), for servers that require one",
-    "ssl_keyfile": "the client certificate's private key (PEM, unencrypted)",
+    "ssl_certfile": "a client certificate (PEM), for servers that require one, with its key in ssl_keyfile or in it",
+    "ssl_keyfile": "the private key (PEM, unencrypted) of the client certificate in ssl_certfile",
 }
 """The query parameters a ``rediss://`` address may carry: redis-py's TLS options that both its `Redis` and its
 `RedisCluster` accept. Anything else (a timeout, a password) is refused: the store sets its own timeouts, and a
@@ -120,6 +123,8 @@ def parse_fleet_url(url: object) -> FleetURL:
     if scheme == "unix":
         db = dict(urllib.parse.parse_qsl(parts.query)).get("db", "")
     plain = url.strip()
+    if (query := _lowered_choices(parts.query)) != parts.query:
+        plain, shown = (text.replace("?" + parts.query, "?" + query, 1) for text in (plain, shown))
     if cluster:
         plain = scheme.replace("+cluster", "") + plain[len(parts.scheme) :]
     _check_client(cluster)
@@ -178,6 +183,40 @@ def _check_query(query: str, scheme: str, shown: str) -> None:
             raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r}; expected {TLS_OPTIONS[name]}")
         if name in _FILES and not os.path.isfile(value):
             raise GuardConfigError(f"fleet URL {shown!r}: {name}={value!r} is not a file; expected {TLS_OPTIONS[name]}")
+    options = dict(urllib.parse.parse_qsl(query))
+    _check_client_certificate(options.get("ssl_certfile"), options.get("ssl_keyfile"), shown)
+
+
+def _lowered_choices(query: str) -> str:
+    """``query`` with each choice's value (`_CHOICES`) in lower case, the rest as written: redis-py takes
+    ``ssl_cert_reqs=none`` only, and ``NONE`` failed every connection ("Invalid SSL Certificate Requirements
+    Flag")."""
+    pieces = []
+    for piece in query.split("&"):
+        name, eq, value = piece.partition("=")
+        pieces.append(name + eq + (value.lower() if name in _CHOICES else value))
+    return "&".join(pieces)
+
+
+def _check_client_certificate(certfile: str | None, keyfile: str | None, shown: str) -> None:
+    """The client certificate and its key, loaded as the TLS connection will load them: a key without its
+    certificate, a certificate whose key is neither given nor in its file, a key of another certificate or an
+    encrypted key (redis-py would ask for its passphrase on the terminal) failed every connection."""
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None:
+        raise GuardConfigError(
+            f"fleet URL {shown!r}: ssl_keyfile without ssl_certfile; give the client certificate (PEM) it is the "
+            "key of as ssl_certfile"
+        )
+    try:
+        ssl.create_default_context().load_cert_chain(certfile, keyfile, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        given = f"ssl_certfile={certfile!r}" + (f" with ssl_keyfile={keyfile!r}" if keyfile else "")
+        raise GuardConfigError(
+            f"fleet URL {shown!r}: {given} cannot be loaded ({exc}); expected a client certificate (PEM) and its "
+            "unencrypted private key (PEM), as ssl_keyfile or in the certificate's file"
+        ) from None
 
 
 def check_name(name: object) -> str:

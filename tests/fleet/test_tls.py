@@ -45,6 +45,22 @@ async def test_two_guards_share_a_cool_down_over_tls(redis_tls: TLSRedisServer) 
             await g.aclose()
 
 
+@pytest.mark.parametrize("cert_reqs", ["NONE", "None", "Required"])
+async def test_a_tls_choice_in_any_case_connects(redis_tls: TLSRedisServer, cert_reqs: str) -> None:
+    """redis-py takes lower case only: these built a Guard whose store stayed degraded ("Invalid SSL
+    Certificate Requirements Flag: NONE"); they are passed on in lower case."""
+    g = Guard(REPLICAS, fleet=redis_tls.url(ssl_cert_reqs=cert_reqs), name="checkout", hedge=None)
+    g._fleet.store.connect_timeout = 5.0  # type: ignore[union-attr]  # a busy machine's TLS handshake
+    try:
+        await g.__aenter__()
+        await until(lambda: g.snapshot().fleet.state in ("connected", "degraded"))  # type: ignore[union-attr]
+        fleet = g.snapshot().fleet
+        assert fleet is not None and fleet.connected and fleet.last_error is None, fleet
+        assert fleet.url.endswith(f"ssl_cert_reqs={cert_reqs.lower()}")
+    finally:
+        await g.aclose()
+
+
 @pytest.mark.parametrize(
     ("scheme_and_query", "says"),
     [("rediss", "CERTIFICATE_VERIFY_FAILED"), ("redis", "Connection")],

@@ -15,6 +15,7 @@ from llmguard_client import Guard
 from llmguard_client._fleet import parse_fleet_url
 from llmguard_client._fleet.url import redact_text
 from llmguard_client.errors import GuardConfigError
+from tests.redis_cluster import OPENSSL, make_certificates
 
 REPLICAS = ["http://127.0.0.1:9"]
 
@@ -84,10 +85,16 @@ def test_an_unreachable_but_well_formed_url_is_accepted_and_nothing_starts_befor
     guard.close()
 
 
-def test_a_tls_address_keeps_its_tls_options(tmp_path: Path) -> None:
-    ca, cert, key = (tmp_path / name for name in ("ca.pem", "client.pem", "client.key"))
-    for path in (ca, cert, key):
-        path.write_text("")
+@pytest.fixture
+def certificates(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA, and a certificate signed by it (usable by a client) with its key."""
+    if OPENSSL is None:
+        pytest.skip("openssl is not installed")
+    return make_certificates(tmp_path)
+
+
+def test_a_tls_address_keeps_its_tls_options(certificates: tuple[Path, Path, Path]) -> None:
+    ca, cert, key = certificates
     tls = parse_fleet_url(f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required")
     assert tls.url == f"rediss://:hunter2@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
     assert tls.redacted == f"rediss://:***@host:6380/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
@@ -112,6 +119,36 @@ def test_a_query_parameter_that_redis_py_would_not_take_is_refused(url: str, say
     with pytest.raises(GuardConfigError, match=says) as raised:
         parse_fleet_url(url)
     assert "hunter2" not in str(raised.value)
+
+
+def test_a_tls_choice_in_any_case_is_passed_on_in_lower_case() -> None:
+    """redis-py takes ``ssl_cert_reqs=none`` only: ``NONE`` built a Guard whose store then failed every
+    connection ("Invalid SSL Certificate Requirements Flag: NONE")."""
+    tls = parse_fleet_url("rediss://:hunter2@host:6380/0?ssl_cert_reqs=NONE&ssl_check_hostname=False")
+    assert tls.url == "rediss://:hunter2@host:6380/0?ssl_cert_reqs=none&ssl_check_hostname=false"
+    assert tls.redacted == "rediss://:***@host:6380/0?ssl_cert_reqs=none&ssl_check_hostname=false"
+    pool = tls.client(socket_timeout=1.0, connect_timeout=1.0).connection_pool  # type: ignore[union-attr]
+    assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
+
+
+def test_a_client_certificate_is_loaded_with_its_key_when_the_guard_is_built(
+    certificates: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A key without its certificate, a certificate without its key, or a key of another certificate built a
+    Guard whose store then failed every connection; now the Guard is not built, and the error says why."""
+    ca, cert, key = certificates
+    both = tmp_path / "both.pem"
+    both.write_text(cert.read_text() + key.read_text())
+    for query, says in [
+        (f"ssl_keyfile={key}", "ssl_keyfile without ssl_certfile"),
+        (f"ssl_certfile={cert}", "cannot be loaded"),
+        (f"ssl_certfile={cert}&ssl_keyfile={tmp_path / 'ca.key'}", "cannot be loaded"),
+        (f"ssl_certfile={ca}&ssl_keyfile={key}", "cannot be loaded"),
+    ]:
+        with pytest.raises(GuardConfigError, match=says) as raised:
+            Guard(REPLICAS, fleet=f"rediss://:hunter2@host:6380/0?{query}", name="checkout")
+        assert "hunter2" not in str(raised.value)
+    assert parse_fleet_url(f"rediss://host:6380/0?ssl_certfile={both}").url.endswith(f"ssl_certfile={both}")
 
 
 def test_errors_are_masked_whether_the_password_shows_encoded_or_decoded() -> None:
