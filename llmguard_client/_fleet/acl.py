@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["COMMANDS", "RULES", "explain"]
+__all__ = ["CLUSTER_RULES", "COMMANDS", "RULES", "explain"]
 
 COMMANDS = (
     "ping",
@@ -34,9 +34,11 @@ COMMANDS = (
 )
 """Every command the fleet sends, or runs inside its Lua scripts (the scripts' commands are checked too)."""
 RULES = "resetchannels ~llmguard:* &llmguard:* -@all " + " ".join(f"+{c}" for c in COMMANDS)
-"""The ACL rules of a user that may do all the fleet does and nothing else (a Redis Cluster also needs
-``+cluster|slots +cluster|shards``: the client reads the cluster's layout with them; Redis 7.2 and later may
-add ``+client|setinfo``, with which redis-py names its connections, ignoring a refusal)."""
+"""The ACL rules of a user that may do all the fleet does and nothing else (Redis 7.2 and later may add
+``+client|setinfo``, with which redis-py names its connections, ignoring a refusal)."""
+CLUSTER_RULES = "+cluster|slots +command"
+"""What a Redis Cluster's nodes also grant: redis-py's `RedisCluster` reads the slots' layout and the commands'
+key positions with them."""
 
 _COMMAND = re.compile(r"no permissions to run the '([^']+)' command")
 

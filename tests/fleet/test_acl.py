@@ -14,11 +14,12 @@ import redis.asyncio as redis
 
 from llmguard_client import BudgetPolicy, Guard, RateLimit
 from llmguard_client._fleet import FleetStore, parse_fleet_url
-from llmguard_client._fleet.acl import RULES
+from llmguard_client._fleet.acl import CLUSTER_RULES, RULES
 from llmguard_client._ratelimit.buckets import RateLimiter
 from tests.fleet.guards import states, until
 from tests.fleet.test_store import record_pauses
 from tests.loopback import LoopbackServer
+from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisServer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"
@@ -139,3 +140,38 @@ async def test_the_documented_rules_are_all_the_fleet_needs(
         assert told(caplog) == [], told(caplog)
     finally:
         await admin.aclose()
+
+
+async def test_the_documented_rules_serve_a_cluster_with_its_two_more(
+    redis_cluster: RedisCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a Redis Cluster the client also reads the slots (CLUSTER SLOTS) and the commands' key positions
+    (COMMAND): with those two more, two Guards share a cool-down and the fleet-wide rate limit's bucket, and no
+    node refuses anything."""
+    assert f"add `{CLUSTER_RULES}`" in DOCS.read_text()
+    caplog.set_level(logging.INFO, "llmguard_client")
+    for port in redis_cluster.ports:
+        admin = redis.Redis(port=port)
+        try:
+            await admin.execute_command("ACL", "SETUSER", "app", "reset", "on", ">pw", *RULES.split())
+            await admin.execute_command("ACL", "SETUSER", "app", *CLUSTER_RULES.split())
+            await admin.execute_command("ACL", "LOG", "RESET")
+        finally:
+            await admin.aclose()
+    url = f"redis+cluster://app:pw@127.0.0.1:{redis_cluster.ports[0]}"
+    replicas = ["http://127.0.0.1:9/r0", "http://127.0.0.1:9/r1"]
+    a, b = (Guard(replicas, fleet=url, name="acl", rate_limit=RateLimit(requests_per_minute=6000)) for _ in "ab")
+    async with a, b:
+        await until(lambda: all(g.snapshot().fleet.connected for g in (a, b)))  # type: ignore[union-attr]
+        a._replica_set.cool_down(states(a)[1], anyio.current_time(), 30.0)
+        await until(lambda: states(b)[1].cooling(anyio.current_time()))
+        assert a._fleet is not None
+        limiter = RateLimiter(RateLimit(requests_per_minute=6000), {}, time.monotonic, a._fleet.store)
+        assert (await limiter.admit("r", 1, 0.0)).admitted
+    for port in redis_cluster.ports:
+        admin = redis.Redis(port=port)
+        try:
+            assert await admin.execute_command("ACL", "LOG") == [], port
+        finally:
+            await admin.aclose()
+    assert told(caplog) == [], told(caplog)
