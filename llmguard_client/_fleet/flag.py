@@ -5,10 +5,13 @@
 at once when the command announces a change on ``llmguard:checkout:rollout``) and hands the result to its
 `llmguard_client._rollout.rollout.Rollout` as an override. The kill switch wins over the fraction; with
 neither set a process uses its own ``Guard(rollout=...)``. While the store is unreachable the last value
-read stays in force, and a store that comes back empty (a restarted Redis) gets it written back (``SET NX``,
-as the cool-downs are): a kill switch is not lifted by a restart, only by ``set`` or ``clear``. So that a
-process cut off while the command ran cannot undo it on reconnecting, the command never deletes a key:
-``set`` and ``clear`` write the kill switch ``0`` and ``clear`` the fraction `UNSET`. Every
+read stays in force. The command never deletes a key (``set`` and ``clear`` write the kill switch ``0`` and
+``clear`` the fraction `UNSET`), so a key that is missing was lost by the store: a restart without
+persistence, ``FLUSHALL``, an eviction, a failover to an empty primary. The read that finds it missing keeps
+the value last read in force and writes it back (``SET NX``, so that a concurrent ``set`` wins), with one
+warning: the kill switch is lifted only by ``set`` or ``clear``. A process that never read a value has
+nothing to write back. So that a process cut off while the command ran cannot undo it on reconnecting, what
+the command wrote is read, never overwritten. Every
 process computes a key's cohort with the same hash, so widening the fraction only moves keys into the guarded
 cohort, on every process.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from llmguard_client._fleet.store import FleetStore
 
@@ -69,25 +72,42 @@ class FleetFlag:
         self.store = store
         self.rollout = rollout
         self.keys = (store.key("rollout", "fraction"), store.key("rollout", "kill"))
-        self._stored: tuple[object, object] = (None, None)
-        """The two values last read (raw), written back after a reconnection to a store that lost them."""
-        store.on_connect(self.restore)
-        store.every(max(poll_interval, 0.05), self.read)
+        self.known: tuple[object, object] = (None, None)
+        """The two values last read (raw; None: never read), written back where the store lost them."""
+        self.reads = 0
+        """Reads completed (each poll, each announcement, each resync)."""
+        self._refused = False
+        """The store refused the last write-back (and that was said once)."""
+        store.every(max(poll_interval, 0.05), self.read)  # also run once right after each (re)connection
         store.subscribe(store.key("rollout"), lambda _: store.submit(self.read))
 
-    async def restore(self, client: Redis) -> None:
-        """Write back the values last read where the store has none (it restarted empty); the read that
-        follows every resync then takes whichever values are in force."""
-        for key, value in zip(self.keys, self._stored, strict=True):
-            if isinstance(value, (bytes, str)):
-                await client.set(key, value, nx=True)
-
     async def read(self, client: Redis) -> None:
-        fraction, kill = (
-            await client.mget(*self.keys) if not self.store.url.cluster else [await client.get(k) for k in self.keys]
+        """Read both keys; write back a known value the store lost, then take the values in force."""
+        values = await self._get(client)
+        lost = [i for i, v in enumerate(values) if v is None and isinstance(self.known[i], (bytes, str))]
+        if lost:
+            refused = await self._write_back(client, lost)
+            values = await self._get(client)  # ours, or what a concurrent `set` wrote first
+            if self._refused and refused is None:
+                logger.info("llmguard rollout: wrote the lost rollout flag back (fleet %r)", self.store.name)
+            elif not self._refused:  # once per loss (a store refusing the write-back finds it lost at each read)
+                kept = _describe(*(self.known[i] if values[i] is None else values[i] for i in range(2)))
+                logger.warning(
+                    "llmguard rollout: the fleet store %s (name %r) lost the rollout flag (the %s); %s",
+                    self.store.url.redacted,
+                    self.store.name,
+                    " and the ".join(("fraction", "kill switch")[i] for i in lost),
+                    f"restored the last known value ({kept})"
+                    if refused is None
+                    else f"keeping the last known value ({kept}) in force, but could not write it back: {refused}",
+                )
+            self._refused = refused is not None
+        self.known = (
+            self.known[0] if values[0] is None else values[0],
+            self.known[1] if values[1] is None else values[1],
         )
-        self._stored = (fraction, kill)
-        value = parse_flag(fraction, kill)
+        self.reads += 1
+        value = parse_flag(*self.known)
         if value != self.rollout.override:
             logger.info(
                 "llmguard rollout: %s (fleet %r)",
@@ -95,3 +115,28 @@ class FleetFlag:
                 self.store.name,
             )
             self.rollout.override = value
+
+    async def _get(self, client: Redis) -> tuple[object, object]:
+        if self.store.url.cluster:  # the two keys may live on two nodes
+            return await client.get(self.keys[0]), await client.get(self.keys[1])
+        fraction, kill = await client.mget(*self.keys)
+        return fraction, kill
+
+    async def _write_back(self, client: Redis, lost: list[int]) -> str | None:
+        """``SET NX`` each lost key's known value; the process that wrote it announces it, so that a process that
+        never read it follows at once. The store's refusal (a read-only replica, an ACL) is returned, not raised:
+        the known values stay in force and the next read tries again."""
+        from redis.exceptions import ResponseError
+
+        try:
+            wrote = [await client.set(self.keys[i], cast("bytes | str", self.known[i]), nx=True) for i in lost]
+            if any(wrote):
+                await client.publish(self.store.key("rollout"), "restore")
+        except ResponseError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _describe(fraction: object, kill: object) -> str:
+    value = parse_flag(fraction, kill)
+    return "no fleet-wide rollout" if value is None else f"{value:g} of calls guarded"

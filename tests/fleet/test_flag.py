@@ -1,7 +1,11 @@
-"""The fleet-wide rollout flag survives a Redis restart: the processes write back what they last read, so a kill
-switch is lifted only by ``set`` or ``clear``, never by the store coming back empty."""
+"""The fleet-wide rollout flag survives the store losing it (a restart, FLUSHALL, an eviction, a failover to an
+empty primary): the processes write back what they last read, so a kill switch is lifted only by ``set`` or
+``clear``, never by the keys vanishing."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -131,3 +135,133 @@ def test_a_new_sync_process_follows_the_kill_switch_from_its_first_call(
             for _ in range(3):
                 assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
         assert [c.cohort for c in calls] == ["control"] * 3
+
+
+async def _lose_by_flushall(server: RedisServer, client: redis.Redis) -> None:
+    await client.flushall()
+
+
+async def _lose_by_eviction(server: RedisServer, client: redis.Redis) -> None:
+    """``allkeys-lru`` under memory pressure: fill the store until Redis evicts the kill switch."""
+    await client.config_set("maxmemory-policy", "allkeys-lru")
+    await client.config_set("maxmemory", str(int((await client.info("memory"))["used_memory"]) + 2_000_000))
+    for batch in range(200):
+        if not await client.exists(KILL):
+            await client.config_set("maxmemory", "0")  # one loss: no later write evicts the key again
+            return
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(100):
+                pipe.set(f"junk:{batch}:{i}", "x" * 1000)
+            await pipe.execute()
+    raise AssertionError("Redis never evicted the kill switch")
+
+
+@pytest.mark.parametrize("lose", [_lose_by_flushall, _lose_by_eviction])
+async def test_a_kill_switch_lost_without_a_restart_is_written_back(
+    redis_factory: type[RedisServer],
+    lose: Callable[[RedisServer, redis.Redis], Awaitable[None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store stays connected while its keys vanish (FLUSHALL, an ``allkeys-lru`` eviction): the
+    next read finds them missing, writes back what it last read and keeps it, with one warning per process. A
+    process started afterwards then follows the kill switch too, and only the command lifts it."""
+    caplog.set_level(logging.WARNING, "llmguard_client")
+    server = redis_factory()
+    server.start()
+    a, b = guard(server.url), guard(server.url)
+    client = redis.Redis.from_url(server.url)
+    try:
+        await connected(a, b)
+        await rollout(server, "kill")
+        await until(lambda: a._rollout.override == b._rollout.override == 0.0)
+        transitions = a.snapshot().fleet.transitions  # type: ignore[union-attr]
+        await lose(server, client)
+        with anyio.fail_after(10):
+            while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by a process's next read)
+                await anyio.sleep(0.01)
+        await until(lambda: sum("lost the rollout flag" in r.getMessage() for r in caplog.records) >= 1)
+        assert a._rollout.override == b._rollout.override == 0.0
+        assert a.snapshot().fleet.transitions == transitions  # type: ignore[union-attr]  # never disconnected
+        warned = [r for r in caplog.records if "lost the rollout flag" in r.getMessage()]
+        assert 1 <= len(warned) <= 2 and all(r.levelno == logging.WARNING for r in warned), warned
+        c = guard(server.url)
+        try:
+            await connected(c)
+            assert c._rollout.override == 0.0
+        finally:
+            await c.aclose()
+        await rollout(server, "clear")  # the command still lifts it
+        await until(lambda: a._rollout.override is None and b._rollout.override is None)
+    finally:
+        await client.aclose()
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_a_failover_to_an_empty_primary_keeps_the_kill_switch(
+    redis_factory: type[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store is made a replica of an empty primary: it drops the flag and refuses the write-back (read
+    only), so the processes keep the kill switch in force and say so; once it is a primary again, they write it
+    back."""
+    caplog.set_level(logging.INFO, "llmguard_client")
+    server, empty = redis_factory(), redis_factory()
+    server.start()
+    empty.start()
+    a = guard(server.url)
+    client = redis.Redis.from_url(server.url)
+    try:
+        await connected(a)
+        await rollout(server, "kill")
+        await until(lambda: a._rollout.override == 0.0)
+        await client.config_set("repl-diskless-load", "swapdb")  # the synced data set never touches the disk
+        primary = redis.Redis(port=empty.port)
+        await primary.config_set("repl-diskless-sync-delay", "0")
+        await primary.aclose()
+        await client.replicaof("127.0.0.1", str(empty.port))
+        await until(lambda: any("could not write it back: ReadOnlyError" in r.getMessage() for r in caplog.records))
+        assert a._rollout.override == 0.0 and await client.get(KILL) is None
+        await client.replicaof("no", "one")
+        with anyio.fail_after(10):
+            while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by the next read)
+                await anyio.sleep(0.01)
+        await until(lambda: any("wrote the lost rollout flag back" in r.getMessage() for r in caplog.records))
+        assert a._rollout.override == 0.0
+        assert sum("lost the rollout flag" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        await client.aclose()
+        await a.aclose()
+
+
+async def test_a_process_started_after_the_loss_follows_the_write_back_at_once(redis_server: RedisServer) -> None:
+    """A process that started after the store lost the flag has nothing to write back; the process that writes
+    it back announces it, so the newcomer follows long before its own next poll (an hour here)."""
+    a, c = (Guard(REPLICAS, fleet=redis_server.url, name="checkout", rollout_poll_interval=3600) for _ in "ac")
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(a)
+        await rollout(redis_server, "kill")
+        await until(lambda: a._rollout.override == 0.0)
+        await client.flushall()
+        await connected(c)
+        assert c._rollout.override is None  # nothing stored, nothing known
+        a._fleet.store.submit(a._fleet.flag.read)  # type: ignore[union-attr]  # a's next poll, now
+        await until(lambda: c._rollout.override == 0.0)
+    finally:
+        await client.aclose()
+        for g in (a, c):
+            await g.aclose()
+
+
+async def test_a_process_that_never_read_a_flag_has_nothing_to_write_back(redis_server: RedisServer) -> None:
+    """Missing keys with no value read before: the process uses its own fraction and writes nothing."""
+    a = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(a)
+        await until(lambda: a._fleet.flag.reads >= 3)  # type: ignore[union-attr]
+        assert a._rollout.override is None
+        assert await client.keys("llmguard:checkout:rollout:*") == []
+    finally:
+        await client.aclose()
+        await a.aclose()
