@@ -6,7 +6,9 @@ operating the library, so a host with only the runtime installed has it.
 ``set`` writes the guarded fraction (and lifts the kill switch), ``kill`` guards no call anywhere until the
 next ``set``, ``clear`` marks both unset (each process goes back to its own ``Guard(rollout=...)``); ``get``
 prints what is stored. Each change is announced, so running processes follow at once, and within their
-``rollout_poll_interval`` at the latest (`llmguard_client._fleet.flag`).
+``rollout_poll_interval`` at the latest (`llmguard_client._fleet.flag`): a value stored whose announcement
+failed is a success, with a warning saying so. A store that refuses the command (a permission, a password) is
+named as refusing it; "did not answer" is for one that did not answer.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ PROG = "llmguard-rollout"
 
 TIMEOUT = 5.0
 """Seconds to connect and for each command (a person waits, not a call)."""
+
+POLL_INTERVAL = 5.0
+"""``Guard(rollout_poll_interval=...)``'s default: how late a process follows a change it was not told of."""
 
 
 class FleetCommandError(Exception):
@@ -65,7 +70,8 @@ def _add_arguments(r: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``llmguard-rollout``: bad input exits 2, a store that does not answer 1, each with one line on stderr."""
+    """``llmguard-rollout``: bad input exits 2, a store that does not answer or refuses the command 1, each with
+    one line on stderr."""
     from llmguard_client.errors import GuardConfigError
 
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
@@ -78,25 +84,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(exc, GuardConfigError) else 1
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the command; raises `llmguard_client.errors.GuardConfigError` for bad input."""
+def run(args: argparse.Namespace, prog: str = PROG) -> int:
+    """Run the command; raises `llmguard_client.errors.GuardConfigError` for bad input, `FleetCommandError`
+    for a store that did not answer or refused. A warning on stderr starts with ``prog``."""
     from llmguard_client.errors import GuardConfigError
 
     url = parse_fleet_url(args.fleet)
     name = check_name(args.name)
     if (args.action == "set") != (args.fraction is not None):
         raise GuardConfigError("rollout set needs a FRACTION (e.g. 'rollout set 0.10'); the others take none")
+    unannounced: list[tuple[bool, str]] = []
     try:
-        print(asyncio.run(_apply(url, name, args.action, args.fraction)))
+        print(asyncio.run(_apply(url, name, args.action, args.fraction, unannounced)))
     except Exception as exc:
         if isinstance(exc, GuardConfigError):
             raise
-        detail = redact_text(f"{type(exc).__name__}: {exc}", url)
-        raise FleetCommandError(f"the fleet store {url.redacted} did not answer: {detail}") from None
+        refused, detail = _failure(exc, url)
+        raise FleetCommandError(
+            f"the fleet store {url.redacted} {'refused the command' if refused else 'did not answer'}: {detail}"
+        ) from None
+    for refused, detail in unannounced:  # stored all the same: the processes read it at their next poll
+        print(
+            f"{prog}: warning: stored, but the announcement to the running processes "
+            f"{'was refused' if refused else 'got no answer'} ({detail}); they follow at their next read of the "
+            f"flag, within their rollout_poll_interval ({POLL_INTERVAL:g} s by default)",
+            file=sys.stderr,
+        )
     return 0
 
 
-async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) -> str:
+def _failure(exc: Exception, url: FleetURL) -> tuple[bool, str]:
+    """Whether the store refused (no permission, a read-only replica, a wrong password) rather than did not
+    answer (no connection, no answer in time), and what it said, credentials masked."""
+    detail = redact_text(f"{type(exc).__name__}: {exc}", url)
+    try:
+        from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+    except ImportError:  # no redis-py: no client was made, nothing was refused
+        return False, detail
+    return isinstance(exc, (ResponseError, AuthenticationError, AuthorizationError)), detail
+
+
+async def _apply(
+    url: FleetURL, name: str, action: str, fraction: float | None, unannounced: list[tuple[bool, str]]
+) -> str:
+    """Run ``action``; the reason an announcement failed after the values were stored goes to ``unannounced``."""
     prefix = f"llmguard:{name}:"
     keys = (prefix + "rollout:fraction", prefix + "rollout:kill")
     client = url.client(socket_timeout=TIMEOUT, connect_timeout=TIMEOUT)
@@ -112,7 +143,10 @@ async def _apply(url: FleetURL, name: str, action: str, fraction: float | None) 
             await client.set(keys[0], UNSET)
             await client.set(keys[1], "0")
         if action != "get":
-            await client.publish(prefix + "rollout", action)
+            try:
+                await client.publish(prefix + "rollout", action)
+            except Exception as exc:  # the value is stored: not a failure of the command
+                unannounced.append(_failure(exc, url))
         stored, kill = await client.get(keys[0]), await client.get(keys[1])
     finally:
         await client.aclose()

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
+import redis
 
 from llmguard_client.fleet_cli import main
 from llmguard_tools import cli
@@ -115,3 +116,46 @@ def test_run_as_a_module_it_is_the_same_command() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a FRACTION" in done.stderr
+
+
+def _user(server: RedisServer, name: str, *rules: str) -> str:
+    """An ACL user of ``server`` with every permission less ``rules``; its URL."""
+    admin = redis.Redis(port=server.port)
+    try:
+        admin.acl_setuser(name, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", *rules])
+    finally:
+        admin.close()
+    return f"redis://{name}:pw@127.0.0.1:{server.port}/0"
+
+
+@COMMANDS
+def test_a_value_stored_but_not_announced_is_reported_as_stored(
+    command: Callable[[Sequence[str]], int], redis_factory: type[RedisServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user that may not PUBLISH: the value is stored, so the command succeeds and says the processes follow at
+    their next read instead of at once, and why."""
+    server = redis_factory()
+    server.start()
+    url = _user(server, "ops", "-publish")
+    assert command(["set", "0.5", "--fleet", url, "--name", "checkout"]) == 0
+    out, err = capsys.readouterr()
+    assert "0.5 of calls guarded on every process" in out
+    assert err.count("\n") == 1 and "did not answer" not in err and ":pw@" not in err
+    assert ": warning: stored" in err and "was refused (NoPermissionError" in err and "'publish'" in err
+    assert "within their rollout_poll_interval (5 s by default)" in err
+    assert main(["get", "--fleet", server.url, "--name", "checkout"]) == 0  # and it is there for everyone
+    assert "0.5 of calls guarded" in capsys.readouterr().out
+
+
+@COMMANDS
+def test_a_refused_command_exits_1_naming_the_refusal(
+    command: Callable[[Sequence[str]], int], redis_factory: type[RedisServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store that answered with a refusal (no permission to SET) did answer: the error says what it refused."""
+    server = redis_factory()
+    server.start()
+    url = _user(server, "reader", "-set")
+    assert command(["kill", "--fleet", url, "--name", "checkout"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused the command: NoPermissionError" in err and "'set'" in err, err
+    assert "did not answer" not in err and ":pw@" not in err

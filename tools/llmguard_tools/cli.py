@@ -289,7 +289,7 @@ def _rollout(args: argparse.Namespace) -> int:
     from llmguard_client.fleet_cli import FleetCommandError, run
 
     try:
-        return run(args)
+        return run(args, prog=PROG)
     except GuardConfigError as exc:
         raise UsageError(str(exc)) from None
     except FleetCommandError as exc:
