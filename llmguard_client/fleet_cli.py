@@ -144,7 +144,7 @@ async def _apply(
             await client.set(keys[1], "0")
         if action != "get":
             try:
-                await client.publish(prefix + "rollout", action)
+                await client.publish(url.channel(prefix + "rollout"), action)
             except Exception as exc:  # the value is stored: not a failure of the command
                 unannounced.append(_failure(exc, url))
         stored, kill = await client.get(keys[0]), await client.get(keys[1])

@@ -131,7 +131,7 @@ class FleetFlag:
         try:
             wrote = [await client.set(self.keys[i], cast("bytes | str", self.known[i]), nx=True) for i in lost]
             if any(wrote):
-                await client.publish(self.store.key("rollout"), "restore")
+                await client.publish(self.store.channel("rollout"), "restore")
         except ResponseError as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
