@@ -233,16 +233,21 @@ async def test_a_failover_to_an_empty_primary_keeps_the_kill_switch(
         await a.aclose()
 
 
-async def test_a_process_started_after_the_loss_follows_the_write_back_at_once(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("db", [0, 1])
+async def test_a_process_started_after_the_loss_follows_the_write_back_at_once(
+    redis_server: RedisServer, db: int
+) -> None:
     """A process that started after the store lost the flag has nothing to write back; the process that writes
-    it back announces it, so the newcomer follows long before its own next poll (an hour here)."""
-    a, c = (Guard(REPLICAS, fleet=redis_server.url, name="checkout", rollout_poll_interval=3600) for _ in "ac")
-    client = redis.Redis.from_url(redis_server.url)
+    it back announces it, so the newcomer follows long before its own next poll (an hour here). The command's
+    change and the write-back are announced on the channel of the fleet's database: on database 1 as on 0."""
+    url = redis_server.url.removesuffix("/0") + f"/{db}"
+    a, c = (Guard(REPLICAS, fleet=url, name="checkout", rollout_poll_interval=3600) for _ in "ac")
+    client = redis.Redis.from_url(url)
     try:
         await connected(a)
-        await rollout(redis_server, "kill")
+        assert await anyio.to_thread.run_sync(main, ["kill", "--fleet", url, "--name", "checkout"]) == 0
         await until(lambda: a._rollout.override == 0.0)
-        await client.flushall()
+        await client.flushdb()
         await connected(c)
         assert c._rollout.override is None  # nothing stored, nothing known
         a._fleet.store.submit(a._fleet.flag.read)  # type: ignore[union-attr]  # a's next poll, now
@@ -265,24 +270,3 @@ async def test_a_process_that_never_read_a_flag_has_nothing_to_write_back(redis_
     finally:
         await client.aclose()
         await a.aclose()
-
-
-@pytest.mark.parametrize("db", [0, 1])
-async def test_announcements_reach_the_processes_of_their_database_at_once(redis_server: RedisServer, db: int) -> None:
-    """The command's change and a process's write-back are announced on the channel of the fleet's database: a
-    process polling once an hour follows both at once, on database 1 as on database 0."""
-    url = redis_server.url.removesuffix("/0") + f"/{db}"
-    a, c = (Guard(REPLICAS, fleet=url, name="checkout", rollout_poll_interval=3600) for _ in "ac")
-    client = redis.Redis.from_url(url)
-    try:
-        await connected(a, c)
-        assert await anyio.to_thread.run_sync(main, ["kill", "--fleet", url, "--name", "checkout"]) == 0
-        await until(lambda: a._rollout.override == c._rollout.override == 0.0)
-        await client.flushdb()
-        c._rollout.override = None  # as a process started after the loss: nothing to write back
-        a._fleet.store.submit(a._fleet.flag.read)  # type: ignore[union-attr]  # a's next poll, now
-        await until(lambda: c._rollout.override == 0.0)
-    finally:
-        await client.aclose()
-        for g in (a, c):
-            await g.aclose()
