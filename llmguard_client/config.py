@@ -94,7 +94,7 @@ class Tier:
     total: from the call's start to the last byte of the response.
     stall: the longest silence between two chunks after the first token, at most ``total``
            (None: no limit besides ``total``).
-    max_attempts: the most requests one call of this tier sends, retries included (None: the
+    max_attempts: the most requests one call of this tier sends, retries and hedges included (None: the
            `RetryPolicy`'s ``max_attempts``); a call's ``x-llmguard-max-attempts`` header wins.
     """
 
@@ -229,7 +229,7 @@ class HedgePolicy:
     delay:         fixed seconds before a hedge, or None for adaptive: the ``quantile`` of
                    recent time-to-first-token of the call's tier, clamped to
                    [``min_delay``, ``max_delay``], ``warmup_delay`` until ``min_samples``.
-    max_hedges:    extra attempts per call at most.
+    max_hedges:    extra attempts per round at most; with the retries, within the call's ``max_attempts`` requests.
     on_failure:    a failed attempt before the first token sends the hedge at once.
     paths:         path suffixes hedged by default (idempotent-safe generation calls; a
                    Responses API call with ``store: true`` stores the loser's response too);

@@ -88,18 +88,27 @@ class Route:
     deadline: float | None = None
     """Absolute time by which this route's first token must arrive (None: the call's first-token deadline)."""
     rounds: int | None = None
-    """At most this many attempts for this route (None: the retry policy's ``max_attempts``)."""
+    """At most this many requests for this route, hedges included (None: the retry policy's ``max_attempts``)."""
     race: Race | None = None
     """Where a hedged round records its winner (the deadline layer's `Race`)."""
     spent: int = 0
-    """Rounds the call's earlier requests already used, counted among ``rounds``: the SDK's retry of a request
-    the guard handed back to it (`llmguard_client._core.given_up.HandedBack`, an `Episode`). The route's first
-    round goes all the same."""
+    """Requests already sent for the call, counted among ``rounds``: by the route's earlier rounds (the retry layer
+    sets it for each round, which its hedges read), or by the SDK's earlier requests when this is the SDK's retry of
+    a request the guard handed back to it (`llmguard_client._core.given_up.HandedBack`, an `Episode`). The route's
+    first round goes all the same."""
 
     def next(
-        self, replica: ReplicaState, kind: AttemptKind, payment: Payment | None, avoid: tuple[ReplicaState, ...]
+        self,
+        replica: ReplicaState,
+        kind: AttemptKind,
+        payment: Payment | None,
+        avoid: tuple[ReplicaState, ...],
+        *,
+        rounds: int | None = None,
+        spent: int | None = None,
     ) -> Route:
-        """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``."""
+        """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``; ``rounds`` and
+        ``spent``, when given, replace the route's (the retry layer's count for a round and its hedges)."""
         return Route(
             replica,
             kind,
@@ -109,9 +118,9 @@ class Route:
             self.body,
             self.budget,
             self.deadline,
-            self.rounds,
+            self.rounds if rounds is None else rounds,
             self.race,
-            self.spent,
+            self.spent if spent is None else spent,
         )
 
 

@@ -547,7 +547,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         retry): its retry gets only the rounds the call has left (`HandedBack`; ``spent``: the rounds of its earlier
         requests), and never the error an earlier call of the same body left."""
         if self._retries:
-            rounds = spent + sum(a.kind in ("primary", "retry") for a in call.record.attempts)
+            rounds = spent + sum(a.kind != "continuation" for a in call.record.attempts)
             self._given_up.remember(call.request, call.body, HandedBack(rounds), call.clock())
         elif len(self._given_up):
             self._given_up.forget(call.request, call.body)

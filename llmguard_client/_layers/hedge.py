@@ -115,7 +115,10 @@ class HedgeLayer:
 
     def hedge_route(self, call: Call, route: Route, used: list[ReplicaState]) -> Route | None:
         """The next hedge of ``route``: a replica not used by this round nor avoided by the route (those that
-        failed this call), paid from the call's budget; None when not allowed."""
+        failed this call), paid from the call's budget; None when not allowed (``max_attempts`` counts hedges too:
+        `Route.rounds`)."""
+        if route.rounds is not None and route.spent + len(used) >= route.rounds:
+            return None
         now = call.clock()
         if self.replicas.any_cooling(now) or not fits_deadline(call, now, deadline=route.deadline):
             return None  # no hedge while replicas signal overload, or when it could not make the deadline

@@ -130,11 +130,14 @@ class RetryLayer:
         failures: list[AttemptFailure] = []
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
+        allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
+        sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
         rounds = 0
         kind = route.kind
         while True:
             rounds += 1
-            outcome = await call_next(call, route.next(state, kind, payment, (*route.avoid, *failed)))
+            avoid = (*route.avoid, *failed)
+            outcome = await call_next(call, route.next(state, kind, payment, avoid, rounds=allowed, spent=sent))
             if isinstance(outcome, Win):
                 if not call.generation:  # another API's answer says nothing of the replica's generation calls
                     return outcome
@@ -149,9 +152,12 @@ class RetryLayer:
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
+            sent += len(outcome.failures)  # the round's requests: its first and its hedges, every one failed
             self.learn(call.clock(), outcome.failures, counted, judged=call.generation)
             failed.extend(f.state for f in outcome.failures)
-            plan = self._plan(call, route, outcome.failures[-1], rounds, failed)
+            plan = self._plan(
+                call, route, outcome.failures[-1], rounds, allowed is not None and sent >= allowed, failed
+            )
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped)
             wait, state, payment = plan
@@ -319,12 +325,13 @@ class RetryLayer:
         return failure.is_transport_error
 
     def _plan(
-        self, call: Call, route: Route, last: AttemptFailure, rounds: int, failed: list[ReplicaState]
+        self, call: Call, route: Route, last: AttemptFailure, rounds: int, used_up: bool, failed: list[ReplicaState]
     ) -> tuple[float, ReplicaState, Payment] | Failed:
-        """(seconds to wait, replica, payment) for the next round, or why the route ends now."""
+        """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
+        requests it may send are sent)."""
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
-        if route.spent + rounds >= (self.policy.max_attempts if route.rounds is None else route.rounds):
+        if used_up:
             return Failed(stopped="rounds")
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline

@@ -346,6 +346,31 @@ def test_a_hedge_that_lost_before_its_request_was_written_gives_its_ticket_back(
     assert [a.outcome for a in records[0].attempts] == ["won", "lost"]
 
 
+@BACKENDS
+@pytest.mark.parametrize(("max_attempts", "requests"), [(None, 3), ("2", 2), ("1", 1)])
+def test_max_attempts_counts_hedges_among_the_requests(backend: str, max_attempts: str | None, requests: int) -> None:
+    """Every answer is a 500 after 1 s, longer than the hedge delay: the first round sends its primary and a hedge,
+    and the call sends ``max_attempts`` requests in all, hedges included (3 by default; 1 switches both hedges
+    and retries off), not a round of two for each attempt it is allowed."""
+    slow_500 = [Plan(status=500, headers_after=1.0)]
+    fakes = {"http://a.test": FakeReplica("a", slow_500), "http://b.test": FakeReplica("b", slow_500)}
+    records: list[PhaseRecord] = []
+    headers = {} if max_attempts is None else {"x-llmguard-max-attempts": max_attempts}
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=10.0, total=20.0)}
+        async with (
+            guard_for(fakes, records, hedge=HedgePolicy(delay=0.2), tiers=tiers) as guard,
+            guard.http_client() as client,
+        ):
+            response = await client.post("http://a.test" + CHAT, json=BODY, headers=headers)
+            assert response.status_code == 500
+
+    run_virtual(main, backend)
+    assert fakes["http://a.test"].requests + fakes["http://b.test"].requests == requests
+    assert len(records[0].attempts) == requests
+
+
 @pytest.fixture
 def ctrl_c_raises() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt (Python's default, which trio and ``asyncio.run`` build on)."""
