@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import random
+import re
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["FleetSnapshot", "FleetStore"]
 
 logger = logging.getLogger("llmguard_client")
+_DIGITS = re.compile(r"\d+")
+"""Numbers in a failure's text, masked to tell whether it is the failure the log told of already."""
 
 _SLOW_WARNING_EVERY = 60.0
 """Seconds between two warnings that the store answers too slowly for calls (a far Redis would warn on and on)."""
@@ -158,7 +161,8 @@ class FleetStore:
         self._periodic: list[tuple[float, Op[None]]] = []
         self._last_error: str | None = None
         self._told: str | None = None
-        """The failure the log last told of; None once it has said the store works again (or said nothing)."""
+        """The failure the log last told of (its digits masked); None once it has said the store works again (or
+        said nothing)."""
         self._working = False
         """This session's first heartbeat was answered (see the module docstring)."""
         self._warned_backend = False
@@ -381,8 +385,9 @@ class FleetStore:
         self._client = None
         if self._settled is not None:
             self._settled.set()
-        if detail != self._told:  # else the log says so already: a session that failed again as the last one did
-            self._told = detail
+        told = _DIGITS.sub("#", detail)  # the same failure, whatever counts or times its text quotes (an OOM's)
+        if told != self._told:  # else the log says so already: a session that failed again as the last one did
+            self._told = told
             logger.warning(
                 "llmguard fleet %s (name %r) degraded: %s; running on local state, reconnecting in the background",
                 self.url.redacted,

@@ -278,20 +278,27 @@ async def broken(client: redis.Redis) -> int:
     return 1
 
 
+@pytest.mark.parametrize("quoting", [None, "a count"])
 async def test_a_session_that_fails_again_the_same_way_backs_off_and_is_told_once(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture, quoting: str | None
 ) -> None:
     """Sessions that connect, then fail at once the same way (a command the server refuses, as on each call):
-    each backs off as a failed connection does, and the log says it once. Before, each reconnected after the
-    initial backoff (~10 a second), and each said "degraded" then "connected again"."""
+    each backs off as a failed connection does, and the log says it once, also when each failure's text quotes
+    another number (an OOM error quotes memory figures). Before, each reconnected after the initial backoff (~10 a
+    second), and each said "degraded" then "connected again"."""
     caplog.set_level(logging.INFO, "llmguard_client")
     store = make_store(redis_server.url, heartbeat=30.0, backoff_initial=0.1, backoff_max=1.0)  # no session works
     delays = record_pauses(store)
+
+    async def failing(client: redis.Redis, n: int) -> int:
+        await client.execute_command("NO-SUCH-COMMAND", *([] if quoting is None else [str(1000 + n)]))
+        return 1
+
     try:
         store.start()
-        for _ in range(6):
+        for n in range(6):
             await until(lambda: store.available)
-            assert await store.run(broken, 0) == 0
+            assert await store.run(lambda client, n=n: failing(client, n), 0) == 0
         told = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(told) == 1 and "degraded" in told[0] and "NO-SUCH-COMMAND" in told[0].upper(), told
         await until(lambda: len(delays) == 6)
