@@ -7,9 +7,7 @@
   ``{"error": {..., "code": 503}}`` then ``[DONE]``; TGI: ``{"error": "...", "error_type": ...}``),
   or an ``event: error``;
 - end marker: ``data: [DONE]`` or any ``finish_reason`` (with ``n > 1`` the first choice to finish
-  ends the judging: a later truncation of another choice is not detected); a ``[DONE]`` before any content and
-  without a ``finish_reason`` is a truncated stream, not an empty answer (llama-cpp-python's server ends an
-  answer it interrupts for a newer request that way, and a model that emits nothing still says why it stopped);
+  ends the judging: a later truncation of another choice is not detected);
 - usage: ``usage.prompt_tokens`` / ``usage.completion_tokens``, usually in a last ``choices: []``
   chunk (``stream_options.include_usage``).
 
@@ -27,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmguard_client.protocols.base import ResponseFacts, StreamFailure
+from llmguard_client.protocols.base import ResponseFacts
 from llmguard_client.protocols.errors import malformed
 from llmguard_client.protocols.sse import SSEReader
 
@@ -196,13 +194,7 @@ class ChatReader(SSEReader):
                 return
             self._events += 1
         elif len(data) < 16 and data.strip() == b"[DONE]":
-            if self.facts.finish_reasons:
-                self.complete = True
-            else:  # no content and no reason to end: a server that dropped the answer (see the module doc)
-                self.failure = StreamFailure(
-                    "truncated",
-                    f"the {self.protocol} stream ended at [DONE] before any content, without a finish_reason",
-                )
+            self.complete = True
             return
         obj = self.decode(data, f"a {self.protocol} stream event")
         if obj is None:

@@ -206,19 +206,10 @@ def test_feed_keeps_returning_true_after_the_first_token() -> None:
 
 
 def test_done_marks_the_stream_complete_and_is_not_a_token() -> None:
-    scanner, results = scan(event(ROLE_ONLY), event(chunk(finish="stop")), b"data: [DONE]\n\n")
-    assert results == [False, False, False]
-    assert scanner.complete and not scanner.first_token
+    scanner, results = scan(b"data: [DONE]\n\n")
+    assert results == [False]
+    assert scanner.complete
     assert scanner.end_of_body() is None
-
-
-def test_done_before_any_content_without_a_finish_reason_is_a_truncated_stream() -> None:
-    """llama-cpp-python's server ends an answer it interrupts for a newer request with a bare ``[DONE]``: no
-    empty answer to win a hedge race with, but a failed attempt."""
-    scanner, _ = scan(event(ROLE_ONLY), b"data: [DONE]\n\n")
-    assert not scanner.complete and not scanner.first_token
-    failure = scanner.end_of_body()
-    assert failure is not None and failure.kind == "truncated" and "finish_reason" in failure.message
 
 
 def test_done_after_content() -> None:
@@ -361,7 +352,7 @@ def test_other_fields_and_comments_inside_an_event_are_ignored() -> None:
 
 
 def test_done_with_surrounding_whitespace() -> None:
-    scanner, _ = scan(event(CONTENT), b"data:  [DONE] \n\n")
+    scanner, _ = scan(b"data:  [DONE] \n\n")
     assert scanner.complete
 
 
@@ -478,8 +469,7 @@ def test_byte_by_byte_feeding_finds_the_first_token_exactly_at_its_event(
     for i in range(len(raw) if seen_at is None else seen_at + 1, len(raw)):
         scanner.feed(raw[i : i + 1])
     assert facts_tuple(scanner.facts) == expected_facts(pieces)
-    # [DONE] ends an answer that began, or one with a finish reason; before any content it is a truncation.
-    ended = (raw.endswith(b"data: [DONE]\n\n") and first_at is not None) or any(p.kind == "finish" for p in pieces)
+    ended = raw.endswith(b"data: [DONE]\n\n") or any(p.kind == "finish" for p in pieces)
     assert scanner.complete == ended
     assert (scanner.end_of_body() is None) == ended
 
