@@ -528,7 +528,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
         # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
         # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts).
-        sdk_decides = met and outcome.stopped == "not_retryable"
+        # But for the SDK's read timeout after the server's headers: without a guard the SDK had returned the stream
+        # by then, and the timeout met its caller reading it, unretried: final here too (one request, as plain).
+        sdk_decides = met and outcome.stopped == "not_retryable" and not _read_timeout_after_headers(last)
         if call.streamed is not None:
             pass
         elif not sdk_decides and (
@@ -678,3 +680,8 @@ def wrong_client_message(request: object) -> str:
         "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
         "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
     )
+
+
+def _read_timeout_after_headers(last: AttemptFailure | None) -> bool:
+    """``last`` is a read timeout (the caller's own) that came after its answer's headers, before its first token."""
+    return last is not None and isinstance(last.error, httpx.ReadTimeout) and last.attempt.headers is not None

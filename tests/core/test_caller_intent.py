@@ -255,6 +255,32 @@ async def test_the_sdks_retry_of_a_request_handed_back_to_it_gets_the_attempts_i
 
 
 @pytest.mark.parametrize("kind", ["plain", "guarded"])
+async def test_the_sdks_read_timeout_after_the_headers_is_not_retried(servers: list[LoopbackServer], kind: str) -> None:
+    """The server sends its headers at once and its first token after 1.5 s (an engine still queueing the call);
+    ``timeout=0.3``, default ``max_retries=2``. Without a guard the SDK has returned the stream by then and the
+    timeout meets the caller reading it: not retried, one request. Through the guard (which holds the headers until
+    the first token) the SDK took it for a timeout before the answer and retried it twice: three generations."""
+    server = servers[0]
+    server.scripter = lambda index, attempt: Script(tokens=3, stall_before_first=1.5)
+    kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "timeout": 0.3}
+
+    async def call(client: Any) -> None:
+        with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)):
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            async for _ in stream:
+                pass
+
+    if kind == "plain":
+        async with openai.AsyncOpenAI(**kwargs) as client:
+            await call(client)
+    else:
+        async with guard_over(server, tier=Tier(ttft=10, total=20)) as guard:
+            async with openai.AsyncOpenAI(**kwargs, http_client=guard.http_client_for(openai.AsyncOpenAI)) as client:
+                await call(client)
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("kind", ["plain", "guarded"])
 async def test_keep_alives_before_the_first_token_keep_a_call_within_the_sdks_read_timeout(
     servers: list[LoopbackServer], kind: str
 ) -> None:
