@@ -528,9 +528,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
         # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
         # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts).
-        # But for the SDK's read timeout after the server's headers: without a guard the SDK had returned the stream
-        # by then, and the timeout met its caller reading it, unretried: final here too (one request, as plain).
-        sdk_decides = met and outcome.stopped == "not_retryable" and not _read_timeout_after_headers(last)
+        # But for the SDK's read timeout after a stream's headers: without a guard the SDK had returned the stream by
+        # then, and the timeout met its caller reading it, unretried: final here too (one request, as plain). (A whole
+        # body is read inside the SDK's request: a timeout there is the SDK's to retry, headers or not.)
+        after_headers = call.record.stream and _read_timeout_after_headers(last)
+        sdk_decides = met and outcome.stopped == "not_retryable" and not after_headers
         if call.streamed is not None:
             pass
         elif not sdk_decides and (

@@ -218,15 +218,16 @@ def test_added_latency_delays_the_attempt_exactly_and_is_switched_off_live(backe
 async def test_an_injected_stall_outlasting_the_sdks_read_timeout_times_out_as_a_real_one(
     servers: list[LoopbackServer],
 ) -> None:
-    """openai.AsyncOpenAI(timeout=0.5, max_retries=1) and a stall of 3 s, injected or the replica's own: each
-    request's read times out at the SDK's 0.5 s, the SDK retries once, and the call fails as an `APITimeoutError`
-    (the injected stall used to be waited out: served after 3 s, one request)."""
+    """openai.AsyncOpenAI(timeout=0.5, max_retries=1) and a stall of 3 s after the headers, injected or the
+    replica's own (a stream's first token late; a whole body late): each request's read times out at the SDK's
+    0.5 s and the call fails as an `APITimeoutError` (the injected stall used to be waited out: served after 3 s,
+    one request). A whole body is read inside the SDK's request, which it retries once; a stream's timeout meets
+    its caller reading it, not retried: 3 requests."""
     a = servers[0].url
     outcomes = []
-    for chaos, script in [(Chaos(stall=1.0, stall_for=3.0), None), (None, Script(hang_before_headers=3.0))]:
+    stalls = {True: Script(tokens=3, stall_before_first=3.0), False: Script(hang_before_headers=3.0)}
+    for chaos, scripts in [(Chaos(stall=1.0, stall_for=3.0), None), (None, stalls)]:
         servers[0].reset()
-        if script is not None:
-            servers[0].script = script
         records: list[PhaseRecord] = []
         async with make_guard(servers[:1], records, chaos=chaos) as guard:
             http_client = guard.http_client_for(openai.AsyncOpenAI)
@@ -234,13 +235,15 @@ async def test_an_injected_stall_outlasting_the_sdks_read_timeout_times_out_as_a
                 base_url=a + "/v1", api_key="sk", http_client=http_client, timeout=0.5, max_retries=1
             )
             for stream in (True, False):
+                if scripts is not None:
+                    servers[0].script = scripts[stream]
                 with pytest.raises(openai.APITimeoutError) as caught:
                     answer = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
                     if stream:
                         [c async for c in answer]
                 outcomes.append((stream, guard_failure(caught.value)))
-        assert servers[0].wait_for(lambda: len(servers[0].received) == 4)
-        marks = [("stall",)] * 4 if chaos is not None else [()] * 4
+        assert servers[0].wait_for(lambda: len(servers[0].received) == 3)
+        marks = [("stall",)] * 3 if chaos is not None else [()] * 3
         assert [attempts(r) for r in records] == [[(a, "primary", "failed", "read_timeout", m)] for m in marks]
     assert outcomes == [(True, "all_attempts_timed_out"), (False, "all_attempts_timed_out")] * 2
 
