@@ -320,6 +320,8 @@ class RetryLayer:
             return False
         if not call.retry_any_status:
             return False
+        if failure.status_code in REJECTIONS and failure.state.health.drained:
+            return True  # a drained replica's probe (drained for rejecting what the others serve): not the call's
         if failure.status_code is not None:
             return failure.status_code in self.policy.retry_statuses or failure.overload
         return failure.is_transport_error

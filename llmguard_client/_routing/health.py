@@ -57,6 +57,8 @@ class ReplicaHealth:
     rejection_at: float = 0.0
     rejected_status: int = 0
     """The status of the last rejection (0: none yet)."""
+    rejected_in_a_row: int = 0
+    """Rejections since the replica last served a call (a first token, or a whole answer)."""
     drained: bool = False
     drained_at: float = -math.inf
     probes: int = 0

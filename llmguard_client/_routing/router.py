@@ -26,9 +26,10 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   ingress whose pod is gone, a replica with a wrong key), decayed by the replica's successes (first tokens,
   answers). A rejection counts `Router.MID_STREAM_WEIGHT` times: the caller gets it (it is not retried). It is
   judged relatively, since a rejection may be the caller's fault (a bad key, a wrong model name), and then every
-  replica rejects alike: it weighs in a cost only above the lowest rate among the replicas compared, and drains a
-  replica only while the lower median of all the replicas' rates is under `Router.RECOVER_FAILURE` (it rejects
-  what the others serve). It never counts toward a circuit: where every replica rejects, the caller gets the
+  replica rejects alike: it drains a replica only while the lower median of all the replicas' rates is under
+  `Router.RECOVER_FAILURE` and its last `Router.REJECTIONS_IN_A_ROW` calls were all rejected (it rejects what the
+  others serve). It weighs in no cost: calls kept away from a replica for a bad tenant's rejections left it no call
+  to serve between them. It never counts toward a circuit: where every replica rejects, the caller gets the
   server's own answer, as without the guard.
 - ``unanswered_since``: while a replica has calls in flight and has produced no first token (nor
   failed) for longer than its TTFT estimate, that silence counts as its TTFT in its cost, so a
@@ -41,7 +42,7 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
 
 The cost of sending a new call to a replica is its expected time (``ttft + tpot x typical
 tokens``) x (calls in flight + requests the server reports queued + 1) x (1 +
-`Router.FAILURE_WEIGHT` x (failure + rejection above the lowest compared)): the least-cost
+`Router.FAILURE_WEIGHT` x failure): the least-cost
 replica wins, among all of them for up to ``full_scan_up_to`` replicas, else between two drawn at
 random (power of two choices, which keeps several guards sharing replicas from herding). Unknown
 estimates (fewer than `Router.MIN_SAMPLES` samples, lost races and first-token timeouts included) take
@@ -130,6 +131,10 @@ class Router(Generic[S]):
     TPOT_FLOOR = 0.005
     DRAIN_FAILURE = 0.5
     RECOVER_FAILURE = 0.25
+    REJECTIONS_IN_A_ROW = 3
+    """Rejections with no call served between them before a replica can be drained for rejecting (`_rejecting`): a
+    tenant's bad key spread over healthy replicas rejects two in a row on one now and then (measured: 5 of 6 runs
+    drained a healthy replica for about 1 s at two)."""
     DEFAULT_TOKENS = 16.0
     MIN_SAMPLES = 3
     """Samples of a replica's TTFT (or TPOT) before its speed counts: until then it is costed as the median
@@ -180,9 +185,6 @@ class Router(Generic[S]):
         """Changes whenever a replica is drained or brought back."""
         self._limited_until = -math.inf
         """The latest rate-limit reset any replica reported (before it, some replica may have no room)."""
-        self._rejections_until = -math.inf
-        """Until when some replica's rejection rate may not have faded (before it, costs read the rejection rates:
-        the path of a guard whose calls were never rejected stays free of them)."""
         self._judged_refs: tuple[float | None, float | None] = (None, None)
         """The reference medians when every replica was last judged for draining."""
         self._queue_watchers: dict[str, set[Callable[[], None]]] = {}
@@ -236,11 +238,9 @@ class Router(Generic[S]):
             sent(chosen.health, now, hedge=True)
             return chosen
 
-        least = self._least_rejection(candidates, now)
-
         def key(s: S) -> tuple[bool, bool, bool, float, int]:
             h = s.health
-            speed = silent(s, now, h.ttft or 0.0) * self._penalty(h, now, least)
+            speed = silent(s, now, h.ttft or 0.0) * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
             return (h.drained, no_room(h, now), bool(server_waiting(h, now)), speed, s.in_flight)
 
         chosen = min(candidates, key=key)
@@ -278,7 +278,7 @@ class Router(Generic[S]):
             s
             for s in states
             if now - s.health.last_first >= interval
-            and (s.health.bounded or self._failure(s.health, now) > 0.0 or self._rejection(s.health, now) > 0.0)
+            and (s.health.bounded or self._failure(s.health, now) > 0.0)
             and not s.cooling(now)
             and not no_room(s.health, now)
             and not server_waiting(s.health, now)
@@ -310,8 +310,7 @@ class Router(Generic[S]):
         if self.queues_reported_until > now:
             unqueued = [s for s in states if not server_waiting(s.health, now)]
             states = unqueued or states  # a new call would wait behind a queue its server reports
-        least = self._least_rejection(states, now)
-        costs = [self._cost(s, now, least) for s in states]
+        costs = [self._cost(s, now) for s in states]
         bound = min(costs) * (1.0 + self.TIE) + self.TIE_SECONDS
         return [s for s, cost in zip(states, costs, strict=True) if cost <= bound]
 
@@ -327,7 +326,7 @@ class Router(Generic[S]):
         h = s.health
         return h.ttft if len(h.ttft_first) >= self.MIN_SAMPLES else self._ref_ttft
 
-    def _cost(self, s: S, now: float, least_rejection: float | None) -> float:
+    def _cost(self, s: S, now: float) -> float:
         h = s.health
         ttft = self._ttft(s)
         if h.unanswered_since is not None and ttft is not None:
@@ -338,22 +337,9 @@ class Router(Generic[S]):
         else:
             expected = (ttft or 0.0) + (tpot or 0.0) * (self._tokens or self.DEFAULT_TOKENS)
         load = s.in_flight + 1 + (server_waiting(h, now) or 0.0)
-        return expected * load * self._penalty(h, now, least_rejection)
-
-    def _penalty(self, h: ReplicaHealth, now: float, least_rejection: float | None) -> float:
-        """The cost multiplier of failures and rejections: 1 + `FAILURE_WEIGHT` x (failure rate + rejection rate
-        above ``least_rejection``, the lowest among the replicas compared; None: no rejection to weigh). Replicas
-        that all reject alike (the caller's bad key or model) are chosen as if none did."""
-        rate = self._failure(h, now)
-        if least_rejection is not None:
-            rate += self._rejection(h, now) - least_rejection
-        return 1.0 + self.FAILURE_WEIGHT * rate
-
-    def _least_rejection(self, states: Sequence[S], now: float) -> float | None:
-        """The lowest rejection rate among ``states`` (None while no replica's rejections may be unfaded)."""
-        if self._rejections_until <= now:
-            return None
-        return min(self._rejection(s.health, now) for s in states)
+        # Rejections do not weigh here: a replica whose rejections kept calls away would serve none between a bad
+        # tenant's calls, and be drained for them (`_rejecting` reads the calls it served in between).
+        return expected * load * (1.0 + self.FAILURE_WEIGHT * self._failure(h, now))
 
     def _failure(self, h: ReplicaHealth, now: float) -> float:
         return self._faded(h.failure, h.failure_at, now)
@@ -369,9 +355,11 @@ class Router(Generic[S]):
         return rate if rate >= self.FAILURE_FORGOTTEN else 0.0
 
     def _rejecting(self, h: ReplicaHealth, now: float, at_least: float) -> bool:
-        """``h``'s rejection rate is ``at_least`` or more while the lower median of the replicas' rates is under
-        `RECOVER_FAILURE`: it rejects what the others serve (where all reject alike, the fault is the caller's)."""
-        if self._rejection(h, now) < at_least:
+        """``h``'s rejection rate is ``at_least`` or more, its last `REJECTIONS_IN_A_ROW` calls were all rejected,
+        and the lower median of the replicas' rates is under `RECOVER_FAILURE`: it rejects what the others serve
+        (where all reject alike, the fault is the caller's; a replica serving calls between a tenant's bad ones is
+        not rejecting them because of itself)."""
+        if h.rejected_in_a_row < self.REJECTIONS_IN_A_ROW or self._rejection(h, now) < at_least:
             return False
         median = lower_median([self._rejection(s.health, now) for s in self.states])
         return (median or 0.0) < self.RECOVER_FAILURE
@@ -388,7 +376,7 @@ class Router(Generic[S]):
             h.ttft = max(0.0, ttft)  # a first token where only lower bounds were: a measurement replaces them
         else:
             h.ttft = self._learn(h.ttft, h.ttft_first, max(0.0, ttft), h.drained)
-        h.unanswered_since, h.bounded = None, False
+        h.unanswered_since, h.bounded, h.rejected_in_a_row = None, False, 0
         if h.rejection:
             self._count_rejection(h, now, rejected=False)
         self._reassess(state, now)
@@ -397,7 +385,7 @@ class Router(Generic[S]):
         """An attempt on ``state`` won without a first-token time worth learning from (a
         non-streaming body): the replica is not silent, and served what it may have rejected before."""
         h = state.health
-        h.unanswered_since = None
+        h.unanswered_since, h.rejected_in_a_row = None, 0
         if h.rejection:
             self._count_rejection(h, now, rejected=False)
             self._reassess(state, now)
@@ -407,11 +395,9 @@ class Router(Generic[S]):
         (``status`` is named in the log line if that drains it). It counts toward no circuit."""
         h = state.health
         h.unanswered_since, h.rejected_status = None, status
+        h.rejected_in_a_row += 1
         self._count_rejection(h, now, rejected=True)
         h.checking = False
-        # A rate fades under FAILURE_FORGOTTEN within FAILURE_HALF_LIFE x log2(the highest rate / it) seconds.
-        forgotten = self.FAILURE_HALF_LIFE * math.log2(self.MID_STREAM_WEIGHT / self.FAILURE_FORGOTTEN)
-        self._rejections_until = max(self._rejections_until, now + forgotten)
         self._reassess(state, now)
 
     def outran(self, state: S, now: float, waited: float) -> None:

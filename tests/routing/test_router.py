@@ -637,21 +637,22 @@ def served_or_rejected(router: Router[Fake], states: list[Fake], rejecting: Fake
     return rejections
 
 
-def test_a_replica_rejecting_what_the_others_serve_loses_calls_and_is_drained(caplog: pytest.LogCaptureFixture) -> None:
-    """A 404 answered at once keeps a replica at 0 calls in flight: without its rejections in the cost it was the
-    cheapest and drew the calls. Counted three times (the caller gets it), one rejection costs it x4."""
+def test_a_replica_rejecting_what_the_others_serve_is_drained_after_three_in_a_row(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 404 answered at once keeps a replica at 0 calls in flight, the cheapest: it takes its turns until its
+    third rejection in a row drains it, then probes only (counted three times, its rate is 0.76 by then)."""
     caplog.set_level("WARNING", logger="llmguard_client")
     router, states = cluster()
     r2 = states[2]
     warm(router, states, [FAST, FAST, FAST])
-    assert served_or_rejected(router, states, r2, 30) == 1  # its turn, then the cost keeps it away
-    assert r2.health.rejection == pytest.approx(0.3) and not r2.health.drained
-    router.rejected(r2, NOW + 2, 404)  # a probe of the replica left out: 0.3 faded to 0.26, + 0.1 x (3 - 0.26)
+    assert served_or_rejected(router, states, r2, 6) == 2  # its turns, one in three
+    assert not r2.health.drained and r2.health.rejected_in_a_row == 2
+    assert served_or_rejected(router, states, r2, 100) == 1  # the third: drained, and no probe due yet
     assert r2.health.drained
-    # Probes only: one call in 50 at most, the next 1 s after it (none in these calls at one instant).
-    assert served_or_rejected(router, states, r2, 100, now=NOW + 3) == 1
+    assert served_or_rejected(router, states, r2, 100, now=NOW + 1) == 1  # probes only: its first after 0.5 s
     [line] = [r.getMessage() for r in caplog.records if "drained" in r.getMessage()]
-    assert "replica r2 answers 404 to what the others serve (rejection rate 0.54, median replica's 0.00)" in line
+    assert "replica r2 answers 404 to what the others serve" in line and "median replica's 0.00" in line
     assert "drained for rejecting" in line
 
 
@@ -659,8 +660,8 @@ def test_a_drained_rejecting_replica_that_serves_a_probe_is_brought_back() -> No
     router, states = cluster()
     r2 = states[2]
     warm(router, states, [FAST, FAST, FAST])
-    router.rejected(r2, NOW, 401)
-    router.rejected(r2, NOW, 401)
+    for _ in range(router.REJECTIONS_IN_A_ROW):
+        router.rejected(r2, NOW, 401)
     assert r2.health.drained
     router.first_token(r2, NOW + 1, FAST)  # its key was fixed: a success decays the rate at the drained weight
     assert not r2.health.drained and r2.health.rejection < router.RECOVER_FAILURE
@@ -685,8 +686,8 @@ def test_replicas_that_all_reject_alike_are_chosen_as_if_none_did() -> None:
 def test_a_replica_drained_for_rejecting_is_brought_back_once_the_others_reject_alike() -> None:
     router, states = cluster()
     r0, r1, r2 = states
-    router.rejected(r2, NOW, 404)
-    router.rejected(r2, NOW, 404)
+    for _ in range(router.REJECTIONS_IN_A_ROW):
+        router.rejected(r2, NOW, 404)
     assert r2.health.drained
     for _ in range(2):  # the model is gone everywhere now: the rejections are the caller's to fix
         router.rejected(r0, NOW, 404)
@@ -697,17 +698,31 @@ def test_a_replica_drained_for_rejecting_is_brought_back_once_the_others_reject_
     assert not any(s.health.drained for s in states)
 
 
-def test_successes_decay_a_replicas_rejections() -> None:
-    """A replica that rejected during a rollout and serves again takes its share back as it serves."""
+def test_a_healthy_replica_that_serves_between_a_tenants_rejections_is_not_drained() -> None:
+    """A tenant's bad key, spread over healthy replicas: two of its calls in a row on one replica, with the others'
+    rates low, raise its rate past the drain's, but the replica serves the calls between them: not drained."""
+    router, states = cluster()
+    r2 = states[2]
+    warm(router, states, [FAST, FAST, FAST])
+    for round_ in range(5):
+        now = NOW + round_
+        router.rejected(r2, now, 401)
+        router.rejected(r2, now, 401)
+        assert r2.health.rejection >= router.DRAIN_FAILURE or round_ == 0
+        assert not r2.health.drained
+        router.first_token(r2, now, FAST)  # another tenant's call, served
+
+
+def test_rejections_weigh_in_no_cost() -> None:
+    """A replica's rejections never keep calls away from it: a tenant's bad calls would then leave a healthy replica
+    no other call to serve between them, and drain it (`Router.REJECTIONS_IN_A_ROW`)."""
     router, states = cluster(2)
     r0, r1 = states
     warm(router, states, [FAST, FAST])
-    router.rejected(r0, NOW, 404)
-    r1.in_flight = 1  # cost x 2, against x 4
-    assert router.pick(NOW, states) is r1
-    for _ in range(8):
-        router.first_token(r0, NOW, FAST)  # 0.3 x 0.9^8 = 0.13: cost x 1.9
-    assert router.pick(NOW, states) is r0
+    router.rejected(r0, NOW, 401)
+    router.rejected(r0, NOW, 401)
+    r1.in_flight = 1
+    assert router.pick(NOW, states) is r0  # the less loaded, whatever it rejected
 
 
 def _delivered(*events: bytes, ended: bool = True) -> Any:
