@@ -310,13 +310,20 @@ def test_one_straggler_does_not_drain_a_healthy_replica() -> None:
     assert not states[0].health.drained
 
 
-def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -> None:
-    router, states = cluster(probe_every=10, probe_interval=1.0)
+def with_r1_drained(**kwargs: Any) -> tuple[Router[Fake], list[Fake]]:
+    """Three replicas, r1 drained for speed at ``NOW`` (``kwargs``: the router's)."""
+    router, states = cluster(**kwargs)
     r0, r1, r2 = states
     warm(router, [r0, r2], [FAST, FAST])
     for _ in range(5):
         router.first_token(r1, NOW, SLOW)
     assert r1.health.drained
+    return router, states
+
+
+def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -> None:
+    router, states = with_r1_drained(probe_every=10, probe_interval=1.0)
+    r1 = states[1]
     assert "r1" not in picks(router, states, 30, now=NOW + 0.4)  # the first probe waits half a second
     assert picks(router, states, 30, now=NOW + 0.5)["r1"] == 1  # one probe, then a wait twice as long
     assert "r1" not in picks(router, states, 30, now=NOW + 1.4)
@@ -332,13 +339,8 @@ def test_a_drained_replica_gets_one_probe_per_probe_every_calls_and_interval() -
 def test_a_drained_replica_is_probed_on_time_when_few_calls_come() -> None:
     """One call a second against one probe in `probe_every` (10) calls: the probes still come when they are due,
     up to one per ``probe_interval``, not one per 10 s (a replica back from a restart waited ~50 s at the default)."""
-    router, states = cluster(probe_every=10, probe_interval=2.0)
-    r0, r1, r2 = states
-    warm(router, [r0, r2], [FAST, FAST])
-    for _ in range(5):
-        router.first_token(r1, NOW, SLOW)
-    assert r1.health.drained
-    probed = [t for t in range(1, 11) if router.pick(NOW + t, states) is r1]
+    router, states = with_r1_drained(probe_every=10, probe_interval=2.0)
+    probed = [t for t in range(1, 11) if router.pick(NOW + t, states) is states[1]]
     assert probed == [1, 3, 5, 7, 9]
 
 

@@ -85,6 +85,16 @@ NOT_FOUND = Script(status=404, body={"error": {"message": "The model `m` does no
 """vLLM's answer for a model it does not serve (a rollout renaming the served model), sent at once."""
 
 
+def unhedged(servers: list[LoopbackServer]) -> Guard:
+    """A Guard over ``servers`` without hedging (each call's requests are its own)."""
+    return Guard(
+        replicas=[s.url for s in servers],
+        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
+        hedge=None,
+        instrumentation=None,
+    )
+
+
 async def test_a_replica_that_answers_404_to_every_call_is_drained_while_the_others_serve(
     servers: list[LoopbackServer], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -95,12 +105,7 @@ async def test_a_replica_that_answers_404_to_every_call_is_drained_while_the_oth
     caplog.set_level("WARNING", logger="llmguard_client")
     rejecting = servers[2]
     rejecting.script = NOT_FOUND
-    guard = Guard(
-        replicas=[s.url for s in servers],
-        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
-        hedge=None,
-        instrumentation=None,
-    )
+    guard = unhedged(servers)
     router = guard._replica_set.router
     statuses: list[int] = []
     async with guard, guard.http_client() as client:
@@ -135,12 +140,7 @@ async def test_when_every_replica_answers_404_every_caller_gets_it_and_nothing_i
     opens and no call is refused: each gets the server's 404, as without the guard."""
     for server in servers:
         server.script = NOT_FOUND
-    guard = Guard(
-        replicas=[s.url for s in servers],
-        tiers={"t": Tier(ttft=3.0, total=10.0, stall=2.0)},
-        hedge=None,
-        instrumentation=None,
-    )
+    guard = unhedged(servers)
     async with guard, guard.http_client() as client:
         for _ in range(30):
             async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
