@@ -53,7 +53,8 @@ class ReplicaHealth:
     rejection: float = 0.0
     """Rate of generation calls answered with one of `REJECTIONS` at ``rejection_at`` (it fades from then on, as
     ``failure`` does), decayed by the replica's successes; a rejection counts
-    `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times (the caller gets it: it is not retried)."""
+    `llmguard_client._routing.router.Router.MID_STREAM_WEIGHT` times (the caller gets it: it is not retried, but for
+    a drained replica's probe)."""
     rejection_at: float = 0.0
     rejected_status: int = 0
     """The status of the last rejection (0: none yet)."""
