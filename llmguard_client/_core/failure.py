@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -202,3 +203,34 @@ def upstream_response(
     if no_retry:
         response.headers["x-should-retry"] = "false"
     return response
+
+
+def timed_out_reading(failure: AttemptFailure, call: Call, record: PhaseRecord) -> httpx.Response:
+    """A stream whose read timed out (the caller's own read timeout) after its headers, before its first token,
+    handed on as the caller had met it without a guard: the answer, what came of its body, then that timeout
+    raised by the next read (`AttemptFailure.as_sent`)."""
+    assert failure.as_sent is not None and isinstance(failure.error, httpx.ReadTimeout)
+    status, raw, body = failure.as_sent
+    headers = [(k, v) for k, v in raw.multi_items() if k.lower() not in _DROPPED]
+    return httpx.Response(
+        status,
+        headers=headers,
+        stream=_ThenRaises(body, failure.error),
+        request=call.request,
+        extensions={**failure.extensions, "llmguard": record},
+    )
+
+
+class _ThenRaises(httpx.AsyncByteStream):
+    """``body``, then ``error`` raised."""
+
+    __slots__ = ("_body", "_error")
+
+    def __init__(self, body: bytes, error: Exception) -> None:
+        self._body = body
+        self._error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._body:
+            yield self._body
+        raise self._error

@@ -171,8 +171,9 @@ class AttemptFailure:
     failure stands for, if any, and ``body`` an equivalent JSON error)."""
     as_sent: tuple[int, httpx.Headers, bytes] | None = None
     """That 200 as it came (status, headers, the body up to its end or its error event), when its SDK reads the
-    error event itself (the Responses API's ``error`` / ``response.failed``): what the caller gets if it is the
-    call's last answer, as without a guard (no SDK retry either: a 200 is none to retry)."""
+    error event itself (the Responses API's ``error`` / ``response.failed``), or up to a read timeout before its
+    first token (``error``): what the caller gets if it is the call's last answer, as without a guard (no SDK retry
+    either: a 200 is none to retry)."""
     unread: Unread | None = None
     """The rest of an error answer's body longer than ``body`` (`llmguard_client._http.error_body`), its
     response still open: read on by the caller if this is the call's last answer, else closed (`close_unread`)."""

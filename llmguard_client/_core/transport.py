@@ -41,6 +41,7 @@ from llmguard_client._core.failure import (
     attempts_error,
     describe_attempts,
     failure_response,
+    timed_out_reading,
     untold_answer,
     upstream_response,
 )
@@ -517,6 +518,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
+        if met and outcome.stopped in ("not_retryable", "sdk") and call.record.stream and _timed_out_reading(last):
+            # The SDK's read timeout after a stream's headers: without a guard the SDK had returned the stream by
+            # then, and the timeout met its caller reading it, unretried: so it does here, in cooperative mode too.
+            # (A whole body is read inside the SDK's request: a timeout there is the SDK's to retry, headers or not.)
+            assert last is not None and last.as_sent is not None
+            call.record.answered(last.as_sent[0], last.attempt.replica)
+            await lease.aclose(status, error.cause)
+            return timed_out_reading(last, call, call.record.snapshot())
         # What the attempts met, and a deadline, are raised in every mode: the SDK's connection or timeout error.
         respond = call.respond_with_errors and not (timeout or met)
         if respond:  # the caller gets the guard's own answer: the record says so
@@ -528,11 +537,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
         # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
         # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts).
-        # But for the SDK's read timeout after a stream's headers: without a guard the SDK had returned the stream by
-        # then, and the timeout met its caller reading it, unretried: final here too (one request, as plain). (A whole
-        # body is read inside the SDK's request: a timeout there is the SDK's to retry, headers or not.)
-        after_headers = call.record.stream and _read_timeout_after_headers(last)
-        sdk_decides = met and outcome.stopped == "not_retryable" and not after_headers
+        sdk_decides = met and outcome.stopped == "not_retryable"
         if call.streamed is not None:
             pass
         elif not sdk_decides and (
@@ -684,6 +689,6 @@ def wrong_client_message(request: object) -> str:
     )
 
 
-def _read_timeout_after_headers(last: AttemptFailure | None) -> bool:
+def _timed_out_reading(last: AttemptFailure | None) -> bool:
     """``last`` is a read timeout (the caller's own) that came after its answer's headers, before its first token."""
-    return last is not None and isinstance(last.error, httpx.ReadTimeout) and last.attempt.headers is not None
+    return last is not None and isinstance(last.error, httpx.ReadTimeout) and last.as_sent is not None

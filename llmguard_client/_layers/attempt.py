@@ -65,6 +65,7 @@ class AttemptLayer:
         attempt = call.record.attempt_started(state.name, route.kind, clock(), route.resumes)
         in_flight = call.lease.occupy(state)
         response: httpx.Response | None = None
+        read: list[bytes] = []  # the answer's chunks before its first token
         won = False
         try:
             request = stamp_sent(call.attempt_request(state, attempt, route.body), attempt, clock)
@@ -84,7 +85,7 @@ class AttemptLayer:
             )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
-            opening = await read_opening(_body(response), reader, lambda: attempt.attempt_accepted(clock()))
+            opening = await read_opening(_body(response), reader, lambda: attempt.attempt_accepted(clock()), read)
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)
             if reader.failure is not None:  # before the first token: a failed attempt, like a 503
@@ -96,7 +97,10 @@ class AttemptLayer:
             raise
         except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
             attempt.attempt_finished("failed", clock(), error=error_kind(exc))
-            return Failed([AttemptFailure(attempt, state, error=exc)])
+            failure = AttemptFailure(attempt, state, error=exc)
+            if isinstance(exc, httpx.ReadTimeout) and response is not None and response.status_code < 400:
+                failure.as_sent = (response.status_code, response.headers, b"".join(read))  # what its caller saw
+            return Failed([failure])
         finally:
             cut_short = not won and attempt.outcome == "pending"  # however that was raised (see `_cut_short`)
             if route.payment is not None:  # before any await: a cancelled attempt settles its payment too

@@ -28,12 +28,16 @@ class Opening:
 
 
 async def read_opening(
-    body: AsyncIterable[bytes], reader: StreamReader, accepted: Callable[[], None] | None = None
+    body: AsyncIterable[bytes],
+    reader: StreamReader,
+    accepted: Callable[[], None] | None = None,
+    chunks: list[bytes] | None = None,
 ) -> Opening:
     """Read ``body`` until ``reader`` sees the first content token, a failure or the protocol's end marker, or the
     body ends (then `StreamReader.end_of_body` has settled ``complete`` / ``failure``); ``accepted`` is called
-    once, as soon as the reader sees the server accept the request."""
-    chunks: list[bytes] = []
+    once, as soon as the reader sees the server accept the request. The chunks are collected in ``chunks`` if
+    given (what was read before an error the body raised)."""
+    chunks = [] if chunks is None else chunks
     rest = body.__aiter__()
     async for chunk in rest:
         chunks.append(chunk)

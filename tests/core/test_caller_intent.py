@@ -29,7 +29,8 @@ def fail_twice(index: int, attempt: int) -> Script | None:
 
 def guard_over(server: LoopbackServer, tier: Tier | None = None, **kwargs: Any) -> Guard:
     tiers = {"t": tier or Tier(ttft=10, total=20)}
-    return Guard([server.url], tiers=tiers, retry=FAST_RETRY, instrumentation=None, transport_factory=pools, **kwargs)
+    kwargs.setdefault("retry", FAST_RETRY)
+    return Guard([server.url], tiers=tiers, instrumentation=None, transport_factory=pools, **kwargs)
 
 
 def sent_counts(server: LoopbackServer) -> list[str | None]:
@@ -254,30 +255,53 @@ async def test_the_sdks_retry_of_a_request_handed_back_to_it_gets_the_attempts_i
     assert len(server.received) == 3  # each request was received before the call ended
 
 
-@pytest.mark.parametrize("kind", ["plain", "guarded"])
-async def test_the_sdks_read_timeout_after_the_headers_is_not_retried(servers: list[LoopbackServer], kind: str) -> None:
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_the_sdks_read_timeout_after_the_headers_meets_the_caller_reading_the_stream(
+    servers: list[LoopbackServer], api: str, mode: str
+) -> None:
     """The server sends its headers at once and its first token after 1.5 s (an engine still queueing the call);
     ``timeout=0.3``, default ``max_retries=2``. Without a guard the SDK has returned the stream by then and the
-    timeout meets the caller reading it: not retried, one request. Through the guard (which holds the headers until
-    the first token) the SDK took it for a timeout before the answer and retried it twice: three generations."""
+    timeout meets the caller reading it (the SDK's timeout error, or httpx's ``ReadTimeout`` before openai 2),
+    not retried: one request. Through the guard, which holds the headers until the first token, the SDK first
+    took it for a timeout before the answer and retried it twice (three generations); then the guard refused those
+    retries, but ``create()`` raised after the SDK's backoff sleeps. Now the stream comes back and times out as
+    it is read, with the same error as without a guard; in cooperative mode too (where the SDK sends the retries)."""
     server = servers[0]
     server.scripter = lambda index, attempt: Script(tokens=3, stall_before_first=1.5)
     kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "timeout": 0.3}
 
-    async def call(client: Any) -> None:
-        with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)):
+    def sync_call(http_client: Any) -> None:
+        stream = openai.OpenAI(**kwargs, http_client=http_client).chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        )
+        created.append(stream)
+        for _ in stream:
+            pass
+
+    async def async_call(http_client: Any) -> None:
+        async with openai.AsyncOpenAI(**kwargs, http_client=http_client) as client:
             stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            created.append(stream)
             async for _ in stream:
                 pass
 
-    if kind == "plain":
-        async with openai.AsyncOpenAI(**kwargs) as client:
-            await call(client)
-    else:
-        async with guard_over(server, tier=Tier(ttft=10, total=20)) as guard:
-            async with openai.AsyncOpenAI(**kwargs, http_client=guard.http_client_for(openai.AsyncOpenAI)) as client:
-                await call(client)
-    assert len(server.received) == 1
+    met: list[type[BaseException]] = []
+    retry = RetryPolicy(mode=mode, backoff_initial=0.01, backoff_max=0.02)
+    with guard_over(server, retry=retry) as guard, guard.capture() as calls:
+        for kind in ("plain", "guarded"):
+            created: list[object] = []
+            sdk = openai.OpenAI if api == "sync" else openai.AsyncOpenAI
+            http_client = guard.http_client_for(sdk) if kind == "guarded" else None
+            with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)) as caught:
+                sync_call(http_client) if api == "sync" else anyio.run(async_call, http_client)
+            met.append(type(caught.value))
+            assert len(created) == 1, kind  # create() returned the stream: the timeout came from reading it
+            assert server.wait_for(lambda: len(server.received) == 1), kind
+            assert len(server.received) == 1, kind
+            server.received.clear()
+    assert met[0] is met[1]
+    assert [(c.status, len(c.attempts)) for c in calls] == [("timeout", 1)]
 
 
 @pytest.mark.parametrize("kind", ["plain", "guarded"])
