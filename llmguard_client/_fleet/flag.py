@@ -9,11 +9,11 @@ read stays in force. The command never deletes a key (``set`` and ``clear`` writ
 ``clear`` the fraction `UNSET`), so a key that is missing was lost by the store: a restart without
 persistence, ``FLUSHALL``, an eviction, a failover to an empty primary. The read that finds it missing keeps
 the value last read in force and writes it back (``SET NX``, so that a concurrent ``set`` wins), with one
-warning: the kill switch is lifted only by ``set`` or ``clear``. A process that never read a value has
-nothing to write back. So that a process cut off while the command ran cannot undo it on reconnecting, what
-the command wrote is read, never overwritten. Every
-process computes a key's cohort with the same hash, so widening the fraction only moves keys into the guarded
-cohort, on every process.
+warning (at most one in `LOSS_WARNING`, counting the losses since the last: a store that evicts it again and
+again is told, not repeated): the kill switch is lifted only by ``set`` or ``clear``. A process that never read a
+value has nothing to write back. So that a process cut off while the command ran cannot undo it on
+reconnecting, what the command wrote is read, never overwritten. Every process computes a key's cohort with the
+same hash, so widening the fraction only moves keys into the guarded cohort, on every process.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, cast
+
+import anyio
 
 from llmguard_client._fleet.store import FleetStore
 
@@ -33,6 +35,9 @@ UNSET = "unset"
 """The stored fraction after ``clear``: no fleet-wide fraction (each process uses its own ``rollout=``)."""
 
 logger = logging.getLogger("llmguard_client")
+
+LOSS_WARNING = 600.0
+"""Seconds between two warnings of a process about losses of the flag (the others are logged at INFO)."""
 
 
 def parse_flag(fraction: object, kill: object) -> float | None:
@@ -78,6 +83,9 @@ class FleetFlag:
         """Reads completed (each poll, each announcement, each resync)."""
         self._refused = False
         """The store refused the last write-back (and that was said once)."""
+        self._warned_at: float | None = None
+        self._losses = 0
+        """Losses since the last warning (a store evicting the flag again and again is told once a `LOSS_WARNING`)."""
         store.every(max(poll_interval, 0.05), self.read)  # also run once right after each (re)connection
         store.subscribe(store.key("rollout"), lambda _: store.submit(self.read))
 
@@ -91,16 +99,7 @@ class FleetFlag:
             if self._refused and refused is None:
                 logger.info("llmguard rollout: wrote the lost rollout flag back (fleet %r)", self.store.name)
             elif not self._refused:  # once per loss (a store refusing the write-back finds it lost at each read)
-                kept = _describe(*(self.known[i] if values[i] is None else values[i] for i in range(2)))
-                logger.warning(
-                    "llmguard rollout: the fleet store %s (name %r) lost the rollout flag (the %s); %s",
-                    self.store.url.redacted,
-                    self.store.name,
-                    " and the ".join(("fraction", "kill switch")[i] for i in lost),
-                    f"restored the last known value ({kept})"
-                    if refused is None
-                    else f"keeping the last known value ({kept}) in force, but could not write it back: {refused}",
-                )
+                self._told_lost(lost, values, refused)
             self._refused = refused is not None
         self.known = (
             self.known[0] if values[0] is None else values[0],
@@ -115,6 +114,29 @@ class FleetFlag:
                 self.store.name,
             )
             self.rollout.override = value
+
+    def _told_lost(self, lost: list[int], values: tuple[object, object], refused: str | None) -> None:
+        """A warning for the first loss, then at most one a `LOSS_WARNING` (the losses between counted in it), the
+        others logged at INFO: a store that evicts the flag again and again (``allkeys-lru`` under memory pressure)
+        would otherwise warn in every process at each eviction."""
+        self._losses += 1
+        now = anyio.current_time()
+        warn = self._warned_at is None or now - self._warned_at >= LOSS_WARNING
+        kept = _describe(*(self.known[i] if values[i] is None else values[i] for i in range(2)))
+        again = f"; lost {self._losses} times since the last warning" if warn and self._losses > 1 else ""
+        logger.log(
+            logging.WARNING if warn else logging.INFO,
+            "llmguard rollout: the fleet store %s (name %r) lost the rollout flag (the %s); %s%s",
+            self.store.url.redacted,
+            self.store.name,
+            " and the ".join(("fraction", "kill switch")[i] for i in lost),
+            f"restored the last known value ({kept})"
+            if refused is None
+            else f"keeping the last known value ({kept}) in force, but could not write it back: {refused}",
+            again,
+        )
+        if warn:
+            self._warned_at, self._losses = now, 0
 
     async def _get(self, client: Redis) -> tuple[object, object]:
         if self.store.url.cluster:  # the two keys may live on two nodes

@@ -198,6 +198,33 @@ async def test_a_kill_switch_lost_without_a_restart_is_written_back(
             await g.aclose()
 
 
+async def test_a_flag_lost_again_and_again_is_warned_of_once_then_logged_at_info(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that loses the kill switch four times in a row (an ``allkeys-lru`` store under steady memory
+    pressure evicts it again and again): each loss is written back, but one warning is given, the later losses
+    logged at INFO (each warned before: one warning per eviction per process)."""
+    caplog.set_level(logging.INFO, "llmguard_client")
+    a = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(a)
+        await rollout(redis_server, "kill")
+        await until(lambda: a._rollout.override == 0.0)
+        for _ in range(4):
+            await client.flushall()
+            with anyio.fail_after(10):
+                while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by the next read)
+                    await anyio.sleep(0.01)
+        await until(lambda: sum("lost the rollout flag" in r.getMessage() for r in caplog.records) == 4)
+        lost = [r.levelno for r in caplog.records if "lost the rollout flag" in r.getMessage()]
+        assert lost == [logging.WARNING] + [logging.INFO] * 3
+        assert a._rollout.override == 0.0
+    finally:
+        await client.aclose()
+        await a.aclose()
+
+
 async def test_a_failover_to_an_empty_primary_keeps_the_kill_switch(
     redis_factory: type[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
