@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import anyio
 import httpx
@@ -51,7 +51,7 @@ from llmguard_client.config import (
 )
 from llmguard_client.edges._registry import stop_sync_runner
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
-from llmguard_client.edges.sdk import TakesHttpClient
+from llmguard_client.edges.sdk import TakesAnything, TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
@@ -491,13 +491,26 @@ class Guard:
         self._refuse_if_closed()
         return sync_httpx2_client(self, **kwargs)
 
-    def http_client_for(self, sdk: TakesHttpClient[_H], **kwargs: Any) -> _H:
+    # One overload per client type: a class whose http_client takes anything (its own **kwargs) is known only at
+    # run time (Any); the generic last one keeps any other SDK class typed as before.
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[TakesAnything], **kwargs: Any) -> Any: ...
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[httpx.AsyncClient], **kwargs: Any) -> httpx.AsyncClient: ...
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[httpx.Client], **kwargs: Any) -> httpx.Client: ...
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[httpx2.AsyncClient], **kwargs: Any) -> httpx2.AsyncClient: ...
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[httpx2.Client], **kwargs: Any) -> httpx2.Client: ...
+    @overload
+    def http_client_for(self, sdk: TakesHttpClient[_H | None], **kwargs: Any) -> _H: ...
+    def http_client_for(self, sdk: Callable[..., object], **kwargs: Any) -> Any:
         """The guarded client of the kind ``sdk``'s ``http_client=`` takes, typed to match, e.g.
         ``openai.AsyncOpenAI(..., http_client=guard.http_client_for(openai.AsyncOpenAI))``."""
         from llmguard_client.edges.sdk import http_client_for
 
-        client: _H = http_client_for(self, sdk, **kwargs)
-        return client
+        return http_client_for(self, sdk, **kwargs)
 
     def capture(self) -> contextlib.AbstractContextManager[Capture]:
         """``with guard.capture() as calls:`` collects the `PhaseRecord` of each call made and ended

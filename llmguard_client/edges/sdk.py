@@ -25,9 +25,18 @@ H_contra = TypeVar("H_contra", contravariant=True)
 
 
 class TakesHttpClient(Protocol[H_contra]):
-    """Anything callable with an ``http_client=`` keyword: an SDK client class."""
+    """Anything callable with an ``http_client=`` keyword that takes an ``H_contra``: an SDK client class.
 
-    def __call__(self, *, http_client: H_contra | None = ...) -> object: ...
+    ``guard.http_client_for`` matches it against each client type in turn (its overloads): solving ``H_contra``
+    from an ``http_client: X | None`` parameter, mypy would answer ``X | None``, not ``X``.
+    """
+
+    def __call__(self, *, http_client: H_contra) -> object: ...
+
+
+class TakesAnything:
+    """A type no SDK's ``http_client`` names: a class taking it takes anything (``**kwargs: Any``, an
+    ``http_client: Any``), so which client it wants is known only at run time."""
 
 
 def http_client_for(guard: GuardHandle, sdk: Callable[..., object], **kwargs: Any) -> Any:
