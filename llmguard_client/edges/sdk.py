@@ -77,10 +77,7 @@ def _passes_own_errors_on(sdk: Callable[..., object]) -> SdkErrors | None:
 
 
 def _http_client_annotation(sdk: Callable[..., object]) -> str:
-    try:
-        parameter = inspect.signature(sdk).parameters.get("http_client")
-    except (TypeError, ValueError):
-        parameter = None
+    parameter = _http_client_parameter(sdk)
     if parameter is None:
         raise TypeError(
             f"{_name(sdk)} takes no http_client= argument; http_client_for() expects an SDK client class "
@@ -88,6 +85,32 @@ def _http_client_annotation(sdk: Callable[..., object]) -> str:
         )
     annotation = parameter.annotation
     return annotation if isinstance(annotation, str) else str(annotation)
+
+
+def _http_client_parameter(sdk: Callable[..., object]) -> inspect.Parameter | None:
+    """``sdk``'s ``http_client`` parameter; for a class whose ``__init__`` passes ``**kwargs`` on (a user's
+    subclass of an SDK class), the first one up its MRO that names it. A ``**kwargs`` that no base names it in
+    stands for it (it takes the keyword, of a type no annotation tells)."""
+    forwarded: inspect.Parameter | None = None
+    for callable_ in _constructors(sdk):
+        try:
+            parameters = inspect.signature(callable_).parameters
+        except (TypeError, ValueError):
+            return forwarded
+        if "http_client" in parameters:
+            return parameters["http_client"]
+        forwarded = next((p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+        if forwarded is None:
+            return None
+    return forwarded
+
+
+def _constructors(sdk: Callable[..., object]) -> list[Callable[..., object]]:
+    """``sdk`` itself, then (for a class) each ``__init__`` its bases define, nearest first."""
+    if not isinstance(sdk, type):
+        return [sdk]
+    bases = [vars(klass)["__init__"] for klass in sdk.__mro__[1:] if klass is not object and "__init__" in vars(klass)]
+    return [sdk, *bases]
 
 
 def _name(sdk: object) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,3 +88,39 @@ def test_mypy_types_the_client_as_the_one_the_class_takes_not_optional() -> None
         check=False,
     )
     assert (run.returncode, run.stdout + run.stderr) == (0, "")
+
+
+class ForwardingAsyncSDK(LegacyAsyncSDK):
+    """A user's subclass that passes its keywords on to the SDK class."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+
+
+class ForwardingTwiceSDK(ForwardingAsyncSDK):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+
+
+def test_a_subclass_passing_kwargs_on_gets_the_client_its_base_takes(guard: Guard) -> None:
+    class MyOpenAI(openai.AsyncOpenAI):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+
+    assert isinstance(guard.http_client_for(MyOpenAI), httpx2.AsyncClient)
+    assert isinstance(guard.http_client_for(ForwardingAsyncSDK), httpx.AsyncClient)
+    assert isinstance(guard.http_client_for(ForwardingTwiceSDK), httpx.AsyncClient)
+
+
+def test_kwargs_that_reach_no_http_client_are_refused_clearly(guard: Guard) -> None:
+    class ForwardsToNothing(NoClientSDK):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+
+    def factory(**kwargs: Any) -> object:
+        return kwargs
+
+    with pytest.raises(TypeError, match=r"ForwardsToNothing takes no http_client= argument"):
+        guard.http_client_for(ForwardsToNothing)
+    with pytest.raises(TypeError, match=r"cannot tell which HTTP client .*factory takes.*guard\.http_client\(\)"):
+        guard.http_client_for(factory)
