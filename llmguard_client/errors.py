@@ -54,14 +54,10 @@ attempts, the caller gets the attempts' own failure and the refusal is named in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import httpx
 
+from llmguard_client.telemetry._record_builder import CallRecordBuilder  # at run time: get_type_hints resolves it
 from llmguard_client.telemetry.record import PhaseRecord
-
-if TYPE_CHECKING:
-    from llmguard_client.telemetry._record_builder import CallRecordBuilder
 
 
 class LLMGuardError(Exception):

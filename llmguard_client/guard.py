@@ -21,6 +21,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._chaos import Chaos, chaos_switch, refuse_unless_enabled
 from llmguard_client._compose import Policies, SharedState, build_transport
 from llmguard_client._core.clock import Clock, loop_clock
+from llmguard_client._core.lazy_module import LazyModule
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._fleet import make_fleet, share_budgets
@@ -62,6 +63,8 @@ from llmguard_client.telemetry.record_logger import RecordLogger
 
 if TYPE_CHECKING:
     import httpx2
+else:  # optional: imported when typing.get_type_hints reads an annotation that names it
+    httpx2 = LazyModule("httpx2")
 
 _H = TypeVar("_H")
 

@@ -52,7 +52,6 @@ import random
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -60,16 +59,14 @@ import httpx
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock, raise_bare
 from llmguard_client._core.lease import close_quietly
 from llmguard_client._http.pool import DROPPABLE
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState  # at run time: for get_type_hints
 from llmguard_client.edges._registry import sync_access
 from llmguard_client.edges._runner import start_counted, wait_for
 from llmguard_client.errors import GuardClosed, GuardConfigError
+from llmguard_client.guard import Guard
 
 if sys.version_info < (3, 11):  # anyio brings the backport there
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
-
-if TYPE_CHECKING:
-    from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-    from llmguard_client.guard import Guard
 
 __all__ = [
     "MIN_EVERY",

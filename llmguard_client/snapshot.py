@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 
+# Imported at run time, not under TYPE_CHECKING, so that typing.get_type_hints(GuardSnapshot) resolves (FastAPI,
+# pydantic); the package has imported them all already.
 from llmguard_client._admission.view import AdmissionSnapshot as AdmissionSnapshot
 from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
+from llmguard_client._core.lease import LeaseRegistry
+from llmguard_client._fleet.store import FleetSnapshot
+from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._routing.health import server_waiting
-
-if TYPE_CHECKING:
-    from llmguard_client._core.lease import LeaseRegistry
-    from llmguard_client._fleet.store import FleetSnapshot
-    from llmguard_client._layers.bulkhead import TierBulkhead
-    from llmguard_client._routing.replicas import ReplicaSet
-    from llmguard_client.config import Tier
+from llmguard_client._routing.replicas import ReplicaSet
+from llmguard_client.config import Tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources
+import inspect
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,35 @@ def test_the_wheel_config_includes_the_package_and_its_marker() -> None:
     assert wheel["packages"] == ["llmguard_client"]
     assert not any("py.typed" in pattern for pattern in wheel.get("exclude", []))
     assert "Typing :: Typed" in pyproject["project"]["classifiers"]
+
+
+def _annotated(name: str, obj: object) -> list[tuple[str, object]]:
+    """``obj`` and, for a class, its public methods, ``__init__`` and properties: what get_type_hints is asked of."""
+    if not inspect.isclass(obj):
+        return [(name, obj)] if inspect.isfunction(obj) else []
+    members: list[tuple[str, object]] = [(name, obj)]
+    for attribute, value in vars(obj).items():
+        if attribute.startswith("_") and attribute != "__init__":
+            continue
+        if isinstance(value, property):
+            members.append((f"{name}.{attribute}", value.fget))
+        elif isinstance(value, (staticmethod, classmethod)):
+            members.append((f"{name}.{attribute}", value.__func__))
+        elif inspect.isfunction(value):
+            members.append((f"{name}.{attribute}", value))
+    return members
+
+
+@pytest.mark.parametrize("module", ["llmguard_client", "llmguard_client.server_hints"])
+def test_the_public_api_resolves_its_type_hints_at_run_time(module: str) -> None:
+    """FastAPI (``def health() -> GuardSnapshot``), pydantic's TypeAdapter and other run-time readers of annotations
+    call typing.get_type_hints: every public class, method and function must resolve, on each Python supported."""
+    public = importlib.import_module(module)
+    failures = []
+    for name in public.__all__:
+        for label, obj in _annotated(name, getattr(public, name)):
+            try:
+                typing.get_type_hints(obj)
+            except Exception as exc:  # each failure is listed
+                failures.append(f"{label}: {type(exc).__name__}: {exc}")
+    assert failures == []

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmguard_client.errors import GuardConfigError
 from llmguard_client.telemetry._jsonl import JsonLinesFile
 from llmguard_client.telemetry.record import PhaseRecord
+
+if TYPE_CHECKING:
+    AnyLoggerAdapter = logging.LoggerAdapter[Any]
+else:  # not subscriptable at run time before Python 3.11: typing.get_type_hints must resolve the annotation
+    AnyLoggerAdapter = logging.LoggerAdapter
 
 
 def _level(level: object) -> int:
@@ -46,7 +51,7 @@ class RecordLogger:
         self,
         path: str | os.PathLike[str] | logging.Logger | None = None,
         *,
-        logger: logging.Logger | logging.LoggerAdapter[Any] | str | None = None,
+        logger: logging.Logger | AnyLoggerAdapter | str | None = None,
         level: int | str = logging.INFO,
     ) -> None:
         if isinstance(path, (logging.Logger, logging.LoggerAdapter)):  # the earlier positional form
