@@ -56,8 +56,16 @@ from llmguard_client.errors import (
     WrongEventLoop,
 )
 from llmguard_client.guard import DEFAULT_POOL_LIMITS, Guard
-from llmguard_client.snapshot import AdmissionSnapshot, GuardSnapshot, ReplicaSnapshot, TierSnapshot
-from llmguard_client.telemetry.capture import capture
+from llmguard_client.snapshot import (
+    AdmissionSnapshot,
+    BudgetSnapshot,
+    FleetBudgetSnapshot,
+    FleetSnapshot,
+    GuardSnapshot,
+    ReplicaSnapshot,
+    TierSnapshot,
+)
+from llmguard_client.telemetry.capture import Capture, capture
 from llmguard_client.telemetry.record import AttemptRecord, PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger
 
@@ -82,11 +90,15 @@ __all__ = [
     "AttemptRecord",
     "BudgetExhausted",
     "BudgetPolicy",
+    "BudgetSnapshot",
     "Bulkhead",
     "BulkheadFull",
+    "Capture",
     "Chaos",
     "ContinuationPolicy",
     "FailureMode",
+    "FleetBudgetSnapshot",
+    "FleetSnapshot",
     "Guard",
     "GuardClosed",
     "GuardConfigError",

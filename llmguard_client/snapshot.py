@@ -10,9 +10,11 @@ import httpx
 # Imported at run time, not under TYPE_CHECKING, so that typing.get_type_hints(GuardSnapshot) resolves (FastAPI,
 # pydantic); the package has imported them all already.
 from llmguard_client._admission.view import AdmissionSnapshot as AdmissionSnapshot
-from llmguard_client._budget.budget import BudgetSnapshot, RetryBudget
+from llmguard_client._budget.budget import BudgetSnapshot as BudgetSnapshot
+from llmguard_client._budget.budget import FleetBudgetSnapshot as FleetBudgetSnapshot
+from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.lease import LeaseRegistry
-from llmguard_client._fleet.store import FleetSnapshot
+from llmguard_client._fleet.store import FleetSnapshot as FleetSnapshot
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._routing.health import server_waiting
 from llmguard_client._routing.replicas import ReplicaSet

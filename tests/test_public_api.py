@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.resources
 import inspect
@@ -163,3 +164,34 @@ def test_the_public_api_resolves_its_type_hints_at_run_time(module: str) -> None
             except Exception as exc:  # each failure is listed
                 failures.append(f"{label}: {type(exc).__name__}: {exc}")
     assert failures == []
+
+
+def _our_classes(hint: object, found: set[type]) -> None:
+    """The package's classes ``hint`` names (in unions, generics, ...) and, for a dataclass, those its fields do."""
+    if not isinstance(hint, type):
+        for argument in typing.get_args(hint):
+            _our_classes(argument, found)
+        return
+    if hint in found or not hint.__module__.startswith("llmguard_client"):
+        return
+    found.add(hint)
+    if dataclasses.is_dataclass(hint):
+        for field_hint in typing.get_type_hints(hint).values():
+            _our_classes(field_hint, found)
+
+
+def test_every_class_the_public_api_hands_out_is_exported() -> None:
+    """What a user annotates with (``guard.snapshot().fleet``: FleetSnapshot, ``guard.capture()``: Capture) imports
+    from the top level, not from a private module."""
+    found: set[type] = set()
+    for name in llmguard_client.__all__:
+        for _, obj in _annotated(name, getattr(llmguard_client, name)):
+            if dataclasses.is_dataclass(obj):
+                _our_classes(obj, found)
+            elif not inspect.isclass(obj):
+                _our_classes(typing.get_type_hints(obj).get("return"), found)
+    # The instrumentation hooks' types are documented (docs/observability.md) in llmguard_client.telemetry.hooks.
+    hooks = importlib.import_module("llmguard_client.telemetry.hooks")
+    exported = [c for c in found if getattr(llmguard_client, c.__name__, None) is c or c.__name__ in hooks.__all__]
+    missing = sorted(c.__name__ for c in found.difference(exported))
+    assert missing == [], missing
