@@ -286,7 +286,7 @@ class RetryPolicy:
     """Which failures are retried, how often, and how long to back off.
 
     Backoff is exponential with full jitter (uniform in [0, min(``backoff_max``,
-    ``backoff_initial`` x 2^(round-1))], `llmguard_client._layers.retry.Backoff`); a server's Retry-After replaces it
+    ``backoff_initial`` x 2^(round-1))]); a server's Retry-After replaces it
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows (a retry the server paced, back to the replica that sent a
     Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if

@@ -38,11 +38,11 @@ elsewhere) and are the ``__cause__`` of ``AllAttemptsFailed`` when no attempt is
 
 Towards the openai SDK (and other Stainless-generated SDKs, which retry whatever a
 transport raises) the guard's own refusals (a full bulkhead, an empty budget, every
-replica cooling, a closed Guard) are returned as proxy-style HTTP responses instead: see
-`llmguard_client._core.failure`. What a call's attempts met is raised in every mode: a
+replica cooling, a closed Guard) are returned as proxy-style HTTP responses instead (docs/usage.md,
+"How failures reach the caller"). What a call's attempts met is raised in every mode: a
 timeout as ``GuardTimeout`` (the SDK's timeout error), failures without an answer as
 ``AllAttemptsFailed`` (its connection error); the SDK's retry of a call the guard gave up
-on (``final``) fails at once with the same error (`llmguard_client._core.given_up`), and openai
+on (``final``) fails at once with the same error, and openai
 >= 3, given its client by ``guard.http_client_for``, gets such a failure as its own error and
 sends no retry at all (`llmguard_client.edges.sdk`). Whenever a server
 did answer (a 429, a 503, a 500), the guard hands that answer back, in either mode, rather

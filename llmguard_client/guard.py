@@ -78,7 +78,17 @@ _DEFAULT_TIERS: Mapping[str, Tier] = {
 DEFAULT_POOL_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 """Each replica's connection pool (``Guard(pool_limits=...)``): the openai SDK's own limits, so a burst through
 the guard reuses as many warm connections as one through the SDK alone (`benchmarks/burst.py`)."""
-_UNSET: Any = object()
+
+
+class _Default:
+    """The default of a ``Guard`` argument whose default is built per Guard (``hedge``, ``retry``, ...): shown as
+    ``<default>`` in ``help(Guard)``."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_UNSET: Any = _Default()
 
 logger = logging.getLogger("llmguard_client")
 
@@ -227,9 +237,8 @@ class Guard:
     transport_factory: builds each replica's inner transport (default: an httpx pool each,
                    with ``pool_limits``).
     clock:         the clock every deadline, budget, hint and poll interval is read on (default: the
-                   running event loop's); timers and tasks go through each call's time source
-                   (``llmguard_client._core.clock``). Tests inject none and run in virtual time instead
-                   (looptime on asyncio, ``MockClock`` on trio).
+                   running event loop's, on which every timer runs too). To test in virtual time, pass none and
+                   run the event loop in it (looptime on asyncio, ``MockClock`` on trio: docs/usage.md).
     """
 
     def __init__(

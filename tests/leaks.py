@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     built: list[weakref.ref[Guard]] = []
     original = Guard.__init__
 
+    @functools.wraps(original)  # Guard's own signature and docstring, for tests that read them
     def tracking_init(self: Guard, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)  # type: ignore[arg-type]
         built.append(weakref.ref(self))

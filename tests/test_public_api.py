@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,46 @@ def test_every_class_the_public_api_hands_out_is_exported() -> None:
     exported = [c for c in found if getattr(llmguard_client, c.__name__, None) is c or c.__name__ in hooks.__all__]
     missing = sorted(c.__name__ for c in found.difference(exported))
     assert missing == [], missing
+
+
+PUBLIC_MODULES = (
+    "llmguard_client",
+    "llmguard_client.server_hints",
+    "llmguard_client.telemetry.otel",
+    "llmguard_client.telemetry.hooks",
+    "llmguard_client.protocols",
+)
+"""The modules whose ``__all__`` the docs name."""
+
+
+def _public_docstrings() -> Iterator[tuple[str, str]]:
+    """(label, docstring) of each public module, its ``__all__`` names and their classes' public members, and the
+    modules (of public paths) those are defined in: what ``help()`` shows a user."""
+    modules = set(PUBLIC_MODULES)
+    for module_name in PUBLIC_MODULES:
+        public = importlib.import_module(module_name)
+        for name in public.__all__:
+            obj = getattr(public, name)
+            home = getattr(obj, "__module__", None)
+            if isinstance(home, str) and home.startswith("llmguard_client") and "._" not in home:
+                modules.add(home)
+            for label, member in _annotated(name, obj):
+                if member.__doc__:
+                    yield f"{module_name}.{label}", member.__doc__
+    for module_name in sorted(modules):
+        yield module_name, importlib.import_module(module_name).__doc__ or ""
+
+
+def test_public_docstrings_name_no_private_module_nor_our_tests() -> None:
+    """``help(Guard)`` cited ``llmguard_client._core.clock`` and "Tests inject none": names a user cannot import
+    and our process, not theirs."""
+    private = re.compile(r"llmguard_client\._\w+|\btests?/|\bTests\b")
+    found = [f"{label}: {m.group(0)}" for label, doc in _public_docstrings() for m in private.finditer(doc)]
+    assert found == []
+
+
+def test_guard_shows_its_built_per_guard_defaults_readably() -> None:
+    """help(Guard) showed ``hedge=<object object at 0x...>``."""
+    parameters = inspect.signature(llmguard_client.Guard).parameters
+    for name in ("hedge", "retry", "budget", "instrumentation"):
+        assert repr(parameters[name].default) == "<default>"
