@@ -81,6 +81,16 @@ def test_the_docs_python_files_pass_mypy_strict(tmp_path: Path) -> None:
     assert (run.returncode, run.stdout + run.stderr) == (0, "")
 
 
+def test_usage_states_the_retry_after_cap_parse_retry_after_applies() -> None:
+    """``parse_retry_after`` cut ``Retry-After: 86400`` to 300 s, a cap usage.md did not state."""
+    from llmguard_client import RETRY_AFTER_CAP, parse_retry_after
+
+    usage = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    assert parse_retry_after({"Retry-After": "86400"}) == RETRY_AFTER_CAP
+    assert f"`RETRY_AFTER_CAP` ({RETRY_AFTER_CAP:.0f} s" in usage
+    assert f"`Retry-After: 86400` reads as {RETRY_AFTER_CAP}" in usage
+
+
 @pytest.mark.parametrize("doc", [*render_docs.DOCS, "docs/compatibility.md"])
 def test_the_docs_speak_to_users(doc: str) -> None:
     """No words of how the project is run: waves, numbered issues, reference seeds or sections."""
