@@ -239,3 +239,12 @@ def test_guard_shows_its_built_per_guard_defaults_readably() -> None:
     parameters = inspect.signature(llmguard_client.Guard).parameters
     for name in ("hedge", "retry", "budget", "instrumentation"):
         assert repr(parameters[name].default) == "<default>"
+
+
+@pytest.mark.parametrize("module", ["llmguard_client", "llmguard_client.server_hints"])
+def test_usage_md_api_reference_names_every_export(module: str) -> None:
+    """docs/usage.md's API reference and ``__all__`` kept in step: each exported name has its line there."""
+    usage = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    reference = usage[usage.index("\n## API reference\n") :]
+    named = set(re.findall(r"`(\w+)", reference))
+    assert sorted(set(importlib.import_module(module).__all__) - named) == []

@@ -47,7 +47,7 @@ class SharedWindow(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BudgetSnapshot:
-    """Point-in-time view of a :class:`RetryBudget`."""
+    """The retry budget's state (``guard.snapshot().budget``, per tier ``tier_budgets``)."""
 
     level: float
     """Extra attempts (retries + hedges) that could be acquired right now."""
