@@ -67,7 +67,13 @@ def _int_at_least(owner: str, name: str, value: object, low: int, high: int | No
 
 
 def _positive(
-    owner: str, name: str, value: float | None, *, allow_none: bool = False, allow_zero: bool = False
+    owner: str,
+    name: str,
+    value: float | None,
+    *,
+    allow_none: bool = False,
+    allow_zero: bool = False,
+    allow_inf: bool = False,
 ) -> None:
     if value is None and allow_none:
         return
@@ -75,14 +81,22 @@ def _positive(
         value is None
         or isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not math.isfinite(value)
+        or math.isnan(value)
+        or (math.isinf(value) and not (allow_inf and value > 0))
         or value < 0
         or (value == 0 and not allow_zero)
     ):
         accepted = "a positive finite number of seconds" + (" or None" if allow_none else "")
+        if allow_inf:
+            accepted = "a positive number of seconds or math.inf (no deadline)"
         if allow_zero:
             accepted = "0 (off) or " + accepted
         raise GuardConfigError(f"{owner}.{name} must be {accepted}, got {value!r}")
+
+
+def deadline_text(seconds: float) -> str:
+    """A deadline for a message: ``"2.0s"``, or ``"no deadline"`` for ``math.inf``."""
+    return f"{seconds}s" if math.isfinite(seconds) else "no deadline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +104,11 @@ class Tier:
     """Deadlines of one SLO tier, in seconds.
 
     ttft:  from the call's start to the first content token, across every attempt,
-           backoff and hedge (for a non-streaming call: to the complete response).
-    total: from the call's start to the last byte of the response.
+           backoff and hedge (for a non-streaming call: to the complete response); ``math.inf``: none.
+    total: from the call's start to the last byte of the response; ``math.inf``: none.
     stall: the longest silence between two chunks after the first token, at most ``total``
            (None: no limit besides ``total``).
+    Without a ttft or total deadline, the caller's read timeout still bounds each read, as without a guard.
     max_attempts: the most requests one call of this tier sends, retries and hedges included (None: the
            `RetryPolicy`'s ``max_attempts``); a call's ``x-llmguard-max-attempts`` header wins.
     """
@@ -104,8 +119,8 @@ class Tier:
     max_attempts: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("Tier", "ttft", self.ttft)
-        _positive("Tier", "total", self.total)
+        _positive("Tier", "ttft", self.ttft, allow_inf=True)
+        _positive("Tier", "total", self.total, allow_inf=True)
         _positive("Tier", "stall", self.stall, allow_none=True)
         if self.max_attempts is not None:
             _int_at_least("Tier", "max_attempts", self.max_attempts, 1, MAX_ATTEMPTS)

@@ -69,9 +69,11 @@ else:  # optional: imported when typing.get_type_hints reads an annotation that 
 _H = TypeVar("_H")
 
 _DEFAULT_TIERS: Mapping[str, Tier] = {
-    # The deadlines are the user's SLOs: a call that names no tier waits as long as the SDK itself would (its
-    # read timeout, 600 s, for each read), so the guard never fails a call the plain SDK would have served.
-    "default": Tier(ttft=600.0, total=3600.0, stall=600.0),
+    # The deadlines are the user's SLOs: a call that names no tier has none of the guard's own. Only the caller's
+    # read timeout bounds it (each read, the silence after the first token included: `within_read_timeout`), as
+    # without a guard, so the guard never fails a call the plain SDK would have served: a server that sends
+    # keep-alives while it thinks for longer than the read timeout, or a stream that lasts for hours.
+    "default": Tier(ttft=math.inf, total=math.inf, stall=None),
     "interactive": Tier(ttft=2.0, total=60.0, stall=10.0),
     "batch": Tier(ttft=60.0, total=900.0, stall=60.0),
 }
@@ -203,8 +205,8 @@ class Guard:
 
     replicas:      base URLs (or `Replica` with per-replica headers) of one model's replicas.
     tiers:         SLO tiers by name; a call picks one with the ``x-llmguard-tier`` header or
-                   ``with guard.tier(name)``, else ``default_tier``. Without it: ``default`` (no deadline
-                   shorter than the SDKs' 600 s read timeout), ``interactive`` and ``batch``.
+                   ``with guard.tier(name)``, else ``default_tier``. Without it: ``default`` (no ttft or total
+                   deadline: the client's read timeout bounds each read), ``interactive`` and ``batch``.
     hedge:         `HedgePolicy`, on by default with >= 2 replicas; None switches hedging off.
     retry:         `RetryPolicy`, on by default; None switches retries off.
     budget:        `BudgetPolicy` shared by retries and hedges; None: unbounded (not advised).
@@ -378,7 +380,7 @@ class Guard:
         """An `httpx.AsyncClient` whose transport is the guard.
 
         It follows redirects and times out as the openai and anthropic SDKs' own clients do (5 s to
-        connect, 600 s per read); under a Guard a read timeout caps the tier's ttft and stall (pass
+        connect, 600 s per read); under a Guard the read timeout bounds each read and caps the tier's stall (pass
         ``timeout=`` to change it). Closing the client leaves the guard open (``await guard.aclose()``
         closes the pools).
         """

@@ -3,6 +3,7 @@ the field and what is accepted, raised at construction."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,13 +19,15 @@ from llmguard_client import (
     GuardConfigError,
     HedgePolicy,
     LLMGuardError,
+    PhaseRecord,
     Replica,
     RetryPolicy,
+    StallTimeout,
     Tier,
     TTFTTimeout,
     UnknownTierError,
 )
-from tests.virtual import BACKENDS, run_virtual
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 A = "http://10.0.0.1:8000"
 B = "http://10.0.0.2:8000"
@@ -246,9 +249,24 @@ def test_tier_numbers(field: str, value: Any) -> None:
     if field == "stall" and value is None:
         assert Tier(ttft=1, total=2, stall=None).stall is None  # None means "no stall limit"
         return
+    if field != "stall" and value is math.inf:  # no deadline: accepted for ttft and total (next test)
+        return
     kwargs: dict[str, Any] = {"ttft": 1, "total": 2, "stall": 1}
     kwargs[field] = value
-    config_error(lambda: Tier(**kwargs), f"Tier.{field}", "positive finite number of seconds", repr(value))
+    accepted = "positive finite number of seconds" if field == "stall" else "or math.inf (no deadline)"
+    config_error(lambda: Tier(**kwargs), f"Tier.{field}", accepted, repr(value))
+
+
+def test_a_tier_may_have_no_ttft_or_total_deadline() -> None:
+    """``math.inf`` means no deadline (the default tier's); NaN, a negative or -inf are still refused, and a
+    first-token deadline past a finite total still is too."""
+    assert Tier(ttft=math.inf, total=math.inf) == Tier(math.inf, math.inf, None, None)
+    assert Tier(ttft=1.0, total=math.inf, stall=5.0).total == math.inf
+    config_error(lambda: Tier(ttft=math.nan, total=math.inf), "Tier.ttft", "or math.inf (no deadline)", "nan")
+    config_error(lambda: Tier(ttft=1.0, total=-math.inf), "Tier.total", "or math.inf (no deadline)", "-inf")
+    config_error(lambda: Tier(ttft=-1.0, total=math.inf), "Tier.ttft", "or math.inf (no deadline)", "-1.0")
+    config_error(lambda: Tier(ttft=math.inf, total=30.0), "Tier.ttft (inf) must not exceed Tier.total (30.0)")
+    config_error(lambda: Tier(ttft=1, total=math.inf, stall=math.inf), "Tier.stall", "or None", "inf")
 
 
 def test_tier_is_frozen() -> None:
@@ -665,5 +683,89 @@ def test_a_call_that_names_no_tier_waits_as_the_sdk_would_and_interactive_is_the
                         A + "/v1/chat/completions", json={"model": "m"}, headers={"x-llmguard-tier": "interactive"}
                     )
                 assert anyio.current_time() - start == pytest.approx(2.0, abs=0.01)
+
+    run_virtual(main, backend)
+
+
+CHAT = A + "/v1/chat/completions"
+
+
+async def read_stream(client: httpx.AsyncClient, **kwargs: Any) -> tuple[int, str]:
+    """A streamed chat call read to its end: (status, the content tokens' text)."""
+    text = ""
+    async with client.stream("POST", CHAT, json={"model": "m", "stream": True}, **kwargs) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                text += json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+    return response.status_code, text
+
+
+@BACKENDS
+def test_the_default_tier_serves_a_model_that_thinks_for_20_minutes_behind_keep_alives(backend: str) -> None:
+    """A reasoning model behind a gateway that sends an SSE comment every 10 s while it thinks: each read is well
+    within the SDK's 600 s read timeout, so the plain SDK is served after 1200 s, and so is a guarded call that
+    names no tier (it was cut at the default tier's 600 s ttft, with `TTFTTimeout`)."""
+
+    async def main() -> None:
+        fake = FakeReplica("a", [Plan(first_token_after=1200.0, keepalive_every=10.0, tokens=3)])
+        records: list[PhaseRecord] = []
+        async with virtual_guard({A: fake}, records) as g, g.http_client() as client:
+            start = anyio.current_time()
+            assert await read_stream(client) == (200, "a0 a1 a2 ")
+            assert anyio.current_time() - start == pytest.approx(1200.0, abs=0.01)
+        assert [r.status for r in records] == ["ok"] and records[0].tier == "default"
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_default_tier_serves_a_whole_answer_that_takes_longer_than_600_s(backend: str) -> None:
+    """OpenAI's flex processing: ``timeout=900`` on the client and an answer without a stream after 620 s. The plain
+    SDK is served; so is a guarded call in the default tier (it failed at 600 s)."""
+
+    async def main() -> None:
+        fake = FakeReplica("a", [Plan(first_token_after=620.0, stream=False)])
+        records: list[PhaseRecord] = []
+        async with virtual_guard({A: fake}, records) as g, g.http_client(timeout=900.0) as client:
+            answered = await client.post(CHAT, json={"model": "m"})
+        assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"] == "a"
+        assert [r.status for r in records] == ["ok"] and fake.requests == 1
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_the_default_tier_serves_a_stream_longer_than_an_hour(backend: str) -> None:
+    """One token every 300 s for 75 minutes: no read is near the SDK's read timeout, and the default tier has no
+    total deadline (it ended such a stream with `TotalTimeout` at 3600 s)."""
+
+    async def main() -> None:
+        fake = FakeReplica("a", [Plan(tokens=16, gap=300.0)])
+        records: list[PhaseRecord] = []
+        async with virtual_guard({A: fake}, records) as g, g.http_client() as client:
+            start = anyio.current_time()
+            status, text = await read_stream(client)
+            assert anyio.current_time() - start == pytest.approx(4500.0, abs=0.01)
+        assert status == 200 and text == "".join(f"a{i} " for i in range(16)) and [r.status for r in records] == ["ok"]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_after_the_first_token_the_default_tier_is_bounded_by_the_clients_read_timeout(backend: str) -> None:
+    """After the first token the client's read timeout is the default tier's stall limit, as it bounds the plain
+    SDK's reads: a 700 s silence is served with ``timeout=900`` (the guard cut it at 600 s) and cut at 600 s with
+    the SDKs' default 600 s."""
+
+    async def main() -> None:
+        fake = FakeReplica("a", [Plan(tokens=2, gap=700.0)])
+        records: list[PhaseRecord] = []
+        async with virtual_guard({A: fake}, records) as g, g.http_client() as client:
+            assert await read_stream(client, timeout=900.0) == (200, "a0 a1 ")
+            start = anyio.current_time()
+            with pytest.raises(StallTimeout):
+                await read_stream(client)
+            assert anyio.current_time() - start == pytest.approx(600.0, abs=0.01)
+        assert [r.status for r in records] == ["ok", "timeout"]
 
     run_virtual(main, backend)

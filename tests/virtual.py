@@ -77,6 +77,9 @@ class Plan:
     """From the headers to the first content token (a role-only chunk is sent at once)."""
     tokens: int = 5
     gap: float = 0.0
+    keepalive_every: float = 0.0
+    """Before the first token, an SSE comment (``: keep-alive``) this often (0: silence), as a gateway sends while a
+    reasoning model thinks."""
     reset_after_tokens: int | None = None
     close_takes: float = 0.0
     """How long closing the response takes (a slow teardown while a deadline fires)."""
@@ -140,7 +143,12 @@ class _Events(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         plan, base = self._plan, {"id": f"chatcmpl-{self._replica.name}", "model": "m"}
         yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-        await anyio.sleep(plan.first_token_after)
+        thinking = plan.first_token_after
+        while plan.keepalive_every and thinking > plan.keepalive_every:
+            await anyio.sleep(plan.keepalive_every)
+            thinking -= plan.keepalive_every
+            yield b": keep-alive\n\n"
+        await anyio.sleep(thinking)
         for i in range(plan.tokens):
             if i and plan.gap:
                 await anyio.sleep(plan.gap)

@@ -22,6 +22,7 @@ reads it too, whichever way it came: vLLM's ORCA header on a non-streamed answer
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from llmguard_client._admission.controller import LimitController
@@ -35,6 +36,7 @@ from llmguard_client._core.outcome import Failed, Outcome, Route, Win
 from llmguard_client._core.pipeline import Next
 from llmguard_client._routing.health import server_kv_usage, server_waiting
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
+from llmguard_client.config import deadline_text
 from llmguard_client.errors import Overloaded
 
 __all__ = ["AdmissionLayer"]
@@ -150,7 +152,8 @@ class AdmissionLayer:
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
         until = deadline - ttft
-        if self._urgent(call):  # the most urgent tier's wait is bounded: its caller learns a refusal early
+        if self._urgent(call) and math.isfinite(call.tier.ttft):  # the most urgent tier's wait is bounded: its
+            # caller learns a refusal early (a tier without a ttft deadline waits until a slot frees up)
             started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
             until = min(until, started + policy_wait(self.policy, call))
         if now + wait > until:
@@ -218,9 +221,9 @@ class AdmissionLayer:
         retry_after = min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds))
         return Overloaded(
             f"the replica cannot give this call its first token within the ttft deadline of tier "
-            f"{call.tier_name!r} ({call.tier.ttft}s): {why} ({gate.in_flight} in flight of a learned limit of "
-            f"{gate.controller.allowed}, {ahead:.1f} ahead in line, {rate:.1f} slots freed/s); refused before it was "
-            f"sent, retry after {retry_after:.2f}s",
+            f"{call.tier_name!r} ({deadline_text(call.tier.ttft)}): {why} ({gate.in_flight} in flight of a learned "
+            f"limit of {gate.controller.allowed}, {ahead:.1f} ahead in line, {rate:.1f} slots freed/s); refused before "
+            f"it was sent, retry after {retry_after:.2f}s",
             request=call.request,
             record=call.record,
             retry_after=retry_after,
@@ -255,7 +258,9 @@ def policy_wait(policy: Admission | None, call: Call) -> float:
 
 def _set_slo(call: Call, deadline: float) -> None:
     """``x-slo-ttft-ms``: the milliseconds this attempt has left for its first token (replacing a previous
-    attempt's)."""
+    attempt's); none for a call without a first-token deadline (the default tier's), which has no SLO to send."""
+    if not math.isfinite(deadline):
+        return
     left = max(0, int((deadline - call.clock()) * 1000))
     call.headers[:] = [(k, v) for k, v in call.headers if k.lower() != SLO_TTFT_HEADER]
     call.headers.append((SLO_TTFT_HEADER, str(left).encode()))

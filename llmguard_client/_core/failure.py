@@ -29,6 +29,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.headers import CAUSE_HEADER
 from llmguard_client._core.outcome import AttemptFailure
 from llmguard_client._http.error_body import ERROR_BODY_LIMIT, ReadBound, WholeErrorBody
+from llmguard_client.config import deadline_text
 from llmguard_client.errors import (
     AllAttemptsFailed,
     AllAttemptsFailedToConnect,
@@ -149,7 +150,7 @@ def read_timeout(call: Call, stalled: bool, *, what: str, during: str) -> GuardT
             record=call.record,
         )
     return TotalTimeout(
-        f"the call exceeded the total deadline of tier {name!r} ({tier.total}s; "
+        f"the call exceeded the total deadline of tier {name!r} ({deadline_text(tier.total)}; "
         f"{elapsed:.3f}s elapsed, {during}); the connection was closed",
         request=call.request,
         record=call.record,

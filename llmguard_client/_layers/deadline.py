@@ -18,6 +18,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.failure import describe_attempts
 from llmguard_client._core.outcome import Failed, Outcome, Race, Route
 from llmguard_client._core.pipeline import Next
+from llmguard_client.config import deadline_text
 from llmguard_client.errors import TTFTTimeout
 
 
@@ -46,7 +47,7 @@ def ttft_timeout(call: Call, detail: str) -> TTFTTimeout:
     if not call.record.stream:
         detail += f"; {WHOLE_ANSWER_HINT}"
     return TTFTTimeout(
-        f"no first content token within the ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s; "
+        f"no first content token within the ttft deadline of tier {call.tier_name!r} ({deadline_text(call.tier.ttft)}; "
         f"{elapsed:.3f}s elapsed); {describe_attempts(call.record)}; {detail}",
         request=call.request,
         record=call.record,

@@ -66,7 +66,7 @@ from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room
 from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-from llmguard_client.config import RetryPolicy
+from llmguard_client.config import RetryPolicy, deadline_text
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -239,7 +239,7 @@ class RetryLayer:
                     f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
                     f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, does not fit the "
                     f"{call.first_token_deadline - now:.3f}s left before the ttft deadline of tier "
-                    f"{call.tier_name!r} ({call.tier.ttft}s); refused before it was sent"
+                    f"{call.tier_name!r} ({deadline_text(call.tier.ttft)}); refused before it was sent"
                 )
                 return _cooling_refusal(call, why, left, "deadline")
             # Woken early when the cool-down changes: its probe served (go now) or refused (decide again).
@@ -357,7 +357,7 @@ class RetryLayer:
                         f"every replica is cooling down for at least {left:.3f}s more (server Retry-After); "
                         f"with a first token taking about {call.expected_ttft():.3f}s, that does not fit "
                         f"the {deadline - now:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
-                        f"({call.tier.ttft}s); gave up after {len(call.record.attempts)} attempt(s)",
+                        f"({deadline_text(call.tier.ttft)}); gave up after {len(call.record.attempts)} attempt(s)",
                         request=call.request,
                         record=call.record,
                         retry_after=left,

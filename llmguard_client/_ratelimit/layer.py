@@ -31,6 +31,7 @@ from llmguard_client._core.pipeline import Next
 from llmguard_client._ratelimit.buckets import RateLimiter
 from llmguard_client._ratelimit.headers import remaining_room
 from llmguard_client._ratelimit.prompt_estimate import PromptEstimator
+from llmguard_client.config import deadline_text
 from llmguard_client.errors import RateLimited
 
 DEFAULT_OUTPUT_ESTIMATE = 256
@@ -122,7 +123,8 @@ class RateLimitLayer:
     def _refused(call: Call, retry_after: float, tokens: int) -> RateLimited:
         return RateLimited(
             f"the provider's rate limit has no room for this call (1 request, ~{tokens} tokens) within the "
-            f"ttft deadline of tier {call.tier_name!r} ({call.tier.ttft}s): it fits in {retry_after:.3f}s; "
+            f"ttft deadline of tier {call.tier_name!r} ({deadline_text(call.tier.ttft)}): it fits in "
+            f"{retry_after:.3f}s; "
             f"refused before it was sent after {len(call.record.attempts)} attempt(s)",
             request=call.request,
             record=call.record,

@@ -5,6 +5,7 @@ deadline; a call that cannot be served in time is refused at once with a compute
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import anyio
@@ -23,9 +24,9 @@ TIERS = {"interactive": Tier(ttft=1.0, total=10.0), "batch": Tier(ttft=30.0, tot
 def admitted_guard(replica: QueueingReplica, admission: Admission, **kwargs: Any) -> Guard:
     records: list[PhaseRecord] = []
     kwargs.setdefault("failure_mode", "raise")
+    kwargs.setdefault("tiers", TIERS)
     return Guard(
         [URL],
-        tiers=TIERS,
         instrumentation=None,
         on_record=records.append,
         transport_factory=lambda r: replica,
@@ -338,6 +339,52 @@ def test_each_attempt_carries_the_time_it_has_left_for_its_first_token(backend: 
             await call(client, "interactive")
             await call(client, "batch")
         assert replica.slo_ttft_ms == ["1000", "30000"]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+@pytest.mark.parametrize("alone", [False, True], ids=["built_in", "alone"])
+def test_a_default_tier_call_sends_no_slo_and_waits_in_line_until_a_slot_frees_up(backend: str, alone: bool) -> None:
+    """The default tier has no first-token deadline: its attempts send no ``x-slo-ttft-ms`` (there is none to send;
+    it sent 600000) and one that finds its replica full waits in line until a slot frees up, 800 s here (it was
+    refused at its 600 s ttft). Alone, it is the most urgent tier, whose wait is otherwise bounded by its ttft."""
+
+    tiers = {"default": Tier(ttft=math.inf, total=math.inf)} if alone else None
+
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8, tokens=3, gap=400.0)  # each call holds its slot ~800 s
+        pinned = Admission(initial_limit=1, min_limit=1, max_limit=1, reserve=0.0, by_size=False)
+        async with admitted_guard(replica, pinned, tiers=tiers) as guard, guard.http_client() as client:
+            sent: list[tuple[float, str]] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "default", None, sent)
+                await anyio.sleep(0.01)
+                assert guard.snapshot().admission[URL].in_flight == 1
+                tg.start_soon(call, client, "default", None, sent)
+                await anyio.sleep(0.01)
+                assert guard.snapshot().admission[URL].waiting == 1
+            start = sent[0][0]
+        assert [result for _, result in sent] == ["ok", "ok"] and now() - start == pytest.approx(1600.0, abs=1.0)
+        assert replica.slo_ttft_ms == ["", ""]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_default_tier_call_refused_by_a_full_line_says_its_tier_has_no_deadline(backend: str) -> None:
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8, tokens=2, gap=5.0)
+        pinned = Admission(initial_limit=1, min_limit=1, max_limit=1, max_waiting=0, reserve=0.0, by_size=False)
+        async with admitted_guard(replica, pinned, tiers=None) as guard, guard.http_client() as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "default")
+                await anyio.sleep(0.01)
+                with pytest.raises(Overloaded) as refused:
+                    async with client.stream("POST", URL + "/v1/chat/completions", content=BODY) as response:
+                        await response.aread()
+        message = str(refused.value)
+        assert "ttft deadline of tier 'default' (no deadline)" in message and "infs" not in message
 
     run_virtual(main, backend)
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import os
 import warnings
 from pathlib import Path
 
 import pytest
 
-from llmguard_client import Guard, GuardConfigError
+from llmguard_client import Guard, GuardConfigError, Tier
 from llmguard_client.telemetry.record import PhaseRecord
 from llmguard_client.telemetry.record_logger import RecordLogger
 from llmguard_tools import cli
 from llmguard_tools.compare.load import read_path
 from tests.loopback import LoopbackCluster
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual
 
 
 def record(i: int, cohort: str = "guarded", ttft: float = 0.05) -> PhaseRecord:
@@ -219,3 +221,44 @@ async def test_a_guard_writes_every_call_and_closes_the_file(cluster: LoopbackCl
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     assert [x["cohort"] for x in lines] == ["control", "guarded"] * 3
     assert all(x["status"] == "ok" and x["rollout_fraction"] == 0.5 for x in lines)
+
+
+URL = "http://a"
+
+
+def _no_infinity(token: str) -> float:
+    raise AssertionError(f"{token} is no JSON: a record carried a deadline that is not a number")
+
+
+@BACKENDS
+def test_records_of_calls_without_deadlines_are_valid_json(backend: str, tmp_path: Path) -> None:
+    """Calls of tiers without a ttft or total deadline (the default tier's, or ``math.inf`` given) are written as
+    strict JSON lines (no ``Infinity``), which ``llmguard compare`` reads."""
+    path = tmp_path / "records.jsonl"
+    tiers = {"default": Tier(ttft=math.inf, total=math.inf), "long": Tier(ttft=1.0, total=math.inf, stall=5.0)}
+
+    async def main() -> None:
+        fake = FakeReplica("a", [Plan(first_token_after=0.5, tokens=3, gap=2.0)])
+        async with (
+            Guard(
+                [URL], tiers=tiers, instrumentation=None, on_record=RecordLogger(path), transport_factory=lambda r: fake
+            ) as guard,
+            guard.http_client() as client,
+        ):
+            for tier in ("default", "long"):
+                body = {"model": "m", "stream": True}
+                async with client.stream(
+                    "POST", URL + "/v1/chat/completions", json=body, headers={"x-llmguard-tier": tier}
+                ) as r:
+                    await r.aread()
+            await client.post(URL + "/v1/chat/completions", json={"model": "m"})
+
+    run_virtual(main, backend)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line, parse_constant=_no_infinity) for line in lines]
+    assert [(r["tier"], r["status"], r["stream"]) for r in records] == [
+        ("default", "ok", True),
+        ("long", "ok", True),
+        ("default", "ok", False),
+    ]
+    assert len(read_path(str(path)).calls) == 3
