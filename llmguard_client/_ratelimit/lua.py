@@ -4,6 +4,7 @@ its text, its SHA for ``EVALSHA``, loading it, and its arguments."""
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 from llmguard_client.config import RateLimit
@@ -78,6 +79,11 @@ async def run_script(redis: Any, key: str | None, args: list[str]) -> Any:
         return await redis.eval(FLEET_SCRIPT, 1, key, *args)
 
 
+NO_DEADLINE_WAIT = 1e12
+"""``max_wait`` for a call without a deadline (``Tier(ttft=math.inf)``), as a finite number: Lua's ``tonumber`` reads
+``"inf"`` only where the server's C library does."""
+
+
 def script_args(
     limit: RateLimit, tokens: float, max_wait: float, pending: list[float], room: list[int | None]
 ) -> list[str]:
@@ -90,7 +96,7 @@ def script_args(
         repr(rates[1]),
         "1",
         repr(float(tokens)),
-        repr(max_wait),
+        repr(max_wait if math.isfinite(max_wait) else NO_DEADLINE_WAIT),
         repr(pending[0]),
         repr(pending[1]),
         "" if room[0] is None else str(room[0]),

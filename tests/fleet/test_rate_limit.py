@@ -66,6 +66,21 @@ async def test_two_processes_share_one_bucket_and_a_refusal_says_when_to_come_ba
     assert fleet.failures == 0
 
 
+@pytest.mark.parametrize("max_wait", [30.0, math.inf])
+async def test_a_call_without_a_deadline_waits_for_room_in_the_fleets_bucket(
+    fleet: RedisFleetOps, max_wait: float
+) -> None:
+    """A call of a tier without a ttft deadline (the default tier: ``max_wait`` infinite) is admitted by the
+    script after the wait the bucket needs, as one with room to wait is; never refused (and no ``"inf"`` reaches
+    Lua, which reads it only where the server's C library does)."""
+    limit = RateLimit(requests_per_minute=6, burst=10.0)  # 1 request, one more every 10 s
+    limiter = RateLimiter(limit, {}, frozen, fleet)
+    assert (await limiter.admit("r", 10, 0.0)).admitted
+    waited = await limiter.admit("r", 10, max_wait)
+    assert waited.admitted and waited.wait == pytest.approx(10.0, abs=0.5)
+    assert fleet.failures == 0
+
+
 async def test_one_script_call_per_attempt_and_nothing_else(fleet: RedisFleetOps, redis_server: RedisServer) -> None:
     fakes = {"http://a": FakeReplica("a", [Plan(), Plan(status=500), Plan()] * 4)}
     records: list[PhaseRecord] = []
