@@ -302,6 +302,7 @@ class UpstreamStreamError(GuardStreamError):
 
 class StreamTruncated(GuardStreamError):
     """The body ended (EOF) before the protocol's end marker: ``[DONE]`` or a finish reason,
-    ``response.completed`` / ``response.incomplete``, ``message_stop``."""
+    ``response.completed`` / ``response.incomplete``, ``message_stop`` or a ``message_delta`` with a
+    ``stop_reason``."""
 
     cause = "stream_truncated"

@@ -11,7 +11,8 @@ when the server said it accepted the request (``accepted``: Responses ``response
   event, a JSON body where a stream was asked for, or, from `StreamReader.end_of_body`, an EOF before
   the protocol's end marker)? The first failure sticks; later bytes change nothing.
 - ``complete``: has the protocol's end marker been seen (``[DONE]`` or a finish reason;
-  ``response.completed`` / ``response.incomplete``; ``message_stop``; EOF for a plain body)?
+  ``response.completed`` / ``response.incomplete``; ``message_stop`` or a ``stop_reason``; EOF for a plain
+  body)?
 - ``facts``: usage, response id, model and finish reasons, never any text.
 
 Until the first token a reader decodes every event; after it only the few events that can carry

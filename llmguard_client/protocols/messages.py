@@ -5,7 +5,9 @@
   and empty deltas do not count;
 - in-stream error: ``event: error`` / ``{"type": "error", "error": {"type": "overloaded_error", ...}}``
   (``overloaded_error`` means overload; Anthropic answers it over HTTP as 529);
-- end marker: ``message_stop``;
+- end marker: ``message_stop``, or a ``message_delta`` whose ``delta.stop_reason`` is set (the answer is
+  whole there: some proxies that translate to Anthropic's format end the stream after it, without
+  ``message_stop``, and the anthropic SDK hands such a stream over as complete);
 - usage: ``message_start.message.usage.input_tokens``, ``message_delta.usage.output_tokens``; the
   finish reason is ``message_delta.delta.stop_reason``.
 
@@ -36,7 +38,7 @@ class MessagesReader(SSEReader):
 
     __slots__ = ()
     protocol = "messages"
-    end_marker = "message_stop"
+    end_marker = "message_stop or a message_delta with a stop_reason"
 
     def event(self, name: bytes, data: bytes) -> None:
         if self.first_token:
@@ -65,6 +67,7 @@ class MessagesReader(SSEReader):
             delta = obj.get("delta")
             if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
                 self.facts.finish_reasons.append(delta["stop_reason"])
+                self.complete = True
         elif kind == "message_stop":
             self.complete = True
         elif kind == "content_block_start":

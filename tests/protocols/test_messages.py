@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
+from llmguard_client import Guard, PhaseRecord
 from llmguard_client.protocols.body import BodyReader
 from llmguard_client.protocols.messages import MessagesReader, absorb_message_body
 from llmguard_tools.sim.wire_messages import MessagesWire
@@ -111,10 +113,44 @@ def test_an_error_after_the_first_token() -> None:
     assert reader.first_token and reader.failure is not None and reader.failure.status == 500
 
 
-def test_eof_before_message_stop_is_truncation() -> None:
-    reader, _ = feed(START, delta(type="text_delta", text="x"), STOP_BLOCK, MESSAGE_DELTA)
+def test_eof_before_a_stop_reason_is_truncation() -> None:
+    reader, _ = feed(START, delta(type="text_delta", text="x"), STOP_BLOCK)
     failure = reader.end_of_body()
     assert failure is not None and failure.kind == "truncated" and "message_stop" in failure.message
+    reader, _ = feed(START, delta(type="text_delta", text="x"), ev({"type": "message_delta", "delta": {}}))
+    assert not reader.complete and reader.end_of_body() is not None  # a message_delta without a stop_reason
+
+
+def test_a_message_delta_with_a_stop_reason_ends_the_answer_without_message_stop() -> None:
+    """Some proxies that translate to Anthropic's format end the stream after the ``message_delta`` that carries
+    the stop reason, without ``message_stop``: the answer is whole (the anthropic SDK hands it over), not cut."""
+    reader, _ = feed(START, BLOCK, delta(type="text_delta", text="x"), STOP_BLOCK, MESSAGE_DELTA)
+    assert reader.complete and reader.end_of_body() is None
+    assert reader.facts.finish_reasons == ["max_tokens"] and reader.facts.completion_tokens == 3
+
+
+async def test_a_stream_ending_at_its_stop_reason_reaches_the_anthropic_sdk_as_without_a_guard() -> None:
+    """Before: the whole text reached the caller, then StreamTruncated (the plain SDK returned the message)."""
+    anthropic = pytest.importorskip("anthropic")
+    body = START + BLOCK + delta(type="text_delta", text="Hello") + STOP_BLOCK + MESSAGE_DELTA
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    records: list[PhaseRecord] = []
+    mock = httpx.MockTransport(replica)
+    async with Guard(
+        ["http://r.test"], instrumentation=None, on_record=records.append, transport_factory=lambda _: mock
+    ) as guard:
+        client = anthropic.AsyncAnthropic(
+            base_url="http://r.test", api_key="k", http_client=guard.http_client_for(anthropic.AsyncAnthropic)
+        )
+        async with client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
+            text = "".join([piece async for piece in s.text_stream])
+            message = await s.get_final_message()
+    assert (text, message.stop_reason) == ("Hello", "max_tokens")
+    ((record,)) = records
+    assert (record.status, record.cause, len(record.attempts)) == ("ok", None, 1)
 
 
 def test_the_sim_wire_round_trips() -> None:
