@@ -77,7 +77,8 @@ class Script:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None
-    """For an error status or a JSON answer: the body (dict -> JSON, str -> as is)."""
+    """For an error status or a JSON answer: the body (dict -> JSON, str or bytes -> as is, labelled text/html unless
+    ``headers`` give a content-type)."""
     tokens: int | None = 5
     """Content chunks to stream; None: the request's ``max_tokens`` (as a server honouring ``ignore_eos``)."""
     role_chunk: bool = True
@@ -315,7 +316,7 @@ class LoopbackServer:
         if script.status >= 400 or script.body is not None:
             self.counters["rejected" if script.status >= 400 else "completed"] += 1
             content = script.body if script.body is not None else {"error": {"message": "scripted", "type": "x"}}
-            if isinstance(content, str):
+            if isinstance(content, (str, bytes)):
                 return Response(content, status_code=script.status, headers=script.headers, media_type="text/html")
             return JSONResponse(content, status_code=script.status, headers=script.headers)
         self.counters["admitted"] += 1

@@ -45,7 +45,6 @@ from llmguard_client._layers.attempt import error_kind, stamp_sent
 from llmguard_client._rollout.rollout import Cohort
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client.protocols import StreamReader, reader_for
-from llmguard_client.protocols.base import ANSWER_FAILED
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
 from llmguard_client.telemetry.record import AttemptOutcome, CallStatus, OneAttempt, PhaseRecord
@@ -272,8 +271,8 @@ class _MeasuredStream(httpx.AsyncByteStream):
             end.attempt.attempt_first_token(first_token)
         if reader.failure is not None:
             end("error", reader.failure.cause, "failed", reader.failure.cause)
-        elif facts.failed:  # an answer that says it failed (as on the guarded side)
-            end("error", ANSWER_FAILED, "won", ANSWER_FAILED)
+        elif facts.failed:  # an answer that failed, handed over as it came (as on the guarded side)
+            end("error", facts.failed, "won", facts.failed)
         else:
             end("ok", None, "won")
 

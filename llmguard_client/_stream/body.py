@@ -47,7 +47,7 @@ from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
 from llmguard_client.errors import GuardClosed, GuardStreamError, GuardTimeout
 from llmguard_client.protocols import StreamFailure, stream_error
-from llmguard_client.protocols.base import ANSWER_FAILED, StreamReader
+from llmguard_client.protocols.base import StreamReader
 from llmguard_client.protocols.splice import cut_before_failure
 from llmguard_client.telemetry.record import CallStatus
 
@@ -319,8 +319,8 @@ class GuardBody(httpx.AsyncByteStream):
         lease = self._lease
         if lease is None:  # closed
             return
-        if status == "ok" and self._reader.facts.failed:  # an answer that says it failed, handed over as it came
-            status, cause = "error", ANSWER_FAILED
+        if status == "ok" and self._reader.facts.failed:  # an answer that failed, handed over as it came
+            status, cause = "error", self._reader.facts.failed
         if self._ended:  # another task is closing it: wait until it is done
             await lease.aclose(status, cause)
             return

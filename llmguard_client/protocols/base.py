@@ -35,6 +35,10 @@ for and a JSON / other non-SSE body came; truncated: EOF before the end marker."
 ANSWER_FAILED = "answer_failed"
 """The cause of a call whose answer says it failed (`ResponseFacts.failed`)."""
 
+MALFORMED_BODY = "malformed_body"
+"""The cause of a call whose non-streaming answer is not a JSON object (`ResponseFacts.failed`): cut short,
+invalid UTF-8, not JSON. The SDK raises its own error at it (``JSONDecodeError``, ``UnicodeDecodeError``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StreamFailure:
@@ -72,9 +76,10 @@ class ResponseFacts:
         self.response_id: str | None = None
         self.model: str | None = None
         self.finish_reasons: list[str] = []
-        self.failed = False
-        """The answer, handed over as it came, says it failed (a Responses API ``status: "failed"``): the call
-        is recorded ``error`` (cause `ANSWER_FAILED`), though nothing is retried nor raised."""
+        self.failed: str | None = None
+        """Why the answer, handed over as it came, is not a usable one: it says it failed (a Responses API
+        ``status: "failed"``, `ANSWER_FAILED`) or is no JSON object (`MALFORMED_BODY`). The call is recorded
+        ``error`` with this cause, though the guard retries and raises nothing (the SDK decides, as without it)."""
 
     def identify(self, obj: dict[str, object]) -> None:
         """Take ``id`` and ``model`` from an object, the first time they appear."""

@@ -1,8 +1,10 @@
 """Plain (non-event-stream) bodies of the known protocols.
 
 - `BodyReader`: a non-streaming JSON answer. It is read whole (its "first token" is the complete
-  body, as a tier's ``ttft`` says for non-streaming calls); a body that is not JSON (``malformed``)
-  or is an error object inside a 200 (``error_body``) is a failure.
+  body, as a tier's ``ttft`` says for non-streaming calls); an error object inside a 200 (``error_body``)
+  is a failure. A body that is no JSON object (cut short, invalid UTF-8, not JSON) is handed to the caller as
+  it came, and the SDK raises its own error at it, as without a guard (sending it again would generate it
+  again): it is complete, its record an error (`MALFORMED_BODY`).
 - `NotAStreamReader`: a stream was asked for, and a plain body came (a replica that ignored
   ``stream: true``, a proxy's JSON error with status 200): always a failure (``json_body`` /
   ``not_sse``), read up to `PLAIN_BODY_LIMIT` bytes to carry the error it may hold.
@@ -14,8 +16,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from llmguard_client.protocols.base import FailureKind, ResponseFacts, StreamFailure, StreamReader
-from llmguard_client.protocols.errors import error_failure, malformed
+from llmguard_client.protocols.base import MALFORMED_BODY, FailureKind, ResponseFacts, StreamFailure, StreamReader
+from llmguard_client.protocols.errors import error_failure
 
 PLAIN_BODY_LIMIT = 64 * 1024
 """Bytes of an unexpected plain body read (to find an error in it) before it is judged anyway."""
@@ -59,9 +61,10 @@ class BodyReader(StreamReader):
             obj = json.loads(body)
         except (ValueError, RecursionError):
             obj = None
-        if not isinstance(obj, dict):
-            self.failure = malformed("the response body", body)
-            return self.failure
+        if not isinstance(obj, dict):  # the caller's SDK raises at it
+            self.facts.failed = MALFORMED_BODY
+            self.first_token = self.complete = True
+            return None
         error = _error_in(obj)
         if error:
             self.failure = error_failure(error, "error_body", obj.get("error_type"))

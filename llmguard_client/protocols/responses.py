@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmguard_client.protocols.base import ResponseFacts
+from llmguard_client.protocols.base import ANSWER_FAILED, ResponseFacts
 from llmguard_client.protocols.sse import SSEReader
 
 _ENDS = frozenset({"response.completed", "response.incomplete"})
@@ -40,7 +40,7 @@ def absorb_response(facts: ResponseFacts, response: object) -> None:
     elif isinstance(status, str) and status not in ("in_progress", "queued"):
         facts.finish_reasons.append(status)
     if status == "failed":
-        facts.failed = True
+        facts.failed = ANSWER_FAILED
 
 
 class ResponsesReader(SSEReader):

@@ -527,12 +527,14 @@ def test_body_facts_of_a_completions_body() -> None:
     [b"", b"not json", b"<html>502 Bad Gateway</html>", b"\xff\xfe\x00", b"[1, 2]", b'"str"', b"null", b"{"],
     ids=["empty", "text", "html", "binary", "list", "string", "null", "truncated"],
 )
-def test_a_body_that_is_not_a_json_object_is_malformed(body: bytes) -> None:
+def test_a_body_that_is_not_a_json_object_is_handed_over_as_malformed(body: bytes) -> None:
+    """No failure (nothing to retry: the SDK raises its own error at it, as without a guard), but the answer is
+    recorded as an error: complete, its cause ``malformed_body``."""
     reader = BodyReader(absorb_chat_body)
     reader.feed(body)
-    failure = reader.end_of_body()
-    assert failure is not None and failure.kind == "malformed"
-    assert not reader.first_token and facts_tuple(reader.facts) == (None, None, None, None, ())
+    assert reader.end_of_body() is None and reader.failure is None
+    assert reader.first_token and reader.complete and reader.facts.failed == "malformed_body"
+    assert facts_tuple(reader.facts) == (None, None, None, None, ())
 
 
 def test_a_200_body_holding_an_error_object_is_a_failure() -> None:
@@ -551,7 +553,7 @@ def test_chat_choice_content_reads_messages_too() -> None:
 def test_a_deeply_nested_body_is_malformed_not_a_crash() -> None:
     reader = BodyReader(absorb_chat_body)
     reader.feed(b"[" * 100_000)
-    assert reader.end_of_body() is not None
+    assert reader.end_of_body() is None and reader.facts.failed == "malformed_body"
 
 
 # --- in-stream errors and truncation ----------------------------------------------------------------

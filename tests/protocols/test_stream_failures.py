@@ -7,6 +7,7 @@ the body iterator, and the record says ``error`` with the failure's cause.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -285,6 +286,46 @@ async def test_a_failed_response_is_handed_over_once_and_recorded_as_an_error(
     assert answer.status == "failed" and len(servers[0].received) == 1
     (record,) = records
     assert (record.status, record.cause, [a.outcome for a in record.attempts]) == ("error", "answer_failed", ["won"])
+
+
+CHAT_ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}],
+    }
+).encode()
+NOT_JSON = {
+    "truncated": CHAT_ANSWER[: len(CHAT_ANSWER) // 2],
+    "invalid_utf8": CHAT_ANSWER.replace(b"Hel", b"H\xff\xfel"),
+}
+
+
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+@pytest.mark.parametrize("body", list(NOT_JSON))
+async def test_a_non_streamed_answer_that_is_not_json_is_handed_over_once_and_recorded_as_an_error(
+    servers: list[LoopbackServer], body: str, rollout: float
+) -> None:
+    """A 200 whose body is cut short or not UTF-8: the SDK raises its own error at it after one request, as
+    without the guard (before: three requests, each a full generation, then APIConnectionError naming
+    ``stream_malformed``); the record says the call failed, and why."""
+    servers[0].script = Script(body=NOT_JSON[body], headers={"content-type": "application/json"})
+    async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk") as plain:
+        with pytest.raises(ValueError) as without:  # JSONDecodeError, UnicodeDecodeError
+            await plain.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert len(servers[0].received) == 1
+    records: list[PhaseRecord] = []
+    async with make_guard(servers[:1], records, rollout=rollout) as guard:
+        async with openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client_for(openai.AsyncOpenAI)
+        ) as oai:
+            with pytest.raises(ValueError) as guarded:
+                await oai.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert type(guarded.value) is type(without.value) and len(servers[0].received) == 2
+    (record,) = records
+    assert (record.status, record.cause, [a.outcome for a in record.attempts]) == ("error", "malformed_body", ["won"])
 
 
 @pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
