@@ -31,7 +31,10 @@ After a round fails, `Retrier` decides whether and where to try again:
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
   and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
   back to a replica that answered 429 without a Retry-After, once the cool-down standing in for it ends
-  (a 503 without one, an overloaded engine, stays within the budget while another replica is left);
+  (a 503 without one, an overloaded engine, stays within the budget while another replica is left). When the
+  budget refuses the retry at once to another replica after such an answer, the retry goes back, paced, to the
+  replica that asked (`_back_to_asker`), as it would with that replica alone, unless it is excluded (a
+  Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
 - on the only replica left (one configured, or the others excluded or open), a streak of failures (5xx,
   overload answers, transport errors) that empties the budget does not end the calls: the replica cools
   for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first
@@ -387,6 +390,12 @@ class RetryLayer:
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
+        if payment is None and route.kind != "continuation" and not paced and asked_to_wait:
+            back = self._back_to_asker(now, last, avoid)  # the retry elsewhere refused: paced back where it asked
+            if back is not None:
+                state, wait = last.state, back
+                if fits_deadline(call, now, wait, deadline):
+                    payment = call.pay_extra(route.budget, paced=True)
         if payment is None and route.kind != "continuation" and self._pace_alone(now, last, state, avoid):
             wait = max(wait, state.cooling_until - now)  # at the cool-down's end, past the budget's bound
             if fits_deadline(call, now, wait, deadline):
@@ -403,6 +412,18 @@ class RetryLayer:
                 stopped="budget",
             )
         return wait, state, payment
+
+    def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
+        """When the budget refused a retry to another replica after ``last`` asked to wait (a Retry-After, or a 429):
+        the seconds before the paced retry back to the replica that asked (its cool-down's end, no sooner than its
+        Retry-After), as with that replica alone; None when it is excluded (a Retry-After longer than the guard
+        waits, an open circuit) or a provider rate limit paces its 429s instead."""
+        assert self.policy is not None
+        state = last.state
+        if self._provider_limit(last) or not self.replicas.allows(now, state, avoid):
+            return None
+        asked = min(last.retry_after or 0.0, self.policy.max_retry_after)
+        return max(asked, state.cooling_until - now, 0.0)
 
     def _pace_alone(
         self, now: float, last: AttemptFailure, state: ReplicaState, avoid: tuple[ReplicaState, ...]

@@ -229,6 +229,11 @@ class ReplicaSet:
         allowed = self._allowed(now, exclude)
         return allowed[0] if len(allowed) == 1 else None
 
+    def allows(self, now: float, state: ReplicaState, exclude: Iterable[ReplicaState] = ()) -> bool:
+        """Whether ``state`` may take an attempt: not excluded, its circuit closed (or open in panic mode when no
+        replica left has a closed one)."""
+        return any(s is state for s in self._allowed(now, exclude))
+
     def take_probe(self, state: ReplicaState, at: float, keep: Keep | None = None) -> None:
         """An attempt goes to ``state`` at ``at``: if ``state`` is cooling then with its probe due, it is that
         probe (the calls waiting for it wait for its answer instead). ``keep`` (the call's lease's ``hold``)

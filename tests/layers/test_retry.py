@@ -220,14 +220,37 @@ def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: 
 
 
 @BACKENDS
-def test_a_retry_to_another_replica_after_a_retry_after_is_paid_from_the_budget(backend: str) -> None:
-    """Only a retry that waits out the server's own Retry-After passes an empty budget: one that goes at once
-    to another replica is extra load the budget bounds, and the caller gets the 429."""
+@pytest.mark.parametrize("status", [429, 503])
+def test_with_another_replica_left_a_refused_retry_goes_back_paced_to_the_replica_that_asked_to_wait(
+    backend: str, status: int
+) -> None:
+    """Two replicas, an empty budget (hedges or other calls spent it): a 429 or 503 with a Retry-After on one. The
+    retry at once to the other is extra load the budget bounds, so it is refused; the call then goes back to the
+    replica that asked, when its wait ends, past the budget, as with that replica alone and as the plain SDK would
+    retry (it used to end at once with ``budget_exhausted``, where one replica or the plain SDK served it)."""
     fakes = {
-        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="2")]),
+        "http://a.test": FakeReplica("a", [Plan(status=status, retry_after="2", headers_after=0.01), Plan()]),
         "http://b.test": FakeReplica("b"),
     }
     response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0))
+    assert response.status_code == 200 and b"a0" in response.content
+    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
+    first, retry = record.attempts
+    assert (first.status_code, retry.kind, retry.replica, retry.outcome) == (status, "retry", "http://a.test", "won")
+    assert first.finish is not None and retry.start == pytest.approx(first.finish + 2.0, abs=1e-6)
+    assert fakes["http://b.test"].requests == 0
+
+
+@BACKENDS
+def test_with_another_replica_left_a_refused_retry_does_not_go_back_past_max_retry_after(backend: str) -> None:
+    """A Retry-After longer than the guard waits (`RetryPolicy.max_retry_after`) excludes its replica from the call:
+    with the budget refusing the retry to the other, the caller gets the answer at once."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="3")]),
+        "http://b.test": FakeReplica("b"),
+    }
+    budget, retry = BudgetPolicy(ratio=0.0, floor=0), RetryPolicy(max_retry_after=2.0)
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=budget, retry=retry)
     assert response.status_code == 429 and response.headers["x-llmguard-cause"] == "budget_exhausted"
     assert snapshot is not None and (snapshot.paced, snapshot.refused) == (0, 1)
     assert len(record.attempts) == 1 and fakes["http://b.test"].requests == 0
