@@ -36,7 +36,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   replica that asked (`_back_to_asker`), as it would with that replica alone, unless it is excluded (a
   Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
 - on the only replica left (one configured, or the others excluded or open), a streak of failures (5xx,
-  overload answers, transport errors) that empties the budget does not end the calls: the replica cools
+  408s, overload answers, transport errors) that empties the budget does not end the calls: the replica cools
   for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first
   attempts wait for its probe, and the refused retry goes as a paced one at the cool-down's end, within the
   call's deadline and attempts (the plain SDK would retry there too; the server sees probes, not a flood);
@@ -429,11 +429,12 @@ class RetryLayer:
         self, now: float, last: AttemptFailure, state: ReplicaState, avoid: tuple[ReplicaState, ...]
     ) -> bool:
         """Whether a retry the budget refused goes instead as a paced retry: it goes back to the only replica left
-        (nowhere else to go), which failed with a 5xx, an overload answer or a transport error. That replica is
+        (nowhere else to go), which failed with a 5xx, a 408, an overload answer or a transport error. That replica is
         then cooled for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``): new
         first attempts wait for its probe, and the retry goes at the cool-down's end."""
         assert self.policy is not None
-        failing = last.overload or last.is_transport_error or (last.status_code or 0) >= 500
+        status = last.status_code or 0
+        failing = last.overload or last.is_transport_error or status >= 500 or status == 408  # 408: timed out there
         if not failing or self._provider_limit(last) or state is not last.state:
             return False
         if self.replicas.alone(now, avoid) is not state:

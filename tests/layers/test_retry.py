@@ -193,6 +193,21 @@ def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_t
 
 
 @BACKENDS
+def test_a_408_from_the_only_replica_is_paced_like_a_5xx_once_the_budget_is_empty(backend: str) -> None:
+    """A 408 (a request timeout from the server or a load balancer in front of it) is retried by both SDKs: on the
+    only replica, with the budget empty, its retry goes at the end of a `failing` cool-down, as a 5xx's does (it
+    used to be handed back at once, final, where the plain SDK served the call on its retry)."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=408, headers_after=0.01), Plan()])}
+    retry = RetryPolicy(overload_cooldown=1.5)
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
+    assert response.status_code == 200
+    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
+    first, retry_attempt = record.attempts
+    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (408, "retry", "won")
+    assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
+
+
+@BACKENDS
 @pytest.mark.parametrize("status", [502, 503])
 def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: str, status: int) -> None:
     """Two replicas failing: the retry would go to the other one, which is extra load the budget bounds; the
