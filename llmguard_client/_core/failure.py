@@ -57,15 +57,19 @@ def describe_attempts(record: AnyCall) -> str:
 
 
 def attempts_error(
-    call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None
+    call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None, *, ended_by_timeout: bool = False
 ) -> AllAttemptsFailed | AllAttemptsTimedOut:
     """The error a call's attempts met when none got a server answer: `AllAttemptsTimedOut` when every one
     ended in a timeout, `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`
     of the last attempt's httpx class (`all_attempts_failed_like`); ``__cause__`` the last attempt's error.
     ``refusal``, why the guard sent no further attempt (cooling, budget, open circuits), is named in the message
-    and the cause, but never changes the type: a refusal only speaks for itself before anything was sent."""
-    timed_out = all(isinstance(f.error, httpx.TimeoutException) for f in failures)
+    and the cause, but never changes the type: a refusal only speaks for itself before anything was sent.
+    ``ended_by_timeout``: the caller's own read timeout ended the last attempt and the call with it (no attempt
+    left): `AllAttemptsTimedOut`, whatever the earlier attempts met, as the plain SDK raises its last request's."""
+    timed_out = ended_by_timeout or all(isinstance(f.error, httpx.TimeoutException) for f in failures)
     what = "timed out" if timed_out else "failed before its first token"  # some with an answer that was none
+    if ended_by_timeout and not all(isinstance(f.error, httpx.TimeoutException) for f in failures):
+        what = "failed before its first token, the last one at the request's own read timeout"
     message = (
         f"every attempt {what} (tier {call.tier_name!r}, {call.clock() - call.record.start:.3f}s elapsed); "
         f"{describe_attempts(call.record)}"

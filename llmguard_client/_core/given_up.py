@@ -16,8 +16,11 @@ seconds after the give-up (longer than an SDK's backoff between two retries: ope
 
 A call whose failure the guard hands back for the SDK to retry, as without a guard (the SDK's own read timeout
 before the first token, an error the guard does not retry), is remembered too, as `HandedBack`: the rounds of
-attempts the guard already made for it. The SDK's retry of it gets only the rounds its call has left (at least
-one), so the SDK's ``max_retries`` adds no request to the guard's ``max_attempts``.
+attempts the guard already made for it. The SDK's retry of it gets only the rounds its call has left, so the
+SDK's ``max_retries`` adds no request to the guard's ``max_attempts``. A failure that comes when the call has no
+round left is handed back only while every request of the call was the SDK's own (the guard retried or hedged
+none: then the SDK's ``max_retries`` decides, as without a guard, one request per retry); once the guard's own
+retries stood in for the SDK's, it is final instead (the transport's ``_give_up``).
 
 Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
 request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
@@ -85,6 +88,8 @@ class HandedBack:
     of attempts of its own (the call's earlier requests' included): they count among the retry's (`Route.spent`)."""
 
     rounds: int
+    retried: bool = False
+    """The guard sent more than one request for one of the call's requests (a retry or a hedge of its own)."""
 
 
 Remembered = GuardFailure | Episode | HandedBack

@@ -215,6 +215,8 @@ class Failed:
     """With ``stopped="sdk"``: the seconds the SDK should wait before its retry (backoff or Retry-After)."""
     paced: bool = False
     """With ``stopped="sdk"``: that retry is paced by the server's Retry-After (`Payment.paced`)."""
+    used_up: bool = False
+    """The route sent every request it may (`Route.rounds`, its earlier requests counted: `Route.spent`)."""
 
     @property
     def last(self) -> AttemptFailure | None:

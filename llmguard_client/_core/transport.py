@@ -263,7 +263,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         streamed = streamed_body(request)  # sent as it is read: never held here, never taken for a retry
         again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not streamed else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
-        spent = again.rounds if isinstance(again, HandedBack) else 0  # the SDK's retry of a call handed back to it
+        handed = again if isinstance(again, HandedBack) else HandedBack(0)  # the SDK's retry of a call handed back
+        spent = handed.rounds
         if isinstance(again, GuardFailure):  # an SDK's retry of a call the guard gave up on: the same error
             if self._failure_mode == "raise" and not self._warned_stacking:
                 self._warned_stacking = True
@@ -299,7 +300,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         last = outcome.last
         if outcome.stopped == "sdk" and (last is None or last.as_sent is None):
             return await self._hand_back(call, outcome, episode)
-        return await self._give_up(call, outcome, route.spent)  # also a 200 whose error event its SDK reads
+        return await self._give_up(call, outcome, route.spent, handed.retried)  # also a 200 with an error event
 
     def refuse(
         self, request: httpx.Request, error: GuardFailure, headers: CallerHeaders | None = None
@@ -478,13 +479,17 @@ class GuardTransport(httpx.AsyncBaseTransport):
             record=call.record,
         )
 
-    async def _give_up(self, call: Call, outcome: Failed, spent: int = 0) -> httpx.Response:
+    async def _give_up(self, call: Call, outcome: Failed, spent: int = 0, retried: bool = False) -> httpx.Response:
         """End a call without a winner: the last server answer if there is one, else the error its attempts
         met (raised in every failure mode: a timeout stays a timeout, a refused connection a connection error),
         else the guard's own error. A refusal that
         came after attempts were sent (cooling, budget, open circuits) only names the cause, never the type.
-        ``spent``: the rounds the call's earlier requests used (`Route.spent`), for an error handed back."""
+        ``spent``: the rounds the call's earlier requests used (`Route.spent`), for an error handed back; ``retried``:
+        the guard retried or hedged one of them (`HandedBack.retried`)."""
         error, last, lease = outcome.reason, outcome.last, call.lease
+        retried = retried or sum(a.kind != "continuation" for a in call.record.attempts) > 1
+        # Its rounds used up after the guard's own retries (they stood in for the SDK's): final, not handed back.
+        spent_out = self._retries and outcome.used_up and retried
         if isinstance(error, TTFTTimeout) and call.generation and call.record.stream:
             self._replicas.timed_out(call.record.attempts)  # no first token in time: a lower bound on each's TTFT
         if isinstance(error, GuardClosed) or lease.aborted:
@@ -500,17 +505,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
             await lease.aclose(status, cause)
             # The guard retried, or stopped retrying (attempts, budget, deadline): the SDK must not retry on top. An
             # answer the guard does not retry at all (a 400, a 409 or a 52x, any status off the generation paths) is
-            # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's.
-            decided = error is not None or (self._retries and outcome.stopped != "not_retryable")
+            # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's;
+            # unless it came with no round left after retries of the guard's own (`spent_out`): then it is final.
+            decided = error is not None or (self._retries and outcome.stopped != "not_retryable") or spent_out
             if not decided and call.streamed is None:
-                self._handed_to_sdk(call, spent)
+                self._handed_to_sdk(call, spent, retried)
             return upstream_response(
                 last, cause if decided else None, call, call.record.snapshot(), no_retry=decided, as_sent=True
             )
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
             await self._raise_unless_network_failure(call, last)
-            error, met = attempts_error(call, outcome.failures, error), True
+            ended = spent_out and outcome.stopped == "not_retryable" and isinstance(last.error, httpx.ReadTimeout)
+            error, met = attempts_error(call, outcome.failures, error, ended_by_timeout=ended), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
         status = (
@@ -536,8 +543,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # A failure the guard does not retry at all (off the generation paths, anything but a refused connection;
         # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
         # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
-        # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts).
-        sdk_decides = met and outcome.stopped == "not_retryable"
+        # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts),
+        # unless no round is left after retries of the guard's own (`spent_out`): then it is final.
+        sdk_decides = met and outcome.stopped == "not_retryable" and not spent_out
         if call.streamed is not None:
             pass
         elif not sdk_decides and (
@@ -546,18 +554,19 @@ class GuardTransport(httpx.AsyncBaseTransport):
             error.final = True  # its attempts or deadline spent
             self._given_up.remember(call.request, call.body, error, call.clock())
         elif sdk_decides:
-            self._handed_to_sdk(call, spent)
+            self._handed_to_sdk(call, spent, retried)
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
             self._given_up.forget(call.request, call.body)
         raise error
 
-    def _handed_to_sdk(self, call: Call, spent: int) -> None:
+    def _handed_to_sdk(self, call: Call, spent: int, retried: bool) -> None:
         """The call's failure is the SDK's to retry, as without a guard (an answer or error the guard does not
         retry): its retry gets only the rounds the call has left (`HandedBack`; ``spent``: the rounds of its earlier
-        requests), and never the error an earlier call of the same body left."""
+        requests; ``retried``: the guard retried or hedged one of the call's requests), and never the error an
+        earlier call of the same body left."""
         if self._retries:
             rounds = spent + sum(a.kind != "continuation" for a in call.record.attempts)
-            self._given_up.remember(call.request, call.body, HandedBack(rounds), call.clock())
+            self._given_up.remember(call.request, call.body, HandedBack(rounds, retried), call.clock())
         elif len(self._given_up):
             self._given_up.forget(call.request, call.body)
 

@@ -158,11 +158,10 @@ class RetryLayer:
             sent += len(outcome.failures)  # the round's requests: its first and its hedges, every one failed
             self.learn(call.clock(), outcome.failures, counted, judged=call.generation)
             failed.extend(f.state for f in outcome.failures)
-            plan = self._plan(
-                call, route, outcome.failures[-1], rounds, allowed is not None and sent >= allowed, failed
-            )
+            used_up = allowed is not None and sent >= allowed
+            plan = self._plan(call, route, outcome.failures[-1], rounds, used_up, failed)
             if isinstance(plan, Failed):
-                return Failed(failures, plan.reason, plan.stopped)
+                return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
             if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
                 return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)

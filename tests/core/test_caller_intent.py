@@ -255,6 +255,57 @@ async def test_the_sdks_retry_of_a_request_handed_back_to_it_gets_the_attempts_i
     assert len(server.received) == 3  # each request was received before the call ended
 
 
+SPENT_PATTERNS: dict[str, tuple[list[Script], type[Exception]]] = {
+    "500_500_409": ([FAILING, FAILING, CONFLICT], openai.ConflictError),
+    "500_500_timeout": ([FAILING, FAILING, HANG], openai.APITimeoutError),
+}
+"""The call's first requests (every later one: a 409) and what the plain SDK raises after its 3 requests."""
+
+
+@pytest.mark.parametrize("pattern", sorted(SPENT_PATTERNS))
+@pytest.mark.parametrize("kind", ["plain", "guarded"])
+async def test_a_failure_after_the_guards_own_retries_spent_the_attempts_is_final(
+    servers: list[LoopbackServer], kind: str, pattern: str
+) -> None:
+    """openai.AsyncOpenAI(timeout=1.0), default max_retries=2; the guard retries two 500s itself, then meets a 409
+    or the SDK's read timeout (both the SDK's to retry, as without a guard) with no attempt left: the caller gets
+    that failure, its type as through the plain SDK, after 3 requests. Each SDK retry used to get one request
+    more ("at least one"): 5 requests, max_attempts + max_retries."""
+    server = servers[0]
+    scripts, raised = SPENT_PATTERNS[pattern]
+    server.scripter = lambda index, attempt: scripts[attempt - 1] if attempt <= len(scripts) else CONFLICT
+    kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "timeout": 1.0}
+    if kind == "plain":
+        async with openai.AsyncOpenAI(**kwargs) as client:
+            with pytest.raises(raised):
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+    else:
+        async with guard_over(server, tier=Tier(ttft=10, total=20)) as guard:
+            async with openai.AsyncOpenAI(**kwargs, http_client=guard.http_client_for(openai.AsyncOpenAI)) as client:
+                with pytest.raises(raised) as caught:
+                    await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert guard_failure(caught.value) == (
+            "upstream_status" if pattern.endswith("409") else "all_attempts_timed_out"
+        )
+    assert len(server.received) == 3  # each request was received before the call ended
+
+
+@pytest.mark.parametrize("kind", ["plain", "guarded"])
+async def test_an_answer_the_guard_never_retried_stays_the_sdks_to_retry_past_max_attempts(
+    servers: list[LoopbackServer], kind: str
+) -> None:
+    """409, 409, 409, then 200, with max_retries=3: every request was the SDK's own (the guard retries no 409), so
+    its max_retries decides, as without a guard: served on the fourth request, one more than max_attempts."""
+    server = servers[0]
+    server.scripter = lambda index, attempt: CONFLICT if attempt <= 3 else None
+    kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "max_retries": 3}
+    async with guard_over(server, tier=Tier(ttft=10, total=20)) as guard:
+        http_client = guard.http_client_for(openai.AsyncOpenAI) if kind == "guarded" else None
+        async with openai.AsyncOpenAI(**kwargs, http_client=http_client) as client:
+            completion = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert completion.choices[0].message.content and len(server.received) == 4
+
+
 @pytest.mark.parametrize("mode", ["guard", "cooperative"])
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_the_sdks_read_timeout_after_the_headers_meets_the_caller_reading_the_stream(
