@@ -20,9 +20,13 @@ HTTP/1.1 only, which is what these pools speak: an idle connection takes one req
 
 A request sent on a kept-alive connection that the server had closed meanwhile (its idle timeout, e.g.
 uvicorn's 5 s under vLLM, racing the reuse) fails before any answer: "Server disconnected without sending a
-response", or a reset. The server never saw it; the SDKs resend it on their own retries, which the guard
-replaces. `ReplicaPool` sends it again at once on another connection when its body can be read again, up to
-`STALE_RESENDS` times, below the guard's retries, budget and circuit breaker.
+response", or a reset. `ReplicaPool` sends it again at once on another connection, up to `STALE_RESENDS` times,
+below the guard's retries, budget and circuit breaker, only when the server cannot have seen it whole: its close
+or reset had come in when the request's headers or body were about to be written (the socket is probed then), or
+a write failed; and when its body can be read again. The same error after the request was written is no proof:
+the server may have read the request and dropped the connection (a worker that crashed on it), so that failure
+is the attempt's, for the guard's retries to judge, as an SDK's own retries would (urllib3 and Go's net/http
+resend a POST only when nothing of it was written, or the connection was seen closed before it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import math
 import ssl
 import time
 import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpcore
@@ -69,20 +75,62 @@ class FastLock(AsyncLock):
 
 
 STALE_RESENDS = 2
-"""Times a request that failed on a reused connection before any answer is sent again (module docstring)."""
+"""Times a request that met a reused connection the server had closed is sent again (module docstring)."""
 _STALE = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
 """What a connection the server closed while it was idle raises when a request is sent on it."""
+_WRITES = ("http11.send_request_headers.started", "http11.send_request_body.started")
+"""httpcore's trace events just before a request's headers, then its body, are written."""
+_WRITES_FAILED = ("http11.send_request_headers.failed", "http11.send_request_body.failed")
+"""... and when writing them failed (httpcore then reads on, for an answer the server may have sent first)."""
+
+Trace = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""httpcore's ``trace`` request extension: called with each event's name and details."""
+
+
+class _SendWatch:
+    """A request's ``trace`` extension (the caller's own, if any, is called first): notes whether the server had
+    closed the kept-alive connection the request was handed before the request was all written."""
+
+    __slots__ = ("_inner", "_pool", "_request", "closed_first")
+
+    def __init__(self, inner: Trace | None, pool: ReplicaPool, request: httpcore.Request) -> None:
+        self._inner = inner
+        self._pool = pool
+        self._request = request
+        self.closed_first = False
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if self._inner is not None:
+            await self._inner(name, info)
+        if self.closed_first or not name.startswith("http11.send_request_"):
+            return
+        reused = self._pool._on_reused
+        connection = None if reused is None else reused.get(self._request)
+        if connection is None:  # a new connection: not the keep-alive race
+            return
+        if name in _WRITES:
+            self.closed_first = _peer_closed(connection)
+        elif name in _WRITES_FAILED:
+            self.closed_first = True
+
+
+def _peer_closed(connection: Connection) -> bool:
+    """Whether an HTTP/1.1 connection's socket is readable, between a request's writes (its server's close or
+    reset has come in: nothing is due from it before the request is whole)."""
+    stream = getattr(getattr(connection, "_connection", None), "_network_stream", None)
+    return isinstance(stream, httpcore.AsyncNetworkStream) and bool(stream.get_extra_info("is_readable"))
 
 
 class ReplicaPool(httpcore.AsyncConnectionPool):
     """httpcore's HTTP/1.1 connection pool whose assignment never hands one connection to two requests,
     over connections whose locks do not yield when free, and which resends a request that met a connection the
-    server had closed."""
+    server had closed before it could read the request."""
 
     _swept_at = -math.inf
     """When a pass last probed every idle connection (`time.monotonic`)."""
-    _on_reused: weakref.WeakSet[httpcore.Request] | None = None
-    """The requests the last pass handed a kept-alive connection (built on first use: httpx builds the pool)."""
+    _on_reused: weakref.WeakKeyDictionary[httpcore.Request, Connection] | None = None
+    """The requests the last pass handed a kept-alive connection, and that connection (built on first use: httpx
+    builds the pool)."""
     _made: weakref.WeakSet[Connection] | None = None
     """Every connection this pool made and has not dropped (built on first use)."""
     _closed = False
@@ -94,14 +142,18 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
         await super().aclose()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
-        for _ in range(STALE_RESENDS):
+        extensions = request.extensions
+        resends = 0
+        while True:
+            watch = _SendWatch(extensions.get("trace"), self, request)
+            request.extensions = {**extensions, "trace": watch}
             try:
                 return await super().handle_async_request(request)
             except _STALE:
-                if self._on_reused is None or request not in self._on_reused or not rereadable(request.stream):
+                if resends == STALE_RESENDS or not watch.closed_first or not rereadable(request.stream):
                     raise
-                logger.debug("llmguard: resending a request the server closed its kept-alive connection on")
-        return await super().handle_async_request(request)
+                resends += 1
+                logger.debug("llmguard: resending a request the server closed its kept-alive connection before")
 
     def _assign_requests_to_connections(self) -> list[Connection]:
         now = time.monotonic()
@@ -109,7 +161,7 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
         if sweep:
             self._swept_at = now
         if self._on_reused is None:
-            self._on_reused = weakref.WeakSet()
+            self._on_reused = weakref.WeakKeyDictionary()
         closing = _assign_once(self, sweep, self._on_reused)
         if self._closed and self._made:  # after the close: each connection left idle, in a list or in none
             closing += [c for c in self._made if c.is_idle() and not c.is_closed() and c not in closing]
@@ -126,7 +178,7 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
 
 
 def _assign_once(
-    pool: httpcore.AsyncConnectionPool, sweep: bool, on_reused: weakref.WeakSet[httpcore.Request]
+    pool: httpcore.AsyncConnectionPool, sweep: bool, on_reused: weakref.WeakKeyDictionary[httpcore.Request, Connection]
 ) -> list[Connection]:
     """Drop closed connections, close surplus idle ones (and, if ``sweep``, expired ones), then give each
     queued request an idle connection no other request holds (probed first: not expired, not closed by the
@@ -162,9 +214,9 @@ def _assign_once(
         origin = request.request.url.origin
         chosen = _take_idle(idle, origin, kept, closing, probe=not sweep)
         if chosen is not None:
-            on_reused.add(request.request)
+            on_reused[request.request] = chosen
         else:
-            on_reused.discard(request.request)
+            on_reused.pop(request.request, None)
             if len(kept) >= limit:
                 if not idle:
                     continue

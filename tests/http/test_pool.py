@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,8 +26,9 @@ from httpcore._async.http11 import HTTPConnectionState
 from httpcore._backends.mock import AsyncMockStream
 
 from llmguard_client import Guard, Tier
-from llmguard_client._http.pool import FastLock, ReplicaPool, replica_transport
+from llmguard_client._http.pool import FastLock, ReplicaPool, _SendWatch, replica_transport
 from llmguard_client._http.tls import default_tls_context
+from tests.edges.conftest import aeventually
 
 URL = "http://replica.test:8000/v1/chat/completions"
 
@@ -215,7 +217,7 @@ def test_an_httpcore_the_pass_is_not_written_for_keeps_its_own_pool(monkeypatch:
 
 class ClosesKeptAlive:
     """A loopback server that answers the first request on each connection, keeps the connection, and closes it
-    without answering when the next request comes on it: the reuse lost the race with its idle timeout.
+    without answering when the next request comes on it, once it has read it (a worker that crashed on it).
     With ``drop_fresh`` it also drops the first request of each new connection."""
 
     def __init__(self, drop_fresh: bool = False) -> None:
@@ -239,8 +241,39 @@ class ClosesKeptAlive:
         writer.close()
 
 
+class ClosesIdle:
+    """A loopback server that answers every request and keeps its connection, until `close_all` closes every
+    connection it has, reading no more: an idle timeout (uvicorn's) that a request on a kept-alive connection
+    races. A request it read whole is counted in ``requests``."""
+
+    def __init__(self) -> None:
+        self.requests = self.connections = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.add(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                self.requests += 1
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        writer.close()
+
+    async def close_all(self) -> None:
+        writers, self.writers = list(self.writers), set()
+        for writer in writers:
+            writer.close()
+        for writer in writers:
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
 @contextlib.asynccontextmanager
-async def serving(server: ClosesKeptAlive) -> AsyncIterator[str]:
+async def serving(server: ClosesKeptAlive | ClosesIdle) -> AsyncIterator[str]:
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
@@ -257,43 +290,148 @@ def pool_transport() -> httpx.AsyncHTTPTransport:
     return replica_transport(httpx.Limits(max_connections=10, max_keepalive_connections=10), default_tls_context())
 
 
-async def test_a_request_the_server_closed_its_kept_alive_connection_on_is_sent_again() -> None:
+def readable(pool: httpcore.AsyncConnectionPool) -> bool:
+    """Whether a connection of ``pool`` has its server's close waiting in its socket."""
+    streams = [getattr(c, "_connection", None) for c in pool._connections]
+    return any(s is not None and s._network_stream.get_extra_info("is_readable") for s in streams)
+
+
+def closes_before(event: str, server: ClosesIdle, pool: httpcore.AsyncConnectionPool) -> Any:
+    """A ``trace`` extension that, at ``event`` of a request on a kept-alive connection, has the server close its
+    connections and waits until the close has come in: the race lost between handing the connection out and
+    writing the request on it (its headers, or its body)."""
+
+    raced: set[int] = set()
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == event and server.requests and server.requests not in raced:  # the first try of a request after
+            raced.add(server.requests)  # one the server answered: on a kept-alive connection
+            await server.close_all()
+            assert await aeventually(lambda: readable(pool))
+
+    return trace
+
+
+WRITES = ["http11.send_request_headers.started", "http11.send_request_body.started"]
+
+
+@pytest.mark.parametrize("event", WRITES, ids=["before_headers", "before_body"])
+async def test_a_request_the_server_closed_its_kept_alive_connection_before_is_sent_again(event: str) -> None:
+    server, transport = ClosesIdle(), pool_transport()
+    trace = closes_before(event, server, transport._pool)
+    async with serving(server) as url, httpx.AsyncClient(transport=transport) as client:
+        answers = [
+            await client.post(url + "/v1/embeddings", content=b"{}", extensions={"trace": trace}) for _ in range(4)
+        ]
+    assert [a.text for a in answers] == ["ok"] * 4
+    assert (server.requests, server.connections) == (4, 4)  # each reuse raced the close, sent again on a new one
+
+
+async def test_a_request_the_server_read_before_dropping_its_kept_alive_connection_is_not_sent_again() -> None:
+    """The server may have acted on it (a worker that crashed on it): the failure is the attempt's (before: sent
+    again at once, up to twice)."""
     server = ClosesKeptAlive()
     async with serving(server) as url, httpx.AsyncClient(transport=pool_transport()) as client:
-        answers = [await client.post(url + "/v1/embeddings", content=b"{}") for _ in range(4)]
-    assert [a.text for a in answers] == ["ok"] * 4
-    assert (server.requests, server.dropped) == (7, 3)  # each reuse dropped, each sent again on a new connection
+        assert (await client.post(url + "/v1/embeddings", content=b"{}")).text == "ok"
+        with pytest.raises(DROPPED):
+            await client.post(url + "/v1/embeddings", content=b"{}")
+    assert (server.requests, server.dropped) == (2, 1)
 
 
 async def test_a_request_a_new_connection_drops_or_a_body_sent_once_is_not_sent_again() -> None:
+    server = ClosesIdle()
+    async with serving(server) as url:
+        transport = pool_transport()
+        trace = closes_before(WRITES[0], server, transport._pool)
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.post(url + "/v1/embeddings", content=b"{}")).text == "ok"
+
+            async def once() -> AsyncIterator[bytes]:
+                yield b"{}"
+
+            with pytest.raises(DROPPED):  # reused, but its body cannot be read again
+                await client.post(url + "/v1/embeddings", content=once(), extensions={"trace": trace})
+    assert (server.requests, server.connections) == (1, 1)
     server = ClosesKeptAlive(drop_fresh=True)
     async with serving(server) as url, httpx.AsyncClient(transport=pool_transport()) as client:
         with pytest.raises(DROPPED):
             await client.post(url + "/v1/embeddings", content=b"{}")
-        assert server.requests == 1  # a new connection: the server saw the request
-        server.drop_fresh = False
-        assert (await client.post(url + "/v1/embeddings", content=b"{}")).text == "ok"
+    assert server.requests == 1  # a new connection: the server saw the request
 
-        async def once() -> AsyncIterator[bytes]:
-            yield b"{}"
 
-        with pytest.raises(DROPPED):  # reused, but its body cannot be read again
-            await client.post(url + "/v1/embeddings", content=once())
-    assert (server.requests, server.dropped) == (3, 2)
+async def test_the_send_watch_passes_every_event_on_and_counts_a_failed_write_on_a_reused_connection() -> None:
+    pool = ReplicaPool()
+    reused, fresh = httpcore.Request("POST", URL), httpcore.Request("POST", URL)
+    pool._on_reused = weakref.WeakKeyDictionary({reused: FakeConnection()})
+    seen: list[str] = []
+
+    async def inner(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
+
+    events = ["connection.connect_tcp.started", "http11.send_request_body.failed"]
+    watches = [_SendWatch(inner, pool, reused), _SendWatch(inner, pool, fresh)]
+    for watch in watches:
+        for event in events:
+            await watch(event, {})
+    assert [w.closed_first for w in watches] == [True, False] and seen == events * 2
 
 
 async def test_through_a_guard_a_resend_on_a_new_connection_is_not_a_retry() -> None:
     """Below the guard's retries: each call is one attempt, the budget pays for none, the replica stays healthy."""
-    server = ClosesKeptAlive()
+    server = ClosesIdle()
     async with serving(server) as url, Guard([url], instrumentation=None) as guard:
+        (state,) = guard._replica_set.states
+        assert isinstance(state.transport, httpx.AsyncHTTPTransport)
+        trace = closes_before(WRITES[0], server, state.transport._pool)
         async with guard.http_client() as client:
             with guard.capture() as calls:
-                answers = [await client.post(url + "/v1/chat/completions", content=b"{}") for _ in range(6)]
+                answers = [
+                    await client.post(url + "/v1/chat/completions", content=b"{}", extensions={"trace": trace})
+                    for _ in range(6)
+                ]
         snapshot = guard.snapshot()
-    assert [a.status_code for a in answers] == [200] * 6 and server.dropped == 5
+    assert [a.status_code for a in answers] == [200] * 6 and (server.requests, server.connections) == (6, 6)
     assert [len(call.attempts) for call in calls] == [1] * 6
     assert snapshot.budget is not None and (snapshot.budget.spent, snapshot.budget.refused) == (0, 0)
     assert snapshot.replicas[0].healthy
+
+
+class Crashes:
+    """A loopback server that answers ``serve`` requests, then reads each next one and closes its connection
+    without answering (a worker that crashed on it)."""
+
+    def __init__(self, serve: int) -> None:
+        self.serve, self.requests = serve, 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                self.requests += 1
+                if self.requests > self.serve:
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        writer.close()
+
+
+async def test_a_request_that_crashes_the_server_on_a_warm_connection_is_sent_as_often_as_without_a_guard() -> None:
+    """The SDK's three requests (max_retries=2), the guard's three attempts: not one more per attempt for the
+    connection the SDK warmed (before: 4 with one idle connection, 5 with three)."""
+    openai = pytest.importorskip("openai")
+    sent = []
+    for guarded in (False, True):
+        server = Crashes(serve=1)
+        async with serving(server) as url, Guard([url], instrumentation=None) as guard:
+            http_client = guard.http_client_for(openai.AsyncOpenAI) if guarded else None
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", http_client=http_client) as client:
+                await client.models.list()  # warms the pool: one idle connection
+                with pytest.raises(openai.APIConnectionError):
+                    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        sent.append(server.requests - 1)
+    assert sent == [3, 3]
 
 
 class ConnectsOnCue(httpcore.AsyncNetworkBackend):
