@@ -22,8 +22,9 @@ A request sent on a kept-alive connection that the server had closed meanwhile (
 uvicorn's 5 s under vLLM, racing the reuse) fails before any answer: "Server disconnected without sending a
 response", or a reset. `ReplicaPool` sends it again at once on another connection, up to `STALE_RESENDS` times,
 below the guard's retries, budget and circuit breaker, only when the server cannot have seen it whole: its close
-or reset had come in when the request's headers or body were about to be written (the socket is probed then), or
-a write failed; and when its body can be read again. The same error after the request was written is no proof:
+or reset had come in when the connection was handed out or when the request's body was about to be written,
+after its headers (the socket is probed then), or the request was not all written; and when its body can be read
+again. The same error after the request was written is no proof:
 the server may have read the request and dropped the connection (a worker that crashed on it), so that failure
 is the attempt's, for the guard's retries to judge, as an SDK's own retries would (urllib3 and Go's net/http
 resend a POST only when nothing of it was written, or the connection was seen closed before it).
@@ -37,8 +38,7 @@ import math
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator
 
 import anyio
 import httpcore
@@ -78,40 +78,38 @@ STALE_RESENDS = 2
 """Times a request that met a reused connection the server had closed is sent again (module docstring)."""
 _STALE = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
 """What a connection the server closed while it was idle raises when a request is sent on it."""
-_WRITES = ("http11.send_request_headers.started", "http11.send_request_body.started")
-"""httpcore's trace events just before a request's headers, then its body, are written."""
-_WRITES_FAILED = ("http11.send_request_headers.failed", "http11.send_request_body.failed")
-"""... and when writing them failed (httpcore then reads on, for an answer the server may have sent first)."""
-
-Trace = Callable[[str, dict[str, Any]], Awaitable[None]]
-"""httpcore's ``trace`` request extension: called with each event's name and details."""
 
 
-class _SendWatch:
-    """A request's ``trace`` extension (the caller's own, if any, is called first): notes whether the server had
-    closed the kept-alive connection the request was handed before the request was all written."""
+class _BodyWatch:
+    """A request's body as its connection writes it, after the headers: when the connection was a kept-alive one,
+    probes its socket as the body is about to be written (has the server's close or reset come in?), and notes
+    whether the body was all written. A failure before any answer is the keep-alive race only if the close came
+    first or the request was not all written (httpcore skips the body when writing the headers failed): then the
+    server cannot have read the request whole."""
 
-    __slots__ = ("_inner", "_pool", "_request", "closed_first")
+    __slots__ = ("_body", "_pool", "_request", "closed_first", "written")
 
-    def __init__(self, inner: Trace | None, pool: ReplicaPool, request: httpcore.Request) -> None:
-        self._inner = inner
+    def __init__(self, body: AsyncIterable[bytes], pool: ReplicaPool, request: httpcore.Request) -> None:
+        self._body = body
         self._pool = pool
         self._request = request
         self.closed_first = False
+        self.written = False
 
-    async def __call__(self, name: str, info: dict[str, Any]) -> None:
-        if self._inner is not None:
-            await self._inner(name, info)
-        if self.closed_first or not name.startswith("http11.send_request_"):
-            return
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self._reused()
+        self.closed_first = connection is not None and _peer_closed(connection)
+        async for chunk in self._body:
+            yield chunk
+        self.written = True
+
+    def unread(self) -> bool:
+        """Whether the request met a kept-alive connection whose server cannot have read it whole."""
+        return self._reused() is not None and (self.closed_first or not self.written)
+
+    def _reused(self) -> Connection | None:
         reused = self._pool._on_reused
-        connection = None if reused is None else reused.get(self._request)
-        if connection is None:  # a new connection: not the keep-alive race
-            return
-        if name in _WRITES:
-            self.closed_first = _peer_closed(connection)
-        elif name in _WRITES_FAILED:
-            self.closed_first = True
+        return None if reused is None else reused.get(self._request)
 
 
 def _peer_closed(connection: Connection) -> bool:
@@ -142,18 +140,22 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
         await super().aclose()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
-        extensions = request.extensions
+        body = request.stream
+        assert isinstance(body, AsyncIterable), "an async pool's requests carry async bodies"
         resends = 0
-        while True:
-            watch = _SendWatch(extensions.get("trace"), self, request)
-            request.extensions = {**extensions, "trace": watch}
-            try:
-                return await super().handle_async_request(request)
-            except _STALE:
-                if resends == STALE_RESENDS or not watch.closed_first or not rereadable(request.stream):
-                    raise
-                resends += 1
-                logger.debug("llmguard: resending a request the server closed its kept-alive connection before")
+        try:
+            while True:
+                watch = _BodyWatch(body, self, request)
+                request.stream = watch
+                try:
+                    return await super().handle_async_request(request)
+                except _STALE:
+                    if resends == STALE_RESENDS or not watch.unread() or not rereadable(body):
+                        raise
+                    resends += 1
+                    logger.debug("llmguard: resending a request the server closed its kept-alive connection before")
+        finally:
+            request.stream = body
 
     def _assign_requests_to_connections(self) -> list[Connection]:
         now = time.monotonic()

@@ -26,7 +26,7 @@ from httpcore._async.http11 import HTTPConnectionState
 from httpcore._backends.mock import AsyncMockStream
 
 from llmguard_client import Guard, Tier
-from llmguard_client._http.pool import FastLock, ReplicaPool, _SendWatch, replica_transport
+from llmguard_client._http.pool import FastLock, ReplicaPool, _BodyWatch, replica_transport
 from llmguard_client._http.tls import default_tls_context
 from tests.edges.conftest import aeventually
 
@@ -359,21 +359,20 @@ async def test_a_request_a_new_connection_drops_or_a_body_sent_once_is_not_sent_
     assert server.requests == 1  # a new connection: the server saw the request
 
 
-async def test_the_send_watch_passes_every_event_on_and_counts_a_failed_write_on_a_reused_connection() -> None:
+async def test_the_body_watch_counts_a_request_not_all_written_on_a_reused_connection_as_unread() -> None:
+    """httpcore skips the body when writing the headers failed: such a request, on a kept-alive connection, is
+    unread (sent again); one written whole on an open connection is not, nor one on a new connection."""
     pool = ReplicaPool()
     reused, fresh = httpcore.Request("POST", URL), httpcore.Request("POST", URL)
     pool._on_reused = weakref.WeakKeyDictionary({reused: FakeConnection()})
-    seen: list[str] = []
 
-    async def inner(name: str, info: dict[str, Any]) -> None:
-        seen.append(name)
+    async def body() -> AsyncIterator[bytes]:
+        yield b"{}"
 
-    events = ["connection.connect_tcp.started", "http11.send_request_body.failed"]
-    watches = [_SendWatch(inner, pool, reused), _SendWatch(inner, pool, fresh)]
-    for watch in watches:
-        for event in events:
-            await watch(event, {})
-    assert [w.closed_first for w in watches] == [True, False] and seen == events * 2
+    skipped, written, elsewhere = (_BodyWatch(body(), pool, r) for r in (reused, reused, fresh))
+    assert [chunk async for chunk in written] == [b"{}"]
+    assert [chunk async for chunk in elsewhere] == [b"{}"]
+    assert (skipped.unread(), written.unread(), elsewhere.unread()) == (True, False, False)
 
 
 async def test_through_a_guard_a_resend_on_a_new_connection_is_not_a_retry() -> None:
