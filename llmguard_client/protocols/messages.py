@@ -8,8 +8,10 @@
 - end marker: ``message_stop``, or a ``message_delta`` whose ``delta.stop_reason`` is set (the answer is
   whole there: some proxies that translate to Anthropic's format end the stream after it, without
   ``message_stop``, and the anthropic SDK hands such a stream over as complete);
-- usage: ``message_start.message.usage.input_tokens``, ``message_delta.usage.output_tokens``; the
-  finish reason is ``message_delta.delta.stop_reason``.
+- usage: ``message_start.message.usage.input_tokens``, ``message_delta.usage.output_tokens`` (the
+  ``output_tokens`` of ``message_start`` is a placeholder, 1, and is not taken: a stream cut before its
+  ``message_delta`` has no count, as a cut Chat Completions stream); the finish reason is
+  ``message_delta.delta.stop_reason``.
 
 After the first token every ``content_block_delta`` event is counted, not decoded.
 """
@@ -60,6 +62,7 @@ class MessagesReader(SSEReader):
             message = obj.get("message")
             if isinstance(message, dict):
                 absorb_message_body(self.facts, message)
+                self.facts.completion_tokens = None  # its output_tokens is a placeholder (1): message_delta counts
         elif kind == "message_delta":
             usage = obj.get("usage")
             if isinstance(usage, dict):

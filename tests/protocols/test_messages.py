@@ -107,6 +107,18 @@ def test_vllm_internal_error_event() -> None:
     assert reader.failure is not None and reader.failure.status == 500 and not reader.failure.overload
 
 
+def test_message_starts_placeholder_output_count_is_not_taken_for_a_stream_cut_before_its_count() -> None:
+    """Anthropic's ``message_start`` carries ``output_tokens: 1`` before any output: a stream cut after some text
+    has no completion count (it recorded 1), as a cut Chat Completions stream; the whole stream's is the
+    ``message_delta``'s."""
+    start = START.replace(b'"output_tokens": 0', b'"output_tokens": 1')
+    text = delta(type="text_delta", text="tain")
+    cut, _ = feed(start, BLOCK, text, text, text)
+    assert (cut.facts.prompt_tokens, cut.facts.completion_tokens) == (20, None)
+    whole, _ = feed(start, BLOCK, text, STOP_BLOCK, MESSAGE_DELTA, STOP)
+    assert (whole.facts.prompt_tokens, whole.facts.completion_tokens) == (20, 3)
+
+
 def test_an_error_after_the_first_token() -> None:
     error = ev({"type": "error", "error": {"type": "api_error", "message": "boom"}})
     reader, _ = feed(START, delta(type="text_delta", text="x"), error)
