@@ -244,6 +244,10 @@ class HedgePolicy:
     delay:         fixed seconds before a hedge, or None for adaptive: the ``quantile`` of
                    recent time-to-first-token of the call's tier, clamped to
                    [``min_delay``, ``max_delay``], ``warmup_delay`` until ``min_samples``.
+                   ``max_delay`` caps a heavy tail (calls typically 0.3 s, a few stalled 10 s: hedged
+                   at 2 s), but the cap and the warm-up delay (once 3 samples are in) are never below
+                   twice the typical (median) TTFT: calls that all take 3 s (a reasoning model
+                   thinking) are hedged at their p95, not each at 2 s by a hedge that needs 3 s too.
     max_hedges:    extra attempts per round at most; with the retries, within the call's ``max_attempts`` requests.
     on_failure:    a failed attempt before the first token sends the hedge at once.
     paths:         path suffixes hedged by default (idempotent-safe generation calls; a
@@ -252,8 +256,8 @@ class HedgePolicy:
     non_streaming: hedge calls that ask for no stream too (off by default). Such an answer comes
                    whole, so a hedge races a whole generation and the loser's is wasted, and the
                    delay learned from those calls' durations measures mostly their answers' length:
-                   every call longer than ``max_delay`` is hedged until the budget is spent, and the
-                   budget is then empty for the stragglers (``python -m benchmarks.non_streaming_hedges``).
+                   the longest answers are hedged, for nothing, until the budget is spent, and a
+                   straggler only once it is longer than those (``python -m benchmarks.non_streaming_hedges``).
     """
 
     delay: float | None = None

@@ -11,15 +11,29 @@ The rule for the adaptive hedge delay (``HedgePolicy.delay=None``), per tier and
    `TTFTStats.MIN_REPLICA_SAMPLES` samples (if that leaves none, every replica with enough samples
    counts);
 3. the delay is the lower median, over the replicas that count, of each one's ``HedgePolicy.quantile``
-   (p95 by default), clamped to [``min_delay``, ``max_delay``]; until the class has ``min_samples``
-   samples in all, it is ``warmup_delay``;
+   (p95 by default), clamped to [``min_delay``, cap], the cap being ``max_delay`` or `TTFTStats.TYPICAL_FACTOR`
+   (2) times the typical TTFT (the lower median of the replicas' medians), whichever is longer;
 4. a call whose primary went to a replica that counts but is slower than that (its own quantile is
    higher) waits for its own quantile instead, at most `TTFTStats.OWN_DELAY_CAP` times the delay of
-   rule 3 (and ``max_delay``): a hedge is for a call that is slow *for its replica*, and a replica that
+   rule 3 (and the cap): a hedge is for a call that is slow *for its replica*, and a replica that
    is degraded but not yet drained still has its calls hedged early enough to help. A merely slower
    replica's ordinary calls were otherwise hedged, and each hedge that lost to its primary cost the
    other replica a prefill for nothing (wasted work in the ``faults`` benchmark, docs/benchmarks.md).
-   Drained replicas are left to rule 2: their probes are hedged after a typical healthy TTFT.
+   Drained replicas are left to rule 2: their probes are hedged after a typical healthy TTFT;
+5. until the class has ``min_samples`` samples in all, the delay is ``warmup_delay``, or from
+   `TTFTStats.MIN_WARMUP_SAMPLES` (3) samples on, twice the typical TTFT if that is longer.
+
+The cap of rule 3 is for a heavy tail: calls typically 0.3 s whose p95 lands among 10 s stalls are hedged at
+``max_delay``. It is no reason to hedge calls that are all slow: when the typical TTFT itself is above
+``max_delay`` (a reasoning model thinking 3 s before its first token), a cap of ``max_delay`` hedged every call
+before its first token could come, and the hedge, needing as long, lost nearly always: the servers did twice
+the work, the budget paid for it, and no call was faster. A hedge sent at d wins only over a primary slower
+than d plus a fresh attempt's TTFT; sent before the typical TTFT, it mostly races calls that are not slow at
+all. So the cap is never below twice the typical TTFT: a call is hedged when it is slower than its class's
+p95, or (a heavy tail) than twice the typical TTFT, which is slow for any shape of tail, and its hedge then
+answers at about three times the typical TTFT. A class typically under ``max_delay`` / 2 is not changed by
+this. Likewise the warm-up delay, a guess before any measurement, gives way to twice the typical TTFT once a
+median of three samples shows the guess is short (a median, so one slow first call does not make it).
 
 Calls with an affinity key are told apart by whether they were expected to find their prompt prefix in the
 replica's cache (sent to the replica that answered the key's last call: `AffinityRouting.expected_hit`): a
@@ -55,7 +69,7 @@ def _no_epoch() -> int:
 class _ClassStats:
     """One (tier, stream) class: a window per replica, and the estimates last read from them."""
 
-    __slots__ = ("delay", "epoch", "high", "own", "since", "typical", "windows")
+    __slots__ = ("delay", "epoch", "high", "own", "since", "typical", "warmup", "windows")
 
     def __init__(self) -> None:
         self.windows: dict[str, StreamingQuantile] = {}
@@ -63,6 +77,8 @@ class _ClassStats:
         """Samples added since the estimates were computed."""
         self.epoch = -1
         self.delay: float | None = None
+        self.warmup = 0.0
+        """The delay while ``delay`` is None (warming up): rule 5."""
         self.own: dict[str, float] = {}
         """Rule 4: a counted replica's own (clamped) quantile, where it is above ``delay``."""
         self.typical = 0.0
@@ -84,6 +100,10 @@ class TTFTStats:
     """A replica's samples of expected cache hits (or misses) before a keyed call's delay is read from them."""
     RECOMPUTE_EVERY = 8
     OWN_DELAY_CAP = 2.0
+    TYPICAL_FACTOR = 2.0
+    """The delay may rise to this many times the typical (median) TTFT, above ``max_delay`` (rules 3 and 5)."""
+    MIN_WARMUP_SAMPLES = 3
+    """Samples of a class before its typical TTFT can lengthen the warm-up delay (rule 5)."""
 
     def __init__(
         self,
@@ -129,8 +149,10 @@ class TTFTStats:
             if window is not None and window.count >= self.MIN_CLASS_SAMPLES and split and split.delay is not None:
                 return split.own.get(replica, split.delay)
         stats = self._fresh(tier, stream)
-        if stats is None or stats.delay is None:
+        if stats is None:
             return policy.warmup_delay
+        if stats.delay is None:
+            return stats.warmup
         return stats.own.get(replica, stats.delay) if replica is not None and stats.own else stats.delay
 
     def typical(self, tier: str, stream: bool) -> float:
@@ -164,11 +186,15 @@ class TTFTStats:
         stats.typical = lower_median([w.quantile(0.5) or 0.0 for w in counted.values()]) or 0.0
         stats.high = lower_median(list(quantiles.values())) or 0.0
         stats.own = {}
-        if not healthy or sum(w.count for w in stats.windows.values()) < policy.min_samples:
+        longest = max(policy.max_delay, self.TYPICAL_FACTOR * stats.typical)
+        samples = sum(w.count for w in stats.windows.values())
+        if not healthy or samples < policy.min_samples:
             stats.delay = None  # warming up
+            known = samples >= self.MIN_WARMUP_SAMPLES  # a median of three: not one slow first call's
+            stats.warmup = max(policy.warmup_delay, self.TYPICAL_FACTOR * stats.typical if known else 0.0)
             return
-        stats.delay = delay = min(policy.max_delay, max(policy.min_delay, stats.high))  # counted is healthy here
-        cap = min(policy.max_delay, self.OWN_DELAY_CAP * delay)
+        stats.delay = delay = min(longest, max(policy.min_delay, stats.high))  # counted is healthy here
+        cap = min(longest, self.OWN_DELAY_CAP * delay)
         stats.own = {name: min(cap, q) for name, q in quantiles.items() if q > delay}
 
     def __repr__(self) -> str:

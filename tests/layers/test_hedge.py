@@ -21,6 +21,7 @@ import trio.lowlevel
 import trio.testing
 
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
+from llmguard_client._routing.ttft_stats import TTFTStats
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
 
@@ -118,6 +119,41 @@ def test_a_probe_of_a_drained_replica_is_hedged_after_a_typical_ttft_not_the_p95
     # After max(min_delay, the typical 20 ms), not after the p95's 2 s.
     assert hedge_attempt.start - primary.start == pytest.approx(0.05, abs=1e-9)
     assert fakes["http://slow.test"].open_streams == 0
+
+
+def thinking_plans(n: int, stall_at: int) -> list[Plan]:
+    """A reasoning model's answers: first tokens after 2.9-3.1 s, spread evenly (every call alike), and every 20th
+    one (from ``stall_at``) stalled 20 s."""
+    return [Plan(first_token_after=20.0 if i % 20 == stall_at else 2.9 + 0.2 * (i * 0.618034 % 1)) for i in range(n)]
+
+
+@BACKENDS
+def test_calls_whose_typical_ttft_is_above_max_delay_are_hedged_only_in_their_tail(backend: str) -> None:
+    """Typically 3 s to a first token, over the 2 s ``max_delay``: hedging at the clamp would send every call
+    twice for nothing (its hedge needs 3 s too). The stalled calls are still hedged, and their hedges win."""
+    fakes = {
+        "http://a.test": FakeReplica("a", thinking_plans(80, stall_at=9)),
+        "http://b.test": FakeReplica("b", thinking_plans(80, stall_at=19)),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=60.0, total=120.0, stall=10.0)}
+        async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
+            for _ in range(60):
+                response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "t"})
+                assert response.status_code == 200
+            assert guard.snapshot().idle
+            assert guard.ttft_stats.hedge_delay("t", True) > 3.0  # the p95, not clamped to max_delay
+
+    run_virtual(main, backend)
+    rescued = [r for r in records if r.hedged and r.attempts[-1].outcome == "won"]
+    lost = [r for r in records if r.hedged and r.attempts[0].outcome == "won"]
+    assert all(r.ttft is not None and r.ttft < 10.0 for r in records)  # no call waited out its 20 s stall
+    assert len(rescued) >= 2
+    # Hedges that lost to their primary: the first calls, before the warm-up knows the TTFT is 3 s, then
+    # about one call in 20 (those above the p95). At the clamp every call was hedged, and nearly every hedge lost.
+    assert len(lost) <= TTFTStats.MIN_WARMUP_SAMPLES + 3
 
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="not the caller's")

@@ -32,7 +32,7 @@ def test_the_delay_follows_the_quantile_warms_up_and_is_clamped() -> None:
     assert stats.hedge_delay("t", True) == pytest.approx(0.19405, abs=1e-3)  # p95
     assert stats.hedge_delay("t", False) == 0.5  # streaming and non-streaming are separate
     assert stats.hedge_delay("other", True) == 0.5  # and so are tiers
-    feed(stats, "r0", [10.0] * 300)
+    feed(stats, "r0", [10.0 if i % 10 == 0 else 0.1 for i in range(300)])  # a tail of 10 % stalls
     assert stats.hedge_delay("t", True) == 2.0  # clamped to max_delay; old samples aged out
     feed(stats, "r0", [0.001] * 300)
     assert stats.hedge_delay("t", True) == 0.05  # and to min_delay
@@ -174,3 +174,44 @@ def test_a_class_with_too_few_samples_on_the_replica_falls_back_to_all_calls() -
     assert stats.hedge_delay("t", True, "r0", True) == stats.hedge_delay("t", True, "r0")
     assert stats.hedge_delay("t", True, "r1", True) == pytest.approx(0.05)  # min_delay: the class is warm there
     assert stats.hedge_delay("t", True, "r0", False) == stats.hedge_delay("t", True, "r0")  # no misses at all
+
+
+def test_a_typical_ttft_above_max_delay_raises_the_cap_to_twice_it() -> None:
+    """Calls that all take about 3 s (a reasoning model thinking) are hedged at their p95, not at max_delay:
+    at 2 s every call would be hedged, and each hedge would need 3 s too. A heavy tail is still cut at
+    twice the typical TTFT, and a fast class's at max_delay."""
+    stats = TTFTStats(POLICY)
+    for name in ("r0", "r1"):
+        feed(stats, name, spread(2.0))  # 2-4 s, typically 3 s
+    assert stats.typical("t", True) == pytest.approx(3.0, rel=0.01)
+    assert stats.hedge_delay("t", True) == pytest.approx(2.0 * 1.95, rel=0.01)  # the p95
+    assert stats.hedge_delay("t", True, "r0") == stats.hedge_delay("t", True)
+    for name in ("r0", "r1"):
+        feed(stats, name, [30.0 if i % 10 == 0 else 3.0 for i in range(TTFTStats.WINDOW)])  # 10 % stall 30 s
+    assert stats.hedge_delay("t", True) == pytest.approx(TTFTStats.TYPICAL_FACTOR * 3.0)
+    for name in ("r0", "r1"):
+        feed(stats, name, [30.0 if i % 10 == 0 else 0.3 for i in range(TTFTStats.WINDOW)])
+    assert stats.hedge_delay("t", True) == POLICY.max_delay  # typically 0.3 s: the stragglers at max_delay
+
+
+def test_a_slower_replicas_own_quantile_is_capped_by_the_raised_cap_too() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", spread(2.0))  # p95 3.9 s
+    feed(stats, "r1", spread(2.0))
+    feed(stats, "r2", spread(2.4))  # slower, not drained: p95 4.68 s
+    feed(stats, "r3", spread(20.0))  # degraded, not yet drained
+    delay = stats.hedge_delay("t", True)
+    assert delay == pytest.approx(2.0 * 1.95, rel=0.01)
+    assert stats.hedge_delay("t", True, "r2") == pytest.approx(2.4 * 1.95, rel=0.01)  # its own p95
+    assert stats.hedge_delay("t", True, "r3") == pytest.approx(TTFTStats.TYPICAL_FACTOR * stats.typical("t", True))
+
+
+def test_the_warm_up_delay_waits_for_twice_a_typical_ttft_once_three_samples_show_it() -> None:
+    stats = TTFTStats(POLICY)
+    feed(stats, "r0", [3.0] * (TTFTStats.MIN_WARMUP_SAMPLES - 1))
+    assert stats.hedge_delay("t", True) == POLICY.warmup_delay  # one or two calls say little
+    feed(stats, "r1", [3.0])
+    assert stats.hedge_delay("t", True) == pytest.approx(6.0)  # not every call hedged at 0.5 s while warming up
+    fast = TTFTStats(POLICY)
+    feed(fast, "r0", [0.05] * 10)
+    assert fast.hedge_delay("t", True) == POLICY.warmup_delay  # never shorter than warmup_delay
