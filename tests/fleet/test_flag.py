@@ -44,9 +44,7 @@ async def test_a_kill_switch_stays_on_through_a_restart(redis_factory: type[Redi
     server.start()
     a, b = guard(server.url), guard(server.url)
     try:
-        await connected(a, b)
-        await rollout(server, "kill")
-        await until(lambda: a._rollout.override == b._rollout.override == 0.0)
+        await killed(server, a, b)
         await restart(server, a, b)
         await anyio.sleep(0.3)  # several polls of the restarted store
         assert a._rollout.override == b._rollout.override == 0.0
@@ -67,9 +65,7 @@ async def test_a_cleared_flag_stays_cleared_through_a_restart(redis_factory: typ
     server.start()
     a = guard(server.url)
     try:
-        await connected(a)
-        await rollout(server, "kill")
-        await until(lambda: a._rollout.override == 0.0)
+        await killed(server, a)
         await rollout(server, "clear")
         await until(lambda: a._rollout.override is None)
         await restart(server, a)
@@ -88,9 +84,7 @@ async def test_a_command_run_while_a_process_was_cut_off_is_not_undone_when_it_r
     a = guard(redis_server.url)
     store = a._fleet.store  # type: ignore[union-attr]
     try:
-        await connected(a)
-        await rollout(redis_server, "kill")
-        await until(lambda: a._rollout.override == 0.0)
+        await killed(redis_server, a)
         store.backoff_initial = 4.0  # cut off for 2-4 s
         store.degrade(RuntimeError("cut off by the test"))
         await rollout(redis_server, *command)
@@ -137,6 +131,20 @@ def test_a_new_sync_process_follows_the_kill_switch_from_its_first_call(
         assert [c.cohort for c in calls] == ["control"] * 3
 
 
+async def killed(server: RedisServer, *guards: Guard) -> None:
+    """``guards`` connected, then the kill switch set and in force in each."""
+    await connected(*guards)
+    await rollout(server, "kill")
+    await until(lambda: all(g._rollout.override == 0.0 for g in guards))
+
+
+async def written_back(client: redis.Redis) -> None:
+    """Wait (10 s at most) until a process's next read writes the lost kill switch back."""
+    with anyio.fail_after(10):
+        while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by a process's next read)
+            await anyio.sleep(0.01)
+
+
 async def _lose_by_flushall(server: RedisServer, client: redis.Redis) -> None:
     await client.flushall()
 
@@ -171,14 +179,10 @@ async def test_a_kill_switch_lost_without_a_restart_is_written_back(
     a, b = guard(server.url), guard(server.url)
     client = redis.Redis.from_url(server.url)
     try:
-        await connected(a, b)
-        await rollout(server, "kill")
-        await until(lambda: a._rollout.override == b._rollout.override == 0.0)
+        await killed(server, a, b)
         transitions = a.snapshot().fleet.transitions  # type: ignore[union-attr]
         await lose(server, client)
-        with anyio.fail_after(10):
-            while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by a process's next read)
-                await anyio.sleep(0.01)
+        await written_back(client)
         await until(lambda: sum("lost the rollout flag" in r.getMessage() for r in caplog.records) >= 1)
         assert a._rollout.override == b._rollout.override == 0.0
         assert a.snapshot().fleet.transitions == transitions  # type: ignore[union-attr]  # never disconnected
@@ -208,14 +212,10 @@ async def test_a_flag_lost_again_and_again_is_warned_of_once_then_logged_at_info
     a = guard(redis_server.url)
     client = redis.Redis.from_url(redis_server.url)
     try:
-        await connected(a)
-        await rollout(redis_server, "kill")
-        await until(lambda: a._rollout.override == 0.0)
+        await killed(redis_server, a)
         for _ in range(4):
             await client.flushall()
-            with anyio.fail_after(10):
-                while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by the next read)
-                    await anyio.sleep(0.01)
+            await written_back(client)
         await until(lambda: sum("lost the rollout flag" in r.getMessage() for r in caplog.records) == 4)
         lost = [r.levelno for r in caplog.records if "lost the rollout flag" in r.getMessage()]
         assert lost == [logging.WARNING] + [logging.INFO] * 3
@@ -238,9 +238,7 @@ async def test_a_failover_to_an_empty_primary_keeps_the_kill_switch(
     a = guard(server.url)
     client = redis.Redis.from_url(server.url)
     try:
-        await connected(a)
-        await rollout(server, "kill")
-        await until(lambda: a._rollout.override == 0.0)
+        await killed(server, a)
         await client.config_set("repl-diskless-load", "swapdb")  # the synced data set never touches the disk
         primary = redis.Redis(port=empty.port)
         await primary.config_set("repl-diskless-sync-delay", "0")
@@ -249,9 +247,7 @@ async def test_a_failover_to_an_empty_primary_keeps_the_kill_switch(
         await until(lambda: any("could not write it back: ReadOnlyError" in r.getMessage() for r in caplog.records))
         assert a._rollout.override == 0.0 and await client.get(KILL) is None
         await client.replicaof("no", "one")
-        with anyio.fail_after(10):
-            while await client.get(KILL) != b"1":  # noqa: ASYNC110 (written back by the next read)
-                await anyio.sleep(0.01)
+        await written_back(client)
         await until(lambda: any("wrote the lost rollout flag back" in r.getMessage() for r in caplog.records))
         assert a._rollout.override == 0.0
         assert sum("lost the rollout flag" in r.getMessage() for r in caplog.records) == 1

@@ -215,6 +215,13 @@ def test_an_httpcore_the_pass_is_not_written_for_keeps_its_own_pool(monkeypatch:
     assert type(transport._pool) is httpcore.AsyncConnectionPool
 
 
+async def read_request(reader: asyncio.StreamReader) -> None:
+    """Read one HTTP/1.1 request, headers and ``content-length`` body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+
+
 class ClosesKeptAlive:
     """A loopback server that answers the first request on each connection, keeps the connection, and closes it
     without answering when the next request comes on it, once it has read it (a worker that crashed on it).
@@ -228,9 +235,7 @@ class ClosesKeptAlive:
         served = 0
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                await read_request(reader)
                 self.requests += 1
                 if served or self.drop_fresh:
                     self.dropped += 1
@@ -255,9 +260,7 @@ class ClosesIdle:
         self.writers.add(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                await read_request(reader)
                 self.requests += 1
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 await writer.drain()
@@ -405,9 +408,7 @@ class Crashes:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-                await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
+                await read_request(reader)
                 self.requests += 1
                 if self.requests > self.serve:
                     break
