@@ -147,9 +147,11 @@ class RateLimit:
         minute's tokens in one second. A call larger than the capacity is admitted when the bucket is full.
 
     A call is charged before it is sent (1 request, and its prompt estimate + ``max_tokens`` tokens) and
-    corrected from the ``usage`` it reports; ``x-ratelimit-remaining-*`` headers lower the bucket when
-    the provider says it has less room. A call that does not fit waits for its share if its p95 TTFT still
-    fits its tier's ttft after it, or fails at once with `RateLimited` (``retry_after``: missing / refill rate).
+    corrected from the ``usage`` it reports; the provider's rate-limit headers (OpenAI's
+    ``x-ratelimit-remaining-*``, Anthropic's ``anthropic-ratelimit-*``, ``x-ratelimit-remaining``) lower the
+    bucket when the provider says it has less room. A call that does not fit waits for its share if its p95
+    TTFT still fits its tier's ttft after it, or fails at once with `RateLimited` (``retry_after``: missing /
+    refill rate).
     """
 
     requests_per_minute: float | None = None

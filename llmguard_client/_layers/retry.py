@@ -16,7 +16,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After. A 429 carrying
-  the provider's ``x-ratelimit-*`` headers, from a replica under a configured `RateLimit`, lowers its
+  the provider's rate-limit headers, from a replica under a configured `RateLimit`, lowers its
   bucket to the room they report (the rate-limit layer) and, with a Retry-After, cools the replica for it
   as any 429 does (the server's word on when to come back); without one it sets no cool-down: the
   bucket admits the next attempts;
@@ -294,7 +294,7 @@ class RetryLayer:
                 self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
 
     def _provider_limit(self, failure: AttemptFailure) -> bool:
-        """A 429 with ``x-ratelimit-remaining-*`` headers and no Retry-After from a replica under a configured
+        """A 429 with rate-limit headers (`remaining_room`) and no Retry-After from a replica under a configured
         `RateLimit`: the bucket, lowered to the room reported, paces the next attempts. A Retry-After is the
         server's own word on when to come back: it is honoured whatever else the 429 carries."""
         return (

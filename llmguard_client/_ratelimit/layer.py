@@ -7,8 +7,8 @@ at the ratio they report: `llmguard_client._ratelimit.prompt_estimate`) plus ``m
 (`DEFAULT_OUTPUT_ESTIMATE` when the request sets none). When the
 call ends, a winner's charge is corrected from the ``usage`` it reported (or, for a stream without usage,
 from its chunk count), and an attempt the provider refused (429) is refunded: it used none of the limit.
-``x-ratelimit-remaining-*`` headers on any answer lower the bucket to the room the provider reports
-(`llmguard_client._ratelimit.buckets`).
+The provider's rate-limit headers on any answer (`llmguard_client._ratelimit.headers.remaining_room`) lower
+the bucket to the room the provider reports (`llmguard_client._ratelimit.buckets`).
 
 An attempt that does not fit waits for its share if that wait, plus the time a first token takes on all but
 the slowest tries (`Call.slow_ttft`, the p95), fits before its route's deadline; otherwise the call fails at
