@@ -15,7 +15,10 @@ After a round fails, `Retrier` decides whether and where to try again:
   `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
-  gives up at once, handing back the server's answer and its Retry-After. A 429 carrying
+  gives up at once, handing back the server's answer and its Retry-After. A 429 whose rate-limit headers
+  report room left in every limit they report (`room_left`: the provider refused that request for its own
+  size, as a tokens-per-minute limit charging prompt + ``max_tokens`` does) cools nothing: the other calls go
+  on, and its Retry-After paces that call's own retry only. A 429 carrying
   the provider's rate-limit headers, from a replica under a configured `RateLimit`, lowers its
   bucket to the room they report (the rate-limit layer) and, with a Retry-After, cools the replica for it
   as any 429 does (the server's word on when to come back); without one it sets no cool-down: the
@@ -66,7 +69,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win, close_unread
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
-from llmguard_client._ratelimit.headers import remaining_room
+from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import RetryPolicy, deadline_text
@@ -252,8 +255,9 @@ class RetryLayer:
     ) -> None:
         """The one failure classification of every attempt (first, retry, hedge, continuation) and of a
         stream broken after its first token: cool down replicas that signalled overload (with or without
-        Retry-After, for at most `RetryPolicy.max_retry_after`) unless a provider rate limit takes a 429 that
-        has no Retry-After;
+        Retry-After, for at most `RetryPolicy.max_retry_after`) unless the 429 reports room left in every limit
+        its rate-limit headers report (the request was refused for its own size), or a provider rate limit takes
+        a 429 that has no Retry-After;
         count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
         (the replicas the route already counted, updated here); tell the router of a 401, 403 or 404 (a rejection:
         it drains a replica that rejects what the others serve, and counts toward no circuit). Not ``judged`` (a
@@ -270,6 +274,9 @@ class RetryLayer:
                     self.replicas.probe_answered(state)
                     continue
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
+                if _refused_for_its_size(failure):
+                    self.replicas.probe_answered(state)  # room for the others: a cool-down it probed ends
+                    continue
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
                 seconds, why = failure.retry_after, "retry_after"
@@ -443,6 +450,13 @@ class RetryLayer:
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")
         return True
+
+
+def _refused_for_its_size(failure: AttemptFailure) -> bool:
+    """A 429 whose rate-limit headers report room left in every limit they report: the provider refused that
+    request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
+    Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
+    return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
 
 
 def _cooling_refusal(call: Call, why: str, retry_after: float, stopped: Stop) -> Failed:

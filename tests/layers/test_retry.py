@@ -18,6 +18,7 @@ from llmguard_client import (
     BudgetPolicy,
     Guard,
     PhaseRecord,
+    RateLimit,
     RetryPolicy,
     Tier,
 )
@@ -190,6 +191,60 @@ def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_t
     probe, retried = second.attempts
     assert probe.start == pytest.approx(emptied.finish + 0.5, abs=1e-6)  # waited for the cool-down's probe
     assert probe.finish is not None and retried.start == pytest.approx(probe.finish + 1.0, abs=1e-6)
+
+
+ROOM_LEFT = {
+    "openai": {"x-ratelimit-remaining-requests": "59", "x-ratelimit-remaining-tokens": "1200"},
+    "anthropic": {
+        "anthropic-ratelimit-requests-remaining": "49",
+        "anthropic-ratelimit-tokens-remaining": "1000",
+        "anthropic-ratelimit-input-tokens-remaining": "1000",
+        "anthropic-ratelimit-output-tokens-remaining": "8000",
+    },
+    "none left": {"x-ratelimit-remaining-requests": "59", "x-ratelimit-remaining-tokens": "0"},
+    "no headers": {},
+}
+
+
+@BACKENDS
+@pytest.mark.parametrize("limit", [None, RateLimit(requests_per_minute=600)], ids=["plain", "rate_limit"])
+@pytest.mark.parametrize("headers", list(ROOM_LEFT), ids=list(ROOM_LEFT))
+def test_a_429_reporting_room_left_refuses_that_request_only_and_cools_nothing(
+    backend: str, headers: str, limit: RateLimit | None
+) -> None:
+    """One hosted endpoint limiting tokens per minute refuses one big request (429, Retry-After: 5) while its
+    rate-limit headers report room left in every limit: the request was refused for its own size, not the
+    endpoint for everyone, so another call started meanwhile is sent at once and served, and only the big call's
+    retry waits out the Retry-After. A 429 reporting no room left, or no headers, cools the endpoint as before:
+    the other call waits for the cool-down's probe (halfway)."""
+    refused = Plan(status=429, retry_after="5", headers_after=0.01, headers=ROOM_LEFT[headers])
+    fakes = {"http://a.test": FakeReplica("a", [refused, Plan()])}
+    records: list[PhaseRecord] = []
+    answers: dict[str, int] = {}
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=10.0, total=20.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, rate_limit=limit) as virtual:
+            async with virtual.http_client() as client, anyio.create_task_group() as tg:
+
+                async def call(name: str, after: float) -> None:
+                    await anyio.sleep(after)
+                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
+
+                tg.start_soon(call, "big", 0.0)
+                tg.start_soon(call, "small", 0.5)
+
+    run_virtual(main, backend)
+    assert answers == {"big": 200, "small": 200}
+    big, small = sorted(records, key=lambda r: r.start)
+    first, retry = big.attempts
+    (sent,) = small.attempts
+    assert (first.status_code, retry.kind, retry.outcome, sent.outcome) == (429, "retry", "won", "won")
+    assert first.finish is not None and retry.start == pytest.approx(first.finish + 5.0, abs=1e-6)
+    if headers in ("openai", "anthropic"):
+        assert sent.start == pytest.approx(small.start, abs=1e-6)  # at once: nothing cooled
+    else:
+        assert sent.start == pytest.approx(first.finish + 2.5, abs=1e-6)  # the cool-down's probe
 
 
 @BACKENDS
