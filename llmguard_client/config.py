@@ -151,7 +151,7 @@ class RateLimit:
     ``x-ratelimit-remaining-*``, Anthropic's ``anthropic-ratelimit-*``, ``x-ratelimit-remaining``) lower the
     bucket when the provider says it has less room. A call that does not fit waits for its share if its p95
     TTFT still fits its tier's ttft after it, or fails at once with `RateLimited` (``retry_after``: missing /
-    refill rate).
+    refill rate). Calls are admitted in arrival order: small calls wait behind a large one waiting for room.
     """
 
     requests_per_minute: float | None = None
