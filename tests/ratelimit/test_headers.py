@@ -1,7 +1,7 @@
 """The rate-limit headers of each provider's form: the room they report, the reset they give, whether room is left.
 
-OpenAI's form is tested with the router (tests/routing/test_router.py); here: Anthropic's, the unsuffixed form
-(Together, OpenRouter), repeated headers, and a 429 refusing a request for its own size.
+OpenAI's form and its durations, Anthropic's, the unsuffixed form (Together, OpenRouter), repeated headers, and a
+429 refusing a request for its own size.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llmguard_client._ratelimit.headers import MAX_RESET, parse_rate_limits, remaining_room, room_left
+from llmguard_client._ratelimit.headers import MAX_RESET, parse_duration, parse_rate_limits, remaining_room, room_left
 
 DATE = "Sun, 06 Dec 2026 03:44:48 GMT"
 """The answer's time (its ``Date``): resets given as a time are read against it."""
@@ -116,3 +116,39 @@ def test_room_left_in_every_limit_reported(headers: dict[str, str], left: bool |
 
 def test_headers_in_a_plain_mapping_are_read_whatever_their_case() -> None:
     assert remaining_room({"Anthropic-RateLimit-Requests-Remaining": "4"}) == (4, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02), ("1h2m3.5s", 3723.5), ("1.5", 1.5), ("0", 0.0)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "1x", "s", "-1", "1s2", "inf", "nan"])
+def test_parse_duration_rejects_what_is_not_a_duration(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def test_parse_rate_limits() -> None:
+    assert parse_rate_limits(httpx.Headers({})) is None
+    assert parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-requests": "oops"})) is None
+    room = parse_rate_limits(httpx.Headers({"X-RateLimit-Remaining-Requests": "59"}))
+    assert room is not None and room.no_room_for == 0
+    both = httpx.Headers(
+        {
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1s",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "6m0s",
+        }
+    )
+    hint = parse_rate_limits(both)
+    assert hint is not None and hint.no_room_for == 360.0
+    unreadable = parse_rate_limits(
+        httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "?"})
+    )
+    assert unreadable is not None and unreadable.no_room_for == 1.0
+    huge = parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "99h"}))
+    assert huge is not None and huge.no_room_for == MAX_RESET

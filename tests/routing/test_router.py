@@ -17,7 +17,6 @@ import pytest
 
 from llmguard_client import PhaseRecord, Tier
 from llmguard_client._core.transport import _stream_outcome
-from llmguard_client._ratelimit.headers import MAX_RESET, parse_duration, parse_rate_limits
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client.protocols import reader_for
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
@@ -757,45 +756,6 @@ def test_stream_outcome_tells_complete_broken_truncated_and_abandoned_streams() 
         attempt=SimpleNamespace(first_token=1.0),
     )
     assert _stream_outcome("ok", None, body, 1.0)[1:] == (None, None)  # non-streaming: no timing
-
-
-# --- rate-limit headers ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02), ("1h2m3.5s", 3723.5), ("1.5", 1.5), ("0", 0.0)],
-)
-def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text", ["", "soon", "1x", "s", "-1", "1s2", "inf", "nan"])
-def test_parse_duration_rejects_what_is_not_a_duration(text: str) -> None:
-    assert parse_duration(text) is None
-
-
-def test_parse_rate_limits() -> None:
-    assert parse_rate_limits(httpx.Headers({})) is None
-    assert parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-requests": "oops"})) is None
-    room = parse_rate_limits(httpx.Headers({"X-RateLimit-Remaining-Requests": "59"}))
-    assert room is not None and room.no_room_for == 0
-    both = httpx.Headers(
-        {
-            "x-ratelimit-remaining-requests": "0",
-            "x-ratelimit-reset-requests": "1s",
-            "x-ratelimit-remaining-tokens": "0",
-            "x-ratelimit-reset-tokens": "6m0s",
-        }
-    )
-    hint = parse_rate_limits(both)
-    assert hint is not None and hint.no_room_for == 360.0
-    unreadable = parse_rate_limits(
-        httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "?"})
-    )
-    assert unreadable is not None and unreadable.no_room_for == 1.0
-    huge = parse_rate_limits(httpx.Headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "99h"}))
-    assert huge is not None and huge.no_room_for == MAX_RESET
 
 
 def test_a_replica_without_room_ranks_last_until_its_reset() -> None:
