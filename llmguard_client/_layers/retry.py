@@ -38,11 +38,13 @@ After a round fails, `Retrier` decides whether and where to try again:
   budget refuses the retry at once to another replica after such an answer, the retry goes back, paced, to the
   replica that asked (`_back_to_asker`), as it would with that replica alone, unless it is excluded (a
   Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
-- on the only replica left (one configured, or the others excluded or open), a streak of failures (5xx,
-  408s, overload answers, transport errors) that empties the budget does not end the calls: the replica cools
-  for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first
-  attempts wait for its probe, and the refused retry goes as a paced one at the cool-down's end, within the
-  call's deadline and attempts (the plain SDK would retry there too; the server sees probes, not a flood);
+- on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
+  answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
+  after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
+  once the replica's circuit has opened (it failed every call lately), it also cools for
+  `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first attempts wait
+  for its probe, and the retry goes at the cool-down's end (the server sees probes, not a flood). A replica
+  that fails some calls and serves the others holds back no other call;
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
@@ -435,9 +437,12 @@ class RetryLayer:
         self, now: float, last: AttemptFailure, state: ReplicaState, avoid: tuple[ReplicaState, ...]
     ) -> bool:
         """Whether a retry the budget refused goes instead as a paced retry: it goes back to the only replica left
-        (nowhere else to go), which failed with a 5xx, a 408, an overload answer or a transport error. That replica is
-        then cooled for `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``): new
-        first attempts wait for its probe, and the retry goes at the cool-down's end."""
+        (nowhere else to go), which failed with a 5xx, a 408, an overload answer or a transport error, after the
+        backoff of a retry to the same replica, as an SDK's retry would. Only a replica whose circuit has opened
+        (it failed `RetryPolicy.circuit_failures` calls in a row, and none has succeeded since) is also cooled for
+        `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``): new first attempts wait
+        for its probe, and the retry goes at the cool-down's end. One that fails some calls and serves the others
+        (random 5xx or 408s) holds back no other call."""
         assert self.policy is not None
         status = last.status_code or 0
         failing = last.overload or last.is_transport_error or status >= 500 or status == 408  # 408: timed out there
@@ -445,7 +450,7 @@ class RetryLayer:
             return False
         if self.replicas.alone(now, avoid) is not state:
             return False
-        if not state.cooling(now):
+        if state.tripped and not state.cooling(now):
             seconds = self.policy.overload_cooldown
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")

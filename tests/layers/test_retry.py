@@ -154,10 +154,11 @@ def test_a_429_or_503_without_retry_after_from_the_only_replica_is_paced_by_the_
 def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_the_budget_is_empty(
     backend: str,
 ) -> None:
-    """One endpoint (a proxy whose backend restarts) answering 502s: the budget pays the first retry with the
-    normal backoff; when it is empty, the call does not end: the replica cools for `overload_cooldown`, the
-    retry goes at the cool-down's end, and a new call waits for the cool-down's probe instead of adding load.
-    That probe failing too renews the cool-down, and its own retry goes at the end of that one."""
+    """One endpoint (a proxy whose backend restarts) answering 502s to every call, so its circuit has opened
+    (here after one call: ``circuit_failures=1``): the budget pays the first retry with the normal backoff; when it
+    is empty, the call does not end: the replica cools for `overload_cooldown`, the retry goes at the cool-down's
+    end, and a new call waits for the cool-down's probe instead of adding load. That probe failing too renews the
+    cool-down, and its own retry goes at the end of that one."""
     failing = Plan(status=502, headers_after=0.01)
     fakes = {"http://a.test": FakeReplica("a", [failing, failing, failing, Plan()])}
     records: list[PhaseRecord] = []
@@ -165,7 +166,7 @@ def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_t
 
     async def main() -> None:
         tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0)
+        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0, circuit_failures=1)
         budget = BudgetPolicy(ratio=0.0, floor=1)
         async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
             async with virtual.http_client() as client, anyio.create_task_group() as tg:
@@ -248,18 +249,42 @@ def test_a_429_reporting_room_left_refuses_that_request_only_and_cools_nothing(
 
 
 @BACKENDS
-def test_a_408_from_the_only_replica_is_paced_like_a_5xx_once_the_budget_is_empty(backend: str) -> None:
-    """A 408 (a request timeout from the server or a load balancer in front of it) is retried by both SDKs: on the
-    only replica, with the budget empty, its retry goes at the end of a `failing` cool-down, as a 5xx's does (it
-    used to be handed back at once, final, where the plain SDK served the call on its retry)."""
-    fakes = {"http://a.test": FakeReplica("a", [Plan(status=408, headers_after=0.01), Plan()])}
-    retry = RetryPolicy(overload_cooldown=1.5)
-    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
-    assert response.status_code == 200
-    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
-    first, retry_attempt = record.attempts
-    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (408, "retry", "won")
-    assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
+@pytest.mark.parametrize("status", [408, 502])
+def test_an_only_replica_failing_some_calls_retries_them_past_an_empty_budget_and_holds_back_no_other(
+    backend: str, status: int
+) -> None:
+    """A 408 (a request timeout from the server or a load balancer in front of it) or a 502 on the only replica,
+    with the budget empty: the retry goes past the budget after the same-replica backoff, as the SDKs' would (a
+    408 used to be handed back at once, final), and a call started meanwhile is sent at once. (Both used to cool
+    the replica for `overload_cooldown`: a replica answering 20 % of its calls with a 408 or a 500 served a
+    quarter of what the plain SDK did, every call waiting for the cool-down's probe.)"""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan(), Plan()])}
+    records: list[PhaseRecord] = []
+    answers: dict[str, int] = {}
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.5)
+        budget = BudgetPolicy(ratio=0.0, floor=0)
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
+            async with virtual.http_client() as client, anyio.create_task_group() as tg:
+
+                async def call(name: str, after: float) -> None:
+                    await anyio.sleep(after)
+                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
+
+                tg.start_soon(call, "failing", 0.0)
+                tg.start_soon(call, "other", 0.05)  # after the first answer, before its retry
+            snapshot = virtual.snapshot().budget
+        assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
+
+    run_virtual(main, backend)
+    assert answers == {"failing": 200, "other": 200}
+    failing, other = sorted(records, key=lambda r: r.start)
+    first, retried = failing.attempts
+    assert (first.status_code, retried.kind, retried.outcome) == (status, "retry", "won")
+    assert first.finish is not None and 0.1 <= retried.start - first.finish <= 0.2  # the same-replica backoff
+    assert len(other.attempts) == 1 and other.attempts[0].start - first.start == pytest.approx(0.05, abs=1e-6)
 
 
 @BACKENDS
