@@ -151,7 +151,7 @@ class AdmissionLayer:
         wait = gate.wait_for(ahead, weight, share)
         if wait == float("inf"):
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
-        until = deadline - ttft
+        until = min(deadline - ttft, now + call.pool_wait)  # at most the caller's pool timeout
         if self._urgent(call) and math.isfinite(call.tier.ttft):  # the most urgent tier's wait is bounded: its
             # caller learns a refusal early (a tier without a ttft deadline waits until a slot frees up)
             started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call

@@ -50,6 +50,10 @@ class Call:
     """Absolute time (on ``clock``) by which the first content token must arrive."""
     total_deadline: float
     """Absolute time by which the whole response must have arrived."""
+    pool_wait: float
+    """The longest the guard holds an attempt before sending it (for a rate limit's room, a cooling replica's
+    probe, an admission line, a bulkhead slot): the caller's pool timeout, as httpx bounds a request's wait for
+    a free connection (inf: none). It bounds those waits in a tier without a first-token deadline too."""
     hedgeable: bool
     retry_any_status: bool
     generation: bool = True

@@ -7,7 +7,8 @@ the retry count each attempt reports back.
   carries it to the replica's pool: its read timeout bounds each read, as without a guard (a keep-alive event
   before the first token restarts it; a wait for a server's Retry-After between attempts is no read). One that
   ends a read before the first token is the SDK's to retry (the guard does not). After the first token the
-  tier's ``stall`` is capped by it, never raised (`within_read_timeout`).
+  tier's ``stall`` is capped by it, never raised (`within_read_timeout`). Its pool timeout (how long a request
+  may wait for a free connection) bounds each wait of the guard's own before an attempt is sent (`pool_timeout`).
 - ``x-stainless-retry-count`` (sent by the openai and anthropic SDKs, read by servers and proxies):
   the guard's n-th attempt of a call reports the SDK's count plus n (`with_retry_count`).
 """
@@ -72,6 +73,16 @@ def read_timeout(extensions: Mapping[str, Any]) -> float | None:
     if isinstance(read, bool) or not isinstance(read, (int, float)) or not 0 < read < math.inf:
         return None
     return float(read)
+
+
+def pool_timeout(extensions: Mapping[str, Any]) -> float:
+    """The SDK's pool timeout for this call (how long it lets a request wait for a free connection): the longest
+    the guard holds an attempt before sending it (`Call.pool_wait`); inf if it set none."""
+    timeout = extensions.get("timeout")
+    pool = timeout.get("pool") if isinstance(timeout, Mapping) else None
+    if isinstance(pool, bool) or not isinstance(pool, (int, float)) or not 0 <= pool < math.inf:
+        return math.inf
+    return float(pool)
 
 
 def with_retry_count(headers: list[tuple[bytes, bytes]], index: int) -> list[tuple[bytes, bytes]]:

@@ -34,7 +34,7 @@ import httpx
 
 from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.call import Call
-from llmguard_client._core.caller_intent import check_timeouts, max_attempts, within_read_timeout
+from llmguard_client._core.caller_intent import check_timeouts, max_attempts, pool_timeout, within_read_timeout
 from llmguard_client._core.clock import Clock, current_time_source, is_cancellation
 from llmguard_client._core.cooperative import allow_retry, next_episode, resume, sdk_rounds
 from llmguard_client._core.failure import (
@@ -401,6 +401,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             time=time_source,
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
+            pool_wait=pool_timeout(request.extensions),
             hedgeable=generation and streamed is None,
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             generation=generation,

@@ -64,7 +64,8 @@ class TierBulkhead:
 
 
 class BulkheadLayer:
-    """Admits a guarded call into its tier's bulkhead (if the tier has one)."""
+    """Admits a guarded call into its tier's bulkhead (if the tier has one): at once, or after a wait in line no
+    longer than its first-token deadline and its caller's pool timeout."""
 
     def __init__(self, bulkheads: Mapping[str, TierBulkhead], instrumentation: Instrumentation) -> None:
         self.bulkheads = dict(bulkheads)
@@ -75,21 +76,26 @@ class BulkheadLayer:
         if bulkhead is not None:
             admitted = bulkhead.try_acquire()
             if admitted is None:  # only a wait in line needs a cancel scope (and its timer)
-                with call.phase_until(call.first_token_deadline):  # Guard.aclose() ends it too
+                held = call.clock() + call.pool_wait  # at most the caller's pool timeout
+                with call.phase_until(min(call.first_token_deadline, held)):  # Guard.aclose() ends it too
                     admitted = await bulkhead.wait()
+                if admitted is None and held < call.first_token_deadline:
+                    return Failed(
+                        reason=self._full(call, bulkhead, f"after the {call.pool_wait:g}s of its pool timeout")
+                    )
                 if admitted is None:
                     return Failed(reason=ttft_timeout(call, "while waiting for a bulkhead slot"))
             if not admitted:
-                self._instrumentation.bulkhead_rejected(call.tier_name)
-                return Failed(
-                    reason=BulkheadFull(
-                        f"tier {call.tier_name!r} already has {bulkhead.config.max_in_flight} call(s) in flight "
-                        f"and {bulkhead.config.max_waiting} waiting (its Bulkhead limits); the call was refused "
-                        "at once",
-                        request=call.request,
-                        record=call.record,
-                    )
-                )
+                return Failed(reason=self._full(call, bulkhead, "at once"))
             call.lease.hold(bulkhead.release)
         call.record.queued_until(call.clock())
         return await call_next(call, route)
+
+    def _full(self, call: Call, bulkhead: TierBulkhead, when: str) -> BulkheadFull:
+        self._instrumentation.bulkhead_rejected(call.tier_name)
+        return BulkheadFull(
+            f"tier {call.tier_name!r} already has {bulkhead.config.max_in_flight} call(s) in flight and "
+            f"{bulkhead.config.max_waiting} waiting (its Bulkhead limits); the call was refused {when}",
+            request=call.request,
+            record=call.record,
+        )

@@ -240,6 +240,15 @@ class RetryLayer:
             # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
+            if wait > call.pool_wait:  # longer than the caller lets a request wait before it is sent
+                left = self.replicas.cooling_left(now, avoid)
+                why = (
+                    f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
+                    f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, is later than the caller's "
+                    f"pool timeout ({call.pool_wait:g}s) allows a request to wait; tier {call.tier_name!r} call "
+                    "refused before it was sent"
+                )
+                return _cooling_refusal(call, why, left, "deadline")
             if unknown or not fits_deadline(call, now, wait):
                 left = self.replicas.cooling_left(now, avoid)
                 why = (

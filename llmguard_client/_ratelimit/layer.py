@@ -106,10 +106,11 @@ class RateLimitLayer:
     @staticmethod
     def _max_wait(call: Call, deadline: float) -> float:
         """The longest wait for a share that leaves the p95 TTFT before ``deadline``; while no TTFT is known yet,
-        half the time left (a wait to the deadline itself would leave none for the first token)."""
+        half the time left (a wait to the deadline itself would leave none for the first token); at most the
+        caller's pool timeout (`Call.pool_wait`)."""
         left = deadline - call.clock()
         slow = call.slow_ttft()
-        return max(0.0, left - slow if slow > 0.0 else left / 2)
+        return min(call.pool_wait, max(0.0, left - slow if slow > 0.0 else left / 2))
 
     def _correct(self, call: Call, win: Win, replica: str, charged: int, own_body: bool) -> None:
         prompt_tokens = win.facts.prompt_tokens

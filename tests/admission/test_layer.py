@@ -347,15 +347,20 @@ def test_each_attempt_carries_the_time_it_has_left_for_its_first_token(backend: 
 @pytest.mark.parametrize("alone", [False, True], ids=["built_in", "alone"])
 def test_a_default_tier_call_sends_no_slo_and_waits_in_line_until_a_slot_frees_up(backend: str, alone: bool) -> None:
     """The default tier has no first-token deadline: its attempts send no ``x-slo-ttft-ms`` (there is none to send;
-    it sent 600000) and one that finds its replica full waits in line until a slot frees up, 800 s here (it was
-    refused at its 600 s ttft). Alone, it is the most urgent tier, whose wait is otherwise bounded by its ttft."""
+    it sent 600000) and one that finds its replica full waits in line until a slot frees up, 800 s here, bounded
+    only by its client's pool timeout (none here: it was refused at its 600 s ttft). Alone, it is the most urgent
+    tier, whose wait is otherwise bounded by its ttft."""
 
     tiers = {"default": Tier(ttft=math.inf, total=math.inf)} if alone else None
 
     async def main() -> None:
         replica = QueueingReplica("a", slots=8, tokens=3, gap=400.0)  # each call holds its slot ~800 s
         pinned = Admission(initial_limit=1, min_limit=1, max_limit=1, reserve=0.0, by_size=False)
-        async with admitted_guard(replica, pinned, tiers=tiers) as guard, guard.http_client() as client:
+        unbounded = httpx.Timeout(600.0, pool=None)
+        async with (
+            admitted_guard(replica, pinned, tiers=tiers) as guard,
+            guard.http_client(timeout=unbounded) as client,
+        ):
             sent: list[tuple[float, str]] = []
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call, client, "default", None, sent)
@@ -367,6 +372,29 @@ def test_a_default_tier_call_sends_no_slo_and_waits_in_line_until_a_slot_frees_u
             start = sent[0][0]
         assert [result for _, result in sent] == ["ok", "ok"] and now() - start == pytest.approx(1600.0, abs=1.0)
         assert replica.slo_ttft_ms == ["", ""]
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_default_tier_call_waits_in_line_no_longer_than_its_clients_pool_timeout(backend: str) -> None:
+    """A tier without a first-token deadline: a call held in line, nothing sent, waits no longer than its client's
+    pool timeout (how long httpx lets a request wait for a free connection), then is refused: with ``timeout=5``
+    the second call is refused within 5 s (it waited for a slot freeing up 800 s later)."""
+
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=8, tokens=3, gap=400.0)  # each call holds its slot ~800 s
+        pinned = Admission(initial_limit=1, min_limit=1, max_limit=1, reserve=0.0, by_size=False)
+        async with admitted_guard(replica, pinned, tiers=None) as guard, guard.http_client(timeout=5.0) as client:
+            sent: list[tuple[float, str]] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, client, "default", None, sent)
+                await anyio.sleep(0.01)
+                start = now()
+                await call(client, "default", None, sent)
+                assert now() - start <= 5.0 + 1e-6
+                tg.cancel_scope.cancel()
+        assert [result for _, result in sent] == ["overloaded"]
 
     run_virtual(main, backend)
 

@@ -92,6 +92,37 @@ def test_a_call_that_fits_in_its_ttft_waits_for_its_share_then_is_sent(backend: 
 
 
 @BACKENDS
+@pytest.mark.parametrize("pool", [0.5, None])
+def test_in_a_tier_without_a_deadline_a_wait_for_room_is_bounded_by_the_clients_pool_timeout(
+    backend: str, pool: float | None
+) -> None:
+    """The default tier has no first-token deadline: a call that must wait 0.9 s for room waits no longer than its
+    client's pool timeout (how long httpx lets a request wait for a free connection): with 0.5 s it is refused at
+    once, with none it waits its 0.9 s (it used to wait, nothing sent, for whatever the bucket needed: hours for a
+    large max_tokens under a small limit, past the caller's own timeout)."""
+
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0)])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=60 * CHARGE, burst=1.0)
+        guard = limited_guard(fakes, records, limit, tiers=None)
+        timeout = httpx.Timeout(600.0, pool=pool)
+        async with guard, guard.http_client(timeout=timeout) as client, anyio.create_task_group() as tg:
+            tg.start_soon(post, client, BODY, "default")
+            await anyio.sleep(0.1)
+            start = now()
+            if pool is None:
+                assert (await post(client, BODY, "default")).status_code == 200
+                assert records[-1].attempts[0].start - start == pytest.approx(0.9, abs=1e-9)
+            else:
+                with pytest.raises(RateLimited):
+                    await post(client, BODY, "default")
+                assert now() == start  # never sent, never waited
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
 def test_a_wait_that_leaves_a_median_ttft_but_not_a_p95_is_refused(backend: str) -> None:
     # The replica's first tokens take 0.1 s typically and 0.4 s on its slow tries (p95). The second call's share
     # comes 0.7 s into its 1 s ttft: a median first token would make it, a p95 one would not, and an attempt

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 
@@ -101,6 +102,32 @@ def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_the_prob
             assert guard.snapshot().replicas[0].cooling_for == 0.0  # the probe won: the cool-down is over
             second = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert second.status_code == 200 and fake.requests == 3
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_waits_for_a_cooling_endpoints_probe_no_longer_than_its_clients_pool_timeout(backend: str) -> None:
+    """One replica cooling for a Retry-After of 120 s, the default tier (no first-token deadline): a call whose
+    client allows a request 5 s of waiting before it is sent (``pool=5``) is refused at once, with the cool-down's
+    time left (it waited 60 s for the probe, past its caller's timeout); one whose client sets no pool timeout
+    waits for the probe."""
+    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=None, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=5.0)) as client:
+            first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-max-attempts": "1"})
+            assert first.status_code == 429
+            started = anyio.current_time()
+            with pytest.raises(AllReplicasCooling) as refused:
+                await client.post("http://a.test" + CHAT, json=BODY)
+            assert anyio.current_time() == started and fake.requests == 1  # refused at once, nothing sent
+            assert refused.value.retry_after == pytest.approx(120.0) and "pool timeout (5s)" in str(refused.value)
+            unbounded = await client.post("http://a.test" + CHAT, json=BODY, timeout=httpx.Timeout(600.0, pool=None))
+            assert unbounded.status_code == 200
+            assert anyio.current_time() - started == pytest.approx(60.0, abs=0.01)  # the probe, half of 120 s
 
     run_virtual(main, backend)
 
