@@ -23,6 +23,8 @@ goes on.
 
 from __future__ import annotations
 
+import math
+
 import anyio
 
 from llmguard_client._core.call import Call
@@ -122,11 +124,11 @@ class RateLimitLayer:
 
     @staticmethod
     def _refused(call: Call, retry_after: float, tokens: int) -> RateLimited:
+        pool = f" or the caller's pool timeout ({call.pool_wait:g}s)" if math.isfinite(call.pool_wait) else ""
         return RateLimited(
             f"the provider's rate limit has no room for this call (1 request, ~{tokens} tokens) within the "
-            f"ttft deadline of tier {call.tier_name!r} ({deadline_text(call.tier.ttft)}): it fits in "
-            f"{retry_after:.3f}s; "
-            f"refused before it was sent after {len(call.record.attempts)} attempt(s)",
+            f"ttft deadline of tier {call.tier_name!r} ({deadline_text(call.tier.ttft)}){pool}: it fits in "
+            f"{retry_after:.3f}s; refused before it was sent after {len(call.record.attempts)} attempt(s)",
             request=call.request,
             record=call.record,
             retry_after=retry_after,

@@ -115,9 +115,10 @@ def test_in_a_tier_without_a_deadline_a_wait_for_room_is_bounded_by_the_clients_
                 assert (await post(client, BODY, "default")).status_code == 200
                 assert records[-1].attempts[0].start - start == pytest.approx(0.9, abs=1e-9)
             else:
-                with pytest.raises(RateLimited):
+                with pytest.raises(RateLimited) as refused:
                     await post(client, BODY, "default")
                 assert now() == start  # never sent, never waited
+                assert "(no deadline) or the caller's pool timeout (0.5s)" in str(refused.value)
 
     run_virtual(main, backend)
 
