@@ -150,6 +150,34 @@ def test_a_429_or_503_without_retry_after_from_the_only_replica_is_paced_by_the_
     assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
 
 
+def two_calls(
+    backend: str, fakes: dict[str, FakeReplica], retry: RetryPolicy, budget: BudgetPolicy, second_after: float
+) -> tuple[dict[str, int], BudgetSnapshot, list[PhaseRecord]]:
+    """Two calls (tier ttft 5 s), the second ``second_after`` s after the first: their answers' statuses (by
+    ``first`` / ``second``), the budget at the end, and their records in the order they started."""
+    records: list[PhaseRecord] = []
+    answers: dict[str, int] = {}
+    snapshots: list[BudgetSnapshot] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
+            async with virtual.http_client() as client, anyio.create_task_group() as tg:
+
+                async def call(name: str, after: float) -> None:
+                    await anyio.sleep(after)
+                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
+
+                tg.start_soon(call, "first", 0.0)
+                tg.start_soon(call, "second", second_after)
+            snapshot = virtual.snapshot().budget
+            assert snapshot is not None
+            snapshots.append(snapshot)
+
+    run_virtual(main, backend)
+    return answers, snapshots[0], sorted(records, key=lambda r: r.start)
+
+
 @BACKENDS
 def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_the_budget_is_empty(
     backend: str,
@@ -161,28 +189,11 @@ def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_t
     cool-down, and its own retry goes at the end of that one."""
     failing = Plan(status=502, headers_after=0.01)
     fakes = {"http://a.test": FakeReplica("a", [failing, failing, failing, Plan()])}
-    records: list[PhaseRecord] = []
-    answers: dict[str, int] = {}
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0, circuit_failures=1)
-        budget = BudgetPolicy(ratio=0.0, floor=1)
-        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
-            async with virtual.http_client() as client, anyio.create_task_group() as tg:
-
-                async def call(name: str, after: float) -> None:
-                    await anyio.sleep(after)
-                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
-
-                tg.start_soon(call, "first", 0.0)
-                tg.start_soon(call, "second", 0.3)  # after the first's budget-paid retry failed
-            snapshot = virtual.snapshot().budget
-        assert snapshot is not None and (snapshot.paced, snapshot.refused, snapshot.spent) == (2, 2, 3)
-
-    run_virtual(main, backend)
+    retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0, circuit_failures=1)
+    # The second call starts after the first's budget-paid retry failed.
+    answers, snapshot, (first, second) = two_calls(backend, fakes, retry, BudgetPolicy(ratio=0.0, floor=1), 0.3)
+    assert (snapshot.paced, snapshot.refused, snapshot.spent) == (2, 2, 3)
     assert answers == {"first": 200, "second": 200}
-    first, second = sorted(records, key=lambda r: r.start)
     assert [(a.status_code, a.outcome) for a in first.attempts] == [(502, "failed"), (502, "failed"), (200, "won")]
     assert [(a.status_code, a.outcome) for a in second.attempts] == [(502, "failed"), (200, "won")]
     paid, emptied, paced = first.attempts
@@ -259,28 +270,11 @@ def test_an_only_replica_failing_some_calls_retries_them_past_an_empty_budget_an
     the replica for `overload_cooldown`: a replica answering 20 % of its calls with a 408 or a 500 served a
     quarter of what the plain SDK did, every call waiting for the cool-down's probe.)"""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan(), Plan()])}
-    records: list[PhaseRecord] = []
-    answers: dict[str, int] = {}
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.5)
-        budget = BudgetPolicy(ratio=0.0, floor=0)
-        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry, budget=budget) as virtual:
-            async with virtual.http_client() as client, anyio.create_task_group() as tg:
-
-                async def call(name: str, after: float) -> None:
-                    await anyio.sleep(after)
-                    answers[name] = (await client.post("http://a.test" + CHAT, json=BODY)).status_code
-
-                tg.start_soon(call, "failing", 0.0)
-                tg.start_soon(call, "other", 0.05)  # after the first answer, before its retry
-            snapshot = virtual.snapshot().budget
-        assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
-
-    run_virtual(main, backend)
-    assert answers == {"failing": 200, "other": 200}
-    failing, other = sorted(records, key=lambda r: r.start)
+    retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.5)
+    # The other call starts after the first answer, before its retry.
+    answers, snapshot, (failing, other) = two_calls(backend, fakes, retry, BudgetPolicy(ratio=0.0, floor=0), 0.05)
+    assert (snapshot.paced, snapshot.refused) == (1, 1)
+    assert answers == {"first": 200, "second": 200}
     first, retried = failing.attempts
     assert (first.status_code, retried.kind, retried.outcome) == (status, "retry", "won")
     assert first.finish is not None and 0.1 <= retried.start - first.finish <= 0.2  # the same-replica backoff
