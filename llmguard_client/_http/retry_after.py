@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from datetime import timezone
 
-__all__ = ["RETRY_AFTER_CAP", "parse_retry_after"]
+__all__ = ["RETRY_AFTER_CAP", "http_date", "parse_retry_after"]
 
 RETRY_AFTER_CAP: float = 300.0
 """Largest delay, in seconds, :func:`parse_retry_after` will ever return.
@@ -46,8 +46,8 @@ def _number(value: str, scale: float) -> tuple[bool, float | None]:
     return True, min(number / scale, RETRY_AFTER_CAP) + 0.0  # "+ 0.0" turns -0.0 into 0.0
 
 
-def _http_date(value: str, now: float) -> float | None:
-    """Seconds from ``now`` until an HTTP-date (0.0 if past, capped), or None if not a date."""
+def http_date(value: str) -> float | None:
+    """The Unix time of an HTTP-date (``Retry-After``, ``Date``), or None if it is not one."""
     try:
         when = email.utils.parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, OverflowError, IndexError):
@@ -55,10 +55,15 @@ def _http_date(value: str, now: float) -> float | None:
     if when.tzinfo is None:  # "-0000" or no zone: HTTP-dates are always GMT, never local time
         when = when.replace(tzinfo=timezone.utc)
     try:
-        delay = when.timestamp() - now
+        return when.timestamp()
     except (OverflowError, OSError, ValueError):
         return None
-    if math.isnan(delay):
+
+
+def _http_date(value: str, now: float) -> float | None:
+    """Seconds from ``now`` until an HTTP-date (0.0 if past, capped), or None if not a date."""
+    when = http_date(value)
+    if when is None or math.isnan(delay := when - now):
         return None
     return min(max(delay, 0.0), RETRY_AFTER_CAP)
 

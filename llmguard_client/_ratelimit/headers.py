@@ -24,12 +24,13 @@ tell nothing; they never raise.
 from __future__ import annotations
 
 import calendar
-import email.utils
 import math
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from llmguard_client._http.retry_after import http_date
 
 __all__ = ["RateLimitHint", "parse_duration", "parse_rate_limits", "remaining_room", "room_left"]
 
@@ -153,12 +154,8 @@ def _reset(text: str, now_wall: float) -> float | None:
 def _now_wall(found: Mapping[str, str]) -> float:
     """The answer's own time (its ``Date``: the clock its reset timestamps are on), else the local clock."""
     date = found.get("date")
-    if date is not None:
-        try:
-            return email.utils.parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            pass
-    return time.time()
+    when = None if date is None else http_date(date)
+    return time.time() if when is None else when
 
 
 def _remaining(found: Mapping[str, str]) -> list[tuple[_Dimension, int]]:
