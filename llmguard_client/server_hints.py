@@ -62,7 +62,7 @@ from llmguard_client._http.pool import DROPPABLE
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState  # at run time: for get_type_hints
 from llmguard_client.edges._registry import sync_access
 from llmguard_client.edges._runner import start_counted, wait_for
-from llmguard_client.errors import GuardClosed, GuardConfigError
+from llmguard_client.errors import GuardClosed, GuardConfigError, WrongEventLoop
 from llmguard_client.guard import Guard
 
 if sys.version_info < (3, 11):  # anyio brings the backport there
@@ -131,19 +131,39 @@ def metrics_url(base: httpx.URL) -> httpx.URL:
 
 
 async def poll_once(
+    guard: Guard, *, request_timeout: float = 1.0, fresh_for: float = 6.0, clock: Clock | None = None
+) -> dict[str, ServerLoad | None]:
+    """Read every replica's ``/metrics`` once, at the same time (each within ``request_timeout`` s), and hand
+    what they say to the Guard's router, where it counts for ``fresh_for`` seconds, stamped with ``clock`` (by
+    default the Guard's own); returns the hint per replica name (None: no hint). Run it on the event loop that
+    makes the Guard's calls; the fleet's processes are not told (`poll_vllm_metrics` shares its polls)."""
+    if request_timeout <= 0 or fresh_for <= 0:
+        raise GuardConfigError(
+            f"poll_once needs request_timeout > 0 and fresh_for > 0 (seconds), got {request_timeout!r}, {fresh_for!r}"
+        )
+    loops = guard.transport.loops
+    refused = None if loops.owns() else await loops.claim()
+    if refused is not None:
+        raise WrongEventLoop(refused)
+    now = current_time_source(clock if clock is not None else guard._clock).now
+    return await _poll_round(
+        guard._replica_set, request_timeout=request_timeout, fresh_for=fresh_for, clock=now, owns=loops.owns
+    )
+
+
+async def _poll_round(
     replicas: ReplicaSet,
     *,
-    request_timeout: float = 1.0,
-    fresh_for: float = 6.0,
-    skip: set[str] | None = None,
+    request_timeout: float,
+    fresh_for: float,
     clock: Clock = loop_clock,
+    skip: set[str] | None = None,
     owns: Callable[[], bool] | None = None,
 ) -> dict[str, ServerLoad | None]:
-    """Read every replica's ``/metrics`` at once (each within ``request_timeout`` s) and hand what they say to
-    the router, stamped with ``clock`` (the Guard's: the event loop's by default); returns the hint per
-    replica name (None: no hint). Names in ``skip`` are not polled; a replica that answers 404 is added to it.
-    ``owns``: whether the running loop may use the replicas' connections, asked right before each request (a sync
-    call on this loop's thread may have moved them to another loop since the round began); no request without."""
+    """One round of polls: every replica's ``/metrics`` at once, what they say handed to the router stamped with
+    ``clock``. Names in ``skip`` are not polled; a replica that answers 404 is added to it. ``owns``: whether the
+    running loop may use the replicas' connections, asked right before each request (a sync call on this loop's
+    thread may have moved them to another loop since the round began); no request without."""
     skip = skip if skip is not None else set()
     out: dict[str, ServerLoad | None] = {}
 
@@ -193,7 +213,7 @@ async def poll_vllm_metrics(
             # sync cell may have moved the Guard to its own thread meanwhile; the next round takes it back).
             ours = loops.owns() or await loops.claim() is None
             if ours and (shared is None or await shared.lead(hold_for=fresh_for)):
-                loads = await poll_once(
+                loads = await _poll_round(
                     replicas,
                     request_timeout=request_timeout,
                     fresh_for=fresh_for,

@@ -14,10 +14,11 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardClosed, GuardConfigError, Replica, Tier
+from llmguard_client import Guard, GuardClosed, GuardConfigError, Replica, Tier, WrongEventLoop
 from llmguard_client._core.clock import loop_clock
 from llmguard_client.server_hints import (
     ServerLoad,
+    _poll_round,
     metrics_url,
     parse_vllm_metrics,
     poll_once,
@@ -104,17 +105,46 @@ async def test_a_queue_at_the_server_counts_as_load_and_a_full_kv_cache_ranks_la
     async with Guard(replicas, transport_factory=metrics.factory, instrumentation=None) as guard:
         rs = guard._replica_set
         a, b = rs.states
-        hints = await poll_once(rs, clock=lambda: 100.0, fresh_for=6.0)
+        hints = await poll_once(guard, clock=lambda: 100.0, fresh_for=6.0)
         assert hints == {"http://a:1/v1": ServerLoad(4.0, None), "http://b:1/v1": ServerLoad(None, None)}
         assert metrics.headers[0]["authorization"] == "Bearer A" or metrics.headers[1]["authorization"] == "Bearer A"
         b.in_flight = 3  # 4 queued at a's server weigh more than the guard's own 3 at b
         assert rs.pick(101.0) is b
         assert rs.pick(106.1) is a  # the hint is stale: only what the guard sees counts
         metrics.bodies["http://b:1/v1"] = (200, "vllm:kv_cache_usage_perc 0.99\n")
-        await poll_once(rs, clock=lambda: 200.0, fresh_for=6.0)
+        await poll_once(guard, clock=lambda: 200.0, fresh_for=6.0)
         b.in_flight = 0
         assert rs.pick(201.0) is a and rs.pick_ready(201.0) is a and rs.pick_hedge(201.0, exclude=[]) is a
         assert rs.pick(206.1) is b
+
+
+async def test_one_round_refuses_bad_numbers_before_polling() -> None:
+    metrics = Metrics()
+    async with Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
+        with pytest.raises(GuardConfigError, match="request_timeout > 0 and fresh_for > 0"):
+            await poll_once(guard, request_timeout=0)
+        with pytest.raises(GuardConfigError, match=r"got 1\.0, -1"):
+            await poll_once(guard, fresh_for=-1)
+    assert metrics.polls == {}
+
+
+async def test_one_round_from_another_running_loop_is_refused_naming_why() -> None:
+    metrics = Metrics()
+    async with Guard(["http://a:1"], transport_factory=metrics.chatting, instrumentation=None) as guard:
+        async with guard.http_client() as client:  # this loop now holds the Guard's connections
+            assert (await client.post("http://a:1/chat/completions", json={"model": "m"})).status_code == 200
+
+        def elsewhere() -> BaseException | None:
+            try:
+                asyncio.run(poll_once(guard))
+            except WrongEventLoop as exc:
+                return exc
+            return None
+
+        refused = await asyncio.to_thread(elsewhere)
+        assert isinstance(refused, WrongEventLoop) and "still running" in str(refused)
+        assert metrics.polls == {}  # nothing was read from the other loop
+        assert await poll_once(guard) == {"http://a:1": ServerLoad(None, None)}
 
 
 async def test_a_replica_without_metrics_is_not_polled_again() -> None:
@@ -123,9 +153,10 @@ async def test_a_replica_without_metrics_is_not_polled_again() -> None:
     async with Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None) as guard:
         rs = guard._replica_set
         skip: set[str] = set()
-        assert await poll_once(rs, skip=skip) == {"http://a:1": None, "http://b:1": None}
+        hints = await _poll_round(rs, request_timeout=1.0, fresh_for=6.0, skip=skip)
+        assert hints == {"http://a:1": None, "http://b:1": None}
         assert skip == {"http://a:1"}
-        await poll_once(rs, skip=skip)
+        await _poll_round(rs, request_timeout=1.0, fresh_for=6.0, skip=skip)
         assert metrics.polls == {"http://a:1": 1, "http://b:1": 2}
 
 
@@ -147,7 +178,7 @@ def test_ctrl_c_in_one_replicas_poll_reaches_the_caller_as_keyboard_interrupt(ba
 
     async def main() -> None:
         async with Guard(["http://a:1", "http://b:1"], transport_factory=factory, instrumentation=None) as guard:
-            await poll_once(guard._replica_set)
+            await poll_once(guard)
 
     try:
         run_virtual(main, backend)
@@ -398,5 +429,5 @@ def test_the_poller_ends_when_no_replica_serves_metrics() -> None:
 async def test_polling_the_simulated_cluster_over_http() -> None:
     async with SimCluster(one_off(replicas=2)) as cluster:
         async with Guard([u + "/v1" for u in cluster.urls], instrumentation=None) as guard:
-            hints = await poll_once(guard._replica_set)
+            hints = await poll_once(guard)
     assert list(hints.values()) == [ServerLoad(0.0, 0.0), ServerLoad(0.0, 0.0)]

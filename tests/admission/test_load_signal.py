@@ -81,7 +81,7 @@ async def test_a_queue_the_server_reports_on_its_metrics_cuts_the_admission_limi
                     body = chat_body(max_tokens=200, stream=False)
                     tenant.start_soon(functools.partial(http.post, url + "/v1/chat/completions", json=body))
                 await wait_until(lambda: busy.waiting == 5)
-                polled = await poll_once(guard._replica_set, fresh_for=60.0)
+                polled = await poll_once(guard, fresh_for=60.0)
                 tenant.cancel_scope.cancel()  # the tenant gives up: its requests leave the engine
             await wait_until(lambda: busy.waiting + busy.running == 0)
             response = await client.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1, stream=True))
