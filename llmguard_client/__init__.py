@@ -15,7 +15,7 @@ from llmguard_client._admission.policy import Admission
 from llmguard_client._chaos import Chaos
 from llmguard_client._core.transport import GuardTransport
 from llmguard_client._http.retry_after import RETRY_AFTER_CAP, parse_retry_after
-from llmguard_client._rollout.rollout import flag_fraction
+from llmguard_client._rollout.rollout import FloatFlagClient, flag_fraction
 from llmguard_client.causes import guard_failure
 from llmguard_client.config import (
     AffinityPolicy,
@@ -99,6 +99,7 @@ __all__ = [
     "FailureMode",
     "FleetBudgetSnapshot",
     "FleetSnapshot",
+    "FloatFlagClient",
     "Guard",
     "GuardClosed",
     "GuardConfigError",

@@ -262,7 +262,7 @@ class Guard:
         on_record: RecordCallback | None = None,
         pool_limits: httpx.Limits | None = None,
         transport_factory: Callable[[Replica], httpx.AsyncBaseTransport] | None = None,
-        clock: Clock = loop_clock,
+        clock: Clock = _UNSET,
         continuation: ContinuationPolicy | Mapping[str, ContinuationPolicy] | None = None,
         rate_limit: RateLimit | None = None,
         fleet: str | FleetOps | None = None,
@@ -302,6 +302,7 @@ class Guard:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
         else:
             transport_factory = _checked_factory(transport_factory)
+        clock = loop_clock if clock is _UNSET else clock
         if not callable(clock):
             raise GuardConfigError(
                 f"clock must be a callable returning the current time in seconds (e.g. time.monotonic), got {clock!r}"

@@ -235,10 +235,36 @@ def test_public_docstrings_name_no_private_module_nor_our_tests() -> None:
 
 
 def test_guard_shows_its_built_per_guard_defaults_readably() -> None:
-    """help(Guard) showed ``hedge=<object object at 0x...>``."""
+    """help(Guard) showed ``hedge=<object object at 0x...>``, then ``clock=<function loop_clock at 0x...>``."""
     parameters = inspect.signature(llmguard_client.Guard).parameters
-    for name in ("hedge", "retry", "budget", "instrumentation"):
+    for name in ("hedge", "retry", "budget", "instrumentation", "clock"):
         assert repr(parameters[name].default) == "<default>"
+    assert [name for name, p in parameters.items() if " at 0x" in repr(p.default)] == []
+
+
+def _classes_in(hint: object) -> Iterator[type]:
+    if isinstance(hint, type):
+        yield hint
+    for arg in typing.get_args(hint):
+        yield from _classes_in(arg)
+
+
+def test_public_functions_take_and_return_only_public_types() -> None:
+    """``server_hints.poll_once`` took a ``ReplicaSet``, a private type a user could only reach through
+    ``guard._replica_set``: a public signature names only types a user can import."""
+    modules = [llmguard_client, importlib.import_module("llmguard_client.server_hints")]
+    public = {id(getattr(m, name)) for m in modules for name in m.__all__}
+    private = []
+    for module in modules:
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not inspect.isfunction(obj):
+                continue
+            for hint in typing.get_type_hints(obj).values():
+                for cls in _classes_in(hint):
+                    if cls.__module__.startswith("llmguard_client") and id(cls) not in public:
+                        private.append(f"{name}: {cls.__module__}.{cls.__qualname__}")
+    assert private == []
 
 
 @pytest.mark.parametrize("module", ["llmguard_client", "llmguard_client.server_hints"])
