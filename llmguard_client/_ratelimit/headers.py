@@ -1,18 +1,24 @@
 """Rate-limit headers of hosted APIs: how much room a replica says it has left, and until when.
 
-Three forms are read, from any answer (a 200 or a 429), case-insensitively:
+Four forms are read, from any answer (a 200 or a 429), case-insensitively:
 
 - OpenAI's (and the APIs that copy it: Azure OpenAI, Groq, ...)::
 
       x-ratelimit-remaining-requests: 59        x-ratelimit-reset-requests: 1s
       x-ratelimit-remaining-tokens: 0           x-ratelimit-reset-tokens: 6m0s
 
-  a reset is a Go-style duration (``1h2m3.5s``, ``6m0s``, ``20ms``) or a plain number of seconds;
+  a reset is a Go-style duration (``1h2m3.5s``, ``6m0s``, ``20ms``) or a plain number of seconds; the same with
+  a window after the kind (Mistral's ``x-ratelimit-remaining-req-minute``, Cerebras'
+  ``x-ratelimit-remaining-requests-day``): any ``x-ratelimit-remaining-<what>`` with its
+  ``x-ratelimit-reset-<what>``, feeding the bucket when it counts requests or tokens per minute;
 - Anthropic's: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{remaining,reset}``, a reset
   being an RFC 3339 timestamp (``2026-01-01T00:00:30Z``), read against the answer's ``Date`` (the server's
   clock; the local clock without one);
 - the unsuffixed ``x-ratelimit-remaining`` (requests) with ``x-ratelimit-reset`` (Together, OpenRouter, ...):
-  seconds, or a Unix time in seconds or milliseconds (a number past 10^9 or 10^11).
+  seconds, or a Unix time in seconds or milliseconds (a number past 10^9 or 10^11);
+- the IETF draft's: ``RateLimit: "default";r=50;t=30`` (each item's remaining ``r`` and seconds to reset ``t``)
+  and its earlier ``RateLimit-Remaining`` / ``RateLimit-Reset``, in units it does not name (judged, not fed to a
+  bucket).
 
 A header sent twice (httpx joins the values: ``"5, 5"``) counts its least remaining and its latest reset.
 A replica whose remaining requests or tokens reached 0 has no room until the matching reset: the router ranks it
@@ -43,28 +49,39 @@ _EPOCH_SECONDS = 1e9
 """A numeric reset past this is a Unix time in seconds (2001 on), not seconds to wait."""
 _EPOCH_MILLISECONDS = 1e11
 """A numeric reset past this is a Unix time in milliseconds."""
-_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "ratelimit")
+_REMAINING = "x-ratelimit-remaining"
+_IETF_FIELD = "ratelimit"
+_IETF_ITEM = re.compile(r'\s*(?:"[^"]*"|[A-Za-z*][\w*.:/%-]*)((?:\s*;\s*[a-z*][a-z0-9_.*-]*(?:=[^;,]*)?)*)\s*')
+_IETF_PARAM = re.compile(r"\s*;\s*([a-z*][a-z0-9_.*-]*)(?:=([^;,]*))?")
 
 
 @dataclass(frozen=True, slots=True)
-class _Dimension:
-    """One limit a provider reports: its remaining-count header, its reset header, and what it counts."""
+class _Limit:
+    """One limit an answer reports: the count left, its reset as sent (None: none sent), and what it counts."""
 
-    remaining: str
-    reset: str
-    counts: str  # "requests", "tokens" (the bucket's two dimensions) or "other" (judged, not fed to a bucket)
+    counts: str  # "requests", "tokens" (the bucket's two dimensions, per minute) or "other" (judged only)
+    left: int
+    reset: str | None
 
 
-_DIMENSIONS = (
-    _Dimension("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests", "requests"),
-    _Dimension("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens", "tokens"),
-    _Dimension("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset", "requests"),
-    # Anthropic's "tokens" report the most restrictive of its token limits in effect: the bucket's tokens.
-    _Dimension("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset", "tokens"),
-    _Dimension("anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-input-tokens-reset", "other"),
-    _Dimension("anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset", "other"),
-    _Dimension("x-ratelimit-remaining", "x-ratelimit-reset", "requests"),
+_ANTHROPIC = (  # (what, counts): Anthropic's "tokens" is the most restrictive of its token limits in effect
+    ("requests", "requests"),
+    ("tokens", "tokens"),
+    ("input-tokens", "other"),
+    ("output-tokens", "other"),
 )
+
+
+def _kind(what: str) -> str:
+    """What an ``x-ratelimit-remaining-<what>`` counts, for the bucket: requests or tokens per minute (OpenAI's
+    unsuffixed windows are a minute's), else "other"."""
+    if not what:
+        return "requests"  # the unsuffixed form (Together, OpenRouter)
+    kind, _, window = what.partition("-")
+    if window not in ("", "minute"):
+        return "other"
+    return {"requests": "requests", "req": "requests", "tokens": "tokens"}.get(kind, "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,23 +175,46 @@ def _now_wall(found: Mapping[str, str]) -> float:
     return time.time() if when is None else when
 
 
-def _remaining(found: Mapping[str, str]) -> list[tuple[_Dimension, int]]:
-    """Each dimension the answer reports readably, with its count left."""
-    read: list[tuple[_Dimension, int]] = []
-    for dimension in _DIMENSIONS:
-        raw = found.get(dimension.remaining)
-        count = None if raw is None else _count(raw)
+def _ietf_items(text: str) -> list[tuple[str, str]]:
+    """``(r, t)`` of each readable item of an IETF ``RateLimit`` field (a list of ``"name";r=..;t=..``)."""
+    items: list[tuple[str, str]] = []
+    for part in text.split(","):
+        match = _IETF_ITEM.fullmatch(part)
+        if match is None:
+            continue
+        params = {name: (value or "").strip() for name, value in _IETF_PARAM.findall(match.group(1))}
+        if "r" in params:
+            items.append((params["r"], params.get("t", "")))
+    return items
+
+
+def _limits(found: Mapping[str, str]) -> list[_Limit]:
+    """Each limit the answer reports readably, with its count left."""
+    raw: list[tuple[str, str, str | None]] = []  # (counts, remaining as sent, reset as sent)
+    for key, value in found.items():
+        if key == _REMAINING or key.startswith(_REMAINING + "-"):
+            what = key[len(_REMAINING) + 1 :]
+            raw.append((_kind(what), value, found.get("x-ratelimit-reset" + key[len(_REMAINING) :])))
+    for what, counts in _ANTHROPIC:
+        if (left := found.get(f"anthropic-ratelimit-{what}-remaining")) is not None:
+            raw.append((counts, left, found.get(f"anthropic-ratelimit-{what}-reset")))
+    if "ratelimit-remaining" in found:
+        raw.append(("other", found["ratelimit-remaining"], found.get("ratelimit-reset")))
+    raw.extend(("other", left, reset or None) for left, reset in _ietf_items(found.get(_IETF_FIELD, "")))
+    limits: list[_Limit] = []
+    for counts, remaining, reset in raw:
+        count = _count(remaining)
         if count is not None:
-            read.append((dimension, count))
-    return read
+            limits.append(_Limit(counts, count, reset))
+    return limits
 
 
 def remaining_room(headers: Mapping[str, str]) -> tuple[int | None, int | None]:
     """``(requests, tokens)`` left as the answer's rate-limit headers report them, the least where several
     report one (None: absent or unreadable)."""
-    read = _remaining(_rate_limit_headers(headers))
-    requests = [count for dimension, count in read if dimension.counts == "requests"]
-    tokens = [count for dimension, count in read if dimension.counts == "tokens"]
+    limits = _limits(_rate_limit_headers(headers))
+    requests = [limit.left for limit in limits if limit.counts == "requests"]
+    tokens = [limit.left for limit in limits if limit.counts == "tokens"]
     return min(requests, default=None), min(tokens, default=None)
 
 
@@ -182,10 +222,10 @@ def room_left(headers: Mapping[str, str]) -> bool | None:
     """True when the answer's rate-limit headers report room left in every limit they report (a 429 carrying
     them refused that request for its own size, not the endpoint for every caller); False when one reports
     none left; None when none is readable."""
-    read = _remaining(_rate_limit_headers(headers))
-    if not read:
+    limits = _limits(_rate_limit_headers(headers))
+    if not limits:
         return None
-    return all(count > 0 for _, count in read)
+    return all(limit.left > 0 for limit in limits)
 
 
 def parse_rate_limits(headers: Mapping[str, str]) -> RateLimitHint | None:
@@ -195,17 +235,16 @@ def parse_rate_limits(headers: Mapping[str, str]) -> RateLimitHint | None:
     reset is missing or unreadable), clamped to `MAX_RESET`.
     """
     found = _rate_limit_headers(headers)
-    read = _remaining(found)
-    if not read:
+    limits = _limits(found)
+    if not limits:
         return None
     waits: list[float] = []
     now_wall: float | None = None
-    for dimension, count in read:
-        if count > 0:
+    for limit in limits:
+        if limit.left > 0:
             continue
-        raw = found.get(dimension.reset)
-        if raw is not None and now_wall is None:
+        if limit.reset is not None and now_wall is None:
             now_wall = _now_wall(found)
-        reset = None if raw is None or now_wall is None else _reset(raw, now_wall)
+        reset = None if limit.reset is None or now_wall is None else _reset(limit.reset, now_wall)
         waits.append(1.0 if reset is None else reset)
     return RateLimitHint(no_room_for=min(MAX_RESET, max(waits, default=0.0)))

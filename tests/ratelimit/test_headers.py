@@ -1,7 +1,7 @@
 """The rate-limit headers of each provider's form: the room they report, the reset they give, whether room is left.
 
-OpenAI's form and its durations, Anthropic's, the unsuffixed form (Together, OpenRouter), repeated headers, and a
-429 refusing a request for its own size.
+OpenAI's form and its durations, the same with a window (Mistral, Cerebras), Anthropic's, the unsuffixed form
+(Together, OpenRouter), the IETF draft's, repeated headers, and a 429 refusing a request for its own size.
 """
 
 from __future__ import annotations
@@ -72,6 +72,59 @@ def test_the_unsuffixed_form_reports_requests_and_its_reset(reset: str, seconds:
     assert remaining_room(out) == (0, None) and room_left(out) is False
     hint = parse_rate_limits(out)
     assert hint is not None and hint.no_room_for == pytest.approx(seconds)
+
+
+def test_mistrals_per_minute_limits_feed_the_bucket_and_its_monthly_one_is_judged() -> None:
+    """Mistral's headers (as its API sends them) were not read: a 429 with room left cooled the endpoint."""
+    sent = {
+        "x-ratelimit-limit-tokens-minute": "5000000",
+        "x-ratelimit-remaining-tokens-minute": "4999911",
+        "x-ratelimit-tokens-query-cost": "52",
+        "x-ratelimit-limit-req-minute": "720",
+        "x-ratelimit-remaining-req-minute": "717",
+        "x-ratelimit-remaining-tokens-month": "90000",
+    }
+    assert remaining_room(httpx.Headers(sent)) == (717, 4999911) and room_left(httpx.Headers(sent)) is True
+    month_out = httpx.Headers({**sent, "x-ratelimit-remaining-tokens-month": "0"})
+    assert remaining_room(month_out) == (717, 4999911)  # a month's count is no minute bucket's
+    assert room_left(month_out) is False
+    hint = parse_rate_limits(month_out)
+    assert hint is not None and hint.no_room_for == 1.0  # no reset sent: the default wait
+
+
+def test_cerebras_windowed_resets_are_matched_to_their_own_limit() -> None:
+    headers = httpx.Headers(
+        {
+            "x-ratelimit-remaining-requests-day": "14000",
+            "x-ratelimit-reset-requests-day": "33011.382867",
+            "x-ratelimit-remaining-tokens-minute": "0",
+            "x-ratelimit-reset-tokens-minute": "11.382867",
+        }
+    )
+    assert remaining_room(headers) == (None, 0) and room_left(headers) is False
+    hint = parse_rate_limits(headers)
+    assert hint is not None and hint.no_room_for == pytest.approx(11.382867)
+
+
+@pytest.mark.parametrize(
+    ("headers", "left", "no_room_for"),
+    [
+        ({"RateLimit": '"default";r=50;t=30'}, True, 0.0),
+        ({"RateLimit": '"default";r=0;t=30'}, False, 30.0),
+        ({"RateLimit": '"per-minute";r=5;t=20, "per-day";r=0;t=3000'}, False, 3000.0),
+        ({"RateLimit": "day;r=0"}, False, 1.0),  # no reset: the default wait
+        ({"RateLimit-Remaining": "0", "RateLimit-Reset": "7"}, False, 7.0),  # the draft's earlier form
+        ({"RateLimit": "garbage"}, None, None),
+        ({"RateLimit-Policy": '"default";q=100;w=60'}, None, None),  # a policy alone tells no room
+    ],
+)
+def test_the_ietf_drafts_fields_are_judged(
+    headers: dict[str, str], left: bool | None, no_room_for: float | None
+) -> None:
+    assert room_left(httpx.Headers(headers)) is left
+    assert remaining_room(httpx.Headers(headers)) == (None, None)  # units it does not name: no bucket fed
+    hint = parse_rate_limits(httpx.Headers(headers))
+    assert (None if hint is None else hint.no_room_for) == no_room_for
 
 
 def test_a_repeated_header_counts_its_least_remaining_and_its_latest_reset() -> None:
