@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
@@ -23,6 +23,8 @@ from llmguard_client.telemetry._record_builder import AnyAttempt, AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
 
 __all__ = ["BudgetRegistry", "Instruments", "budget_registry", "shared_instruments"]
+
+V = TypeVar("V")
 
 
 class BudgetRegistry:
@@ -76,24 +78,61 @@ def _strong(level: Callable[[], float]) -> Callable[[], Callable[[], float] | No
     return lambda: level
 
 
+class _PerProvider(Generic[V]):
+    """One value per meter provider, found by the provider's identity.
+
+    Not a ``WeakKeyDictionary``: that needs a hashable key, and a valid provider may not be hashable (logfire's
+    global provider is a dataclass with ``eq``, so ``__hash__`` is None). An entry goes when its provider is
+    collected; a provider that cannot be weakly referenced is kept for the process's life, as a global one is.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Callable[[], object], V]] = {}
+
+    def get(self, provider: object, make: Callable[[], V]) -> V:
+        """The value of ``provider``, made by ``make()`` the first time."""
+        key = id(provider)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is provider:
+            return entry[1]
+        value = make()
+        entries = self._entries
+
+        def forget(ref: object) -> None:  # the provider is being collected; its id may be reused after
+            if entries.get(key, (None,))[0] is ref:
+                entries.pop(key, None)
+
+        ref: Callable[[], object]
+        try:
+            ref = weakref.ref(provider, forget)
+        except TypeError:  # not weakly referable (``__slots__`` without ``__weakref__``)
+            ref = _strong_provider(provider)
+        entries[key] = (ref, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _strong_provider(provider: object) -> Callable[[], object]:
+    return lambda: provider
+
+
 _GLOBAL_BUDGETS = BudgetRegistry()
-_BUDGETS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, BudgetRegistry] = weakref.WeakKeyDictionary()
+_BUDGETS_BY_PROVIDER: _PerProvider[BudgetRegistry] = _PerProvider()
 
 
 def budget_registry(meter_provider: MeterProvider | None) -> BudgetRegistry:
     """The registry shared by every instrumentation on ``meter_provider`` (None: the global one)."""
     if meter_provider is None:
         return _GLOBAL_BUDGETS
-    registry = _BUDGETS_BY_PROVIDER.get(meter_provider)
-    if registry is None:
-        registry = _BUDGETS_BY_PROVIDER[meter_provider] = BudgetRegistry()
-    return registry
+    return _BUDGETS_BY_PROVIDER.get(meter_provider, BudgetRegistry)
 
 
 _GLOBAL_INSTRUMENTS: dict[bool, Instruments] = {}
-_INSTRUMENTS_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, dict[bool, Instruments]] = (
-    weakref.WeakKeyDictionary()
-)
+_INSTRUMENTS_BY_PROVIDER: _PerProvider[dict[bool, Instruments]] = _PerProvider()
 
 
 def shared_instruments(meter_provider: MeterProvider | None, latest: bool) -> Instruments:
@@ -101,10 +140,7 @@ def shared_instruments(meter_provider: MeterProvider | None, latest: bool) -> In
     provider and naming: the global provider's proxy keeps every meter it hands out, with its instruments, for
     the process's life, so a meter made per Guard (a Guard per test, per request, per ``asyncio.run``) grew by
     about 2 KB a Guard until an SDK was set, and then made real instruments of them all."""
-    if meter_provider is None:
-        by_naming = _GLOBAL_INSTRUMENTS
-    else:
-        by_naming = _INSTRUMENTS_BY_PROVIDER.setdefault(meter_provider, {})
+    by_naming = _GLOBAL_INSTRUMENTS if meter_provider is None else _INSTRUMENTS_BY_PROVIDER.get(meter_provider, dict)
     instruments = by_naming.get(latest)
     if instruments is None:
         meter = metrics.get_meter(sc.INSTRUMENTATION_SCOPE, VERSION, meter_provider, sc.SCHEMA_URL)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import weakref
 from typing import Any
 
 import pytest
+from opentelemetry.metrics import Meter, MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from opentelemetry.trace import NoOpTracerProvider
 
@@ -188,3 +190,73 @@ def test_guards_built_without_an_sdk_share_one_meter_in_the_global_proxy() -> No
     proc = run_script(GUARDS_WITHOUT_AN_SDK)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1"]
+
+
+@dataclasses.dataclass
+class DelegatingMeterProvider(MeterProvider):
+    """A valid provider that is not hashable (a dataclass with ``eq``), as logfire's global provider is."""
+
+    inner: MeterProvider
+
+    def get_meter(
+        self, name: str, version: str | None = None, schema_url: str | None = None, attributes: Any = None
+    ) -> Meter:
+        return self.inner.get_meter(name, version, schema_url, attributes)
+
+
+async def test_an_unhashable_meter_provider_is_accepted_and_shared(otel: Otel) -> None:
+    """``OpenTelemetryInstrumentation(meter_provider=...)`` raised ``TypeError: unhashable type`` for such a
+    provider, so no Guard could be built with it. It now works as any other: instrumentations on it share one
+    set of instruments and one budget gauge, and its entries go with it."""
+    provider = DelegatingMeterProvider(otel.meter_provider)
+    with pytest.raises(TypeError):
+        hash(provider)
+    before = len(_otel_metrics._INSTRUMENTS_BY_PROVIDER), len(_otel_metrics._BUDGETS_BY_PROVIDER)
+    first = OpenTelemetryInstrumentation(otel.tracer_provider, provider)
+    async with (
+        Guard(replicas=["http://127.0.0.1:9/v1"], instrumentation=first),
+        Guard(replicas=["http://127.0.0.1:9/v1"], instrumentation=OpenTelemetryInstrumentation(None, provider)),
+    ):
+        record = new_record()
+        obs = first.call_started(record)
+        attempt, _ = begin_attempt(obs, record, R1, "primary", 0.0)
+        end_attempt(obs, attempt, "won", status_code=200, first_token=0.05, finish=0.1)
+        obs.call_finished(win(record, attempt, finish=0.1))
+        m = otel.metrics()
+        assert sum(p.count for p in points(m[sc.GEN_AI_CLIENT_OPERATION_DURATION])) == 1
+        # Both guards' budgets on the one gauge the provider has: one registry, found by the provider.
+        indexes = sorted(
+            (p.attributes or {}).get("llmguard.budget.index", 0) for p in points(m[sc.LLMGUARD_CLIENT_BUDGET_LEVEL])
+        )
+        assert indexes == [0, 1]
+    assert (len(_otel_metrics._INSTRUMENTS_BY_PROVIDER), len(_otel_metrics._BUDGETS_BY_PROVIDER)) == (
+        before[0] + 1,
+        before[1] + 1,
+    )
+    del first, obs, provider
+    gc.collect()
+    assert (len(_otel_metrics._INSTRUMENTS_BY_PROVIDER), len(_otel_metrics._BUDGETS_BY_PROVIDER)) == before
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedMeterProvider:
+    """A duck-typed provider that can be neither hashed nor weakly referenced."""
+
+    inner: MeterProvider
+
+    def get_meter(
+        self, name: str, version: str | None = None, schema_url: str | None = None, attributes: Any = None
+    ) -> Meter:
+        return self.inner.get_meter(name, version, schema_url, attributes)
+
+
+def test_a_meter_provider_that_cannot_be_weakly_referenced_is_accepted(otel: Otel) -> None:
+    provider: Any = SlottedMeterProvider(otel.meter_provider)
+    with pytest.raises(TypeError):
+        weakref.ref(provider)
+    inst = OpenTelemetryInstrumentation(otel.tracer_provider, provider)
+    other = OpenTelemetryInstrumentation(otel.tracer_provider, provider)
+    inst.register_budget(lambda: 2.0)
+    other.register_budget(lambda: 3.0)
+    pts = points(otel.metrics()[sc.LLMGUARD_CLIENT_BUDGET_LEVEL])
+    assert sorted(p.value for p in pts) == [2.0, 3.0]  # one registry for both, found by the provider
