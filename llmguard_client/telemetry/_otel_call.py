@@ -43,6 +43,10 @@ class Shared:
     attempt_spans: bool
     provider_name: str
     propagate: bool
+    gen_ai_attributes: bool
+    """False: the logical span carries no ``gen_ai.*`` attribute (the SDK's instrumentation has its own span)."""
+    gen_ai_metrics: bool
+    """False: no GenAI client metric is recorded (the SDK's instrumentation records them)."""
 
 
 def close_span(
@@ -59,6 +63,22 @@ def close_span(
         span.set_status(Status(StatusCode.ERROR, err))
     span.set_attributes(attrs)
     span.end(end_time=end_ns)
+
+
+def gen_ai_response_attributes(record: PhaseRecord, attrs: Attrs) -> None:
+    """The GenAI conventions' attributes of the answer, on the logical span."""
+    if record.response_model:
+        attrs[sc.GEN_AI_RESPONSE_MODEL] = record.response_model
+    if record.response_id:
+        attrs[sc.GEN_AI_RESPONSE_ID] = record.response_id
+    if record.finish_reasons:
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(record.finish_reasons)
+    if record.prompt_tokens is not None:
+        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = record.prompt_tokens
+    if record.completion_tokens is not None:
+        attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = record.completion_tokens
+    if record.stream and record.first_token is not None:
+        attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = round(record.first_token - record.start, 6)
 
 
 class CallObserver:
@@ -153,7 +173,9 @@ class CallObserver:
             self._end_logical_span(span, record, err, server)
         else:
             span.end(end_time=epoch_ns(record, record.finish))
-        shared.instruments.call(record, self._op, shared.provider_name, err, server)
+        if shared.gen_ai_metrics:
+            shared.instruments.gen_ai_call(record, self._op, shared.provider_name, err, server)
+        shared.instruments.call(record, self._op, err)
 
     # -- helpers --------------------------------------------------------------------------------
     def _attempt_done(self, attempt: AnyAttempt, call_err: str | None) -> None:
@@ -204,18 +226,8 @@ class CallObserver:
             attrs[sc.LLMGUARD_ONE_ATTEMPT] = record.one_attempt
         if self._refusals:
             attrs[sc.LLMGUARD_BUDGET_REFUSALS] = self._refusals
-        if record.response_model:
-            attrs[sc.GEN_AI_RESPONSE_MODEL] = record.response_model
-        if record.response_id:
-            attrs[sc.GEN_AI_RESPONSE_ID] = record.response_id
-        if record.finish_reasons:
-            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(record.finish_reasons)
-        if record.prompt_tokens is not None:
-            attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = record.prompt_tokens
-        if record.completion_tokens is not None:
-            attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = record.completion_tokens
-        if record.stream and record.first_token is not None:
-            attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = round(record.first_token - start, 6)
+        if self._shared.gen_ai_attributes:
+            gen_ai_response_attributes(record, attrs)
         if server is not None:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
         if record.http_status is not None:

@@ -254,10 +254,10 @@ class Instruments:
             http[sc.ERROR_TYPE] = err
         self.http_duration.record(max(finish - attempt.start, 0.0), http)
 
-    def call(
+    def gen_ai_call(
         self, record: PhaseRecord, op: str, provider: str, err: str | None, server: tuple[str, int] | None
     ) -> None:
-        """The GenAI client metrics and ``llmguard.client.calls``, once per logical call."""
+        """The GenAI client metrics, once per logical call."""
         attrs: Attrs = {
             sc.GEN_AI_OPERATION_NAME: op,
             sc.GEN_AI_PROVIDER_NAME: provider,
@@ -271,6 +271,9 @@ class Instruments:
         if server is not None:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
         self.genai.record(record, op, attrs, err)
+
+    def call(self, record: PhaseRecord, op: str, err: str | None) -> None:
+        """``llmguard.client.calls``, once per logical call."""
         calls: Attrs = {
             sc.GEN_AI_OPERATION_NAME: op,
             sc.LLMGUARD_TIER: record.tier,

@@ -50,7 +50,13 @@ __all__ = [
 
 
 def _check_arguments(
-    tracer_provider: object, meter_provider: object, attempt_spans: object, provider_name: object, propagate: object
+    tracer_provider: object,
+    meter_provider: object,
+    attempt_spans: object,
+    provider_name: object,
+    propagate: object,
+    gen_ai_attributes: object,
+    gen_ai_metrics: object,
 ) -> None:
     """`OpenTelemetryInstrumentation`'s arguments checked: a wrong one fails when it is built, not in a call."""
     owner = "OpenTelemetryInstrumentation"
@@ -63,7 +69,12 @@ def _check_arguments(
                 f"{owner}.{name} must be an OpenTelemetry {kind} (e.g. the SDK's {kind}()) or None for the global "
                 f"one, got {provider!r}"
             )
-    for name, value in (("attempt_spans", attempt_spans), ("propagate", propagate)):
+    for name, value in (
+        ("attempt_spans", attempt_spans),
+        ("propagate", propagate),
+        ("gen_ai_attributes", gen_ai_attributes),
+        ("gen_ai_metrics", gen_ai_metrics),
+    ):
         if not isinstance(value, bool):
             raise GuardConfigError(f"{owner}.{name} must be True or False, got {value!r}")
     if not isinstance(provider_name, str) or not provider_name:
@@ -86,6 +97,13 @@ class OpenTelemetryInstrumentation:
     :param propagate: put each attempt's trace context (``traceparent``, and ``tracestate`` / ``baggage``
         with the global propagator) in its request. False: the guard adds none, and the request carries what
         the caller's own did (e.g. anthropic's ``open_telemetry={"propagation": False}``: nothing).
+    :param gen_ai_attributes: set False when an instrumentation of the SDK already makes a GenAI span of each
+        call (``opentelemetry-instrumentation-openai-v2``, logfire's ``instrument_openai``, anthropic's
+        ``open_telemetry``): the guard's span, under the SDK's, then carries no ``gen_ai.*`` attribute (its
+        ``llmguard.*`` ones and its attempt spans stay), so the call's tokens are on one span.
+    :param gen_ai_metrics: set False when that instrumentation also records the GenAI client metrics
+        (``opentelemetry-instrumentation-openai-v2`` does): the guard then records none (``llmguard.*`` and HTTP
+        metrics stay), so each call's duration and tokens are counted once.
 
     The GenAI metrics keep their v1.41.0 names unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` lists
     ``gen_ai_latest_experimental`` when the instrumentation is built: then the latest names
@@ -102,13 +120,19 @@ class OpenTelemetryInstrumentation:
         attempt_spans: bool = True,
         provider_name: str = sc.PROVIDER_OPENAI,
         propagate: bool = True,
+        gen_ai_attributes: bool = True,
+        gen_ai_metrics: bool = True,
     ) -> None:
-        _check_arguments(tracer_provider, meter_provider, attempt_spans, provider_name, propagate)
+        _check_arguments(
+            tracer_provider, meter_provider, attempt_spans, provider_name, propagate, gen_ai_attributes, gen_ai_metrics
+        )
         tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, VERSION, tracer_provider, sc.SCHEMA_URL)
         self._signals = SignalState(tracer_provider, meter_provider)
         self._budgets = budget_registry(meter_provider)
         instruments = shared_instruments(meter_provider, latest=sc.gen_ai_latest())
-        self._shared = Shared(tracer, instruments, UrlCache(), attempt_spans, provider_name, propagate)
+        self._shared = Shared(
+            tracer, instruments, UrlCache(), attempt_spans, provider_name, propagate, gen_ai_attributes, gen_ai_metrics
+        )
 
     # -- Instrumentation protocol ---------------------------------------------------------------
     def call_started(self, record: LiveCall) -> CallObservation:
@@ -119,17 +143,18 @@ class OpenTelemetryInstrumentation:
         op = operation_name(record.path)
         model = record.model
         attrs: Attrs = {
-            sc.GEN_AI_OPERATION_NAME: op,
-            sc.GEN_AI_PROVIDER_NAME: shared.provider_name,
-            sc.GEN_AI_REQUEST_STREAM: record.stream,
             sc.LLMGUARD_TIER: record.tier,
             sc.LLMGUARD_COHORT: record.cohort,
             sc.LLMGUARD_REQUEST_ID: record.request_id,
         }
-        if model:
-            attrs[sc.GEN_AI_REQUEST_MODEL] = model
-        if record.max_tokens is not None:
-            attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = record.max_tokens
+        if shared.gen_ai_attributes:
+            attrs[sc.GEN_AI_OPERATION_NAME] = op
+            attrs[sc.GEN_AI_PROVIDER_NAME] = shared.provider_name
+            attrs[sc.GEN_AI_REQUEST_STREAM] = record.stream
+            if model:
+                attrs[sc.GEN_AI_REQUEST_MODEL] = model
+            if record.max_tokens is not None:
+                attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = record.max_tokens
         if record.rollout_fraction is not None:
             attrs[sc.LLMGUARD_ROLLOUT_FRACTION] = record.rollout_fraction
         span = shared.tracer.start_span(

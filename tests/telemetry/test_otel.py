@@ -125,6 +125,66 @@ async def test_without_propagation_the_request_carries_only_the_callers_own_trac
     assert len(attempts) == (2 if attempt_spans else 0)  # the spans are made as before
 
 
+@pytest.mark.parametrize(
+    ("attributes", "metrics", "opt_in"),
+    [
+        (False, False, ""),  # opentelemetry-instrumentation-openai-v2: its span and its metrics
+        (False, False, "gen_ai_latest_experimental"),
+        (False, True, ""),  # logfire's instrument_openai, anthropic's open_telemetry: a span, no metric
+        (True, False, ""),
+    ],
+    ids=["none", "none_latest_names", "metrics_only", "attributes_only"],
+)
+async def test_gen_ai_telemetry_left_to_the_sdks_instrumentation(
+    otel: Otel,
+    servers: list[LoopbackServer],
+    monkeypatch: pytest.MonkeyPatch,
+    attributes: bool,
+    metrics: bool,
+    opt_in: str,
+) -> None:
+    """An instrumentation of the SDK (opentelemetry-instrumentation-openai-v2) makes a ``chat <model>`` span around
+    the call and records the GenAI metrics itself; the guard's span under it carried ``gen_ai.usage.*`` too and the
+    guard recorded the GenAI metrics again, so each call counted twice. ``gen_ai_attributes=False`` and
+    ``gen_ai_metrics=False`` leave them to it: the guard's span, its attempts and its own metrics stay."""
+    from llmguard_client import Guard
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", opt_in)
+    servers[0].script = Script(tokens=3)
+    sdk_tracer = otel.tracer_provider.get_tracer("an-sdk-instrumentation")
+    instrumentation = otel.instrumentation(gen_ai_attributes=attributes, gen_ai_metrics=metrics)
+    async with (
+        Guard([servers[0].url], hedge=None, instrumentation=instrumentation) as guard,
+        guard.http_client() as client,
+    ):
+        with sdk_tracer.start_as_current_span("chat test-model", attributes={sc.GEN_AI_OPERATION_NAME: "chat"}):
+            response = await client.post(servers[0].url + CHAT, json=STREAM_BODY)
+            await response.aread()
+        record = response.extensions["llmguard"]
+    assert (record.status, record.prompt_tokens) == ("ok", 7)
+    spans = otel.finished()
+    (sdk_span,) = [s for s in spans if s.instrumentation_scope.name == "an-sdk-instrumentation"]
+    (logical,) = [s for s in spans if s.parent is not None and s.parent.span_id == sdk_span.context.span_id]
+    (attempt,) = [s for s in spans if s.parent is not None and s.parent.span_id == logical.context.span_id]
+    la = logical.attributes or {}
+    assert logical.name == "chat test-model"
+    assert (la["llmguard.status"], la["llmguard.attempts"], la["http.response.status_code"]) == ("ok", 1, 200)
+    gen_ai_attributes = {k: v for k, v in la.items() if k.startswith("gen_ai.")}
+    if attributes:
+        assert gen_ai_attributes["gen_ai.usage.input_tokens"] == 7
+    else:
+        assert gen_ai_attributes == {}
+    assert not any(k.startswith("gen_ai.") for k in (attempt.attributes or {}))
+    assert (attempt.attributes or {})["llmguard.attempt.outcome"] == "won"
+    assert traceparent_of(servers[0]) == (sdk_span.context.trace_id, attempt.context.span_id)
+    m = otel.metrics()
+    gen_ai_metrics = {name for name in m if name.startswith("gen_ai.")}
+    assert bool(gen_ai_metrics) == metrics
+    (calls,) = points(m[sc.LLMGUARD_CLIENT_CALLS])
+    assert (calls.value, calls.attributes["llmguard.status"]) == (1, "ok")
+    assert sum(p.count for p in points(m[sc.HTTP_CLIENT_REQUEST_DURATION])) == 1
+
+
 def ns_of(record: PhaseRecord, t: float | None) -> int:
     assert t is not None
     return round(record.start_unix * 1e9) + round((t - record.start) * 1e9)
@@ -254,12 +314,23 @@ async def test_e2e_no_secret_or_prompt_anywhere(otel: Otel, servers: list[Loopba
     [
         ({"attempt_spans": "no"}, ("attempt_spans must be True or False", "'no'")),
         ({"propagate": None}, ("propagate must be True or False", "None")),
+        ({"gen_ai_attributes": 0}, ("gen_ai_attributes must be True or False", "0")),
+        ({"gen_ai_metrics": "off"}, ("gen_ai_metrics must be True or False", "'off'")),
         ({"provider_name": 123}, ("provider_name must be a non-empty str", "'openai'", "123")),
         ({"provider_name": ""}, ("provider_name must be a non-empty str", "''")),
         ({"tracer_provider": "x"}, ("tracer_provider must be an OpenTelemetry TracerProvider", "or None", "'x'")),
         ({"meter_provider": 1}, ("meter_provider must be an OpenTelemetry MeterProvider", "or None", "1")),
     ],
-    ids=["attempt_spans", "propagate", "provider_name_int", "provider_name_empty", "tracer_provider", "meter_provider"],
+    ids=[
+        "attempt_spans",
+        "propagate",
+        "gen_ai_attributes",
+        "gen_ai_metrics",
+        "provider_name_int",
+        "provider_name_empty",
+        "tracer_provider",
+        "meter_provider",
+    ],
 )
 def test_a_bad_argument_is_refused_when_built(kwargs: dict[str, Any], fragments: tuple[str, ...]) -> None:
     """``attempt_spans="no"`` (truthy: on) and ``provider_name=123`` were accepted, ``tracer_provider="x"`` a raw
