@@ -85,8 +85,7 @@ class AdmissionLayer:
         if policy.ask_load_reports and not call.record.stream:
             _ask_for_load_report(call)
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        prompt = len(call.body) if call.prompt_chars is None else call.prompt_chars
-        weight = self.sizes.weight(prompt, call.record.max_tokens) if policy.by_size else 1.0
+        weight = self.sizes.weight(call.prompt_size(), call.record.max_tokens) if policy.by_size else 1.0
         share = 1.0 if self._urgent(call) else 1.0 - policy.reserve
         slot = gate.try_take(weight, share, deadline)
         if slot is None and route.kind != "hedge":

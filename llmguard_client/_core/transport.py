@@ -425,7 +425,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.delivered(attempt, win.response.status_code)
         cached = self._replicas.served(call.affinity_key, win.state)  # expected to hit the cache, or None
         if attempt.ttft is not None:
-            self._ttft_stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached)
+            stats, size = self._ttft_stats, call.size_class()
+            stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached, size)
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
@@ -492,7 +493,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # Its rounds used up after the guard's own retries (they stood in for the SDK's): final, not handed back.
         spent_out = self._retries and outcome.used_up and retried
         if isinstance(error, TTFTTimeout) and call.generation and call.record.stream:
-            self._replicas.timed_out(call.record.attempts)  # no first token in time: a lower bound on each's TTFT
+            self._replicas.timed_out(call.record.attempts, call.ttft_scale())  # no first token in time: a lower bound
         if isinstance(error, GuardClosed) or lease.aborted:
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
             last = None

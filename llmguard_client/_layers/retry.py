@@ -150,12 +150,11 @@ class RetryLayer:
                 if not call.generation:  # another API's answer says nothing of the replica's generation calls
                     return outcome
                 # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
-                streamed = outcome.reader.chunks is not None
-                self.replicas.succeeded(
-                    outcome.state, outcome.attempt.ttft if streamed else None, call.clock(), outcome.response.headers
-                )
+                streamed, ttft, scale = outcome.reader.chunks is not None, outcome.attempt.ttft, call.ttft_scale()
+                judged = ttft * scale if streamed and ttft is not None and scale is not None else None
+                self.replicas.succeeded(outcome.state, judged, call.clock(), outcome.response.headers)
                 if streamed:
-                    self.replicas.losers(call.record.attempts)
+                    self.replicas.losers(call.record.attempts, scale)
                 return outcome
             failures.extend(outcome.failures)
             if outcome.reason is not None or not outcome.failures:

@@ -362,8 +362,9 @@ class ReplicaSet:
         now: float | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """An attempt on ``state`` won (its first token came ``ttft`` s after it started): the circuit
-        closes, a cool-down whose probe this was ends, and the router learns its TTFT and rate-limit headers."""
+        """An attempt on ``state`` won (its first token came ``ttft`` s after it started, scaled to a typical
+        prompt's: `Call.ttft_scale`): the circuit closes, a cool-down whose probe this was ends, and the router
+        learns its TTFT and rate-limit headers."""
         if self.shared is not None:
             if state.probing:  # the cool-down's own probe: the server serves again
                 self.shared.cleared(state)
@@ -392,22 +393,25 @@ class ReplicaSet:
         """``state`` answered a call keyed ``key``: it becomes the key's home. Whether that was `expected_hit`."""
         return None if self.affinity is None else self.affinity.served(key, state.name)
 
-    def losers(self, attempts: Iterable[AnyAttempt]) -> None:
-        """Attempts that lost a race before their first token: how long each waited is a lower
-        bound on its replica's TTFT (`Router.outran`)."""
-        self._waited(attempts, "lost")
+    def losers(self, attempts: Iterable[AnyAttempt], scale: float | None = 1.0) -> None:
+        """Attempts that lost a race before their first token: how long each waited (times ``scale``, the call's
+        `Call.ttft_scale`; None: unknown, nothing learned) is a lower bound on its replica's TTFT
+        (`Router.outran`)."""
+        self._waited(attempts, "lost", scale)
 
-    def timed_out(self, attempts: Iterable[AnyAttempt]) -> None:
+    def timed_out(self, attempts: Iterable[AnyAttempt], scale: float | None = 1.0) -> None:
         """A streamed call's first-token deadline ended these attempts (those still waiting were cancelled): how
         long each waited is a lower bound on its replica's TTFT, as for a lost race."""
-        self._waited(attempts, "cancelled")
+        self._waited(attempts, "cancelled", scale)
 
-    def _waited(self, attempts: Iterable[AnyAttempt], outcome: AttemptOutcome) -> None:
+    def _waited(self, attempts: Iterable[AnyAttempt], outcome: AttemptOutcome, scale: float | None) -> None:
+        if scale is None:
+            return
         for attempt in attempts:
             if attempt.outcome == outcome and attempt.first_token is None and attempt.finish is not None:
                 state = self._by_name.get(attempt.replica)
                 if state is not None:
-                    self.router.outran(state, attempt.finish, attempt.finish - attempt.start)
+                    self.router.outran(state, attempt.finish, (attempt.finish - attempt.start) * scale)
 
     def stream_finished(
         self, state: ReplicaState, now: float, *, ok: bool | None, tokens: int | None, duration: float | None

@@ -35,12 +35,20 @@ answers at about three times the typical TTFT. A class typically under ``max_del
 this. Likewise the warm-up delay, a guess before any measurement, gives way to twice the typical TTFT once a
 median of three samples shows the guess is short (a median, so one slow first call does not make it).
 
+Calls are also told apart by the size of their prompt (`size_class`: a class per doubling of its characters, from
+2,048 on): a long prompt's prefill makes its first token slow by nature, and one window of long and short calls
+hedged the long ones at the short ones' p95, nearly always for nothing (a fresh attempt prefills as long). A
+call's delay is read from its size class by the same rules once that class is warm (``min_samples`` samples),
+until then from all calls of its tier and stream kind, but at least twice the size class's typical TTFT from its
+third sample on (rule 5's guess, so that the first long prompts are not all hedged while their class warms up).
+`TTFTStats.typical` and `TTFTStats.high` are read from the size class once it is warm.
+
 Calls with an affinity key are told apart by whether they were expected to find their prompt prefix in the
 replica's cache (sent to the replica that answered the key's last call: `AffinityRouting.expected_hit`): a
 cached prefill is several times shorter, so one window of both kinds hedges cached calls late and uncached ones
 early. Their TTFTs also go to a class of their own, cached or uncached, and a keyed call's delay is read from
 its class by the same rules, once its replica has `TTFTStats.MIN_CLASS_SAMPLES` samples there and the class is
-warm; until then from all calls of its tier and stream kind.
+warm; until then from its size class, or all calls of its tier and stream kind.
 
 A slow minority of replicas therefore cannot drag the delay up: with three replicas, one of them 10x
 slower moves the median of the three p95s not at all, even before the router drains it. A quantile of
@@ -50,12 +58,29 @@ all TTFTs pooled together, by contrast, learns the slow replica's TTFT as soon a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from llmguard_client._routing.quantile import StreamingQuantile, lower_median
 from llmguard_client.config import HedgePolicy
 
-__all__ = ["TTFTStats"]
+__all__ = ["TTFTStats", "size_class"]
+
+SIZE_CLASS_BASE = 1024
+"""Prompt characters (about 256 tokens) of the first doubling: class 0 is under twice this, class k under
+``2 ** (k + 1)`` times it."""
+SIZE_CLASSES = 12
+"""Classes kept: prompts of 2M characters and more share the last."""
+
+_Key = tuple[str, bool, bool | None, int | None]
+"""(tier, stream, expected cache hit or None, size class or None): both None for all calls of a tier and kind."""
+
+
+def size_class(prompt_chars: int) -> int:
+    """The TTFT class of a prompt of ``prompt_chars`` characters: one per doubling from `SIZE_CLASS_BASE` x 2."""
+    if prompt_chars < 2 * SIZE_CLASS_BASE:
+        return 0
+    return min(SIZE_CLASSES - 1, int(math.log2(prompt_chars / SIZE_CLASS_BASE)))
 
 
 def _never_degraded(name: str) -> bool:
@@ -69,12 +94,14 @@ def _no_epoch() -> int:
 class _ClassStats:
     """One (tier, stream) class: a window per replica, and the estimates last read from them."""
 
-    __slots__ = ("delay", "epoch", "high", "own", "since", "typical", "warmup", "windows")
+    __slots__ = ("delay", "epoch", "high", "own", "samples", "since", "typical", "warmup", "windows")
 
     def __init__(self) -> None:
         self.windows: dict[str, StreamingQuantile] = {}
         self.since = 0
         """Samples added since the estimates were computed."""
+        self.samples = 0
+        """Samples in all the windows when the estimates were computed."""
         self.epoch = -1
         self.delay: float | None = None
         self.warmup = 0.0
@@ -116,17 +143,21 @@ class TTFTStats:
         self._policy = policy
         self._degraded = degraded
         self._epoch = epoch
-        self._classes: dict[tuple[str, bool, bool | None], _ClassStats] = {}
+        self._classes: dict[_Key, _ClassStats] = {}
 
-    def observe(self, replica: str, tier: str, stream: bool, ttft: float, cached: bool | None = None) -> None:
+    def observe(
+        self, replica: str, tier: str, stream: bool, ttft: float, cached: bool | None = None, size: int | None = None
+    ) -> None:
         """A call of ``tier`` (streaming or not) got its first token ``ttft`` s after its attempt on
         ``replica`` started; ``cached``: a keyed call expected to hit the replica's prefix cache, or not
-        (None: unkeyed)."""
-        self._add((tier, stream, None), replica, ttft)
+        (None: unkeyed); ``size``: its prompt's `size_class` (None: not told)."""
+        self._add((tier, stream, None, None), replica, ttft)
+        if size is not None:
+            self._add((tier, stream, None, size), replica, ttft)
         if cached is not None:
-            self._add((tier, stream, cached), replica, ttft)
+            self._add((tier, stream, cached, None), replica, ttft)
 
-    def _add(self, cls: tuple[str, bool, bool | None], replica: str, ttft: float) -> None:
+    def _add(self, cls: _Key, replica: str, ttft: float) -> None:
         stats = self._classes.get(cls)
         if stats is None:
             stats = self._classes[cls] = _ClassStats()
@@ -136,43 +167,81 @@ class TTFTStats:
         window.add(max(0.0, ttft))
         stats.since += 1
 
-    def hedge_delay(self, tier: str, stream: bool, replica: str | None = None, cached: bool | None = None) -> float:
+    def hedge_delay(
+        self,
+        tier: str,
+        stream: bool,
+        replica: str | None = None,
+        cached: bool | None = None,
+        size: int | None = None,
+    ) -> float:
         """Seconds to wait for a first token before hedging a call of this class whose primary went to
-        ``replica``, expected to hit its prefix cache (``cached``) or not, or unkeyed (None); see the module
-        docstring."""
+        ``replica``, expected to hit its prefix cache (``cached``) or not, or unkeyed (None), its prompt of
+        `size_class` ``size`` (None: any); see the module docstring."""
         policy = self._policy
         if policy.delay is not None:
             return policy.delay
         if cached is not None and replica is not None:
-            split = self._fresh(tier, stream, cached)
+            split = self._fresh((tier, stream, cached, None))
             window = split.windows.get(replica) if split is not None else None
             if window is not None and window.count >= self.MIN_CLASS_SAMPLES and split and split.delay is not None:
                 return split.own.get(replica, split.delay)
-        stats = self._fresh(tier, stream)
+        split = None if size is None else self._fresh((tier, stream, None, size))
+        if split is not None and split.delay is not None:
+            return split.own.get(replica, split.delay) if replica is not None and split.own else split.delay
+        stats = self._fresh((tier, stream, None, None))
         if stats is None:
             return policy.warmup_delay
         if stats.delay is None:
-            return stats.warmup
-        return stats.own.get(replica, stats.delay) if replica is not None and stats.own else stats.delay
+            delay = stats.warmup
+        else:
+            delay = stats.own.get(replica, stats.delay) if replica is not None and stats.own else stats.delay
+        if split is not None and split.samples >= self.MIN_WARMUP_SAMPLES:  # rule 5's guess for a size class
+            delay = max(delay, self.TYPICAL_FACTOR * split.typical)
+        return delay
 
-    def typical(self, tier: str, stream: bool) -> float:
-        """The median TTFT of the median healthy replica (0 while unknown): about how long a fresh
-        attempt needs."""
-        stats = self._fresh(tier, stream)
+    def typical(self, tier: str, stream: bool, size: int | None = None) -> float:
+        """The median TTFT of the median healthy replica for prompts of `size_class` ``size`` (0 while
+        unknown; None: any size): about how long a fresh attempt needs."""
+        stats = self._sized(tier, stream, size)
         return 0.0 if stats is None else stats.typical
 
-    def high(self, tier: str, stream: bool) -> float:
-        """The p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica, unclamped (0 while unknown):
-        a fresh attempt that has this long left usually makes its deadline."""
-        stats = self._fresh(tier, stream)
+    def high(self, tier: str, stream: bool, size: int | None = None) -> float:
+        """The p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica for prompts of `size_class`
+        ``size``, unclamped (0 while unknown): a fresh attempt that has this long left usually makes its
+        deadline."""
+        stats = self._sized(tier, stream, size)
         return 0.0 if stats is None else stats.high
 
-    def _fresh(self, tier: str, stream: bool, cached: bool | None = None) -> _ClassStats | None:
-        stats = self._classes.get((tier, stream, cached))
+    def scale(self, tier: str, stream: bool, size: int | None) -> float | None:
+        """What a first token of a prompt of `size_class` ``size`` is multiplied by to compare with any call's: the
+        typical TTFT of all calls of the tier and kind over that of the size class, once it has
+        `MIN_WARMUP_SAMPLES` first tokens. Before that, None (its calls say nothing yet of a replica's speed) if
+        calls of other sizes have shown what is typical, else 1 (the first calls of a Guard are taken as they
+        are). The router judges a replica's speed by scaled samples, so a replica that happened to get the long
+        prompts is not taken for a slow one."""
+        if size is None:
+            return 1.0
+        split = self._fresh((tier, stream, None, size))
+        pooled = self._fresh((tier, stream, None, None))
+        if split is not None and split.samples >= self.MIN_WARMUP_SAMPLES and split.typical > 0.0:
+            return 1.0 if pooled is None or pooled.typical <= 0.0 else pooled.typical / split.typical
+        others = (0 if pooled is None else pooled.samples) - (0 if split is None else split.samples)
+        return None if others >= self.MIN_WARMUP_SAMPLES else 1.0
+
+    def _sized(self, tier: str, stream: bool, size: int | None) -> _ClassStats | None:
+        """The size class's stats once warm, else those of every call of the tier and kind."""
+        split = None if size is None else self._fresh((tier, stream, None, size))
+        if split is not None and split.delay is not None:
+            return split
+        return self._fresh((tier, stream, None, None))
+
+    def _fresh(self, key: _Key) -> _ClassStats | None:
+        stats = self._classes.get(key)
         if stats is None:
             return None
         epoch = self._epoch()
-        if stats.since >= self.RECOMPUTE_EVERY or stats.epoch != epoch or stats.delay is None:
+        if stats.since >= self.RECOMPUTE_EVERY or stats.epoch != epoch or (stats.delay is None and stats.since):
             self._compute(stats)
             stats.since, stats.epoch = 0, epoch
         return stats
@@ -187,7 +256,7 @@ class TTFTStats:
         stats.high = lower_median(list(quantiles.values())) or 0.0
         stats.own = {}
         longest = max(policy.max_delay, self.TYPICAL_FACTOR * stats.typical)
-        samples = sum(w.count for w in stats.windows.values())
+        stats.samples = samples = sum(w.count for w in stats.windows.values())
         if not healthy or samples < policy.min_samples:
             stats.delay = None  # warming up
             known = samples >= self.MIN_WARMUP_SAMPLES  # a median of three: not one slow first call's
@@ -200,7 +269,9 @@ class TTFTStats:
     def __repr__(self) -> str:
         kinds = {None: "", True: "/cached", False: "/uncached"}
         classes = {
-            f"{tier}/{'stream' if stream else 'body'}{kinds[cached]}": len(c.windows)
-            for (tier, stream, cached), c in self._classes.items()
+            f"{tier}/{'stream' if stream else 'body'}{kinds[cached]}{'' if size is None else f'/size{size}'}": len(
+                c.windows
+            )
+            for (tier, stream, cached, size), c in self._classes.items()
         }
         return f"TTFTStats(replicas per class={classes})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import signal
 import time
 from collections.abc import Iterator
@@ -154,6 +155,77 @@ def test_calls_whose_typical_ttft_is_above_max_delay_are_hedged_only_in_their_ta
     # Hedges that lost to their primary: the first calls, before the warm-up knows the TTFT is 3 s, then
     # about one call in 20 (those above the p95). At the clamp every call was hedged, and nearly every hedge lost.
     assert len(lost) <= TTFTStats.MIN_WARMUP_SAMPLES + 3
+
+
+@dataclass
+class Prefilling(FakeReplica):
+    """A `FakeReplica` whose first token comes after a prefill as long as its prompt: 10 ms plus 2 us a
+    character, each call up to 20 % slower than that (spread evenly)."""
+
+    def plan_for(self, request: httpx.Request) -> Plan:
+        chars = len(json.loads(request.content)["messages"][0]["content"])
+        return Plan(first_token_after=(0.01 + 2e-6 * chars) * (1 + 0.2 * (self.requests * 0.618034 % 1)))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.plans = [self.plan_for(request)]
+        return await super().handle_async_request(request)
+
+
+@BACKENDS
+def test_long_prompts_slow_by_their_prefill_are_not_hedged_for_it(backend: str) -> None:
+    """One call in ten has a 40,000-character prompt (a first token after ~0.1 s, against ~0.01 s): one TTFT
+    window for all of them hedged more than half of the long calls at the short ones' p95 (12 of 20 here), and every
+    such hedge lost, its replica prefilling as long for nothing. Each prompt size is now judged against its own."""
+    fakes = {"http://a.test": Prefilling("a"), "http://b.test": Prefilling("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=5.0)}
+        async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
+            for i in range(200):
+                content = "x" * (40_000 if i % 10 == 5 else 100)
+                body = {**BODY, "messages": [{"role": "user", "content": content}]}
+                response = await client.post("http://a.test" + CHAT, json=body, headers={"x-llmguard-tier": "t"})
+                assert response.status_code == 200
+            assert guard.snapshot().idle
+
+    run_virtual(main, backend)
+    long_calls = records[5::10]
+    hedged = [r for r in long_calls if r.hedged]
+    # Before the size class has three first tokens, a long call is judged with all calls (hedged like before).
+    assert len(hedged) <= TTFTStats.MIN_WARMUP_SAMPLES
+    assert all(r.attempts[0].outcome == "won" for r in hedged)  # a hedge of a long prompt never won
+
+
+@BACKENDS
+def test_a_replica_given_the_long_prompts_is_not_taken_for_a_slow_one(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One tenant's long prompts (one call in four, ~0.1 s to a first token against ~0.01 s) all go to the replica
+    that holds their cache (affinity): judged by raw first tokens it looked several times slower than the other, and
+    the tenant's calls were moved off it, away from their cache. Each first token is now judged against its prompt
+    size's: the replica is neither drained nor left."""
+    fakes = {"http://a.test": Prefilling("a"), "http://b.test": Prefilling("b")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=5.0)}
+        async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
+            for i in range(120):
+                long = i % 4 == 3
+                body = {**BODY, "messages": [{"role": "user", "content": "x" * (40_000 if long else 100)}]}
+                headers = {"x-llmguard-tier": "t", **({"x-llmguard-key": "tenant"} if long else {})}
+                response = await client.post("http://a.test" + CHAT, json=body, headers=headers)
+                assert response.status_code == 200
+            router = guard._replica_set.router
+            assert not router.degraded("http://a.test") and not router.degraded("http://b.test")
+            assert not any(r.drained for r in guard.snapshot().replicas)
+
+    with caplog.at_level(logging.WARNING, logger="llmguard_client"):
+        run_virtual(main, backend)
+    assert [r.message for r in caplog.records if "degraded" in r.message] == []  # never drained meanwhile
+    long_calls = records[3::4]
+    assert len({r.replica for r in long_calls[1:]}) == 1  # the tenant's calls kept to its replica
 
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="not the caller's")

@@ -8,7 +8,7 @@ import pytest
 
 from llmguard_client import HedgePolicy
 from llmguard_client._routing.quantile import StreamingQuantile
-from llmguard_client._routing.ttft_stats import TTFTStats
+from llmguard_client._routing.ttft_stats import TTFTStats, size_class
 
 POLICY = HedgePolicy(min_samples=20, warmup_delay=0.5, min_delay=0.05, max_delay=2.0)
 
@@ -215,3 +215,43 @@ def test_the_warm_up_delay_waits_for_twice_a_typical_ttft_once_three_samples_sho
     fast = TTFTStats(POLICY)
     feed(fast, "r0", [0.05] * 10)
     assert fast.hedge_delay("t", True) == POLICY.warmup_delay  # never shorter than warmup_delay
+
+
+@pytest.mark.parametrize(("chars", "cls"), [(0, 0), (2047, 0), (2048, 1), (4095, 1), (4096, 2), (8192, 3), (10**9, 11)])
+def test_a_size_class_per_doubling_of_the_prompt(chars: int, cls: int) -> None:
+    assert size_class(chars) == cls
+
+
+def test_long_prompts_are_hedged_at_their_own_classs_p95_not_the_short_ones() -> None:
+    """10 % of the calls prefill a long prompt (0.12-0.15 s against 0.015-0.03 s): one window of both hedged about
+    half of the long ones at the short ones' p95, every hedge lost (a fresh attempt prefills as long). Each size
+    class now has its own delay, and the short calls' stays theirs."""
+    stats = TTFTStats(POLICY)
+    short, long = spread(0.015, 90), [0.12 + 0.03 * i / 9 for i in range(10)]
+    random.Random(1).shuffle(long)
+    for replica in ("r0", "r1", "r2"):
+        for i in range(100):
+            if i % 10 == 0:
+                stats.observe(replica, "t", True, long[i // 10], size=3)
+            else:
+                stats.observe(replica, "t", True, short[i - i // 10 - 1], size=0)
+    pooled = stats.hedge_delay("t", True, "r0")  # what any size got before
+    assert 0.13 < pooled < 0.14  # about half of the long calls hedged
+    assert stats.hedge_delay("t", True, "r0", size=3) == pytest.approx(expected_p95(long))
+    assert stats.hedge_delay("t", True, "r0", size=0) == max(POLICY.min_delay, expected_p95(short))
+    assert stats.typical("t", True, size=3) == pytest.approx(0.135, rel=0.05)
+    assert stats.high("t", True, size=3) > stats.high("t", True) > stats.high("t", True, size=0)
+
+
+def test_a_size_class_warming_up_waits_for_twice_its_typical_ttft_from_its_third_sample() -> None:
+    stats = TTFTStats(POLICY)
+    for replica in ("r0", "r1", "r2"):
+        feed(stats, replica, spread(0.015, 40))
+    short = stats.hedge_delay("t", True, "r0")
+    stats.observe("r0", "t", True, 0.12, size=4)
+    stats.observe("r1", "t", True, 0.12, size=4)
+    assert stats.hedge_delay("t", True, "r0", size=4) == short  # two samples say little: all calls' delay
+    stats.observe("r2", "t", True, 0.12, size=4)
+    assert stats.hedge_delay("t", True, "r0", size=4) == pytest.approx(TTFTStats.TYPICAL_FACTOR * 0.12)
+    assert stats.hedge_delay("t", True, "r0", size=5) == short  # a size never seen: all calls' delay
+    assert stats.typical("t", True, size=4) == stats.typical("t", True)  # not warm: all calls' figures
