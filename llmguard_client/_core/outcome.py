@@ -152,6 +152,8 @@ _REQUEST_FAULTS = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
 """Transport errors that are the request's own (a header value with a newline, a body longer than its
 ``content-length``, a URL scheme no pool speaks): never the replica's failure, so neither retried by the guard
 (the SDK retries them or not, as without a guard) nor counted toward the replica's circuit."""
+_REQUEST_TIMEOUT = 408
+"""The server (or a load balancer in front of it) gave up waiting for the request: the replica's failure, as a 5xx."""
 
 
 @dataclass(slots=True, eq=False)
@@ -184,6 +186,15 @@ class AttemptFailure:
         if self.stream_failure is not None:
             return bool(self.stream_failure.overload)
         return self.status_code in OVERLOAD_STATUSES
+
+    @property
+    def replica_failed(self) -> bool:
+        """The replica failed the request itself: a transport error, a 5xx, or a 408 (it timed out on the request,
+        as a replica that answers nothing in time does). What counts toward its circuit and its failure rate, and
+        what the only replica left may retry past an empty budget; an overload answer (429/503/529) is judged
+        before it (it cools the replica), and other 4xx are the request's."""
+        status = self.status_code or 0
+        return self.is_transport_error or status >= 500 or status == _REQUEST_TIMEOUT
 
     @property
     def is_transport_error(self) -> bool:

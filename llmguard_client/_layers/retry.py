@@ -49,7 +49,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
   time, as an SDK retrying one endpoint does;
-- a replica that keeps failing (connect errors, 5xx) has its circuit opened for a
+- a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice.
 
@@ -268,13 +268,13 @@ class RetryLayer:
         Retry-After, for at most `RetryPolicy.max_retry_after`) unless the 429 reports room left in every limit
         its rate-limit headers report (the request was refused for its own size), or a provider rate limit takes
         a 429 that has no Retry-After;
-        count transport errors and 5xx toward their circuits, once per replica for the ids in ``counted``
-        (the replicas the route already counted, updated here); tell the router of a 401, 403 or 404 (a rejection:
-        it drains a replica that rejects what the others serve, and counts toward no circuit). Not ``judged`` (a
-        call off the generation paths: files, models, embeddings, GETs included): an answer's status speaks for
-        that API only, not for the replica's generation calls (a 429 of the files API's own rate limit, a 503 of
-        its backend), so it cools nothing and counts toward no circuit; only transport errors count (the host
-        itself did not answer)."""
+        count transport errors, 5xx and 408s (`AttemptFailure.replica_failed`) toward their circuits and the
+        router's failure rates, once per replica for the ids in ``counted`` (the replicas the route already
+        counted, updated here); tell the router of a 401, 403 or 404 (a rejection: it drains a replica that
+        rejects what the others serve, and counts toward no circuit). Not ``judged`` (a call off the generation
+        paths: files, models, embeddings, GETs included): an answer's status speaks for that API only, not for the
+        replica's generation calls (a 429 of the files API's own rate limit, a 503 of its backend), so it cools
+        nothing and counts toward no circuit; only transport errors count (the host itself did not answer)."""
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
@@ -301,7 +301,7 @@ class RetryLayer:
             if failure.status_code in REJECTIONS:  # 401/403/404: weighed against the others', never a circuit's
                 self.replicas.rejected(state, now, failure.status_code)
                 continue
-            if not (failure.is_transport_error or (failure.status_code or 0) >= 500):
+            if not failure.replica_failed:  # a transport error, a 5xx or a 408: the replica's own failure
                 continue
             if counted is not None:
                 if id(state) in counted:
@@ -452,8 +452,7 @@ class RetryLayer:
         for its probe, and the retry goes at the cool-down's end. One that fails some calls and serves the others
         (random 5xx or 408s) holds back no other call."""
         assert self.policy is not None
-        status = last.status_code or 0
-        failing = last.overload or last.is_transport_error or status >= 500 or status == 408  # 408: timed out there
+        failing = last.overload or last.replica_failed
         if not failing or self._provider_limit(last) or state is not last.state:
             return False
         if self.replicas.alone(now, avoid) is not state:

@@ -425,7 +425,7 @@ class ReplicaSet:
         self.router.saw_headers(state, now, headers)
 
     def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
-        """Count a failure (connect error, 5xx, reset); True when it opened the circuit. The first opening of an
+        """Count a failure (connect error, 5xx, 408, reset); True when it opened the circuit. The first opening of an
         episode is logged (a probe that fails again reopens it silently; the probe that succeeds says so)."""
         state.consecutive_failures += 1
         self.router.failed(state, now)

@@ -16,8 +16,8 @@ What the router knows about each replica (`ReplicaHealth`), learned from the gua
   ignored otherwise. A replica whose calls keep losing races or timing out (a long queue) is thus judged by
   them within `Router.MIN_SAMPLES` calls instead of staying unknown and taking its share.
 - ``failure``: an EWMA of failures over finished attempts and streams, fading with a half-life of
-  `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, connect
-  error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
+  `Router.FAILURE_HALF_LIFE` seconds. A failure is an error before the first token (5xx, 408,
+  connect error, reset) or after it (reset, stall or total timeout, a malformed or truncated stream).
   A failure after the first token counts `Router.MID_STREAM_WEIGHT` (3) times: the caller sees it,
   while one before the first token costs a retry or a hedge. An overload answer (429/503 with
   Retry-After) is not a failure: it cools the replica instead.

@@ -179,23 +179,30 @@ def two_calls(
 
 
 @BACKENDS
+@pytest.mark.parametrize("status", [408, 502])
 def test_a_streak_of_failures_on_the_only_replica_is_paced_by_a_cool_down_once_the_budget_is_empty(
-    backend: str,
+    backend: str, status: int
 ) -> None:
-    """One endpoint (a proxy whose backend restarts) answering 502s to every call, so its circuit has opened
-    (here after one call: ``circuit_failures=1``): the budget pays the first retry with the normal backoff; when it
-    is empty, the call does not end: the replica cools for `overload_cooldown`, the retry goes at the cool-down's
-    end, and a new call waits for the cool-down's probe instead of adding load. That probe failing too renews the
-    cool-down, and its own retry goes at the end of that one."""
-    failing = Plan(status=502, headers_after=0.01)
+    """One endpoint (a proxy whose backend restarts, or that times out on every request) answering 502s or 408s to
+    every call, so its circuit has opened (here after one call: ``circuit_failures=1``): the budget pays the first
+    retry with the normal backoff; when it is empty, the call does not end: the replica cools for
+    `overload_cooldown`, the retry goes at the cool-down's end, and a new call waits for the cool-down's probe
+    instead of adding load. That probe failing too renews the cool-down, and its own retry goes at the end of that
+    one. (A 408 opened no circuit: the retries went past the budget after the backoff alone, not paced by a
+    cool-down.)"""
+    failing = Plan(status=status, headers_after=0.01)
     fakes = {"http://a.test": FakeReplica("a", [failing, failing, failing, Plan()])}
     retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.0, circuit_failures=1)
     # The second call starts after the first's budget-paid retry failed.
     answers, snapshot, (first, second) = two_calls(backend, fakes, retry, BudgetPolicy(ratio=0.0, floor=1), 0.3)
     assert (snapshot.paced, snapshot.refused, snapshot.spent) == (2, 2, 3)
     assert answers == {"first": 200, "second": 200}
-    assert [(a.status_code, a.outcome) for a in first.attempts] == [(502, "failed"), (502, "failed"), (200, "won")]
-    assert [(a.status_code, a.outcome) for a in second.attempts] == [(502, "failed"), (200, "won")]
+    assert [(a.status_code, a.outcome) for a in first.attempts] == [
+        (status, "failed"),
+        (status, "failed"),
+        (200, "won"),
+    ]
+    assert [(a.status_code, a.outcome) for a in second.attempts] == [(status, "failed"), (200, "won")]
     paid, emptied, paced = first.attempts
     assert paid.finish is not None and emptied.finish is not None
     assert 0.1 <= emptied.start - paid.finish <= 0.2  # the budget paid it: the normal backoff
@@ -279,6 +286,58 @@ def test_an_only_replica_failing_some_calls_retries_them_past_an_empty_budget_an
     assert (first.status_code, retried.kind, retried.outcome) == (status, "retry", "won")
     assert first.finish is not None and 0.1 <= retried.start - first.finish <= 0.2  # the same-replica backoff
     assert len(other.attempts) == 1 and other.attempts[0].start - first.start == pytest.approx(0.05, abs=1e-6)
+
+
+@BACKENDS
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+@pytest.mark.parametrize("status", [408, 500])
+def test_a_replica_failing_every_call_with_a_408_is_kept_away_as_one_failing_with_a_500(
+    backend: str, status: int, mode: str
+) -> None:
+    """Two replicas, one failing every chat call with a 408 (it times out on every request, as a replica whose
+    engine hangs behind a proxy's request timeout does) or a 500; 30 non-streaming calls through the openai SDK
+    (``max_retries=2``), 2 at a time, default tier and budget, the guard or the SDK sending the retries. Every call
+    is served, as by the healthy replica alone, and the failing one gets its first few requests only: its failures
+    count toward its circuit and its failure rate, which keeps the calls away from it. (A 408 counted toward
+    neither: the failing replica kept its share of the first attempts, each retry paid from the budget, and once
+    that was empty the calls ended with its 408: about half of them, where a round-robin plain SDK served all.)"""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02)]),
+        "http://b.test": FakeReplica("b", [Plan(status=status, headers_after=0.001)]),
+    }
+    records: list[PhaseRecord] = []
+    answers: list[str] = []  # the replica that served each call, or the status it ended with
+
+    async def main() -> None:
+        retry = RetryPolicy(mode="cooperative") if mode == "cooperative" else RetryPolicy()
+        async with virtual_guard(fakes, records, retry=retry) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url="http://a.test/v1", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            limiter = anyio.CapacityLimiter(2)
+
+            async def call() -> None:
+                async with limiter:
+                    try:
+                        done = await client.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": "x"}]
+                        )
+                    except openai.APIStatusError as error:
+                        answers.append(str(error.status_code))
+                    else:
+                        answers.append(done.choices[0].message.content or "")
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(30):
+                    tg.start_soon(call)
+            await client.close()
+
+    run_virtual(main, backend)
+    assert answers == ["a"] * 30
+    assert fakes["http://a.test"].requests == 30
+    assert 1 <= fakes["http://b.test"].requests <= 3  # kept away after its first failures
+    later = sorted(records, key=lambda r: r.start)[10:]  # the SDK's requests after the first few calls
+    assert [a.replica for r in later for a in r.attempts] == ["http://a.test"] * len(later)
 
 
 @BACKENDS
@@ -561,6 +620,30 @@ def test_an_open_circuit_fails_the_call_without_any_time_passing_without_panic_m
             with pytest.raises(AllAttemptsFailed, match="circuit is open"):
                 await client.post("http://a.test" + CHAT, json=BODY)
             assert anyio.current_time() == started  # no connect, no backoff
+            assert sum(f.requests for f in fakes.values()) == requests
+
+    run_virtual(main, backend)
+    assert records[-1].attempts == ()
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [408, 500])
+def test_408s_open_a_circuit_as_5xx_do(backend: str, status: int) -> None:
+    """Replicas answering every call with a 408 (a request timeout) count toward their circuits as with a 500: after
+    `RetryPolicy.circuit_failures` calls each, every circuit is open, and (without panic mode) the next call is
+    refused at once, nothing sent."""
+    fakes = {url: FakeReplica(url[7], [Plan(status=status)]) for url in ("http://a.test", "http://b.test")}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
+        async with virtual_guard(fakes, records, retry=policy, hedge=None) as guard, guard.http_client() as client:
+            for _ in range(2):
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == status
+            assert all(r.circuit_open_for > 0.0 for r in guard.snapshot().replicas)
+            requests = sum(f.requests for f in fakes.values())
+            with pytest.raises(AllAttemptsFailed, match="circuit is open"):
+                await client.post("http://a.test" + CHAT, json=BODY)
             assert sum(f.requests for f in fakes.values()) == requests
 
     run_virtual(main, backend)
