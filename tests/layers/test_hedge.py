@@ -9,7 +9,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,25 +171,39 @@ class Prefilling(FakeReplica):
         return await super().handle_async_request(request)
 
 
-@BACKENDS
-def test_long_prompts_slow_by_their_prefill_are_not_hedged_for_it(backend: str) -> None:
-    """One call in ten has a 40,000-character prompt (a first token after ~0.1 s, against ~0.01 s): one TTFT
-    window for all of them hedged more than half of the long calls at the short ones' p95 (12 of 20 here), and every
-    such hedge lost, its replica prefilling as long for nothing. Each prompt size is now judged against its own."""
+async def send_prompt(client: httpx.AsyncClient, chars: int, key: str | None = None) -> None:
+    """One streamed call of tier ``t`` with a prompt of ``chars`` characters (keyed by ``key``), answered 200."""
+    body = {**BODY, "messages": [{"role": "user", "content": "x" * chars}]}
+    headers = {"x-llmguard-tier": "t", **({"x-llmguard-key": key} if key is not None else {})}
+    assert (await client.post("http://a.test" + CHAT, json=body, headers=headers)).status_code == 200
+
+
+def run_prompts(
+    backend: str, prompts: list[tuple[int, str | None]], check: Callable[[Guard], None] = lambda guard: None
+) -> list[PhaseRecord]:
+    """Each prompt (its characters, its key) sent in turn through a Guard over two `Prefilling` replicas, in virtual
+    time; ``check`` is given the Guard, still open, after the last; returns the calls' records."""
     fakes = {"http://a.test": Prefilling("a"), "http://b.test": Prefilling("b")}
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         tiers = {"t": Tier(ttft=5.0, total=10.0, stall=5.0)}
         async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
-            for i in range(200):
-                content = "x" * (40_000 if i % 10 == 5 else 100)
-                body = {**BODY, "messages": [{"role": "user", "content": content}]}
-                response = await client.post("http://a.test" + CHAT, json=body, headers={"x-llmguard-tier": "t"})
-                assert response.status_code == 200
+            for chars, key in prompts:
+                await send_prompt(client, chars, key)
             assert guard.snapshot().idle
+            check(guard)
 
     run_virtual(main, backend)
+    return records
+
+
+@BACKENDS
+def test_long_prompts_slow_by_their_prefill_are_not_hedged_for_it(backend: str) -> None:
+    """One call in ten has a 40,000-character prompt (a first token after ~0.1 s, against ~0.01 s): one TTFT
+    window for all of them hedged more than half of the long calls at the short ones' p95 (12 of 20 here), and every
+    such hedge lost, its replica prefilling as long for nothing. Each prompt size is now judged against its own."""
+    records = run_prompts(backend, [(40_000 if i % 10 == 5 else 100, None) for i in range(200)])
     long_calls = records[5::10]
     hedged = [r for r in long_calls if r.hedged]
     # Before the size class has three first tokens, a long call is judged with all calls (hedged like before).
@@ -205,24 +219,13 @@ def test_a_replica_given_the_long_prompts_is_not_taken_for_a_slow_one(
     that holds their cache (affinity): judged by raw first tokens it looked several times slower than the other, and
     the tenant's calls were moved off it, away from their cache. Each first token is now judged against its prompt
     size's: the replica is neither drained nor left."""
-    fakes = {"http://a.test": Prefilling("a"), "http://b.test": Prefilling("b")}
-    records: list[PhaseRecord] = []
 
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=5.0)}
-        async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
-            for i in range(120):
-                long = i % 4 == 3
-                body = {**BODY, "messages": [{"role": "user", "content": "x" * (40_000 if long else 100)}]}
-                headers = {"x-llmguard-tier": "t", **({"x-llmguard-key": "tenant"} if long else {})}
-                response = await client.post("http://a.test" + CHAT, json=body, headers=headers)
-                assert response.status_code == 200
-            router = guard._replica_set.router
-            assert not router.degraded("http://a.test") and not router.degraded("http://b.test")
-            assert not any(r.drained for r in guard.snapshot().replicas)
+    def neither_drained(guard: Guard) -> None:
+        assert not any(r.drained for r in guard.snapshot().replicas)
 
+    prompts = [(40_000, "tenant") if i % 4 == 3 else (100, None) for i in range(120)]
     with caplog.at_level(logging.WARNING, logger="llmguard_client"):
-        run_virtual(main, backend)
+        records = run_prompts(backend, prompts, neither_drained)
     assert [r.message for r in caplog.records if "degraded" in r.message] == []  # never drained meanwhile
     long_calls = records[3::4]
     assert len({r.replica for r in long_calls[1:]}) == 1  # the tenant's calls kept to its replica

@@ -606,44 +606,30 @@ async def test_connect_errors_open_the_circuit_and_all_open_fails_fast_without_p
 
 
 @BACKENDS
-def test_an_open_circuit_fails_the_call_without_any_time_passing_without_panic_mode(backend: str) -> None:
-    fakes = {url: FakeReplica(url[7], [Plan(refused=True)]) for url in ("http://a.test", "http://b.test")}
+@pytest.mark.parametrize(
+    "plan", [Plan(refused=True), Plan(status=408), Plan(status=500)], ids=["refused", "408", "500"]
+)
+def test_open_circuits_fail_the_next_call_without_any_time_passing_without_panic_mode(backend: str, plan: Plan) -> None:
+    """Replicas refusing connections, or answering every call with a 408 (a request timeout) or a 500, count toward
+    their circuits alike (a 408 counted toward none before): after `RetryPolicy.circuit_failures` calls each, every
+    circuit is open, and (without panic mode) the next call is refused at once, nothing sent, no time passing."""
+    fakes = {url: FakeReplica(url[7], [plan]) for url in ("http://a.test", "http://b.test")}
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
         async with virtual_guard(fakes, records, retry=policy, hedge=None) as guard, guard.http_client() as client:
             for _ in range(2):
-                with pytest.raises(AllAttemptsFailed):
-                    await client.post("http://a.test" + CHAT, json=BODY)
+                if plan.refused:
+                    with pytest.raises(AllAttemptsFailed):
+                        await client.post("http://a.test" + CHAT, json=BODY)
+                else:
+                    assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == plan.status
+            assert all(r.circuit_open_for > 0.0 for r in guard.snapshot().replicas)
             requests, started = sum(f.requests for f in fakes.values()), anyio.current_time()
             with pytest.raises(AllAttemptsFailed, match="circuit is open"):
                 await client.post("http://a.test" + CHAT, json=BODY)
             assert anyio.current_time() == started  # no connect, no backoff
-            assert sum(f.requests for f in fakes.values()) == requests
-
-    run_virtual(main, backend)
-    assert records[-1].attempts == ()
-
-
-@BACKENDS
-@pytest.mark.parametrize("status", [408, 500])
-def test_408s_open_a_circuit_as_5xx_do(backend: str, status: int) -> None:
-    """Replicas answering every call with a 408 (a request timeout) count toward their circuits as with a 500: after
-    `RetryPolicy.circuit_failures` calls each, every circuit is open, and (without panic mode) the next call is
-    refused at once, nothing sent."""
-    fakes = {url: FakeReplica(url[7], [Plan(status=status)]) for url in ("http://a.test", "http://b.test")}
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        policy = RetryPolicy(circuit_failures=2, circuit_cooldown=30.0, panic_threshold=0.0)
-        async with virtual_guard(fakes, records, retry=policy, hedge=None) as guard, guard.http_client() as client:
-            for _ in range(2):
-                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == status
-            assert all(r.circuit_open_for > 0.0 for r in guard.snapshot().replicas)
-            requests = sum(f.requests for f in fakes.values())
-            with pytest.raises(AllAttemptsFailed, match="circuit is open"):
-                await client.post("http://a.test" + CHAT, json=BODY)
             assert sum(f.requests for f in fakes.values()) == requests
 
     run_virtual(main, backend)
