@@ -83,7 +83,11 @@ def build_pipeline(policies: Policies, state: SharedState) -> tuple[Pipeline, St
     deadline = DeadlineLayer()
     limiter = state.rate_limiter
     retry = RetryLayer(
-        state.replicas, policies.retry, state.instrumentation, rate_limited=limiter.applies if limiter else None
+        state.replicas,
+        policies.retry,
+        state.instrumentation,
+        rate_limited=limiter.applies if limiter else None,
+        ttft_stats=state.ttft_stats,
     )
     rate_limit = RateLimitLayer(state.rate_limiter)
     admission = () if state.admission is None else (state.admission,)  # per attempt: its replica is picked

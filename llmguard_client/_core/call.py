@@ -14,7 +14,7 @@ from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._http.upload import framing_headers
 from llmguard_client._routing.replicas import ReplicaState
-from llmguard_client._routing.ttft_stats import TTFTStats, size_class
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import Tier
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation
@@ -86,6 +86,8 @@ class Call:
     each attempt."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
+    ttft_size: int = 0
+    """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes
@@ -100,28 +102,18 @@ class Call:
         """Characters of the prompt (the body's length where no prompt field was found)."""
         return len(self.body) if self.prompt_chars is None else self.prompt_chars
 
-    def size_class(self) -> int:
-        """The class of its prompt's size its TTFT is judged in (`llmguard_client._routing.ttft_stats`)."""
-        return size_class(self.prompt_size())
-
-    def ttft_scale(self) -> float | None:
-        """What this call's TTFT is multiplied by to compare with a typical call's of its tier and kind (None:
-        not known yet; `TTFTStats.scale`): a long prompt's slow prefill is no sign of a slow replica."""
-        stats = self.ttft_stats
-        return 1.0 if stats is None else stats.scale(self.tier_name, self.record.stream, self.size_class())
-
     def expected_ttft(self) -> float:
         """About how long a fresh attempt of this call needs for its first token: the median TTFT of the
         median healthy replica for the call's tier, kind and prompt size (0 while unknown)."""
         stats = self.ttft_stats
-        return 0.0 if stats is None else stats.typical(self.tier_name, self.record.stream, self.size_class())
+        return 0.0 if stats is None else stats.typical(self.tier_name, self.record.stream, self.ttft_size)
 
     def slow_ttft(self) -> float:
         """How long a fresh attempt of this call needs for its first token on all but its slowest tries: the
         p95 (``HedgePolicy.quantile``) TTFT of the median healthy replica for its tier, kind and prompt size (0
         while unknown)."""
         stats = self.ttft_stats
-        return 0.0 if stats is None else stats.high(self.tier_name, self.record.stream, self.size_class())
+        return 0.0 if stats is None else stats.high(self.tier_name, self.record.stream, self.ttft_size)
 
     def pay_extra(self, budget: RetryBudget | None = None, paced: bool = False) -> Payment | None:
         """A payment for one extra attempt (retry, hedge, continuation) from ``budget`` (default: the

@@ -60,7 +60,7 @@ from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
 from llmguard_client._routing.reach import Reach
 from llmguard_client._routing.replicas import ReplicaSet
-from llmguard_client._routing.ttft_stats import TTFTStats
+from llmguard_client._routing.ttft_stats import TTFTStats, size_class
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
@@ -414,6 +414,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             keeps_text=continuation is not None,
             streamed=streamed,
             prompt_chars=facts.prompt_chars,
+            ttft_size=size_class(len(body) if facts.prompt_chars is None else facts.prompt_chars),
             lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation
@@ -425,8 +426,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         record.delivered(attempt, win.response.status_code)
         cached = self._replicas.served(call.affinity_key, win.state)  # expected to hit the cache, or None
         if attempt.ttft is not None:
-            stats, size = self._ttft_stats, call.size_class()
-            stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached, size)
+            stats = self._ttft_stats
+            stats.observe(win.state.name, call.tier_name, record.stream, attempt.ttft, cached, call.ttft_size)
         response = httpx.Response(
             win.response.status_code,
             headers=win.response.headers,
@@ -493,7 +494,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # Its rounds used up after the guard's own retries (they stood in for the SDK's): final, not handed back.
         spent_out = self._retries and outcome.used_up and retried
         if isinstance(error, TTFTTimeout) and call.generation and call.record.stream:
-            self._replicas.timed_out(call.record.attempts, call.ttft_scale())  # no first token in time: a lower bound
+            # No first token in time: a lower bound on each's TTFT, scaled to a typical prompt's.
+            scale = self._ttft_stats.scale(call.tier_name, call.record.stream, call.ttft_size)
+            self._replicas.timed_out(call.record.attempts, scale)
         if isinstance(error, GuardClosed) or lease.aborted:
             error = error if isinstance(error, GuardClosed) else self._closed_error(call)
             last = None

@@ -70,7 +70,7 @@ class HedgeLayer:
     def _delay(self, call: Call, primary: ReplicaState) -> float:
         assert self.policy is not None
         cached = self.replicas.expected_hit(call.affinity_key, primary)
-        size = call.size_class()
+        size = call.ttft_size
         delay = self.ttft_stats.hedge_delay(call.tier_name, call.record.stream, primary.name, cached, size)
         if primary.health.drained and self.policy.delay is None:
             # A probe of a drained replica is expected to be slow: hedge it after a typical healthy TTFT.

@@ -74,7 +74,8 @@ from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
-from llmguard_client.config import RetryPolicy, deadline_text
+from llmguard_client._routing.ttft_stats import TTFTStats
+from llmguard_client.config import HedgePolicy, RetryPolicy, deadline_text
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
 
@@ -115,8 +116,12 @@ class RetryLayer:
         instrumentation: Instrumentation,
         rng: random.Random | None = None,
         rate_limited: Callable[[str], bool] | None = None,
+        ttft_stats: TTFTStats | None = None,
     ) -> None:
         self.replicas = replicas
+        self.ttft_stats = ttft_stats if ttft_stats is not None else TTFTStats(HedgePolicy())
+        """The first-token statistics a won attempt's TTFT is scaled by (`TTFTStats.scale`) before the router
+        learns it; none given: a fresh one's, which scales nothing."""
         self.policy = policy
         self._instrumentation = instrumentation
         self._rate_limited = rate_limited
@@ -150,7 +155,8 @@ class RetryLayer:
                 if not call.generation:  # another API's answer says nothing of the replica's generation calls
                     return outcome
                 # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
-                streamed, ttft, scale = outcome.reader.chunks is not None, outcome.attempt.ttft, call.ttft_scale()
+                streamed, ttft = outcome.reader.chunks is not None, outcome.attempt.ttft
+                scale = self.ttft_stats.scale(call.tier_name, call.record.stream, call.ttft_size)
                 judged = ttft * scale if streamed and ttft is not None and scale is not None else None
                 self.replicas.succeeded(outcome.state, judged, call.clock(), outcome.response.headers)
                 if streamed:

@@ -363,7 +363,7 @@ class ReplicaSet:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started, scaled to a typical
-        prompt's: `Call.ttft_scale`): the circuit closes, a cool-down whose probe this was ends, and the router
+        prompt's: `TTFTStats.scale`): the circuit closes, a cool-down whose probe this was ends, and the router
         learns its TTFT and rate-limit headers."""
         if self.shared is not None:
             if state.probing:  # the cool-down's own probe: the server serves again
@@ -395,7 +395,7 @@ class ReplicaSet:
 
     def losers(self, attempts: Iterable[AnyAttempt], scale: float | None = 1.0) -> None:
         """Attempts that lost a race before their first token: how long each waited (times ``scale``, the call's
-        `Call.ttft_scale`; None: unknown, nothing learned) is a lower bound on its replica's TTFT
+        `TTFTStats.scale`; None: unknown, nothing learned) is a lower bound on its replica's TTFT
         (`Router.outran`)."""
         self._waited(attempts, "lost", scale)
 
