@@ -341,9 +341,10 @@ class GuardBody(httpx.AsyncByteStream):
         self._lease = self._rest = self._resume = self._watchdog = None
         self._call = self._reader = self._win = None  # type: ignore[assignment]  # never read after the end
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, cause: str = "closed_by_caller") -> None:
         """Close the upstream connection (if still open) and finish the call's record: ``ok`` if the
-        caller was handed the protocol's end marker (openai 2.x stops reading at ``[DONE]``)."""
+        caller was handed the protocol's end marker (openai 2.x stops reading at ``[DONE]``), else
+        ``abandoned`` with ``cause`` (``garbage_collected`` for a sync body its caller dropped unclosed)."""
         if self._ended:
             await self._end("abandoned", None)
             return
@@ -353,4 +354,4 @@ class GuardBody(httpx.AsyncByteStream):
         elif self._complete or (self._end_delivered and not self._pending):
             await self._end("ok", None)
         else:
-            await self._end("abandoned", "closed_by_caller")
+            await self._end("abandoned", cause)

@@ -17,6 +17,8 @@ body, so cancel scopes opened by the core never cross tasks:
   only when the task waits for room, not once per chunk;
 - closing the body early cancels the task; it closes the upstream response under a
   shielded scope, so the server sees the disconnect, before ``close()`` returns;
+- a body the caller drops unclosed cancels the task when it is garbage-collected, from whatever
+  thread collects it (the loop's own included), without waiting for the loop;
 - the caller's context variables (``guard.tier()``, ``guard.capture()``, the current
   OpenTelemetry span) are copied into the task.
 
@@ -34,6 +36,7 @@ import logging
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import Future
@@ -83,12 +86,18 @@ _Item = bytes | _End | _Failed
 
 
 class SyncBody:
-    """The body of one sync call: iterate it for raw chunks, ``close()`` it when done (idempotent)."""
+    """The body of one sync call: iterate it for raw chunks, ``close()`` it when done (idempotent).
+
+    The call's task on the loop holds the upstream response, and with it the call's lease, until it is told to
+    end: a body the caller drops unclosed tells it when it is garbage-collected (`weakref.finalize`), as neither
+    httpx nor httpx2 closes a response it collects, and an SDK's stream closes its response only once iterated."""
 
     def __init__(self, runner: LoopAccess, exchange: _Exchange) -> None:
         self._runner = runner
         self._exchange = exchange
         self._closed = False
+        self._gc = weakref.finalize(self, _collected, runner, exchange)
+        self._gc.atexit = False  # as a lease's: not at the interpreter's exit
 
     def __iter__(self) -> Iterator[bytes]:
         while not self._closed:
@@ -107,6 +116,7 @@ class SyncBody:
         if self._closed:
             return
         self._closed = True
+        self._gc.detach()
         if self._exchange.ended or not self._runner.running:
             return  # the call already closed its response, or the Guard's stop cancels it
         if running_loop() is not None:
@@ -114,6 +124,13 @@ class SyncBody:
             return
         with contextlib.suppress(GuardClosed):  # the Guard is stopping right now: its stop closes the call
             self._runner.call(self._exchange.close)
+
+
+def _collected(runner: LoopAccess, exchange: _Exchange) -> None:
+    """A `SyncBody` dropped unclosed was collected, on any thread (the loop's own included): tell its call to end,
+    without waiting for the loop (the call closes its response there, recorded ``garbage_collected``)."""
+    if not exchange.ended and runner.running:
+        exchange.end_soon(collected=True)
 
 
 class _Exchange:
@@ -152,6 +169,8 @@ class _Exchange:
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._cancelled = False
+        self._collected = False
+        """The caller's body was garbage-collected unclosed (set on the loop, before the task is cancelled)."""
         self._whole = False
         """The whole body was handed to the caller's thread with the response (`GuardBody.take_whole`)."""
 
@@ -219,9 +238,11 @@ class _Exchange:
                     if not isinstance(item, bytes):
                         return
             finally:
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
+                    if self._collected and isinstance(stream, GuardBody):
+                        await stream.aclose(cause="garbage_collected")
+                    aclose = getattr(chunks, "aclose", None)
+                    if aclose is not None:
                         await aclose()
         finally:
             with anyio.CancelScope(shield=True):
@@ -291,10 +312,16 @@ class _Exchange:
         if self._done is not None:
             await self._done.wait()
 
-    def end_soon(self) -> None:
-        """From any thread, without waiting: tell the call's task to stop (it closes the upstream response)."""
+    def end_soon(self, collected: bool = False) -> None:
+        """From any thread, without waiting: tell the call's task to stop (it closes the upstream response).
+        ``collected``: the caller's body was garbage-collected unclosed, and the call is recorded so."""
+        cancel = self._cancel_collected if collected else self._cancel
         with contextlib.suppress(RuntimeError):  # the loop has closed: the task ended with it
-            self._loop.call_soon_threadsafe(self._cancel)
+            self._loop.call_soon_threadsafe(cancel)
+
+    def _cancel_collected(self) -> None:
+        self._collected = True
+        self._cancel()
 
     def _cancel(self) -> None:
         self._cancelled = True
