@@ -22,7 +22,7 @@ from llmguard_client._chaos import Chaos, chaos_switch, refuse_unless_enabled
 from llmguard_client._compose import Policies, SharedState, build_transport
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lazy_module import LazyModule
-from llmguard_client._core.lease import LeaseRegistry
+from llmguard_client._core.lease import CLOSE_GRACE, LeaseRegistry
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._fleet import make_fleet, share_budgets
 from llmguard_client._http.pool import replica_transport
@@ -410,7 +410,8 @@ class Guard:
     async def aclose(self, grace: float = 0.0) -> None:
         """Shut the guard down; when it returns, every connection it opened is closed.
 
-        At once, no new call or attempt starts (they fail with `GuardClosed`). Calls in flight
+        At once, no new call or attempt starts (they fail with `GuardClosed`), and a server-hints poller
+        (``server_hints.poll_vllm_metrics``) returns, its polls in flight cancelled. Calls in flight
         get ``grace`` seconds to finish (default 0); then each is aborted: a call still
         waiting for its first token ends with `GuardClosed` (raised, or a 503 response in
         response mode), a stream being read raises `GuardClosed` from its next read. Then the
@@ -425,6 +426,7 @@ class Guard:
         if registry.closed and not registry.live and self._pools_closed:
             return
         registry.closed = True
+        registry.end_beside()  # e.g. a server-hints poller: it sends nothing more
         interrupted: BaseException | None = None
         try:
             await registry.wait_empty(grace)
@@ -436,6 +438,7 @@ class Guard:
                 lease.abort()
             for lease in leases:
                 await lease.aclose("error", "guard_closed")
+            await registry.beside_ended(CLOSE_GRACE)
             if not self._pools_closed:
                 self._pools_closed = True
                 await self.transport.loops.retire()
