@@ -22,7 +22,7 @@ from llmguard_client._chaos import Chaos, chaos_switch, refuse_unless_enabled
 from llmguard_client._compose import Policies, SharedState, build_transport
 from llmguard_client._core.clock import Clock, loop_clock
 from llmguard_client._core.lazy_module import LazyModule
-from llmguard_client._core.lease import LeaseRegistry
+from llmguard_client._core.lease import CLOSE_GRACE, LeaseRegistry
 from llmguard_client._core.transport import GuardTransport, RecordCallback
 from llmguard_client._fleet import make_fleet, share_budgets
 from llmguard_client._http.pool import replica_transport
@@ -51,7 +51,7 @@ from llmguard_client.config import (
     resolve_replicas,
 )
 from llmguard_client.edges._registry import stop_sync_runner
-from llmguard_client.edges._sdk_defaults import with_sdk_defaults
+from llmguard_client.edges.httpx_async import httpx_client
 from llmguard_client.edges.sdk import TakesAnything, TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
@@ -382,11 +382,12 @@ class Guard:
 
         It follows redirects and times out as the openai and anthropic SDKs' own clients do (5 s to
         connect, 600 s per read); under a Guard the read timeout bounds each read and caps the tier's stall (pass
-        ``timeout=`` to change it). Closing the client leaves the guard open (``await guard.aclose()``
-        closes the pools).
+        ``timeout=`` to change it). Closing the client ends its calls in flight, as closing a plain client
+        does (a call waiting for its answer, or a body not read to its end, raises `httpx.ReadError`), and leaves
+        the guard open (``await guard.aclose()`` closes the pools).
         """
         self._refuse_if_closed()
-        return httpx.AsyncClient(transport=self._transport, **with_sdk_defaults(kwargs, httpx.Timeout))
+        return httpx_client(self._transport, **kwargs)
 
     @contextlib.contextmanager
     def tier(self, name: str) -> Iterator[None]:
@@ -410,7 +411,8 @@ class Guard:
     async def aclose(self, grace: float = 0.0) -> None:
         """Shut the guard down; when it returns, every connection it opened is closed.
 
-        At once, no new call or attempt starts (they fail with `GuardClosed`). Calls in flight
+        At once, no new call or attempt starts (they fail with `GuardClosed`), and a server-hints poller
+        (``server_hints.poll_vllm_metrics``) returns, its polls in flight cancelled. Calls in flight
         get ``grace`` seconds to finish (default 0); then each is aborted: a call still
         waiting for its first token ends with `GuardClosed` (raised, or a 503 response in
         response mode), a stream being read raises `GuardClosed` from its next read. Then the
@@ -425,6 +427,7 @@ class Guard:
         if registry.closed and not registry.live and self._pools_closed:
             return
         registry.closed = True
+        registry.end_beside()  # e.g. a server-hints poller: it sends nothing more
         interrupted: BaseException | None = None
         try:
             await registry.wait_empty(grace)
@@ -436,6 +439,7 @@ class Guard:
                 lease.abort()
             for lease in leases:
                 await lease.aclose("error", "guard_closed")
+            await registry.beside_ended(CLOSE_GRACE)
             if not self._pools_closed:
                 self._pools_closed = True
                 await self.transport.loops.retire()
@@ -479,7 +483,7 @@ class Guard:
     def httpx2_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         """An `httpx2.AsyncClient` through the guard: for openai >= 3 and anthropic >= 1 (needs httpx2).
 
-        Same defaults as `http_client`; closing it leaves the guard open.
+        Same defaults as `http_client`; closing it ends its calls in flight and leaves the guard open.
         """
         _require_httpx2("httpx2_client")
         from llmguard_client.edges.httpx2_async import httpx2_client

@@ -12,7 +12,7 @@ reports a queue ranks after those that report none (a new call would wait behind
 queues, the queued requests count as load beside the guard's own calls in flight; a call already waiting
 behind a queue of 4 or more there is hedged at once), and a KV cache at 95 % or more ranks the replica with
 those that have no room. It is a coroutine *you* run in a task group you own, so nothing runs behind your
-back and cancelling the group stops it::
+back; cancelling the group stops it, and it returns once the Guard's close begins (nothing is sent after)::
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(poll_vllm_metrics, guard)  # about every 0.1 s
@@ -136,19 +136,41 @@ async def poll_once(
     """Read every replica's ``/metrics`` once, at the same time (each within ``request_timeout`` s), and hand
     what they say to the Guard's router, where it counts for ``fresh_for`` seconds, stamped with ``clock`` (by
     default the Guard's own); returns the hint per replica name (None: no hint). Run it on the event loop that
-    makes the Guard's calls; the fleet's processes are not told (`poll_vllm_metrics` shares its polls)."""
+    makes the Guard's calls; the fleet's processes are not told (`poll_vllm_metrics` shares its polls).
+    `GuardClosed` on a closed Guard, or one whose close began while it polled (its polls cancelled)."""
     if request_timeout <= 0 or fresh_for <= 0:
         raise GuardConfigError(
             f"poll_once needs request_timeout > 0 and fresh_for > 0 (seconds), got {request_timeout!r}, {fresh_for!r}"
         )
+    registry = guard._registry
+    if registry.closed:
+        raise GuardClosed(CLOSED)
     loops = guard.transport.loops
     refused = None if loops.owns() else await loops.claim()
     if refused is not None:
         raise WrongEventLoop(refused)
     now = current_time_source(clock if clock is not None else guard._clock).now
-    return await _poll_round(
-        guard._replica_set, request_timeout=request_timeout, fresh_for=fresh_for, clock=now, owns=loops.owns
-    )
+    hints: dict[str, ServerLoad | None] = {}
+    with registry.beside():  # ended by the Guard's close
+        hints = await _poll_round(
+            guard._replica_set,
+            request_timeout=request_timeout,
+            fresh_for=fresh_for,
+            clock=now,
+            usable=functools.partial(_usable, guard),
+        )
+    if registry.closed:
+        raise GuardClosed(CLOSED)
+    return hints
+
+
+CLOSED = "this Guard is closed: its replicas are not polled; build a new Guard"
+"""Why `poll_once` raises `GuardClosed` for a Guard closed before or while it polls."""
+
+
+def _usable(guard: Guard) -> bool:
+    """Whether the Guard's connections may be used from here now: it is open and this loop owns it."""
+    return not guard._registry.closed and guard.transport.loops.owns()
 
 
 async def _poll_round(
@@ -158,17 +180,17 @@ async def _poll_round(
     fresh_for: float,
     clock: Clock = loop_clock,
     skip: set[str] | None = None,
-    owns: Callable[[], bool] | None = None,
+    usable: Callable[[], bool] | None = None,
 ) -> dict[str, ServerLoad | None]:
     """One round of polls: every replica's ``/metrics`` at once, what they say handed to the router stamped with
-    ``clock``. Names in ``skip`` are not polled; a replica that answers 404 is added to it. ``owns``: whether the
-    running loop may use the replicas' connections, asked right before each request (a sync call on this loop's
-    thread may have moved them to another loop since the round began); no request without."""
+    ``clock``. Names in ``skip`` are not polled; a replica that answers 404 is added to it. ``usable``: whether the
+    replicas' connections may be used from here, asked right before each request (the Guard may have closed since
+    the round began, or a sync call on this loop's thread moved them to another loop); no request without."""
     skip = skip if skip is not None else set()
     out: dict[str, ServerLoad | None] = {}
 
     async def one(state: ReplicaState) -> None:
-        if owns is not None and not owns():  # no await from here to the pool: the connections read are this loop's
+        if usable is not None and not usable():  # no await from here to the pool: still true as the request leaves
             out[state.name] = None
             return
         load = await _fetch(state, request_timeout, skip)
@@ -196,10 +218,13 @@ async def poll_vllm_metrics(
     clock: Clock | None = None,
 ) -> None:
     """Poll every replica's ``/metrics`` about once per ``every`` seconds (at least 0.1; each interval within
-    10 % of it) until cancelled, each request bounded by ``request_timeout`` (default: 1 s or ``every`` if
-    shorter). Hints are stamped with ``clock``, by default the Guard's own (what its router reads them against)."""
+    10 % of it) until cancelled or the Guard closes, each request bounded by ``request_timeout`` (default: 1 s or
+    ``every`` if shorter). Hints are stamped with ``clock``, by default the Guard's own (what its router reads them
+    against). Once ``guard.aclose()`` begins it returns (quietly, its polls in flight cancelled), and on a closed
+    Guard it returns at once: nothing is sent after the close began."""
     request_timeout = _checked(every, request_timeout)
     replicas = guard._replica_set
+    registry = guard._registry
     time_source = current_time_source(clock if clock is not None else guard._clock)
     now = time_source.now
     shared = guard._fleet.hints if guard._fleet is not None else None
@@ -207,27 +232,33 @@ async def poll_vllm_metrics(
     fresh_for = 3 * every
     skip: set[str] = set()
     try:
-        while len(skip) < len(replicas.states):
-            started = now()
-            # The replicas' connections are the loop's that owns the Guard: polled from there only (a notebook's
-            # sync cell may have moved the Guard to its own thread meanwhile; the next round takes it back).
-            ours = loops.owns() or await loops.claim() is None
-            if ours and (shared is None or await shared.lead(hold_for=fresh_for)):
-                loads = await _poll_round(
-                    replicas,
-                    request_timeout=request_timeout,
-                    fresh_for=fresh_for,
-                    skip=skip,
-                    clock=now,
-                    owns=loops.owns,
-                )
-                if shared is not None:
-                    shared.publish({n: (x.waiting, x.kv_usage) for n, x in loads.items() if x is not None}, fresh_for)
-            await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+        with registry.beside():  # the Guard's close cancels it, wherever it waits: it ends quietly
+            while not registry.closed and len(skip) < len(replicas.states):
+                started = now()
+                # The replicas' connections are the loop's that owns the Guard: polled from there only (a notebook's
+                # sync cell may have moved the Guard to its own thread meanwhile; the next round takes it back).
+                ours = loops.owns() or await loops.claim() is None
+                if ours and (shared is None or await shared.lead(hold_for=fresh_for)):
+                    loads = await _poll_round(
+                        replicas,
+                        request_timeout=request_timeout,
+                        fresh_for=fresh_for,
+                        skip=skip,
+                        clock=now,
+                        usable=functools.partial(_usable, guard),
+                    )
+                    if shared is not None:
+                        shared.publish(
+                            {n: (x.waiting, x.kv_usage) for n, x in loads.items() if x is not None}, fresh_for
+                        )
+                await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
     finally:
         if shared is not None:
             shared.release()
-    logger.info("llmguard: no replica serves /metrics; server hints stop")
+    if registry.closed:
+        logger.debug("llmguard: the Guard is closed; server hints stop")
+    else:
+        logger.info("llmguard: no replica serves /metrics; server hints stop")
 
 
 @contextlib.contextmanager

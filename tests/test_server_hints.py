@@ -413,6 +413,92 @@ def test_hints_are_stamped_on_the_guards_clock(backend: str, offset: float | Non
     run_virtual(main, backend)
 
 
+class SlowMetrics(Metrics):
+    """`Metrics` whose answers take ``delay`` seconds (virtual time); notes when each request came and was answered."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.answered: list[float] = []
+
+    def factory(self, replica: Replica) -> httpx.AsyncBaseTransport:
+        answer = super().factory(replica)
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            response = await answer.handle_async_request(request)  # counted and stamped as it comes
+            await anyio.sleep(self.delay)
+            self.answered.append(anyio.current_time())
+            return response
+
+        return httpx.MockTransport(handle)
+
+
+@BACKENDS
+def test_the_poller_returns_as_the_guard_closes_and_sends_nothing_after(backend: str) -> None:
+    """``await guard.aclose()`` ends a running poller: the coroutine returns (the task group it runs in ends
+    without being cancelled), the poll in flight is cancelled, and no request leaves after the close began
+    (before: it polled on, at its full rate, over the closed Guard's pools, until the caller cancelled it)."""
+    metrics = SlowMetrics(delay=0.05)
+
+    async def main() -> None:
+        guard = Guard(["http://a:1", "http://b:1"], transport_factory=metrics.factory, instrumentation=None)
+        returned: list[float] = []
+
+        async def poller() -> None:
+            await poll_vllm_metrics(guard)
+            returned.append(anyio.current_time())
+
+        with anyio.fail_after(5):  # the group ends only once the poller has returned on its own
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poller)
+                await anyio.sleep(0.42)  # rounds at 0 s, ~0.1 s, ... ~0.4 s: the last one's answers still due
+                assert metrics.times and max(metrics.times) > max(metrics.answered)  # a poll is in flight
+                closing = anyio.current_time()
+                await guard.aclose()
+                closed = anyio.current_time()
+        sent = len(metrics.times)
+        await anyio.sleep(1.0)  # ten intervals
+        assert len(metrics.times) == sent and max(metrics.times) < closing  # nothing sent after the close began
+        assert all(t < closing + 1e-9 for t in metrics.answered)  # the poll in flight was cancelled, not answered
+        assert returned and closing <= returned[0] <= closed + 1e-9  # returned within the close, not later
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_closed_guard_is_not_polled(backend: str) -> None:
+    """On a closed Guard the poller returns at once, sending nothing, and `poll_once` raises `GuardClosed`; so
+    does a `poll_once` whose Guard closes while it polls (its polls cancelled)."""
+    metrics = SlowMetrics(delay=0.5)
+
+    async def main() -> None:
+        guard = Guard(["http://a:1"], transport_factory=metrics.factory, instrumentation=None)
+        result: list[dict[str, ServerLoad | None] | BaseException] = []
+
+        async def one_round() -> None:
+            try:
+                result.append(await poll_once(guard))
+            except GuardClosed as exc:
+                result.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one_round)
+            await anyio.sleep(0.1)  # its request is in flight
+            await guard.aclose()
+        assert len(result) == 1 and isinstance(result[0], GuardClosed), result
+        assert "closed" in str(result[0]) and metrics.answered == []
+        sent = len(metrics.times)
+        started = anyio.current_time()
+        with anyio.fail_after(1):
+            await poll_vllm_metrics(guard)
+        assert anyio.current_time() == started  # at once: no round, no sleep
+        with pytest.raises(GuardClosed, match="closed"):
+            await poll_once(guard)
+        assert len(metrics.times) == sent == 1
+
+    run_virtual(main, backend)
+
+
 def test_the_poller_ends_when_no_replica_serves_metrics() -> None:
     metrics = Metrics()
     metrics.bodies = {"http://a:1": (404, "")}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import Protocol
 
@@ -38,6 +38,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.clock import TimeSource, current_time_source
+from llmguard_client._core.event_loops import EventLoop, running_loop
 from llmguard_client._http.http2_reset import reset_unfinished
 from llmguard_client.errors import GuardClosed
 from llmguard_client.telemetry.record import CallStatus
@@ -153,12 +154,14 @@ class Phase:
 
 
 class LeaseRegistry:
-    """The live leases of one `Guard`: what ``aclose()`` aborts, what ``snapshot()`` counts."""
+    """The live leases of one `Guard`: what ``aclose()`` aborts, what ``snapshot()`` counts; and the Guard's work
+    beside its calls (`beside`), which ``aclose()`` ends as it begins."""
 
     def __init__(self) -> None:
         self.live: set[CallLease] = set()
         self.closed = False
         self._empty: anyio.Event | None = None
+        self._beside: set[Beside] = set()
 
     def add(self, lease: CallLease) -> None:
         self.live.add(lease)
@@ -178,6 +181,52 @@ class LeaseRegistry:
                 await self._empty.wait()
         finally:  # also when the close is cancelled meanwhile
             self._empty = None
+
+    @contextlib.contextmanager
+    def beside(self) -> Iterator[anyio.CancelScope]:
+        """Run work of the Guard's own beside its calls inside (a server-hints poller): no call, counted nowhere,
+        but sent through the Guard's pools. ``Guard.aclose`` cancels it as it begins (at once if it has: the
+        scope, which ends quietly, is cancelled on entry) and waits for it to end before it closes the pools."""
+        with anyio.CancelScope() as scope:
+            work = Beside(scope, running_loop())
+            if self.closed:
+                scope.cancel()
+            self._beside.add(work)
+            try:
+                yield scope
+            finally:
+                self._beside.discard(work)
+                work.done.set()
+
+    def end_beside(self) -> None:
+        """Cancel the work beside the calls: on the running loop at once, on another loop through that loop (a
+        scope is cancelled from its own thread only)."""
+        here = running_loop()
+        for work in list(self._beside):
+            if work.loop is here or work.loop is None:
+                work.scope.cancel()
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop has closed: its work ended with it
+                    work.loop.call_soon_threadsafe(work.scope.cancel)
+
+    async def beside_ended(self, within: float) -> None:
+        """Wait, at most ``within`` seconds, for the work beside the calls that runs on this loop to end (its
+        requests closed); work on another loop ends there."""
+        here = running_loop()
+        with anyio.move_on_after(within):
+            for work in [w for w in list(self._beside) if w.loop is here]:
+                await work.done.wait()
+
+
+class Beside:
+    """One piece of work beside the calls (`LeaseRegistry.beside`): its scope, its loop, whether it has ended."""
+
+    __slots__ = ("done", "loop", "scope")
+
+    def __init__(self, scope: anyio.CancelScope, loop: EventLoop | None) -> None:
+        self.scope = scope
+        self.loop = loop
+        self.done = anyio.Event()
 
 
 class CallLease:

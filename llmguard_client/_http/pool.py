@@ -133,13 +133,17 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
     """Every connection this pool made and has not dropped (built on first use)."""
     _closed = False
     """Set by `aclose`. httpcore's close closes the connections in the pool's list; one still connecting for a
-    request then joins no list: it is closed here when a request ends (its own, once its response is closed)."""
+    request then joins no list: it is closed here when a request ends (its own, once its response is closed). A
+    closed pool opens no connection: a new request fails at once, and so does one still waiting for a connection
+    (httpcore's pool would open one for each, and keep it)."""
 
     async def aclose(self) -> None:
         self._closed = True
         await super().aclose()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        if self._closed:
+            raise httpcore.ConnectError(POOL_CLOSED)
         body = request.stream
         assert isinstance(body, AsyncIterable), "an async pool's requests carry async bodies"
         resends = 0
@@ -164,10 +168,12 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
             self._swept_at = now
         if self._on_reused is None:
             self._on_reused = weakref.WeakKeyDictionary()
-        closing = _assign_once(self, sweep, self._on_reused)
-        if self._closed and self._made:  # after the close: each connection left idle, in a list or in none
-            closing += [c for c in self._made if c.is_idle() and not c.is_closed() and c not in closing]
-        return closing
+        if not self._closed:
+            return _assign_once(self, sweep, self._on_reused)
+        for waiting in self._requests:  # after the close: no new connection; a request still waiting fails
+            if waiting.is_queued():
+                waiting.assign_to_connection(_REFUSED)
+        return [c for c in self._made or () if c.is_idle() and not c.is_closed()]  # each one left idle, in no list
 
     def create_connection(self, origin: httpcore.Origin) -> Connection:
         connection = super().create_connection(origin)
@@ -177,6 +183,40 @@ class ReplicaPool(httpcore.AsyncConnectionPool):
         if isinstance(connection, httpcore.AsyncHTTPConnection):
             connection._request_lock = FastLock()  # taken at each request, around the connect if any
         return connection
+
+
+POOL_CLOSED = "the connection pool is closed (its Guard was closed): it opens no new connection"
+
+
+class _Refused(httpcore.AsyncConnectionInterface):
+    """The connection a closed pool hands a request still waiting for one: sending on it fails at once."""
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        raise httpcore.ConnectError(POOL_CLOSED)
+
+    async def aclose(self) -> None:
+        pass
+
+    def info(self) -> str:
+        return "refused: the pool is closed"
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return False
+
+    def is_available(self) -> bool:
+        return False
+
+    def has_expired(self) -> bool:
+        return False
+
+    def is_idle(self) -> bool:
+        return False
+
+    def is_closed(self) -> bool:
+        return True
+
+
+_REFUSED = _Refused()
 
 
 def _assign_once(

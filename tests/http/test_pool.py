@@ -490,3 +490,37 @@ async def test_a_connection_made_while_the_pool_closed_is_closed_when_its_reques
                 break
             await anyio.lowlevel.checkpoint()
     assert answers == [b"ok"] and socket.fileno() == -1
+
+
+async def test_a_closed_pool_opens_no_connection_for_a_new_request_or_one_still_waiting() -> None:
+    """A closed Guard's pools open no new connection for anyone: a request sent after the close fails at once, and
+    one that was waiting for a connection (the pool full) fails when the connection it waited for is freed (before:
+    httpcore's pool opened a connection for each, after its close)."""
+    server = ClosesKeptAlive()
+    async with serving(server) as url:
+        transport = replica_transport(httpx.Limits(max_connections=1), default_tls_context())
+        first = await transport.handle_async_request(httpx.Request("POST", url + "/v1/embeddings", content=b"{}"))
+        outcomes: list[BaseException | None] = []
+
+        async def waits_for_a_connection() -> None:
+            try:
+                response = await transport.handle_async_request(
+                    httpx.Request("POST", url + "/v1/embeddings", content=b"{}")
+                )
+            except httpx.ConnectError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+                await response.aclose()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(waits_for_a_connection)
+            assert await aeventually(lambda: len(transport._pool._requests) == 2)  # queued behind the first
+            await transport.aclose()
+            await first.aclose()  # frees the one connection
+        with pytest.raises(httpx.ConnectError, match="pool is closed"):
+            await transport.handle_async_request(httpx.Request("POST", url + "/v1/embeddings", content=b"{}"))
+    assert len(outcomes) == 1 and isinstance(outcomes[0], httpx.ConnectError), outcomes
+    assert "pool is closed" in str(outcomes[0])
+    assert server.requests == 1  # only the first request reached the server
+    assert transport._pool._requests == [] and transport._pool._connections == []
