@@ -297,7 +297,7 @@ def test_a_replica_failing_every_call_with_a_408_is_kept_away_as_one_failing_wit
     """Two replicas, one failing every chat call with a 408 (it times out on every request, as a replica whose
     engine hangs behind a proxy's request timeout does) or a 500; 30 non-streaming calls through the openai SDK
     (``max_retries=2``), 2 at a time, default tier and budget, the guard or the SDK sending the retries. Every call
-    is served, as by the healthy replica alone, and the failing one gets its first few requests only: its failures
+    is served, as by the healthy replica alone, and the failing one gets a few requests only: its failures
     count toward its circuit and its failure rate, which keeps the calls away from it. (A 408 counted toward
     neither: the failing replica kept its share of the first attempts, each retry paid from the budget, and once
     that was empty the calls ended with its 408: about half of them, where a round-robin plain SDK served all.)"""
@@ -336,8 +336,6 @@ def test_a_replica_failing_every_call_with_a_408_is_kept_away_as_one_failing_wit
     assert answers == ["a"] * 30
     assert fakes["http://a.test"].requests == 30
     assert 1 <= fakes["http://b.test"].requests <= 3  # kept away after its first failures
-    later = sorted(records, key=lambda r: r.start)[10:]  # the SDK's requests after the first few calls
-    assert [a.replica for r in later for a in r.attempts] == ["http://a.test"] * len(later)
 
 
 @BACKENDS
