@@ -144,6 +144,8 @@ class TTFTStats:
         self._degraded = degraded
         self._epoch = epoch
         self._classes: dict[_Key, _ClassStats] = {}
+        self._sizes: dict[tuple[str, bool], dict[int, int]] = {}
+        """First tokens seen so far of each size class, per tier and kind (which class is the most frequent)."""
 
     def observe(
         self, replica: str, tier: str, stream: bool, ttft: float, cached: bool | None = None, size: int | None = None
@@ -154,6 +156,8 @@ class TTFTStats:
         self._add((tier, stream, None, None), replica, ttft)
         if size is not None:
             self._add((tier, stream, None, size), replica, ttft)
+            seen = self._sizes.setdefault((tier, stream), {})
+            seen[size] = seen.get(size, 0) + 1
         if cached is not None:
             self._add((tier, stream, cached, None), replica, ttft)
 
@@ -214,20 +218,25 @@ class TTFTStats:
         return 0.0 if stats is None else stats.high
 
     def scale(self, tier: str, stream: bool, size: int | None) -> float | None:
-        """What a first token of a prompt of `size_class` ``size`` is multiplied by to compare with any call's: the
-        typical TTFT of all calls of the tier and kind over that of the size class, once it has
-        `MIN_WARMUP_SAMPLES` first tokens. Before that, None (its calls say nothing yet of a replica's speed) if
-        calls of other sizes have shown what is typical, else 1 (the first calls of a Guard are taken as they
-        are). The router judges a replica's speed by scaled samples, so a replica that happened to get the long
-        prompts is not taken for a slow one."""
-        if size is None:
+        """What a first token of a prompt of `size_class` ``size`` is multiplied by to compare with a typical
+        call's: the typical TTFT of the tier and kind's most frequent size class over that of ``size``'s, each
+        once it has `MIN_WARMUP_SAMPLES` first tokens. Before ``size``'s has, None (its calls say nothing yet of a
+        replica's speed) if another size class has; else 1 (a Guard's first calls are taken as they are). The
+        router judges a replica's speed by scaled samples, so a replica that happened to get the long prompts is
+        not taken for a slow one. (Not all calls' typical TTFT: early on, long prompts can make up half of a
+        replica's few samples, and a short call's would then be scaled up.)"""
+        sizes = self._sizes.get((tier, stream))
+        if size is None or not sizes:
             return 1.0
-        split = self._fresh((tier, stream, None, size))
-        pooled = self._fresh((tier, stream, None, None))
-        if split is not None and split.samples >= self.MIN_WARMUP_SAMPLES and split.typical > 0.0:
-            return 1.0 if pooled is None or pooled.typical <= 0.0 else pooled.typical / split.typical
-        others = (0 if pooled is None else pooled.samples) - (0 if split is None else split.samples)
-        return None if others >= self.MIN_WARMUP_SAMPLES else 1.0
+        common = max(sizes, key=sizes.__getitem__)
+        if sizes.get(size, 0) < self.MIN_WARMUP_SAMPLES:
+            return None if sizes[common] >= self.MIN_WARMUP_SAMPLES else 1.0
+        if size == common:
+            return 1.0
+        mine, usual = self._fresh((tier, stream, None, size)), self._fresh((tier, stream, None, common))
+        if mine is None or usual is None or mine.typical <= 0.0 or usual.typical <= 0.0:
+            return 1.0
+        return usual.typical / mine.typical
 
     def _sized(self, tier: str, stream: bool, size: int | None) -> _ClassStats | None:
         """The size class's stats once warm, else those of every call of the tier and kind."""

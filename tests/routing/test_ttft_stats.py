@@ -255,3 +255,24 @@ def test_a_size_class_warming_up_waits_for_twice_its_typical_ttft_from_its_third
     assert stats.hedge_delay("t", True, "r0", size=4) == pytest.approx(TTFTStats.TYPICAL_FACTOR * 0.12)
     assert stats.hedge_delay("t", True, "r0", size=5) == short  # a size never seen: all calls' delay
     assert stats.typical("t", True, size=4) == stats.typical("t", True)  # not warm: all calls' figures
+
+
+def test_first_tokens_are_scaled_to_the_most_frequent_size_classs() -> None:
+    """The router learns first tokens scaled to a typical prompt's: a long prompt's by the ratio of the two classes'
+    typical TTFTs, the most frequent class's as they are, a class not yet known (fewer than three) not at all, and
+    the Guard's very first calls, before any class is known, as they are."""
+    stats = TTFTStats(POLICY)
+    assert stats.scale("t", True, 0) == 1.0  # nothing known
+    stats.observe("r0", "t", True, 0.24, size=3)  # a Guard's first call, a long prompt
+    for replica in ("r1", "r2", "r0"):
+        stats.observe(replica, "t", True, 0.013, size=0)
+        stats.observe(replica, "t", True, 0.014, size=0)
+    # Half of r0's samples are long: all calls' typical TTFT would scale a short call up ~10x; the short calls'
+    # own class is the most frequent, and the reference.
+    assert stats.scale("t", True, 0) == 1.0
+    assert stats.scale("t", True, 3) is None  # one long prompt says nothing yet of a replica's speed
+    stats.observe("r1", "t", True, 0.26, size=3)
+    stats.observe("r2", "t", True, 0.25, size=3)
+    ratio = stats.scale("t", True, 3)
+    assert ratio is not None and ratio == pytest.approx(0.0135 / 0.25)  # the two classes' typical TTFTs
+    assert stats.scale("t", False, 3) == 1.0 and stats.scale("t", True, None) == 1.0  # another kind; no size told
