@@ -34,9 +34,10 @@ no computed retry-after from a refill rate, and no way to correct a charge after
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -44,7 +45,7 @@ from llmguard_client._ratelimit.lua import load_script, run_script, script_args
 from llmguard_client.config import RateLimit, Replica
 from llmguard_client.errors import GuardConfigError
 
-__all__ = ["FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
+__all__ = ["FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter", "replica_set_digest"]
 
 T = TypeVar("T")
 
@@ -361,3 +362,10 @@ def build_rate_limiter(
     if rate_limit is None and not own:
         return None
     return RateLimiter(rate_limit, own, clock, fleet)
+
+
+def replica_set_digest(names: Iterable[str]) -> str:
+    """12 hex digits naming a set of replicas (their URLs without credentials), whatever their order (the same
+    digest as the fleet's server hints use)."""
+    joined = "\n".join(sorted(set(names)))
+    return hashlib.sha256(joined.encode()).hexdigest()[:12]
