@@ -11,6 +11,7 @@ import re
 __all__ = ["CLUSTER_RULES", "COMMANDS", "RULES", "explain"]
 
 COMMANDS = (
+    "select",
     "ping",
     "subscribe",
     "unsubscribe",
@@ -32,7 +33,8 @@ COMMANDS = (
     "script|load",
     "time",
 )
-"""Every command the fleet sends, or runs inside its Lua scripts (the scripts' commands are checked too)."""
+"""Every command the fleet sends, or runs inside its Lua scripts (the scripts' commands are checked too).
+``select``: redis-py picks a database other than 0 with it on each new connection."""
 RULES = "resetchannels ~llmguard:* &llmguard:* -@all " + " ".join(f"+{c}" for c in COMMANDS)
 """The ACL rules of a user that may do all the fleet does and nothing else (Redis 7.2 and later may add
 ``+client|setinfo``, with which redis-py names its connections, ignoring a refusal)."""

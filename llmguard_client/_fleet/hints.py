@@ -2,13 +2,17 @@
 what it read.
 
 Without a fleet, each process running `llmguard_client.server_hints.poll_vllm_metrics` polls every replica
-itself: N processes, N times the polls on each server. With ``fleet=``, the pollers take turns through a lease
-(``llmguard:{name}:hints:poller``, held for three polling intervals and renewed each round): the holder polls
-and publishes what each replica reported on ``llmguard:{name}:hints``; the others poll nothing and hand the
-published reports to their routers as if they had read them (stamped on their own clock when they arrive). A
-holder that stops releases the lease, so another poller takes over at its next round; one that dies holds it
-until it expires. While the store is unreachable, each process polls for itself. A report names the replica
+itself: N processes, N times the polls on each server. With ``fleet=``, the pollers of one replica set take turns
+through a lease (``llmguard:{name}:hints:{set}:poller``, held for three polling intervals and renewed each round):
+the holder polls and publishes what each replica reported on ``llmguard:{name}:hints:{set}``; the others poll
+nothing and hand the published reports to their routers as if they had read them (stamped on their own clock when
+they arrive). A holder that stops releases the lease, so another poller takes over at its next round; one that dies
+holds it until it expires. While the store is unreachable, each process polls for itself. A report names the replica
 (its URL without credentials) and two numbers; nothing about a user or a prompt is stored.
+
+``{set}`` is `replica_set_digest` of the Guard's replicas (as for the rate limit's bucket): Guards of one
+``name`` with other replicas (one service, one Guard per model) each have their own poller, as only a poller of
+the same replicas reads what they would read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
+from llmguard_client._ratelimit.buckets import replica_set_digest
 from llmguard_client._routing.replicas import ReplicaSet
 
 if TYPE_CHECKING:
@@ -55,12 +60,13 @@ class FleetHints:
         self.replicas = replicas
         self._by_name = {s.name: s for s in replicas.states}
         self._clock = clock
-        self.channel = store.channel("hints")
-        self.lease = store.key("hints", "poller")
+        replica_set = replica_set_digest(s.name for s in replicas.states)
+        self.channel = store.channel("hints", replica_set)
+        self.lease = store.key("hints", replica_set, "poller")
         self._last: tuple[bool, bool] | None = None
         """This process's poller's last round: whether it polled, whether the store was connected (None: no
         poller runs here)."""
-        store.subscribe(store.key("hints"), self.receive)
+        store.subscribe(store.key("hints", replica_set), self.receive)
 
     @property
     def role(self) -> Literal["polling", "following"] | None:

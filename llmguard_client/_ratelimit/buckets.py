@@ -34,9 +34,11 @@ no computed retry-after from a refill rate, and no way to correct a charge after
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -44,7 +46,15 @@ from llmguard_client._ratelimit.lua import load_script, run_script, script_args
 from llmguard_client.config import RateLimit, Replica
 from llmguard_client.errors import GuardConfigError
 
-__all__ = ["FleetOps", "Grant", "LocalBucket", "RateLimiter", "build_rate_limiter"]
+__all__ = [
+    "FleetOps",
+    "Grant",
+    "LocalBucket",
+    "RateLimiter",
+    "build_rate_limiter",
+    "limit_digest",
+    "replica_set_digest",
+]
 
 T = TypeVar("T")
 
@@ -213,19 +223,27 @@ class RateLimiter:
         replica_limits: Mapping[str, RateLimit],
         clock: Callable[[], float],
         fleet: FleetOps | None = None,
+        replica_names: Iterable[str] = (),
     ) -> None:
+        """``replica_names``: the Guard's replicas (their URLs without credentials), which name the fleet's bucket
+        of ``guard_limit`` with the limit itself (`fleet_key`)."""
         self._fleet = fleet
         self._clock = clock
         on_connect = getattr(fleet, "on_connect", None)
         if on_connect is not None:  # the Guard's FleetStore: cache the script before any call needs it
             on_connect(load_script)
 
-        def scope(name: str, limit: RateLimit) -> _Scope:
-            key = fleet.key("ratelimit", name) if fleet is not None else None
+        def scope(limit: RateLimit, *names: str) -> _Scope:
+            key = fleet.key("ratelimit", *names, limit_digest(limit)) if fleet is not None else None
             return _Scope(LocalBucket(limit, clock), key)
 
-        self._guard = scope("guard", guard_limit) if guard_limit is not None else None
-        self._replicas = {name: scope(f"replica:{name}", limit) for name, limit in replica_limits.items()}
+        replica_set = replica_set_digest(replica_names)
+        self._guard = scope(guard_limit, "guard", replica_set) if guard_limit is not None else None
+        self._replicas = {name: scope(limit, "replica", name) for name, limit in replica_limits.items()}
+
+    def fleet_key(self, replica: str) -> str | None:
+        """The fleet's bucket that ``replica``'s attempts are charged to (None without a fleet)."""
+        return self._scope(replica).fleet_key
 
     def applies(self, replica: str) -> bool:
         """Whether attempts to ``replica`` are rate limited."""
@@ -360,4 +378,18 @@ def build_rate_limiter(
     own = {replica.name: replica.rate_limit for replica in replicas if replica.rate_limit is not None}
     if rate_limit is None and not own:
         return None
-    return RateLimiter(rate_limit, own, clock, fleet)
+    return RateLimiter(rate_limit, own, clock, fleet, [replica.name for replica in replicas])
+
+
+def limit_digest(limit: RateLimit) -> str:
+    """12 hex digits naming a `RateLimit`'s numbers: the same in every process given the same limit."""
+    numbers = (limit.requests_per_minute, limit.tokens_per_minute, limit.burst)
+    text = json.dumps([None if n is None else float(n) for n in numbers])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def replica_set_digest(names: Iterable[str]) -> str:
+    """12 hex digits naming a set of replicas (their URLs without credentials), whatever their order (the same
+    digest as the fleet's server hints use)."""
+    joined = "\n".join(sorted(set(names)))
+    return hashlib.sha256(joined.encode()).hexdigest()[:12]

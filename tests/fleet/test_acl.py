@@ -4,6 +4,7 @@ rules the fleet docs give are all the fleet needs."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from llmguard_client import BudgetPolicy, Guard, RateLimit
 from llmguard_client._fleet import FleetStore, parse_fleet_url
 from llmguard_client._fleet.acl import CLUSTER_RULES, RULES
 from llmguard_client._ratelimit.buckets import RateLimiter
+from llmguard_client.server_hints import poll_vllm_metrics
 from tests.fleet.guards import states, until
 from tests.fleet.test_store import record_pauses
 from tests.loopback import LoopbackServer
@@ -26,15 +28,15 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"
 BODY = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def user(server: RedisServer, *rules: str) -> str:
-    """A user ``app`` with ``rules`` (and password ``pw``) on ``server``: its fleet URL."""
+async def user(server: RedisServer, *rules: str, db: int = 0) -> str:
+    """A user ``app`` with ``rules`` (and password ``pw``) on ``server``: its fleet URL (database ``db``)."""
     admin = redis.Redis(port=server.port)
     try:
         await admin.execute_command("ACL", "SETUSER", "app", "reset", "on", ">pw", *rules)
         await admin.execute_command("ACL", "LOG", "RESET")
     finally:
         await admin.aclose()
-    return f"redis://app:pw@127.0.0.1:{server.port}/0"
+    return f"redis://app:pw@127.0.0.1:{server.port}/{db}"
 
 
 async def connections(server: RedisServer) -> int:
@@ -103,17 +105,19 @@ async def test_a_user_refused_evalsha_fails_to_connect_naming_it_and_admits_loca
         await store.aclose()
 
 
+@pytest.mark.parametrize("db", [0, 3])
 async def test_the_documented_rules_are_all_the_fleet_needs(
-    redis_factory: type[RedisServer], servers: list[LoopbackServer], caplog: pytest.LogCaptureFixture
+    redis_factory: type[RedisServer], servers: list[LoopbackServer], caplog: pytest.LogCaptureFixture, db: int
 ) -> None:
     """A user with exactly the docs' rules runs everything the fleet does (the rollout flag, the resync, a
-    shared cool-down, the fleet-wide rate limit's script and the fleet budget's sync) and the server refuses
-    nothing (its ACL LOG stays empty)."""
+    shared cool-down, the fleet-wide rate limit's script, the fleet budget's sync and the hints poller's lease) and
+    the server refuses nothing (its ACL LOG stays empty), on database 0 and on another one (the docs' staging and
+    production)."""
     assert f"ACL SETUSER llmguard on >CHANGE-ME {RULES}" in DOCS.read_text()
     caplog.set_level(logging.INFO, "llmguard_client")
     server = redis_factory()
     server.start()
-    url = await user(server, *RULES.split())
+    url = await user(server, *RULES.split(), db=db)
     options = {"rate_limit": RateLimit(requests_per_minute=6000), "budget": BudgetPolicy(scope="fleet")}
     a = Guard([s.url for s in servers[:2]], fleet=url, name="checkout", **options)  # type: ignore[arg-type]
     b = Guard([s.url for s in servers[:2]], fleet=url, name="checkout", **options)  # type: ignore[arg-type]
@@ -126,6 +130,11 @@ async def test_the_documented_rules_are_all_the_fleet_needs(
                 assert response.status_code == 200
             a._replica_set.cool_down(states(a)[1], anyio.current_time(), 30.0)
             await until(lambda: states(b)[1].cooling(anyio.current_time()))
+            async with anyio.create_task_group() as tg:  # the hints poller's lease (its script) and report
+                for g in (a, b):
+                    tg.start_soon(functools.partial(poll_vllm_metrics, g, every=0.1))
+                await until(lambda: {g.snapshot().fleet.hints for g in (a, b)} == {"polling", "following"})  # type: ignore[union-attr]
+                tg.cancel_scope.cancel()
 
             async def synced() -> bool:
                 return int((await admin.info("commandstats")).get("cmdstat_zadd", {}).get("calls", 0)) >= 2

@@ -119,7 +119,8 @@ async def test_two_guards_share_one_rate_limit_bucket(redis_cluster: RedisCluste
         for g in (first, second):
             fleet = g.snapshot().fleet
             assert fleet is not None and (fleet.connected, fleet.transitions, fleet.last_error) == (True, 0, None)
-        key = "llmguard:checkout:ratelimit:guard"
+        key = first.rate_limiter.fleet_key(REPLICAS[0])
+        assert key is not None and key == second.rate_limiter.fleet_key(REPLICAS[0])
         client = cluster_client(redis_cluster)
         try:
             assert float(await client.hget(key, "r")) == pytest.approx(0.0, abs=0.05)  # type: ignore[arg-type]

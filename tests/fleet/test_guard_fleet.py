@@ -127,7 +127,8 @@ async def test_room_given_back_reaches_the_fleet_bucket_before_the_next_admissio
     guard._fleet.store.op_timeout = 10.0
     body = {**BODY, "max_tokens": 500, "stream_options": {"include_usage": True}}
     admin = redis.Redis.from_url(redis_server.url)
-    key = "llmguard:checkout:ratelimit:guard"
+    key = guard.rate_limiter.fleet_key(servers[0].url)
+    assert key is not None
     try:
         async with guard, guard.http_client() as client:
             await until(lambda: bool(guard.snapshot().fleet and guard.snapshot().fleet.connected))

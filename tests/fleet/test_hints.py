@@ -26,12 +26,13 @@ EVERY = 0.5
 """The pollers' interval: the lease lasts three, so a holder renews it in time even on a busy machine."""
 
 
-def guard(url: str, metrics: Metrics) -> Guard:
-    """A Guard of the ``checkout`` fleet whose replicas answer /metrics from ``metrics``. Its store waits up to
-    2 s for Redis (not 50 ms), so that a slow answer on a busy machine does not send it polling on its own."""
-    metrics.bodies = {r: (200, REPORT) for r in REPLICAS}
+def guard(url: str, metrics: Metrics, replicas: list[str] = REPLICAS, report: str = REPORT) -> Guard:
+    """A Guard of the ``checkout`` fleet whose replicas answer /metrics from ``metrics`` (``report``). Its store
+    waits up to 2 s for Redis (not 50 ms), so that a slow answer on a busy machine does not send it polling on its
+    own."""
+    metrics.bodies = {r: (200, report) for r in replicas}
     store = FleetStore(parse_fleet_url(url), "checkout", op_timeout=2.0)
-    return Guard(REPLICAS, fleet=store, transport_factory=metrics.factory, instrumentation=None, hedge=None)
+    return Guard(replicas, fleet=store, transport_factory=metrics.factory, instrumentation=None, hedge=None)
 
 
 def hints(g: Guard) -> FleetHints:
@@ -71,6 +72,36 @@ async def test_one_process_polls_for_the_fleet_and_the_others_believe_what_it_re
             assert server_kv_usage(state.health, now) == 0.5
     finally:
         for g in (a, b):
+            await g.aclose()
+
+
+async def test_guards_of_one_name_with_other_replicas_each_have_their_poller(redis_server: RedisServer) -> None:
+    """One service, one Guard per model, one ``name``: the other model's Guard polls its own servers (nobody else
+    reads them), while a second process with the same replicas still believes the first one's polls."""
+    other = ["http://c:1/v1", "http://d:1/v1"]
+    seen = {"a": Metrics(), "a2": Metrics(), "other": Metrics()}
+    a, a2 = guard(redis_server.url, seen["a"]), guard(redis_server.url, seen["a2"])
+    b = guard(redis_server.url, seen["other"], other, "vllm:num_requests_waiting 20\n")
+    try:
+        await connected(a, a2, b)
+        async with anyio.create_task_group() as tg:
+            for g in (a, a2, b):
+                tg.start_soon(functools.partial(poll_vllm_metrics, g, every=EVERY))
+            await until(lambda: polls(seen["a"]) + polls(seen["a2"]) >= 3 * len(REPLICAS))
+            await until(lambda: all(seen["other"].polls.get(r, 0) >= 3 for r in other))
+            roles = {name: role(g) for name, g in (("a", a), ("a2", a2), ("b", b))}
+            tg.cancel_scope.cancel()
+        assert roles["b"] == "polling"
+        assert sorted([roles["a"], roles["a2"]]) == ["following", "polling"], roles  # one lease per replica set
+        pollers = [name for name in ("a", "a2") if seen[name].polls]
+        assert len(pollers) == 1 and roles[pollers[0]] == "polling", (pollers, roles)
+        assert hints(a).lease != hints(b).lease and hints(a).lease == hints(a2).lease
+        now = anyio.current_time()
+        assert [server_waiting(s.health, now) for s in states(b)] == [20.0, 20.0]  # its own servers' queues
+        for state in states(a) + states(a2):  # and not the other model's
+            assert server_waiting(state.health, now) == 5.0
+    finally:
+        for g in (a, a2, b):
             await g.aclose()
 
 

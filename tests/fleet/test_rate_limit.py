@@ -13,9 +13,9 @@ import httpx
 import pytest
 import redis.asyncio as redis
 
-from llmguard_client import PhaseRecord, RateLimit, RetryPolicy, Tier
+from llmguard_client import PhaseRecord, RateLimit, Replica, RetryPolicy, Tier
 from llmguard_client._fleet import FleetStore, parse_fleet_url
-from llmguard_client._ratelimit.buckets import RateLimiter
+from llmguard_client._ratelimit.buckets import RateLimiter, build_rate_limiter
 from tests.fleet.fleet_ops import RedisFleetOps
 from tests.redis_server import RedisServer
 from tests.virtual import FakeReplica, Plan, virtual_guard
@@ -36,6 +36,13 @@ async def level_of(fleet: RedisFleetOps, key: str, field: str) -> float:
     raw = await fleet.client.hget(key, field)
     assert raw is not None, f"no {field!r} in {key!r}"
     return float(raw)
+
+
+def bucket(limiter: RateLimiter, replica: str = "r") -> str:
+    """The fleet's bucket that ``limiter`` charges ``replica``'s attempts to."""
+    key = limiter.fleet_key(replica)
+    assert key is not None
+    return key
 
 
 def frozen() -> float:
@@ -64,6 +71,49 @@ async def test_two_processes_share_one_bucket_and_a_refusal_says_when_to_come_ba
     # Each process's local bucket was charged only its own admissions: alone it would have let this one in.
     assert second.bucket("r").levels()[0] == pytest.approx(2.0, abs=0.01)
     assert fleet.failures == 0
+
+
+async def test_a_guard_of_the_same_name_with_another_limit_does_not_refill_this_ones_bucket(
+    fleet: RedisFleetOps,
+) -> None:
+    """One service, two providers, one ``name``: the slow provider's bucket (2 requests, one more every 100 s)
+    is not the fast one's (a million requests a second), whose admissions would refill it at their rate."""
+    slow = build_rate_limiter(
+        RateLimit(requests_per_minute=0.6, burst=200.0), [Replica("http://a:1/v1")], frozen, fleet
+    )
+    fast = build_rate_limiter(RateLimit(requests_per_minute=6e7), [Replica("http://b:1/v1")], frozen, fleet)
+    assert slow is not None and fast is not None
+    assert (await slow.admit("http://a:1/v1", 10, 0.0)).admitted
+    assert (await slow.admit("http://a:1/v1", 10, 0.0)).admitted
+    for _ in range(5):
+        assert (await fast.admit("http://b:1/v1", 10, 0.0)).admitted
+    refused = await slow.admit("http://a:1/v1", 10, 0.0)
+    assert refused.retry_after is not None and refused.retry_after > 90.0  # a whole request at 0.01 per second
+    assert fleet.failures == 0
+
+
+async def test_the_fleets_bucket_is_named_by_the_limit_and_the_replicas_in_any_order(fleet: RedisFleetOps) -> None:
+    """Processes with the same limit and replicas share one bucket; another limit or other replicas under the
+    same ``name`` (another provider) get one of their own, and so does a replica's own limit with other numbers."""
+    limit = RateLimit(requests_per_minute=60, tokens_per_minute=1000)
+    replicas = [Replica("http://a:1/v1"), Replica("http://b:1/v1", rate_limit=RateLimit(requests_per_minute=5))]
+
+    def key(limit: RateLimit, replicas: list[Replica], replica: str = "http://a:1/v1") -> str | None:
+        limiter = build_rate_limiter(limit, replicas, frozen, fleet)
+        assert limiter is not None
+        return limiter.fleet_key(replica)
+
+    mine = key(limit, replicas)
+    assert mine is not None and mine.startswith("llmguard:test:ratelimit:guard:")
+    assert key(RateLimit(requests_per_minute=60.0, tokens_per_minute=1000.0), replicas[::-1]) == mine
+    assert key(RateLimit(requests_per_minute=60, tokens_per_minute=1000, burst=2.0), replicas) != mine
+    assert key(RateLimit(requests_per_minute=6000, tokens_per_minute=1000), replicas) != mine
+    assert key(limit, [Replica("http://c:1/v1"), replicas[1]]) != mine
+    own = key(limit, replicas, "http://b:1/v1")
+    assert own is not None and own.startswith("llmguard:test:ratelimit:replica:http://b:1/v1:")
+    other = [replicas[0], Replica("http://b:1/v1", rate_limit=RateLimit(requests_per_minute=50))]
+    assert key(limit, other, "http://b:1/v1") not in (own, None)
+    assert key(limit, [Replica("http://u:p@a:1/v1"), replicas[1]]) == mine  # credentials name no other provider
 
 
 @pytest.mark.parametrize("max_wait", [30.0, math.inf])
@@ -120,7 +170,9 @@ async def test_a_correction_rides_on_the_next_admission(fleet: RedisFleetOps, re
     records: list[PhaseRecord] = []
     limit = RateLimit(tokens_per_minute=6, burst=10000.0)  # 1,000 tokens, one more per 10 s
     guard = virtual_guard(fakes, records, rate_limit=limit, fleet=fleet, tiers={"t": Tier(ttft=5.0, total=10.0)})
-    key = fleet.key("ratelimit", "guard")
+    assert guard.rate_limiter is not None
+    key = guard.rate_limiter.fleet_key("http://a")
+    assert key is not None
     async with guard, guard.http_client() as client:
         (await post(client)).raise_for_status()
         level = await level_of(fleet, key, "t")
@@ -147,7 +199,7 @@ async def test_when_redis_is_down_the_local_bucket_decides(redis_factory: type[R
         server.start()  # empty: a full bucket, and no script cached (NOSCRIPT -> EVAL)
         assert (await limiter.admit("r", 1, 0.0)).admitted
         assert ops.failures == 2
-        level = await level_of(ops, ops.key("ratelimit", "guard"), "r")
+        level = await level_of(ops, bucket(limiter), "r")
         assert level == pytest.approx(0.0, abs=0.05)  # 2 - this one - the one admitted locally meanwhile
     finally:
         await ops.aclose()
@@ -204,7 +256,7 @@ async def test_the_first_admission_awaits_the_stores_first_connection_which_load
         assert store.snapshot().state == "idle"
         assert (await limiter.admit("r", 1, 0.0)).admitted  # connects, then admits through the fleet
         assert store.available
-        assert await admin.hget(store.key("ratelimit", "guard"), "n") == b"1"
+        assert await admin.hget(bucket(limiter), "n") == b"1"
         stats = await admin.info("commandstats")
         assert "cmdstat_eval" not in stats  # the script was loaded on connecting: EVALSHA found it
         assert stats["cmdstat_evalsha"]["calls"] == 2  # the admission's, and connecting's check that it is allowed
@@ -247,7 +299,7 @@ async def test_what_a_disconnected_process_admits_is_charged_to_the_fleet_when_i
         assert (await limiter.admit("r", 1, 0.0)).admitted
         admin = redis.Redis.from_url(server.url)
         try:
-            raw = await admin.hget(store.key("ratelimit", "guard"), "r")
+            raw = await admin.hget(bucket(limiter), "r")
         finally:
             await admin.aclose()
         assert raw is not None

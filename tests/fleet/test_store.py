@@ -342,7 +342,10 @@ async def test_every_channel_of_the_fleet_names_its_database_unless_it_is_0(redi
     try:
         await connected(*guards)
         channels = {c.decode() for c in await admin.pubsub_channels("llmguard:checkout:*")}
-        parts = ("events", "hints", "rollout")
+        assert guards[0]._fleet is not None
+        hints = guards[0]._fleet.hints.channel.removeprefix("llmguard:checkout:")  # per replica set
+        assert hints.startswith("hints:")
+        parts = ("events", hints, "rollout")
         assert channels == {f"llmguard:checkout:{p}" for p in parts} | {f"llmguard:checkout:{p}@db3" for p in parts}
         assert (
             guards[1]._fleet is not None and guards[1]._fleet.store.channel("events") == "llmguard:checkout:events@db3"
