@@ -5,7 +5,8 @@ hedges) locally as always. Every ``interval`` seconds (0.2 by default) one pipel
 store's background task (`FleetStore.every`), adds what this process counted since the last sync to the
 fleet's time-bucketed counters and reads the fleet's totals of the window back:
 
-- one hash per budget and bucket of ``window / BUCKETS_PER_WINDOW`` seconds of wall time,
+- one hash per budget and bucket of ``window / BUCKETS_PER_WINDOW`` seconds of the Redis server's time (this
+  host's wall clock plus the offset from the server's ``TIME`` that the last sync measured, `ServerClock`),
   ``llmguard:{name}:budget:{{name}}:{budget}:{bucket}`` with the fields ``c`` (calls) and ``x`` (extra
   attempts), ``HINCRBY`` + ``PEXPIRE`` (two windows). The ``{name}`` hash tag keeps every budget key of a
   fleet in one Redis Cluster slot, so the pipeline goes to one node.
@@ -14,13 +15,14 @@ fleet's time-bucketed counters and reads the fleet's totals of the window back:
 
 Between two syncs a budget decides on the fleet's totals as last read plus its own unsynced counts
 (`FleetShare.totals`), spending only its share of the headroom it read: divided by the processes that synced
-lately (a sorted set ``...:{name}:processes`` of their ids, scored by their last sync), or, below one attempt
+lately (a sorted set ``...:{name}:processes`` of their ids, scored by the server's ``TIME`` at their last sync and
+pruned on it too, in the same round trip: `members.SCRIPT`), or, below one attempt
 each, one attempt to each of the first processes by id while they last. While the store is not connected it
 decides on its own window, exactly as a ``scope="process"`` budget. A process that was cut off for more than a
 window drops what it counted meanwhile instead of adding it to the current bucket. The keys hold counts and
 opaque process ids: nothing about a call, user or prompt.
-Buckets come from each host's wall clock: hosts whose clocks disagree by a good part of a bucket (1 s with the
-default 10 s window) count their calls a bucket early or late.
+No comparison across hosts uses their wall clocks: membership is on the server's clock, buckets on each host's
+estimate of it (off by at most half a round trip), and a share's age and staleness on the host's own clock only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from llmguard_client._budget.budget import BUCKETS_PER_WINDOW, FleetBudgetSnapshot, RetryBudget
+from llmguard_client._budget.members import SCRIPT, SCRIPT_SHA, ServerClock, is_noscript, parse
 from llmguard_client._fleet.store import FleetStore
 
 if TYPE_CHECKING:
@@ -111,15 +114,16 @@ class FleetShare:
 
     # --- the sync, in the store's background task ------------------------------------------
 
-    def queue(self, pipe: Pipeline, now: float) -> int:
+    def queue(self, pipe: Pipeline, now: float, clock: float) -> int:
         """Add this process's counts since the last sync to ``pipe`` and the reads of the window; return the
-        number of replies the adds take."""
+        number of replies the adds take. ``now``: this host's wall time; ``clock``: the server's, as estimated
+        here (the buckets' clock, shared by the fleet)."""
         budget = self.budget
         current = (budget.requests, budget.spent)
         calls, extras = current[0] - self.sent[0], current[1] - self.sent[1]
         stale = self.read_at is not None and now - self.read_at > budget.window  # cut off for over a window
         self.sent = current  # taken: a failed round trip loses them rather than counting them twice
-        bucket = math.floor(now / self.granularity)
+        bucket = math.floor(clock / self.granularity)
         added = 0
         if (calls or extras) and not stale:
             key = self.prefix + str(bucket)
@@ -157,7 +161,8 @@ class FleetBudgetSync:
         self._wall = wall
         self.interval = interval
         self.members = store.key("budget", "{" + store.name + "}", "processes")
-        """A sorted set: each process's id, scored with the wall time of its last sync."""
+        """A sorted set: each process's id, scored with the server's time of its last sync."""
+        self.clock = ServerClock()
         store.every(interval, self.sync)
 
     def add(self, budget: RetryBudget, label: str) -> FleetShare:
@@ -169,21 +174,31 @@ class FleetBudgetSync:
     async def sync(self, client: Redis) -> None:
         """One round trip: add every budget's counts since the last sync, read the fleet's totals back."""
         now = self._wall()
+        clock = self.clock.now(now)
         pipe = client.pipeline(transaction=False)
         gone = max(1.0, 5 * self.interval)
-        pipe.zadd(self.members, {self.store.origin: now})
-        pipe.zremrangebyscore(self.members, "-inf", now - gone)
-        pipe.zrange(self.members, 0, -1)
-        pipe.pexpire(self.members, math.ceil(gone * 1000))
+        args = (self.store.origin, repr(gone), str(math.ceil(gone * 1000)))
+        pipe.evalsha(SCRIPT_SHA, 1, self.members, *args)
         spans = []
         for share in self.shares:
-            added = share.queue(pipe, now)
+            added = share.queue(pipe, now, clock)
             spans.append((added, added + BUCKETS_PER_WINDOW + 1))
-        replies = await pipe.execute()
-        members = replies[2] if isinstance(replies[2], list) else []
-        ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
-        rank = ids.index(self.store.origin) if self.store.origin in ids else 0
-        offset = 4
+        replies = await pipe.execute(raise_on_error=False)
+        received = self._wall()
+        first = replies[0]
+        for reply in replies[1:] if is_noscript(first) else replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if is_noscript(first):  # Redis lacks the script (first use, a restart): once more, by its text
+            first = await client.eval(SCRIPT, 1, self.members, *args)
+            received = self._wall()
+        parsed = parse(first)
+        ids = [self.store.origin]
+        if parsed is not None:
+            self.clock.measured(parsed[0], now, received)
+            ids = parsed[1] if self.store.origin in parsed[1] else sorted([*parsed[1], self.store.origin])
+        rank = ids.index(self.store.origin)
+        offset = 1
         for share, (start, end) in zip(self.shares, spans, strict=True):
             share.read(replies[offset + start : offset + end], now, len(ids), rank)
             offset += end

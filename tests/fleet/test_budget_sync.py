@@ -4,6 +4,8 @@ explicitly (the background one, every 0.2 s, only adds to what the test drives).
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 import redis.asyncio as redis
@@ -191,5 +193,91 @@ async def test_a_tier_budget_is_shared_apart_from_the_guard_s(redis_server: Redi
         assert acquired(b.tier_budgets["interactive"], 10) == 2  # its share: half of 5
         assert acquired(budget(b), 1) == 0  # the Guard's budget saw none of the tier's calls
     finally:
+        for g in (a, b):
+            await g.aclose()
+
+
+def skewed_sync(g: Guard, skew: float) -> FleetBudgetSync:
+    """A budget sync of ``g``'s process (its own id; the Guard never connects, so only the test syncs it) whose
+    host's wall clock is ``skew`` seconds off."""
+    assert g._fleet is not None
+    sync_ = FleetBudgetSync(g._fleet.store, wall=lambda: time.time() + skew)
+    sync_.add(RetryBudget(0.1, 0, 60.0), "guard")
+    return sync_
+
+
+@pytest.mark.parametrize("skew", [-2.0, -30.0, 15.0])
+async def test_a_process_whose_clock_is_off_is_counted(redis_server: RedisServer, skew: float) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        off, right = skewed_sync(a, skew), skewed_sync(b, 0.0)
+        await off.sync(client)  # the first sync also measures the server's clock: the count never depends on it
+        for _ in range(3):
+            await right.sync(client)
+            assert right.shares[0].processes == 2
+            await off.sync(client)
+            assert off.shares[0].processes == 2
+    finally:
+        await client.aclose()
+        for g in (a, b):
+            await g.aclose()
+
+
+@pytest.mark.parametrize("skew", [-2.0, 0.0, 60.0])
+async def test_a_process_that_stopped_syncing_is_dropped_whatever_its_clock(
+    redis_server: RedisServer, skew: float
+) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        gone, right = skewed_sync(a, skew), skewed_sync(b, 0.0)
+        await gone.sync(client)
+        await right.sync(client)
+        assert right.shares[0].processes == 2
+        # A exits; B goes on syncing (which keeps the set alive). A member is dropped once it has not synced for
+        # five sync intervals (at least a second) of the Redis server's time: its clock runs in real time, so the
+        # test waits that out.
+        gone_after = max(1.0, 5 * right.interval)
+        deadline = time.monotonic() + gone_after + 0.1
+        while time.monotonic() < deadline:
+            await anyio.sleep(right.interval)
+            await right.sync(client)
+        assert right.shares[0].processes == 1
+    finally:
+        await client.aclose()
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_calls_of_a_process_whose_clock_is_off_count_in_the_fleet_s_window(redis_server: RedisServer) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        ahead, right = skewed_sync(a, 120.0), skewed_sync(b, 0.0)  # two windows ahead
+        await ahead.sync(client)  # its first sync measures the server's clock
+        for _ in range(50):
+            ahead.shares[0].budget.record_request()
+        await ahead.sync(client)
+        await right.sync(client)
+        assert right.shares[0].requests == 50  # in the bucket of the server's time, not two windows ahead
+    finally:
+        await client.aclose()
+        for g in (a, b):
+            await g.aclose()
+
+
+async def test_a_sync_loads_the_membership_script_redis_lacks(redis_server: RedisServer) -> None:
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        first, second = skewed_sync(a, 0.0), skewed_sync(b, 0.0)
+        await first.sync(client)
+        await client.script_flush()  # as after a restart of Redis, or an operator's SCRIPT FLUSH
+        await second.sync(client)
+        await first.sync(client)
+        assert first.shares[0].processes == 2 and second.shares[0].processes == 2
+    finally:
+        await client.aclose()
         for g in (a, b):
             await g.aclose()

@@ -196,6 +196,12 @@ async def test_two_guards_share_one_retry_budget(redis_cluster: RedisCluster) ->
             return shown.fleet.window_requests if shown is not None and shown.fleet is not None else -1
 
         await until(lambda: fleet_calls() == 100)  # the background syncs, every 0.2 s, through the cluster
+
+        def processes(g: Guard) -> int:
+            shown = g.snapshot().budget
+            return shown.fleet.processes if shown is not None and shown.fleet is not None else -1
+
+        await until(lambda: processes(a) == processes(b) == 2)  # membership, on the slot's node's clock
         assert b.budget.try_acquire() is not None  # B made no call: only the fleet's allow it
         for g in (a, b):
             fleet = g.snapshot().fleet
