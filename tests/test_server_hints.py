@@ -420,12 +420,16 @@ class SlowMetrics(Metrics):
         super().__init__()
         self.delay = delay
         self.answered: list[float] = []
+        self.waiting: anyio.Event | None = None
+        """Set by the next request to come (a poll then in flight), once a test asks for it."""
 
     def factory(self, replica: Replica) -> httpx.AsyncBaseTransport:
         answer = super().factory(replica)
 
         async def handle(request: httpx.Request) -> httpx.Response:
             response = await answer.handle_async_request(request)  # counted and stamped as it comes
+            if self.waiting is not None:
+                self.waiting.set()
             await anyio.sleep(self.delay)
             self.answered.append(anyio.current_time())
             return response
@@ -451,14 +455,16 @@ def test_the_poller_returns_as_the_guard_closes_and_sends_nothing_after(backend:
         with anyio.fail_after(5):  # the group ends only once the poller has returned on its own
             async with anyio.create_task_group() as tg:
                 tg.start_soon(poller)
-                await anyio.sleep(0.42)  # rounds at 0 s, ~0.1 s, ... ~0.4 s: the last one's answers still due
-                assert metrics.times and max(metrics.times) > max(metrics.answered)  # a poll is in flight
+                await anyio.sleep(0.3)  # a few rounds, 0.1 s apart within a random 10 %
+                metrics.waiting = anyio.Event()
+                await metrics.waiting.wait()  # the next round's requests came: its answers are due in 0.05 s
+                assert max(metrics.times) > max(metrics.answered)  # a poll is in flight
                 closing = anyio.current_time()
                 await guard.aclose()
                 closed = anyio.current_time()
         sent = len(metrics.times)
         await anyio.sleep(1.0)  # ten intervals
-        assert len(metrics.times) == sent and max(metrics.times) < closing  # nothing sent after the close began
+        assert len(metrics.times) == sent and max(metrics.times) <= closing  # nothing sent after the close began
         assert all(t < closing + 1e-9 for t in metrics.answered)  # the poll in flight was cancelled, not answered
         assert returned and closing <= returned[0] <= closed + 1e-9  # returned within the close, not later
 
