@@ -4,7 +4,9 @@ explicitly (the background one, every 0.2 s, only adds to what the test drives).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -206,11 +208,22 @@ def skewed_sync(g: Guard, skew: float) -> FleetBudgetSync:
     return sync_
 
 
-@pytest.mark.parametrize("skew", [-2.0, -30.0, 15.0])
-async def test_a_process_whose_clock_is_off_is_counted(redis_server: RedisServer, skew: float) -> None:
+@contextlib.asynccontextmanager
+async def two_processes(redis_server: RedisServer) -> AsyncIterator[tuple[Guard, Guard, redis.Redis]]:
+    """Two Guards of one fleet (two processes' worth) and a client of their Redis, all closed after."""
     a, b = guard(redis_server.url), guard(redis_server.url)
     client = redis.Redis.from_url(redis_server.url)
     try:
+        yield a, b, client
+    finally:
+        await client.aclose()
+        for g in (a, b):
+            await g.aclose()
+
+
+@pytest.mark.parametrize("skew", [-2.0, -30.0, 15.0])
+async def test_a_process_whose_clock_is_off_is_counted(redis_server: RedisServer, skew: float) -> None:
+    async with two_processes(redis_server) as (a, b, client):
         off, right = skewed_sync(a, skew), skewed_sync(b, 0.0)
         await off.sync(client)  # the first sync also measures the server's clock: the count never depends on it
         for _ in range(3):
@@ -218,19 +231,13 @@ async def test_a_process_whose_clock_is_off_is_counted(redis_server: RedisServer
             assert right.shares[0].processes == 2
             await off.sync(client)
             assert off.shares[0].processes == 2
-    finally:
-        await client.aclose()
-        for g in (a, b):
-            await g.aclose()
 
 
 @pytest.mark.parametrize("skew", [-2.0, 0.0, 60.0])
 async def test_a_process_that_stopped_syncing_is_dropped_whatever_its_clock(
     redis_server: RedisServer, skew: float
 ) -> None:
-    a, b = guard(redis_server.url), guard(redis_server.url)
-    client = redis.Redis.from_url(redis_server.url)
-    try:
+    async with two_processes(redis_server) as (a, b, client):
         gone, right = skewed_sync(a, skew), skewed_sync(b, 0.0)
         await gone.sync(client)
         await right.sync(client)
@@ -244,16 +251,10 @@ async def test_a_process_that_stopped_syncing_is_dropped_whatever_its_clock(
             await anyio.sleep(right.interval)
             await right.sync(client)
         assert right.shares[0].processes == 1
-    finally:
-        await client.aclose()
-        for g in (a, b):
-            await g.aclose()
 
 
 async def test_calls_of_a_process_whose_clock_is_off_count_in_the_fleet_s_window(redis_server: RedisServer) -> None:
-    a, b = guard(redis_server.url), guard(redis_server.url)
-    client = redis.Redis.from_url(redis_server.url)
-    try:
+    async with two_processes(redis_server) as (a, b, client):
         ahead, right = skewed_sync(a, 120.0), skewed_sync(b, 0.0)  # two windows ahead
         await ahead.sync(client)  # its first sync measures the server's clock
         for _ in range(50):
@@ -261,23 +262,13 @@ async def test_calls_of_a_process_whose_clock_is_off_count_in_the_fleet_s_window
         await ahead.sync(client)
         await right.sync(client)
         assert right.shares[0].requests == 50  # in the bucket of the server's time, not two windows ahead
-    finally:
-        await client.aclose()
-        for g in (a, b):
-            await g.aclose()
 
 
 async def test_a_sync_loads_the_membership_script_redis_lacks(redis_server: RedisServer) -> None:
-    a, b = guard(redis_server.url), guard(redis_server.url)
-    client = redis.Redis.from_url(redis_server.url)
-    try:
+    async with two_processes(redis_server) as (a, b, client):
         first, second = skewed_sync(a, 0.0), skewed_sync(b, 0.0)
         await first.sync(client)
         await client.script_flush()  # as after a restart of Redis, or an operator's SCRIPT FLUSH
         await second.sync(client)
         await first.sync(client)
         assert first.shares[0].processes == 2 and second.shares[0].processes == 2
-    finally:
-        await client.aclose()
-        for g in (a, b):
-            await g.aclose()
