@@ -3,7 +3,7 @@ the lease that owns what the call acquires, and the phase record."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
@@ -14,7 +14,7 @@ from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._http.upload import framing_headers
 from llmguard_client._routing.replicas import ReplicaState
-from llmguard_client._routing.ttft_stats import TTFTStats
+from llmguard_client._routing.ttft_stats import TTFTStats, size_class
 from llmguard_client.config import Tier
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation
@@ -86,8 +86,11 @@ class Call:
     each attempt."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
-    ttft_size: int = 0
+    ttft_size: int = field(init=False)
     """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
+
+    def __post_init__(self) -> None:
+        self.ttft_size = size_class(self.prompt_size())
 
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes

@@ -60,7 +60,7 @@ from llmguard_client._rollout.passthrough import PassthroughPool, passthrough
 from llmguard_client._rollout.rollout import Assignment, Rollout
 from llmguard_client._routing.reach import Reach
 from llmguard_client._routing.replicas import ReplicaSet
-from llmguard_client._routing.ttft_stats import TTFTStats, size_class
+from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client._stream.body import GuardBody
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
@@ -414,7 +414,6 @@ class GuardTransport(httpx.AsyncBaseTransport):
             keeps_text=continuation is not None,
             streamed=streamed,
             prompt_chars=facts.prompt_chars,
-            ttft_size=size_class(len(body) if facts.prompt_chars is None else facts.prompt_chars),
             lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation
