@@ -51,7 +51,7 @@ from llmguard_client.config import (
     resolve_replicas,
 )
 from llmguard_client.edges._registry import stop_sync_runner
-from llmguard_client.edges._sdk_defaults import with_sdk_defaults
+from llmguard_client.edges.httpx_async import httpx_client
 from llmguard_client.edges.sdk import TakesAnything, TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
@@ -382,11 +382,12 @@ class Guard:
 
         It follows redirects and times out as the openai and anthropic SDKs' own clients do (5 s to
         connect, 600 s per read); under a Guard the read timeout bounds each read and caps the tier's stall (pass
-        ``timeout=`` to change it). Closing the client leaves the guard open (``await guard.aclose()``
-        closes the pools).
+        ``timeout=`` to change it). Closing the client ends its calls in flight, as closing a plain client
+        does (a call waiting for its answer, or a body not read to its end, raises `httpx.ReadError`), and leaves
+        the guard open (``await guard.aclose()`` closes the pools).
         """
         self._refuse_if_closed()
-        return httpx.AsyncClient(transport=self._transport, **with_sdk_defaults(kwargs, httpx.Timeout))
+        return httpx_client(self._transport, **kwargs)
 
     @contextlib.contextmanager
     def tier(self, name: str) -> Iterator[None]:
@@ -482,7 +483,7 @@ class Guard:
     def httpx2_client(self, **kwargs: Any) -> httpx2.AsyncClient:
         """An `httpx2.AsyncClient` through the guard: for openai >= 3 and anthropic >= 1 (needs httpx2).
 
-        Same defaults as `http_client`; closing it leaves the guard open.
+        Same defaults as `http_client`; closing it ends its calls in flight and leaves the guard open.
         """
         _require_httpx2("httpx2_client")
         from llmguard_client.edges.httpx2_async import httpx2_client

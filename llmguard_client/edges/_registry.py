@@ -29,6 +29,7 @@ from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncB
 from llmguard_client.errors import GuardClosed, WrongEventLoop
 
 if TYPE_CHECKING:
+    from llmguard_client.edges._client_calls import SyncClientCalls
     from llmguard_client.edges._guard_handle import GuardHandle
 
 
@@ -72,16 +73,19 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def send_sync(guard: GuardHandle, request: httpx.Request) -> tuple[httpx.Response, SyncBody]:
+def send_sync(
+    guard: GuardHandle, request: httpx.Request, calls: SyncClientCalls | None = None
+) -> tuple[httpx.Response, SyncBody]:
     """Run a sync call where `sync_access` says, named as this thread's (an SDK's retry of it comes from here). A
     call whose run on an event loop of the caller's ended with that loop before its response arrived (a task queue
-    running each task in ``asyncio.run``) is sent again where the Guard runs next, if its body can be read again."""
+    running each task in ``asyncio.run``) is sent again where the Guard runs next, if its body can be read again.
+    ``calls``: those of the client making it, whose close ends it."""
     request.extensions[CALLER_EXTENSION] = f"thread:{os.getpid()}:{threading.get_ident()}"
     moves = 0
     for tries in itertools.count(1):
         access, home = sync_access(guard, request)
         try:
-            return send(access, guard.transport, request, home)
+            return send(access, guard.transport, request, home, calls)
         except LoopEnded as ended:
             moves += not isinstance(ended, OwnerRuns)  # that one sent nothing: it only missed the owner loop
             if not rereadable(request.stream):

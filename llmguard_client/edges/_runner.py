@@ -49,6 +49,7 @@ import httpx
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
 from llmguard_client._core.loop_owner import LEFT_BEHIND, HomeCall, LoopEnded, LoopOwner
 from llmguard_client._stream.body import GuardBody
+from llmguard_client.edges._client_calls import SyncClientCalls, client_closed
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -173,6 +174,10 @@ class _Exchange:
         """The caller's body was garbage-collected unclosed (set on the loop, before the task is cancelled)."""
         self._whole = False
         """The whole body was handed to the caller's thread with the response (`GuardBody.take_whole`)."""
+        self._cut: Exception | None = None
+        """What the caller gets now that its client was closed (`cut`), instead of its response or next chunk."""
+        self._handed_end = False
+        """The caller's thread has had the body's end (or its failure)."""
 
     def _why_cut(self) -> str:
         if self._cancelled or not self._guest:
@@ -200,7 +205,9 @@ class _Exchange:
         try:
             response = await self._core.handle_async_request(self._request)
         except anyio.get_cancelled_exc_class():
-            if self._guest and not self._cancelled:  # the caller's loop is ending: the call is sent again elsewhere
+            if self._cut is not None:  # its client was closed
+                self._head.set_exception(self._cut)
+            elif self._guest and not self._cancelled:  # the caller's loop is ending: the call is sent again elsewhere
                 self._head.set_exception(LoopEnded(LEFT_BEHIND))
             else:
                 self._head.set_exception(GuardClosed("the call was cancelled before its response arrived"))
@@ -279,16 +286,22 @@ class _Exchange:
         """From the caller's thread: every chunk queued, joined into one (waiting for the task to read one if
         none is), or the end. A caller behind the loop takes what piled up in one step: each chunk handed over
         alone cost the caller's thread a pass through the SDK's stream decoding and the GIL a switch."""
+        if self._cut is not None:
+            return self._end_with(_Failed(self._cut))
         if self._pending is not None:
             end, self._pending = self._pending, None
-            return end
+            return self._end_with(end)
         while True:
             try:
                 item: _Item = self._items.get(timeout=LOOP_CHECK)
                 break
             except queue.Empty:
+                if self._cut is not None:
+                    return self._end_with(_Failed(self._cut))
                 if self._loop.is_closed():  # the loop ended without the task handing over the end
-                    return _Failed(GuardClosed("the event loop running this call ended while its body was read"))
+                    return self._end_with(
+                        _Failed(GuardClosed("the event loop running this call ended while its body was read"))
+                    )
         taken = 1
         if isinstance(item, bytes) and not self._items.empty():
             chunks: list[bytes] = [item]
@@ -301,10 +314,25 @@ class _Exchange:
                 chunks.append(following)
             item = b"".join(chunks)
         self._taken += taken
+        if self._cut is not None:  # the client closed while this read waited: what came meanwhile is not handed over
+            return self._end_with(_Failed(self._cut))
         if self._waiting_for_room:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to wake
                 self._loop.call_soon_threadsafe(self._make_room)
-        return item
+        return item if isinstance(item, bytes) else self._end_with(item)
+
+    def _end_with(self, end: _End | _Failed) -> _End | _Failed:
+        self._handed_end = True
+        return end
+
+    def cut(self, error: Exception) -> bool:
+        """From any thread, as the call's client closes: ``error`` is what the caller gets now, instead of its
+        response or at its next read (the closer then ends the call: `close`, `end_soon`); False if the caller has
+        had its body's end already."""
+        if self._handed_end:
+            return False
+        self._cut = error
+        return True
 
     async def close(self) -> None:
         """Stop the call (closing the upstream response) and wait until it is done."""
@@ -353,11 +381,15 @@ class LoopAccess(Protocol):
 
 
 def send(
-    access: LoopAccess, core: httpx.AsyncBaseTransport, request: httpx.Request, home: HomeCall | None = None
+    access: LoopAccess,
+    core: httpx.AsyncBaseTransport,
+    request: httpx.Request,
+    home: HomeCall | None = None,
+    calls: SyncClientCalls | None = None,
 ) -> tuple[httpx.Response, SyncBody]:
     """Run one call through the core on ``access``'s loop: the response head and its body to pull. ``home`` (a
     call on the Guard's own loop) is told when the response is handed over, and when the call's task is over (at
-    once if it could not start)."""
+    once if it could not start). ``calls``: those of the client making it, whose close ends it."""
     loop = access.loop
     if loop is None:
         if home is not None:
@@ -366,6 +398,10 @@ def send(
     head: Future[httpx.Response] = Future()
     delivered = None if home is None else home.delivered
     exchange = _Exchange(core, request, head, loop, delivered, guest=isinstance(access, CallersLoop))
+    if calls is not None and not calls.add(exchange, access):  # its client closed as it started: nothing sent
+        if home is not None:
+            home.ended()
+        raise client_closed(request)
     start_counted(access, exchange.drive, None if home is None else home.ended)
     try:
         response = wait_for(head, loop)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import httpx
 import httpx2
 
+from llmguard_client.edges._client_calls import AsyncClientCalls, client_closed
 from llmguard_client.edges._httpx2_types import (
     SdkErrors,
     caller_error,
@@ -22,31 +25,36 @@ if TYPE_CHECKING:
 
 
 class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
-    """An `httpx2.AsyncBaseTransport` that runs each request through the guard's core.
+    """An `httpx2.AsyncBaseTransport` that runs each request through the guard's core, as one client's call.
 
-    ``aclose()`` does nothing: the Guard owns the pools (``await guard.aclose()``).
+    ``aclose()`` ends the client's calls in flight (`llmguard_client.edges._client_calls`), as closing a plain
+    client's pool would; the Guard owns the pools and keeps them (``await guard.aclose()`` closes them).
     """
 
     def __init__(self, core: httpx.AsyncBaseTransport, sdk: SdkErrors | None = None) -> None:
         self._core = core
         self._sdk = sdk
+        self._calls = AsyncClientCalls()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         upload = streamed(request, sync=False)  # an iterator's or an upload's body is sent as it is read
         inner = core_request(request, upload if upload is not None else await request.aread())
         try:
-            response = await self._core.handle_async_request(inner)
+            response = await self._calls.send(self._core, inner)
         except httpx.HTTPError as exc:
             error = caller_error(exc, request, self._sdk)
             raise error from error.__cause__
         out = httpx2.Response(
             response.status_code,
             headers=response.headers.raw,
-            stream=_Body(response, request, self._sdk),
+            stream=_Body(response, request, self._sdk, self._calls, inner),
             request=request,
         )
         out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
         return out
+
+    async def aclose(self) -> None:
+        await self._calls.aclose()
 
 
 class _Body(httpx2.AsyncByteStream):
@@ -57,36 +65,66 @@ class _Body(httpx2.AsyncByteStream):
     would be finalized, racing the response's own close, when the event loop shuts down.
     """
 
-    def __init__(self, response: httpx.Response, request: httpx2.Request, sdk: SdkErrors | None) -> None:
+    def __init__(
+        self,
+        response: httpx.Response,
+        request: httpx2.Request,
+        sdk: SdkErrors | None,
+        calls: AsyncClientCalls,
+        inner: httpx.Request,
+    ) -> None:
         self._response = response
         self._request = request
         self._sdk = sdk
+        self._calls = calls
+        self._inner = inner
+        self.cut_off = False
+        """The client was closed before the body was read to its end (`cut`)."""
+        calls.track(self)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         stream = self._response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        return _Chunks(stream.__aiter__(), self._request, self._sdk)
+        return _Chunks(stream.__aiter__(), self)
 
     async def aclose(self) -> None:
+        self._calls.untrack(self)
         await self._response.aclose()
+
+    async def cut(self) -> None:
+        self.cut_off = True
+        with anyio.CancelScope(shield=True), contextlib.suppress(httpx.HTTPError, OSError):
+            await self._response.aclose()
+
+    def error(self, exc: httpx.HTTPError) -> BaseException:
+        """What the caller's read raises for the core's ``exc`` (`client_closed`'s, once the client closed)."""
+        if self.cut_off:
+            exc = client_closed(self._inner)
+        return caller_error(exc, self._request, self._sdk)
 
 
 class _Chunks:
-    __slots__ = ("_chunks", "_request", "_sdk")
+    __slots__ = ("_body", "_chunks")
 
-    def __init__(self, chunks: AsyncIterator[bytes], request: httpx2.Request, sdk: SdkErrors | None) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], body: _Body) -> None:
         self._chunks = chunks
-        self._request = request
-        self._sdk = sdk
+        self._body = body
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> bytes:
+        body = self._body
+        if body.cut_off:
+            error = body.error(client_closed(body._inner))
+            raise error from error.__cause__
         try:
             return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            body._calls.untrack(body)  # read to its end: a close of the client leaves it as it is
+            raise
         except httpx.HTTPError as exc:
-            error = caller_error(exc, self._request, self._sdk)
+            error = body.error(exc)
             raise error from error.__cause__
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
+from llmguard_client.edges._client_calls import SyncClientCalls
 from llmguard_client.edges._httpx2_types import (
     SdkErrors,
     caller_error,
@@ -27,19 +28,21 @@ if TYPE_CHECKING:
 class SyncHttpx2GuardTransport(httpx2.BaseTransport):
     """An `httpx2.BaseTransport` for `httpx2.Client` (``openai.OpenAI`` >= 3, ``anthropic.Anthropic`` >= 1).
 
-    ``close()`` does nothing: the Guard owns the pools and the thread (``guard.close()``).
+    ``close()`` ends the client's calls in flight (`llmguard_client.edges._client_calls`); the Guard owns the
+    pools and the thread, and keeps them (``guard.close()`` closes them).
     """
 
     def __init__(self, guard: GuardHandle, sdk: SdkErrors | None = None) -> None:
         self._guard = guard
         self._sdk = sdk
+        self._calls = SyncClientCalls()
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         upload = streamed(request, sync=True)  # an iterator's or an upload's body is sent as it is read
         inner = core_request(request, upload if upload is not None else request.read())
         try:
             try:
-                response, body = send_sync(self._guard, inner)
+                response, body = send_sync(self._guard, inner, self._calls)
             except (GuardClosed, WrongEventLoop) as closed:  # no loop to run the core on: refused, nothing sent
                 refusal = self._guard.transport.refuse(inner, closed)
                 return httpx2.Response(
@@ -53,6 +56,9 @@ class SyncHttpx2GuardTransport(httpx2.BaseTransport):
         )
         out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
         return out
+
+    def close(self) -> None:
+        self._calls.close()
 
 
 class _Body(httpx2.SyncByteStream):

@@ -153,7 +153,8 @@ async def test_stall_deadline_after_first_token(servers: list[LoopbackServer]) -
     tiers = {"t": Tier(ttft=10.0, total=30.0, stall=0.3)}
     async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
         async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
-            body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the guard's body
+            client_body: Any = getattr(response.stream, "_stream", None)  # httpx's wrapper around the client's
+            body: Any = getattr(client_body, "_stream", None)  # the client's (its close ends it), around the guard's
             assert isinstance(body, GuardBody) and body._watchdog is not None  # asyncio, HTTP/1.1: one timer
             chunks: list[bytes] = []
             with pytest.raises(StallTimeout):
