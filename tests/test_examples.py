@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED = {
-    "openai_quickstart.py": r"TTFT \d+ ms, ok, 1 attempt\(s\)",
+    "openai_quickstart.py": r"TTFT \d+ ms, ok, [12] attempt\(s\)",  # 2: a hedge, on a busy machine
     "openai_async.py": r"^20 calls, \d+ hedged$",
     "openai_sync.py": (
         r"^12 answers from 4 threads.*\nTTFT min \d+ ms, max \d+ ms; hedged: \d+\nstreamed \d+ words in tier 'batch'"
