@@ -110,7 +110,8 @@ class FleetSnapshot:
     last_error: str | None
     """The last failure, credentials masked (None: none yet)."""
     lag: float | None
-    """Seconds between another process publishing the last event mirrored here and its arrival (wall clocks)."""
+    """Seconds between another process publishing the last event mirrored here and its arrival, on the two hosts'
+    wall clocks: across hosts it includes their clocks' difference (0 when that makes it negative)."""
     transitions: int
     """How many times the store went from connected to degraded or back."""
     resyncs: int
