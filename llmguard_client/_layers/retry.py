@@ -33,11 +33,12 @@ After a round fails, `Retrier` decides whether and where to try again:
   budget that the live ones need). A retry that goes back to the replica that answered with a
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
   and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
-  back to a replica that answered 429 without a Retry-After, once the cool-down standing in for it ends
-  (a 503 without one, an overloaded engine, stays within the budget while another replica is left). When the
-  budget refuses the retry at once to another replica after such an answer, the retry goes back, paced, to the
-  replica that asked (`_back_to_asker`), as it would with that replica alone, unless it is excluded (a
-  Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
+  back to a replica that gave an overload answer without a Retry-After (a 429, a 503 or 529 of an overloaded
+  engine such as vLLM's full queue, an in-stream overload error), once the cool-down standing in for it ends
+  (`_asked_to_wait`: one rule for all of them). When the budget refuses the retry at once to another replica
+  after such an answer, the retry goes back, paced, to the replica that asked (`_back_to_asker`), as it would
+  with that replica alone and as the plain SDK would retry, unless it is excluded (a Retry-After longer than
+  `RetryPolicy.max_retry_after`, an open circuit);
 - on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
   answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
   after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
@@ -403,9 +404,9 @@ class RetryLayer:
             if last.retry_after is not None:
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to the replica that asked for a wait: not before its cool-down ends (not at its probe), so the
-        # server paces this retry. A 429 is such a request even without a Retry-After (the guard's own cool-down
-        # stands in for it): the server refused this client, cheaply, and the plain SDK would retry it too.
-        asked_to_wait = bool(last.retry_after) or (last.retry_after is None and last.status_code == 429)
+        # server paces this retry. Any overload answer is such a request, with or without a Retry-After (the
+        # guard's own cool-down stands in for a missing one): the plain SDK would retry it too.
+        asked_to_wait = _asked_to_wait(last)
         paced = asked_to_wait and state is last.state and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
@@ -436,10 +437,11 @@ class RetryLayer:
         return wait, state, payment
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
-        """When the budget refused a retry to another replica after ``last`` asked to wait (a Retry-After, or a 429):
-        the seconds before the paced retry back to the replica that asked (its cool-down's end, no sooner than its
-        Retry-After), as with that replica alone; None when it is excluded (a Retry-After longer than the guard
-        waits, an open circuit) or a provider rate limit paces its 429s instead."""
+        """When the budget refused a retry to another replica after ``last`` asked to wait (`_asked_to_wait`: a
+        Retry-After, or an overload answer without one): the seconds before the paced retry back to the replica that
+        asked (its cool-down's end, no sooner than its Retry-After), as with that replica alone; None when it is
+        excluded (a Retry-After longer than the guard waits, an open circuit) or a provider rate limit paces its
+        429s instead."""
         assert self.policy is not None
         state = last.state
         if self._provider_limit(last) or not self.replicas.allows(now, state, avoid):
@@ -468,6 +470,15 @@ class RetryLayer:
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")
         return True
+
+
+def _asked_to_wait(failure: AttemptFailure) -> bool:
+    """Whether ``failure`` asked its replica's callers to come back later: a Retry-After, or an overload answer
+    without one (a 429, a 503 or 529 of an overloaded engine, an in-stream overload error), for which the guard's
+    cool-down (`RetryPolicy.overload_cooldown`) stands in. A Retry-After of 0 asks for no wait."""
+    if failure.retry_after is not None:
+        return failure.retry_after > 0.0
+    return failure.overload
 
 
 def _refused_for_its_size(failure: AttemptFailure) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -132,19 +133,19 @@ def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_en
 
 
 @BACKENDS
-@pytest.mark.parametrize("status", [429, 503])
-def test_a_429_or_503_without_retry_after_from_the_only_replica_is_paced_by_the_cool_down(
+@pytest.mark.parametrize("status", [429, 503, 529])
+def test_an_overload_answer_without_retry_after_from_the_only_replica_is_paced_by_the_cool_down(
     backend: str, status: int
 ) -> None:
-    """One hosted endpoint answering a 429 or 503 with no Retry-After (some gateways send none): the guard's own
-    cool-down stands in for the wait, so the retry goes back when it ends and passes an empty budget, as the plain
-    SDK would retry. A 429 (the server refused this client) is paced from the start; a 503's retry is refused by
-    the budget first (counted), then paced, as there is nowhere else to go."""
+    """One hosted endpoint answering a 429, 503 or 529 with no Retry-After (some gateways and vLLM send none): the
+    guard's own cool-down stands in for the wait, so the retry goes back when it ends and passes an empty budget,
+    as the plain SDK would retry. Each is paced from the start, the budget never refusing it (a 503's or 529's
+    retry used to be refused by the budget first, counted, then paced, as there was nowhere else to go)."""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
     retry = RetryPolicy(overload_cooldown=1.5)
     response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
     assert snapshot is not None
-    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 1 if status == 503 else 0)
+    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0)
     first, retry_attempt = record.attempts
     assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (status, "retry", "won")
     assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
@@ -339,10 +340,11 @@ def test_a_replica_failing_every_call_with_a_408_is_kept_away_as_one_failing_wit
 
 
 @BACKENDS
-@pytest.mark.parametrize("status", [502, 503])
+@pytest.mark.parametrize("status", [500, 502])
 def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: str, status: int) -> None:
-    """Two replicas failing: the retry would go to the other one, which is extra load the budget bounds; the
-    caller gets the answer at once and no replica is cooled for failing."""
+    """Two replicas failing with a 5xx that is no overload answer: the retry would go to the other one, which is
+    extra load the budget bounds; the caller gets the answer at once and no replica is cooled for failing. (A 503
+    asks for a wait: the next test.)"""
     fakes = {
         url: FakeReplica(url[7], [Plan(status=status, headers_after=0.01)])
         for url in ("http://a.test", "http://b.test")
@@ -362,29 +364,99 @@ def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: 
     run_virtual(main, backend)
     (record,) = records
     assert len(record.attempts) == 1 and sum(f.requests for f in fakes.values()) == 1
-    assert sum(c > 0 for c in cooling) == (1 if status == 503 else 0)  # a 503 cools its replica, as before
+    assert not any(c > 0 for c in cooling)
 
 
 @BACKENDS
-@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize(
+    ("status", "retry_after"),
+    [(429, "2"), (503, "2"), (429, None), (503, None), (529, None)],
+    ids=["429", "503", "429-no-retry-after", "503-no-retry-after", "529-no-retry-after"],
+)
 def test_with_another_replica_left_a_refused_retry_goes_back_paced_to_the_replica_that_asked_to_wait(
-    backend: str, status: int
+    backend: str, status: int, retry_after: str | None
 ) -> None:
-    """Two replicas, an empty budget (hedges or other calls spent it): a 429 or 503 with a Retry-After on one. The
-    retry at once to the other is extra load the budget bounds, so it is refused; the call then goes back to the
-    replica that asked, when its wait ends, past the budget, as with that replica alone and as the plain SDK would
-    retry (it used to end at once with ``budget_exhausted``, where one replica or the plain SDK served it)."""
+    """Two replicas, an empty budget (hedges or other calls spent it): an overload answer on one, with a
+    Retry-After or without (vLLM answers its full queue with a 503 and none: the guard's cool-down, here 1.5 s,
+    stands in for it). The retry at once to the other is extra load the budget bounds, so it is refused; the call
+    then goes back to the replica that asked, when its wait ends, past the budget, as with that replica alone and
+    as the plain SDK would retry (it used to end at once with ``budget_exhausted``, where one replica or the plain
+    SDK served it: a 503 or 529 without a Retry-After did until this rule covered them)."""
     fakes = {
-        "http://a.test": FakeReplica("a", [Plan(status=status, retry_after="2", headers_after=0.01), Plan()]),
+        "http://a.test": FakeReplica("a", [Plan(status=status, retry_after=retry_after, headers_after=0.01), Plan()]),
         "http://b.test": FakeReplica("b"),
     }
-    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0))
+    budget, retry = BudgetPolicy(ratio=0.0, floor=0), RetryPolicy(overload_cooldown=1.5)
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=budget, retry=retry)
     assert response.status_code == 200 and b"a0" in response.content
     assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
-    first, retry = record.attempts
-    assert (first.status_code, retry.kind, retry.replica, retry.outcome) == (status, "retry", "http://a.test", "won")
-    assert first.finish is not None and retry.start == pytest.approx(first.finish + 2.0, abs=1e-6)
+    first, retry_attempt = record.attempts
+    assert (first.status_code, retry_attempt.kind, retry_attempt.replica) == (status, "retry", "http://a.test")
+    assert retry_attempt.outcome == "won" and first.finish is not None
+    assert retry_attempt.start == pytest.approx(first.finish + (2.0 if retry_after else 1.5), abs=1e-6)
     assert fakes["http://b.test"].requests == 0
+
+
+@dataclass
+class FullQueue(FakeReplica):
+    """An engine serving at most ``room`` calls at once (as its plans say) and answering the others at once with
+    a 503 and no Retry-After, as vLLM answers a non-streaming call past ``--max-num-queued-reqs``."""
+
+    room: int = 2
+    busy: int = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.busy >= self.room:
+            self.requests += 1
+            await anyio.sleep(0.005)
+            return httpx.Response(503, json={"error": {"message": "the queue is full", "type": "x"}})
+        self.busy += 1
+        try:
+            return await super().handle_async_request(request)  # its plans: each call takes 0.4 s
+        finally:
+            self.busy -= 1
+
+
+@BACKENDS
+def test_bursts_past_an_engines_full_queue_are_all_served_with_an_idle_replica_beside_it(backend: str) -> None:
+    """One engine with room for 2 calls answering the others 503 without a Retry-After (its queue is full), one
+    with room to spare: 48 non-streaming openai calls (``max_retries=2``) in bursts of 8, one second apart, default
+    budget. Every call is served: once the budget is empty, a 503's retry elsewhere is refused and goes back, paced,
+    to the full engine at its cool-down's end. (It used to end the call, ``budget_exhausted``, marked final for the
+    SDK: 10 of 48 calls failed on two vLLM engines where the plain SDK, alternating them, failed 3-5.)"""
+    takes = [Plan(first_token_after=0.4)]
+    fakes = {"http://a.test": FullQueue("a", takes), "http://b.test": FakeReplica("b", takes)}
+    records: list[PhaseRecord] = []
+    failed: list[str] = []
+    snapshots: list[BudgetSnapshot] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, tiers={"interactive": Tier(ttft=10.0, total=30.0)}) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url="http://a.test/v1", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+
+            async def call() -> None:
+                try:
+                    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                except openai.APIStatusError as error:
+                    failed.append(error.response.headers.get("x-llmguard-cause", str(error.status_code)))
+
+            for _ in range(6):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(call)
+                await anyio.sleep(1.0)
+            await client.close()
+            budget = virtual.snapshot().budget
+            assert budget is not None
+            snapshots.append(budget)
+
+    run_virtual(main, backend)
+    (budget,) = snapshots
+    assert failed == [] and len(records) == 48
+    assert budget.refused > 0 and budget.paced > 0  # the budget ran dry; the paced retries served the calls
+    assert fakes["http://a.test"].requests > 2  # the full engine was retried, not only the idle one
 
 
 @BACKENDS
@@ -551,15 +623,16 @@ async def test_openai_against_an_always_failing_endpoint_sees_no_stacked_retries
 
 
 async def test_empty_budget_returns_the_last_server_answer(servers: list[LoopbackServer]) -> None:
-    """With another replica to retry on (the only one left is paced instead: the streak test above)."""
+    """With another replica to retry on (the only one left is paced instead: the streak test above), after a 5xx
+    that asked for no wait (an overload answer's retry goes back, paced, to the replica that asked)."""
     for server in servers:
-        server.script = Script(status=503, body={"error": {"message": "overloaded", "type": "x"}})
+        server.script = Script(status=500, body={"error": {"message": "broken", "type": "x"}})
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.0, floor=0)
     urls = [s.url for s in servers]
     async with make_guard(urls, records, budget=budget) as guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
-    assert response.status_code == 503 and response.json()["error"]["message"] == "overloaded"
+    assert response.status_code == 500 and response.json()["error"]["message"] == "broken"
     assert response.headers["x-llmguard-cause"] == "budget_exhausted"
     assert sum(len(s.received) for s in servers) == 1
 
