@@ -33,12 +33,14 @@ After a round fails, `Retrier` decides whether and where to try again:
   budget that the live ones need). A retry that goes back to the replica that answered with a
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
   and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
-  back to a replica that gave an overload answer without a Retry-After (a 429, a 503 or 529 of an overloaded
-  engine such as vLLM's full queue, an in-stream overload error), once the cool-down standing in for it ends
-  (`_asked_to_wait`: one rule for all of them). When the budget refuses the retry at once to another replica
-  after such an answer, the retry goes back, paced, to the replica that asked (`_back_to_asker`), as it would
+  back to a replica that answered 429 without a Retry-After (the server refused this client), once the
+  cool-down standing in for it ends (`_server_paced`). Any overload answer asked for a wait
+  (`_asked_to_wait`: a Retry-After, or a 429, 503 or 529 without one, such as vLLM's full queue, or an
+  in-stream overload error): when the budget refuses the retry at once to another replica after one, the
+  retry goes back, paced, to the replica that asked, at its cool-down's end (`_back_to_asker`), as it would
   with that replica alone and as the plain SDK would retry, unless it is excluded (a Retry-After longer than
-  `RetryPolicy.max_retry_after`, an open circuit);
+  `RetryPolicy.max_retry_after`, an open circuit). While the budget has room, a 503's retry goes at once to
+  another replica, or at its backoff to the same one (as the plain SDK's), not at the cool-down's end;
 - on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
   answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
   after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
@@ -403,11 +405,9 @@ class RetryLayer:
                 wait = max(wait, self.backoff.returning(times))
             if last.retry_after is not None:
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
-        # Back to the replica that asked for a wait: not before its cool-down ends (not at its probe), so the
-        # server paces this retry. Any overload answer is such a request, with or without a Retry-After (the
-        # guard's own cool-down stands in for a missing one): the plain SDK would retry it too.
+        # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         asked_to_wait = _asked_to_wait(last)
-        paced = asked_to_wait and state is last.state and not self._provider_limit(last)
+        paced = _server_paced(last) and state is last.state and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):
@@ -470,6 +470,16 @@ class RetryLayer:
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")
         return True
+
+
+def _server_paced(failure: AttemptFailure) -> bool:
+    """Whether the server set the pace of ``failure``'s retry back to it: a Retry-After, or a 429 without one (the
+    server refused this client, cheaply; the guard's cool-down stands in for the wait, and the plain SDK would
+    retry it too). A 503 without one is not: while the budget has room its retry goes at its backoff, as the plain
+    SDK's does, or elsewhere."""
+    if failure.retry_after is not None:
+        return failure.retry_after > 0.0
+    return failure.status_code == 429
 
 
 def _asked_to_wait(failure: AttemptFailure) -> bool:

@@ -133,19 +133,34 @@ def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_en
 
 
 @BACKENDS
+@pytest.mark.parametrize("status", [503, 529])
+def test_a_503_without_retry_after_from_the_only_replica_is_retried_at_its_probe_while_the_budget_has_room(
+    backend: str, status: int
+) -> None:
+    """With room in the budget, an engine's 503 (or 529) without a Retry-After is retried as the plain SDK retries it,
+    after a short backoff (the cool-down's early probe), not at the end of the cool-down standing in for the missing
+    Retry-After: a call in a tier whose first-token deadline is shorter than that cool-down is still served."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
+    response, snapshot, record = one_virtual_call(backend, fakes, retry=RetryPolicy(overload_cooldown=4.0))
+    assert snapshot is not None and response.status_code == 200 and snapshot.paced == 0
+    first, retry_attempt = record.attempts
+    assert first.finish is not None and retry_attempt.start - first.finish <= 2.0
+
+
+@BACKENDS
 @pytest.mark.parametrize("status", [429, 503, 529])
 def test_an_overload_answer_without_retry_after_from_the_only_replica_is_paced_by_the_cool_down(
     backend: str, status: int
 ) -> None:
     """One hosted endpoint answering a 429, 503 or 529 with no Retry-After (some gateways and vLLM send none): the
     guard's own cool-down stands in for the wait, so the retry goes back when it ends and passes an empty budget,
-    as the plain SDK would retry. Each is paced from the start, the budget never refusing it (a 503's or 529's
-    retry used to be refused by the budget first, counted, then paced, as there was nowhere else to go)."""
+    as the plain SDK would retry. A 429 (the server refused this client) is paced from the start; a 503's or 529's
+    retry is refused by the budget first (counted), then paced, as there is nowhere else to go."""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
     retry = RetryPolicy(overload_cooldown=1.5)
     response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
     assert snapshot is not None
-    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0)
+    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0 if status == 429 else 1)
     first, retry_attempt = record.attempts
     assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (status, "retry", "won")
     assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
