@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from datetime import timezone
 
-__all__ = ["RETRY_AFTER_CAP", "http_date", "parse_retry_after"]
+__all__ = ["RETRY_AFTER_CAP", "answer_time", "http_date", "parse_retry_after"]
 
 RETRY_AFTER_CAP: float = 300.0
 """Largest delay, in seconds, :func:`parse_retry_after` will ever return.
@@ -60,6 +60,14 @@ def http_date(value: str) -> float | None:
         return None
 
 
+def answer_time(headers: Mapping[str, str]) -> float:
+    """The answer's own time, its ``Date`` (the clock the server's dates are on, whatever this host's clock says),
+    else the local wall clock."""
+    date = _get(headers, "date")
+    when = None if date is None else http_date(date)
+    return time.time() if when is None else when
+
+
 def _http_date(value: str, now: float) -> float | None:
     """Seconds from ``now`` until an HTTP-date (0.0 if past, capped), or None if not a date."""
     when = http_date(value)
@@ -77,17 +85,16 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
 
     1. ``retry-after-ms``: milliseconds, fractional allowed (OpenAI/Azure extension);
     2. ``Retry-After`` as seconds, fractional allowed;
-    3. ``Retry-After`` as an HTTP-date, relative to ``now`` (wall-clock epoch seconds, default
-       ``time.time()``); a date in the past yields ``0.0``.
+    3. ``Retry-After`` as an HTTP-date, relative to ``now`` (wall-clock epoch seconds; by default the
+       answer's own ``Date``, so that a host whose clock is off by minutes waits what the server asked,
+       else ``time.time()``: `answer_time`); a date in the past yields ``0.0``.
 
     Results are clamped to ``[0, RETRY_AFTER_CAP]`` (see :data:`RETRY_AFTER_CAP` for why). A number
     too large for a float (``"1e999"``) is read as an excessive delay and clamped, not ignored.
     ``None`` means "no usable hint: use your own backoff". Duplicated headers that a client joined
     with commas (``"5, 6"``) are not a valid form and are ignored.
     """
-    if now is None:
-        now = time.time()
-    elif not math.isfinite(now):
+    if now is not None and not math.isfinite(now):
         raise ValueError(f"now must be finite wall-clock epoch seconds, got {now!r}")
 
     ms = _get(headers, "retry-after-ms")
@@ -102,4 +109,4 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     numeric, seconds = _number(value, 1.0)
     if numeric:  # a number, valid or not, is never an HTTP-date
         return seconds
-    return _http_date(value, now)
+    return _http_date(value, answer_time(headers) if now is None else now)

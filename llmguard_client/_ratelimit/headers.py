@@ -32,11 +32,10 @@ from __future__ import annotations
 import calendar
 import math
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llmguard_client._http.retry_after import http_date
+from llmguard_client._http.retry_after import answer_time
 
 __all__ = ["RateLimitHint", "parse_duration", "parse_rate_limits", "remaining_room", "room_left"]
 
@@ -168,13 +167,6 @@ def _reset(text: str, now_wall: float) -> float | None:
     return max(waits, default=None)
 
 
-def _now_wall(found: Mapping[str, str]) -> float:
-    """The answer's own time (its ``Date``: the clock its reset timestamps are on), else the local clock."""
-    date = found.get("date")
-    when = None if date is None else http_date(date)
-    return time.time() if when is None else when
-
-
 def _ietf_items(text: str) -> list[tuple[str, str]]:
     """``(r, t)`` of each readable item of an IETF ``RateLimit`` field (a list of ``"name";r=..;t=..``)."""
     items: list[tuple[str, str]] = []
@@ -244,7 +236,7 @@ def parse_rate_limits(headers: Mapping[str, str]) -> RateLimitHint | None:
         if limit.left > 0:
             continue
         if limit.reset is not None and now_wall is None:
-            now_wall = _now_wall(found)
+            now_wall = answer_time(found)
         reset = None if limit.reset is None or now_wall is None else _reset(limit.reset, now_wall)
         waits.append(1.0 if reset is None else reset)
     return RateLimitHint(no_room_for=min(MAX_RESET, max(waits, default=0.0)))

@@ -173,6 +173,20 @@ def test_default_now_is_wall_clock() -> None:
     assert result is not None and 115.0 <= result <= 120.0
 
 
+@pytest.mark.parametrize("skew", [-600.0, 600.0], ids=["server-clock-behind", "server-clock-ahead"])
+def test_a_date_is_read_on_the_answers_own_clock(skew: float) -> None:
+    """A host whose clock is off by minutes waits what the server asked: the date is relative to the answer's
+    ``Date``. Before: a server clock 10 minutes behind gave 0 s (retry at once), 10 minutes ahead the 300 s cap."""
+    server_now = time.time() + skew
+    headers = {"retry-after": _date(server_now + 30), "date": _date(server_now)}
+    assert parse_retry_after(headers) == 30.0
+
+
+def test_an_unreadable_date_header_falls_back_to_the_local_clock() -> None:
+    result = parse_retry_after({"retry-after": _date(time.time() + 120), "date": "yesterday"})
+    assert result is not None and 115.0 <= result <= 120.0
+
+
 def test_dict_names_are_case_insensitive() -> None:
     assert parse_retry_after({"Retry-After": "5"}, now=NOW) == 5.0
     assert parse_retry_after({"RETRY-AFTER": "5"}, now=NOW) == 5.0
