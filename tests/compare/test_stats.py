@@ -8,7 +8,14 @@ import statistics
 import pytest
 
 from llmguard_client._routing.quantile import percentile
-from llmguard_tools.compare.stats import binomial, bootstrap_difference, mean_sampler, quantile_sampler
+from llmguard_tools.compare.stats import (
+    TAIL_CALLS,
+    binomial,
+    bootstrap_difference,
+    calls_for_quantile,
+    mean_sampler,
+    quantile_sampler,
+)
 
 
 @pytest.mark.parametrize(("n", "p"), [(10, 0.3), (1000, 0.03), (100_000, 0.97), (7, 0.0), (7, 1.0)])
@@ -68,3 +75,8 @@ def test_bootstrap_difference_is_seeded_and_ordered() -> None:
     first = bootstrap_difference(g, c, 0.15, resamples=2000, confidence=0.95, rng=random.Random(1))
     again = bootstrap_difference(g, c, 0.15, resamples=2000, confidence=0.95, rng=random.Random(1))
     assert first == again and first.low < 0.15 < first.high and first.above_zero and not first.below_zero
+
+
+@pytest.mark.parametrize(("q", "calls"), [(0.5, 20), (0.95, 200), (0.99, 1000), (0.999, 10000)])
+def test_a_quantile_needs_ten_calls_beyond_it(q: float, calls: int) -> None:
+    assert TAIL_CALLS == 10 and calls_for_quantile(q) == calls

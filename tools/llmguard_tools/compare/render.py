@@ -12,6 +12,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from llmguard_tools.compare.stats import TAIL_CALLS
 from llmguard_tools.compare.summary import UNITS, Difference, Group
 from llmguard_tools.compare.verdict import Thresholds, Verdict
 from llmguard_tools.tables import text_tables
@@ -63,7 +64,8 @@ class Report:
                     "difference": None if d.interval is None else d.interval.estimate,
                     "ci_low": None if d.interval is None else d.interval.low,
                     "ci_high": None if d.interval is None else d.interval.high,
-                    "significant": d.interval is not None and (d.interval.low > 0 or d.interval.high < 0),
+                    "significant": d.significant is not None,
+                    "needs_calls": d.needs,
                 }
                 for d in self.diffs
             ],
@@ -144,15 +146,19 @@ def render_text(report: Report, width: int | None = None) -> str:
     rows = [["scope", "metric", "guarded", "control", "difference", "CI", "significant"]]
     for d in report.diffs:
         ci = "-" if d.interval is None else f"[{_delta(d.unit, d.interval.low)}, {_delta(d.unit, d.interval.high)}]"
-        significant = ""
-        if d.interval is not None and (d.interval.low > 0 or d.interval.high < 0):
-            significant = "higher" if d.interval.low > 0 else "lower"
+        significant = d.significant or (f"needs {d.needs}" if d.needs is not None else "")
         estimate = None if d.interval is None else d.interval.estimate
         row = [d.scope, d.label, _value(d.unit, d.guarded), _value(d.unit, d.control), _delta(d.unit, estimate)]
         rows.append([*row, ci, significant])
     if len(rows) == 1:
         rows.append(["-", "(needs calls in both cohorts)", "", "", "", "", ""])
     lines += text_tables(rows, 2, width)
+    if any(d.needs is not None and d.significant is None for d in report.diffs):
+        lines += _wrap(
+            f"needs N: a quantile's interval shows a gain only once each cohort has N calls for it "
+            f"({TAIL_CALLS} beyond the quantile); until then it counts only when higher.",
+            width,
+        )
     lines += ["", *_wrap(report.verdict.line(), width)]
     return "\n".join(lines) + "\n"
 

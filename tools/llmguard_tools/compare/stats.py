@@ -12,6 +12,11 @@ each resample's statistic is drawn directly from its exact bootstrap distributio
 
 Both produce the same distribution as resampling and recomputing, so a run over a million
 records costs the same few milliseconds per statistic as one over a hundred.
+
+The percentile bootstrap of a quantile is only as good as the values beyond it: with few of them a
+p99 is the bootstrap of a sample maximum, known to be invalid (its interval is narrow and lopsided,
+and excludes 0 between two samples of one distribution far more often than promised).
+`calls_for_quantile` is the one rule for when a quantile's interval may be trusted.
 """
 
 from __future__ import annotations
@@ -24,10 +29,26 @@ from dataclasses import dataclass
 
 from llmguard_tools.bench.quantile import percentile
 
-__all__ = ["Interval", "binomial", "bootstrap_difference", "mean_sampler", "quantile_sampler"]
+__all__ = [
+    "TAIL_CALLS",
+    "Interval",
+    "binomial",
+    "bootstrap_difference",
+    "calls_for_quantile",
+    "mean_sampler",
+    "quantile_sampler",
+]
 
 Sampler = Callable[[random.Random], float]
 """Draws one bootstrap resample's statistic."""
+
+TAIL_CALLS = 10
+"""Values beyond a quantile that each sample needs before that quantile's interval is trusted."""
+
+
+def calls_for_quantile(q: float) -> int:
+    """The fewest values with `TAIL_CALLS` beyond the ``q``-quantile: 10 / (1 - q), e.g. 1000 for a p99."""
+    return math.ceil(round(TAIL_CALLS / (1.0 - q), 6))  # rounded first: 10 / (1 - 0.99) is 1000.0000000000009
 
 
 def binomial(n: int, p: float, rng: random.Random) -> int:

@@ -12,6 +12,9 @@ Definitions (over the calls of one cohort in one tier, or in all tiers):
 - goodput (only with a TTFT SLO, `goodput`): calls that succeeded with TTFT <= the SLO / calls. Success alone
   counts a control call answered after 3 s as a success while a guarded call cut at a 1 s ttft deadline is a
   timeout; goodput scores both against the same SLO.
+
+A quantile's difference is significantly lower (a gain: every quantile here is a latency) only when each cohort
+has `calls_for_quantile` values for it; significantly higher (a regression) counts with any number.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from typing import Literal
 
 from llmguard_tools.bench.quantile import percentile
 from llmguard_tools.compare.load import Call
-from llmguard_tools.compare.stats import Interval, bootstrap_difference, mean_sampler, quantile_sampler
+from llmguard_tools.compare.stats import (
+    Interval,
+    bootstrap_difference,
+    calls_for_quantile,
+    mean_sampler,
+    quantile_sampler,
+)
 
 ALL_TIERS = "(all tiers)"
 
@@ -99,6 +108,31 @@ class Difference:
     control: float | None
     interval: Interval | None
     """None when a cohort has fewer than 2 values for it."""
+    q: float | None = None
+    """The metric's quantile; None: a mean."""
+    values: tuple[int, int] = (0, 0)
+    """How many values the guarded and the control figure were taken of."""
+
+    @property
+    def needs(self) -> int | None:
+        """The values each cohort needs before this quantile's interval may show a gain; None once each has
+        them, and for a mean."""
+        if self.q is None:
+            return None
+        need = calls_for_quantile(self.q)
+        return need if min(self.values) < need else None
+
+    @property
+    def significant(self) -> Literal["higher", "lower"] | None:
+        """The side of 0 the interval lies on, if it excludes 0 and may be read that way: a quantile that
+        `needs` more values is never lower (a gain), only higher (a regression, the side that costs a hold)."""
+        if self.interval is None:
+            return None
+        if self.interval.above_zero:
+            return "higher"
+        if self.interval.below_zero and self.needs is None:
+            return "lower"
+        return None
 
 
 def scopes(calls: Sequence[Call]) -> list[str]:
@@ -161,5 +195,17 @@ def differences(
                 interval = bootstrap_difference(
                     g_draw, c_draw, g_point - c_point, resamples=resamples, confidence=confidence, rng=rng
                 )
-            out.append(Difference(scope, metric.name, metric.label, metric.unit, g_point, c_point, interval))
+            out.append(
+                Difference(
+                    scope,
+                    metric.name,
+                    metric.label,
+                    metric.unit,
+                    g_point,
+                    c_point,
+                    interval,
+                    metric.q,
+                    (len(g_values), len(c_values)),
+                )
+            )
     return out

@@ -10,8 +10,11 @@ Only scopes (a tier, or all tiers) where each cohort has at least ``min_calls`` 
   success rate significantly higher;
 - **hold** otherwise, including when there are not enough calls yet.
 
-"Significantly" means the bootstrap interval of guarded - control excludes 0. Several metrics
-and tiers are tested at once, so an occasional false alarm is expected: it costs a hold.
+"Significantly" means the bootstrap interval of guarded - control excludes 0, read through
+`Difference.significant`: a quantile counts as lower (a gain) only once each cohort has the values
+its interval needs (`calls_for_quantile`: 1000 for a p99), and as higher (a regression) always.
+Several metrics and tiers are tested at once, so an occasional false alarm is expected: it costs a
+hold, never a widen.
 """
 
 from __future__ import annotations
@@ -62,12 +65,19 @@ class Verdict:
         return f"verdict: {self.decision.upper()} - {'; '.join(self.reasons)}"
 
 
-def describe(diff: Difference, overall: str = ALL_TIERS) -> str:
-    """``TTFT p99 -1.912 s (CI -1.987..-1.801)``-style text; the tier is named unless it is ``overall``."""
+def describe(diff: Difference, overall: str = ALL_TIERS, *, needs: bool = False) -> str:
+    """``TTFT p99 -1.912 s (CI -1.987..-1.801)``-style text; the tier is named unless it is ``overall``. With
+    ``needs``, a quantile short of the values its interval needs for a gain says how many."""
     scale, unit, digits = (100.0, " pp", 2) if diff.unit == "ratio" else (1.0, " s" if diff.unit == "s" else "", 3)
     text = f"{diff.label} {_signed(diff.interval.estimate if diff.interval else None, scale, digits)}{unit}"
     if diff.interval is not None:
-        text += f" (CI {_signed(diff.interval.low, scale, digits)}..{_signed(diff.interval.high, scale, digits)})"
+        text += f" (CI {_signed(diff.interval.low, scale, digits)}..{_signed(diff.interval.high, scale, digits)}"
+        if needs and diff.needs is not None:
+            guarded, control = diff.values
+            text += (
+                f"; not a gain until each cohort has {diff.needs} calls for it: guarded {guarded}, control {control}"
+            )
+        text += ")"
     if diff.scope != overall:
         text += f" in tier {diff.scope}"
     return text
@@ -124,11 +134,9 @@ def decide(groups: Sequence[Group], diffs: Sequence[Difference], thresholds: Thr
     )
     if gains:
         return Verdict("widen", [*gains, "no significant regression", *spent])
-    watched = [describe(d, overall) for metric, _ in _GAINS if (d := found.get((overall, metric)))]
+    watched = [describe(d, overall, needs=True) for metric, _ in _GAINS if (d := found.get((overall, metric)))]
     return Verdict("hold", ["no significant gain yet: " + ", ".join(watched)])
 
 
 def _beyond(diff: Difference, side: str) -> bool:
-    if diff.interval is None:
-        return False
-    return diff.interval.below_zero if side == "below" else diff.interval.above_zero
+    return diff.significant == ("lower" if side == "below" else "higher")
