@@ -49,7 +49,7 @@ def test_bench_rollout_writes_records_that_compare_reads(
 
     assert cli.main(["compare", str(records), "--min-calls", "5"]) == 0
     report = capsys.readouterr().out
-    assert "40 records (0 other lines skipped); rollout fraction(s) seen: 0.5" in " ".join(report.split())
+    assert "40 records (0 other lines skipped); rollout fraction compared: 0.5" in " ".join(report.split())
     assert report.split("\n\n")[-1].startswith("verdict: ")  # the last paragraph (it wraps to the width)
 
 

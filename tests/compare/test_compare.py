@@ -321,7 +321,7 @@ def test_cli_text_report_and_verdict(tmp_path: Path, capsys: pytest.CaptureFixtu
     write_calls(path)
     assert cli.main(["compare", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "2800 records (0 other lines skipped); rollout fraction(s) seen: 0.1" in " ".join(out.split())
+    assert "2800 records (0 other lines skipped); rollout fraction compared: 0.1" in " ".join(out.split())
     assert "interactive  guarded   1000" in out and "interactive  control   1800" in out
     assert out.split("\n\n")[-1].startswith("verdict: WIDEN - TTFT p99 -")  # the last paragraph
 

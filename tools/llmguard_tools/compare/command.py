@@ -10,6 +10,7 @@ from typing import IO, Any
 
 from llmguard_tools.compare.load import Records, read_path
 from llmguard_tools.compare.render import Report, render_text
+from llmguard_tools.compare.strata import Stratum, choose, strata
 from llmguard_tools.compare.summary import METRICS, differences, goodput, summarize
 from llmguard_tools.compare.verdict import Thresholds, decide
 
@@ -28,6 +29,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _rollout_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``compare`` on the CLI's subparsers."""
     c: argparse.ArgumentParser = sub.add_parser(
@@ -35,11 +46,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="a rollout's guarded vs control cohorts: widen, hold, roll back",
         description="Per cohort and tier: calls, success, timeouts, 429s, TTFT p50/p95/p99, e2e p99, attempts "
         "and server load per call; guarded - control with bootstrap CIs; a verdict: widen, hold or roll back "
-        "(docs/rollout.md).",
+        "(docs/rollout.md). Only the calls of one rollout fraction are compared, never those of the guard off "
+        "(fraction 0).",
     )
     c.add_argument("records", metavar="RECORDS", help="JSON lines of phase records (RecordLogger), or '-' for stdin")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of text")
     c.add_argument("--tier", action="append", metavar="NAME", help="only these tiers (repeatable)")
+    c.add_argument(
+        "--fraction",
+        type=_rollout_fraction,
+        metavar="F",
+        help="compare the calls of rollout fraction F (default: the newest fraction above 0 with calls in both "
+        "cohorts)",
+    )
     c.add_argument(
         "--ttft-slo",
         type=float,
@@ -118,13 +137,18 @@ def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | N
         calls = [c for c in calls if c.tier in args.tier]
     if not calls:
         raise InputError(no_records(args.records, records))
+    found = strata(calls)
+    chosen = _chosen(found, args.fraction, "stdin" if args.records == "-" else args.records)
+    compared = chosen.calls
     metrics = [*METRICS, goodput(args.ttft_slo)] if args.ttft_slo is not None else list(METRICS)
-    groups = summarize(calls, metrics)
-    diffs = differences(calls, metrics, resamples=args.resamples, confidence=args.confidence, seed=args.seed)
+    groups = summarize(compared, metrics)
+    diffs = differences(compared, metrics, resamples=args.resamples, confidence=args.confidence, seed=args.seed)
     report = Report(
         source="stdin" if args.records == "-" else args.records,
         records=len(calls),
         skipped=records.skipped,
+        compared=chosen,
+        not_compared=[s for s in found if s is not chosen],
         groups=groups,
         diffs=diffs,
         verdict=decide(groups, diffs, thresholds),
@@ -138,3 +162,17 @@ def run(args: argparse.Namespace, out: IO[str] | None = None, stdin: IO[str] | N
     else:
         out.write(render_text(report))
     return 0
+
+
+def _chosen(found: list[Stratum], fraction: float | None, source: str) -> Stratum:
+    """The calls to compare (`choose`), or an InputError saying why there are none."""
+    chosen = choose(found, fraction)
+    if chosen is not None:
+        return chosen
+    seen = ", ".join(f"{s.name()} with {len(s.calls)} calls" for s in found)
+    if fraction is not None:
+        raise InputError(f"--fraction {fraction:g}: no calls of that rollout fraction (fractions: {seen})")
+    raise InputError(
+        f"nothing to compare in {source}: every call was made with the guard off (rollout fraction 0, the kill "
+        f"switch: control only; {seen})"
+    )

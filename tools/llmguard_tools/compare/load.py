@@ -32,6 +32,8 @@ class Call:
     """Attempts that reached a server (their request was written, or an answer came back)."""
     fraction: float | None
     start: float | None = None
+    start_unix: float | None = None
+    """The wall-clock start (`PhaseRecord.start_unix`): which records are the newest."""
     sdk_call: str | None = None
     """The SDK call the record's request belongs to (`PhaseRecord.sdk_call`), if an SDK sent it."""
     sdk_retry: int = 0
@@ -167,6 +169,7 @@ def _call(obj: dict[str, Any]) -> Call | None:
         sent=reached,
         fraction=_number(obj.get("rollout_fraction")),
         start=_number(obj.get("start")),
+        start_unix=_number(obj.get("start_unix")),
         sdk_call=obj.get("sdk_call") if isinstance(obj.get("sdk_call"), str) else None,
         sdk_retry=retry if isinstance(retry := obj.get("sdk_retry"), int) and not isinstance(retry, bool) else 0,
     )

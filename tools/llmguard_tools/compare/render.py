@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmguard_tools.compare.stats import TAIL_CALLS
+from llmguard_tools.compare.strata import Stratum
 from llmguard_tools.compare.summary import UNITS, Difference, Group
 from llmguard_tools.compare.verdict import Thresholds, Verdict
 from llmguard_tools.tables import text_tables
@@ -23,6 +24,9 @@ class Report:
     source: str
     records: int
     skipped: int
+    compared: Stratum
+    """The calls of the one rollout fraction compared."""
+    not_compared: list[Stratum]
     groups: list[Group]
     diffs: list[Difference]
     verdict: Verdict
@@ -36,6 +40,8 @@ class Report:
             "source": self.source,
             "records": self.records,
             "skipped_lines": self.skipped,
+            "rollout_fraction": self.compared.fraction,
+            "not_compared": [{"rollout_fraction": s.fraction, "calls": len(s.calls)} for s in self.not_compared],
             "bootstrap": {"resamples": self.resamples, "confidence": self.confidence, "seed": self.seed},
             "thresholds": {
                 "max_attempts": self.thresholds.max_attempts,
@@ -96,12 +102,14 @@ def _wrap(text: str, width: int) -> list[str]:
 def render_text(report: Report, width: int | None = None) -> str:
     """The report as text no wider than ``width`` (default: the terminal's, see the module docstring)."""
     width = max(40, width or shutil.get_terminal_size((80, 24)).columns)
-    fractions = sorted({f for g in report.groups for f in g.fractions})
-    seen = ", ".join(f"{f:g}" for f in fractions) if fractions else "not recorded"
+    compared = report.compared.name() + (" (records without one)" if report.compared.fraction is None else "")
+    if report.not_compared:
+        others = ", ".join(f"{s.name()} with {len(s.calls)} calls" for s in report.not_compared)
+        compared += f" (not compared: {others})"
     lines = [
         *_wrap(
             f"llmguard compare {report.source}: {report.records} records ({report.skipped} other lines "
-            f"skipped); rollout fraction(s) seen: {seen}",
+            f"skipped); rollout fraction compared: {compared}",
             width,
         ),
         "",
