@@ -1,10 +1,15 @@
 """The hard cool-down rule: which replicas may take a call's first attempt while some are cooling.
 
 A replica cooling after a Retry-After (or an overload answer) gets no new first attempts while another
-replica is ready, except one probe per cool-down, sent once `PROBE_AT` of it has passed by the process
-that learned it (a cool-down mirrored from another process carries none: its own process probes). A probe
-that wins ends the cool-down, and so does one answered with anything but another overload (a 500, a reset:
-the server no longer asks for rest, and the circuit judges the rest; `llmguard_client._routing.replicas`).
+replica is ready, except its probes, one at a time, sent by the process that learned the cool-down (one mirrored
+from another process carries none: its own process probes). The first goes `FIRST_PROBE` seconds into the
+cool-down (or once `PROBE_AT` of it has passed, if that is sooner); each probe refused again (another overload
+answer, which renews the cool-down) doubles the wait for the next, never beyond `PROBE_AT` of the cool-down as it
+stands (`cool`). An outage shorter than the Retry-After is found over within seconds, and a server that means
+its Retry-After sees a few probes of it (about log2 of half of it in seconds: 6 for 120 s). A probe that wins
+ends the cool-down, and so does one answered with anything but another overload (a 500, a reset: the server no
+longer asks for rest, and the circuit judges the rest; `llmguard_client._routing.replicas`); the next cool-down
+starts over at `FIRST_PROBE`.
 
 When several candidates are all cooling the rule steps aside and the router chooses among them all by load
 and health, as it does without cool-downs: that is overload of every replica, where their Retry-Afters are
@@ -28,17 +33,22 @@ import math
 from typing import Protocol, TypeVar
 
 __all__ = [
+    "FIRST_PROBE",
     "PROBE_AT",
     "Cooling",
+    "cool",
     "first_attempt_candidates",
     "first_wait",
     "give_back_probe",
-    "probe_after",
     "take_probe",
 ]
 
 PROBE_AT = 0.5
-"""The share of a cool-down after which its one probe may go."""
+"""The share of a cool-down (as it stands) after which its next probe goes at the latest."""
+
+FIRST_PROBE = 1.0
+"""Seconds from the start of a cool-down to its first probe (at most `PROBE_AT` of it); each probe refused again
+waits twice as long as the last did before the next."""
 
 
 class Cooling(Protocol):
@@ -48,6 +58,7 @@ class Cooling(Protocol):
     probe_at: float
     probing: bool
     probes: int
+    probes_refused: int
 
     def cooling(self, now: float) -> bool: ...
 
@@ -55,14 +66,28 @@ class Cooling(Protocol):
 C = TypeVar("C", bound=Cooling)
 
 
-def probe_after(now: float, seconds: float) -> float:
-    """When the probe of a cool-down of ``seconds`` learned at ``now`` may go."""
-    return now + PROBE_AT * seconds
+def cool(s: Cooling, now: float, seconds: float) -> bool:
+    """An overload answer from ``s`` at ``now`` asked for ``seconds`` of rest: a cool-down starts, or is renewed when
+    it ends later than the one in force, its next probe due in `FIRST_PROBE` s doubled for each probe of this
+    cool-down refused so far (at most `PROBE_AT` of what is left of it). If this was the answer of the probe in
+    flight, that probe was refused: it counts, and the next one is due even when the cool-down is not renewed (a
+    shorter Retry-After than is left). Returns whether the cool-down changed."""
+    refused = s.probing
+    if now + seconds <= s.cooling_until and not refused:
+        return False
+    if not (s.cooling(now) and (refused or s.probe_at < math.inf)):
+        s.probes_refused = 0  # a new cool-down here (none in force, or one mirrored, probed elsewhere): start over
+    elif refused:
+        s.probes_refused += 1
+    s.cooling_until = max(s.cooling_until, now + seconds)
+    s.probe_at = now + min(PROBE_AT * (s.cooling_until - now), FIRST_PROBE * 2.0**s.probes_refused)
+    s.probing = False
+    return True
 
 
 def take_probe(s: Cooling, now: float) -> int | None:
-    """Make the attempt sent to ``s`` at ``now`` its cool-down's one probe, if that probe is due then: its answer
-    ends the cool-down or renews it. Returns the probe's number (for `give_back_probe`), or None."""
+    """Make the attempt sent to ``s`` at ``now`` its cool-down's probe, if one is due then: its answer ends the
+    cool-down or renews it (`cool`). Returns the probe's number (for `give_back_probe`), or None."""
     if not (s.cooling(now) and s.probe_at <= now):
         return None
     s.probe_at, s.probing = math.inf, True

@@ -25,9 +25,9 @@ import httpx
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     first_attempt_candidates,
+    cool,
     first_wait,
     give_back_probe,
-    probe_after,
     take_probe,
 )
 from llmguard_client._routing.reach import relative, same_origin
@@ -59,11 +59,13 @@ class ReplicaState:
     cooling_until: float = 0.0
     """Monotonic time before which a retry must not go here (from the server's Retry-After)."""
     probe_at: float = math.inf
-    """When this cool-down's one probe may take a first attempt (inf: none from this process)."""
+    """When this cool-down's next probe may take a first attempt (inf: none from this process)."""
     probing: bool = False
     """The probe was sent: its win ends the cool-down."""
     probes: int = 0
     """How many probes this process sent here: the last one's number names the probe in flight."""
+    probes_refused: int = 0
+    """How many probes of this cool-down were refused again (each doubles the wait for the next)."""
     asked_beyond: tuple[float, float] = (0.0, 0.0)
     """For a cool-down cut short of a longer Retry-After than the guard waits: (the ``cooling_until`` it set,
     when the server's Retry-After ends); it no longer applies once ``cooling_until`` changes."""
@@ -345,13 +347,15 @@ class ReplicaSet:
     # --- learning -------------------------------------------------------------------------
 
     def cool_down(self, state: ReplicaState, now: float, seconds: float, asked: float | None = None) -> None:
-        """The server asked for ``seconds`` of rest: no first attempts but one probe until then. ``asked``: its
-        own Retry-After, when it was longer than ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`)."""
-        if now + seconds > state.cooling_until:
-            state.cooling_until = now + seconds
-            state.probe_at, state.probing = probe_after(now, seconds), False
+        """The server asked for ``seconds`` of rest: no first attempts but probes until then (at growing intervals:
+        `llmguard_client._routing.cooldown.cool`). ``asked``: its own Retry-After, when it was longer than
+        ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`)."""
+        until = state.cooling_until
+        if not cool(state, now, seconds):
+            return
+        self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
+        if state.cooling_until != until:
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
-            self.cooling_changed.notify()
             if self.shared is not None:
                 self.shared.cooled(state, seconds)
 

@@ -251,7 +251,7 @@ def test_a_429_reporting_room_left_refuses_that_request_only_and_cools_nothing(
     rate-limit headers report room left in every limit: the request was refused for its own size, not the
     endpoint for everyone, so another call started meanwhile is sent at once and served, and only the big call's
     retry waits out the Retry-After. A 429 reporting no room left, or no headers, cools the endpoint as before:
-    the other call waits for the cool-down's probe (halfway)."""
+    the other call waits for the cool-down's first probe (a second in)."""
     refused = Plan(status=429, retry_after="5", headers_after=0.01, headers=ROOM_LEFT[headers])
     fakes = {"http://a.test": FakeReplica("a", [refused, Plan()])}
     records: list[PhaseRecord] = []
@@ -279,7 +279,7 @@ def test_a_429_reporting_room_left_refuses_that_request_only_and_cools_nothing(
     if headers in ("openai", "anthropic"):
         assert sent.start == pytest.approx(small.start, abs=1e-6)  # at once: nothing cooled
     else:
-        assert sent.start == pytest.approx(first.finish + 2.5, abs=1e-6)  # the cool-down's probe
+        assert sent.start == pytest.approx(first.finish + 1.0, abs=1e-6)  # the cool-down's first probe
 
 
 @BACKENDS

@@ -1,9 +1,11 @@
-"""A server's Retry-After, weighed: capped, per replica, with one probe per cool-down; a 429 carrying provider
+"""A server's Retry-After, weighed: capped, per replica, probed at growing intervals; a 429 carrying provider
 limits feeds the rate limit too, and without a Retry-After only it. The real openai SDK against a real loopback
 server for the single-replica case; the exact instants in virtual time on asyncio and trio."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -60,7 +62,7 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
         assert len(server.received) == 1  # refused before it was sent
         assert guard.snapshot().replicas[0].cooling_for <= 5.0
 
-        await anyio.sleep(2.6)  # past the probe (half the cool-down): this call finds the server again
+        await anyio.sleep(2.6)  # past the first probe (a second in): this call finds the server again
         done = await client.chat.completions.create(model="m", messages=MESSAGES)
         assert done.choices[0].message.content
     assert len(server.received) == 3  # the 429, the 500 and the answer: nothing refused after the 500
@@ -69,25 +71,25 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
 
 
 @BACKENDS
-def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_the_probe(backend: str) -> None:
+def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_its_first_probe(backend: str) -> None:
     """One replica, ``Retry-After: 120`` (the default cap, the openai SDK's): a call whose deadline fits waits
-    for the probe at 60 s and succeeds there; one whose deadline does not fit is refused at once, with the
-    cool-down's time left as its retry-after; after a winning probe every call goes at once."""
+    for the cool-down's first probe, a second in, and succeeds there; one whose deadline does not fit is refused
+    at once, with the cool-down's time left as its retry-after; after a winning probe every call goes at once."""
     fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         tiers = {
-            "short": Tier(ttft=5.0, total=60.0),
-            "mid": Tier(ttft=100.0, total=120.0),  # 60 s of it would fit, but no TTFT is known: at most half
-            "long": Tier(ttft=130.0, total=200.0),
+            "short": Tier(ttft=0.8, total=60.0),
+            "mid": Tier(ttft=1.8, total=60.0),  # 1 s of it would fit, but no TTFT is known: at most half
+            "long": Tier(ttft=5.0, total=60.0),
         }
         guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
         async with guard, guard.http_client() as client:
             started = anyio.current_time()
             first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert first.status_code == 429 and first.headers["retry-after"] == "120"  # the server's answer
-            assert fake.requests == 1  # its own retry could not wait for the Retry-After within 5 s
+            assert fake.requests == 1  # its own retry could not wait for the Retry-After within 0.8 s
             assert guard.snapshot().replicas[0].cooling_for == pytest.approx(120.0)
             with pytest.raises(AllReplicasCooling) as refused:
                 await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
@@ -98,7 +100,7 @@ def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_the_prob
             assert fake.requests == 1 and anyio.current_time() == started
             response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "long"})
             assert response.status_code == 200
-            assert anyio.current_time() - started == pytest.approx(60.0, abs=0.01)  # the probe, half of 120 s
+            assert anyio.current_time() - started == pytest.approx(1.0, abs=0.01)  # the first probe
             assert guard.snapshot().replicas[0].cooling_for == 0.0  # the probe won: the cool-down is over
             second = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert second.status_code == 200 and fake.requests == 3
@@ -109,25 +111,25 @@ def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_the_prob
 @BACKENDS
 def test_a_call_waits_for_a_cooling_endpoints_probe_no_longer_than_its_clients_pool_timeout(backend: str) -> None:
     """One replica cooling for a Retry-After of 120 s, the default tier (no first-token deadline): a call whose
-    client allows a request 5 s of waiting before it is sent (``pool=5``) is refused at once, with the cool-down's
-    time left (it waited 60 s for the probe, past its caller's timeout); one whose client sets no pool timeout
-    waits for the probe."""
+    client allows a request 0.5 s of waiting before it is sent (``pool=0.5``) is refused at once, with the
+    cool-down's time left (it waited 1 s for the first probe, past its caller's timeout); one whose client sets no
+    pool timeout waits for the probe."""
     fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         guard = virtual_guard({"http://a.test": fake}, records, tiers=None, hedge=None, failure_mode="raise")
-        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=5.0)) as client:
+        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=0.5)) as client:
             first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-max-attempts": "1"})
             assert first.status_code == 429
             started = anyio.current_time()
             with pytest.raises(AllReplicasCooling) as refused:
                 await client.post("http://a.test" + CHAT, json=BODY)
             assert anyio.current_time() == started and fake.requests == 1  # refused at once, nothing sent
-            assert refused.value.retry_after == pytest.approx(120.0) and "pool timeout (5s)" in str(refused.value)
+            assert refused.value.retry_after == pytest.approx(120.0) and "pool timeout (0.5s)" in str(refused.value)
             unbounded = await client.post("http://a.test" + CHAT, json=BODY, timeout=httpx.Timeout(600.0, pool=None))
             assert unbounded.status_code == 200
-            assert anyio.current_time() - started == pytest.approx(60.0, abs=0.01)  # the probe, half of 120 s
+            assert anyio.current_time() - started == pytest.approx(1.0, abs=0.01)  # the first probe
 
     run_virtual(main, backend)
 
@@ -359,13 +361,13 @@ def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(ser
 
 @BACKENDS
 @pytest.mark.parametrize("status", [429, 503])
-def test_with_one_replica_the_calls_waiting_go_at_the_probe_half_way_and_the_rest_once_it_is_served(
+def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_once_it_is_served(
     backend: str, status: int
 ) -> None:
     """One replica answers a call ``Retry-After: 4``; three calls start 0.2 s later. The first call's retry waits
     for the whole Retry-After (the server paces it) without taking the cool-down's probe: one new call is the
-    probe at 2 s, half-way, and once it is served (its first token at 2.5 s) the cool-down is over and the two
-    others go at once, not at 4 s."""
+    first probe at 1 s, and once it is served (its first token at 1.5 s) the cool-down is over and the two others
+    go at once, not at 4 s."""
     fake = FakeReplica("a", [Plan(status=status, retry_after="4"), Plan(first_token_after=0.5)])
     records: list[PhaseRecord] = []
 
@@ -385,7 +387,7 @@ def test_with_one_replica_the_calls_waiting_go_at_the_probe_half_way_and_the_res
             assert guard.snapshot().replicas[0].cooling_for == 0.0
 
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent == [0.0, 2.0, 2.5, 2.5, 4.0]  # the 429, the probe, the two others, the first call's retry
+        assert sent == [0.0, 1.0, 1.5, 1.5, 4.0]  # the 429, the probe, the two others, the first call's retry
         first = next(r for r in records if len(r.attempts) == 2)
         assert [a.status_code for a in first.attempts] == [status, 200]
 
@@ -394,16 +396,17 @@ def test_with_one_replica_the_calls_waiting_go_at_the_probe_half_way_and_the_res
 
 @BACKENDS
 def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_others_then(backend: str) -> None:
-    """The probe at 2 s is answered ``Retry-After: 4`` again at 2.5 s: the cool-down now ends at 6.5 s with its
-    probe at 4.5 s. Of the calls waiting since 2.2 s, one whose deadline does not fit the wait for that probe is
-    refused then, before it is sent; one whose deadline fits keeps waiting and is that probe."""
+    """A ``Retry-After: 2``; its probe at 1 s is answered ``Retry-After: 8`` at 1.5 s: the cool-down now ends at
+    9.5 s, its next probe 2 s later, at 3.5 s. Of the calls waiting since 1.2 s (for the end at 2 s), one whose
+    deadline does not fit the wait for that probe is refused then, before it is sent; one whose deadline fits keeps
+    waiting and is that probe."""
     fake = FakeReplica(
-        "a", [Plan(status=429, retry_after="4"), Plan(status=429, retry_after="4", headers_after=0.5), Plan()]
+        "a", [Plan(status=429, retry_after="2"), Plan(status=429, retry_after="8", headers_after=0.5), Plan()]
     )
     records: list[PhaseRecord] = []
 
     async def main() -> None:
-        tiers = {"long": Tier(ttft=600.0, total=900.0), "short": Tier(ttft=4.0, total=60.0)}
+        tiers = {"long": Tier(ttft=600.0, total=900.0), "short": Tier(ttft=2.5, total=60.0)}
         guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
         async with guard, guard.http_client() as client:
             refused: list[tuple[float, AllReplicasCooling]] = []
@@ -418,26 +421,26 @@ def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_
 
             start = now()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)  # the 429 at 0 s; its retry at 4 s, when its Retry-After ends
+                tg.start_soon(call)  # the 429 at 0 s; its retry at 2 s, when its Retry-After ends
                 await anyio.sleep(0.2)
-                tg.start_soon(call)  # the probe at 2 s, refused at 2.5 s; its retry at 6.5 s
-                await anyio.sleep(2.0)
-                tg.start_soon(call, "short")  # fits a wait to 4 s (its deadline is 6.2 s), not one to 4.5 s
+                tg.start_soon(call)  # the probe at 1 s, refused at 1.5 s; its retry at 9.5 s
+                await anyio.sleep(1.0)
+                tg.start_soon(call, "short")  # fits a wait to 2 s (its deadline is 3.7 s), not one to 3.5 s
                 tg.start_soon(call)
             assert fake.requests == 5
 
-        assert [(at, error.retry_after) for at, error in refused] == [(pytest.approx(2.5), pytest.approx(4.0))]
+        assert [(at, error.retry_after) for at, error in refused] == [(pytest.approx(1.5), pytest.approx(8.0))]
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent == [0.0, 2.0, 4.0, 4.5, 6.5]
+        assert sent == [0.0, 1.0, 2.0, 3.5, 9.5]
 
     run_virtual(main, backend)
 
 
 @BACKENDS
 def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waiting(backend: str) -> None:
-    """The probe at 2 s hangs before its first token and its caller gives up at 2.5 s. Nothing answered it, so
+    """The probe at 1 s hangs before its first token and its caller gives up at 1.3 s. Nothing answered it, so
     the cool-down still has no word from the server: the probe is due again, and of the two calls waiting since
-    2.1 s one goes as the new probe at once; once that is served (at 3 s) the other goes, not at 4 s."""
+    1.1 s one goes as the new probe at once; once that is served (at 1.8 s) the other goes, not at 4 s."""
     fake = FakeReplica(
         "a", [Plan(status=429, retry_after="4"), Plan(first_token_after=30.0), Plan(first_token_after=0.5), Plan()]
     )
@@ -452,7 +455,7 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
                 assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
 
             async def given_up() -> None:
-                with anyio.move_on_after(2.3):  # it waits for the probe at 2 s, then hangs there
+                with anyio.move_on_after(1.1):  # it waits for the probe at 1 s, then hangs there
                     await call()
 
             start = now()
@@ -460,12 +463,106 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
                 tg.start_soon(call)  # the 429 at 0 s; its retry at 4 s, when its Retry-After ends
                 await anyio.sleep(0.2)
                 tg.start_soon(given_up)
-                await anyio.sleep(1.9)
+                await anyio.sleep(0.9)
                 tg.start_soon(call)
                 tg.start_soon(call)
             assert guard.snapshot().replicas[0].cooling_for == 0.0
 
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent == [0.0, 2.0, 2.5, 3.0, 4.0]  # the 429, the probe given up, the next probe, the other, the retry
+        assert sent == [0.0, 1.0, 1.3, 1.8, 4.0]  # the 429, the probe given up, the next probe, the other, the retry
 
     run_virtual(main, backend)
+
+
+@dataclass
+class DownUntil(FakeReplica):
+    """A replica answering ``status`` with ``Retry-After: 120`` until ``healthy_at`` (virtual time; forever by
+    default), then serving; ``sent`` holds when each request came."""
+
+    status: int = 503
+    healthy_at: float = math.inf
+    sent: list[float] = field(default_factory=list)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(now())
+        if now() < self.healthy_at:
+            self.requests += 1
+            return httpx.Response(self.status, headers={"retry-after": "120"}, json={"error": {"message": "down"}})
+        return await super().handle_async_request(request)
+
+
+ONCE = {"x-llmguard-max-attempts": "1"}
+"""The server's answer handed back as it is (no retry paced by its Retry-After)."""
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_seconds(backend: str, status: int) -> None:
+    """One replica answers ``Retry-After: 120`` for 2 s, then serves. The cool-down's first probe goes a second in
+    (refused), the next 2 s later, at 3 s (served): a call waiting since 2.5 s goes then, and a call of a tier with
+    a 2 s first-token deadline arriving at 3.2 s is served at once, where a probe half-way (at 60 s) had it
+    refused and the other wait a minute. The server saw one request per probe meanwhile."""
+    start = 0.0
+    fake = DownUntil("a", status=status)
+    records: list[PhaseRecord] = []
+    served: dict[str, float] = {}
+
+    async def main() -> None:
+        nonlocal start
+        start = now()
+        fake.healthy_at = start + 2.0
+        tiers = {"default": Tier(ttft=math.inf, total=math.inf, stall=None), "interactive": Tier(ttft=2.0, total=10.0)}
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=None)) as client:
+
+            async def call(name: str, at: float, tier: str = "default") -> None:
+                await anyio.sleep(at - (now() - start))
+                response = await client.post(
+                    "http://a.test" + CHAT, json=BODY, headers={**ONCE, "x-llmguard-tier": tier}
+                )
+                served[name] = now() - start if response.status_code == 200 else -response.status_code
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "first", 0.0)
+                tg.start_soon(call, "waiting", 0.5)  # the first probe, refused
+                tg.start_soon(call, "recovered", 2.5)
+                tg.start_soon(call, "interactive", 3.2, "interactive")
+
+    run_virtual(main, backend)
+    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 3.0, 3.2]
+    assert served == {
+        "first": -status,
+        "waiting": -status,
+        "recovered": pytest.approx(3.0),  # the second probe, served
+        "interactive": pytest.approx(3.2),  # at once
+    }
+
+
+@BACKENDS
+def test_a_server_that_keeps_refusing_sees_probes_at_doubling_intervals_six_in_120_s(backend: str) -> None:
+    """One replica answers every request ``503, Retry-After: 120`` while a call comes every 0.5 s, each waiting
+    for the cool-down's probe: each probe refused renews the cool-down and doubles the wait for the next (1, 2,
+    4, 8, 16, 32 s, then half of the renewed cool-down, 60 s), so over 120 s the server sees the first answer and 6
+    probes (a bound of about log2(60)), where every call would have gone with the SDK's retries."""
+    start = 0.0
+    fake = DownUntil("a")
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        nonlocal start
+        start = now()
+        guard = virtual_guard({"http://a.test": fake}, records, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=None)) as client:
+
+            async def call() -> None:
+                await client.post("http://a.test" + CHAT, json=BODY, headers=ONCE)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                while now() - start < 120.0:
+                    await anyio.sleep(0.5)
+                    tg.start_soon(call)
+                tg.cancel_scope.cancel()
+
+    run_virtual(main, backend)
+    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0]

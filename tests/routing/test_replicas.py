@@ -68,7 +68,7 @@ def test_pick_avoids_cooling_replicas_while_others_are_ready() -> None:
     r0, r1, _ = rs.states
     rs.cool_down(r0, NOW, 10.0)
     rs.cool_down(r1, NOW, 10.0)
-    picks = [rs.pick(NOW + 1) for _ in range(6)]
+    picks = [rs.pick(NOW + 0.5) for _ in range(6)]  # before their first probes
     assert set(names(picks)) == {"r2"}
 
 
@@ -100,16 +100,22 @@ def test_cooling_is_a_wall_while_another_replica_is_ready() -> None:
     assert {rs.pick(NOW + 0.1) is r1 for _ in range(5)} == {True}
 
 
-def test_one_probe_per_cool_down_once_half_of_it_passed() -> None:
+def test_a_cool_down_is_probed_after_a_second_then_twice_as_long_after_each_probe_refused() -> None:
     rs = replica_set(2)
     r0, _ = rs.states
-    rs.cool_down(r0, NOW, 4.0)
-    assert names([rs.pick(NOW + 1.9) for _ in range(3)]) == ["r1", "r1", "r1"]
-    assert names([rs.pick(NOW + 2.0) for _ in range(3)]) == ["r0", "r1", "r1"]  # the probe, then the wall
-    assert r0.probing and r0.cooling(NOW + 2.0)
-    rs.cool_down(r0, NOW + 2.1, 4.0)  # the probe was refused too: a new cool-down, one new probe at its half
-    assert names([rs.pick(NOW + 4.0) for _ in range(2)]) == ["r1", "r1"]
-    assert names([rs.pick(NOW + 4.1) for _ in range(2)]) == ["r0", "r1"]
+    rs.cool_down(r0, NOW, 120.0)
+    assert names([rs.pick(NOW + 0.9) for _ in range(3)]) == ["r1", "r1", "r1"]
+    assert names([rs.pick(NOW + 1.0) for _ in range(3)]) == ["r0", "r1", "r1"]  # the probe, then the wall
+    assert r0.probing and r0.cooling(NOW + 1.0)
+    rs.cool_down(r0, NOW + 1.1, 120.0)  # the probe was refused too: renewed, its next probe 2 s later
+    assert names([rs.pick(NOW + 3.0) for _ in range(2)]) == ["r1", "r1"]
+    assert names([rs.pick(NOW + 3.1) for _ in range(2)]) == ["r0", "r1"]
+    rs.cool_down(r0, NOW + 3.2, 5.0)  # refused with a shorter Retry-After than is left: its next probe 4 s later
+    assert r0.cooling_until == pytest.approx(NOW + 121.1) and r0.probe_at == pytest.approx(NOW + 7.2)
+    assert rs.pick(NOW + 7.2) is r0
+    rs.succeeded(r0, 0.05, NOW + 7.3)  # served: the cool-down is over, and the next one starts over
+    rs.cool_down(r0, NOW + 8.0, 1.0)
+    assert r0.probe_at == pytest.approx(NOW + 8.5)  # at most half of the cool-down in
 
 
 def test_a_probe_that_wins_ends_the_cool_down() -> None:
@@ -135,11 +141,11 @@ def test_pick_skips_open_circuits_and_the_one_replica_left_cooling_waits_for_its
     r0, r1 = rs.states
     r0.open_until = NOW + 20
     rs.cool_down(r1, NOW, 30.0)
-    assert rs.first_wait(NOW) == pytest.approx(15.0)  # nowhere else to go: its probe, half-way through
+    assert rs.first_wait(NOW) == pytest.approx(1.0)  # nowhere else to go: its first probe
     assert rs.pick(NOW) is None
-    assert rs.pick(NOW + 15.0) is r1 and r1.probing
-    assert rs.first_wait(NOW + 15.0) == pytest.approx(15.0)  # one probe per cool-down: then its end
-    assert rs.pick(NOW + 15.0) is None
+    assert rs.pick(NOW + 1.0) is r1 and r1.probing
+    assert rs.first_wait(NOW + 1.0) == pytest.approx(29.0)  # one probe at a time: its answer, or the end
+    assert rs.pick(NOW + 1.0) is None
 
 
 def test_pick_returns_none_when_every_circuit_is_open_without_panic_mode() -> None:
@@ -444,7 +450,7 @@ def test_cooling_wait_with_one_replica_left_is_the_time_to_its_probe() -> None:
     r0, r1 = rs.states
     r0.open_until = NOW + 60
     rs.cool_down(r1, NOW, 4.0)
-    assert rs.cooling_wait(NOW) == pytest.approx(2.0)
+    assert rs.cooling_wait(NOW) == pytest.approx(1.0)  # its first probe
     assert rs.cooling_left(NOW) == pytest.approx(4.0)
 
 
