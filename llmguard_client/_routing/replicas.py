@@ -6,7 +6,8 @@ attempt is the `llmguard_client._routing.router.Router`'s choice, among those th
 allows (not excluded, circuit closed, and for retries and hedges not cooling).
 
 Panic mode (Envoy's panic threshold): while fewer than ``panic_threshold`` of the replicas are healthy
-(circuit closed and not drained as degraded), health stops excluding replicas: one whose circuit is open
+(circuit closed and not drained as degraded; a circuit that opened is closed again only by a call it served, not
+by the end of its cool-down, when it is half-open), health stops excluding replicas: one whose circuit is open
 still takes a first attempt or a retry when no other is left, ranked after every other (degraded ones
 already rank last, `llmguard_client._routing.router`). With one replica, its circuit never stops the guard
 from sending to it. A hedge is never sent to an open circuit. A log line says when panic starts and ends.
@@ -24,8 +25,8 @@ import httpx
 
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
-    first_attempt_candidates,
     cool,
+    first_attempt_candidates,
     first_wait,
     give_back_probe,
     take_probe,
@@ -256,8 +257,9 @@ class ReplicaSet:
 
     def panic(self, now: float) -> bool:
         """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);
-        logs when that starts and ends."""
-        healthy = sum(1 for s in self.states if not s.open(now) and not s.health.drained)
+        logs when that starts and ends. A half-open circuit (its cool-down over, no call served since it opened)
+        is not closed yet: its probe failing again is the same outage, not a new panic."""
+        healthy = sum(1 for s in self.states if not s.open(now) and not s.tripped and not s.health.drained)
         panicking = healthy < self.panic_threshold * len(self.states)
         if panicking != self._panicking:
             self._panicking = panicking

@@ -189,6 +189,28 @@ def test_in_panic_mode_open_circuits_still_take_calls_ranked_last(caplog: pytest
     assert len([m for m in messages if "panic mode over" in m]) == 1
 
 
+def test_one_outage_of_the_only_replica_logs_one_panic_start_and_one_end(caplog: pytest.LogCaptureFixture) -> None:
+    """The only replica's circuit opens, and each time its cool-down ends its probe fails again, until one is
+    served: one outage, so panic mode is logged starting once and ending once, when a call is served (a half-open
+    circuit is not a healthy replica)."""
+    rs = replica_set(1)
+    (r0,) = rs.states
+    caplog.set_level(logging.INFO, logger="llmguard_client")
+    for _ in range(3):
+        rs.failed(r0, NOW, threshold=3, cooldown=5.0)
+    for probe in (5.0, 10.0):
+        assert rs.pick(NOW + probe - 1.0) is r0 and rs.panic(NOW + probe - 1.0)  # open: panic mode
+        assert rs.pick(NOW + probe) is r0  # half-open: its probe, the same outage
+        assert rs.failed(r0, NOW + probe, threshold=3, cooldown=5.0)
+    assert rs.pick(NOW + 15.0) is r0
+    rs.succeeded(r0, ttft=0.1, now=NOW + 15.0)
+    assert rs.pick(NOW + 15.1) is r0 and not rs.panic(NOW + 15.1)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("panic mode:" in m for m in said) == 1
+    assert sum("panic mode over" in m for m in said) == 1
+    assert said[-1] == "llmguard: panic mode over: 1 of 1 replica(s) healthy"
+
+
 def test_a_single_replica_with_an_open_circuit_still_takes_calls() -> None:
     rs = replica_set(1)
     (r0,) = rs.states
