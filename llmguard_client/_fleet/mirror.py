@@ -9,7 +9,7 @@ Retry-After another process was given is that process's to probe. An event names
 without credentials), what happened and for how long; nothing about a user or a prompt is stored.
 
 A cool-down learned from another process carries no probe for this one: the process that learned it
-sends the one probe of that cool-down (`llmguard_client._routing.cooldown`). A mirrored change of a cool-down
+sends the probes of that cool-down (`llmguard_client._routing.cooldown`). A mirrored change of a cool-down
 (one renewed or ended elsewhere) wakes the calls waiting here for it, as a change learned here does.
 """
 
