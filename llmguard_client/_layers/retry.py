@@ -64,6 +64,7 @@ of every attempt; `fits_deadline` the one test of whether another attempt can st
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -230,8 +231,10 @@ class RetryLayer:
     async def _wait_for_first(self, call: Call, avoid: tuple[ReplicaState, ...]) -> Failed | None:
         """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
         cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
-        the call is refused before it is sent. A change of the cool-down (another call's probe served, or
-        refused again) ends the wait early, to decide again."""
+        the call is refused before it is sent. While its probe is in flight, wait for the probe's answer as long
+        as a call sent then can still make its deadline (half the tier's ``ttft`` before it while no TTFT is
+        measured). A change of the cool-down (another call's probe served, or refused again) ends the wait early,
+        to decide again."""
         while True:
             now = call.clock()
             wait = self.replicas.first_wait(now, avoid)
@@ -245,6 +248,14 @@ class RetryLayer:
                     f"sent (its cool-down's probe goes in {wait:.3f}s)"
                 )
                 return _cooling_refusal(call, why, asked, "no_replica")
+            if self.replicas.probe_pending(now, avoid) and math.isfinite(call.first_token_deadline):
+                # Its answer is the next chance (served: the calls waiting go at once; refused: the next probe's
+                # time): wait for it while a call sent when it comes can still make its deadline.
+                latest = call.first_token_deadline - (call.expected_ttft() or call.tier.ttft / 2)
+                slack = min(latest - now, call.pool_wait)
+                if slack > 0.0:
+                    await self.replicas.cooling_changed.wait(slack)
+                    continue
             # With no TTFT measured yet, a wait may take half the time left (as the rate limit's): a wait to the
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2

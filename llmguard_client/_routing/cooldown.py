@@ -40,6 +40,7 @@ __all__ = [
     "first_attempt_candidates",
     "first_wait",
     "give_back_probe",
+    "probe_pending",
     "take_probe",
 ]
 
@@ -130,3 +131,9 @@ def first_wait(candidates: list[C], now: float) -> float:
     if not s.cooling(now) or s.probe_at <= now:
         return 0.0
     return min(s.probe_at, s.cooling_until) - now
+
+
+def probe_pending(candidates: list[C], now: float) -> bool:
+    """Whether the single one of ``candidates`` is cooling with its probe in flight: its answer, not the end of the
+    cool-down, is the next chance of the calls waiting (served, they go; refused, its next probe is due)."""
+    return len(candidates) == 1 and candidates[0].cooling(now) and candidates[0].probing

@@ -29,6 +29,7 @@ from llmguard_client._routing.cooldown import (
     first_attempt_candidates,
     first_wait,
     give_back_probe,
+    probe_pending,
     take_probe,
 )
 from llmguard_client._routing.reach import relative, same_origin
@@ -254,6 +255,11 @@ class ReplicaSet:
         """Seconds before `pick` can offer a first attempt: 0, unless the one replica left is cooling with no
         probe due (`llmguard_client._routing.cooldown.first_wait`)."""
         return first_wait(self._allowed(now, exclude), now)
+
+    def probe_pending(self, now: float, exclude: Iterable[ReplicaState] = ()) -> bool:
+        """Whether the one replica left is cooling with its probe in flight
+        (`llmguard_client._routing.cooldown.probe_pending`)."""
+        return probe_pending(self._allowed(now, exclude), now)
 
     def panic(self, now: float) -> bool:
         """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);

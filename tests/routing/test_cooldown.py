@@ -566,3 +566,39 @@ def test_a_server_that_keeps_refusing_sees_probes_at_doubling_intervals_six_in_1
 
     run_virtual(main, backend)
     assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0]
+
+
+@BACKENDS
+def test_a_call_arriving_while_the_probe_is_in_flight_waits_for_its_answer(backend: str) -> None:
+    """One replica answers ``Retry-After: 120`` until 0.5 s, then serves, its first token 0.3 s after a request.
+    The cool-down's first probe goes at 1 s; a call of a tier with a 2 s first-token deadline arriving at 1.1 s,
+    while that probe is in flight, waits for its answer (1.3 s) and goes then. It used to be refused at once: with
+    the probe taken, its next chance was counted as the cool-down's end, two minutes on."""
+    start = 0.0
+    fake = DownUntil("a", [Plan(first_token_after=0.3)])
+    records: list[PhaseRecord] = []
+    served: dict[str, float] = {}
+
+    async def main() -> None:
+        nonlocal start
+        start = now()
+        fake.healthy_at = start + 0.5
+        tiers = {"default": Tier(ttft=math.inf, total=math.inf, stall=None), "interactive": Tier(ttft=2.0, total=10.0)}
+        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=None)) as client:
+
+            async def call(name: str, at: float, tier: str = "default") -> None:
+                await anyio.sleep(at - (now() - start))
+                response = await client.post(
+                    "http://a.test" + CHAT, json=BODY, headers={**ONCE, "x-llmguard-tier": tier}
+                )
+                served[name] = now() - start if response.status_code == 200 else -response.status_code
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "first", 0.0)
+                tg.start_soon(call, "probe", 0.5)  # waits for the first probe, at 1 s, and is it
+                tg.start_soon(call, "interactive", 1.1, "interactive")
+
+    run_virtual(main, backend)
+    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 1.3]
+    assert served == {"first": -503, "probe": pytest.approx(1.3), "interactive": pytest.approx(1.6)}
