@@ -310,8 +310,8 @@ class RetryPolicy:
     ``backoff_initial`` x 2^(round-1))]); a server's Retry-After replaces it
     for the replica that sent it. A retry happens only before the first token reached
     the caller, only if the shared budget allows (a retry the server paced, back to the replica that sent a
-    Retry-After or an overload answer (429, 503, 529) once that wait or its cool-down is over, is sent past it:
-    `BudgetPolicy`), and only if it fits the tier deadline.
+    Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if
+    it fits the tier deadline.
 
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
     call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [1/2, 1] x
@@ -398,10 +398,12 @@ class BudgetPolicy:
     """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the logical calls of the last
     ``window`` seconds, plus ``floor`` so a quiet client can still retry. ``scope="fleet"`` counts the calls and
     extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md).
-    A retry the server paced (back to the replica that answered with a Retry-After, or an overload answer without one
-    such as vLLM's 503, once that wait or the cool-down standing in for it is over) is sent even when the budget is
-    empty, and charged to it (``snapshot().paced`` counts those past the bound). So is, on the only replica left
-    (nowhere else to go), a retry of a 5xx, overload answer or transport error the budget refused: the replica cools for
+    A retry the server paced (back to the replica that answered with a Retry-After, or a 429 without one, once
+    that wait or the cool-down standing in for it is over) is sent even when the budget is empty, and charged
+    to it (``snapshot().paced`` counts those past the bound). So is, after an overload answer without a Retry-After
+    (vLLM's 503 for a full queue), a retry at once to another replica that is ready (not cooling: an overload of every
+    replica leaves none), and, on the only replica left (nowhere else to go), a
+    retry of a 5xx, overload answer or transport error the budget refused: the replica cools for
     `RetryPolicy.overload_cooldown` unless it is cooling already, and the retry goes when that cool-down ends."""
 
     ratio: float = 0.1

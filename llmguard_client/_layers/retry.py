@@ -34,13 +34,14 @@ After a round fails, `Retrier` decides whether and where to try again:
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
   and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
   back to a replica that answered 429 without a Retry-After (the server refused this client), once the
-  cool-down standing in for it ends (`_server_paced`). Any overload answer asked for a wait
-  (`_asked_to_wait`: a Retry-After, or a 429, 503 or 529 without one, such as vLLM's full queue, or an
-  in-stream overload error): when the budget refuses the retry at once to another replica after one, the
-  retry goes back, paced, to the replica that asked, at its cool-down's end (`_back_to_asker`), as it would
-  with that replica alone and as the plain SDK would retry, unless it is excluded (a Retry-After longer than
-  `RetryPolicy.max_retry_after`, an open circuit). While the budget has room, a 503's retry goes at once to
-  another replica, or at its backoff to the same one (as the plain SDK's), not at the cool-down's end;
+  cool-down standing in for it ends (`_server_paced`). When the budget refuses the retry at once to another
+  replica after such an answer, the retry goes back, paced, to the replica that asked, at its cool-down's end
+  (`_back_to_asker`), as it would with that replica alone and as the plain SDK would retry, unless it is
+  excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit). After an overload answer
+  without a Retry-After (a 503 or 529 of an engine whose queue is full, an in-stream overload error), a retry
+  the budget refuses still goes at once to another replica that is ready (not cooling), as the plain SDK's
+  retry would be sent: an overload of every replica leaves none ready (each cools at its first refusal), and
+  there the bound holds;
 - on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
   answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
   after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
@@ -385,6 +386,7 @@ class RetryLayer:
             avoid = (*avoid, last.state)
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
+        ready = state is not None  # not cooling: no replica is ready in an overload of every one
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
             if soonest is None:  # every circuit open (outside panic mode), or all avoided
@@ -417,19 +419,24 @@ class RetryLayer:
             if last.retry_after is not None:
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
-        asked_to_wait = _asked_to_wait(last)
-        paced = _server_paced(last) and state is last.state and not self._provider_limit(last)
+        server_paced = _server_paced(last)
+        paced = server_paced and state is last.state and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
-        if payment is None and route.kind != "continuation" and not paced and asked_to_wait:
+        if payment is None and route.kind != "continuation" and not paced and server_paced:
             back = self._back_to_asker(now, last, avoid)  # the retry elsewhere refused: paced back where it asked
             if back is not None:
                 state, wait = last.state, back
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
+        elif payment is None and route.kind != "continuation" and last.overload and ready and state is not last.state:
+            # An overload answer without a Retry-After (an engine's full queue) while another replica is ready: the
+            # retry the plain SDK would send, sent where it can be served. An overload of every replica leaves none
+            # ready (each cools at its first refusal), and there the budget's bound holds.
+            payment = call.pay_extra(route.budget, paced=True)
         if payment is None and route.kind != "continuation" and self._pace_alone(now, last, state, avoid):
             wait = max(wait, state.cooling_until - now)  # at the cool-down's end, past the budget's bound
             if fits_deadline(call, now, wait, deadline):
@@ -448,11 +455,11 @@ class RetryLayer:
         return wait, state, payment
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
-        """When the budget refused a retry to another replica after ``last`` asked to wait (`_asked_to_wait`: a
-        Retry-After, or an overload answer without one): the seconds before the paced retry back to the replica that
-        asked (its cool-down's end, no sooner than its Retry-After), as with that replica alone; None when it is
-        excluded (a Retry-After longer than the guard waits, an open circuit) or a provider rate limit paces its
-        429s instead."""
+        """When the budget refused a retry to another replica after ``last`` asked to wait (`_server_paced`: a
+        Retry-After, or a 429 without one): the seconds before the paced retry back to the replica that asked (its
+        cool-down's end, no sooner than its Retry-After), as with that replica alone; None when it is excluded (a
+        Retry-After longer than the guard waits, an open circuit) or a provider rate limit paces its 429s
+        instead."""
         assert self.policy is not None
         state = last.state
         if self._provider_limit(last) or not self.replicas.allows(now, state, avoid):
@@ -491,15 +498,6 @@ def _server_paced(failure: AttemptFailure) -> bool:
     if failure.retry_after is not None:
         return failure.retry_after > 0.0
     return failure.status_code == 429
-
-
-def _asked_to_wait(failure: AttemptFailure) -> bool:
-    """Whether ``failure`` asked its replica's callers to come back later: a Retry-After, or an overload answer
-    without one (a 429, a 503 or 529 of an overloaded engine, an in-stream overload error), for which the guard's
-    cool-down (`RetryPolicy.overload_cooldown`) stands in. A Retry-After of 0 asks for no wait."""
-    if failure.retry_after is not None:
-        return failure.retry_after > 0.0
-    return failure.overload
 
 
 def _refused_for_its_size(failure: AttemptFailure) -> bool:

@@ -384,19 +384,16 @@ def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: 
 
 @BACKENDS
 @pytest.mark.parametrize(
-    ("status", "retry_after"),
-    [(429, "2"), (503, "2"), (429, None), (503, None), (529, None)],
-    ids=["429", "503", "429-no-retry-after", "503-no-retry-after", "529-no-retry-after"],
+    ("status", "retry_after"), [(429, "2"), (503, "2"), (429, None)], ids=["429", "503", "429-no-retry-after"]
 )
 def test_with_another_replica_left_a_refused_retry_goes_back_paced_to_the_replica_that_asked_to_wait(
     backend: str, status: int, retry_after: str | None
 ) -> None:
-    """Two replicas, an empty budget (hedges or other calls spent it): an overload answer on one, with a
-    Retry-After or without (vLLM answers its full queue with a 503 and none: the guard's cool-down, here 1.5 s,
-    stands in for it). The retry at once to the other is extra load the budget bounds, so it is refused; the call
-    then goes back to the replica that asked, when its wait ends, past the budget, as with that replica alone and
-    as the plain SDK would retry (it used to end at once with ``budget_exhausted``, where one replica or the plain
-    SDK served it: a 503 or 529 without a Retry-After did until this rule covered them)."""
+    """Two replicas, an empty budget (hedges or other calls spent it): a 429, or a 503 with a Retry-After, on one.
+    The retry at once to the other is extra load the budget bounds, so it is refused; the call then goes back to
+    the replica that asked, when its wait ends (a 429 without one: the guard's cool-down, here 1.5 s), past the
+    budget, as with that replica alone and as the plain SDK would retry (it used to end at once with
+    ``budget_exhausted``, where one replica or the plain SDK served it)."""
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(status=status, retry_after=retry_after, headers_after=0.01), Plan()]),
         "http://b.test": FakeReplica("b"),
@@ -410,6 +407,50 @@ def test_with_another_replica_left_a_refused_retry_goes_back_paced_to_the_replic
     assert retry_attempt.outcome == "won" and first.finish is not None
     assert retry_attempt.start == pytest.approx(first.finish + (2.0 if retry_after else 1.5), abs=1e-6)
     assert fakes["http://b.test"].requests == 0
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [503, 529])
+def test_an_overload_answer_without_retry_after_is_retried_on_a_ready_replica_past_an_empty_budget(
+    backend: str, status: int
+) -> None:
+    """Two replicas, an empty budget: an engine's 503 (its queue full) or 529 without a Retry-After on one, the
+    other ready. The retry goes to the ready one at once, past the budget, as the plain SDK's retry would be sent
+    (it used to end the call, ``budget_exhausted``, marked final for the SDK)."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01)]),
+        "http://b.test": FakeReplica("b"),
+    }
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0))
+    assert response.status_code == 200 and b"b0" in response.content
+    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (1, 1)
+    first, retry_attempt = record.attempts
+    assert (first.status_code, retry_attempt.replica) == (status, "http://b.test")
+    assert first.finish is not None and retry_attempt.start == pytest.approx(first.finish, abs=1e-6)
+
+
+@BACKENDS
+def test_an_overload_of_every_replica_without_retry_after_gets_no_retry_past_an_empty_budget(backend: str) -> None:
+    """Three replicas answering every call 503 without a Retry-After (a fleet-wide overload), an empty budget, ten
+    calls 0.1 s apart: each replica cools at its first refusal, so only the first call finds others ready to retry
+    on; the others end after one request each. The servers see 12 requests, where retries past the budget to
+    wherever a replica was ready would have sent up to 3 a call."""
+    fakes = {
+        url: FakeReplica(url[7], [Plan(status=503, headers_after=0.01)])
+        for url in ("http://a.test", "http://b.test", "http://c.test")
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, budget=BudgetPolicy(ratio=0.0, floor=0), hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for _ in range(10):
+                    assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 503
+                    await anyio.sleep(0.1)
+
+    run_virtual(main, backend)
+    assert sum(f.requests for f in fakes.values()) == 12
+    assert [len(r.attempts) for r in records] == [3, *[1] * 9]
 
 
 @dataclass
