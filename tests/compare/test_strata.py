@@ -118,3 +118,13 @@ def test_records_without_a_fraction_are_a_stratum_of_their_own(
     report = compare(tmp_path, step(0.5, 40, 40, 1000.0, busy=False) + unrecorded, capsys)
     assert report["rollout_fraction"] == 0.5 and report["not_compared"] == [{"rollout_fraction": None, "calls": 80}]
     assert "(not compared: not recorded with 80 calls)" in text(tmp_path, capsys)
+
+
+def test_a_step_set_by_arithmetic_is_one_fraction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``set_rollout(0.1 + 0.2)`` records 0.30000000000000004: with the 0.3 of the same step's other processes it is
+    one fraction, not two printed alike with half the calls left out."""
+    lines = step(0.1 + 0.2, 50, 50, 1000.0, busy=False) + step(0.3, 50, 50, 1200.0, busy=False)
+    report = compare(tmp_path, lines, capsys)
+    assert report["rollout_fraction"] == 0.3 and calls(report) == {"guarded": 100, "control": 100}
+    assert report["not_compared"] == []
+    assert calls(compare(tmp_path, lines, capsys, "--fraction", "0.3")) == {"guarded": 100, "control": 100}

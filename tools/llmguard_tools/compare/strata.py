@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from llmguard_tools.compare.load import Call
 
-__all__ = ["Stratum", "choose", "strata"]
+__all__ = ["STEP_DIGITS", "Stratum", "choose", "strata"]
+
+STEP_DIGITS = 6
+"""Decimal places a recorded rollout fraction is compared at (a fraction is set to far fewer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +49,18 @@ def strata(calls: Sequence[Call]) -> list[Stratum]:
     by_fraction: dict[float | None, list[Call]] = {}
     newest: dict[float | None, tuple[float, int]] = {}
     for index, call in enumerate(calls):
-        by_fraction.setdefault(call.fraction, []).append(call)
+        fraction = _step(call.fraction)
+        by_fraction.setdefault(fraction, []).append(call)
         when = (call.start_unix if call.start_unix is not None else -math.inf, index)
-        newest[call.fraction] = max(newest.get(call.fraction, when), when)
+        newest[fraction] = max(newest.get(fraction, when), when)
     order = sorted(by_fraction, key=lambda f: newest[f], reverse=True)
     return [Stratum(f, by_fraction[f]) for f in order]
+
+
+def _step(fraction: float | None) -> float | None:
+    """The rollout step a recorded fraction belongs to: rounded to `STEP_DIGITS` places, so that one step set by
+    arithmetic (``0.1 + 0.2`` is recorded as 0.30000000000000004) is one stratum with the 0.3 set by hand."""
+    return None if fraction is None else round(fraction, STEP_DIGITS)
 
 
 def choose(found: Sequence[Stratum], fraction: float | None = None) -> Stratum | None:
