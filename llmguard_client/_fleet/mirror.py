@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
+from llmguard_client._routing.cooldown import mirror_cool_down
 from llmguard_client._routing.replicas import ReplicaState
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class FleetMirror:
         self.store.lag = max(0.0, time.time() - sent)
         now = self._clock()
         if kind == "cool":
-            if self._cool(state, now + ms / 1000):
+            if self._cool(state, now, now + ms / 1000):
                 self._cooling_changed()
         elif kind == "open":
             self._open(state, now + ms / 1000)
@@ -147,18 +148,16 @@ class FleetMirror:
         for i, s in enumerate(self.states):
             cool, opened = ttls[2 * i], ttls[2 * i + 1]
             if isinstance(cool, int) and cool > 0:
-                self._cool(s, now + cool / 1000)
+                self._cool(s, now, now + cool / 1000)
             if isinstance(opened, int) and opened > 0:
                 self._open(s, now + opened / 1000)
 
     @staticmethod
-    def _cool(state: ReplicaState, until: float) -> bool:
+    def _cool(state: ReplicaState, now: float, until: float) -> bool:
         """Mirror a cool-down until ``until``; whether it changed this process's (a new or longer one)."""
         if until <= state.cooling_until + _SLACK:
             return False
-        state.cooling_until = until
-        state.probe_at = math.inf  # the process that learned it sends the probe
-        state.probing = False
+        mirror_cool_down(state, now, until)
         return True
 
     @staticmethod

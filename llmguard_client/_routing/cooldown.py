@@ -40,6 +40,7 @@ __all__ = [
     "first_attempt_candidates",
     "first_wait",
     "give_back_probe",
+    "mirror_cool_down",
     "probe_pending",
     "take_probe",
 ]
@@ -84,6 +85,19 @@ def cool(s: Cooling, now: float, seconds: float) -> bool:
     s.probe_at = now + min(PROBE_AT * (s.cooling_until - now), FIRST_PROBE * 2.0**s.probes_refused)
     s.probing = False
     return True
+
+
+def mirror_cool_down(s: Cooling, now: float, until: float) -> None:
+    """A cool-down another process of the fleet learned (or renewed, its probe refused), until ``until``, mirrored
+    here at ``now``. Its probes are that process's, and their outcome reaches this one (a renewal, or the end of
+    the cool-down when one is served); this one's probe is due a step later than that process's next (2 s after
+    a new cool-down, doubling with each renewal, at most `PROBE_AT` of it), so it goes only when that process sent
+    none (idle, scaled down, gone): a recovered server is not left unasked for the whole cool-down, and while
+    that process probes, the server sees its probes alone."""
+    s.probes_refused = s.probes_refused + 1 if s.cooling(now) else 0
+    s.cooling_until = until
+    s.probe_at = now + min(PROBE_AT * (until - now), FIRST_PROBE * 2.0 ** (s.probes_refused + 1))
+    s.probing = False
 
 
 def take_probe(s: Cooling, now: float) -> int | None:

@@ -6,7 +6,6 @@ a running Guard."""
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import anyio
@@ -95,7 +94,8 @@ async def test_an_event_published_on_any_node_reaches_the_listener(redis_cluster
             finally:
                 await node.aclose()
         await until(lambda: all(s.cooling(anyio.current_time()) for s in states(g)))
-        assert all(s.probe_at == math.inf for s in states(g))  # learned elsewhere: the probe is not ours
+        now = anyio.current_time()  # learned elsewhere: the probes are that process's, ours a step later (2 s)
+        assert all(now < s.probe_at <= now + 2.0 for s in states(g))
     finally:
         await g.aclose()
 

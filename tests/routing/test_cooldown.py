@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
+from llmguard_client._routing.cooldown import mirror_cool_down
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
@@ -602,3 +603,34 @@ def test_a_call_arriving_while_the_probe_is_in_flight_waits_for_its_answer(backe
     run_virtual(main, backend)
     assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 1.3]
     assert served == {"first": -503, "probe": pytest.approx(1.3), "interactive": pytest.approx(1.6)}
+
+
+@dataclass
+class Mirrored:
+    """The cool-down fields of a replica, as `mirror_cool_down` reads and writes them."""
+
+    cooling_until: float = 0.0
+    probe_at: float = math.inf
+    probing: bool = False
+    probes: int = 0
+    probes_refused: int = 0
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooling_until
+
+
+def test_a_mirrored_cool_down_is_probed_a_step_after_the_learning_process_would_probe() -> None:
+    """Another process learned a 30 s cool-down at 0 (its probes: 1 s in, then 2, 4 ... s after each refused one).
+    Here the probe is due at 2 s; each renewal that process's refused probe publishes (at 1 s, then 3 s) puts this
+    one's back a step further (4 s, then 8 s later), never beyond half-way; a new cool-down starts over."""
+    s = Mirrored()
+    mirror_cool_down(s, 0.0, 30.0)
+    assert s.probe_at == 2.0
+    mirror_cool_down(s, 1.0, 31.0)
+    assert s.probe_at == 5.0
+    mirror_cool_down(s, 3.0, 33.0)
+    assert s.probe_at == 11.0
+    mirror_cool_down(s, 11.5, 16.0)  # a renewal ending sooner than a step: half-way through what is left
+    assert s.probe_at == pytest.approx(13.75)
+    mirror_cool_down(s, 100.0, 130.0)  # long after it ended: a new cool-down
+    assert s.probe_at == 102.0
