@@ -496,27 +496,22 @@ ONCE = {"x-llmguard-max-attempts": "1"}
 """The server's answer handed back as it is (no retry paced by its Retry-After)."""
 
 
-@BACKENDS
-@pytest.mark.parametrize("status", [429, 503])
-def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_seconds(backend: str, status: int) -> None:
-    """One replica answers ``Retry-After: 120`` for 2 s, then serves. The cool-down's first probe goes a second in
-    (refused), the next 2 s later, at 3 s (served): a call waiting since 2.5 s goes then, and a call of a tier with
-    a 2 s first-token deadline arriving at 3.2 s is served at once, where a probe half-way (at 60 s) had it
-    refused and the other wait a minute. The server saw one request per probe meanwhile."""
-    start = 0.0
-    fake = DownUntil("a", status=status)
-    records: list[PhaseRecord] = []
+def timeline(backend: str, fake: DownUntil, healthy_at: float, calls: list[tuple[str, float, str]]) -> dict[str, float]:
+    """Each of ``calls`` (name, when, tier) sent once (no retry) through one Guard over ``fake``, healthy from
+    ``healthy_at`` (s): when each was served (its first token), or minus its status; ``fake.sent`` is made
+    relative to the start."""
     served: dict[str, float] = {}
+    start = 0.0
 
     async def main() -> None:
         nonlocal start
         start = now()
-        fake.healthy_at = start + 2.0
+        fake.healthy_at = start + healthy_at
         tiers = {"default": Tier(ttft=math.inf, total=math.inf, stall=None), "interactive": Tier(ttft=2.0, total=10.0)}
-        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
+        guard = virtual_guard({"http://a.test": fake}, [], tiers=tiers, hedge=None, failure_mode="raise")
         async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=None)) as client:
 
-            async def call(name: str, at: float, tier: str = "default") -> None:
+            async def call(name: str, at: float, tier: str) -> None:
                 await anyio.sleep(at - (now() - start))
                 response = await client.post(
                     "http://a.test" + CHAT, json=BODY, headers={**ONCE, "x-llmguard-tier": tier}
@@ -524,13 +519,25 @@ def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_secon
                 served[name] = now() - start if response.status_code == 200 else -response.status_code
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call, "first", 0.0)
-                tg.start_soon(call, "waiting", 0.5)  # the first probe, refused
-                tg.start_soon(call, "recovered", 2.5)
-                tg.start_soon(call, "interactive", 3.2, "interactive")
+                for name, at, tier in calls:
+                    tg.start_soon(call, name, at, tier)
 
     run_virtual(main, backend)
-    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 3.0, 3.2]
+    fake.sent = [round(t - start, 3) for t in fake.sent]
+    return served
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_seconds(backend: str, status: int) -> None:
+    """One replica answers ``Retry-After: 120`` for 2 s, then serves. The cool-down's first probe goes a second in
+    (refused), the next 2 s later, at 3 s (served): a call waiting since 2.5 s goes then, and a call of a tier with
+    a 2 s first-token deadline arriving at 3.2 s is served at once, where a probe half-way (at 60 s) had it
+    refused and the other wait a minute. The server saw one request per probe meanwhile."""
+    fake = DownUntil("a", status=status)
+    calls = [("first", 0.0, "default"), ("waiting", 0.5, "default"), ("recovered", 2.5, "default")]
+    served = timeline(backend, fake, 2.0, [*calls, ("interactive", 3.2, "interactive")])
+    assert fake.sent == [0.0, 1.0, 3.0, 3.2]  # the first answer, the probes at 1 s (refused) and 3 s, the last
     assert served == {
         "first": -status,
         "waiting": -status,
@@ -575,33 +582,10 @@ def test_a_call_arriving_while_the_probe_is_in_flight_waits_for_its_answer(backe
     The cool-down's first probe goes at 1 s; a call of a tier with a 2 s first-token deadline arriving at 1.1 s,
     while that probe is in flight, waits for its answer (1.3 s) and goes then. It used to be refused at once: with
     the probe taken, its next chance was counted as the cool-down's end, two minutes on."""
-    start = 0.0
     fake = DownUntil("a", [Plan(first_token_after=0.3)])
-    records: list[PhaseRecord] = []
-    served: dict[str, float] = {}
-
-    async def main() -> None:
-        nonlocal start
-        start = now()
-        fake.healthy_at = start + 0.5
-        tiers = {"default": Tier(ttft=math.inf, total=math.inf, stall=None), "interactive": Tier(ttft=2.0, total=10.0)}
-        guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
-        async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=None)) as client:
-
-            async def call(name: str, at: float, tier: str = "default") -> None:
-                await anyio.sleep(at - (now() - start))
-                response = await client.post(
-                    "http://a.test" + CHAT, json=BODY, headers={**ONCE, "x-llmguard-tier": tier}
-                )
-                served[name] = now() - start if response.status_code == 200 else -response.status_code
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call, "first", 0.0)
-                tg.start_soon(call, "probe", 0.5)  # waits for the first probe, at 1 s, and is it
-                tg.start_soon(call, "interactive", 1.1, "interactive")
-
-    run_virtual(main, backend)
-    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 1.3]
+    calls = [("first", 0.0, "default"), ("probe", 0.5, "default"), ("interactive", 1.1, "interactive")]
+    served = timeline(backend, fake, 0.5, calls)  # "probe" waits for the first probe, at 1 s, and is it
+    assert fake.sent == [0.0, 1.0, 1.3]
     assert served == {"first": -503, "probe": pytest.approx(1.3), "interactive": pytest.approx(1.6)}
 
 
