@@ -117,19 +117,20 @@ def test_many_threads_share_one_event_loop_thread(servers: list[LoopbackServer],
 
 
 def test_close_from_sync_code_leaves_no_thread_no_socket(servers: list[LoopbackServer]) -> None:
-    before = set(threading.enumerate())
+    # What earlier tests of this process left (threads ending, sockets closing) is not this Guard's.
+    before, sockets_before = set(threading.enumerate()), client_sockets(servers)
     guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
     for _ in range(6):
         assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
-    assert client_sockets(servers) >= 1 and len(sync_threads()) == 1
+    assert client_sockets(servers) > sockets_before and "llmguard-sync-" in " ".join(sync_threads())
     guard.close()
-    assert set(threading.enumerate()) == before
-    assert eventually(lambda: client_sockets(servers) == 0)
+    assert not set(threading.enumerate()) - before
+    assert eventually(lambda: client_sockets(servers) <= sockets_before)
     with pytest.raises(GuardClosed, match="closed") as caught:
         client.post(servers[0].url + "/v1/chat/completions", json=BODY)
     assert guard_failure(caught.value) == "guard_closed"
-    assert sync_threads() == []
+    assert not set(threading.enumerate()) - before  # the call refused started no thread either
 
 
 def test_close_with_a_stream_open_ends_it_and_closes_the_upstream(servers: list[LoopbackServer]) -> None:
