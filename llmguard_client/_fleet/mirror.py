@@ -8,9 +8,10 @@ and the circuit everywhere; a circuit that closes here (a success after failures
 Retry-After another process was given is that process's to probe. An event names the replica (its URL
 without credentials), what happened and for how long; nothing about a user or a prompt is stored.
 
-A cool-down learned from another process carries no probe for this one: the process that learned it
-sends the probes of that cool-down (`llmguard_client._routing.cooldown`). A mirrored change of a cool-down
-(one renewed or ended elsewhere) wakes the calls waiting here for it, as a change learned here does.
+A cool-down learned from another process is probed by that process; this one probes it only a step after that
+process's next probe would be, should it send none (`llmguard_client._routing.cooldown.mirror_cool_down`). A
+mirrored change of a cool-down (one renewed or ended elsewhere) wakes the calls waiting here for it, as a change
+learned here does.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A replica cooling after a Retry-After (or an overload answer) gets no new first attempts while another
 replica is ready, except its probes, one at a time, sent by the process that learned the cool-down (one mirrored
-from another process carries none: its own process probes). The first goes `FIRST_PROBE` seconds into the
+from another process is probed by that process, and here only a step after its next probe: `mirror_cool_down`).
+The first goes `FIRST_PROBE` seconds into the
 cool-down (or once `PROBE_AT` of it has passed, if that is sooner); each probe refused again (another overload
 answer, which renews the cool-down) doubles the wait for the next, never beyond `PROBE_AT` of the cool-down as it
 stands (`cool`). An outage shorter than the Retry-After is found over within seconds, and a server that means
