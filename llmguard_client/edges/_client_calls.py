@@ -55,7 +55,8 @@ class AsyncClientCalls:
         before, which ends its call)."""
 
     async def send(self, core: httpx.AsyncBaseTransport, request: httpx.Request) -> httpx.Response:
-        """``core``'s response to ``request``; `client_closed` if the client closes first (the call cancelled)."""
+        """``core``'s response to ``request``, its body one the client's close can cut (`ClientBody`; a body in
+        memory holds nothing to end); `client_closed` if the client closes first (the call cancelled)."""
         scope = anyio.CancelScope()
         if self.closed:
             scope.cancel()
@@ -76,6 +77,10 @@ class AsyncClientCalls:
                     await response.aclose()
             raise client_closed(request)
         assert response is not None
+        stream = response.stream
+        if type(stream) is not httpx.ByteStream:
+            assert isinstance(stream, httpx.AsyncByteStream)
+            response.stream = ClientBody(stream, self, request)
         return response
 
     def track(self, body: Cuttable) -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import httpx
 import httpx2
 
-from llmguard_client.edges._client_calls import AsyncClientCalls, client_closed
+from llmguard_client.edges._client_calls import AsyncClientCalls
 from llmguard_client.edges._httpx2_types import (
     SdkErrors,
     caller_error,
@@ -47,7 +45,7 @@ class Httpx2GuardTransport(httpx2.AsyncBaseTransport):
         out = httpx2.Response(
             response.status_code,
             headers=response.headers.raw,
-            stream=_Body(response, request, self._sdk, self._calls, inner),
+            stream=_Body(response, request, self._sdk),
             request=request,
         )
         out.extensions = response_extensions(response.extensions)  # shared: the final record lands in it
@@ -65,66 +63,36 @@ class _Body(httpx2.AsyncByteStream):
     would be finalized, racing the response's own close, when the event loop shuts down.
     """
 
-    def __init__(
-        self,
-        response: httpx.Response,
-        request: httpx2.Request,
-        sdk: SdkErrors | None,
-        calls: AsyncClientCalls,
-        inner: httpx.Request,
-    ) -> None:
+    def __init__(self, response: httpx.Response, request: httpx2.Request, sdk: SdkErrors | None) -> None:
         self._response = response
         self._request = request
         self._sdk = sdk
-        self._calls = calls
-        self._inner = inner
-        self.cut_off = False
-        """The client was closed before the body was read to its end (`cut`)."""
-        calls.track(self)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         stream = self._response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        return _Chunks(stream.__aiter__(), self)
+        return _Chunks(stream.__aiter__(), self._request, self._sdk)
 
     async def aclose(self) -> None:
-        self._calls.untrack(self)
         await self._response.aclose()
-
-    async def cut(self) -> None:
-        self.cut_off = True
-        with anyio.CancelScope(shield=True), contextlib.suppress(httpx.HTTPError, OSError):
-            await self._response.aclose()
-
-    def error(self, exc: httpx.HTTPError) -> BaseException:
-        """What the caller's read raises for the core's ``exc`` (`client_closed`'s, once the client closed)."""
-        if self.cut_off:
-            exc = client_closed(self._inner)
-        return caller_error(exc, self._request, self._sdk)
 
 
 class _Chunks:
-    __slots__ = ("_body", "_chunks")
+    __slots__ = ("_chunks", "_request", "_sdk")
 
-    def __init__(self, chunks: AsyncIterator[bytes], body: _Body) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], request: httpx2.Request, sdk: SdkErrors | None) -> None:
         self._chunks = chunks
-        self._body = body
+        self._request = request
+        self._sdk = sdk
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> bytes:
-        body = self._body
-        if body.cut_off:
-            error = body.error(client_closed(body._inner))
-            raise error from error.__cause__
         try:
             return await self._chunks.__anext__()
-        except StopAsyncIteration:
-            body._calls.untrack(body)  # read to its end: a close of the client leaves it as it is
-            raise
         except httpx.HTTPError as exc:
-            error = body.error(exc)
+            error = caller_error(exc, self._request, self._sdk)
             raise error from error.__cause__
 
 

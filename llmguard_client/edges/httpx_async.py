@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from llmguard_client.edges._client_calls import AsyncClientCalls, ClientBody
+from llmguard_client.edges._client_calls import AsyncClientCalls
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
 
@@ -22,12 +22,7 @@ class ClientTransport(httpx.AsyncBaseTransport):
         self._calls = AsyncClientCalls()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._calls.send(self._core, request)
-        stream = response.stream
-        if type(stream) is not httpx.ByteStream:  # a body in memory holds nothing to end
-            assert isinstance(stream, httpx.AsyncByteStream)
-            response.stream = ClientBody(stream, self._calls, request)
-        return response
+        return await self._calls.send(self._core, request)
 
     async def aclose(self) -> None:
         await self._calls.aclose()
