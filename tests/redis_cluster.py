@@ -56,6 +56,10 @@ def _complete(reply: bytes) -> bool:
     return not line.startswith(b"$") or int(line[1:]) < 0 or len(rest) >= int(line[1:]) + 2
 
 
+class _PortTaken(RuntimeError):
+    """A node exited as it started: a port chosen free was taken by another process meanwhile."""
+
+
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline: float) -> None:
     while True:
         try:
@@ -63,7 +67,9 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline: float)
                 return
         except OSError:
             pass
-        if process.poll() is not None or time.monotonic() > deadline:
+        if process.poll() is not None:  # it could not listen: another process took the port after it was chosen
+            raise _PortTaken(f"redis-server exited at start on port {port}")
+        if time.monotonic() > deadline:
             raise RuntimeError(f"redis-server did not start on port {port}")
         time.sleep(0.01)
 
@@ -95,6 +101,20 @@ class RedisCluster:
         return f"rediss+cluster://127.0.0.1:{self.tls_ports[0]}?ssl_ca_certs={self.tls.ca}"
 
     def start(self) -> None:
+        """Start the nodes and create the cluster; with fresh ports again (up to 3 times) when a port chosen free
+        was taken before its node could listen (other test processes pick ports too)."""
+        for tries in range(3):
+            try:
+                self._start_once()
+                return
+            except _PortTaken:
+                if tries == 2:
+                    raise
+                self.ports = [_free_port() for _ in self.ports]
+                self.bus_ports = [_free_port() for _ in self.bus_ports]
+                self.tls_ports = [_free_port() for _ in self.tls_ports]
+
+    def _start_once(self) -> None:
         assert REDIS_SERVER is not None and REDIS_CLI is not None
         began = time.monotonic()
         self._dir = tempfile.TemporaryDirectory(prefix="llmguard-cluster-")
