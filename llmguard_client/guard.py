@@ -291,7 +291,11 @@ class Guard:
         bulkheads = per_tier("bulkheads", bulkheads, tiers, Bulkhead, "a Bulkhead(max_in_flight=..., max_waiting=...)")
         tier_budgets = per_tier("tier_budgets", tier_budgets, tiers, BudgetPolicy, "a BudgetPolicy")
         if pool_limits is not None and not isinstance(pool_limits, httpx.Limits):
-            raise GuardConfigError(f"pool_limits must be an httpx.Limits(...), got {pool_limits!r}")
+            kind = f"{type(pool_limits).__module__}.{type(pool_limits).__qualname__}"
+            raise GuardConfigError(  # httpx2.Limits reads the same, yet is not httpx's (openai 3.x hands out httpx2)
+                f"pool_limits must be an httpx.Limits(...) (the guard's pools are httpx's, whichever client it "
+                f"hands out), got {kind}: {pool_limits!r}"
+            )
         if pool_limits is not None and pool_limits.max_connections is not None and pool_limits.max_connections < 1:
             raise GuardConfigError(  # every call would wait for a connection until its ttft ran out
                 f"pool_limits.max_connections must be at least 1 (or None: no limit), got {pool_limits.max_connections}"

@@ -511,6 +511,16 @@ def test_pool_limits_without_room_for_one_connection_are_refused() -> None:
     )
 
 
+def test_pool_limits_of_httpx2_are_refused_naming_the_module() -> None:
+    """openai 3.x hands out httpx2 clients, whose ``Limits`` prints as httpx's does: the error names both."""
+    httpx2 = pytest.importorskip("httpx2")
+    config_error(
+        lambda: guard(pool_limits=httpx2.Limits(max_connections=3)),
+        "pool_limits must be an httpx.Limits(...) (the guard's pools are httpx's",
+        "got httpx2.",
+    )
+
+
 @pytest.mark.parametrize("clock", [1.0, "monotonic", 0], ids=["float", "str", "int"])
 def test_a_clock_that_is_not_callable_is_refused(clock: Any) -> None:
     """``Guard(clock=1.0)`` was accepted, then every call raised ``TypeError: 'float' object is not callable``."""

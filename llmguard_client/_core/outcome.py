@@ -152,6 +152,9 @@ _REQUEST_FAULTS = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
 """Transport errors that are the request's own (a header value with a newline, a body longer than its
 ``content-length``, a URL scheme no pool speaks): never the replica's failure, so neither retried by the guard
 (the SDK retries them or not, as without a guard) nor counted toward the replica's circuit."""
+_NEVER_SENT = (httpx.ConnectError, httpx.PoolTimeout)
+"""No server saw the request: the replica refused the connection, or no connection of the caller's own pool
+came free in the request's pool timeout."""
 _REQUEST_TIMEOUT = 408
 """The server (or a load balancer in front of it) gave up waiting for the request: the replica's failure, as a 5xx."""
 
@@ -194,6 +197,8 @@ class AttemptFailure:
         what the only replica left may retry past an empty budget; an overload answer (429/503/529) is judged
         before it (it cools the replica), and other 4xx are the request's."""
         status = self.status_code or 0
+        if isinstance(self.error, httpx.PoolTimeout):  # the caller's own pool was full: the replica never saw it
+            return False
         return self.is_transport_error or status >= 500 or status == _REQUEST_TIMEOUT
 
     @property
@@ -204,9 +209,9 @@ class AttemptFailure:
 
     @property
     def refused(self) -> bool:
-        """The replica refused the connection: no server saw the request, so retrying it elsewhere
-        adds no load to any server (such retries are not charged to the budget)."""
-        return isinstance(self.error, httpx.ConnectError)
+        """No server saw the request (`_NEVER_SENT`), so retrying it adds no load to any server (such retries
+        are not charged to the budget)."""
+        return isinstance(self.error, _NEVER_SENT)
 
     @property
     def is_connect_error(self) -> bool:

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 
@@ -145,3 +146,27 @@ def test_the_sync_sdk_through_the_guard_keeps_sending_to_its_only_replica(server
                 client.chat.completions.create(model="m", messages=prompt(i))
         assert client.chat.completions.create(model="m", messages=prompt(2)).choices[0].message.content
     assert len(server.received) == 7
+
+
+async def test_a_timeout_waiting_for_the_callers_own_pool_counts_toward_no_circuit(
+    servers: list[LoopbackServer],
+) -> None:
+    """A request that timed out waiting for a free connection of the guard's own pool never reached the replica:
+    it is not the replica's failure. Without panic mode a circuit opened by it would refuse the next call, which
+    the plain SDK serves."""
+    server = servers[0]
+    server.scripter = lambda index, attempt: Script(stall_after_first=60.0) if index == 0 else Script()
+    policy = RetryPolicy(max_attempts=1, circuit_failures=1, panic_threshold=0.0)
+    async with Guard(
+        [server.url], tiers=TIERS, hedge=None, retry=policy, pool_limits=httpx.Limits(max_connections=1)
+    ) as guard:
+        async with guard.http_client(timeout=httpx.Timeout(600.0, pool=0.05)) as client:
+            body = {**BODY, "messages": prompt(0)}
+            async with client.stream("POST", server.url + CHAT, json=body) as holding:  # the only connection
+                assert holding.status_code == 200
+                with pytest.raises(httpx.TimeoutException):
+                    await client.post(server.url + CHAT, json={**BODY, "messages": prompt(1)})
+            assert guard.snapshot().replicas[0].circuit_open_for == 0.0
+            served = await client.post(server.url + CHAT, json={**BODY, "messages": prompt(2)})
+    assert served.status_code == 200
+    assert len(server.received) == 2  # the held stream and the last call: the timed-out one never left
