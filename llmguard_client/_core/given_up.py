@@ -60,6 +60,9 @@ of the same call (openai sleeps at most 8 s between two of its requests)."""
 CALLER_EXTENSION = "llmguard_caller"
 """Set by the sync edges to their caller's thread: a sync call runs in a task of the Guard's loop, not the caller's."""
 SDK_HEADERS = ("x-stainless-lang", "x-stainless-package-version")
+_CHAIN_DEPTH = 8
+"""How deep a remembered error's chain of causes is kept (an httpx error wraps httpcore's, which wraps the
+socket's: 3 or 4 deep)."""
 """Headers every Stainless-built SDK sends, whether or not it sends its retry count."""
 
 
@@ -210,15 +213,29 @@ def kept(error: GuardFailure) -> GuardFailure:
     return _copy(error, error.message, None, _detached(error.__cause__))
 
 
-def _detached(error: BaseException | None) -> BaseException | None:
-    """A copy of the attempt's error ``error`` (its type and message: what the caller reads in the chain)
-    that holds no request and no traceback."""
-    if error is None:
+def _detached(error: BaseException | None, depth: int = 0) -> BaseException | None:
+    """A copy of the attempt's error ``error`` (its type and message, and those of the errors it wraps: what the
+    caller reads in the chain, such as the ``[Errno 111]`` an SDK names as the reason) that holds no request and
+    no traceback."""
+    if error is None or depth > _CHAIN_DEPTH:
         return None
+    args = tuple(_detached_arg(arg, depth) for arg in error.args)
     try:
-        return type(error)(*error.args)
+        copy = type(error)(*args)
     except Exception:  # a constructor of its own: the message is what is kept
-        return RuntimeError(f"{type(error).__name__}: {error}")
+        copy = RuntimeError(f"{type(error).__name__}: {error}")
+    copy.__cause__ = _detached(error.__cause__, depth + 1)
+    return copy
+
+
+def _detached_arg(arg: object, depth: int) -> object:
+    """An argument of an error, with any error in it (httpcore wraps its cause as an argument; an exception
+    group holds a list of them) detached too."""
+    if isinstance(arg, BaseException):
+        return _detached(arg, depth + 1)
+    if isinstance(arg, (list, tuple)) and any(isinstance(item, BaseException) for item in arg):
+        return type(arg)(_detached_arg(item, depth) for item in arg)
+    return arg
 
 
 def again(error: GuardFailure, request: httpx.Request, count: int) -> GuardFailure:

@@ -11,8 +11,9 @@ it was, never turned into the guard's.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, suppress
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
 import httpx
@@ -69,14 +70,28 @@ async def test_an_httpx2_caller_finds_the_servers_reason_in_the_chain() -> None:
     )  # the attempt's own error, as it was raised
 
 
-async def test_an_sdk_writes_the_same_connection_error_plain_and_guarded() -> None:
+@asynccontextmanager
+async def refusing() -> AsyncIterator[str]:
+    """A port bound but not listening: every connection is refused (``[Errno 111] Connect call failed``)."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{bound.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+@pytest.mark.parametrize("server", [hanging_up, refusing])
+async def test_an_sdk_writes_the_same_connection_error_plain_and_guarded(
+    server: Callable[[], AbstractAsyncContextManager[str]], max_retries: int
+) -> None:
+    """The same reason plain and guarded, also when the SDK's own retries meet the call the guard gave up on (its
+    remembered error keeps the chain of causes the SDK reads the reason from)."""
     anthropic = pytest.importorskip("anthropic")
     messages: Any = [{"role": "user", "content": "hi"}]
-    async with hanging_up() as url, Guard([url], retry=RETRY, instrumentation=None) as guard:
+    async with server() as url, Guard([url], retry=RETRY, instrumentation=None) as guard:
         errors = []
         for http_client in (None, guard.http_client_for(anthropic.AsyncAnthropic)):
             kwargs: dict[str, Any] = {} if http_client is None else {"http_client": http_client}
-            client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0, **kwargs)
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=max_retries, **kwargs)
             with pytest.raises(anthropic.APIConnectionError) as caught:
                 await client.messages.create(model="m", max_tokens=5, messages=messages)
             await client.close()
