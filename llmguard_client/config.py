@@ -308,9 +308,10 @@ class RetryPolicy:
 
     Backoff is exponential with full jitter (uniform in [0, min(``backoff_max``,
     ``backoff_initial`` x 2^(round-1))]); a server's Retry-After replaces it
-    for the replica that sent it. A retry happens only before the first token reached
-    the caller, only if the shared budget allows (a retry the server paced, back to the replica that sent a
-    Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if
+    for the replica that sent it, plus a random extra of up to half of it (at most ``backoff_max``, within the
+    deadline), so calls it refused together come back at spread instants. A retry happens only before the first
+    token reached the caller, only if the shared budget allows (a retry the server paced, back to the replica that
+    sent a Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if
     it fits the tier deadline.
 
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the

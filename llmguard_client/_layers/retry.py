@@ -52,7 +52,9 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
-  time, as an SDK retrying one endpoint does;
+  time, as an SDK retrying one endpoint does; a retry paced by the server (back to the replica that asked for the
+  wait) goes up to half its wait later (`Backoff.spread`, at most ``backoff_max``, within the deadline), so the
+  calls it refused together (a probe's waiting calls, a burst) do not all come back at the same instant;
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice.
@@ -83,7 +85,6 @@ from llmguard_client._routing.ttft_stats import TTFTStats
 from llmguard_client.config import HedgePolicy, RetryPolicy, deadline_text
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
-
 
 PACED_SPREAD = 0.5
 """The most a paced retry waits past the wait its server asked for, as a share of that wait (`Backoff.spread`), at

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import httpx
+
 from llmguard_client import Guard, PhaseRecord, RetryPolicy, Tier, TTFTTimeout
 from llmguard_client._layers.retry import PACED_SPREAD, Backoff, RetryLayer
 from tests.virtual import BACKENDS, run_virtual
