@@ -92,6 +92,12 @@ class Call:
     def __post_init__(self) -> None:
         self.ttft_size = size_class(self.prompt_size())
 
+    @property
+    def known_by(self) -> bytes | None:
+        """The body the given-up memory knows this call by (`llmguard_client._core.given_up`): ``body``, or None
+        for one the guard sends as it is read (known by its URL, caller and content type instead)."""
+        return self.body if self.streamed is None else None
+
     def phase_until(self, deadline: float) -> Phase:
         """A wait of this call that ends at ``deadline`` (on ``clock``) or when the Guard closes
         (`CallLease.phase`)."""

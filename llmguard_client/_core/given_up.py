@@ -22,6 +22,17 @@ round left is handed back only while every request of the call was the SDK's own
 none: then the SDK's ``max_retries`` decides, as without a guard, one request per retry); once the guard's own
 retries stood in for the SDK's, it is final instead (the transport's ``_give_up``).
 
+A multipart upload the guard sends as it reads its files (`llmguard_client._http.upload.ReplayableBody`) is not
+held, and the SDK draws a new multipart boundary each time it builds the request again: such a call is known
+without its body, by its method, URL, caller, media type (``multipart/form-data``, its boundary left out) and
+``Content-Length``. That cannot take another call for a retry: a request with a retry count > 0 comes from the
+SDK's retry loop, in the task (or thread) that sent the call's earlier requests and has sent nothing else since
+(it waits in that loop); and every first request of an upload (retry count 0) forgets what an earlier upload of
+the same identity from that task left. So what such a retry finds was left by its own call. An upload sent with no
+retry count (plain httpx, an SDK before it counted) is never taken for a retry: without its body, a first
+request and a retry look the same. A body sent once as it comes (an iterator's) is not remembered at all: its one
+attempt was the caller's one request, and the SDK's ``max_retries`` decides, as without a guard.
+
 Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
 request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
 no retry count is taken for a retry when it is the same call (method, URL, body) as one given up on at most
@@ -118,9 +129,10 @@ class GivenUp:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def remember(self, request: httpx.Request, body: bytes, what: Remembered, now: float) -> None:
+    def remember(self, request: httpx.Request, body: bytes | None, what: Remembered, now: float) -> None:
         """The guard gave up on this call with an error (raised to the caller), or expects the SDK to retry
-        it (an `Episode`, cooperative mode; a `HandedBack`)."""
+        it (an `Episode`, cooperative mode; a `HandedBack`). ``body``: the call's body, None for an upload the
+        guard sends as it is read (known without it)."""
         key = _identity(request, body)
         if isinstance(what, GuardFailure):
             what = kept(what)
@@ -131,15 +143,16 @@ class GivenUp:
         while len(self._calls) > self._size:
             self._calls.popitem(last=False)
 
-    def forget(self, request: httpx.Request, body: bytes) -> None:
+    def forget(self, request: httpx.Request, body: bytes | None) -> None:
         """This call (or another with the same identity) failed in a way its SDK may retry: forget what an
         earlier call of the same identity left, so that retry is not answered with the other call's error."""
         self._calls.pop(_identity(request, body), None)
 
-    async def recall(self, request: httpx.Request, now: float) -> Remembered | None:
+    async def recall(self, request: httpx.Request, now: float, held: bool = True) -> Remembered | None:
         """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
         up on it, or its `Episode` or `HandedBack` (then forgotten: the retry carries it on); None for a request
-        that is not such a retry (the cheap answer while nothing is remembered)."""
+        that is not such a retry (the cheap answer while nothing is remembered). ``held``: the request's body is
+        in memory; else it is an upload the guard sends as it is read, known without its body (never read here)."""
         if not self._calls:
             return None
         self._expire(now)
@@ -147,10 +160,12 @@ class GivenUp:
         count = retry_count(request)
         uncounted = RETRY_COUNT_HEADER not in headers
         keyed = IDEMPOTENCY_HEADER in headers and uncounted
-        legacy = uncounted and not keyed and any(name in headers for name in SDK_HEADERS)
+        legacy = held and uncounted and not keyed and any(name in headers for name in SDK_HEADERS)
         if not self._calls or not (count > 0 or keyed or legacy):  # an SDK's first request is never a retry
+            if not held and not uncounted and self._calls:  # a new upload: not answered for an earlier one
+                self._calls.pop(_identity(request, None), None)
             return None
-        key = _identity(request, await request.aread())
+        key = _identity(request, await request.aread() if held else None)
         entry = self._calls.get(key)
         if entry is None or (legacy and now - entry[0] > UNCOUNTED_WINDOW):
             return None
@@ -169,22 +184,29 @@ class GivenUp:
             del calls[key]
 
 
-def sdk_call(request: httpx.Request, body: bytes) -> tuple[str | None, int]:
+def sdk_call(request: httpx.Request, body: bytes | None) -> tuple[str | None, int]:
     """The SDK call ``request`` belongs to, for its record: an id its retries share (from the identity the memory
-    uses) and its retry count; ``(None, 0)`` for a request sent by no SDK that counts its retries."""
+    uses; ``body`` None for one the guard sends as it is read) and its retry count; ``(None, 0)`` for a request
+    sent by no SDK that counts its retries."""
     if RETRY_COUNT_HEADER not in request.headers:
         return None, 0
     return _identity(request, body).partition(":")[2][:16], retry_count(request)
 
 
-def _identity(request: httpx.Request, body: bytes) -> str:
+def _identity(request: httpx.Request, body: bytes | None) -> str:
+    """The call ``request`` is a request of: its ``Idempotency-Key``, else its method, URL, caller and body (for a
+    body not held, ``body`` None: its media type without the boundary, and its length; see the module doc)."""
     key: str | None = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None:
         return "key:" + key
+    kind, headers = "hash:", request.headers
+    if body is None:
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        kind, body = "upload:", media.encode() + b"\0" + headers.get("content-length", "").encode()
     digest = hashlib.sha256(body)
     digest.update(b"\0" + request.method.encode() + b"\0" + str(request.url).encode())
     digest.update(b"\0" + _caller(request).encode())
-    return "hash:" + digest.hexdigest()
+    return kind + digest.hexdigest()
 
 
 def _caller(request: httpx.Request) -> str:

@@ -260,8 +260,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         attempts: int | None,
     ) -> httpx.Response:
         """The call run as its cohort says: passed through (control), or guarded."""
-        streamed = streamed_body(request)  # sent as it is read: never held here, never taken for a retry
-        again = await self._given_up.recall(request, self._clock()) if len(self._given_up) and not streamed else None
+        streamed = streamed_body(request)  # sent as it is read: never held here
+        # An SDK's retry of a call given up on or handed back; never one of a body sent once as it came (the SDK's).
+        remembered = len(self._given_up) > 0 and not sent_once(streamed)
+        again = await self._given_up.recall(request, self._clock(), held=streamed is None) if remembered else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
         handed = again if isinstance(again, HandedBack) else HandedBack(0)  # the SDK's retry of a call handed back
         spent = handed.rounds
@@ -370,7 +372,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             stream=facts.stream,
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
-            sdk_call=sdk_call(request, body),
+            sdk_call=sdk_call(request, body if streamed is None else None),
         )
         if sent_once(streamed):
             record.one_attempt_because("streamed_body")
@@ -512,7 +514,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             # the SDK's to retry or not, as without a guard, and the caller's: it carries no cause of the guard's;
             # unless it came with no round left after retries of the guard's own (`spent_out`): then it is final.
             decided = error is not None or (self._retries and outcome.stopped != "not_retryable") or spent_out
-            if not decided and call.streamed is None:
+            if not decided and not sent_once(call.streamed):
                 self._handed_to_sdk(call, spent, retried)
             return upstream_response(
                 last, cause if decided else None, call, call.record.snapshot(), no_retry=decided, as_sent=True
@@ -545,22 +547,24 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if respond:
             return failure_response(error, call.request, call.record.snapshot())
         # A failure the guard does not retry at all (off the generation paths, anything but a refused connection;
-        # the SDK's own read timeout) is the SDK's to retry or not, as without a guard; so is a call whose body the
-        # guard does not hold: its max_retries decides (0: this one request; else the next goes as a call of its own,
-        # with the rounds this call has left: the SDK's max_retries adds no request to the guard's max_attempts),
-        # unless no round is left after retries of the guard's own (`spent_out`): then it is final.
+        # the SDK's own read timeout) is the SDK's to retry or not, as without a guard: its max_retries decides (0:
+        # this one request; else the next goes as a call of its own, with the rounds this call has left: the SDK's
+        # max_retries adds no request to the guard's max_attempts), unless no round is left after retries of the
+        # guard's own (`spent_out`): then it is final. So is a body sent once as it came (an iterator's): its one
+        # attempt was the caller's one request. A multipart upload the guard read again for each attempt is as a
+        # body in memory: its attempts were the guard's retries (`Call.known_by` is how its SDK retry is known).
         sdk_decides = met and outcome.stopped == "not_retryable" and not spent_out
-        if call.streamed is not None:
+        if sent_once(call.streamed):
             pass
         elif not sdk_decides and (
             (self._retries and call.record.attempts) or isinstance(error, (TTFTTimeout, TotalTimeout))
         ):
             error.final = True  # its attempts or deadline spent
-            self._given_up.remember(call.request, call.body, error, call.clock())
+            self._given_up.remember(call.request, call.known_by, error, call.clock())
         elif sdk_decides:
             self._handed_to_sdk(call, spent, retried)
         elif len(self._given_up):  # the SDK may retry this one: not with another call's error of the same body
-            self._given_up.forget(call.request, call.body)
+            self._given_up.forget(call.request, call.known_by)
         raise error
 
     def _handed_to_sdk(self, call: Call, spent: int, retried: bool) -> None:
@@ -570,9 +574,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
         earlier call of the same body left."""
         if self._retries:
             rounds = spent + sum(a.kind != "continuation" for a in call.record.attempts)
-            self._given_up.remember(call.request, call.body, HandedBack(rounds, retried), call.clock())
+            self._given_up.remember(call.request, call.known_by, HandedBack(rounds, retried), call.clock())
         elif len(self._given_up):
-            self._given_up.forget(call.request, call.body)
+            self._given_up.forget(call.request, call.known_by)
 
     @staticmethod
     async def _raise_unless_network_failure(call: Call, last: AttemptFailure) -> None:
@@ -600,13 +604,13 @@ class GuardTransport(httpx.AsyncBaseTransport):
             kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _RETRY_HEADERS]
             answer = (response.status_code, kept, last.body if last.unread is None else None)  # None: not kept
             self._given_up.remember(
-                call.request, call.body, replace(episode, answer=answer, record=record), call.clock()
+                call.request, call.known_by, replace(episode, answer=answer, record=record), call.clock()
             )
             return response
         await self._raise_unless_network_failure(call, last)
         error = attempts_error(call, outcome.failures, None)
         await lease.aclose("timeout" if isinstance(error, GuardTimeout) else "error", error.cause)
-        self._given_up.remember(call.request, call.body, replace(episode, error=error), call.clock())
+        self._given_up.remember(call.request, call.known_by, replace(episode, error=error), call.clock())
         raise error
 
     async def _decline(self, call: Call, episode: Episode) -> httpx.Response:
@@ -616,7 +620,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if episode.error is not None:
             error = again_error(episode.error, call.request, 1)
             error.cause, error.final = "budget_exhausted", True
-            self._given_up.remember(call.request, call.body, episode.error, call.clock())
+            self._given_up.remember(call.request, call.known_by, episode.error, call.clock())
             raise error
         assert episode.answer is not None
         status, raw, body = episode.answer

@@ -41,6 +41,7 @@ from llmguard_client._core.failure import read_timeout
 from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease
 from llmguard_client._core.outcome import Win
+from llmguard_client._http.upload import sent_once
 from llmguard_client._layers.attempt import error_kind
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
@@ -268,7 +269,8 @@ class GuardBody(httpx.AsyncByteStream):
             call.record.not_continued_because("total_deadline")
         if not self._stall_tripped and self._given_up is not None and not call.record.stream:
             error.final = True  # the total deadline is the call's, across every attempt: nothing more is sent
-            self._given_up.remember(call.request, call.body, error, call.clock())
+            if not sent_once(call.streamed):  # a body sent once as it came is never taken for a retry
+                self._given_up.remember(call.request, call.known_by, error, call.clock())
         await self._end("timeout", error.cause)
         raise error
 

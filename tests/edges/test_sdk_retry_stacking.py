@@ -219,6 +219,27 @@ async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memo
     assert await memory.recall(request, now=1.0) is None
 
 
+async def test_an_upload_is_known_without_its_body() -> None:
+    """A multipart upload the guard sends as it reads it is not held, and each SDK request of it draws a new
+    boundary: it is known by its method, URL, caller, media type and length. A first request of it forgets what
+    an earlier upload left; a request without a retry count is never taken for a retry."""
+
+    def upload(count: str | None, boundary: str, length: str = "1000", **headers: str) -> httpx.Request:
+        sdk = {} if count is None else {"x-stainless-retry-count": count}
+        kind = {"content-type": f"multipart/form-data; boundary={boundary}", "content-length": length}
+        return httpx.Request("POST", "http://a/v1/files", headers={**kind, **sdk, **headers})
+
+    memory = GivenUp()
+    memory.remember(upload("0", "b0"), None, AllAttemptsFailed("the upload"), now=0.0)
+    again = await memory.recall(upload("1", "b1"), now=1.0, held=False)  # another boundary: the same call
+    assert isinstance(again, AllAttemptsFailed) and "the upload" in again.message
+    assert await memory.recall(upload("1", "b1", length="999"), now=1.0, held=False) is None  # another size
+    assert await memory.recall(upload(None, "b1", **OPENAI_1_40_HEADERS), now=1.0, held=False) is None  # uncounted
+    assert await memory.recall(upload("0", "b2"), now=2.0, held=False) is None  # a new upload from this task...
+    assert await memory.recall(upload("1", "b3"), now=3.0, held=False) is None  # ...whose retry is its own
+    assert len(memory) == 0
+
+
 OPENAI_1_40_HEADERS = {
     "x-stainless-lang": "python",
     "x-stainless-package-version": "1.40.0",
