@@ -24,13 +24,14 @@ import pytest
 
 from llmguard_client import Guard, HedgePolicy, RetryPolicy, Tier, guard_failure
 from llmguard_client.telemetry.record import PhaseRecord
-from tests.edges.conftest import pools
+from tests.edges.conftest import eventually, pools
 
 openai = pytest.importorskip("openai")
 httpx2 = pytest.importorskip("httpx2")
 CLIENTS = ["openai async", "openai sync", "httpx async", "httpx sync"]
 PATH = "/v1/chat/completions"  # a generation path: a body in memory would be hedged and retried on any 5xx
 RetryMode = Literal["guard", "cooperative"]
+Answer = Literal["status", "hang", "cut"]
 WAIT = 5.0
 """The longest an iterator waits for the server to see its first chunk (only a buffering guard waits it out)."""
 
@@ -39,8 +40,10 @@ class UploadServer:
     """A raw HTTP/1.1 server on 127.0.0.1 that reads each upload itself: it notes the moment a request's first
     body bytes arrive (`first_bytes`), reads the body to its end and answers ``status`` (``hang``: never)."""
 
-    def __init__(self, status: int = 200, hang: bool = False) -> None:
+    def __init__(self, status: int = 200, hang: bool = False, plan: list[Answer] | None = None) -> None:
         self.status, self.hang = status, hang
+        self.plan = plan if plan is not None else []
+        """How to answer the next requests, one each (then as ``status`` and ``hang`` say)."""
         self.first_bytes = threading.Event()
         self.bodies: list[bytes] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -79,7 +82,11 @@ class UploadServer:
                     return
                 rest += more
             self.bodies.append(rest if length >= 0 else _dechunk(rest))
-            if self.hang:
+            answer_as = self.plan.pop(0) if self.plan else "hang" if self.hang else "status"
+            if answer_as == "cut":  # a 200 whose body ends early: the connection closes mid-body
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+                return
+            if answer_as == "hang":
                 while conn.recv(65536):  # until the client closes
                     pass
                 return
@@ -325,3 +332,94 @@ async def test_a_file_upload_is_retried_reading_its_file_again_and_never_hedged(
     assert status == 500 and len(bodies) == 3 and all(FILE in body for body in bodies)
     assert len(set(bodies)) == 1  # the same upload each time (one boundary)
     assert len(calls[0].attempts) == 3 and not calls[0].hedged and calls[0].one_attempt is None
+
+
+SDK_CLIENTS = ["openai async", "openai sync"]
+
+
+def sdk_client(guard: Guard, kind: str, url: str, factory: str = "http_client_for") -> Any:
+    """An openai client (default ``max_retries=2``) of ``kind`` over ``guard``, given ``guard.http_client_for`` (a
+    final failure is raised as openai's own error, which it does not retry) or ``guard.httpx2_client`` (it retries
+    whatever its HTTP client raises)."""
+    sync = kind == "openai sync"
+    sdk = openai.OpenAI if sync else openai.AsyncOpenAI
+    if factory == "http_client_for":
+        http: Any = guard.http_client_for(sdk)
+    else:
+        http = guard.sync_httpx2_client() if sync else guard.httpx2_client()
+    client = sdk(base_url=url + "/v1", api_key="k", http_client=http)
+    assert client.max_retries == 2
+    return client
+
+
+async def create_file(client: Any, data: bytes) -> Any:
+    """``client.files.create`` with ``data`` as the file, from this task (a sync client's in a worker thread)."""
+    create = functools.partial(client.files.create, file=("batch.jsonl", io.BytesIO(data)), purpose="batch")
+    return await (create() if isinstance(client, openai.AsyncOpenAI) else anyio.to_thread.run_sync(create))
+
+
+def received(server: UploadServer, at_least: int) -> int:
+    """Uploads the server read to their end (waiting for at least ``at_least``: the guard may give up on one
+    before the server's thread noted it)."""
+    eventually(lambda: len(server.bodies) >= at_least)
+    return len(server.bodies)
+
+
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+@pytest.mark.parametrize("factory", ["http_client_for", "httpx2_client"])
+@pytest.mark.parametrize("kind", SDK_CLIENTS)
+async def test_an_upload_past_its_deadline_reaches_the_server_once(kind: str, factory: str, mode: RetryMode) -> None:
+    """The tier's first-token deadline passes while the server holds the upload: the guard gives up, as on a JSON
+    call, and the SDK's retries send nothing (through ``http_client_for`` openai is given its own error and sends
+    none; through ``httpx2_client`` each fails at once), in either retry mode. Before: each of the SDK's two
+    retries was a new call with a fresh deadline, the whole file uploaded three times."""
+    server = UploadServer(hang=True)
+    try:
+        async with guard_over([server], ttft=0.5, mode=mode) as guard:
+            client = sdk_client(guard, kind, server.url, factory)
+            with guard.capture() as calls, pytest.raises(openai.APITimeoutError) as caught:
+                await create_file(client, FILE)
+    finally:
+        server.close()
+    cause = caught.value.__cause__
+    assert guard_failure(caught.value) == "ttft_timeout" and cause is not None
+    assert received(server, 1) == 1 and FILE in server.bodies[0]
+    if factory == "http_client_for":
+        assert getattr(cause, "final", False) and len(calls) == 1
+    else:
+        assert "retry 2 of a call the guard already gave up on" in str(cause)
+
+
+@pytest.mark.parametrize("kind", SDK_CLIENTS)
+async def test_an_upload_to_no_listener_is_tried_by_the_guard_alone(kind: str) -> None:
+    """Nothing listens: the guard's three attempts fail to connect and the SDK sends no retry of its own (before:
+    each SDK request was a call of three attempts, nine connection attempts in all)."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    async with Guard(
+        [url], retry=RetryPolicy(backoff_initial=0.01, backoff_max=0.02), instrumentation=None, transport_factory=pools
+    ) as guard:
+        client = sdk_client(guard, kind, url)
+        with guard.capture() as calls, pytest.raises(openai.APIConnectionError) as caught:
+            await create_file(client, FILE)
+    assert guard_failure(caught.value) == "all_attempts_failed"
+    assert [len(call.attempts) for call in calls] == [3]
+
+
+@pytest.mark.parametrize("kind", SDK_CLIENTS)
+async def test_another_upload_from_the_same_task_is_not_taken_for_a_retry(kind: str) -> None:
+    """After an upload given up on, the next one from the same task is sent, and so is the SDK's retry of it when
+    its answer breaks off: a first request forgets what an earlier upload of the same URL and size left, so that
+    retry is not answered with the earlier upload's error."""
+    server = UploadServer(plan=["hang", "cut", "status"])
+    other = FILE.replace(b"1", b"2")  # another file of the same size
+    try:
+        async with guard_over([server], ttft=0.5) as guard:
+            client = sdk_client(guard, kind, server.url, "httpx2_client")
+            with pytest.raises(openai.APITimeoutError):
+                await create_file(client, FILE)
+            done = await create_file(client, other)
+    finally:
+        server.close()
+    assert done is not None
+    assert received(server, 3) == 3 and [other in body for body in server.bodies] == [False, True, True]
