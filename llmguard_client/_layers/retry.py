@@ -12,7 +12,9 @@ After a round fails, `Retrier` decides whether and where to try again:
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`: a longer one, such as a
   daily quota's, sends the call that got it to another replica or ends it at once, final), or
-  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): this call's retry
+  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): a 429 at once, a 503, a 529 or
+  an in-stream overload error at its `REFUSALS_TO_COOL`-th in a row (a full queue; one refusing some calls at random
+  serves the others between, and a call it serves ends such a cool-down of the guard's own); this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After. A 429 whose rate-limit headers
@@ -40,8 +42,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit). After an overload answer
   without a Retry-After (a 503 or 529 of an engine whose queue is full, an in-stream overload error), a retry
   the budget refuses still goes at once to another replica that is ready (not cooling), as the plain SDK's
-  retry would be sent: an overload of every replica leaves none ready (each cools at its first refusal), and
-  there the bound holds;
+  retry would be sent, to another replica or back to this one after the same-replica backoff: an overload of
+  every replica leaves none ready (each cools at its `REFUSALS_TO_COOL`-th refusal in a row), and there the bound
+  holds;
 - on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
   answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
   after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
@@ -79,6 +82,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payme
 from llmguard_client._core.pipeline import Next
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
+from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
 from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats
@@ -322,18 +326,24 @@ class RetryLayer:
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 if _refused_for_its_size(failure):
                     self.replicas.probe_answered(state)  # room for the others: a cool-down it probed ends
+                    self.replicas.answered(state)
                     continue
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
+                refusals = self.replicas.refused(state)
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
+                    if not _cools(failure, refusals, state.probing):
+                        continue  # a refusal among calls served: not a full queue; its retry goes as the others'
                     seconds, why = policy.overload_cooldown, "overload"
                 asked = seconds if seconds > policy.max_retry_after else None
                 seconds = min(seconds, policy.max_retry_after)
-                self.replicas.cool_down(state, now, seconds, asked)
+                self.replicas.cool_down(state, now, seconds, asked, unnamed=why == "overload")
                 self._instrumentation.replica_cooled(state.name, seconds, why)
                 continue
             self.replicas.probe_answered(state)
+            if failure.status_code is not None:
+                self.replicas.answered(state)  # it took the request: its run of overload answers ends
             if failure.status_code in REJECTIONS:  # 401/403/404: weighed against the others', never a circuit's
                 self.replicas.rejected(state, now, failure.status_code)
                 continue
@@ -447,10 +457,17 @@ class RetryLayer:
                 state, wait = last.state, back
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
-        elif payment is None and route.kind != "continuation" and last.overload and ready and state is not last.state:
-            # An overload answer without a Retry-After (an engine's full queue) while another replica is ready: the
-            # retry the plain SDK would send, sent where it can be served. An overload of every replica leaves none
-            # ready (each cools at its first refusal), and there the budget's bound holds.
+        elif (
+            payment is None
+            and route.kind != "continuation"
+            and last.overload
+            and ready
+            and not self._provider_limit(last)
+        ):
+            # An overload answer without a Retry-After while a replica is ready (another one, or this one refusing
+            # some calls and serving the others): the retry the plain SDK would send, sent where it can be served. An
+            # overload of every replica leaves none ready (each cools at its `REFUSALS_TO_COOL`-th refusal in a row),
+            # and there the budget's bound holds.
             payment = call.pay_extra(route.budget, paced=True)
         if payment is None and route.kind != "continuation" and self._pace_alone(now, last, state, avoid):
             wait = max(wait, state.cooling_until - now)  # at the cool-down's end, past the budget's bound
@@ -517,6 +534,15 @@ def _server_paced(failure: AttemptFailure) -> bool:
     if failure.retry_after is not None:
         return failure.retry_after > 0.0
     return failure.status_code == 429
+
+
+def _cools(failure: AttemptFailure, refusals: int, probing: bool) -> bool:
+    """Whether an overload answer without a Retry-After cools its replica: a 429 does at once (the server refused this
+    client, cheaply: the cool-down stands in for the wait it did not name); a 503, a 529 or an in-stream overload error
+    does once it is the replica's `REFUSALS_TO_COOL`-th in a row (an engine whose queue is full refuses every call
+    until it frees, where one refusing some calls at random serves the others between), or when it answers the probe of
+    the replica's cool-down (refused again: the cool-down is renewed)."""
+    return failure.status_code == 429 or probing or refusals >= REFUSALS_TO_COOL
 
 
 def _refused_for_its_size(failure: AttemptFailure) -> bool:

@@ -36,6 +36,7 @@ from typing import Protocol, TypeVar
 __all__ = [
     "FIRST_PROBE",
     "PROBE_AT",
+    "REFUSALS_TO_COOL",
     "Cooling",
     "cool",
     "first_attempt_candidates",
@@ -52,6 +53,13 @@ PROBE_AT = 0.5
 FIRST_PROBE = 1.0
 """Seconds from the start of a cool-down to its first probe (at most `PROBE_AT` of it); each probe refused again
 waits twice as long as the last did before the next."""
+
+
+REFUSALS_TO_COOL = 3
+"""Overload answers without a Retry-After in a row (none served, nor answered otherwise, between them) at which the
+guard cools their replica itself: an engine whose queue is full refuses every call until it frees, where a replica
+refusing some calls at random serves the others between (a 503 or a 529 to half the calls: two in a row every
+fourth answer, three every eighth). A 429, or a Retry-After, cools at once."""
 
 
 class Cooling(Protocol):

@@ -74,6 +74,12 @@ class ReplicaState:
     open_until: float = 0.0
     """Monotonic time before which the circuit is open (the replica kept failing)."""
     consecutive_failures: int = 0
+    refusals: int = 0
+    """Overload answers in a row (generation calls): none served, nor answered otherwise, between them
+    (`ReplicaSet.refused`)."""
+    unnamed: bool = False
+    """The cool-down in force is the guard's own, for overload answers that named no wait (no Retry-After): a call
+    the replica serves ends it, as its probe's would."""
     tripped: bool = False
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
@@ -354,18 +360,35 @@ class ReplicaSet:
 
     # --- learning -------------------------------------------------------------------------
 
-    def cool_down(self, state: ReplicaState, now: float, seconds: float, asked: float | None = None) -> None:
+    def cool_down(
+        self, state: ReplicaState, now: float, seconds: float, asked: float | None = None, *, unnamed: bool = False
+    ) -> None:
         """The server asked for ``seconds`` of rest: no first attempts but probes until then (at growing intervals:
         `llmguard_client._routing.cooldown.cool`). ``asked``: its own Retry-After, when it was longer than
-        ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`)."""
+        ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`). ``unnamed``: the overload answers named no wait
+        (the guard's own cool-down): any call the replica serves ends it, not only its probe."""
         until = state.cooling_until
+        named = state.cooling(now) and not state.unnamed
         if not cool(state, now, seconds):
             return
+        state.unnamed = unnamed and not named
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
         if state.cooling_until != until:
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
             if self.shared is not None:
                 self.shared.cooled(state, seconds)
+
+    def refused(self, state: ReplicaState) -> int:
+        """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
+        answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
+        run."""
+        state.refusals += 1
+        return state.refusals
+
+    def answered(self, state: ReplicaState) -> None:
+        """``state`` answered a generation call with something other than overload (a 500, a 404, a 429 refusing
+        that request for its own size): its run of overload answers (`refused`) ends."""
+        state.refusals = 0
 
     def succeeded(
         self,
@@ -377,12 +400,17 @@ class ReplicaSet:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started, scaled to a typical
         prompt's: `TTFTStats.scale`): the circuit closes, a cool-down whose probe this was ends, and the router
         learns its TTFT and rate-limit headers."""
+        own = state.unnamed and (now is None or state.cooling(now))  # the guard's own cool-down: any call served ends
         if self.shared is not None:
-            if state.probing:  # the cool-down's own probe: the server serves again
+            if state.probing or own:  # the cool-down's own probe (or any call, for the guard's own): it serves again
                 self.shared.cleared(state)
             elif state.tripped:  # a circuit closing says nothing of a Retry-After another process was given
                 self.shared.closed(state)
+        if own:
+            state.cooling_until, state.probing, state.unnamed = 0.0, False, False
+            self.cooling_changed.notify()
         self._probe_ended(state)
+        state.refusals = 0
         if state.tripped:
             logger.info("llmguard: replica %s answered again; its circuit is closed", state.name)
         state.consecutive_failures = 0

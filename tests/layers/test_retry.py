@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from llmguard_client import (
 )
 from llmguard_client._budget.budget import BudgetSnapshot
 from llmguard_client._layers.retry import Backoff, RetryLayer
+from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, paced, run_virtual, virtual_guard
 
@@ -154,20 +156,27 @@ def test_an_overload_answer_without_retry_after_from_the_only_replica_is_paced_b
 ) -> None:
     """One hosted endpoint answering a 429, 503 or 529 with no Retry-After (some gateways and vLLM send none): the
     guard's own cool-down stands in for the wait, so the retry goes back when it ends and passes an empty budget,
-    as the plain SDK would retry. A 429 (the server refused this client) is paced from the start; a 503's or 529's
-    retry is refused by the budget first (counted), then paced, as there is nowhere else to go."""
-    fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan()])}
-    retry = RetryPolicy(overload_cooldown=1.5)
+    as the plain SDK would retry. A 429 (the server refused this client) cools it at once and is paced from the
+    start; a 503 or a 529 cools it at the `REFUSALS_TO_COOL`-th in a row (an engine whose queue is full): the retries
+    before it go after the same-replica backoff, refused by the budget first (counted), then paced, as there is
+    nowhere else to go."""
+    refusals = 1 if status == 429 else REFUSALS_TO_COOL
+    fakes = {"http://a.test": FakeReplica("a", [*[Plan(status=status, headers_after=0.01)] * refusals, Plan()])}
+    retry = RetryPolicy(overload_cooldown=1.5, max_attempts=refusals + 1)
     response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0), retry=retry)
-    assert snapshot is not None
-    assert response.status_code == 200 and (snapshot.paced, snapshot.refused) == (1, 0 if status == 429 else 1)
-    first, retry_attempt = record.attempts
-    assert (first.status_code, retry_attempt.kind, retry_attempt.outcome) == (status, "retry", "won")
-    assert first.finish is not None
+    assert snapshot is not None and response.status_code == 200
+    assert (snapshot.paced, snapshot.refused) == (refusals, 0 if status == 429 else refusals)
+    *refused, cooled, retry_attempt = record.attempts
+    assert [a.status_code for a in (*refused, cooled)] == [status] * refusals
+    run = [*refused, cooled]
+    for before, after in itertools.pairwise(run):
+        assert before.finish is not None and after.start - before.finish <= 1.0  # the same-replica backoff
+    assert (retry_attempt.kind, retry_attempt.outcome) == ("retry", "won")
+    assert cooled.finish is not None
     if status == 429:  # the server refused this client: its retry is spread past the cool-down's end
-        assert paced(retry_attempt.start - first.finish, 1.5)
+        assert paced(retry_attempt.start - cooled.finish, 1.5)
     else:
-        assert retry_attempt.start == pytest.approx(first.finish + 1.5, abs=1e-6)
+        assert retry_attempt.start == pytest.approx(cooled.finish + 1.5, abs=1e-6)
 
 
 def two_calls(
@@ -287,15 +296,17 @@ def test_a_429_reporting_room_left_refuses_that_request_only_and_cools_nothing(
 
 
 @BACKENDS
-@pytest.mark.parametrize("status", [408, 502])
+@pytest.mark.parametrize("status", [408, 502, 503, 529])
 def test_an_only_replica_failing_some_calls_retries_them_past_an_empty_budget_and_holds_back_no_other(
     backend: str, status: int
 ) -> None:
-    """A 408 (a request timeout from the server or a load balancer in front of it) or a 502 on the only replica,
-    with the budget empty: the retry goes past the budget after the same-replica backoff, as the SDKs' would (a
-    408 used to be handed back at once, final), and a call started meanwhile is sent at once. (Both used to cool
-    the replica for `overload_cooldown`: a replica answering 20 % of its calls with a 408 or a 500 served a
-    quarter of what the plain SDK did, every call waiting for the cool-down's probe.)"""
+    """A 408 (a request timeout from the server or a load balancer in front of it), a 502, or an overload answer
+    without a Retry-After (a 503, the hosted Anthropic API's 529) on the only replica, with the budget empty: the
+    retry goes past the budget after the same-replica backoff, as the SDKs' would (a 408 used to be handed back at
+    once, final), and a call started meanwhile is sent at once. (All used to cool the replica for
+    `overload_cooldown`: a replica answering 20 % of its calls with a 408 or a 500 served a quarter of what the
+    plain SDK did, and one answering half its calls 529 made them wait about 1 s each, every call waiting for the
+    cool-down's probe.)"""
     fakes = {"http://a.test": FakeReplica("a", [Plan(status=status, headers_after=0.01), Plan(), Plan()])}
     retry = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.2, overload_cooldown=1.5)
     # The other call starts after the first answer, before its retry.
@@ -434,11 +445,71 @@ def test_an_overload_answer_without_retry_after_is_retried_on_a_ready_replica_pa
 
 
 @BACKENDS
+def test_a_call_the_only_replica_serves_ends_the_cool_down_its_refusals_without_retry_after_set(backend: str) -> None:
+    """One endpoint refuses three calls in a row with a 503 and no Retry-After (here unretried), so the guard cools
+    it itself; a call sent before them is then served (its first token 0.3 s in): the endpoint has room, so the
+    cool-down ends there, and a call started after it is sent at once, not held for the cool-down's probe (0.5 s in
+    a 1 s cool-down). A probe's answer ends a cool-down a server asked for (a Retry-After), as before."""
+    refused = Plan(status=503, headers_after=0.01)
+    fakes = {"http://a.test": FakeReplica("a", [Plan(first_token_after=0.3), refused, refused, refused, Plan()])}
+    records: list[PhaseRecord] = []
+    cooled: list[float] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        retry = RetryPolicy(max_attempts=1)
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None, retry=retry) as virtual:
+            async with virtual.http_client() as client, anyio.create_task_group() as tg:
+
+                async def call(after: float) -> None:
+                    await anyio.sleep(after)
+                    await client.post("http://a.test" + CHAT, json=BODY)
+
+                tg.start_soon(call, 0.0)
+                for n in range(REFUSALS_TO_COOL):
+                    tg.start_soon(call, 0.01 * (n + 1))
+                await anyio.sleep(0.1)
+                cooled.append(virtual.snapshot().replicas[0].cooling_for)
+                tg.start_soon(call, 0.25)  # 0.35 s in: after the first call's first token
+
+    run_virtual(main, backend)
+    assert cooled[0] > 0.5  # the refusals cooled it
+    served, *refusals, last = sorted(records, key=lambda r: r.start)
+    assert [r.attempts[0].status_code for r in refusals] == [503] * REFUSALS_TO_COOL
+    assert served.status == "ok" and last.status == "ok"
+    assert last.attempts[0].start - last.start == pytest.approx(0.0, abs=1e-6)  # sent at once, not at the probe
+
+
+@BACKENDS
+@pytest.mark.parametrize("status", [503, 529])
+def test_replicas_refusing_some_calls_with_overload_retry_them_on_each_other_past_an_empty_budget(
+    backend: str, status: int
+) -> None:
+    """Two replicas each refusing some calls with an overload answer and no Retry-After (the hosted Anthropic API's
+    529 to half the calls, at random), an empty budget: a call refused by both is retried a third time on one of
+    them, past the budget, and served, as the plain SDK's third request to one of them would be. (Each refusal
+    used to cool its replica: with both cooling, none was ready, and the call ended ``budget_exhausted`` after two
+    requests; through the anthropic SDK, 33 of 60 calls were served where the plain SDK on one replica served 52.)"""
+    fakes = {
+        url: FakeReplica(url[7], [Plan(status=status, headers_after=0.01), Plan()])
+        for url in ("http://a.test", "http://b.test")
+    }
+    response, snapshot, record = one_virtual_call(backend, fakes, budget=BudgetPolicy(ratio=0.0, floor=0))
+    assert response.status_code == 200
+    assert snapshot is not None and (snapshot.paced, snapshot.refused) == (2, 2)
+    first, second, third = record.attempts
+    assert (first.status_code, second.status_code, third.outcome) == (status, status, "won")
+    assert first.replica != second.replica and third.kind == "retry"
+
+
+@BACKENDS
 def test_an_overload_of_every_replica_without_retry_after_gets_no_retry_past_an_empty_budget(backend: str) -> None:
     """Three replicas answering every call 503 without a Retry-After (a fleet-wide overload), an empty budget, ten
-    calls 0.1 s apart: each replica cools at its first refusal, so only the first call finds others ready to retry
-    on; the others end after one request each. The servers see 12 requests, where retries past the budget to
-    wherever a replica was ready would have sent up to 3 a call."""
+    calls 0.1 s apart: each replica cools at its `REFUSALS_TO_COOL`-th refusal in a row (3), so only the first three
+    calls find one ready to retry on, past the budget; the others end after one request each. The servers see 16
+    requests (12 when each replica cooled at its first refusal: the 2 refusals more per replica before it cools
+    account for the rest), where retries past the budget to wherever a replica was ready would have sent up to 3 a
+    call."""
     fakes = {
         url: FakeReplica(url[7], [Plan(status=503, headers_after=0.01)])
         for url in ("http://a.test", "http://b.test", "http://c.test")
@@ -453,8 +524,8 @@ def test_an_overload_of_every_replica_without_retry_after_gets_no_retry_past_an_
                     await anyio.sleep(0.1)
 
     run_virtual(main, backend)
-    assert sum(f.requests for f in fakes.values()) == 12
-    assert [len(r.attempts) for r in records] == [3, *[1] * 9]
+    assert sum(f.requests for f in fakes.values()) == 16
+    assert [len(r.attempts) for r in records] == [3, 3, 3, *[1] * 7]
 
 
 @dataclass
