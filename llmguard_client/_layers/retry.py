@@ -12,8 +12,8 @@ After a round fails, `Retrier` decides whether and where to try again:
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`: a longer one, such as a
   daily quota's, sends the call that got it to another replica or ends it at once, final), or
-  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): a 429 at once, a 503, a 529 or
-  an in-stream overload error at its `REFUSALS_TO_COOL`-th in a row (a full queue; one refusing some calls at random
+  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): a 429 or an in-stream overload
+  error at once, a 503 or a 529 at its `REFUSALS_TO_COOL`-th in a row (a full queue; one refusing some calls at random
   serves the others between, and a call it serves ends such a cool-down of the guard's own); this call's retry
   goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
@@ -538,11 +538,13 @@ def _server_paced(failure: AttemptFailure) -> bool:
 
 def _cools(failure: AttemptFailure, refusals: int, probing: bool) -> bool:
     """Whether an overload answer without a Retry-After cools its replica: a 429 does at once (the server refused this
-    client, cheaply: the cool-down stands in for the wait it did not name); a 503, a 529 or an in-stream overload error
-    does once it is the replica's `REFUSALS_TO_COOL`-th in a row (an engine whose queue is full refuses every call
-    until it frees, where one refusing some calls at random serves the others between), or when it answers the probe of
-    the replica's cool-down (refused again: the cool-down is renewed)."""
-    return failure.status_code == 429 or probing or refusals >= REFUSALS_TO_COOL
+    client, cheaply: the cool-down stands in for the wait it did not name), and so does an overload error inside a
+    200 stream (no SDK retries one: every retry of it is load the guard adds, kept within the budget's bound); a 503
+    or a 529 (which the SDKs retry themselves) does once it is the replica's `REFUSALS_TO_COOL`-th in a row (an engine
+    whose queue is full refuses every call until it frees, where one refusing some calls at random serves the others
+    between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is renewed)."""
+    in_stream = failure.stream_failure is not None
+    return failure.status_code == 429 or in_stream or probing or refusals >= REFUSALS_TO_COOL
 
 
 def _refused_for_its_size(failure: AttemptFailure) -> bool:

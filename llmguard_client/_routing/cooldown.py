@@ -59,7 +59,7 @@ REFUSALS_TO_COOL = 3
 """Overload answers without a Retry-After in a row (none served, nor answered otherwise, between them) at which the
 guard cools their replica itself: an engine whose queue is full refuses every call until it frees, where a replica
 refusing some calls at random serves the others between (a 503 or a 529 to half the calls: two in a row every
-fourth answer, three every eighth). A 429, or a Retry-After, cools at once."""
+fourth answer, three every eighth). A 429, an overload error inside a 200 stream, or a Retry-After, cools at once."""
 
 
 class Cooling(Protocol):
