@@ -310,9 +310,9 @@ class RetryPolicy:
     ``backoff_initial`` x 2^(round-1))]); a server's Retry-After replaces it
     for the replica that sent it, plus a random extra of up to half of it (at most ``backoff_max``, within the
     deadline), so calls it refused together come back at spread instants. A retry happens only before the first
-    token reached the caller, only if the shared budget allows (a retry the server paced, back to the replica that
-    sent a Retry-After or a 429 once that wait or its cool-down is over, is sent past it: `BudgetPolicy`), and only if
-    it fits the tier deadline.
+    token reached the caller, only if the shared budget allows (a retry the plain SDK would send goes paced past it:
+    back to the replica that sent a Retry-After or a 429 once that wait or its cool-down is over, or after the
+    same-replica backoff to a ready replica after a failure: `BudgetPolicy`), and only if it fits the tier deadline.
 
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
     call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [1/2, 1] x
@@ -399,13 +399,15 @@ class BudgetPolicy:
     """The shared budget of extra attempts (retries + hedges): at most ``ratio`` x the logical calls of the last
     ``window`` seconds, plus ``floor`` so a quiet client can still retry. ``scope="fleet"`` counts the calls and
     extra attempts of every process of ``Guard(fleet=..., name=...)``, one ``floor`` for all (docs/fleet.md).
-    A retry the server paced (back to the replica that answered with a Retry-After, or a 429 without one, once
-    that wait or the cool-down standing in for it is over) is sent even when the budget is empty, and charged
-    to it (``snapshot().paced`` counts those past the bound). So is, after an overload answer without a Retry-After
-    (vLLM's 503 for a full queue), a retry at once to another replica that is ready (not cooling: an overload of every
-    replica leaves none), and, on the only replica left (nowhere else to go), a
-    retry of a 5xx, overload answer or transport error the budget refused: the replica cools for
-    `RetryPolicy.overload_cooldown` unless it is cooling already, and the retry goes when that cool-down ends."""
+    The budget bounds the load the guard adds to the plain SDK's (retries sent at once elsewhere, hedges); a retry
+    the plain SDK would send goes *paced* past it, charged to it (``snapshot().paced`` counts those past the
+    bound): back to the replica that answered with a Retry-After, or a 429 without one, once that wait or the
+    cool-down standing in for it is over; after the replica's own failure (a 5xx, a 408, a transport error), after
+    the same-replica backoff, to a ready replica (circuit closed, not cooling; the one that failed when no other
+    is); after an overload answer without a Retry-After (vLLM's 503 for a full queue), at once to another replica
+    that is ready. Every replica cooling or open leaves none ready, and the bound holds; the only replica left
+    (nowhere else to go) takes it at its cool-down's end, and once its circuit has opened it cools for
+    `RetryPolicy.overload_cooldown` unless it is cooling already."""
 
     ratio: float = 0.1
     floor: int = 4

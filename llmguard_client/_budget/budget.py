@@ -62,9 +62,8 @@ class BudgetSnapshot:
     window_extras: int
     """Extra attempts charged to the current window (a conservative over-count)."""
     paced: int = 0
-    """Lifetime retries admitted past the bound, and not refunded, because they go back to the replica that
-    answered with a Retry-After (or a 429 without one), no sooner than it asked (`RetryBudget.try_acquire`); in
-    ``spent`` too."""
+    """Lifetime retries admitted past the bound, and not refunded, because they are paced as the plain SDK's
+    retry would be (`RetryBudget.try_acquire`); in ``spent`` too."""
     pending: int = 0
     """Tickets acquired but neither used (`BudgetTicket.settle`) nor refunded: 0 when no call is live."""
     scope: Literal["process", "fleet"] = "process"
@@ -155,13 +154,13 @@ class RetryBudget:
     The price is that up to one bucket (10 % of the window) of requests may go uncredited, so the
     effective ratio at steady state is between ``0.9 * ratio`` and ``ratio``.
 
-    One kind of extra attempt passes the bound: a *paced* retry, which goes back to the replica that answered
-    with a Retry-After, no sooner than it asked (or with a 429 without one, once the guard's cool-down standing
-    in for it ends; or, after an overload answer without one, at once to another replica that is ready, not
-    cooling; or to the only replica left, failing, at the end of the cool-down the guard puts it in when the bound
-    refused the retry: the retry layer decides). The server set its pace, as a provider's rate limit does
-    (the plain SDKs honour it too), so an empty budget does not end the call. It is still charged to the
-    window (hedges see the load) and counted in ``paced``; the bound above holds for every other extra attempt.
+    One kind of extra attempt passes the bound: a *paced* retry, one the plain SDK would send, at its pace: back to
+    the replica that answered with a Retry-After, no sooner than it asked (or with a 429 without one, once the
+    guard's cool-down standing in for it ends); after the replica's own failure, after the backoff of a retry to
+    the same replica, to a ready one; after an overload answer without a Retry-After, at once to another replica
+    that is ready (the retry layer decides). The bound is on the load the guard adds to the plain SDK's, so an
+    empty budget does not end such a call. It is still charged to the window (hedges see the load) and counted in
+    ``paced``; the bound above holds for every other extra attempt.
 
     With ``share`` (``BudgetPolicy(scope="fleet")``) the budget decides on the fleet's totals whenever they are
     in force, and keeps its own window for when they are not.

@@ -194,7 +194,7 @@ class AttemptFailure:
     def replica_failed(self) -> bool:
         """The replica failed the request itself: a transport error, a 5xx, or a 408 (it timed out on the request,
         as a replica that answers nothing in time does). What counts toward its circuit and its failure rate, and
-        what the only replica left may retry past an empty budget; an overload answer (429/503/529) is judged
+        what is retried, paced, past an empty budget; an overload answer (429/503/529) is judged
         before it (it cools the replica), and other 4xx are the request's."""
         status = self.status_code or 0
         if isinstance(self.error, httpx.PoolTimeout):  # the caller's own pool was full: the replica never saw it

@@ -29,8 +29,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
   otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``); while another call is
   the probe, the waiting calls go when it is served, and decide again when it is refused;
-- every retry is paid from the shared budget; an empty budget ends the call at once
-  with the last server answer. A retry after a refused connection is free: no server saw
+- every retry is paid from the shared budget. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need). A retry that goes back to the replica that answered with a
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
@@ -39,19 +38,20 @@ After a round fails, `Retrier` decides whether and where to try again:
   cool-down standing in for it ends (`_server_paced`). When the budget refuses the retry at once to another
   replica after such an answer, the retry goes back, paced, to the replica that asked, at its cool-down's end
   (`_back_to_asker`), as it would with that replica alone and as the plain SDK would retry, unless it is
-  excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit). After an overload answer
-  without a Retry-After (a 503 or 529 of an engine whose queue is full, an in-stream overload error), a retry
-  the budget refuses still goes at once to another replica that is ready (not cooling), as the plain SDK's
-  retry would be sent, to another replica or back to this one after the same-replica backoff: an overload of
-  every replica leaves none ready (each cools at its `REFUSALS_TO_COOL`-th refusal in a row), and there the bound
-  holds;
-- on the only replica left (one configured, or the others excluded or open), failures (5xx, 408s, overload
-  answers, transport errors) that empty the budget do not end the calls: the refused retry goes as a paced one
-  after the same-replica backoff, within the call's deadline and attempts (the plain SDK would retry there too);
-  once the replica's circuit has opened (it failed every call lately), it also cools for
-  `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``), new first attempts wait
-  for its probe, and the retry goes at the cool-down's end (the server sees probes, not a flood). A replica
-  that fails some calls and serves the others holds back no other call;
+  excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
+- the budget bounds the guard's *extra* load (retries at once elsewhere, hedges), never what the plain SDK would send:
+  a retry it refuses after the replica's own failure (a 5xx, a 408, a transport error, a reset before the first token,
+  an overload answer without a Retry-After) goes as a paced one (`_pace_refused`), to a ready replica (circuit closed,
+  not cooling; the one that failed when no other is ready) after the backoff of a retry to the same replica, as an
+  SDK's retry waits (at once after an overload answer: another replica is ready), within the call's deadline and
+  attempts. Every replica cooling (an overload of every one: each cools at its third refusal in a row, or its first
+  in-stream one) or open (panic mode) leaves none ready, and there the bound holds: circuits and cool-downs stop the
+  retries once the replicas fail everything. The only replica left (one configured, or the others excluded or open)
+  has nowhere else to send them: its retry goes at its cool-down's end when it is cooling, and once its circuit has
+  opened (it failed every call lately) it also cools for `RetryPolicy.overload_cooldown` unless it is already cooling
+  (reason ``"failing"``), new first attempts wait for its probe, and the retry goes at the cool-down's end (the server
+  sees probes, not a flood). A replica that fails some calls and serves the others holds back no other call; any other
+  refused retry ends the call at once with the last server answer;
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
@@ -457,22 +457,12 @@ class RetryLayer:
                 state, wait = last.state, back
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
-        elif (
-            payment is None
-            and route.kind != "continuation"
-            and last.overload
-            and ready
-            and not self._provider_limit(last)
-        ):
-            # An overload answer without a Retry-After while a replica is ready (another one, or this one refusing
-            # some calls and serving the others): the retry the plain SDK would send, sent where it can be served. An
-            # overload of every replica leaves none ready (each cools at its `REFUSALS_TO_COOL`-th refusal in a row),
-            # and there the budget's bound holds.
-            payment = call.pay_extra(route.budget, paced=True)
-        if payment is None and route.kind != "continuation" and self._pace_alone(now, last, state, avoid):
-            wait = max(wait, state.cooling_until - now)  # at the cool-down's end, past the budget's bound
-            if fits_deadline(call, now, wait, deadline):
-                payment = call.pay_extra(route.budget, paced=True)
+        elif payment is None and route.kind != "continuation":
+            least = self._pace_refused(now, last, state, ready, rounds, avoid)  # the retry the plain SDK would send
+            if least is not None:
+                wait = max(wait, least)
+                if fits_deadline(call, now, wait, deadline):
+                    payment = call.pay_extra(route.budget, paced=True)
         if payment is not None and state is last.state and server_paced and not self._provider_limit(last):
             # Back where the server set the pace: every call it refused then shares that wait; spread them past it.
             spread = wait + self.backoff.spread(wait, deadline - now - call.expected_ttft() - wait)
@@ -503,27 +493,44 @@ class RetryLayer:
         asked = min(last.retry_after or 0.0, self.policy.max_retry_after)
         return max(asked, state.cooling_until - now, 0.0)
 
-    def _pace_alone(
-        self, now: float, last: AttemptFailure, state: ReplicaState, avoid: tuple[ReplicaState, ...]
-    ) -> bool:
-        """Whether a retry the budget refused goes instead as a paced retry: it goes back to the only replica left
-        (nowhere else to go), which failed with a 5xx, a 408, an overload answer or a transport error, after the
-        backoff of a retry to the same replica, as an SDK's retry would. Only a replica whose circuit has opened
-        (it failed `RetryPolicy.circuit_failures` calls in a row, and none has succeeded since) is also cooled for
-        `RetryPolicy.overload_cooldown` unless it is already cooling (reason ``"failing"``): new first attempts wait
-        for its probe, and the retry goes at the cool-down's end. One that fails some calls and serves the others
-        (random 5xx or 408s) holds back no other call."""
+    def _pace_refused(
+        self,
+        now: float,
+        last: AttemptFailure,
+        state: ReplicaState,
+        ready: bool,
+        rounds: int,
+        avoid: tuple[ReplicaState, ...],
+    ) -> float | None:
+        """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error,
+        an overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced
+        retry, past the bound, as the plain SDK's retry would go; None when it does not (the bound holds).
+
+        It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed
+        the call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at
+        once after an overload answer (another replica is ready). Every replica cooling (an overload of every one:
+        each cools at its `REFUSALS_TO_COOL`-th refusal in a row, or its first in-stream one) or open (panic
+        mode) leaves none ready, and the bound holds. The only
+        replica left (one configured, or the others excluded or open) stands in for a ready one, cooling or open:
+        with nowhere else to go, the retry goes at the end of its cool-down; once its circuit has opened (it failed
+        `RetryPolicy.circuit_failures` calls in a row, none served since) it is also cooled for
+        `RetryPolicy.overload_cooldown` unless it is cooling already (reason ``"failing"``), so new first attempts
+        wait for its probe. A replica that fails some calls and serves the others holds back no other call."""
         assert self.policy is not None
-        failing = last.overload or last.replica_failed
-        if not failing or self._provider_limit(last) or state is not last.state:
-            return False
-        if self.replicas.alone(now, avoid) is not state:
-            return False
-        if state.tripped and not state.cooling(now):
+        if not (last.overload or last.replica_failed) or self._provider_limit(last):
+            return None
+        lone = self.replicas.alone(now, avoid) is state
+        if not lone and (not ready or state.open(now)):
+            return None
+        if lone and state.tripped and not state.cooling(now):
             seconds = self.policy.overload_cooldown
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")
-        return True
+        if state.cooling(now):
+            return state.cooling_until - now
+        if last.overload and state is not last.state:
+            return 0.0
+        return self.backoff.returning(rounds)
 
 
 def _server_paced(failure: AttemptFailure) -> bool:

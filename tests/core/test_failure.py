@@ -22,14 +22,16 @@ EMPTY = {"budget": BudgetPolicy(ratio=0.0, floor=0)}
 SCENARIOS: dict[str, tuple[int, dict[str, Any], str | None, int]] = {
     # status, Guard options, x-llmguard-cause, the guarded call's attempts
     "a 500 retried until the attempts are spent": (500, {}, "upstream_status", 3),
-    "a 500 not retried: the budget is empty": (500, EMPTY, "budget_exhausted", 1),
+    # A replica's own failure (a 500) is retried paced past an empty budget; a 429 asking for more rest than the
+    # guard waits is not sent back there, and its retry elsewhere is refused.
+    "a 429 not retried: the budget is empty": (429, EMPTY, "budget_exhausted", 1),
     "a 400 the guard does not retry": (400, {}, None, 1),
 }
 
 
 def guard_over(servers: list[LoopbackServer], status: int, options: dict[str, Any]) -> Guard:
     for server in servers:
-        server.script = Script(status=status, body=LONG_ERROR)
+        server.script = Script(status=status, body=LONG_ERROR, headers={"retry-after": "1000"} if status == 429 else {})
     retry = RetryPolicy(backoff_initial=0.001, backoff_max=0.002)
     return Guard(
         [s.url for s in servers],

@@ -108,18 +108,22 @@ async def test_an_explicit_attempt_limit_holds_whatever_max_retries_says(
     assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1"]
 
 
-async def test_the_budget_still_caps_the_sdks_retries(servers: list[LoopbackServer]) -> None:
-    """A fresh Guard's budget holds 4 retries (its floor): ``max_retries=5`` gets 5 requests, the last final
-    (over two replicas: on the only one left, a streak that empties the budget is paced by a cool-down)."""
+async def test_past_the_budget_the_sdks_retries_of_a_failure_go_paced(servers: list[LoopbackServer]) -> None:
+    """A fresh Guard's budget holds 4 retries (its floor); the SDK's fifth (``max_retries=5``) of a 500 goes paced
+    past it, as the plain SDK's would (after the same-replica backoff, counted in the budget's ``paced``): the call
+    gets the SDK's 6 requests, as without a guard, and the last answer is the SDK's to give up on. (The fifth
+    retry used to be refused, final, ``budget_exhausted``.)"""
     for server in servers:
         server.script = Script(status=500, body=ERROR)
-    async with cooperative([s.url for s in servers], Tier(ttft=10, total=20)) as guard:
+    async with cooperative([s.url for s in servers], Tier(ttft=10, total=20), same_replica_backoff=0.02) as guard:
         with pytest.raises(openai.InternalServerError) as caught:
             await sdk(guard, servers[0].url, max_retries=5).chat.completions.create(model="m", messages=MESSAGES)
-    assert caught.value.response.headers["x-should-retry"] == "false"
-    assert guard_failure(caught.value) == "budget_exhausted"
+        budget = guard.snapshot().budget
+    assert caught.value.response.headers["x-should-retry"] == "true"  # the guard would retry it; the SDK gave up
     received = sorted(r.headers.get("x-stainless-retry-count") for s in servers for r in s.received)
-    assert received == ["0", "1", "2", "3", "4"]
+    assert received == ["0", "1", "2", "3", "4", "5"]
+    # Refused twice: the fifth retry, sent paced, and a sixth the SDK did not send (its payment went back).
+    assert budget is not None and (budget.paced, budget.spent, budget.refused) == (1, 5, 2)
 
 
 async def test_a_streak_on_the_only_replica_is_paced_past_an_empty_budget(servers: list[LoopbackServer]) -> None:

@@ -371,16 +371,21 @@ def test_a_replica_failing_every_call_with_a_408_is_kept_away_as_one_failing_wit
 
 @BACKENDS
 @pytest.mark.parametrize("status", [500, 502])
-def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: str, status: int) -> None:
-    """Two replicas failing with a 5xx that is no overload answer: the retry would go to the other one, which is
-    extra load the budget bounds; the caller gets the answer at once and no replica is cooled for failing. (A 503
-    asks for a wait: the next test.)"""
+def test_with_another_replica_left_a_refused_retry_goes_paced_after_the_same_replica_backoff(
+    backend: str, status: int
+) -> None:
+    """Two replicas failing with a 5xx that is no overload answer, the budget empty: the retry at once to the other
+    one is extra load the budget bounds, so it is refused; it goes instead, paced past the bound, after the
+    same-replica backoff (0.25-0.5 s, then 0.5-1 s), as the plain SDK's retry would: the call gets the plain SDK's
+    3 requests, not more, and no replica is cooled for failing. (It used to end the call at once,
+    ``budget_exhausted``, final for the SDK, where the plain SDK's retries might have served it.)"""
     fakes = {
         url: FakeReplica(url[7], [Plan(status=status, headers_after=0.01)])
         for url in ("http://a.test", "http://b.test")
     }
     records: list[PhaseRecord] = []
     cooling: list[float] = []
+    snapshots: list[BudgetSnapshot] = []
 
     async def main() -> None:
         tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
@@ -388,12 +393,20 @@ def test_with_another_replica_left_an_empty_budget_still_ends_the_call(backend: 
         async with virtual_guard(fakes, records, tiers=tiers, hedge=None, budget=budget) as virtual:
             async with virtual.http_client() as client:
                 response = await client.post("http://a.test" + CHAT, json=BODY)
-            assert response.status_code == status and response.headers["x-llmguard-cause"] == "budget_exhausted"
+            assert response.status_code == status and response.headers["x-should-retry"] == "false"
             cooling.extend(r.cooling_for for r in virtual.snapshot().replicas)
+            snapshot = virtual.snapshot().budget
+            assert snapshot is not None
+            snapshots.append(snapshot)
 
     run_virtual(main, backend)
-    (record,) = records
-    assert len(record.attempts) == 1 and sum(f.requests for f in fakes.values()) == 1
+    (record,), (snapshot,) = records, snapshots
+    first, second, third = record.attempts
+    assert {first.replica, second.replica} == {"http://a.test", "http://b.test"}  # the other one first
+    assert sum(f.requests for f in fakes.values()) == 3
+    assert (snapshot.paced, snapshot.refused) == (2, 2)
+    assert first.finish is not None and 0.25 <= second.start - first.finish <= 0.5
+    assert second.finish is not None and 0.5 <= third.start - second.finish <= 1.0
     assert not any(c > 0 for c in cooling)
 
 
@@ -754,16 +767,18 @@ async def test_openai_against_an_always_failing_endpoint_sees_no_stacked_retries
 
 
 async def test_empty_budget_returns_the_last_server_answer(servers: list[LoopbackServer]) -> None:
-    """With another replica to retry on (the only one left is paced instead: the streak test above), after a 5xx
-    that asked for no wait (an overload answer's retry goes back, paced, to the replica that asked)."""
+    """With another replica to retry on, after a 429 whose Retry-After is longer than the guard waits (a failure of
+    the replica's own, a 5xx, would be retried paced past the budget: the tests above)."""
     for server in servers:
-        server.script = Script(status=500, body={"error": {"message": "broken", "type": "x"}})
+        server.script = Script(
+            status=429, headers={"retry-after": "1000"}, body={"error": {"message": "broken", "type": "x"}}
+        )
     records: list[PhaseRecord] = []
     budget = BudgetPolicy(ratio=0.0, floor=0)
     urls = [s.url for s in servers]
     async with make_guard(urls, records, budget=budget) as guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=BODY)
-    assert response.status_code == 500 and response.json()["error"]["message"] == "broken"
+    assert response.status_code == 429 and response.json()["error"]["message"] == "broken"
     assert response.headers["x-llmguard-cause"] == "budget_exhausted"
     assert sum(len(s.received) for s in servers) == 1
 
@@ -852,20 +867,24 @@ async def test_a_dead_replica_is_skipped_for_a_live_one(
 
 
 async def test_a_tier_budget_is_separate_from_the_shared_one(servers: list[LoopbackServer]) -> None:
-    for server in servers:  # two replicas: an empty budget ends the call (the only one left would pace it)
+    for server in servers:
         server.script = Script(status=500)  # not an overload status: retried after backoff
     records: list[PhaseRecord] = []
     tiers = {"t": Tier(ttft=2.0, total=10.0), "batch": Tier(ttft=5.0, total=60.0)}
     urls = [s.url for s in servers]
-    guard = make_guard(urls, records, tiers=tiers, tier_budgets={"batch": BudgetPolicy(ratio=0.0, floor=0)})
+    retry = RetryPolicy(same_replica_backoff=0.02)  # the paced retries' wait, short in real time
+    batch_budget = {"batch": BudgetPolicy(ratio=0.0, floor=0)}
+    guard = make_guard(urls, records, tiers=tiers, tier_budgets=batch_budget, retry=retry)
     async with guard, guard.http_client() as client:
         batch = await client.post(servers[0].url + CHAT, json=BODY, headers={"x-llmguard-tier": "batch"})
         interactive = await client.post(servers[0].url + CHAT, json=BODY)
-        assert guard.tier_budgets["batch"].refused == 1
+        # The batch tier's empty budget refused both retries, which went paced; the shared one paid the others.
+        batch_snapshot = guard.tier_budgets["batch"].snapshot()
+        assert (batch_snapshot.refused, batch_snapshot.paced) == (2, 2)
         assert guard.budget is not None and guard.budget.spent == 2
-    assert batch.headers["x-llmguard-cause"] == "budget_exhausted"
-    assert [len(r.attempts) for r in records] == [1, 3]
-    assert interactive.status_code == 500
+        assert (guard.budget.refused, guard.budget.snapshot().paced) == (0, 0)
+    assert [len(r.attempts) for r in records] == [3, 3]
+    assert batch.status_code == interactive.status_code == 500
 
 
 async def test_a_retry_cancelled_while_waiting_is_refunded(servers: list[LoopbackServer]) -> None:

@@ -1,0 +1,156 @@
+"""Retries the budget refuses after a replica's own failure go paced, as the plain SDK's retry would: two replicas
+failing a seeded share of requests, the openai SDK over the guard, in virtual time on asyncio and trio."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from llmguard_client import BudgetPolicy, PhaseRecord, RetryPolicy
+from llmguard_client._budget.budget import BudgetSnapshot
+from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+
+CALLS, SHARE, SEED = 40, 0.3, 7
+ATTEMPTS = RetryPolicy().max_attempts
+"""The requests a call gets: the guard's default, and the plain openai SDK's (``max_retries=2``)."""
+FAULTS = {
+    "500": Plan(status=500, headers_after=0.01),
+    "408": Plan(status=408, headers_after=0.01),
+    "reset": Plan(headers_after=0.01, reset_after_tokens=0),  # the stream breaks before its first token
+}
+
+
+@dataclass
+class SeededFaults(FakeReplica):
+    """A replica that fails the ``k``-th request of a call (named by its ``x-call-id``) with ``fault`` when
+    ``plan[call][k]`` says so, whichever replica that request goes to (``sent``, shared by the replicas, counts each
+    call's requests), and serves the others."""
+
+    fault: Plan = field(default_factory=Plan)
+    plan: dict[str, list[bool]] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        call = request.headers["x-call-id"]
+        k = self.sent.get(call, 0)
+        self.sent[call] = k + 1
+        self.plans = [self.fault if self.plan[call][k] else Plan()]  # read before the first await below
+        return await super().handle_async_request(request)
+
+
+def seeded_plan(seed: int) -> dict[str, list[bool]]:
+    """For each call, whether each of its `ATTEMPTS` requests fails (a `SHARE` of them, seeded)."""
+    draws = random.Random(seed)
+    return {f"c{i}": [draws.random() < SHARE for _ in range(ATTEMPTS)] for i in range(CALLS)}
+
+
+def plain_sdk(plan: dict[str, list[bool]]) -> tuple[set[str], int]:
+    """What the plain openai SDK on one replica makes of ``plan``: the calls its 3 attempts serve (one that does not
+    fail), and the requests it sends (up to the first that does not fail, at most 3 a call)."""
+    served = {call for call, fails in plan.items() if not all(fails)}
+    requests = sum(fails.index(False) + 1 if not all(fails) else ATTEMPTS for fails in plan.values())
+    return served, requests
+
+
+def window(retry: int, policy: RetryPolicy) -> float:
+    """The same-replica backoff's window before retry ``retry`` (1, 2, ...): the wait is in [1/2, 1] of it."""
+    return min(policy.backoff_max, policy.same_replica_backoff * 2.0 ** (retry - 1))
+
+
+@BACKENDS
+@pytest.mark.parametrize("budget", [BudgetPolicy(ratio=0.0, floor=0), BudgetPolicy(ratio=0.0, floor=2)])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_two_replicas_failing_a_random_share_serve_every_call_the_plain_sdk_serves(
+    backend: str, fault: str, budget: BudgetPolicy
+) -> None:
+    """Two replicas each failing a random 30 % of requests (a 500, a 408, a reset before the first token), the retry
+    budget empty or nearly so, the openai SDK streaming 40 calls through the guard. A retry the budget refuses goes
+    to the other replica (or back) after the same-replica backoff, paced past the bound, as the plain SDK's retry
+    would go: every call the plain SDK's 3 attempts serve is served, with as many requests. (The refused retry used
+    to end the call, ``budget_exhausted``, final for the SDK: two replicas served fewer calls than one.)"""
+    plan = seeded_plan(SEED)
+    sent: dict[str, int] = {}
+    fakes = {
+        url: SeededFaults(url[7], fault=FAULTS[fault], plan=plan, sent=sent)
+        for url in ("http://a.test", "http://b.test")
+    }
+    records: list[PhaseRecord] = []
+    served: set[str] = set()
+    snapshots: list[BudgetSnapshot] = []
+    policy = RetryPolicy()
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, budget=budget, hedge=None) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url="http://a.test/v1", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            for call in plan:
+                try:  # the stream read whole, as bytes (the SDK's retries as with its event iterator)
+                    async with client.chat.completions.with_streaming_response.create(
+                        model="m",
+                        messages=[{"role": "user", "content": "x"}],
+                        stream=True,
+                        extra_headers={"x-call-id": call},
+                    ) as response:
+                        body = await response.read()
+                except openai.APIError:
+                    continue
+                if body.endswith(b"data: [DONE]\n\n"):
+                    served.add(call)
+            await client.close()
+            snapshot = virtual.snapshot().budget
+            assert snapshot is not None
+            snapshots.append(snapshot)
+
+    run_virtual(main, backend)
+    plain_served, plain_requests = plain_sdk(plan)
+    assert served == plain_served
+    assert sum(f.requests for f in fakes.values()) == plain_requests  # no more load than the plain SDK's
+    (snapshot,) = snapshots
+    assert snapshot.paced > 0 and snapshot.refused == snapshot.paced  # each refused retry went, paced
+    for record in records:
+        for retry, (before, after) in enumerate(zip(record.attempts, record.attempts[1:], strict=False), start=1):
+            assert before.finish is not None
+            if budget.floor == 0:  # every retry paced: after the same-replica backoff, as the SDK's waits
+                w = window(retry, policy)
+                assert w / 2 - 1e-6 <= after.start - before.finish <= w + 1e-6
+            else:
+                assert after.start >= before.finish
+
+
+@BACKENDS
+def test_two_replicas_failing_every_call_send_no_more_than_the_plain_sdk_and_their_circuits_bound_it(
+    backend: str,
+) -> None:
+    """A fleet-wide outage: both replicas answer every call with a 500, the budget empty, 30 calls one after another.
+    The paced retries send each call's 3 requests (the plain SDK's), after the same-replica backoff, until both
+    circuits are open (`RetryPolicy.circuit_failures` calls each, every call counting once toward each); then, in
+    panic mode, an open circuit gets no retry past the budget: one request a call (about 41 requests for the 30
+    calls, where the plain SDK sends 90; the refused retries ended every call at one request before)."""
+    fakes = {
+        url: FakeReplica(url[7], [Plan(status=500, headers_after=0.01)]) for url in ("http://a.test", "http://b.test")
+    }
+    records: list[PhaseRecord] = []
+    policy = RetryPolicy()
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, budget=BudgetPolicy(ratio=0.0, floor=0), hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for _ in range(30):
+                    assert (
+                        await client.post("http://a.test/v1/chat/completions", json={"model": "m"})
+                    ).status_code == 500
+                    await anyio.sleep(0.5)
+
+    run_virtual(main, backend)
+    attempts = [len(r.attempts) for r in records]
+    assert sum(f.requests for f in fakes.values()) == sum(attempts) and max(attempts) <= ATTEMPTS
+    opened = policy.circuit_failures  # by then both circuits are open: every call counts once toward each
+    assert attempts[: opened - 1] == [ATTEMPTS] * (opened - 1)  # the plain SDK's requests, paced
+    assert sum(n > 1 for n in attempts[opened:]) <= 2  # then one a call (a half-open circuit's probe may retry)
+    assert sum(attempts) <= 30 * ATTEMPTS / 2  # the plain SDK: 90
