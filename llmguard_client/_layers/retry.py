@@ -12,10 +12,12 @@ After a round fails, `Retrier` decides whether and where to try again:
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`: a longer one, such as a
   daily quota's, sends the call that got it to another replica or ends it at once, final), or
-  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none): a 429 or an in-stream overload
-  error at once, a 503 or a 529 at its `REFUSALS_TO_COOL`-th in a row (a full queue; one refusing some calls at random
-  serves the others between, and a call it serves ends such a cool-down of the guard's own); this call's retry
-  goes at once to another replica that is not cooling; only when all are cooling does
+  `RetryPolicy.overload_cooldown` without one (vLLM and most engines send none), at its `REFUSALS_TO_COOL`-th
+  overload answer in a row (a full queue or a rate limit; one refusing some calls at random serves the others
+  between, and a call it serves ends such a cool-down of the guard's own; until then a Retry-After paces the
+  refused call's own retry only), or at once for a 429 without a Retry-After or reporting a limit spent, an
+  in-stream overload error, a Retry-After longer than the guard waits, or ``x-should-retry: false`` (`_cools`);
+  this call's retry goes at once to another replica that is not cooling; only when all are cooling does
   it wait, and only if the wait fits the tier's first-token deadline, otherwise it
   gives up at once, handing back the server's answer and its Retry-After. A 429 whose rate-limit headers
   report room left in every limit they report (`room_left`: the provider refused that request for its own
@@ -331,10 +333,10 @@ class RetryLayer:
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
                 refusals = self.replicas.refused(state)
+                if not _cools(failure, refusals, state.probing, policy.max_retry_after):
+                    continue  # a refusal among calls served: its own retry waits (its Retry-After), not the others
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
-                    if not _cools(failure, refusals, state.probing):
-                        continue  # a refusal among calls served: not a full queue; its retry goes as the others'
                     seconds, why = policy.overload_cooldown, "overload"
                 asked = seconds if seconds > policy.max_retry_after else None
                 seconds = min(seconds, policy.max_retry_after)
@@ -543,15 +545,23 @@ def _server_paced(failure: AttemptFailure) -> bool:
     return failure.status_code == 429
 
 
-def _cools(failure: AttemptFailure, refusals: int, probing: bool) -> bool:
-    """Whether an overload answer without a Retry-After cools its replica: a 429 does at once (the server refused this
-    client, cheaply: the cool-down stands in for the wait it did not name), and so does an overload error inside a
-    200 stream (no SDK retries one: every retry of it is load the guard adds, kept within the budget's bound); a 503
-    or a 529 (which the SDKs retry themselves) does once it is the replica's `REFUSALS_TO_COOL`-th in a row (an engine
-    whose queue is full refuses every call until it frees, where one refusing some calls at random serves the others
-    between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is renewed)."""
-    in_stream = failure.stream_failure is not None
-    return failure.status_code == 429 or in_stream or probing or refusals >= REFUSALS_TO_COOL
+def _cools(failure: AttemptFailure, refusals: int, probing: bool, longest: float) -> bool:
+    """Whether an overload answer cools its replica for the other calls: at its `REFUSALS_TO_COOL`-th in a row (a rate
+    limit or a full queue refuses every call until it frees, where a replica refusing some calls at random serves the
+    others between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is
+    renewed). At once: a 429 without a Retry-After (the server refused this client, cheaply: the cool-down stands in
+    for the wait it did not name) or whose rate-limit headers report none left in a limit (spent for every caller),
+    an overload error inside a 200 stream (no SDK retries one: every retry of it is
+    load the guard adds, kept within the budget's bound), a Retry-After longer than the guard waits (``longest``: a
+    quota's, which holds for every call) and an answer marked ``x-should-retry: false``. Before that, a Retry-After
+    paces the retry of the call that got it only (`RetryLayer._plan`), as the plain SDK's retry follows it."""
+    if failure.stream_failure is not None or probing or refusals >= REFUSALS_TO_COOL:
+        return True
+    if failure.status_code == 429 and (failure.retry_after is None or room_left(failure.headers) is False):
+        return True
+    return failure.retry_after is not None and (
+        failure.retry_after > longest or failure.headers.get("x-should-retry") == "false"
+    )
 
 
 def _refused_for_its_size(failure: AttemptFailure) -> bool:

@@ -56,10 +56,11 @@ waits twice as long as the last did before the next."""
 
 
 REFUSALS_TO_COOL = 3
-"""Overload answers without a Retry-After in a row (none served, nor answered otherwise, between them) at which the
-guard cools their replica itself: an engine whose queue is full refuses every call until it frees, where a replica
-refusing some calls at random serves the others between (a 503 or a 529 to half the calls: two in a row every
-fourth answer, three every eighth). A 429, an overload error inside a 200 stream, or a Retry-After, cools at once."""
+"""Overload answers in a row (none served, nor answered otherwise, between them) at which their replica cools: an
+engine whose queue is full, or a rate limit, refuses every call until it frees, where a replica refusing some calls
+at random serves the others between (a 503 or a 529 to half the calls: two in a row every fourth answer, three every
+eighth). Before it, a Retry-After paces the refused call's own retry only. At once: a 429 without a Retry-After or
+reporting a limit spent, an overload error inside a 200 stream, a Retry-After longer than the guard waits."""
 
 
 class Cooling(Protocol):
