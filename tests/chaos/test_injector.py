@@ -23,6 +23,7 @@ from llmguard_client import (
     guard_failure,
 )
 from llmguard_client._chaos import CHAOS_ENV
+from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
@@ -53,23 +54,31 @@ def attempts(record: PhaseRecord) -> list[tuple[str, str, str, str | None, tuple
 
 
 async def test_an_injected_429_cools_the_replica_and_the_retry_goes_elsewhere(servers: list[LoopbackServer]) -> None:
+    """Every call on ``a`` gets an injected 429 with a Retry-After: each is retried on ``b`` at once, and ``a`` cools
+    at its `REFUSALS_TO_COOL`-th refusal in a row (one among calls served holds back no other); then every call
+    goes to ``b``."""
     a, b = servers[0].url, servers[1].url
     records: list[PhaseRecord] = []
     chaos = Chaos(rate_limited=1.0, retry_after=60.0, replicas=[a], seed=1)
+    calls = 2 * REFUSALS_TO_COOL + 2
     async with make_guard(servers[:2], records, chaos=chaos) as guard:
-        texts = [await sdk_text(guard, a) for _ in range(3)]
+        texts = [await sdk_text(guard, a) for _ in range(calls)]
         snapshot = guard.snapshot()
-    assert texts == [" t0 t1 t2 t3 t4"] * 3
-    assert attempts(records[0]) == [
-        (a, "primary", "failed", "http_429", ("status_429",)),  # a fresh guard's first call goes to the first replica
-        (b, "retry", "won", None, ()),
-    ]
-    assert records[0].attempts[0].retry_after == 60.0 and records[0].attempts[0].status_code == 429
-    assert records[0].attempts[0].sent is None and records[0].attempts[0].headers is not None  # nothing was sent
-    assert [attempts(r) for r in records[1:]] == [[(b, "primary", "won", None, ())]] * 2  # a is cooling down
+    assert texts == [" t0 t1 t2 t3 t4"] * calls
+    refused = [r for r in records if r.attempts[0].replica == a]
+    assert len(refused) == REFUSALS_TO_COOL
+    for record in refused:
+        assert attempts(record) == [
+            (a, "primary", "failed", "http_429", ("status_429",)),
+            (b, "retry", "won", None, ()),
+        ]
+        assert record.attempts[0].retry_after == 60.0 and record.attempts[0].status_code == 429
+        assert record.attempts[0].sent is None and record.attempts[0].headers is not None  # nothing was sent
+    cooled = records.index(refused[-1])
+    assert [attempts(r) for r in records[cooled + 1 :]] == [[(b, "primary", "won", None, ())]] * (calls - cooled - 1)
     cooling = {r.name: r.cooling_for for r in snapshot.replicas}
     assert cooling[a] > 50.0 and cooling[b] == 0.0
-    assert servers[0].received == [] and len(servers[1].received) == 3  # an injected status sends nothing
+    assert servers[0].received == [] and len(servers[1].received) == calls  # an injected status sends nothing
     assert snapshot.idle
 
 

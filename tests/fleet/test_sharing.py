@@ -64,7 +64,9 @@ def test_a_retry_after_learned_by_one_process_holds_for_the_fleet(
     redis_server: RedisServer, servers: list[LoopbackServer]
 ) -> None:
     limited, healthy = servers[0], servers[1]
-    limited.script = Script(status=429, headers={"retry-after": str(RETRY_AFTER)}, body={"error": "slow down"})
+    # A hosted API's 429: its rate-limit headers report the limit spent for every caller, so it cools at once.
+    spent = {"retry-after": str(RETRY_AFTER), "x-ratelimit-remaining-requests": "0"}
+    limited.script = Script(status=429, headers=spent, body={"error": "slow down"})
     replicas = [limited.url, healthy.url]
     counts = {}
     for mode, url in (("fleet", redis_server.url), ("local", "none")):

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
-from llmguard_client._routing.cooldown import mirror_cool_down
+from llmguard_client._routing.cooldown import REFUSALS_TO_COOL, mirror_cool_down
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, paced, run_virtual, virtual_guard
 
@@ -75,8 +75,9 @@ async def test_one_replica_after_a_retry_after_120_a_500_is_not_relabelled_and_t
 def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_its_first_probe(backend: str) -> None:
     """One replica, ``Retry-After: 120`` (the default cap, the openai SDK's): a call whose deadline fits waits
     for the cool-down's first probe, a second in, and succeeds there; one whose deadline does not fit is refused
-    at once, with the cool-down's time left as its retry-after; after a winning probe every call goes at once."""
-    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
+    at once, with the cool-down's time left as its retry-after; after a winning probe every call goes at once. The
+    cool-down starts at the `REFUSALS_TO_COOL`-th refusal in a row (one among calls served holds back no other)."""
+    fake = FakeReplica("a", [*[Plan(status=429, retry_after="120")] * REFUSALS_TO_COOL, Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
@@ -88,23 +89,25 @@ def test_a_retry_after_cools_the_replica_and_a_call_that_fits_waits_for_its_firs
         guard = virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None, failure_mode="raise")
         async with guard, guard.http_client() as client:
             started = anyio.current_time()
-            first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
-            assert first.status_code == 429 and first.headers["retry-after"] == "120"  # the server's answer
-            assert fake.requests == 1  # its own retry could not wait for the Retry-After within 0.8 s
+            for n in range(REFUSALS_TO_COOL):
+                first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
+                assert first.status_code == 429 and first.headers["retry-after"] == "120"  # the server's answer
+                assert fake.requests == n + 1  # its own retry could not wait for the Retry-After within 0.8 s
             assert guard.snapshot().replicas[0].cooling_for == pytest.approx(120.0)
             with pytest.raises(AllReplicasCooling) as refused:
                 await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
             assert refused.value.retry_after == pytest.approx(120.0)
-            assert fake.requests == 1 and anyio.current_time() == started  # refused at once, before sending
+            cooled = REFUSALS_TO_COOL
+            assert fake.requests == cooled and anyio.current_time() == started  # refused at once, before sending
             with pytest.raises(AllReplicasCooling):
                 await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "mid"})
-            assert fake.requests == 1 and anyio.current_time() == started
+            assert fake.requests == cooled and anyio.current_time() == started
             response = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "long"})
             assert response.status_code == 200
             assert anyio.current_time() - started == pytest.approx(1.0, abs=0.01)  # the first probe
             assert guard.snapshot().replicas[0].cooling_for == 0.0  # the probe won: the cool-down is over
             second = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-tier": "short"})
-            assert second.status_code == 200 and fake.requests == 3
+            assert second.status_code == 200 and fake.requests == cooled + 2
 
     run_virtual(main, backend)
 
@@ -114,19 +117,20 @@ def test_a_call_waits_for_a_cooling_endpoints_probe_no_longer_than_its_clients_p
     """One replica cooling for a Retry-After of 120 s, the default tier (no first-token deadline): a call whose
     client allows a request 0.5 s of waiting before it is sent (``pool=0.5``) is refused at once, with the
     cool-down's time left (it waited 1 s for the first probe, past its caller's timeout); one whose client sets no
-    pool timeout waits for the probe."""
-    fake = FakeReplica("a", [Plan(status=429, retry_after="120"), Plan()])
+    pool timeout waits for the probe. The cool-down starts at the `REFUSALS_TO_COOL`-th refusal in a row."""
+    fake = FakeReplica("a", [*[Plan(status=429, retry_after="120")] * REFUSALS_TO_COOL, Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
         guard = virtual_guard({"http://a.test": fake}, records, tiers=None, hedge=None, failure_mode="raise")
         async with guard, guard.http_client(timeout=httpx.Timeout(600.0, pool=0.5)) as client:
-            first = await client.post("http://a.test" + CHAT, json=BODY, headers={"x-llmguard-max-attempts": "1"})
-            assert first.status_code == 429
+            for _ in range(REFUSALS_TO_COOL):
+                one = {"x-llmguard-max-attempts": "1"}
+                assert (await client.post("http://a.test" + CHAT, json=BODY, headers=one)).status_code == 429
             started = anyio.current_time()
             with pytest.raises(AllReplicasCooling) as refused:
                 await client.post("http://a.test" + CHAT, json=BODY)
-            assert anyio.current_time() == started and fake.requests == 1  # refused at once, nothing sent
+            assert anyio.current_time() == started and fake.requests == REFUSALS_TO_COOL  # refused at once
             assert refused.value.retry_after == pytest.approx(120.0) and "pool timeout (0.5s)" in str(refused.value)
             unbounded = await client.post("http://a.test" + CHAT, json=BODY, timeout=httpx.Timeout(600.0, pool=None))
             assert unbounded.status_code == 200
@@ -365,11 +369,12 @@ def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(ser
 def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_once_it_is_served(
     backend: str, status: int
 ) -> None:
-    """One replica answers a call ``Retry-After: 4``; three calls start 0.2 s later. The first call's retry waits
-    for the whole Retry-After (the server paces it) without taking the cool-down's probe: one new call is the
-    first probe at 1 s, and once it is served (its first token at 1.5 s) the cool-down is over and the two others
-    go at once, not at 4 s (or the spread past it)."""
-    fake = FakeReplica("a", [Plan(status=status, retry_after="4"), Plan(first_token_after=0.5)])
+    """One replica answers `REFUSALS_TO_COOL` calls in a row ``Retry-After: 4`` (the third cools it); three calls
+    start 0.2 s later. The first calls' retries wait for the whole Retry-After (the server paces them) without
+    taking the cool-down's probe: one new call is the first probe at 1 s, and once it is served (its first token at
+    1.5 s) the cool-down is over and the two others go at once, not at 4 s (or the spread past it)."""
+    refusals = [Plan(status=status, retry_after="4")] * REFUSALS_TO_COOL
+    fake = FakeReplica("a", [*refusals, Plan(first_token_after=0.5)])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
@@ -381,17 +386,20 @@ def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_o
 
             start = now()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)
+                for _ in range(REFUSALS_TO_COOL):
+                    tg.start_soon(call)
                 await anyio.sleep(0.2)
                 for _ in range(3):
                     tg.start_soon(call)
             assert guard.snapshot().replicas[0].cooling_for == 0.0
 
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent[:4] == [0.0, 1.0, 1.5, 1.5]  # the 429, the probe, the two others
-        assert paced(sent[4], 4.0, tolerance=1e-3)  # the first call's retry: its Retry-After, spread past it
-        first = next(r for r in records if len(r.attempts) == 2)
-        assert [a.status_code for a in first.attempts] == [status, 200]
+        cooled = REFUSALS_TO_COOL
+        assert sent[: cooled + 3] == [0.0] * cooled + [1.0, 1.5, 1.5]  # the refusals, the probe, the two others
+        for retry in sent[cooled + 3 :]:  # the first calls' retries: their Retry-After, spread past it
+            assert paced(retry, 4.0, tolerance=1e-3)
+        firsts = [r for r in records if len(r.attempts) == 2]
+        assert [[a.status_code for a in r.attempts] for r in firsts] == [[status, 200]] * cooled
 
     run_virtual(main, backend)
 
@@ -403,9 +411,8 @@ def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_
     most 2 s, later: the spread). Of the calls waiting since 1.2 s (for the end at 2 s), one whose
     deadline does not fit the wait for that probe is refused then, before it is sent; one whose deadline fits keeps
     waiting and is that probe."""
-    fake = FakeReplica(
-        "a", [Plan(status=429, retry_after="2"), Plan(status=429, retry_after="8", headers_after=0.5), Plan()]
-    )
+    refusals = [Plan(status=429, retry_after="2")] * REFUSALS_TO_COOL  # the third in a row cools the replica
+    fake = FakeReplica("a", [*refusals, Plan(status=429, retry_after="8", headers_after=0.5), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
@@ -424,19 +431,23 @@ def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_
 
             start = now()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)  # the 429 at 0 s; its retry at 2 s, when its Retry-After ends
+                for _ in range(REFUSALS_TO_COOL):  # the 429s at 0 s; their retries at 2 s, when the wait ends
+                    tg.start_soon(call)
                 await anyio.sleep(0.2)
                 tg.start_soon(call)  # the probe at 1 s, refused at 1.5 s; its retry at 9.5 s
                 await anyio.sleep(1.0)
                 tg.start_soon(call, "short")  # fits a wait to 2 s (its deadline is 3.7 s), not one to 3.5 s
                 tg.start_soon(call)
-            assert fake.requests == 5
+            assert fake.requests == 2 * REFUSALS_TO_COOL + 3
 
         assert [(at, error.retry_after) for at, error in refused] == [(pytest.approx(1.5), pytest.approx(8.0))]
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent[:2] == [0.0, 1.0] and sent[3] == 3.5  # the 429, the refused probe, the next probe
-        assert paced(sent[2], 2.0, tolerance=1e-3)  # the first call's retry: its Retry-After, spread past it
-        assert paced(sent[4] - 1.5, 8.0, tolerance=1e-3)  # the refused probe's retry, paced by its Retry-After
+        cooled = REFUSALS_TO_COOL
+        assert sent[: cooled + 1] == [0.0] * cooled + [1.0]  # the 429s, the refused probe
+        assert sent[2 * cooled + 1] == 3.5  # the next probe
+        for retry in sent[cooled + 1 : 2 * cooled + 1]:  # the first calls' retries: their Retry-After, spread past it
+            assert paced(retry, 2.0, tolerance=1e-3)
+        assert paced(sent[-1] - 1.5, 8.0, tolerance=1e-3)  # the refused probe's retry, paced by its Retry-After
 
     run_virtual(main, backend)
 
@@ -446,9 +457,8 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
     """The probe at 1 s hangs before its first token and its caller gives up at 1.3 s. Nothing answered it, so
     the cool-down still has no word from the server: the probe is due again, and of the two calls waiting since
     1.1 s one goes as the new probe at once; once that is served (at 1.8 s) the other goes, not at 4 s."""
-    fake = FakeReplica(
-        "a", [Plan(status=429, retry_after="4"), Plan(first_token_after=30.0), Plan(first_token_after=0.5), Plan()]
-    )
+    refusals = [Plan(status=429, retry_after="4")] * REFUSALS_TO_COOL  # the third in a row cools the replica
+    fake = FakeReplica("a", [*refusals, Plan(first_token_after=30.0), Plan(first_token_after=0.5), Plan()])
     records: list[PhaseRecord] = []
 
     async def main() -> None:
@@ -465,7 +475,8 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
 
             start = now()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)  # the 429 at 0 s; its retry at 4 s, when its Retry-After ends
+                for _ in range(REFUSALS_TO_COOL):  # the 429s at 0 s; their retries at 4 s, when the wait ends
+                    tg.start_soon(call)
                 await anyio.sleep(0.2)
                 tg.start_soon(given_up)
                 await anyio.sleep(0.9)
@@ -474,8 +485,11 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
             assert guard.snapshot().replicas[0].cooling_for == 0.0
 
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
-        assert sent[:4] == [0.0, 1.0, 1.3, 1.8]  # the 429, the probe given up, the next probe, the other
-        assert paced(sent[4], 4.0, tolerance=1e-3)  # the first call's retry: its Retry-After, spread past it
+        cooled = REFUSALS_TO_COOL
+        # the 429s, the probe given up, the next probe, the other
+        assert sent[: cooled + 3] == [0.0] * cooled + [1.0, 1.3, 1.8]
+        for retry in sent[cooled + 3 :]:  # the first calls' retries: their Retry-After, spread past it
+            assert paced(retry, 4.0, tolerance=1e-3)
 
     run_virtual(main, backend)
 
@@ -499,6 +513,9 @@ class DownUntil(FakeReplica):
 
 ONCE = {"x-llmguard-max-attempts": "1"}
 """The server's answer handed back as it is (no retry paced by its Retry-After)."""
+
+FIRSTS = [(f"first{n}", 0.0, "default") for n in range(REFUSALS_TO_COOL)]
+"""Calls refused together at 0 s, the last of them the refusal in a row that cools the replica."""
 
 
 def timeline(backend: str, fake: DownUntil, healthy_at: float, calls: list[tuple[str, float, str]]) -> dict[str, float]:
@@ -540,11 +557,12 @@ def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_secon
     a 2 s first-token deadline arriving at 3.2 s is served at once, where a probe half-way (at 60 s) had it
     refused and the other wait a minute. The server saw one request per probe meanwhile."""
     fake = DownUntil("a", status=status)
-    calls = [("first", 0.0, "default"), ("waiting", 0.5, "default"), ("recovered", 2.5, "default")]
+    calls = [*FIRSTS, ("waiting", 0.5, "default"), ("recovered", 2.5, "default")]
     served = timeline(backend, fake, 2.0, [*calls, ("interactive", 3.2, "interactive")])
-    assert fake.sent == [0.0, 1.0, 3.0, 3.2]  # the first answer, the probes at 1 s (refused) and 3 s, the last
+    # the first answers, the probes at 1 s (refused) and 3 s, the last
+    assert fake.sent == [0.0] * len(FIRSTS) + [1.0, 3.0, 3.2]
     assert served == {
-        "first": -status,
+        **{name: -status for name, _, _ in FIRSTS},
         "waiting": -status,
         "recovered": pytest.approx(3.0),  # the second probe, served
         "interactive": pytest.approx(3.2),  # at once
@@ -571,14 +589,16 @@ def test_a_server_that_keeps_refusing_sees_probes_at_doubling_intervals_six_in_1
                 await client.post("http://a.test" + CHAT, json=BODY, headers=ONCE)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)
+                for _ in range(REFUSALS_TO_COOL):  # refused in a row: the third cools the replica
+                    tg.start_soon(call)
                 while now() - start < 120.0:
                     await anyio.sleep(0.5)
                     tg.start_soon(call)
                 tg.cancel_scope.cancel()
 
     run_virtual(main, backend)
-    assert [round(t - start, 3) for t in fake.sent] == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0]
+    first = [0.0] * REFUSALS_TO_COOL
+    assert [round(t - start, 3) for t in fake.sent] == [*first, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0]
 
 
 @BACKENDS
@@ -588,10 +608,11 @@ def test_a_call_arriving_while_the_probe_is_in_flight_waits_for_its_answer(backe
     while that probe is in flight, waits for its answer (1.3 s) and goes then. It used to be refused at once: with
     the probe taken, its next chance was counted as the cool-down's end, two minutes on."""
     fake = DownUntil("a", [Plan(first_token_after=0.3)])
-    calls = [("first", 0.0, "default"), ("probe", 0.5, "default"), ("interactive", 1.1, "interactive")]
+    calls = [*FIRSTS, ("probe", 0.5, "default"), ("interactive", 1.1, "interactive")]
     served = timeline(backend, fake, 0.5, calls)  # "probe" waits for the first probe, at 1 s, and is it
-    assert fake.sent == [0.0, 1.0, 1.3]
-    assert served == {"first": -503, "probe": pytest.approx(1.3), "interactive": pytest.approx(1.6)}
+    assert fake.sent == [0.0] * len(FIRSTS) + [1.0, 1.3]
+    firsts = {name: -503 for name, _, _ in FIRSTS}
+    assert served == {**firsts, "probe": pytest.approx(1.3), "interactive": pytest.approx(1.6)}
 
 
 @dataclass

@@ -266,7 +266,10 @@ async def test_e2e_hedged_call(otel: Otel, servers: list[LoopbackServer]) -> Non
 
 
 async def test_e2e_retried_call(otel: Otel, servers: list[LoopbackServer]) -> None:
-    servers[0].script = Script(status=429, headers={"retry-after": "5"})
+    # A 429 reporting its limit spent for every caller: it cools the replica at once (one without such headers
+    # would at the third in a row).
+    spent = {"retry-after": "5", "x-ratelimit-remaining-requests": "0"}
+    servers[0].script = Script(status=429, headers=spent)
     async with e2e_guard(otel, [s.url for s in servers[:2]]) as guard, guard.http_client() as client:
         response = await client.post(servers[0].url + CHAT, json=STREAM_BODY)
         assert response.status_code == 200
