@@ -308,8 +308,7 @@ class RetryPolicy:
 
     Backoff is exponential with full jitter (uniform in [0, min(``backoff_max``,
     ``backoff_initial`` x 2^(round-1))]); a server's Retry-After replaces it
-    for the replica that sent it, plus a random extra of up to half of it (at most ``backoff_max``, within the
-    deadline), so calls it refused together come back at spread instants. A retry happens only before the first
+    for the replica that sent it. A retry happens only before the first
     token reached the caller, only if the shared budget allows (a retry the plain SDK would send goes paced past it:
     back to the replica that sent a Retry-After or a 429 once that wait or its cool-down is over, or after the
     same-replica backoff to a ready replica after a failure: `BudgetPolicy`), and only if it fits the tier deadline.

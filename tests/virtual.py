@@ -28,7 +28,6 @@ import trio
 import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
-from llmguard_client._layers.retry import PACED_SPREAD
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -183,11 +182,3 @@ def _completion(name: str) -> dict[str, Any]:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": name}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
-
-
-def paced(after: float, asked: float, maximum: float = 2.0, tolerance: float = 1e-6) -> bool:
-    """Whether a retry the server paced went ``after`` s after the answer that asked for ``asked`` s of rest (or
-    after the cool-down standing in for it): no sooner, and no more than the random spread past it (a share of the
-    wait, at most ``maximum``: the policy's ``backoff_max``) that keeps calls refused together from coming back
-    together."""
-    return asked - tolerance <= after <= asked + min(PACED_SPREAD * asked, maximum) + tolerance

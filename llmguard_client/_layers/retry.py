@@ -57,9 +57,7 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
-  time, as an SDK retrying one endpoint does; a retry paced by the server (back to the replica that asked for the
-  wait) goes up to half its wait later (`Backoff.spread`, at most ``backoff_max``, within the deadline), so the
-  calls it refused together (a probe's waiting calls, a burst) do not all come back at the same instant;
+  time, as an SDK retrying one endpoint does;
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice.
@@ -92,10 +90,6 @@ from llmguard_client.config import HedgePolicy, RetryPolicy, deadline_text
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
 
-PACED_SPREAD = 0.5
-"""The most a paced retry waits past the wait its server asked for, as a share of that wait (`Backoff.spread`), at
-most the backoff's ``maximum``."""
-
 
 class Backoff:
     """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))]
@@ -118,15 +112,6 @@ class Backoff:
         min(``maximum``, ``same_replica`` x 2^(failures-1)), never near 0 (it may need a moment to recover)."""
         window = self._window(self._same_replica, failures)
         return self._rng.uniform(window / 2, window)
-
-    def spread(self, wait: float, room: float) -> float:
-        """A random extra on top of a paced ``wait`` (one a server's Retry-After set, which every call it refused at
-        once shares): uniform in [0, min(`PACED_SPREAD` x ``wait``, ``maximum``)], and never more than ``room`` (what
-        the call's deadline leaves past the wait). The calls' retries then reach the server at spread instants, as
-        the plain SDK's do (each met its refusal at its own instant), instead of all at the same one."""
-        if wait <= 0.0 or room <= 0.0:
-            return 0.0
-        return self._rng.uniform(0.0, min(PACED_SPREAD * wait, self._maximum, room))
 
     def _window(self, initial: float, n: int) -> float:
         return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
@@ -465,10 +450,6 @@ class RetryLayer:
                 wait = max(wait, least)
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
-        if payment is not None and state is last.state and server_paced and not self._provider_limit(last):
-            # Back where the server set the pace: every call it refused then shares that wait; spread them past it.
-            spread = wait + self.backoff.spread(wait, deadline - now - call.expected_ttft() - wait)
-            wait = spread if fits_deadline(call, now, spread, deadline) else wait
         if payment is None:
             return Failed(
                 reason=BudgetExhausted(

@@ -16,7 +16,7 @@ import pytest
 from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL, mirror_cool_down
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, now, paced, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
@@ -243,7 +243,9 @@ def test_a_429_with_provider_limits_is_retried_when_its_retry_after_ends(backend
     run_virtual(main, backend)
     first, retry = records[0].attempts
     assert first.status_code == 429 and first.finish is not None
-    assert paced(retry.start - first.finish, 4.0, tolerance=0.01)  # spread past it, as calls refused together are
+    assert retry.start - first.finish == pytest.approx(
+        4.0, abs=0.01
+    )  # when the wait ends, as calls refused together are
     assert fake.requests == 2
 
 
@@ -343,7 +345,7 @@ def test_a_retry_after_of_90_s_is_waited_for_whole_as_the_openai_sdk_does(backen
 
     run_virtual(main, backend)
     first, retry = records[0].attempts
-    assert first.finish is not None and paced(retry.start - first.finish, 90.0, tolerance=0.01)  # at most 2 s more
+    assert first.finish is not None and retry.start - first.finish == pytest.approx(90.0, abs=0.01)
 
 
 def test_the_sync_sdk_is_refused_before_sending_while_the_only_replica_cools(servers: list[LoopbackServer]) -> None:
@@ -372,7 +374,7 @@ def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_o
     """One replica answers `REFUSALS_TO_COOL` calls in a row ``Retry-After: 4`` (the third cools it); three calls
     start 0.2 s later. The first calls' retries wait for the whole Retry-After (the server paces them) without
     taking the cool-down's probe: one new call is the first probe at 1 s, and once it is served (its first token at
-    1.5 s) the cool-down is over and the two others go at once, not at 4 s (or the spread past it)."""
+    1.5 s) the cool-down is over and the two others go at once, not at 4 s."""
     refusals = [Plan(status=status, retry_after="4")] * REFUSALS_TO_COOL
     fake = FakeReplica("a", [*refusals, Plan(first_token_after=0.5)])
     records: list[PhaseRecord] = []
@@ -396,8 +398,8 @@ def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_o
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
         cooled = REFUSALS_TO_COOL
         assert sent[: cooled + 3] == [0.0] * cooled + [1.0, 1.5, 1.5]  # the refusals, the probe, the two others
-        for retry in sent[cooled + 3 :]:  # the first calls' retries: their Retry-After, spread past it
-            assert paced(retry, 4.0, tolerance=1e-3)
+        for retry in sent[cooled + 3 :]:  # the first calls' retries: when their Retry-After ends
+            assert retry == pytest.approx(4.0, abs=1e-3)
         firsts = [r for r in records if len(r.attempts) == 2]
         assert [[a.status_code for a in r.attempts] for r in firsts] == [[status, 200]] * cooled
 
@@ -407,10 +409,9 @@ def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_o
 @BACKENDS
 def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_others_then(backend: str) -> None:
     """A ``Retry-After: 2``; its probe at 1 s is answered ``Retry-After: 8`` at 1.5 s: the cool-down now ends at
-    9.5 s, its next probe 2 s later, at 3.5 s (the retries go when their Retry-After ends, or up to half of it, at
-    most 2 s, later: the spread). Of the calls waiting since 1.2 s (for the end at 2 s), one whose
-    deadline does not fit the wait for that probe is refused then, before it is sent; one whose deadline fits keeps
-    waiting and is that probe."""
+    9.5 s, its next probe 2 s later, at 3.5 s (the retries go when their Retry-After ends). Of the calls waiting
+    since 1.2 s (for the end at 2 s), one whose deadline does not fit the wait for that probe is refused then, before
+    it is sent; one whose deadline fits keeps waiting and is that probe."""
     refusals = [Plan(status=429, retry_after="2")] * REFUSALS_TO_COOL  # the third in a row cools the replica
     fake = FakeReplica("a", [*refusals, Plan(status=429, retry_after="8", headers_after=0.5), Plan()])
     records: list[PhaseRecord] = []
@@ -445,9 +446,9 @@ def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_
         cooled = REFUSALS_TO_COOL
         assert sent[: cooled + 1] == [0.0] * cooled + [1.0]  # the 429s, the refused probe
         assert sent[2 * cooled + 1] == 3.5  # the next probe
-        for retry in sent[cooled + 1 : 2 * cooled + 1]:  # the first calls' retries: their Retry-After, spread past it
-            assert paced(retry, 2.0, tolerance=1e-3)
-        assert paced(sent[-1] - 1.5, 8.0, tolerance=1e-3)  # the refused probe's retry, paced by its Retry-After
+        for retry in sent[cooled + 1 : 2 * cooled + 1]:  # the first calls' retries: when their Retry-After ends
+            assert retry == pytest.approx(2.0, abs=1e-3)
+        assert sent[-1] - 1.5 == pytest.approx(8.0, abs=1e-3)  # the refused probe's retry, paced by its Retry-After
 
     run_virtual(main, backend)
 
@@ -488,8 +489,8 @@ def test_a_probe_whose_caller_cancels_it_hands_the_probe_to_the_next_call_waitin
         cooled = REFUSALS_TO_COOL
         # the 429s, the probe given up, the next probe, the other
         assert sent[: cooled + 3] == [0.0] * cooled + [1.0, 1.3, 1.8]
-        for retry in sent[cooled + 3 :]:  # the first calls' retries: their Retry-After, spread past it
-            assert paced(retry, 4.0, tolerance=1e-3)
+        for retry in sent[cooled + 3 :]:  # the first calls' retries: when their Retry-After ends
+            assert retry == pytest.approx(4.0, abs=1e-3)
 
     run_virtual(main, backend)
 
