@@ -485,20 +485,19 @@ class RetryLayer:
         rounds: int,
         avoid: tuple[ReplicaState, ...],
     ) -> float | None:
-        """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error,
-        an overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced
-        retry, past the bound, as the plain SDK's retry would go; None when it does not (the bound holds).
+        """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error, an
+        overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced retry,
+        past the bound, as the plain SDK's retry would go; None when it does not (the bound holds).
 
-        It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed
-        the call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at
-        once after an overload answer (another replica is ready). Every replica cooling (an overload of every one:
-        each cools at its `REFUSALS_TO_COOL`-th refusal in a row, or its first in-stream one) or open (panic
-        mode) leaves none ready, and the bound holds. The only
-        replica left (one configured, or the others excluded or open) stands in for a ready one, cooling or open:
-        with nowhere else to go, the retry goes at the end of its cool-down; once its circuit has opened (it failed
-        `RetryPolicy.circuit_failures` calls in a row, none served since) it is also cooled for
-        `RetryPolicy.overload_cooldown` unless it is cooling already (reason ``"failing"``), so new first attempts
-        wait for its probe. A replica that fails some calls and serves the others holds back no other call."""
+        It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed the
+        call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at once
+        after an overload answer (another replica is ready). Every replica cooling (an overload of every one: each cools
+        at its `REFUSALS_TO_COOL`-th refusal in a row, or its first in-stream one) or open (panic mode) leaves none
+        ready, and the bound holds. The only replica left (one configured, or the others excluded or open) stands in for
+        a ready one, cooling or open: with nowhere else to go, the retry goes at the end of its cool-down; once its
+        circuit has opened (it failed `RetryPolicy.circuit_failures` calls in a row, none served since) it is also
+        cooled for `RetryPolicy.overload_cooldown` unless it is cooling already (reason ``"failing"``), so new first
+        attempts wait for its probe. A replica that fails some calls and serves the others holds back no other call."""
         assert self.policy is not None
         if not (last.overload or last.replica_failed) or self._provider_limit(last):
             return None
@@ -529,13 +528,13 @@ def _server_paced(failure: AttemptFailure) -> bool:
 def _cools(failure: AttemptFailure, refusals: int, probing: bool, longest: float) -> bool:
     """Whether an overload answer cools its replica for the other calls: at its `REFUSALS_TO_COOL`-th in a row (a rate
     limit or a full queue refuses every call until it frees, where a replica refusing some calls at random serves the
-    others between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is
-    renewed). At once: a 429 without a Retry-After (the server refused this client, cheaply: the cool-down stands in
-    for the wait it did not name) or whose rate-limit headers report none left in a limit (spent for every caller),
-    an overload error inside a 200 stream (no SDK retries one: every retry of it is
-    load the guard adds, kept within the budget's bound), a Retry-After longer than the guard waits (``longest``: a
-    quota's, which holds for every call) and an answer marked ``x-should-retry: false``. Before that, a Retry-After
-    paces the retry of the call that got it only (`RetryLayer._plan`), as the plain SDK's retry follows it."""
+    others between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is renewed).
+    At once: a 429 without a Retry-After (the server refused this client, cheaply: the cool-down stands in for the wait
+    it did not name) or whose rate-limit headers report none left in a limit (spent for every caller), an overload error
+    inside a 200 stream (no SDK retries one: every retry of it is load the guard adds, kept within the budget's bound),
+    a Retry-After longer than the guard waits (``longest``: a quota's, which holds for every call) and an answer marked
+    ``x-should-retry: false``. Before that, a Retry-After paces the retry of the call that got it only
+    (`RetryLayer._plan`), as the plain SDK's retry follows it."""
     if failure.stream_failure is not None or probing or refusals >= REFUSALS_TO_COOL:
         return True
     if failure.status_code == 429 and (failure.retry_after is None or room_left(failure.headers) is False):
