@@ -73,6 +73,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -115,6 +116,17 @@ class Backoff:
 
     def _window(self, initial: float, n: int) -> float:
         return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
+
+
+@dataclass(frozen=True)
+class AwaitServing:
+    """The budget refused a retry and no replica is ready to take it past the bound: wait until ``until`` for one to
+    serve a call again (`RetryLayer._await_serving`), then send the retry no sooner than ``earliest`` (its backoff, as
+    the plain SDK's retry waits), else end with ``refusal``."""
+
+    earliest: float
+    until: float
+    refusal: Failed
 
 
 class RetryLayer:
@@ -181,6 +193,8 @@ class RetryLayer:
             failed.extend(f.state for f in outcome.failures)
             used_up = allowed is not None and sent >= allowed
             plan = self._plan(call, route, outcome.failures[-1], rounds, used_up, failed)
+            if isinstance(plan, AwaitServing):
+                plan = await self._await_serving(call, route, outcome.failures[-1], rounds, failed, plan)
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
@@ -379,10 +393,19 @@ class RetryLayer:
         return failure.is_transport_error
 
     def _plan(
-        self, call: Call, route: Route, last: AttemptFailure, rounds: int, used_up: bool, failed: list[ReplicaState]
-    ) -> tuple[float, ReplicaState, Payment] | Failed:
+        self,
+        call: Call,
+        route: Route,
+        last: AttemptFailure,
+        rounds: int,
+        used_up: bool,
+        failed: list[ReplicaState],
+        *,
+        earliest: float | None = None,
+    ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
         """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
-        requests it may send are sent)."""
+        requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
+        ``earliest``: the call waited already (`_await_serving`); its retry goes no sooner, and a refusal stands."""
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
         if used_up:
@@ -398,7 +421,9 @@ class RetryLayer:
             avoid = (*avoid, last.state)
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
-        ready = state is not None  # not cooling: no replica is ready in an overload of every one
+        # Not cooling, and not in a run of overload answers that cooled it (a cool-down over with nothing served
+        # since): no replica is ready in an overload of every one.
+        ready = state is not None and state.refusals < REFUSALS_TO_COOL
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
             if soonest is None:  # every circuit open (outside panic mode), or all avoided
@@ -431,6 +456,8 @@ class RetryLayer:
             if last.retry_after is not None:
                 wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
+        if earliest is not None:
+            wait = max(wait, earliest - now)
         server_paced = _server_paced(last)
         paced = server_paced and state is last.state and not self._provider_limit(last)
         if paced:
@@ -451,7 +478,7 @@ class RetryLayer:
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
         if payment is None:
-            return Failed(
+            refused = Failed(
                 reason=BudgetExhausted(
                     f"the retry budget (shared by retries and hedges) is empty; tier {call.tier_name!r} call "
                     f"ends after {len(call.record.attempts)} attempt(s) with the last answer",
@@ -461,7 +488,70 @@ class RetryLayer:
                 ),
                 stopped="budget",
             )
+            waiting = (
+                None
+                if earliest is not None or route.kind == "continuation"
+                else self._patience(call, now, last, ready, rounds, avoid, deadline, refused)
+            )
+            return refused if waiting is None else waiting
         return wait, state, payment
+
+    def _patience(
+        self,
+        call: Call,
+        now: float,
+        last: AttemptFailure,
+        ready: bool,
+        rounds: int,
+        avoid: tuple[ReplicaState, ...],
+        deadline: float,
+        refused: Failed,
+    ) -> AwaitServing | None:
+        """After an overload answer without a Retry-After (a 503 or 529 status: a replica refusing a random share of
+        calls, or an engine's full queue), when the budget refused the retry and no replica is ready to take it past
+        the bound (each cooling at its third refusal in a row, or back from one with nothing served since): how long
+        the call waits for one to serve a call again, which ends its cool-down: the backoff of a retry to the same
+        replica, as the plain SDK's retry waits, or until the first cool-down ends if later, within the call's
+        deadline. None: it does not wait, the refusal stands."""
+        if not self._awaits_serving(last, ready):
+            return None
+        backoff = self.backoff.returning(rounds)
+        patience = max(backoff, self.replicas.cooling_left(now, avoid))
+        if not fits_deadline(call, now, patience, deadline):
+            return None
+        return AwaitServing(now + backoff, now + patience, refused)
+
+    def _awaits_serving(self, last: AttemptFailure, ready: bool) -> bool:
+        """Whether the retry of ``last``, refused by the budget with no replica ready, waits for one to serve again
+        (`_patience`): after an overload answer in a status, without a Retry-After."""
+        return (
+            not ready
+            and last.overload
+            and last.stream_failure is None
+            and not _server_paced(last)
+            and not self._provider_limit(last)
+        )
+
+    async def _await_serving(
+        self,
+        call: Call,
+        route: Route,
+        last: AttemptFailure,
+        rounds: int,
+        failed: list[ReplicaState],
+        waiting: AwaitServing,
+    ) -> tuple[float, ReplicaState, Payment] | Failed:
+        """Wait until ``waiting.until`` for a replica to serve a call again (`ReplicaSet.cooling_changed`: a served call
+        ends the guard's own cool-down), planning the retry anew at each change and at the end; the retry goes no sooner
+        than ``waiting.earliest`` (the waiters, woken together, go at their own backoffs). The budget's refusal stands
+        when no replica is ready by then."""
+        while True:
+            plan = self._plan(call, route, last, rounds, False, failed, earliest=waiting.earliest)
+            assert not isinstance(plan, AwaitServing)
+            left = waiting.until - call.clock()
+            if left <= 0.0 or not isinstance(plan, Failed) or plan.stopped != "budget":
+                return plan
+            await self.replicas.cooling_changed.wait(left)
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
         """When the budget refused a retry to another replica after ``last`` asked to wait (`_server_paced`: a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import anyio
 import httpx
@@ -13,6 +14,8 @@ import pytest
 
 from llmguard_client import BudgetPolicy, PhaseRecord, RetryPolicy
 from llmguard_client._budget.budget import BudgetSnapshot
+from llmguard_client._layers import retry as retry_layer
+from llmguard_client._routing import router
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
 
 CALLS, SHARE, SEED = 40, 0.3, 7
@@ -32,6 +35,8 @@ class SeededFaults(FakeReplica):
     call's requests), and serves the others."""
 
     fault: Plan = field(default_factory=Plan)
+    answer: Plan = field(default_factory=Plan)
+    """The answer to the requests the plan does not fail."""
     plan: dict[str, list[bool]] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)
 
@@ -39,7 +44,7 @@ class SeededFaults(FakeReplica):
         call = request.headers["x-call-id"]
         k = self.sent.get(call, 0)
         self.sent[call] = k + 1
-        self.plans = [self.fault if self.plan[call][k] else Plan()]  # read before the first await below
+        self.plans = [self.fault if self.plan[call][k] else self.answer]  # read before the first await below
         return await super().handle_async_request(request)
 
 
@@ -154,3 +159,78 @@ def test_two_replicas_failing_every_call_send_no_more_than_the_plain_sdk_and_the
     assert attempts[: opened - 1] == [ATTEMPTS] * (opened - 1)  # the plain SDK's requests, paced
     assert sum(n > 1 for n in attempts[opened:]) <= 2  # then one a call (a half-open circuit's probe may retry)
     assert sum(attempts) <= 30 * ATTEMPTS / 2  # the plain SDK: 90
+
+
+@BACKENDS
+def test_two_replicas_refusing_a_random_half_with_529_serve_the_calls_the_plain_sdk_serves(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas each answering a random half of requests with a 529 (no Retry-After: the hosted Anthropic API's
+    overload), the retry budget empty, four callers streaming 60 calls through the openai SDK, ten seeded runs. Three
+    refusals in a row cool a replica for the other calls, and at times both are cooling when the budget refuses a
+    call's retry: the retry then waits (its backoff, or until the first cool-down ends) for a replica to serve a call
+    again, which ends its cool-down, and goes there. The guard serves all but at most 1 % of the
+    calls the plain SDK's 3 attempts serve (the waiting retries, woken together, can meet three refusals in a row
+    and cool a replica again); the refused retry used to end the call at once (``budget_exhausted``: about 5 %)."""
+    lost = plain = 0
+    for seed in range(10):
+        seeded = SimpleNamespace(Random=lambda seed=seed: random.Random(seed))  # the guard's backoff, router draws
+        monkeypatch.setattr(retry_layer, "random", seeded)
+        monkeypatch.setattr(router, "random", seeded)
+        plan, served = _random_overload(backend, seed, calls=60, share=0.5)
+        plain_served, _ = plain_sdk(plan)
+        assert served <= plain_served
+        lost += len(plain_served - served)
+        plain += len(plain_served)
+    assert lost <= plain / 100
+
+
+def _random_overload(backend: str, seed: int, calls: int, share: float) -> tuple[dict[str, list[bool]], set[str]]:
+    """Four callers streaming ``calls`` calls over two replicas that answer a seeded ``share`` of requests with a 529
+    (`SeededFaults`), the budget empty: the plan, and the calls served."""
+    draws = random.Random(seed)
+    plan = {f"c{i}": [draws.random() < share for _ in range(ATTEMPTS)] for i in range(calls)}
+    sent: dict[str, int] = {}
+    overload, answer = Plan(status=529, headers_after=0.01), Plan(headers_after=0.01, first_token_after=0.02)
+    fakes = {
+        url: SeededFaults(url[7], fault=overload, answer=answer, plan=plan, sent=sent)
+        for url in ("http://a.test", "http://b.test")
+    }
+    records: list[PhaseRecord] = []
+    served: set[str] = set()
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, budget=BudgetPolicy(ratio=0.0, floor=0), hedge=None) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url="http://a.test/v1", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            queue = list(plan)
+
+            async def caller() -> None:
+                while queue:
+                    call = queue.pop(0)
+                    try:
+                        async with client.chat.completions.with_streaming_response.create(
+                            model="m",
+                            messages=[{"role": "user", "content": "x"}],
+                            stream=True,
+                            extra_headers={"x-call-id": call},
+                        ) as response:
+                            body = await response.read()
+                    except openai.APIError:
+                        continue
+                    if body.endswith(b"data: [DONE]\n\n"):
+                        served.add(call)
+
+            async with anyio.create_task_group() as callers:
+                for _ in range(4):
+                    callers.start_soon(caller)
+            await client.close()
+
+    state = random.getstate()
+    random.seed(seed)  # the SDK's own draws
+    try:
+        run_virtual(main, backend)
+    finally:
+        random.setstate(state)
+    return plan, served
