@@ -11,8 +11,9 @@ behind a proxy too. Faults, by a fixed cycle and at random (seeded), overlapping
 - chaos storms in the clients (`Chaos`: 429s with Retry-After and 503s at high rates), over a background of
   every injected fault at low rates (429, 503, reset, stall, cut, latency).
 
-The last fault is a Redis kill; during it client 0 gets one cool-down of its own (a 30 s Retry-After injected on
-the first replica one of its attempts goes to), which it can share only by its resync once Redis is back. From
+The last fault is a Redis kill; during it client 0 gets cool-downs of its own (a 30 s Retry-After's, of every
+replica, set in its replica states as a real 429 sets one: what an injected fault teaches is never shared), which
+it can share only by its resync once Redis is back. From
 that fault's start no client injects anything else: the chaos mode's faults are faults too, and a winning probe
 of another client's cool-down of the same replica would rightly end client 0's everywhere.
 
@@ -89,10 +90,10 @@ class Plan:
     faults: list[Fault] = field(default_factory=list)
     last_fault_end: float = 0.0
     probe: float = 0.0
-    """When client 0 injects its cool-down (seconds after the start)."""
+    """When client 0 gets its cool-downs (seconds after the start)."""
     quiet: float = 0.0
     """When every client stops injecting chaos (the final fault's start): after the last fault nothing is
-    injected but client 0's cool-down, so the state the clients must agree on is what the faults left."""
+    injected, and client 0's cool-downs are set, so the state the clients must agree on is what the faults left."""
 
     @property
     def calls_end(self) -> float:
@@ -181,7 +182,6 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
         seed=plan.seed * 100 + index,
     )
     storm = Chaos(rate_limited=0.3, unavailable=0.2, retry_after=1.0, seed=plan.seed * 100 + index + 50)
-    probe = Chaos(rate_limited=1.0, retry_after=PROBE_RETRY_AFTER)  # whichever replica the next attempt picks
     guard = Guard(
         plan.urls,
         tiers={"t": Tier(ttft=TTFT, total=TOTAL, stall=STALL)},
@@ -241,11 +241,12 @@ async def _worker(plan: Plan, index: int) -> dict[str, Any]:
         guard.set_chaos(None)
         if index == 0:
             await sleep_until(plan.probe)
-            guard.set_chaos(probe)
-            with anyio.move_on_after(2.4):  # until one of its attempts went to a replica and cooled it
-                while _cooling(guard) <= PROBE_RETRY_AFTER / 3:  # noqa: ASYNC110 - polled state
-                    await anyio.sleep(0.02)
-            guard.set_chaos(None)
+            # A real Retry-After's cool-down (an injected one stays in this process), of every replica (a lone one
+            # would end at its first probe, 1 s in): the repository's own harness sets them in the replica states, as
+            # the retry layer does for a real 429.
+            replicas = guard._replica_set
+            for state in replicas.states:
+                replicas.cool_down(state, guard._clock(), PROBE_RETRY_AFTER, injected=False)
             result["probe_cooling"] = _cooling(guard)
             result["probe_at"] = time.time() - plan.t0
 

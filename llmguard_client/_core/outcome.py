@@ -191,6 +191,11 @@ class AttemptFailure:
         return self.status_code in OVERLOAD_STATUSES
 
     @property
+    def injected(self) -> bool:
+        """Chaos mode injected a fault into the attempt (`Chaos`): what it teaches stays in this process."""
+        return bool(self.attempt.chaos)
+
+    @property
     def replica_failed(self) -> bool:
         """The replica failed the request itself: a transport error, a 5xx, or a 408 (it timed out on the request,
         as a replica that answers nothing in time does). What counts toward its circuit and its failure rate, and

@@ -5,8 +5,10 @@ Each is published twice when learned here: a key with the remaining time as its 
 event on ``llmguard:{name}:events`` (``...@db{N}`` on database N) that every process's listener mirrors into
 its own replica states at once. Calls read only those local states. A probe that succeeds ends the cool-down
 and the circuit everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
-Retry-After another process was given is that process's to probe. An event names the replica (its URL
-without credentials), what happened and for how long; nothing about a user or a prompt is stored.
+Retry-After another process was given is that process's to probe. What a fault injected by chaos mode taught a
+process (`ReplicaState.local_cool`, ``local_open``) is neither published nor written, nor ended by an event. An
+event names the replica (its URL without credentials), what happened and for how long; nothing about a user or a
+prompt is stored.
 
 A cool-down learned from another process is probed by that process; this one probes it only a step after that
 process's next probe would be, should it send none (`llmguard_client._routing.cooldown.mirror_cool_down`). A
@@ -116,9 +118,10 @@ class FleetMirror:
         elif kind == "open":
             self._open(state, now + ms / 1000)
         elif kind in ("clear", "close"):
-            state.open_until = min(state.open_until, now)
-            state.tripped = False
-            if kind == "clear":
+            if not state.local_open:  # a circuit an injected fault opened here is this process's to close
+                state.open_until = min(state.open_until, now)
+                state.tripped = False
+            if kind == "clear" and not state.local_cool:
                 state.cooling_until = min(state.cooling_until, now)
                 state.probing = False
                 state.probe_at = math.inf
@@ -131,9 +134,12 @@ class FleetMirror:
         pipe = client.pipeline(transaction=False)
         written: list[tuple[ReplicaState, Kind, int]] = []
         for s in self.states:
-            kinds: tuple[tuple[Kind, float], ...] = (("cool", s.cooling_until), ("open", s.open_until))
-            for kind, until in kinds:
-                if until - now > 0.001:
+            kinds: tuple[tuple[Kind, float, bool], ...] = (
+                ("cool", s.cooling_until, s.local_cool),
+                ("open", s.open_until, s.local_open),
+            )
+            for kind, until, local in kinds:
+                if until - now > 0.001 and not local:  # an injected fault's (`Chaos`) stays in this process
                     ms = math.ceil((until - now) * 1000)
                     pipe.set(self.store.key(kind, s.name), self.store.origin, px=ms, nx=True)
                     written.append((s, kind, ms))
@@ -159,6 +165,7 @@ class FleetMirror:
         if until <= state.cooling_until + _SLACK:
             return False
         mirror_cool_down(state, now, until)
+        state.local_cool = False  # the fleet's now, not an injected fault's
         return True
 
     @staticmethod
@@ -166,3 +173,4 @@ class FleetMirror:
         if until > state.open_until + _SLACK:
             state.open_until = until
             state.tripped = True
+            state.local_open = False

@@ -339,7 +339,9 @@ class RetryLayer:
                     seconds, why = policy.overload_cooldown, "overload"
                 asked = seconds if seconds > policy.max_retry_after else None
                 seconds = min(seconds, policy.max_retry_after)
-                self.replicas.cool_down(state, now, seconds, asked, unnamed=why == "overload")
+                self.replicas.cool_down(
+                    state, now, seconds, asked, unnamed=why == "overload", injected=failure.injected
+                )
                 self._instrumentation.replica_cooled(state.name, seconds, why)
                 continue
             self.replicas.probe_answered(state)
@@ -354,7 +356,9 @@ class RetryLayer:
                 if id(state) in counted:
                     continue
                 counted.add(id(state))
-            if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
+            if self.replicas.failed(
+                state, now, policy.circuit_failures, policy.circuit_cooldown, injected=failure.injected
+            ):
                 self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
 
     def _provider_limit(self, failure: AttemptFailure) -> bool:
@@ -369,11 +373,12 @@ class RetryLayer:
             and remaining_room(failure.headers) != (None, None)
         )
 
-    def broke(self, state: ReplicaState, now: float) -> None:
+    def broke(self, state: ReplicaState, now: float, *, injected: bool = False) -> None:
         """A stream that broke after its first token and was replaced by a continuation: counted toward its
-        replica's circuit like a transport error before the first token (it cost one extra request)."""
+        replica's circuit like a transport error before the first token (it cost one extra request); ``injected``:
+        the break was a `Chaos` fault."""
         policy = self.policy or RetryPolicy()
-        if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown):
+        if self.replicas.failed(state, now, policy.circuit_failures, policy.circuit_cooldown, injected=injected):
             self._instrumentation.replica_cooled(state.name, policy.circuit_cooldown, "circuit_open")
 
     def _retryable(self, call: Call, failure: AttemptFailure) -> bool:

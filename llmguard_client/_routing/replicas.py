@@ -82,6 +82,11 @@ class ReplicaState:
     the replica serves ends it, as its probe's would."""
     tripped: bool = False
     """The circuit opened before and no success has closed it since (half-open after the cool-down)."""
+    local_cool: bool = False
+    """The cool-down in force was set by an injected fault (`Chaos`): this process's own, never shared with a fleet
+    (neither it nor its end)."""
+    local_open: bool = False
+    """The same for the circuit: it was opened by an injected fault."""
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     """Speed, failures, drain and rate-limit room, as the router sees them."""
 
@@ -361,12 +366,21 @@ class ReplicaSet:
     # --- learning -------------------------------------------------------------------------
 
     def cool_down(
-        self, state: ReplicaState, now: float, seconds: float, asked: float | None = None, *, unnamed: bool = False
+        self,
+        state: ReplicaState,
+        now: float,
+        seconds: float,
+        asked: float | None = None,
+        *,
+        unnamed: bool = False,
+        injected: bool | None = None,
     ) -> None:
         """The server asked for ``seconds`` of rest: no first attempts but probes until then (at growing intervals:
         `llmguard_client._routing.cooldown.cool`). ``asked``: its own Retry-After, when it was longer than
         ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`). ``unnamed``: the overload answers named no wait
-        (the guard's own cool-down): any call the replica serves ends it, not only its probe."""
+        (the guard's own cool-down): any call the replica serves ends it, not only its probe. ``injected``: the
+        answer was a `Chaos` fault, so the cool-down stays in this process (see `_sharing`); None: no answer asked
+        for it (the guard's own, for a circuit that tripped), so it is local when that circuit is."""
         until = state.cooling_until
         named = state.cooling(now) and not state.unnamed
         if not cool(state, now, seconds):
@@ -375,8 +389,10 @@ class ReplicaSet:
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
         if state.cooling_until != until:
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
-            if self.shared is not None:
-                self.shared.cooled(state, seconds)
+            state.local_cool = state.local_open if injected is None else injected
+            shared = self._sharing(state.local_cool)
+            if shared is not None:
+                shared.cooled(state, seconds)
 
     def refused(self, state: ReplicaState) -> int:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
@@ -401,11 +417,17 @@ class ReplicaSet:
         prompt's: `TTFTStats.scale`): the circuit closes, a cool-down whose probe this was ends, and the router
         learns its TTFT and rate-limit headers."""
         own = state.unnamed and (now is None or state.cooling(now))  # the guard's own cool-down: any call served ends
-        if self.shared is not None:
-            if state.probing or own:  # the cool-down's own probe (or any call, for the guard's own): it serves again
-                self.shared.cleared(state)
-            elif state.tripped:  # a circuit closing says nothing of a Retry-After another process was given
-                self.shared.closed(state)
+        # The cool-down's own probe (or any call, for the guard's own): it serves again. A circuit closing says
+        # nothing of a Retry-After another process was given.
+        cleared = self._sharing(state.local_cool) if state.probing or own else None
+        closed = self._sharing(state.local_open) if state.tripped else None
+        if cleared is not None:
+            cleared.cleared(state)
+        elif closed is not None:
+            closed.closed(state)
+        if state.probing or own:
+            state.local_cool = False
+        state.local_open = False
         if own:
             state.cooling_until, state.probing, state.unnamed = 0.0, False, False
             self.cooling_changed.notify()
@@ -464,9 +486,12 @@ class ReplicaSet:
         """A failed attempt's response headers (rate-limit room); wins pass theirs to `succeeded`."""
         self.router.saw_headers(state, now, headers)
 
-    def failed(self, state: ReplicaState, now: float, threshold: int, cooldown: float) -> bool:
+    def failed(
+        self, state: ReplicaState, now: float, threshold: int, cooldown: float, *, injected: bool = False
+    ) -> bool:
         """Count a failure (connect error, 5xx, 408, reset); True when it opened the circuit. The first opening of an
-        episode is logged (a probe that fails again reopens it silently; the probe that succeeds says so)."""
+        episode is logged (a probe that fails again reopens it silently; the probe that succeeds says so).
+        ``injected``: the failure was a `Chaos` fault, so a circuit it opens stays in this process (see `_sharing`)."""
         state.consecutive_failures += 1
         self.router.failed(state, now)
         if (state.tripped or state.consecutive_failures >= threshold) and not state.open(now):
@@ -481,10 +506,18 @@ class ReplicaSet:
             state.open_until = now + cooldown
             state.consecutive_failures = 0
             state.tripped = True
-            if self.shared is not None:
-                self.shared.opened(state, cooldown)
+            state.local_open = injected
+            shared = self._sharing(injected)
+            if shared is not None:
+                shared.opened(state, cooldown)
             return True
         return False
+
+    def _sharing(self, local: bool) -> SharedState | None:
+        """Where a change is told (None: nowhere): the fleet, unless the change is ``local``, as what an injected
+        fault (`Chaos`) taught is (a cool-down, a circuit, and their end): a fault test in one process must not hold
+        back the calls of the others, which the replica never refused."""
+        return None if local else self.shared
 
     def transports(self) -> list[httpx.AsyncBaseTransport]:
         """Each replica's current transport."""

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 class Classify(Protocol):
     """The retry layer's failure classification, for a stream that broke after its first token."""
 
-    def broke(self, state: ReplicaState, now: float) -> None: ...
+    def broke(self, state: ReplicaState, now: float, *, injected: bool = False) -> None: ...
 
 
 class SplicedRest:
@@ -241,7 +241,7 @@ class CallContinuation:
         ended = outcome.attempt.start
         lasted = None if broken.first_token is None else ended - broken.first_token
         self.replicas.stream_finished(win.state, ended, ok=None, tokens=tokens - self.tokens, duration=lasted)
-        self.classify.broke(win.state, ended)
+        self.classify.broke(win.state, ended, injected=bool(broken.chaos))
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None
         splicer = Splicer(self.kind, win.facts.response_id, tokens, prompt_tokens)
         self.text, self.tokens, self.splicer = text, tokens, splicer
