@@ -233,9 +233,11 @@ class _Cut(httpx.AsyncByteStream):
         self._inner, self._attempt = inner, attempt
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
+        chunks = self._inner.__aiter__()
+        async for chunk in chunks:
             if self._attempt.first_token is not None:
                 self._attempt.attempt_chaos("cut")
+                await _break(chunks)
                 raise httpx.RemoteProtocolError(
                     "peer closed connection without sending complete message body (injected by Chaos)"
                 )
@@ -243,3 +245,19 @@ class _Cut(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+async def _break(chunks: AsyncIterator[bytes]) -> None:
+    """End ``chunks`` as a connection cut under a read ends a real body: its next read is cancelled at once, which
+    goes up through every async generator reading the body (httpx's, httpcore's), each closing what it holds (the
+    connection) on its way out, so none is left suspended for the garbage collector (which trio warns of). Chunks
+    already received meanwhile are dropped."""
+    while True:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+        if scope.cancelled_caught:
+            return

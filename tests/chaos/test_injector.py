@@ -4,6 +4,9 @@ its attempt's record; a fault scripted on the server instead gives the same atte
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import sys
 from typing import Any
 
 import anyio
@@ -29,6 +32,7 @@ from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual
 
 WHOLE = "".join(f" t{i}" for i in range(10))
 MESSAGES: Any = [{"role": "user", "content": "x"}]
+STREAM_BODY: Any = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 10}
 
 
 @pytest.fixture(autouse=True)
@@ -152,6 +156,52 @@ async def test_an_injected_cut_without_continuation_fails_as_a_real_reset(server
         assert record.attempts[0].error == record.cause  # the winner's break is its error too, as on its span
     injected, real = outcomes
     assert injected == real == (openai.APIConnectionError, "error", "remote_protocol_error", [(a, "primary", "won")])
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_injected_cut_leaves_no_async_generator_to_the_garbage_collector(
+    servers: list[LoopbackServer], backend: str
+) -> None:
+    """The body's readers (httpx's and httpcore's async generators) end with an injected cut, as with a real one,
+    continued, failed or in the control cohort; before, they were left suspended, ended by the garbage collector's
+    finalizer (on trio with ``ResourceWarning: Async generator ... was garbage collected before it had been
+    exhausted``)."""
+    a = servers[0].url
+    for s in servers[:2]:
+        s.script = Script(tokens=10, gap=0.005, continued=Script(tokens=None))
+    collected: list[str] = []
+    unraisable: list[str] = []
+
+    async def main() -> None:
+        firstiter, finalizer = sys.get_asyncgen_hooks()  # the event loop's: each generator keeps the one it met
+
+        def finalize(agen: Any) -> None:
+            collected.append(agen.ag_code.co_qualname)
+            assert finalizer is not None
+            finalizer(agen)
+
+        sys.set_asyncgen_hooks(firstiter, finalize)
+        try:
+            for kwargs in ({"continuation": ContinuationPolicy()}, {}, {"rollout": 0.0}):
+                async with make_guard(servers[:2], [], chaos=Chaos(cut=1.0, replicas=[a]), **kwargs) as guard:
+                    async with guard.http_client() as client:
+                        async with client.stream("POST", a + "/v1/chat/completions", json=STREAM_BODY) as answer:
+                            with contextlib.suppress(httpx.HTTPError):
+                                async for _ in answer.aiter_lines():
+                                    pass
+            gc.collect()
+            await anyio.sleep(0.01)  # the finalizer's closes, had there been any, run on the loop
+        finally:
+            sys.set_asyncgen_hooks(firstiter, finalizer)
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    try:
+        anyio.run(main, backend=backend)
+    finally:
+        sys.unraisablehook = previous
+    assert collected == []
+    assert unraisable == []
 
 
 async def test_an_injected_cut_reaches_the_control_cohort_too(servers: list[LoopbackServer]) -> None:
