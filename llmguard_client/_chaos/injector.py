@@ -202,8 +202,9 @@ def _stream(response: httpx.Response) -> httpx.AsyncByteStream:
 
 
 class _Stalled(httpx.AsyncByteStream):
-    """A body whose first bytes are held back ``seconds``: a replica that stalls before its first token. A read
-    timeout shorter than the stall ends the read then (`httpx.ReadTimeout`), as the pool ends a real one."""
+    """A body held back ``seconds`` from its start, its status and headers passed on at once: a replica that
+    queued the call (as a vLLM server's stream does) and stalls before its first token. A read timeout shorter
+    than the stall ends the read then (`httpx.ReadTimeout`), as the pool ends a real one."""
 
     def __init__(
         self, inner: httpx.AsyncByteStream, seconds: float, attempt: AttemptRecordBuilder, request: httpx.Request

@@ -59,8 +59,9 @@ class Chaos:
     unavailable:   answer 503 (nothing is sent).
     server_error:  answer 500 (nothing is sent).
     reset:         the connection is reset before an answer (an ``httpx.ReadError``; nothing is sent).
-    stall:         the request is sent, and the answer's first bytes are held back ``stall_for`` seconds; a read
-                   timeout shorter than that (the client's) ends the read at that timeout (``httpx.ReadTimeout``).
+    stall:         the request is sent, the answer's status and headers come at once and its body is held back
+                   ``stall_for`` seconds (a server that queued the call); a read timeout shorter than that (the
+                   client's) ends the read at that timeout (``httpx.ReadTimeout``): a stream's first read.
     cut:           the request is sent, and its stream is cut (``httpx.RemoteProtocolError``, as a peer closing
                    mid-body) at the first read after its first content token. An answer that is complete
                    by then (a non-streamed body) is not cut, nor marked.

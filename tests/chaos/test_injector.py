@@ -279,10 +279,12 @@ async def test_an_injected_stall_outlasting_the_sdks_read_timeout_times_out_as_a
     servers: list[LoopbackServer],
 ) -> None:
     """openai.AsyncOpenAI(timeout=0.5, max_retries=1) and a stall of 3 s after the headers, injected or the
-    replica's own (a stream's first token late; a whole body late): each request's read times out at the SDK's
-    0.5 s and the call fails as an `APITimeoutError` (the injected stall used to be waited out: served after 3 s,
-    one request). A whole body is read inside the SDK's request, which it retries once (the guard's timeout); a
-    stream's timeout meets its caller reading it, not retried (the SDK's own, as without a guard): 3 requests."""
+    replica's own (a stream's first token late, its headers sent at once as a server that queued the call sends
+    them; a whole body late): each request's read times out at the SDK's 0.5 s and the call fails as an
+    `APITimeoutError` (the injected stall used to be waited out: served after 3 s, one request). A whole body is
+    read inside the SDK's request (``create()`` raises), which it retries once (the guard's timeout); a stream's
+    ``create()`` returns and its timeout meets its caller reading it, not retried (the SDK's own, as without a
+    guard): 3 requests."""
     a = servers[0].url
     outcomes = []
     stalls = {True: Script(tokens=3, stall_before_first=3.0), False: Script(hang_before_headers=3.0)}
@@ -297,15 +299,17 @@ async def test_an_injected_stall_outlasting_the_sdks_read_timeout_times_out_as_a
             for stream in (True, False):
                 if scripts is not None:
                     servers[0].script = scripts[stream]
+                returned = False  # a stream's create() returns: its status and headers came at once
                 with pytest.raises(openai.APITimeoutError) as caught:
                     answer = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+                    returned = True
                     if stream:
                         [c async for c in answer]
-                outcomes.append((stream, guard_failure(caught.value)))
+                outcomes.append((stream, returned, guard_failure(caught.value)))
         assert servers[0].wait_for(lambda: len(servers[0].received) == 3)
         marks = [("stall",)] * 3 if chaos is not None else [()] * 3
         assert [attempts(r) for r in records] == [[(a, "primary", "failed", "read_timeout", m)] for m in marks]
-    assert outcomes == [(True, None), (False, "all_attempts_timed_out")] * 2
+    assert outcomes == [(True, True, None), (False, False, "all_attempts_timed_out")] * 2
 
 
 GET = ("GET", "http://a.test/v1/models", None)
