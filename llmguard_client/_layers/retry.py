@@ -166,6 +166,7 @@ class RetryLayer:
         failures: list[AttemptFailure] = []
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
+        asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
         allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
         sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
         rounds = 0
@@ -191,10 +192,14 @@ class RetryLayer:
             sent += len(outcome.failures)  # the round's requests: its first and its hedges, every one failed
             self.learn(call.clock(), outcome.failures, counted, judged=call.generation)
             failed.extend(f.state for f in outcome.failures)
+            self._remember_asked(call.clock(), outcome.failures, asked)
             used_up = allowed is not None and sent >= allowed
-            plan = self._plan(call, route, outcome.failures[-1], rounds, used_up, failed)
+            last_one = allowed is not None and sent + 1 >= allowed
+            plan = self._plan(
+                call, route, outcome.failures[-1], rounds, used_up, failed, asked=asked, last_one=last_one
+            )
             if isinstance(plan, AwaitServing):
-                plan = await self._await_serving(call, route, outcome.failures[-1], rounds, failed, plan)
+                plan = await self._await_serving(call, route, outcome.failures[-1], rounds, failed, plan, asked)
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
@@ -406,11 +411,16 @@ class RetryLayer:
         used_up: bool,
         failed: list[ReplicaState],
         *,
+        asked: dict[int, float] | None = None,
+        last_one: bool = False,
         earliest: float | None = None,
     ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
         """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
         requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
-        ``earliest``: the call waited already (`_await_serving`); its retry goes no sooner, and a refusal stands."""
+        ``asked``: when each replica's Retry-After to this call ends (a retry goes back no sooner); ``last_one``: the
+        retry is the last request the route may send. ``earliest``: the call waited already (`_await_serving`); its
+        retry goes no sooner, and a refusal stands."""
+        asked = asked or {}
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
         if used_up:
@@ -425,10 +435,24 @@ class RetryLayer:
             # go back there; another replica may serve it, else its answer is final at once.
             avoid = (*avoid, last.state)
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
-        state = self.replicas.pick_ready(now, (*avoid, *failed), key) or self.replicas.pick_ready(now, avoid, key)
+        state = self.replicas.pick_ready(now, (*avoid, *failed), key)
+        if state is None:  # back to one that failed this call: the one whose Retry-After to it ends first
+            state = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
+        elif last_one and last.retry_after is not None:
+            # The last request goes back to the replica whose Retry-After ends first, when that fits the deadline,
+            # rather than to one not tried: two that asked to wait say the limit is wider than one replica, and the
+            # plain SDK's last request waits it out.
+            asker = self._soonest_back(now, None, asked, failed, avoid)
+            if asker is not None and fits_deadline(call, now, asked[id(asker)] - now, deadline):
+                state = asker
         # Not cooling, and not in a run of overload answers that cooled it (a cool-down over with nothing served
         # since): no replica is ready in an overload of every one.
         ready = state is not None and state.refusals < REFUSALS_TO_COOL
+        if state is None and not last.overload:
+            # Every replica cooling (each asked for rest, e.g. a quota's long Retry-After), and this one failed without
+            # asking: its retry goes as a first attempt would, spread over them by the router, after its backoff (the
+            # plain SDK's retry waits that, not for a cool-down to end).
+            state = self.replicas.pick(now, avoid, key, take=False)
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
             if soonest is None:  # every circuit open (outside panic mode), or all avoided
@@ -463,8 +487,10 @@ class RetryLayer:
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
+        told = asked.get(id(state), now) - now  # its own Retry-After to this call: the retry goes no sooner
+        wait = max(wait, told)
         server_paced = _server_paced(last)
-        paced = server_paced and state is last.state and not self._provider_limit(last)
+        paced = (server_paced and state is last.state or told > 0.0) and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):
@@ -545,18 +571,45 @@ class RetryLayer:
         rounds: int,
         failed: list[ReplicaState],
         waiting: AwaitServing,
+        asked: dict[int, float],
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """Wait until ``waiting.until`` for a replica to serve a call again (`ReplicaSet.cooling_changed`: a served call
         ends the guard's own cool-down), planning the retry anew at each change and at the end; the retry goes no sooner
         than ``waiting.earliest`` (the waiters, woken together, go at their own backoffs). The budget's refusal stands
         when no replica is ready by then."""
         while True:
-            plan = self._plan(call, route, last, rounds, False, failed, earliest=waiting.earliest)
+            plan = self._plan(call, route, last, rounds, False, failed, asked=asked, earliest=waiting.earliest)
             assert not isinstance(plan, AwaitServing)
             left = waiting.until - call.clock()
             if left <= 0.0 or not isinstance(plan, Failed) or plan.stopped != "budget":
                 return plan
             await self.replicas.cooling_changed.wait(left)
+
+    def _remember_asked(self, now: float, failures: list[AttemptFailure], asked: dict[int, float]) -> None:
+        """Note in ``asked`` when each of ``failures``' Retry-Afters ends (at most `RetryPolicy.max_retry_after`): a
+        retry of this call goes back to that replica no sooner, whichever replica failed it since."""
+        longest = (self.policy or RetryPolicy()).max_retry_after
+        for failure in failures:
+            if failure.retry_after is not None and failure.retry_after > 0.0:
+                asked[id(failure.state)] = now + min(failure.retry_after, longest)
+
+    def _soonest_back(
+        self,
+        now: float,
+        chosen: ReplicaState | None,
+        asked: dict[int, float],
+        failed: list[ReplicaState],
+        avoid: tuple[ReplicaState, ...],
+    ) -> ReplicaState | None:
+        """Going back to a replica that failed this call: ``chosen`` (the router's choice among the ready ones), unless
+        it asked this call to wait (`asked`) and another that failed it lets it back sooner; with none chosen, the
+        ready one that asked whose wait ends first (None: none asked)."""
+        ready = [s for s in failed if self.replicas.allows(now, s, avoid) and not s.cooling(now) and not s.open(now)]
+        if chosen is None:
+            ready = [s for s in ready if id(s) in asked]
+        elif asked.get(id(chosen), now) <= now:
+            return chosen
+        return min(ready, key=lambda s: asked.get(id(s), now), default=chosen)
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
         """When the budget refused a retry to another replica after ``last`` asked to wait (`_server_paced`: a

@@ -984,3 +984,72 @@ def test_the_third_refusal_with_retry_after_in_a_row_cools_the_only_replica_for_
 
     run_virtual(main, backend)
     assert cooling[:-1] == [0.0] * (REFUSALS_TO_COOL - 1) and cooling[-1] == pytest.approx(4.0, abs=0.02)
+
+
+@dataclass
+class StrictLimit(FakeReplica):
+    """A rate limit of one request a second spent just before the first request: every request until a second after
+    it gets a 429 whose Retry-After is the whole seconds left (at least 1), the first after it is served."""
+
+    free_at: float | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        now = anyio.current_time()
+        self.free_at = now + 1.0 if self.free_at is None else self.free_at
+        left = self.free_at - now
+        self.plans = [Plan(status=429, retry_after=str(max(1, int(left + 0.999))))] if left > 0 else [Plan()]
+        return await super().handle_async_request(request)
+
+
+@BACKENDS
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replicas_all_asking_to_wait_get_the_last_request_after_the_first_wait_ends(
+    backend: str, replicas: int
+) -> None:
+    """Every replica refuses the call with a 429 and ``Retry-After: 1`` (a limit wider than one replica, or several
+    spent at once), and refuses anything sooner. The retries go at once to replicas not yet tried, then the last
+    request goes back to the first replica when its Retry-After ends, and is served, as the plain SDK's second request
+    would be. (A retry used to go back to the first replica at once after the second one's 429, before the wait the
+    first had asked of the call, and with three replicas the third request went to the third; the call failed in
+    milliseconds where the plain SDK was served after a second.)"""
+    names = ["http://a.test", "http://b.test", "http://c.test"][:replicas]
+    fakes: dict[str, FakeReplica] = {url: StrictLimit(url[7]) for url in names}
+    response, _, record = one_virtual_call(backend, fakes)
+    assert response.status_code == 200
+    first, *middle, last = record.attempts
+    assert [a.status_code for a in (first, *middle)] == [429] * (len(record.attempts) - 1)
+    assert last.outcome == "won" and last.replica == first.replica
+    assert first.finish is not None and last.start >= first.finish + 1.0 - 1e-6
+
+
+@BACKENDS
+def test_a_500_while_every_replica_cools_for_a_quota_is_retried_after_its_backoff_not_the_cool_down(
+    backend: str,
+) -> None:
+    """Both replicas answered a quota's 429 (``Retry-After: 86400``: each cools for `RetryPolicy.max_retry_after`),
+    then recover (two requests a call); the next call's first attempt, sent to a cooling replica as every replica is cooling, meets one 500.
+    Its retry goes after its backoff, as a first attempt would (the router spreads over the cooling replicas), and is
+    served, as the plain SDK's retry half a second later is. (It used to wait for a cool-down's end: 120 s.)"""
+    answers = [Plan(status=429, retry_after="86400")] * 2 + [Plan(status=500)]  # then served
+
+    @dataclass
+    class Recovering(FakeReplica):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            self.plans = [answers.pop(0) if answers else Plan()]  # the replicas' answers, in the order sent
+            return await super().handle_async_request(request)
+
+    fakes: dict[str, FakeReplica] = {url: Recovering(url[7]) for url in ("http://a.test", "http://b.test")}
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, hedge=None, retry=RetryPolicy(max_attempts=2)) as virtual:
+            async with virtual.http_client() as client:
+                for _ in range(2):
+                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY)).status_code)
+
+    run_virtual(main, backend)
+    assert statuses == [429, 200]
+    failed, served = records[1].attempts
+    assert failed.status_code == 500 and served.outcome == "won"
+    assert failed.finish is not None and served.start - failed.finish <= RetryPolicy().backoff_max
