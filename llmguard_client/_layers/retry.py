@@ -490,7 +490,7 @@ class RetryLayer:
         told = asked.get(id(state), now) - now  # its own Retry-After to this call: the retry goes no sooner
         wait = max(wait, told)
         server_paced = _server_paced(last)
-        paced = (server_paced and state is last.state or told > 0.0) and not self._provider_limit(last)
+        paced = ((server_paced and state is last.state) or told > 0.0) and not self._provider_limit(last)
         if paced:
             wait = max(wait, state.cooling_until - now)
         if not fits_deadline(call, now, wait, deadline):
