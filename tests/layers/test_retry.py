@@ -1027,9 +1027,10 @@ def test_a_500_while_every_replica_cools_for_a_quota_is_retried_after_its_backof
     backend: str,
 ) -> None:
     """Both replicas answered a quota's 429 (``Retry-After: 86400``: each cools for `RetryPolicy.max_retry_after`),
-    then recover (two requests a call); the next call's first attempt, sent to a cooling replica as every replica is cooling, meets one 500.
-    Its retry goes after its backoff, as a first attempt would (the router spreads over the cooling replicas), and is
-    served, as the plain SDK's retry half a second later is. (It used to wait for a cool-down's end: 120 s.)"""
+    then recover (two requests a call); the next call's first attempt, sent to a cooling replica as every replica is
+    cooling, meets one 500. Its retry goes after its backoff, as a first attempt would (the router spreads over the
+    cooling replicas), and is served, as the plain SDK's retry half a second later is. (It used to wait for a
+    cool-down's end: 120 s.)"""
     answers = [Plan(status=429, retry_after="86400")] * 2 + [Plan(status=500)]  # then served
 
     @dataclass
