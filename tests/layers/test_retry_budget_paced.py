@@ -62,6 +62,19 @@ def plain_sdk(plan: dict[str, list[bool]]) -> tuple[set[str], int]:
     return served, requests
 
 
+async def _streamed(client: openai.AsyncOpenAI, call: str) -> bool:
+    """Stream call ``call`` (its ``x-call-id``) through ``client``, read whole as bytes (the SDK retries as with its
+    event iterator): whether it was served to its end."""
+    try:
+        async with client.chat.completions.with_streaming_response.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True, extra_headers={"x-call-id": call}
+        ) as response:
+            body = await response.read()
+    except openai.APIError:
+        return False
+    return body.endswith(b"data: [DONE]\n\n")
+
+
 def window(retry: int, policy: RetryPolicy) -> float:
     """The same-replica backoff's window before retry ``retry`` (1, 2, ...): the wait is in [1/2, 1] of it."""
     return min(policy.backoff_max, policy.same_replica_backoff * 2.0 ** (retry - 1))
@@ -95,17 +108,7 @@ def test_two_replicas_failing_a_random_share_serve_every_call_the_plain_sdk_serv
                 base_url="http://a.test/v1", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
             )
             for call in plan:
-                try:  # the stream read whole, as bytes (the SDK's retries as with its event iterator)
-                    async with client.chat.completions.with_streaming_response.create(
-                        model="m",
-                        messages=[{"role": "user", "content": "x"}],
-                        stream=True,
-                        extra_headers={"x-call-id": call},
-                    ) as response:
-                        body = await response.read()
-                except openai.APIError:
-                    continue
-                if body.endswith(b"data: [DONE]\n\n"):
+                if await _streamed(client, call):
                     served.add(call)
             await client.close()
             snapshot = virtual.snapshot().budget
@@ -210,17 +213,7 @@ def _random_overload(backend: str, seed: int, calls: int, share: float) -> tuple
             async def caller() -> None:
                 while queue:
                     call = queue.pop(0)
-                    try:
-                        async with client.chat.completions.with_streaming_response.create(
-                            model="m",
-                            messages=[{"role": "user", "content": "x"}],
-                            stream=True,
-                            extra_headers={"x-call-id": call},
-                        ) as response:
-                            body = await response.read()
-                    except openai.APIError:
-                        continue
-                    if body.endswith(b"data: [DONE]\n\n"):
+                    if await _streamed(client, call):
                         served.add(call)
 
             async with anyio.create_task_group() as callers:
