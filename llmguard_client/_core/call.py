@@ -64,6 +64,9 @@ class Call:
     outside: tuple[ReplicaState, ...] = ()
     """Replicas this request must not go to: its URL means nothing there, or its state lives on another
     (`llmguard_client._routing.reach`). Every route of the call avoids them."""
+    beside: bool = False
+    """Its URL is on a replica's origin but outside every replica's base path (another Azure deployment, the
+    resource's own APIs: `llmguard_client._routing.reach.beside`): it speaks for that deployment only."""
     budget: RetryBudget | None = None
     """The budget this call's retries and hedges are paid from (its tier's, or the Guard's)."""
     ttft_stats: TTFTStats | None = None
@@ -91,6 +94,13 @@ class Call:
 
     def __post_init__(self) -> None:
         self.ttft_size = size_class(self.prompt_size())
+
+    @property
+    def judges(self) -> bool:
+        """Whether the call's answers speak for its replicas' generation calls, and their cool-downs and circuits
+        for it: a generation call under a replica's base path. Another API's call (files, embeddings) or one
+        `beside` the replicas' paths (another deployment) neither waits for a replica's cool-down nor feeds it."""
+        return self.generation and not self.beside
 
     @property
     def known_by(self) -> bytes | None:

@@ -385,6 +385,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         affinity = self._affinity
         key = affinity.key_for(headers.session, body, document) if affinity is not None else None
         generation = self._generation(path)
+        outside, beside = self._reach.where(request.method, request.url)
         observation = self._instrumentation.call_started(record)
 
         def finish(status: CallStatus, cause: str | None) -> None:  # the lease's last act (`_finish`)
@@ -409,7 +410,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             generation=generation,
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
-            outside=tuple(self._replicas.states[i] for i in self._reach.outside(request.method, request.url)),
+            outside=tuple(self._replicas.states[i] for i in outside),
+            beside=beside,
             budget=self._budgets.get(tier_name),
             ttft_stats=self._ttft_stats,
             affinity_key=key,

@@ -7,8 +7,10 @@ After a round fails, `Retrier` decides whether and where to try again:
   the server marked ``x-should-retry: false`` (as the openai and anthropic SDKs read it). Other POSTs
   than generation calls (embeddings, files...) are retried on connect errors only (the
   request never reached a server); a GET, HEAD or OPTIONS is retried as a generation call. Only the answers
-  to generation calls cool a replica or count toward its circuit: another API's statuses (a 429 of the files
-  API, a 503 of models.list) speak for that API only; its transport errors count (the host did not answer);
+  to generation calls under a replica's base path (`Call.judges`) cool a replica or count toward its circuit:
+  another API's or deployment's statuses (a 429 of the files API, a 503 of models.list, another Azure
+  deployment's quota) speak for it only; its transport errors count (the host did not answer). Such a call is
+  not held back by a replica's cool-down or circuit either (`_plan_unjudged`);
 - a replica that signalled overload (429, 503, 529, or an overload error inside a 200
   stream) cools down for its Retry-After (at most `RetryPolicy.max_retry_after`: a longer one, such as a
   daily quota's, sends the call that got it to another replica or ends it at once, final), or
@@ -176,7 +178,7 @@ class RetryLayer:
             avoid = (*route.avoid, *failed)
             outcome = await call_next(call, route.next(state, kind, payment, avoid, rounds=allowed, spent=sent))
             if isinstance(outcome, Win):
-                if not call.generation:  # another API's answer says nothing of the replica's generation calls
+                if not call.judges:  # another API's (or deployment's) answer says nothing of the replica's calls
                     return outcome
                 # Speed is learned from event streams only: a non-streaming "first token" is the whole body.
                 streamed, ttft = outcome.reader.chunks is not None, outcome.attempt.ttft
@@ -190,7 +192,7 @@ class RetryLayer:
             if outcome.reason is not None or not outcome.failures:
                 return Failed(failures, outcome.reason, outcome.stopped)
             sent += len(outcome.failures)  # the round's requests: its first and its hedges, every one failed
-            self.learn(call.clock(), outcome.failures, counted, judged=call.generation)
+            self.learn(call.clock(), outcome.failures, counted, judged=call.judges)
             failed.extend(f.state for f in outcome.failures)
             self._remember_asked(call.clock(), outcome.failures, asked)
             used_up = allowed is not None and sent >= allowed
@@ -208,16 +210,18 @@ class RetryLayer:
             await close_unread(call.lease, outcome.failures)  # retried: their answers go to nobody
             if route.kind != "continuation":
                 kind = "retry"
-            self.replicas.take_probe(state, call.clock() + wait, call.lease.hold)  # sent as the probe, if it is
+            if call.judges:  # sent as the probe, if it is (another API's call is no probe of the replica's)
+                self.replicas.take_probe(state, call.clock() + wait, call.lease.hold)
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
     async def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
         """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
         of its own (a continuation) pays for its first attempt too, and must fit its deadline. A call off the
-        generation paths (files, models, embeddings) does not wait for a cool-down: the server asked generation
-        calls for rest, and its other APIs may answer."""
-        if route.budget is None and route.replica is None and call.generation:
+        generation paths (files, models, embeddings) or beside the replicas' paths (another deployment) does not
+        wait for a cool-down (`Call.judges`): the server asked the replicas' generation calls for rest, and its
+        other APIs and deployments may answer."""
+        if route.budget is None and route.replica is None and call.judges:
             refused = await self._wait_for_first(call, route.avoid)
             if refused is not None:
                 return refused
@@ -227,8 +231,8 @@ class RetryLayer:
                 now,
                 route.avoid,
                 call.affinity_key,
-                cornered=bool(call.outside),
-                resting=call.generation,
+                cornered=bool(call.outside) or call.beside,
+                resting=call.judges,
                 keep=call.lease.hold,
             )
         else:
@@ -326,8 +330,7 @@ class RetryLayer:
             state = failure.state
             if failure.status_code is not None:
                 self.replicas.saw_headers(state, now, failure.headers)
-                if not judged:
-                    self.replicas.probe_answered(state)
+                if not judged:  # it was no probe: a probe of another call's answers for the replica
                     continue
             if failure.overload:  # 429/503/529 or an in-stream overload error, with or without Retry-After
                 if _refused_for_its_size(failure):
@@ -425,6 +428,8 @@ class RetryLayer:
             return Failed(stopped="not_retryable")
         if used_up:
             return Failed(stopped="rounds")
+        if not call.judges:
+            return self._plan_unjudged(call, route, last, rounds, failed)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -525,6 +530,43 @@ class RetryLayer:
                 else self._patience(call, now, last, ready, rounds, avoid, deadline, refused)
             )
             return refused if waiting is None else waiting
+        return wait, state, payment
+
+    def _plan_unjudged(
+        self, call: Call, route: Route, last: AttemptFailure, rounds: int, failed: list[ReplicaState]
+    ) -> tuple[float, ReplicaState, Payment] | Failed:
+        """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
+        deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
+        its own answers only, as the plain SDK's retry does: its backoff (at least the same-replica backoff back
+        to a replica that failed it) and its Retry-After (a longer one than `RetryPolicy.max_retry_after` is not
+        waited for: that replica is avoided, and the answer is final when no other can serve the call). It is
+        paid from the budget; one back to a replica that failed the call goes past it when it is empty (the retry
+        the plain SDK sends)."""
+        assert self.policy is not None
+        now = call.clock()
+        deadline = call.first_token_deadline if route.deadline is None else route.deadline
+        avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
+        if last.retry_after is not None and last.retry_after > self.policy.max_retry_after:
+            avoid = (*avoid, last.state)
+        key = call.affinity_key
+        state = self.replicas.pick(
+            now, (*avoid, *failed), key, cornered=True, resting=False, take=False
+        ) or self.replicas.pick(now, avoid, key, cornered=True, resting=False, take=False)
+        if state is None:
+            return Failed(stopped="no_replica")
+        times = sum(f is state for f in failed)
+        if times == 0 and (last.retry_after is not None or last.overload):
+            wait = 0.0  # refused there: another replica at once
+        else:
+            wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
+            if last.retry_after is not None:
+                wait = max(wait, last.retry_after)
+        if not fits_deadline(call, now, wait, deadline):
+            return Failed(stopped="deadline")
+        paced = times > 0 and route.kind != "continuation"
+        payment = Payment() if last.refused else call.pay_extra(route.budget, paced)
+        if payment is None:
+            return Failed(stopped="budget")
         return wait, state, payment
 
     def _patience(

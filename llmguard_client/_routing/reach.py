@@ -7,6 +7,10 @@ but outside its base path (an Azure client whose base is ``/openai/deployments/d
 something only on that origin: it goes there with the path the client built, to the replicas on that origin. A
 request on an origin no replica has (a virtual base URL such as ``http://llm.internal/v1``) may go to any.
 
+Such a request on a replica's origin outside every base path (`beside`) speaks for another API or deployment
+than the replicas': a cool-down or a circuit of theirs neither holds it back nor learns from its answers (Azure
+limits each deployment on its own).
+
 A request for stored state (`stored`: files, batches, vector stores, a stored response...) goes to one replica
 of those: the state lives on the server that made it. That is the replica whose base URL the request is under,
 else the first on its origin, else the first replica.
@@ -79,6 +83,14 @@ def stored(method: str, path: str) -> bool:
     return False
 
 
+def beside(url: httpx.URL, bases: Sequence[httpx.URL]) -> bool:
+    """Whether ``url`` is on a replica's origin but under none of the ``bases`` (another deployment of an Azure
+    resource, its ``/openai/files``): what it gets answered says nothing of the replicas' own calls."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    on_origin = [base for base in bases if same_origin(url, base)]
+    return bool(on_origin) and all(relative(path, base) is None for base in on_origin)
+
+
 def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` a request for ``url`` must not go to (see the module's docstring)."""
     path = url.raw_path.split(b"?", 1)[0].decode("ascii")
@@ -105,18 +117,23 @@ class Reach:
 
     def __init__(self, bases: Sequence[httpx.URL]) -> None:
         self._bases = tuple(bases)
-        self._cache: dict[tuple[str, str, str, int | None, bytes], tuple[int, ...]] = {}
+        self._cache: dict[tuple[str, str, str, int | None, bytes], tuple[tuple[int, ...], bool]] = {}
         self._virtual: list[tuple[str, str, int | None]] = []
         """The origins no replica has that requests named, in order (at most `_VIRTUAL_NOTED`)."""
 
     def outside(self, method: str, url: httpx.URL) -> tuple[int, ...]:
+        return self.where(method, url)[0]
+
+    def where(self, method: str, url: httpx.URL) -> tuple[tuple[int, ...], bool]:
+        """(`outside`, `beside`) of a request."""
         key = (method, url.scheme, url.host, url.port, url.raw_path)
         found = self._cache.get(key)
         if found is None:
             if len(self._cache) >= _CACHE:
                 self._cache.clear()
             self._note_origin(url)
-            found = self._cache[key] = outside(method, url, self._bases) if len(self._bases) > 1 else ()
+            out = outside(method, url, self._bases) if len(self._bases) > 1 else ()
+            found = self._cache[key] = (out, beside(url, self._bases))
         return found
 
     def _note_origin(self, url: httpx.URL) -> None:

@@ -986,6 +986,83 @@ def test_the_third_refusal_with_retry_after_in_a_row_cools_the_only_replica_for_
     assert cooling[:-1] == [0.0] * (REFUSALS_TO_COOL - 1) and cooling[-1] == pytest.approx(4.0, abs=0.02)
 
 
+AZURE = "http://a.test/openai/deployments/gpt4o"
+"""One Azure deployment as the only replica; ``gpt35`` is another deployment of the same resource."""
+OTHER = "http://a.test/openai/deployments/gpt35/chat/completions?api-version=2024-10-21"
+OWN = AZURE + "/chat/completions?api-version=2024-10-21"
+QUOTA = {"retry-after": "86400"}
+
+
+def azure_calls(backend: str, answers: dict[str, list[tuple[int, dict[str, str]]]], calls: list[str]) -> list[Any]:
+    """``calls`` (each OWN or OTHER, non-streamed) one after the other through a virtual-time Guard over AZURE
+    (tier ttft 5 s, no hedging), each deployment answering its scripted (status, headers) in turn (the last one
+    repeats, 200 after the script): per call (status, record, the replica's cooling_for after it)."""
+    sent: dict[str, int] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        deployment = request.url.path.split("/")[3]
+        script = answers.get(deployment, [])
+        n = sent[deployment] = sent.get(deployment, 0) + 1
+        if script and (n <= len(script) or script[-1][0] >= 400):
+            status, headers = script[min(n, len(script)) - 1]
+            if status >= 400:
+                return httpx.Response(status, headers=headers, json={"error": {"message": "scripted"}})
+        return httpx.Response(200, json={"id": "c", "object": "chat.completion", "model": deployment, "choices": []})
+
+    mock = httpx.MockTransport(answer)
+    records: list[PhaseRecord] = []
+    seen: list[tuple[int, float]] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0)}
+        async with make_guard([AZURE], records, tiers=tiers, transport_factory=lambda r: mock) as guard:
+            async with guard.http_client() as client:
+                for url in calls:
+                    try:
+                        status = (await client.post(url, json={**BODY, "stream": False})).status_code
+                    except AllReplicasCooling:
+                        status = -1  # refused before it was sent
+                    seen.append((status, guard.snapshot().replicas[0].cooling_for))
+
+    run_virtual(main, backend)
+    return [(status, record, cooling) for (status, cooling), record in zip(seen, records, strict=True)]
+
+
+@BACKENDS
+@pytest.mark.parametrize("refusal", [QUOTA, {}], ids=["quota", "429"])
+def test_another_deployments_429_neither_cools_the_replica_nor_is_held_by_its_cool_down(
+    backend: str, refusal: dict[str, str]
+) -> None:
+    """A call to another deployment of the replica's Azure resource (a path outside the replica's base) speaks for
+    that deployment only, whose limits are its own: its 429 (a quota's Retry-After: 86400, or none) cools nothing,
+    so the replica's own call is sent at once and served, as through the plain SDK (before: refused
+    ``all_replicas_cooling`` for the other deployment's quota). The quota's 429 is handed back at once."""
+    (other, record, cooling), (own, own_record, _) = azure_calls(backend, {"gpt35": [(429, refusal)]}, [OTHER, OWN])
+    assert other == 429 and cooling == 0.0
+    assert len(record.attempts) == (1 if refusal else 3)  # a plain 429 is retried (its own backoff), as documented
+    assert own == 200 and len(own_record.attempts) == 1 and own_record.attempts[0].start == own_record.start
+
+
+@BACKENDS
+@pytest.mark.parametrize("retry_after", [None, "2"], ids=["served", "retried"])
+def test_the_replicas_quota_cool_down_neither_holds_back_another_deployment_nor_is_ended_by_it(
+    backend: str, retry_after: str | None
+) -> None:
+    """The reverse: the replica's own quota 429 (Retry-After: 86400) cools it, yet a call to another deployment of
+    the resource is sent at once and served, as through the plain SDK (before: refused ``all_replicas_cooling``,
+    nothing sent); its own 429 with a Retry-After is retried when that ends, however long the replica cools; and
+    its answers end no cool-down of the replica: its next own call is still refused (or, once due, is its probe)."""
+    gpt35 = [(429, {"retry-after": retry_after}), (200, {})] if retry_after else []
+    results = azure_calls(backend, {"gpt4o": [(429, QUOTA)], "gpt35": gpt35}, [OWN, OTHER, OWN])
+    (own, _, cooled), (other, record, cooling), (again, _, _) = results
+    assert own == 429 and cooled > 60
+    assert other == 200 and record.attempts[0].start == record.start
+    if retry_after:
+        assert len(record.attempts) == 2 and record.attempts[1].start - record.start == pytest.approx(2.0, abs=0.01)
+    assert cooling > 60  # not ended by the other deployment's answers
+    assert again == (429 if retry_after else -1)  # refused before it was sent; 2 s in, it goes as the probe
+
+
 @dataclass
 class StrictLimit(FakeReplica):
     """A rate limit of one request a second spent just before the first request: every request until a second after

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmguard_client import Guard, Replica
-from llmguard_client._routing.reach import Reach, outside, stored
+from llmguard_client._routing.reach import Reach, beside, outside, stored
 from tests.loopback import LoopbackServer, running
 
 A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
@@ -98,6 +98,29 @@ def test_outside(method: str, url: httpx.URL | str, bases: tuple[httpx.URL, ...]
     assert Reach(bases).outside(method, httpx.URL(url)) == expected
     if len(bases) > 1:
         assert outside(method, httpx.URL(url), bases) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://east.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=1", False),
+        ("https://east.openai.azure.com/openai/deployments/gpt4o", False),
+        ("https://east.openai.azure.com/openai/deployments/gpt35/chat/completions?api-version=1", True),
+        ("https://east.openai.azure.com/openai/deployments/gpt4o-mini/chat/completions", True),  # not a prefix
+        ("https://east.openai.azure.com/openai/files", True),
+        ("https://west.openai.azure.com/openai/deployments/gpt4o-west/embeddings", False),
+        ("http://llm.internal/v1/chat/completions", False),  # no replica's origin: rebased onto one
+    ],
+)
+def test_beside(url: str, expected: bool) -> None:
+    """A request on a replica's origin under none of the bases: another deployment's, or the resource's own."""
+    bases = (
+        httpx.URL("https://east.openai.azure.com/openai/deployments/gpt4o"),
+        httpx.URL("https://west.openai.azure.com/openai/deployments/gpt4o-west"),
+    )
+    assert beside(httpx.URL(url), bases) is expected
+    assert Reach(bases).where("POST", httpx.URL(url))[1] is expected
+    assert Reach(bases[:1]).where("POST", httpx.URL(url))[1] is (expected and "west" not in url)
 
 
 # --- the openai SDK's AzureOpenAI through a Guard -------------------------------------------------------------
