@@ -435,9 +435,10 @@ class RetryLayer:
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
         # does (the caller is waiting mid-answer: the next replica, or the original error at once).
         avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
-        if last.retry_after is not None and last.retry_after > self.policy.max_retry_after:
+        beyond = last.retry_after is not None and last.retry_after > self.policy.max_retry_after
+        if beyond:
             # It asked for more rest than the guard waits (a daily quota's Retry-After: 86400): this call does not
-            # go back there; another replica may serve it, else its answer is final at once.
+            # go back there; another replica that is ready may serve it, else its answer is final at once.
             avoid = (*avoid, last.state)
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key)
@@ -460,8 +461,8 @@ class RetryLayer:
             state = self.replicas.pick(now, avoid, key, take=False)
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
-            if soonest is None:  # every circuit open (outside panic mode), or all avoided
-                return Failed(stopped="no_replica")
+            if soonest is None or beyond:  # every circuit open (outside panic mode), or all avoided; or it asked
+                return Failed(stopped="no_replica")  # for rest beyond: no wait for another's cool-down either
             if not fits_deadline(call, now, soonest, deadline):  # the cause; the caller gets the attempts' failure
                 left = self.replicas.cooling_left(now, avoid)
                 return Failed(

@@ -622,6 +622,33 @@ def test_with_another_replica_left_a_refused_retry_does_not_go_back_past_max_ret
 
 
 @BACKENDS
+def test_a_quota_answer_from_every_replica_is_final_at_once_without_waiting_for_a_probe(backend: str) -> None:
+    """Every replica answering a quota's 429 (``Retry-After: 86400``, longer than the guard waits): the call that got
+    it goes at once to another replica that is ready, and when none is, the answer is final at once, marked
+    ``x-should-retry: false``: no wait for the cooling replicas' probes (before: each call sent a third request to
+    the first replica's probe, 1-2 s later, where the plain SDK returns at once)."""
+    quota = [Plan(status=429, retry_after="86400")]
+    fakes = {"http://a.test": FakeReplica("a", quota), "http://b.test": FakeReplica("b", quota)}
+    records: list[PhaseRecord] = []
+    seen: list[tuple[httpx.Response, float, float]] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, tiers={"t": Tier(ttft=5.0, total=10.0)}, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for _ in range(2):
+                    start = anyio.current_time()
+                    response = await client.post("http://a.test" + CHAT, json=BODY)
+                    seen.append((response, start, anyio.current_time()))
+
+    run_virtual(main, backend)
+    for (response, start, end), record in zip(seen, records, strict=True):
+        assert response.status_code == 429 and response.headers["x-should-retry"] == "false"
+        assert end == start and 1 <= len(record.attempts) <= 2
+    assert len(records[0].attempts) == 2  # the other replica was ready for the first call's retry
+    assert fakes["http://a.test"].requests + fakes["http://b.test"].requests == 3
+
+
+@BACKENDS
 @pytest.mark.parametrize("status", [429, 500, 503])
 def test_an_answer_the_server_marked_not_to_retry_is_not_retried_anywhere(backend: str, status: int) -> None:
     """``x-should-retry: false`` is the server's word that the request must not be sent again (the openai and
