@@ -256,6 +256,35 @@ async def test_routes_only_to_configured_replicas_with_their_own_headers(servers
     assert "key-A" not in repr([r.to_dict() for r in records])
 
 
+async def test_a_replica_setting_a_credential_replaces_every_credential_the_caller_sent(
+    servers: list[LoopbackServer],
+) -> None:
+    """openai 1.x's ``AzureOpenAI`` sends its key as ``api-key`` and as ``Authorization: Bearer``: a replica that
+    sets its own ``api-key`` (as the Azure setup in the docs does) drops the caller's ``Authorization`` too, and
+    the reverse, so the client's key never reaches another resource (before: the Bearer header carried it there).
+    A replica setting no credential still gets the caller's."""
+    replicas = [
+        Replica(servers[0].url, headers={"api-key": "KEY-A"}),
+        Replica(servers[1].url, headers={"Authorization": "Bearer KEY-B"}),
+        servers[2].url,
+    ]
+    caller = {"api-key": "KEY-C", "Authorization": "Bearer KEY-C", "x-api-key": "KEY-C", "x-other": "kept"}
+    async with Guard(replicas=replicas, hedge=None, instrumentation=None) as guard, guard.http_client() as client:
+        for _ in range(6):
+            response = await client.post("http://llm.internal/v1/chat/completions", json={"model": "m"}, headers=caller)
+            assert response.status_code == 200
+    a, b, c = (server.received for server in servers[:3])
+    assert a and b and c
+    assert all(r.headers["x-other"] == "kept" for r in (*a, *b, *c))
+    assert {(r.headers.get("api-key"), r.headers.get("authorization"), r.headers.get("x-api-key")) for r in a} == {
+        ("KEY-A", None, None)
+    }
+    assert {(r.headers.get("api-key"), r.headers.get("authorization"), r.headers.get("x-api-key")) for r in b} == {
+        (None, "Bearer KEY-B", None)
+    }
+    assert {r.headers["authorization"] for r in c} == {"Bearer KEY-C"}
+
+
 async def test_openai_streaming_and_non_streaming(servers: list[LoopbackServer]) -> None:
     records: list[PhaseRecord] = []
     async with make_guard(servers[:2], records) as guard:
