@@ -36,11 +36,17 @@ def _check_bool(owner: str, name: str, value: object) -> None:
 
 
 def _check_header(name: str, value: str) -> None:
-    """One `Replica` header: a name every HTTP/1.1 server takes, a value that cannot end the line early."""
+    """One `Replica` header: a name every HTTP/1.1 server takes, a non-empty value that cannot end the line early."""
     if not _TOKEN.fullmatch(name):
         raise GuardConfigError(
             f"Replica.headers name {name!r} is not a valid HTTP header name: use letters, digits and "
             "!#$%&'*+-.^_`|~ only (no spaces or colons), e.g. 'authorization'"
+        )
+    if not value:
+        raise GuardConfigError(
+            f"Replica.headers[{name!r}] is empty: it would replace the caller's header (an SDK's good API key) "
+            "with nothing. Give a non-empty value (e.g. the endpoint's own key), or leave the header out to send "
+            "the caller's"
         )
     bad = next((c for c in value if c in "\r\n\x00"), None)
     if bad is not None:

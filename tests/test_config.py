@@ -212,6 +212,13 @@ def test_replica_header_values_other_servers_refuse(value: str) -> None:
     config_error(lambda: Replica(A, headers={"authorization": value}), "Replica.headers['authorization']")
 
 
+@pytest.mark.parametrize("name", ["api-key", "authorization"])
+def test_replica_header_values_must_not_be_empty(name: str) -> None:
+    """An empty value would replace the SDK's good key with nothing, failing a share of the calls with a 401."""
+    error = config_error(lambda: Replica(A, headers={name: ""}), f"Replica.headers[{name!r}]", "is empty")
+    assert "non-empty value" in str(error) and "leave the header out" in str(error)
+
+
 def test_replica_header_values_with_inner_spaces_and_tabs_are_accepted() -> None:
     assert Replica(A, headers={"authorization": "Bearer k", "x-t": "a\tb"}).headers["x-t"] == "a\tb"
 
