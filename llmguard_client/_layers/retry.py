@@ -541,8 +541,7 @@ class RetryLayer:
         its own answers only, as the plain SDK's retry does: its backoff (at least the same-replica backoff back
         to a replica that failed it) and its Retry-After (a longer one than `RetryPolicy.max_retry_after` is not
         waited for: that replica is avoided, and the answer is final when no other can serve the call). It is
-        paid from the budget; one back to a replica that failed the call goes past it when it is empty (the retry
-        the plain SDK sends)."""
+        paid from the budget, and goes past it when it is empty: each is a retry the plain SDK sends."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -564,8 +563,8 @@ class RetryLayer:
                 wait = max(wait, last.retry_after)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
-        paced = times > 0 and route.kind != "continuation"
-        payment = Payment() if last.refused else call.pay_extra(route.budget, paced)
+        # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget.
+        payment = Payment() if last.refused else call.pay_extra(route.budget, route.kind != "continuation")
         if payment is None:
             return Failed(stopped="budget")
         return wait, state, payment
