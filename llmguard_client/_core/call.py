@@ -91,16 +91,14 @@ class Call:
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
     ttft_size: int = field(init=False)
     """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
+    judges: bool = field(init=False)
+    """Whether the call's answers speak for its replicas' generation calls, and their cool-downs and circuits for
+    it: a generation call under a replica's base path. Another API's call (files, embeddings) or one `beside` the
+    replicas' paths (another deployment) neither waits for a replica's cool-down nor feeds it."""
 
     def __post_init__(self) -> None:
         self.ttft_size = size_class(self.prompt_size())
-
-    @property
-    def judges(self) -> bool:
-        """Whether the call's answers speak for its replicas' generation calls, and their cool-downs and circuits
-        for it: a generation call under a replica's base path. Another API's call (files, embeddings) or one
-        `beside` the replicas' paths (another deployment) neither waits for a replica's cool-down nor feeds it."""
-        return self.generation and not self.beside
+        self.judges = self.generation and not self.beside
 
     @property
     def known_by(self) -> bytes | None:
