@@ -1158,3 +1158,31 @@ def test_a_500_while_every_replica_cools_for_a_quota_is_retried_after_its_backof
     failed, served = records[1].attempts
     assert failed.status_code == 500 and served.outcome == "won"
     assert failed.finish is not None and served.start - failed.finish <= RetryPolicy().backoff_max
+
+
+@BACKENDS
+def test_a_replica_that_asked_for_more_rest_than_the_guard_waits_gets_none_of_the_calls_retries(backend: str) -> None:
+    """Replica A answers a quota's 429 (``Retry-After: 86400``, longer than `RetryPolicy.max_retry_after`), B a 429
+    without one; a call of the default tier (no first-token deadline). Its retries go to B only, A is not sent
+    back to, and the call ends with B's answer within seconds, as the plain SDK's would. (With each replica's
+    Retry-After remembered for the call, A's was kept as the guard's 120 s cut, and the last request went back to A
+    when that ended: the call failed after 120 s.)"""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="86400")]),
+        "http://b.test": FakeReplica("b", [Plan(status=429)]),
+    }
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                statuses.append((await client.post("http://a.test" + CHAT, json=BODY)).status_code)
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert statuses == [429] and fakes["http://a.test"].requests == 1
+    first, *_ = record.attempts
+    last = record.attempts[-1]
+    assert last.replica == "http://b.test" and last.finish is not None
+    assert last.finish - first.start < 2 * RetryPolicy().overload_cooldown + RetryPolicy().backoff_max
