@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from llmguard_client.protocols.base import FailureKind, StreamFailure
 
@@ -74,10 +75,17 @@ def _seconds(value: object) -> float | None:
     return None
 
 
-def error_failure(error: object, kind: FailureKind = "error_event", error_type: object = None) -> StreamFailure:
+def error_failure(
+    error: object,
+    kind: FailureKind = "error_event",
+    error_type: object = None,
+    envelope: dict[str, Any] | None = None,
+) -> StreamFailure:
     """The `StreamFailure` for one error object (a dict with message/type/code, or a plain string).
 
-    ``error_type`` is a sibling type field (TGI's ``error_type``), used when ``error`` has none.
+    ``error_type`` is a sibling type field (TGI's ``error_type``), used when ``error`` has none. ``envelope`` is
+    the event that holds ``error`` when that event is itself shaped as an error answer (Anthropic's ``{"type":
+    "error", "error": ...}``): its other keys are kept around the error in the body handed back.
     """
     fields = error if isinstance(error, dict) else {}
     message = fields.get("message") if fields else error
@@ -92,14 +100,6 @@ def error_failure(error: object, kind: FailureKind = "error_event", error_type: 
         status = 400
     overload = status in OVERLOAD_STATUSES or any(n in OVERLOAD_TYPES for n in names)
     code = raw_code if raw_code is not None else type_
-    body = {
-        "error": {
-            "message": message,
-            "type": type_ if isinstance(type_, str) else "upstream_stream_error",
-            "param": None,
-            "code": raw_code,
-        }
-    }
     return StreamFailure(
         kind=kind,
         message=message[:_MESSAGE_LIMIT],
@@ -107,8 +107,17 @@ def error_failure(error: object, kind: FailureKind = "error_event", error_type: 
         code=None if code is None else str(code),
         overload=overload,
         retry_after=_seconds(fields.get("retry_after")),
-        body=json.dumps(body).encode(),
+        body=json.dumps({**(envelope or {}), "error": _whole(error, message, type_)}, default=str).encode(),
     )
+
+
+def _whole(error: object, message: str, type_: object) -> dict[str, object]:
+    """The error object of the JSON body handed back: the server's own, every key it sent (``metadata`` and
+    the like included), with a ``message`` added if it had none; a plain string error becomes
+    ``{"message": ..., "type": ...}`` (its sibling type field)."""
+    if isinstance(error, dict):
+        return error if "message" in error else {"message": message, **error}
+    return {"message": message} if type_ is None else {"message": message, "type": type_}
 
 
 def malformed(what: str, data: bytes) -> StreamFailure:

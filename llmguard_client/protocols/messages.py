@@ -52,7 +52,8 @@ class MessagesReader(SSEReader):
             return
         kind = obj.get("type")
         if kind == "error" or name == b"error":
-            self.fail_with(obj.get("error") or obj)
+            error = obj.get("error")
+            self.fail_with(error or obj, envelope=obj if error else None)
         elif kind == "content_block_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_CONTENT):

@@ -189,6 +189,6 @@ class SSEReader(StreamReader):
             self.failure = malformed(what, data)
         return None
 
-    def fail_with(self, error: object, error_type: object = None) -> None:
-        """Record an in-stream error event."""
-        self.failure = error_failure(error, "error_event", error_type)
+    def fail_with(self, error: object, error_type: object = None, envelope: dict[str, Any] | None = None) -> None:
+        """Record an in-stream error event (``envelope``: see `error_failure`)."""
+        self.failure = error_failure(error, "error_event", error_type, envelope)
