@@ -1,8 +1,10 @@
 """OpenAI Chat Completions (``POST .../chat/completions``): ``chat.completion.chunk`` event streams.
 
 - first content token: the first chunk whose ``choices[].delta`` carries a non-empty ``content``,
-  ``tool_calls``, ``function_call``, ``refusal``, ``reasoning_content``, ``reasoning`` or ``audio`` (spoken
-  output: its transcript and data come there, with ``content`` null); role-only and empty deltas do not count;
+  ``tool_calls``, ``function_call``, ``refusal``, ``reasoning_content``, ``reasoning``, ``reasoning_details``
+  (OpenRouter's list of reasoning summaries, encrypted or plain reasoning, with no ``reasoning`` for some models)
+  or ``audio`` (spoken output: its transcript and data come there, with ``content`` null); role-only and empty
+  deltas do not count;
 - in-stream error: an event whose JSON has a non-empty top-level ``error`` (vLLM's queue overflow:
   ``{"error": {..., "code": 503}}`` then ``[DONE]``; TGI: ``{"error": "...", "error_type": ...}``),
   or an ``event: error``;
@@ -34,7 +36,16 @@ _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 _UNSAFE_TEXT = re.compile(rb'["\r\n]|\\\Z')
 """What a learnt shape's text must not hold: a quote or line break, or a backslash at its end (any of
 which could end the JSON string or the event). Searched between the head and the tail."""
-_DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning", "audio")
+_DELTA_CONTENT = (
+    "content",
+    "tool_calls",
+    "function_call",
+    "refusal",
+    "reasoning_content",
+    "reasoning",
+    "reasoning_details",
+    "audio",
+)
 _NOT_TEXT = _DELTA_CONTENT[1:]
 
 

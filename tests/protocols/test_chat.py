@@ -59,11 +59,24 @@ def body_facts(body: bytes, absorb: Any = absorb_chat_body) -> ResponseFacts:
         {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}]},
         {"reasoning_content": "thinking"},
         {"reasoning": "thinking"},
+        {"reasoning_details": [{"type": "reasoning.summary", "summary": "Thinking", "index": 0}]},  # OpenRouter
+        {"reasoning": None, "reasoning_details": [{"type": "reasoning.encrypted", "data": "gAAA", "index": 0}]},
         {"role": "assistant", "content": "x"},
         {"content": None, "audio": {"id": "audio_1", "transcript": "Hel"}},  # spoken output: no text content
         {"audio": {"data": "UklGRg=="}},
     ],
-    ids=["content", "space", "tool_calls", "reasoning_content", "reasoning", "role_and_content", "audio", "audio_data"],
+    ids=[
+        "content",
+        "space",
+        "tool_calls",
+        "reasoning_content",
+        "reasoning",
+        "reasoning_details_summary",
+        "reasoning_details_encrypted",
+        "role_and_content",
+        "audio",
+        "audio_data",
+    ],
 )
 def test_chat_delta_with_content_is_a_first_token(delta: dict[str, Any]) -> None:
     scanner, results = scan(event(chunk(delta)))
@@ -100,6 +113,7 @@ def test_completions_empty_text_is_not_a_first_token() -> None:
         {"content": None},
         {"tool_calls": []},
         {"reasoning_content": ""},
+        {"reasoning": None, "reasoning_details": []},
         {"audio": {}},
         {},
     ],
@@ -110,6 +124,7 @@ def test_completions_empty_text_is_not_a_first_token() -> None:
         "null_content",
         "empty_tool_calls",
         "empty_reasoning",
+        "empty_reasoning_details",
         "empty_audio",
         "empty",
     ],
