@@ -1,4 +1,4 @@
-"""Secrets never printed: URL userinfo, credential-looking query values and header values."""
+"""Secrets never printed: URL userinfo, credential-looking query values and header values; the credential headers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ from collections.abc import Mapping
 import httpx
 
 MASK = "***"
+CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key", b"x-goog-api-key"})
+"""Headers that carry an API credential (lowercase). A replica that replaces one of the caller's also drops the
+caller's others that carry the same key (`llmguard_client._core.call.Call.attempt_request`): openai 1.x's
+``AzureOpenAI`` sends its key as ``api-key`` and as ``Authorization: Bearer`` both, and a replica setting only its
+own ``api-key`` would otherwise carry the other resource's key in the Bearer header. Another credential (a
+gateway's user token) is kept. A `Replica` may not set one empty (`llmguard_client.config`)."""
 _SECRET_QUERY_KEYS = frozenset(
     {"key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "sig", "signature", "password", "secret"}
 )

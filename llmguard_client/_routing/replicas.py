@@ -23,6 +23,7 @@ from typing import Protocol
 
 import httpx
 
+from llmguard_client._core.redact import CREDENTIALS
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     cool,
@@ -46,12 +47,6 @@ Keep = Callable[[Callable[[], None]], object]
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
-
-CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key", b"x-goog-api-key"})
-"""Headers that carry an API credential. A replica that sets one replaces all of the caller's: they were meant for
-the endpoint the client names, which may be another replica's resource (openai 1.x's ``AzureOpenAI`` sends its key
-as ``api-key`` and as ``Authorization: Bearer`` both; a replica setting only its own ``api-key`` would otherwise
-carry the other resource's key in the Bearer header)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -104,15 +99,17 @@ class ReplicaState:
     header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
     """The replica's own headers, encoded once (they replace the caller's of the same name)."""
     header_names: frozenset[bytes] = frozenset()
-    """The caller's headers they replace (lowercase): their names, and every `CREDENTIALS` one if they set one."""
+    """The caller's headers they replace (their names, lowercase)."""
+    replaces_credential: bool = False
+    """Whether they replace a `CREDENTIALS` header of the caller's."""
     _targets: dict[tuple[str, str, int | None, bytes], httpx.URL] = field(default_factory=dict)
     _texts: dict[httpx.URL, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         own = self.replica.headers.items()
         self.header_items = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own]
-        names = frozenset(k for k, _ in self.header_items)
-        self.header_names = names | CREDENTIALS if names & CREDENTIALS else names
+        self.header_names = frozenset(k for k, _ in self.header_items)
+        self.replaces_credential = bool(self.header_names & CREDENTIALS)
 
     def target_for(self, url: httpx.URL, known: tuple[httpx.URL, ...]) -> httpx.URL:
         """``url`` moved onto this replica (see `rebase`), cached: a service calls few distinct paths."""

@@ -256,33 +256,44 @@ async def test_routes_only_to_configured_replicas_with_their_own_headers(servers
     assert "key-A" not in repr([r.to_dict() for r in records])
 
 
-async def test_a_replica_setting_a_credential_replaces_every_credential_the_caller_sent(
+async def test_a_replica_setting_a_credential_drops_the_callers_others_carrying_the_same_key(
     servers: list[LoopbackServer],
 ) -> None:
     """openai 1.x's ``AzureOpenAI`` sends its key as ``api-key`` and as ``Authorization: Bearer``: a replica that
-    sets its own ``api-key`` (as the Azure setup in the docs does) drops the caller's ``Authorization`` too, and
-    the reverse, so the client's key never reaches another resource (before: the Bearer header carried it there).
-    A replica setting no credential still gets the caller's."""
+    sets its own ``api-key`` (as the Azure setup in the docs does) drops the caller's ``Authorization`` too when it
+    carries the same key, and the reverse, so the client's key never reaches another resource (before: the Bearer
+    header carried it there). A credential carrying another key (a gateway's user token beside the key) is kept, and
+    a replica setting no credential gets the caller's."""
     replicas = [
         Replica(servers[0].url, headers={"api-key": "KEY-A"}),
         Replica(servers[1].url, headers={"Authorization": "Bearer KEY-B"}),
         servers[2].url,
     ]
-    caller = {"api-key": "KEY-C", "Authorization": "Bearer KEY-C", "x-api-key": "KEY-C", "x-other": "kept"}
-    async with Guard(replicas=replicas, hedge=None, instrumentation=None) as guard, guard.http_client() as client:
-        for _ in range(6):
-            response = await client.post("http://llm.internal/v1/chat/completions", json={"model": "m"}, headers=caller)
-            assert response.status_code == 200
-    a, b, c = (server.received for server in servers[:3])
-    assert a and b and c
-    assert all(r.headers["x-other"] == "kept" for r in (*a, *b, *c))
-    assert {(r.headers.get("api-key"), r.headers.get("authorization"), r.headers.get("x-api-key")) for r in a} == {
-        ("KEY-A", None, None)
+    same = {"api-key": "KEY-C", "Authorization": "Bearer KEY-C", "x-api-key": "KEY-C"}
+    gateway = {"api-key": "KEY-C", "Authorization": "Bearer USER-TOKEN"}
+    for replica in replicas:  # each alone, so that each gets both callers' requests
+        async with Guard(replicas=[replica], instrumentation=None) as guard, guard.http_client() as client:
+            for kind, caller in (("same", same), ("gateway", gateway)):
+                headers = {**caller, "x-kind": kind}
+                response = await client.post(
+                    "http://llm.internal/v1/chat/completions", json={"model": "m"}, headers=headers
+                )
+                assert response.status_code == 200
+    expected = {  # (replica, the caller's kind): (api-key, authorization, x-api-key) it received
+        (0, "same"): ("KEY-A", None, None),
+        (0, "gateway"): ("KEY-A", "Bearer USER-TOKEN", None),
+        (1, "same"): (None, "Bearer KEY-B", None),
+        (1, "gateway"): ("KEY-C", "Bearer KEY-B", None),
+        (2, "same"): ("KEY-C", "Bearer KEY-C", "KEY-C"),
+        (2, "gateway"): ("KEY-C", "Bearer USER-TOKEN", None),
     }
-    assert {(r.headers.get("api-key"), r.headers.get("authorization"), r.headers.get("x-api-key")) for r in b} == {
-        (None, "Bearer KEY-B", None)
-    }
-    assert {r.headers["authorization"] for r in c} == {"Bearer KEY-C"}
+    received = [(i, r) for i, server in enumerate(servers[:3]) for r in server.received]
+    assert sorted((i, r.headers["x-kind"]) for i, r in received) == sorted(expected)
+    for i, r in received:
+        kind = r.headers["x-kind"]
+        assert (r.headers.get("api-key"), r.headers.get("authorization"), r.headers.get("x-api-key")) == expected[
+            i, kind
+        ]
 
 
 async def test_openai_streaming_and_non_streaming(servers: list[LoopbackServer]) -> None:
