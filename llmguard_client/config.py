@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 import httpx
 
-from llmguard_client._core.redact import redact_headers, redact_url
+from llmguard_client._core.redact import CREDENTIALS, redact_headers, redact_url
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
@@ -36,17 +36,18 @@ def _check_bool(owner: str, name: str, value: object) -> None:
 
 
 def _check_header(name: str, value: str) -> None:
-    """One `Replica` header: a name every HTTP/1.1 server takes, a non-empty value that cannot end the line early."""
+    """One `Replica` header: a name every HTTP/1.1 server takes, a value that cannot end the line early (and is not
+    empty for a credential: an unset environment variable's)."""
     if not _TOKEN.fullmatch(name):
         raise GuardConfigError(
             f"Replica.headers name {name!r} is not a valid HTTP header name: use letters, digits and "
             "!#$%&'*+-.^_`|~ only (no spaces or colons), e.g. 'authorization'"
         )
-    if not value:
+    if not value and name.lower().encode("latin-1", "replace") in CREDENTIALS:
         raise GuardConfigError(
-            f"Replica.headers[{name!r}] is empty: it would replace the caller's header (an SDK's good API key) "
-            "with nothing. Give a non-empty value (e.g. the endpoint's own key), or leave the header out to send "
-            "the caller's"
+            f"Replica.headers[{name!r}] is empty: it would replace the caller's credential (an SDK's good API key) "
+            "with nothing. Give a non-empty value (the endpoint's own key), or leave the header out to send the "
+            "caller's"
         )
     bad = next((c for c in value if c in "\r\n\x00"), None)
     if bad is not None:

@@ -212,11 +212,20 @@ def test_replica_header_values_other_servers_refuse(value: str) -> None:
     config_error(lambda: Replica(A, headers={"authorization": value}), "Replica.headers['authorization']")
 
 
-@pytest.mark.parametrize("name", ["api-key", "authorization"])
-def test_replica_header_values_must_not_be_empty(name: str) -> None:
-    """An empty value would replace the SDK's good key with nothing, failing a share of the calls with a 401."""
+@pytest.mark.parametrize("name", ["api-key", "Authorization", "x-api-key", "x-goog-api-key"])
+def test_replica_credential_header_values_must_not_be_empty(name: str) -> None:
+    """An empty credential (an unset environment variable's) would replace the SDK's good key with nothing, failing
+    a share of the calls with a 401."""
     error = config_error(lambda: Replica(A, headers={name: ""}), f"Replica.headers[{name!r}]", "is empty")
     assert "non-empty value" in str(error) and "leave the header out" in str(error)
+
+
+def test_replica_other_header_values_may_be_empty() -> None:
+    """An empty value for another header is sent as it is, as the SDKs send an empty ``default_headers`` value."""
+    assert Replica(A, headers={"OpenAI-Organization": "", "x-custom": ""}).headers == {
+        "OpenAI-Organization": "",
+        "x-custom": "",
+    }
 
 
 def test_replica_header_values_with_inner_spaces_and_tabs_are_accepted() -> None:
