@@ -429,7 +429,7 @@ class RetryLayer:
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -534,20 +534,30 @@ class RetryLayer:
         return wait, state, payment
 
     def _plan_unjudged(
-        self, call: Call, route: Route, last: AttemptFailure, rounds: int, failed: list[ReplicaState]
+        self,
+        call: Call,
+        route: Route,
+        last: AttemptFailure,
+        rounds: int,
+        failed: list[ReplicaState],
+        asked: dict[int, float],
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
         its own answers only, as the plain SDK's retry does: its backoff (at least the same-replica backoff back
-        to a replica that failed it) and its Retry-After (a longer one than `RetryPolicy.max_retry_after` is not
-        waited for: that replica is avoided, and the answer is final when no other can serve the call). It is
-        paid from the budget, and goes past it when it is empty: each is a retry the plain SDK sends."""
+        to a replica that failed it) and the Retry-Afters it was given (``asked``; a longer one than
+        `RetryPolicy.max_retry_after` is not waited for: that replica gets no retry, and the answer is final when no
+        other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
+        sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
+        the budget, and goes past it when it is empty: each is a retry the plain SDK sends."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
-        if last.retry_after is not None and last.retry_after > self.policy.max_retry_after:
-            avoid = (*avoid, last.state)
+        never = tuple(s for s in failed if asked.get(id(s)) == math.inf)
+        if never and call.beside:  # its deployment asked for more rest than the guard waits
+            return Failed(stopped="no_replica")
+        avoid = (*avoid, *never)
         key = call.affinity_key
         state = self.replicas.pick(
             now, (*avoid, *failed), key, cornered=True, resting=False, take=False
@@ -555,12 +565,12 @@ class RetryLayer:
         if state is None:
             return Failed(stopped="no_replica")
         times = sum(f is state for f in failed)
-        if times == 0 and (last.retry_after is not None or last.overload):
-            wait = 0.0  # refused there: another replica at once
+        if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
+            wait = 0.0  # refused there: another server at once
         else:
             wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
-            if last.retry_after is not None:
-                wait = max(wait, last.retry_after)
+        waits = asked.values() if call.beside else [asked.get(id(state), now)]
+        wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget.

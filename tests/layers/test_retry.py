@@ -1020,10 +1020,16 @@ OWN = AZURE + "/chat/completions?api-version=2024-10-21"
 QUOTA = {"retry-after": "86400"}
 
 
-def azure_calls(backend: str, answers: dict[str, list[tuple[int, dict[str, str]]]], calls: list[str]) -> list[Any]:
-    """``calls`` (each OWN or OTHER, non-streamed) one after the other through a virtual-time Guard over AZURE
-    (tier ttft 5 s, no hedging), each deployment answering its scripted (status, headers) in turn (the last one
-    repeats, 200 after the script): per call (status, record, the replica's cooling_for after it)."""
+def azure_calls(
+    backend: str,
+    answers: dict[str, list[tuple[int, dict[str, str]]]],
+    calls: list[str],
+    replicas: tuple[str, ...] = (AZURE,),
+) -> list[Any]:
+    """``calls`` (each OWN or OTHER, non-streamed) one after the other through a virtual-time Guard over
+    ``replicas`` (AZURE; tier ttft 5 s, no hedging), each deployment answering its scripted (status, headers) in
+    turn (the last one repeats, 200 after the script): per call (status, record, the first replica's cooling_for
+    after it)."""
     sent: dict[str, int] = {}
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -1042,7 +1048,7 @@ def azure_calls(backend: str, answers: dict[str, list[tuple[int, dict[str, str]]
 
     async def main() -> None:
         tiers = {"t": Tier(ttft=5.0, total=10.0)}
-        async with make_guard([AZURE], records, tiers=tiers, transport_factory=lambda r: mock) as guard:
+        async with make_guard(list(replicas), records, tiers=tiers, transport_factory=lambda r: mock) as guard:
             async with guard.http_client() as client:
                 for url in calls:
                     try:
@@ -1088,6 +1094,26 @@ def test_the_replicas_quota_cool_down_neither_holds_back_another_deployment_nor_
         assert len(record.attempts) == 2 and record.attempts[1].start - record.start == pytest.approx(2.0, abs=0.01)
     assert cooling > 60  # not ended by the other deployment's answers
     assert again == (429 if retry_after else -1)  # refused before it was sent; 2 s in, it goes as the probe
+
+
+@BACKENDS
+@pytest.mark.parametrize("retry_after", ["86400", "2"], ids=["quota", "retried"])
+def test_another_deployments_retry_after_is_its_own_with_two_deployments_as_replicas(
+    backend: str, retry_after: str
+) -> None:
+    """Two deployments of one resource are the replicas; a call to a third (a path under neither) goes to that
+    deployment whichever replica sends it. Its quota 429 (Retry-After 86400, longer than the guard waits) is handed
+    back at once, one request; its 429 with Retry-After 2 is retried when those 2 s end, as the plain SDK's is, and
+    served. (Its retry went to the other replica, the same deployment, at once: a second 429 inside the wait, and
+    after a quota's the retry slept the 86400 s.)"""
+    replicas = (AZURE, "http://a.test/openai/deployments/gpt4x")
+    answers = {"gpt35": [(429, {"retry-after": retry_after}), (200, {})]}
+    ((status, record, _),) = azure_calls(backend, answers, [OTHER], replicas)
+    starts = [a.start - record.start for a in record.attempts]
+    if retry_after == "86400":
+        assert (status, starts) == (429, [0.0])
+    else:
+        assert status == 200 and starts == [0.0, pytest.approx(2.0, abs=0.01)]
 
 
 @dataclass
