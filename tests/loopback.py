@@ -481,6 +481,20 @@ def running(servers: list[LoopbackServer]) -> Iterator[list[LoopbackServer]]:
         stop_all(started)
 
 
+def answering_stream(body: bytes) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
+    """A `raw_server` handler that reads one request and answers ``body`` as a 200 event stream, then closes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)) if length else 0)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    return answer
+
+
 @contextlib.asynccontextmanager
 async def raw_server(
     handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],

@@ -7,10 +7,7 @@ raises with, every key of it (OpenRouter's ``metadata``, Anthropic's ``request_i
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
-from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -18,7 +15,7 @@ import pytest
 
 from llmguard_client import Guard
 from llmguard_client.protocols.errors import error_failure
-from tests.loopback import raw_server
+from tests.loopback import answering_stream, raw_server
 
 OPENROUTER_ERROR = {
     "code": 403,
@@ -50,22 +47,8 @@ ANTHROPIC_STREAM = b"event: error\ndata: " + json.dumps(ANTHROPIC_ERROR).encode(
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
-def answering(body: bytes) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
-    """A connection handler that reads one request and answers ``body`` as a 200 event stream."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = re.search(rb"(?i)content-length: *(\d+)", head)
-        await reader.readexactly(int(length.group(1)) if length else 0)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + body)
-        await writer.drain()
-        writer.close()
-
-    return answer
-
-
 async def test_an_openrouter_error_keeps_its_metadata() -> None:
-    async with raw_server(answering(OPENROUTER_STREAM)) as url, Guard([url], instrumentation=None) as guard:
+    async with raw_server(answering_stream(OPENROUTER_STREAM)) as url, Guard([url], instrumentation=None) as guard:
         errors = []
         for http_client in (None, guard.http_client_for(openai.AsyncOpenAI)):
             kwargs: dict[str, Any] = {} if http_client is None else {"http_client": http_client}
@@ -83,7 +66,7 @@ async def test_an_openrouter_error_keeps_its_metadata() -> None:
 
 async def test_an_anthropic_error_event_is_the_body_as_it_came() -> None:
     anthropic = pytest.importorskip("anthropic")
-    async with raw_server(answering(ANTHROPIC_STREAM)) as url, Guard([url], instrumentation=None) as guard:
+    async with raw_server(answering_stream(ANTHROPIC_STREAM)) as url, Guard([url], instrumentation=None) as guard:
         errors = []
         for http_client in (None, guard.http_client_for(anthropic.AsyncAnthropic)):
             kwargs: dict[str, Any] = {} if http_client is None else {"http_client": http_client}

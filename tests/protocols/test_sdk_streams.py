@@ -3,9 +3,7 @@ first content delta, deltas reach the caller as the server sends them (not at th
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +14,7 @@ import pytest
 
 from llmguard_client import Guard, PhaseRecord, Tier
 from tests.clients import anthropic_on_httpx
-from tests.loopback import LoopbackServer, Script, raw_server
+from tests.loopback import LoopbackServer, Script, answering_stream, raw_server
 
 GAP = 0.6
 """Seconds between two tokens sent by the server: a delta must reach the caller before the next is sent (a loaded
@@ -244,13 +242,7 @@ def responses_body(deltas: list[str]) -> bytes:
 async def test_a_responses_stream_ended_by_done_is_read_as_the_sdk_reads_it(deltas: list[str]) -> None:
     body = responses_body(deltas)
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = re.search(rb"(?i)content-length: *(\d+)", head)
-        await reader.readexactly(int(length.group(1)) if length else 0)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + body)
-        await writer.drain()
-        writer.close()
+    answer = answering_stream(body)
 
     records: list[PhaseRecord] = []
     async with raw_server(answer) as url, Guard([url], instrumentation=None, on_record=records.append) as guard:
