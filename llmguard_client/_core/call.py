@@ -12,7 +12,7 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.caller_intent import with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
-from llmguard_client._core.redact import CREDENTIALS
+from llmguard_client._core.redact import CREDENTIALS, credential_key
 from llmguard_client._http.upload import framing_headers
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats, size_class
@@ -158,9 +158,12 @@ class Call:
         if own:
             names = state.header_names
             forwarded = [(k, v) for k, v in self.headers if k.lower() not in names]
-            if state.replaces_credential:  # and the caller's others that carry the same key (`CREDENTIALS`)
-                keys = {_key(v) for k, v in self.headers if k.lower() in names and k.lower() in CREDENTIALS}
-                forwarded = [(k, v) for k, v in forwarded if k.lower() not in CREDENTIALS or _key(v) not in keys]
+            if state.replaces_credential:  # and the caller's others carrying the same key, or another's (`CREDENTIALS`)
+                keys = {credential_key(v) for k, v in self.headers if k.lower() in names and k.lower() in CREDENTIALS}
+                keys |= state.foreign_keys
+                forwarded = [
+                    (k, v) for k, v in forwarded if k.lower() not in CREDENTIALS or credential_key(v) not in keys
+                ]
             forwarded += own
         else:
             forwarded = self.headers
@@ -190,9 +193,3 @@ class Call:
         for key, value in plain.items():
             request.headers[key] = value
         return request
-
-
-def _key(value: bytes) -> bytes:
-    """The key a credential header's value carries: the token of an ``Authorization: Bearer ...``, else the value."""
-    scheme, _, token = value.strip().partition(b" ")
-    return token.strip() if token and scheme.lower() == b"bearer" else value.strip()

@@ -11,8 +11,10 @@ CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key", b"x-goog-ap
 """Headers that carry an API credential (lowercase). A replica that replaces one of the caller's also drops the
 caller's others that carry the same key (`llmguard_client._core.call.Call.attempt_request`): openai 1.x's
 ``AzureOpenAI`` sends its key as ``api-key`` and as ``Authorization: Bearer`` both, and a replica setting only its
-own ``api-key`` would otherwise carry the other resource's key in the Bearer header. Another credential (a
-gateway's user token) is kept. A `Replica` may not set one empty (`llmguard_client.config`)."""
+own ``api-key`` would otherwise carry the other resource's key in the Bearer header; and those that carry a key
+another replica is configured with, under whatever name (anthropic sends its key as ``Authorization: Bearer``
+where the replicas set ``x-api-key``). Another credential (a gateway's user token) is kept. A `Replica` may not set
+one empty (`llmguard_client.config`)."""
 _SECRET_QUERY_KEYS = frozenset(
     {"key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "sig", "signature", "password", "secret"}
 )
@@ -35,3 +37,9 @@ def redact_url(url: str | httpx.URL) -> str:
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """Header names kept, every value masked."""
     return {name: MASK for name in headers}
+
+
+def credential_key(value: bytes) -> bytes:
+    """The key a credential header's value carries: the token of an ``Authorization: Bearer ...``, else the value."""
+    scheme, _, token = value.strip().partition(b" ")
+    return token.strip() if token and scheme.lower() == b"bearer" else value.strip()

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import httpx
 
-from llmguard_client._core.redact import CREDENTIALS
+from llmguard_client._core.redact import CREDENTIALS, credential_key
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     cool,
@@ -102,6 +102,9 @@ class ReplicaState:
     """The caller's headers they replace (their names, lowercase)."""
     replaces_credential: bool = False
     """Whether they replace a `CREDENTIALS` header of the caller's."""
+    foreign_keys: frozenset[bytes] = frozenset()
+    """The keys the other replicas' own credential headers carry (`ReplicaSet`): a caller's credential carrying one
+    is that replica's, not this one's."""
     _targets: dict[tuple[str, str, int | None, bytes], httpx.URL] = field(default_factory=dict)
     _texts: dict[httpx.URL, str] = field(default_factory=dict)
 
@@ -183,6 +186,9 @@ class ReplicaSet:
         self.renewals = 0
         """How many times the replicas' pools were renewed for another event loop (`renew_transports`)."""
         self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
+        keys = [{credential_key(v) for k, v in s.header_items if k in CREDENTIALS} for s in self.states]
+        for state, own in zip(self.states, keys, strict=True):
+            state.foreign_keys = frozenset().union(*(k for k in keys if k is not own)) - own
         self._by_name = {s.name: s for s in self.states}
         self.router = router(self.states)
         """Chooses among the replicas this set allows, and learns their speed and failures."""

@@ -557,3 +557,23 @@ def test_a_call_cancelled_while_its_connect_raises_the_cancellation_in_a_group_i
         "cancelled_by_caller",
     )
     assert [a.outcome for a in record.attempts] == ["cancelled"]
+
+
+async def test_a_callers_credential_carrying_another_replicas_key_is_not_sent_to_this_one(
+    servers: list[LoopbackServer],
+) -> None:
+    """Each replica sets its own ``x-api-key``; the anthropic SDK sends its key (the first replica's) as
+    ``Authorization: Bearer``, a header no replica sets. A request the guard sends to the second replica drops it:
+    that key is the first replica's, whatever the header's name (before: it reached the second replica beside its
+    own key). A credential carrying a key no replica is configured with (a gateway's user token) is sent on."""
+    east, west = servers[0], servers[1]
+    replicas = [Replica(east.url, headers={"x-api-key": "KEY-E"}), Replica(west.url, headers={"x-api-key": "KEY-W"})]
+    async with Guard(replicas=replicas, hedge=None, instrumentation=None) as guard, guard.http_client() as client:
+        for token in ("KEY-E", "USER-TOKEN"):
+            headers = {"Authorization": f"Bearer {token}"}
+            for server in (east, west):  # a request on a replica's origin goes to that replica
+                response = await client.post(server.url + "/v1/messages", json={"model": "m"}, headers=headers)
+                assert response.status_code == 200
+    got = [[(r.headers["x-api-key"], r.headers.get("authorization")) for r in s.received] for s in (east, west)]
+    assert got[0] == [("KEY-E", "Bearer KEY-E"), ("KEY-E", "Bearer USER-TOKEN")]
+    assert got[1] == [("KEY-W", None), ("KEY-W", "Bearer USER-TOKEN")]
