@@ -405,7 +405,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             pool_wait=pool_timeout(request.extensions),
-            hedgeable=generation and streamed is None,
+            hedgeable=generation and streamed is None and not beside,  # beside: every replica sends it to one place
             retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
             generation=generation,
             sdk_retries=sdk_retries,

@@ -564,7 +564,7 @@ class RetryLayer:
         ) or self.replicas.pick(now, avoid, key, cornered=True, resting=False, take=False)
         if state is None:
             return Failed(stopped="no_replica")
-        times = sum(f is state for f in failed)
+        times = len(failed) if call.beside else sum(f is state for f in failed)  # beside: its one deployment
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:

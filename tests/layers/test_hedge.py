@@ -639,3 +639,29 @@ async def test_non_generation_paths_are_not_hedged(servers: list[LoopbackServer]
     async with make_guard(servers[:2], records) as guard, guard.http_client() as client:
         await client.post(servers[0].url + "/v1/files", json=BODY)
     assert len(records[0].attempts) == 1
+
+
+@BACKENDS
+def test_a_call_beside_every_replicas_path_is_not_hedged(backend: str) -> None:
+    """Two deployments of one resource are the replicas; a streamed call to a third deployment (a path under
+    neither) goes to that one deployment whichever replica sends it, so a hedge would be a second request to the same
+    place, billed twice and no faster: a slow first token is waited for, one request. (It was hedged through the
+    other replica after the hedge delay.)"""
+    fakes = {
+        url: FakeReplica(url[-4:], [Plan(first_token_after=2.0)])
+        for url in ("http://a.test/openai/deployments/east", "http://a.test/openai/deployments/west")
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        async with virtual_guard(fakes, records, hedge=HedgePolicy(delay=0.1)) as virtual:
+            async with virtual.http_client() as client:
+                body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+                url = "http://a.test/openai/deployments/gpt35/chat/completions?api-version=2024-10-21"
+                async with client.stream("POST", url, json=body) as response:
+                    assert response.status_code == 200
+                    await response.aread()
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert len(record.attempts) == 1 and sum(f.requests for f in fakes.values()) == 1

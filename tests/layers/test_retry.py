@@ -1212,3 +1212,21 @@ def test_a_replica_that_asked_for_more_rest_than_the_guard_waits_gets_none_of_th
     last = record.attempts[-1]
     assert last.replica == "http://b.test" and last.finish is not None
     assert last.finish - first.start < 2 * RetryPolicy().overload_cooldown + RetryPolicy().backoff_max
+
+
+@BACKENDS
+def test_another_deployments_500s_are_retried_after_the_same_replica_backoff_with_two_deployments_as_replicas(
+    backend: str,
+) -> None:
+    """Two deployments of one resource are the replicas; a call to a third meets two 500s, then is served. Whichever
+    replica sends its retry, it goes to that one deployment, so each retry waits the backoff of a retry to the same
+    replica (as the plain SDK's, about 0.5 s then 1 s), and the call is served. (The retry through the other replica
+    went at once, with the short first-round backoff: a deployment failing for a moment failed the call.)"""
+    replicas = (AZURE, "http://a.test/openai/deployments/gpt4x")
+    answers = {"gpt35": [(500, {}), (500, {}), (200, {})]}
+    ((status, record, _),) = azure_calls(backend, answers, [OTHER], replicas)
+    first, second, third = (a.start - record.start for a in record.attempts)
+    policy = RetryPolicy()
+    assert status == 200
+    assert second - first >= policy.same_replica_backoff / 2 - 1e-6
+    assert third - second >= policy.same_replica_backoff - 1e-6
