@@ -54,8 +54,15 @@ After a round fails, `Retrier` decides whether and where to try again:
   has nowhere else to send them: its retry goes at its cool-down's end when it is cooling, and once its circuit has
   opened (it failed every call lately) it also cools for `RetryPolicy.overload_cooldown` unless it is already cooling
   (reason ``"failing"``), new first attempts wait for its probe, and the retry goes at the cool-down's end (the server
-  sees probes, not a flood). A replica that fails some calls and serves the others holds back no other call; any other
-  refused retry ends the call at once with the last server answer;
+  sees probes, not a flood). A replica that fails some calls and serves the others holds back no other call. After an
+  overload answer without a Retry-After with no replica ready (each cooling, or back from a cool-down with nothing
+  served since), the refused retry waits, its backoff or to the first cool-down's end, for a replica to serve a call
+  again (`_await_serving`), then goes there; any other refused retry ends the call at once with the last answer;
+- a call remembers each replica's Retry-After to it (`_remember_asked`): a retry goes back to a replica no sooner,
+  the one whose wait ends first, and the last request goes back there rather than to a replica not tried when that
+  fits the deadline; a replica that asked for more than `RetryPolicy.max_retry_after` gets none of its retries;
+- a call whose answers speak for no replica (another API's, another deployment's: `Call.judges`) is planned by its
+  own answers only (`_plan_unjudged`);
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
