@@ -495,12 +495,10 @@ class RetryLayer:
             times = sum(f is state for f in failed)
             if times:  # back to a replica that failed this call: give it a moment to recover
                 wait = max(wait, self.backoff.returning(times))
-            if last.retry_after is not None:
-                wait = max(wait, min(last.retry_after, self.policy.max_retry_after))
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
-        told = asked.get(id(state), now) - now  # its own Retry-After to this call: the retry goes no sooner
+        told = asked.get(id(state), now) - now  # its Retry-After to this call (the last's too): no sooner
         wait = max(wait, told)
         server_paced = _server_paced(last)
         paced = ((server_paced and state is last.state) or told > 0.0) and not self._provider_limit(last)

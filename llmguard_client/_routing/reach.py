@@ -110,7 +110,7 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
 
 
 class Reach:
-    """`outside` for one replica set's bases, cached: a service calls few distinct paths. It also notes the
+    """`outside` and `beside` for one replica set's bases, cached: a service calls few distinct paths. It also notes the
     origins no replica has (virtual base URLs): a second one is most likely a client meant for another service
     (a copy of the client with another ``base_url``), whose requests, and API key, go to the replicas: logged
     once per such origin."""
@@ -120,9 +120,6 @@ class Reach:
         self._cache: dict[tuple[str, str, str, int | None, bytes], tuple[tuple[int, ...], bool]] = {}
         self._virtual: list[tuple[str, str, int | None]] = []
         """The origins no replica has that requests named, in order (at most `_VIRTUAL_NOTED`)."""
-
-    def outside(self, method: str, url: httpx.URL) -> tuple[int, ...]:
-        return self.where(method, url)[0]
 
     def where(self, method: str, url: httpx.URL) -> tuple[tuple[int, ...], bool]:
         """(`outside`, `beside`) of a request."""
