@@ -30,7 +30,7 @@ for a client given a transport): the replicas' pools are the guard's."""
 def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, Any]:
     """``kwargs`` for an httpx/httpx2 client, with the SDKs' timeout and redirects where the caller set none;
     a `GuardConfigError` for an argument that would route requests around the guard or configure connections
-    the client does not open."""
+    the client does not open (``trust_env=False`` among them: the environment's proxy and CAs are the pools')."""
     routing = [name for name in ROUTING_ARGUMENTS if name in kwargs]
     if routing:
         raise GuardConfigError(
@@ -44,6 +44,14 @@ def with_sdk_defaults(kwargs: dict[str, Any], timeout_type: Any) -> dict[str, An
             f"a guarded client opens no connections of its own, so it takes no {'/'.join(connection)}=: the "
             "replicas' connections are the guard's; set Guard(pool_limits=...) for their limits, or build them "
             "with Guard(transport_factory=...) for TLS settings or HTTP/2"
+        )
+    if kwargs.get("trust_env", True) is False:
+        raise GuardConfigError(
+            "a guarded client opens no connections of its own, so trust_env=False would not keep its requests "
+            "from the proxy and CA variables of the environment (HTTPS_PROXY, SSL_CERT_FILE, ...): the replicas' "
+            "connections are the guard's and follow them as the SDKs' own clients do; to ignore them, build the "
+            "replicas' transports with Guard(transport_factory=lambda replica: "
+            "httpx.AsyncHTTPTransport(trust_env=False))"
         )
     kwargs.setdefault("timeout", timeout_type(SDK_TIMEOUT, connect=SDK_CONNECT_TIMEOUT))
     kwargs.setdefault("follow_redirects", True)

@@ -136,6 +136,18 @@ def test_a_guarded_client_takes_no_argument_for_connections_it_does_not_open() -
         guard.close()
 
 
+def test_a_guarded_client_refuses_trust_env_false_which_its_connections_would_not_follow() -> None:
+    guard = Guard(["http://127.0.0.1:9"])
+    try:
+        with pytest.raises(GuardConfigError, match=r"trust_env=False.*HTTPS_PROXY.*transport_factory"):
+            guard.http_client(trust_env=False)
+        with pytest.raises(GuardConfigError, match=r"trust_env=False"):
+            guard.sync_http_client(trust_env=False)
+        guard.http_client(trust_env=True)  # what the guard's connections do: accepted
+    finally:
+        guard.close()
+
+
 def test_a_guarded_client_takes_no_argument_that_would_route_around_the_guard() -> None:
     guard = Guard(["http://127.0.0.1:9"])
     try:
