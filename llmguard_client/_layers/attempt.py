@@ -88,7 +88,7 @@ class AttemptLayer:
             opening = await read_opening(_body(response), reader, lambda: attempt.attempt_accepted(clock()), read)
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)
-            if reader.failure is not None:  # before the first token: a failed attempt, like a 503
+            if reader.failure is not None and not reader.first_token:  # a failed attempt, like a 503
                 return Failed([_stream_failure(call, attempt, state, reader.failure, response, opening, clock)])
             attempt.attempt_first_token(clock(), complete=opening.rest is None)
             won = True

@@ -7,6 +7,7 @@ the body iterator, and the record says ``error`` with the failure's cause.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -26,7 +27,7 @@ from llmguard_client import (
     UpstreamStreamError,
 )
 from tests.clients import anthropic_on_httpx
-from tests.loopback import FAILED_RESPONSE, VLLM_BUSY, LoopbackServer, Script
+from tests.loopback import FAILED_RESPONSE, VLLM_BUSY, LoopbackServer, Script, answering_stream, raw_server
 
 TTFT = 1.0
 MESSAGES = [{"role": "user", "content": "x"}]
@@ -373,24 +374,35 @@ async def test_openai_sees_a_truncated_stream_as_an_error_not_a_short_answer(ser
     assert (records[0].status, records[0].cause) == ("error", "stream_truncated")
 
 
-async def test_an_error_in_the_same_chunk_as_the_first_token_is_raised_after_it(
-    servers: list[LoopbackServer],
-) -> None:
-    """The first token and the error arrive together: the token is delivered, then the error raised."""
-    servers[0].script = Script(tokens=1, error_at=1, role_chunk=False)
+async def test_an_error_in_the_same_chunk_as_the_first_token_is_raised_after_it() -> None:
+    """The first token and the error event arrive in one read (written in one piece, as an engine failing
+    right after its first token may send them): the token is delivered, then the error raised, and the
+    generation is not sent again."""
+    token = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+    error = {"error": {"message": "boom", "type": "internal_error", "code": 500}}
+    answer = answering_stream(b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in (token, error)))
+    requests = 0
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        requests += 1
+        await answer(reader, writer)
+
     records: list[PhaseRecord] = []
-    async with make_guard(servers[:1], records) as guard, guard.http_client() as client:
-        received: list[bytes] = []
-        with pytest.raises(UpstreamStreamError):
-            async with client.stream(
-                "POST",
-                servers[0].url + "/v1/chat/completions",
-                json={"model": "m", "stream": True, "messages": MESSAGES},
-            ) as r:
-                async for chunk in r.aiter_raw():
-                    received.append(chunk)
-    assert b" t0" in b"".join(received)
-    assert records[0].status == "error" and len(records[0].attempts) == 1
+    texts: list[str] = []
+    async with raw_server(counted) as url, Guard([url], instrumentation=None, on_record=records.append) as guard:
+        oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=guard.http_client())
+        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError) as caught:
+            try:
+                async for chunk in stream:
+                    texts.append(chunk.choices[0].delta.content or "")
+            finally:
+                await stream.close()
+    assert caught.value.message == "boom"  # the SDK's own error from the event, as without the guard
+    assert texts == ["hi"] and requests == 1
+    (record,) = records
+    assert (record.status, record.cause, len(record.attempts)) == ("error", "stream_error_event", 1)
 
 
 # --- the control cohort sees the server's bytes untouched ---------------------------------------------------
