@@ -22,7 +22,7 @@ from typing import Any
 from llmguard_client._fleet.flag import UNSET, parse_flag
 from llmguard_client._fleet.url import FleetURL, check_name, parse_fleet_url, redact_text
 
-__all__ = ["FleetCommandError", "add_parser", "main", "run"]
+__all__ = ["FleetCommandError", "add_parser", "check_fleet_url", "main", "run"]
 
 PROG = "llmguard-rollout"
 
@@ -35,6 +35,13 @@ POLL_INTERVAL = 5.0
 
 class FleetCommandError(Exception):
     """The store could not be reached or refused the command: reported as one line, exit status 1."""
+
+
+def check_fleet_url(url: str) -> str:
+    """``url`` checked as ``Guard(fleet=url)`` checks it, before anything connects: returned as given, or a
+    `llmguard_client.errors.GuardConfigError` naming what is wrong (password masked) and what is accepted."""
+    parse_fleet_url(url)
+    return url
 
 
 def _fraction(text: str) -> float:

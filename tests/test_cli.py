@@ -72,6 +72,27 @@ def test_tier_ttft_above_total(cluster: LoopbackCluster, capsys: pytest.CaptureF
     assert "must not exceed --tier-total" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("fleet", "needle"),
+    [
+        ("http://not-redis:6379", "has scheme 'http'; accepted: redis, rediss"),
+        ("redis://:secret@host:99999", "is malformed (Port out of range"),
+        ("redis://host/abc", "the path must be a database number such as /0, got /abc"),
+    ],
+)
+def test_a_bad_fleet_url_is_refused_before_any_request_is_sent(
+    cluster: LoopbackCluster, fleet: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--fleet`` was checked when the first guarded client was built: the baselines had sent their whole load
+    by then, and the run ended with status 1 and no report."""
+    rc = cli.main(["bench", "--target", cluster.urls[0], "--clients", "plain,guarded", "--fleet", fleet, *SMALL])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("llmguard: error: argument --fleet: ") and err.count("\n") == 1
+    assert needle in err and "'auto'" in err and "secret" not in err
+    assert sum(s.counters["received"] for s in cluster.servers) == 0
+
+
 def test_process_exit_code_and_no_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "llmguard_tools.cli", "bench", "--target", "http://127.0.0.1:1"],

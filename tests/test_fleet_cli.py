@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis
 
-from llmguard_client.fleet_cli import main
+from llmguard_client import Guard, GuardConfigError
+from llmguard_client.fleet_cli import check_fleet_url, main
 from llmguard_tools import cli
 from tests.redis_server import RedisServer
 
@@ -159,3 +160,15 @@ def test_a_refused_command_exits_1_naming_the_refusal(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "refused the command: NoPermissionError" in err and "'set'" in err, err
     assert "did not answer" not in err and ":pw@" not in err
+
+
+@pytest.mark.parametrize("bad", ["http://x", "redis://h:99999", "redis://h/abc"])
+def test_check_fleet_url_is_the_guards_check(bad: str) -> None:
+    """What a tool checks a ``--fleet`` argument with before it sends anything: the address as given, or the
+    `GuardConfigError` the Guard raises for it."""
+    assert check_fleet_url("redis://:pw@host:6379/0") == "redis://:pw@host:6379/0"
+    with pytest.raises(GuardConfigError) as refused:
+        check_fleet_url(bad)
+    with pytest.raises(GuardConfigError) as guards:
+        Guard(["http://127.0.0.1:9"], fleet=bad, name="x")
+    assert str(refused.value) == str(guards.value)

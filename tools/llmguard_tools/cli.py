@@ -92,6 +92,19 @@ def _unit_fraction(text: str) -> float:
     return value
 
 
+def _fleet(text: str) -> str:
+    """``--fleet``: ``auto``, or a store address checked as the Guard checks it, before any traffic is sent."""
+    if text == "auto":
+        return text
+    from llmguard_client.errors import GuardConfigError
+    from llmguard_client.fleet_cli import check_fleet_url
+
+    try:
+        return check_fleet_url(text)
+    except GuardConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or 'auto' (a local redis-server)") from None
+
+
 def _stall(text: str) -> float:
     if text.strip().lower() in ("none", "off", "0"):
         return 0.0  # 0 means: no stall limit
@@ -224,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument(
         "--fleet",
+        type=_fleet,
         metavar="URL",
         help="Redis URL of the fleet-wide rate limit, or 'auto' (a local redis-server); without --processes: the "
         "store every guarded client's Guard shares its fleet state through (e.g. with --guard-processes N)",
