@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -147,6 +148,12 @@ def _checked_factory(
             f"{wanted}, got an {type(factory).__name__} instance; pass a function, "
             "e.g. lambda replica: httpx.AsyncHTTPTransport(http2=True)"
         )
+    if (signature := _refused_signature(factory, object())) is not None:
+        raise GuardConfigError(
+            f"transport_factory must take one argument, the Replica to build a transport for: "
+            f"factory(replica) -> httpx.AsyncBaseTransport (e.g. lambda replica: httpx.AsyncHTTPTransport()); "
+            f"got {factory!r}, which takes {signature}"
+        )
 
     def build(replica: Replica) -> httpx.AsyncBaseTransport:
         transport: object = factory(replica)
@@ -163,6 +170,41 @@ def _checked_factory(
         return cast(httpx.AsyncBaseTransport, transport)
 
     return build
+
+
+def _refused_signature(function: Callable[..., object], *args: object) -> str | None:
+    """``function``'s signature when it cannot be called with ``args``; None when it can, or when Python cannot
+    read its signature (some builtins): such a function is then judged by its call."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args)
+    except TypeError:
+        bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+        return str(signature.replace(parameters=bare, return_annotation=signature.empty))
+    return None
+
+
+def _checked_clock(clock: object) -> Clock:
+    """``clock`` checked: a callable taking no argument that returns a finite number of seconds. It is read once
+    here; a clock that raises here is judged at the first call (it may only be readable inside the event loop
+    the calls run on, as ``trio.current_time``)."""
+    wanted = (
+        "clock must be a callable taking no argument and returning the current time in seconds (e.g. time.monotonic)"
+    )
+    if not callable(clock):
+        raise GuardConfigError(f"{wanted}, got {clock!r}")
+    if (signature := _refused_signature(clock)) is not None:
+        raise GuardConfigError(f"{wanted}, got {clock!r}, which takes {signature}")
+    try:
+        now: object = clock()
+    except Exception:
+        return cast(Clock, clock)
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise GuardConfigError(f"{wanted} as a finite int or float, got {clock!r}, which returned {now!r}")
+    return cast(Clock, clock)
 
 
 def _validated(
@@ -236,11 +278,12 @@ class Guard:
     instrumentation: OpenTelemetry by default (a no-op without an SDK); None: none.
     on_record:     called with each call's `PhaseRecord` when it ends.
     pool_limits:   each replica's connection pool limits (default `DEFAULT_POOL_LIMITS`).
-    transport_factory: builds each replica's inner transport (default: an httpx pool each,
-                   with ``pool_limits``).
-    clock:         the clock every deadline, budget, hint and poll interval is read on (default: the
-                   running event loop's, on which every timer runs too). To test in virtual time, pass none and
-                   run the event loop in it (looptime on asyncio, ``MockClock`` on trio: docs/usage.md).
+    transport_factory: ``factory(replica) -> httpx.AsyncBaseTransport``, each replica's inner transport (default:
+                   an httpx pool each, with ``pool_limits``).
+    clock:         the clock every deadline, budget, hint and poll interval is read on: ``clock() -> float``
+                   seconds, read once when the Guard is built to check it (default: the running event loop's,
+                   on which every timer runs too). To test in virtual time, pass none and run the event loop
+                   in it (looptime on asyncio, ``MockClock`` on trio: docs/usage.md).
     """
 
     def __init__(
@@ -306,11 +349,7 @@ class Guard:
             transport_factory = functools.partial(default_transport, limits=pool_limits or DEFAULT_POOL_LIMITS)
         else:
             transport_factory = _checked_factory(transport_factory)
-        clock = loop_clock if clock is _UNSET else clock
-        if not callable(clock):
-            raise GuardConfigError(
-                f"clock must be a callable returning the current time in seconds (e.g. time.monotonic), got {clock!r}"
-            )
+        clock = loop_clock if clock is _UNSET else _checked_clock(clock)
         self._chaos = chaos_switch(chaos, resolved)  # None unless LLMGUARD_CHAOS=1: then nothing is wrapped
         if self._chaos is not None:
             transport_factory = self._chaos.wrapping(transport_factory)

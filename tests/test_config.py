@@ -3,6 +3,7 @@ the field and what is accepted, raised at construction."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import trio
 
 from llmguard_client import (
     BudgetPolicy,
@@ -519,6 +521,46 @@ def test_a_transport_instance_given_as_the_factory_is_refused() -> None:
     )
 
 
+class _TwoArguments:
+    def __call__(self, replica: Replica, limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport(limits=limits)
+
+
+@pytest.mark.parametrize(
+    ("factory", "takes"),
+    [(lambda: httpx.AsyncHTTPTransport(), "which takes ()"), (_TwoArguments(), "which takes (replica, limits)")],
+    ids=["no_argument", "two_arguments"],
+)
+def test_a_transport_factory_not_taking_one_replica_is_refused_naming_its_signature(
+    factory: Callable[..., Any], takes: str
+) -> None:
+    """``Guard(transport_factory=lambda: transport)`` raised a raw ``TypeError: <lambda>() takes 0 positional
+    arguments but 1 was given`` from inside the Guard."""
+    config_error(
+        lambda: guard(transport_factory=factory),
+        "transport_factory must take one argument, the Replica to build a transport for",
+        "factory(replica) -> httpx.AsyncBaseTransport",
+        takes,
+    )
+
+
+def test_a_transport_factory_taking_the_replica_in_any_form_is_taken() -> None:
+    """A class, a partial, a function with ``*args`` or defaults: what can be called with the replica is taken."""
+
+    class Transport(httpx.AsyncHTTPTransport):
+        def __init__(self, replica: Replica) -> None:
+            super().__init__()
+
+    def loose(*args: Any, retries: int = 0) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport(retries=retries)
+
+    def keyed(replica: Replica, *, retries: int) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport(retries=retries)
+
+    for factory in (Transport, loose, functools.partial(keyed, retries=1)):
+        guard(transport_factory=factory).close()
+
+
 def test_pool_limits_without_room_for_one_connection_are_refused() -> None:
     """``httpx.Limits(max_connections=0)`` was accepted; every call then waited out its ttft for a connection."""
     config_error(
@@ -541,6 +583,35 @@ def test_pool_limits_of_httpx2_are_refused_naming_the_module() -> None:
 def test_a_clock_that_is_not_callable_is_refused(clock: Any) -> None:
     """``Guard(clock=1.0)`` was accepted, then every call raised ``TypeError: 'float' object is not callable``."""
     config_error(lambda: guard(clock=clock), "clock must be a callable", "time.monotonic", repr(clock))
+
+
+@pytest.mark.parametrize(
+    ("clock", "wrong"),
+    [
+        (lambda: "x", "which returned 'x'"),
+        (lambda: None, "which returned None"),
+        (lambda: math.nan, "which returned nan"),
+        (lambda: True, "which returned True"),
+        (lambda now: 1.0, "which takes (now)"),
+    ],
+    ids=["str", "none", "nan", "bool", "an_argument"],
+)
+def test_a_clock_not_returning_seconds_is_refused_when_the_guard_is_built(clock: Any, wrong: str) -> None:
+    """A clock returning a non-number, or taking an argument, was taken: every call then raised a raw TypeError
+    from deep inside the guard."""
+    config_error(
+        lambda: guard(clock=clock),
+        "clock must be a callable taking no argument and returning the current time in seconds",
+        "time.monotonic",
+        wrong,
+    )
+
+
+def test_a_clock_readable_only_in_its_event_loop_is_taken() -> None:
+    """``clock=trio.current_time`` raises outside trio's run: the Guard may be built before it, so a clock that
+    raises when it is checked is judged by the calls. An int is seconds as a float is."""
+    guard(clock=trio.current_time).close()
+    guard(clock=lambda: 7).close()
 
 
 @pytest.mark.parametrize("tiers", [{"x": None}, {"x": 1.0}, {"": Tier(1, 2)}, {"  ": Tier(1, 2)}, {1: Tier(1, 2)}])
