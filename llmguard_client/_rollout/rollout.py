@@ -78,7 +78,18 @@ def flag_fraction(client: FloatFlagClient, flag_key: str, default: float = 0.0) 
 
     >>> from openfeature import api
     >>> guard = Guard(..., rollout=flag_fraction(api.get_client(), "llmguard-rollout"))
+
+    A ``client`` without a ``get_float_value`` method, or a ``flag_key`` that is not a non-empty string, is a
+    `GuardConfigError` here; a client that raises or answers a non-fraction later keeps the last good value.
     """
+    if not callable(getattr(client, "get_float_value", None)):
+        raise GuardConfigError(
+            "flag_fraction needs an OpenFeature-style client with get_float_value(flag_key, default_value) "
+            f"(e.g. openfeature.api.get_client()), got {type(client).__name__} {client!r}; for the fleet-wide "
+            "flag, use Guard(fleet=..., name=...) and llmguard-rollout instead"
+        )
+    if not isinstance(flag_key, str) or not flag_key:
+        raise GuardConfigError(f"flag_fraction flag_key must be the flag's non-empty name, got {flag_key!r}")
     check_fraction(default, "flag_fraction default")
     return lambda: client.get_float_value(flag_key, default)
 

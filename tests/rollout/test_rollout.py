@@ -341,6 +341,36 @@ def test_flag_fraction_reads_an_openfeature_style_float_flag() -> None:
         flag_fraction(client, "x", default=2.0)
 
 
+@pytest.mark.parametrize("client", [object(), None, "llmguard-rollout"], ids=["object", "none", "str"])
+def test_flag_fraction_refuses_a_client_without_get_float_value(client: Any) -> None:
+    """Such a client was taken: every poll then raised, and the guard passed every call through as control with
+    only a warning in the log."""
+    with pytest.raises(GuardConfigError) as refused:
+        flag_fraction(client, "llmguard-rollout")
+    assert "OpenFeature-style client with get_float_value(flag_key, default_value)" in str(refused.value)
+    assert type(client).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize("key", [None, "", 3])
+def test_flag_fraction_refuses_a_flag_key_that_is_not_a_name(key: Any) -> None:
+    class Client:
+        def get_float_value(self, flag_key: str, default_value: float) -> float:
+            return 1.0
+
+    with pytest.raises(GuardConfigError, match="flag_key must be the flag's non-empty name"):
+        flag_fraction(Client(), key)
+
+
+def test_flag_fraction_keeps_failing_open_for_a_client_that_fails_when_read() -> None:
+    """The documented fail-open is for a source that fails at run time: the last good value (0.0 at first)."""
+
+    class Failing:
+        def get_float_value(self, flag_key: str, default_value: float) -> float:
+            raise ConnectionError("flag service down")
+
+    assert Rollout(flag_fraction(Failing(), "llmguard-rollout")).fraction == 0.0
+
+
 # --- set_rollout under concurrent calls --------------------------------------------------------------------
 
 
