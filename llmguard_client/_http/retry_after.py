@@ -93,7 +93,15 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     too large for a float (``"1e999"``) is read as an excessive delay and clamped, not ignored.
     ``None`` means "no usable hint: use your own backoff". Duplicated headers that a client joined
     with commas (``"5, 6"``) are not a valid form and are ignored.
+
+    ``headers`` is a response's headers (``httpx.Headers``, a dict, any mapping with ``get`` and
+    ``items``); anything else, a header's value or None included, is a ``TypeError``.
     """
+    if not (callable(getattr(headers, "get", None)) and callable(getattr(headers, "items", None))):
+        raise TypeError(
+            "parse_retry_after takes a response's headers (httpx.Headers, a dict or another mapping of header "
+            f"names to values, e.g. response.headers), got {type(headers).__name__}: {headers!r}"
+        )
     if now is not None and not math.isfinite(now):
         raise ValueError(f"now must be finite wall-clock epoch seconds, got {now!r}")
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import email.utils
+import http.client
 import math
 import time
 
@@ -225,3 +226,20 @@ def test_result_always_none_or_within_cap(ms: str | None, seconds: str | None, n
 @given(st.floats(min_value=0, max_value=RETRY_AFTER_CAP, allow_nan=False))
 def test_seconds_round_trip(value: float) -> None:
     assert parse_retry_after({"retry-after": repr(value)}, now=NOW) == value
+
+
+@pytest.mark.parametrize(
+    "headers", [None, "5", b"5", 5, ["retry-after", "5"]], ids=["none", "str", "bytes", "int", "list"]
+)
+def test_what_is_not_headers_is_a_type_error_naming_what_is_taken(headers: object) -> None:
+    """``parse_retry_after(None)`` raised ``AttributeError: 'NoneType' object has no attribute 'get'``."""
+    with pytest.raises(TypeError, match=r"takes a response's headers \(httpx.Headers, a dict or another mapping") as e:
+        parse_retry_after(headers)  # type: ignore[arg-type]
+    assert f"got {type(headers).__name__}: {headers!r}" in str(e.value)
+
+
+def test_the_standard_librarys_response_headers_are_headers() -> None:
+    """``urllib``'s responses carry an ``http.client.HTTPMessage``: ``get`` and ``items``, not a ``Mapping``."""
+    message = http.client.HTTPMessage()
+    message["Retry-After"] = "7"
+    assert parse_retry_after(message) == 7.0  # type: ignore[arg-type]
