@@ -232,8 +232,7 @@ class Replica:
     @property
     def name(self) -> str:
         """The replica's URL without credentials: safe to log."""
-        parsed = httpx.URL(self.url)
-        return str(parsed.copy_with(username=None, password=None)).rstrip("/")
+        return replica_name(self.url)
 
     def __repr__(self) -> str:
         """Credentials masked: reprs end up in logs and tracebacks."""
@@ -244,6 +243,12 @@ class Replica:
         """Hashable like the other frozen configs (a set member, a dict key): the headers, a dict kept
         private to the instance, are hashed by their items."""
         return hash((self.url, frozenset(self.headers.items()), self.rate_limit))
+
+
+def replica_name(url: str) -> str:
+    """The name of the replica at base URL ``url`` (`Replica.name`): without credentials, its scheme and host in
+    lower case, without a default port or a trailing slash."""
+    return str(httpx.URL(url).copy_with(username=None, password=None)).rstrip("/")
 
 
 @dataclass(frozen=True, slots=True)

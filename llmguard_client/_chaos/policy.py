@@ -8,6 +8,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import httpx
+
+from llmguard_client.config import replica_name
 from llmguard_client.errors import GuardConfigError
 
 CHAOS_ENV = "LLMGUARD_CHAOS"
@@ -32,6 +35,15 @@ def chaos_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """True when ``LLMGUARD_CHAOS`` is 1/true/yes/on. Anything else, a typo included, leaves chaos off."""
     raw = (os.environ if environ is None else environ).get(CHAOS_ENV)
     return raw is not None and raw.strip().lower() in _ON
+
+
+def _name(replica: str) -> str:
+    """A replica named in ``Chaos.replicas``, read as `Replica` reads its URL (scheme and host in any case, a
+    default port, credentials); kept as given, without a trailing slash, when it is no URL."""
+    try:
+        return replica_name(replica)
+    except httpx.InvalidURL:
+        return replica.rstrip("/")
 
 
 def _rate(name: str, value: object) -> None:
@@ -67,8 +79,9 @@ class Chaos:
                    by then (a non-streamed body) is not cut, nor marked.
     latency:       wait ``latency_for`` seconds before sending, as a slow connect: a connect timeout shorter than
                    that (the client's) ends the attempt at that timeout (``httpx.ConnectTimeout``; nothing is sent).
-    replicas:      inject only into attempts to these replicas (base URLs, as the Guard was given them; one that
-                   is not the Guard's is refused when the policy is set); None: every replica.
+    replicas:      inject only into attempts to these replicas (base URLs, as the Guard was given them, read as
+                   `Replica` reads them: scheme and host in any case; one that is not the Guard's is refused when
+                   the policy is set); None: every replica.
     seed:          seeds the random source the attempts' draws come from (None: unseeded). With one seed and
                    the same sequence of attempts, the same attempts get the same faults.
 
@@ -107,6 +120,6 @@ class Chaos:
                 raise GuardConfigError(
                     f"Chaos.replicas must be a collection of replica names or None, got {self.replicas!r}"
                 )
-            object.__setattr__(self, "replicas", frozenset(r.rstrip("/") for r in self.replicas))
+            object.__setattr__(self, "replicas", frozenset(_name(r) for r in self.replicas))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise GuardConfigError(f"Chaos.seed must be an integer or None, got {self.seed!r}")

@@ -120,6 +120,24 @@ def test_only_the_named_replicas_get_faults(chaos_on: None) -> None:
 
 @pytest.mark.parametrize(
     "named",
+    ["HTTP://A.TEST/", "http://a.test:80", "http://user:secret@a.test", "https://B.test:443/v1"],
+    ids=["case", "default-port", "credentials", "https"],
+)
+def test_a_replica_is_named_as_replica_reads_its_url(chaos_on: None, named: str) -> None:
+    """``Chaos(replicas=["HTTP://A..."])`` was refused as no replica of a Guard over ``http://a...``, though
+    ``Replica`` reads that URL as the same replica."""
+    urls = ["http://a.test", "https://b.test/v1"]
+    target = "http://a.test" if "a.test" in named.lower() else "https://b.test/v1"
+    guard = Guard(urls, instrumentation=None, chaos=Chaos(reset=1.0, replicas=[named]))
+    assert guard.chaos is not None and guard.chaos.replicas == frozenset([target])
+    assert "secret" not in repr(guard.chaos)
+    guard.close()
+    switch = ChaosSwitch(Chaos(reset=1.0, replicas=[named]), [Replica(url) for url in urls])
+    assert [switch.draw(Replica(url)) is not None for url in urls] == [url == target for url in urls]
+
+
+@pytest.mark.parametrize(
+    "named",
     ["http://a.test/v1", "http://localhost:9", "a.test"],
     ids=["openai-base-url", "another-host", "no-scheme"],
 )
