@@ -98,8 +98,12 @@ def run(args: argparse.Namespace, prog: str = PROG) -> int:
 
     url = parse_fleet_url(args.fleet)
     name = check_name(args.name)
-    if (args.action == "set") != (args.fraction is not None):
+    if args.action == "set" and args.fraction is None:
         raise GuardConfigError("rollout set needs a FRACTION (e.g. 'rollout set 0.10'); the others take none")
+    if args.action != "set" and args.fraction is not None:
+        raise GuardConfigError(
+            f"rollout {args.action} takes no FRACTION, got {args.fraction:g}; only set does (e.g. 'rollout set 0.10')"
+        )
     unannounced: list[tuple[bool, str]] = []
     try:
         print(asyncio.run(_apply(url, name, args.action, args.fraction, unannounced)))

@@ -108,6 +108,17 @@ def test_an_unreachable_fleet_exits_1_without_its_password(
     assert "did not answer" in err and "secret" not in err and err.count("\n") == 1
 
 
+@COMMANDS
+@pytest.mark.parametrize("action", ["kill", "get", "clear"])
+def test_a_fraction_given_to_another_command_than_set_is_named_as_such(
+    command: Callable[[Sequence[str]], int], action: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rollout kill 0.3`` answered "rollout set needs a FRACTION", naming a command that was not given."""
+    assert command([action, "0.3", "--fleet", "redis://127.0.0.1:1/0", "--name", "checkout"]) == 2
+    err = capsys.readouterr().err
+    assert f"rollout {action} takes no FRACTION, got 0.3; only set does" in err and err.count("\n") == 1
+
+
 def test_run_as_a_module_it_is_the_same_command() -> None:
     """``python -m llmguard_client.fleet_cli``: the module's entry point runs once the module is whole."""
     done = subprocess.run(
