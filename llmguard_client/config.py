@@ -216,12 +216,15 @@ class Replica:
             )
         if parsed.port is not None and not 0 < parsed.port < 65536:
             raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {self.url!r}")
-        if not isinstance(self.headers, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
-        ):
+        if not isinstance(self.headers, Mapping):
+            raise GuardConfigError(
+                "Replica.headers must be a mapping (a dict) of header names to string values, e.g. "
+                f"{{'authorization': 'Bearer ...'}} (leave it out for none), got {type(self.headers).__name__}"
+            )
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise GuardConfigError(
                 f"Replica.headers must map header names to string values (e.g. {{'authorization': 'Bearer ...'}}), "
-                f"got a {type(self.headers).__name__} with keys {sorted(map(str, dict(self.headers)))}"
+                f"got a {type(self.headers).__name__} with keys {sorted(map(str, self.headers))}"
             )
         for name, value in self.headers.items():
             _check_header(name, value)

@@ -192,6 +192,12 @@ def test_replica_header_values_must_be_strings() -> None:
     config_error(lambda: Replica(A, headers={"x-n": 1}), "Replica.headers")  # type: ignore[dict-item]
 
 
+@pytest.mark.parametrize("headers", [None, [("x-n", "v")], "x-n: v"], ids=["none", "list", "str"])
+def test_replica_headers_must_be_a_mapping(headers: object) -> None:
+    """Anything but a mapping is refused naming the type accepted (before: None raised a bare TypeError)."""
+    config_error(lambda: Replica(A, headers=headers), "Replica.headers", "mapping", type(headers).__name__)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("name", ["bad header", "x:y", "", "x-é", "a\r\nInjected"])
 def test_replica_header_names_must_be_http_tokens(name: str) -> None:
     """A name no server takes would fail every call as a local protocol error: refused when it is configured."""
