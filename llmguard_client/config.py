@@ -35,13 +35,35 @@ def _check_bool(owner: str, name: str, value: object) -> None:
         raise GuardConfigError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
+_FRAMING = {
+    "content-length": "the guard frames each request's body itself, from the body it sends",
+    "transfer-encoding": "the guard frames each request's body itself, from the body it sends",
+    "connection": "a hop-by-hop header: the connection pool manages its connections itself",
+    "keep-alive": "a hop-by-hop header: the connection pool manages its connections itself",
+    "proxy-connection": "a hop-by-hop header: the connection pool manages its connections itself",
+    "te": "a hop-by-hop header: the connection pool manages its connections itself",
+    "upgrade": "a hop-by-hop header: a request through the guard cannot switch protocols",
+}
+"""Headers a `Replica` may not set (lowercase), and why: each would contradict the request's framing or the pool's
+connection handling, failing every call to that replica or misframing its requests."""
+
+
 def _check_header(name: str, value: str) -> None:
-    """One `Replica` header: a name every HTTP/1.1 server takes, a value that cannot end the line early (and is not
-    empty for a credential: an unset environment variable's)."""
+    """One `Replica` header: a name every HTTP/1.1 server takes and the request's framing leaves free, a value that
+    cannot end the line early (and is not empty for a credential, an unset environment variable's, nor for
+    ``Host``)."""
     if not _TOKEN.fullmatch(name):
         raise GuardConfigError(
             f"Replica.headers name {name!r} is not a valid HTTP header name: use letters, digits and "
             "!#$%&'*+-.^_`|~ only (no spaces or colons), e.g. 'authorization'"
+        )
+    why = _FRAMING.get(name.lower())
+    if why is not None:
+        raise GuardConfigError(f"Replica.headers[{name!r}] cannot be set per replica: {why}; leave it out")
+    if not value and name.lower() == "host":
+        raise GuardConfigError(
+            f"Replica.headers[{name!r}] is empty: give the host (and port) the replica's server or ingress expects, "
+            "or leave the header out to send the replica URL's"
         )
     if not value and name.lower().encode("latin-1", "replace") in CREDENTIALS:
         raise GuardConfigError(
@@ -185,7 +207,9 @@ class Replica:
     """One replica's base URL, headers sent only to it (e.g. its own API key), and its own provider
     `RateLimit` when it has one (e.g. a separate API key).
 
-    Header values are never logged nor put in records or telemetry.
+    A ``Host`` among the headers is sent instead of the URL's host and port (an ingress reached by IP that routes
+    on it); the framing and hop-by-hop headers (``Content-Length``, ``Transfer-Encoding``, ``Connection``...) are
+    refused. Header values are never logged nor put in records or telemetry.
     """
 
     url: str

@@ -228,6 +228,29 @@ def test_replica_credential_header_values_must_not_be_empty(name: str) -> None:
     assert "non-empty value" in str(error) and "leave the header out" in str(error)
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("Content-Length", "frames each request's body"),
+        ("transfer-encoding", "frames each request's body"),
+        ("Connection", "hop-by-hop"),
+        ("keep-alive", "hop-by-hop"),
+        ("Proxy-Connection", "hop-by-hop"),
+        ("TE", "hop-by-hop"),
+        ("upgrade", "hop-by-hop"),
+    ],
+)
+def test_replica_headers_may_not_set_the_requests_framing(name: str, why: str) -> None:
+    """A framing or hop-by-hop header is the guard's and its pool's to write: refused when the `Replica` is built,
+    naming it and why (a ``Content-Length`` given per replica would misframe every request's body)."""
+    config_error(lambda: Replica(A, headers={name: "1"}), f"Replica.headers[{name!r}]", why, "leave it out")
+
+
+def test_replica_host_header_is_accepted_but_not_empty() -> None:
+    assert Replica(A, headers={"Host": "llm.internal"}).headers == {"Host": "llm.internal"}
+    config_error(lambda: Replica(A, headers={"host": ""}), "Replica.headers['host']", "is empty")
+
+
 def test_replica_other_header_values_may_be_empty() -> None:
     """An empty value for another header is sent as it is, as the SDKs send an empty ``default_headers`` value."""
     assert Replica(A, headers={"OpenAI-Organization": "", "x-custom": ""}).headers == {

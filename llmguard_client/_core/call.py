@@ -171,7 +171,7 @@ class Call:
             forwarded = with_retry_count(forwarded, attempt.index)
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
-        headers = [(b"Host", url.netloc), *forwarded]
+        headers = [(b"Host", state.host or url.netloc), *forwarded]
         streamed = self.streamed if body is None else None
         if body is None:
             body = self.body

@@ -97,7 +97,9 @@ class ReplicaState:
         return self.health.ttft
 
     header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
-    """The replica's own headers, encoded once (they replace the caller's of the same name)."""
+    """The replica's own headers but ``Host``, encoded once (they replace the caller's of the same name)."""
+    host: bytes | None = None
+    """The replica's own ``Host`` header (None: the one its URL gives): a server or ingress that routes on it."""
     header_names: frozenset[bytes] = frozenset()
     """The caller's headers they replace (their names, lowercase)."""
     replaces_credential: bool = False
@@ -109,8 +111,9 @@ class ReplicaState:
     _texts: dict[httpx.URL, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        own = self.replica.headers.items()
-        self.header_items = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own]
+        own = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.replica.headers.items()]
+        self.host = next((v for k, v in own if k == b"host"), None)
+        self.header_items = [(k, v) for k, v in own if k != b"host"]
         self.header_names = frozenset(k for k, _ in self.header_items)
         self.replaces_credential = bool(self.header_names & CREDENTIALS)
 

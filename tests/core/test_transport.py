@@ -577,3 +577,19 @@ async def test_a_callers_credential_carrying_another_replicas_key_is_not_sent_to
     got = [[(r.headers["x-api-key"], r.headers.get("authorization")) for r in s.received] for s in (east, west)]
     assert got[0] == [("KEY-E", "Bearer KEY-E"), ("KEY-E", "Bearer USER-TOKEN")]
     assert got[1] == [("KEY-W", None), ("KEY-W", "Bearer USER-TOKEN")]
+
+
+async def test_a_replicas_own_host_header_replaces_the_one_its_url_gives(servers: list[LoopbackServer]) -> None:
+    """An ingress reached by IP that routes on ``Host``: the replica's ``Host`` is the one sent, on each attempt and on
+    the request that follows a redirect on its origin (before: two Host headers, every call a local protocol error)."""
+    server = servers[0]
+    server.scripter = lambda index, attempt: (
+        Script(status=307, body={}, headers={"location": "/v1/chat/completions?moved=1"}) if attempt == 1 else None
+    )
+    replica = Replica(server.url, headers={"Host": "llm.internal"})
+    async with Guard([replica], hedge=None, instrumentation=None) as guard, guard.http_client() as client:
+        body = {**STREAM_BODY, "messages": [{"role": "user", "content": "req1 hi"}]}
+        async with client.stream("POST", "http://virtual.test" + CHAT, json=body) as response:
+            assert response.status_code == 200 and len(response.history) == 1
+            await response.aread()
+    assert [(r.path, r.headers["host"]) for r in server.received] == [(CHAT, "llm.internal")] * 2
