@@ -36,6 +36,7 @@ class Call:
     request: httpx.Request
     body: bytes
     headers: list[tuple[bytes, bytes]]
+    """The caller's headers each attempt forwards (`llmguard_client._core.headers.CallerHeaders.forwarded`)."""
     tier_name: str
     tier: Tier
     respond_with_errors: bool
@@ -60,6 +61,8 @@ class Call:
     generation: bool = True
     """A call on a generation path (chat, completions, responses...): only its answers' statuses say how the
     replica serves generation calls (cool-downs, circuit); another API's (files, models, embeddings) do not."""
+    host: bytes | None = None
+    """The ``Host`` the caller set itself (`CallerHeaders.host`; None: each attempt sends its replica's)."""
     replica_bases: tuple[httpx.URL, ...] = ()
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     outside: tuple[ReplicaState, ...] = ()
@@ -171,7 +174,7 @@ class Call:
             forwarded = with_retry_count(forwarded, attempt.index)
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
-        headers = [(b"Host", state.host or url.netloc), *forwarded]
+        headers = [(b"Host", state.host or self.host or url.netloc), *forwarded]  # the replica's own Host wins
         streamed = self.streamed if body is None else None
         if body is None:
             body = self.body

@@ -43,19 +43,23 @@ _SDK_PREFIX = b"x-stainless-"
 
 class CallerHeaders:
     """The caller's headers, read once per call in a single pass (an SDK sends a dozen or more; asking
-    them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas,
-    whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when absent)."""
+    them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas, a ``Host``
+    the caller set, whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when
+    absent)."""
 
-    __slots__ = ("cohort", "forwarded", "from_sdk", "key", "max_attempts", "session", "tier", "unknown")
+    __slots__ = ("cohort", "forwarded", "from_sdk", "host", "key", "max_attempts", "session", "tier", "unknown")
 
     def __init__(self, request: httpx.Request) -> None:
         forwarded: list[tuple[bytes, bytes]] = []
         has_own = from_sdk = False
         unknown: str | None = None
+        host: bytes | None = None
         for key, value in request.headers.raw:
             low = key.lower()
             if low in _STRIPPED:
                 has_own = has_own or low in _GUARD_HEADERS
+                if low == b"host":
+                    host = value
                 continue
             if low.startswith(_OWN_PREFIX):  # a misspelt header of the guard's: refused, never forwarded
                 unknown = unknown or low.decode("latin-1")
@@ -68,6 +72,9 @@ class CallerHeaders:
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
         self.unknown = unknown
+        self.host = host if host is not None and host.lower() != request.url.netloc.lower() else None
+        """The ``Host`` the caller set itself (None: none, or the one httpx writes from the request's URL): forwarded
+        to every replica, as any other header of the caller's, where httpx's is replaced by the replica's."""
         """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         get = request.headers.get if has_own else _absent
         self.tier: str | None = get(TIER_HEADER)

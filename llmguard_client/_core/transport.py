@@ -395,6 +395,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             request=request,
             body=body,
             headers=headers.forwarded,
+            host=headers.host,
             tier_name=tier_name,
             tier=tier,
             respond_with_errors=self._respond_with_errors(headers),

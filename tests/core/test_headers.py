@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from llmguard_client._core.headers import CallerHeaders
 
@@ -74,3 +75,26 @@ def test_caller_headers_read_each_of_the_guards_own_headers() -> None:
     read = CallerHeaders(request)
     assert (read.tier, read.cohort, read.key, read.session) == ("batch", "control", "user-7", "conv-1")
     assert read.forwarded == []  # host and length are rebuilt per attempt; the guard's own never go out
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "explicit"),
+    [
+        ("http://127.0.0.1:8000/v1/chat/completions", None, None),  # httpx writes the URL's
+        ("http://127.0.0.1:8000/v1/chat/completions", "llm.internal", b"llm.internal"),
+        ("http://127.0.0.1:8000/v1/chat/completions", "127.0.0.1:8000", None),  # the URL's, given again
+        ("http://API.example.com/v1/models", "api.EXAMPLE.com", None),  # hosts are case-insensitive
+        ("https://api.example.com:443/v1/models", None, None),  # the default port is not written
+        ("http://u:p@10.0.0.7:8080/v1/models", "llm.internal:8080", b"llm.internal:8080"),
+    ],
+)
+def test_caller_headers_tell_a_host_the_caller_set_from_the_one_httpx_writes(
+    url: str, host: str | None, explicit: bytes | None
+) -> None:
+    """A ``Host`` that differs from the request URL's authority was set by the caller (``default_headers``): it is
+    kept, to be forwarded; the one httpx writes from the URL is the replica's to replace. Neither is in
+    ``forwarded``: each attempt writes the one it sends first."""
+    request = httpx.Request("GET", url, headers={} if host is None else {"Host": host})
+    read = CallerHeaders(request)
+    assert read.host == explicit
+    assert b"host" not in [k.lower() for k, _ in read.forwarded]

@@ -29,7 +29,7 @@ from llmguard_client import (
 from llmguard_client._routing.router import Router
 from llmguard_client._stream.body import GuardBody
 from tests.clients import plain_httpx
-from tests.loopback import LoopbackServer, Script
+from tests.loopback import LoopbackCluster, LoopbackServer, Script
 from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
@@ -593,3 +593,43 @@ async def test_a_replicas_own_host_header_replaces_the_one_its_url_gives(servers
             assert response.status_code == 200 and len(response.history) == 1
             await response.aread()
     assert [(r.path, r.headers["host"]) for r in server.received] == [(CHAT, "llm.internal")] * 2
+
+
+async def test_a_host_the_caller_sets_is_forwarded_to_every_replica_unless_the_replica_sets_its_own(
+    cluster: LoopbackCluster,
+) -> None:
+    """``default_headers={"Host": ...}`` reaches each replica as any other header of the caller's (before: replaced
+    by the replica's host and port); a replica's own ``Host`` wins; the one httpx writes from the client's URL is
+    replaced by the replica's. Each call's first attempt fails, so its retry goes to the other replica."""
+    first, second = cluster.servers
+    cluster.set_scripter(lambda index, attempt: Script(status=500) if attempt == 1 else None)
+    replicas = [Replica(first.url), Replica(second.url, headers={"Host": "ingress.internal"})]
+    async with Guard(replicas, hedge=None, instrumentation=None) as guard, guard.http_client() as client:
+        for index, host in enumerate(("llm.internal", None)):
+            body = {"model": "m", "messages": [{"role": "user", "content": f"req{index} hi"}]}
+            headers = {} if host is None else {"Host": host}
+            response = await client.post("http://virtual.test" + CHAT, json=body, headers=headers)
+            assert response.status_code == 200
+    hosts = [[r.headers["host"] for r in server.received] for server in (first, second)]
+    assert hosts == [["llm.internal", first.url.removeprefix("http://")], ["ingress.internal"] * 2]
+
+
+async def test_a_host_the_caller_sets_is_kept_after_a_redirect_on_the_same_origin_only(
+    servers: list[LoopbackServer],
+) -> None:
+    """Following a redirect, httpx keeps the request's ``Host`` on its origin and writes the new URL's elsewhere: the
+    caller's stays explicit and is forwarded, the new origin gets its own, as without a guard."""
+    replica, elsewhere = servers[0], servers[1]
+    replica.scripter = lambda index, attempt: (
+        Script(status=307, body={}, headers={"location": "/v1/chat/completions?moved=1"})
+        if attempt == 1
+        else Script(status=307, body={}, headers={"location": elsewhere.url + CHAT})
+        if attempt == 2
+        else None
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "req1 hi"}]}
+    async with Guard([replica.url], hedge=None, instrumentation=None) as guard, guard.http_client() as client:
+        response = await client.post(replica.url + CHAT, json=body, headers={"Host": "llm.internal"})
+        assert response.status_code == 200 and len(response.history) == 2
+    assert [r.headers["host"] for r in replica.received] == ["llm.internal"] * 2
+    assert [r.headers["host"] for r in elsewhere.received] == [elsewhere.url.removeprefix("http://")]
