@@ -209,7 +209,9 @@ class Replica:
 
     A ``Host`` among the headers is sent instead of the URL's host and port (an ingress reached by IP that routes
     on it); the framing and hop-by-hop headers (``Content-Length``, ``Transfer-Encoding``, ``Connection``...) are
-    refused. Header values are never logged nor put in records or telemetry.
+    refused. A ``user:password@`` in the URL is the replica's credential, sent as ``Authorization: Basic ...`` as if
+    given in ``headers`` (so not beside an ``Authorization`` header). Header values and the URL's userinfo are never
+    logged nor put in records or telemetry.
     """
 
     url: str
@@ -252,6 +254,14 @@ class Replica:
             )
         for name, value in self.headers.items():
             _check_header(name, value)
+        if parsed.userinfo:
+            named = next((name for name in self.headers if name.lower() == "authorization"), None)
+            if named is not None:
+                raise GuardConfigError(
+                    f"Replica.url {redact_url(self.url)!r} carries a user:password (sent to the replica as its "
+                    f"'Authorization: Basic ...') and Replica.headers sets {named!r} too: give the replica's "
+                    "credential once, in the URL or in the header"
+                )
         object.__setattr__(self, "headers", dict(self.headers))
         if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
             raise GuardConfigError(f"Replica.rate_limit must be a RateLimit or None, got {self.rate_limit!r}")

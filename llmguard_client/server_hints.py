@@ -324,7 +324,7 @@ def _checked(every: float, request_timeout: float | None) -> float:
 
 
 async def _fetch(state: ReplicaState, request_timeout: float, skip: set[str]) -> ServerLoad | None:
-    request = httpx.Request("GET", metrics_url(state.base), headers=state.replica.headers, extensions={DROPPABLE: True})
+    request = httpx.Request("GET", metrics_url(state.base), headers=state.own_headers, extensions={DROPPABLE: True})
     response: httpx.Response | None = None
     with anyio.move_on_after(request_timeout):
         try:

@@ -177,6 +177,17 @@ def test_replica_name_drops_credentials() -> None:
     assert r.url == "http://user:pw@host:1"  # the URL itself is kept for sending
 
 
+@pytest.mark.parametrize("name", ["Authorization", "authorization"])
+def test_replica_url_userinfo_and_an_authorization_header_are_refused_together(name: str) -> None:
+    """The URL's ``user:password`` is the replica's ``Authorization``: given beside one in ``headers``, which is meant
+    is unclear, so the `Replica` is refused naming both (the password never shown)."""
+    error = config_error(
+        lambda: Replica("http://user:s3cret@host:1/v1", headers={name: "Bearer k"}), "user:password", repr(name)
+    )
+    assert "s3cret" not in str(error) and "Bearer k" not in str(error)
+    assert Replica("http://user:s3cret@host:1/v1", headers={"api-key": "k"}).headers == {"api-key": "k"}
+
+
 def test_replica_name_drops_username_only_credentials() -> None:
     assert Replica("https://tok3n@host:443/v1").name == "https://host/v1"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import threading
 import time
@@ -116,6 +117,17 @@ async def test_a_queue_at_the_server_counts_as_load_and_a_full_kv_cache_ranks_la
         b.in_flight = 0
         assert rs.pick(201.0) is a and rs.pick_ready(201.0) is a and rs.pick_hedge(201.0, exclude=[]) is a
         assert rs.pick(206.1) is b
+
+
+async def test_a_poll_carries_the_replicas_own_host_and_the_credential_its_url_gives() -> None:
+    """A replica's ``Host`` and its URL's ``user:password`` (as ``Authorization: Basic``) go with its polls as with
+    its calls; the URL polled carries no userinfo."""
+    metrics = Metrics()
+    replicas = [Replica("http://u%40x:p%3Aw@a:1/v1", headers={"Host": "llm.internal"}), Replica("http://b:1/v1")]
+    async with Guard(replicas, transport_factory=metrics.factory, instrumentation=None) as guard:
+        await poll_once(guard, clock=lambda: 100.0, fresh_for=6.0)
+    got = sorted((h["host"], h.get("authorization")) for h in metrics.headers)
+    assert got == [("b:1", None), ("llm.internal", "Basic " + base64.b64encode(b"u@x:p:w").decode())]
 
 
 async def test_one_round_refuses_bad_numbers_before_polling() -> None:

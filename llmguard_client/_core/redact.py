@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 
 import httpx
@@ -14,7 +15,7 @@ caller's others that carry the same key (`llmguard_client._core.call.Call.attemp
 own ``api-key`` would otherwise carry the other resource's key in the Bearer header; and those that carry a key
 another replica is configured with, under whatever name (anthropic sends its key as ``Authorization: Bearer``
 where the replicas set ``x-api-key``). Another credential (a gateway's user token) is kept. A `Replica` may not set
-one empty (`llmguard_client.config`)."""
+one empty (`llmguard_client.config`). A replica URL's userinfo is its ``Authorization`` (`basic_credential`)."""
 _SECRET_QUERY_KEYS = frozenset(
     {"key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "sig", "signature", "password", "secret"}
 )
@@ -43,3 +44,11 @@ def credential_key(value: bytes) -> bytes:
     """The key a credential header's value carries: the token of an ``Authorization: Bearer ...``, else the value."""
     scheme, _, token = value.strip().partition(b" ")
     return token.strip() if token and scheme.lower() == b"bearer" else value.strip()
+
+
+def basic_credential(url: httpx.URL) -> bytes | None:
+    """The ``Authorization`` value ``url``'s userinfo stands for, as httpx builds it from a client URL's
+    (``Basic`` and the base64 of ``user:password``, UTF-8); None without userinfo."""
+    if not (url.username or url.password):
+        return None
+    return b"Basic " + base64.b64encode(f"{url.username}:{url.password}".encode())

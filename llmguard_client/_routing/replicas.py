@@ -23,7 +23,7 @@ from typing import Protocol
 
 import httpx
 
-from llmguard_client._core.redact import CREDENTIALS, credential_key
+from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     cool,
@@ -97,9 +97,12 @@ class ReplicaState:
         return self.health.ttft
 
     header_items: list[tuple[bytes, bytes]] = field(default_factory=list)
-    """The replica's own headers but ``Host``, encoded once (they replace the caller's of the same name)."""
+    """The replica's own headers but ``Host``, encoded once (they replace the caller's of the same name), with the
+    ``Authorization`` its URL's userinfo stands for."""
     host: bytes | None = None
     """The replica's own ``Host`` header (None: the one its URL gives): a server or ingress that routes on it."""
+    own_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """Every header of the replica's own, ``Host`` first: what a request of the guard's own to it carries."""
     header_names: frozenset[bytes] = frozenset()
     """The caller's headers they replace (their names, lowercase)."""
     replaces_credential: bool = False
@@ -112,8 +115,12 @@ class ReplicaState:
 
     def __post_init__(self) -> None:
         own = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.replica.headers.items()]
+        basic = basic_credential(httpx.URL(self.replica.url))
+        if basic is not None:  # the replica's credential, as if in its headers (`Replica` refuses both at once)
+            own.append((b"authorization", basic))
         self.host = next((v for k, v in own if k == b"host"), None)
         self.header_items = [(k, v) for k, v in own if k != b"host"]
+        self.own_headers = self.header_items if self.host is None else [(b"host", self.host), *self.header_items]
         self.header_names = frozenset(k for k, _ in self.header_items)
         self.replaces_credential = bool(self.header_names & CREDENTIALS)
 
@@ -188,7 +195,7 @@ class ReplicaSet:
         self._transport_factory = transport_factory
         self.renewals = 0
         """How many times the replicas' pools were renewed for another event loop (`renew_transports`)."""
-        self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.url.rstrip("/")), r.name) for r in replicas]
+        self.states = [ReplicaState(r, transport_factory(r), httpx.URL(r.name), r.name) for r in replicas]
         keys = [{credential_key(v) for k, v in s.header_items if k in CREDENTIALS} for s in self.states]
         for state, own in zip(self.states, keys, strict=True):
             state.foreign_keys = frozenset().union(*(k for k in keys if k is not own)) - own

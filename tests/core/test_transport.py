@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import time
+from collections.abc import Callable, MutableMapping
 from typing import Any, Literal
 
 import anyio
@@ -28,6 +30,7 @@ from llmguard_client import (
 )
 from llmguard_client._routing.router import Router
 from llmguard_client._stream.body import GuardBody
+from llmguard_client.telemetry.hooks import CallObservation, LiveAttempt, LiveCall
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackCluster, LoopbackServer, Script
 from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
@@ -633,3 +636,50 @@ async def test_a_host_the_caller_sets_is_kept_after_a_redirect_on_the_same_origi
         assert response.status_code == 200 and len(response.history) == 2
     assert [r.headers["host"] for r in replica.received] == ["llm.internal"] * 2
     assert [r.headers["host"] for r in elsewhere.received] == [elsewhere.url.removeprefix("http://")]
+
+
+async def test_a_replica_urls_userinfo_is_its_own_credential_sent_to_it_alone(cluster: LoopbackCluster) -> None:
+    """``http://ua:pa@A`` and ``http://ub:pb@B``: each replica gets its own ``Authorization: Basic``, as if given in
+    its headers. A client at A's URL (httpx builds Basic from its userinfo) no longer carries A's to B, and a client
+    without userinfo gets each replica its own (before: B got A's, and neither replica ever got its own). Each call's
+    first attempt fails, so its retry goes to the other replica. The records name the replicas without userinfo."""
+    first, second = cluster.servers
+    cluster.set_scripter(lambda index, attempt: Script(status=500) if attempt == 1 else None)
+    a, b = first.url.replace("//", "//ua:pa@"), second.url.replace("//", "//ub:pb@")
+    urls = AttemptUrls()
+    records: list[PhaseRecord] = []
+    async with (
+        Guard([a, b], hedge=None, instrumentation=urls, on_record=records.append) as guard,
+        guard.http_client() as client,
+    ):
+        for index, url in enumerate((a, "http://virtual.test")):
+            body = {"model": "m", "messages": [{"role": "user", "content": f"req{index} hi"}]}
+            assert (await client.post(url + CHAT, json=body)).status_code == 200
+    basic = {s: "Basic " + base64.b64encode(s.encode()).decode() for s in ("ua:pa", "ub:pb")}
+    assert [first.auth(), second.auth()] == [[basic["ua:pa"]] * 2, [basic["ub:pb"]] * 2]
+    assert len(urls.seen) == 4 and not any("@" in text for text in (*urls.seen, repr(records), repr(guard.snapshot())))
+
+
+class AttemptUrls:
+    """An `Instrumentation` keeping the URL each attempt is sent to, and nothing else."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def call_started(self, record: LiveCall) -> CallObservation:
+        return self
+
+    def attempt_started(self, attempt: LiveAttempt, url: str, headers: MutableMapping[str, str]) -> None:
+        self.seen.append(url)
+
+    def attempt_finished(self, attempt: LiveAttempt) -> None: ...
+
+    def call_finished(self, record: PhaseRecord) -> None: ...
+
+    def budget_refused(self, record: LiveCall) -> None: ...
+
+    def replica_cooled(self, replica: str, seconds: float, reason: str) -> None: ...
+
+    def bulkhead_rejected(self, tier: str) -> None: ...
+
+    def register_budget(self, level: Callable[[], float]) -> None: ...

@@ -303,12 +303,13 @@ async def test_e2e_no_secret_or_prompt_anywhere(otel: Otel, servers: list[Loopba
         response = await client.post(url, json=body, headers={"authorization": "Bearer sk-live-SECRET"})
     assert "SECRET COMPLETION" in response.text
     assert servers[0].received[0].headers["api-key"] == "sk-live-SECRET"  # sent, but never recorded
+    assert servers[0].received[0].headers["authorization"] == "Basic YWxpY2U6aHVudGVyMg=="  # alice:hunter2, the same
     (_, (attempt,)) = by_name(otel.finished())
-    assert (attempt.attributes or {})["url.full"] == (
-        f"http://REDACTED:REDACTED@127.0.0.1:{servers[0].port}{CHAT}?key=REDACTED"
-    )
+    # The attempt's URL carries no userinfo (the replica's credential goes in its Authorization header), the caller's
+    # query values are redacted.
+    assert (attempt.attributes or {})["url.full"] == f"http://127.0.0.1:{servers[0].port}{CHAT}?key=REDACTED"
     texts = all_strings(otel)
-    for secret in SECRETS:
+    for secret in (*SECRETS, "YWxpY2U6aHVudGVyMg"):
         assert not any(secret in text for text in texts), secret
 
 
