@@ -119,6 +119,11 @@ def _check_policy(label: str, value: object, kind: type) -> None:
         raise GuardConfigError(f"{label} must be a {kind.__name__} or None, got {value!r}")
 
 
+def _check_grace(grace: object) -> None:
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+        raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+
+
 def _check_on_record(on_record: object) -> None:
     if on_record is not None and not callable(on_record):
         raise GuardConfigError(
@@ -462,8 +467,9 @@ class Guard:
         connection pools are closed. Idempotent. Cancelled during the grace (``asyncio.wait_for``,
         ``anyio.move_on_after``), it ends the grace there, aborts and closes as above, then raises the cancellation.
         """
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
-            raise GuardConfigError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
+        _check_grace(grace)
+        if self._closed_in_fork():
+            return
         if await stop_sync_runner(self, grace):  # sync calls ran on the Guard's own loop: closed there
             return
         registry = self._registry
@@ -496,6 +502,14 @@ class Guard:
                         self._on_record.close()  # its file, if it writes one
         if interrupted is not None:
             raise interrupted
+
+    def _closed_in_fork(self) -> bool:
+        """In a child process forked while an event loop owned this Guard: mark it closed, closing nothing (that
+        loop and the connections are the parent's, still in use there), and True; else False."""
+        if not self.transport.loops.forked:
+            return False
+        self._registry.closed = True
+        return True
 
     def snapshot(self) -> GuardSnapshot:
         """A read-only view of the guard's state now: per replica in-flight attempts, cool-down,
@@ -583,7 +597,9 @@ class Guard:
         """``await guard.aclose(grace)`` for sync code; also stops the sync edges' event-loop thread."""
         from llmguard_client.edges._registry import close_guard
 
-        close_guard(self, grace)
+        _check_grace(grace)
+        if not self._closed_in_fork():
+            close_guard(self, grace)
 
     def __enter__(self) -> Guard:
         return self

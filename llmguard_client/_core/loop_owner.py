@@ -30,12 +30,18 @@ loop's own thread (a notebook cell after an awaited call) blocks that loop until
 Guard's is in flight there, the Guard leaves that loop for its home (`leave_blocked_owner`, its pools closed on the
 old loop once it runs again) and the call runs on the home loop; else it is refused, as it would wait for the calls
 of the very loop it blocks.
+
+A process forked while a loop owned the Guard (its home, or a loop of the caller's that had not ended: gunicorn
+``--preload``, a prefork pool, ``multiprocessing`` with fork) has neither that loop running nor connections of its
+own: in the child the Guard is `forked`, and every call there is refused at once (`FORKED`); nothing of the
+parent's (its loop, its connections, its calls in flight) is touched there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import weakref
@@ -92,6 +98,13 @@ OWNER_STOPPED = (
 )
 """Why a call is refused while the owner loop stays stopped with calls in flight."""
 
+FORKED = (
+    "this Guard's calls ran on an event loop (its own thread's, for sync calls, or one of yours) when the process "
+    "forked: that loop and the Guard's connections stayed in the parent, so it cannot serve this process; build the "
+    "Guard in each worker process, after the fork (e.g. in gunicorn's post_fork hook, or without --preload)"
+)
+"""Why every call is refused in a child forked while a loop owned the Guard."""
+
 STOPPED_WAIT = 1.0
 """Seconds a call waits for an owner loop stopped with calls in flight to run again or end: asyncio.run stops
 its loop for a moment between its main task and its clean-up; a loop stopped for good would wait for ever."""
@@ -108,6 +121,7 @@ class LoopOwner:
     """Which running event loop may use the Guard's connections now."""
 
     __slots__ = (
+        "__weakref__",
         "_ended_loop",
         "_guests",
         "_home",
@@ -125,6 +139,7 @@ class LoopOwner:
         "_swap",
         "_token",
         "_watch",
+        "forked",
     )
 
     def __init__(self, swap_pools: SwapPools, idle: Callable[[], bool]) -> None:
@@ -160,6 +175,26 @@ class LoopOwner:
         """Notified when the pending loop has taken the Guard over, or given up."""
         self._moved = threading.Condition(self._lock)
         """Notified when the Guard leaves a loop as it ends."""
+        self.forked = False
+        """In a child process forked while a loop owned the Guard (`_after_fork_in_child`): its calls are refused."""
+        _owners.add(self)
+
+    def _after_fork(self) -> None:
+        """In a child process just forked (only the forking thread runs): the locks are new (another thread of the
+        parent may have held one), and the Guard is `forked` if a loop owned it: the Guard's own loop thread, or a
+        loop of the caller's not closed (a trio run's is forgotten as it ends), which nothing runs here (the fork
+        came from another thread) or which the child must not go on with (its connections are the parent's). Its
+        watcher, still parked in that loop, does nothing if the loop ends in the child."""
+        self._lock = threading.Lock()
+        self._home_idle = threading.Condition(self._lock)
+        self._moved = threading.Condition(self._lock)
+        owner = self._loop() if self._loop is not None else None
+        if isinstance(owner, asyncio.AbstractEventLoop) and owner.is_closed():
+            owner = None  # ended without finalizing (``loop.close()`` alone): the next loop takes the Guard over
+        home = self._home
+        if owner is not None or (home is not None and not home.is_closed()):
+            self.forked = True
+            self._token = None
 
     def owns(self) -> bool:
         """Whether the running loop may make a call without claiming (it owns the Guard, or there is none)."""
@@ -378,6 +413,19 @@ class LoopOwner:
         """Whether the Guard's connections are the home loop's (or no running loop's)."""
         owner = self._owner()
         return owner is None or owner is self._home
+
+
+_owners: weakref.WeakSet[LoopOwner] = weakref.WeakSet()
+"""Every live loop owner of this process, for a child forked from it."""
+
+
+def _after_fork_in_child() -> None:
+    for owner in list(_owners):
+        owner._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class HomeCall:

@@ -49,7 +49,7 @@ from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, sdk_cal
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
-from llmguard_client._core.loop_owner import LoopOwner
+from llmguard_client._core.loop_owner import FORKED, LoopOwner
 from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
@@ -215,6 +215,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         try:  # refused before anything starts: closed, a bad URL or loop, a guard header naming nothing configured
             if self._registry.closed:
                 raise GuardClosed("this Guard is closed; build a new Guard to send more requests", request=request)
+            if self.loops.forked:  # in a child forked while a loop owned the Guard: that loop stayed in the parent
+                raise GuardClosed(FORKED, request=request)
             if request.url.scheme not in ("http", "https") or not request.url.host:
                 raise GuardRequestError(
                     f"the request URL {str(request.url)!r} is not an absolute http:// or https:// URL; give the "

@@ -2,10 +2,10 @@
 (its calls come from other threads: a web app's sync handlers beside its async ones), else the Guard's own loop
 thread, started on first use and stopped with the Guard.
 
-A process forked after a Guard's sync calls started its thread (gunicorn ``--preload``, a prefork worker pool,
-``multiprocessing`` with fork) has no such thread: its sync calls would wait for it for ever. In the child such
-a Guard refuses every sync call at once with `FORKED`, and closing it closes nothing (its connections are the
-parent's, still in use there).
+A process forked while a loop owned the Guard (this thread's, or a caller's loop that had not ended: gunicorn
+``--preload``, a prefork worker pool, ``multiprocessing`` with fork) runs neither: its sync calls would wait for it
+for ever. In the child such a Guard refuses every sync call at once (`LoopOwner.forked`), and closing it closes
+nothing (its connections are the parent's, still in use there).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
 from llmguard_client._core.given_up import CALLER_EXTENSION
-from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, HomeCall, LoopEnded, OwnerRuns
+from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, FORKED, HomeCall, LoopEnded, OwnerRuns
 from llmguard_client._http.upload import rereadable
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
 from llmguard_client.errors import GuardClosed, WrongEventLoop
@@ -31,14 +31,6 @@ from llmguard_client.errors import GuardClosed, WrongEventLoop
 if TYPE_CHECKING:
     from llmguard_client.edges._client_calls import SyncClientCalls
     from llmguard_client.edges._guard_handle import GuardHandle
-
-
-FORKED = (
-    "this Guard made sync calls before the process forked: its event-loop thread and its connections stayed in "
-    "the parent, so it cannot serve this process; build the Guard in each worker process, after the fork (e.g. "
-    "in gunicorn's post_fork hook, or without --preload)"
-)
-"""Why a sync call is refused in a child forked after the Guard's sync calls started."""
 
 
 MOVES = 3
@@ -55,7 +47,6 @@ class _Closed:
 
 
 _CLOSED = _Closed(CLOSED)
-_FORKED = _Closed(FORKED)
 _runners: weakref.WeakKeyDictionary[GuardHandle, SyncRunner | _Closed] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -63,10 +54,9 @@ _lock = threading.Lock()
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    for guard, runner in list(_runners.items()):
+    for runner in list(_runners.values()):
         if isinstance(runner, SyncRunner):
-            runner.orphan()  # nor may its finalizer wait for the thread at exit
-            _runners[guard] = _FORKED
+            runner.orphan()  # its thread stayed in the parent: nor may its finalizer wait for it
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
@@ -106,6 +96,8 @@ def sync_access(
     loop's own thread (which the call blocks) the Guard first leaves that loop for its own, if nothing is in flight
     there; else it is refused: the call would wait for the loop it blocks."""
     loops = guard.transport.loops
+    if loops.forked:  # in a child forked while a loop owned the Guard: that loop stayed in the parent
+        raise GuardClosed(CLOSED if guard.transport.closed else FORKED, request=request)
     owner = loops.sync_loop(holds)
     if owner is not None and running_loop() is owner:
         if not loops.leave_blocked_owner():
@@ -162,9 +154,6 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
     nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
     with _lock:
         runner = _runners.get(guard)
-        if runner is _FORKED:  # the connections are the parent's: nothing of this Guard to close here
-            _runners[guard] = _CLOSED
-            return True
         if not isinstance(runner, SyncRunner) or runner.in_own_thread():
             if runner is None:
                 _runners[guard] = _CLOSED
@@ -180,10 +169,6 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
 
 def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
     """``Guard.close(grace)``: the same as ``await guard.aclose(grace)``, from sync code."""
-    with _lock:
-        if _runners.get(guard) is _FORKED:  # the connections are the parent's: nothing to close here
-            _runners[guard] = _CLOSED
-            return
     owner = None if _in_event_loop() else guard.transport.loops.sync_owner()
     if owner is not None:  # async code owns the Guard, on a loop still running: closed there
         wait_for(run_threadsafe(functools.partial(guard.aclose, grace), owner), owner)

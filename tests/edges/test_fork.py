@@ -1,9 +1,12 @@
-"""A process forked after a Guard's sync calls started its event-loop thread (gunicorn ``--preload``, a prefork
-worker pool, ``multiprocessing`` with fork): the child's sync calls fail at once, saying why and what to do,
-instead of waiting for ever on a thread that stayed in the parent; the child exits normally (closing the Guard or
-not), and the parent's Guard goes on serving.
+"""A process forked while an event loop owned a Guard (its own loop thread, started by sync calls, or a loop of the
+application's that had not ended: gunicorn ``--preload``, a prefork worker pool, ``multiprocessing`` with fork)
+runs neither that loop nor connections of its own: in the child every call of that Guard, sync or async, is refused
+at once with `GuardClosed`, saying why and what to do, instead of waiting for ever on a loop that stayed in the parent
+(a sync call) or being refused as if two threads ran the Guard (an async call); closing it there returns at once and
+closes nothing of the parent's, which goes on serving. A Guard whose loop had ended before the fork serves the child.
 
-The scenario runs in a process of its own (a fork inside a test worker would carry the worker's state).
+Each scenario runs in a process of its own (a fork inside a test worker would carry the worker's state); each child
+reports through a pipe, waited for within a bound (a child left waiting is killed, and the test says so).
 """
 
 from __future__ import annotations
@@ -14,31 +17,73 @@ import pytest
 
 from tests.scripts import run_script
 
-SCRIPT = """
-import os, signal, sys
+PRELUDE = """
+import asyncio, os, select, signal, sys, threading
 from llmguard_client import Guard, GuardClosed
 from tests.loopback import loopback_cluster
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def in_child(work):
+    # Run work() in a forked child; what it returns, told through a pipe, or "no answer" (the child is then killed).
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        signal.alarm(60)
+        try:
+            told = work()
+        except BaseException as exc:
+            told = f"failed: {type(exc).__name__}: {exc}"
+        os.write(write, told.encode())
+        os._exit(3)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 60)
+    told = os.read(read, 4096).decode() if ready else "no answer"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(read)
+    return f"{told} (exit {os.waitstatus_to_exitcode(status)})"
+
+
+def refused(call):
+    try:
+        call()
+    except GuardClosed as exc:
+        return "forked" if "forked" in str(exc) and "post_fork" in str(exc) else f"GuardClosed: {exc}"
+    return "sent"
+
+
+def refused_async(http, url):
+    # asyncio.run(...) with the inherited async client, in a thread of its own (the child may be inside a loop)
+    async def call():
+        await http.post(url, json=BODY)
+
+    told = []
+    thread = threading.Thread(target=lambda: told.append(refused(lambda: asyncio.run(call()))))
+    thread.start()
+    thread.join(60)
+    return told[0] if told else "no answer"
+"""
+
+SYNC_THREAD = """
 with loopback_cluster(1) as cluster:
     url = cluster.servers[0].url + "/v1/chat/completions"
     guard = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
     client = guard.sync_http_client()
+    http = guard.http_client()
     print("parent before:", client.post(url, json=BODY).status_code, flush=True)
     for closes in (False, True):
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(20)  # a child left waiting is killed, and the test says so
-            try:
-                client.post(url, json=BODY)
-                print("child: sent", flush=True)
-            except GuardClosed as exc:
-                print("child:", type(exc).__name__, "forked" in str(exc), "post_fork" in str(exc), flush=True)
+        def work():
+            told = [refused(lambda: client.post(url, json=BODY)), refused_async(http, url)]
             if closes:
                 guard.close()
-            sys.exit(3)  # a normal exit: atexit handlers and finalizers run
-        _, status = os.waitpid(pid, 0)
-        print(f"child exit (close={closes}):", os.waitstatus_to_exitcode(status), flush=True)
+                told.append(refused(lambda: client.post(url, json=BODY)))
+            return " ".join(told)
+
+        print(f"child (close={closes}):", in_child(work), flush=True)
     print("parent after:", client.post(url, json=BODY).status_code, flush=True)
     client.close()
     guard.close()
@@ -47,13 +92,94 @@ with loopback_cluster(1) as cluster:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_child_forked_after_sync_calls_is_refused_at_once_and_exits() -> None:
-    proc = run_script(SCRIPT, timeout=120)
+    proc = run_script(PRELUDE + SYNC_THREAD, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "parent before: 200",
-        "child: GuardClosed True True",
-        "child exit (close=False): 3",
-        "child: GuardClosed True True",
-        "child exit (close=True): 3",
+        "child (close=False): forked forked (exit 3)",
+        "child (close=True): forked forked GuardClosed: this Guard is closed; build a new Guard to send more "
+        "requests (exit 3)",
         "parent after: 200",
-    ]
+    ], proc.stderr
+
+
+CALLERS_LOOP = """
+with loopback_cluster(1) as cluster:
+    url = cluster.servers[0].url + "/v1/chat/completions"
+    guard = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+    client = guard.sync_http_client()
+    http = guard.http_client()
+
+    # The application's loop, in a thread of its own, owns the Guard; the main thread's sync calls run there.
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    status = asyncio.run_coroutine_threadsafe(http.post(url, json=BODY), loop).result(60).status_code
+    print("parent before:", status, client.post(url, json=BODY).status_code, flush=True)
+
+    def work():
+        told = [refused(lambda: client.post(url, json=BODY)), refused_async(http, url)]
+        guard.close()
+        asyncio.run(guard.aclose())
+        return " ".join(told) + " closed"
+
+    print("child of a loop in a thread:", in_child(work), flush=True)
+
+    async def fork_in_loop():
+        # Forked from inside the owner loop (a worker pool started by an async app), which is then left unrun.
+        def work():
+            return " ".join([refused(lambda: client.post(url, json=BODY)), refused_async(http, url)])
+
+        return in_child(work)
+
+    print("child of the loop itself:", asyncio.run_coroutine_threadsafe(fork_in_loop(), loop).result(120), flush=True)
+    status = asyncio.run_coroutine_threadsafe(http.post(url, json=BODY), loop).result(60).status_code
+    print("parent after:", status, client.post(url, json=BODY).status_code, flush=True)
+    asyncio.run_coroutine_threadsafe(guard.aclose(), loop).result(60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(60)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_while_an_application_loop_owned_the_guard_is_refused_at_once() -> None:
+    proc = run_script(PRELUDE + CALLERS_LOOP, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "parent before: 200 200",
+        "child of a loop in a thread: forked forked closed (exit 3)",
+        "child of the loop itself: forked forked (exit 3)",
+        "parent after: 200 200",
+    ], proc.stderr
+
+
+ENDED_LOOP = """
+with loopback_cluster(1) as cluster:
+    url = cluster.servers[0].url + "/v1/chat/completions"
+    guard = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+    http = guard.http_client()
+
+    async def call():
+        return (await http.post(url, json=BODY)).status_code
+
+    print("parent before:", asyncio.run(call()), flush=True)  # that loop has ended: the Guard is no loop's
+
+    def work():
+        with guard.sync_http_client() as client:
+            told = [client.post(url, json=BODY).status_code, asyncio.run(call())]
+        guard.close()
+        return " ".join(map(str, told))
+
+    print("child:", in_child(work), flush=True)
+    print("parent after:", asyncio.run(call()), flush=True)
+    guard.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_after_the_owner_loop_ended_is_served() -> None:
+    proc = run_script(PRELUDE + ENDED_LOOP, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["parent before: 200", "child: 200 200 (exit 3)", "parent after: 200"], (
+        proc.stderr
+    )

@@ -1,8 +1,9 @@
 """A process forked after its Guard's fleet store connected on the Guard's own loop thread (a sync call made
-before the fork: gunicorn ``--preload`` with a call at import, a prefork pool): the child's async calls start
-a store of their own, on the child's loop, with connections of its own. Before, the child's store stayed off
-for good (a cool-down it met never reached Redis) while its snapshot said ``connected``. The scenario runs in a
-process of its own (a fork inside a test worker would carry the worker's state)."""
+before the fork: gunicorn ``--preload`` with a call at import, a prefork pool): that loop, the Guard's connections
+and the store's stayed in the parent, so the child's calls are refused at once (build the Guard after the fork),
+and closing the Guard there closes none of the parent's connections: the parent's store stays connected, without
+a resync, and its calls go on. The scenario runs in a process of its own (a fork inside a test worker would carry
+the worker's state)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from tests.redis_server import RedisServer
 from tests.scripts import run_script
 
 SCRIPT = """
-import asyncio, os, sys, time
-from llmguard_client import Guard
+import asyncio, os, signal, sys, time
+from llmguard_client import Guard, GuardClosed
 
 replica, fleet = sys.argv[1], sys.argv[2]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -29,28 +30,34 @@ while not guard.snapshot().fleet.connected and time.monotonic() < deadline:
 print("parent:", status, guard.snapshot().fleet.resyncs, flush=True)
 pid = os.fork()
 if pid == 0:
+    signal.alarm(60)
+
     async def child():
         async with guard.http_client() as http:
-            status = (await http.post(replica + "/v1/chat/completions", json=BODY)).status_code
-            deadline = time.monotonic() + 20
-            while guard.snapshot().fleet.resyncs < 2 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            fleet = guard.snapshot().fleet
-            await guard.aclose()
-            return status, fleet.connected, fleet.resyncs
+            try:
+                await http.post(replica + "/v1/chat/completions", json=BODY)
+                return "sent"
+            except GuardClosed as exc:
+                return "refused, forked" if "forked" in str(exc) else f"refused: {exc}"
+            finally:
+                await guard.aclose()
 
-    print("child:", *asyncio.run(child()), flush=True)
+    print("child:", asyncio.run(child()), flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
+status = client.post(replica + "/v1/chat/completions", json=BODY).status_code
+print("parent after:", status, guard.snapshot().fleet.connected, guard.snapshot().fleet.resyncs, flush=True)
 client.close()
 guard.close()
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-def test_a_child_forked_after_the_store_connected_connects_a_store_of_its_own(
+def test_a_child_forked_after_the_store_connected_is_refused_and_closes_nothing_of_the_parents(
     servers: list[LoopbackServer], redis_server: RedisServer
 ) -> None:
     proc = run_script(SCRIPT, servers[0].url, redis_server.url)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["parent: 200 1", "child: 200 True 2"], proc.stderr
+    assert proc.stdout.splitlines() == ["parent: 200 1", "child: refused, forked", "parent after: 200 True 1"], (
+        proc.stderr
+    )
