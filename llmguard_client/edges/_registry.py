@@ -10,6 +10,7 @@ nothing (its connections are the parent's, still in use there).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
@@ -51,14 +52,22 @@ _runners: weakref.WeakKeyDictionary[GuardHandle, SyncRunner | _Closed] = weakref
 _lock = threading.Lock()
 
 
+def _orphan_runners() -> None:
+    """Nothing waits for the Guards' loop threads any more: at the interpreter's exit (daemons, they stop with the
+    process, and the calls in flight in daemon threads with them, as a plain client's are: closing the pools under
+    those calls first printed a traceback for each), and in a forked child (they stayed in the parent)."""
+    for runner in list(_runners.values()):
+        if isinstance(runner, SyncRunner):
+            runner.orphan()
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    for runner in list(_runners.values()):
-        if isinstance(runner, SyncRunner):
-            runner.orphan()  # its thread stayed in the parent: nor may its finalizer wait for it
+    _orphan_runners()
 
 
+atexit.register(_orphan_runners)  # after the application's own exit handlers (a `guard.close` among them)
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -130,10 +139,11 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
                 runner = _runners[guard] = fresh
                 # A Guard dropped without close(): close its pools on that loop if they are its, and stop the
                 # thread (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
+                # Not at the interpreter's exit (`_orphan_runners`).
                 loops = guard.transport.loops
                 weakref.finalize(
                     guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
-                )
+                ).atexit = False
         if runner is not fresh:  # another caller's came first
             fresh.stop()
     if isinstance(runner, _Closed):

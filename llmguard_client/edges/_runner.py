@@ -509,7 +509,8 @@ class SyncRunner:
         return threading.current_thread() is self._thread
 
     def orphan(self) -> None:
-        """In a forked child: the loop's thread stayed in the parent; nothing here runs it or may stop it."""
+        """Nothing may wait for the loop's thread any more (a forked child, where it stayed in the parent; the
+        interpreter's exit, where it stops with the process): calls are refused, and closes return, at once."""
         self._stopped = True
 
     def _serve(self) -> None:
