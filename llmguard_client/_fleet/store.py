@@ -312,20 +312,11 @@ class FleetStore:
         self._task = loop.create_task(self._supervise(), name=f"llmguard-fleet-{self.name}")
 
     def forked(self) -> None:
-        """In a child process just forked while this store ran on a loop that does not run there (the Guard's sync
-        loop thread, another thread's loop): forget that supervisor and its connections, unclosed (their sockets
-        are the parent's too), take an origin of its own (else each process would ignore the other's events as
-        its own), and start again on the child's first call. Before, the child's store stayed off for good while
-        its snapshot still said ``connected``."""
-        task = self._task
-        if task is None or task.done() or task.get_loop() is asyncio._get_running_loop():
-            return  # nothing started, or forked from inside the store's loop, which goes on in the child
+        """In a child process just forked: take an id of its own for what it publishes. A store ignores the events
+        that carry its id (its own), so workers forked from a parent whose Guard was built before the fork (gunicorn
+        ``--preload``, a prefork pool) would otherwise ignore each other's. A store that had started there is the
+        parent's: its Guard refuses every call in the child (``FORKED``), so nothing here starts it again."""
         self.origin = f"{random.getrandbits(48):012x}"
-        self._task = self._stop = self._client = None
-        self._trouble = self._settled = self._outbox_ready = None
-        self._moving = self._slow = self._waited_out = False
-        if self._state != "closed":
-            self._state = "idle"
 
     def _leave_other_loop(self, task: asyncio.Task[None]) -> None:
         home = task.get_loop()
