@@ -90,6 +90,7 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win, close_unread
 from llmguard_client._core.pipeline import Next
+from llmguard_client._core.randomness import process_random
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
@@ -112,7 +113,7 @@ class Backoff:
         self._initial = initial
         self._maximum = maximum
         self._same_replica = same_replica
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else process_random()
 
     def __call__(self, round_number: int) -> float:
         return self._rng.uniform(0.0, self._window(self._initial, round_number))

@@ -40,6 +40,7 @@ from llmguard_client._core.clock import loop_clock
 from llmguard_client._core.headers import COHORT_HEADER, CallerHeaders
 from llmguard_client._core.outcome import Outcome, Route
 from llmguard_client._core.pipeline import Next
+from llmguard_client._core.randomness import process_random
 from llmguard_client.errors import GuardConfigError, UnknownCohortError
 
 logger = logging.getLogger("llmguard_client")
@@ -183,7 +184,7 @@ class Rollout:
         self.key_var: ContextVar[str | None] = ContextVar(f"llmguard_rollout_key_{id(self)}", default=None)
         self._key_fn = key
         self._poll_interval = float(poll_interval)
-        self._rng = rng or random.Random()
+        self._rng = rng or process_random()
         self._clock = clock
         self._write = threading.Lock()
         self._polling = threading.Lock()

@@ -83,6 +83,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from llmguard_client._core.randomness import process_random
 from llmguard_client._ratelimit.headers import parse_rate_limits
 from llmguard_client._routing.health import (
     KV_FULL,
@@ -168,7 +169,7 @@ class Router(Generic[S]):
         self.probe_interval = float(probe_interval)
         self.probe_every = probe_every
         self.max_drained = max(1, (len(self.states) - 1) // 2) if len(self.states) >= 2 else 0
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else process_random()
         self._turn = itertools.count()
         self._since_probe = 0
         """First attempts since the last probe of a drained replica."""
