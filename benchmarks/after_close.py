@@ -1,13 +1,14 @@
 """How long an openai SDK call takes to fail after ``Guard.aclose()``, and how many attempts it makes.
 
 The SDK (default ``max_retries=2``) retries a connection error with backoff; a closed Guard answers with a
-non-retryable failure instead, so the call fails at once, after one attempt. One loopback server, five Guards:
+non-retryable failure instead, so the call fails at once, after one attempt. One loopback server, a Guard per run:
 
-    python -m benchmarks.after_close
+    python -m benchmarks.after_close [--runs 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 
@@ -57,4 +58,6 @@ async def main(runs: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="Guards closed, one call after each (default 5)")
+    asyncio.run(main(parser.parse_args().runs))

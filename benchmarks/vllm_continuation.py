@@ -31,7 +31,7 @@ import openai
 
 from benchmarks._cutting_proxy import Cut, CuttingProxy
 from llmguard_client import ContinuationPolicy, Guard, PhaseRecord, Tier
-from llmguard_client.edges.httpx2_async import DEFAULT_TIMEOUT, Httpx2GuardTransport
+from llmguard_client.edges.httpx2_async import Httpx2GuardTransport
 
 SHOWN = ("max_tokens", "continue_final_message", "add_generation_prompt")
 PROMPTS = {"chat": "Tell me a long story about a lighthouse.", "completions": "Once upon a time, in a lighthouse,"}
@@ -109,8 +109,9 @@ async def run(
     async with Guard(urls, tiers=tiers, hedge=None, continuation=policy, instrumentation=None,
                      on_record=records.append) as guard:  # fmt: skip
         tap = Tap(guard.transport)
-        # openai >= 3 takes an httpx2 client: the guard's httpx2 edge (what guard.httpx2_client() builds) over the tap.
-        async with httpx2.AsyncClient(transport=Httpx2GuardTransport(tap), timeout=DEFAULT_TIMEOUT) as http:
+        # openai >= 3 takes an httpx2 client: the guard's httpx2 edge (what guard.httpx2_client() builds) over the tap,
+        # with the SDK's own timeout, as guard.httpx2_client() keeps it.
+        async with httpx2.AsyncClient(transport=Httpx2GuardTransport(tap), timeout=openai.DEFAULT_TIMEOUT) as http:
             oai = openai.AsyncOpenAI(base_url=urls[0] + "/v1", api_key="sk", http_client=http, max_retries=0)
             options: dict[str, Any] = {
                 "model": "tiny-llama",
