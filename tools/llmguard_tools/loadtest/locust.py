@@ -8,8 +8,9 @@ statistics (so its tables, ``--csv`` files and master/worker aggregation show it
   (a failure before it is reported here, with the time until the failure);
 - request type ``total``: time to the end of the stream, for the calls that reached their first token.
 
-A failure is a Locust failure whose message names its kind (``guard ttft_timeout (HTTP 504)``, ``HTTP 503``,
-``APIConnectionError``; see `llmguard_tools.loadtest.streaming.describe_failure`).
+A failure is a Locust failure whose message names its kind (Locust shows its repr: ``ChatFailure('guard
+ttft_timeout')``, ``ChatFailure('guard budget_exhausted (HTTP 503)')``, ``ChatFailure('HTTP 503')``,
+``ChatFailure('APIConnectionError')``; see `llmguard_tools.loadtest.streaming.describe_failure`).
 
 Replicas: ``--llm-replicas URL[,URL...]`` (given to the master, Locust passes it on to the workers), else
 ``--host``. Plain users spread their calls round-robin over the replicas (one ``openai.OpenAI`` per replica);

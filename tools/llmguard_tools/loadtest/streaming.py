@@ -46,8 +46,10 @@ class StreamResult:
 def describe_failure(exc: BaseException) -> ChatFailure:
     """``exc`` as a `ChatFailure`: ``"guard ttft_timeout (HTTP 504)"``, ``"HTTP 503"``, ``"APIConnectionError"``.
 
-    The guard's cause comes from `llmguard_client.guard_failure`; a server's own error answer handed back
-    by the guard (cause ``upstream_status``) is reported as that HTTP status.
+    The guard's cause comes from `llmguard_client.guard_failure`, with the HTTP status when the error has one (the
+    guard's `TTFTTimeout` raised to an httpx caller: 504; through the openai SDK a first-token timeout is its
+    `APITimeoutError`, which has none: ``"guard ttft_timeout"``); a server's own error answer handed back by the
+    guard (cause ``upstream_status``) is reported as that HTTP status.
     """
     cause = guard_failure(exc)
     status = getattr(exc, "status_code", None)
