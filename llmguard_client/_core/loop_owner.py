@@ -182,15 +182,16 @@ class LoopOwner:
     def _after_fork(self) -> None:
         """In a child process just forked (only the forking thread runs): the locks are new (another thread of the
         parent may have held one), and the Guard is `forked` if a loop owned it: the Guard's own loop thread, or a
-        loop of the caller's not closed (a trio run's is forgotten as it ends), which nothing runs here (the fork
+        loop of the caller's still running (a trio run's is forgotten as it ends), which nothing runs here (the fork
         came from another thread) or which the child must not go on with (its connections are the parent's). Its
         watcher, still parked in that loop, does nothing if the loop ends in the child."""
         self._lock = threading.Lock()
         self._home_idle = threading.Condition(self._lock)
         self._moved = threading.Condition(self._lock)
         owner = self._loop() if self._loop is not None else None
-        if isinstance(owner, asyncio.AbstractEventLoop) and owner.is_closed():
-            owner = None  # ended without finalizing (``loop.close()`` alone): the next loop takes the Guard over
+        if isinstance(owner, asyncio.AbstractEventLoop) and not owner.is_running():
+            owner = None  # ended without finalizing (``loop.close()`` alone), or stopped between its runs (a loop kept
+            # for the process, run with ``run_until_complete``): the next loop takes the Guard over, as in the parent
         home = self._home
         if owner is not None or (home is not None and not home.is_closed()):
             self.forked = True

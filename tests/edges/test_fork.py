@@ -162,7 +162,11 @@ with loopback_cluster(1) as cluster:
     async def call():
         return (await http.post(url, json=BODY)).status_code
 
-    print("parent before:", asyncio.run(call()), flush=True)  # that loop has ended: the Guard is no loop's
+    if sys.argv[1] == "ended":
+        print("parent before:", asyncio.run(call()), flush=True)  # that loop has ended: the Guard is no loop's
+    else:  # a loop kept for the process, stopped between its runs: the next loop takes the Guard over
+        kept = asyncio.new_event_loop()
+        print("parent before:", kept.run_until_complete(call()), flush=True)
 
     def work():
         with guard.sync_http_client() as client:
@@ -177,8 +181,9 @@ with loopback_cluster(1) as cluster:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-def test_a_child_forked_after_the_owner_loop_ended_is_served() -> None:
-    proc = run_script(PRELUDE + ENDED_LOOP, timeout=240)
+@pytest.mark.parametrize("owner", ["ended", "stopped"])
+def test_a_child_forked_after_the_owner_loop_ended_or_stopped_is_served(owner: str) -> None:
+    proc = run_script(PRELUDE + ENDED_LOOP, owner, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["parent before: 200", "child: 200 200 (exit 3)", "parent after: 200"], (
         proc.stderr
