@@ -92,6 +92,12 @@ class GuardBody(httpx.AsyncByteStream):
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
         self._resume = continuation
+        if continuation is not None and win.reader.failure is not None and self._pending:
+            # The opening's last read carried the first token, then the failure: handed over up to the failure, as
+            # `_delivering` hands a read, and the continuation decides at the next read.
+            kept = cut_before_failure(self._pending.pop())
+            if kept:
+                self._pending.append(kept)
         self._stall_tripped = False
         self._watchdog: ReadWatchdog | None = None
         self._steady: ReadWatchdog | None = None

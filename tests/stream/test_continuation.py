@@ -8,7 +8,9 @@ tokens on from there, so a spliced answer reads `` t0 ... t9``.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from typing import Any
 
 import httpx
@@ -27,7 +29,7 @@ from llmguard_client import (
     TotalTimeout,
     UpstreamStreamError,
 )
-from tests.loopback import LoopbackServer, Script
+from tests.loopback import LoopbackServer, Script, raw_server
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 WHOLE = "".join(f" t{i}" for i in range(10))
@@ -391,3 +393,38 @@ def test_a_replica_whose_continuations_fail_opens_its_circuit(backend: str) -> N
     # The second call's primary goes to the replica whose circuit is closed; its continuation has nowhere to go.
     assert [a.replica for a in second.attempts] == [primary.replica]
     assert second.not_continued == "no_replica"
+
+
+def _chunk(content: str | None, finish: str | None = None) -> bytes:
+    delta = {} if content is None else {"content": content}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    event = {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+async def _first_token_and_error_in_one_write(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A first request: its first token and an error event written in one piece (an engine failing right after
+    it); a continuation request: the rest of the answer."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: *(\d+)", head)
+    body = json.loads(await reader.readexactly(int(length.group(1)) if length else 0))
+    if body.get("continue_final_message"):
+        answer = _chunk(" t1") + _chunk(" t2") + _chunk(None, "stop") + b"data: [DONE]\n\n"
+    else:
+        answer = _chunk(" t0") + b'data: {"error": {"message": "boom", "type": "internal_error", "code": 500}}\n\n'
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + answer)
+    await writer.drain()
+    writer.close()
+
+
+async def test_an_error_in_the_same_read_as_the_first_token_is_continued() -> None:
+    records: list[PhaseRecord] = []
+    async with (
+        raw_server(_first_token_and_error_in_one_write) as a,
+        raw_server(_first_token_and_error_in_one_write) as b,
+        Guard([a, b], instrumentation=None, on_record=records.append, continuation=ContinuationPolicy()) as guard,
+    ):
+        text, _ = await sdk_text(guard, a, "chat")
+    assert text == " t0 t1 t2"  # the error never reached the SDK: the stream went on on the other replica
+    (record,) = records
+    assert record.status == "ok" and [a.kind for a in record.attempts] == ["primary", "continuation"]
