@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import weakref
@@ -52,6 +51,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import EventLoop, running_loop, running_task, start_soon
+from llmguard_client._core.forks import in_forked_child
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -177,7 +177,7 @@ class LoopOwner:
         """Notified when the Guard leaves a loop as it ends."""
         self.forked = False
         """In a child process forked while a loop owned the Guard (`_after_fork_in_child`): its calls are refused."""
-        _owners.add(self)
+        in_forked_child(self._after_fork)
 
     def _after_fork(self) -> None:
         """In a child process just forked (only the forking thread runs): the locks are new (another thread of the
@@ -414,19 +414,6 @@ class LoopOwner:
         """Whether the Guard's connections are the home loop's (or no running loop's)."""
         owner = self._owner()
         return owner is None or owner is self._home
-
-
-_owners: weakref.WeakSet[LoopOwner] = weakref.WeakSet()
-"""Every live loop owner of this process, for a child forked from it."""
-
-
-def _after_fork_in_child() -> None:
-    for owner in list(_owners):
-        owner._after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class HomeCall:

@@ -9,26 +9,15 @@ herd the jitter is there to break up.
 
 from __future__ import annotations
 
-import os
 import random
-import weakref
+
+from llmguard_client._core.forks import in_forked_child
 
 __all__ = ["process_random"]
-
-_sources: weakref.WeakSet[random.Random] = weakref.WeakSet()
 
 
 def process_random() -> random.Random:
     """A `random.Random` seeded from the operating system, and again in each child process forked from this one."""
     source = random.Random()
-    _sources.add(source)
+    in_forked_child(source.seed)
     return source
-
-
-def _reseed_in_child() -> None:
-    for source in list(_sources):
-        source.seed()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_reseed_in_child)

@@ -25,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import random
 import re
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import anyio
 import anyio.abc
 
+from llmguard_client._core.forks import in_forked_child
 from llmguard_client._fleet.acl import explain
 from llmguard_client._fleet.nodes import close_client, ping
 from llmguard_client._fleet.url import FleetURL, redact_text
@@ -177,7 +176,7 @@ class FleetStore:
         self._waited_out = False
         """A call's wait for the first connection ran out (`settling`); reset when a supervisor starts."""
         self._slow_warned = -math.inf
-        _stores.add(self)
+        in_forked_child(self.forked)
 
     # --- the contract -----------------------------------------------------------------------
 
@@ -538,16 +537,3 @@ class FleetStore:
             await anyio.sleep(seconds)
             with anyio.fail_after(max(self.connect_timeout, self.op_timeout)):
                 await read(client)
-
-
-_stores: weakref.WeakSet[FleetStore] = weakref.WeakSet()
-"""Every live store of this process, for a child forked from it (`FleetStore.forked`)."""
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_stores):
-        store.forked()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
