@@ -52,6 +52,17 @@ async def stream_raw(client: httpx.AsyncClient, url: str, protocol: str = "chat"
         return b"".join([chunk async for chunk in response.aiter_raw()])
 
 
+async def read_chat_stream(guard: Guard, url: str, texts: list[str]) -> None:
+    """One streamed chat completion through the openai SDK on ``guard``, each chunk's text appended to ``texts``."""
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=guard.http_client())
+    stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    try:
+        async for chunk in stream:
+            texts.append(chunk.choices[0].delta.content or "")
+    finally:
+        await stream.close()  # openai 1.x leaves the response open when it raises; 2.x and 3.x close it
+
+
 async def responses_events(url: str, http_client: httpx.AsyncClient | None) -> list[str]:
     """The event types the openai SDK yields for one streamed Responses API call to ``url``."""
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=http_client) as oai:
@@ -347,14 +358,8 @@ async def test_openai_sees_the_error_event_after_the_first_token_and_the_record_
     records: list[PhaseRecord] = []
     texts: list[str] = []
     async with make_guard(servers[:1], records) as guard:
-        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=guard.http_client())
-        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
         with pytest.raises(openai.APIError) as caught:
-            try:
-                async for chunk in stream:
-                    texts.append(chunk.choices[0].delta.content or "")
-            finally:
-                await stream.close()  # openai 1.x leaves the response open when it raises; 2.x and 3.x close it
+            await read_chat_stream(guard, servers[0].url, texts)
     assert "currently busy" in caught.value.message  # the SDK's own error from the event, as without the guard
     assert "".join(texts) == " t0 t1"
     assert (records[0].status, records[0].cause) == ("error", "stream_error_event")
@@ -391,14 +396,8 @@ async def test_an_error_in_the_same_chunk_as_the_first_token_is_raised_after_it(
     records: list[PhaseRecord] = []
     texts: list[str] = []
     async with raw_server(counted) as url, Guard([url], instrumentation=None, on_record=records.append) as guard:
-        oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk", http_client=guard.http_client())
-        stream = await oai.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
         with pytest.raises(openai.APIError) as caught:
-            try:
-                async for chunk in stream:
-                    texts.append(chunk.choices[0].delta.content or "")
-            finally:
-                await stream.close()
+            await read_chat_stream(guard, url, texts)
     assert caught.value.message == "boom"  # the SDK's own error from the event, as without the guard
     assert texts == ["hi"] and requests == 1
     (record,) = records
