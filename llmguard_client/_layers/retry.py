@@ -489,8 +489,8 @@ class RetryLayer:
             # Chosen ahead: the probe is taken only when the retry is sent as the probe (see __call__), not
             # by a retry the server paced past it (it goes after the cool-down, below).
             state = self.replicas.pick(now + soonest, avoid, key, take=False) or last.state
-        elif (last.retry_after is not None or last.overload) and state is not last.state:
-            wait = 0.0  # overload on one replica: go to another at once
+        elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
+            wait = 0.0  # overload on one replica: go to another, not tried yet, at once
         else:
             wait = self.backoff(rounds)
             times = sum(f is state for f in failed)

@@ -121,6 +121,22 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
 
 
 @BACKENDS
+def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it_a_moment(backend: str) -> None:
+    """Two replicas answering 503 without a Retry-After: the retry to the second goes at once (it has not failed
+    the call), the one back to the first waits the same-replica backoff, as with that replica alone."""
+    busy = Plan(status=503)
+    fakes = {"http://a.test": FakeReplica("a", [busy, Plan()]), "http://b.test": FakeReplica("b", [busy, Plan()])}
+    policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=0.4)
+    response, _, record = one_virtual_call(backend, fakes, retry=policy)
+    assert response.status_code == 200
+    first, second, third = record.attempts
+    assert first.replica != second.replica and third.replica == first.replica
+    assert first.finish is not None and second.finish is not None
+    assert second.start == pytest.approx(first.finish, abs=1e-9)  # to the other replica at once
+    assert 0.2 - 1e-9 <= third.start - second.finish <= 0.4 + 1e-9  # back to the first: [1/2, 1] x 0.4
+
+
+@BACKENDS
 @pytest.mark.parametrize("budget", [BudgetPolicy(), BudgetPolicy(ratio=0.0, floor=0)], ids=["room", "empty"])
 def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_ends_whatever_the_budget(
     backend: str, budget: BudgetPolicy
