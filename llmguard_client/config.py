@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 import httpx
 
-from llmguard_client._core.redact import CREDENTIALS, redact_headers, redact_url
+from llmguard_client._core.redact import CREDENTIALS, mask_userinfo, redact_headers, redact_url
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
@@ -219,29 +219,24 @@ class Replica:
     rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
+        shown = mask_userinfo(repr(self.url))  # the URL as given, its user:password masked, for the errors below
         if not isinstance(self.url, str) or not self.url:
-            raise GuardConfigError(
-                f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {self.url!r}"
-            )
+            raise GuardConfigError(f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {shown}")
         if any(c.isspace() for c in self.url):
-            raise GuardConfigError(
-                f"Replica.url must not contain whitespace (spaces, tabs, newlines), got {self.url!r}"
-            )
+            raise GuardConfigError(f"Replica.url must not contain whitespace (spaces, tabs, newlines), got {shown}")
         try:
             parsed = httpx.URL(self.url)
         except Exception as exc:
-            raise GuardConfigError(f"Replica.url {self.url!r} is not a valid URL: {exc}") from exc
+            raise GuardConfigError(f"Replica.url {shown} is not a valid URL: {mask_userinfo(str(exc))}") from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise GuardConfigError(
-                f"Replica.url must be an absolute http:// or https:// URL with a host, got {self.url!r}"
-            )
+            raise GuardConfigError(f"Replica.url must be an absolute http:// or https:// URL with a host, got {shown}")
         if parsed.query or parsed.fragment:
             raise GuardConfigError(
-                f"Replica.url must not carry a query or fragment, got {self.url!r}: each request keeps the query "
+                f"Replica.url must not carry a query or fragment, got {shown}: each request keeps the query "
                 "its client gives it (e.g. Azure's api-version, which AzureOpenAI adds), so give the URL without it"
             )
         if parsed.port is not None and not 0 < parsed.port < 65536:
-            raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {self.url!r}")
+            raise GuardConfigError(f"Replica.url port must be from 1 to 65535, got {parsed.port} in {shown}")
         if not isinstance(self.headers, Mapping):
             raise GuardConfigError(
                 "Replica.headers must be a mapping (a dict) of header names to string values, e.g. "

@@ -896,3 +896,23 @@ def test_after_the_first_token_the_default_tier_is_bounded_by_the_clients_read_t
         assert [r.status for r in records] == ["ok", "timeout"]
 
     run_virtual(main, backend)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:s3cret@host:8000/v1?x=1",
+        "http://user:s3cret@host:8000/v1#frag",
+        "ftp://user:s3cret@host/v1",
+        "http://user:s3cret@host:99999/v1",
+        "http://user:s3cret@host /v1",
+        "http://user:s3cret@[::1/v1",
+    ],
+    ids=["query", "fragment", "scheme", "port", "whitespace", "invalid"],
+)
+def test_a_refused_replica_url_is_quoted_without_its_password(url: str) -> None:
+    """Startup errors end up in logs and error trackers: the URL they quote has its userinfo masked."""
+    with pytest.raises(GuardConfigError) as caught:
+        Replica(url)
+    assert "s3cret" not in str(caught.value) and "user" not in str(caught.value)
+    assert "//***@" in str(caught.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping
 
 import httpx
@@ -33,6 +34,14 @@ def redact_url(url: str | httpx.URL) -> str:
         params = [(k, MASK if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in parsed.params.multi_items()]
         parsed = parsed.copy_with(params=params)
     return str(parsed).replace("%2A%2A%2A", MASK)
+
+
+def mask_userinfo(text: str) -> str:
+    """``text`` (a URL as given, valid or not, or a message quoting one) with every ``//user:password@`` masked."""
+    return _USERINFO.sub("//" + MASK + "@", text)
+
+
+_USERINFO = re.compile(r"//[^/?#@]*@")
 
 
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
