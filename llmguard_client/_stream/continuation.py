@@ -254,6 +254,7 @@ class CallContinuation:
             fresh.feed(chunk)
         rest = SplicedRest(outcome.rest, splicer)
         outcome.attempt.attempt_outcome("won")
+        call.record.continued_on(outcome.attempt)
         resumed = Win(outcome.attempt, outcome.state, outcome.response, [], rest, fresh, outcome.in_flight)
         return Resumed(chunks, rest, fresh, resumed)
 

@@ -241,6 +241,11 @@ class CallRecordBuilder:
         f["replica"], f["sent"], f["headers"], f["accepted"] = a["replica"], a["sent"], a["headers"], a["accepted"]
         f["first_token"], f["http_status"] = a["first_token"], http_status
 
+    def continued_on(self, attempt: AttemptRecordBuilder) -> None:
+        """The caller reads on from ``attempt``, a continuation that took over a broken stream: the call's replica is
+        now its (the call's phases stay those of the attempt that delivered its first token)."""
+        self._fields["replica"] = attempt._fields["replica"]
+
     def answered(self, http_status: int | None, replica: str | None = None) -> None:
         """The caller gets an answer with ``http_status`` (a server's, from ``replica``, or the guard's own)."""
         f = self._fields

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from opentelemetry.trace import StatusCode
 
-from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, Tier
+from llmguard_client import BudgetPolicy, ContinuationPolicy, Guard, PhaseRecord, Tier
 from llmguard_client.telemetry import semconv as sc
 from tests.core.test_transport import CHAT, STREAM_BODY
 from tests.loopback import LoopbackServer, Script
@@ -19,13 +19,14 @@ BODY: dict[str, Any] = {**STREAM_BODY, "max_tokens": 10}
 FIRST5 = "".join(f" t{i}" for i in range(5))
 
 
-def guard(otel: Otel, servers: list[LoopbackServer], policy: ContinuationPolicy) -> Guard:
+def guard(otel: Otel, servers: list[LoopbackServer], policy: ContinuationPolicy, **kw: Any) -> Guard:
     return Guard(
         replicas=[s.url for s in servers],
         tiers={"interactive": Tier(ttft=2.0, total=10.0, stall=2.0)},
         hedge=None,
         continuation=policy,
         instrumentation=otel.instrumentation(),
+        **kw,
     )
 
 
@@ -59,6 +60,25 @@ async def test_a_continued_stream_shows_its_continuation_attempt(otel: Otel, ser
     kinds = {(p.attributes["llmguard.attempt.kind"], p.attributes["llmguard.attempt.outcome"]): p.value
              for p in points(otel.metrics()[sc.LLMGUARD_CLIENT_ATTEMPTS])}  # fmt: skip
     assert kinds == {("primary", "failed"): 1, ("continuation", "won"): 1}
+
+
+async def test_a_continued_call_names_the_replica_it_ended_on(otel: Otel, servers: list[LoopbackServer]) -> None:
+    """The record's replica and the call's ``server.*`` are the winner's: the continuation's, not the broken one's."""
+    for s in servers[:2]:
+        s.script = Script(tokens=10, reset_after_tokens=5, continued=Script(tokens=None))
+    records: list[PhaseRecord] = []
+    async with guard(otel, servers[:2], ContinuationPolicy(), on_record=records.append) as g, g.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=BODY) as response:
+            await response.aread()
+    (record,) = records
+    broken, continued = record.attempts
+    assert (broken.outcome, continued.kind, continued.outcome) == ("failed", "continuation", "won")
+    assert record.replica == continued.replica != broken.replica
+    port = int(continued.replica.rsplit(":", 1)[1])
+    logical, _ = by_name(otel.finished())
+    assert (logical.attributes or {})["server.port"] == port
+    (call_point,) = points(otel.metrics()[sc.GEN_AI_CLIENT_OPERATION_DURATION])
+    assert call_point.attributes["server.port"] == port
 
 
 async def test_a_break_not_continued_says_why(otel: Otel, servers: list[LoopbackServer]) -> None:
