@@ -223,7 +223,10 @@ class _End:
 
 class _MeasuredStream(httpx.AsyncByteStream):
     """The server's body, byte for byte, read by its protocol's reader to stamp the first token, the
-    end and usage on the record (a failure inside the stream is recorded, never raised)."""
+    end and usage on the record (a failure inside the stream is recorded, never raised).
+
+    An error status is the call's outcome (``http_error``) however its body ends: read to its end, cut by an
+    error, or closed unread (an SDK that retries it closes it so), as a guarded call's error answer is."""
 
     def __init__(self, response: httpx.Response, reader: StreamReader | None, end: _End) -> None:
         self._response = response
@@ -243,11 +246,18 @@ class _MeasuredStream(httpx.AsyncByteStream):
                 yield chunk
         except Exception as exc:
             cause = error_kind(exc)
-            end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
+            self._broke("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause)
             raise
         if reader is not None:
             reader.end_of_body()
         self._finish()
+
+    def _broke(self, status: CallStatus, cause: str) -> None:
+        """A read of the body failed with ``cause``: the call's ``status``, unless it answered an error status."""
+        if self._response.status_code >= 400:
+            self._finish()
+        else:
+            self._end(status, cause, "failed", cause)
 
     def _finish(self) -> None:
         end, record, code, reader = self._end, self._end.record, self._response.status_code, self._reader
@@ -277,10 +287,12 @@ class _MeasuredStream(httpx.AsyncByteStream):
             end("ok", None, "won")
 
     async def aclose(self) -> None:
-        """Close the server's response; a body closed before its protocol's end marker is abandoned."""
-        if not self._end.done and self._reader is not None and self._reader.complete:
-            self._finish()  # e.g. openai 2.x and the bench stop reading at [DONE]: the answer was complete
+        """Close the server's response; a body closed before its protocol's end marker is abandoned, unless the
+        answer was an error status."""
+        end, reader = self._end, self._reader
+        if not end.done and (self._response.status_code >= 400 or (reader is not None and reader.complete)):
+            self._finish()  # an error answer (an SDK retrying it closes it unread); or openai 2.x stopped at [DONE]
         try:
             await self._response.aclose()
         finally:
-            self._end("abandoned", "closed_by_caller", "cancelled")
+            end("abandoned", "closed_by_caller", "cancelled")

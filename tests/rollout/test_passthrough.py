@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,6 +24,7 @@ from llmguard_client import (
     guard_failure,
 )
 from llmguard_client._rollout.rollout import key_position
+from llmguard_client.telemetry import semconv as sc
 from llmguard_tools.compare.load import read_records
 from tests.clients import plain_httpx
 from tests.loopback import LoopbackServer, Script
@@ -215,6 +218,39 @@ async def test_control_error_status_and_429_pass_through_measured(servers: list[
     assert (record.status, record.cause, record.http_status) == ("http_error", "upstream_status", 429)
     assert record.ttft is None and record.attempts[0].error == "http_429"
     assert sum(len(s.received) for s in servers) == 1
+
+
+@pytest.mark.parametrize("read", [False, True], ids=["closed_unread", "read"])
+async def test_a_control_error_answer_is_an_http_error_however_its_body_ends(
+    servers: list[LoopbackServer], read: bool
+) -> None:
+    """An SDK that retries a 503 closes its body unread: the call is still an error answer, as a guarded one is, on
+    its record, its span and the calls metric the cohorts are compared on."""
+    servers[0].script = Script(status=503)
+    spans, metrics = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider, meter_provider = TracerProvider(), MeterProvider(metric_readers=[metrics])
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    records: list[PhaseRecord] = []
+    instrumentation = OpenTelemetryInstrumentation(tracer_provider, meter_provider)
+    guard = Guard([servers[0].url], tiers=TIERS, rollout=0.0, on_record=records.append, instrumentation=instrumentation)
+    async with guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM) as response:
+            assert response.status_code == 503
+            if read:
+                await response.aread()
+    (record,) = records
+    assert (record.status, record.cause, record.http_status) == ("http_error", "upstream_status", 503)
+    assert (record.attempts[0].outcome, record.attempts[0].error) == ("failed", "http_503")
+    call_span = next(s for s in spans.get_finished_spans() if s.attributes and "llmguard.cohort" in s.attributes)
+    assert call_span.attributes is not None and call_span.attributes["error.type"] == "503"
+    data = metrics.get_metrics_data()
+    assert data is not None
+    (calls,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                if m.name == sc.LLMGUARD_CLIENT_CALLS]  # fmt: skip
+    (point,) = calls.data.data_points
+    assert (point.attributes["llmguard.status"], point.attributes["error.type"]) == ("http_error", "503")
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
 
 
 async def test_control_transport_errors_are_raised_as_httpx_raised_them(refused_url: Callable[[], str]) -> None:
