@@ -106,7 +106,7 @@ class FakeReplica(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         plan = self.plans[min(self.requests, len(self.plans) - 1)]
         self.requests += 1
-        body = json.loads(request.content or b"{}")
+        body = json.loads(await request.aread() or b"{}")  # as a server reads it: a pass-through sends it as a stream
         await anyio.sleep(plan.headers_after)
         if plan.refused:
             raise httpx.ConnectError("scripted: connection refused", request=request)

@@ -673,16 +673,16 @@ def _stream_outcome(
 ) -> tuple[bool | None, int | None, float | None]:
     """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
     complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
-    error or a truncation), None when the caller closed it early or the Guard closed under it (nothing to
-    blame the replica for). Timing (tokens after the first token over the seconds since it) only for event
-    streams."""
+    error or a truncation), None when the caller closed it early or cancelled its read, or the Guard closed under
+    it (nothing to blame the replica for). Timing (tokens after the first token over the seconds since it) only for
+    event streams."""
     reader = win.reader
     ok: bool | None
     if cause == GuardClosed.cause:  # aborted by Guard.aclose(): the guard's own doing, not the replica's
         ok = None
     elif status == "ok":
         ok = reader.failure is None
-    elif status == "abandoned":
+    elif status in ("abandoned", "cancelled"):
         ok = True if reader.complete and reader.failure is None else None
     else:
         ok = False

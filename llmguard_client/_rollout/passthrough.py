@@ -179,7 +179,7 @@ async def passthrough(
     measured = httpx.Response(
         response.status_code,
         headers=response.headers,
-        stream=_MeasuredStream(response, reader, end),
+        stream=MeasuredStream(response, reader, end),
         request=request,
         extensions=response.extensions,  # copied by httpx
     )
@@ -221,7 +221,7 @@ class _End:
                 logger.exception("llmguard on_record callback raised; the call itself is unaffected")
 
 
-class _MeasuredStream(httpx.AsyncByteStream):
+class MeasuredStream(httpx.AsyncByteStream):
     """The server's body, byte for byte, read by its protocol's reader to stamp the first token, the
     end and usage on the record (a failure inside the stream is recorded, never raised).
 
@@ -232,6 +232,8 @@ class _MeasuredStream(httpx.AsyncByteStream):
         self._response = response
         self._reader = reader
         self._end = end
+        self._read_cancelled = False
+        """A read was cancelled by the caller: a close then ends the call ``cancelled``."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         end, reader = self._end, self._reader
@@ -247,6 +249,10 @@ class _MeasuredStream(httpx.AsyncByteStream):
         except Exception as exc:
             cause = error_kind(exc)
             self._broke("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause)
+            raise
+        except BaseException as exc:
+            if is_cancellation(exc):
+                self._read_cancelled = True
             raise
         if reader is not None:
             reader.end_of_body()
@@ -286,13 +292,18 @@ class _MeasuredStream(httpx.AsyncByteStream):
         else:
             end("ok", None, "won")
 
-    async def aclose(self) -> None:
-        """Close the server's response; a body closed before its protocol's end marker is abandoned, unless the
-        answer was an error status."""
+    async def aclose(self, *, cause: str | None = None) -> None:
+        """Close the server's response. A body closed before its protocol's end marker is ``cancelled``
+        (``cancelled_by_caller``) if the caller's read was cancelled, else ``abandoned`` (``closed_by_caller``, or
+        ``cause``: why the sync edge that reads the body closed it after cancelling its read), unless the answer
+        was an error status."""
         end, reader = self._end, self._reader
         if not end.done and (self._response.status_code >= 400 or (reader is not None and reader.complete)):
             self._finish()  # an error answer (an SDK retrying it closes it unread); or openai 2.x stopped at [DONE]
         try:
             await self._response.aclose()
         finally:
-            end("abandoned", "closed_by_caller", "cancelled")
+            if cause is None and self._read_cancelled:
+                end("cancelled", "cancelled_by_caller", "cancelled")
+            else:
+                end("abandoned", cause or "closed_by_caller", "cancelled")

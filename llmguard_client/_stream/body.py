@@ -37,6 +37,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.call import Call
+from llmguard_client._core.clock import is_cancellation
 from llmguard_client._core.failure import read_timeout
 from llmguard_client._core.given_up import GivenUp
 from llmguard_client._core.lease import CallLease
@@ -89,6 +90,9 @@ class GuardBody(httpx.AsyncByteStream):
         self._raise_next: GuardStreamError | None = None
         """The error of a failure delivered with its chunk, for the caller's next read (the call ended then)."""
         self._ended = False
+        self._read_cancelled = False
+        """A read was cancelled by the caller (its task, or a scope of its own; the stream under it ends with that
+        read): a close then ends the call ``cancelled``, as a cancellation before the first token does."""
         self._gc = weakref.finalize(self, call.lease.close_from_gc)
         self._gc.atexit = False
         self._resume = continuation
@@ -134,6 +138,8 @@ class GuardBody(httpx.AsyncByteStream):
             except BaseException as exc:
                 watchdog.reading = False
                 if not isinstance(exc, _READ_ERRORS):
+                    if is_cancellation(exc):
+                        self._read_cancelled = True
                     raise  # a cancellation: the caller's own
                 self._steady = None
                 # Handled inside the except block, which unbinds ``exc`` however it is left: a frame
@@ -147,7 +153,12 @@ class GuardBody(httpx.AsyncByteStream):
                 return chunk
             self._steady = None
             return await self._delivering(chunk)
-        return await self._next()
+        try:
+            return await self._next()
+        except BaseException as exc:
+            if is_cancellation(exc):  # the caller's (a deadline's or Guard.aclose's ends a read without one)
+                self._read_cancelled = True
+            raise
 
     async def _next(self) -> bytes:
         """Every chunk but the steady state's: the replayed prefix, a failure the last chunk carried,
@@ -349,10 +360,12 @@ class GuardBody(httpx.AsyncByteStream):
         self._lease = self._rest = self._resume = self._watchdog = None
         self._call = self._reader = self._win = None  # type: ignore[assignment]  # never read after the end
 
-    async def aclose(self, *, cause: str = "closed_by_caller") -> None:
+    async def aclose(self, *, cause: str | None = None) -> None:
         """Close the upstream connection (if still open) and finish the call's record: ``ok`` if the
         caller was handed the protocol's end marker (openai 2.x stops reading at ``[DONE]``), else
-        ``abandoned`` with ``cause`` (``garbage_collected`` for a sync body its caller dropped unclosed)."""
+        ``cancelled`` (``cancelled_by_caller``) if the caller's read was cancelled, else ``abandoned``
+        (``closed_by_caller``). ``cause``: why the sync edge that reads the body closed it (after cancelling its
+        read): ``abandoned`` with it (``garbage_collected`` for a body its caller dropped unclosed)."""
         if self._ended:
             await self._end("abandoned", None)
             return
@@ -361,5 +374,7 @@ class GuardBody(httpx.AsyncByteStream):
             await self._end("error", failure.cause)
         elif self._complete or (self._end_delivered and not self._pending):
             await self._end("ok", None)
+        elif cause is None and self._read_cancelled:
+            await self._end("cancelled", "cancelled_by_caller")
         else:
-            await self._end("abandoned", cause)
+            await self._end("abandoned", cause or "closed_by_caller")

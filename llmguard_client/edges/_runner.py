@@ -48,6 +48,7 @@ import httpx
 
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
 from llmguard_client._core.loop_owner import LEFT_BEHIND, HomeCall, LoopEnded, LoopOwner
+from llmguard_client._rollout.passthrough import MeasuredStream
 from llmguard_client._stream.body import GuardBody
 from llmguard_client.edges._client_calls import SyncClientCalls, client_closed
 from llmguard_client.errors import GuardClosed
@@ -246,8 +247,9 @@ class _Exchange:
                         return
             finally:
                 with anyio.CancelScope(shield=True):
-                    if self._collected and isinstance(stream, GuardBody):
-                        await stream.aclose(cause="garbage_collected")
+                    if self._cancelled and isinstance(stream, GuardBody | MeasuredStream):
+                        # Its read was cancelled here, for its caller's close (or drop): not a cancellation of theirs.
+                        await stream.aclose(cause="garbage_collected" if self._collected else "closed_by_caller")
                     aclose = getattr(chunks, "aclose", None)
                     if aclose is not None:
                         await aclose()

@@ -100,11 +100,11 @@ def test_caller_cancel_mid_stream_then_close_releases_everything(backend: str) -
                 with anyio.move_on_after(2.0):
                     async for _ in response.aiter_raw():
                         pass
-                assert guard.snapshot().calls_in_flight == 1  # still open: the caller may read on
+                assert guard.snapshot().calls_in_flight == 1  # still open until the caller closes it
             assert_released(guard, fakes)
 
     run_virtual(main, backend)
-    assert records[0].status == "abandoned" and records[0].cause == "closed_by_caller"
+    assert records[0].status == "cancelled" and records[0].cause == "cancelled_by_caller"
 
 
 @BACKENDS

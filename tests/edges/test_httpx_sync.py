@@ -43,6 +43,23 @@ def test_a_stream_closed_midway_closes_the_upstream(servers: list[LoopbackServer
     assert sum(s.completed for s in servers) == 0
 
 
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+def test_a_stream_closed_while_the_edge_waits_for_its_next_chunk_is_abandoned_not_cancelled(
+    servers: list[LoopbackServer], make_guard: MakeGuard, rollout: float
+) -> None:
+    """The sync edge ends a closed body by cancelling the read it waits in: the caller closed it, it cancelled
+    nothing."""
+    servers[0].script = Script(tokens=3, gap=30.0)  # the edge's next read waits for the second token
+    guard = make_guard(hedge=None, rollout=rollout, tiers={"interactive": Tier(ttft=5.0, total=60.0, stall=60.0)})
+    with guard.sync_http_client() as client, guard.capture() as calls:
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            next(r.iter_raw())
+        assert [(c.cohort, c.status, c.cause) for c in calls] == [
+            ("guarded" if rollout else "control", "abandoned", "closed_by_caller")
+        ]
+    assert eventually(lambda: servers[0].disconnects == 1)
+
+
 def test_the_body_is_read_at_most_read_ahead_chunks_before_the_caller() -> None:
     """Bounded back-pressure: the edge reads at most READ_AHEAD chunks beyond those the caller took, and
     goes on reading as the caller takes them (a caller behind takes what piled up joined, in one step)."""

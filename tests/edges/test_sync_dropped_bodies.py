@@ -107,6 +107,21 @@ def test_a_sync_stream_dropped_unclosed_is_ended_when_collected(
     assert [(r.status, r.cause) for r in records] == [COLLECTED] * DROPPED
 
 
+def test_a_control_sync_stream_dropped_unclosed_is_recorded_as_collected_too(
+    servers: list[LoopbackServer], make_guard: MakeGuard
+) -> None:
+    for server in servers:
+        server.script = LONG
+    records: list[PhaseRecord] = []
+    guard = make_guard(hedge=None, on_record=records.append, rollout=0.0)
+    held = [httpx_stream_after_one_chunk(guard, servers[0])]
+    held.clear()  # dropped unclosed, its edge waiting in a read
+    gc.collect()
+    assert eventually(lambda: guard.snapshot().idle and len(records) == 1)
+    assert eventually(lambda: servers[0].disconnects == 1)
+    assert [(r.cohort, r.status, r.cause) for r in records] == [("control", *COLLECTED)]
+
+
 def test_a_bulkhead_of_one_serves_the_call_after_a_dropped_stream(
     servers: list[LoopbackServer], make_guard: MakeGuard
 ) -> None:
