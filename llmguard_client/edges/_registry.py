@@ -2,7 +2,7 @@
 (its calls come from other threads: a web app's sync handlers beside its async ones), else the Guard's own loop
 thread, started on first use and stopped with the Guard.
 
-A process forked while a loop owned the Guard (this thread's, or a caller's loop that had not ended: gunicorn
+A process forked while a loop owned the Guard (this thread's, or a caller's loop still running: gunicorn
 ``--preload``, a prefork worker pool, ``multiprocessing`` with fork) runs neither: its sync calls would wait for it
 for ever. In the child such a Guard refuses every sync call at once (`LoopOwner.forked`), and closing it closes
 nothing (its connections are the parent's, still in use there).
