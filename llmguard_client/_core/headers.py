@@ -72,10 +72,10 @@ class CallerHeaders:
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
         self.unknown = unknown
+        """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         self.host = host if host is not None and host.lower() != request.url.netloc.lower() else None
         """The ``Host`` the caller set itself (None: none, or the one httpx writes from the request's URL): forwarded
         to every replica, as any other header of the caller's, where httpx's is replaced by the replica's."""
-        """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         get = request.headers.get if has_own else _absent
         self.tier: str | None = get(TIER_HEADER)
         """``x-llmguard-tier``: the tier to use (over ``guard.tier()`` and the default)."""
