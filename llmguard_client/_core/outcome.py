@@ -10,7 +10,7 @@ sent). Layers hand each other values: none reads another layer's state off the `
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -219,9 +219,27 @@ class AttemptFailure:
         return isinstance(self.error, _NEVER_SENT)
 
     @property
+    def recurs(self) -> bool:
+        """Every request to this replica would fail the same way: its TLS certificate was refused (an unknown
+        CA, another host's name), or the proxy in front of it asked for credentials (407). Another replica may
+        still serve the call; resending to this one only delays the error."""
+        if isinstance(self.error, httpx.ProxyError) and str(self.error).startswith("407"):
+            return True  # httpcore names the proxy's status only in the message: "407 Proxy Authentication Required"
+        return any(isinstance(e, ssl.SSLCertVerificationError) for e in _chain(self.error))
+
+    @property
     def is_connect_error(self) -> bool:
         """The request never reached the server, so resending it cannot duplicate work."""
         return isinstance(self.error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from (httpx wraps httpcore's, which wraps the socket's)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 @dataclass(slots=True, eq=False)

@@ -444,9 +444,10 @@ class RetryLayer:
         # does (the caller is waiting mid-answer: the next replica, or the original error at once).
         avoid = (*route.avoid, *failed) if route.kind == "continuation" else route.avoid
         beyond = last.retry_after is not None and last.retry_after > self.policy.max_retry_after
-        # A replica that asked this call for more rest than the guard waits (a daily quota's Retry-After: 86400) gets
-        # none of its retries, whichever replica failed it last; after such an answer another replica that is ready
-        # may serve it, else that answer is final at once.
+        # A replica that asked this call for more rest than the guard waits (a daily quota's Retry-After: 86400), or
+        # failed it as every request there would (`AttemptFailure.recurs`), gets none of its retries, whichever
+        # replica failed it last; after such an answer another replica that is ready may serve it, else that answer
+        # is final at once.
         avoid = (*avoid, *(s for s in failed if asked.get(id(s)) == math.inf))
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key)
@@ -646,10 +647,13 @@ class RetryLayer:
     def _remember_asked(self, now: float, failures: list[AttemptFailure], asked: dict[int, float]) -> None:
         """Note in ``asked`` when each of ``failures``' Retry-Afters ends: a retry of this call goes back to that
         replica no sooner, whichever replica failed it since; never (inf) after one longer than
-        `RetryPolicy.max_retry_after` (a quota's), which the guard does not wait for."""
+        `RetryPolicy.max_retry_after` (a quota's), which the guard does not wait for, nor after a failure every
+        request there would repeat (`AttemptFailure.recurs`: a refused certificate, a proxy's 407)."""
         longest = (self.policy or RetryPolicy()).max_retry_after
         for failure in failures:
-            if failure.retry_after is not None and failure.retry_after > 0.0:
+            if failure.recurs:
+                asked[id(failure.state)] = math.inf
+            elif failure.retry_after is not None and failure.retry_after > 0.0:
                 asked[id(failure.state)] = now + failure.retry_after if failure.retry_after <= longest else math.inf
 
     def _soonest_back(

@@ -40,6 +40,14 @@ class _Proxy(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(ANSWER)
 
+    def do_CONNECT(self) -> None:
+        """A tunnel to an https replica: refused, this proxy wants credentials nobody gave."""
+        self.seen.append(self.requestline)
+        self.send_response(407, "Proxy Authentication Required")
+        self.send_header("proxy-authenticate", 'Basic realm="proxy"')
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet."""
 
@@ -94,6 +102,31 @@ async def test_no_proxy_keeps_a_replica_direct(
         with pytest.raises(httpx.TransportError, match="connect_error"):
             await client.post(replica + "/v1/chat/completions", json=BODY)
     assert seen == []  # connected directly, and refused
+
+
+async def test_a_proxys_407_is_not_sent_again_to_the_same_replica(
+    proxy: tuple[str, list[str]], refused_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tunnel to that replica would be refused alike: the error comes at once, as the plain SDK's (with
+    ``max_retries=0``) does, and another replica (here one the proxy does not stand before) serves the call."""
+    proxy_url, seen = proxy
+    monkeypatch.setenv("HTTPS_PROXY", proxy_url)
+    tunnelled = "https://127.0.0.1:9"  # reached only through the proxy's tunnel, which is refused
+    tiers = {"t": Tier(ttft=5, total=10)}
+    async with Guard([tunnelled], tiers, failure_mode="raise") as guard, guard.http_client() as client:
+        with pytest.raises(httpx.ProxyError, match=r"1 attempt\(s\).*proxy_error") as raised:
+            await client.post(tunnelled + "/v1/chat/completions", json=BODY)
+    assert "407" in str(raised.value.__cause__)
+    assert seen == ["CONNECT 127.0.0.1:9 HTTP/1.1"]
+
+    seen.clear()
+    monkeypatch.setenv("HTTP_PROXY", proxy_url)  # the http replica's requests go through the proxy, which answers
+    direct = refused_url()
+    async with Guard([tunnelled, direct], tiers, failure_mode="raise") as guard, guard.http_client() as client:
+        for _ in range(3):
+            async with client.stream("POST", tunnelled + "/v1/chat/completions", json=BODY) as response:
+                assert b"via proxy" in await response.aread()
+    assert sum(line.startswith("POST") for line in seen) == 3  # each call served once, by the other replica
 
 
 @pytest.mark.parametrize(

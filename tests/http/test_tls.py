@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmguard_client import Guard, Tier
@@ -83,3 +84,28 @@ def test_one_context_per_value_of_the_environment(
     assert [c["subject"] for c in ours.get_ca_certs()] == [((("commonName", "llmguard test CA"),),)]
     monkeypatch.delenv("SSL_CERT_FILE")
     assert default_tls_context() is default
+
+
+async def test_a_refused_certificate_is_not_sent_again_to_the_same_replica(tls_server: LoopbackServer) -> None:
+    """No CA vouches for the replica's certificate: every handshake with it would fail alike, so the error comes at
+    once (one attempt, no backoff), as the plain SDK's with ``max_retries=0`` does."""
+    tiers = {"t": Tier(ttft=10, total=20)}
+    async with Guard([tls_server.url], tiers, failure_mode="raise") as guard, guard.http_client() as client:
+        with pytest.raises(httpx.ConnectError, match=r"1 attempt\(s\).*connect_error") as raised:
+            await client.post(tls_server.url + "/v1/chat/completions", json=BODY)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(raised.value.__cause__)
+    assert tls_server.received == []
+
+
+async def test_another_replica_serves_a_call_whose_first_replica_has_a_refused_certificate(
+    tls_server: LoopbackServer,
+) -> None:
+    plain = LoopbackServer("plain", default=Script(tokens=2))
+    tiers = {"t": Tier(ttft=10, total=20)}
+    with running([plain]):
+        async with Guard([tls_server.url, plain.url], tiers, failure_mode="raise") as guard:
+            async with guard.http_client() as client:
+                for _ in range(3):
+                    response = await client.post(tls_server.url + "/v1/chat/completions", json=BODY)
+                    assert response.status_code == 200
+    assert len(plain.received) == 3 and tls_server.received == []
