@@ -15,7 +15,7 @@ keeps working::
         │   ├── TTFTTimeout             no first content token within the tier's ttft
         │   ├── TotalTimeout            the call outlived the tier's total deadline
         │   ├── StallTimeout            the stream went silent longer than the tier's stall
-        │   └── AllAttemptsTimedOut     every attempt ended in a timeout (e.g. the SDK's own ``timeout=``)
+        │   └── AllAttemptsTimedOut     every attempt failed, the last in a timeout (e.g. the SDK's ``timeout=``)
         ├── GuardUnavailable(httpx.TransportError)
         │   ├── AllAttemptsFailed       every attempt failed (transport errors), none left to try; also the
         │   │   │                       httpx class of the last one's error (e.g. httpx.RemoteProtocolError)
@@ -53,6 +53,8 @@ attempts, the caller gets the attempts' own failure and the refusal is named in 
 """
 
 from __future__ import annotations
+
+from typing import TypeVar, cast
 
 import httpx
 
@@ -168,11 +170,12 @@ class StallTimeout(GuardTimeout, httpx.ReadTimeout):
 
 
 class AllAttemptsTimedOut(GuardTimeout):
-    """Every attempt the guard sent ended in a timeout (a read, connect, write or pool timeout, e.g. from
-    the caller's own ``timeout=``): raised in every failure mode, so an SDK maps it to its timeout error
-    (openai: ``APITimeoutError``). ``__cause__`` is the last attempt's timeout; ``cause`` is
-    ``all_attempts_timed_out``, or the reason the guard sent no further attempt (``all_replicas_cooling``,
-    ``budget_exhausted``, ...)."""
+    """Every attempt the guard sent failed, the last in a timeout (a read, connect, write or pool timeout, e.g.
+    from the caller's own ``timeout=``; the earlier ones too, or failed otherwise): raised in every failure mode,
+    so an SDK maps it to its timeout error (openai: ``APITimeoutError``); also the httpx class of the last
+    attempt's timeout (`like_last_error`: an ``httpx.ReadTimeout`` for the caller's read timeout). ``__cause__``
+    is the last attempt's timeout; ``cause`` is ``all_attempts_timed_out``, or the reason the guard sent no further
+    attempt (``all_replicas_cooling``, ``budget_exhausted``, ...)."""
 
     cause = "all_attempts_timed_out"
 
@@ -206,23 +209,23 @@ class AllAttemptsFailedToConnect(AllAttemptsFailed, httpx.ConnectError):
     a plain httpx client raises for a server that refuses the connection."""
 
 
-_failed_like: dict[type[httpx.RequestError], type[AllAttemptsFailed]] = {}
+_like: dict[tuple[type[GuardFailure], type[httpx.RequestError]], type[GuardFailure]] = {}
+_Kind = TypeVar("_Kind", bound=GuardFailure)
 
 
-def all_attempts_failed_like(error: BaseException | None) -> type[AllAttemptsFailed]:
-    """The class of `AllAttemptsFailed` raised when an attempt's ``error`` was the last: also that error's httpx
-    class (``httpx.RemoteProtocolError`` for a server that hung up, ``httpx.ReadError``, ``httpx.ProxyError``...),
-    as a plain client's own retries raise the last error, so ``except httpx.RemoteProtocolError`` and an SDK's
-    reading of the error's kind see what they would without the guard (`AllAttemptsFailedToConnect` is kept for
-    calls whose every attempt failed to connect). A timeout, or an error of no httpx class, gives
-    `AllAttemptsFailed` itself: a call whose attempts did not all time out is no timeout."""
+def like_last_error(kind: type[_Kind], error: BaseException | None) -> type[_Kind]:
+    """``kind`` (`AllAttemptsFailed`, `AllAttemptsTimedOut`), raised when an attempt's ``error`` was the call's last:
+    also that error's httpx class (``httpx.RemoteProtocolError`` for a server that hung up, ``httpx.ReadError``,
+    ``httpx.ProxyError``, ``httpx.ReadTimeout``...), as a plain client's own retries raise the last error, so
+    ``except httpx.RemoteProtocolError`` and an SDK's reading of the error's kind see what they would without the
+    guard. An error of no httpx class, or one ``kind`` already is, gives ``kind`` itself."""
     bases = (c for c in type(error).__mro__ if issubclass(c, httpx.RequestError) and c.__module__ != __name__)
     base = next(bases, None)  # the library's own class (a guard failure's httpx base), by identity, not by name
-    if base is None or issubclass(base, httpx.TimeoutException):
-        return AllAttemptsFailed
-    if base not in _failed_like:
-        _failed_like[base] = type("AllAttemptsFailed", (AllAttemptsFailed, base), {"__module__": __name__})
-    return _failed_like[base]
+    if base is None or issubclass(kind, base):
+        return kind
+    if (kind, base) not in _like:
+        _like[kind, base] = type(kind.__name__, (kind, base), {"__module__": __name__})
+    return cast("type[_Kind]", _like[kind, base])
 
 
 class BudgetExhausted(GuardUnavailable):

@@ -39,7 +39,7 @@ from llmguard_client.errors import (
     GuardTimeout,
     StallTimeout,
     TotalTimeout,
-    all_attempts_failed_like,
+    like_last_error,
 )
 from llmguard_client.telemetry._record_builder import AnyCall
 from llmguard_client.telemetry.record import PhaseRecord
@@ -57,19 +57,23 @@ def describe_attempts(record: AnyCall) -> str:
 
 
 def attempts_error(
-    call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None, *, ended_by_timeout: bool = False
+    call: Call, failures: list[AttemptFailure], refusal: GuardFailure | None
 ) -> AllAttemptsFailed | AllAttemptsTimedOut:
-    """The error a call's attempts met when none got a server answer: `AllAttemptsTimedOut` when every one
-    ended in a timeout, `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`
-    of the last attempt's httpx class (`all_attempts_failed_like`); ``__cause__`` the last attempt's error.
-    ``refusal``, why the guard sent no further attempt (cooling, budget, open circuits), is named in the message
-    and the cause, but never changes the type: a refusal only speaks for itself before anything was sent.
-    ``ended_by_timeout``: the caller's own read timeout ended the last attempt and the call with it (no attempt
-    left): `AllAttemptsTimedOut`, whatever the earlier attempts met, as the plain SDK raises its last request's."""
-    timed_out = ended_by_timeout or all(isinstance(f.error, httpx.TimeoutException) for f in failures)
-    what = "timed out" if timed_out else "failed before its first token"  # some with an answer that was none
-    if ended_by_timeout and not all(isinstance(f.error, httpx.TimeoutException) for f in failures):
-        what = "failed before its first token, the last one at the request's own read timeout"
+    """The error a call's attempts met when none got a server answer, of the last attempt's httpx class
+    (`like_last_error`), as the plain SDK's own retries raise their last request's error: `AllAttemptsTimedOut`
+    when the last one ended in a timeout (every one, or the caller's own read timeout on a retry after a refused
+    connection, say), `AllAttemptsFailedToConnect` when every one failed to connect, else `AllAttemptsFailed`;
+    ``__cause__`` the last attempt's error. ``refusal``, why the guard sent no further attempt (cooling, budget,
+    open circuits), is named in the message and the cause, but never changes the type: a refusal only speaks for
+    itself before anything was sent."""
+    last = failures[-1].error
+    timed_out = isinstance(last, httpx.TimeoutException)
+    if all(isinstance(f.error, httpx.TimeoutException) for f in failures):
+        what = "timed out"
+    elif timed_out:
+        what = "failed before its first token, the last one at a timeout"
+    else:
+        what = "failed before its first token"  # some with an answer that was none
     message = (
         f"every attempt {what} (tier {call.tier_name!r}, {call.clock() - call.record.start:.3f}s elapsed); "
         f"{describe_attempts(call.record)}"
@@ -78,11 +82,11 @@ def attempts_error(
         message += f"; no further attempt: {refusal.message}"
     kind: type[AllAttemptsFailed | AllAttemptsTimedOut]
     if timed_out:
-        kind = AllAttemptsTimedOut
+        kind = like_last_error(AllAttemptsTimedOut, last)
     elif all(isinstance(f.error, httpx.ConnectError) for f in failures):
         kind = AllAttemptsFailedToConnect
     else:
-        kind = all_attempts_failed_like(failures[-1].error)
+        kind = like_last_error(AllAttemptsFailed, last)
     error = kind(
         message,
         request=call.request,

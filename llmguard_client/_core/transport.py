@@ -527,8 +527,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         met = False  # the error is what the attempts met, not a refusal of the guard's
         if last is not None and (error is None or isinstance(error, GuardUnavailable)):
             await self._raise_unless_network_failure(call, last)
-            ended = spent_out and outcome.stopped == "not_retryable" and isinstance(last.error, httpx.ReadTimeout)
-            error, met = attempts_error(call, outcome.failures, error, ended_by_timeout=ended), True
+            error, met = attempts_error(call, outcome.failures, error), True
         assert error is not None
         timeout = isinstance(error, GuardTimeout)
         status = (

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client import AllAttemptsFailed, Guard, RetryPolicy, guard_failure
+from llmguard_client import AllAttemptsFailed, AllAttemptsTimedOut, Guard, GuardFailure, RetryPolicy, guard_failure
+from llmguard_client.errors import like_last_error
 from tests.loopback import raw_server
 
 HUNG_UP = "Server disconnected without sending a response."
@@ -130,3 +131,57 @@ async def test_a_request_the_client_cannot_send_is_its_own_fault_not_the_replica
         await client.aclose()
     assert snapshot.budget is not None and snapshot.budget.spent == 0
     assert snapshot.replicas[0].healthy and snapshot.replicas[0].circuit_open_for == 0
+
+
+def hang_up_then_go_silent() -> AbstractAsyncContextManager[str]:
+    """A server that hangs up on its first request and never answers the later ones (it reads on until the client
+    closes the connection); its base URL."""
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        if connections == 1:
+            await hang_up(reader, writer)
+            return
+        with suppress(ConnectionError):
+            await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    return raw_server(handle)
+
+
+async def test_a_last_attempt_that_timed_out_is_raised_as_a_timeout_after_an_earlier_failure() -> None:
+    """The guard retried a hang-up, and its retry met the caller's read timeout: the plain SDK's own retries end in
+    that timeout (``APITimeoutError``), and so does the guarded call, whose attempts did not all time out; the
+    error is also the timeout's httpx class, as the plain client's is."""
+    openai = pytest.importorskip("openai")
+    async with hang_up_then_go_silent() as url, Guard([url], retry=RETRY, instrumentation=None) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=url + "/v1",
+            api_key="k",
+            max_retries=0,
+            timeout=httpx.Timeout(5.0, read=0.3),
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+    error = caught.value.__cause__
+    assert isinstance(error, AllAttemptsTimedOut) and isinstance(error, httpx.ReadTimeout)
+    assert guard_failure(error) == "all_attempts_timed_out" and error.record is not None
+    assert [a.error for a in error.record.attempts] == ["remote_protocol_error", "read_timeout"]
+    assert type(error.__cause__).__name__ == "ReadTimeout"  # httpx's, or httpx2's for an SDK built on it
+
+
+@pytest.mark.parametrize("kind", [AllAttemptsFailed, AllAttemptsTimedOut])
+@pytest.mark.parametrize(
+    "last", [httpx.ConnectTimeout("t"), httpx.ReadTimeout("t"), httpx.PoolTimeout("t"), httpx.ReadError("r")]
+)
+def test_a_failure_of_the_attempts_is_also_the_last_attempts_httpx_class(
+    kind: type[GuardFailure], last: httpx.RequestError
+) -> None:
+    like = like_last_error(kind, last)
+    assert issubclass(like, kind) and issubclass(like, type(last)) and like.__name__ == kind.__name__
+    assert like_last_error(kind, last) is like  # one class per pair, not one per call
+    assert like_last_error(kind, ValueError("not httpx's")) is kind
