@@ -166,9 +166,7 @@ def _stream_failure(
     if opening.reader.errors_are_events and failure.kind == "error_event":
         as_sent = (response.status_code, response.headers, b"".join(opening.chunks))
     error = None
-    headers = httpx.Headers({"content-type": "application/json", "x-llmguard-stream-failure": failure.kind})
-    if failure.retry_after is not None:
-        headers["retry-after"] = str(failure.retry_after)
+    headers = _error_answer_headers(response.headers, failure)
     if failure.status is None:
         error = stream_error(failure, replica=state.name, request=call.request, after_first_token=False)
     return AttemptFailure(
@@ -183,6 +181,27 @@ def _stream_failure(
         stream_failure=failure,
         as_sent=as_sent,
     )
+
+
+_BODY_FRAMING = frozenset(
+    {"content-type", "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive", "trailer"}
+)
+"""The server's headers that describe how its own body was framed and encoded, untrue of the JSON error body the
+guard builds in its place; the others (``request-id``, ``x-request-id``, rate-limit headers...) describe the
+request, and the error answer keeps them as a plain client's response to that 200 would."""
+
+
+def _error_answer_headers(server: httpx.Headers, failure: StreamFailure) -> httpx.Headers:
+    """The headers of the error answer built from a 200's in-stream error: the server's own, but for its body's
+    framing (`_BODY_FRAMING`), with the built body's type, the failure's kind and the Retry-After its event said."""
+    headers = httpx.Headers([(k, v) for k, v in server.multi_items() if k.lower() not in _BODY_FRAMING])
+    headers["content-type"] = "application/json"
+    headers["x-llmguard-stream-failure"] = failure.kind
+    if failure.retry_after is not None:  # the event's, over any the server sent on its 200
+        headers["retry-after"] = str(failure.retry_after)
+        if "retry-after-ms" in headers:
+            del headers["retry-after-ms"]
+    return headers
 
 
 def stamp_sent(request: httpx.Request, attempt: AttemptRecordBuilder, clock: Clock) -> httpx.Request:
