@@ -53,6 +53,7 @@ from llmguard_client._core.loop_owner import FORKED, LoopOwner
 from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
+from llmguard_client._http.network_stream import for_caller
 from llmguard_client._http.pool import pool_idle
 from llmguard_client._http.redirects import RedirectTargets
 from llmguard_client._http.upload import sent_once, streamed_body
@@ -441,7 +442,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             request=call.request,
             extensions=win.response.extensions,  # copied by httpx
         )
-        record.hand_over(response.extensions)
+        record.hand_over(for_caller(response.extensions))
         return response
 
     # --- the end of a call ----------------------------------------------------------------

@@ -31,6 +31,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.error_body import read_head
 from llmguard_client._http.http2_reset import reset_when_abandoned
+from llmguard_client._http.network_stream import for_caller
 from llmguard_client._http.retry_after import parse_retry_after
 from llmguard_client._http.upload import rereadable
 from llmguard_client._routing.replicas import ReplicaState
@@ -137,7 +138,7 @@ async def _error_status(
         headers=response.headers,
         body=body,
         retry_after=retry_after,
-        extensions=dict(response.extensions),
+        extensions=for_caller(dict(response.extensions)),
         unread=unread,
     )
 
@@ -177,7 +178,7 @@ def _stream_failure(
         headers=headers,
         body=failure.body,
         retry_after=failure.retry_after,
-        extensions=dict(response.extensions),
+        extensions=for_caller(dict(response.extensions)),
         stream_failure=failure,
         as_sent=as_sent,
     )

@@ -37,6 +37,7 @@ from llmguard_client._core.clock import is_cancellation
 from llmguard_client._core.given_up import sdk_call
 from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.encoding import decode_in_place
+from llmguard_client._http.network_stream import for_caller
 from llmguard_client._http.origin import OriginKey, origin, origin_key
 from llmguard_client._http.pool import replica_transport
 from llmguard_client._http.proxy import environment_proxy
@@ -183,7 +184,7 @@ async def passthrough(
         request=request,
         extensions=response.extensions,  # copied by httpx
     )
-    record.hand_over(measured.extensions)
+    record.hand_over(for_caller(measured.extensions))
     return measured
 
 

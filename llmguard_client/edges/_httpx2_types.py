@@ -28,9 +28,6 @@ from llmguard_client.telemetry.capture import CAPTURES_EXTENSION, active_capture
 
 _HTTPX2 = BodyKinds(AsyncIteratorByteStream, IteratorByteStream, MultipartStream)
 
-_DROPPED_EXTENSIONS = frozenset({"network_stream"})
-"""Response extensions that hold httpcore objects, meaningless to an httpx2 caller."""
-
 
 def streamed(request: httpx2.Request, *, sync: bool) -> OneShotBody | ReplayableBody | None:
     """The request's body when the guard sends it as it is read (`llmguard_client._http.upload`): an iterator's
@@ -55,11 +52,9 @@ def core_request(request: httpx2.Request, body: bytes | OneShotBody | Replayable
 
 
 def response_extensions(extensions: MutableMapping[str, Any]) -> dict[str, Any]:
-    """The core response's own extensions dict, minus httpcore's objects, for the caller's response to share
-    (assigned after it is built: its constructor copies): the guard puts the final record in it when the call
-    ends (``extensions["llmguard"]``)."""
-    for key in _DROPPED_EXTENSIONS:
-        extensions.pop(key, None)
+    """The core response's own extensions dict, for the caller's response to share (assigned after it is built:
+    its constructor copies): the guard puts the final record in it when the call ends (``extensions["llmguard"]``).
+    Its ``network_stream`` is the guard's own view of the connection, which answers an httpx2 caller as well."""
     return extensions if isinstance(extensions, dict) else dict(extensions)  # httpx's is a dict
 
 
