@@ -139,6 +139,9 @@ class Win:
     """Its protocol's reader, fed every chunk so far; the caller's body keeps feeding it."""
     in_flight: Hold
     """The replica's in-flight count, released when the call ends."""
+    waited: float = 0.0
+    """Seconds the caller's body spent waiting on ``rest`` for its chunks (the replica's pace after the first token:
+    the time between the caller's reads is the caller's, not the replica's)."""
 
     @property
     def facts(self) -> ResponseFacts:

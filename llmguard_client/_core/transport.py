@@ -458,7 +458,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 if attempt.finish is None or win.rest is not None:  # a body that broke: the attempt's error too
                     attempt.attempt_finished("won", now, error=cause if status in ("error", "timeout") else None)
                 end = attempt.finish if attempt.finish is not None else now
-                ok, tokens, duration = _stream_outcome(status, cause, win, now)
+                ok, tokens, duration = _stream_outcome(status, cause, win)
                 self._replicas.stream_finished(win.state, now, ok=ok, tokens=tokens, duration=duration)
                 facts = win.facts
                 call.record.response_facts(
@@ -668,14 +668,13 @@ def _hand_on(lease: CallLease, last: AttemptFailure) -> None:
         lease.disown(last.unread.response)
 
 
-def _stream_outcome(
-    status: CallStatus, cause: str | None, win: Win, now: float
-) -> tuple[bool | None, int | None, float | None]:
+def _stream_outcome(status: CallStatus, cause: str | None, win: Win) -> tuple[bool | None, int | None, float | None]:
     """``(ok, tokens, duration)`` for `Router.stream_finished` from how a delivered body ended: ok for a
     complete answer, False for a failure after the first token (transport error, stall, total, an in-stream
     error or a truncation), None when the caller closed it early or cancelled its read, or the Guard closed under
-    it (nothing to blame the replica for). Timing (tokens after the first token over the seconds since it) only for
-    event streams."""
+    it (nothing to blame the replica for). Timing only for event streams: the tokens after the first token over the
+    seconds the body waited on the replica for them (`Win.waited`), not the seconds since the first token, which
+    hold the caller's own pauses between reads (the body reads the replica only when the caller asks)."""
     reader = win.reader
     ok: bool | None
     if cause == GuardClosed.cause:  # aborted by Guard.aclose(): the guard's own doing, not the replica's
@@ -690,7 +689,7 @@ def _stream_outcome(
     if reader.chunks is None or first_token is None:
         return ok, None, None
     tokens = reader.facts.completion_tokens if reader.facts.completion_tokens is not None else reader.chunks
-    return ok, tokens, now - first_token
+    return ok, tokens, win.waited
 
 
 SYNC_CLIENT_MESSAGE = (

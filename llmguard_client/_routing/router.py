@@ -4,7 +4,8 @@ to a trickle of probes, and brings it back once it recovers.
 What the router knows about each replica (`ReplicaHealth`), learned from the guard's own calls:
 
 - ``ttft``: seconds to the first content token, and ``tpot``: seconds per token after the first
-  (stream time after the first token / (tokens - 1)). Until `Router.MIN_SAMPLES` samples arrived, each
+  (the seconds the caller's body waited on the stream after the first token / (tokens - 1): the time a caller
+  takes between its reads is its own, not the replica's). Until `Router.MIN_SAMPLES` samples arrived, each
   is the lower median of its samples and the cost reads the median replica's instead (one straggler among
   a replica's first calls is not its speed, and the replica keeps getting calls to be measured by);
   from then on an EWMA whose samples are clipped to `Router.CLIP` x the current estimate, so one
@@ -427,7 +428,8 @@ class Router(Generic[S]):
         self, state: S, now: float, *, ok: bool | None, tokens: int | None, duration: float | None
     ) -> None:
         """The body of a call won by ``state`` ended: ``ok`` False for a mid-stream failure, None when the
-        caller left early (timing only); ``tokens`` output tokens over ``duration`` s after the first."""
+        caller left early (timing only); ``tokens`` output tokens over ``duration`` s the body waited on the stream
+        after the first."""
         h = state.health
         if tokens is not None and tokens >= 2 and duration is not None and duration >= 0:
             h.tpot = self._learn(h.tpot, h.tpot_first, duration / (tokens - 1), h.drained)

@@ -136,7 +136,9 @@ class GuardBody(httpx.AsyncByteStream):
             try:
                 chunk = await self._rest.__anext__()  # type: ignore[union-attr]  # steady: rest is set
             except BaseException as exc:
-                watchdog.reading = False
+                waited = watchdog.end_read()
+                if self._win is not None:  # None once another task closed the body under this read
+                    self._win.waited += waited
                 if not isinstance(exc, _READ_ERRORS):
                     if is_cancellation(exc):
                         self._read_cancelled = True
@@ -145,7 +147,7 @@ class GuardBody(httpx.AsyncByteStream):
                 # Handled inside the except block, which unbinds ``exc`` however it is left: a frame
                 # holding its own exception is a cycle (exception -> traceback -> frame -> exception).
                 return await self._read_ended(exc)
-            watchdog.reading = False
+            self._win.waited += watchdog.end_read()
             reader = self._reader
             reader.feed(chunk)
             if reader.failure is None:
@@ -225,6 +227,8 @@ class GuardBody(httpx.AsyncByteStream):
             raise
         finally:
             lease.cancellables.discard(scope)
+            if self._win is not None:  # see `__anext__`
+                self._win.waited += call.clock() - now
         return None
 
     async def _delivering(self, chunk: bytes) -> bytes:

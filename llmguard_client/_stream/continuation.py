@@ -239,7 +239,7 @@ class CallContinuation:
         # stream's pace, and a failure of the weight of one before the first token (it cost one extra request,
         # as a retry does), counted toward its circuit by the retry layer's classification.
         ended = outcome.attempt.start
-        lasted = None if broken.first_token is None else ended - broken.first_token
+        lasted = None if broken.first_token is None else win.waited  # its pace, as `Win.waited` says
         self.replicas.stream_finished(win.state, ended, ok=None, tokens=tokens - self.tokens, duration=lasted)
         self.classify.broke(win.state, ended, injected=bool(broken.chaos))
         prompt_tokens = win.facts.prompt_tokens if self.splicer is None else None

@@ -83,6 +83,11 @@ class ReadWatchdog:
         if self._timer is None:
             self._rearm()
 
+    def end_read(self) -> float:
+        """The read ended: the seconds it waited."""
+        self.reading = False
+        return self._now() - self.since
+
     def _check(self) -> None:
         self._timer = None
         if not self.reading or self.tripped is not None:

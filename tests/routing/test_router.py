@@ -229,6 +229,66 @@ def test_a_busy_clients_late_reads_of_short_streams_drain_no_replica() -> None:
     assert not states[0].health.drained and router.epoch == 0  # costed by it, not drained
 
 
+async def read_slowly(client: httpx.AsyncClient, pause: float) -> None:
+    """One streamed call read by a caller that pauses ``pause`` seconds after every chunk (forwarding it to a slow
+    websocket, say)."""
+    async with client.stream("POST", CHAT, json=STREAMED) as response:
+        async for _ in response.aiter_raw():
+            await anyio.sleep(pause)
+
+
+@BACKENDS
+def test_callers_reading_slowly_do_not_drain_the_fastest_replica(backend: str) -> None:
+    """Every replica sends its answer at once; the fastest's first token takes 20 ms, the others' 300 ms. Callers
+    that read one chunk a second paced the streams, not the replica: it was learned as ~1 s per token against the
+    others' ~0 (their few slow-read calls came after the drain), drained, and fresh calls went to the 300 ms ones."""
+    a, b, c = "http://a.test", "http://b.test", "http://c.test"
+    fakes = {
+        a: FakeReplica("a", [Plan(first_token_after=0.02)]),
+        b: FakeReplica("b", [Plan(first_token_after=0.3)]),
+        c: FakeReplica("c", [Plan(first_token_after=0.3)]),
+    }
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, [], tiers={"t": Tier(ttft=5.0, total=60.0, stall=5.0)})
+        router = guard._replica_set.router
+        async with guard, guard.http_client() as client:
+            await stream_calls(client, 20)
+            for _ in range(2):
+                async with anyio.create_task_group() as group:
+                    for _ in range(12):
+                        group.start_soon(read_slowly, client, 1.0)
+            assert not router.degraded(a)
+            assert [s.health.tpot for s in router.states] == [0.0, 0.0, 0.0]
+            before = fakes[a].requests
+            await stream_calls(client, 10)
+            assert fakes[a].requests - before == 10
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_replica_slow_per_token_is_drained_through_a_guard(backend: str) -> None:
+    """The same first token everywhere, one replica 100 ms per token against the others' 10 ms, callers reading at
+    once: it is drained for its time per token."""
+    slow = "http://c.test"
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02, tokens=20, gap=0.01)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=0.02, tokens=20, gap=0.01)]),
+        slow: FakeReplica("c", [Plan(first_token_after=0.02, tokens=20, gap=0.1)]),
+    }
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, [], tiers={"t": Tier(ttft=5.0, total=60.0, stall=5.0)}, hedge=None)
+        router = guard._replica_set.router
+        async with guard, guard.http_client() as client:
+            await stream_calls(client, 12)
+            assert router.degraded(slow)
+            assert [s.health.tpot for s in router.states] == pytest.approx([0.01, 0.01, 0.1], abs=1e-6)
+
+    run_virtual(main, backend)
+
+
 def test_a_replica_slower_per_token_by_more_than_a_first_token_over_a_short_answer_is_drained() -> None:
     """Short answers are still judged per token: 3 tokens 200 ms apart where the others take 10 ms add 380 ms to
     a call whose first token takes 100 ms."""
@@ -733,7 +793,7 @@ def _delivered(*events: bytes, ended: bool = True) -> Any:
         reader.feed(event)
     if ended:
         reader.end_of_body()
-    return SimpleNamespace(reader=reader, attempt=SimpleNamespace(first_token=1.0))
+    return SimpleNamespace(reader=reader, attempt=SimpleNamespace(first_token=1.0), waited=0.5)
 
 
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
@@ -743,19 +803,20 @@ DONE = b"data: [DONE]\n\n"
 
 def test_stream_outcome_tells_complete_broken_truncated_and_abandoned_streams() -> None:
     good = _delivered(TOKEN, TOKEN, STOP, DONE)
-    assert _stream_outcome("ok", None, good, 1.5) == (True, 3, 0.5)
+    assert _stream_outcome("ok", None, good) == (True, 3, 0.5)  # the seconds its reads waited
     truncated = _delivered(TOKEN, TOKEN)  # the server closed cleanly, without a finish reason or [DONE]
-    assert _stream_outcome("error", "stream_truncated", truncated, 1.5)[0] is False
-    assert _stream_outcome("error", "stream_error", good, 1.5)[0] is False
-    assert _stream_outcome("timeout", "stall_timeout", good, 1.5)[0] is False
-    assert _stream_outcome("abandoned", None, _delivered(TOKEN, ended=False), 1.5)[0] is None
-    assert _stream_outcome("abandoned", None, good, 1.5)[0] is True  # closed after [DONE]
-    assert _stream_outcome("error", "guard_closed", good, 1.5) == (None, 3, 0.5)  # cut by Guard.aclose()
+    assert _stream_outcome("error", "stream_truncated", truncated)[0] is False
+    assert _stream_outcome("error", "stream_error", good)[0] is False
+    assert _stream_outcome("timeout", "stall_timeout", good)[0] is False
+    assert _stream_outcome("abandoned", None, _delivered(TOKEN, ended=False))[0] is None
+    assert _stream_outcome("abandoned", None, good)[0] is True  # closed after [DONE]
+    assert _stream_outcome("error", "guard_closed", good) == (None, 3, 0.5)  # cut by Guard.aclose()
     body = SimpleNamespace(
         reader=reader_for("POST", "/v1/chat/completions", "application/json", False),
         attempt=SimpleNamespace(first_token=1.0),
+        waited=0.0,
     )
-    assert _stream_outcome("ok", None, body, 1.0)[1:] == (None, None)  # non-streaming: no timing
+    assert _stream_outcome("ok", None, body)[1:] == (None, None)  # non-streaming: no timing
 
 
 def test_a_replica_without_room_ranks_last_until_its_reset() -> None:

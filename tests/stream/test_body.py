@@ -63,3 +63,39 @@ def test_a_stream_closed_early_without_a_cancellation_is_abandoned(backend: str,
 
     record = run(rollout, backend, read)
     assert (record.status, record.cause) == ("abandoned", "closed_by_caller")
+
+
+def learned_time_per_token(backend: str, plan: Plan, pause: float) -> float:
+    """The time per token the router learns from 3 streams answered by ``plan``, each read by a caller that pauses
+    ``pause`` seconds after every chunk (forwarding it to a slow websocket, say)."""
+    fakes = {A: FakeReplica("a", [plan])}
+    learned: list[float | None] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, [], tiers={"i": Tier(ttft=10.0, total=120.0, stall=5.0)})
+        async with guard, guard.http_client() as client:
+            for _ in range(3):
+                async with client.stream("POST", A + CHAT, json=BODY) as response:
+                    async for _ in response.aiter_raw():
+                        await anyio.sleep(pause)
+            (state,) = guard._replica_set.router.states
+            learned.append(state.health.tpot)
+
+    run_virtual(main, backend)
+    (tpot,) = learned
+    assert tpot is not None
+    return tpot
+
+
+@BACKENDS
+def test_a_callers_pauses_between_reads_are_not_the_replicas_time_per_token(backend: str) -> None:
+    """The body reads the replica only when its caller asks: a stream sent at once but read one chunk a second took
+    the replica no time per token (it was learned as 1 s per token, and such a replica drained)."""
+    assert learned_time_per_token(backend, Plan(tokens=20), pause=1.0) == 0.0
+
+
+@BACKENDS
+def test_a_replica_slow_per_token_is_learned_slow_by_a_caller_reading_at_once(backend: str) -> None:
+    assert learned_time_per_token(backend, Plan(tokens=20, gap=0.05), pause=0.0) == pytest.approx(0.05, abs=1e-6)
+    # This replica makes each token only when it is read: every read waits its gap, however the caller paces them.
+    assert learned_time_per_token(backend, Plan(tokens=20, gap=0.05), pause=1.0) == pytest.approx(0.05, abs=1e-6)

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -74,6 +75,29 @@ def test_a_stall_is_continued_on_another_replica_at_its_exact_instant(backend: s
     assert primary.finish is not None and primary.finish - primary.start == pytest.approx(0.5, abs=1e-9)
     assert continued.start == pytest.approx(primary.finish, abs=1e-9)
     assert records[0].status == "ok" and fakes["http://a.test"].open_streams == 0
+
+
+@BACKENDS
+def test_a_broken_stream_is_timed_by_its_reads_not_by_its_callers_pauses(backend: str) -> None:
+    """The broken replica's pace is reported when another takes over: a stream sent at once (3 tokens, then a reset)
+    and read one chunk a second took it no time per token; nor did the continuation's."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(tokens=6, reset_after_tokens=3)]),
+        "http://b.test": FakeReplica("b"),
+    }
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+    async def main() -> None:
+        tiers = {"i": Tier(ttft=5.0, total=60.0, stall=5.0)}
+        guard = virtual_guard(fakes, [], tiers=tiers, hedge=None, continuation=ContinuationPolicy())
+        async with guard, guard.http_client() as client:
+            async with client.stream("POST", "http://a.test" + PATHS["chat"][0], json=body) as response:
+                async for _ in response.aiter_raw():
+                    await anyio.sleep(1.0)
+            assert [s.health.tpot for s in guard._replica_set.router.states] == [0.0, 0.0]
+
+    run_virtual(main, backend)
+    assert [f.requests for f in fakes.values()] == [1, 1]
 
 
 def script(**breaks: Any) -> Script:

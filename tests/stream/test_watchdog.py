@@ -145,6 +145,27 @@ async def test_a_caller_pausing_between_reads_is_not_a_stall(servers: list[Loopb
     assert records[0].status == "ok"
 
 
+async def test_a_callers_pauses_between_watched_reads_are_not_the_replicas_time_per_token(
+    servers: list[LoopbackServer],
+) -> None:
+    """The watched reads time the replica as the scoped ones do (tests/stream/test_body.py, in virtual time): by what
+    they waited. Each pause of the caller here moves the Guard's clock 100 s on, between two reads: none of it is the
+    replica's, which sent its answer at once (it was learned as more than 5 s per token)."""
+    servers[0].script = Script(tokens=20)
+    paused = 0.0
+
+    def clock() -> float:
+        return time.monotonic() + paused
+
+    tiers = {"t": Tier(ttft=10.0, total=100_000.0, stall=10.0)}
+    async with make_guard(servers[:1], [], tiers=tiers, clock=clock) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            async for _ in response.aiter_raw():
+                paused += 100.0
+        (state,) = guard._replica_set.router.states
+        assert state.health.tpot is not None and state.health.tpot < 1.0
+
+
 async def close_between_two_reads(server: LoopbackServer, records: list[PhaseRecord]) -> None:
     """Read a long stream's first chunk, close its Guard, and see the next read end with `GuardClosed` (also the
     trio and uvloop tests': each reads with a cancel scope where asyncio's watchdog is not used)."""
