@@ -50,6 +50,10 @@ logger = logging.getLogger("llmguard_client")
 _DIGITS = re.compile(r"\d+")
 """Numbers in a failure's text, masked to tell whether it is the failure the log told of already."""
 
+_LISTEN_WAIT = 5.0
+"""Seconds the pub/sub listener waits for a message per read (then reads again): any span works, as a lost
+connection ends the read at once; it only has to be a read timeout of the listener's own (see `_listen`)."""
+
 _SLOW_WARNING_EVERY = 60.0
 """Seconds between two warnings that the store answers too slowly for calls (a far Redis would warn on and on)."""
 
@@ -491,11 +495,18 @@ class FleetStore:
             self.degrade(exc)
 
     async def _listen(self, pubsub: object) -> None:
+        """Dispatch what the subscription receives, waiting at most ``_LISTEN_WAIT`` s per read. Not
+        ``pubsub.listen()``: before redis-py 8.1 its blocking read gives up at the client's socket timeout, so an
+        idle subscription raised TimeoutError every ``connect_timeout`` and the store degraded against a healthy
+        Redis. A read with a timeout of its own returns None when nothing came (redis-py 5.0.1 on), and raises at
+        once when the connection is lost, as the blocking read did."""
         from redis.asyncio.client import PubSub
 
         assert isinstance(pubsub, PubSub)
-        async for message in pubsub.listen():
-            self._dispatch(message)
+        while pubsub.subscribed:
+            message = await pubsub.get_message(timeout=_LISTEN_WAIT)
+            if message is not None:
+                self._dispatch(message)
         raise ConnectionError("the pub/sub connection closed")
 
     def _dispatch(self, message: dict[str, Any]) -> None:

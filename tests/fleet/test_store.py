@@ -354,3 +354,64 @@ async def test_every_channel_of_the_fleet_names_its_database_unless_it_is_0(redi
         for g in guards:
             await g.aclose()
         await admin.aclose()
+
+
+def _read_as_before_redis_py_8_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the installed redis-py's blocking pub/sub read give up at the client's socket timeout, as every release
+    before 8.1 does (the ``[fleet]`` extra allows 5.0.1 on): ``listen()`` and ``get_message(timeout=None)`` then
+    raise TimeoutError after ``socket_timeout`` without a message. A read with a timeout of its own is untouched."""
+    from redis.asyncio.client import PubSub
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    original = PubSub.parse_response
+
+    async def parse_response(self: PubSub, block: bool = True, timeout: float = 0) -> object:  # noqa: ASYNC109
+        if not block:
+            return await original(self, block=False, timeout=timeout)
+        connection = self.connection
+        assert connection is not None
+        response = await original(self, block=False, timeout=connection.socket_timeout)
+        if response is None:
+            raise RedisTimeoutError(f"Timeout reading from {connection.host}:{connection.port}")
+        return response
+
+    monkeypatch.setattr(PubSub, "parse_response", parse_response)
+
+
+async def test_an_idle_subscription_stays_connected_past_the_socket_timeout(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No message for many socket timeouts is no failure: the store stays connected (and hears the next message).
+    Before, the listener's blocking read raised TimeoutError each ``connect_timeout`` with redis-py < 8.1, and
+    the store degraded and reconnected against a healthy, idle Redis."""
+    from llmguard_client._fleet import store as store_module
+    from llmguard_client._fleet.nodes import ping
+
+    _read_as_before_redis_py_8_1(monkeypatch)
+    # connect_timeout is the client's socket timeout too; a heartbeat's PING may take up to 0.5 s on a busy machine
+    store = make_store(redis_server.url, connect_timeout=0.3, heartbeat=0.5)
+    received: list[bytes] = []
+    store.subscribe(store.key("events"), received.append)
+    beats = 0
+
+    async def counted_ping(client: redis.Redis) -> None:
+        nonlocal beats
+        await ping(client)
+        beats += 1
+
+    monkeypatch.setattr(store_module, "ping", counted_ping)
+    admin = redis.Redis(port=redis_server.port)
+    try:
+        store.start()
+        await until(lambda: store.available)
+        connected, beaten = store.snapshot(), beats  # (a first connection slowed by a busy machine may have failed)
+        # 3 heartbeats 0.5 s apart: idle for 5 socket timeouts at least (or degraded before)
+        await until(lambda: beats >= beaten + 3 or store.snapshot().transitions != connected.transitions)
+        snap = store.snapshot()
+        assert snap.state == "connected"
+        assert (snap.transitions, snap.resyncs) == (connected.transitions, connected.resyncs), snap.last_error
+        await admin.publish(store.channel("events"), b"still listening")
+        await until(lambda: received == [b"still listening"])
+    finally:
+        await store.aclose()
+        await admin.aclose()
