@@ -17,24 +17,34 @@ Steps, each printed on one line; the first failure prints its output and exits 1
    ``python -I``, so the installed wheel is the only llmguard_client it can import): a plain and a streamed
    call through ``guard.http_client()`` against a stdlib ``http.server`` on 127.0.0.1; ``llmguard-rollout
    --help``.
+4. In the ``oldest`` venv, then, the ``[fleet]`` extra at its declared minimum (``redis==X.Y.Z``, from the wheel's
+   ``Requires-Dist`` with ``extra == "fleet"``), and ``scripts/wheel_smoke_fleet.py`` against a ``redis-server``
+   started here on a free loopback port: a ``Guard(fleet=...)`` stays connected while idle for four times its
+   socket timeout, and ``llmguard-rollout set``/``get`` exit 0 (~6 s). Without ``redis-server`` on ``PATH`` the
+   step is skipped, saying so, except under CI (``CI=true``), where it fails: ``.ci/run`` installs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import email.parser
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = Path(__file__).resolve().with_name("wheel_smoke_call.py")
+FLEET = Path(__file__).resolve().with_name("wheel_smoke_fleet.py")
+_FLEET_EXTRA = re.compile(r";\s*extra\s*==\s*['\"]fleet['\"]\s*$")
 _OLDEST_PYTHON = re.compile(r">=\s*(3\.[0-9]+)(?:\.0)?")
 _LOWER_BOUND = re.compile(r"^([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*\(?\s*[^;]*?>=\s*([0-9][0-9A-Za-z.]*)")
 
@@ -62,6 +72,12 @@ def wheel_metadata(wheel: Path) -> email.message.Message:
 def runtime_requirements(wheel: Path) -> list[str]:
     """The wheel's ``Requires-Dist`` lines that no extra guards: what a bare ``pip install`` brings."""
     return [req for req in wheel_metadata(wheel).get_all("Requires-Dist") or [] if "extra ==" not in req]
+
+
+def fleet_requirements(wheel: Path) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines of the ``[fleet]`` extra, without their marker."""
+    reqs = wheel_metadata(wheel).get_all("Requires-Dist") or []
+    return [_FLEET_EXTRA.sub("", req).strip() for req in reqs if _FLEET_EXTRA.search(req)]
 
 
 def oldest_python(requires_python: str) -> str:
@@ -101,14 +117,15 @@ def _patch_level(build: Path) -> int:
     return int(patch) if patch.isdigit() else -1
 
 
-def minima(requirements: Sequence[str]) -> list[str]:
-    """``name==X.Y.*`` for each requirement's declared lower bound (>=X.Y); one without a bound is an error."""
+def minima(requirements: Sequence[str], exact: bool = False) -> list[str]:
+    """``name==X.Y.*`` for each requirement's declared lower bound (>=X.Y), ``name==X.Y.Z`` with ``exact`` (a
+    bound that names a patch release: ``redis>=5.0.1`` excludes 5.0.0); one without a bound is an error."""
     pins = []
     for req in requirements:
         match = _LOWER_BOUND.match(req)
         if match is None:
             raise SmokeError(f"FAILED: {req!r} declares no lower bound (>=): the oldest set cannot be tested")
-        pins.append(f"{match[1]}=={match[2]}.*")
+        pins.append(f"{match[1]}=={match[2]}" if exact else f"{match[1]}=={match[2]}.*")
     return pins
 
 
@@ -155,6 +172,63 @@ def smoke(source: Path, work: Path, sets: Sequence[str]) -> None:
         step(f"[{name}] pip check", [python, "-m", "pip", "check", "--disable-pip-version-check"])
         print("     " + step(f"[{name}] calls", [python, "-I", call], cwd=work).strip())
         step(f"[{name}] llmguard-rollout --help", [venv / "bin" / "llmguard-rollout", "--help"], cwd=work)
+        if name == "oldest":
+            fleet_smoke(wheel, work, install, python)
+
+
+def fleet_smoke(wheel: Path, work: Path, install: Sequence[str | Path], python: Path) -> None:
+    """The ``[fleet]`` extra at its declared minimum in the venv that ran the bare calls, against a real
+    ``redis-server`` (see the module docstring, step 4)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        if os.environ.get("CI") == "true":
+            raise SmokeError(
+                "FAILED: redis-server is not installed; .ci/run installs it (apt-get install redis-server)"
+            )
+        print("     no redis-server on PATH: the [fleet] extra at its minimum is not checked")
+        return
+    pins = minima(fleet_requirements(wheel), exact=True)
+    constraints = work / "fleet-minima.txt"
+    constraints.write_text("\n".join(pins) + "\n", encoding="utf-8")
+    print(f"     [fleet] constraints: {', '.join(pins)}")
+    step(f"[oldest] pip install {wheel.name}[fleet]", [*install, "-c", constraints, f"{wheel}[fleet]"])
+    step("[oldest] pip check (with [fleet])", [python, "-m", "pip", "check", "--disable-pip-version-check"])
+    script = work / "fleet.py"
+    shutil.copy(FLEET, script)
+    with redis_server(server, work) as url:
+        print(
+            "     "
+            + step(
+                "[oldest] fleet: idle Guard stays connected, llmguard-rollout", [python, "-I", script, url], cwd=work
+            ).strip()
+        )
+
+
+@contextlib.contextmanager
+def redis_server(server: str, work: Path) -> Iterator[str]:
+    """A ``redis-server`` on a free loopback port, no persistence, killed on exit; its URL once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work]
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SmokeError(f"FAILED: redis-server did not start on port {port}")
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def base_python(name: str, wheel: Path) -> tuple[Path, str]:
