@@ -468,6 +468,12 @@ class RetryLayer:
             # asking: its retry goes as a first attempt would, spread over them by the router, after its backoff (the
             # plain SDK's retry waits that, not for a cool-down to end).
             state = self.replicas.pick(now, avoid, key, take=False)
+        if state is None and last.recurs:
+            # Failed as every request there would (`AttemptFailure.recurs`), and no other replica can take it: the
+            # guard sends no more, and leaves the failure to the SDK's retries, as without a guard (not a final
+            # "no_replica"): max_retries=0 gets it at once, and a retry the plain SDK sends is sent (behind one
+            # name, a certificate rotation half rolled out serves the next connection).
+            return Failed(stopped="not_retryable")
         if state is None:
             soonest = self.replicas.cooling_wait(now, avoid)
             if soonest is None or beyond:  # every circuit open (outside panic mode), or all avoided; or it asked
@@ -570,7 +576,7 @@ class RetryLayer:
             now, (*avoid, *failed), key, cornered=True, resting=False, take=False
         ) or self.replicas.pick(now, avoid, key, cornered=True, resting=False, take=False)
         if state is None:
-            return Failed(stopped="no_replica")
+            return Failed(stopped="not_retryable" if last.recurs else "no_replica")  # a recurring failure: see `_plan`
         times = len(failed) if call.beside else sum(f is state for f in failed)  # beside: its one deployment
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once

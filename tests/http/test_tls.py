@@ -109,3 +109,25 @@ async def test_another_replica_serves_a_call_whose_first_replica_has_a_refused_c
                     response = await client.post(tls_server.url + "/v1/chat/completions", json=BODY)
                     assert response.status_code == 200
     assert len(plain.received) == 3 and tls_server.received == []
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+async def test_a_refused_certificate_is_the_sdks_to_retry_when_no_other_replica_can_take_the_call(
+    tls_server: LoopbackServer, max_retries: int
+) -> None:
+    """With no other replica the guard sends no more, and leaves the failure to the SDK, as without a guard: its
+    ``max_retries`` decides how many connections are tried (behind one name a certificate rotation half rolled out
+    may present the trusted one on the next), and none is refused at once for the guard's having given up."""
+    openai = pytest.importorskip("openai")
+    tiers = {"t": Tier(ttft=10, total=20)}
+    async with Guard([tls_server.url], tiers) as guard:
+        client = openai.AsyncOpenAI(
+            base_url=tls_server.url + "/v1",
+            api_key="k",
+            max_retries=max_retries,
+            http_client=guard.http_client_for(openai.AsyncOpenAI),
+        )
+        with guard.capture() as calls, pytest.raises(openai.APIConnectionError):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+    assert sum(len(call.attempts) for call in calls) == 1 + max_retries  # as many handshakes as the plain SDK's
