@@ -184,24 +184,35 @@ def _stream_failure(
     )
 
 
-_BODY_FRAMING = frozenset(
-    {"content-type", "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive", "trailer"}
+_NOT_OF_THE_ERROR = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "trailer",
+        "retry-after",
+        "retry-after-ms",
+        "x-should-retry",
+    }
 )
-"""The server's headers that describe how its own body was framed and encoded, untrue of the JSON error body the
-guard builds in its place; the others (``request-id``, ``x-request-id``, rate-limit headers...) describe the
-request, and the error answer keeps them as a plain client's response to that 200 would."""
+"""The server's headers on its 200 that are untrue of the error answer the guard builds from an error inside it:
+how that 200's body was framed and encoded, and what the server said of retrying the 200 (no SDK reads those on a
+200; on the built answer they would decide the retry of an error the server never answered them for). The others
+(``request-id``, ``x-request-id``, rate-limit headers...) describe the request, and the error answer keeps them as a
+plain client's response to that 200 would."""
 
 
 def _error_answer_headers(server: httpx.Headers, failure: StreamFailure) -> httpx.Headers:
-    """The headers of the error answer built from a 200's in-stream error: the server's own, but for its body's
-    framing (`_BODY_FRAMING`), with the built body's type, the failure's kind and the Retry-After its event said."""
-    headers = httpx.Headers([(k, v) for k, v in server.multi_items() if k.lower() not in _BODY_FRAMING])
+    """The headers of the error answer built from a 200's in-stream error: the server's own but those untrue of it
+    (`_NOT_OF_THE_ERROR`), with the built body's type, the failure's kind and the Retry-After its event said."""
+    headers = httpx.Headers([(k, v) for k, v in server.multi_items() if k.lower() not in _NOT_OF_THE_ERROR])
     headers["content-type"] = "application/json"
     headers["x-llmguard-stream-failure"] = failure.kind
-    if failure.retry_after is not None:  # the event's, over any the server sent on its 200
+    if failure.retry_after is not None:
         headers["retry-after"] = str(failure.retry_after)
-        if "retry-after-ms" in headers:
-            del headers["retry-after-ms"]
     return headers
 
 

@@ -98,3 +98,19 @@ async def test_the_built_answer_has_its_own_framing_not_the_streams(servers: lis
     assert "transfer-encoding" not in response.headers  # the stream came chunked; the built body has a length
     assert int(response.headers["content-length"]) == len(response.content)
     assert json.loads(response.content)["error"]["code"] == 503
+
+
+async def test_what_the_server_said_of_retrying_its_200_does_not_decide_the_retry_of_the_error_in_it(
+    servers: list[LoopbackServer],
+) -> None:
+    """A 200 marked ``x-should-retry: false`` (and a Retry-After) whose stream then carries an overload error: no SDK
+    reads those headers on a 200, so the guard's retry of the error goes on to the other replica, which serves it."""
+    failing, serving = servers[:2]
+    failing.script = Script(error_at=0, headers={"x-should-retry": "false", "retry-after": "20"})
+    records: list[PhaseRecord] = []
+    async with make_guard([failing, serving], records) as guard, guard.http_client() as client:
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        for _ in range(4):  # whichever replica a call tries first
+            response = await client.post(failing.url + "/v1/chat/completions", json=body)
+            assert response.status_code == 200 and b"[DONE]" in response.content
+    assert any(len(record.attempts) == 2 for record in records)  # at least one call met the error, then retried
