@@ -221,11 +221,28 @@ def like_last_error(kind: type[_Kind], error: BaseException | None) -> type[_Kin
     guard. An error of no httpx class, or one ``kind`` already is, gives ``kind`` itself."""
     bases = (c for c in type(error).__mro__ if issubclass(c, httpx.RequestError) and c.__module__ != __name__)
     base = next(bases, None)  # the library's own class (a guard failure's httpx base), by identity, not by name
-    if base is None or issubclass(kind, base):
-        return kind
+    return kind if base is None or issubclass(kind, base) else _both(kind, base)
+
+
+def _both(kind: type[_Kind], base: type[httpx.RequestError]) -> type[_Kind]:
+    """The one class that is both ``kind`` and ``base``, made the first time it is asked for."""
     if (kind, base) not in _like:
-        _like[kind, base] = type(kind.__name__, (kind, base), {"__module__": __name__})
+        namespace = {"__module__": __name__, "__reduce__": _reduce_like, "_classes": (kind, base)}
+        _like[kind, base] = type(kind.__name__, (kind, base), namespace)
     return cast("type[_Kind]", _like[kind, base])
+
+
+def _reduce_like(error: GuardFailure) -> tuple[object, ...]:
+    """Pickle such an error (to a process pool, a task queue) by its two classes, since its own class has no name
+    pickle can look up; unpickled, it is an instance of the same class, its attributes restored."""
+    return _unpickled_like, (*type(error)._classes, error.args), error.__dict__  # type: ignore[attr-defined]
+
+
+def _unpickled_like(kind: type[_Kind], base: type[httpx.RequestError], args: tuple[object, ...]) -> _Kind:
+    both = _both(kind, base)
+    error = both.__new__(both)
+    error.args = args
+    return error
 
 
 class BudgetExhausted(GuardUnavailable):

@@ -11,6 +11,7 @@ it was, never turned into the guard's.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
@@ -185,3 +186,8 @@ def test_a_failure_of_the_attempts_is_also_the_last_attempts_httpx_class(
     assert issubclass(like, kind) and issubclass(like, type(last)) and like.__name__ == kind.__name__
     assert like_last_error(kind, last) is like  # one class per pair, not one per call
     assert like_last_error(kind, ValueError("not httpx's")) is kind
+    error = like("every attempt failed", retry_after=2.5)
+    error.cause = "budget_exhausted"
+    copy = pickle.loads(pickle.dumps(error))  # to a process pool, a task queue: as a plain httpx error goes
+    assert type(copy) is like and str(copy) == str(error)
+    assert (copy.cause, copy.retry_after, guard_failure(copy)) == ("budget_exhausted", 2.5, "budget_exhausted")
