@@ -256,15 +256,28 @@ class Router(Generic[S]):
 
     def _probe_due(self, now: float, candidates: list[S]) -> S | None:
         """A drained replica whose probe is due (`_probe_wait`), if probes are not too frequent: one in
-        ``probe_every`` calls at most, unless ``probe_interval`` s passed since the last (few calls come)."""
-        if self._since_probe + 1 < self.probe_every and now - self._last_probe < self.probe_interval:
+        ``probe_every`` calls at most, unless ``probe_interval`` s passed since the last (few calls come) and the
+        replica is not slow per token (`_slow_per_token`)."""
+        counted = self._since_probe + 1 >= self.probe_every
+        if not counted and now - self._last_probe < self.probe_interval:
             return None
+        if self._stale:
+            self._refresh_references(now)
         due = [
             s
             for s in candidates
-            if s.health.drained and now - max(s.health.last_first, s.health.drained_at) >= self._probe_wait(s.health)
+            if s.health.drained
+            and now - max(s.health.last_first, s.health.drained_at) >= self._probe_wait(s.health)
+            and (counted or not self._slow_per_token(s.health))
         ]
         return min(due, key=lambda s: s.health.last_first) if due else None
+
+    def _slow_per_token(self, h: ReplicaHealth) -> bool:
+        """``h``'s time per token alone keeps it from coming back: its probe is a whole answer at that pace, which
+        no hedge cuts short, so it is probed once in ``probe_every`` calls however few come (one every
+        ``probe_interval`` s was a third of the calls of a caller calling in sequence, and most of its time). A
+        probe of a replica drained for its first token, failures or rejections tells at its first token or error."""
+        return worse(h.tpot, self._ref_tpot, self.RECOVER_RATIO, self._tpot_floor(h))
 
     def _left_out(self, now: float, states: list[S]) -> S | None:
         """A replica the costs kept from every first attempt for ``probe_interval`` s while another took them,

@@ -289,6 +289,31 @@ def test_a_replica_slow_per_token_is_drained_through_a_guard(backend: str) -> No
     run_virtual(main, backend)
 
 
+@BACKENDS
+def test_a_replica_drained_for_its_time_per_token_is_probed_once_in_probe_every_calls(backend: str) -> None:
+    """The same first token everywhere; one replica 60 ms per token against the others' 3 ms; one caller's 40 calls
+    in sequence, pausing 30 ms per chunk. The slow one is drained after its 3 samples; each probe of it is a whole
+    answer at its pace, and one every 2 s (``probe_interval``) was a third of this caller's calls: 13 of 40, against
+    3 before its time per token was measured without the caller's pauses (then 2x, not drained, costed away)."""
+    slow = "http://c.test"
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.01, tokens=20, gap=0.003)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=0.01, tokens=20, gap=0.003)]),
+        slow: FakeReplica("c", [Plan(first_token_after=0.01, tokens=20, gap=0.06)]),
+    }
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, [], tiers={"t": Tier(ttft=5.0, total=60.0, stall=5.0)})
+        router = guard._replica_set.router
+        async with guard, guard.http_client() as client:
+            for _ in range(40):
+                await read_slowly(client, 0.03)
+            assert router.degraded(slow)
+            assert fakes[slow].requests <= router.MIN_SAMPLES + 1  # its samples, then a probe in 50 calls at most
+
+    run_virtual(main, backend)
+
+
 def test_a_replica_slower_per_token_by_more_than_a_first_token_over_a_short_answer_is_drained() -> None:
     """Short answers are still judged per token: 3 tokens 200 ms apart where the others take 10 ms add 380 ms to
     a call whose first token takes 100 ms."""
