@@ -60,12 +60,13 @@ token takes over a typical answer, `Router._tpot_floor`: a busy client's late re
 replica; judged only once it has `Router.MIN_SAMPLES` samples of it), or whose failure rate reaches
 `Router.DRAIN_FAILURE` (or its rejection rate, while the median replica's is under `Router.RECOVER_FAILURE`),
 is drained: it gets no first attempts except probes, at most one call in ``probe_every`` (or, when fewer calls
-come, one per ``probe_interval``), the first `Router.FIRST_PROBE` seconds after the drain and each next one twice
+come, one per ``probe_interval``, unless its time per token keeps it drained: its probe is then a whole answer at
+that pace), the first `Router.FIRST_PROBE` seconds after the drain and each next one twice
 as long after the last, up to ``probe_interval`` seconds. Speed drains a replica only while no replica signals
 overload with a Retry-After: then slowness is load, and draining one replica would pile its share onto others
 that are overloaded too. While drained its estimates move faster
 (`Router.DRAINED_EWMA`; a probe's first token within `Router.RECOVER_RATIO` of the median's replaces its TTFT
-estimate), and it is brought back once its estimates are under
+estimate, and its time per token so its TPOT estimate), and it is brought back once its estimates are under
 `Router.RECOVER_RATIO` x the median and its failure rate under `Router.RECOVER_FAILURE` (its rejection rate too,
 unless the median replica's has reached it), with its
 speed estimates forgotten (it starts again as a replica never measured). At most a minority of
@@ -272,12 +273,13 @@ class Router(Generic[S]):
         ]
         return min(due, key=lambda s: s.health.last_first) if due else None
 
-    def _slow_per_token(self, h: ReplicaHealth) -> bool:
-        """``h``'s time per token alone keeps it from coming back: its probe is a whole answer at that pace, which
-        no hedge cuts short, so it is probed once in ``probe_every`` calls however few come (one every
-        ``probe_interval`` s was a third of the calls of a caller calling in sequence, and most of its time). A
-        probe of a replica drained for its first token, failures or rejections tells at its first token or error."""
-        return worse(h.tpot, self._ref_tpot, self.RECOVER_RATIO, self._tpot_floor(h))
+    def _slow_per_token(self, h: ReplicaHealth, tpot: float | None = None) -> bool:
+        """``h``'s time per token (or ``tpot``, a probe's) keeps it from coming back. Such a replica's probe is a
+        whole answer at that pace, which no hedge cuts short, so it is probed once in ``probe_every`` calls however
+        few come (one every ``probe_interval`` s was a third of the calls of a caller calling in sequence, and most
+        of its time). A probe of a replica drained for its first token, failures or rejections tells at its first
+        token or error."""
+        return worse(h.tpot if tpot is None else tpot, self._ref_tpot, self.RECOVER_RATIO, self._tpot_floor(h))
 
     def _left_out(self, now: float, states: list[S]) -> S | None:
         """A replica the costs kept from every first attempt for ``probe_interval`` s while another took them,
@@ -442,10 +444,15 @@ class Router(Generic[S]):
     ) -> None:
         """The body of a call won by ``state`` ended: ``ok`` False for a mid-stream failure, None when the
         caller left early (timing only); ``tokens`` output tokens over ``duration`` s the body waited on the stream
-        after the first."""
+        after the first (a drained replica's probe within `RECOVER_RATIO` of the median replica's is its estimate at
+        once, as its first token is: such a probe comes once in ``probe_every`` calls, `_slow_per_token`)."""
         h = state.health
         if tokens is not None and tokens >= 2 and duration is not None and duration >= 0:
-            h.tpot = self._learn(h.tpot, h.tpot_first, duration / (tokens - 1), h.drained)
+            tpot = duration / (tokens - 1)
+            if h.drained and h.tpot is not None and not self._slow_per_token(h, tpot):
+                h.tpot = tpot
+            else:
+                h.tpot = self._learn(h.tpot, h.tpot_first, tpot, h.drained)
         if ok and tokens is not None and tokens >= 1:
             self._tokens = float(tokens) if self._tokens is None else self._tokens + self.EWMA * (tokens - self._tokens)
         if ok is not None:

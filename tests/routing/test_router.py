@@ -458,6 +458,24 @@ def test_a_drained_replica_that_recovers_is_brought_back() -> None:
     assert "r1" in picks(router, states, 6, now=NOW + 20)
 
 
+def test_a_replica_drained_for_its_time_per_token_is_probed_once_in_probe_every_calls_however_few_come() -> None:
+    """Its probe is a whole answer at its pace: one call a second gets one in ``probe_every`` (10), not one every
+    ``probe_interval`` (2 s); a probe whose time per token is in time brings it back at once, as a first token in
+    time does."""
+    router, states = cluster(probe_every=10, probe_interval=2.0)
+    r1 = states[1]
+    warm(router, states, [FAST, FAST, FAST], tpot=0.01)
+    for _ in range(8):
+        router.stream_finished(r1, NOW, ok=True, tokens=21, duration=20 * 0.2)
+    assert r1.health.drained
+    probed = [t for t in range(1, 31) if router.pick(NOW + t, states) is r1]
+    assert probed == [10, 20, 30]  # a call a second: one in 10, where one every 2 s came before
+    router.first_token(r1, NOW + 30, FAST)  # its first token in time: its time per token still keeps it drained
+    assert r1.health.drained
+    router.stream_finished(r1, NOW + 31, ok=True, tokens=21, duration=20 * 0.01)
+    assert not r1.health.drained
+
+
 def test_a_replica_the_costs_keep_away_is_judged_when_the_others_are_measured() -> None:
     """It gets no calls of its own to be judged by: the others' events reassess it too."""
     router, states = cluster()
