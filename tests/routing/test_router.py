@@ -267,16 +267,21 @@ def test_callers_reading_slowly_do_not_drain_the_fastest_replica(backend: str) -
     run_virtual(main, backend)
 
 
+def one_slow_per_token(first_token: float, gap: float, slow_gap: float) -> dict[str, FakeReplica]:
+    """Replicas a, b and c (``http://c.test``), the same first token, 20 tokens; c ``slow_gap`` s per token, the others
+    ``gap``."""
+    plan = {
+        name: Plan(first_token_after=first_token, tokens=20, gap=slow_gap if name == "c" else gap) for name in "abc"
+    }
+    return {f"http://{name}.test": FakeReplica(name, [p]) for name, p in plan.items()}
+
+
 @BACKENDS
 def test_a_replica_slow_per_token_is_drained_through_a_guard(backend: str) -> None:
     """The same first token everywhere, one replica 100 ms per token against the others' 10 ms, callers reading at
     once: it is drained for its time per token."""
     slow = "http://c.test"
-    fakes = {
-        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.02, tokens=20, gap=0.01)]),
-        "http://b.test": FakeReplica("b", [Plan(first_token_after=0.02, tokens=20, gap=0.01)]),
-        slow: FakeReplica("c", [Plan(first_token_after=0.02, tokens=20, gap=0.1)]),
-    }
+    fakes = one_slow_per_token(first_token=0.02, gap=0.01, slow_gap=0.1)
 
     async def main() -> None:
         guard = virtual_guard(fakes, [], tiers={"t": Tier(ttft=5.0, total=60.0, stall=5.0)}, hedge=None)
@@ -296,11 +301,7 @@ def test_a_replica_drained_for_its_time_per_token_is_probed_once_in_probe_every_
     answer at its pace, and one every 2 s (``probe_interval``) was a third of this caller's calls: 13 of 40, against
     3 before its time per token was measured without the caller's pauses (then 2x, not drained, costed away)."""
     slow = "http://c.test"
-    fakes = {
-        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.01, tokens=20, gap=0.003)]),
-        "http://b.test": FakeReplica("b", [Plan(first_token_after=0.01, tokens=20, gap=0.003)]),
-        slow: FakeReplica("c", [Plan(first_token_after=0.01, tokens=20, gap=0.06)]),
-    }
+    fakes = one_slow_per_token(first_token=0.01, gap=0.003, slow_gap=0.06)
 
     async def main() -> None:
         guard = virtual_guard(fakes, [], tiers={"t": Tier(ttft=5.0, total=60.0, stall=5.0)})
