@@ -21,6 +21,12 @@ first token, so that a replica slow even when idle is not taken for a queue):
   The starting limit is a guess: without this, a guess above what the replica holds stays untested until a
   spike overruns it, and N processes with a Guard each start with N times the guess (measured with 4: 7 % of
   the engines' work wasted at the spike's onset, against 0.1 % for one process).
+- in time, the limit is never below the load the attempt met (``held``): the replica just held it in time.
+
+``ceiling`` is the limit that no sign of overload has brought down: it starts at ``initial_limit``, rises with
+the limit, is cut with it, but does not come down while the limit is not in use. The room between the two is
+a pace, not a refusal: the gate lets a call that fits under the ceiling wait for the limit to grow back, as
+TCP restarts slow start after an idle period, and refuses only what the ceiling does not hold.
 - late (``ttft > target``), it shrinks to what would have been in time, in proportion to the load the attempt
   met when it was sent (``held``: its replica's attempts in flight then, itself included), at most by half::
 
@@ -52,17 +58,29 @@ when idle (a hosted API far away) is not taken for a queue, and its limit neithe
 class LimitController:
     """One replica's learned limit (a float; `allowed` is the whole number of attempts it lets in)."""
 
-    __slots__ = ("limit", "policy", "proven")
+    __slots__ = ("ceiling", "limit", "policy", "proven")
 
     def __init__(self, policy: Admission) -> None:
         self.policy = policy
         self.limit = float(policy.initial_limit)
         self.proven = 0.0
         """The most an attempt found in flight (``held``) and still had its first token in time, fading."""
+        self.ceiling = self.limit
+        """The limit as only signs of overload bring it down (not its coming down while not in use)."""
 
     @property
     def allowed(self) -> int:
         return max(self.policy.min_limit, int(self.limit))
+
+    @property
+    def undisproven(self) -> int:
+        """The whole number of attempts the ceiling lets in: no sign of overload has been seen at that load."""
+        return max(self.policy.min_limit, int(self.ceiling))
+
+    def admitted(self, load: float) -> None:
+        """A call was let in over the limit, making ``load`` in flight, with no sign of overload: until one
+        comes, that load is not disproven either."""
+        self.ceiling = min(float(self.policy.max_limit), max(self.ceiling, load))
 
     def first_token(
         self,
@@ -87,6 +105,8 @@ class LimitController:
             self._set(self.limit + policy.growth * (1.0 - ttft / target))
         else:
             self._set(max(min(self.limit, self.proven / (USED * share)), self.limit - policy.growth))
+        self._set(max(self.limit, held))  # the load it met was held in time
+        self.ceiling = max(self.ceiling, self.limit)
 
     def overload(self, held: float) -> None:
         """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held
@@ -95,6 +115,7 @@ class LimitController:
 
     def _cut(self, value: float) -> None:
         self._set(min(self.limit, value))
+        self.ceiling = max(self.limit, min(self.ceiling, value))
 
     def _set(self, value: float) -> None:
         self.limit = min(float(self.policy.max_limit), max(float(self.policy.min_limit), value))

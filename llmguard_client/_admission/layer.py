@@ -147,17 +147,24 @@ class AdmissionLayer:
         now = call.clock()
         ttft = self._ttft(call, gate)
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead, weight, share)
-        if wait == float("inf"):
-            wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
-        until = min(deadline - ttft, now + call.pool_wait)  # at most the caller's pool timeout
-        if self._urgent(call) and math.isfinite(call.tier.ttft):  # the most urgent tier's wait is bounded: its
-            # caller learns a refusal early (a tier without a ttft deadline waits until a slot frees up)
+        urgent = self._urgent(call)
+        until = bound = min(deadline - ttft, now + call.pool_wait)  # at most the caller's pool timeout
+        if urgent and math.isfinite(call.tier.ttft):  # the most urgent tier's wait is bounded: its caller learns
+            # a refusal early (a tier without a ttft deadline waits until a slot frees up)
             started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
-            until = min(until, started + policy_wait(self.policy, call))
-        if now + wait > until:
-            return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
-        waiter = gate.join(deadline, until, weight, share)
+            bound = min(until, started + policy_wait(self.policy, call))
+        paced = gate.paced(ahead, weight, share)
+        if not paced:  # a sign of overload keeps it out, not only a limit that came down while not in use
+            until = bound
+            wait = gate.wait_for(ahead, weight, share)
+            if wait == float("inf"):
+                wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
+            if now + wait > until:
+                return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
+        # a call of a longer tier with a deadline is refused when it can no longer be served in time, not
+        # for the calls in line: a batch job of more than max_waiting calls waits its turn
+        limited = urgent or not math.isfinite(deadline)
+        waiter = gate.join(deadline, until, weight, share, paced, bound, limited)
         if waiter is None:
             return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:

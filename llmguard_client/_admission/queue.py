@@ -3,7 +3,13 @@ served earliest deadline first (an interactive call before a batch one).
 
 Each attempt weighs what its call's size is against the average call's (1.0 for every call when the policy does
 not weigh them, `llmguard_client._admission.size`): the limit bounds the weights in flight (``load``), so a
-replica holds more small calls than large ones. A replica with nothing in flight takes any call.
+replica holds more small calls than large ones. A replica with nothing in flight takes any call, and one whose
+limit is not in use takes a call heavier than the whole limit (else steady light traffic, never leaving the
+replica empty, would starve it) if the limit came down with no sign of overload.
+
+A call that the limit keeps out but the controller's ceiling holds (the limit came down while not in use, with
+no sign of overload) is paced, not refused: it waits, as long as its first token can still come in time, for
+the limit to grow back. It is judged as any other call once a sign of overload has cut the ceiling below it.
 
 Whoever takes a slot gives it back exactly once (`Slot.release`). A slot freed while calls wait goes to the
 waiting call with the earliest deadline at once, without yielding. The gate measures how fast slots free up
@@ -23,7 +29,7 @@ from collections.abc import Callable
 
 import anyio
 
-from llmguard_client._admission.controller import LimitController
+from llmguard_client._admission.controller import USED, LimitController
 from llmguard_client._admission.signal import LoadSignal
 
 __all__ = ["ReplicaGate", "Slot", "Waiter"]
@@ -53,12 +59,24 @@ class Slot:
 class Waiter:
     """A call in line for a slot; ``slot`` is set when one is handed to it."""
 
-    __slots__ = ("deadline", "event", "gone", "share", "slot", "until", "weight")
+    __slots__ = ("bound", "deadline", "event", "gone", "paced", "share", "slot", "until", "weight")
 
-    def __init__(self, deadline: float, until: float, weight: float = 1.0, share: float = 1.0) -> None:
+    def __init__(
+        self,
+        deadline: float,
+        until: float,
+        weight: float = 1.0,
+        share: float = 1.0,
+        paced: bool = False,
+        bound: float | None = None,
+    ) -> None:
         self.deadline = deadline
         self.until = until
         """The latest instant its slot may come (a slot later leaves no time for its first token)."""
+        self.paced = paced
+        """Kept out only by a limit that came down with no sign of overload (`ReplicaGate.paced`)."""
+        self.bound = until if bound is None else bound
+        """Its ``until`` once it is no longer paced (a sign of overload cut the ceiling below it)."""
         self.weight = weight
         self.share = share
         """The share of the limit the call may take (`ReplicaGate.fits`)."""
@@ -90,19 +108,31 @@ class ReplicaGate:
 
     def fits(self, weight: float, share: float = 1.0) -> bool:
         """Whether an attempt of ``weight`` fits under ``share`` of the limit now (always, on a replica with none
-        in flight)."""
-        return self.in_flight == 0 or self.load + weight <= share * self.controller.allowed
+        in flight; one heavier than all of it, while the limit is not in use and came down with no sign of
+        overload)."""
+        controller = self.controller
+        room = share * controller.allowed
+        if self.in_flight == 0 or self.load + weight <= room:
+            return True
+        return weight > room and self.load < USED * room and controller.allowed < controller.undisproven
+
+    def paced(self, ahead: float, weight: float, share: float = 1.0) -> bool:
+        """Whether what is in flight, ``ahead`` in line and a call of ``weight`` fit under ``share`` of the
+        ceiling: only a limit that came down with no sign of overload keeps the call out."""
+        return self.load + ahead + weight <= share * self.controller.undisproven
 
     def try_take(self, weight: float = 1.0, share: float = 1.0, deadline: float = math.inf) -> Slot | None:
         """A slot at once, if there is room for ``weight`` under ``share`` of the limit and no call with a deadline
         as early as ``deadline`` is in line (those later in line wait for room this call's share leaves)."""
         if (self.waiting == 0 or self.ahead_of(deadline) == 0) and self.fits(weight, share):
-            return self._take(weight)
+            return self._take(weight, share)
         return None
 
-    def _take(self, weight: float) -> Slot:
+    def _take(self, weight: float, share: float = 1.0) -> Slot:
         self.in_flight += 1
         self.load += weight
+        if self.load > share * self.controller.ceiling:  # a call heavier than the whole limit
+            self.controller.admitted(self.load / share)
         return Slot(self, weight)
 
     def give_back(self, weight: float = 1.0) -> None:
@@ -123,7 +153,7 @@ class ReplicaGate:
                 continue  # a call too large for the room left does not hold up a smaller one behind it
             self.waiting -= 1
             waiter.gone = True
-            waiter.slot = self._take(waiter.weight)
+            waiter.slot = self._take(waiter.weight, waiter.share)
             waiter.event.set()
         if line:
             line[:] = [entry for entry in line if not entry[2].gone]
@@ -133,15 +163,22 @@ class ReplicaGate:
 
     def rejudge(self) -> None:
         """Refuse now, earliest deadline first, each waiting call whose slot can no longer come by its ``until``
-        at the rate slots free up (the calls kept ahead of it served first); the others keep waiting."""
+        at the rate slots free up (the calls kept ahead of it served first); the others keep waiting. A paced
+        call is not judged by the rate while the ceiling holds it; once it does not, its ``until`` is its
+        ``bound``."""
         rate = self.rate()
-        if rate <= 0:
-            return
         now, kept = self.clock(), 0.0
         for _, _, waiter in sorted(self._line):
             if waiter.gone:
                 continue
-            if now + MARGIN * self.frees_needed(kept, waiter.weight, waiter.share) / rate > waiter.until:
+            if waiter.paced and not self.paced(kept, waiter.weight, waiter.share):
+                waiter.paced = False
+                waiter.until = min(waiter.until, waiter.bound)
+            if waiter.paced:
+                kept += waiter.weight
+                continue
+            needed = self.frees_needed(kept, waiter.weight, waiter.share)
+            if now >= waiter.until or (rate > 0 and now + MARGIN * needed / rate > waiter.until):
                 waiter.gone = True
                 self.waiting -= 1
                 waiter.event.set()  # no slot: the caller is refused
@@ -152,11 +189,21 @@ class ReplicaGate:
 
     # -- the line ------------------------------------------------------------------------------
 
-    def join(self, deadline: float, until: float, weight: float = 1.0, share: float = 1.0) -> Waiter | None:
-        """Get in line, for a slot by ``until`` at the latest (None: the line is full)."""
-        if self.waiting >= self.max_waiting:
+    def join(
+        self,
+        deadline: float,
+        until: float,
+        weight: float = 1.0,
+        share: float = 1.0,
+        paced: bool = False,
+        bound: float | None = None,
+        limited: bool = True,
+    ) -> Waiter | None:
+        """Get in line, for a slot by ``until`` at the latest (None: ``limited`` and ``max_waiting`` calls are in
+        line ahead of it); ``paced``, ``bound``: `Waiter`."""
+        if limited and self.count_ahead(deadline) >= self.max_waiting:
             return None
-        waiter = Waiter(deadline, until, weight, share)
+        waiter = Waiter(deadline, until, weight, share, paced, bound)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
         self.waiting += 1
         return waiter
@@ -172,6 +219,10 @@ class ReplicaGate:
             self.waiting -= 1
             if not self.waiting:
                 self._line.clear()
+
+    def count_ahead(self, deadline: float) -> int:
+        """The calls in line that would be served before one with ``deadline``."""
+        return sum(1 for d, _, w in self._line if not w.gone and d <= deadline)
 
     def ahead_of(self, deadline: float) -> float:
         """The weight of the calls in line that would be served before one with ``deadline``."""
