@@ -109,10 +109,10 @@ class AdmissionLayer:
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
                 floor = gate.signal.ttft_floor
-                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share)
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share, missed=True)
             raise
         assert route.replica is not None
-        self._learn(call, route.replica, gate, outcome, sent, held, share)
+        self._learn(call, route.replica, gate, outcome, sent, held, share, deadline)
         if isinstance(outcome, Win):
             call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
         else:
@@ -153,18 +153,19 @@ class AdmissionLayer:
             # a refusal early (a tier without a ttft deadline waits until a slot frees up)
             started = call.first_token_deadline - call.tier.ttft  # the caller's wait began with the call
             bound = min(until, started + policy_wait(self.policy, call))
-        paced = gate.paced(ahead, weight, share)
-        if not paced:  # a sign of overload keeps it out, not only a limit that came down while not in use
+        paced = gate.paced(ahead, weight, share)  # kept out only by a limit that came down, no sign of overload
+        if not paced:
             until = bound
-            wait = gate.wait_for(ahead, weight, share)
-            if wait == float("inf"):
-                wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
-            if now + wait > until:
-                return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
+        target = gate.controller.target(call.tier.ttft, gate.signal.ttft_floor)
+        wait = gate.wait_for(ahead, weight, share, target if paced else None)
+        if wait == float("inf"):
+            wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
+        if now + wait > until:
+            return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
         # a call of a longer tier with a deadline is refused when it can no longer be served in time, not
         # for the calls in line: a batch job of more than max_waiting calls waits its turn
         limited = urgent or not math.isfinite(deadline)
-        waiter = gate.join(deadline, until, weight, share, paced, bound, limited)
+        waiter = gate.join(deadline, until, weight, share, paced, bound, target, limited)
         if waiter is None:
             return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:
@@ -197,13 +198,15 @@ class AdmissionLayer:
         sent: float,
         held: float,
         share: float,
+        deadline: float,
     ) -> None:
         assert self.policy is not None
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor, share)
+            floor, missed = signal.ttft_floor, now > deadline
+            controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share, missed)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]

@@ -7,9 +7,10 @@ replica holds more small calls than large ones. A replica with nothing in flight
 limit is not in use takes a call heavier than the whole limit (else steady light traffic, never leaving the
 replica empty, would starve it) if the limit came down with no sign of overload.
 
-A call that the limit keeps out but the controller's ceiling holds (the limit came down while not in use, with
-no sign of overload) is paced, not refused: it waits, as long as its first token can still come in time, for
-the limit to grow back. It is judged as any other call once a sign of overload has cut the ceiling below it.
+A call that the limit keeps out but the controller's ceiling holds (the limit came down, with no sign of
+overload) is paced, not refused: it waits as long as its first token can still come in time, and its wait is
+predicted from the slots freed and from the limit's own growth, whichever is sooner. It is judged as any other
+call once a sign of overload has cut the ceiling below it.
 
 Whoever takes a slot gives it back exactly once (`Slot.release`). A slot freed while calls wait goes to the
 waiting call with the earliest deadline at once, without yielding. The gate measures how fast slots free up
@@ -59,7 +60,7 @@ class Slot:
 class Waiter:
     """A call in line for a slot; ``slot`` is set when one is handed to it."""
 
-    __slots__ = ("bound", "deadline", "event", "gone", "paced", "share", "slot", "until", "weight")
+    __slots__ = ("bound", "deadline", "event", "gone", "paced", "share", "slot", "target", "until", "weight")
 
     def __init__(
         self,
@@ -69,8 +70,11 @@ class Waiter:
         share: float = 1.0,
         paced: bool = False,
         bound: float | None = None,
+        target: float = math.inf,
     ) -> None:
         self.deadline = deadline
+        self.target = target
+        """Its tier's first-token target (`LimitController.target`), which the limit's growth is measured by."""
         self.until = until
         """The latest instant its slot may come (a slot later leaves no time for its first token)."""
         self.paced = paced
@@ -174,11 +178,8 @@ class ReplicaGate:
             if waiter.paced and not self.paced(kept, waiter.weight, waiter.share):
                 waiter.paced = False
                 waiter.until = min(waiter.until, waiter.bound)
-            if waiter.paced:
-                kept += waiter.weight
-                continue
-            needed = self.frees_needed(kept, waiter.weight, waiter.share)
-            if now >= waiter.until or (rate > 0 and now + MARGIN * needed / rate > waiter.until):
+            wait = self.wait_for(kept, waiter.weight, waiter.share, waiter.target if waiter.paced else None, rate)
+            if now >= waiter.until or (math.isfinite(wait) and now + wait > waiter.until):
                 waiter.gone = True
                 self.waiting -= 1
                 waiter.event.set()  # no slot: the caller is refused
@@ -197,13 +198,14 @@ class ReplicaGate:
         share: float = 1.0,
         paced: bool = False,
         bound: float | None = None,
+        target: float = math.inf,
         limited: bool = True,
     ) -> Waiter | None:
         """Get in line, for a slot by ``until`` at the latest (None: ``limited`` and ``max_waiting`` calls are in
-        line ahead of it); ``paced``, ``bound``: `Waiter`."""
+        line ahead of it); ``paced``, ``bound``, ``target``: `Waiter`."""
         if limited and self.count_ahead(deadline) >= self.max_waiting:
             return None
-        waiter = Waiter(deadline, until, weight, share, paced, bound)
+        waiter = Waiter(deadline, until, weight, share, paced, bound, target)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
         self.waiting += 1
         return waiter
@@ -231,11 +233,15 @@ class ReplicaGate:
     # -- rates ---------------------------------------------------------------------------------
 
     def rate(self) -> float:
-        """Weight freed per second recently (slots, when calls are not weighed; 0: none measured)."""
-        freed = self._freed
+        """Weight freed per second over the last `_RATE_WINDOW_S` (slots, when calls are not weighed; 0: too few
+        freed to measure: slots freed before an idle spell measured how much was asked then, not how fast the
+        replica frees them now)."""
+        freed, now = self._freed, self.clock()
+        while freed and freed[0][0] < now - _RATE_WINDOW_S:
+            freed.popleft()
         if len(freed) < 2:
             return 0.0
-        span = max(self.clock() - freed[0][0], freed[-1][0] - freed[0][0])
+        span = max(now - freed[0][0], freed[-1][0] - freed[0][0])
         return sum(w for _, w in freed) / span if span > 0 else 0.0
 
     def frees_needed(self, ahead: float, weight: float = 1.0, share: float = 1.0) -> float:
@@ -244,11 +250,26 @@ class ReplicaGate:
         there is room now); never more than all of it (a replica with nothing in flight takes any call)."""
         return max(0.0, min(self.load + ahead, self.load + ahead + weight - share * self.controller.allowed))
 
-    def wait_for(self, ahead: float, weight: float = 1.0, share: float = 1.0) -> float:
-        """Seconds until what is ``ahead`` in line and then this call get a slot (inf: no rate measured yet
-        while the line is not empty; 0 if there is room)."""
+    def wait_for(
+        self,
+        ahead: float,
+        weight: float = 1.0,
+        share: float = 1.0,
+        target: float | None = None,
+        rate: float | None = None,
+    ) -> float:
+        """Seconds until what is ``ahead`` in line and then this call get a slot, with the margin (inf: no rate
+        measured yet while the line is not empty; 0 if there is room): at the rate slots free up, or (a paced
+        call, with its tier's ``target``) as the limit grows, if sooner."""
         needed = self.frees_needed(ahead, weight, share)
         if needed == 0:
             return 0.0
-        rate = self.rate()
-        return MARGIN * needed / rate if rate > 0 else math.inf
+        rate = self.rate() if rate is None else rate
+        if rate <= 0:
+            return math.inf
+        wait = MARGIN * needed / rate
+        ttft = self.signal.ttft_recent
+        if target is not None and ttft is not None:
+            to = (self.load + ahead + weight) / share
+            wait = min(wait, MARGIN * self.controller.growth_time(to, ttft, target))
+        return wait
