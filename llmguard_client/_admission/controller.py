@@ -23,12 +23,12 @@ first token, so that a replica slow even when idle is not taken for a queue):
   the engines' work wasted at the spike's onset, against 0.1 % for one process).
 - in time, the limit is never below the load the attempt met (``held``): the replica just held it in time.
 
-``ceiling`` is the limit as only signs of overload bring it down: a first token after the call's deadline (not
-only past the target), an overload answer, a long reported queue. It starts at ``initial_limit``, rises with
-the limit and is cut with it by those signs, but not by a first token late only against the target nor while
-the limit is not in use. The room between the two is a pace, not a refusal: the gate lets a call that fits
-under the ceiling wait for the limit to grow back (as TCP restarts slow start after an idle period) as long as
-its first token can still come in time, and refuses at once only what the ceiling does not hold.
+``ceiling`` is the limit as only signs of overload bring it down (a late first token, an overload answer, a
+long reported queue): it starts at ``initial_limit``, rises with the limit and is cut with it, but does not
+come down while the limit is not in use. The room between the two is a pace, not a refusal: the gate lets a
+call that fits under the ceiling wait for the limit to grow back (as TCP restarts slow start after an idle
+period) as long as its first token can still come in time, and refuses at once only what the ceiling does not
+hold.
 - late (``ttft > target``), it shrinks to what would have been in time, in proportion to the load the attempt
   met when it was sent (``held``: its replica's attempts in flight then, itself included), at most by half::
 
@@ -94,16 +94,14 @@ class LimitController:
         in_flight: float,
         floor: float | None = None,
         share: float = 1.0,
-        missed: bool = False,
     ) -> None:
         """An attempt sent when its replica held ``held`` (attempts, or their weights) got its first token (or hit
         its deadline) after ``ttft`` s; ``in_flight`` are held now; ``floor``: the replica's fastest first token;
         ``share``: the share of the limit its call may take (a call of a longer tier leaves the rest to the most
-        urgent one's), which use is measured against; ``missed``: the first token came after the call's
-        deadline (a sign of overload, which cuts the ceiling too)."""
+        urgent one's), which use is measured against."""
         target = self.target(tier_ttft, floor)
         if ttft > target:
-            self._cut(held * max(0.5, target / ttft), ceiling=missed)
+            self._cut(held * max(0.5, target / ttft))
             return
         policy = self.policy
         self.proven = max(held, self.proven * (1.0 - 1.0 / PROVEN_MEMORY))
@@ -132,11 +130,11 @@ class LimitController:
     def overload(self, held: float) -> None:
         """The replica said it is overloaded, or reported a long queue, to an attempt sent when it held
         ``held``: multiplicative decrease from that load."""
-        self._cut(held * self.policy.backoff, ceiling=True)
+        self._cut(held * self.policy.backoff)
 
-    def _cut(self, value: float, ceiling: bool) -> None:
+    def _cut(self, value: float) -> None:
         self._set(min(self.limit, value))
-        self.ceiling = max(self.limit, min(self.ceiling, value) if ceiling else self.ceiling)
+        self.ceiling = max(self.limit, min(self.ceiling, value))
 
     def _set(self, value: float) -> None:
         self.limit = min(float(self.policy.max_limit), max(float(self.policy.min_limit), value))

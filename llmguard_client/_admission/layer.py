@@ -109,10 +109,10 @@ class AdmissionLayer:
             now = call.clock()
             if now >= deadline:  # the first-token deadline fired: a first token later than the tier allows
                 floor = gate.signal.ttft_floor
-                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share, missed=True)
+                gate.controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share)
             raise
         assert route.replica is not None
-        self._learn(call, route.replica, gate, outcome, sent, held, share, deadline)
+        self._learn(call, route.replica, gate, outcome, sent, held, share)
         if isinstance(outcome, Win):
             call.lease.hold(slot.release)  # the winner's stream holds its slot until the call ends
         else:
@@ -198,15 +198,13 @@ class AdmissionLayer:
         sent: float,
         held: float,
         share: float,
-        deadline: float,
     ) -> None:
         assert self.policy is not None
         now = call.clock()
         controller, signal = gate.controller, gate.signal
         if isinstance(outcome, Win):
             signal.first_token(now, now - sent)
-            floor, missed = signal.ttft_floor, now > deadline
-            controller.first_token(now - sent, call.tier.ttft, held, gate.load, floor, share, missed)
+            controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor, share)
             headers = [outcome.response.headers]
         else:
             headers = [f.headers for f in outcome.failures]

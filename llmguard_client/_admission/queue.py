@@ -167,9 +167,9 @@ class ReplicaGate:
 
     def rejudge(self) -> None:
         """Refuse now, earliest deadline first, each waiting call whose slot can no longer come by its ``until``
-        at the rate slots free up (the calls kept ahead of it served first); the others keep waiting. A paced
-        call is not judged by the rate while the ceiling holds it; once it does not, its ``until`` is its
-        ``bound``."""
+        at the rate slots free up (the calls kept ahead of it served first), or for a paced call as the limit
+        grows if sooner; the others keep waiting. A paced call the ceiling no longer holds (a sign of overload
+        cut it) waits no longer than its ``bound``."""
         rate = self.rate()
         now, kept = self.clock(), 0.0
         for _, _, waiter in sorted(self._line):

@@ -50,3 +50,29 @@ def test_use_is_measured_against_the_share_of_the_limit_the_call_may_take() -> N
     urgent = LimitController(Admission(initial_limit=10))
     urgent.first_token(0.0, 1.0, held=7, in_flight=7)  # an interactive call: 7 < 8, not in use
     assert urgent.limit == pytest.approx(9.25)  # down by growth (7 proven / 0.8 = 8.75 is lower)
+
+
+def test_the_ceiling_falls_only_on_signs_of_overload_and_a_load_held_in_time_raises_the_limit() -> None:
+    # The ceiling (what the gate refuses by) does not come down while the limit is not in use; a late first
+    # token or an overload answer cuts it with the limit.
+    controller = LimitController(Admission(initial_limit=16))
+    for _ in range(20):
+        controller.first_token(0.1, 1.0, held=2, in_flight=2)
+    assert controller.allowed < 16 and controller.undisproven == 16  # came down, with no sign of overload
+    controller.first_token(0.1, 1.0, held=12, in_flight=3)  # 12 held in time: the replica just held them
+    assert controller.limit == pytest.approx(12.0) and controller.undisproven == 16
+    controller.first_token(0.8, 1.0, held=12, in_flight=12)  # late against the 0.6 s target
+    assert controller.limit == controller.ceiling == pytest.approx(9.0)
+    controller.first_token(0.0, 1.0, held=10, in_flight=10)
+    controller.overload(held=4)
+    assert controller.limit == controller.ceiling == pytest.approx(3.6)
+
+
+def test_the_limit_grows_back_to_the_ceiling_in_round_trips_of_the_recent_first_token() -> None:
+    controller = LimitController(Admission(initial_limit=16))
+    controller.limit = 4.0
+    # 0.75 x (1 - 0.1 / 0.6) = 0.625 more per round trip: 4 -> 16 in log(4) / log(1.625) round trips of 0.1 s
+    assert controller.growth_time(16, 0.1, 0.6) == pytest.approx(0.1 * 1.3862944 / 0.4855078, rel=1e-6)
+    assert controller.growth_time(4, 0.1, 0.6) == 0.0
+    assert controller.growth_time(17, 0.1, 0.6) == float("inf")  # past the ceiling: no sign it would hold
+    assert controller.growth_time(8, 0.7, 0.6) == float("inf")  # first tokens late: no growth

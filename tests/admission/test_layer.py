@@ -41,13 +41,14 @@ async def call(
     tier: str = "interactive",
     outcomes: list[str] | None = None,
     sent: list[tuple[float, str]] | None = None,
+    body: bytes = BODY,
 ) -> None:
     """One streamed call read to its end; its outcome (``ok`` or the guard's cause) appended to ``outcomes``, and
     with the time it was made to ``sent``."""
     start = now()
     headers = {"content-type": "application/json", "x-llmguard-tier": tier, "x-test-tier": tier}
     try:
-        async with client.stream("POST", URL + "/v1/chat/completions", content=BODY, headers=headers) as response:
+        async with client.stream("POST", URL + "/v1/chat/completions", content=body, headers=headers) as response:
             await response.aread()
         result = "ok" if response.status_code == 200 else f"http_{response.status_code}"
     except httpx.HTTPError as exc:
@@ -452,5 +453,84 @@ def test_a_batch_call_leaves_the_reserved_share_to_interactive_calls_and_waits_a
                 assert now() - start == pytest.approx(4.05, abs=0.05)  # sent at once, answered in full
             assert sorted(result for _, result in sent) == ["ok"] * 5
             assert replica.arrivals == ["batch"] * 3 + ["interactive", "batch"]
+
+    run_virtual(main, backend)
+
+
+async def burst(client: httpx.AsyncClient, n: int, outcomes: list[str], tier: str = "interactive") -> None:
+    """``n`` calls at once."""
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(call, client, tier, outcomes)
+
+
+@BACKENDS
+def test_a_burst_after_a_quiet_spell_waits_for_the_limit_to_grow_back_instead_of_being_refused(backend: str) -> None:
+    # Light traffic (2 calls/s) brings the limit down to the load it proved, with no sign of overload; then 16
+    # calls at once, which the idle 16-slot engine serves at once. The calls past the limit wait for it to grow
+    # back (each first token in time adds to it), well within their time: none is refused (it refused 12).
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16)
+        async with admitted_guard(replica, Admission()) as guard, guard.http_client() as client:
+            await drive(client, rate=2, seconds=8.0, outcomes=[])
+            assert limit_of(guard) < 8
+            await anyio.sleep(3.0)
+            outcomes: list[str] = []
+            await burst(client, 16, outcomes)
+            assert outcomes == ["ok"] * 16
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_bursts_below_capacity_are_served_though_a_few_first_tokens_pass_the_target(backend: str) -> None:
+    # 20 calls at once every 4 s on a 16-slot engine that queues the rest (the last one's first token after
+    # 0.8 s: past the 0.6 s target, within the 1 s ttft). The limit is cut below 20, but no deadline was missed:
+    # the calls past it wait for a slot (the limit grows back with the first tokens in time) instead of being
+    # refused after 80 ms for want of a rate measured since the last burst (it refused 5 of every other burst).
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16, per_queued=0.25, tokens=8, gap=0.1)
+        async with admitted_guard(replica, Admission()) as guard, guard.http_client() as client:
+            outcomes: list[str] = []
+            for _ in range(6):
+                await burst(client, 20, outcomes)
+                await anyio.sleep(3.0)
+            assert outcomes == ["ok"] * 120
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_call_heavier_than_the_whole_limit_is_served_beside_steady_light_traffic(backend: str) -> None:
+    # A prompt of 20,000 characters weighs 20 average calls, more than the limit that light traffic (4 small calls
+    # a second, the replica never empty) has brought it to, with no sign of overload: it is let in while the limit
+    # is not in use, not kept for a replica with nothing in flight (it was refused every time).
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16)
+        async with admitted_guard(replica, Admission()) as guard, guard.http_client() as client:
+            small, large = sized(10), sized(4000)
+            heavy: list[str] = []
+            async with anyio.create_task_group() as tg:
+                for i in range(48):
+                    tg.start_soon(call, client, "interactive", [], None, small)
+                    if i % 8 == 4:
+                        tg.start_soon(call, client, "interactive", heavy, None, large)
+                    await anyio.sleep(0.25)
+            assert heavy == ["ok"] * 6
+
+    run_virtual(main, backend)
+
+
+@BACKENDS
+def test_a_batch_job_longer_than_max_waiting_waits_its_turn(backend: str) -> None:
+    # 40 batch calls at once (30 s ttft), more than the 8 the line holds for the interactive tier: the engine
+    # serves them all within a second. Each is refused only if it could no longer be served in time (20 were
+    # refused at once for the line's length).
+    async def main() -> None:
+        replica = QueueingReplica("a", slots=16)
+        async with admitted_guard(replica, Admission(max_waiting=8)) as guard, guard.http_client() as client:
+            outcomes: list[str] = []
+            await burst(client, 40, outcomes, "batch")
+            assert outcomes == ["ok"] * 40
 
     run_virtual(main, backend)
