@@ -15,8 +15,8 @@ queues without limit, stepped every 40 ms). The interactive tier has a 1 s first
 - ``adaptive``: the guard's admission: the real `LimitController` and `ReplicaGate` (slots, line, rate, margin,
   judging the line again as slots free up) on the virtual clock, the guard's own `ReplicaSet` choosing each
   call's replica, and a model of the admission layer's rules (a full replica's call goes to the replica with the
-  most room, else waits in line until ``min(deadline - recent TTFT, start + max_queue_wait x ttft)`` (a batch
-  call: until ``deadline - recent TTFT``) if the predicted wait fits, else is refused; a batch call takes a slot
+  most room, else waits in line until ``min(deadline - recent TTFT, start + max_queue_wait x ttft)`` (a paced or
+  batch call: until ``deadline - recent TTFT``) if the predicted wait fits, else is refused; a batch call takes a slot
   only under ``1 - reserve`` of the limit; the limit learns from each first token, and from a first-token deadline
   that fired). A call without its first token at its deadline is abandoned: the engine stops its work
   (wasted work).
@@ -295,13 +295,19 @@ class Guarded(Client):
         recent = gate.signal.ttft_recent
         ttft = recent if recent is not None else 0.0  # the tier's TTFT statistics, empty at the start
         ahead = gate.ahead_of(deadline)
-        wait = gate.wait_for(ahead, weight, share)
+        urgent = call.ttft_limit <= URGENT_TTFT
+        until = bound = deadline - ttft
+        if urgent:
+            bound = min(until, call.start + self.policy.max_queue_wait * call.ttft_limit)
+        paced = gate.paced(ahead, weight, share)  # as the layer: only a limit that came down keeps it out
+        if not paced:
+            until = bound
+        target = gate.controller.target(call.ttft_limit, gate.signal.ttft_floor)
+        wait = gate.wait_for(ahead, weight, share, target if paced else None)
         if wait == float("inf"):
             wait = 0.0
-        until = deadline - ttft
-        if call.ttft_limit <= URGENT_TTFT:
-            until = min(until, call.start + self.policy.max_queue_wait * call.ttft_limit)
-        waiter = gate.join(deadline, until, weight, share) if t + wait <= until else None
+        ok = t + wait <= until
+        waiter = gate.join(deadline, until, weight, share, paced, bound, target, urgent) if ok else None
         if waiter is None:
             gate.refused += 1
             call.refuse(t)

@@ -22,13 +22,6 @@ first token, so that a replica slow even when idle is not taken for a queue):
   spike overruns it, and N processes with a Guard each start with N times the guess (measured with 4: 7 % of
   the engines' work wasted at the spike's onset, against 0.1 % for one process).
 - in time, the limit is never below the load the attempt met (``held``): the replica just held it in time.
-
-``ceiling`` is the limit as only signs of overload bring it down (a late first token, an overload answer, a
-long reported queue): it starts at ``initial_limit``, rises with the limit and is cut with it, but does not
-come down while the limit is not in use. The room between the two is a pace, not a refusal: the gate lets a
-call that fits under the ceiling wait for the limit to grow back (as TCP restarts slow start after an idle
-period) as long as its first token can still come in time, and refuses at once only what the ceiling does not
-hold.
 - late (``ttft > target``), it shrinks to what would have been in time, in proportion to the load the attempt
   met when it was sent (``held``: its replica's attempts in flight then, itself included), at most by half::
 
@@ -40,6 +33,13 @@ hold.
 
 An overload answer (429/503/in-stream) or a reported waiting queue longer than ``max_server_queue`` cuts the
 limit to ``held x backoff`` in the same way.
+
+``ceiling`` is the limit as only signs of overload bring it down (a late first token, an overload answer, a
+long reported queue): it starts at ``initial_limit``, rises with the limit and is cut with it, but does not
+come down while the limit is not in use. The room between the two is a pace, not a refusal: the gate lets a
+call that fits under the ceiling wait for the limit to grow back (as TCP restarts slow start after an idle
+period) as long as its first token can still come in time, and refuses at once only what the ceiling does not
+hold.
 """
 
 from __future__ import annotations

@@ -4,13 +4,15 @@ It sits between the hedge layer and the rate limit, because the limit is per rep
 only once the retry layer (or a hedge) has picked it; it runs before the rate limit, so that a call waiting for
 a slot holds no share of the provider's limit. A call whose replica has no free slot goes to another replica
 with one (the router does not see the lines); failing that it waits in its replica's line (earliest deadline
-first) for at most ``max_queue_wait x ttft`` (a call of a longer tier than the most urgent one: as long as its
-first token can still come in time), if at the rate slots free up it would get one in that time and still its
-first token before its deadline; otherwise it is refused at once with `Overloaded` and a computed
-``retry_after`` (the line ahead of it divided by that rate). A call of a longer tier takes a slot only under
-``1 - reserve`` of the limit: the rest is kept for the calls that cannot wait. A hedge never waits: one without a
-free slot is not sent, and the round goes on. A continuation is not held back: it finishes an answer already
-admitted.
+first) for at most ``max_queue_wait x ttft`` (a call of a longer tier than the most urgent one, or one kept out
+only by a limit that came down with no sign of overload: as long as its first token can still come in time),
+if at the rate slots free up (or, paced, as the limit grows) it would get one in that time and still its first
+token before its deadline; otherwise it is refused at once with `Overloaded` and a computed ``retry_after``
+(the line ahead of it divided by that rate). ``max_waiting`` bounds the line for the most urgent tier's calls
+(and those without a deadline): a longer tier's are refused only when they can no longer be served in time. A
+call of a longer tier takes a slot only under ``1 - reserve`` of the limit: the rest is kept for the calls that
+cannot wait. A hedge never waits: one without a free slot is not sent, and the round goes on. A continuation is
+not held back: it finishes an answer already admitted.
 
 What each attempt ends with teaches the replica's `LimitController`: its first token against the tier's TTFT
 target, a first-token deadline that fired (a late first token), an overload answer, and the server's own report

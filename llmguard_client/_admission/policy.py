@@ -39,14 +39,18 @@ class Admission:
                    use, and shrinks in proportion to the load they met when they come slower.
     growth:        slots the limit gains per first token that came in time while in use, at most (less as
                    first tokens approach the target); and loses per one while not in use, down to the load
-                   proven in time.
+                   proven in time. A limit that came down so, with no sign of overload, paces the calls past
+                   it (they wait for it to grow back) instead of refusing them.
     backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
                    overload), or reports a waiting queue longer than ``max_server_queue``.
-    max_waiting:   calls waiting for a replica's slot at most; past it, refused at once.
-    max_queue_wait: the longest a call of the most urgent tier (the shortest ``ttft``) waits for a slot, as a
-                   fraction of that ``ttft``; a call that would wait longer is refused at once, and one still
-                   waiting then is refused. A call of a longer tier waits as long as its first token can
-                   still come in time.
+    max_waiting:   calls of the most urgent tier (or of a tier without a ``ttft``) waiting for a replica's slot
+                   ahead of a call, at most; past it, refused at once. A call of a longer tier is refused only
+                   when it could no longer get its first token in time.
+    max_queue_wait: the longest a call of the most urgent tier (the shortest ``ttft``) that signs of overload
+                   keep out waits for a slot, as a fraction of that ``ttft``; a call that would wait longer is
+                   refused at once, and one still waiting then is refused. A call of a longer tier, or one kept
+                   out only by a limit that came down with no sign of overload, waits as long as its first
+                   token can still come in time.
     reserve:       the share of each replica's limit kept for calls of the most urgent tier: a call of a
                    longer tier (batch) takes a slot only below the rest, so that under a spike it waits
                    and runs after it instead of taking the places of calls that cannot wait.
