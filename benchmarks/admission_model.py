@@ -307,7 +307,7 @@ class Guarded(Client):
         if wait == float("inf"):
             wait = 0.0
         ok = t + wait <= until
-        waiter = gate.join(deadline, until, weight, share, paced, bound, target, urgent) if ok else None
+        waiter = gate.join(deadline, until, weight, share, paced, bound, target) if ok else None
         if waiter is None:
             gate.refused += 1
             call.refuse(t)

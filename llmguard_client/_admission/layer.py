@@ -8,8 +8,9 @@ first) for at most ``max_queue_wait x ttft`` (a call of a longer tier than the m
 only by a limit that came down with no sign of overload: as long as its first token can still come in time),
 if at the rate slots free up (or, paced, as the limit grows) it would get one in that time and still its first
 token before its deadline; otherwise it is refused at once with `Overloaded` and a computed ``retry_after``
-(the line ahead of it divided by that rate). ``max_waiting`` bounds the line for the most urgent tier's calls
-(and those without a deadline): a longer tier's are refused only when they can no longer be served in time. A
+(the line ahead of it divided by that rate). ``max_waiting`` bounds the line, every tier's calls counted (a
+batch job of thousands of calls waiting in it would hold the limit's growth at its load, and the calls that cannot
+wait would then queue behind them in the engine). A
 call of a longer tier takes a slot only under ``1 - reserve`` of the limit: the rest is kept for the calls that
 cannot wait. A hedge never waits: one without a free slot is not sent, and the round goes on. A continuation is
 not held back: it finishes an answer already admitted.
@@ -164,10 +165,7 @@ class AdmissionLayer:
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
         if now + wait > until:
             return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
-        # a call of a longer tier with a deadline is refused when it can no longer be served in time, not
-        # for the calls in line: a batch job of more than max_waiting calls waits its turn
-        limited = urgent or not math.isfinite(deadline)
-        waiter = gate.join(deadline, until, weight, share, paced, bound, target, limited)
+        waiter = gate.join(deadline, until, weight, share, paced, bound, target)
         if waiter is None:
             return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:

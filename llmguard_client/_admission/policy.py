@@ -43,9 +43,7 @@ class Admission:
                    it (they wait for it to grow back) instead of refusing them.
     backoff:       factor applied to the limit when the replica signals overload (429, 503, in-stream
                    overload), or reports a waiting queue longer than ``max_server_queue``.
-    max_waiting:   calls of the most urgent tier (or of a tier without a ``ttft``) waiting for a replica's slot
-                   ahead of a call, at most; past it, refused at once. A call of a longer tier is refused only
-                   when it could no longer get its first token in time.
+    max_waiting:   calls waiting for a replica's slot at most, of every tier; past it, refused at once.
     max_queue_wait: the longest a call of the most urgent tier (the shortest ``ttft``) that signs of overload
                    keep out waits for a slot, as a fraction of that ``ttft``; a call that would wait longer is
                    refused at once, and one still waiting then is refused. A call of a longer tier, or one kept

@@ -199,11 +199,10 @@ class ReplicaGate:
         paced: bool = False,
         bound: float | None = None,
         target: float = math.inf,
-        limited: bool = True,
     ) -> Waiter | None:
-        """Get in line, for a slot by ``until`` at the latest (None: ``limited`` and ``max_waiting`` calls are in
-        line ahead of it); ``paced``, ``bound``, ``target``: `Waiter`."""
-        if limited and self.count_ahead(deadline) >= self.max_waiting:
+        """Get in line, for a slot by ``until`` at the latest (None: the line is full); ``paced``, ``bound``,
+        ``target``: `Waiter`."""
+        if self.waiting >= self.max_waiting:
             return None
         waiter = Waiter(deadline, until, weight, share, paced, bound, target)
         heapq.heappush(self._line, (deadline, next(self._order), waiter))
@@ -221,10 +220,6 @@ class ReplicaGate:
             self.waiting -= 1
             if not self.waiting:
                 self._line.clear()
-
-    def count_ahead(self, deadline: float) -> int:
-        """The calls in line that would be served before one with ``deadline``."""
-        return sum(1 for d, _, w in self._line if not w.gone and d <= deadline)
 
     def ahead_of(self, deadline: float) -> float:
         """The weight of the calls in line that would be served before one with ``deadline``."""

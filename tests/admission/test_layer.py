@@ -519,18 +519,3 @@ def test_a_call_heavier_than_the_whole_limit_is_served_beside_steady_light_traff
             assert heavy == ["ok"] * 6
 
     run_virtual(main, backend)
-
-
-@BACKENDS
-def test_a_batch_job_longer_than_max_waiting_waits_its_turn(backend: str) -> None:
-    # 40 batch calls at once (30 s ttft), more than the 8 the line holds for the interactive tier: the engine
-    # serves them all within a second. Each is refused only if it could no longer be served in time (20 were
-    # refused at once for the line's length).
-    async def main() -> None:
-        replica = QueueingReplica("a", slots=16)
-        async with admitted_guard(replica, Admission(max_waiting=8)) as guard, guard.http_client() as client:
-            outcomes: list[str] = []
-            await burst(client, 40, outcomes, "batch")
-            assert outcomes == ["ok"] * 40
-
-    run_virtual(main, backend)

@@ -133,3 +133,14 @@ def test_a_large_call_in_line_does_not_hold_up_a_smaller_one_behind_it(backend: 
         assert g.in_flight == 0 and g.load == 0.0
 
     run_virtual(main, backend)
+
+
+def test_the_line_holds_max_waiting_calls_of_every_tier() -> None:
+    """A batch call (a far deadline) counts toward ``max_waiting`` as an interactive one does: an unbounded line of a
+    batch job held the limit's growth at the job's load, and the interactive calls queued behind it in the engine."""
+    g = ReplicaGate(LimitController(Admission(initial_limit=1)), LoadSignal(), 2, now)
+    taken(g, 1)
+    batch = [g.join(deadline=30.0, until=12.0) for _ in range(2)]
+    assert all(w is not None for w in batch)
+    assert g.join(deadline=30.0, until=12.0) is None  # a third batch call: the line is full
+    assert g.join(deadline=1.0, until=0.08) is None  # and so for an interactive call, ahead of them or not
