@@ -307,8 +307,8 @@ class Guarded(Client):
         if wait == float("inf"):
             wait = 0.0
         ok = t + wait <= until
-        waiter = gate.join(deadline, until, weight, share, paced, bound, target) if ok else None
-        if waiter is None:
+        waiter = Waiter(deadline, until, weight, share, paced, bound, target) if ok else None
+        if waiter is None or not gate.join(waiter):
             gate.refused += 1
             call.refuse(t)
             return

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from llmguard_client._admission.controller import LimitController
 from llmguard_client._admission.policy import Admission
-from llmguard_client._admission.queue import ReplicaGate, Slot
+from llmguard_client._admission.queue import ReplicaGate, Slot, Waiter
 from llmguard_client._admission.signal import ORCA_FORMAT_HEADER, ORCA_HEADER, LoadSignal, parse_orca
 from llmguard_client._admission.size import CallSizes
 from llmguard_client._admission.view import AdmissionSnapshot
@@ -165,8 +165,8 @@ class AdmissionLayer:
             wait = 0.0  # nothing freed yet to measure a rate: the wait below is bounded by the deadline anyway
         if now + wait > until:
             return self._refused(call, gate, ahead, weight, "no replica slot frees up in time")
-        waiter = gate.join(deadline, until, weight, share, paced, bound, target)
-        if waiter is None:
+        waiter = Waiter(deadline, until, weight, share, paced, bound, target)
+        if not gate.join(waiter):
             return self._refused(call, gate, ahead, weight, f"{gate.waiting} calls already wait for this replica")
         try:
             with call.phase_until(until):  # Guard.aclose() ends it too

@@ -190,24 +190,13 @@ class ReplicaGate:
 
     # -- the line ------------------------------------------------------------------------------
 
-    def join(
-        self,
-        deadline: float,
-        until: float,
-        weight: float = 1.0,
-        share: float = 1.0,
-        paced: bool = False,
-        bound: float | None = None,
-        target: float = math.inf,
-    ) -> Waiter | None:
-        """Get in line, for a slot by ``until`` at the latest (None: the line is full); ``paced``, ``bound``,
-        ``target``: `Waiter`."""
+    def join(self, waiter: Waiter) -> bool:
+        """Put ``waiter`` in line, for a slot by its ``until`` at the latest (False: the line is full)."""
         if self.waiting >= self.max_waiting:
-            return None
-        waiter = Waiter(deadline, until, weight, share, paced, bound, target)
-        heapq.heappush(self._line, (deadline, next(self._order), waiter))
+            return False
+        heapq.heappush(self._line, (waiter.deadline, next(self._order), waiter))
         self.waiting += 1
-        return waiter
+        return True
 
     def leave(self, waiter: Waiter) -> None:
         """``waiter`` stops waiting without a slot (its wait ended or was cancelled); a slot handed to it in

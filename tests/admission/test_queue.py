@@ -24,6 +24,12 @@ async def free_at_rate(g: ReplicaGate, slots: list[Slot], every: float) -> None:
         slot.release()
 
 
+def line_up(g: ReplicaGate, deadline: float, until: float, weight: float = 1.0) -> Waiter | None:
+    """A call put in line (None: the line is full)."""
+    waiter = Waiter(deadline, until, weight)
+    return waiter if g.join(waiter) else None
+
+
 def taken(g: ReplicaGate, n: int) -> list[Slot]:
     slots = [g.try_take() for _ in range(n)]
     assert all(s is not None for s in slots)
@@ -53,8 +59,8 @@ def test_a_waiting_call_whose_slot_can_no_longer_come_in_time_is_refused_when_th
         await free_at_rate(g, slots, 0.1)  # a rate of about 10 slots/s
         slots = taken(g, 2)
         start = now()
-        early = g.join(deadline=start + 1.0, until=start + 0.5)  # first in line: 1 free away
-        late = g.join(deadline=start + 2.0, until=start + 0.5 / g.rate())  # less than one free away
+        early = line_up(g, deadline=start + 1.0, until=start + 0.5)  # first in line: 1 free away
+        late = line_up(g, deadline=start + 2.0, until=start + 0.5 / g.rate())  # less than one free away
         assert early is not None and late is not None
         slots[0].release()  # a slot freed: the first waiter gets it, the second (next in line) is judged again
         assert early.slot is not None
@@ -74,8 +80,8 @@ def test_a_waiting_call_that_still_fits_keeps_its_place(backend: str) -> None:
         await free_at_rate(g, slots, 0.1)
         slots = taken(g, 2)
         start = now()
-        first: Waiter | None = g.join(deadline=start + 1.0, until=start + 0.5)
-        second = g.join(deadline=start + 2.0, until=start + 0.5)
+        first: Waiter | None = line_up(g, deadline=start + 1.0, until=start + 0.5)
+        second = line_up(g, deadline=start + 2.0, until=start + 0.5)
         assert first is not None and second is not None
         slots[0].release()
         assert first.slot is not None
@@ -121,8 +127,8 @@ def test_a_large_call_in_line_does_not_hold_up_a_smaller_one_behind_it(backend: 
         await free_at_rate(g, slots[:1], 0.1)
         slots = [*slots[1:], *taken(g, 1)]
         start = now()
-        large = g.join(deadline=start + 0.5, until=start + 0.4, weight=2.0)  # earlier deadline: first in line
-        small = g.join(deadline=start + 0.9, until=start + 0.8, weight=0.5)
+        large = line_up(g, deadline=start + 0.5, until=start + 0.4, weight=2.0)  # earlier deadline: first in line
+        small = line_up(g, deadline=start + 0.9, until=start + 0.8, weight=0.5)
         assert large is not None and small is not None
         slots[0].release()  # room for 1: the small call gets it, the large one keeps its place
         assert small.slot is not None and large.slot is None and not large.gone
@@ -140,7 +146,7 @@ def test_the_line_holds_max_waiting_calls_of_every_tier() -> None:
     batch job held the limit's growth at the job's load, and the interactive calls queued behind it in the engine."""
     g = ReplicaGate(LimitController(Admission(initial_limit=1)), LoadSignal(), 2, now)
     taken(g, 1)
-    batch = [g.join(deadline=30.0, until=12.0) for _ in range(2)]
+    batch = [line_up(g, deadline=30.0, until=12.0) for _ in range(2)]
     assert all(w is not None for w in batch)
-    assert g.join(deadline=30.0, until=12.0) is None  # a third batch call: the line is full
-    assert g.join(deadline=1.0, until=0.08) is None  # and so for an interactive call, ahead of them or not
+    assert line_up(g, deadline=30.0, until=12.0) is None  # a third batch call: the line is full
+    assert line_up(g, deadline=1.0, until=0.08) is None  # and so for an interactive call, ahead of them or not
