@@ -41,10 +41,20 @@ LEFT_WAIT = 1.0
 
 
 class _Closed:
-    __slots__ = ("why",)
+    __slots__ = ("done", "why")
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, done: threading.Event | None = None) -> None:
         self.why = why
+        self.done = done
+        """Set once the close that refuses the calls has ended (None: it has)."""
+
+    def refuse(self) -> GuardClosed:
+        """The refusal of a sync call, once the close has ended: a call made meanwhile waits for that (blocked, not
+        competing for the GIL with the close's threads: callers refused at once and calling again at once, from
+        many threads, held the GIL from the loop thread closing the pools for seconds)."""
+        if self.done is not None and running_loop() is None:  # a loop's thread must not block: refused at once
+            self.done.wait()
+        return GuardClosed(self.why)
 
 
 _CLOSED = _Closed(CLOSED)
@@ -147,7 +157,7 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
         if runner is not fresh:  # another caller's came first
             fresh.stop()
     if isinstance(runner, _Closed):
-        raise GuardClosed(runner.why)
+        raise runner.refuse()
     guard.transport.loops.set_home(runner.ready())  # by each caller: none goes on before the home is known
     return runner
 
@@ -185,9 +195,16 @@ def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:
         return
     runner = running_runner(guard)
     if runner is not None:
+        closing = _Closed(CLOSED, threading.Event())
         with _lock:
-            _runners[guard] = _CLOSED
-        runner.stop(functools.partial(guard.aclose, grace))
+            _runners[guard] = closing
+        try:
+            runner.stop(functools.partial(guard.aclose, grace))
+        finally:
+            with _lock:
+                _runners[guard] = _CLOSED
+            assert closing.done is not None
+            closing.done.set()
         return
     if _in_event_loop():
         raise RuntimeError("Guard.close() was called from async code; use `await guard.aclose()` there")

@@ -223,3 +223,32 @@ def test_close_with_grace_lets_a_running_stream_finish(servers: list[LoopbackSer
     reader.join()
     assert events[-1] == "data: [DONE]" and sync_threads() == []
     assert eventually(lambda: client_sockets(servers) == 0)
+
+
+def test_a_call_made_while_close_runs_is_refused_once_the_close_has_ended(servers: list[LoopbackServer]) -> None:
+    # Threads calling again at once on each refusal held the GIL from the threads closing the Guard for seconds: a
+    # call made during the close waits for its end (blocked), then is refused.
+    for server in servers:
+        server.script = Script(tokens=500, gap=0.01)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
+    client = guard.sync_http_client()
+    seen: list[tuple[bool, list[str]]] = []
+    stream_closed = threading.Event()
+
+    def call() -> None:
+        with pytest.raises(GuardClosed):
+            client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+        seen.append((stream_closed.is_set(), sync_threads()))
+
+    with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+        next(r.iter_raw())  # in flight: the close waits for it (its grace)
+        closer = threading.Thread(target=guard.close, kwargs={"grace": 60.0})
+        closer.start()
+        assert eventually(lambda: guard.closed)
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join(1.0)  # refused at once, it would be over by now (were it not, the assertion below still holds)
+        stream_closed.set()
+    closer.join()
+    caller.join()
+    assert seen == [(True, [])]  # refused after the stream ended, the close with it, the Guard's thread gone
