@@ -99,6 +99,9 @@ class Script:
     """The error object of ``error_at`` (default: vLLM 0.32's queue-overflow error, ``code: 503``)."""
     open_after_error: float = 0.0
     """Seconds the body is held open after the ``error_at`` event before it ends."""
+    open_after_end: float = 0.0
+    """Seconds the body is held open after the protocol's end marker before it ends (a server or proxy that tidies
+    up before it closes)."""
     truncate_at: int | None = None
     """End the body cleanly just before token ``truncate_at``: no finish reason, no end marker."""
     malformed_at: int | None = None
@@ -386,6 +389,8 @@ class LoopbackServer:
             if generation == self._generation:
                 self.completed += 1
                 self.counters["completed"] += 1
+            if script.open_after_end:
+                await asyncio.sleep(script.open_after_end)
         finally:
             if open_:
                 self.running -= 1

@@ -90,6 +90,12 @@ class Plan:
     """None: follow the request's ``stream`` flag."""
     refused: bool = False
     """The connection is refused (an ``httpx.ConnectError`` after ``headers_after``)."""
+    before_done: float = 0.0
+    """From the finish reason (and usage) to ``[DONE]``."""
+    open_after_done: float = 0.0
+    """From ``[DONE]`` to the body's end (a server or proxy that holds the body open)."""
+    reset_after_done: bool = False
+    """The connection breaks after ``[DONE]`` (an ``httpx.ReadError`` instead of the body's end)."""
 
 
 @dataclass
@@ -157,8 +163,12 @@ class _Events(httpx.AsyncByteStream):
             yield _sse({**base, "choices": [{"index": 0, "delta": {"content": f"{self._replica.name}{i} "}}]})
         usage = {"prompt_tokens": 3, "completion_tokens": plan.tokens, "total_tokens": 3 + plan.tokens}
         yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
+        await anyio.sleep(plan.before_done)
         yield b"data: [DONE]\n\n"
         self._replica.completed += 1
+        await anyio.sleep(plan.open_after_done)
+        if plan.reset_after_done:
+            raise httpx.ReadError("scripted reset after [DONE]")
 
     async def aclose(self) -> None:
         if self._closed:

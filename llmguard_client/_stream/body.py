@@ -4,7 +4,8 @@ After the first token, `GuardBody` is the caller's response body: it replays the
 winner already read (nothing lost or reordered), then passes the rest through as it arrives,
 each read bounded by the tier's ``stall`` and by what is left of ``total``. A deadline that
 passes closes the connection (the server sees the disconnect) and raises `StallTimeout` /
-`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration.
+`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration. Once the protocol's end
+marker has been read, the rest of the body is read without them (`GuardBody._answered`).
 
 The winner's protocol reader (`llmguard_client.protocols`) keeps reading: an in-stream error
 raises `UpstreamStreamError` at the read after the chunk that carried it (the chunk itself, with
@@ -152,6 +153,8 @@ class GuardBody(httpx.AsyncByteStream):
             reader.feed(chunk)
             if reader.failure is None:
                 self._end_delivered = reader.complete
+                if self._end_delivered:
+                    self._answered()
                 return chunk
             self._steady = None
             return await self._delivering(chunk)
@@ -187,6 +190,8 @@ class GuardBody(httpx.AsyncByteStream):
         if self._complete or self._rest is None:
             await self._end("ok" if self._complete else "abandoned", None)
             raise StopAsyncIteration
+        if reader.complete:
+            self._answered()
         watchdog = self._watchdog
         if watchdog is not None and watchdog.tripped is None:
             self._steady = watchdog
@@ -199,6 +204,19 @@ class GuardBody(httpx.AsyncByteStream):
             return await self._interrupted()
         reader.feed(read)
         return await self._delivering(read)
+
+    def _answered(self) -> None:
+        """The protocol's end marker was read: the answer is whole. What is left of the body (a usage event, ``[DONE]``,
+        the end of a chunked body that a server or proxy holds open) is read as without a guard, under the caller's
+        own read timeout: the tier's stall and total deadlines no longer end the call, which would turn a complete
+        answer into a timeout."""
+        self._steady = None
+        self._stall = self._deadline = math.inf
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.close()
+            if self._lease is not None:
+                self._lease.cancellables.discard(watchdog)
 
     async def _read(self) -> bytes | None:
         """The next chunk of the live remainder when no watchdog watches it (`__anext__` reads under a
@@ -296,8 +314,9 @@ class GuardBody(httpx.AsyncByteStream):
         raise error
 
     async def _continued(self, cause: str) -> bool:
-        """Hand a break after the first token to the call's continuation; True if another replica took over."""
-        if self._resume is None:
+        """Hand a break after the first token to the call's continuation; True if another replica took over (never
+        after the end marker: the answer is whole)."""
+        if self._resume is None or self._reader.complete:
             return False
         call = self._call
         resumed = await self._resume.resume(call, self._win, self._reader, cause)

@@ -1,5 +1,6 @@
-"""How a delivered body's end is recorded when its caller stops reading it: a read cancelled, or the body closed
-early (virtual time, both backends, both cohorts)."""
+"""How a delivered body ends: its record when its caller stops reading it (a read cancelled, or the body closed
+early, both cohorts), and what is left of it after the end marker, read as without a guard (virtual time, both
+backends)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
-from llmguard_client import PhaseRecord, Tier
-from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+from llmguard_client import ContinuationPolicy, PhaseRecord, Tier
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -99,3 +101,55 @@ def test_a_replica_slow_per_token_is_learned_slow_by_a_caller_reading_at_once(ba
     assert learned_time_per_token(backend, Plan(tokens=20, gap=0.05), pause=0.0) == pytest.approx(0.05, abs=1e-6)
     # This replica makes each token only when it is read: every read waits its gap, however the caller paces them.
     assert learned_time_per_token(backend, Plan(tokens=20, gap=0.05), pause=1.0) == pytest.approx(0.05, abs=1e-6)
+
+
+def read_to_the_end(plan: Plan, tier: Tier, backend: str, **guard_kwargs: Any) -> tuple[str, float, PhaseRecord]:
+    """One stream read to its end through a Guard with one tier: the text, the virtual seconds it took, its record."""
+    records: list[PhaseRecord] = []
+    fakes = {A: FakeReplica("a", [plan]), "http://b.test": FakeReplica("b")}
+    out: list[Any] = []
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"i": tier}, hedge=None, **guard_kwargs)
+        async with guard, guard.http_client() as client:
+            start = now()
+            async with client.stream("POST", A + CHAT, json=BODY) as response:
+                out.append((await response.aread()).decode())
+            out.append(now() - start)
+            assert guard.snapshot().idle and fakes[A].open_streams == 0
+
+    run_virtual(main, backend)
+    assert fakes["http://b.test"].requests == 0
+    (record,) = records
+    return out[0], out[1], record
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    "tier", [Tier(ttft=1.0, total=30.0, stall=0.5), Tier(ttft=1.0, total=1.5, stall=None)], ids=["stall", "total"]
+)
+def test_a_body_held_open_after_its_end_marker_is_read_to_its_end_as_without_a_guard(tier: Tier, backend: str) -> None:
+    """The whole answer and ``[DONE]`` came at once; the server (or a proxy) holds the body open 3 s more. Without a
+    guard the caller reads to the body's end; the tier's stall and total deadlines, which end an unfinished answer,
+    do not turn this complete one into a timeout (before: `StallTimeout` at 0.5 s, `TotalTimeout` at 1.5 s)."""
+    text, took, record = read_to_the_end(Plan(open_after_done=3.0), tier, backend)
+    assert text.endswith("data: [DONE]\n\n") and took == pytest.approx(3.0, abs=1e-9)
+    assert (record.status, record.completion_tokens) == ("ok", 5)
+
+
+@BACKENDS
+def test_a_usage_event_and_done_after_the_finish_reason_are_read_whatever_the_stall(backend: str) -> None:
+    """The finish reason ends the answer (the protocol's end marker); ``[DONE]`` comes 2 s later, past the 0.5 s
+    stall: it is read, as without a guard."""
+    text, took, record = read_to_the_end(Plan(before_done=2.0), Tier(ttft=1.0, total=30.0, stall=0.5), backend)
+    assert text.endswith("data: [DONE]\n\n") and took == pytest.approx(2.0, abs=1e-9)
+    assert record.status == "ok"
+
+
+@BACKENDS
+def test_a_break_after_the_end_marker_is_not_continued(backend: str) -> None:
+    """A whole answer has nothing left to continue: the connection's break after ``[DONE]`` reaches the caller as
+    it would without a guard, and no other replica is asked to go on with it."""
+    plan = Plan(open_after_done=0.2, reset_after_done=True)
+    with pytest.raises(httpx.ReadError):
+        read_to_the_end(plan, Tier(ttft=1.0, total=30.0, stall=5.0), backend, continuation=ContinuationPolicy())

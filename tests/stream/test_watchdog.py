@@ -145,6 +145,19 @@ async def test_a_caller_pausing_between_reads_is_not_a_stall(servers: list[Loopb
     assert records[0].status == "ok"
 
 
+async def test_a_body_held_open_after_its_end_marker_is_no_stall(servers: list[LoopbackServer]) -> None:
+    """The watched read after ``[DONE]`` waits for the body's end as without a guard (the virtual-time tests of
+    tests/stream/test_body.py time it; before: `StallTimeout` once the stall passed)."""
+    servers[0].script = Script(tokens=5, open_after_end=1.5)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=0.3)}  # the body is held 5x the stall limit
+    async with make_guard(servers[:1], records, tiers=tiers) as guard, guard.http_client() as client:
+        async with client.stream("POST", servers[0].url + CHAT, json=STREAM_BODY) as response:
+            body = await response.aread()
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert records[0].status == "ok"
+
+
 async def test_a_callers_pauses_between_watched_reads_are_not_the_replicas_time_per_token(
     servers: list[LoopbackServer],
 ) -> None:
