@@ -520,13 +520,8 @@ class Guard:
         return f"<Guard {state} replicas=[{names}] tiers={sorted(self.tiers)} default_tier={self.default_tier!r}>"
 
     async def __aenter__(self) -> Guard:
-        """Open the Guard on the running event loop: it becomes the loop the Guard's calls run on (its sync clients'
-        calls from worker threads too) unless another running loop already has it; with ``fleet=``, connect now."""
         if self._fleet is not None:
             self._fleet.store.start()  # connect now rather than on the first call
-        loops = self.transport.loops
-        if not (self.closed or loops.forked or loops.owns()):
-            await loops.claim()  # not owned: the first call finds why (WrongEventLoop) and waits for a handover
         return self
 
     async def __aexit__(

@@ -3,11 +3,10 @@
 A connection pool opened on one event loop cannot be used from another: two threads each running
 ``asyncio.run`` with one Guard failed as "Connection error." over ``RuntimeError: ... bound to a different
 event loop``, and a second ``asyncio.run`` after the first returned failed with ``RuntimeError: Event loop
-is closed`` (the pool's kept connections belong to the ended loop). The first loop that makes a call, or
-opens the Guard (``async with``), owns the Guard. While it runs, a call from any other loop is refused before
-anything is sent, with the fix in the message. Once it has ended (a script's second ``asyncio.run``, a loop per
-test, a task queue running each task in ``asyncio.run``), the next loop that calls takes the Guard over, with pools
-of its own.
+is closed`` (the pool's kept connections belong to the ended loop). The first loop that makes a call owns
+the Guard. While it runs, a call from any other loop is refused before anything is sent, with the fix in
+the message. Once it has ended (a script's second ``asyncio.run``, a loop per test, a task queue running each
+task in ``asyncio.run``), the next loop that calls takes the Guard over, with pools of its own.
 
 The owner's pools are swapped for new ones, and closed, while it ends: the loop finalizes its async
 generators then (``asyncio.run``, ``asyncio.Runner``, ``anyio.run``, pytest-asyncio, uvloop), and one of them,
@@ -68,9 +67,8 @@ BLOCKS_ITS_LOOP = (
 
 HANDOVER_TIMED_OUT = (
     "sync calls running on this Guard's own thread were still waiting for their first token when this call's ttft "
-    "ran out, so the Guard could not move to this event loop (their connections are that thread's); open the Guard "
-    "with `async with Guard(...)` (or make an async call) at the app's startup, so that sync calls from worker "
-    "threads run on this loop from the start"
+    "ran out, so the Guard could not move to this event loop (their connections are that thread's); make an async "
+    "call first (the app's startup), so that sync calls from worker threads run on this loop from the start"
 )
 """Why a call from another loop is refused while the home loop's sync calls outlast its ttft."""
 

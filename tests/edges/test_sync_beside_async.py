@@ -104,32 +104,6 @@ def test_sync_calls_from_worker_threads_run_on_the_trio_run_that_owns_the_guard(
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
-async def test_sync_calls_run_on_the_loop_that_opened_the_guard_before_any_async_call(server: LoopbackServer) -> None:
-    """A web app opening the Guard in its lifespan (``async with``) and serving a sync handler first: the sync call
-    runs on the app's loop, so a later async call has no handover to wait for (before: the sync calls ran on the
-    Guard's own thread, and the first async call waited for them, or was refused within a short ttft)."""
-    async with guard_over(server) as guard:
-        assert await asyncio.to_thread(sync_sdk_call, guard, server)
-        assert sync_threads() == []  # no loop of the Guard's own
-        assert await async_sdk_call(guard, server)
-    assert len(server.received) == 2
-    assert eventually(lambda: client_sockets([server]) == 0)
-
-
-def test_sync_calls_run_on_the_trio_run_that_opened_the_guard_before_any_async_call(server: LoopbackServer) -> None:
-    trio = pytest.importorskip("trio")
-
-    async def app() -> list[str]:
-        async with guard_over(server) as guard:
-            served = [await trio.to_thread.run_sync(sync_sdk_call, guard, server)]
-            assert sync_threads() == []
-            served.append(await async_sdk_call(guard, server))
-            return served
-
-    assert all(trio.run(app))
-    assert eventually(lambda: client_sockets([server]) == 0)
-
-
 async def test_async_code_takes_the_guard_over_from_its_idle_home_loop(server: LoopbackServer) -> None:
     guard = guard_over(server)
     assert await asyncio.to_thread(sync_sdk_call, guard, server)  # the first call: on the Guard's own loop
