@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 import httpx
 
-from llmguard_client._core.redact import CREDENTIALS, mask_userinfo, redact_headers, redact_url
+from llmguard_client._core.redact import CREDENTIALS, mask_url_secrets, redact_headers, redact_url
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
@@ -219,7 +219,7 @@ class Replica:
     rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
-        shown = mask_userinfo(repr(self.url))  # the URL as given, its user:password masked, for the errors below
+        shown = mask_url_secrets(repr(self.url))  # the URL as given, its credentials masked, for the errors below
         if not isinstance(self.url, str) or not self.url:
             raise GuardConfigError(f"Replica.url must be a non-empty 'http(s)://host[:port][/prefix]' URL, got {shown}")
         if any(c.isspace() for c in self.url):
@@ -227,7 +227,7 @@ class Replica:
         try:
             parsed = httpx.URL(self.url)
         except Exception as exc:
-            raise GuardConfigError(f"Replica.url {shown} is not a valid URL: {mask_userinfo(str(exc))}") from exc
+            raise GuardConfigError(f"Replica.url {shown} is not a valid URL: {mask_url_secrets(str(exc))}") from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise GuardConfigError(f"Replica.url must be an absolute http:// or https:// URL with a host, got {shown}")
         if parsed.query or parsed.fragment:

@@ -57,7 +57,7 @@ from llmguard_client.edges.sdk import TakesAnything, TakesHttpClient
 from llmguard_client.errors import GuardClosed, GuardConfigError, UnknownTierError
 from llmguard_client.snapshot import GuardSnapshot, build_snapshot
 from llmguard_client.telemetry.capture import Capture, capture
-from llmguard_client.telemetry.contained import contained
+from llmguard_client.telemetry.contained import ContainedCallback, contained
 from llmguard_client.telemetry.default import default_instrumentation
 from llmguard_client.telemetry.hooks import NO_INSTRUMENTATION, Instrumentation
 from llmguard_client.telemetry.record_logger import RecordLogger
@@ -411,7 +411,8 @@ class Guard:
             clock=clock,
             admission=self._admission if admission is not None else None,
         )
-        self._transport = build_transport(policies, state, tier_var=self._tier_var, on_record=on_record)
+        contained_on_record = None if on_record is None else ContainedCallback(on_record)
+        self._transport = build_transport(policies, state, tier_var=self._tier_var, on_record=contained_on_record)
         log_rollout_state(cohorts, len(resolved))  # once the Guard is built: a refused one never says it is on
 
     @property

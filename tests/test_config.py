@@ -916,3 +916,15 @@ def test_a_refused_replica_url_is_quoted_without_its_password(url: str) -> None:
         Replica(url)
     assert "s3cret" not in str(caught.value) and "user" not in str(caught.value)
     assert "//***@" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://host/openai?api-key=s3cret&api-version=1", "https://host/v1?sig=s3cret", "https://host?Key=s3cret#frag"],
+    ids=["azure-key", "sas-signature", "key-and-fragment"],
+)
+def test_a_refused_replica_url_is_quoted_without_the_keys_in_its_query(url: str) -> None:
+    """A key pasted into the URL's query (Azure's ``api-key``, a SAS ``sig``) is masked as the userinfo is."""
+    with pytest.raises(GuardConfigError, match="must not carry a query") as caught:
+        Replica(url)
+    assert "s3cret" not in str(caught.value) and "=***" in str(caught.value)

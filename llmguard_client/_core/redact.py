@@ -36,12 +36,17 @@ def redact_url(url: str | httpx.URL) -> str:
     return str(parsed).replace("%2A%2A%2A", MASK)
 
 
-def mask_userinfo(text: str) -> str:
-    """``text`` (a URL as given, valid or not, or a message quoting one) with every ``//user:password@`` masked."""
-    return _USERINFO.sub("//" + MASK + "@", text)
+def mask_url_secrets(text: str) -> str:
+    """``text`` (a URL as given, valid or not, or a message quoting one) with every ``//user:password@`` masked, and
+    the values of credential-looking query parameters (``?api-key=...``, ``&sig=...``)."""
+    return _SECRET_QUERY.sub(lambda m: m.group(1) + MASK, _USERINFO.sub("//" + MASK + "@", text))
 
 
 _USERINFO = re.compile(r"//[^/?#@]*@")
+_SECRET_QUERY = re.compile(
+    r"([?&](?:" + "|".join(sorted(map(re.escape, _SECRET_QUERY_KEYS), key=len, reverse=True)) + r")=)[^&#'\"\s]*",
+    re.IGNORECASE,
+)
 
 
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -25,7 +25,6 @@ and closes with the guard.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -49,8 +48,6 @@ from llmguard_client.protocols import StreamReader, reader_for
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder, CallRecordBuilder
 from llmguard_client.telemetry.hooks import CallObservation, Instrumentation
 from llmguard_client.telemetry.record import AttemptOutcome, CallStatus, OneAttempt, PhaseRecord
-
-logger = logging.getLogger("llmguard_client")
 
 GUARD_HEADER_PREFIX = b"x-llmguard-"
 FACTS_BODY_LIMIT = 1024 * 1024
@@ -216,10 +213,7 @@ class _End:
         record = self.record.call_finished(status, cause, now)
         self.observation.call_finished(record)
         if self._on_record is not None:
-            try:
-                self._on_record(record)
-            except Exception:
-                logger.exception("llmguard on_record callback raised; the call itself is unaffected")
+            self._on_record(record)  # never raises: the transport's report, with the application's callback contained
 
 
 class MeasuredStream(httpx.AsyncByteStream):

@@ -9,6 +9,7 @@ when the object is collected or at process exit: never left to the garbage colle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -30,9 +31,11 @@ class _Stream:
         self.identity: tuple[int, int] | None = None
 
     def close(self) -> None:
+        """Close the file (its descriptor is closed even if flushing what is left fails: a full disk)."""
         file, self.file, self.identity = self.file, None, None
         if file is not None:
-            file.close()
+            with contextlib.suppress(OSError):
+                file.close()
 
 
 class JsonLinesFile:

@@ -1,11 +1,13 @@
-"""An application's own `Instrumentation`, held so that an error in it never reaches a call.
+"""An application's own `Instrumentation` and ``on_record`` callback, held so that an error in them never reaches a
+call.
 
 The hooks run inside the call's path: in the attempt that sends, and in the lease's last act that ends the
 call. A hook the application wrote that raises there must neither fail a call the server answered nor leave
 it unfinished (an exception in the last act would skip the release of what the call holds). Each hook runs
 in ``try``; its first error is logged with the traceback on ``llmguard_client``, later ones are only counted
 (``errors``), and the call goes on as if the hook had returned. This package's own instrumentations are used
-as they are.
+as they are. The ``on_record`` callback is held the same way (`ContainedCallback`): a callback with a bug, called
+at the end of every call, would otherwise print a traceback per call.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from llmguard_client.telemetry.hooks import (
 )
 from llmguard_client.telemetry.record import PhaseRecord
 
-__all__ = ["ContainedInstrumentation", "contained"]
+__all__ = ["ContainedCallback", "ContainedInstrumentation", "contained"]
 
 logger = logging.getLogger("llmguard_client")
 
@@ -44,6 +46,28 @@ def contained(instrumentation: Instrumentation) -> Instrumentation:
             f"or be None (no telemetry); got {type(instrumentation).__name__}, which lacks {', '.join(missing)}"
         )
     return ContainedInstrumentation(instrumentation)
+
+
+class ContainedCallback:
+    """Runs an application's ``on_record``: its first error is logged with the traceback, later ones only counted."""
+
+    __slots__ = ("_inner", "errors")
+
+    def __init__(self, inner: Callable[[PhaseRecord], None]) -> None:
+        self._inner = inner
+        self.errors = 0
+        """Errors raised by the callback so far."""
+
+    def __call__(self, record: PhaseRecord) -> None:
+        try:
+            self._inner(record)
+        except Exception:
+            self.errors += 1
+            if self.errors == 1:
+                logger.exception(
+                    "llmguard: the on_record callback raised; the call itself is unaffected "
+                    "(logged once, later errors are not)"
+                )
 
 
 class ContainedInstrumentation:

@@ -669,7 +669,12 @@ async def test_a_closed_guard_refuses_requests() -> None:
     assert len(upstream.seen) == 1
 
 
-async def test_on_record_raising_does_not_break_the_call(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("rollout", [1.0, 0.0], ids=["guarded", "control"])
+async def test_on_record_raising_does_not_break_the_call_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture, rollout: float
+) -> None:
+    """A callback with a bug is called at the end of every call: its traceback is logged the first time only (an
+    app that configures no logging would otherwise print one to stderr per call)."""
     calls: list[PhaseRecord] = []
 
     def broken(record: PhaseRecord) -> None:
@@ -678,13 +683,13 @@ async def test_on_record_raising_does_not_break_the_call(caplog: pytest.LogCaptu
 
     upstream = Upstream()
     caplog.set_level(logging.ERROR, logger="llmguard_client")
-    async with make_guard(upstream, on_record=broken) as guard, guard.http_client() as client:
-        response = await client.post(R1 + CHAT, json=BODY)
-        again = await client.post(R1 + CHAT, json=BODY)
-    assert response.status_code == again.status_code == 200
-    assert response.json() == COMPLETION
-    assert len(calls) == 2 and calls[0].status == "ok"
-    assert any("on_record" in r.getMessage() for r in caplog.records)
+    async with make_guard(upstream, on_record=broken, rollout=rollout) as guard, guard.http_client() as client:
+        responses = [await client.post(R1 + CHAT, json=BODY) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3
+    assert responses[0].json() == COMPLETION
+    assert len(calls) == 3 and calls[0].status == "ok"
+    logged = [r for r in caplog.records if "on_record" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
 
 
 async def test_record_facts_from_the_request_and_response() -> None:

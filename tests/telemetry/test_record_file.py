@@ -185,6 +185,19 @@ def test_a_write_that_fails_is_logged_once_and_never_raised(tmp_path: Path, capl
     assert [json.loads(x)["request_id"] for x in path.read_text(encoding="utf-8").splitlines()] == ["r3"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device every write to fails, ENOSPC)")
+def test_a_full_disk_is_logged_once_and_never_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """Each write to a full disk fails, and so does the flush of closing the file after it: neither reaches the
+    call, and the failure is logged once, not once per call with a traceback."""
+    writer = RecordLogger("/dev/full")
+    with caplog.at_level(logging.INFO, logger="llmguard_client"):
+        for i in range(3):
+            writer(record(i))
+    writer.close()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["RecordLogger cannot write to /dev/full"]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_a_dropped_writer_closes_its_file_without_a_warning(tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     writer = RecordLogger(path)
