@@ -39,7 +39,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import CancelledError as FutureCancelled
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
@@ -186,6 +186,22 @@ class _Exchange:
         return (
             "the event loop this sync call ran on (one of yours, which owned the Guard) ended while the body was read"
         )
+
+    def unstarted(self, task: Future[Any]) -> None:
+        """The call's task is over: if it ended without the call settling the response head, the call never ran
+        (refused on a loop the Guard has left, `LoopEnded`: nothing was sent; or cancelled before it started), and
+        the caller's thread, waiting for that head, is told so at once instead of waiting for ever."""
+        if self._head.done():
+            return
+        error = None if task.cancelled() else task.exception()
+        if self._cut is not None:  # its client was closed
+            error = self._cut
+        elif error is None and self._guest and not self._cancelled:  # the caller's loop is ending: sent again
+            error = LoopEnded(LEFT_BEHIND)
+        elif error is None:
+            error = GuardClosed("the call was cancelled before it started")
+        with contextlib.suppress(InvalidStateError):  # settled in between
+            self._head.set_exception(error)
 
     async def drive(self) -> None:
         for var, value in self._context:
@@ -404,7 +420,8 @@ def send(
         if home is not None:
             home.ended()
         raise client_closed(request)
-    start_counted(access, exchange.drive, None if home is None else home.ended)
+    task = start_counted(access, exchange.drive, None if home is None else home.ended)
+    task.add_done_callback(exchange.unstarted)
     try:
         response = wait_for(head, loop)
     except LoopEnded:

@@ -18,7 +18,7 @@ import pytest
 from llmguard_client import ContinuationPolicy, Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
 from llmguard_client._core.event_loops import start_soon
 from llmguard_client.edges._registry import runner_for
-from llmguard_client.edges._runner import wait_for
+from llmguard_client.edges._runner import CallersLoop, wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
 
@@ -290,6 +290,61 @@ def test_a_sync_call_on_a_trio_runs_own_thread_runs_on_the_guards_loop_when_noth
             return answers
 
     assert all(trio.run(cells))
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_worker_threads_sync_calls_handed_to_the_loop_as_its_own_thread_makes_one_are_all_served(
+    server: LoopbackServer, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker threads' sync calls were handed to the owner loop, as its guests, while that loop's own thread made
+    a sync call, which took the Guard to its own loop (nothing was in flight yet). Once the loop ran again each
+    guest was refused there unsent, and its worker was never told: it waited for ever. Each is now sent again
+    where the Guard runs, once."""
+    handed = threading.Semaphore(0)
+    hand = CallersLoop.start
+
+    def start(self: CallersLoop, func: Callable[[], Any]) -> Future[Any]:
+        future = hand(self, func)
+        handed.release()  # the worker's call waits for the loop to run it
+        return future
+
+    monkeypatch.setattr(CallersLoop, "start", start)
+    records: list[PhaseRecord] = []
+    outcome: list[str | BaseException] = []
+
+    def worker(guard: Guard) -> None:
+        try:
+            outcome.append(sync_sdk_call(guard, server))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    def join(workers: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + 10
+        for thread in workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    async def app(to_thread: Callable[..., Any]) -> None:
+        async with guard_over(server, records) as guard:
+            assert await async_sdk_call(guard, server)  # this loop owns the Guard
+            workers = [threading.Thread(target=worker, args=(guard,), daemon=True) for _ in range(4)]
+            for thread in workers:
+                thread.start()
+            for _ in workers:  # the loop's thread blocks: the workers' calls wait for it, not yet started
+                assert handed.acquire(timeout=10)
+            assert sync_sdk_call(guard, server)  # the loop's own thread: the Guard leaves it for its own loop
+            await to_thread(join, workers)
+            assert len(outcome) == 4, "worker calls never returned"  # before: none did
+            assert outcome == ["hello"] * 4
+
+    if backend == "trio":
+        trio = pytest.importorskip("trio")
+        trio.run(app, trio.to_thread.run_sync)
+    else:
+        asyncio.run(app(asyncio.to_thread))
+    assert len(server.received) == 6  # each call sent once
+    assert [r.status for r in records] == ["ok"] * 6
+    assert sync_threads() == []
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
