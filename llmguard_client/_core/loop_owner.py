@@ -328,10 +328,11 @@ class LoopOwner:
     def leave_blocked_owner(self) -> bool:
         """A sync call on the owner loop's own thread, which blocks that loop until it returns: if nothing of the
         Guard's is in flight, the Guard leaves the loop (`_leave`) and True, the call goes to the home loop; else
-        False."""
+        False. A guest that has started there is in flight before its call counts as such; one handed to the loop
+        but not started yet is refused as it starts (`LoopEnded`), and sent again where the Guard runs then."""
         loop = running_loop()
         with self._lock:
-            if loop is None or loop is self._home or self._owner() is not loop or not self._idle():
+            if loop is None or loop is self._home or self._owner() is not loop or self._guests or not self._idle():
                 return False
             left = self._leave()
         _settle_on(loop, *left)
