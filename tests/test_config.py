@@ -920,8 +920,15 @@ def test_a_refused_replica_url_is_quoted_without_its_password(url: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["https://host/openai?api-key=s3cret&api-version=1", "https://host/v1?sig=s3cret", "https://host?Key=s3cret#frag"],
-    ids=["azure-key", "sas-signature", "key-and-fragment"],
+    [
+        "https://host/openai?api-key=s3cret&api-version=1",
+        "https://host/v1?sig=s3cret",
+        "https://host?Key=s3cret#frag",
+        "https://host/api?code=s3cret",
+        "https://host/v1?subscription-key=s3cret",
+        "https://host/v1?X-Amz-Credential=s3cret&X-Amz-Signature=s3cret",
+    ],
+    ids=["azure-key", "sas-signature", "key-and-fragment", "functions-code", "apim-key", "aws-presigned"],
 )
 def test_a_refused_replica_url_is_quoted_without_the_keys_in_its_query(url: str) -> None:
     """A key pasted into the URL's query (Azure's ``api-key``, a SAS ``sig``) is masked as the userinfo is."""

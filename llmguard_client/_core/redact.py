@@ -18,7 +18,11 @@ another replica is configured with, under whatever name (anthropic sends its key
 where the replicas set ``x-api-key``). Another credential (a gateway's user token) is kept. A `Replica` may not set
 one empty (`llmguard_client.config`). A replica URL's userinfo is its ``Authorization`` (`basic_credential`)."""
 _SECRET_QUERY_KEYS = frozenset(
-    {"key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "sig", "signature", "password", "secret"}
+    {
+        *("key", "api_key", "apikey", "api-key", "x-api-key", "subscription-key", "code"),  # Azure APIM, Functions
+        *("token", "access_token", "auth", "password", "secret", "client_secret"),
+        *("sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token"),  # SAS, AWS presigned
+    }
 )
 
 

@@ -41,18 +41,21 @@ LEFT_WAIT = 1.0
 
 
 class _Closed:
-    __slots__ = ("done", "why")
+    __slots__ = ("closer", "done", "why")
 
     def __init__(self, why: str, done: threading.Event | None = None) -> None:
         self.why = why
         self.done = done
         """Set once the close that refuses the calls has ended (None: it has)."""
+        self.closer = threading.get_ident()
+        """The thread running that close: a call it makes meanwhile (a signal handler's) must not wait for it."""
 
     def refuse(self) -> GuardClosed:
         """The refusal of a sync call, once the close has ended: a call made meanwhile waits for that (blocked, not
         competing for the GIL with the close's threads: callers refused at once and calling again at once, from
         many threads, held the GIL from the loop thread closing the pools for seconds)."""
-        if self.done is not None and running_loop() is None:  # a loop's thread must not block: refused at once
+        # A loop's thread, or the one closing (a signal handler's call), is refused at once: its wait would not end.
+        if self.done is not None and running_loop() is None and threading.get_ident() != self.closer:
             self.done.wait()
         return GuardClosed(self.why)
 

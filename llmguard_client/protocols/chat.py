@@ -33,6 +33,9 @@ from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
+_ANOTHER_CHOICE = re.compile(rb'"index": ?[1-9]')
+"""An event that may be of another choice than the first (``n`` > 1), whose finish the answer's end waits for too:
+also worth splitting (a separate scan: in the one above it cost half as much again)."""
 _UNSAFE_TEXT = re.compile(rb'["\r\n]|\\\Z')
 """What a learnt shape's text must not hold: a quote or line break, or a backslash at its end (any of
 which could end the JSON string or the event). Searched between the head and the tail."""
@@ -69,7 +72,7 @@ def absorb_choices(facts: ResponseFacts, obj: dict[str, Any], has_content: Any) 
             if not isinstance(choice, dict):
                 continue
             reason = choice.get("finish_reason")
-            if isinstance(reason, str):
+            if isinstance(reason, str) and reason:  # some servers send "" where the API has null
                 facts.finish_reasons.append(reason)
             if not found and has_content(choice):
                 found = True
@@ -84,9 +87,19 @@ def absorb_chat_body(facts: ResponseFacts, obj: dict[str, Any]) -> None:
 class ChatReader(SSEReader):
     """Reads a Chat Completions event stream; see the module docstring."""
 
-    __slots__ = ("_head", "_head_size", "_tail", "_tail_size", "_text", "text_events", "text_only")
+    __slots__ = (
+        "_choices",
+        "_finished",
+        "_head",
+        "_head_size",
+        "_tail",
+        "_tail_size",
+        "_text",
+        "text_events",
+        "text_only",
+    )
     protocol = "chat"
-    end_marker = "[DONE] or a finish_reason"
+    end_marker = "[DONE] or a finish_reason for every choice"
     _text_key = b'"content":'
     """The key of the text string of a typical chunk (see `_learn_shape`)."""
 
@@ -97,6 +110,11 @@ class ChatReader(SSEReader):
         """Events that carried text (kept only with `keep_text`)."""
         self.text_only = True
         """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
+        self._choices: set[int] = set()
+        """The indices of the choices seen in the events decoded (every one before the first token; after it, those
+        that may hold a finish reason)."""
+        self._finished: set[int] = set()
+        """The indices of the choices that have had their finish reason: the answer ends when every choice seen has."""
         self._head = b""
         """A plain chunk's bytes before its text (see `_learn_shape`); empty until one is learnt."""
         self._tail = b""
@@ -140,7 +158,7 @@ class ChatReader(SSEReader):
     def skippable(self, chunk: bytes) -> bool:
         if self._text is not None or not chunk.endswith(b"\n\n"):
             return False
-        if _INTERESTING.search(chunk) is not None:
+        if _INTERESTING.search(chunk) is not None or _ANOTHER_CHOICE.search(chunk) is not None:
             return False
         self._learn_shape(chunk)
         return True
@@ -182,6 +200,23 @@ class ChatReader(SSEReader):
             text.append(piece)
             self.text_events += 1
 
+    def _finishes(self, obj: dict[str, Any]) -> bool:
+        """Note the choices of a decoded event; whether every choice seen has now had its finish reason (with
+        ``n`` > 1, the first choice to finish does not end the answer)."""
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if not isinstance(choice, dict):
+                    continue
+                index = choice.get("index", 0)
+                if not isinstance(index, int):
+                    continue
+                self._choices.add(index)
+                reason = choice.get("finish_reason")
+                if isinstance(reason, str) and reason:
+                    self._finished.add(index)
+        return bool(self._finished) and self._finished >= self._choices
+
     def event(self, name: bytes, data: bytes) -> None:
         text = self._text
         if self.first_token and text is not None:
@@ -197,6 +232,7 @@ class ChatReader(SSEReader):
                 and data.find(b'"finish_reason": "') < 0
                 and data.find(b'"error"') < 0
                 and name != b"error"
+                and _ANOTHER_CHOICE.search(data) is None  # n > 1: every choice's finish is awaited
             ):
                 if len(data) < 16 and data.strip() == b"[DONE]":
                     self.complete = True
@@ -219,7 +255,7 @@ class ChatReader(SSEReader):
         content = absorb_choices(self.facts, obj, self.has_content)
         if text is not None:
             self._keep(obj, text)
-        if self.facts.finish_reasons:
+        if self._finishes(obj):
             self.complete = True
         if content and not self.first_token:
             self.first_token = True

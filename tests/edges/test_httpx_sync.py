@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -252,3 +254,33 @@ def test_a_call_made_while_close_runs_is_refused_once_the_close_has_ended(server
     closer.join()
     caller.join()
     assert seen == [(True, [])]  # refused after the stream ended, the close with it, the Guard's thread gone
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_call_from_a_signal_handler_on_the_closing_thread_is_refused_at_once(servers: list[LoopbackServer]) -> None:
+    """A SIGTERM hook making a sync call while its thread runs ``guard.close(grace)``: that call cannot wait for the
+    close (its own thread's), so it is refused at once, and the close ends (before: both waited for ever)."""
+    for server in servers:
+        server.script = Script(tokens=500, gap=0.01)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
+    client = guard.sync_http_client()
+    refused: list[bool] = []
+
+    def on_alarm(signum: int, frame: object) -> None:
+        try:
+            client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+        except GuardClosed:
+            refused.append(guard.closed)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+            next(r.iter_raw())  # in flight: the close waits its grace for it, and the alarm comes meanwhile
+            faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails the run instead of hanging it
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            guard.close(grace=2.0)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert refused == [True]

@@ -715,7 +715,8 @@ def test_a_text_that_could_end_its_string_is_never_taken_for_the_learnt_shape() 
     # the finish reason they carry is found, though the chunk starts and ends like the learnt shape.
     sneaky = head + b'x"},"finish_reason":"length"},{"index":1,"delta":{"content":"' + tail
     reader.feed(sneaky)
-    assert reader.complete and reader.facts.finish_reasons == ["length"]
+    assert reader.facts.finish_reasons == ["length"]
+    assert not reader.complete  # choice 1 goes on: the answer ends when every choice seen has finished
 
 
 def test_a_chunk_of_the_learnt_shape_that_completes_a_half_read_event_is_judged_with_it() -> None:
@@ -728,3 +729,45 @@ def test_a_chunk_of_the_learnt_shape_that_completes_a_half_read_event_is_judged_
     reader.feed(b"event: error\n")
     reader.feed(_plain("boom"))
     assert reader.failure is not None and reader.failure.kind == "error_event"
+
+
+def test_with_two_choices_the_answer_ends_when_both_have_finished() -> None:
+    """``n=2``: the first choice's finish reason does not end the answer (the tier's stall still watches the other)."""
+    reader = ChatReader()
+    role = [{"index": i, "delta": {"role": "assistant", "content": ""}} for i in (0, 1)]
+    reader.feed(event({"choices": role}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {"content": "a"}}, {"index": 1, "delta": {"content": "b"}}]}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    assert reader.first_token and not reader.complete
+    reader.feed(event({"choices": [{"index": 1, "delta": {"content": "c"}}]}))
+    reader.feed(event({"choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]}))
+    assert reader.complete and reader.facts.finish_reasons == ["stop", "length"]
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
+def test_a_second_choice_first_seen_after_the_first_token_still_holds_the_answer_open(compact: bool) -> None:
+    """Past the first token most events are not decoded; those of another choice than the first are."""
+    separators = (",", ":") if compact else (", ", ": ")
+
+    def choice(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        obj = {"choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
+
+    reader = ChatReader()
+    reader.feed(choice(0, {"content": "a"}))
+    reader.feed(choice(1, {"content": "b"}))
+    reader.feed(choice(0, {}, "stop"))
+    assert reader.first_token and not reader.complete
+    reader.feed(choice(1, {}, "stop"))
+    assert reader.complete
+
+
+def test_an_empty_finish_reason_is_none() -> None:
+    """Some servers send ``"finish_reason": ""`` on every chunk where the API has null: no chunk of theirs ends the
+    answer, its end marker does."""
+    reader = ChatReader()
+    for text in ("", "a", "b"):
+        reader.feed(event({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": ""}]}))
+    assert reader.first_token and not reader.complete and reader.facts.finish_reasons == []
+    reader.feed(b"data: [DONE]\n\n")
+    assert reader.complete
