@@ -29,7 +29,10 @@ home, from the home's pools, which are closed there once the last such body has 
 loop's own thread (a notebook cell after an awaited call) blocks that loop until it returns: if nothing of the
 Guard's is in flight there, the Guard leaves that loop for its home (`leave_blocked_owner`, its pools closed on the
 old loop once it runs again) and the call runs on the home loop; else it is refused, as it would wait for the calls
-of the very loop it blocks.
+of the very loop it blocks. A loop blocked by anything else (its thread waiting for sync calls it fanned out to a
+thread pool) is seen from the waiting threads: a guest not started within `BLOCKED_AFTER` of being handed to it
+(`Handed`) takes it for blocked, and the Guard leaves it the same way (`leave_blocked_loop`); that guest is refused
+there for good, and sent again where the Guard runs.
 
 A process forked while a loop owned the Guard (its home, or a loop of the caller's that had not ended: gunicorn
 ``--preload``, a prefork pool, ``multiprocessing`` with fork) has neither that loop running nor connections of its
@@ -108,6 +111,19 @@ FORKED = (
 STOPPED_WAIT = 1.0
 """Seconds a call waits for an owner loop stopped with calls in flight to run again or end: asyncio.run stops
 its loop for a moment between its main task and its clean-up; a loop stopped for good would wait for ever."""
+
+BLOCKED_AFTER = 1.0
+"""Seconds a sync call handed to the owner loop from another thread waits to start there before the loop is taken
+for blocked. Its start is a callback queued on that loop, which runs its ready callbacks at every turn: not started
+within this long, the loop has run no turn for about as long, ten times asyncio's own threshold for a slow callback
+(0.1 s). A loop merely busy for a moment is not taken for blocked, and one that is costs its waiting threads no more
+than this once (later calls go where the Guard runs then)."""
+
+LOOP_BLOCKED = (
+    f"the event loop this sync call was handed to (one of yours, which owned the Guard) did not start it within "
+    f"{BLOCKED_AFTER:g}s: it was taken for blocked (e.g. waiting for this very call), and the Guard left it"
+)
+"""Why a guest never started on a blocked loop: the sync edge sends it again where the Guard runs."""
 
 HANDOVER_POLL = 0.01
 """Seconds between two looks, while a loop waits to take the Guard over, at whether the home loop's sync calls
@@ -327,16 +343,51 @@ class LoopOwner:
 
     def leave_blocked_owner(self) -> bool:
         """A sync call on the owner loop's own thread, which blocks that loop until it returns: if nothing of the
-        Guard's is in flight, the Guard leaves the loop (`_leave`) and True, the call goes to the home loop; else
+        Guard's is in flight, the Guard leaves the loop (`_leave_idle`) and True, the call goes to the home loop; else
         False. A guest that has started there is in flight before its call counts as such; one handed to the loop
         but not started yet is refused as it starts (`LoopEnded`), and sent again where the Guard runs then."""
         loop = running_loop()
+        if loop is None:
+            return False
         with self._lock:
-            if loop is None or loop is self._home or self._owner() is not loop or self._guests or not self._idle():
-                return False
-            left = self._leave()
+            left = self._leave_idle(loop)
+        if left is None:
+            return False
         _settle_on(loop, *left)
         return True
+
+    def hand(self, loop: EventLoop) -> Handed:
+        """A sync call about to be handed to ``loop``, the owner, from another thread (`as_guest`)."""
+        return Handed(self, loop)
+
+    def leave_blocked_loop(self, handed: Handed) -> bool:
+        """From the thread of a sync call handed to the owner loop that has not started there within
+        `BLOCKED_AFTER`: the loop is taken for blocked (its thread may wait for this very call). If nothing of the
+        Guard's is in flight there, the Guard leaves it as `leave_blocked_owner` does; once the Guard is not there,
+        the call is refused there for good (never started, even if the Guard comes back to the loop before it would
+        start) and True: it is sent where the Guard runs now. False, to wait on, if it has started, or the Guard
+        has calls in flight on that loop."""
+        loop = handed.loop
+        with self._lock:
+            if handed.started:
+                return False
+            left = self._leave_idle(loop)
+            if left is None and self._owner() is loop:
+                return False
+            handed.refused = True
+        if left is not None:
+            _settle_on(loop, *left)
+        return True
+
+    def _leave_idle(
+        self, loop: EventLoop
+    ) -> tuple[AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]] | None:
+        """With the lock held: `_leave` ``loop``, a loop of the caller's that owns the Guard and blocks, if nothing
+        of the Guard's is in flight there (no call, no guest: one that has started is in flight before its call
+        counts as such); else None."""
+        if loop is self._home or self._owner() is not loop or self._guests or not self._idle():
+            return None
+        return self._leave()
 
     def _leave(self) -> tuple[AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]]:
         """With the lock held: the owner loop gives the Guard up as if it had ended (new pools for the next loop to
@@ -346,15 +397,20 @@ class LoopOwner:
         self._released = True
         return watch, old
 
-    async def as_guest(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def as_guest(self, call: Callable[[], Awaitable[T]], handed: Handed | None = None) -> T:
         """Run a sync call from another thread on the owner loop (the running one), as one of its guests: cancelled
         and waited for as that loop ends (`asyncio.run` cancels only the tasks it has when its main task returns).
-        `LoopEnded` if the Guard has left the loop by the time the call starts, before anything is sent."""
+        `LoopEnded` if the Guard has left the loop by the time the call starts, or its ``handed`` was given up on
+        as the loop blocked (`leave_blocked_loop`), before anything is sent."""
         loop, task = running_loop(), running_task()
         with self._lock:
+            if handed is not None and handed.refused:  # sent where the Guard ran then: never here too
+                raise LoopEnded(LOOP_BLOCKED)
             # an asyncio loop ending its async generators is about to end this Guard's too (and warns of new ones)
             if loop is None or self._owner() is not loop or getattr(loop, "_asyncgens_shutdown_called", False):
                 raise LoopEnded(LEFT_BEHIND)
+            if handed is not None:
+                handed.started = True
             self._guests.add(task)
         try:
             return await call()
@@ -436,6 +492,27 @@ class HomeCall:
     def ended(self) -> None:
         """The call's task is over (once)."""
         self._owner._ended(self._delivered)
+
+
+class Handed:
+    """A sync call handed to the owner loop from another thread: it starts there (`LoopOwner.as_guest`) or, the
+    loop taken for blocked first, is refused there for good (`LoopOwner.leave_blocked_loop`); never both."""
+
+    __slots__ = ("_owner", "loop", "refused", "since", "started")
+
+    def __init__(self, owner: LoopOwner, loop: EventLoop) -> None:
+        self._owner = owner
+        self.loop = loop
+        self.since = time.monotonic()
+        self.started = False
+        self.refused = False
+
+    def given_up(self) -> bool:
+        """From its waiting thread: True if it has waited `BLOCKED_AFTER` unstarted and is refused on its loop now
+        (`LoopOwner.leave_blocked_loop`): it is to be sent where the Guard runs."""
+        if self.started or time.monotonic() - self.since < BLOCKED_AFTER:
+            return False
+        return self._owner.leave_blocked_loop(self)
 
 
 class LoopEnded(GuardClosed):

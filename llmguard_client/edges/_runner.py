@@ -47,7 +47,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
-from llmguard_client._core.loop_owner import LEFT_BEHIND, HomeCall, LoopEnded, LoopOwner
+from llmguard_client._core.loop_owner import LEFT_BEHIND, LOOP_BLOCKED, Handed, HomeCall, LoopEnded, LoopOwner
 from llmguard_client._rollout.passthrough import MeasuredStream
 from llmguard_client._stream.body import GuardBody
 from llmguard_client.edges._client_calls import SyncClientCalls, client_closed
@@ -394,8 +394,9 @@ class LoopAccess(Protocol):
     def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``func`` on the loop and wait for its result (from any thread but the loop's)."""
 
-    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
-        """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
+    def start(self, func: Callable[[], Awaitable[Any]], handed: Handed | None = None) -> Future[Any]:
+        """Start ``func`` as a task on the loop (from any thread but the loop's); its future. ``handed``: a sync
+        call handed to a loop of the caller's (`CallersLoop.hand`), which it refuses once given up on."""
 
 
 def send(
@@ -415,17 +416,18 @@ def send(
         raise GuardClosed(CLOSED)
     head: Future[httpx.Response] = Future()
     delivered = None if home is None else home.delivered
-    exchange = _Exchange(core, request, head, loop, delivered, guest=isinstance(access, CallersLoop))
+    handed = access.hand() if isinstance(access, CallersLoop) else None
+    exchange = _Exchange(core, request, head, loop, delivered, guest=handed is not None)
     if calls is not None and not calls.add(exchange, access):  # its client closed as it started: nothing sent
         if home is not None:
             home.ended()
         raise client_closed(request)
-    task = start_counted(access, exchange.drive, None if home is None else home.ended)
+    task = start_counted(access, exchange.drive, None if home is None else home.ended, handed)
     task.add_done_callback(exchange.unstarted)
     try:
-        response = wait_for(head, loop)
+        response = wait_for(head, loop, handed)
     except LoopEnded:
-        raise  # nothing runs the call any more
+        raise  # nothing runs the call any more, or will
     except BaseException:
         if not head.done():  # the caller was interrupted (e.g. KeyboardInterrupt): stop the call
             access.call(exchange.close)
@@ -434,12 +436,15 @@ def send(
 
 
 def start_counted(
-    access: LoopAccess, func: Callable[[], Awaitable[Any]], ended: Callable[[], None] | None
+    access: LoopAccess,
+    func: Callable[[], Awaitable[Any]],
+    ended: Callable[[], None] | None,
+    handed: Handed | None = None,
 ) -> Future[Any]:
-    """Start ``func`` as a task on ``access``'s loop; ``ended`` (if given) is called once that task is over, or at
-    once if it could not start."""
+    """Start ``func`` as a task on ``access``'s loop (as ``handed``, if given); ``ended`` (if given) is called once
+    that task is over, or at once if it could not start."""
     try:
-        task = access.start(func)
+        task = access.start(func, handed)
     except BaseException:
         if ended is not None:
             ended()
@@ -449,9 +454,11 @@ def start_counted(
     return task
 
 
-def wait_for(future: Future[Any], loop: EventLoop) -> Any:
+def wait_for(future: Future[Any], loop: EventLoop, handed: Handed | None = None) -> Any:
     """``future``'s result, from a sync caller's thread; `GuardClosed` if ``loop``, which was to settle it, closes
-    first (then nothing ever will)."""
+    first (then nothing ever will). ``handed``: the call settling it, handed to a loop of the caller's, which may
+    block before starting it (its thread waiting for this very call, say): `LoopEnded` once it is given up on
+    there (`Handed.given_up`), to be sent where the Guard runs."""
     while True:
         try:
             return future.result(timeout=LOOP_CHECK)
@@ -462,6 +469,8 @@ def wait_for(future: Future[Any], loop: EventLoop) -> Any:
                 raise
             if loop.is_closed():
                 raise LoopEnded("the event loop running this call ended before the call did") from None
+            if handed is not None and handed.given_up():
+                raise LoopEnded(LOOP_BLOCKED) from None
 
 
 class CallersLoop:
@@ -483,9 +492,13 @@ class CallersLoop:
     def call(self, func: Callable[[], Awaitable[Any]]) -> Any:
         return wait_for(self.start(func), self._loop)
 
-    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
+    def hand(self) -> Handed:
+        """A sync call about to be handed to this loop (`start`), which the loop may block before starting."""
+        return self._owner.hand(self._loop)
+
+    def start(self, func: Callable[[], Awaitable[Any]], handed: Handed | None = None) -> Future[Any]:
         try:
-            return run_threadsafe(functools.partial(self._owner.as_guest, func), self._loop)
+            return run_threadsafe(functools.partial(self._owner.as_guest, func, handed), self._loop)
         except RuntimeError as exc:  # the loop closed in between
             raise LoopEnded("the event loop this Guard's calls run on has ended") from exc
 
@@ -560,8 +573,9 @@ class SyncRunner:
             raise GuardClosed(CLOSED)
         return wait_for(self.start(func), loop)
 
-    def start(self, func: Callable[[], Awaitable[Any]]) -> Future[Any]:
-        """Start ``func`` as a task on the loop (from any thread but the loop's); its future."""
+    def start(self, func: Callable[[], Awaitable[Any]], handed: Handed | None = None) -> Future[Any]:
+        """Start ``func`` as a task on the loop (from any thread but the loop's); its future. Its own loop: no
+        call is ``handed`` to it."""
         loop = self._loop
         if loop is None or self._stopped:
             raise GuardClosed(CLOSED)

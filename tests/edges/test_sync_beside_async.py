@@ -4,23 +4,30 @@ run on the caller's loop that owns the Guard; async code takes the Guard over fr
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 import pytest
 
 from llmguard_client import ContinuationPolicy, Guard, GuardClosed, PhaseRecord, Tier, WrongEventLoop
-from llmguard_client._core.event_loops import start_soon
+from llmguard_client._core import loop_owner
+from llmguard_client._core.event_loops import running_loop, start_soon
+from llmguard_client._core.loop_owner import LoopEnded
+from llmguard_client.edges import _runner
 from llmguard_client.edges._registry import runner_for
 from llmguard_client.edges._runner import CallersLoop, wait_for
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
+
+if TYPE_CHECKING:
+    from llmguard_client._core.loop_owner import Handed
 
 openai = pytest.importorskip("openai")
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
@@ -304,8 +311,8 @@ def test_worker_threads_sync_calls_handed_to_the_loop_as_its_own_thread_makes_on
     handed = threading.Semaphore(0)
     hand = CallersLoop.start
 
-    def start(self: CallersLoop, func: Callable[[], Any]) -> Future[Any]:
-        future = hand(self, func)
+    def start(self: CallersLoop, func: Callable[[], Any], call: Handed | None = None) -> Future[Any]:
+        future = hand(self, func, call)
         handed.release()  # the worker's call waits for the loop to run it
         return future
 
@@ -344,6 +351,88 @@ def test_worker_threads_sync_calls_handed_to_the_loop_as_its_own_thread_makes_on
         asyncio.run(app(asyncio.to_thread))
     assert len(server.received) == 6  # each call sent once
     assert [r.status for r in records] == ["ok"] * 6
+    assert sync_threads() == []
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+def run_app(backend: str, app: Callable[[Callable[..., Any]], Any]) -> None:
+    """Run ``app(to_thread)`` under ``backend`` (asyncio's loop, or a trio run)."""
+    if backend == "trio":
+        trio = pytest.importorskip("trio")
+        trio.run(app, trio.to_thread.run_sync)
+    else:
+        asyncio.run(app(asyncio.to_thread))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_calls_the_owner_loop_blocks_waiting_for_in_a_thread_pool_are_all_served_once(
+    server: LoopbackServer, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async function calls sync code that fans sync calls out to a thread pool and waits for them without
+    awaiting (a sync library's batch): the calls were handed to the loop that owns the Guard, which that wait
+    blocks, and never started (before: none of 4 returned). Taken for blocked, the loop is left, and each call runs
+    on the Guard's own thread, sent once; the next awaited call takes the Guard back, and the calls handed to the
+    loop earlier are refused there as it runs again."""
+    monkeypatch.setattr(loop_owner, "BLOCKED_AFTER", 0.05)  # the test's loop is blocked for good: no need to wait
+    monkeypatch.setattr(_runner, "LOOP_CHECK", 0.02)
+    records: list[PhaseRecord] = []
+
+    def batch(guard: Guard) -> list[str]:
+        pool = concurrent.futures.ThreadPoolExecutor(4)
+        calls = [pool.submit(sync_sdk_call, guard, server) for _ in range(4)]
+        done, _ = concurrent.futures.wait(calls, timeout=20)  # blocks the loop; before: timed out, none done
+        pool.shutdown(wait=False)
+        return [call.result() for call in done]
+
+    async def app(to_thread: Callable[..., Any]) -> None:
+        async with guard_over(server, records) as guard:
+            assert await async_sdk_call(guard, server)  # this loop owns the Guard
+            assert batch(guard) == ["hello"] * 4
+            assert await async_sdk_call(guard, server)  # back on this loop
+            assert guard.transport.loops.sync_owner() is running_loop()
+
+    run_app(backend, app)
+    assert len(server.received) == 6  # each call sent once
+    assert [r.status for r in records] == ["ok"] * 6
+    assert sync_threads() == []
+    assert eventually(lambda: client_sockets([server]) == 0)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sync_call_given_up_on_a_blocked_loop_is_refused_there_for_good_and_never_while_the_guard_is_busy_there(
+    server: LoopbackServer, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the Guard has a call in flight on the loop, a sync call waiting for that loop to start it keeps
+    waiting (the Guard stays). Given up on once nothing is, the call is refused on that loop even after an awaited
+    call has taken the Guard back there: it was sent elsewhere already."""
+    monkeypatch.setattr(loop_owner, "BLOCKED_AFTER", 0.0)
+    server.script = Script(tokens=5, gap=0.01)
+    ran: list[str] = []
+
+    async def guest_call() -> None:
+        ran.append("ran")
+
+    async def app(to_thread: Callable[..., Any]) -> None:
+        async with guard_over(server) as guard:
+            loops, loop = guard.transport.loops, running_loop()
+            assert loop is not None
+            client = guard.http_client()
+            request = client.build_request("POST", server.url + CHAT, json=BODY)
+            streamed = await client.send(request, stream=True)
+            handed = loops.hand(loop)
+            assert not await to_thread(handed.given_up)  # a call in flight on this loop: the Guard stays
+            assert loops.sync_owner() is loop
+            await streamed.aclose()
+            assert await to_thread(lambda: eventually(handed.given_up))  # nothing in flight: the Guard leaves
+            assert loops.sync_owner() is None
+            assert await async_sdk_call(guard, server)  # takes the Guard back
+            assert loops.sync_owner() is loop
+            with pytest.raises(LoopEnded):
+                await loops.as_guest(guest_call, handed)
+            assert ran == []
+
+    run_app(backend, app)
+    assert len(server.received) == 2
     assert sync_threads() == []
     assert eventually(lambda: client_sockets([server]) == 0)
 
