@@ -112,12 +112,14 @@ STOPPED_WAIT = 1.0
 """Seconds a call waits for an owner loop stopped with calls in flight to run again or end: asyncio.run stops
 its loop for a moment between its main task and its clean-up; a loop stopped for good would wait for ever."""
 
-BLOCKED_AFTER = 1.0
+BLOCKED_AFTER = 5.0
 """Seconds a sync call handed to the owner loop from another thread waits to start there before the loop is taken
 for blocked. Its start is a callback queued on that loop, which runs its ready callbacks at every turn: not started
-within this long, the loop has run no turn for about as long, ten times asyncio's own threshold for a slow callback
-(0.1 s). A loop merely busy for a moment is not taken for blocked, and one that is costs its waiting threads no more
-than this once (later calls go where the Guard runs then)."""
+within this long, the loop has run no turn for about as long. A loop busy with CPU work for a second or two (parsing,
+tokenising) is not blocked, and taking it for blocked costs its next async call a wait for the moved calls' first
+tokens, refused past its ``ttft`` (measured at 1 s: a 1.5 s CPU stretch then had an async call with a 2 s ttft
+refused); a loop that runs no turn for 5 s is stuck (its own timers are late by as much). One that is blocked costs
+its waiting threads this long once (later calls go where the Guard runs then)."""
 
 LOOP_BLOCKED = (
     f"the event loop this sync call was handed to (one of yours, which owned the Guard) did not start it within "
