@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import sys
 from collections.abc import Awaitable, Callable
@@ -77,7 +78,9 @@ def running_task() -> object | None:
 
 def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[T]:
     """Start ``func()`` as a task on ``loop`` from another thread; its future. ``RuntimeError`` if the loop has
-    ended; the future is cancelled if the loop ends before the task does."""
+    ended; the future is cancelled if the loop ends before the task does. The task starts in an empty context,
+    as a trio system task does: none of the calling thread's variables (such as the one naming its async library,
+    which ``anyio.run`` sets) is taken along."""
     if isinstance(loop, TrioRun):
         return loop.start(func)
     assert isinstance(loop, asyncio.AbstractEventLoop)
@@ -93,7 +96,7 @@ def run_threadsafe(func: Callable[[], Awaitable[T]], loop: EventLoop) -> Future[
         task.add_done_callback(functools.partial(_settle, future))
         future.add_done_callback(functools.partial(_cancel_with, loop, task))  # and the future holds the task
 
-    loop.call_soon_threadsafe(start)
+    loop.call_soon_threadsafe(start, context=contextvars.Context())
     return future
 
 
@@ -137,7 +140,7 @@ def start_soon(func: Callable[[], Awaitable[object]], loop: EventLoop) -> None:
         _started_soon.add(task)
         task.add_done_callback(_started_soon.discard)
 
-    loop.call_soon_threadsafe(start)
+    loop.call_soon_threadsafe(start, context=contextvars.Context())
 
 
 async def started_soon_ended(timeout: float) -> None:

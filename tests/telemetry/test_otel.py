@@ -345,3 +345,22 @@ def test_a_bad_argument_is_refused_when_built(kwargs: dict[str, Any], fragments:
     assert message.startswith("OpenTelemetryInstrumentation.")
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_sync_calls_logical_span_is_a_child_of_the_callers_current_span(
+    otel: Otel, servers: list[LoopbackServer], stream: bool
+) -> None:
+    """The call runs on the Guard's own loop thread, but its span still joins the caller's trace."""
+    servers[0].script = Script(tokens=3, gap=0.001)
+    guard = e2e_guard(otel, [servers[0].url])
+    tracer = otel.tracer_provider.get_tracer("app")
+    try:
+        with tracer.start_as_current_span("handler") as handler, guard.sync_http_client() as client:
+            response = client.post(servers[0].url + CHAT, json={**STREAM_BODY, "stream": stream})
+            assert response.status_code == 200
+    finally:
+        guard.close()
+    (logical,) = [span for span in otel.finished() if span.name == "chat test-model"]
+    assert logical.parent is not None and logical.parent.span_id == handler.get_span_context().span_id
+    assert logical.context.trace_id == handler.get_span_context().trace_id
