@@ -76,8 +76,10 @@ def attempts_error(
         what = "failed before its first token"  # some with an answer that was none
     message = (
         f"every attempt {what} (tier {call.tier_name!r}, {call.clock() - call.record.start:.3f}s elapsed); "
-        f"{describe_attempts(call.record)}"
+        f"{describe_attempts(call.record)}; the last one's error: {type(last).__name__}"
     )
+    if str(last):  # a certificate the server's TLS failed to verify, say: what plain httpx would have said
+        message += f": {last}"
     if refusal is not None:
         message += f"; no further attempt: {refusal.message}"
     kind: type[AllAttemptsFailed | AllAttemptsTimedOut]

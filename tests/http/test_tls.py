@@ -88,12 +88,14 @@ def test_one_context_per_value_of_the_environment(
 
 async def test_a_refused_certificate_is_not_sent_again_to_the_same_replica(tls_server: LoopbackServer) -> None:
     """No CA vouches for the replica's certificate: every handshake with it would fail alike, so the error comes at
-    once (one attempt, no backoff), as the plain SDK's with ``max_retries=0`` does."""
+    once (one attempt, no backoff), as the plain SDK's with ``max_retries=0`` does. Its message says why, as plain
+    httpx's does."""
     tiers = {"t": Tier(ttft=10, total=20)}
     async with Guard([tls_server.url], tiers, failure_mode="raise") as guard, guard.http_client() as client:
         with pytest.raises(httpx.ConnectError, match=r"1 attempt\(s\).*connect_error") as raised:
             await client.post(tls_server.url + "/v1/chat/completions", json=BODY)
     assert "CERTIFICATE_VERIFY_FAILED" in str(raised.value.__cause__)
+    assert "the last one's error: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]" in str(raised.value)
     assert tls_server.received == []
 
 
