@@ -96,6 +96,9 @@ class Plan:
     """From ``[DONE]`` to the body's end (a server or proxy that holds the body open)."""
     reset_after_done: bool = False
     """The connection breaks after ``[DONE]`` (an ``httpx.ReadError`` instead of the body's end)."""
+    second_choice_after: float | None = None
+    """A second choice (as asked with ``n=2``), whose tokens begin this long after the first choice's finish
+    reason (None: one choice, whatever the request's ``n``)."""
 
 
 @dataclass
@@ -162,7 +165,16 @@ class _Events(httpx.AsyncByteStream):
                 raise httpx.ReadError("scripted reset")
             yield _sse({**base, "choices": [{"index": 0, "delta": {"content": f"{self._replica.name}{i} "}}]})
         usage = {"prompt_tokens": 3, "completion_tokens": plan.tokens, "total_tokens": 3 + plan.tokens}
-        yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
+        if plan.second_choice_after is not None:
+            yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            await anyio.sleep(plan.second_choice_after)
+            for i in range(plan.tokens):
+                if i and plan.gap:
+                    await anyio.sleep(plan.gap)
+                yield _sse({**base, "choices": [{"index": 1, "delta": {"content": f"{self._replica.name}{i}' "}}]})
+            usage = {**usage, "completion_tokens": 2 * plan.tokens, "total_tokens": 3 + 2 * plan.tokens}
+        last = 0 if plan.second_choice_after is None else 1
+        yield _sse({**base, "choices": [{"index": last, "delta": {}, "finish_reason": "stop"}], "usage": usage})
         await anyio.sleep(plan.before_done)
         yield b"data: [DONE]\n\n"
         self._replica.completed += 1

@@ -93,6 +93,8 @@ class Call:
     each attempt."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
+    choices: int = 1
+    """The choices the request asks for (its ``n``): a streamed answer is complete when that many have finished."""
     ttft_size: int = field(init=False)
     """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
     judges: bool = field(init=False)

@@ -58,6 +58,9 @@ class RequestFacts:
     max_tokens: int | None = None
     prompt_chars: int | None = None
     """Characters of the prompt's text (`prompt_chars`); None when the body has no prompt field."""
+    choices: int = 1
+    """The choices asked for (``n``: Chat Completions and Completions), each streamed to its own finish reason; 1
+    when absent or not a positive integer."""
 
     @classmethod
     def parse(cls, request: httpx.Request, body: bytes) -> RequestFacts:
@@ -71,9 +74,11 @@ class RequestFacts:
         obj: dict[str, Any] = document
         model = obj.get("model")
         max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens", obj.get("max_output_tokens")))
+        n = obj.get("n")
         return cls(
             model=model if isinstance(model, str) else None,
             stream=obj.get("stream") is True,
             max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
             prompt_chars=prompt_chars(obj),
+            choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
         )

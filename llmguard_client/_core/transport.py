@@ -422,6 +422,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             keeps_text=continuation is not None,
             streamed=streamed,
             prompt_chars=facts.prompt_chars,
+            choices=facts.choices,
             lease=CallLease(self._registry, finish, time_source),
         )
         return call, continuation

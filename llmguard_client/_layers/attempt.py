@@ -82,7 +82,7 @@ class AttemptLayer:
                 return Failed([failure])
             content_type = response.headers.get("content-type", "")
             reader = reader_for(
-                request.method, request.url.path, content_type, call.record.stream, response.status_code
+                request.method, request.url.path, content_type, call.record.stream, response.status_code, call.choices
             )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from

@@ -173,7 +173,9 @@ async def passthrough(
     content_type = response.headers.get("content-type", "")
     reader = None
     if response.status_code < 400:
-        reader = reader_for(request.method, request.url.path, content_type, facts.stream, response.status_code)
+        reader = reader_for(
+            request.method, request.url.path, content_type, facts.stream, response.status_code, facts.choices
+        )
     measured = httpx.Response(
         response.status_code,
         headers=response.headers,

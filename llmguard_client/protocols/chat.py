@@ -8,8 +8,9 @@
 - in-stream error: an event whose JSON has a non-empty top-level ``error`` (vLLM's queue overflow:
   ``{"error": {..., "code": 503}}`` then ``[DONE]``; TGI: ``{"error": "...", "error_type": ...}``),
   or an ``event: error``;
-- end marker: ``data: [DONE]`` or any ``finish_reason`` (with ``n > 1`` the first choice to finish
-  ends the judging: a later truncation of another choice is not detected);
+- end marker: ``data: [DONE]``, or a non-empty ``finish_reason`` for as many distinct choices as the request
+  asked for (its ``n``, the reader's ``choices``); a server that sends fewer choices ends its stream with
+  ``[DONE]``;
 - usage: ``usage.prompt_tokens`` / ``usage.completion_tokens``, usually in a last ``choices: []``
   chunk (``stream_options.include_usage``).
 
@@ -33,9 +34,6 @@ from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
-_ANOTHER_CHOICE = re.compile(rb'"index": ?[1-9]')
-"""An event that may be of another choice than the first (``n`` > 1), whose finish the answer's end waits for too:
-also worth splitting (a separate scan: in the one above it cost half as much again)."""
 _UNSAFE_TEXT = re.compile(rb'["\r\n]|\\\Z')
 """What a learnt shape's text must not hold: a quote or line break, or a backslash at its end (any of
 which could end the JSON string or the event). Searched between the head and the tail."""
@@ -103,18 +101,18 @@ class ChatReader(SSEReader):
     _text_key = b'"content":'
     """The key of the text string of a typical chunk (see `_learn_shape`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int = 1) -> None:
         super().__init__()
         self._text: list[str] | None = None
         self.text_events = 0
         """Events that carried text (kept only with `keep_text`)."""
         self.text_only = True
         """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
-        self._choices: set[int] = set()
-        """The indices of the choices seen in the events decoded (every one before the first token; after it, those
-        that may hold a finish reason)."""
+        self._choices = choices
+        """The choices the request asked for (its ``n``): the answer ends when that many have had their finish
+        reason (events holding one are always decoded, so no other event needs to be)."""
         self._finished: set[int] = set()
-        """The indices of the choices that have had their finish reason: the answer ends when every choice seen has."""
+        """The indices of the choices that have had their finish reason."""
         self._head = b""
         """A plain chunk's bytes before its text (see `_learn_shape`); empty until one is learnt."""
         self._tail = b""
@@ -158,7 +156,7 @@ class ChatReader(SSEReader):
     def skippable(self, chunk: bytes) -> bool:
         if self._text is not None or not chunk.endswith(b"\n\n"):
             return False
-        if _INTERESTING.search(chunk) is not None or _ANOTHER_CHOICE.search(chunk) is not None:
+        if _INTERESTING.search(chunk) is not None:
             return False
         self._learn_shape(chunk)
         return True
@@ -201,21 +199,18 @@ class ChatReader(SSEReader):
             self.text_events += 1
 
     def _finishes(self, obj: dict[str, Any]) -> bool:
-        """Note the choices of a decoded event; whether every choice seen has now had its finish reason (with
-        ``n`` > 1, the first choice to finish does not end the answer)."""
+        """Note the choices of a decoded event that have had their finish reason; whether as many as the request
+        asked for now have (a choice without an integer ``index`` is the first, as in the API's default)."""
         choices = obj.get("choices")
         if isinstance(choices, list):
             for choice in choices:
                 if not isinstance(choice, dict):
                     continue
-                index = choice.get("index", 0)
-                if not isinstance(index, int):
-                    continue
-                self._choices.add(index)
                 reason = choice.get("finish_reason")
                 if isinstance(reason, str) and reason:
-                    self._finished.add(index)
-        return bool(self._finished) and self._finished >= self._choices
+                    index = choice.get("index", 0)
+                    self._finished.add(index if isinstance(index, int) else 0)
+        return len(self._finished) >= self._choices
 
     def event(self, name: bytes, data: bytes) -> None:
         text = self._text
@@ -232,7 +227,6 @@ class ChatReader(SSEReader):
                 and data.find(b'"finish_reason": "') < 0
                 and data.find(b'"error"') < 0
                 and name != b"error"
-                and _ANOTHER_CHOICE.search(data) is None  # n > 1: every choice's finish is awaited
             ):
                 if len(data) < 16 and data.strip() == b"[DONE]":
                     self.complete = True

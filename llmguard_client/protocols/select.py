@@ -37,19 +37,20 @@ from llmguard_client.protocols.sse import SSEReader
 
 @dataclass(frozen=True, slots=True)
 class WireProtocol:
-    """One wire protocol: the path suffix that names it, its stream reader and its body's facts."""
+    """One wire protocol: the path suffix that names it, its stream reader (given the choices the request asks
+    for: only Chat Completions and Completions have more than one) and its body's facts."""
 
     name: str
     suffix: str
-    stream: Callable[[], SSEReader]
+    stream: Callable[[int], SSEReader]
     absorb: Absorb
 
 
 PROTOCOLS: tuple[WireProtocol, ...] = (
     WireProtocol("chat", "/chat/completions", ChatReader, absorb_chat_body),
     WireProtocol("completions", "/completions", CompletionsReader, absorb_completions_body),
-    WireProtocol("responses", "/responses", ResponsesReader, absorb_response),
-    WireProtocol("messages", "/messages", MessagesReader, absorb_message_body),
+    WireProtocol("responses", "/responses", lambda _choices: ResponsesReader(), absorb_response),
+    WireProtocol("messages", "/messages", lambda _choices: MessagesReader(), absorb_message_body),
 )
 """In matching order (``/chat/completions`` before ``/completions``)."""
 
@@ -69,8 +70,11 @@ NO_GENERATION = frozenset({204, 205})
 """Success statuses that carry no body (`reader_for` passes them through, as the 3xx)."""
 
 
-def reader_for(method: str, path: str, content_type: str, requested_stream: bool, status: int = 200) -> StreamReader:
-    """A fresh reader for one answer (``status`` below 400); see the module docstring for the table."""
+def reader_for(
+    method: str, path: str, content_type: str, requested_stream: bool, status: int = 200, choices: int = 1
+) -> StreamReader:
+    """A fresh reader for one answer (``status`` below 400, ``choices`` the request's ``n``); see the module
+    docstring for the table."""
     protocol = protocol_for(method, path)
     if 300 <= status < 400 or status in NO_GENERATION:
         return PassthroughReader()
@@ -79,12 +83,12 @@ def reader_for(method: str, path: str, content_type: str, requested_stream: bool
         return EmbeddingsReader() if embeddings else PassthroughReader()
     content_type = content_type.lower()
     if "text/event-stream" in content_type:
-        reader = protocol.stream()
+        reader = protocol.stream(choices)
         if not requested_stream:  # the SDKs read a non-streaming answer as JSON whatever its label
             reader.unlabelled(plain=BodyReader(protocol.absorb))
         return reader
     if requested_stream:
-        reader = protocol.stream()
+        reader = protocol.stream(choices)
         reader.unlabelled(json_body="json" in content_type)
         return reader
     if "json" in content_type:

@@ -50,6 +50,15 @@ def test_parse_rejects_non_integer_max_tokens(field: str, value: Any) -> None:
     assert facts({"model": "m", field: value})[2] is None
 
 
+@pytest.mark.parametrize(
+    ("n", "choices"), [(3, 3), (1, 1), (0, 1), (-2, 1), (True, 1), (2.0, 1), ("2", 1), (None, 1), ([2], 1)]
+)
+def test_parse_the_choices_asked_for(n: Any, choices: int) -> None:
+    """``n`` (Chat Completions and Completions): a positive integer, else 1, as when it is absent."""
+    assert RequestFacts.parse(*post({"model": "m", "n": n})).choices == choices
+    assert RequestFacts.parse(*post({"model": "m"})).choices == 1
+
+
 @pytest.mark.parametrize("model", [3, None, ["m"], {"id": "m"}])
 def test_parse_rejects_non_string_model(model: Any) -> None:
     assert facts({"model": model})[0] is None

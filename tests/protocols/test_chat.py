@@ -707,7 +707,7 @@ def test_after_a_learnt_chunk_shape_every_marker_is_still_found(late: bytes, exp
 
 
 def test_a_text_that_could_end_its_string_is_never_taken_for_the_learnt_shape() -> None:
-    reader = ChatReader()
+    reader = ChatReader(choices=2)
     for text in ("", "a", "b"):
         reader.feed(_plain(text))
     head, tail = reader._head, reader._tail
@@ -716,7 +716,7 @@ def test_a_text_that_could_end_its_string_is_never_taken_for_the_learnt_shape() 
     sneaky = head + b'x"},"finish_reason":"length"},{"index":1,"delta":{"content":"' + tail
     reader.feed(sneaky)
     assert reader.facts.finish_reasons == ["length"]
-    assert not reader.complete  # choice 1 goes on: the answer ends when every choice seen has finished
+    assert not reader.complete  # choice 1 goes on: with n=2 the answer ends when both have finished
 
 
 def test_a_chunk_of_the_learnt_shape_that_completes_a_half_read_event_is_judged_with_it() -> None:
@@ -733,7 +733,7 @@ def test_a_chunk_of_the_learnt_shape_that_completes_a_half_read_event_is_judged_
 
 def test_with_two_choices_the_answer_ends_when_both_have_finished() -> None:
     """``n=2``: the first choice's finish reason does not end the answer (the tier's stall still watches the other)."""
-    reader = ChatReader()
+    reader = ChatReader(choices=2)
     role = [{"index": i, "delta": {"role": "assistant", "content": ""}} for i in (0, 1)]
     reader.feed(event({"choices": role}))
     reader.feed(event({"choices": [{"index": 0, "delta": {"content": "a"}}, {"index": 1, "delta": {"content": "b"}}]}))
@@ -746,14 +746,14 @@ def test_with_two_choices_the_answer_ends_when_both_have_finished() -> None:
 
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
 def test_a_second_choice_first_seen_after_the_first_token_still_holds_the_answer_open(compact: bool) -> None:
-    """Past the first token most events are not decoded; those of another choice than the first are."""
+    """Past the first token most events are not decoded; those holding a finish reason are, whatever the choice."""
     separators = (",", ":") if compact else (", ", ": ")
 
     def choice(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
         obj = {"choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
         return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
 
-    reader = ChatReader()
+    reader = ChatReader(choices=2)
     reader.feed(choice(0, {"content": "a"}))
     reader.feed(choice(1, {"content": "b"}))
     reader.feed(choice(0, {}, "stop"))
@@ -771,3 +771,47 @@ def test_an_empty_finish_reason_is_none() -> None:
     assert reader.first_token and not reader.complete and reader.facts.finish_reasons == []
     reader.feed(b"data: [DONE]\n\n")
     assert reader.complete
+
+
+def test_with_two_choices_the_second_may_begin_after_the_first_finished() -> None:
+    """``n=2`` and choice 1's first chunk comes after choice 0's finish reason: the answer is not complete until
+    choice 1 has finished too, though it was not seen yet when choice 0 finished."""
+    reader = ChatReader(choices=2)
+    for text in ("", "a", "b"):
+        reader.feed(_plain(text))
+    reader.feed(_plain("", finish="stop"))
+    assert reader.first_token and not reader.complete
+    reader.feed(event({"choices": [{"index": 1, "delta": {"content": "c"}, "finish_reason": None}]}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))  # choice 0 again: one
+    assert not reader.complete
+    reader.feed(event({"choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]}))
+    assert reader.complete and reader.facts.finish_reasons == ["stop", "stop", "length"]
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
+def test_a_text_that_names_another_choice_does_not_hold_a_single_choice_answer_open(compact: bool) -> None:
+    """``n=1``: a text holding ``"index": 1`` is only text; the answer is complete at choice 0's finish reason."""
+    separators = (",", ":") if compact else (", ", ": ")
+
+    def plain(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        obj = {"id": "c", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
+
+    reader = ChatReader()
+    reader.feed(plain({"content": "JSON: {"}))
+    reader.feed(plain({"content": '"index": 1'}))
+    reader.feed(plain({"content": "}"}))
+    reader.feed(plain({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}))  # a second call, one choice
+    reader.feed(plain({}, "stop"))
+    assert reader.complete and reader.failure is None
+
+
+def test_a_server_that_sends_fewer_choices_than_asked_for_ends_with_done() -> None:
+    """``n=3`` asked for, one choice sent (a server that ignores ``n``): its finish reason does not end the answer,
+    ``[DONE]`` does; no truncation."""
+    reader = CompletionsReader(choices=3)
+    reader.feed(event({"choices": [{"index": 0, "text": "Hel", "finish_reason": None}]}))
+    reader.feed(event({"choices": [{"index": 0, "text": "lo", "finish_reason": "stop"}]}))
+    assert reader.first_token and not reader.complete
+    reader.feed(b"data: [DONE]\n\n")
+    assert reader.complete and reader.end_of_body() is None

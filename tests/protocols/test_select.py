@@ -47,6 +47,17 @@ def test_reader_for(method: str, path: str, content_type: str, stream: bool, exp
     assert type(reader_for(method, path, content_type, stream)) is expected
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_chat_or_completions_stream_ends_when_the_choices_asked_for_have_finished(path: str) -> None:
+    """The request's ``n`` is handed to the reader: with 2, the first choice's finish reason does not end it."""
+    done = {"choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "stop"}]}
+    finish = b"data: " + json.dumps(done).encode() + b"\n\n"
+    for choices, complete in ((1, True), (2, False)):
+        reader = reader_for("POST", path, SSE, True, 200, choices)
+        reader.feed(finish)
+        assert reader.complete is complete
+
+
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308, 204, 205])
 @pytest.mark.parametrize("content_type", ["", "application/json", SSE, "text/html"])
 def test_a_redirect_or_an_answer_without_content_is_passed_through(status: int, content_type: str) -> None:

@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from llmguard_client import ContinuationPolicy, PhaseRecord, Tier
+from llmguard_client import ContinuationPolicy, PhaseRecord, StallTimeout, Tier, TotalTimeout
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
@@ -103,7 +103,9 @@ def test_a_replica_slow_per_token_is_learned_slow_by_a_caller_reading_at_once(ba
     assert learned_time_per_token(backend, Plan(tokens=20, gap=0.05), pause=1.0) == pytest.approx(0.05, abs=1e-6)
 
 
-def read_to_the_end(plan: Plan, tier: Tier, backend: str, **guard_kwargs: Any) -> tuple[str, float, PhaseRecord]:
+def read_to_the_end(
+    plan: Plan, tier: Tier, backend: str, body: dict[str, Any] = BODY, **guard_kwargs: Any
+) -> tuple[str, float, PhaseRecord]:
     """One stream read to its end through a Guard with one tier: the text, the virtual seconds it took, its record."""
     records: list[PhaseRecord] = []
     fakes = {A: FakeReplica("a", [plan]), "http://b.test": FakeReplica("b")}
@@ -113,7 +115,7 @@ def read_to_the_end(plan: Plan, tier: Tier, backend: str, **guard_kwargs: Any) -
         guard = virtual_guard(fakes, records, tiers={"i": tier}, hedge=None, **guard_kwargs)
         async with guard, guard.http_client() as client:
             start = now()
-            async with client.stream("POST", A + CHAT, json=BODY) as response:
+            async with client.stream("POST", A + CHAT, json=body) as response:
                 out.append((await response.aread()).decode())
             out.append(now() - start)
             assert guard.snapshot().idle and fakes[A].open_streams == 0
@@ -153,3 +155,66 @@ def test_a_break_after_the_end_marker_is_not_continued(backend: str) -> None:
     plan = Plan(open_after_done=0.2, reset_after_done=True)
     with pytest.raises(httpx.ReadError):
         read_to_the_end(plan, Tier(ttft=1.0, total=30.0, stall=5.0), backend, continuation=ContinuationPolicy())
+
+
+TWO_CHOICES = {**BODY, "n": 2}
+STALL = Tier(ttft=1.0, total=30.0, stall=0.5)
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    ("plan", "tier", "error"),
+    [
+        (Plan(second_choice_after=3.0), STALL, StallTimeout),
+        (Plan(tokens=3, gap=0.4, second_choice_after=0.4), Tier(ttft=1.0, total=1.5, stall=None), TotalTimeout),
+    ],
+    ids=["stall", "total"],
+)
+def test_with_n_2_the_deadlines_watch_a_second_choice_that_begins_after_the_first_finished(
+    plan: Plan, tier: Tier, error: type[Exception], backend: str
+) -> None:
+    """``n=2``: the first choice finishes before the second sends its first chunk (3 s later; or, tokens 0.4 s apart,
+    the first's finish at 0.8 s and the second's tokens at 1.2 and 1.6 s). The answer is not complete until both have
+    finished, so the tier's stall (0.5 s) and total (1.5 s) deadlines still end it (before: the first choice's finish
+    ended the answer, the second not yet seen, and the caller read on without a deadline)."""
+    with pytest.raises(error):
+        read_to_the_end(plan, tier, backend, TWO_CHOICES)
+
+
+@BACKENDS
+def test_with_n_2_the_answer_is_complete_when_the_second_choice_has_finished(backend: str) -> None:
+    """Both choices within the stall, then ``[DONE]`` 2 s after the second's finish: past the end marker, read as
+    without a guard."""
+    plan = Plan(second_choice_after=0.4, gap=0.4, before_done=2.0)
+    text, took, record = read_to_the_end(plan, STALL, backend, TWO_CHOICES)
+    assert text.endswith("data: [DONE]\n\n") and took == pytest.approx(0.4 + 8 * 0.4 + 2.0, abs=1e-9)
+    assert (record.status, record.finish_reasons) == ("ok", ("stop", "stop"))
+
+
+@BACKENDS
+def test_a_server_that_sends_one_choice_of_the_3_asked_for_ends_with_done(backend: str) -> None:
+    text, _, record = read_to_the_end(Plan(), STALL, backend, {**BODY, "n": 3})
+    assert text.endswith("data: [DONE]\n\n") and record.status == "ok"
+
+
+@COHORTS
+@BACKENDS
+def test_with_n_2_a_body_closed_after_the_first_choice_finished_is_abandoned(backend: str, rollout: float) -> None:
+    """The caller stops reading at choice 0's finish reason, choice 1 not begun: its answer was not complete, in
+    either cohort (before: recorded ``ok``, as if it stopped at the end marker)."""
+    records: list[PhaseRecord] = []
+    fakes = {A: FakeReplica("a", [Plan(second_choice_after=0.2)])}
+
+    async def main() -> None:
+        guard = virtual_guard(fakes, records, tiers={"i": STALL}, rollout=rollout)
+        async with guard, guard.http_client() as client:
+            async with client.stream("POST", A + CHAT, json=TWO_CHOICES) as response:
+                async with aclosing(aiter(response.stream)) as chunks:  # closed at once on trio too
+                    async for chunk in chunks:
+                        if b'"finish_reason": "stop"' in chunk:
+                            break
+            assert guard.snapshot().idle and fakes[A].open_streams == 0
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert (record.status, record.cause) == ("abandoned", "closed_by_caller")
