@@ -145,7 +145,7 @@ class _Exchange:
 
     def __init__(
         self,
-        core: httpx.AsyncBaseTransport,
+        core: CallCore,
         request: httpx.Request,
         head: Future[httpx.Response],
         loop: EventLoop,
@@ -180,10 +180,15 @@ class _Exchange:
         self._handed_end = False
         """The caller's thread has had the body's end (or its failure)."""
 
-    def _why_cut(self) -> str:
+    def _left_unread(self) -> Exception:
+        """What the caller gets after the chunks already read for it when the task ended before the body did: the
+        Guard's close (the task waited for the caller to take them, so no read of the body raised it), or the end
+        of the loop the call ran on."""
+        if self._core.closed:
+            return GuardClosed("the Guard was closed while this stream was being read; the connection was closed")
         if self._cancelled or not self._guest:
-            return "the response was closed (the Guard was closed, or the call ended)"
-        return (
+            return httpx.ReadError("the response was closed (the call ended)")
+        return httpx.ReadError(
             "the event loop this sync call ran on (one of yours, which owned the Guard) ended while the body was read"
         )
 
@@ -215,7 +220,7 @@ class _Exchange:
                 await self._run()
         finally:
             if not self._ended:  # wake a reader still waiting: the call was closed or the loop stopped
-                self._put(_END if self._whole else _Failed(httpx.ReadError(self._why_cut())))
+                self._put(_END if self._whole else _Failed(self._left_unread()))
             self._done.set()
 
     async def _run(self) -> None:
@@ -382,6 +387,17 @@ def _portable(context: contextvars.Context) -> list[tuple[contextvars.ContextVar
     return [(var, value) for var, value in context.items() if var is not skip]
 
 
+class CallCore(Protocol):
+    """The Guard's transport, as a sync call's task runs through it."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response: ...
+
+    @property
+    def closed(self) -> bool:
+        """The Guard was closed (or is closing)."""
+        ...
+
+
 class LoopAccess(Protocol):
     """An event loop that sync callers run calls on from their own threads."""
 
@@ -401,7 +417,7 @@ class LoopAccess(Protocol):
 
 def send(
     access: LoopAccess,
-    core: httpx.AsyncBaseTransport,
+    core: CallCore,
     request: httpx.Request,
     home: HomeCall | None = None,
     calls: SyncClientCalls | None = None,

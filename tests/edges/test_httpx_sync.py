@@ -168,6 +168,25 @@ def test_close_with_a_stream_open_ends_it_and_closes_the_upstream(servers: list[
     assert eventually(lambda: client_sockets(servers) == 0 and servers[0].disconnects == 1)
 
 
+def test_a_stream_read_behind_when_the_guard_closes_ends_in_guard_closed(servers: list[LoopbackServer]) -> None:
+    """A caller that has not taken the chunks read ahead for it (a SIGTERM handler closing the Guard on the thread
+    reading the stream) gets them, then `GuardClosed`, as a caller keeping up does: not a bare read error."""
+    for server in servers:
+        server.script = Script(tokens=2000, gap=0.002)
+    guard = Guard([s.url for s in servers], hedge=None, instrumentation=None, transport_factory=pools)
+    client = guard.sync_http_client()
+    with client.stream("POST", servers[0].url + "/v1/chat/completions", json={**BODY, "stream": True}) as r:
+        chunks = r.iter_raw()
+        next(chunks)
+        assert eventually(lambda: len(servers[0].token_times) >= 10 * READ_AHEAD)  # the read-ahead is full
+        guard.close()
+        with pytest.raises(httpx.TransportError) as caught:
+            for _ in chunks:
+                pass
+    assert isinstance(caught.value, GuardClosed) and guard_failure(caught.value) == "guard_closed"
+    assert eventually(lambda: client_sockets(servers) == 0)
+
+
 def test_a_guard_dropped_without_close_stops_its_thread(servers: list[LoopbackServer]) -> None:
     guard = Guard([s.url for s in servers], instrumentation=None, transport_factory=pools)
     client = guard.sync_http_client()
