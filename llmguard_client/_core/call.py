@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from llmguard_client._budget.budget import RetryBudget
-from llmguard_client._core.caller_intent import with_retry_count
+from llmguard_client._core.caller_intent import RETRY_COUNT_HEADER, with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._core.redact import CREDENTIALS, credential_key
@@ -63,6 +63,12 @@ class Call:
     replica serves generation calls (cool-downs, circuit); another API's (files, models, embeddings) do not."""
     host: bytes | None = None
     """The ``Host`` the caller set itself (`CallerHeaders.host`; None: each attempt sends its replica's)."""
+    signed: frozenset[bytes] = frozenset()
+    """The headers the client signed (and those carrying its signature): each attempt forwards them exactly as they
+    came, over a replica's own headers and the guard's (`llmguard_client._http.signed`)."""
+    signed_url: bool = False
+    """The client signed the request's URL (its host and path): each attempt sends it to that URL as it is (the
+    routing only offers replicas on its origin that would: `llmguard_client._routing.reach.own`)."""
     replica_bases: tuple[httpx.URL, ...] = ()
     """Every replica's base URL, to recognise a request already aimed at one of them."""
     outside: tuple[ReplicaState, ...] = ()
@@ -158,25 +164,31 @@ class Call:
     ) -> httpx.Request:
         """The caller's request re-aimed at one replica, with that replica's own headers (and ``body``
         instead of the caller's, for a continuation)."""
-        url = state.target_for(self.request.url, self.replica_bases)
+        signed = self.signed
+        url = self.request.url if self.signed_url else state.target_for(self.request.url, self.replica_bases)
         own = state.header_items
+        if own and signed:  # a signed header is sent as signed, never replaced by the replica's
+            own = [(k, v) for k, v in own if k.lower() not in signed]
         if own:
-            names = state.header_names
+            names = state.header_names - signed if signed else state.header_names
             forwarded = [(k, v) for k, v in self.headers if k.lower() not in names]
             if state.replaces_credential:  # and the caller's others carrying the same key, or another's (`CREDENTIALS`)
                 keys = {credential_key(v) for k, v in self.headers if k.lower() in names and k.lower() in CREDENTIALS}
                 keys |= state.foreign_keys
                 forwarded = [
-                    (k, v) for k, v in forwarded if k.lower() not in CREDENTIALS or credential_key(v) not in keys
+                    (k, v)
+                    for k, v in forwarded
+                    if k.lower() not in CREDENTIALS or credential_key(v) not in keys or k.lower() in signed
                 ]
             forwarded += own
         else:
             forwarded = self.headers
-        if attempt.index:  # the SDK's retry count, as if it had sent this attempt itself
+        if attempt.index and RETRY_COUNT_HEADER not in signed:  # the SDK's retry count, as if it had sent it itself
             forwarded = with_retry_count(forwarded, attempt.index)
         # Host and Content-Length given up front with the body as a ready stream: httpx then skips
         # re-encoding the body and rebuilding the headers (a quarter of the cost, same bytes on the wire).
-        headers = [(b"Host", state.host or self.host or url.netloc), *forwarded]  # the replica's own Host wins
+        host = self.host or url.netloc if self.signed_url else state.host or self.host or url.netloc
+        headers = [(b"Host", host), *forwarded]  # the replica's own Host wins, unless the client signed its own
         streamed = self.streamed if body is None else None
         if body is None:
             body = self.body
@@ -196,5 +208,8 @@ class Call:
         plain: dict[str, str] = {}
         self.observation.attempt_started(attempt, state.url_text(url), plain)
         for key, value in plain.items():
-            request.headers[key] = value
+            if (
+                not signed or key.lower().encode("latin-1") not in signed
+            ):  # the guard's own (traceparent), unless the client signed it
+                request.headers[key] = value
         return request

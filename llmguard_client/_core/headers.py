@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from llmguard_client._http.signed import Signed, signature_of
+
 __all__ = [
     "CAUSE_HEADER",
     "COHORT_HEADER",
@@ -37,6 +39,8 @@ _STRIPPED = frozenset({b"host", b"content-length", b"transfer-encoding", *_GUARD
 _OWN_PREFIX = b"x-llmguard-"
 KNOWN_HEADERS = ", ".join(h.decode() for h in _GUARD_HEADERS)
 """The guard's own request headers, for messages."""
+_AUTHORIZATION = b"authorization"
+_SIGNATURE_INPUT = b"signature-input"
 _SDK_PREFIX = b"x-stainless-"
 """Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
 
@@ -44,31 +48,64 @@ _SDK_PREFIX = b"x-stainless-"
 class CallerHeaders:
     """The caller's headers, read once per call in a single pass (an SDK sends a dozen or more; asking
     them each question apart cost ~100k instructions a call, this ~40k): the ones forwarded to replicas, a ``Host``
-    the caller set, whether a Stainless-built SDK sent them, and the values of the guard's own headers (None when
-    absent)."""
+    the caller set, whether a Stainless-built SDK sent them, what a signature of the client's covers, and the values
+    of the guard's own headers (None when absent)."""
 
-    __slots__ = ("cohort", "forwarded", "from_sdk", "host", "key", "max_attempts", "session", "tier", "unknown")
+    __slots__ = (
+        "cohort",
+        "forwarded",
+        "from_sdk",
+        "host",
+        "key",
+        "max_attempts",
+        "session",
+        "signed",
+        "tier",
+        "unknown",
+    )
 
     def __init__(self, request: httpx.Request) -> None:
         forwarded: list[tuple[bytes, bytes]] = []
         has_own = from_sdk = False
         unknown: str | None = None
         host: bytes | None = None
+        authorization = signature_input = None
+        dropped_own = False  # an x-llmguard-* header was left out of the forwarded ones
         for key, value in request.headers.raw:
             low = key.lower()
+            if low == _AUTHORIZATION:
+                authorization = value
+            elif low == _SIGNATURE_INPUT:
+                signature_input = value
             if low in _STRIPPED:
                 has_own = has_own or low in _GUARD_HEADERS
+                dropped_own = dropped_own or low.startswith(_OWN_PREFIX)
                 if low == b"host":
                     host = value
                 continue
             if low.startswith(_OWN_PREFIX):  # a misspelt header of the guard's: refused, never forwarded
+                dropped_own = True
                 unknown = unknown or low.decode("latin-1")
                 continue
             if not from_sdk and low[:12] == _SDK_PREFIX:
                 from_sdk = True
             forwarded.append((key, value))
+        query = request.url.query
+        signed = (
+            signature_of(authorization, signature_input, query) if authorization or signature_input or query else None
+        )
+        if signed is not None and dropped_own:
+            kept = signed.headers  # a signed header of the guard's is read, and forwarded as it was signed
+            forwarded = [
+                (k, v)
+                for k, v in request.headers.raw
+                if k.lower() in kept or (k.lower() not in _STRIPPED and not k.lower().startswith(_OWN_PREFIX))
+            ]
+        self.signed: Signed | None = signed
+        """What the client's signature covers (`llmguard_client._http.signed`); None: the request is not signed."""
         self.forwarded = forwarded
-        """The caller's headers minus the guard's own and those rebuilt per attempt, in order."""
+        """The caller's headers minus the guard's own and those rebuilt per attempt, in order; a signed one is kept
+        (the guard's own too: read, and forwarded as it was signed)."""
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
         self.unknown = unknown

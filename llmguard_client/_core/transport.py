@@ -87,6 +87,8 @@ logger = logging.getLogger("llmguard_client")
 RecordCallback = Callable[[PhaseRecord], None]
 _RETRY_HEADERS = frozenset({b"content-length", b"x-should-retry", b"retry-after", b"retry-after-ms"})
 """Left out of an answer kept to hand back again as final (`GuardTransport._decline` sets its own)."""
+_SIGNED_ORIGINS_NOTED = 16
+"""Origins no replica has that signed requests named, warned of at most."""
 STACKING_WARNING = (
     "llmguard: an SDK retried a call the guard had already given up on (failure_mode='raise'); the retry was "
     "failed at once, but the SDK's own retries wait their backoff first: give the SDK client max_retries=0, "
@@ -157,6 +159,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         """Which event loop the Guard's connections belong to; where sync calls run."""
         self._redirects = RedirectTargets[Assignment](self._bases)
         """Redirects to origins that are no replica's, until the request that follows each comes."""
+        self._signed_elsewhere: set[str] = set()
+        """Origins no replica has that signed requests were sent to (warned of once each)."""
 
     @property
     def closed(self) -> bool:
@@ -248,7 +252,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         if followed is not None:  # sent where the redirect points, as the SDK's own client would
-            response = await self._pass_through(request, followed, tier_name, "other_origin")
+            response = await self._pass_through(request, followed, tier_name, "other_origin", headers)
+        elif headers.signed is not None and headers.signed.url and not self._reach.serves_signed(request.url):
+            # signed for an origin that is no replica's: no replica could send it as it is; there, once, as it is
+            self._warn_signed_elsewhere(request.url)
+            one: OneAttempt | None = "signed_other_origin" if assignment.cohort != "control" else None
+            response = await self._pass_through(request, assignment, tier_name, one, headers)
         else:
             response = await self._in_cohort(request, headers, assignment, tier_name, attempts)
         self._redirects.note(request, response, assignment, self._clock(), own=followed is None)
@@ -276,7 +285,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 logger.warning(STACKING_WARNING)
             raise again
         if assignment.cohort == "control":
-            return await self._pass_through(request, assignment, tier_name, None)
+            return await self._pass_through(request, assignment, tier_name, None, headers)
         call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
         call.max_attempts = attempts
         rounds = 1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts
@@ -317,11 +326,30 @@ class GuardTransport(httpx.AsyncBaseTransport):
             return failure_response(error, request, None)
         raise error
 
+    def _warn_signed_elsewhere(self, url: httpx.URL) -> None:
+        """Log once per origin (a bounded number of them) that signed requests for it are sent there, unguarded."""
+        name = f"{url.scheme}://{url.netloc.decode('ascii')}"
+        if name in self._signed_elsewhere or len(self._signed_elsewhere) >= _SIGNED_ORIGINS_NOTED:
+            return
+        self._signed_elsewhere.add(name)
+        logger.warning(
+            "llmguard: a request signed for %s (its host is a signed header, e.g. AWS SigV4), which is no replica's "
+            "origin, is sent there as it is, once, with no retry, hedge or deadline of the guard's (the SDK's own "
+            "retries re-sign it); give that URL as a replica to guard its calls",
+            name,
+        )
+
     async def _pass_through(
-        self, request: httpx.Request, assignment: Assignment, tier: str, one_attempt: OneAttempt | None
+        self,
+        request: httpx.Request,
+        assignment: Assignment,
+        tier: str,
+        one_attempt: OneAttempt | None,
+        headers: CallerHeaders,
     ) -> httpx.Response:
-        """The control cohort (and every call while the guard is off), and a request that follows a redirect to an
-        origin that is no replica's (``one_attempt`` says so): _rollout.passthrough."""
+        """The control cohort (and every call while the guard is off), a request that follows a redirect to an
+        origin that is no replica's, and one signed for such an origin (``one_attempt`` says so):
+        _rollout.passthrough."""
 
         def report(record: PhaseRecord) -> None:
             deliver_to_captures(record, request)
@@ -335,6 +363,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             cohort=assignment.cohort,
             fraction=assignment.fraction,
             one_attempt=one_attempt,
+            signed=headers.signed.headers if headers.signed is not None else frozenset(),
             instrumentation=self._instrumentation,
             on_record=report,
             clock=current_time_source(self._clock).now,
@@ -379,16 +408,18 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
         if sent_once(streamed):
             record.one_attempt_because("streamed_body")
+        signed = headers.signed
         continuer = self.stream.continuation
-        continuation = (
+        continuation = (  # a signed request is sent as it was signed: never with another body
             continuer.for_call(tier_name, request.method, path, body)
-            if continuer is not None and facts.stream
+            if continuer is not None and facts.stream and signed is None
             else None
         )
         affinity = self._affinity
         key = affinity.key_for(headers.session, body, document) if affinity is not None else None
         generation = self._generation(path)
-        outside, beside = self._reach.where(request.method, request.url)
+        signed_url = signed is not None and signed.url  # sent only to its own origin, as it is
+        outside, beside = self._reach.where(request.method, request.url, signed_url)
         observation = self._instrumentation.call_started(record)
 
         def finish(status: CallStatus, cause: str | None) -> None:  # the lease's last act (`_finish`)
@@ -399,6 +430,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             body=body,
             headers=headers.forwarded,
             host=headers.host,
+            signed=signed.headers if signed is not None else frozenset(),
+            signed_url=signed_url,
             tier_name=tier_name,
             tier=tier,
             respond_with_errors=self._respond_with_errors(headers),

@@ -4,7 +4,8 @@
 what every call gets while the guard is off (``LLMGUARD_DISABLED=1`` or a fraction of 0):
 
 - exactly one request, to the URL the caller built (no re-routing across replicas);
-- the caller's method, URL, headers (minus the guard's own ``x-llmguard-*``), body stream,
+- the caller's method, URL, headers (minus the guard's own ``x-llmguard-*``, unless the client signed them:
+  `llmguard_client._http.signed`), body stream,
   timeouts and extensions; nothing added (no ``traceparent``, no replica headers);
 - the server's answer returned as it came, error statuses included (a compressed one decoded, as a
   guarded answer is: `llmguard_client._http.encoding`); a transport error is raised as httpx
@@ -116,12 +117,14 @@ async def passthrough(
     cohort: Cohort = "control",
     fraction: float,
     one_attempt: OneAttempt | None = None,
+    signed: frozenset[bytes] = frozenset(),
     instrumentation: Instrumentation,
     on_record: Callable[[PhaseRecord], None] | None,
     clock: Callable[[], float] = time.monotonic,
 ) -> httpx.Response:
-    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers; measure it in ``cohort``
-    (a request that follows a redirect elsewhere keeps its call's, with ``one_attempt`` saying why it went there)."""
+    """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers (but those in ``signed``, the
+    headers the client signed); measure it in ``cohort`` (a request that follows a redirect elsewhere keeps its
+    call's, with ``one_attempt`` saying why it went there)."""
     now = clock()
     try:
         body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
@@ -152,7 +155,11 @@ async def passthrough(
         httpx.Request(
             request.method,
             request.url,
-            headers=[(k, v) for k, v in request.headers.raw if not k.lower().startswith(GUARD_HEADER_PREFIX)],
+            headers=[
+                (k, v)
+                for k, v in request.headers.raw
+                if not k.lower().startswith(GUARD_HEADER_PREFIX) or k.lower() in signed  # sent as the client signed it
+            ],
             stream=request.stream,
             extensions=request.extensions,
         ),

@@ -11,6 +11,9 @@ Such a request on a replica's origin outside every base path (`beside`) speaks f
 than the replicas': a cool-down or a circuit of theirs neither holds it back nor learns from its answers (Azure
 limits each deployment on its own).
 
+A request whose URL the client signed (`llmguard_client._http.signed`: AWS SigV4 signs the host and the path) can
+go only to its own origin, unchanged (`own`): to the replicas there that would send it as it is.
+
 A request for stored state (`stored`: files, batches, vector stores, a stored response...) goes to one replica
 of those: the state lives on the server that made it. That is the replica whose base URL the request is under,
 else the first on its origin, else the first replica.
@@ -109,6 +112,19 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
     return tuple(i for i in range(len(bases)) if i not in kept)
 
 
+def own(url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
+    """The indices of the ``bases`` that send a request for ``url`` as it is (`llmguard_client._routing.replicas.rebase`
+    keeps it): on its origin, with the base path of the first base it is under (all on its origin if it is under
+    none); none when its origin is no replica's."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
+    first = next((bases[i] for i in on_origin if relative(path, bases[i]) is not None), None)
+    if first is None:
+        return tuple(on_origin)
+    prefix = first.path.rstrip("/")
+    return tuple(i for i in on_origin if bases[i].path.rstrip("/") == prefix)
+
+
 class Reach:
     """`outside` and `beside` for one replica set's bases, cached: a service calls few distinct paths. It also notes the
     origins no replica has (virtual base URLs): a second one is most likely a client meant for another service
@@ -117,21 +133,30 @@ class Reach:
 
     def __init__(self, bases: Sequence[httpx.URL]) -> None:
         self._bases = tuple(bases)
-        self._cache: dict[tuple[str, str, str, int | None, bytes], tuple[tuple[int, ...], bool]] = {}
+        self._cache: dict[tuple[str, str, str, int | None, bytes, bool], tuple[tuple[int, ...], bool]] = {}
         self._virtual: list[tuple[str, str, int | None]] = []
         """The origins no replica has that requests named, in order (at most `_VIRTUAL_NOTED`)."""
 
-    def where(self, method: str, url: httpx.URL) -> tuple[tuple[int, ...], bool]:
-        """(`outside`, `beside`) of a request."""
-        key = (method, url.scheme, url.host, url.port, url.raw_path)
+    def where(self, method: str, url: httpx.URL, signed: bool = False) -> tuple[tuple[int, ...], bool]:
+        """(`outside`, `beside`) of a request; ``signed``: its URL is signed, so the replicas that would change it
+        (every one but its `own`) are outside too."""
+        key = (method, url.scheme, url.host, url.port, url.raw_path, signed)
         found = self._cache.get(key)
         if found is None:
             if len(self._cache) >= _CACHE:
                 self._cache.clear()
-            self._note_origin(url)
+            if not signed:
+                self._note_origin(url)
             out = outside(method, url, self._bases) if len(self._bases) > 1 else ()
+            if signed:
+                kept = own(url, self._bases)
+                out = tuple(i for i in range(len(self._bases)) if i in out or i not in kept)
             found = self._cache[key] = (out, beside(url, self._bases))
         return found
+
+    def serves_signed(self, url: httpx.URL) -> bool:
+        """Whether a replica sends a signed request for ``url`` as it is (see `own`)."""
+        return bool(own(url, self._bases))
 
     def _note_origin(self, url: httpx.URL) -> None:
         origin = (url.scheme, url.host, url.port)

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llmguard_client import Guard, Replica
-from llmguard_client._routing.reach import Reach, beside, outside, stored
+from llmguard_client._routing.reach import Reach, beside, outside, own, stored
 from tests.loopback import LoopbackServer, running
 
 A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
@@ -301,3 +301,28 @@ async def test_a_second_host_that_is_no_replica_is_warned_of_once(
             assert (await client.post("http://other.example/v1/chat/completions", json=body)).status_code == 200
     [warning] = [r for r in caplog.records if "neither host is a replica" in r.getMessage()]
     assert "http://other.example" in warning.getMessage() and "http://llm.internal" in warning.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://east.example/v1/model/m/invoke", (0, 2)),  # under the first base: the bases with its path
+        ("https://east.example/other/path", (0, 1, 2)),  # under no base: every replica there keeps its path
+        ("https://west.example/v1/model/m/invoke", (3,)),
+        ("https://north.example/v1/model/m/invoke", ()),  # no replica's origin
+    ],
+)
+def test_a_signed_url_reaches_only_the_replicas_that_send_it_as_it_is(url: str, expected: tuple[int, ...]) -> None:
+    bases = [
+        httpx.URL(u)
+        for u in (
+            "https://east.example/v1",
+            "https://east.example/v2",
+            "https://east.example/v1/",
+            "https://west.example",
+        )
+    ]
+    assert own(httpx.URL(url), bases) == expected
+    outside, _ = Reach(bases).where("POST", httpx.URL(url), signed=True)
+    assert outside == tuple(i for i in range(4) if i not in expected)
+    assert Reach(bases).serves_signed(httpx.URL(url)) is bool(expected)
