@@ -28,6 +28,7 @@ import trio
 import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
+from llmguard_tools.sim.wire_responses import ResponsesWire
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -127,7 +128,8 @@ class FakeReplica(httpx.AsyncBaseTransport):
             await anyio.sleep(plan.first_token_after)
             return httpx.Response(200, json=_completion(self.name))
         self.open_streams += 1
-        return httpx.Response(200, headers={"content-type": "text/event-stream", **headers}, stream=_Events(self, plan))
+        events = _ResponsesEvents(self, plan) if request.url.path.endswith("/responses") else _Events(self, plan)
+        return httpx.Response(200, headers={"content-type": "text/event-stream", **headers}, stream=events)
 
 
 class ConnectsInANursery(FakeReplica):
@@ -190,6 +192,25 @@ class _Events(httpx.AsyncByteStream):
             await anyio.sleep(self._plan.close_takes)
         self._replica.open_streams -= 1
         self._replica.closed_streams += 1
+
+
+class _ResponsesEvents(_Events):
+    """A Responses API stream (``/responses``): its opening (``response.created`` ... ``content_part.added``) at
+    once, its first ``output_text.delta`` after ``first_token_after``, ``reset_after_tokens`` as in a chat stream."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        plan = self._plan
+        wire = ResponsesWire(self._replica.name, 0, "m")
+        yield wire.opening()
+        await anyio.sleep(plan.first_token_after)
+        for i in range(plan.tokens):
+            if i and plan.gap:
+                await anyio.sleep(plan.gap)
+            if plan.reset_after_tokens is not None and i == plan.reset_after_tokens:
+                raise httpx.ReadError("scripted reset")
+            yield wire.token_of(f"{self._replica.name}{i} ")
+        yield wire.closing("stop", 3, plan.tokens)
+        self._replica.completed += 1
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

@@ -97,6 +97,10 @@ class Call:
     """The caller's body when the guard sends it as it is read (`llmguard_client._http.upload`; ``body`` is then
     empty): an iterator's, sent as it comes on the call's one attempt, or a `ReplayableBody`, read again for
     each attempt."""
+    opening_live: bool = False
+    """Its stream is handed to the caller at its headers, the events before the first token (its opening) as they
+    come, under the first-token deadline: no other attempt can follow this one's answer, so there is nothing to
+    decide on it (`llmguard_client._stream.body`). A background job's (`RequestFacts.background`)."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
     choices: int = 1

@@ -61,6 +61,9 @@ class RequestFacts:
     choices: int = 1
     """The choices asked for (``n``: Chat Completions and Completions), each streamed to its own finish reason; 1
     when absent or not a positive integer."""
+    background: bool = False
+    """The body asks the server to run the answer as a job of its own (the Responses API's ``"background": true``),
+    which goes on when the connection closes: a second request would start, and bill, a second job."""
 
     @classmethod
     def parse(cls, request: httpx.Request, body: bytes) -> RequestFacts:
@@ -81,4 +84,5 @@ class RequestFacts:
             max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
             prompt_chars=prompt_chars(obj),
             choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
+            background=obj.get("background") is True,
         )

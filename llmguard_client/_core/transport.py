@@ -408,11 +408,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
         )
         if sent_once(streamed):
             record.one_attempt_because("streamed_body")
+        background = facts.background  # a job the server runs on its own: a second request starts a second one
+        if background:
+            record.one_attempt_because("background")
         signed = headers.signed
         continuer = self.stream.continuation
         continuation = (  # a signed request is sent as it was signed: never with another body
             continuer.for_call(tier_name, request.method, path, body)
-            if continuer is not None and facts.stream and signed is None
+            if continuer is not None and facts.stream and signed is None and not background
             else None
         )
         affinity = self._affinity
@@ -442,8 +445,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
             first_token_deadline=now + tier.ttft,
             total_deadline=now + tier.total,
             pool_wait=pool_timeout(request.extensions),
-            hedgeable=generation and streamed is None and not beside,  # beside: every replica sends it to one place
-            retry_any_status=generation or request.method in ("GET", "HEAD", "OPTIONS"),
+            # beside: every replica sends it to one place; background: a second request starts a second job
+            hedgeable=generation and streamed is None and not beside and not background,
+            # background: resent only where nothing was sent (a refused connection); its answers are the SDK's
+            retry_any_status=(generation and not background) or request.method in ("GET", "HEAD", "OPTIONS"),
             generation=generation,
             sdk_retries=sdk_retries,
             replica_bases=self._bases,
@@ -454,6 +459,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             affinity_key=key,
             keeps_text=continuation is not None,
             streamed=streamed,
+            opening_live=background and facts.stream,
             prompt_chars=facts.prompt_chars,
             choices=facts.choices,
             lease=CallLease(self._registry, finish, time_source),

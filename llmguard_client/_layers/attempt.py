@@ -3,7 +3,8 @@
 An attempt ends in exactly one of two ways:
 - `Win`: the first content token arrived (for a non-streaming body: the whole body; for an
   answer no protocol reader claims: its first bytes), or the stream ended complete without
-  one. The open response, the bytes read so far and the replica's in-flight count stay with
+  one; or, for a call whose opening the caller reads as it comes (`Call.opening_live`), its
+  headers. The open response, the bytes read so far and the replica's in-flight count stay with
   the call's lease, which closes them when the call ends.
 - `Failed`: an error status (its body read up to 64 KiB, `llmguard_client._http.error_body`; a longer one's
   response is left open, its rest unread, for the caller if it is the call's last answer), a transport error, or
@@ -91,6 +92,11 @@ class AttemptLayer:
             )
             if call.keeps_text and route.kind != "continuation":
                 reader.keep_text()  # the text delivered is what a continuation resumes from
+            if call.opening_live and route.kind != "continuation":  # nothing to decide on it: the caller reads it
+                rest = _body(response).__aiter__()
+                call.lease.own(response, rest)
+                won = True
+                return Win(attempt, state, response, [], rest, reader, in_flight)
             opening = await read_opening(_body(response), reader, lambda: attempt.attempt_accepted(clock()), read)
             if opening.rest is not None:
                 call.lease.own(response, opening.rest)

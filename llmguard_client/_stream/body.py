@@ -4,8 +4,10 @@ After the first token, `GuardBody` is the caller's response body: it replays the
 winner already read (nothing lost or reordered), then passes the rest through as it arrives,
 each read bounded by the tier's ``stall`` and by what is left of ``total``. A deadline that
 passes closes the connection (the server sees the disconnect) and raises `StallTimeout` /
-`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration. Once the protocol's end
-marker has been read, the rest of the body is read without them (`GuardBody._answered`).
+`TotalTimeout` (both `httpx.TimeoutException`) into the caller's iteration. A stream handed over at its
+headers (`Call.opening_live`: a background job's, which no other attempt may follow) is read from its first
+event, each read bounded by the first-token deadline until its first token (`TTFTTimeout` when it passes).
+Once the protocol's end marker has been read, the rest of the body is read without them (`GuardBody._answered`).
 
 The winner's protocol reader (`llmguard_client.protocols`) keeps reading: an in-stream error
 raises `UpstreamStreamError` at the read after the chunk that carried it (the chunk itself, with
@@ -45,6 +47,7 @@ from llmguard_client._core.lease import CallLease
 from llmguard_client._core.outcome import Win
 from llmguard_client._http.upload import sent_once
 from llmguard_client._layers.attempt import error_kind
+from llmguard_client._layers.deadline import ttft_timeout
 from llmguard_client._stream.continuation import CallContinuation
 from llmguard_client._stream.stages import StreamStages
 from llmguard_client._stream.watchdog import ReadWatchdog
@@ -84,6 +87,12 @@ class GuardBody(httpx.AsyncByteStream):
         """The attempt whose stream the caller reads (a continuation's after one took over)."""
         self._stall = call.tier.stall or math.inf
         self._deadline = call.total_deadline
+        self._stages = stages
+        self._opening = call.opening_live and win.rest is not None and win.attempt.first_token is None
+        """Handed over at its headers (`Call.opening_live`): until its first token, each read is bounded by the
+        first-token deadline (`_opened` then puts the stall and total limits on it)."""
+        if self._opening:
+            self._stall, self._deadline = math.inf, min(call.first_token_deadline, call.total_deadline)
         self._complete = win.rest is None and win.reader.failure is None
         self._end_delivered = False
         """The chunk holding the protocol's end marker has been handed to the caller."""
@@ -107,12 +116,32 @@ class GuardBody(httpx.AsyncByteStream):
         self._watchdog: ReadWatchdog | None = None
         self._steady: ReadWatchdog | None = None
         """The watchdog while the next chunk is simply the next live read (nothing replayed, failed, ended)."""
-        if win.rest is not None:
-            self._watchdog = stages.watch(win.response, self._stall, self._deadline, call.time)
-            if self._watchdog is not None:
-                call.lease.cancellables.add(self._watchdog)
-                if call.lease.aborted:
-                    self._watchdog.cancel()
+        if win.rest is not None and not self._opening:  # an opening is read with a scope per read (`_read`)
+            self._watch()
+
+    def _watch(self) -> None:
+        """Bound the live remainder's reads by the stall and total limits with a watchdog, where one can."""
+        call = self._call
+        self._watchdog = self._stages.watch(self._win.response, self._stall, self._deadline, call.time)
+        if self._watchdog is not None:
+            call.lease.cancellables.add(self._watchdog)
+            if call.lease.aborted:
+                self._watchdog.cancel()
+
+    def _opened(self, reader: StreamReader) -> None:
+        """A chunk of an opening read by the caller was fed to ``reader``: the attempt's acceptance and first token
+        stamped as they come; past its first token (or a failure, or the end), the stall and total limits apply."""
+        call, attempt = self._call, self._win.attempt
+        now = call.clock()
+        if reader.accepted and attempt.accepted is None:
+            attempt.attempt_accepted(now)
+        if reader.first_token or reader.failure is not None or reader.complete:
+            self._opening = False
+            if reader.first_token:
+                attempt.attempt_first_token(now)
+            self._stall, self._deadline = call.tier.stall or math.inf, call.total_deadline
+            self._watch()
+        call.record.opening_read(attempt)
 
     def __aiter__(self) -> GuardBody:
         return self
@@ -203,6 +232,8 @@ class GuardBody(httpx.AsyncByteStream):
         if read is None:
             return await self._interrupted()
         reader.feed(read)
+        if self._opening:
+            self._opened(reader)
         return await self._delivering(read)
 
     def _answered(self) -> None:
@@ -301,6 +332,10 @@ class GuardBody(httpx.AsyncByteStream):
                 request=call.request,
                 record=call.record,
             )
+        if self._opening and call.first_token_deadline <= call.total_deadline:  # no first token in time
+            timeout = ttft_timeout(call, "its opening was handed over as it came; the connection was closed")
+            await self._end("timeout", timeout.cause)
+            raise timeout
         error = self._timeout(self._stall_tripped)
         if self._stall_tripped and await self._continued(error.cause):
             return await self.__anext__()

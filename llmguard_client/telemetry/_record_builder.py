@@ -241,6 +241,12 @@ class CallRecordBuilder:
         f["replica"], f["sent"], f["headers"], f["accepted"] = a["replica"], a["sent"], a["headers"], a["accepted"]
         f["first_token"], f["http_status"] = a["first_token"], http_status
 
+    def opening_read(self, attempt: AttemptRecordBuilder) -> None:
+        """The delivered ``attempt``'s acceptance and first token, stamped as the caller read its opening (a stream
+        handed over at its headers, `Call.opening_live`): the call's phases too."""
+        f, a = self._fields, attempt._fields
+        f["accepted"], f["first_token"] = a["accepted"], a["first_token"]
+
     def continued_on(self, attempt: AttemptRecordBuilder) -> None:
         """The caller reads on from ``attempt``, a continuation that took over a broken stream: the call's replica is
         now its (the call's phases stay those of the attempt that delivered its first token)."""

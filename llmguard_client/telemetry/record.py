@@ -56,12 +56,14 @@ closed; the continuation attempt failed or got no first token in time; the break
 Guard had moved to another event loop since the call started (a sync stream read on the Guard's own thread after
 async code took it over)."""
 
-OneAttempt = Literal["streamed_body", "other_origin", "signed_other_origin"]
+OneAttempt = Literal["streamed_body", "other_origin", "signed_other_origin", "background"]
 """Why the guard sent a call once, with no hedge and no retry of its own: ``streamed_body``, its request body
 was an iterator, sent as it came (its chunks cannot be produced again); ``other_origin``, the request followed a
 redirect to an origin that is no replica's, and was sent there as it is (``replica`` names that origin);
 ``signed_other_origin``, the client signed the request's host (AWS SigV4) for an origin that is no replica's, and it
-was sent there as it is."""
+was sent there as it is; ``background``, the request starts a job the server runs on its own (the Responses API's
+``background: true``), which a second request would start again: sent once it may have reached a server (a refused
+connection is still retried), never hedged, and its stream handed over as it comes."""
 
 CallStatus = Literal["pending", "ok", "timeout", "http_error", "error", "rejected", "cancelled", "abandoned"]
 """ok; timeout (see ``cause``); http_error (a server error status reached the caller);

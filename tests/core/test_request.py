@@ -113,3 +113,10 @@ def test_prompt_chars_stops_at_a_nesting_deeper_than_any_api_sends() -> None:
     for _ in range(50):
         deep = [deep]
     assert prompt_chars({"prompt": deep}) == 0
+
+
+@pytest.mark.parametrize(("background", "expected"), [(True, True), (False, False), ("true", False), (None, False)])
+def test_parse_background_only_for_json_true(background: Any, expected: bool) -> None:
+    """The Responses API's ``background``: a job the server runs on its own."""
+    assert RequestFacts.parse(*post({"model": "m", "background": background})).background is expected
+    assert RequestFacts.parse(*post({"model": "m"})).background is False
