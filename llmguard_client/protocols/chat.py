@@ -90,6 +90,7 @@ class ChatReader(SSEReader):
         "_finished",
         "_head",
         "_head_size",
+        "_seen",
         "_tail",
         "_tail_size",
         "_text",
@@ -113,6 +114,8 @@ class ChatReader(SSEReader):
         reason (events holding one are always decoded, so no other event needs to be)."""
         self._finished: set[int] = set()
         """The indices of the choices that have had their finish reason."""
+        self._seen: set[int] = set()
+        """The indices of the choices in the events decoded (each one's first events, before the first token)."""
         self._head = b""
         """A plain chunk's bytes before its text (see `_learn_shape`); empty until one is learnt."""
         self._tail = b""
@@ -206,11 +209,18 @@ class ChatReader(SSEReader):
             for choice in choices:
                 if not isinstance(choice, dict):
                     continue
+                index = choice.get("index", 0)
+                index = index if isinstance(index, int) else 0
+                self._seen.add(index)
                 reason = choice.get("finish_reason")
                 if isinstance(reason, str) and reason:
-                    index = choice.get("index", 0)
-                    self._finished.add(index if isinstance(index, int) else 0)
+                    self._finished.add(index)
         return len(self._finished) >= self._choices
+
+    def whole_at_end(self) -> bool:
+        """Fewer choices than asked for came, each finished (a server that ignores ``n``), and then the body's end
+        without ``[DONE]``: the answer is whole, as the SDK takes it."""
+        return bool(self._finished) and self._finished >= self._seen
 
     def event(self, name: bytes, data: bytes) -> None:
         text = self._text

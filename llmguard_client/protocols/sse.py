@@ -158,12 +158,17 @@ class SSEReader(StreamReader):
                 return self.failure
         if self.failure is None and (self._partial or self._data):
             self.feed(b"\n\n")  # hand over an unterminated last event
-        if self.failure is None and not self.complete:
+        if self.failure is None and not self.complete and not self.whole_at_end():
             state = "after the first content token" if self.first_token else "before any content token"
             self.failure = StreamFailure(
                 "truncated", f"the {self.protocol} stream ended {state}, without {self.end_marker}"
             )
         return self.failure
+
+    def whole_at_end(self) -> bool:
+        """At the body's end without the end marker: whether what came is a whole answer all the same. The
+        default is never; readers override it."""
+        return False
 
     def skippable(self, chunk: bytes) -> bool:
         """After the first token: True if ``chunk`` holds only whole events that need no decoding

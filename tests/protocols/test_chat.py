@@ -815,3 +815,23 @@ def test_a_server_that_sends_fewer_choices_than_asked_for_ends_with_done() -> No
     assert reader.first_token and not reader.complete
     reader.feed(b"data: [DONE]\n\n")
     assert reader.complete and reader.end_of_body() is None
+
+
+def test_a_server_that_ignores_n_and_ends_without_done_sent_a_whole_answer() -> None:
+    """``n=2`` asked for, one choice sent and finished, then the body's end without ``[DONE]``: the SDK takes the
+    answer whole, and so does the guard (no truncation)."""
+    reader = ChatReader(choices=2)
+    for text in ("", "a", "b"):
+        reader.feed(_plain(text))
+    reader.feed(_plain("", finish="stop"))
+    assert not reader.complete  # a second choice may yet come: the deadlines still watch the stream
+    assert reader.end_of_body() is None
+
+
+def test_a_choice_seen_but_never_finished_at_the_bodys_end_is_a_truncation() -> None:
+    reader = ChatReader(choices=2)
+    reader.feed(event({"choices": [{"index": i, "delta": {"role": "assistant", "content": ""}} for i in (0, 1)]}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {"content": "a"}}, {"index": 1, "delta": {"content": "b"}}]}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "truncated"
