@@ -91,6 +91,11 @@ class GuardBody(httpx.AsyncByteStream):
         self._opening = call.opening_live and win.rest is not None and win.attempt.first_token is None
         """Handed over at its headers (`Call.opening_live`): until its first token, each read is bounded by the
         first-token deadline (`_opened` then puts the stall and total limits on it)."""
+        self._caller_held = 0.0
+        """Seconds of the opening the caller spent between its reads (saving the response's id, say): the server
+        is not waited on then, so they move the first-token deadline back (not the total one)."""
+        self._last_read = call.clock()
+        """When the last read of the opening ended (first: when the stream was handed over)."""
         if self._opening:
             self._stall, self._deadline = math.inf, min(call.first_token_deadline, call.total_deadline)
         self._complete = win.rest is None and win.reader.failure is None
@@ -261,6 +266,9 @@ class GuardBody(httpx.AsyncByteStream):
         call = self._call
         lease = call.lease
         now = call.clock()
+        if self._opening:
+            self._caller_held += now - self._last_read
+            self._deadline = min(call.first_token_deadline + self._caller_held, call.total_deadline)
         left = self._deadline - now
         self._stall_tripped = self._stall <= left
         scope = anyio.CancelScope(deadline=call.time.loop_deadline(now + min(self._stall, left)))
@@ -276,8 +284,11 @@ class GuardBody(httpx.AsyncByteStream):
             raise
         finally:
             lease.cancellables.discard(scope)
-            if self._win is not None:  # see `__anext__`
-                self._win.waited += call.clock() - now
+            ended = call.clock()
+            if self._opening:  # not the time per token's: no token has come yet
+                self._last_read = ended
+            elif self._win is not None:  # see `__anext__`
+                self._win.waited += ended - now
         return None
 
     async def _delivering(self, chunk: bytes) -> bytes:
@@ -332,7 +343,7 @@ class GuardBody(httpx.AsyncByteStream):
                 request=call.request,
                 record=call.record,
             )
-        if self._opening and call.first_token_deadline <= call.total_deadline:  # no first token in time
+        if self._opening and call.first_token_deadline + self._caller_held <= call.total_deadline:  # no first token
             timeout = ttft_timeout(call, "its opening was handed over as it came; the connection was closed")
             await self._end("timeout", timeout.cause)
             raise timeout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -145,3 +146,58 @@ def test_the_ttft_deadline_still_ends_it(backend: str) -> None:
     assert ended == [pytest.approx(1.0, abs=1e-6)]
     assert (records[0].status, records[0].cause) == ("timeout", "ttft_timeout")
     assert replica.requests == 1 and replica.open_streams == 0
+
+
+@BACKENDS
+def test_the_callers_pause_after_the_opening_is_not_the_servers_delay(backend: str) -> None:
+    """The caller saves the id from ``response.created`` and comes back 1.5 s later, past a 1 s ttft: its first token
+    came at 0.3 s and waited in the connection, so the call is served, as without a guard. A server still silent
+    after the ttft, counted without the caller's pauses, ends it: here at 1.5 s, 1 s of it the server's."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(first_token_after=0.3, tokens=3)]),
+        "http://b.test": FakeReplica("b", [Plan(first_token_after=3.0)]),
+    }
+    records: list[PhaseRecord] = []
+    ended: list[float] = []
+
+    async def read_after_a_pause(response: httpx.Response, pause: float) -> bytes:
+        events = response.aiter_raw()
+        opening = await events.__anext__()
+        assert b"response.created" in opening
+        await anyio.sleep(pause)
+        return opening + b"".join([chunk async for chunk in events])
+
+    async def main() -> None:
+        tiers = {"interactive": Tier(ttft=1.0, total=20.0, stall=0.5)}
+        guard = virtual_guard(fakes, records, tiers=tiers, hedge=None)
+        async with guard, guard.http_client() as client:
+            async with client.stream("POST", "http://a.test" + RESPONSES, json=BODY) as response:
+                assert b"response.completed" in await read_after_a_pause(response, 1.5)
+            start = now()
+            async with client.stream("POST", "http://b.test" + RESPONSES, json=BODY) as response:
+                with pytest.raises(TTFTTimeout):
+                    await read_after_a_pause(response, 0.5)
+                ended.append(now() - start)
+
+    run_virtual(main, backend)
+    assert [r.status for r in records] == ["ok", "timeout"]
+    assert ended == [pytest.approx(1.5, abs=1e-6)]
+
+
+@BACKENDS
+def test_the_wait_for_the_first_token_is_not_the_replicas_time_per_token(backend: str) -> None:
+    """A background job that reasons 5 s before its first token, then streams fast: its replica is not learnt as
+    slow per token (which would drain it from the routing of every other call)."""
+    replica = FakeReplica("a", [Plan(first_token_after=5.0, tokens=10, gap=0.01)])
+    tpot: list[float | None] = []
+
+    async def main() -> None:
+        guard = virtual_guard({"http://a.test": replica}, [], tiers={"batch": Tier(ttft=30.0, total=60.0)})
+        async with guard, guard.http_client() as client:
+            async with client.stream("POST", "http://a.test" + RESPONSES, json=BODY) as response:
+                await response.aread()
+            (state,) = guard._replica_set.router.states
+            tpot.append(state.health.tpot)
+
+    run_virtual(main, backend)
+    assert tpot[0] is not None and tpot[0] < 0.05
