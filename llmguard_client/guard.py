@@ -281,7 +281,8 @@ class Guard:
                    an httpx pool each, with ``pool_limits``).
     clock:         the clock every deadline, budget, hint and poll interval is read on: ``clock() -> float``
                    seconds (default: the running event loop's,
-                   on which every timer runs too). To test in virtual time, pass none and run the event loop
+                   on which every timer runs too; a trio run's moved onto ``time.monotonic``'s line, so that
+                   one run after another keeps one time line). To test in virtual time, pass none and run the event loop
                    in it (looptime on asyncio, ``MockClock`` on trio: docs/usage.md).
     """
 

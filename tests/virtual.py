@@ -28,6 +28,7 @@ import trio
 import trio.testing
 
 from llmguard_client import Guard, PhaseRecord
+from llmguard_client._core.clock import loop_clock
 from llmguard_tools.sim.wire_responses import ResponsesWire
 
 if sys.version_info < (3, 11):
@@ -57,8 +58,9 @@ async def _asyncio_main(main: Callable[[], Awaitable[None]]) -> None:
 
 
 def now() -> float:
-    """The running loop's (virtual) time, on either backend."""
-    return anyio.current_time()
+    """The running loop's (virtual) time on the Guard's default clock's line, on either backend (trio's plus the
+    run's offset, which a Guard's records and deadlines are on: `llmguard_client._core.clock.loop_clock`)."""
+    return loop_clock()
 
 
 def virtual_guard(fakes: dict[str, FakeReplica], records: list[PhaseRecord], **kwargs: Any) -> Guard:

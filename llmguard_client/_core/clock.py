@@ -38,6 +38,8 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmguard_client._core.event_loops import TrioRun, running_loop
+
 if sys.version_info < (3, 11):  # anyio brings the backport there
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
@@ -56,13 +58,38 @@ Close = Callable[[], Awaitable[None]]
 _PENDING: set[asyncio.Task[None]] = set()  # strong references to closes started by `spawn_threadsafe`
 
 
+class Unfrozen:
+    """The process's monotonic clock as it was at import: a library that freezes time in tests (freezegun)
+    replaces ``time.monotonic`` in the time module and in every module attribute holding it, never in a class.
+    The Guard's own event loop (the sync edges') tells time with it, so its timers fire whatever a test froze."""
+
+    monotonic: Clock = staticmethod(time.monotonic)
+
+
 def loop_clock() -> float:
-    """The default clock: the running event loop's time; ``time.monotonic`` outside a loop
-    (where asyncio's loop time is the same, e.g. for `Guard.snapshot` from sync code)."""
-    try:
-        return anyio.current_time()
-    except RuntimeError:  # no running loop (sniffio's or anyio's NoEventLoopError, by version)
-        return time.monotonic()
+    """The default clock: one time line whatever loop reads it, advancing at the running loop's rate. On an
+    asyncio loop it is the loop's time (``time.monotonic`` on asyncio's own loops); on a trio run, whose clock
+    starts at a random point each run, trio's clock plus an offset fixed at the run's first reading that puts
+    it on ``time.monotonic``'s line, so that a Guard used by one run after another (a ``trio.run`` per test,
+    or trio then asyncio) keeps its state on one line. Outside a loop (`Guard.snapshot` from sync code) the
+    monotonic clock."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return asyncio_clock(loop)()
+    run = running_loop()
+    if run is None:
+        return Unfrozen.monotonic()
+    return run.now() if isinstance(run, TrioRun) else run.time()
+
+
+def asyncio_clock(loop: asyncio.AbstractEventLoop) -> Clock:
+    """``loop``'s clock, as the cheapest callable that reads it: asyncio's own loops tell time with
+    ``time.monotonic``, read directly (about 15x cheaper than ``anyio.current_time``, and read once per streamed
+    chunk by the watchdog); the Guard's own loop with `Unfrozen`'s."""
+    loop_time = loop.time
+    if loop_time is not Unfrozen.monotonic and type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop_time
 
 
 class TimerHandle(Protocol):
@@ -103,18 +130,20 @@ class Tasks(Protocol):
 class TimeSource(ABC):
     """Now, the loop's time line, sleeps, timers and tasks for one call; see the module docstring."""
 
-    __slots__ = ("loop_time", "now")
+    __slots__ = ("_offset", "loop_time", "now")
 
-    def __init__(self, now: Clock, loop_time: Clock) -> None:
+    def __init__(self, now: Clock, loop_time: Clock, offset: float | None = None) -> None:
         self.now = now
         """The Guard's clock for this call: every deadline of the call is on it."""
         self.loop_time = loop_time
-        """The loop's own time line (what cancel scope deadlines are on); ``now`` itself by default."""
+        """The loop's own time line (what cancel scope deadlines are on); ``now`` itself on asyncio's own loops."""
+        self._offset = offset
+        """``now() - loop_time()`` when it is fixed (the default clock), else None (read both)."""
 
     def loop_deadline(self, deadline: float) -> float:
         """``deadline`` (on `now`) as a cancel scope deadline, on the loop's time line."""
-        if self.now is self.loop_time:
-            return deadline
+        if self._offset is not None:
+            return deadline - self._offset
         return self.loop_time() + max(0.0, deadline - self.now())
 
     async def sleep_until(self, deadline: float) -> None:
@@ -170,10 +199,10 @@ class AsyncioTime(TimeSource):
     __slots__ = ("_loop",)
 
     def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock = loop_clock) -> None:
-        # asyncio's own loops tell time with time.monotonic: read it directly (about 15x cheaper
-        # than anyio.current_time, and read once per streamed chunk by the watchdog).
-        loop_time: Clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
-        super().__init__(loop_time if clock is loop_clock else clock, loop_time)
+        loop_time = asyncio_clock(loop)
+        if clock is loop_clock:
+            clock = loop_time
+        super().__init__(clock, loop_time, 0.0 if clock is loop_time else None)
         self._loop = loop
 
     def loop_timers(self) -> LoopTimers:
@@ -300,8 +329,13 @@ class AnyioTime(TimeSource):
     __slots__ = ("_trio_token",)
 
     def __init__(self, clock: Clock = loop_clock) -> None:
-        loop_time = anyio.current_time
-        super().__init__(loop_time if clock is loop_clock else clock, loop_time)
+        run = running_loop()
+        if clock is not loop_clock:
+            super().__init__(clock, anyio.current_time, 0.0 if clock is anyio.current_time else None)
+        elif isinstance(run, TrioRun):
+            super().__init__(run.now, anyio.current_time, run.offset())
+        else:  # pragma: no cover - no other backend than trio
+            super().__init__(anyio.current_time, anyio.current_time, 0.0)
         self._trio_token: Any = None
         if sniffio.current_async_library() == "trio":  # captured now: a finalizer may run in any thread
             import trio

@@ -16,6 +16,7 @@ import functools
 import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
+from time import monotonic as _monotonic  # read through a default argument (TrioRun.offset): never frozen
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -161,10 +162,14 @@ def _nothing() -> None:
 class TrioRun:
     """One trio run, seen as an `EventLoop`."""
 
-    __slots__ = ("__weakref__", "_token")
+    __slots__ = ("__weakref__", "_clock", "_offset", "_token")
 
     def __init__(self, token: Any) -> None:
+        import trio
+
         self._token = token
+        self._clock: Callable[[], float] = trio.current_time
+        self._offset: float | None = None
 
     def is_closed(self) -> bool:
         import trio
@@ -187,9 +192,22 @@ class TrioRun:
             raise RuntimeError("the trio run has ended") from exc
 
     def time(self) -> float:
-        import trio
+        return float(self._clock())
 
-        return float(trio.current_time())
+    def offset(self, monotonic: Callable[[], float] = _monotonic) -> float:
+        """What puts this run's clock on the monotonic time line, fixed at its first reading: trio starts each
+        run's clock at a random point, so that nothing compares instants of two runs; a Guard used by one run
+        after another keeps its state on one line (and a virtual clock still advances at its own rate)."""
+        if self._offset is None:
+            self._offset = monotonic() - float(self._clock())
+        return self._offset
+
+    def now(self) -> float:
+        """This run's time on the monotonic time line (see `offset`)."""
+        offset = self._offset
+        if offset is None:
+            offset = self.offset()
+        return float(self._clock()) + offset
 
     def start(self, func: Callable[[], Awaitable[T]]) -> Future[T]:
         """`run_threadsafe` on this run: a system task (so that it does not belong to any of the caller's

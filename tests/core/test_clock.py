@@ -3,19 +3,26 @@ started, cancelled, aborted with the call's lease and joined; asyncio's loop tas
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
+import httpx
 import pytest
+import trio
+import trio.testing
 
 from llmguard_client._core.clock import AsyncioTime, LoopTasks, current_time_source, loop_clock
 from llmguard_client._core.lease import CallLease, LeaseRegistry
-from tests.virtual import BACKENDS, now, run_virtual
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 if sys.version_info < (3, 11):
     from exceptiongroup import ExceptionGroup
+
+T = TypeVar("T")
 
 
 def _never() -> None:
@@ -131,7 +138,9 @@ def test_an_injected_clock_maps_deadlines_onto_the_loops_time_line(backend: str)
         await time_source.sleep_until(time_source.now() + 1.5)
         assert now() - start == pytest.approx(1.5, abs=1e-9)
         default = current_time_source()
-        assert default.now is default.loop_time  # the default clock is the loop's own: no mapping per read
+        # The default clock is the loop's own on asyncio, trio's plus a fixed offset: no mapping per read.
+        assert (default.now is default.loop_time) == (backend == "asyncio")
+        assert default.loop_deadline(default.now() + 2.0) == pytest.approx(anyio.current_time() + 2.0)
         # Task-free timers (a stream's read watchdog) on asyncio only; trio's timers are sleeping tasks.
         assert (default.loop_timers() is not None) == (backend == "asyncio")
 
@@ -159,6 +168,52 @@ async def test_asyncio_loop_tasks_stop_the_round_once_and_raise_the_first_error(
 def test_the_default_clock_works_outside_a_loop() -> None:
     """``Guard.snapshot()`` from sync code reads the default clock with no loop running."""
     assert isinstance(loop_clock(), float)
+
+
+def _trio_run(main: Callable[[], Awaitable[T]], start: float) -> T:
+    """``main()`` in a trio run whose (virtual) clock starts at ``start``, as each run's starts somewhere else."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    clock.jump(start)
+    return trio.run(main, clock=clock)
+
+
+def test_the_default_clock_is_one_time_line_across_trio_runs_and_asyncio() -> None:
+    async def read() -> float:
+        before = loop_clock()
+        await trio.sleep(30.0)  # virtual: the clock advances at the run's rate
+        assert loop_clock() - before == pytest.approx(30.0, abs=1e-6)
+        return before
+
+    first = _trio_run(read, 50_000.0)
+    second = _trio_run(read, 0.0)
+    third = asyncio.run(_read_asyncio())
+    assert first <= second <= third  # one monotonic line, whatever each loop's clock said
+    assert third - first < 30.0 + 60.0  # the time line is time.monotonic's: no run's offset on it
+
+
+async def _read_asyncio() -> float:
+    return loop_clock()
+
+
+@pytest.mark.parametrize("first", ["trio", "asyncio"])
+def test_a_cool_down_set_in_one_run_is_read_on_the_next_runs_time_line(first: str) -> None:
+    # A module-level Guard used by one trio.run after another (or asyncio then trio): trio starts each run's clock
+    # somewhere else, and the first run's cool-down must not be read as ending tens of thousands of seconds on.
+    fake = FakeReplica("a", [Plan()])
+    guard = virtual_guard({"http://a.test": fake}, [])
+
+    async def call() -> int:
+        async with httpx.AsyncClient(transport=guard.transport, base_url="http://a.test") as client:
+            return (await client.post("/v1/chat/completions", json={"model": "m", "messages": []})).status_code
+
+    async def cool() -> int:
+        status = await call()
+        guard._replica_set.cool_down(guard._replica_set.states[0], guard._clock(), 1.0)  # as a 429 does
+        return status
+
+    assert (_trio_run(cool, 50_000.0) if first == "trio" else asyncio.run(cool())) == 200
+    assert _trio_run(call, 0.0) == 200  # the cool-down's second left, not ~50,000 s (or time.monotonic's)
+    assert fake.requests == 2
 
 
 def _raised_by(run: Callable[[], None]) -> BaseException | None:

@@ -24,7 +24,7 @@ import trio.testing
 from llmguard_client import AllAttemptsFailed, BudgetPolicy, Guard, GuardClosed, HedgePolicy, PhaseRecord, Tier
 from llmguard_client._routing.ttft_stats import TTFTStats
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, ConnectsInANursery, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -266,14 +266,14 @@ def queue_race(
 
             router, (a, b) = guard._replica_set.router, guard._replica_set.states
             for state in (a, b) if reported_before else ():
-                router.server_load(state, anyio.current_time(), waiting=0.0, kv_usage=None, fresh_for=9)
+                router.server_load(state, now(), waiting=0.0, kv_usage=None, fresh_for=9)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call)
                 await anyio.sleep(after)
                 for state in (b, a):
                     if state.name in reports:
                         waiting = reports[state.name]
-                        router.server_load(state, anyio.current_time(), waiting=waiting, kv_usage=None, fresh_for=9)
+                        router.server_load(state, now(), waiting=waiting, kv_usage=None, fresh_for=9)
             assert guard.snapshot().idle
 
     run_virtual(main, backend)
@@ -314,7 +314,7 @@ def test_a_call_cancelled_by_its_caller_stops_watching_its_replicas_queue(backen
         async with guard_for(fakes, records, hedge=HedgePolicy(delay=1.0)) as guard, guard.http_client() as client:
             router = guard._replica_set.router
             for state in guard._replica_set.states:
-                router.server_load(state, anyio.current_time(), waiting=0.0, kv_usage=None, fresh_for=9)
+                router.server_load(state, now(), waiting=0.0, kv_usage=None, fresh_for=9)
             with anyio.move_on_after(0.5):
                 await client.post("http://a.test" + CHAT, json=BODY)
             assert not router._queue_watchers
