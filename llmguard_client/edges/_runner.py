@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
+from llmguard_client._core.clock import Unfrozen
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
 from llmguard_client._core.loop_owner import LEFT_BEHIND, LOOP_BLOCKED, Handed, HomeCall, LoopEnded, LoopOwner
 from llmguard_client._rollout.passthrough import MeasuredStream
@@ -519,6 +520,16 @@ class CallersLoop:
             raise LoopEnded("the event loop this Guard's calls run on has ended") from exc
 
 
+def _own_loop() -> asyncio.AbstractEventLoop:
+    """A new loop of the kind asyncio makes here, telling time with the monotonic clock no test can freeze: a test
+    that freezes ``time.monotonic`` (freezegun) would stop every timer of the Guard's own loop, and a sync call
+    waiting on one (a retry's backoff) would never end."""
+    loop = asyncio.new_event_loop()
+    if type(loop).time is asyncio.BaseEventLoop.time:  # a loop of another kind keeps its own clock
+        loop.time = Unfrozen.monotonic  # type: ignore[method-assign]
+    return loop
+
+
 class SyncRunner:
     """A daemon thread running an asyncio event loop, for one Guard's sync calls (its home)."""
 
@@ -576,7 +587,7 @@ class SyncRunner:
             self._started.set()
             return
         try:
-            anyio.run(main)
+            anyio.run(main, backend_options={"loop_factory": _own_loop})
         except BaseException as exc:  # pragma: no cover - the loop itself failed
             self._failed = exc
         finally:

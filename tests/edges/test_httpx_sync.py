@@ -5,7 +5,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import signal
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -15,6 +17,7 @@ from llmguard_client import Guard, GuardClosed, Tier, TTFTTimeout, guard_failure
 from llmguard_client.edges._runner import READ_AHEAD
 from tests.edges.conftest import BODY, client_sockets, eventually, pools, sync_threads
 from tests.loopback import LoopbackServer, Script
+from tests.virtual import FakeReplica, Plan
 
 MakeGuard = Callable[..., Guard]
 
@@ -292,3 +295,49 @@ def test_a_call_from_a_signal_handler_on_the_closing_thread_is_refused_at_once(s
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert refused == [True]
+
+
+_FREEZEGUN_SKIPS = ("threading", "multiprocessing", "queue", "_pytest.terminal.", "_pytest.runner.")
+"""Modules freezegun's ``freeze_time`` leaves alone by default (of those a test run has)."""
+
+
+def _freeze_monotonic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeze ``time.monotonic`` as freezegun's ``freeze_time`` does: in the time module, and in every module
+    attribute that holds the real function (``from time import monotonic``)."""
+    real = time.monotonic
+
+    def frozen() -> float:
+        return 1_000_000.0
+
+    monkeypatch.setattr(time, "monotonic", frozen)
+    for name, module in list(sys.modules.items()):
+        if module is None or name in ("time", "datetime") or name.startswith(_FREEZEGUN_SKIPS):
+            continue
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is real:
+                monkeypatch.setattr(module, attribute, frozen)
+
+
+@pytest.mark.parametrize("first", [500, 429])
+def test_a_retry_waits_on_the_guards_own_clock_which_a_test_freezing_time_leaves_running(
+    monkeypatch: pytest.MonkeyPatch, first: int
+) -> None:
+    """A sync call under a frozen ``time.monotonic`` (freezegun) whose first answer asks for a retry: the retry's
+    backoff waits on the Guard's own loop, whose timers must still fire (the SDK's own ``time.sleep`` does). The
+    replica is in memory, on the Guard's loop: a loopback server's loop would be frozen too."""
+    fake = FakeReplica("a", [Plan(status=first), Plan()])
+    guard = Guard(["http://a.test"], instrumentation=None, hedge=None, transport_factory=lambda replica: fake)
+    outcome: list[int] = []
+
+    def call() -> None:
+        with guard.sync_http_client() as client:
+            outcome.append(client.post("http://a.test/v1/chat/completions", json=BODY).status_code)
+
+    _freeze_monotonic(monkeypatch)
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(30.0)  # an upper bound only: served in about a second
+    monkeypatch.undo()  # a call left waiting can end now, and the guard close
+    caller.join(30.0)
+    guard.close()
+    assert outcome == [200] and fake.requests == 2
