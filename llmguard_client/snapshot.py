@@ -108,6 +108,8 @@ def build_snapshot(
     admission: Mapping[str, AdmissionSnapshot] | None = None,
 ) -> GuardSnapshot:
     """The `GuardSnapshot` of a Guard's parts at ``now``."""
+    for state in replica_set.states:  # a clock that went back moves their waits back first
+        state.settle(now)
     replicas = tuple(
         ReplicaSnapshot(
             name=s.name,

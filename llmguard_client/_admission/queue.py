@@ -139,14 +139,23 @@ class ReplicaGate:
             self.controller.admitted(self.load / share)
         return Slot(self, weight)
 
+    def _freed_window(self, now: float) -> deque[tuple[float, float]]:
+        """The slots freed in the last `_RATE_WINDOW_S` before ``now``. A clock that went back (a test's frozen clock
+        let go, a loop on another time line) moves them back with it: the latest was freed ``now`` at the latest."""
+        freed = self._freed
+        if freed and freed[-1][0] > now:
+            by = now - freed[-1][0]
+            self._freed = freed = deque((at + by, weight) for at, weight in freed)
+        while freed and freed[0][0] < now - _RATE_WINDOW_S:
+            freed.popleft()
+        return freed
+
     def give_back(self, weight: float = 1.0) -> None:
         """A slot came back (the one caller: `Slot.release`)."""
         self.in_flight -= 1
         self.load = self.load - weight if self.in_flight else 0.0  # no rounding left over once empty
-        freed, now = self._freed, self.clock()
-        freed.append((now, weight))
-        while freed and freed[0][0] < now - _RATE_WINDOW_S:
-            freed.popleft()
+        now = self.clock()
+        self._freed_window(now).append((now, weight))
         self.hand_out()
 
     def hand_out(self) -> None:
@@ -220,9 +229,8 @@ class ReplicaGate:
         """Weight freed per second over the last `_RATE_WINDOW_S` (slots, when calls are not weighed; 0: too few
         freed to measure: slots freed before an idle spell measured how much was asked then, not how fast the
         replica frees them now)."""
-        freed, now = self._freed, self.clock()
-        while freed and freed[0][0] < now - _RATE_WINDOW_S:
-            freed.popleft()
+        now = self.clock()
+        freed = self._freed_window(now)
         if len(freed) < 2:
             return 0.0
         span = max(now - freed[0][0], freed[-1][0] - freed[0][0])

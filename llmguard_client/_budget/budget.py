@@ -165,8 +165,9 @@ class RetryBudget:
     With ``share`` (``BudgetPolicy(scope="fleet")``) the budget decides on the fleet's totals whenever they are
     in force, and keeps its own window for when they are not.
 
-    Meant for a single event loop: no locks. ``clock`` must be non-decreasing (a clock that goes
-    backwards is treated as standing still). Other threads (a metrics exporter) read only
+    Meant for a single event loop: no locks. A clock that goes backwards (a test's frozen clock let go, a loop
+    on another time line) moves the window back with it: what it held still counts, and leaves it as time goes
+    on. Other threads (a metrics exporter) read only
     :meth:`published_level`.
     """
 
@@ -318,9 +319,12 @@ class RetryBudget:
     def _tick(self) -> float:
         """Read the clock (never backwards) and drop buckets that can no longer matter."""
         now = self._clock()
-        if now > self._now:
-            self._now = now
-        now = self._now
+        if now < self._now:  # the clock went back: so does the window, rather than standing still until it is back
+            by = now - self._now
+            for bucket in self._buckets:
+                bucket.first += by
+                bucket.last += by
+        self._now = now
         horizon = now - self._window
         buckets = self._buckets
         while buckets and buckets[0].last <= horizon:  # every event in it is outside all future windows

@@ -116,7 +116,7 @@ class FleetMirror:
             if self._cool(state, now, now + ms / 1000):
                 self._cooling_changed()
         elif kind == "open":
-            self._open(state, now + ms / 1000)
+            self._open(state, now, now + ms / 1000)
         elif kind in ("clear", "close"):
             if not state.local_open:  # a circuit an injected fault opened here is this process's to close
                 state.open_until = min(state.open_until, now)
@@ -157,7 +157,7 @@ class FleetMirror:
             if isinstance(cool, int) and cool > 0:
                 self._cool(s, now, now + cool / 1000)
             if isinstance(opened, int) and opened > 0:
-                self._open(s, now + opened / 1000)
+                self._open(s, now, now + opened / 1000)
 
     @staticmethod
     def _cool(state: ReplicaState, now: float, until: float) -> bool:
@@ -169,8 +169,8 @@ class FleetMirror:
         return True
 
     @staticmethod
-    def _open(state: ReplicaState, until: float) -> None:
+    def _open(state: ReplicaState, now: float, until: float) -> None:
         if until > state.open_until + _SLACK:
-            state.open_until = until
+            state.open_until, state.set_at = until, now
             state.tripped = True
             state.local_open = False

@@ -174,9 +174,9 @@ class LocalBucket:
         if self._last == -math.inf:
             self._last = now
         elapsed = now - self._last
+        self._last = now  # a clock that went back refills nothing, and the refill goes on from its new reading
         if elapsed <= 0.0:
             return
-        self._last = now
         for dim in (self._requests, self._tokens):
             dim.level = min(dim.capacity, dim.level + elapsed * dim.rate)
 

@@ -68,6 +68,7 @@ class Cooling(Protocol):
 
     cooling_until: float
     probe_at: float
+    set_at: float
     probing: bool
     probes: int
     probes_refused: int
@@ -91,7 +92,7 @@ def cool(s: Cooling, now: float, seconds: float) -> bool:
         s.probes_refused = 0  # a new cool-down here (none in force, or one mirrored, probed elsewhere): start over
     elif refused:
         s.probes_refused += 1
-    s.cooling_until = max(s.cooling_until, now + seconds)
+    s.cooling_until, s.set_at = max(s.cooling_until, now + seconds), now
     s.probe_at = now + min(PROBE_AT * (s.cooling_until - now), FIRST_PROBE * 2.0**s.probes_refused)
     s.probing = False
     return True
@@ -105,7 +106,7 @@ def mirror_cool_down(s: Cooling, now: float, until: float) -> None:
     none (idle, scaled down, gone): a recovered server is not left unasked for the whole cool-down, and while
     that process probes, the server sees its probes alone."""
     s.probes_refused = s.probes_refused + 1 if s.cooling(now) else 0
-    s.cooling_until = until
+    s.cooling_until, s.set_at = until, now
     s.probe_at = now + min(PROBE_AT * (until - now), FIRST_PROBE * 2.0 ** (s.probes_refused + 1))
     s.probing = False
 

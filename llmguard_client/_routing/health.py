@@ -110,6 +110,21 @@ class Routable(Protocol):
     def cooling(self, now: float) -> bool: ...
 
 
+def shift(h: ReplicaHealth, by: float) -> None:
+    """Move every instant of ``h`` by ``by`` seconds (its clock went back: `ReplicaState.settle`)."""
+    h.failure_at += by
+    h.rejection_at += by
+    h.drained_at += by
+    h.last_pick += by
+    h.last_first += by
+    if h.unanswered_since is not None:
+        h.unanswered_since += by
+    h.limited_until += by
+    h.waiting_until += by
+    h.kv_until += by
+    h.reported_at += by
+
+
 def sent(h: ReplicaHealth, now: float, *, hedge: bool = False) -> None:
     """An attempt goes to this replica now (a ``hedge``: another attempt of the same call is already waiting)."""
     h.recent = recent_calls(h, now) + 1.0

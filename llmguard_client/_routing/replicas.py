@@ -33,6 +33,7 @@ from llmguard_client._routing.cooldown import (
     probe_pending,
     take_probe,
 )
+from llmguard_client._routing.health import shift
 from llmguard_client._routing.reach import relative, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client._routing.wakeup import Wakeup
@@ -88,6 +89,10 @@ class ReplicaState:
     (neither it nor its end)."""
     local_open: bool = False
     """The same for the circuit: it was opened by an injected fault."""
+    set_at: float = -math.inf
+    """When its cool-down or circuit was last set (see `settle`)."""
+    seen: float = -math.inf
+    """The time `settle` was last asked at."""
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     """Speed, failures, drain and rate-limit room, as the router sees them."""
 
@@ -154,10 +159,32 @@ class ReplicaState:
         self.in_flight -= 1
 
     def cooling(self, now: float) -> bool:
+        self.settle(now)
         return now < self.cooling_until
 
     def open(self, now: float) -> bool:
+        self.settle(now)
         return now < self.open_until
+
+    def settle(self, now: float) -> None:
+        """Keep this replica's instants on the clock's time line as it reads ``now``. A clock that went back (a
+        test's frozen clock let go, a loop on another time line) finds instants set after ``now``: all of them move
+        back together until the latest is ``now``, so a wait keeps what was left of it (a cool-down never
+        outlasts its length) and what fades goes on fading. Only instants set when something happened (an answer,
+        a cool-down, a report) tell: a retry's pick and send are set ahead, at the instant it will be sent."""
+        if now < self.seen:
+            h = self.health
+            latest = max(self.set_at, h.failure_at, h.rejection_at, h.drained_at, h.reported_at)
+            if latest > now:
+                by = now - latest
+                self.set_at += by
+                self.cooling_until += by
+                self.probe_at += by
+                self.open_until += by
+                set_until, asked_until = self.asked_beyond
+                self.asked_beyond = (set_until + by, asked_until + by)
+                shift(h, by)
+        self.seen = now
 
 
 class SharedState(Protocol):
@@ -524,7 +551,7 @@ class ReplicaSet:
                     state.consecutive_failures,
                     cooldown,
                 )
-            state.open_until = now + cooldown
+            state.open_until, state.set_at = now + cooldown, now
             state.consecutive_failures = 0
             state.tripped = True
             state.local_open = injected

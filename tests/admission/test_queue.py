@@ -150,3 +150,17 @@ def test_the_line_holds_max_waiting_calls_of_every_tier() -> None:
     assert all(w is not None for w in batch)
     assert line_up(g, deadline=30.0, until=12.0) is None  # a third batch call: the line is full
     assert line_up(g, deadline=1.0, until=0.08) is None  # and so for an interactive call, ahead of them or not
+
+
+def test_a_clock_that_went_back_moves_the_freed_slots_back_with_it() -> None:
+    clock = [1e9]
+    g = ReplicaGate(LimitController(Admission(initial_limit=8)), LoadSignal(), 64, lambda: clock[0])
+    slots = [g._take(1.0) for _ in range(6)]
+    for slot in slots[:3]:
+        slot.release()
+        clock[0] += 1.0
+    clock[0] -= 1e9  # a test's frozen clock let go
+    for slot in slots[3:]:
+        slot.release()
+        clock[0] += 1.0
+    assert g.rate() == pytest.approx(1.0, rel=0.3)  # still about one a second, not nothing for 1e9 s

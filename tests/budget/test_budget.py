@@ -328,16 +328,16 @@ def test_snapshot() -> None:
     assert not hasattr(snap, "__dict__")
 
 
-def test_clock_going_backwards_is_treated_as_standing_still() -> None:
+def test_a_clock_going_backwards_moves_the_window_back_with_it() -> None:
     clock = FakeClock(100.0)
     budget = RetryBudget(ratio=0.0, floor=1, window=1.0, clock=clock)
     assert budget.try_acquire() is not None
-    clock.now = 50.0
-    budget.record_request()  # recorded at 100.0, not 50.0
+    clock.now = 50.0  # the extra taken at 100.0 is now taken at 50.0
+    budget.record_request()
     assert budget.try_acquire() is None
-    clock.now = 100.5  # the extra at 100.0 is still inside (99.5, 100.5]
+    clock.now = 50.5  # still inside (49.5, 50.5]
     assert budget.try_acquire() is None
-    clock.now = 101.0
+    clock.now = 51.0
     assert budget.try_acquire() is not None
 
 
@@ -386,3 +386,15 @@ def test_validation(kwargs: dict[str, object], message: str) -> None:
 def test_boundary_values_accepted() -> None:
     RetryBudget(ratio=0, floor=0, window=1e-6)
     RetryBudget(ratio=10, floor=1000, window=3600)
+
+
+def test_a_clock_that_went_back_moves_the_window_back_with_it() -> None:
+    # A test's frozen clock let go: the budget's window must not stand still until the clock is back (1e9 s).
+    clock = FakeClock(1e9)
+    budget = RetryBudget(ratio=0.0, floor=2, window=10.0, clock=clock)
+    assert budget.try_acquire() is not None and budget.try_acquire() is not None
+    assert budget.try_acquire() is None  # spent
+    clock.now -= 1e9
+    assert budget.try_acquire() is None  # what the window held still counts...
+    clock.advance(10.0 + 10.0 / BUCKETS_PER_WINDOW)
+    assert budget.try_acquire() is not None  # ...and leaves it as time goes on

@@ -101,3 +101,13 @@ def test_a_guard_or_replica_rate_limit_of_the_wrong_type_is_refused() -> None:
         Guard(["http://a"], rate_limit=100, instrumentation=None)  # type: ignore[arg-type]
     with pytest.raises(GuardConfigError, match=r"Replica\.rate_limit must be a RateLimit"):
         Replica("http://a", rate_limit={"rpm": 1})  # type: ignore[arg-type]
+
+
+def test_a_clock_that_went_back_refills_from_its_new_reading() -> None:
+    clock = [1e9]
+    bucket = LocalBucket(RateLimit(requests_per_minute=60, burst=1.0), lambda: clock[0])  # 1 request at most
+    assert bucket.take(0, 0).wait == 0.0
+    clock[0] -= 1e9  # a test's frozen clock let go
+    assert bucket.levels()[0] == pytest.approx(0.0)
+    clock[0] += 1.0
+    assert bucket.levels()[0] == pytest.approx(1.0)  # refilled after a second, not after 1e9

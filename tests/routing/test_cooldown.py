@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from llmguard_client import AllReplicasCooling, Guard, PhaseRecord, RateLimit, Replica, RetryPolicy, Tier, guard_failure
+from llmguard_client._core.clock import loop_clock
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL, mirror_cool_down
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
@@ -645,3 +646,23 @@ def test_a_mirrored_cool_down_is_probed_a_step_after_the_learning_process_would_
     assert s.probe_at == pytest.approx(13.75)
     mirror_cool_down(s, 100.0, 130.0)  # long after it ended: a new cool-down
     assert s.probe_at == 102.0
+
+
+@BACKENDS
+def test_a_clock_that_went_back_leaves_a_cool_down_no_longer_than_it_was_set_for(backend: str) -> None:
+    # The caller's clock jumps back (a test's frozen clock let go): a cool-down must not last until the clock is
+    # back (1e9 s), only what was left of it, with its probe; nor may an instant never set (0.0) become a wait.
+    fake = FakeReplica("a", [Plan()])
+    shift = [0.0]
+    guard = virtual_guard({"http://a.test": fake}, [], clock=lambda: loop_clock() + shift[0])
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=guard.transport, base_url="http://a.test") as client:
+            assert (await client.post(CHAT, json=BODY)).status_code == 200
+            guard._replica_set.cool_down(guard._replica_set.states[0], guard._clock(), 20.0)
+            shift[0] -= 1e9
+            assert 0.0 < guard.snapshot().replicas[0].cooling_for <= 20.0
+            assert (await client.post(CHAT, json=BODY)).status_code == 200  # its probe, as before the jump
+            assert fake.requests == 2
+
+    run_virtual(main, backend)
