@@ -159,11 +159,15 @@ class ReplicaState:
         self.in_flight -= 1
 
     def cooling(self, now: float) -> bool:
-        self.settle(now)
+        if now < self.seen:  # read on every pick: the check inline, `settle` only when the clock read earlier
+            self.settle(now)
+        self.seen = now
         return now < self.cooling_until
 
     def open(self, now: float) -> bool:
-        self.settle(now)
+        if now < self.seen:
+            self.settle(now)
+        self.seen = now
         return now < self.open_until
 
     def settle(self, now: float) -> None:
