@@ -12,7 +12,6 @@ runs once above the guard.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -69,12 +68,10 @@ async def _run(steps: _AsyncSteps | _SyncSteps, send: Send) -> httpx.Response:
     try:
         outgoing = await _flow(steps.first())
         while True:
-            request = _as_httpx(outgoing)
-            response = await send(request)
-            response.request = request  # as httpx's client sets it: a flow reads its cookies (DigestAuth)
+            response = await send(_as_httpx(outgoing))
             outgoing = await _flow(steps.after(response))
             if outgoing is None:
-                done, response = _whole(response), None
+                done, response = response, None
                 return done
             await response.aclose()
             response = None
@@ -114,45 +111,22 @@ class _AsyncSteps:
 
 class _SyncSteps:
     """A sync client's flow, each step in a worker thread (it may block); a response whose body the flow reads
-    is read on the loop first, so the flow's ``response.read()`` finds it in memory.
-
-    A cancelled attempt (a lost hedge) does not wait for a step still blocking its thread: the step is abandoned,
-    and the thread closes the flow once the step returns, the request it may yield never sent.
-    """
+    is read on the loop first, so the flow's ``response.read()`` finds it in memory."""
 
     def __init__(self, flow: Generator[Any, Any, None], auth: Any) -> None:
         self._flow = flow
         self._auth = auth
-        self._lock = threading.Lock()
-        self._running = False
-        self._closed = False
 
     async def first(self) -> Any:
-        return await anyio.to_thread.run_sync(self._step, None, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(_step, self._flow, None)
 
     async def after(self, response: httpx.Response) -> Any:
         if self._auth.requires_response_body:
             await response.aread()
-        return await anyio.to_thread.run_sync(self._step, response, abandon_on_cancel=True)
-
-    def _step(self, response: httpx.Response | None) -> Any:
-        with self._lock:
-            if self._closed:  # abandoned before the thread began it
-                return None
-            self._running = True
-        try:
-            return _step(self._flow, response)
-        finally:
-            with self._lock:
-                self._running = False
-                if self._closed:  # abandoned while it ran: closed here, where it ran
-                    self._flow.close()
+        return await anyio.to_thread.run_sync(_step, self._flow, response)
 
     async def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if not self._running:
-                self._flow.close()
+        self._flow.close()
 
 
 def _step(flow: Generator[Any, Any, None], response: httpx.Response | None) -> Any:
@@ -161,18 +135,6 @@ def _step(flow: Generator[Any, Any, None], response: httpx.Response | None) -> A
         return flow.send(response)
     except StopIteration:
         return None
-
-
-def _whole(response: httpx.Response) -> httpx.Response:
-    """``response``, or, if the flow read its body (``requires_response_body``), the same answer from the body in
-    memory (decoded as httpx read it): its stream is spent, and the attempt reads it again."""
-    if not response.is_stream_consumed:
-        return response
-    response.stream = httpx.ByteStream(response.content)
-    if "content-encoding" in response.headers:  # httpx decoded it: the headers described the body as it came
-        del response.headers["content-encoding"]
-        response.headers.pop("content-length", None)
-    return response
 
 
 def _as_httpx(request: Any) -> httpx.Request:

@@ -9,15 +9,14 @@ import hashlib
 import hmac
 import threading
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, HedgePolicy, PhaseRecord, Replica, Tier
+from llmguard_client import Guard, HedgePolicy, PhaseRecord, Replica
 from tests.edges.conftest import BODY
 from tests.loopback import LoopbackServer, Script
 from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
@@ -275,136 +274,3 @@ def test_a_sync_flows_own_error_reaches_the_caller_as_it_is(servers: list[Loopba
         with pytest.raises(LookupError, match="the token service is down"):
             client.post(servers[0].url + CHAT, json=BODY)
     assert servers[0].received == []
-
-
-@dataclass
-class DigestGateway(FakeReplica):
-    """A replica behind HTTP Digest auth: a challenge (setting a session cookie) for a request without an answer to
-    it; the session cookie must come back with the answer, as httpx's `DigestAuth` sends it."""
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not request.headers.get("authorization", "").startswith("Digest "):
-            challenge = 'Digest realm="r", nonce="abc", qop="auth", algorithm=MD5'
-            headers = [("www-authenticate", challenge), ("set-cookie", "session=s1; Path=/")]
-            return httpx.Response(401, headers=headers, json={"error": {"message": "challenge"}})
-        assert request.headers.get("cookie") == "session=s1"
-        return await super().handle_async_request(request)
-
-
-@BACKENDS
-def test_httpx_digest_auth_meets_its_challenge(backend: str) -> None:
-    """The flow reads the challenge's cookies (``response.request``, set as httpx's client sets it)."""
-    status, records = call({A: DigestGateway("a")}, httpx.DigestAuth("u", "p"), backend=backend)
-    assert status == 200 and [a.outcome for a in records[0].attempts] == ["won"]
-
-
-class ReadBodyToken(httpx.Auth):
-    """A stale token refreshed on a 401, reading each answer's body (``requires_response_body``)."""
-
-    requires_response_body = True
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        request.headers["authorization"] = "Bearer stale"
-        response = yield request
-        self.bodies.append(response.content)
-        if response.status_code == 401:
-            request.headers["authorization"] = "Bearer fresh"
-            response = yield request
-            self.bodies.append(response.content)
-
-
-class ReadOnce(httpx.AsyncByteStream):
-    """A body as a socket gives it: read once; iterated again, it waits for bytes that never come (keep-alive)."""
-
-    def __init__(self, body: httpx.AsyncByteStream) -> None:
-        self._body = body
-        self._read = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._read:
-            await anyio.sleep_forever()
-        self._read = True
-        async for chunk in self._body:
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._body.aclose()
-
-
-@dataclass
-class SocketGateway(Gateway):
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await super().handle_async_request(request)
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = ReadOnce(response.stream)
-        return response
-
-
-@BACKENDS
-def test_a_flow_that_reads_the_answers_bodies_hands_the_last_on_whole(backend: str) -> None:
-    """The flow reads the 401's body and the last answer's: the attempt reads the last from memory."""
-    auth = ReadBodyToken()
-    seen = Seen([Plan()])
-    fakes: dict[str, FakeReplica] = {A: SocketGateway("a", seen=seen)}
-    tiers = {"default": Tier(ttft=5.0, total=30.0)}  # it hung until then
-    status, records = call(fakes, auth, backend=backend, hedge=None, tiers=tiers)
-    assert status == 200 and [a.outcome for a in records[0].attempts] == ["won"]
-    assert b"stale token" in auth.bodies[0] and b"[DONE]" in auth.bodies[1]
-
-
-def test_a_sync_flow_that_reads_the_answers_body_hands_it_on_whole(servers: list[LoopbackServer]) -> None:
-    auth = ReadBodyToken()
-    tiers = {"default": Tier(ttft=5.0, total=30.0)}  # it hung until then
-    with Guard([servers[0].url], instrumentation=None, tiers=tiers) as guard, guard.sync_http_client(auth=auth) as c:
-        response = c.post(servers[0].url + CHAT, json=BODY, timeout=5)
-    assert response.status_code == 200 and response.json()["choices"] and auth.bodies == [response.content]
-
-
-class BlocksTheHedge(httpx.Auth):
-    """Signs the primary at once; the hedge's run blocks (a slow token fetch) until ``release``."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self.hedge_blocked = threading.Event()
-        self.release = threading.Event()
-        self.hedge_step_returned = threading.Event()
-        self.hedge_closed = threading.Event()
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        self.runs += 1
-        if self.runs == 1:
-            yield request
-            return
-        try:
-            self.hedge_blocked.set()
-            self.release.wait(10)
-            self.hedge_step_returned.set()
-            request.headers["x-hedge"] = "1"
-            yield request
-        finally:
-            self.hedge_closed.set()
-
-
-def test_a_lost_hedge_does_not_wait_for_its_blocking_flow(servers: list[LoopbackServer]) -> None:
-    """The primary wins while the hedge's flow blocks its thread: the call does not wait for it; once the step
-    returns, its thread closes the flow, and the request it yielded is never sent."""
-    auth = BlocksTheHedge()
-
-    def primary_after_the_hedge_blocked(index: int, attempt: int) -> Script | None:
-        assert auth.hedge_blocked.wait(10)
-        return None
-
-    for server in servers:  # whichever the primary goes to
-        server.scripter = primary_after_the_hedge_blocked
-    urls = [s.url for s in servers]
-    with Guard(urls, instrumentation=None, hedge=HedgePolicy(delay=0.05)) as guard:
-        with guard.sync_http_client(auth=auth) as client:
-            with client.stream("POST", servers[0].url + CHAT, json=STREAM) as response:
-                response.read()
-        assert response.status_code == 200 and not auth.hedge_step_returned.is_set()
-        auth.release.set()
-        assert auth.hedge_closed.wait(10)
-    assert [r.headers.get("x-hedge") for s in servers for r in s.received] == [None]
