@@ -53,23 +53,13 @@ class ClientAuth:
         return await _run(_AsyncSteps(self.auth.async_auth_flow(request)), send)
 
 
-class AuthFlowError(Exception):
-    """The caller's auth flow raised ``error`` (e.g. its token fetch failed): the caller's error, raised as it is
-    (``raise failed.error from failed.error.__cause__``), as when httpx runs the flow; not a failure of the replica
-    the attempt was for."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 async def _run(steps: _AsyncSteps | _SyncSteps, send: Send) -> httpx.Response:
     response: httpx.Response | None = None
     try:
-        outgoing = await _flow(steps.first())
+        outgoing = await steps.first()
         while True:
             response = await send(_as_httpx(outgoing))
-            outgoing = await _flow(steps.after(response))
+            outgoing = await steps.after(response)
             if outgoing is None:
                 done, response = response, None
                 return done
@@ -80,13 +70,6 @@ async def _run(steps: _AsyncSteps | _SyncSteps, send: Send) -> httpx.Response:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
         await steps.close()
-
-
-async def _flow(step: Awaitable[Any]) -> Any:
-    try:
-        return await step
-    except Exception as exc:
-        raise AuthFlowError(exc) from exc
 
 
 class _AsyncSteps:

@@ -30,7 +30,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
-from llmguard_client._http.auth import AUTH_EXTENSION, AuthFlowError
+from llmguard_client._http.auth import AUTH_EXTENSION
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.error_body import read_head
 from llmguard_client._http.http2_reset import reset_when_abandoned
@@ -107,9 +107,6 @@ class AttemptLayer:
             return Win(attempt, state, response, opening.chunks, opening.rest, reader, in_flight)
         except GuardClosed:
             raise
-        except AuthFlowError as flow:  # the caller's own error, as without a guard
-            attempt.attempt_finished("failed", clock(), error=error_kind(flow.error))
-            raise flow.error from flow.error.__cause__
         except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
             attempt.attempt_finished("failed", clock(), error=error_kind(exc))
             failure = AttemptFailure(attempt, state, error=exc)

@@ -37,7 +37,7 @@ import httpx
 from llmguard_client._core.clock import is_cancellation
 from llmguard_client._core.given_up import sdk_call
 from llmguard_client._core.request import RequestFacts
-from llmguard_client._http.auth import AUTH_EXTENSION, AuthFlowError
+from llmguard_client._http.auth import AUTH_EXTENSION
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.network_stream import for_caller
 from llmguard_client._http.origin import OriginKey, origin, origin_key
@@ -176,8 +176,6 @@ async def passthrough(
         elif isinstance(exc, Exception):
             cause = error_kind(exc)
             end("timeout" if isinstance(exc, httpx.TimeoutException) else "error", cause, "failed", cause)
-        if isinstance(exc, AuthFlowError):  # the caller's auth flow's own error, as without a guard
-            raise exc.error from exc.error.__cause__
         raise
     attempt.attempt_headers(clock(), response.status_code)
     record.delivered(attempt, response.status_code)

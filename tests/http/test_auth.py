@@ -244,33 +244,3 @@ async def test_an_async_httpx2_clients_flow_is_run_for_each_attempt(servers: lis
             assert isinstance(client, httpx2.AsyncClient)
             assert (await client.post(servers[0].url + CHAT, json=BODY_REQ0)).status_code == 200
     assert_signed_afresh(servers[0])
-
-
-class FailingAuth(httpx.Auth):
-    """A flow whose token fetch fails."""
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        raise LookupError("the token service is down")
-        yield request  # pragma: no cover
-
-
-@BACKENDS
-def test_a_flows_own_error_reaches_the_caller_as_it_is(backend: str) -> None:
-    """As when httpx runs the flow: raised as it is, nothing sent, no retry, not counted against the replica."""
-    fakes = {A: FakeReplica("a")}
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        async with virtual_guard(fakes, records) as guard, guard.http_client(auth=FailingAuth()) as client:
-            with pytest.raises(LookupError, match="the token service is down"):
-                await client.post(A + CHAT, json=STREAM)
-
-    run_virtual(main, backend)
-    assert fakes[A].requests == 0 and [a.outcome for a in records[0].attempts] == ["failed"]
-
-
-def test_a_sync_flows_own_error_reaches_the_caller_as_it_is(servers: list[LoopbackServer]) -> None:
-    with Guard([servers[0].url], instrumentation=None) as guard, guard.sync_http_client(auth=FailingAuth()) as client:
-        with pytest.raises(LookupError, match="the token service is down"):
-            client.post(servers[0].url + CHAT, json=BODY)
-    assert servers[0].received == []
