@@ -428,9 +428,7 @@ class Guard:
         connect, 600 s per read); under a Guard the read timeout bounds each read and caps the tier's stall (pass
         ``timeout=`` to change it). Closing the client ends its calls in flight, as closing a plain client
         does (a call waiting for its answer, or a body not read to its end, raises `httpx.ReadError`), and leaves
-        the guard open (``await guard.aclose()`` closes the pools). Takes `httpx.AsyncClient`'s keywords but those
-        for connections of its own (``verify``, ``limits``, ``transport``...: `GuardConfigError`); its ``auth=`` runs
-        for each request the guard sends (each attempt), as httpx runs it for each request a plain client sends.
+        the guard open (``await guard.aclose()`` closes the pools).
         """
         self._refuse_if_closed()
         return httpx_client(self._transport, **kwargs)

@@ -22,7 +22,6 @@ the disconnect and stops generating.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from functools import partial
 
 import httpx
 
@@ -30,7 +29,6 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.clock import Clock
 from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Route, Win
-from llmguard_client._http.auth import AUTH_EXTENSION
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.error_body import read_head
 from llmguard_client._http.http2_reset import reset_when_abandoned
@@ -72,12 +70,9 @@ class AttemptLayer:
         read: list[bytes] = []  # the answer's chunks before its first token
         won = False
         try:
-            request = call.attempt_request(state, attempt, route.body)
-            auth = call.request.extensions.get(AUTH_EXTENSION)  # the caller's client auth=: run for each attempt
-            if auth is None:
-                response = decode_in_place(await _send(state, attempt, clock, request))
-            else:
-                response = decode_in_place(await auth.send(request, partial(_send_signed, state, attempt, clock)))
+            request = stamp_sent(call.attempt_request(state, attempt, route.body), attempt, clock)
+            reset_when_abandoned(request, state.transport)  # HTTP/2: a stream dropped before its headers too
+            response = decode_in_place(await state.transport.handle_async_request(request))
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
@@ -227,33 +222,12 @@ def _error_answer_headers(server: httpx.Headers, failure: StreamFailure) -> http
     return headers
 
 
-async def _send(
-    state: ReplicaState, attempt: AttemptRecordBuilder, clock: Clock, request: httpx.Request
-) -> httpx.Response:
-    stamp_sent(request, attempt, clock)
-    reset_when_abandoned(request, state.transport)  # HTTP/2: a stream dropped before its headers too
-    return await state.transport.handle_async_request(request)
-
-
-async def _send_signed(
-    state: ReplicaState, attempt: AttemptRecordBuilder, clock: Clock, request: httpx.Request
-) -> httpx.Response:
-    """`_send` for a request the caller's auth flow yielded: the replica's own headers still win over any the flow
-    set, as over the caller's own."""
-    own, names = state.header_items, state.header_names
-    if own and [(k.lower(), v) for k, v in request.headers.raw if k.lower() in names] != own:
-        request.headers = httpx.Headers([(k, v) for k, v in request.headers.raw if k.lower() not in names] + own)
-    return await _send(state, attempt, clock, request)
-
-
 def stamp_sent(request: httpx.Request, attempt: AttemptRecordBuilder, clock: Clock) -> httpx.Request:
     """``request`` marked as ``attempt``'s (`ATTEMPT_EXTENSION`), its body wrapped to stamp the attempt's
     ``sent`` once the transport has written all of it. (An httpcore ``trace`` hook did it before, at the price of
     a call for each of the dozen events httpcore reports per request; the caller's own hook is left alone.)"""
     request.extensions = {**request.extensions, ATTEMPT_EXTENSION: attempt}
     body = request.stream
-    if isinstance(body, _StampsSent):  # sent again (an auth flow's answer to a challenge): stamped once
-        body = body._body
     assert isinstance(body, httpx.AsyncByteStream), "the guard's attempts carry async bodies"
     request.stream = _StampsSent(body, attempt, clock)
     return request

@@ -30,14 +30,12 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from functools import partial
 
 import httpx
 
 from llmguard_client._core.clock import is_cancellation
 from llmguard_client._core.given_up import sdk_call
 from llmguard_client._core.request import RequestFacts
-from llmguard_client._http.auth import AUTH_EXTENSION
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.network_stream import for_caller
 from llmguard_client._http.origin import OriginKey, origin, origin_key
@@ -153,23 +151,23 @@ async def passthrough(
     attempt = record.attempt_started(origin_name, "primary", now)
     end = _End(record, attempt, instrumentation.call_started(record), on_record, clock)
     end.observation.attempt_started(attempt, str(request.url), {})  # whatever it would inject is dropped
-    outgoing = httpx.Request(
-        request.method,
-        request.url,
-        headers=[
-            (k, v)
-            for k, v in request.headers.raw
-            if not k.lower().startswith(GUARD_HEADER_PREFIX) or k.lower() in signed  # sent as the client signed it
-        ],
-        stream=request.stream,
-        extensions=request.extensions,
+    outgoing = stamp_sent(
+        httpx.Request(
+            request.method,
+            request.url,
+            headers=[
+                (k, v)
+                for k, v in request.headers.raw
+                if not k.lower().startswith(GUARD_HEADER_PREFIX) or k.lower() in signed  # sent as the client signed it
+            ],
+            stream=request.stream,
+            extensions=request.extensions,
+        ),
+        attempt,
+        clock,
     )
-    transport = transport_for_url(request.url)
-    # The caller's client auth= signs the request, but not one following a redirect elsewhere (httpx signs none).
-    auth = request.extensions.get(AUTH_EXTENSION) if one_attempt != "other_origin" else None
     try:
-        send = partial(_send_stamped, transport, attempt, clock)
-        response = decode_in_place(await (send(outgoing) if auth is None else auth.send(outgoing, send)))
+        response = decode_in_place(await transport_for_url(request.url).handle_async_request(outgoing))
     except BaseException as exc:  # a cancellation (bare, or in a group: `is_cancellation`), or an error
         if is_cancellation(exc):
             end("cancelled", "cancelled_by_caller", "cancelled")
@@ -194,15 +192,6 @@ async def passthrough(
     )
     record.hand_over(for_caller(measured.extensions))
     return measured
-
-
-async def _send_stamped(
-    transport: httpx.AsyncBaseTransport,
-    attempt: AttemptRecordBuilder,
-    clock: Callable[[], float],
-    request: httpx.Request,
-) -> httpx.Response:
-    return await transport.handle_async_request(stamp_sent(request, attempt, clock))
 
 
 class _End:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._client_auth import guard_runs_auth
 from llmguard_client.edges._client_calls import AsyncClientCalls
 from llmguard_client.edges._httpx2_types import (
     SdkErrors,
@@ -101,5 +100,4 @@ def httpx2_client(guard: GuardHandle, *, sdk: SdkErrors | None = None, **kwargs:
     """An `httpx2.AsyncClient` whose transport is the guard (see `Httpx2GuardTransport`); ``sdk``: the errors of
     the SDK it is for, when that SDK passes its own on unretried."""
     with_sdk_defaults(kwargs, httpx2.Timeout)
-    client = httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport, sdk), **kwargs)
-    return guard_runs_auth(client, blocking=False)
+    return httpx2.AsyncClient(transport=Httpx2GuardTransport(guard.transport, sdk), **kwargs)

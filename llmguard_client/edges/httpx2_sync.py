@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx2
 
-from llmguard_client.edges._client_auth import guard_runs_auth
 from llmguard_client.edges._client_calls import SyncClientCalls
 from llmguard_client.edges._httpx2_types import (
     SdkErrors,
@@ -83,4 +82,4 @@ def sync_httpx2_client(guard: GuardHandle, *, sdk: SdkErrors | None = None, **kw
     """An `httpx2.Client` whose transport is the guard (see `SyncHttpx2GuardTransport`); ``sdk`` as for
     `llmguard_client.edges.httpx2_async.httpx2_client`."""
     with_sdk_defaults(kwargs, httpx2.Timeout)
-    return guard_runs_auth(httpx2.Client(transport=SyncHttpx2GuardTransport(guard, sdk), **kwargs), blocking=True)
+    return httpx2.Client(transport=SyncHttpx2GuardTransport(guard, sdk), **kwargs)

@@ -6,7 +6,6 @@ from typing import Any
 
 import httpx
 
-from llmguard_client.edges._client_auth import guard_runs_auth
 from llmguard_client.edges._client_calls import AsyncClientCalls
 from llmguard_client.edges._sdk_defaults import with_sdk_defaults
 
@@ -31,5 +30,4 @@ class ClientTransport(httpx.AsyncBaseTransport):
 
 def httpx_client(core: httpx.AsyncBaseTransport, **kwargs: Any) -> httpx.AsyncClient:
     """An `httpx.AsyncClient` whose transport is the guard's core, as one client (see `ClientTransport`)."""
-    client = httpx.AsyncClient(transport=ClientTransport(core), **with_sdk_defaults(kwargs, httpx.Timeout))
-    return guard_runs_auth(client, blocking=False)
+    return httpx.AsyncClient(transport=ClientTransport(core), **with_sdk_defaults(kwargs, httpx.Timeout))

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from llmguard_client._http.upload import sync_streamed
-from llmguard_client.edges._client_auth import guard_runs_auth
 from llmguard_client.edges._client_calls import SyncClientCalls
 from llmguard_client.edges._registry import send_sync
 from llmguard_client.edges._runner import SyncBody
@@ -67,4 +66,4 @@ class _Body(httpx.SyncByteStream):
 def sync_http_client(guard: GuardHandle, **kwargs: Any) -> httpx.Client:
     """An `httpx.Client` whose transport is the guard (see `SyncGuardTransport`)."""
     with_sdk_defaults(kwargs, httpx.Timeout)
-    return guard_runs_auth(httpx.Client(transport=SyncGuardTransport(guard), **kwargs), blocking=True)
+    return httpx.Client(transport=SyncGuardTransport(guard), **kwargs)
