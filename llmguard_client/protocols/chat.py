@@ -34,6 +34,9 @@ from llmguard_client.protocols.sse import SSEReader
 
 _INTERESTING = re.compile(rb'prompt_tokens|_reason": ?"|error|\[DONE\]|\r')
 """What makes a chunk worth splitting after the first token (one regex scan beats five substring checks)."""
+_ANOTHER_CHOICE = re.compile(rb'"index": ?[1-9]')
+"""With ``n`` > 1, an event that may be of another choice than the first, decoded so that the choices seen are known
+at the body's end (`ChatReader.whole_at_end`): a server that sends them all but ends one early truncated it."""
 _UNSAFE_TEXT = re.compile(rb'["\r\n]|\\\Z')
 """What a learnt shape's text must not hold: a quote or line break, or a backslash at its end (any of
 which could end the JSON string or the event). Searched between the head and the tail."""
@@ -111,7 +114,7 @@ class ChatReader(SSEReader):
         """Every event so far was a single-choice text delta without logprobs (kept only with `keep_text`)."""
         self._choices = choices
         """The choices the request asked for (its ``n``): the answer ends when that many have had their finish
-        reason (events holding one are always decoded, so no other event needs to be)."""
+        reason (events holding one are always decoded; with more than one, those naming another choice too)."""
         self._finished: set[int] = set()
         """The indices of the choices that have had their finish reason."""
         self._seen: set[int] = set()
@@ -159,7 +162,7 @@ class ChatReader(SSEReader):
     def skippable(self, chunk: bytes) -> bool:
         if self._text is not None or not chunk.endswith(b"\n\n"):
             return False
-        if _INTERESTING.search(chunk) is not None:
+        if _INTERESTING.search(chunk) is not None or (self._choices > 1 and _ANOTHER_CHOICE.search(chunk)):
             return False
         self._learn_shape(chunk)
         return True
@@ -237,6 +240,7 @@ class ChatReader(SSEReader):
                 and data.find(b'"finish_reason": "') < 0
                 and data.find(b'"error"') < 0
                 and name != b"error"
+                and (self._choices == 1 or _ANOTHER_CHOICE.search(data) is None)  # n > 1: every choice is noted
             ):
                 if len(data) < 16 and data.strip() == b"[DONE]":
                     self.complete = True

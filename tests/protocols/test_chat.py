@@ -835,3 +835,15 @@ def test_a_choice_seen_but_never_finished_at_the_bodys_end_is_a_truncation() -> 
     reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
     failure = reader.end_of_body()
     assert failure is not None and failure.kind == "truncated"
+
+
+def test_with_two_choices_one_cut_after_the_first_token_is_a_truncation() -> None:
+    """No role chunks up front: choice 1 is first seen past the first token, in events that hold no finish reason.
+    They are noted all the same, so a body that ends with choice 0 finished and choice 1 midway is truncated."""
+    reader = ChatReader(choices=2)
+    for text in ("a", "b"):
+        reader.feed(event({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}))
+        reader.feed(event({"choices": [{"index": 1, "delta": {"content": text}, "finish_reason": None}]}))
+    reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    failure = reader.end_of_body()
+    assert failure is not None and failure.kind == "truncated"
