@@ -17,7 +17,7 @@ from llmguard_client._core.lease import LeaseRegistry
 from llmguard_client._fleet.store import FleetSnapshot as FleetSnapshot
 from llmguard_client._layers.bulkhead import TierBulkhead
 from llmguard_client._routing.health import server_waiting
-from llmguard_client._routing.replicas import ReplicaSet
+from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client.config import Tier
 
 
@@ -96,6 +96,24 @@ def open_connections(transport: httpx.AsyncBaseTransport) -> int | None:
     return sum(1 for c in connections if not c.is_closed())
 
 
+def _replica_view(s: ReplicaState, now: float) -> ReplicaSnapshot:
+    """One replica at ``now``, read without changing it (a snapshot may be taken from any thread, on a clock other
+    than the loop's): instants a clock that went back left ahead are read as `ReplicaState.settle` would move them."""
+    by = s.behind(now)
+    cooling_for = max(0.0, s.cooling_until + by - now)
+    circuit_open_for = max(0.0, s.open_until + by - now)
+    return ReplicaSnapshot(
+        name=s.name,
+        in_flight=s.in_flight,
+        cooling_for=cooling_for,
+        circuit_open_for=circuit_open_for,
+        healthy=cooling_for == 0.0 and circuit_open_for == 0.0,
+        open_connections=open_connections(s.transport),
+        server_waiting=server_waiting(s.health, now - by),
+        drained=s.health.drained,
+    )
+
+
 def build_snapshot(
     now: float,
     registry: LeaseRegistry,
@@ -108,21 +126,7 @@ def build_snapshot(
     admission: Mapping[str, AdmissionSnapshot] | None = None,
 ) -> GuardSnapshot:
     """The `GuardSnapshot` of a Guard's parts at ``now``."""
-    for state in replica_set.states:  # a clock that went back moves their waits back first
-        state.settle(now)
-    replicas = tuple(
-        ReplicaSnapshot(
-            name=s.name,
-            in_flight=s.in_flight,
-            cooling_for=max(0.0, s.cooling_until - now),
-            circuit_open_for=max(0.0, s.open_until - now),
-            healthy=not s.cooling(now) and not s.open(now),
-            open_connections=open_connections(s.transport),
-            server_waiting=server_waiting(s.health, now),
-            drained=s.health.drained,
-        )
-        for s in replica_set.states
-    )
+    replicas = tuple(_replica_view(s, now) for s in replica_set.states)
     tier_views = {}
     for name in tiers:
         bulkhead = bulkheads.get(name)

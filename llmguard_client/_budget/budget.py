@@ -291,8 +291,9 @@ class RetryBudget:
         return self._refused
 
     def snapshot(self) -> BudgetSnapshot:
-        """Return the current level and counters as an immutable value."""
-        now = self._tick()
+        """Return the current level and counters as an immutable value. Read without moving the window: a snapshot
+        may be taken from any thread, on a clock other than the loop's (behind it, under a test's frozen clock)."""
+        now = max(self._clock(), self._now)
         requests, extras = self._window_counts(now)
         shared = self._shared
         return BudgetSnapshot(
@@ -335,7 +336,9 @@ class RetryBudget:
         """(requests surely inside, extras possibly inside) the window ``(now - window, now]``."""
         horizon = now - self._window
         requests = extras = 0
-        for bucket in self._buckets:  # every bucket left by _tick has ``last > horizon``
+        for bucket in self._buckets:
+            if bucket.last <= horizon:  # outside the window (`_tick` drops such buckets; a snapshot does not)
+                continue
             extras += bucket.extras
             if bucket.first > horizon:
                 requests += bucket.requests

@@ -176,19 +176,25 @@ class ReplicaState:
         back together until the latest is ``now``, so a wait keeps what was left of it (a cool-down never
         outlasts its length) and what fades goes on fading. Only instants set when something happened (an answer,
         a cool-down, a report) tell: a retry's pick and send are set ahead, at the instant it will be sent."""
-        if now < self.seen:
-            h = self.health
-            latest = max(self.set_at, h.failure_at, h.rejection_at, h.drained_at, h.reported_at)
-            if latest > now:
-                by = now - latest
-                self.set_at += by
-                self.cooling_until += by
-                self.probe_at += by
-                self.open_until += by
-                set_until, asked_until = self.asked_beyond
-                self.asked_beyond = (set_until + by, asked_until + by)
-                shift(h, by)
+        by = self.behind(now)
+        if by:
+            self.set_at += by
+            self.cooling_until += by
+            self.probe_at += by
+            self.open_until += by
+            set_until, asked_until = self.asked_beyond
+            self.asked_beyond = (set_until + by, asked_until + by)
+            shift(self.health, by)
         self.seen = now
+
+    def behind(self, now: float) -> float:
+        """How far `settle` would move this replica's instants at ``now`` (0, or less when the clock went back),
+        without moving them: what a reader that changes nothing (a snapshot, from any thread) adds to them."""
+        if now >= self.seen:
+            return 0.0
+        h = self.health
+        latest = max(self.set_at, h.failure_at, h.rejection_at, h.drained_at, h.reported_at)
+        return min(0.0, now - latest)
 
 
 class SharedState(Protocol):
@@ -328,7 +334,9 @@ class ReplicaSet:
         """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);
         logs when that starts and ends. A half-open circuit (its cool-down over, no call served since it opened)
         is not closed yet: its probe failing again is the same outage, not a new panic."""
-        healthy = sum(1 for s in self.states if not s.open(now) and not s.tripped and not s.health.drained)
+        healthy = sum(
+            1 for s in self.states if now >= s.open_until + s.behind(now) and not s.tripped and not s.health.drained
+        )
         panicking = healthy < self.panic_threshold * len(self.states)
         if panicking != self._panicking:
             self._panicking = panicking
