@@ -54,6 +54,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
 from llmguard_client._http.network_stream import for_caller
+from llmguard_client._http.origin import origin
 from llmguard_client._http.pool import pool_idle
 from llmguard_client._http.redirects import RedirectTargets
 from llmguard_client._http.upload import sent_once, streamed_body
@@ -328,7 +329,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     def _warn_signed_elsewhere(self, url: httpx.URL) -> None:
         """Log once per origin (a bounded number of them) that signed requests for it are sent there, unguarded."""
-        name = f"{url.scheme}://{url.netloc.decode('ascii')}"
+        name = origin(url)
         if name in self._signed_elsewhere or len(self._signed_elsewhere) >= _SIGNED_ORIGINS_NOTED:
             return
         self._signed_elsewhere.add(name)
