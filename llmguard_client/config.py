@@ -583,7 +583,8 @@ def resolve_replicas(replicas: Sequence[str | Replica]) -> list[Replica]:
     """The Guard's ``replicas`` argument checked: a non-empty list of distinct base URLs / `Replica` values."""
     if isinstance(replicas, (str, Replica)) or not isinstance(replicas, Sequence):
         raise GuardConfigError(
-            f"replicas must be a list of base URLs or Replica values, got {type(replicas).__name__}: {replicas!r}"
+            f"replicas must be a list of base URLs or Replica values, got {type(replicas).__name__}: "
+            f"{mask_url_secrets(repr(replicas))}"
         )
     if not replicas:
         raise GuardConfigError("replicas must name at least one base URL, e.g. ['http://10.0.0.1:8000']")

@@ -918,6 +918,11 @@ def test_a_refused_replica_url_is_quoted_without_its_password(url: str) -> None:
     assert "//***@" in str(caught.value)
 
 
+def test_a_url_given_where_a_list_was_expected_is_quoted_without_its_password() -> None:
+    error = config_error(lambda: Guard("http://user:s3cret@host/v1", instrumentation=None), "replicas", "str")
+    assert "s3cret" not in str(error) and "'http://***@host/v1'" in str(error)
+
+
 @pytest.mark.parametrize(
     "url",
     [

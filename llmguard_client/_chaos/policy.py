@@ -10,6 +10,7 @@ from typing import Literal
 
 import httpx
 
+from llmguard_client._core.redact import mask_url_secrets
 from llmguard_client.config import replica_name
 from llmguard_client.errors import GuardConfigError
 
@@ -118,7 +119,8 @@ class Chaos:
         if self.replicas is not None:
             if isinstance(self.replicas, str) or not all(isinstance(r, str) and r for r in self.replicas):
                 raise GuardConfigError(
-                    f"Chaos.replicas must be a collection of replica names or None, got {self.replicas!r}"
+                    "Chaos.replicas must be a collection of replica names or None, got "
+                    f"{mask_url_secrets(repr(self.replicas))}"
                 )
             object.__setattr__(self, "replicas", frozenset(_name(r) for r in self.replicas))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

@@ -85,6 +85,13 @@ def test_a_bad_policy_is_refused_when_built(kwargs: dict[str, Any], message: str
         Chaos(**kwargs)
 
 
+@pytest.mark.parametrize("replicas", ["http://user:s3cret@a.test", ["http://user:s3cret@a.test", ""]])
+def test_a_refused_replicas_value_is_quoted_without_its_password(replicas: Any) -> None:
+    with pytest.raises(GuardConfigError, match=r"Chaos\.replicas must be") as caught:
+        Chaos(replicas=replicas)
+    assert "s3cret" not in str(caught.value) and "http://***@a.test" in str(caught.value)
+
+
 def test_a_policy_is_refused_by_the_guard_when_it_is_not_one(chaos_on: None) -> None:
     with pytest.raises(GuardConfigError, match="chaos must be a Chaos"):
         Guard(URLS, instrumentation=None, chaos={"reset": 1.0})  # type: ignore[arg-type]
