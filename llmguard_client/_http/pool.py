@@ -35,6 +35,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import socket
 import ssl
 import time
 import weakref
@@ -301,13 +302,34 @@ def _fast_state_lock(connection: Connection) -> None:
         http11._state_lock = FastLock()
 
 
+def _tcp_keepalive() -> list[tuple[int, int, int]]:
+    """TCP keep-alive probes after 60 s of silence, every 60 s, 5 at most: the anthropic SDK's own pool's. A NAT or
+    load balancer that forgets a silent connection (AWS NAT Gateway after 350 s, Azure's after 4 min) keeps one
+    that a long call holds (a non-streamed answer, a model thinking before its first token)."""
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)  # macOS's name for it
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for option, value in (
+        (idle, 60),
+        (getattr(socket, "TCP_KEEPINTVL", None), 60),
+        (getattr(socket, "TCP_KEEPCNT", None), 5),
+    ):
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    return options
+
+
+TCP_KEEPALIVE = _tcp_keepalive()
+
+
 def replica_transport(
     limits: httpx.Limits, verify: ssl.SSLContext, proxy: httpx.Proxy | None = None
 ) -> httpx.AsyncHTTPTransport:
-    """httpx's transport (no transport-level retries: the guard decides), through ``proxy`` if one is given, its
-    pool a `ReplicaPool` when the installed httpcore is one `ReplicaPool` is written for (else httpcore's own
-    pool, unchanged; a proxy's pool is httpcore's own too)."""
-    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=verify, proxy=proxy)
+    """httpx's transport (no transport-level retries: the guard decides; TCP keep-alive probes on,
+    `TCP_KEEPALIVE`), through ``proxy`` if one is given, its pool a `ReplicaPool` when the installed httpcore is
+    one `ReplicaPool` is written for (else httpcore's own pool, unchanged; a proxy's pool is httpcore's own too)."""
+    transport = httpx.AsyncHTTPTransport(
+        limits=limits, retries=0, verify=verify, proxy=proxy, socket_options=TCP_KEEPALIVE
+    )
     pool = transport._pool
     if type(pool) is httpcore.AsyncConnectionPool and httpcore.__version__.startswith(_FIXED_VERSIONS):
         pool.__class__ = ReplicaPool  # the same pool, built by httpx with its settings; only the pass differs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -25,10 +26,12 @@ from httpcore._async.connection_pool import AsyncPoolRequest
 from httpcore._async.http11 import HTTPConnectionState
 from httpcore._backends.mock import AsyncMockStream
 
-from llmguard_client import Guard, Tier
+from llmguard_client import Guard, Replica, Tier
 from llmguard_client._http.pool import FastLock, ReplicaPool, _BodyWatch, replica_transport
 from llmguard_client._http.tls import default_tls_context
+from llmguard_client.guard import default_transport
 from tests.edges.conftest import aeventually
+from tests.loopback import answering_stream, raw_server
 
 URL = "http://replica.test:8000/v1/chat/completions"
 
@@ -524,3 +527,21 @@ async def test_a_closed_pool_opens_no_connection_for_a_new_request_or_one_still_
     assert "pool is closed" in str(outcomes[0])
     assert server.requests == 1  # only the first request reached the server
     assert transport._pool._requests == [] and transport._pool._connections == []
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_KEEPIDLE"), reason="the keep-alive options Linux and Windows name")
+async def test_a_replicas_connections_send_tcp_keepalive_probes_as_the_anthropic_sdks_do() -> None:
+    """A NAT or load balancer forgets a connection silent for minutes (AWS NAT Gateway: 350 s) and drops its later
+    packets: a long non-streamed answer is lost unless the client's kernel probes the connection meanwhile."""
+    async with raw_server(answering_stream(b"data: [DONE]\n\n")) as url:
+        async with httpx.AsyncClient(transport=default_transport(Replica(url))) as client:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json={"stream": True}) as response:
+                sock = response.extensions["network_stream"].get_extra_info("socket")
+                options = {
+                    "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                    "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                    "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                    "probes": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                }
+                await response.aread()
+    assert options == {"keepalive": 1, "idle": 60, "interval": 60, "probes": 5}
