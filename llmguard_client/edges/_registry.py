@@ -27,7 +27,7 @@ from llmguard_client._core.given_up import CALLER_EXTENSION
 from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, FORKED, HomeCall, LoopEnded, OwnerRuns
 from llmguard_client._http.upload import rereadable
 from llmguard_client.edges._runner import CLOSED, CallersLoop, LoopAccess, SyncBody, SyncRunner, send, wait_for
-from llmguard_client.errors import GuardClosed, WrongEventLoop
+from llmguard_client.errors import GuardClosed, GuardUnavailable, WrongEventLoop
 
 if TYPE_CHECKING:
     from llmguard_client.edges._client_calls import SyncClientCalls
@@ -141,9 +141,12 @@ def sync_access(
 def runner_for(guard: GuardHandle) -> SyncRunner:
     """The Guard's event-loop thread for sync calls, started on first use. The thread is started outside the lock:
     a process gevent patched after importing this module has a real lock here, and a greenlet holding it while
-    ``Thread.start`` waits for the new greenlet would block every other one."""
+    ``Thread.start`` waits for the new greenlet would block every other one. A thread or loop that could not start
+    (the process out of threads or file descriptors) is not kept: its callers get a connection error
+    (`SyncRunner.ready`), and the next call starts another."""
     with _lock:
         runner = _runners.get(guard)
+    abandon = None
     if runner is None:
         fresh = SyncRunner(guard.transport, name=f"llmguard-sync-{id(guard):x}")
         with _lock:
@@ -154,15 +157,30 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
                 # thread (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
                 # Not at the interpreter's exit (`_orphan_runners`).
                 loops = guard.transport.loops
-                weakref.finalize(
+                abandon = weakref.finalize(
                     guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
-                ).atexit = False
+                )
+                abandon.atexit = False
         if runner is not fresh:  # another caller's came first
             fresh.stop()
     if isinstance(runner, _Closed):
         raise runner.refuse()
-    guard.transport.loops.set_home(runner.ready())  # by each caller: none goes on before the home is known
+    try:
+        home = runner.ready()
+    except GuardUnavailable:
+        _forget(guard, runner)
+        if abandon is not None:
+            abandon.detach()
+        raise
+    guard.transport.loops.set_home(home)  # by each caller: none goes on before the home is known
     return runner
+
+
+def _forget(guard: GuardHandle, runner: SyncRunner) -> None:
+    """``runner``, which could not start, is not the Guard's (unless another has replaced it, or a close has)."""
+    with _lock:
+        if _runners.get(guard) is runner:
+            del _runners[guard]
 
 
 def running_runner(guard: GuardHandle) -> SyncRunner | None:

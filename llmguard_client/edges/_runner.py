@@ -34,8 +34,10 @@ import contextvars
 import functools
 import logging
 import queue
+import selectors
 import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import CancelledError as FutureCancelled
@@ -52,12 +54,14 @@ from llmguard_client._core.loop_owner import LEFT_BEHIND, LOOP_BLOCKED, Handed, 
 from llmguard_client._rollout.passthrough import MeasuredStream
 from llmguard_client._stream.body import GuardBody
 from llmguard_client.edges._client_calls import SyncClientCalls, client_closed
-from llmguard_client.errors import GuardClosed
+from llmguard_client.errors import GuardClosed, GuardUnavailable, like_last_error
 
 logger = logging.getLogger("llmguard_client")
 
 CLOSED = "this Guard is closed; build a new Guard to send more requests"
 """Why a sync call is refused once the Guard closed."""
+NOT_STARTED = "the Guard's event-loop thread for sync calls could not start"
+"""Why a sync call failed whose Guard could not start that thread or its loop (out of threads or file descriptors)."""
 JOIN_TIMEOUT = 10.0
 """Seconds ``stop()`` waits for the loop's thread to end."""
 SETTLE_TIMEOUT = 5.0
@@ -520,21 +524,52 @@ class CallersLoop:
             raise LoopEnded("the event loop this Guard's calls run on has ended") from exc
 
 
+def _start_failure(why: BaseException | None) -> GuardUnavailable:
+    """What a sync call gets when the Guard's event-loop thread or its loop could not start, for ``why`` (its
+    ``__cause__``): `GuardUnavailable`, also an ``httpx.ConnectError``, the error a plain client that cannot open
+    its socket (out of file descriptors) raises, which an SDK maps to its connection error (openai's
+    ``APIConnectionError``). Nothing was sent; the next call starts the thread again."""
+    message = f"{NOT_STARTED} ({type(why).__name__}: {why}); nothing was sent, and the next call starts it again"
+    kind = like_last_error(GuardUnavailable, httpx.ConnectError(message))  # GuardUnavailable.ConnectError
+    error = kind(message)
+    error.__cause__ = why
+    return error
+
+
 def _own_loop() -> asyncio.AbstractEventLoop:
     """A new loop of the kind asyncio makes here, telling time with the monotonic clock no test can freeze: a test
     that freezes ``time.monotonic`` (freezegun) would stop every timer of the Guard's own loop, and a sync call
     waiting on one (a retry's backoff) would never end."""
-    loop = asyncio.new_event_loop()
+    try:
+        loop = asyncio.new_event_loop()
+    except BaseException as exc:
+        _discard_half_made(exc)
+        raise
     if type(loop).time is asyncio.BaseEventLoop.time:  # a loop of another kind keeps its own clock
         loop.time = Unfrozen.monotonic  # type: ignore[method-assign]
     return loop
+
+
+def _discard_half_made(failure: BaseException) -> None:
+    """Close what asyncio's loop constructor made before it failed (its self-pipe, out of file descriptors), which
+    only the failure's traceback reaches: the selector, whose fd the garbage collector alone would free (it and its
+    map refer to each other), and the loop, marked closed, which collected unclosed warns and prints a traceback (its
+    own ``close`` needs the self-pipe it lacks)."""
+    for frame, _ in traceback.walk_tb(failure.__traceback__):
+        for value in frame.f_locals.values():
+            # One whose own constructor failed opened nothing, and lacks what closing it reads.
+            with contextlib.suppress(AttributeError):
+                if isinstance(value, selectors.BaseSelector):
+                    value.close()
+                elif isinstance(value, asyncio.BaseEventLoop) and not value.is_closed():
+                    asyncio.BaseEventLoop.close(value)  # the base's: the loop's own needs the self-pipe
 
 
 class SyncRunner:
     """A daemon thread running an asyncio event loop, for one Guard's sync calls (its home)."""
 
     def __init__(self, core: httpx.AsyncBaseTransport, name: str) -> None:
-        """Start the thread (`ready` waits until its loop runs)."""
+        """Start the thread (`ready` waits until its loop runs, or tells why it could not start)."""
         self._core = core
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -542,15 +577,31 @@ class SyncRunner:
         self._started = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # "can't start new thread": the process is at its thread limit
+            self._could_not_start(exc)
 
     def ready(self) -> asyncio.AbstractEventLoop:
         """Wait until the loop runs (a greenlet waiting here lets the thread's own greenlet start it, under gevent);
-        that loop."""
+        that loop. If the thread or its loop could not start (the process out of threads or file descriptors), its
+        thread has ended and the call gets a connection error, as a plain client that cannot open its socket does
+        (`_start_failure`)."""
+        loop = self._wait_started()
+        if loop is None:
+            raise _start_failure(self._failed)
+        return loop
+
+    def _wait_started(self) -> asyncio.AbstractEventLoop | None:
+        """Wait until the loop runs: that loop, or None once the thread that could not start it has ended."""
         self._started.wait()
-        if self._loop is None:
-            raise RuntimeError("the Guard's event-loop thread did not start") from self._failed
+        if self._loop is None and self._thread.ident is not None:  # it ran, and is returning
+            self._thread.join()
         return self._loop
+
+    def _could_not_start(self, why: BaseException) -> None:
+        self._failed = why
+        self._started.set()
 
     @property
     def running(self) -> bool:
@@ -583,13 +634,13 @@ class SyncRunner:
 
         if asyncio._get_running_loop() is not None:  # gevent: greenlets patched in after asyncio's import share
             # the thread's running loop; another runner's runs (a caller's came first: this one is stopped unused)
-            self._failed = RuntimeError("an event loop already runs in this thread")
-            self._started.set()
+            self._could_not_start(RuntimeError("an event loop already runs in this thread"))
             return
         try:
             anyio.run(main, backend_options={"loop_factory": _own_loop})
-        except BaseException as exc:  # pragma: no cover - the loop itself failed
-            self._failed = exc
+        except BaseException as exc:
+            if self._loop is None:  # it could not be made (out of file descriptors, say)
+                self._could_not_start(exc)
         finally:
             self._started.set()
 
@@ -615,8 +666,7 @@ class SyncRunner:
         """Close the Guard on this loop (if given), cancel what is left, end the thread."""
         if self.in_own_thread():
             raise RuntimeError("a Guard cannot be closed from its own event-loop thread")
-        self._started.wait()
-        loop, stop = self._loop, self._stop
+        loop, stop = self._wait_started(), self._stop
         if loop is None or stop is None or self._stopped:
             return
         try:
