@@ -192,7 +192,8 @@ def running_runner(guard: GuardHandle) -> SyncRunner | None:
 async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
     """Called first by ``Guard.aclose()``. If sync calls started the Guard's event-loop thread, close
     the Guard there (its pools belong to that loop), stop the thread and return True; the caller has
-    nothing left to do. Otherwise mark the Guard closed for the sync edges and return False."""
+    nothing left to do. Otherwise (one that could not start included) mark the Guard closed for the sync edges and
+    return False."""
     with _lock:
         runner = _runners.get(guard)
         if not isinstance(runner, SyncRunner) or runner.in_own_thread():
@@ -205,7 +206,7 @@ async def stop_sync_runner(guard: GuardHandle, grace: float = 0.0) -> bool:
         await anyio.to_thread.run_sync(runner.stop, loops.close_left_at_home)
         return False
     await anyio.to_thread.run_sync(runner.stop, functools.partial(guard.aclose, grace))
-    return True
+    return runner.loop is not None  # else it could not start (its first call is learning it): it closed nothing
 
 
 def close_guard(guard: GuardHandle, grace: float = 0.0) -> None:

@@ -16,11 +16,14 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 
+import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardUnavailable, guard_failure
-from tests.edges.conftest import BODY
+from llmguard_client import Guard, GuardClosed, GuardUnavailable, guard_failure
+from llmguard_client.edges import _registry
+from llmguard_client.edges._runner import SyncRunner
+from tests.edges.conftest import BODY, eventually
 from tests.loopback import LoopbackServer
 
 MakeGuard = Callable[..., Guard]
@@ -142,3 +145,50 @@ def test_openai_gets_its_connection_error_then_is_served(
         answer = client.chat.completions.create(model="m", messages=MESSAGES)
     assert guard_failure(caught.value) == "unavailable"
     assert answer.choices[0].message.content == "hello" and sum(len(s.received) for s in servers) == 1
+
+
+def test_a_close_while_the_first_sync_call_cannot_start_the_loop_closes_the_guard(
+    servers: list[LoopbackServer], make_guard: MakeGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``guard.close()`` from another thread while the first sync call's loop is failing to start (its runner is the
+    Guard's until the call learns that it failed) closes the Guard itself: the runner closed nothing. An async call
+    after it is refused, as after any close."""
+    making, fail = threading.Event(), threading.Event()
+    real = socket.socketpair
+
+    def socketpair(*args: object, **kwargs: object) -> tuple[socket.socket, socket.socket]:
+        if threading.current_thread().name.startswith("llmguard-sync-") and not making.is_set():
+            making.set()
+            fail.wait()
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "socketpair", socketpair)
+    guard = make_guard(hedge=None)
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        with guard.sync_http_client() as client:
+            try:
+                client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+            except httpx.HTTPError as exc:
+                failed.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert making.wait(30.0) and eventually(lambda: isinstance(_registry._runners.get(guard), SyncRunner))
+    closer = threading.Thread(target=guard.close, daemon=True)
+    closer.start()
+    assert eventually(lambda: not isinstance(_registry._runners.get(guard), SyncRunner))  # the close has begun
+    fail.set()
+    caller.join(30.0)
+    closer.join(30.0)
+
+    async def async_call() -> None:
+        async with guard.http_client() as client:
+            await client.post(servers[0].url + "/v1/chat/completions", json=BODY)
+
+    with pytest.raises(GuardClosed):
+        anyio.run(async_call)
+    assert [type(e).__qualname__ for e in failed] == ["GuardUnavailable.ConnectError"]
+    assert not any(s.received for s in servers)
