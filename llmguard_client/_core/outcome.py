@@ -9,7 +9,10 @@ sent). Layers hand each other values: none reads another layer's state off the `
 
 from __future__ import annotations
 
+import errno
+import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,6 +29,9 @@ from llmguard_client.protocols import ResponseFacts, StreamFailure, StreamReader
 from llmguard_client.protocols.errors import OVERLOAD_STATUSES
 from llmguard_client.telemetry._record_builder import AttemptRecordBuilder
 from llmguard_client.telemetry.record import AttemptKind
+
+if sys.version_info < (3, 11):  # anyio brings the backport there
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 
 @dataclass(slots=True, eq=False)
@@ -158,6 +164,9 @@ _REQUEST_FAULTS = (httpx.LocalProtocolError, httpx.UnsupportedProtocol)
 _NEVER_SENT = (httpx.ConnectError, httpx.PoolTimeout)
 """No server saw the request: the replica refused the connection, or no connection of the caller's own pool
 came free in the request's pool timeout."""
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+"""A connection this process or host could not open for want of its own resources: file descriptors (EMFILE,
+ENFILE), buffers or memory (ENOBUFS, ENOMEM), a local address or port (EADDRNOTAVAIL)."""
 _REQUEST_TIMEOUT = 408
 """The server (or a load balancer in front of it) gave up waiting for the request: the replica's failure, as a 5xx."""
 
@@ -200,12 +209,14 @@ class AttemptFailure:
 
     @property
     def replica_failed(self) -> bool:
-        """The replica failed the request itself: a transport error, a 5xx, or a 408 (it timed out on the request,
-        as a replica that answers nothing in time does). What counts toward its circuit and its failure rate, and
-        what is retried, paced, past an empty budget; an overload answer (429/503/529) is judged
-        before it (it cools the replica), and other 4xx are the request's."""
+        """The replica failed the request itself: a transport error (but a connection that failed here: `local`), a
+        5xx, or a 408 (it timed out on the request, as a replica that answers nothing in time does). What counts toward
+        its circuit and its failure rate, and what is retried, paced, past an empty budget; an overload answer
+        (429/503/529) is judged before it (it cools the replica), and other 4xx are the request's."""
         status = self.status_code or 0
         if isinstance(self.error, httpx.PoolTimeout):  # the caller's own pool was full: the replica never saw it
+            return False
+        if self.local:  # this process or host could not connect: nothing the replica did
             return False
         return self.is_transport_error or status >= 500 or status == _REQUEST_TIMEOUT
 
@@ -231,9 +242,35 @@ class AttemptFailure:
         return any(isinstance(e, ssl.SSLCertVerificationError) for e in _chain(self.error))
 
     @property
+    def local(self) -> bool:
+        """The connection failed here, not at the replica (`local_fault`): counted toward no circuit, failure rate or
+        health, told to no fleet, and its retry waits as the plain SDK's would (`RetryLayer`)."""
+        return local_fault(self.error)
+
+    @property
     def is_connect_error(self) -> bool:
         """The request never reached the server, so resending it cannot duplicate work."""
         return isinstance(self.error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+
+
+def local_fault(error: BaseException | None) -> bool:
+    """Whether ``error``, a failure to connect (``httpx.ConnectError``), came from this process or host rather than
+    the replica: it ran out of file descriptors, buffers, memory or local ports (`_LOCAL_ERRNOS`), or its resolver
+    failed for now (``EAI_AGAIN``), as the chain of causes under httpx's error says. A name that does not exist
+    (NXDOMAIN) is the replica's (a misconfigured URL). Every address of a name tried at once (an exception group)
+    is local when each of its errors is."""
+    return isinstance(error, httpx.ConnectError) and _local_cause(error)
+
+
+def _local_cause(error: BaseException) -> bool:
+    for cause in _chain(error):
+        if isinstance(cause, BaseExceptionGroup):
+            return bool(cause.exceptions) and all(_local_cause(e) for e in cause.exceptions)
+        if isinstance(cause, socket.gaierror):  # its errno is the resolver's (EAI_*), not the kernel's
+            return cause.errno == socket.EAI_AGAIN
+        if isinstance(cause, OSError) and cause.errno in _LOCAL_ERRNOS:
+            return True
+    return False
 
 
 def _chain(error: BaseException | None) -> Iterator[BaseException]:

@@ -69,7 +69,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   time, as an SDK retrying one endpoint does;
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
-  however many of its attempts failed there: the guard's own retries do not count twice.
+  however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
+  in this process (out of file descriptors, its resolver failing for now: `AttemptFailure.local`) counts toward
+  nothing: the replica did nothing, and no fleet hears of it.
 
 A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
 names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
@@ -336,6 +338,8 @@ class RetryLayer:
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
+            if failure.local:  # its connection failed here: nothing the replica did, nor an answer to its probe
+                continue
             if failure.status_code is not None:
                 self.replicas.saw_headers(state, now, failure.headers)
                 if not judged:  # it was no probe: a probe of another call's answers for the replica

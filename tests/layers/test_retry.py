@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
+import math
 import random
+import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -28,7 +31,7 @@ from llmguard_client._budget.budget import BudgetSnapshot
 from llmguard_client._layers.retry import Backoff, RetryLayer
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
 from tests.loopback import LoopbackServer, Script
-from tests.virtual import BACKENDS, FakeReplica, Plan, run_virtual, virtual_guard
+from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -1246,3 +1249,82 @@ def test_another_deployments_500s_are_retried_after_the_same_replica_backoff_wit
     assert status == 200
     assert second - first >= policy.same_replica_backoff / 2 - 1e-6
     assert third - second >= policy.same_replica_backoff - 1e-6
+
+
+@dataclass
+class Unreachable(FakeReplica):
+    """A replica no connection reaches before the virtual instant ``until``: each fails with an ``httpx.ConnectError``
+    raised from ``cause`` (as httpx raises it from the socket's error); then it answers as `FakeReplica` does."""
+
+    until: float = math.inf
+    cause: OSError = field(default_factory=lambda: ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if now() < self.until:
+            self.requests += 1
+            raise httpx.ConnectError(str(self.cause), request=request) from self.cause
+        return await super().handle_async_request(request)
+
+
+REFUSED = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+OUT_OF_FDS = OSError(errno.EMFILE, "Too many open files")
+RESOLVER_DOWN = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+NO_SUCH_NAME = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+LOCAL_FAULTS = [
+    OUT_OF_FDS,
+    OSError(errno.ENFILE, "Too many open files in system"),
+    OSError(errno.ENOBUFS, "No buffer space available"),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+    OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"),
+    RESOLVER_DOWN,
+]
+
+
+class Told:
+    """A `ReplicaSet.shared` that notes what the fleet would be told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str]] = []
+
+    def cooled(self, state: Any, seconds: float) -> None:
+        self.told.append(("cooled", state.name))
+
+    def opened(self, state: Any, seconds: float) -> None:
+        self.told.append(("opened", state.name))
+
+    def cleared(self, state: Any) -> None:
+        self.told.append(("cleared", state.name))
+
+    def closed(self, state: Any) -> None:
+        self.told.append(("closed", state.name))
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    ("cause", "local"),
+    [*((c, True) for c in LOCAL_FAULTS), (NO_SUCH_NAME, False), (REFUSED, False)],
+    ids=["emfile", "enfile", "enobufs", "enomem", "eaddrnotavail", "eai_again", "nxdomain", "refused"],
+)
+def test_a_connection_that_failed_here_counts_against_no_replica(backend: str, cause: OSError, local: bool) -> None:
+    """A connection this process could not open (out of file descriptors, buffers, memory or local ports, its
+    resolver failing for now) says nothing of the replica: it counts toward neither its circuit nor its failure
+    rate, and the fleet is told nothing (before: the process's own fault opened healthy replicas' circuits, and every
+    process of the fleet then kept away from them). A name that does not exist (a misconfigured URL) and a refused
+    connection are the replica's, and count."""
+    fakes: dict[str, FakeReplica] = {"http://a.test": Unreachable("a", cause=cause), "http://b.test": FakeReplica("b")}
+    records: list[PhaseRecord] = []
+    told = Told()
+
+    async def main() -> None:
+        retry = RetryPolicy(circuit_failures=1, circuit_cooldown=30.0)
+        async with virtual_guard(fakes, records, retry=retry, hedge=None) as guard, guard.http_client() as client:
+            guard._replica_set.shared = told
+            for _ in range(3):
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+            a = guard._replica_set.states[0]
+            snapshot = guard.snapshot().replicas[0]
+            assert (snapshot.healthy, snapshot.circuit_open_for == 0.0, a.health.failure == 0.0) == (local,) * 3
+
+    run_virtual(main, backend)
+    assert fakes["http://a.test"].requests >= 1
+    assert told.told == ([] if local else [("opened", "http://a.test")])

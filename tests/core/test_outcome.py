@@ -1,0 +1,79 @@
+"""Which failures to connect are this process's own (`local_fault`), read from the chain of causes httpx raises:
+httpx's error from httpcore's, from the socket's (under anyio, from "All connection attempts failed", itself from
+the one address's error or a group of every address's)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+
+import httpcore
+import httpx
+import pytest
+
+from llmguard_client._core.outcome import local_fault
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import ExceptionGroup
+
+
+def raised(cause: BaseException, kind: type[httpx.TransportError] = httpx.ConnectError) -> httpx.TransportError:
+    """``kind`` as httpx raises it: from httpcore's error, from anyio's "All connection attempts failed", from
+    ``cause``."""
+    try:
+        try:
+            try:
+                raise OSError("All connection attempts failed") from cause
+            except OSError as exc:
+                raise httpcore.ConnectError(str(exc)) from exc
+        except httpcore.ConnectError as exc:
+            raise kind(str(exc)) from exc
+    except kind as error:
+        return error
+
+
+def emfile() -> OSError:
+    return OSError(errno.EMFILE, "Too many open files")
+
+
+def refused() -> OSError:
+    return ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        emfile(),
+        OSError(errno.ENFILE, "Too many open files in system"),
+        OSError(errno.ENOBUFS, "No buffer space available"),
+        OSError(errno.ENOMEM, "Cannot allocate memory"),
+        OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"),
+        socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+        ExceptionGroup("multiple connection attempts failed", [emfile(), emfile()]),
+    ],
+    ids=["emfile", "enfile", "enobufs", "enomem", "eaddrnotavail", "eai_again", "every_address_emfile"],
+)
+def test_a_connection_this_process_could_not_open_is_local(cause: BaseException) -> None:
+    assert local_fault(raised(cause))
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        refused(),
+        socket.gaierror(socket.EAI_NONAME, "Name or service not known"),  # NXDOMAIN: a misconfigured name
+        ExceptionGroup("multiple connection attempts failed", [emfile(), refused()]),  # one address answered
+        OSError("All connection attempts failed"),
+    ],
+    ids=["refused", "nxdomain", "one_address_refused", "no_errno"],
+)
+def test_a_connection_the_replica_refused_or_a_name_that_does_not_exist_is_the_replicas(cause: BaseException) -> None:
+    assert not local_fault(raised(cause))
+
+
+def test_only_a_failure_to_connect_is_judged_local() -> None:
+    """A write that failed for want of buffers may have reached the server: it is judged as any transport error."""
+    assert not local_fault(raised(OSError(errno.ENOBUFS, "No buffer space available"), httpx.WriteError))
+    assert not local_fault(emfile())  # not httpx's: the caller's own transport's error, or a bug
+    assert not local_fault(None)
