@@ -66,7 +66,10 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
-  time, as an SDK retrying one endpoint does;
+  time, as an SDK retrying one endpoint does. After a failure to connect the retry goes at once to a replica not
+  tried yet, unless the fault is evidently not one replica's (the call failed to connect to two, or the connection
+  failed in this process: `AttemptFailure.local`): then it goes no sooner than the plain SDK's would, after that
+  same-replica backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
@@ -93,6 +96,7 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win, close_unread
 from llmguard_client._core.pipeline import Next
 from llmguard_client._core.randomness import process_random
+from llmguard_client._layers.connect_faults import ConnectFaults
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
@@ -179,6 +183,7 @@ class RetryLayer:
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
+        faults = ConnectFaults()  # its failures to connect: whether its retries go as the plain SDK's
         allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
         sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
         rounds = 0
@@ -203,18 +208,19 @@ class RetryLayer:
                 return Failed(failures, outcome.reason, outcome.stopped)
             sent += len(outcome.failures)  # the round's requests: its first and its hedges, every one failed
             self.learn(call.clock(), outcome.failures, counted, judged=call.judges)
+            faults.saw(outcome.failures)
             failed.extend(f.state for f in outcome.failures)
             self._remember_asked(call.clock(), outcome.failures, asked)
             used_up = allowed is not None and sent >= allowed
             last_one = allowed is not None and sent + 1 >= allowed
-            plan = self._plan(
-                call, route, outcome.failures[-1], rounds, used_up, failed, asked=asked, last_one=last_one
-            )
+            last = outcome.failures[-1]
+            plan = self._plan(call, route, last, rounds, used_up, failed, asked=asked, last_one=last_one, faults=faults)
             if isinstance(plan, AwaitServing):
-                plan = await self._await_serving(call, route, outcome.failures[-1], rounds, failed, plan, asked)
+                plan = await self._await_serving(call, route, last, rounds, failed, plan, asked, faults)
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
+            faults.retried(last, rounds, state, failed)
             if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
                 return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)
             await close_unread(call.lease, outcome.failures)  # retried: their answers go to nobody
@@ -429,19 +435,20 @@ class RetryLayer:
         asked: dict[int, float] | None = None,
         last_one: bool = False,
         earliest: float | None = None,
+        faults: ConnectFaults | None = None,
     ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
         """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
         requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
         ``asked``: when each replica's Retry-After to this call ends (a retry goes back no sooner); ``last_one``: the
         retry is the last request the route may send. ``earliest``: the call waited already (`_await_serving`); its
-        retry goes no sooner, and a refusal stands."""
+        retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`)."""
         asked = asked or {}
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed, asked)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked, faults)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -503,10 +510,7 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
             wait = 0.0  # overload on one replica: go to another, not tried yet, at once
         else:
-            wait = self.backoff(rounds)
-            times = sum(f is state for f in failed)
-            if times:  # back to a replica that failed this call: give it a moment to recover
-                wait = max(wait, self.backoff.returning(times))
+            wait = self._backoff(last, rounds, sum(f is state for f in failed), faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -550,6 +554,18 @@ class RetryLayer:
             return refused if waiting is None else waiting
         return wait, state, payment
 
+    def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: ConnectFaults | None) -> float:
+        """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
+        backoff, and at least the plain SDK's after a failure to connect that is evidently not one replica's (the call
+        failed to connect to two replicas, or the connection failed here: `ConnectFaults.wait`, which counts the
+        rounds that went at once to another replica after a failure to connect); else at least the same-replica
+        backoff when the retry goes back to a replica that failed the call ``times`` times (it may need a moment to
+        recover)."""
+        wait = self.backoff(rounds)
+        if faults is not None and faults.widespread(last):
+            return max(wait, faults.wait(self.backoff, rounds))
+        return max(wait, self.backoff.returning(times)) if times else wait
+
     def _plan_unjudged(
         self,
         call: Call,
@@ -558,6 +574,7 @@ class RetryLayer:
         rounds: int,
         failed: list[ReplicaState],
         asked: dict[int, float],
+        faults: ConnectFaults | None,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
@@ -566,7 +583,8 @@ class RetryLayer:
         `RetryPolicy.max_retry_after` is not waited for: that replica gets no retry, and the answer is final when no
         other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
         sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
-        the budget, and goes past it when it is empty: each is a retry the plain SDK sends."""
+        the budget, and goes past it when it is empty: each is a retry the plain SDK sends. After a failure to connect
+        it waits as `_plan`'s retry does (`_backoff`)."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -585,7 +603,7 @@ class RetryLayer:
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
-            wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
+            wait = self._backoff(last, rounds, times, faults)
         waits = asked.values() if call.beside else [asked.get(id(state), now)]
         wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
         if not fits_deadline(call, now, wait, deadline):
@@ -641,13 +659,16 @@ class RetryLayer:
         failed: list[ReplicaState],
         waiting: AwaitServing,
         asked: dict[int, float],
+        faults: ConnectFaults,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """Wait until ``waiting.until`` for a replica to serve a call again (`ReplicaSet.cooling_changed`: a served call
         ends the guard's own cool-down), planning the retry anew at each change and at the end; the retry goes no sooner
         than ``waiting.earliest`` (the waiters, woken together, go at their own backoffs). The budget's refusal stands
         when no replica is ready by then."""
         while True:
-            plan = self._plan(call, route, last, rounds, False, failed, asked=asked, earliest=waiting.earliest)
+            plan = self._plan(
+                call, route, last, rounds, False, failed, asked=asked, earliest=waiting.earliest, faults=faults
+            )
             assert not isinstance(plan, AwaitServing)
             left = waiting.until - call.clock()
             if left <= 0.0 or not isinstance(plan, Failed) or plan.stopped != "budget":

@@ -1280,6 +1280,69 @@ LOCAL_FAULTS = [
 ]
 
 
+@BACKENDS
+@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("cause", [REFUSED, OUT_OF_FDS, RESOLVER_DOWN], ids=["refused", "emfile", "eai_again"])
+def test_a_moment_no_replica_can_be_reached_is_ridden_out_as_through_the_plain_sdk(
+    backend: str, replicas: int, cause: OSError
+) -> None:
+    """Every replica refusing connections for 0.6 s (all restarting), or this process unable to connect for as long
+    (out of file descriptors, its resolver restarting): the plain SDK's three requests, 0.375-0.5 s then 0.75-1 s
+    apart, ride it out. Through the guard, once the fault is evidently not one replica's (it failed to connect to
+    two, or the connection failed here), the call's retries go no sooner than the plain SDK's would: the same-replica
+    backoff of each round, with that of the retry that went at once to another replica (before: the three attempts
+    went within 0.15 s, and the call failed)."""
+    names = "abc"[:replicas]
+    fakes: dict[str, FakeReplica] = {f"http://{n}.test": Unreachable(n, cause=cause) for n in names}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        for fake in fakes.values():
+            assert isinstance(fake, Unreachable)
+            fake.until = now() + 0.6
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None) as guard, guard.http_client() as client:
+            response = await client.post("http://a.test" + CHAT, json=BODY)
+            assert response.status_code == 200
+
+    run_virtual(main, backend)
+    first, second, third = records[0].attempts
+    assert (first.outcome, second.outcome, third.outcome) == ("failed", "failed", "won")
+    assert first.finish is not None
+    same_replica = RetryPolicy().same_replica_backoff  # windows of 0.5 s, then 1 s: [1/2, 1] of each
+    if cause is REFUSED:  # one replica down is no outage: the second attempt goes at once to another
+        assert second.replica != first.replica
+        assert second.start - first.finish <= RetryPolicy().backoff_initial + 1e-9
+    else:  # the connection failed here: another replica would fail alike
+        assert second.start - first.finish >= same_replica / 2 - 1e-9
+    assert third.start - first.finish >= same_replica / 2 + same_replica - 1e-9
+
+
+@BACKENDS
+def test_one_replica_refusing_connections_costs_the_calls_that_try_it_no_wait(backend: str) -> None:
+    """One replica of three down: a call whose first attempt went there is retried at once on another (within the
+    ordinary first backoff), as before, whatever the others' failures to connect taught other calls."""
+    fakes: dict[str, FakeReplica] = {
+        "http://a.test": Unreachable("a"),
+        "http://b.test": FakeReplica("b"),
+        "http://c.test": FakeReplica("c"),
+    }
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard(fakes, records, tiers=tiers, hedge=None) as guard, guard.http_client() as client:
+            for _ in range(6):
+                assert (await client.post("http://a.test" + CHAT, json=BODY)).status_code == 200
+
+    run_virtual(main, backend)
+    tried = [r.attempts for r in records if r.attempts[0].replica == "http://a.test"]
+    assert tried
+    for first, second in tried:
+        assert first.finish is not None and second.replica != "http://a.test"
+        assert second.start - first.finish <= RetryPolicy().backoff_initial + 1e-9
+
+
 class Told:
     """A `ReplicaSet.shared` that notes what the fleet would be told."""
 
