@@ -12,17 +12,12 @@ in between (a 5xx) is planned as any: that replica was reached.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable
 
 import httpx
 
 from llmguard_client._core.outcome import AttemptFailure
 from llmguard_client._routing.replicas import ReplicaState
-
-
-class Returning(Protocol):
-    def returning(self, failures: int) -> float: ...
 
 
 class ConnectFaults:
@@ -46,10 +41,10 @@ class ConnectFaults:
         failed to connect to two replicas, or ``last``'s connection failed here (`AttemptFailure.local`)."""
         return isinstance(last.error, httpx.ConnectError) and (last.local or len(self._refused) >= 2)
 
-    def wait(self, backoff: Returning, rounds: int) -> float:
-        """The least wait before the retry after round ``rounds`` when `widespread`: the same-replica backoff of that
-        round, and of each round owed (`retried`)."""
-        return sum(backoff.returning(n) for n in (*self._owed, rounds))
+    def wait(self, returning: Callable[[int], float], rounds: int) -> float:
+        """The least wait before the retry after round ``rounds`` when `widespread`: the same-replica backoff
+        (``returning``: `Backoff.returning`) of that round, and of each round owed (`retried`)."""
+        return sum(returning(n) for n in (*self._owed, rounds))
 
     def retried(self, last: AttemptFailure, rounds: int, state: ReplicaState, failed: Iterable[ReplicaState]) -> None:
         """The retry after round ``rounds`` goes to ``state``: one paced as the plain SDK's (`widespread`) paid what

@@ -563,7 +563,7 @@ class RetryLayer:
         recover)."""
         wait = self.backoff(rounds)
         if faults is not None and faults.widespread(last):
-            return max(wait, faults.wait(self.backoff, rounds))
+            return max(wait, faults.wait(self.backoff.returning, rounds))
         return max(wait, self.backoff.returning(times)) if times else wait
 
     def _plan_unjudged(
