@@ -184,13 +184,21 @@ class GivenUp:
             del calls[key]
 
 
-def sdk_call(request: httpx.Request, body: bytes | None) -> tuple[str | None, int]:
-    """The SDK call ``request`` belongs to, for its record: an id its retries share (from the identity the memory
-    uses; ``body`` None for one the guard sends as it is read) and its retry count; ``(None, 0)`` for a request
-    sent by no SDK that counts its retries."""
+SdkCall = tuple[str | None, int]
+"""The SDK call a request is a request of (`sdk_call`): its id (None: no SDK that counts its retries) and the
+request's retry count."""
+
+
+async def sdk_call(request: httpx.Request, held: bool) -> SdkCall:
+    """The SDK call ``request`` belongs to, for its cohort and its record: an id its retries share (a 64-bit hash of
+    the identity the memory uses, so that calls whose ``Idempotency-Key`` values share a long prefix differ) and its
+    retry count; ``(None, 0)`` for a request sent by no SDK that counts its retries. ``held``: the body is read whole
+    (else it is an upload the guard sends as it is read, known without its body, never read here)."""
     if RETRY_COUNT_HEADER not in request.headers:
         return None, 0
-    return _identity(request, body).partition(":")[2][:16], retry_count(request)
+    body = await request.aread() if held else None
+    digest = hashlib.blake2b(_identity(request, body).encode(), digest_size=8).hexdigest()
+    return digest, retry_count(request)
 
 
 def _identity(request: httpx.Request, body: bytes | None) -> str:

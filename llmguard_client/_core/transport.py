@@ -45,7 +45,7 @@ from llmguard_client._core.failure import (
     untold_answer,
     upstream_response,
 )
-from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, sdk_call
+from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, SdkCall, sdk_call
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -249,18 +249,20 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 connecting = self._rollout.settle()  # the fleet's flag (a kill switch) for a new process's calls
                 if connecting is not None:
                     await connecting
-            assignment = self._rollout.assign(request, headers) if followed is None else followed
+            streamed = streamed_body(request)  # sent as it is read: never held here
+            sdk = await sdk_call(request, held=streamed is None)  # the SDK call: its retries get its cohort
+            assignment = self._rollout.assign(request, headers, sdk[0]) if followed is None else followed
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         if followed is not None:  # sent where the redirect points, as the SDK's own client would
-            response = await self._pass_through(request, followed, tier_name, "other_origin", headers)
+            response = await self._pass_through(request, followed, tier_name, "other_origin", headers, sdk)
         elif headers.signed is not None and headers.signed.url and not self._reach.serves_signed(request.url):
             # signed for an origin that is no replica's: no replica could send it as it is; there, once, as it is
             self._warn_signed_elsewhere(request.url)
             one: OneAttempt | None = "signed_other_origin" if assignment.cohort != "control" else None
-            response = await self._pass_through(request, assignment, tier_name, one, headers)
+            response = await self._pass_through(request, assignment, tier_name, one, headers, sdk)
         else:
-            response = await self._in_cohort(request, headers, assignment, tier_name, attempts)
+            response = await self._in_cohort(request, headers, assignment, tier_name, attempts, streamed, sdk)
         self._redirects.note(request, response, assignment, self._clock(), own=followed is None)
         return response
 
@@ -271,9 +273,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
         assignment: Assignment,
         tier_name: str,
         attempts: int | None,
+        streamed: httpx.AsyncByteStream | None,
+        sdk: SdkCall,
     ) -> httpx.Response:
-        """The call run as its cohort says: passed through (control), or guarded."""
-        streamed = streamed_body(request)  # sent as it is read: never held here
+        """The call run as its cohort says: passed through (control), or guarded. ``streamed``: its body when the
+        guard sends it as it is read (`streamed_body`); ``sdk``: the SDK call it is a request of (`sdk_call`)."""
         # An SDK's retry of a call given up on or handed back; never one of a body sent once as it came (the SDK's).
         remembered = len(self._given_up) > 0 and not sent_once(streamed)
         again = await self._given_up.recall(request, self._clock(), held=streamed is None) if remembered else None
@@ -286,8 +290,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 logger.warning(STACKING_WARNING)
             raise again
         if assignment.cohort == "control":
-            return await self._pass_through(request, assignment, tier_name, None, headers)
-        call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed)
+            return await self._pass_through(request, assignment, tier_name, None, headers, sdk)
+        call, continuation = await self._start_call(request, headers, assignment, tier_name, streamed, sdk)
         call.max_attempts = attempts
         rounds = 1 if sent_once(streamed) else sdk_rounds(call) if call.sdk_retries else attempts
         route = Route(avoid=call.outside, rounds=rounds, spent=spent)
@@ -347,6 +351,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         tier: str,
         one_attempt: OneAttempt | None,
         headers: CallerHeaders,
+        sdk: SdkCall,
     ) -> httpx.Response:
         """The control cohort (and every call while the guard is off), a request that follows a redirect to an
         origin that is no replica's, and one signed for such an origin (``one_attempt`` says so):
@@ -364,6 +369,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             cohort=assignment.cohort,
             fraction=assignment.fraction,
             one_attempt=one_attempt,
+            sdk_call=sdk,
             signed=headers.signed.headers if headers.signed is not None else frozenset(),
             instrumentation=self._instrumentation,
             on_record=report,
@@ -377,6 +383,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         assignment: Assignment,
         tier_name: str,
         streamed: httpx.AsyncByteStream | None,
+        sdk: SdkCall,
     ) -> tuple[Call, CallContinuation | None]:
         """The call, built complete, and its continuation state (None: its tier has none, or the request
         cannot be continued). A body sent as it is read (``streamed``) is not read here, and is not hedged (two
@@ -405,7 +412,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             stream=facts.stream,
             max_tokens=facts.max_tokens,
             rollout_fraction=assignment.fraction,
-            sdk_call=sdk_call(request, body if streamed is None else None),
+            sdk_call=sdk,
         )
         if sent_once(streamed):
             record.one_attempt_because("streamed_body")

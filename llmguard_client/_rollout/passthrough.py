@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import httpx
 
 from llmguard_client._core.clock import is_cancellation
-from llmguard_client._core.given_up import sdk_call
+from llmguard_client._core.given_up import SdkCall
 from llmguard_client._core.request import RequestFacts
 from llmguard_client._http.encoding import decode_in_place
 from llmguard_client._http.network_stream import for_caller
@@ -117,6 +117,7 @@ async def passthrough(
     cohort: Cohort = "control",
     fraction: float,
     one_attempt: OneAttempt | None = None,
+    sdk_call: SdkCall = (None, 0),
     signed: frozenset[bytes] = frozenset(),
     instrumentation: Instrumentation,
     on_record: Callable[[PhaseRecord], None] | None,
@@ -124,7 +125,7 @@ async def passthrough(
 ) -> httpx.Response:
     """Send ``request`` once as the caller built it, minus ``x-llmguard-*`` headers (but those in ``signed``, the
     headers the client signed); measure it in ``cohort`` (a request that follows a redirect elsewhere keeps its
-    call's, with ``one_attempt`` saying why it went there)."""
+    call's, with ``one_attempt`` saying why it went there), as a request of the SDK call ``sdk_call``."""
     now = clock()
     try:
         body = request.content  # already in memory for json=/content= bodies; a streamed upload is not read
@@ -144,7 +145,7 @@ async def passthrough(
         stream=facts.stream,
         max_tokens=facts.max_tokens,
         rollout_fraction=fraction,
-        sdk_call=sdk_call(request, body),
+        sdk_call=sdk_call,
     )
     if one_attempt is not None:
         record.one_attempt_because(one_attempt)

@@ -7,7 +7,9 @@ A call's cohort is decided first, before anything else the guard does::
                                                       even while off, so a typo fails at 0 % as at 100 %)
     a key (x-llmguard-key header, guard.rollout_key(...), Guard(rollout_key=fn))
                                                    -> sticky: guarded iff hash(key) < fraction
-    no key                                         -> per call: guarded with probability fraction
+    no key                                         -> per call: guarded with probability fraction; a call from
+                                                      an SDK that counts its retries is placed by a hash of the
+                                                      call (`sdk_call`), so its retries keep its cohort
 
 The key's position is a 64-bit BLAKE2b hash mapped to [0, 1), so a key keeps its cohort
 for a given fraction on every process and run, and raising the fraction only moves
@@ -55,6 +57,8 @@ Cohort = Literal["guarded", "control"]
 AssignedBy = Literal["off", "pin", "key", "call"]
 FractionSource = Callable[[], float]
 """A zero-argument callable returning the fraction (e.g. a feature-flag lookup); it must not block."""
+SDK_CALL_PREFIX = "sdk-call:"
+"""Put before an SDK call's id to hash it: its position is not that of a rollout key with the same text."""
 KeyFunction = Callable[[httpx.Request], "str | int | None"]
 """Returns a call's sticky rollout key (e.g. the user id), or None for per-call assignment."""
 
@@ -267,9 +271,13 @@ class Rollout:
 
     # --- the cohort -------------------------------------------------------------------------
 
-    def assign(self, request: httpx.Request, headers: CallerHeaders | None = None) -> Assignment:
+    def assign(
+        self, request: httpx.Request, headers: CallerHeaders | None = None, sdk_call: str | None = None
+    ) -> Assignment:
         """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
-        the request's, if they were read already."""
+        the request's, if they were read already; ``sdk_call``: the id of the SDK call the request is a request
+        of (`llmguard_client._core.given_up.sdk_call`), the same on its retries: a call without a key is placed by
+        its hash, so the SDK's retries of a control call are control too (a fresh draw would guard some of them)."""
         headers = headers if headers is not None else CallerHeaders(request)
         pinned = headers.cohort
         cohort = pinned.strip().lower() if pinned is not None else None
@@ -287,7 +295,8 @@ class Rollout:
             return Assignment("guarded" if key_position(key) < fraction else "control", fraction, "key")
         if fraction >= 1.0:
             return Assignment("guarded", fraction, "call")
-        return Assignment("guarded" if self._rng.random() < fraction else "control", fraction, "call")
+        position = key_position(SDK_CALL_PREFIX + sdk_call) if sdk_call is not None else self._rng.random()
+        return Assignment("guarded" if position < fraction else "control", fraction, "call")
 
     def _key(self, request: httpx.Request, headers: CallerHeaders) -> str | None:
         header = headers.key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -110,6 +111,67 @@ def test_without_a_key_assignment_is_per_call_at_the_fraction() -> None:
     counts = Counter(rollout.assign(REQUEST).cohort for _ in range(20_000))
     assert abs(counts["guarded"] / 20_000 - 0.2) < 0.015
     assert rollout.assign(req()).by == "call"
+
+
+def test_without_a_key_an_sdk_call_keeps_one_cohort_and_sdk_calls_spread_at_the_fraction() -> None:
+    """A keyless request that names its SDK call is placed by the call's hash: the same cohort for each of its
+    requests (whatever the draws between them), and the calls' cohorts at the fraction."""
+    rollout = Rollout(0.3, rng=random.Random(7))
+    calls = [hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest() for i in range(20_000)]
+    first = {call: rollout.assign(REQUEST, sdk_call=call) for call in calls}
+    assert {a.by for a in first.values()} == {"call"}
+    assert all(rollout.assign(REQUEST, sdk_call=call).cohort == first[call].cohort for call in calls[:500])
+    share = sum(a.cohort == "guarded" for a in first.values()) / len(calls)
+    assert abs(share - 0.3) < 0.015
+
+
+async def test_without_a_key_an_sdk_calls_retry_is_in_the_cohort_of_its_first_request() -> None:
+    """100 keyless calls at 0.5, each answered 500 once and served on its SDK retry (the same request with
+    ``x-stainless-retry-count: 1``, from the same task): both records of a call are in one cohort, and each cohort
+    has calls. Before: each request drew its own cohort, so about half of the control calls' retries were guarded
+    (and half the guarded calls' retries control), and `llmguard compare` counted them in the first one's."""
+    records: list[PhaseRecord] = []
+    answered: set[bytes] = set()
+
+    def transport(replica: Replica) -> httpx.AsyncBaseTransport:
+        async def handler(request: httpx.Request) -> httpx.Response:
+            body = await request.aread()
+            if body not in answered:
+                answered.add(body)
+                return httpx.Response(500, json={"error": {"message": "once"}})
+            return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}]})
+
+        return httpx.MockTransport(handler)
+
+    guard = Guard(
+        ["http://r1.test:8000"],
+        rollout=0.5,
+        tiers={"interactive": Tier(ttft=60.0, total=120.0)},
+        hedge=None,
+        retry=None,  # the guard hands each 500 back: the SDK's retry follows in both cohorts
+        transport_factory=transport,
+        instrumentation=None,
+        on_record=records.append,
+    )
+    async with guard, guard.http_client() as client:
+
+        async def sdk_call(i: int) -> None:
+            body = {"model": "m", "messages": [{"role": "user", "content": f"call {i}"}]}
+            for retry in range(2):
+                headers = {"x-stainless-retry-count": str(retry)}
+                await client.post("http://r1.test:8000/v1/chat/completions", json=body, headers=headers)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(sdk_call, i)
+    assert Counter((r.sdk_retry, r.status) for r in records) == {(0, "http_error"): 100, (1, "ok"): 100}
+    cohorts: dict[str | None, set[str]] = {}
+    for r in records:
+        cohorts.setdefault(r.sdk_call, set()).add(r.cohort)
+    assert len(cohorts) == 100 and None not in cohorts
+    mixed = [c for c in cohorts.values() if len(c) > 1]
+    assert not mixed, f"{len(mixed)} calls had requests in both cohorts"
+    assert {c for (c,) in cohorts.values()} == {"guarded", "control"}
 
 
 def test_an_int_key_is_the_same_as_its_text() -> None:
