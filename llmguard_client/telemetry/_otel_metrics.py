@@ -273,12 +273,14 @@ class Instruments:
         self.genai.record(record, op, attrs, err)
 
     def call(self, record: PhaseRecord, op: str, err: str | None) -> None:
-        """``llmguard.client.calls``, once per logical call."""
+        """``llmguard.client.calls``, once per logical call: each request an SDK sent is one, its retries marked
+        (``llmguard.sdk_retry``), so that the SDK's calls can be counted (those not marked) beside their outcomes."""
         calls: Attrs = {
             sc.GEN_AI_OPERATION_NAME: op,
             sc.LLMGUARD_TIER: record.tier,
             sc.LLMGUARD_COHORT: record.cohort,
             sc.LLMGUARD_STATUS: record.status,
+            sc.LLMGUARD_SDK_RETRY: record.sdk_retry > 0,
         }
         if err is not None:
             calls[sc.ERROR_TYPE] = err

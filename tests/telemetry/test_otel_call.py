@@ -153,6 +153,7 @@ def test_streamed_call(otel: Otel) -> None:
         "llmguard.tier": "interactive",
         "llmguard.cohort": "guarded",
         "llmguard.status": "ok",
+        "llmguard.sdk_retry": False,
     }
 
 
