@@ -343,6 +343,27 @@ def test_cli_json_is_reproducible_and_reads_stdin(
     assert p99["significant"] and p99["ci_low"] <= p99["difference"] <= p99["ci_high"] < 0
 
 
+def test_cli_json_gives_the_counts_the_text_shows_and_the_rates_by_metric_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text's "timeouts" and "429s" columns are counts; the JSON gave rates under those names (the metric's
+    figure replaced the count written before it) and no count at all."""
+    path = tmp_path / "out.jsonl"
+    lines = [
+        {"cohort": cohort, "tier": "interactive", "status": status, "http_status": http, "rollout_fraction": 0.5}
+        for cohort in ("guarded", "control")
+        for status, http in [("ok", 200)] * 6 + [("timeout", None)] * 3 + [("http_error", 429)]
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert cli.main(["compare", str(path), "--json"]) == 0
+    group = json.loads(capsys.readouterr().out)["groups"][0]
+    assert (group["calls"], group["ok"], group["timeout_calls"], group["http_429_calls"]) == (10, 6, 3, 1)
+    assert (group["success"], group["timeouts"], group["http_429"]) == pytest.approx((0.6, 0.3, 0.1))
+    assert cli.main(["compare", str(path)]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["interactive", "guarded", "10", "60.00%", "3", "1"] in [row[:6] for row in table]  # counts
+
+
 def test_goodput_scores_both_cohorts_against_one_slo() -> None:
     # guarded: fails fast 20 % of the time (cut at its deadline), else fast; control: always answers, 30 % late.
     calls = [call("guarded", None, "timeout") if i % 5 == 0 else call("guarded", 0.1) for i in range(500)]

@@ -54,10 +54,10 @@ class Report:
                     "cohort": g.cohort,
                     "calls": g.calls,
                     "ok": g.ok,
-                    "timeouts": g.timeouts,
-                    "http_429": g.http_429,
+                    "timeout_calls": g.timeouts,
+                    "http_429_calls": g.http_429,
                     "rollout_fractions": g.fractions,
-                    **g.figures,
+                    **g.figures,  # by metric name, as in the differences: "timeouts" and "http_429" are rates
                 }
                 for g in self.groups
             ],
