@@ -13,6 +13,7 @@ from llmguard_client._core.caller_intent import RETRY_COUNT_HEADER, with_retry_c
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
 from llmguard_client._core.redact import CREDENTIALS, credential_key
+from llmguard_client._core.request import NO_MEDIA, PromptMedia
 from llmguard_client._http.upload import framing_headers
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats, size_class
@@ -103,6 +104,8 @@ class Call:
     decide on it (`llmguard_client._stream.body`). A background job's (`RequestFacts.background`)."""
     prompt_chars: int | None = None
     """Characters of the prompt's text in the body (None: no prompt field found, or no body read)."""
+    media: PromptMedia = NO_MEDIA
+    """The media parts (images, audio, files) the body's prompt sends."""
     choices: int = 1
     """The choices the request asks for (its ``n``): a streamed answer is complete when that many have finished."""
     ttft_size: int = field(init=False)

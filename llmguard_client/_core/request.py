@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["RequestFacts", "json_document", "prompt_chars"]
+__all__ = ["NO_MEDIA", "PromptMedia", "RequestFacts", "json_document", "prompt_chars"]
 
 PROMPT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
 """The top-level fields that hold a prompt: Chat Completions and Messages (``messages``, ``system``), Responses
@@ -30,22 +30,103 @@ def json_document(request: httpx.Request, body: bytes) -> object:
         return None
 
 
+MEDIA_KINDS = {
+    "image_url": "image",  # Chat Completions
+    "input_image": "image",  # Responses
+    "image": "image",  # Messages
+    "input_audio": "audio",  # Chat Completions
+    "file": "file",  # Chat Completions (a PDF)
+    "input_file": "file",  # Responses
+    "document": "file",  # Messages (a PDF; one whose source is text or content blocks is text)
+}
+"""A content part's ``type`` that sends media, and which kind: the provider counts it by what it holds (an image's
+size, an audio clip's length, a document's pages), never by its bytes."""
+_TEXT_SOURCES = ("text", "content")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMedia:
+    """The media parts a prompt sends (images, audio clips, files) and the characters of the body they take (their
+    data, URLs and ids): the rest of the body is text and the JSON around it."""
+
+    images: int = 0
+    audio: int = 0
+    files: int = 0
+    chars: int = 0
+
+
+NO_MEDIA = PromptMedia()
+
+
 def prompt_chars(document: dict[str, Any]) -> int | None:
-    """The characters of text the body sends as its prompt (the JSON around it left out); None when it has no
-    prompt field."""
-    found = [document[name] for name in PROMPT_FIELDS if name in document]
-    return sum(_text_chars(value, 0) for value in found) if found else None
+    """The characters of text the body sends as its prompt (the JSON around it and its media left out); None when it
+    has no prompt field."""
+    return _PromptWalk.of(document).chars
 
 
-def _text_chars(value: object, depth: int) -> int:
+class _PromptWalk:
+    """One walk through a body's prompt fields: the characters of its text and its media parts."""
+
+    __slots__ = ("chars", "kinds", "media_chars")
+
+    def __init__(self) -> None:
+        self.chars: int | None = None
+        self.kinds = {"image": 0, "audio": 0, "file": 0}
+        self.media_chars = 0
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> _PromptWalk:
+        walk = cls()
+        found = [document[name] for name in PROMPT_FIELDS if name in document]
+        if found:
+            walk.chars = sum(walk.text(value, 0) for value in found)
+        return walk
+
+    def media(self) -> PromptMedia:
+        kinds = self.kinds
+        if not any(kinds.values()):
+            return NO_MEDIA
+        return PromptMedia(kinds["image"], kinds["audio"], kinds["file"], self.media_chars)
+
+    def text(self, value: object, depth: int) -> int:
+        """The characters of text in ``value``, noting the media parts found in it."""
+        if isinstance(value, str):
+            return len(value)
+        if depth >= _MAX_DEPTH:
+            return 0
+        if isinstance(value, list):
+            return sum(self.text(item, depth + 1) for item in value)
+        if isinstance(value, dict):
+            kind = _media_kind(value)
+            if kind is not None:
+                self.kinds[kind] += 1
+                self.media_chars += _string_chars(value, 0)
+                return 0
+            return sum(self.text(value[name], depth + 1) for name in TEXT_FIELDS if name in value)
+        return 0
+
+
+def _media_kind(part: dict[str, Any]) -> str | None:
+    """The kind of media ``part`` sends (`MEDIA_KINDS`), or None for a part of text (or no part)."""
+    name = part.get("type")
+    if not isinstance(name, str):
+        return None
+    source = part.get("source")
+    if name == "document" and isinstance(source, dict) and source.get("type") in _TEXT_SOURCES:
+        return None
+    return MEDIA_KINDS.get(name)
+
+
+def _string_chars(value: object, depth: int) -> int:
+    """The characters of every string in a media part (its data, URL, id), keys left out."""
     if isinstance(value, str):
         return len(value)
-    if depth >= _MAX_DEPTH:
+    if depth >= 3:
         return 0
-    if isinstance(value, list):
-        return sum(_text_chars(item, depth + 1) for item in value)
     if isinstance(value, dict):
-        return sum(_text_chars(value[name], depth + 1) for name in TEXT_FIELDS if name in value)
+        return sum(_string_chars(item, depth + 1) for item in value.values())
+    if isinstance(value, list):
+        return sum(_string_chars(item, depth + 1) for item in value)
     return 0
 
 
@@ -58,6 +139,8 @@ class RequestFacts:
     max_tokens: int | None = None
     prompt_chars: int | None = None
     """Characters of the prompt's text (`prompt_chars`); None when the body has no prompt field."""
+    media: PromptMedia = NO_MEDIA
+    """The prompt's media parts (`MEDIA_KINDS`)."""
     choices: int = 1
     """The choices asked for (``n``: Chat Completions and Completions), each streamed to its own finish reason; 1
     when absent or not a positive integer."""
@@ -78,11 +161,13 @@ class RequestFacts:
         model = obj.get("model")
         max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens", obj.get("max_output_tokens")))
         n = obj.get("n")
+        prompt = _PromptWalk.of(obj)
         return cls(
             model=model if isinstance(model, str) else None,
             stream=obj.get("stream") is True,
             max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
-            prompt_chars=prompt_chars(obj),
+            prompt_chars=prompt.chars,
+            media=prompt.media(),
             choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
             background=obj.get("background") is True,
         )

@@ -469,6 +469,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             streamed=streamed,
             opening_live=background and facts.stream,
             prompt_chars=facts.prompt_chars,
+            media=facts.media,
             choices=facts.choices,
             lease=CallLease(self._registry, finish, time_source),
         )

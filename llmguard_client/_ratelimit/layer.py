@@ -48,9 +48,10 @@ def charge_for(call: Call, prompts: PromptEstimator, route: Route | None = None)
 
 
 def prompt_estimate(call: Call, prompts: PromptEstimator, route: Route | None = None) -> int:
-    """The prompt's tokens, estimated from the body the attempt sends (a continuation's asks for the rest)."""
+    """The prompt's tokens, estimated from the body the attempt sends (a continuation's asks for the rest, with
+    the caller's media) and the media parts it holds."""
     body = call.body if route is None or route.body is None else route.body
-    return prompts.estimate(len(body))
+    return prompts.estimate(len(body), call.media)
 
 
 def used_tokens(call: Call, win: Win, prompts: PromptEstimator) -> int | None:
@@ -114,10 +115,10 @@ class RateLimitLayer:
         slow = call.slow_ttft()
         return min(call.pool_wait, max(0.0, left - slow if slow > 0.0 else left / 2))
 
-    def _correct(self, call: Call, win: Win, replica: str, charged: int, own_body: bool) -> None:
+    def _correct(self, call: Call, win: Win, replica: str, charged: float, own_body: bool) -> None:
         prompt_tokens = win.facts.prompt_tokens
         if own_body and prompt_tokens is not None:
-            self.prompts.observe(len(call.body), prompt_tokens)
+            self.prompts.observe(len(call.body), prompt_tokens, call.media)
         used = used_tokens(call, win, self.prompts)
         if used is not None and self.limiter is not None:
             self.limiter.correct(replica, charged, used)

@@ -1,4 +1,5 @@
-"""A prompt's tokens estimated from its request body's bytes, at a ratio learnt from the answers' ``usage``.
+"""A prompt's tokens estimated from its request body: its text by its bytes, at a ratio learnt from the answers'
+``usage``, and each media part at a fixed allowance.
 
 A rate-limited attempt is charged before it is sent, so its prompt must be estimated without a tokenizer (the
 guard never reads the prompt). Until an answer reports its ``usage``, a body is taken as `BYTES_PER_TOKEN` bytes
@@ -8,22 +9,64 @@ under-estimate: the guard let through more tokens than the provider counted, and
 So each answer's reported prompt tokens over its body's bytes is kept (the last `WINDOW`), and a body is
 estimated at their `QUANTILE`: an over-estimate for most prompts like the recent ones, which the correction from
 ``usage`` gives back when the call ends.
+
+A media part (an image, an audio clip, a file such as a PDF) is counted by the provider by what it holds (an
+image's size in tiles, a clip's seconds, a document's pages), not by its bytes: a 4 MB base64 image is about 1M
+tokens at 4 bytes per token and under 2,000 to the provider. So the bytes a media part takes are left out of the
+body's, each part is charged a fixed allowance (`IMAGE_TOKENS`, `AUDIO_TOKENS`, `FILE_TOKENS`: above what most
+parts count, the correction from ``usage`` gives the excess back, or charges what a longer one used), and a body
+with media teaches no ratio (its count is mostly its media's, which no ratio of bytes describes).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 from llmguard_client._routing.quantile import StreamingQuantile
 
-__all__ = ["BYTES_PER_TOKEN", "PromptEstimator"]
+__all__ = [
+    "AUDIO_TOKENS",
+    "BYTES_PER_TOKEN",
+    "FILE_TOKENS",
+    "IMAGE_TOKENS",
+    "MediaParts",
+    "PromptEstimator",
+    "media_allowance",
+]
 
 BYTES_PER_TOKEN = 4
 """The ratio before any answer reported its usage: about 4 bytes per token for English text."""
+IMAGE_TOKENS = 2_500
+"""One image: above OpenAI's high detail (765 for 1024 x 1024, 1,445 at most on tile-counted models, about 2,500
+on patch-counted ones) and Anthropic's largest (about 1,600). Models that multiply image tokens (gpt-4o-mini) count
+more: the correction from usage charges the rest."""
+AUDIO_TOKENS = 5_000
+"""One audio clip: a few minutes of speech (OpenAI counts about 10 to 25 tokens per second of input audio)."""
+FILE_TOKENS = 10_000
+"""One file or document (a PDF): a few pages (Anthropic and OpenAI count each page's text and its image)."""
+
+
+class MediaParts(Protocol):
+    """The media a prompt sends (`llmguard_client._core.request.PromptMedia`)."""
+
+    @property
+    def images(self) -> int: ...
+
+    @property
+    def audio(self) -> int: ...
+
+    @property
+    def files(self) -> int: ...
+
+    @property
+    def chars(self) -> int:
+        """Characters of the body the media parts take (their data, URLs and ids)."""
+        ...
 
 
 class PromptEstimator:
-    """Estimates prompt tokens from body bytes; `observe` teaches it the ratio the answers report."""
+    """Estimates prompt tokens from a body's bytes and media; `observe` teaches it the ratio the answers report."""
 
     WINDOW = 64
     QUANTILE = 0.9
@@ -39,13 +82,21 @@ class PromptEstimator:
         """The ratio estimates use now."""
         return self._tokens_per_byte
 
-    def estimate(self, body_bytes: int) -> int:
-        """The tokens of a prompt sent in a body of ``body_bytes`` bytes (rounded up)."""
-        return math.ceil(body_bytes * self._tokens_per_byte)
+    def estimate(self, body_bytes: int, media: MediaParts | None = None) -> int:
+        """The tokens of a prompt sent in a body of ``body_bytes`` bytes holding ``media`` (rounded up)."""
+        if media is None:
+            return math.ceil(body_bytes * self._tokens_per_byte)
+        text = max(0, body_bytes - media.chars)
+        return math.ceil(text * self._tokens_per_byte) + media_allowance(media)
 
-    def observe(self, body_bytes: int, prompt_tokens: int) -> None:
-        """An answer to a body of ``body_bytes`` bytes reported ``prompt_tokens`` prompt tokens."""
-        if body_bytes <= 0 or prompt_tokens <= 0:
+    def observe(self, body_bytes: int, prompt_tokens: int, media: MediaParts | None = None) -> None:
+        """An answer to a body of ``body_bytes`` bytes holding ``media`` reported ``prompt_tokens`` prompt tokens."""
+        if body_bytes <= 0 or prompt_tokens <= 0 or (media is not None and media_allowance(media)):
             return
         self._ratios.add(prompt_tokens / body_bytes)
         self._tokens_per_byte = self._ratios.quantile(self.QUANTILE) or self._tokens_per_byte
+
+
+def media_allowance(media: MediaParts) -> int:
+    """The tokens ``media``'s parts are charged."""
+    return media.images * IMAGE_TOKENS + media.audio * AUDIO_TOKENS + media.files * FILE_TOKENS

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmguard_client._core.request import RequestFacts, prompt_chars
+from llmguard_client._core.request import NO_MEDIA, RequestFacts, prompt_chars
 
 
 def post(body: Any, content_type: str | None = "application/json") -> tuple[httpx.Request, bytes]:
@@ -120,3 +120,69 @@ def test_parse_background_only_for_json_true(background: Any, expected: bool) ->
     """The Responses API's ``background``: a job the server runs on its own."""
     assert RequestFacts.parse(*post({"model": "m", "background": background})).background is expected
     assert RequestFacts.parse(*post({"model": "m"})).background is False
+
+
+DATA = "QUJD" * 1000  # 4,000 characters of base64
+"""A media part's data, as a provider's SDK sends it."""
+
+
+@pytest.mark.parametrize(
+    ("part", "kind"),
+    [
+        ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{DATA}", "detail": "high"}}, "images"),
+        ({"type": "image_url", "image_url": "https://example.com/cat.png"}, "images"),  # a URL, as some servers take
+        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}"}, "images"),  # Responses
+        ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}, "images"),
+        ({"type": "input_audio", "input_audio": {"data": DATA, "format": "wav"}}, "audio"),
+        ({"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{DATA}"}}, "files"),
+        ({"type": "input_file", "file_id": "file-abc"}, "files"),  # Responses, a file uploaded before
+        ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": DATA}}, "files"),
+    ],
+    ids=[
+        "image_url",
+        "image_url-str",
+        "input_image",
+        "anthropic-image",
+        "input_audio",
+        "file",
+        "input_file",
+        "document",
+    ],
+)
+def test_a_media_part_is_counted_with_the_characters_it_takes_and_no_text(part: dict[str, Any], kind: str) -> None:
+    """The media parts the providers' APIs send (OpenAI's Chat Completions and Responses, Anthropic's Messages):
+    counted by kind, with every character of their strings (data, URL, id), and none of them as the prompt's text."""
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]}
+    got = RequestFacts.of(body)
+    assert got.prompt_chars == 5
+    assert (got.media.images, got.media.audio, got.media.files) == tuple(
+        int(name == kind) for name in ("images", "audio", "files")
+    )
+    strings: list[str] = []
+
+    def collect(value: object) -> None:
+        if isinstance(value, str):
+            strings.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+
+    collect(part)
+    assert got.media.chars == sum(map(len, strings))
+
+
+def test_media_in_a_tool_result_and_in_responses_input_items_is_found_too() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}
+    messages = {
+        "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]}]
+    }
+    assert RequestFacts.of(messages).media.images == 1
+    items = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}] * 2}]}
+    assert RequestFacts.of(items).media.images == 2
+
+
+def test_a_document_of_text_is_text_and_a_body_without_media_has_none() -> None:
+    text = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}
+    assert not RequestFacts.of({"messages": [{"role": "user", "content": [text]}]}).media.files
+    assert RequestFacts.of({"messages": [{"role": "user", "content": "hi"}]}).media == NO_MEDIA
+    assert RequestFacts.of({"messages": [{"role": "user", "content": [{"type": ["image"]}]}]}).media == NO_MEDIA

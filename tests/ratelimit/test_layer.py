@@ -12,6 +12,7 @@ import pytest
 
 from llmguard_client import Guard, HedgePolicy, PhaseRecord, RateLimit, RateLimited, RetryPolicy, Tier, guard_failure
 from llmguard_client._ratelimit.layer import DEFAULT_OUTPUT_ESTIMATE
+from llmguard_client._ratelimit.prompt_estimate import IMAGE_TOKENS
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}).encode()
@@ -334,10 +335,50 @@ def test_a_continuation_is_charged_for_the_body_it_sends_not_the_callers() -> No
 
     from llmguard_client._core.call import Call
     from llmguard_client._core.outcome import Route
+    from llmguard_client._core.request import NO_MEDIA
     from llmguard_client._ratelimit.layer import charge_for
     from llmguard_client._ratelimit.prompt_estimate import PromptEstimator
 
-    call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50)))
+    call = cast(Call, SimpleNamespace(body=b"x" * 400, record=SimpleNamespace(max_tokens=50), media=NO_MEDIA))
     prompts = PromptEstimator()
     assert charge_for(call, prompts) == charge_for(call, prompts, Route()) == 100 + 50
     assert charge_for(call, prompts, Route(kind="continuation", body=b"y" * 4000)) == 1000 + 50
+
+
+IMAGE_URL = "data:image/png;base64," + "QUJD" * 100_000
+"""A 400 KB image: 100,000 tokens at 4 bytes per token, under 2,000 to a provider."""
+
+
+def image_body() -> bytes:
+    part = {"type": "image_url", "image_url": {"url": IMAGE_URL}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, part]}]
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 20}).encode()
+
+
+@BACKENDS
+def test_an_image_is_charged_its_allowance_so_text_calls_beside_it_go_at_once(backend: str) -> None:
+    """An image call in flight, charged by its bytes, took a hundred buckets: every text call next to it was
+    refused (or, without a deadline, waited minutes), as the plain SDK's were served."""
+
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0), Plan()])}
+        records: list[PhaseRecord] = []
+        limit = RateLimit(tokens_per_minute=600_000, burst=1.0)  # 10,000 tokens
+        tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            body = image_body()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, client, body, "slow")
+                await anyio.wait_all_tasks_blocked()
+                media_chars = len("image_url") + len(IMAGE_URL)
+                charge = math.ceil((len(body) - media_chars) / 4) + IMAGE_TOKENS + 20
+                assert bucket.levels()[1] == pytest.approx(10_000 - charge)
+                await anyio.sleep(0.1)
+                start = now()
+                (await post(client)).raise_for_status()
+                assert records[-1].attempts[0].start == start  # sent at once
+        assert fakes["http://a"].requests == 2
+
+    run_virtual(main, backend)

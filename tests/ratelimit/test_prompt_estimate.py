@@ -1,11 +1,18 @@
 """The prompt estimate: 4 bytes per token until answers report their usage, then a high quantile of the ratios
-they report."""
+they report; each media part at its allowance instead of its bytes."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmguard_client._ratelimit.prompt_estimate import BYTES_PER_TOKEN, PromptEstimator
+from llmguard_client._core.request import NO_MEDIA, PromptMedia
+from llmguard_client._ratelimit.prompt_estimate import (
+    AUDIO_TOKENS,
+    BYTES_PER_TOKEN,
+    FILE_TOKENS,
+    IMAGE_TOKENS,
+    PromptEstimator,
+)
 
 
 def test_before_any_usage_a_body_is_four_bytes_per_token() -> None:
@@ -32,3 +39,24 @@ def test_empty_bodies_and_missing_counts_teach_nothing() -> None:
     prompts.observe(0, 10)
     prompts.observe(100, 0)
     assert prompts.tokens_per_byte == 1 / BYTES_PER_TOKEN
+
+
+def test_a_media_part_is_charged_its_allowance_instead_of_its_bytes() -> None:
+    """A 4 MB base64 image was a million tokens at 4 bytes per token; the provider counts it as about a thousand."""
+    prompts = PromptEstimator()
+    image = PromptMedia(images=1, chars=4_000_000)
+    assert prompts.estimate(4_000_400, image) == 100 + IMAGE_TOKENS  # the 400 other bytes, and the allowance
+    media = PromptMedia(images=2, audio=1, files=3, chars=9_000)
+    assert prompts.estimate(10_000, media) == 250 + 2 * IMAGE_TOKENS + AUDIO_TOKENS + 3 * FILE_TOKENS
+    assert prompts.estimate(400, NO_MEDIA) == prompts.estimate(400) == 100
+
+
+def test_a_body_with_media_teaches_no_ratio() -> None:
+    """Its count is mostly its media's: after image-heavy traffic the ratio fell a thousandfold, and long text was
+    then charged a thousandth of its tokens (the provider answered 429)."""
+    prompts = PromptEstimator()
+    for _ in range(PromptEstimator.WINDOW):
+        prompts.observe(1_333_400, 865, PromptMedia(images=1, chars=1_333_000))
+    assert prompts.tokens_per_byte == 1 / BYTES_PER_TOKEN
+    prompts.observe(400, 200, NO_MEDIA)
+    assert prompts.tokens_per_byte == 0.5
