@@ -78,20 +78,21 @@ class RateLimitLayer:
         if limiter is None or state is None or not limiter.applies(state.name):
             return await call_next(call, route)
         replica = state.name
-        tokens = charge_for(call, self.prompts, route)
+        estimate = charge_for(call, self.prompts, route)
         hedge = route.kind == "hedge"
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         max_wait = 0.0 if hedge else self._max_wait(call, deadline)
-        grant = await limiter.admit(replica, tokens, max_wait)
+        grant = await limiter.admit(replica, estimate, max_wait)
         if grant.retry_after is not None:
             if hedge:
                 return Failed()  # not sent: the round goes on with the attempts it has
-            return Failed(reason=self._refused(call, grant.retry_after, tokens))
+            return Failed(reason=self._refused(call, grant.retry_after, estimate))
+        tokens = grant.tokens
         if grant.wait > 0.0:
             try:
-                await anyio.sleep(grant.wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
+                await limiter.wait(replica, grant)  # inside the deadline layer's scope: Guard.aclose() ends it too
             except anyio.get_cancelled_exc_class():
-                limiter.refund(replica, tokens)
+                limiter.refund(replica, tokens, sent=False)
                 raise
         outcome = await call_next(call, route)
         if isinstance(outcome, Win):
@@ -101,7 +102,7 @@ class RateLimitLayer:
             call.lease.hold(lambda: self._correct(call, win, replica, tokens, own_body))
         else:
             if any(f.status_code == 429 and f.stream_failure is None for f in outcome.failures):
-                limiter.refund(replica, tokens)  # refused by the provider: it used none of the limit
+                limiter.refund(replica, tokens, sent=True)  # refused by the provider: it used none of the limit
             for failure in outcome.failures:  # after the refund: the room the provider reports has the last word
                 limiter.observe(replica, *remaining_room(failure.headers))
         return outcome
