@@ -3,10 +3,13 @@ before it is sent.
 
 The charge is one request and the attempt's tokens: a prompt estimate (from the request body's bytes, cheap
 and content-free: the guard never reads the prompt; at 4 bytes per token until answers report their usage, then
-at the ratio they report: `llmguard_client._ratelimit.prompt_estimate`) plus ``max_tokens``
-(`DEFAULT_OUTPUT_ESTIMATE` when the request sets none). When the
-call ends, a winner's charge is corrected from the ``usage`` it reported (or, for a stream without usage,
-from its chunk count), and an attempt the provider refused (429) is refunded: it used none of the limit.
+at the ratio they report, with a fixed allowance for each image, audio clip or file in place of its bytes:
+`llmguard_client._ratelimit.prompt_estimate`) plus ``max_tokens`` (when the request sets none,
+`DEFAULT_OUTPUT_ESTIMATE` on a generation API, none on another: an embedding generates no tokens). No charge
+exceeds a minute of the limit (`RateLimiter.admit`). When the call ends, a winner's charge is corrected from the
+``usage`` it reported (or, for a stream without usage, from its chunk count), and an attempt the provider refused
+(429) is refunded: it used none of the limit. Room given back shortens the waits of the attempts queued behind
+(`RateLimiter.wait`).
 The provider's rate-limit headers on any answer (`llmguard_client._ratelimit.headers.remaining_room`) lower
 the bucket to the room the provider reports (`llmguard_client._ratelimit.buckets`).
 
@@ -35,15 +38,22 @@ from llmguard_client._ratelimit.headers import remaining_room
 from llmguard_client._ratelimit.prompt_estimate import PromptEstimator
 from llmguard_client.config import deadline_text
 from llmguard_client.errors import RateLimited
+from llmguard_client.protocols import protocol_for
 
 DEFAULT_OUTPUT_ESTIMATE = 256
-"""Output tokens charged for a request that sets no ``max_tokens`` (corrected from its usage afterwards)."""
+"""Output tokens charged for a generation request that sets no ``max_tokens`` (corrected from its usage
+afterwards)."""
 
 
 def charge_for(call: Call, prompts: PromptEstimator, route: Route | None = None) -> int:
-    """Tokens charged for one attempt of ``call`` on ``route``: its prompt estimate plus its ``max_tokens``."""
+    """Tokens charged for one attempt of ``call`` on ``route``: its prompt estimate plus its ``max_tokens`` (when it
+    sets none, `DEFAULT_OUTPUT_ESTIMATE` on a generation API, 0 on another: embeddings, files, models)."""
     max_tokens = call.record.max_tokens
-    output = max_tokens if max_tokens is not None else DEFAULT_OUTPUT_ESTIMATE
+    if max_tokens is not None:
+        output = max_tokens
+    else:
+        generates = protocol_for(call.record.method, call.record.path) is not None
+        output = DEFAULT_OUTPUT_ESTIMATE if generates else 0
     return prompt_estimate(call, prompts, route) + output
 
 

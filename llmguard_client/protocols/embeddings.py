@@ -4,6 +4,9 @@ It flows to the caller as a `PassthroughReader`'s body does (first bytes = first
 embeddings call is retried as before: on connect errors only). The body can be megabytes of vectors, so it is
 not parsed whole: its first and last `EDGE` bytes are kept, where OpenAI's and vLLM's answers put ``model``
 (before ``data`` or after it) and ``usage`` (last). The vectors hold numbers or base64 strings, never a key.
+An embedding generates no tokens: a usage without ``completion_tokens`` (OpenAI's has ``prompt_tokens`` and
+``total_tokens`` only) counts 0 of them, as vLLM's says, so the call's tokens are known (a rate limit's charge is
+corrected to them).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class EmbeddingsReader(PassthroughReader):
         usage = _USAGE.search(_after_data(self._tail)) or _USAGE.search(_after_data(self._head))
         if usage is not None:
             facts.count(_loads(usage.group(1)), "prompt_tokens", "completion_tokens")
+            if facts.prompt_tokens is not None and facts.completion_tokens is None:
+                facts.completion_tokens = 0
         self._head = self._tail = b""
         return super().end_of_body()
 

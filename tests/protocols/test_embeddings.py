@@ -106,3 +106,17 @@ async def test_a_guarded_embeddings_call_records_its_model_and_usage(servers: li
     (record,) = records
     assert (record.response_model, record.prompt_tokens) == (result.model, result.usage.prompt_tokens) == ("emb-3", 7)
     assert len(result.data) == 40 and record.status == "ok"
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [{"prompt_tokens": 7, "total_tokens": 7}, {"prompt_tokens": 11, "total_tokens": 11, "completion_tokens": 0}],
+    ids=["openai", "vllm"],
+)
+def test_an_embedding_generates_no_tokens_whether_its_usage_says_so_or_not(usage: dict[str, int]) -> None:
+    """OpenAI's usage has no completion count: the call's tokens were unknown, and a rate limit's charge for it was
+    never corrected."""
+    reader = read(json.dumps(openai_body(1, **usage)).encode(), 1 << 20)
+    assert (reader.facts.prompt_tokens, reader.facts.completion_tokens) == (usage["prompt_tokens"], 0)
+    silent = read(json.dumps({"object": "list", "data": vectors(1, 8, "float"), "model": "m"}).encode(), 1 << 20)
+    assert silent.facts.completion_tokens is None  # no usage: nothing known

@@ -405,3 +405,40 @@ def test_a_wait_for_room_ends_when_the_call_ahead_gives_its_unused_charge_back(b
         assert waited.attempts[0].start - waited.start == pytest.approx(0.9, abs=1e-9)
 
     run_virtual(main, backend)
+
+
+class _Embeddings(httpx.AsyncBaseTransport):
+    """Answers an embeddings call after 1 s with OpenAI's usage: ``prompt_tokens`` and ``total_tokens``, no
+    ``completion_tokens``."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(1.0)
+        body = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+            "model": "emb",
+            "usage": {"prompt_tokens": 5, "total_tokens": 5},
+        }
+        return httpx.Response(200, json=body)
+
+
+@BACKENDS
+def test_an_embeddings_call_is_charged_no_output_and_corrected_to_its_prompt_tokens(backend: str) -> None:
+    """It was charged 256 output tokens an embedding never generates, and never corrected (its usage has no
+    completion count): single-query embeddings went at a twenty-fifth of what the limit allows."""
+    body = json.dumps({"model": "emb", "input": "what is the weather in Paris?"}).encode()
+
+    async def main() -> None:
+        limit = RateLimit(tokens_per_minute=60, burst=1000.0)  # 1,000 tokens, 1 a second
+        guard = Guard(["http://a"], instrumentation=None, transport_factory=lambda r: _Embeddings(), rate_limit=limit)
+        async with guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            headers = {"content-type": "application/json"}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: client.post("http://a/v1/embeddings", content=body, headers=headers))
+                await anyio.wait_all_tasks_blocked()
+                assert bucket.levels()[1] == pytest.approx(1000 - math.ceil(len(body) / 4))
+            assert bucket.levels()[1] == pytest.approx(1000 - 5 + 1)  # corrected to its usage (and 1 s of refill)
+
+    run_virtual(main, backend)
