@@ -456,8 +456,9 @@ class BudgetPolicy:
     The budget bounds the load the guard adds to the plain SDK's (retries sent at once elsewhere, hedges); a retry
     the plain SDK would send goes *paced* past it, charged to it (``snapshot().paced`` counts those past the
     bound): back to the replica that answered with a Retry-After, or a 429 without one, once that wait or the
-    cool-down standing in for it is over; after the replica's own failure (a 5xx, a 408, a transport error), after
-    the same-replica backoff, to a ready replica (circuit closed, not cooling; the one that failed when no other
+    cool-down standing in for it is over; after the replica's own failure (a 5xx, a 408, a transport error, but
+    a stream's after its headers: the plain SDK meets that one reading the stream, unretried), after the
+    same-replica backoff, to a ready replica (circuit closed, not cooling; the one that failed when no other
     is); after an overload answer without a Retry-After (vLLM's 503 for a full queue), at once to another replica
     that is ready. Every replica cooling or open leaves none ready, and the bound holds; the only replica left
     (nowhere else to go) takes it at its cool-down's end, and once its circuit has opened it cools for

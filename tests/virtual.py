@@ -93,6 +93,8 @@ class Plan:
     """None: follow the request's ``stream`` flag."""
     refused: bool = False
     """The connection is refused (an ``httpx.ConnectError`` after ``headers_after``)."""
+    reset_before_headers: bool = False
+    """The connection breaks before the answer's headers (an ``httpx.ReadError`` after ``headers_after``)."""
     before_done: float = 0.0
     """From the finish reason (and usage) to ``[DONE]``."""
     open_after_done: float = 0.0
@@ -122,6 +124,8 @@ class FakeReplica(httpx.AsyncBaseTransport):
         await anyio.sleep(plan.headers_after)
         if plan.refused:
             raise httpx.ConnectError("scripted: connection refused", request=request)
+        if plan.reset_before_headers:
+            raise httpx.ReadError("scripted: reset before the headers", request=request)
         headers = {**plan.headers, **({"retry-after": plan.retry_after} if plan.retry_after else {})}
         if plan.status >= 400:
             return httpx.Response(plan.status, headers=headers, json={"error": {"message": "scripted"}})

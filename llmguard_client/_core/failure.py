@@ -216,11 +216,11 @@ def upstream_response(
     return response
 
 
-def timed_out_reading(failure: AttemptFailure, call: Call, record: PhaseRecord) -> httpx.Response:
-    """A stream whose read timed out (the caller's own read timeout) after its headers, before its first token,
-    handed on as the caller had met it without a guard: the answer, what came of its body, then that timeout
-    raised by the next read (`AttemptFailure.as_sent`)."""
-    assert failure.as_sent is not None and isinstance(failure.error, httpx.ReadTimeout)
+def met_reading(failure: AttemptFailure, call: Call, record: PhaseRecord) -> httpx.Response:
+    """A stream that failed as it was read, after its headers, before its first token (`AttemptFailure.failed_reading`:
+    a cut, a reset, the caller's own read timeout), handed on as the caller had met it without a guard: the answer,
+    what came of its body, then that error raised by the next read (`AttemptFailure.as_sent`)."""
+    assert failure.as_sent is not None and failure.failed_reading and isinstance(failure.error, Exception)
     status, raw, body = failure.as_sent
     headers = [(k, v) for k, v in raw.multi_items() if k.lower() not in _DROPPED]
     return httpx.Response(

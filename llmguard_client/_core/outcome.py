@@ -188,9 +188,9 @@ class AttemptFailure:
     failure stands for, if any, and ``body`` an equivalent JSON error)."""
     as_sent: tuple[int, httpx.Headers, bytes] | None = None
     """That 200 as it came (status, headers, the body up to its end or its error event), when its SDK reads the
-    error event itself (the Responses API's ``error`` / ``response.failed``), or up to a read timeout before its
-    first token (``error``): what the caller gets if it is the call's last answer, as without a guard (no SDK retry
-    either: a 200 is none to retry)."""
+    error event itself (the Responses API's ``error`` / ``response.failed``), or a stream's up to a transport error
+    before its first token (``error``: a cut, a reset, the caller's own read timeout; `failed_reading`): what the
+    caller gets if it is the call's last answer, as without a guard (no SDK retry either: a 200 is none to retry)."""
     unread: Unread | None = None
     """The rest of an error answer's body longer than ``body`` (`llmguard_client._http.error_body`), its
     response still open: read on by the caller if this is the call's last answer, else closed (`close_unread`)."""
@@ -211,8 +211,9 @@ class AttemptFailure:
     def replica_failed(self) -> bool:
         """The replica failed the request itself: a transport error (but a connection that failed here: `local`), a
         5xx, or a 408 (it timed out on the request, as a replica that answers nothing in time does). What counts toward
-        its circuit and its failure rate, and what is retried, paced, past an empty budget; an overload answer
-        (429/503/529) is judged before it (it cools the replica), and other 4xx are the request's."""
+        its circuit and its failure rate, and what is retried, paced, past an empty budget (but for a stream's
+        `failed_reading`); an overload answer (429/503/529) is judged before it (it cools the replica), and other 4xx
+        are the request's."""
         status = self.status_code or 0
         if isinstance(self.error, httpx.PoolTimeout):  # the caller's own pool was full: the replica never saw it
             return False
@@ -225,6 +226,13 @@ class AttemptFailure:
         """A network-level failure (as opposed to an error status or an unexpected exception): httpx's, or one of
         those its pool lets through unmapped (a TLS record error, a stream ended or broken under it)."""
         return isinstance(self.error, _NETWORK_ERRORS) and not isinstance(self.error, _REQUEST_FAULTS)
+
+    @property
+    def failed_reading(self) -> bool:
+        """A transport error (a cut or reset, the caller's own read timeout) while a stream was read, after its 2xx
+        headers, before its first token (`as_sent`): without a guard the SDK had returned the stream, and the error
+        met its caller reading it, which no SDK retries."""
+        return self.as_sent is not None and self.stream_failure is None and self.is_transport_error
 
     @property
     def refused(self) -> bool:

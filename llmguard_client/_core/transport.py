@@ -41,7 +41,7 @@ from llmguard_client._core.failure import (
     attempts_error,
     describe_attempts,
     failure_response,
-    timed_out_reading,
+    met_reading,
     untold_answer,
     upstream_response,
 )
@@ -317,8 +317,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if isinstance(outcome, Win):
             return self._deliver(call, outcome, continuation)
         last = outcome.last
-        if outcome.stopped == "sdk" and (last is None or last.as_sent is None):
-            return await self._hand_back(call, outcome, episode)
+        if outcome.stopped == "sdk" and (last is None or last.as_sent is None or last.failed_reading):
+            return await self._hand_back(call, outcome, episode)  # not a 200 whose error event the SDK reads itself
         return await self._give_up(call, outcome, route.spent, handed.retried)  # also a 200 with an error event
 
     def refuse(
@@ -582,14 +582,16 @@ class GuardTransport(httpx.AsyncBaseTransport):
             if timeout
             else ("rejected" if error.status_code in (429, 503) and not isinstance(error, GuardClosed) else "error")
         )
-        if met and outcome.stopped in ("not_retryable", "sdk") and call.record.stream and _timed_out_reading(last):
-            # The SDK's read timeout after a stream's headers: without a guard the SDK had returned the stream by
-            # then, and the timeout met its caller reading it, unretried: so it does here, in cooperative mode too.
-            # (A whole body is read inside the SDK's request: a timeout there is the SDK's to retry, headers or not.)
-            assert last is not None and last.as_sent is not None
+        if met and last is not None and last.failed_reading:
+            # An error met reading a stream after its headers (a cut, a reset, the SDK's read timeout), and no retry of
+            # it goes (none of the guard's left, or none the plain SDK would send past an empty budget): without a
+            # guard the SDK had returned the stream by then, and the error met its caller reading it, unretried: so it
+            # does here, in cooperative mode too. (A whole body is read inside the SDK's request: an error there is
+            # the SDK's to retry, headers or not.)
+            assert last.as_sent is not None
             call.record.answered(last.as_sent[0], last.attempt.replica)
             await lease.aclose(status, error.cause)
-            return timed_out_reading(last, call, call.record.snapshot())
+            return met_reading(last, call, call.record.snapshot())
         # What the attempts met, and a deadline, are raised in every mode: the SDK's connection or timeout error.
         respond = call.respond_with_errors and not (timeout or met)
         if respond:  # the caller gets the guard's own answer: the record says so
@@ -754,8 +756,3 @@ def wrong_client_message(request: object) -> str:
         "for httpx2 clients (openai >= 3, anthropic >= 1) use guard.httpx2_client() (async) or "
         "guard.sync_httpx2_client() (sync), or guard.http_client_for(SDKClass)"
     )
-
-
-def _timed_out_reading(last: AttemptFailure | None) -> bool:
-    """``last`` is a read timeout (the caller's own) that came after its answer's headers, before its first token."""
-    return last is not None and isinstance(last.error, httpx.ReadTimeout) and last.as_sent is not None

@@ -105,8 +105,13 @@ class AttemptLayer:
         except Exception as exc:  # transport errors are retryable failures; the retry layer judges others
             attempt.attempt_finished("failed", clock(), error=error_kind(exc))
             failure = AttemptFailure(attempt, state, error=exc)
-            if isinstance(exc, httpx.ReadTimeout) and response is not None and response.status_code < 400:
-                failure.as_sent = (response.status_code, response.headers, b"".join(read))  # what its caller saw
+            if (
+                response is not None
+                and response.status_code < 400
+                and call.record.stream
+                and failure.is_transport_error
+            ):
+                failure.as_sent = (response.status_code, response.headers, b"".join(read))  # what its caller had seen
             return Failed([failure])
         finally:
             cut_short = not won and attempt.outcome == "pending"  # however that was raised (see `_cut_short`)

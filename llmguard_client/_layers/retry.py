@@ -44,7 +44,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   (`_back_to_asker`), as it would with that replica alone and as the plain SDK would retry, unless it is
   excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
 - the budget bounds the guard's *extra* load (retries at once elsewhere, hedges), never what the plain SDK would send:
-  a retry it refuses after the replica's own failure (a 5xx, a 408, a transport error, a reset before the first token,
+  a retry it refuses after the replica's own failure (a 5xx, a 408, a transport error but a stream's cut after headers,
   an overload answer without a Retry-After) goes as a paced one (`_pace_refused`), to a ready replica (circuit closed,
   not cooling; the one that failed when no other is ready) after the backoff of a retry to the same replica, as an
   SDK's retry waits (at once after an overload answer: another replica is ready), within the call's deadline and
@@ -411,8 +411,10 @@ class RetryLayer:
         assert self.policy is not None
         if failure.is_connect_error:
             return True
-        if isinstance(failure.error, httpx.ReadTimeout) and not call.sdk_retries:  # the caller's own read timeout
-            return False  # (the request carries it to the pool): its SDK's to retry, as without a guard
+        if isinstance(failure.error, httpx.ReadTimeout) and (not call.sdk_retries or failure.failed_reading):
+            # The caller's own read timeout (the request carries it to the pool): its SDK's to retry, as without a
+            # guard; after a stream's headers not even its SDK's (it meets it reading the stream it returned).
+            return False
         if failure.headers.get("x-should-retry") == "false":  # the server's word, which the SDKs obey too
             return False
         if not call.retry_any_status:
@@ -583,8 +585,9 @@ class RetryLayer:
         `RetryPolicy.max_retry_after` is not waited for: that replica gets no retry, and the answer is final when no
         other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
         sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
-        the budget, and goes past it when it is empty: each is a retry the plain SDK sends. After a failure to connect
-        it waits as `_plan`'s retry does (`_backoff`)."""
+        the budget, and goes past it when it is empty: each is a retry the plain SDK sends (but for an error met
+        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: the budget bounds that one). After
+        a failure to connect it waits as `_plan`'s retry does (`_backoff`)."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -608,8 +611,10 @@ class RetryLayer:
         wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
-        # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget.
-        payment = Payment() if last.refused else call.pay_extra(route.budget, route.kind != "continuation")
+        # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget;
+        # but for one of an error met reading a stream, which it does not retry.
+        paced = route.kind != "continuation" and not last.failed_reading
+        payment = Payment() if last.refused else call.pay_extra(route.budget, paced)
         if payment is None:
             return Failed(stopped="budget")
         return wait, state, payment
@@ -729,7 +734,8 @@ class RetryLayer:
     ) -> float | None:
         """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error, an
         overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced retry,
-        past the bound, as the plain SDK's retry would go; None when it does not (the bound holds).
+        past the bound, as the plain SDK's retry would go; None when it does not (the bound holds), as after an error
+        met reading a stream (`AttemptFailure.failed_reading`: the plain SDK had returned it, and sends no retry).
 
         It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed the
         call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at once
@@ -741,8 +747,8 @@ class RetryLayer:
         cooled for `RetryPolicy.overload_cooldown` unless it is cooling already (reason ``"failing"``), so new first
         attempts wait for its probe. A replica that fails some calls and serves the others holds back no other call."""
         assert self.policy is not None
-        if not (last.overload or last.replica_failed) or self._provider_limit(last):
-            return None
+        if not (last.overload or last.replica_failed) or self._provider_limit(last) or last.failed_reading:
+            return None  # (met reading the stream the plain SDK had returned, which it does not retry)
         lone = self.replicas.alone(now, avoid) is state
         if not lone and (not ready or state.open(now)):
             return None

@@ -5,16 +5,26 @@ The openai SDK (>= 3, through ``guard.httpx2_client()``) against real loopback s
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from llmguard_client import Guard, GuardConfigError, GuardRequestError, RetryPolicy, Tier, guard_failure
+from llmguard_client import (
+    BudgetPolicy,
+    Guard,
+    GuardConfigError,
+    GuardRequestError,
+    RetryPolicy,
+    Tier,
+    guard_failure,
+)
 from llmguard_client._core.caller_intent import read_timeout, with_retry_count, within_read_timeout
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
+from tests.virtual import run_virtual
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("httpx2")
@@ -306,21 +316,34 @@ async def test_an_answer_the_guard_never_retried_stays_the_sdks_to_retry_past_ma
     assert completion.choices[0].message.content and len(server.received) == 4
 
 
+AFTER_THE_HEADERS = {
+    "read_timeout": (Script(tokens=3, stall_before_first=1.5), {"timeout": 0.3}, BudgetPolicy(), "timeout"),
+    "cut": (Script(tokens=3, reset_after_tokens=0), {}, BudgetPolicy(ratio=0.0, floor=0), "error"),
+}
+"""Per error after a stream's headers, before its first token: the server's script, the SDK client's options, the
+guard's retry budget and the call's record status."""
+
+
+@pytest.mark.parametrize("failure", list(AFTER_THE_HEADERS))
 @pytest.mark.parametrize("mode", ["guard", "cooperative"])
 @pytest.mark.parametrize("api", ["sync", "async"])
-def test_the_sdks_read_timeout_after_the_headers_meets_the_caller_reading_the_stream(
-    servers: list[LoopbackServer], api: str, mode: str
+def test_an_error_after_a_streams_headers_meets_the_caller_reading_the_stream(
+    servers: list[LoopbackServer], api: str, mode: str, failure: str
 ) -> None:
-    """The server sends its headers at once and its first token after 1.5 s (an engine still queueing the call);
-    ``timeout=0.3``, default ``max_retries=2``. Without a guard the SDK has returned the stream by then and the
-    timeout meets the caller reading it (the SDK's timeout error, or httpx's ``ReadTimeout`` before openai 2),
-    not retried: one request. Through the guard, which holds the headers until the first token, the SDK first
-    took it for a timeout before the answer and retried it twice (three generations); then the guard refused those
-    retries, but ``create()`` raised after the SDK's backoff sleeps. Now the stream comes back and times out as
-    it is read, with the same error as without a guard; in cooperative mode too (where the SDK sends the retries)."""
+    """The server sends its headers and a role-only event at once, then, before the first token, either stalls
+    past ``timeout=0.3`` (its first token comes after 1.5 s: an engine still queueing the call) or cuts the
+    connection (a gateway's idle timeout shorter than the model's first token); default ``max_retries=2``. Without a
+    guard the SDK has returned the stream by then and the error meets the caller reading it (the SDK's timeout or
+    connection error), not retried: one request. Through the guard the call ends as it does without one, in
+    cooperative mode too (where the SDK sends the retries): the stream comes back and raises the same error as it is
+    read, after one request. The SDK's read timeout is never the guard's to retry; a cut is, within the retry budget,
+    here empty. (Before, the SDK took the timeout for one before the answer and retried it, then it was raised by
+    ``create()`` after the SDK's backoff sleeps; a cut went on as a paced retry past the empty budget, as if the
+    plain SDK retried it: three requests, the error raised by ``create()``.)"""
     server = servers[0]
-    server.scripter = lambda index, attempt: Script(tokens=3, stall_before_first=1.5)
-    kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", "timeout": 0.3}
+    script, options, budget, status = AFTER_THE_HEADERS[failure]
+    server.scripter = lambda index, attempt: script
+    kwargs: dict[str, Any] = {"base_url": server.url + "/v1", "api_key": "k", **options}
 
     def sync_call(http_client: Any) -> None:
         stream = openai.OpenAI(**kwargs, http_client=http_client).chat.completions.create(
@@ -337,22 +360,62 @@ def test_the_sdks_read_timeout_after_the_headers_meets_the_caller_reading_the_st
             async for _ in stream:
                 pass
 
-    met: list[type[BaseException]] = []
+    met: list[tuple[type[BaseException], type[BaseException] | None]] = []
     retry = RetryPolicy(mode=mode, backoff_initial=0.01, backoff_max=0.02)
-    with guard_over(server, retry=retry) as guard, guard.capture() as calls:
+    with guard_over(server, retry=retry, budget=budget) as guard, guard.capture() as calls:
         for kind in ("plain", "guarded"):
             created: list[object] = []
             sdk = openai.OpenAI if api == "sync" else openai.AsyncOpenAI
             http_client = guard.http_client_for(sdk) if kind == "guarded" else None
-            with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)) as caught:
+            with pytest.raises((openai.APITimeoutError, openai.APIConnectionError, httpx.TransportError)) as caught:
                 sync_call(http_client) if api == "sync" else anyio.run(async_call, http_client)
-            met.append(type(caught.value))
-            assert len(created) == 1, kind  # create() returned the stream: the timeout came from reading it
+            cause = caught.value.__cause__
+            met.append((type(caught.value), None if cause is None else type(cause)))
+            assert len(created) == 1, kind  # create() returned the stream: the error came from reading it
             assert server.wait_for(lambda: len(server.received) == 1), kind
             assert len(server.received) == 1, kind
             server.received.clear()
-    assert met[0] is met[1]
-    assert [(c.status, len(c.attempts)) for c in calls] == [("timeout", 1)]
+    assert met[0] == met[1]
+    assert [(c.status, len(c.attempts)) for c in calls] == [(status, 1)]
+    assert guard.snapshot().budget.paced == 0
+
+
+class _TimesOutInTheBody(httpx.AsyncByteStream):
+    """A JSON body whose read times out after its first bytes (the pool's read timeout, the caller's own)."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"id": "chatcmpl-1", '
+        raise httpx.ReadTimeout("scripted: the body's next bytes came later than the read timeout")
+
+
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+def test_a_whole_bodys_read_timeout_after_its_headers_is_the_sdks_to_retry(mode: str) -> None:
+    """A call that is not streamed, whose body's read times out after its headers: the SDK reads a whole body inside
+    its request and retries the timeout, as without a guard (``max_retries=2``: three requests, then
+    ``APITimeoutError``); in cooperative mode too. (There it was final after one request: the guard kept that answer
+    as one its caller had been handed, as it keeps a stream's.)"""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_TimesOutInTheBody())
+
+    replica = httpx.MockTransport(answer)
+
+    async def main() -> None:
+        retry = RetryPolicy(mode=mode)
+        async with Guard(
+            ["http://r.test"], retry=retry, instrumentation=None, transport_factory=lambda _: replica
+        ) as g:
+            client = openai.AsyncOpenAI(
+                base_url="http://r.test/v1", api_key="k", http_client=g.http_client_for(openai.AsyncOpenAI)
+            )
+            with pytest.raises(openai.APITimeoutError):
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+            await client.close()
+
+    run_virtual(main, "asyncio")
+    assert [request.headers["x-stainless-retry-count"] for request in seen] == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize("kind", ["plain", "guarded"])

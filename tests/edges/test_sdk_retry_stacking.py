@@ -103,7 +103,7 @@ async def test_openai_is_given_a_final_timeout_as_its_own_error_and_sends_no_ret
 
 def test_the_sync_sdk_retry_of_a_failed_call_sends_nothing(servers: list[LoopbackServer]) -> None:
     for server in servers:
-        server.script = Script(reset_after_tokens=0)  # the connection drops before any token, on every replica
+        server.script = Script(malformed_at=0)  # an event that is not JSON before any token, on every replica
     with guard_over(servers, "raise", tiers={"t": Tier(ttft=5.0, total=10.0)}) as guard:
         client = openai.OpenAI(
             base_url=servers[0].url + "/v1", api_key="k", http_client=guard.http_client_for(openai.OpenAI)

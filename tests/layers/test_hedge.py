@@ -596,7 +596,7 @@ async def test_a_failed_attempt_fires_the_next_hedge_at_once(servers: list[Loopb
 
 async def test_both_fail_gives_one_error_listing_both_attempts(servers: list[LoopbackServer]) -> None:
     for server in servers[:2]:
-        server.script = Script(stall_before_first=0.4, reset_after_tokens=0)
+        server.script = Script(stall_before_first=0.4, malformed_at=0)  # (a cut would meet the caller reading it)
     records: list[PhaseRecord] = []
     async with make_guard(servers[:2], records, retry=None) as guard, guard.http_client() as client:
         with pytest.raises(AllAttemptsFailed) as caught:

@@ -24,8 +24,10 @@ ATTEMPTS = RetryPolicy().max_attempts
 FAULTS = {
     "500": Plan(status=500, headers_after=0.01),
     "408": Plan(status=408, headers_after=0.01),
-    "reset": Plan(headers_after=0.01, reset_after_tokens=0),  # the stream breaks before its first token
+    "reset": Plan(headers_after=0.01, reset_before_headers=True),  # the connection breaks before any answer
 }
+"""Failures the plain SDK retries: each is raised by its request, before the answer's headers (not a stream cut after
+them, which it meets reading the stream it returned, and does not retry)."""
 
 
 @dataclass
@@ -86,7 +88,7 @@ def window(retry: int, policy: RetryPolicy) -> float:
 def test_two_replicas_failing_a_random_share_serve_every_call_the_plain_sdk_serves(
     backend: str, fault: str, budget: BudgetPolicy
 ) -> None:
-    """Two replicas each failing a random 30 % of requests (a 500, a 408, a reset before the first token), the retry
+    """Two replicas each failing a random 30 % of requests (a 500, a 408, a reset before the answer), the retry
     budget empty or nearly so, the openai SDK streaming 40 calls through the guard. A retry the budget refuses goes
     to the other replica (or back) after the same-replica backoff, paced past the bound, as the plain SDK's retry
     would go: every call the plain SDK's 3 attempts serve is served, with as many requests. (The refused retry used
@@ -129,6 +131,57 @@ def test_two_replicas_failing_a_random_share_serve_every_call_the_plain_sdk_serv
                 assert w / 2 - 1e-6 <= after.start - before.finish <= w + 1e-6
             else:
                 assert after.start >= before.finish
+
+
+CUT_CALLS = 4
+
+
+@BACKENDS
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+@pytest.mark.parametrize("path", ["replica", "beside"])
+def test_a_stream_cut_after_its_headers_is_retried_within_the_budget_and_never_paced_past_it(
+    backend: str, mode: str, path: str
+) -> None:
+    """One replica (a gateway whose idle timeout is shorter than the model's first token) answers every call with its
+    headers and a role-only event, then cuts the stream before the first token; the budget holds 2 retries. The plain
+    openai SDK returns the stream at its headers and meets the cut reading it: one request a call, no retry. The
+    guard retries the first call's cut twice, paid from the budget (in cooperative mode the SDK sends them), then
+    each call ends as the plain SDK's: one request, ``create()`` returns the stream and reading it raises the SDK's
+    connection error, as it does for the first call after its three. So do calls to another deployment ``beside``
+    the replica's path, which the replica's state does not pace. (Every refused retry went paced past the empty
+    budget, as if the plain SDK retried a cut: three requests each call, the error raised by ``create()``.)"""
+    replica = "http://a.test/openai/deployments/east"
+    base = replica if path == "replica" else "http://a.test/openai/deployments/west"
+    fake = FakeReplica("a", [Plan(headers_after=0.01, reset_after_tokens=0)])
+    met: list[tuple[int, str]] = []  # each call's requests, and where its error came: "create" or "reading"
+    snapshots: list[BudgetSnapshot] = []
+
+    async def main() -> None:
+        retry = RetryPolicy(mode=mode)
+        budget = BudgetPolicy(ratio=0.0, floor=2)
+        async with virtual_guard({replica: fake}, [], retry=retry, budget=budget, hedge=None) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url=base, api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            for _ in range(CUT_CALLS):
+                before, where = fake.requests, "create"
+                with pytest.raises(openai.APIConnectionError):
+                    stream = await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+                    )
+                    where = "reading"
+                    async for _ in stream:
+                        pass
+                met.append((fake.requests - before, where))
+            await client.close()
+            snapshot = virtual.snapshot().budget
+            assert snapshot is not None
+            snapshots.append(snapshot)
+
+    run_virtual(main, backend)
+    assert met == [(ATTEMPTS, "reading")] + [(1, "reading")] * (CUT_CALLS - 1)
+    (snapshot,) = snapshots
+    assert snapshot.paced == 0
 
 
 @BACKENDS
