@@ -54,7 +54,7 @@ attempts, the caller gets the attempts' own failure and the refusal is named in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, cast
 
 import httpx
 
@@ -70,26 +70,7 @@ class GuardConfigError(LLMGuardError, ValueError):
     """The configuration is invalid; the message names the field and what is accepted."""
 
 
-class _GuardFailureType(type):
-    """Names the class that is both a guard failure and an httpx error by its two names,
-    ``AllAttemptsFailed.ReadError``, so that what finds a class by its module and qualified name (pickle, a task
-    queue's JSON result: Celery's default) finds it in any process."""
-
-    if not TYPE_CHECKING:  # hidden from type checkers, which would take any class attribute for one of these
-
-        def __getattr__(cls, name: str) -> type:
-            return _named_both(cls, name)
-
-
-def _named_both(kind: type[GuardFailure], name: str) -> type[GuardFailure]:
-    """``kind.<name>``: the class that is both ``kind`` and httpx's request error ``name``."""
-    base = None if name.startswith("_") else getattr(httpx, name, None)
-    if not isinstance(base, type) or not issubclass(base, httpx.RequestError) or issubclass(kind, base):
-        raise AttributeError(f"type object {kind.__qualname__!r} has no attribute {name!r}")
-    return _both(kind, base)
-
-
-class GuardFailure(LLMGuardError, metaclass=_GuardFailureType):
+class GuardFailure(LLMGuardError):
     """The guard gave up on a call.
 
     ``cause`` is a stable machine-readable string (also sent as the
@@ -238,23 +219,30 @@ def like_last_error(kind: type[_Kind], error: BaseException | None) -> type[_Kin
     ``httpx.ProxyError``, ``httpx.ReadTimeout``...), as a plain client's own retries raise the last error, so
     ``except httpx.RemoteProtocolError`` and an SDK's reading of the error's kind see what they would without the
     guard. An error of no httpx class, or one ``kind`` already is, gives ``kind`` itself."""
-    base = next((c for c in type(error).__mro__ if _httpx_request_error(c)), None)
+    bases = (c for c in type(error).__mro__ if issubclass(c, httpx.RequestError) and c.__module__ != __name__)
+    base = next(bases, None)  # the library's own class (a guard failure's httpx base), by identity, not by name
     return kind if base is None or issubclass(kind, base) else _both(kind, base)
 
 
-def _httpx_request_error(cls: type) -> bool:
-    """Whether ``cls`` is one of httpx's own request errors (by identity: not a guard failure, nor a subclass
-    another library made)."""
-    return issubclass(cls, httpx.RequestError) and getattr(httpx, cls.__name__, None) is cls
-
-
 def _both(kind: type[_Kind], base: type[httpx.RequestError]) -> type[_Kind]:
-    """The one class that is both ``kind`` and ``base``, made the first time it is asked for; its qualified
-    name, ``AllAttemptsFailed.ReadError``, finds it again (`_GuardFailureType`)."""
+    """The one class that is both ``kind`` and ``base``, made the first time it is asked for."""
     if (kind, base) not in _like:
-        namespace = {"__module__": __name__, "__qualname__": f"{kind.__qualname__}.{base.__name__}"}
-        _like[kind, base] = cast("type[GuardFailure]", _GuardFailureType(kind.__name__, (kind, base), namespace))
+        namespace = {"__module__": __name__, "__reduce__": _reduce_like, "_classes": (kind, base)}
+        _like[kind, base] = type(kind.__name__, (kind, base), namespace)
     return cast("type[_Kind]", _like[kind, base])
+
+
+def _reduce_like(error: GuardFailure) -> tuple[object, ...]:
+    """Pickle such an error (to a process pool, a task queue) by its two classes, since its own class has no name
+    pickle can look up; unpickled, it is an instance of the same class, its attributes restored."""
+    return _unpickled_like, (*type(error)._classes, error.args), error.__dict__  # type: ignore[attr-defined]
+
+
+def _unpickled_like(kind: type[_Kind], base: type[httpx.RequestError], args: tuple[object, ...]) -> _Kind:
+    both = _both(kind, base)
+    error = both.__new__(both)
+    error.args = args
+    return error
 
 
 class BudgetExhausted(GuardUnavailable):

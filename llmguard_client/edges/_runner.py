@@ -530,7 +530,7 @@ def _start_failure(why: BaseException | None) -> GuardUnavailable:
     its socket (out of file descriptors) raises, which an SDK maps to its connection error (openai's
     ``APIConnectionError``). Nothing was sent; the next call starts the thread again."""
     message = f"{NOT_STARTED} ({type(why).__name__}: {why}); nothing was sent, and the next call starts it again"
-    kind = like_last_error(GuardUnavailable, httpx.ConnectError(message))  # GuardUnavailable.ConnectError
+    kind = like_last_error(GuardUnavailable, httpx.ConnectError(message))  # also an httpx.ConnectError
     error = kind(message)
     error.__cause__ = why
     return error
