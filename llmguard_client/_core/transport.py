@@ -251,7 +251,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                     await connecting
             streamed = streamed_body(request)  # sent as it is read: never held here
             sdk = await sdk_call(request, held=streamed is None)  # the SDK call: its retries get its cohort
-            assignment = self._rollout.assign(request, headers, sdk[0]) if followed is None else followed
+            assignment = self._rollout.assign(request, headers, sdk) if followed is None else followed
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         if followed is not None:  # sent where the redirect points, as the SDK's own client would

@@ -7,9 +7,9 @@ A call's cohort is decided first, before anything else the guard does::
                                                       even while off, so a typo fails at 0 % as at 100 %)
     a key (x-llmguard-key header, guard.rollout_key(...), Guard(rollout_key=fn))
                                                    -> sticky: guarded iff hash(key) < fraction
-    no key                                         -> per call: guarded with probability fraction; a call from
-                                                      an SDK that counts its retries is placed by a hash of the
-                                                      call (`sdk_call`), so its retries keep its cohort
+    no key                                         -> per call: guarded with probability fraction; the retries
+                                                      of an SDK call (`sdk_call`) keep the cohort its first
+                                                      request drew (the newest `CALLS_REMEMBERED` calls')
 
 The key's position is a 64-bit BLAKE2b hash mapped to [0, 1), so a key keeps its cohort
 for a given fraction on every process and run, and raising the fraction only moves
@@ -30,6 +30,7 @@ import math
 import os
 import random
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ import httpx
 
 from llmguard_client._core.call import Call
 from llmguard_client._core.clock import loop_clock
+from llmguard_client._core.given_up import SdkCall
 from llmguard_client._core.headers import COHORT_HEADER, CallerHeaders
 from llmguard_client._core.outcome import Outcome, Route
 from llmguard_client._core.pipeline import Next
@@ -57,8 +59,9 @@ Cohort = Literal["guarded", "control"]
 AssignedBy = Literal["off", "pin", "key", "call"]
 FractionSource = Callable[[], float]
 """A zero-argument callable returning the fraction (e.g. a feature-flag lookup); it must not block."""
-SDK_CALL_PREFIX = "sdk-call:"
-"""Put before an SDK call's id to hash it: its position is not that of a rollout key with the same text."""
+CALLS_REMEMBERED = 16_384
+"""The keyless SDK calls whose cohort is kept for their retries, the newest (about 2 MB; at 1,000 calls a second,
+the last 16 s): a retry of a call forgotten draws again."""
 KeyFunction = Callable[[httpx.Request], "str | int | None"]
 """Returns a call's sticky rollout key (e.g. the user id), or None for per-call assignment."""
 
@@ -189,6 +192,9 @@ class Rollout:
         self._key_fn = key
         self._poll_interval = float(poll_interval)
         self._rng = rng or process_random()
+        self._drawn: OrderedDict[str, Cohort] = OrderedDict()
+        """The cohort each keyless SDK call's first request drew, by call id: its retries keep it."""
+        self._drawing = threading.Lock()
         self._clock = clock
         self._write = threading.Lock()
         self._polling = threading.Lock()
@@ -272,12 +278,12 @@ class Rollout:
     # --- the cohort -------------------------------------------------------------------------
 
     def assign(
-        self, request: httpx.Request, headers: CallerHeaders | None = None, sdk_call: str | None = None
+        self, request: httpx.Request, headers: CallerHeaders | None = None, sdk_call: SdkCall = (None, 0)
     ) -> Assignment:
         """Decide one call's cohort (see the module docstring for the order of the rules); ``headers``:
-        the request's, if they were read already; ``sdk_call``: the id of the SDK call the request is a request
-        of (`llmguard_client._core.given_up.sdk_call`), the same on its retries: a call without a key is placed by
-        its hash, so the SDK's retries of a control call are control too (a fresh draw would guard some of them)."""
+        the request's, if they were read already; ``sdk_call``: the SDK call the request is a request of and its
+        retry count (`llmguard_client._core.given_up.sdk_call`): a keyless call's retries keep the cohort its first
+        request drew (a fresh draw would guard some retries of control calls)."""
         headers = headers if headers is not None else CallerHeaders(request)
         pinned = headers.cohort
         cohort = pinned.strip().lower() if pinned is not None else None
@@ -295,8 +301,20 @@ class Rollout:
             return Assignment("guarded" if key_position(key) < fraction else "control", fraction, "key")
         if fraction >= 1.0:
             return Assignment("guarded", fraction, "call")
-        position = key_position(SDK_CALL_PREFIX + sdk_call) if sdk_call is not None else self._rng.random()
-        return Assignment("guarded" if position < fraction else "control", fraction, "call")
+        return Assignment(self._draw(fraction, *sdk_call), fraction, "call")
+
+    def _draw(self, fraction: float, call: str | None, retry: int) -> Cohort:
+        """A keyless call's cohort: drawn at ``fraction`` for a first request, and kept for the retries of its SDK
+        ``call`` (``retry`` > 0), while it is among the newest `CALLS_REMEMBERED`."""
+        with self._drawing:
+            kept = self._drawn.get(call) if call is not None and retry > 0 else None
+            cohort: Cohort = kept or ("guarded" if self._rng.random() < fraction else "control")
+            if call is not None:
+                self._drawn[call] = cohort
+                self._drawn.move_to_end(call)
+                if len(self._drawn) > CALLS_REMEMBERED:
+                    self._drawn.popitem(last=False)
+        return cohort
 
     def _key(self, request: httpx.Request, headers: CallerHeaders) -> str | None:
         header = headers.key

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
@@ -17,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier, UnknownCohortError
-from llmguard_client._rollout.rollout import Rollout, disabled_by_env, flag_fraction, key_position
+from llmguard_client._rollout.rollout import CALLS_REMEMBERED, Rollout, disabled_by_env, flag_fraction, key_position
 from tests.virtual import BACKENDS, run_virtual
 
 URL = "http://r1.test:8000/v1/chat/completions"
@@ -113,16 +112,26 @@ def test_without_a_key_assignment_is_per_call_at_the_fraction() -> None:
     assert rollout.assign(req()).by == "call"
 
 
-def test_without_a_key_an_sdk_call_keeps_one_cohort_and_sdk_calls_spread_at_the_fraction() -> None:
-    """A keyless request that names its SDK call is placed by the call's hash: the same cohort for each of its
-    requests (whatever the draws between them), and the calls' cohorts at the fraction."""
+def test_without_a_key_an_sdk_calls_retries_keep_its_cohort_and_calls_spread_at_the_fraction() -> None:
+    """A keyless SDK call's first request draws its cohort at the fraction and its retries keep it, whatever the
+    draws between them. The same request sent again as a new call (the same prompt from one task: an eval's
+    samples, a load test's user) draws again: the calls spread at the fraction, not all in one cohort."""
     rollout = Rollout(0.3, rng=random.Random(7))
-    calls = [hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest() for i in range(20_000)]
-    first = {call: rollout.assign(REQUEST, sdk_call=call) for call in calls}
+    calls = [f"call-{i}" for i in range(2_000)]
+    first = {call: rollout.assign(REQUEST, sdk_call=(call, 0)) for call in calls}
     assert {a.by for a in first.values()} == {"call"}
-    assert all(rollout.assign(REQUEST, sdk_call=call).cohort == first[call].cohort for call in calls[:500])
-    share = sum(a.cohort == "guarded" for a in first.values()) / len(calls)
-    assert abs(share - 0.3) < 0.015
+    assert all(rollout.assign(REQUEST, sdk_call=(call, 1)).cohort == first[call].cohort for call in calls)
+    again = [rollout.assign(REQUEST, sdk_call=("the same prompt", 0)).cohort for _ in range(20_000)]
+    assert abs(again.count("guarded") / len(again) - 0.3) < 0.015
+
+
+def test_the_cohorts_kept_for_retries_are_the_newest_calls() -> None:
+    """The memory is bounded: the oldest call is forgotten (its retry would draw again), the newest are kept."""
+    rollout = Rollout(0.5, rng=random.Random(3))
+    for i in range(CALLS_REMEMBERED + 1):
+        rollout.assign(REQUEST, sdk_call=(f"call-{i}", 0))
+    assert len(rollout._drawn) == CALLS_REMEMBERED
+    assert "call-0" not in rollout._drawn and f"call-{CALLS_REMEMBERED}" in rollout._drawn
 
 
 async def test_without_a_key_an_sdk_calls_retry_is_in_the_cohort_of_its_first_request() -> None:
