@@ -364,15 +364,15 @@ class RetryPolicy:
     ``same_replica_backoff`` x 2^(times it failed the call - 1), at most ``backoff_max``. 0.5 s is about the
     openai SDK's own first backoff, so a replica that fails for a moment (a restart, a gateway's blip) is
     tried again once it may have recovered, as the plain SDK would; 0 retries it after the ordinary backoff.
-    A failure to connect sends the retry at once to a replica the call has not tried (one replica down costs the
-    call nothing), unless the fault is evidently not one replica's: the call has failed to connect to two replicas,
-    or the connection failed in this process (out of file descriptors, buffers, memory or local ports: EMFILE,
-    ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL; its resolver failing for now: EAI_AGAIN). Then the call's retries go no
-    sooner than the plain SDK's would: each waits this backoff for its round (about 0.25-0.5 s, then 0.5-1 s),
-    plus that of each earlier retry that went at once to another replica after a failure to connect, so a short
-    outage of every replica, or of this process, is ridden out as through the plain SDK. A connection that failed
-    in this process counts toward no replica's circuit or failure rate and is never told to a fleet; a name that
-    does not exist (NXDOMAIN) is the replica's (a misconfigured URL) and counts.
+    A failure to connect sends the retry at once to a ready replica the call has not tried (one or two replicas
+    down cost the call nothing while another is ready). When none is left untried and the retry goes back to a
+    replica after two refused the call, or when the connection failed in this process (out of file descriptors,
+    buffers, memory or local ports: EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL), the retry goes no sooner than
+    the plain SDK's would: it waits this backoff for its round (about 0.25-0.5 s, then 0.5-1 s), plus that of each
+    earlier retry that went at once to another replica after a failure to connect, so a short outage of every
+    replica (with attempts to spare: two replicas, or ``max_attempts`` above the replicas), or of this process, is
+    ridden out as through the plain SDK. A connection that failed in this process counts toward no replica's
+    circuit or failure rate and is never told to a fleet; a resolver's failure is the replica's name's and counts.
 
     ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After
     (a 429/503/529 without the header, or an in-stream error such as vLLM's ``code: 503``

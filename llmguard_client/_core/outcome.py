@@ -263,10 +263,10 @@ class AttemptFailure:
 
 def local_fault(error: BaseException | None) -> bool:
     """Whether ``error``, a failure to connect (``httpx.ConnectError``), came from this process or host rather than
-    the replica: it ran out of file descriptors, buffers, memory or local ports (`_LOCAL_ERRNOS`), or its resolver
-    failed for now (``EAI_AGAIN``), as the chain of causes under httpx's error says. A name that does not exist
-    (NXDOMAIN) is the replica's (a misconfigured URL). Every address of a name tried at once (an exception group)
-    is local when each of its errors is."""
+    the replica: it ran out of file descriptors, buffers, memory or local ports (`_LOCAL_ERRNOS`), as the chain of
+    causes under httpx's error says. A resolver's failure is the replica's name's (a name that does not exist, or
+    whose servers fail: ``EAI_AGAIN`` is also what one host's broken zone gives), as before. Every address of a name
+    tried at once (an exception group) is local when each of its errors is."""
     return isinstance(error, httpx.ConnectError) and _local_cause(error)
 
 
@@ -274,9 +274,7 @@ def _local_cause(error: BaseException) -> bool:
     for cause in _chain(error):
         if isinstance(cause, BaseExceptionGroup):
             return bool(cause.exceptions) and all(_local_cause(e) for e in cause.exceptions)
-        if isinstance(cause, socket.gaierror):  # its errno is the resolver's (EAI_*), not the kernel's
-            return cause.errno == socket.EAI_AGAIN
-        if isinstance(cause, OSError) and cause.errno in _LOCAL_ERRNOS:
+        if isinstance(cause, OSError) and not isinstance(cause, socket.gaierror) and cause.errno in _LOCAL_ERRNOS:
             return True
     return False
 

@@ -66,15 +66,15 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
-  time, as an SDK retrying one endpoint does. After a failure to connect the retry goes at once to a replica not
-  tried yet, unless the fault is evidently not one replica's (the call failed to connect to two, or the connection
-  failed in this process: `AttemptFailure.local`): then it goes no sooner than the plain SDK's would, after that
-  same-replica backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`);
+  time, as an SDK retrying one endpoint does. After a failure to connect the retry goes at once to a ready replica
+  not tried yet; when none is left and it goes back after two refused the call, or when the connection failed in
+  this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would, after that same-replica
+  backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
-  in this process (out of file descriptors, its resolver failing for now: `AttemptFailure.local`) counts toward
-  nothing: the replica did nothing, and no fleet hears of it.
+  in this process (out of file descriptors, local ports or buffers: `AttemptFailure.local`) counts toward nothing:
+  the replica did nothing, and no fleet hears of it.
 
 A continuation (`llmguard_client._stream.continuation`) is a route through this same layer: its route
 names the replicas to avoid (never retried, unlike a retry's), its own budget (which pays for its first
@@ -344,7 +344,8 @@ class RetryLayer:
         policy = self.policy or RetryPolicy()
         for failure in failures:
             state = failure.state
-            if failure.local:  # its connection failed here: nothing the replica did, nor an answer to its probe
+            if failure.local:  # its connection failed here: nothing the replica did, nor an answer to its probe,
+                self.replicas.probe_unsent(state)  # which is due again at once
                 continue
             if failure.status_code is not None:
                 self.replicas.saw_headers(state, now, failure.headers)
@@ -450,7 +451,7 @@ class RetryLayer:
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed, asked, faults)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -558,13 +559,12 @@ class RetryLayer:
 
     def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: ConnectFaults | None) -> float:
         """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
-        backoff, and at least the plain SDK's after a failure to connect that is evidently not one replica's (the call
-        failed to connect to two replicas, or the connection failed here: `ConnectFaults.wait`, which counts the
-        rounds that went at once to another replica after a failure to connect); else at least the same-replica
-        backoff when the retry goes back to a replica that failed the call ``times`` times (it may need a moment to
-        recover)."""
+        backoff, and at least the plain SDK's after a failure to connect that another replica does not cure (the
+        connection failed here, or the retry goes back to a replica that failed the call after two refused it:
+        `ConnectFaults.paces`, `ConnectFaults.wait`); else at least the same-replica backoff when the retry goes back
+        to a replica that failed the call ``times`` times (it may need a moment to recover)."""
         wait = self.backoff(rounds)
-        if faults is not None and faults.widespread(last):
+        if faults is not None and faults.paces(last, going_back=times > 0):
             return max(wait, faults.wait(self.backoff.returning, rounds))
         return max(wait, self.backoff.returning(times)) if times else wait
 
@@ -576,7 +576,6 @@ class RetryLayer:
         rounds: int,
         failed: list[ReplicaState],
         asked: dict[int, float],
-        faults: ConnectFaults | None,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
@@ -586,8 +585,7 @@ class RetryLayer:
         other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
         sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
         the budget, and goes past it when it is empty: each is a retry the plain SDK sends (but for an error met
-        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: the budget bounds that one). After
-        a failure to connect it waits as `_plan`'s retry does (`_backoff`)."""
+        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: the budget bounds that one)."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -606,7 +604,7 @@ class RetryLayer:
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
-            wait = self._backoff(last, rounds, times, faults)
+            wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
         waits = asked.values() if call.beside else [asked.get(id(state), now)]
         wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
         if not fits_deadline(call, now, wait, deadline):

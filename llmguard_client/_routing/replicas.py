@@ -316,6 +316,11 @@ class ReplicaSet:
         if probe is not None and keep is not None:
             keep(lambda: self._give_back_probe(state, probe))
 
+    def probe_unsent(self, state: ReplicaState) -> None:
+        """The probe in flight of ``state``'s cool-down never reached it (its connection failed in this process): it
+        is due again at once, and the calls waiting for it are woken."""
+        self._give_back_probe(state, state.probes)
+
     def _give_back_probe(self, state: ReplicaState, probe: int) -> None:
         if give_back_probe(state, probe):
             self.cooling_changed.notify()

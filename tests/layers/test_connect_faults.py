@@ -34,27 +34,28 @@ def returning(n: int) -> float:
     return 10.0**n
 
 
-def test_a_failover_at_once_is_owed_and_waited_for_once_two_replicas_refused() -> None:
+def test_a_failover_at_once_is_owed_and_waited_for_once_going_back_after_two_refused() -> None:
     faults = ConnectFaults()
     first = failure(A, refused())
     faults.saw([first])
-    assert not faults.widespread(first)  # one replica down: the retry goes at once to another
+    assert not faults.paces(first, going_back=False)  # one replica down: the retry goes at once to another
     faults.retried(first, 1, B, [A])
     second = failure(B, refused())
     faults.saw([second])
-    assert faults.widespread(second)
+    assert not faults.paces(second, going_back=False)  # two down, a third ready: at once to it
+    assert faults.paces(second, going_back=True)  # none left untried: back as the plain SDK's retry
     assert faults.wait(returning, 2) == 10.0 + 100.0  # its own round's backoff, and the one the failover skipped
-    faults.retried(second, 2, C, [A, B])
-    third = failure(C, refused())
+    faults.retried(second, 2, A, [A, B])
+    third = failure(A, refused())
     faults.saw([third])
     assert faults.wait(returning, 3) == 1000.0  # owed once only
 
 
-def test_a_connection_that_failed_here_is_widespread_at_once() -> None:
+def test_a_connection_that_failed_here_paces_the_retry_at_once() -> None:
     faults = ConnectFaults()
     first = failure(A, OSError(errno.EMFILE, "Too many open files"))
     faults.saw([first])
-    assert faults.widespread(first)
+    assert faults.paces(first, going_back=False)  # another replica would fail alike
     assert faults.wait(returning, 1) == 10.0
 
 
@@ -68,6 +69,6 @@ def test_a_retry_back_to_the_replica_or_after_an_answer_owes_nothing() -> None:
     faults.retried(answered, 2, B, [A, A])  # after an answer: the replica was reached
     refused_too = failure(B, refused())
     faults.saw([refused_too])
-    assert not faults.widespread(answered)  # an answer is planned as any, whatever refused before
-    assert faults.widespread(refused_too)
+    assert not faults.paces(answered, going_back=True)  # an answer is planned as any, whatever refused before
+    assert faults.paces(refused_too, going_back=True)
     assert faults.wait(returning, 3) == 1000.0

@@ -118,6 +118,19 @@ def test_a_cool_down_is_probed_after_a_second_then_twice_as_long_after_each_prob
     assert r0.probe_at == pytest.approx(NOW + 8.5)  # at most half of the cool-down in
 
 
+def test_a_probe_that_never_reached_the_replica_is_due_again_at_once() -> None:
+    """Its connection failed in this process (out of file descriptors): the replica said nothing, so its cool-down
+    goes on, and the next call probes it at once, not once the probing call has ended (a stream read elsewhere)."""
+    rs = replica_set(2)
+    r0, _ = rs.states
+    rs.cool_down(r0, NOW, 120.0)
+    assert rs.pick(NOW + 1.0) is r0 and r0.probing
+    assert rs.pick(NOW + 1.0) is not r0  # one probe in flight at a time
+    rs.probe_unsent(r0)
+    assert r0.cooling(NOW + 1.1) and not r0.probing
+    assert rs.pick(NOW + 1.1) is r0
+
+
 def test_a_probe_that_wins_ends_the_cool_down() -> None:
     rs = replica_set(2)
     r0, _ = rs.states
