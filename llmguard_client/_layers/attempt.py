@@ -110,6 +110,7 @@ class AttemptLayer:
                 and response.status_code < 400
                 and call.record.stream
                 and failure.is_transport_error
+                and route.kind != "continuation"  # a continuation's stream is never its caller's
             ):
                 failure.as_sent = (response.status_code, response.headers, b"".join(read))  # what its caller had seen
             return Failed([failure])

@@ -214,9 +214,12 @@ class RetryLayer:
             used_up = allowed is not None and sent >= allowed
             last_one = allowed is not None and sent + 1 >= allowed
             last = outcome.failures[-1]
-            plan = self._plan(call, route, last, rounds, used_up, failed, asked=asked, last_one=last_one, faults=faults)
+            cuts = all(f.failed_reading for f in failures)  # none the plain SDK retries: it met them reading
+            plan = self._plan(
+                call, route, last, rounds, used_up, failed, asked=asked, last_one=last_one, faults=faults, cuts=cuts
+            )
             if isinstance(plan, AwaitServing):
-                plan = await self._await_serving(call, route, last, rounds, failed, plan, asked, faults)
+                plan = await self._await_serving(call, route, last, rounds, failed, plan, asked, faults, cuts)
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
@@ -439,19 +442,22 @@ class RetryLayer:
         last_one: bool = False,
         earliest: float | None = None,
         faults: ConnectFaults | None = None,
+        cuts: bool = False,
     ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
         """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
         requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
         ``asked``: when each replica's Retry-After to this call ends (a retry goes back no sooner); ``last_one``: the
         retry is the last request the route may send. ``earliest``: the call waited already (`_await_serving`); its
-        retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`)."""
+        retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`). ``cuts``:
+        every failure of the call was met reading a stream after its headers (`AttemptFailure.failed_reading`), none
+        the plain SDK retries (`_pace_refused`)."""
         asked = asked or {}
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed, asked)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked, cuts)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -533,7 +539,8 @@ class RetryLayer:
                 if fits_deadline(call, now, wait, deadline):
                     payment = call.pay_extra(route.budget, paced=True)
         elif payment is None and route.kind != "continuation":
-            least = self._pace_refused(now, last, state, ready, rounds, avoid)  # the retry the plain SDK would send
+            untried = not any(f is state for f in failed)
+            least = self._pace_refused(now, last, state, ready, rounds, avoid, cuts and not untried)  # as plain's
             if least is not None:
                 wait = max(wait, least)
                 if fits_deadline(call, now, wait, deadline):
@@ -576,6 +583,7 @@ class RetryLayer:
         rounds: int,
         failed: list[ReplicaState],
         asked: dict[int, float],
+        cuts: bool,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
@@ -585,7 +593,8 @@ class RetryLayer:
         other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
         sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
         the budget, and goes past it when it is empty: each is a retry the plain SDK sends (but for an error met
-        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: the budget bounds that one)."""
+        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: when every failure of the call was
+        one (``cuts``), the budget bounds its retries)."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -611,7 +620,7 @@ class RetryLayer:
             return Failed(stopped="deadline")
         # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget;
         # but for one of an error met reading a stream, which it does not retry.
-        paced = route.kind != "continuation" and not last.failed_reading
+        paced = route.kind != "continuation" and not cuts
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced)
         if payment is None:
             return Failed(stopped="budget")
@@ -663,6 +672,7 @@ class RetryLayer:
         waiting: AwaitServing,
         asked: dict[int, float],
         faults: ConnectFaults,
+        cuts: bool,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """Wait until ``waiting.until`` for a replica to serve a call again (`ReplicaSet.cooling_changed`: a served call
         ends the guard's own cool-down), planning the retry anew at each change and at the end; the retry goes no sooner
@@ -670,7 +680,16 @@ class RetryLayer:
         when no replica is ready by then."""
         while True:
             plan = self._plan(
-                call, route, last, rounds, False, failed, asked=asked, earliest=waiting.earliest, faults=faults
+                call,
+                route,
+                last,
+                rounds,
+                False,
+                failed,
+                asked=asked,
+                earliest=waiting.earliest,
+                faults=faults,
+                cuts=cuts,
             )
             assert not isinstance(plan, AwaitServing)
             left = waiting.until - call.clock()
@@ -729,11 +748,14 @@ class RetryLayer:
         ready: bool,
         rounds: int,
         avoid: tuple[ReplicaState, ...],
+        cuts_back: bool,
     ) -> float | None:
         """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error, an
         overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced retry,
-        past the bound, as the plain SDK's retry would go; None when it does not (the bound holds), as after an error
-        met reading a stream (`AttemptFailure.failed_reading`: the plain SDK had returned it, and sends no retry).
+        past the bound, as the plain SDK's retry would go; None when it does not (the bound holds), as when every
+        failure of the call was met reading a stream (`AttemptFailure.failed_reading`: the plain SDK had returned it,
+        and sends no retry) and the retry would go back to a replica that failed it (``cuts_back``): a cut after the
+        headers is paced only to a replica not tried yet (another may not share the fault, a gateway's idle timeout).
 
         It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed the
         call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at once
@@ -745,8 +767,8 @@ class RetryLayer:
         cooled for `RetryPolicy.overload_cooldown` unless it is cooling already (reason ``"failing"``), so new first
         attempts wait for its probe. A replica that fails some calls and serves the others holds back no other call."""
         assert self.policy is not None
-        if not (last.overload or last.replica_failed) or self._provider_limit(last) or last.failed_reading:
-            return None  # (met reading the stream the plain SDK had returned, which it does not retry)
+        if not (last.overload or last.replica_failed) or self._provider_limit(last) or cuts_back:
+            return None
         lone = self.replicas.alone(now, avoid) is state
         if not lone and (not ready or state.open(now)):
             return None

@@ -185,6 +185,38 @@ def test_a_stream_cut_after_its_headers_is_retried_within_the_budget_and_never_p
 
 
 @BACKENDS
+def test_a_cut_after_the_headers_is_paced_to_a_replica_not_tried_and_does_not_cancel_a_5xxs_retry(
+    backend: str,
+) -> None:
+    """The budget is empty. Replica b's gateway cuts every stream after its headers; a answers its first call 500,
+    then serves. The plain SDK pointed at a serves every call (its retry of the 500 included). Through the guard: a
+    call whose 500 was retried on b, cut there, still goes back to a, paced, as the plain SDK's retry of the 500
+    would; and a call that met b's cut first goes paced to a, not tried yet (another replica may not share the
+    fault). (Any cut ended the call, as the plain SDK ends a cut stream, and lost calls a served.)"""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=500), Plan()]),
+        "http://b.test": FakeReplica("b", [Plan(headers_after=0.01, reset_after_tokens=0)]),
+    }
+    records: list[PhaseRecord] = []
+    served: list[bool] = []
+
+    async def main() -> None:
+        budget = BudgetPolicy(ratio=0.0, floor=0)
+        async with virtual_guard(fakes, records, budget=budget, hedge=None) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url="http://a.test", api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            for i in range(6):
+                served.append(await _streamed(client, str(i)))
+            await client.close()
+
+    run_virtual(main, backend)
+    assert served == [True] * 6
+    first = [(a.replica, a.status_code) for a in records[0].attempts]
+    assert first == [("http://a.test", 500), ("http://b.test", 200), ("http://a.test", 200)]
+
+
+@BACKENDS
 def test_two_replicas_failing_every_call_send_no_more_than_the_plain_sdk_and_their_circuits_bound_it(
     backend: str,
 ) -> None:
