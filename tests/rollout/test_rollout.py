@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from llmguard_client import Guard, GuardConfigError, PhaseRecord, Replica, Tier, UnknownCohortError
 from llmguard_client._rollout.rollout import CALLS_REMEMBERED, Rollout, disabled_by_env, flag_fraction, key_position
+from tests.sdk_retries import failing_once, sdk_call
 from tests.virtual import BACKENDS, run_virtual
 
 URL = "http://r1.test:8000/v1/chat/completions"
@@ -140,39 +141,11 @@ async def test_without_a_key_an_sdk_calls_retry_is_in_the_cohort_of_its_first_re
     has calls. Before: each request drew its own cohort, so about half of the control calls' retries were guarded
     (and half the guarded calls' retries control), and `llmguard compare` counted them in the first one's."""
     records: list[PhaseRecord] = []
-    answered: set[bytes] = set()
-
-    def transport(replica: Replica) -> httpx.AsyncBaseTransport:
-        async def handler(request: httpx.Request) -> httpx.Response:
-            body = await request.aread()
-            if body not in answered:
-                answered.add(body)
-                return httpx.Response(500, json={"error": {"message": "once"}})
-            return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}]})
-
-        return httpx.MockTransport(handler)
-
-    guard = Guard(
-        ["http://r1.test:8000"],
-        rollout=0.5,
-        tiers={"interactive": Tier(ttft=60.0, total=120.0)},
-        hedge=None,
-        retry=None,  # the guard hands each 500 back: the SDK's retry follows in both cohorts
-        transport_factory=transport,
-        instrumentation=None,
-        on_record=records.append,
-    )
+    guard = failing_once(instrumentation=None, on_record=records.append)
     async with guard, guard.http_client() as client:
-
-        async def sdk_call(i: int) -> None:
-            body = {"model": "m", "messages": [{"role": "user", "content": f"call {i}"}]}
-            for retry in range(2):
-                headers = {"x-stainless-retry-count": str(retry)}
-                await client.post("http://r1.test:8000/v1/chat/completions", json=body, headers=headers)
-
         async with anyio.create_task_group() as tg:
             for i in range(100):
-                tg.start_soon(sdk_call, i)
+                tg.start_soon(sdk_call, client, i)
     assert Counter((r.sdk_retry, r.status) for r in records) == {(0, "http_error"): 100, (1, "ok"): 100}
     cohorts: dict[str | None, set[str]] = {}
     for r in records:

@@ -9,17 +9,17 @@ import weakref
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
 from opentelemetry.metrics import Meter, MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from opentelemetry.trace import NoOpTracerProvider
 
-from llmguard_client import Guard, Replica, Tier
+from llmguard_client import Guard
 from llmguard_client.telemetry import _otel_metrics
 from llmguard_client.telemetry import semconv as sc
 from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 from tests.scripts import run_script
+from tests.sdk_retries import failing_once, sdk_call
 from tests.telemetry.otel_harness import R1, R2, Otel, begin_attempt, end_attempt, new_record, points, win
 
 
@@ -75,33 +75,10 @@ async def test_calls_mark_an_sdks_retries_so_each_cohort_reads_as_its_sdk_calls(
     both cohorts see the SDK's retries): ``llmguard.client.calls`` counts each request, and ``llmguard.sdk_retry``
     marks the retries, so a cohort's SDK calls are its unmarked requests and its successes its ``ok`` ones: 100 % in
     both, as the callers saw. Before: no mark; each cohort read as twice its calls, half of them failed."""
-    answered: set[bytes] = set()
-
-    def transport(replica: Replica) -> httpx.AsyncBaseTransport:
-        async def handler(request: httpx.Request) -> httpx.Response:
-            body = await request.aread()
-            if body not in answered:
-                answered.add(body)
-                return httpx.Response(500, json={"error": {"message": "once"}})
-            return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}]})
-
-        return httpx.MockTransport(handler)
-
-    guard = Guard(
-        ["http://r1.test:8000"],
-        rollout=0.5,
-        tiers={"interactive": Tier(ttft=60.0, total=120.0)},
-        hedge=None,
-        retry=None,
-        transport_factory=transport,
-        instrumentation=otel.instrumentation(),
-    )
+    guard = failing_once(instrumentation=otel.instrumentation())
     async with guard, guard.http_client() as client:
         for i in range(20):
-            body = {"model": "m", "messages": [{"role": "user", "content": f"call {i}"}]}
-            for retry in range(2):  # as an SDK sends a call and its retry
-                headers = {"x-stainless-retry-count": str(retry)}
-                await client.post("http://r1.test:8000/v1/chat/completions", json=body, headers=headers)
+            await sdk_call(client, i)
     counted: Counter[tuple[str, bool | None, str]] = Counter()
     for p in points(otel.metrics()[sc.LLMGUARD_CLIENT_CALLS]):
         a = p.attributes
