@@ -173,8 +173,7 @@ class RateLimit:
         one must be given). Each is a token bucket refilled at limit / 60 per second.
     burst: seconds of refill the bucket holds when full (its capacity is ``limit x burst / 60``). Providers
         enforce a minute's limit over shorter periods too; a small burst keeps a fleet from spending a
-        minute's tokens in one second. A call larger than the capacity is admitted when the bucket is full; none
-        is charged more than a minute of the limit.
+        minute's tokens in one second. A call larger than the capacity is admitted when the bucket is full.
 
     A call is charged before it is sent (1 request, and its prompt estimate + ``max_tokens`` tokens: an image,
     audio clip or file in the prompt counts a fixed allowance, not its bytes) and corrected from the ``usage`` it
@@ -182,7 +181,7 @@ class RateLimit:
     ``anthropic-ratelimit-*``, ``x-ratelimit-remaining``) lower the bucket when the provider says it has less room.
     A call that does not fit waits for its share if its p95 TTFT still fits its tier's ttft after it, or fails at
     once with `RateLimited` (``retry_after``: missing / refill rate). Calls are admitted in arrival order: small
-    calls wait behind a large one waiting for room, and go as soon as the room given back covers their share.
+    calls wait behind a large one waiting for room.
     """
 
     requests_per_minute: float | None = None

@@ -9,32 +9,22 @@ provider says is left.
 
 An attempt that does not fit is either admitted with a wait (its tokens are reserved now, the level goes
 negative, and the attempt is sent when the refill has covered it: later callers queue behind it, so
-the wait is fair) when that wait is at most ``max_wait``, or refused with ``retry_after = missing tokens /
-refill rate``, charging nothing. Room that attempts already sent give back (a correction downwards, a refusal
-by the provider) covers the waiting attempts' shares as the refill does: it wakes them (`RateLimiter.wait`), and
-each goes as soon as the refill and the room given back since it was admitted cover its share. (Room given back
-by an attempt cancelled while it waited is not counted: it may have been queued behind them.) A charge larger
-than the bucket's capacity fits once the bucket is full, and no charge is larger than a minute of the limit (or
-the capacity, when ``burst`` is longer): a provider refuses a request above its per-minute limit anyway, so a call
-estimated far above what it uses delays the calls after it by at most a minute, until its correction. (Not at
-the capacity: with the default ``burst`` of 1 s, that is a second of the limit, and every call larger than it, a
-long prompt or a large ``max_tokens``, would go under-charged until its correction, for the provider to answer
-429.)
+the wait is fair and needs no second look at the bucket) when that wait is at most ``max_wait``, or
+refused with ``retry_after = missing tokens / refill rate``, charging nothing. A charge larger than the
+bucket's capacity fits once the bucket is full.
 
 Fleet-wide: with a `FleetOps` store every admission is one Lua script (`llmguard_client._ratelimit.lua`) on
 the store's Redis, one round trip per attempt. Room given back (corrections, refunds) is also written in the
-background by the store's writer, one write queued at a time per bucket, so the shared bucket does not look
-emptier than it is to every process until this one's next admission (the room this process gives back also
-shortens its own waiting attempts' waits at once; room another process gives back does not, since nothing tells
-this one); header recalibrations and the charges of attempts admitted locally while the store could not decide
-ride on the next admission's script call. Time is the Redis server's (``TIME``), so the hosts' clocks need not
-agree. When the store fails (its ``run`` returns the default) or is unavailable, the process's own bucket decides
-(fail open); it is charged alongside the fleet's so it has a history. That bucket holds this process's share of
-the limit, not the whole of it: the script counts the fleet's admissions, and the share is this process's
-admissions over the fleet's across its last `SHARE_WINDOW` admissions (the whole limit until it has seen
-`SHARE_MIN_SAMPLES`). A fleet whose store fails therefore keeps, in sum, about the provider's limit instead of each
-process admitting the whole of it. The first rate-limited admission of a store still connecting waits for that
-connection, at most the store's operation timeout (`FleetOps`).
+background by the store's writer, one write queued at a time per bucket, so the shared bucket does not look emptier
+than it is to every process until this one's next admission; header recalibrations and the charges of attempts
+admitted locally while the store could not decide ride on the next admission's script call. Time is the Redis
+server's (``TIME``), so the hosts' clocks need not agree. When the store fails (its ``run`` returns the default) or
+is unavailable, the process's own bucket decides (fail open); it is charged alongside the fleet's so it has a
+history. That bucket holds this process's share of the limit, not the whole of it: the script counts the fleet's
+admissions, and the share is this process's admissions over the fleet's across its last `SHARE_WINDOW` admissions
+(the whole limit until it has seen `SHARE_MIN_SAMPLES`). A fleet whose store fails therefore keeps, in sum, about
+the provider's limit instead of each process admitting the whole of it. The first rate-limited admission of a store
+still connecting waits for that connection, at most the store's operation timeout (`FleetOps`).
 
 Why not the ``limits`` library: it counts hits of a fixed cost in windows (moving-window storage keeps a
 timestamp per unit of cost: one per token here), with no reservation that makes a caller wait its turn,
@@ -49,11 +39,10 @@ import json
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
 from llmguard_client._ratelimit.lua import load_script, run_script, script_args
-from llmguard_client._routing.wakeup import Wakeup
 from llmguard_client.config import RateLimit, Replica
 from llmguard_client.errors import GuardConfigError
 
@@ -106,13 +95,6 @@ class Grant:
 
     wait: float = 0.0
     retry_after: float | None = None
-    waits: tuple[float, float] = (0.0, 0.0)
-    """The wait of each dimension (requests, tokens); ``wait`` is the longer."""
-    tokens: float = 0.0
-    """The tokens charged (`RateLimiter.admit`: at most a minute of the limit), which a refund or correction
-    settles."""
-    returned: tuple[float, float] = (0.0, 0.0)
-    """The room (requests, tokens) attempts sent had given back when this one was admitted (`RateLimiter.wait`)."""
 
     @property
     def admitted(self) -> bool:
@@ -161,13 +143,12 @@ class LocalBucket:
     def take(self, tokens: float, max_wait: float) -> Grant:
         """Charge one request and ``tokens`` if they fit within ``max_wait`` seconds; else refuse, charging nothing."""
         self._refill()
-        waits = (self._requests.wait_for(1.0), self._tokens.wait_for(tokens))
-        wait = max(waits)
+        wait = max(self._requests.wait_for(1.0), self._tokens.wait_for(tokens))
         if wait > max_wait:
             return Grant(retry_after=wait)
         self._requests.level -= 1.0
         self._tokens.level -= tokens
-        return Grant(wait=wait, waits=waits)
+        return Grant(wait=wait)
 
     def adjust(self, requests: float, tokens: float) -> None:
         """Add (a refund, a correction downwards) or remove (an undercharge) room; never above capacity."""
@@ -203,31 +184,11 @@ class LocalBucket:
 class _Scope:
     """One limit's buckets: the local one, and the fleet's key with what is waiting to be sent there."""
 
-    __slots__ = (
-        "admissions",
-        "fleet_key",
-        "flushing",
-        "local",
-        "max_tokens",
-        "pending",
-        "rates",
-        "returned",
-        "room",
-        "room_back",
-    )
+    __slots__ = ("admissions", "fleet_key", "flushing", "local", "pending", "room")
 
     def __init__(self, local: LocalBucket, fleet_key: str | None) -> None:
         self.local = local
         self.fleet_key = fleet_key
-        limit = local.limit
-        self.rates = tuple((x or 0.0) / 60.0 for x in (limit.requests_per_minute, limit.tokens_per_minute))
-        """The limit's refill per second (requests, tokens): the fleet's bucket's, and a lone process's."""
-        self.max_tokens = self.rates[1] * max(60.0, limit.burst) if self.rates[1] > 0.0 else math.inf
-        """The most tokens one attempt is charged: a minute of the limit, or the capacity if larger."""
-        self.returned = [0.0, 0.0]
-        """Room (requests, tokens) that attempts already sent gave back, all told (`RateLimiter.wait`)."""
-        self.room_back = Wakeup()
-        """Wakes the attempts waiting for their share when room is given back."""
         self.admissions: deque[float] = deque(maxlen=SHARE_WINDOW)
         """The fleet's admission count after each of this process's last admissions."""
         self.pending = [0.0, 0.0]
@@ -293,30 +254,8 @@ class RateLimiter:
         return self._scope(replica).local
 
     async def admit(self, replica: str, tokens: float, max_wait: float) -> Grant:
-        """Charge one attempt to ``replica`` (1 request, ``tokens``, at most a minute of the limit): at most one
-        round trip to the fleet. An admitted grant says what it charged (`Grant.tokens`)."""
+        """Charge one attempt to ``replica`` (1 request, ``tokens``): at most one round trip to the fleet."""
         scope = self._scope(replica)
-        tokens = min(tokens, scope.max_tokens)
-        grant = await self._decide(scope, tokens, max_wait)
-        if not grant.admitted:
-            return grant
-        return replace(grant, tokens=tokens, returned=(scope.returned[0], scope.returned[1]))
-
-    async def wait(self, replica: str, grant: Grant) -> None:
-        """Sleep out an admitted ``grant``'s wait, less the room that attempts already sent give back meanwhile:
-        each time some is, the wait is looked at again (its share may be covered already)."""
-        scope = self._scope(replica)
-        start = self._clock()
-        while True:
-            elapsed = self._clock() - start
-            left = 0.0
-            for wait, rate, now, then in zip(grant.waits, scope.rates, scope.returned, grant.returned, strict=True):
-                if rate > 0.0:
-                    left = max(left, wait - elapsed - (now - then) / rate)
-            if left <= 0.0 or not await scope.room_back.wait(left):
-                return
-
-    async def _decide(self, scope: _Scope, tokens: float, max_wait: float) -> Grant:
         fleet = self._fleet
         if fleet is None or scope.fleet_key is None:
             return scope.local.take(tokens, max_wait)
@@ -328,9 +267,9 @@ class RateLimiter:
         args = script_args(limit, tokens, max_wait, pending, room)
         key = scope.fleet_key
 
-        async def op(redis: Any) -> tuple[bool, float, float, float, float] | None:
+        async def op(redis: Any) -> tuple[bool, float, float] | None:
             reply = await run_script(redis, key, args)
-            return bool(int(reply[0])), float(reply[1]), float(reply[2]), float(reply[3]), float(reply[4])
+            return bool(int(reply[0])), float(reply[1]), float(reply[2])
 
         sent = self._clock()
         decided = await fleet.run(op, None)
@@ -341,14 +280,13 @@ class RateLimiter:
             scope.pending = [now + min(0.0, before) for now, before in zip(scope.pending, pending, strict=True)]
             scope.room = [_lower(a, b) for a, b in zip(scope.room, room, strict=True)]
             return self._take_locally(scope, tokens, max_wait)
-        admitted, wait, count, requests_wait, tokens_wait = decided
+        admitted, wait, count = decided
         if not admitted:
             return Grant(retry_after=wait)
         scope.admitted(count)
         scope.local.adjust(-1.0, -tokens)  # the local history, for when the store fails
         # The wait runs from the script's instant, about halfway through the round trip: what is left of it.
-        half = (self._clock() - sent) / 2
-        return Grant(wait=max(0.0, wait - half), waits=(max(0.0, requests_wait - half), max(0.0, tokens_wait - half)))
+        return Grant(wait=max(0.0, wait - (self._clock() - sent) / 2))
 
     @staticmethod
     def _take_locally(scope: _Scope, tokens: float, max_wait: float) -> Grant:
@@ -360,14 +298,13 @@ class RateLimiter:
             scope.pending[1] -= tokens
         return grant
 
-    def refund(self, replica: str, tokens: float, sent: bool) -> None:
-        """An admitted attempt used none of the limit: it was refused by the provider (``sent``), or never sent
-        (cancelled while it waited). Give its charge back."""
-        self._adjust(self._scope(replica), 1.0, tokens, sent)
+    def refund(self, replica: str, tokens: float) -> None:
+        """An admitted attempt was never sent (cancelled while it waited): give its charge back."""
+        self._adjust(self._scope(replica), 1.0, tokens)
 
     def correct(self, replica: str, charged: float, used: float) -> None:
         """The answer reported ``used`` tokens for a charge of ``charged``: settle the difference."""
-        self._adjust(self._scope(replica), 0.0, charged - used, True)
+        self._adjust(self._scope(replica), 0.0, charged - used)
 
     def observe(self, replica: str, requests: int | None, tokens: int | None) -> None:
         """The provider reported this much room left (``x-ratelimit-remaining-*``)."""
@@ -378,14 +315,8 @@ class RateLimiter:
         if scope.fleet_key is not None:
             scope.room = [_lower(scope.room[0], requests), _lower(scope.room[1], tokens)]
 
-    def _adjust(self, scope: _Scope, requests: float, tokens: float, sent: bool) -> None:
-        """Add or remove room; room a ``sent`` attempt gives back covers the waiting attempts' shares (they were
-        admitted after it, queued behind its charge), so it wakes them to look again (`wait`)."""
+    def _adjust(self, scope: _Scope, requests: float, tokens: float) -> None:
         scope.local.adjust(requests, tokens)
-        if sent and max(requests, tokens) > 0.0:
-            scope.returned[0] += max(0.0, requests)
-            scope.returned[1] += max(0.0, tokens)
-            scope.room_back.notify()
         if scope.fleet_key is not None:
             scope.pending[0] += requests
             scope.pending[1] += tokens

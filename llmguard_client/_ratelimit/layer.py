@@ -5,11 +5,9 @@ The charge is one request and the attempt's tokens: a prompt estimate (from the 
 and content-free: the guard never reads the prompt; at 4 bytes per token until answers report their usage, then
 at the ratio they report, with a fixed allowance for each image, audio clip or file in place of its bytes:
 `llmguard_client._ratelimit.prompt_estimate`) plus ``max_tokens`` (when the request sets none,
-`DEFAULT_OUTPUT_ESTIMATE` on a generation API, none on another: an embedding generates no tokens). No charge
-exceeds a minute of the limit (`RateLimiter.admit`). When the call ends, a winner's charge is corrected from the
-``usage`` it reported (or, for a stream without usage, from its chunk count), and an attempt the provider refused
-(429) is refunded: it used none of the limit. Room given back shortens the waits of the attempts queued behind
-(`RateLimiter.wait`).
+`DEFAULT_OUTPUT_ESTIMATE` on a generation API, none on another: an embedding generates no tokens). When the call
+ends, a winner's charge is corrected from the ``usage`` it reported (or, for a stream without usage, from its chunk
+count), and an attempt the provider refused (429) is refunded: it used none of the limit.
 The provider's rate-limit headers on any answer (`llmguard_client._ratelimit.headers.remaining_room`) lower
 the bucket to the room the provider reports (`llmguard_client._ratelimit.buckets`).
 
@@ -88,21 +86,20 @@ class RateLimitLayer:
         if limiter is None or state is None or not limiter.applies(state.name):
             return await call_next(call, route)
         replica = state.name
-        estimate = charge_for(call, self.prompts, route)
+        tokens = charge_for(call, self.prompts, route)
         hedge = route.kind == "hedge"
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         max_wait = 0.0 if hedge else self._max_wait(call, deadline)
-        grant = await limiter.admit(replica, estimate, max_wait)
+        grant = await limiter.admit(replica, tokens, max_wait)
         if grant.retry_after is not None:
             if hedge:
                 return Failed()  # not sent: the round goes on with the attempts it has
-            return Failed(reason=self._refused(call, grant.retry_after, estimate))
-        tokens = grant.tokens
+            return Failed(reason=self._refused(call, grant.retry_after, tokens))
         if grant.wait > 0.0:
             try:
-                await limiter.wait(replica, grant)  # inside the deadline layer's scope: Guard.aclose() ends it too
+                await anyio.sleep(grant.wait)  # inside the deadline layer's scope: Guard.aclose() ends it too
             except anyio.get_cancelled_exc_class():
-                limiter.refund(replica, tokens, sent=False)
+                limiter.refund(replica, tokens)
                 raise
         outcome = await call_next(call, route)
         if isinstance(outcome, Win):
@@ -112,7 +109,7 @@ class RateLimitLayer:
             call.lease.hold(lambda: self._correct(call, win, replica, tokens, own_body))
         else:
             if any(f.status_code == 429 and f.stream_failure is None for f in outcome.failures):
-                limiter.refund(replica, tokens, sent=True)  # refused by the provider: it used none of the limit
+                limiter.refund(replica, tokens)  # refused by the provider: it used none of the limit
             for failure in outcome.failures:  # after the refund: the room the provider reports has the last word
                 limiter.observe(replica, *remaining_room(failure.headers))
         return outcome

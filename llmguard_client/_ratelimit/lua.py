@@ -22,13 +22,12 @@ local cost = {tonumber(ARGV[5]), tonumber(ARGV[6])}
 local adjust = {tonumber(ARGV[8]), tonumber(ARGV[9])}
 local room = {ARGV[10], ARGV[11]}
 local elapsed = math.max(0, now - (tonumber(s[3]) or now))
-local w = {0, 0}
+local wait = 0
 for i = 1, 2 do
   level[i] = math.min(cap[i], math.min(cap[i], level[i] + elapsed * rate[i]) + adjust[i])
   if room[i] ~= '' and rate[i] > 0 then level[i] = math.min(level[i], tonumber(room[i])) end
-  if rate[i] > 0 then w[i] = math.max(0, (math.min(cost[i], cap[i]) - level[i]) / rate[i]) end
+  if rate[i] > 0 then wait = math.max(wait, (math.min(cost[i], cap[i]) - level[i]) / rate[i]) end
 end
-local wait = math.max(w[1], w[2])
 local admitted = 0
 local n = tonumber(s[4]) or 0
 if wait <= tonumber(ARGV[7]) then
@@ -38,12 +37,11 @@ if wait <= tonumber(ARGV[7]) then
 end
 redis.call('HSET', KEYS[1], 'r', tostring(level[1]), 't', tostring(level[2]), 'ts', tostring(now), 'n', tostring(n))
 redis.call('PEXPIRE', KEYS[1], ARGV[12])
-return {admitted, tostring(wait), tostring(n), tostring(w[1]), tostring(w[2])}
+return {admitted, tostring(wait), tostring(n)}
 """
 """The fleet-wide admission: refill on the server's clock, apply this process's pending corrections and the
 provider's reported room, then admit (reserving the cost) if the wait is within ``max_wait``, counting the
-admissions (``n``, returned with the decision and the wait: each process's share), and the wait of each
-dimension. KEYS[1]: the bucket's hash;
+admissions (``n``, returned with the decision and the wait: each process's share). KEYS[1]: the bucket's hash;
 ARGV: capacity and rate of requests, then of tokens; the cost (requests, tokens); max_wait;
 pending adjustments (requests, tokens); reported room (requests, tokens; '' for none); the key's TTL in ms."""
 SCRIPT_SHA = hashlib.sha1(FLEET_SCRIPT.encode()).hexdigest()

@@ -1,12 +1,10 @@
-"""Wakes the calls waiting for a change (a cool-down's, a rate limit's room) when it comes before they would look
-again.
+"""Wakes the calls waiting for a cool-down when it changes before they would look again.
 
 A first attempt waiting for the one cooling replica left sleeps until that cool-down's probe or end
 (`llmguard_client._routing.cooldown.first_wait`); a served probe ends the cool-down early and a refused one
 renews it, and the waiting calls must learn of it then: the served probe lets them go at once, the renewed
-cool-down may no longer fit their deadline. An attempt waiting for its share of a rate limit learns so of the room
-given back (`llmguard_client._ratelimit.buckets.RateLimiter.wait`). Each waiter waits on an event of its own,
-created in its own task, so nothing here outlives the call that waits.
+cool-down may no longer fit their deadline. Each waiter waits on an event of its own, created in its own
+task, so nothing here outlives the call that waits.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ class Wakeup:
     def __init__(self) -> None:
         self._waiting: list[anyio.Event] = []
 
-    async def wait(self, seconds: float) -> bool:
-        """Until the next `notify` (True), at most ``seconds`` (False)."""
+    async def wait(self, seconds: float) -> None:
+        """Until the next `notify`, at most ``seconds``."""
         event = anyio.Event()
         self._waiting.append(event)
         try:
@@ -32,7 +30,6 @@ class Wakeup:
         finally:
             if not event.is_set():
                 self._waiting.remove(event)
-        return event.is_set()
 
     def notify(self) -> None:
         """Wake every call waiting now."""

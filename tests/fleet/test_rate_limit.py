@@ -131,25 +131,6 @@ async def test_a_call_without_a_deadline_waits_for_room_in_the_fleets_bucket(
     assert fleet.failures == 0
 
 
-async def test_a_charge_is_at_most_a_minute_and_room_given_back_here_shortens_a_wait_here(
-    fleet: RedisFleetOps,
-) -> None:
-    """A call estimated at many minutes of the limit is charged one (the shared level went that far below empty,
-    and every process's calls waited for its refill). The next call waits for the refill of its tokens (the script
-    says which dimension it waits for), and goes as soon as this process gives the first call's unused charge
-    back. The local clock is frozen: only room given back can end that wait."""
-    limiter = RateLimiter(RateLimit(tokens_per_minute=60, burst=60.0), {}, frozen, fleet)  # 60 tokens, 1 a second
-    first = await limiter.admit("r", 6000, 0.0)
-    assert first.admitted and first.tokens == 60.0
-    assert await level_of(fleet, bucket(limiter), "t") == pytest.approx(0.0, abs=0.5)
-    waiting = await limiter.admit("r", 10, 30.0)
-    assert waiting.admitted and waiting.waits == (0.0, pytest.approx(10.0, abs=0.5))
-    limiter.correct("r", first.tokens, 0)
-    with anyio.fail_after(5.0):  # a tenth of the wait's 10 s; nothing else ends it
-        await limiter.wait("r", waiting)
-    assert fleet.failures == 0
-
-
 async def test_one_script_call_per_attempt_and_nothing_else(fleet: RedisFleetOps, redis_server: RedisServer) -> None:
     fakes = {"http://a": FakeReplica("a", [Plan(), Plan(status=500), Plan()] * 4)}
     records: list[PhaseRecord] = []

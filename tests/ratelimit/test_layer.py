@@ -384,29 +384,6 @@ def test_an_image_is_charged_its_allowance_so_text_calls_beside_it_go_at_once(ba
     run_virtual(main, backend)
 
 
-@BACKENDS
-def test_a_wait_for_room_ends_when_the_call_ahead_gives_its_unused_charge_back(backend: str) -> None:
-    """The first call is charged the whole bucket (it asks for a little more) and uses 4 tokens; the second, 0.1 s
-    later, must wait 4 s for the refill, and goes when the first ends (1 s) and its correction gives the room back.
-    It used to sleep its whole wait out, though the provider had the room all along."""
-
-    async def main() -> None:
-        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0), Plan()])}
-        records: list[PhaseRecord] = []
-        limit = RateLimit(tokens_per_minute=600, burst=120.0)  # 1,200 tokens, 10 a second
-        tiers = {"t": Tier(ttft=20.0, total=30.0)}
-        large = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1190}).encode()
-        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(post, client, large)
-                await anyio.sleep(0.1)
-                (await post(client)).raise_for_status()
-        waited = records[-1]
-        assert waited.attempts[0].start - waited.start == pytest.approx(0.9, abs=1e-9)
-
-    run_virtual(main, backend)
-
-
 class _Embeddings(httpx.AsyncBaseTransport):
     """Answers an embeddings call after 1 s with OpenAI's usage: ``prompt_tokens`` and ``total_tokens``, no
     ``completion_tokens``."""
