@@ -308,6 +308,33 @@ async def test_a_continuation_that_fails_is_tried_once_more_on_a_third_replica(
     assert record.attempts[2].resumed_at == len(FIRST5) and record.attempts[2].break_cause is not None
 
 
+async def test_a_continuation_that_times_out_after_its_headers_is_tried_on_a_third_replica_in_cooperative_mode(
+    servers: list[LoopbackServer],
+) -> None:
+    """The SDK's read timeout (1 s) passes while a continuation's server holds the stream it answered: that stream was
+    never the caller's (the caller reads the spliced one), so the SDK, which could not retry it, does not own it, and
+    the guard tries a third replica, as for a continuation's 500."""
+    answers = iter([script(reset_after_tokens=5), Script(stall_before_first=5.0), Script(tokens=None)])
+    for s in servers:
+        s.scripter = lambda index, attempt: next(answers)
+    records: list[PhaseRecord] = []
+    tiers = {"t": Tier(ttft=10.0, total=30.0, stall=5.0)}
+    async with make_guard(servers, records, retry=RetryPolicy(mode="cooperative"), tiers=tiers) as guard:
+        http_client = guard.http_client_for(openai.AsyncOpenAI)
+        oai = openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="sk", http_client=http_client, timeout=1.0)
+        messages: Any = [{"role": "user", "content": "x"}]
+        stream = await oai.chat.completions.create(model="m", messages=messages, stream=True, max_tokens=10)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    (record,) = records
+    assert text == WHOLE and record.status == "ok" and record.not_continued is None
+    assert [(a.kind, a.outcome) for a in record.attempts] == [
+        ("primary", "failed"),
+        ("continuation", "failed"),
+        ("continuation", "won"),
+    ]
+    assert len({a.replica for a in record.attempts}) == 3
+
+
 async def test_max_continuations_1_sends_no_second_one(servers: list[LoopbackServer]) -> None:
     answers = iter([script(reset_after_tokens=5), Script(status=500), Script(tokens=None)])
     for s in servers:
