@@ -133,10 +133,18 @@ def _check_on_record(on_record: object) -> None:
 
 
 def _async_transport(transport: object) -> bool:
-    """An httpx async transport, or one that serves as such (``handle_async_request`` and ``aclose``)."""
+    """An httpx async transport, or one that serves as such (``handle_async_request`` and ``aclose``), but not
+    httpx2's: it reads the same, yet takes httpx2 requests, not the httpx ones the guard sends."""
     if isinstance(transport, httpx.AsyncBaseTransport):
         return True
+    if _httpx2_kind(transport):
+        return False
     return callable(getattr(transport, "handle_async_request", None)) and callable(getattr(transport, "aclose", None))
+
+
+def _httpx2_kind(value: object) -> bool:
+    """``value`` is one of httpx2's objects (found without importing httpx2)."""
+    return any(kind.__module__.partition(".")[0] == "httpx2" for kind in type(value).__mro__)
 
 
 def _checked_factory(
@@ -164,14 +172,19 @@ def _checked_factory(
         transport: object = factory(replica)
         if not _async_transport(transport):
             got = "None" if transport is None else type(transport).__name__
-            sync = (
-                " (a sync transport: use its async kind, e.g. httpx.AsyncHTTPTransport)"
-                if isinstance(transport, httpx.BaseTransport)
-                else ""
-            )
+            if _httpx2_kind(transport):
+                got = f"httpx2.{got}"
+                hint = (
+                    " (httpx2's: build the same with httpx, e.g. httpx.AsyncHTTPTransport(uds=...), whichever client "
+                    "the guard hands out)"
+                )
+            elif isinstance(transport, httpx.BaseTransport):
+                hint = " (a sync transport: use its async kind, e.g. httpx.AsyncHTTPTransport)"
+            else:
+                hint = ""
             if isinstance(transport, httpx.BaseTransport):
                 transport.close()  # refused, so the Guard never holds it: nothing it opened stays open
-            raise GuardConfigError(f"{wanted}, got {got} for replica {replica.name!r}{sync}")
+            raise GuardConfigError(f"{wanted}, got {got} for replica {replica.name!r}{hint}")
         return cast(httpx.AsyncBaseTransport, transport)
 
     return build

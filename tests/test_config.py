@@ -537,6 +537,17 @@ def test_a_transport_factory_building_the_wrong_kind_is_refused_when_the_guard_i
     assert len(built) == 2 and not built[0]._pool.connections
 
 
+def test_an_httpx2_transport_is_refused_when_the_guard_is_built_naming_httpx_s() -> None:
+    """httpx2's transport has the methods of an async one, yet takes httpx2 requests: it was taken, then every call
+    died on a bare AssertionError inside it, sending nothing."""
+    httpx2 = pytest.importorskip("httpx2")
+    config_error(
+        lambda: Guard([A], transport_factory=lambda replica: httpx2.AsyncHTTPTransport(), instrumentation=None),
+        "got httpx2.AsyncHTTPTransport for replica 'http://10.0.0.1:8000'",
+        "build the same with httpx, e.g. httpx.AsyncHTTPTransport(uds=...)",
+    )
+
+
 async def test_a_transport_that_serves_as_an_async_one_is_taken() -> None:
     """A factory may build its own kind of transport (``handle_async_request`` and ``aclose``, no httpx base
     class), as it could before the factory's transports were checked."""
