@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import httpx
 
+from llmguard_client._http.urlpath import sent_path
+
 _CACHE = 256
 """Distinct (method, URL) pairs remembered (cleared when full)."""
 _VIRTUAL_NOTED = 16
@@ -63,8 +65,9 @@ def same_origin(url: httpx.URL, base: httpx.URL) -> bool:
 
 
 def relative(path: str, base: httpx.URL) -> str | None:
-    """``path`` after ``base``'s path prefix ("" for the base itself), or None when it is not under it."""
-    prefix = base.path.rstrip("/")
+    """``path`` after ``base``'s path prefix ("" for the base itself), or None when it is not under it; both as
+    sent (`sent_path`): ``/dep%2Fx`` is one segment, not ``/dep/x``."""
+    prefix = sent_path(base).rstrip("/")
     if path == prefix or path.startswith(prefix + "/"):
         return path[len(prefix) :]
     return None
@@ -89,14 +92,14 @@ def stored(method: str, path: str) -> bool:
 def beside(url: httpx.URL, bases: Sequence[httpx.URL]) -> bool:
     """Whether ``url`` is on a replica's origin but under none of the ``bases`` (another deployment of an Azure
     resource, its ``/openai/files``): what it gets answered says nothing of the replicas' own calls."""
-    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    path = sent_path(url)
     on_origin = [base for base in bases if same_origin(url, base)]
     return bool(on_origin) and all(relative(path, base) is None for base in on_origin)
 
 
 def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` a request for ``url`` must not go to (see the module's docstring)."""
-    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    path = sent_path(url)
     under = next(
         (i for i, base in enumerate(bases) if same_origin(url, base) and relative(path, base) is not None), None
     )
@@ -116,13 +119,13 @@ def own(url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` that send a request for ``url`` as it is (`llmguard_client._routing.replicas.rebase`
     keeps it): on its origin, with the base path of the first base it is under (all on its origin if it is under
     none); none when its origin is no replica's."""
-    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    path = sent_path(url)
     on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
     first = next((bases[i] for i in on_origin if relative(path, bases[i]) is not None), None)
     if first is None:
         return tuple(on_origin)
-    prefix = first.path.rstrip("/")
-    return tuple(i for i in on_origin if bases[i].path.rstrip("/") == prefix)
+    prefix = sent_path(first).rstrip("/")
+    return tuple(i for i in on_origin if sent_path(bases[i]).rstrip("/") == prefix)
 
 
 class Reach:

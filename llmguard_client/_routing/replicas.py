@@ -24,6 +24,7 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
+from llmguard_client._http.urlpath import sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     cool,
@@ -606,18 +607,19 @@ def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> htt
     ``base``'s; if it is on a known replica's origin but under none of their bases (an Azure client's
     ``/openai/files`` beside a replica ``/openai/deployments/dep1``), its path is kept as the client built it
     (`llmguard_client._routing.reach` sends it only to that origin's replicas); otherwise (a virtual base URL)
-    its path goes under ``base``'s, the segments they share written once (`joined`). Query kept."""
-    path = url.raw_path.split(b"?", 1)[0].decode("ascii")
+    its path goes under ``base``'s, the segments they share written once (`joined`). Paths as sent, their
+    percent-escapes kept (`sent_path`); query kept."""
+    path = sent_path(url)
     on_origin = False
     for candidate in known:
         if same_origin(url, candidate):
             on_origin = True
             rest = relative(path, candidate)
             if rest is not None:
-                return base.copy_with(path=base.path.rstrip("/") + rest, query=url.query or None)
+                return with_sent_path(base, sent_path(base).rstrip("/") + rest, url.query)
     if on_origin:
-        return base.copy_with(path=path, query=url.query or None)
-    return base.copy_with(path=joined(base.path, path), query=url.query or None)
+        return with_sent_path(base, path, url.query)
+    return with_sent_path(base, joined(sent_path(base), path), url.query)
 
 
 def joined(base_path: str, path: str) -> str:

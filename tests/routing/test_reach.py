@@ -123,12 +123,24 @@ def test_beside(url: str, expected: bool) -> None:
     assert Reach(bases[:1]).where("POST", httpx.URL(url))[1] is (expected and "west" not in url)
 
 
+@pytest.mark.parametrize("deployment", ["gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep"])
+def test_a_base_path_is_matched_as_sent(deployment: str) -> None:
+    """Two deployments whose name holds a percent-escape: a request under one (its path as the SDK sends it) is
+    under that base, so any replica may take it and a cool-down or circuit of theirs learns from it."""
+    bases = tuple(httpx.URL(f"https://{r}.openai.azure.com/openai/deployments/{deployment}") for r in "ab")
+    url = httpx.URL(f"{bases[1]}/chat/completions?api-version=2024-10-21")
+    assert Reach(bases).where("POST", url) == ((), False)
+    assert own(url, bases) == (1,)
+    assert beside(httpx.URL(f"{RA}/openai/deployments/{deployment}x/chat/completions"), bases)
+
+
 # --- the openai SDK's AzureOpenAI through a Guard -------------------------------------------------------------
 
 
 class AzureResource:
     """A loopback Azure OpenAI resource: its deployments' chat and embeddings, ``/openai/models`` and
-    ``/openai/files`` (kept here); any other path is a 404, as Azure's. Records every request's method and path."""
+    ``/openai/files`` (kept here); any other path is a 404, as Azure's. Records every request's method and path,
+    the path as sent (a deployment's name with its percent-escapes, as ``deployments`` spells it)."""
 
     def __init__(self, name: str, deployments: tuple[str, ...]) -> None:
         self.name = name
@@ -146,7 +158,7 @@ class AzureResource:
         return [path for _, path, _ in self.seen]
 
     async def _handle(self, request: Request) -> Response:
-        method, path = request.method, request.url.path
+        method, path = request.method, request.scope["raw_path"].decode("ascii")
         await request.body()
         self.seen.append((method, path, request.headers.get("api-key", "")))
         if request.query_params.get("api-version") != "2024-10-21":
@@ -285,6 +297,24 @@ def test_stored_objects_stay_on_the_resource_the_client_names(
     assert file_id.startswith(f"file-{named.name}-")
     assert [p for p in other.paths() if "/files" in p or "/models" in p] == []
     assert named.paths().count(f"/openai/files/{file_id}") == 6
+
+
+@pytest.mark.parametrize("deployment", ["gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep"])
+@pytest.mark.parametrize("home", [0, 1], ids=["client_on_plain", "client_on_escaped"])
+def test_a_deployment_named_with_a_percent_escape_serves_its_share_of_the_calls(deployment: str, home: int) -> None:
+    """Beside a deployment with a plain name, one whose name holds a percent-escape (``%2F`` is no slash, ``%3F``
+    no query, ``%25`` no second escape): whichever of the two the client names, its chat calls go to both, each
+    with the path its deployment's URL spells, and every one is served."""
+    a, b = AzureResource("a", ("depA",)), AzureResource("b", (deployment,))
+    replicas = [
+        Replica(f"{a.url}/openai/deployments/depA", headers={"api-key": "KEY-A"}),
+        Replica(f"{b.url}/openai/deployments/{deployment}", headers={"api-key": "KEY-B"}),
+    ]
+    named, other = (a, b) if home == 0 else (b, a)
+    with running([a.server, b.server]), Guard(replicas=replicas) as guard:
+        _chat_until_both(_azure(guard, named.url, named.deployments[0]), "gpt-4o", other)
+    assert set(a.paths()) <= {"/openai/deployments/depA/chat/completions"}
+    assert set(b.paths()) <= {f"/openai/deployments/{deployment}/chat/completions"}
 
 
 async def test_a_second_host_that_is_no_replica_is_warned_of_once(
