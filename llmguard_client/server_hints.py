@@ -59,6 +59,7 @@ import httpx
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock, raise_bare
 from llmguard_client._core.lease import close_quietly
 from llmguard_client._http.pool import DROPPABLE
+from llmguard_client._http.urlpath import sent_path, with_sent_path
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState  # at run time: for get_type_hints
 from llmguard_client.edges._registry import sync_access
 from llmguard_client.edges._runner import start_counted, wait_for
@@ -123,11 +124,12 @@ def parse_vllm_metrics(text: str) -> ServerLoad:
 
 
 def metrics_url(base: httpx.URL) -> httpx.URL:
-    """``/metrics`` next to the OpenAI API: a trailing ``/v1`` of the replica's base is dropped."""
-    path = base.path.rstrip("/")
+    """``/metrics`` next to the OpenAI API: a trailing ``/v1`` of the replica's base is dropped (its path as sent,
+    percent-escapes kept)."""
+    path = sent_path(base).rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
-    return base.copy_with(path=path + "/metrics", query=None)
+    return with_sent_path(base, path + "/metrics")
 
 
 async def poll_once(

@@ -61,6 +61,8 @@ def test_parse_sums_the_queue_and_takes_the_fullest_kv_cache() -> None:
         ("http://h:8000/v1/", "http://h:8000/metrics"),
         ("http://h:8000", "http://h:8000/metrics"),
         ("https://h/prefix/v1", "https://h/prefix/metrics"),
+        ("http://h/gw%2Fx/v1", "http://h/gw%2Fx/metrics"),  # a base path's escapes as the URL spells them
+        ("http://h/dep%3Fx/a%2541/v1", "http://h/dep%3Fx/a%2541/metrics"),
     ],
 )
 def test_metrics_url_sits_next_to_the_api(base: str, expected: str) -> None:
