@@ -236,6 +236,7 @@ class LoopOwner:
         give_up = loop.time() + wait
         stopped_since = loop.time()
         left: tuple[EventLoop, AsyncGenerator[None] | None, Sequence[httpx.AsyncBaseTransport]] | None = None
+        dropped: AsyncGenerator[None] | None = None
         try:
             while True:
                 with self._lock:
@@ -267,7 +268,8 @@ class LoopOwner:
                         stale = not self._released and owner is None
                         self._released = False
                         self._token = token = object()
-                        self._watch = watch = self._until_loop_ends(token)  # the old one, if any, is dropped
+                        dropped, self._watch = self._watch, self._until_loop_ends(token)
+                        watch = self._watch
                         break
                     elif self._pending not in (None, loop) or loop.time() >= give_up:
                         return HANDOVER_TIMED_OUT if self._pending in (None, loop) else WRONG_LOOP
@@ -279,6 +281,9 @@ class LoopOwner:
                 if self._pending is loop:  # given up, or cancelled: the sync calls stop waiting for it
                     self._pending = None
                     self._home_idle.notify_all()
+        # The old watch, if any, is dropped with the lock free: a loop that never set the async generator hooks (one
+        # driven by nest_asyncio) ends it here, on this thread, and its finally takes the lock.
+        del dropped
         if left is not None:
             _settle_on(*left)
         if stale:  # the old loop ended without finalizing: its connections cannot be closed, only dropped

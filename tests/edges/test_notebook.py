@@ -1,5 +1,5 @@
 """A Jupyter notebook (a real ipykernel) whose cells use one Guard's sync and async openai clients in turn: every
-cell is served, as without a guard (``-m frameworks``; needs ``pip install ipykernel jupyter_client``)."""
+cell is served, as without a guard (``-m frameworks``; needs ``pip install ipykernel jupyter_client nest_asyncio``)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,15 @@ def test_cells_that_await_and_cells_that_call_the_sync_client_are_all_served(
     assert answers == ["'hello'", "'hello'", "'hello'", "' t0 t1 t2 t3 t4'", "'hello'", "'hello'"]
     assert run_cell(kernel, "await guard.aclose(); guard.closed") == "True"
     assert len(servers[0].received) == 6
+
+
+def test_after_nest_asyncio_an_awaited_cell_after_a_sync_one_is_served(
+    servers: list[LoopbackServer], kernel: Any
+) -> None:
+    """``nest_asyncio.apply()`` (which many notebooks run) drives every loop without the async generator hooks, the
+    Guard's own included: the awaited cell after a sync one hung the kernel for good (a lock taken twice on one
+    thread), where the plain SDK serves it."""
+    assert run_cell(kernel, "import nest_asyncio; nest_asyncio.apply()") == ""
+    assert run_cell(kernel, SETUP.format(url=servers[0].url)) == ""
+    answers = [run_cell(kernel, cell) for cell in (SYNC, AWAITED, SYNC_STREAM, AWAITED, "guard.close()")]
+    assert answers == ["'hello'", "'hello'", "' t0 t1 t2 t3 t4'", "'hello'", ""]
