@@ -134,17 +134,22 @@ def _check_on_record(on_record: object) -> None:
 
 def _async_transport(transport: object) -> bool:
     """An httpx async transport, or one that serves as such (``handle_async_request`` and ``aclose``), but not
-    httpx2's: it reads the same, yet takes httpx2 requests, not the httpx ones the guard sends."""
+    httpx2's pool (`_httpx2_pool`)."""
     if isinstance(transport, httpx.AsyncBaseTransport):
         return True
-    if _httpx2_kind(transport):
+    if _httpx2_pool(transport):
         return False
     return callable(getattr(transport, "handle_async_request", None)) and callable(getattr(transport, "aclose", None))
 
 
-def _httpx2_kind(value: object) -> bool:
-    """``value`` is one of httpx2's objects (found without importing httpx2)."""
-    return any(kind.__module__.partition(".")[0] == "httpx2" for kind in type(value).__mro__)
+def _httpx2_pool(transport: object) -> bool:
+    """``transport`` sends requests through httpx2's own pool (``httpx2.AsyncHTTPTransport``'s way), which reads the
+    same as httpx's yet takes httpx2 requests only, not the httpx ones the guard sends. Another transport built on
+    httpx2's classes (its ``MockTransport``, an adapter) is judged by what it does, as any other."""
+    if not any(kind.__module__.partition(".")[0] == "httpx2" for kind in type(transport).__mro__):
+        return False  # httpx2 is not imported for a transport that is none of its
+    pool = httpx2.AsyncHTTPTransport
+    return isinstance(transport, pool) and type(transport).handle_async_request is pool.handle_async_request
 
 
 def _checked_factory(
@@ -172,7 +177,7 @@ def _checked_factory(
         transport: object = factory(replica)
         if not _async_transport(transport):
             got = "None" if transport is None else type(transport).__name__
-            if _httpx2_kind(transport):
+            if _httpx2_pool(transport):
                 got = f"httpx2.{got}"
                 hint = (
                     " (httpx2's: build the same with httpx, e.g. httpx.AsyncHTTPTransport(uds=...), whichever client "

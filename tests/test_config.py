@@ -548,6 +548,21 @@ def test_an_httpx2_transport_is_refused_when_the_guard_is_built_naming_httpx_s()
     )
 
 
+async def test_a_transport_on_httpx2_classes_that_answers_httpx_requests_is_taken() -> None:
+    """Only httpx2's pool is refused: its ``MockTransport`` with a handler answering httpx requests serves, as it did
+    before httpx2's pool was refused."""
+    httpx2 = pytest.importorskip("httpx2")
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"path": request.url.path})
+
+    async with Guard(
+        [A], transport_factory=lambda replica: httpx2.MockTransport(answer), instrumentation=None
+    ) as built:
+        async with built.http_client() as client:
+            assert (await client.get(A + "/v1/models")).json() == {"path": "/v1/models"}
+
+
 async def test_a_transport_that_serves_as_an_async_one_is_taken() -> None:
     """A factory may build its own kind of transport (``handle_async_request`` and ``aclose``, no httpx base
     class), as it could before the factory's transports were checked."""
