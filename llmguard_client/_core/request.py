@@ -14,8 +14,9 @@ __all__ = ["NO_MEDIA", "PromptMedia", "RequestFacts", "json_document", "prompt_c
 PROMPT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
 """The top-level fields that hold a prompt: Chat Completions and Messages (``messages``, ``system``), Responses
 (``input``, ``instructions``) and Completions (``prompt``)."""
-TEXT_FIELDS = ("content", "text", "input")
-"""Where a message, an input item or a content part holds its text."""
+TEXT_FIELDS = ("content", "text", "input", "output")
+"""Where a message, an input item or a content part holds its text; ``output``: a tool's output sent back as an input
+item (Responses' ``function_call_output``, text or content parts, and ``computer_call_output``, a screenshot)."""
 _MAX_DEPTH = 6
 
 
@@ -38,6 +39,7 @@ MEDIA_KINDS = {
     "file": "file",  # Chat Completions (a PDF)
     "input_file": "file",  # Responses
     "document": "file",  # Messages (a PDF; one whose source is text or content blocks is text)
+    "computer_screenshot": "image",  # Responses, a computer_call_output's
 }
 """A content part's ``type`` that sends media, and which kind: the provider counts it by what it holds (an image's
 size, an audio clip's length, a document's pages), never by its bytes."""

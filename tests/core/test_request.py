@@ -173,10 +173,10 @@ def test_a_media_part_is_counted_with_the_characters_it_takes_and_no_text(part: 
 
 def test_media_in_a_tool_result_and_in_responses_input_items_is_found_too() -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}
-    messages = {
-        "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]}]
-    }
-    assert RequestFacts.of(messages).media.images == 1
+    document = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": DATA}}
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "done"}, image, document]}
+    got = RequestFacts.of({"messages": [{"role": "user", "content": [result]}]})
+    assert (got.media.images, got.media.files, got.prompt_chars) == (1, 1, 4)
     items = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}] * 2}]}
     assert RequestFacts.of(items).media.images == 2
 
@@ -186,3 +186,33 @@ def test_a_document_of_text_is_text_and_a_body_without_media_has_none() -> None:
     assert not RequestFacts.of({"messages": [{"role": "user", "content": [text]}]}).media.files
     assert RequestFacts.of({"messages": [{"role": "user", "content": "hi"}]}).media == NO_MEDIA
     assert RequestFacts.of({"messages": [{"role": "user", "content": [{"type": ["image"]}]}]}).media == NO_MEDIA
+
+
+def test_a_tools_output_sent_back_in_the_responses_api_is_the_prompts_text_and_media() -> None:
+    """A ``function_call_output`` (text, or content parts) and a ``computer_call_output`` (a screenshot) hold their
+    output in ``output``, which the walk passed by: a base64 screenshot there was left among the body's text bytes,
+    and charged about a token per 4 of them (a 1 MB screenshot: 250,000 tokens)."""
+    screenshot = f"data:image/png;base64,{DATA}"
+    items = [
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "sunny"},
+        {
+            "type": "function_call_output",
+            "call_id": "b",
+            "output": [
+                {"type": "input_text", "text": "the page:"},
+                {"type": "input_image", "image_url": screenshot, "detail": "high"},
+                {"type": "input_file", "file_id": "file-abc"},
+            ],
+        },
+        {
+            "type": "computer_call_output",
+            "call_id": "c",
+            "output": {"type": "computer_screenshot", "image_url": screenshot},
+        },
+    ]
+    got = RequestFacts.of({"model": "m", "input": items})
+    assert got.prompt_chars == len("sunny") + len("the page:")
+    assert (got.media.images, got.media.audio, got.media.files) == (2, 0, 1)
+    media_strings = ["input_image", screenshot, "high", "input_file", "file-abc", "computer_screenshot", screenshot]
+    assert got.media.chars == sum(map(len, media_strings))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import anyio
 import httpx
@@ -22,9 +23,11 @@ USED = 4
 """What FakeReplica's non-streaming answer reports in its usage (3 prompt + 1 completion)."""
 
 
-async def post(client: httpx.AsyncClient, body: bytes = BODY, tier: str = "t") -> httpx.Response:
+async def post(
+    client: httpx.AsyncClient, body: bytes = BODY, tier: str = "t", path: str = "/v1/chat/completions"
+) -> httpx.Response:
     headers = {"content-type": "application/json", "x-llmguard-tier": tier}
-    return await client.post("http://a/v1/chat/completions", content=body, headers=headers)
+    return await client.post(f"http://a{path}", content=body, headers=headers)
 
 
 def limited_guard(
@@ -349,8 +352,9 @@ IMAGE_URL = "data:image/png;base64," + "QUJD" * 100_000
 """A 400 KB image: 100,000 tokens at 4 bytes per token, under 2,000 to a provider."""
 
 
-def image_body() -> bytes:
-    part = {"type": "image_url", "image_url": {"url": IMAGE_URL}}
+def image_body(part: dict[str, object] | None = None) -> bytes:
+    """A chat body asking about an image: ``part``, by default `IMAGE_URL` (high detail)."""
+    part = part or {"type": "image_url", "image_url": {"url": IMAGE_URL}}
     messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, part]}]
     return json.dumps({"model": "m", "messages": messages, "max_tokens": 20}).encode()
 
@@ -379,6 +383,81 @@ def test_an_image_is_charged_its_allowance_so_text_calls_beside_it_go_at_once(ba
                 start = now()
                 (await post(client)).raise_for_status()
                 assert records[-1].attempts[0].start == start  # sent at once
+        assert fakes["http://a"].requests == 2
+
+    run_virtual(main, backend)
+
+
+SCREENSHOT = "data:image/png;base64," + "QUJD" * 250_000
+"""A 1 MB screenshot: 250,000 tokens at 4 bytes per token, under 2,000 to a provider."""
+
+
+def responses_body(item: dict[str, object]) -> bytes:
+    """A Responses API body sending ``item`` back as its input, after the tool call it answers."""
+    call = {"type": "function_call", "call_id": "c1", "name": "screen", "arguments": "{}"}
+    return json.dumps({"model": "m", "input": [call, item], "max_output_tokens": 20}).encode()
+
+
+async def charged_then_text_call(
+    client: httpx.AsyncClient, tokens_level: Callable[[], float], body: bytes, path: str
+) -> float:
+    """``body`` sent (tier ``slow``, answered after 1 s), then a text call 0.1 s later that must go at once: the
+    bucket's tokens once ``body`` was charged."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post, client, body, "slow", path)
+        await anyio.wait_all_tasks_blocked()
+        level = tokens_level()
+        await anyio.sleep(0.1)
+        start = now()
+        (await post(client)).raise_for_status()
+        assert now() == start  # sent at once
+    return level
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    ("item", "image_chars"),
+    [
+        (
+            {
+                "type": "computer_call_output",
+                "call_id": "c1",
+                "output": {"type": "computer_screenshot", "image_url": SCREENSHOT},
+            },
+            len("computer_screenshot") + len(SCREENSHOT),
+        ),
+        (
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": [
+                    {"type": "input_text", "text": "the screen:"},
+                    {"type": "input_image", "image_url": SCREENSHOT, "detail": "high"},
+                ],
+            },
+            len("input_image") + len(SCREENSHOT) + len("high"),
+        ),
+    ],
+    ids=["computer_call_output", "function_call_output"],
+)
+def test_a_screenshot_a_tool_sends_back_is_charged_an_images_allowance_not_its_bytes(
+    backend: str, item: dict[str, object], image_chars: int
+) -> None:
+    """A Responses API tool's output (a computer_call_output's screenshot, a function_call_output's content parts)
+    was not looked into: its 1 MB screenshot was charged as text, 250,000 tokens, and the text calls after it were
+    refused where the plain SDK served them."""
+
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0), Plan()])}
+        records: list[PhaseRecord] = []
+        tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        limit = RateLimit(tokens_per_minute=600_000, burst=1.0)  # 10,000 tokens
+        body = responses_body(item)
+        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            level = await charged_then_text_call(client, lambda: bucket.levels()[1], body, "/v1/responses")
+        assert level == pytest.approx(10_000 - math.ceil((len(body) - image_chars) / 4) - IMAGE_TOKENS - 20)
         assert fakes["http://a"].requests == 2
 
     run_virtual(main, backend)
