@@ -42,7 +42,9 @@ MEDIA_KINDS = {
     "computer_screenshot": "image",  # Responses, a computer_call_output's
 }
 """A content part's ``type`` that sends media, and which kind: the provider counts it by what it holds (an image's
-size, an audio clip's length, a document's pages), never by its bytes."""
+size, an audio clip's length, a document's pages), never by its bytes. An image sent with ``"detail": "low"`` (Chat
+Completions' ``image_url.detail``, Responses' ``detail``) is of its own kind: OpenAI counts it at a fixed size."""
+_LOW_DETAIL = "low"
 _TEXT_SOURCES = ("text", "content")
 
 
@@ -52,6 +54,8 @@ class PromptMedia:
     data, URLs and ids): the rest of the body is text and the JSON around it."""
 
     images: int = 0
+    low_detail_images: int = 0
+    """Images sent with ``"detail": "low"`` (not among ``images``)."""
     audio: int = 0
     files: int = 0
     chars: int = 0
@@ -73,7 +77,7 @@ class _PromptWalk:
 
     def __init__(self) -> None:
         self.chars: int | None = None
-        self.kinds = {"image": 0, "audio": 0, "file": 0}
+        self.kinds = {"image": 0, "low_detail_image": 0, "audio": 0, "file": 0}
         self.media_chars = 0
 
     @classmethod
@@ -88,7 +92,13 @@ class _PromptWalk:
         kinds = self.kinds
         if not any(kinds.values()):
             return NO_MEDIA
-        return PromptMedia(kinds["image"], kinds["audio"], kinds["file"], self.media_chars)
+        return PromptMedia(
+            images=kinds["image"],
+            low_detail_images=kinds["low_detail_image"],
+            audio=kinds["audio"],
+            files=kinds["file"],
+            chars=self.media_chars,
+        )
 
     def text(self, value: object, depth: int) -> int:
         """The characters of text in ``value``, noting the media parts found in it."""
@@ -109,14 +119,24 @@ class _PromptWalk:
 
 
 def _media_kind(part: dict[str, Any]) -> str | None:
-    """The kind of media ``part`` sends (`MEDIA_KINDS`), or None for a part of text (or no part)."""
+    """The kind of media ``part`` sends (`MEDIA_KINDS`; ``low_detail_image`` for an image sent with ``"detail":
+    "low"``), or None for a part of text (or no part)."""
     name = part.get("type")
     if not isinstance(name, str):
         return None
     source = part.get("source")
     if name == "document" and isinstance(source, dict) and source.get("type") in _TEXT_SOURCES:
         return None
-    return MEDIA_KINDS.get(name)
+    kind = MEDIA_KINDS.get(name)
+    if kind == "image" and _detail(part) == _LOW_DETAIL:
+        return "low_detail_image"
+    return kind
+
+
+def _detail(part: dict[str, Any]) -> object:
+    """An image part's ``detail``: Chat Completions' in its ``image_url`` object, Responses' beside its URL."""
+    inner = part.get("image_url")
+    return inner.get("detail") if isinstance(inner, dict) else part.get("detail")
 
 
 def _string_chars(value: object, depth: int) -> int:

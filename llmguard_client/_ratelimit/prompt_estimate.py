@@ -14,8 +14,9 @@ A media part (an image, an audio clip, a file such as a PDF) is counted by the p
 image's size in tiles, a clip's seconds, a document's pages), not by its bytes: a 4 MB base64 image is about 1M
 tokens at 4 bytes per token and under 2,000 to the provider. So the bytes a media part takes are left out of the
 body's, each part is charged a fixed allowance (`IMAGE_TOKENS`, `AUDIO_TOKENS`, `FILE_TOKENS`: above what most
-parts count, the correction from ``usage`` gives the excess back, or charges what a longer one used), and a body
-with media teaches no ratio (its count is mostly its media's, which no ratio of bytes describes).
+parts count, the correction from ``usage`` gives the excess back, or charges what a longer one used; an image sent
+with ``"detail": "low"``, `LOW_DETAIL_IMAGE_TOKENS`: what OpenAI counts it), and a body with media teaches no ratio
+(its count is mostly its media's, which no ratio of bytes describes).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "BYTES_PER_TOKEN",
     "FILE_TOKENS",
     "IMAGE_TOKENS",
+    "LOW_DETAIL_IMAGE_TOKENS",
     "MediaParts",
     "PromptEstimator",
     "media_allowance",
@@ -41,6 +43,11 @@ IMAGE_TOKENS = 2_500
 """One image: above OpenAI's high detail (765 for 1024 x 1024, 1,445 at most on tile-counted models, about 2,500
 on patch-counted ones) and Anthropic's largest (about 1,600). Models that multiply image tokens (gpt-4o-mini) count
 more: the correction from usage charges the rest."""
+LOW_DETAIL_IMAGE_TOKENS = 85
+"""One image sent with ``"detail": "low"``: OpenAI counts it at a fixed 85 tokens on gpt-4o, gpt-4.1 and gpt-4.5
+(fewer on the o-series and gpt-5); a model that multiplies image tokens (gpt-4o-mini) or counts an image's patches
+(the gpt-4.1 and gpt-5 minis) counts more, which the correction from usage charges. (`IMAGE_TOKENS` is more than
+a ``RateLimit(tokens_per_minute=60_000)`` bucket holds: the calls after it waited for room never used.)"""
 AUDIO_TOKENS = 5_000
 """One audio clip: a few minutes of speech (OpenAI counts about 10 to 25 tokens per second of input audio)."""
 FILE_TOKENS = 10_000
@@ -52,6 +59,9 @@ class MediaParts(Protocol):
 
     @property
     def images(self) -> int: ...
+
+    @property
+    def low_detail_images(self) -> int: ...
 
     @property
     def audio(self) -> int: ...
@@ -99,4 +109,9 @@ class PromptEstimator:
 
 def media_allowance(media: MediaParts) -> int:
     """The tokens ``media``'s parts are charged."""
-    return media.images * IMAGE_TOKENS + media.audio * AUDIO_TOKENS + media.files * FILE_TOKENS
+    return (
+        media.images * IMAGE_TOKENS
+        + media.low_detail_images * LOW_DETAIL_IMAGE_TOKENS
+        + media.audio * AUDIO_TOKENS
+        + media.files * FILE_TOKENS
+    )

@@ -131,7 +131,10 @@ DATA = "QUJD" * 1000  # 4,000 characters of base64
     [
         ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{DATA}", "detail": "high"}}, "images"),
         ({"type": "image_url", "image_url": "https://example.com/cat.png"}, "images"),  # a URL, as some servers take
+        ({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}, "low_detail_images"),
         ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}"}, "images"),  # Responses
+        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}", "detail": "low"}, "low_detail_images"),
+        ({"type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}, "images"),
         ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}, "images"),
         ({"type": "input_audio", "input_audio": {"data": DATA, "format": "wav"}}, "audio"),
         ({"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{DATA}"}}, "files"),
@@ -141,7 +144,10 @@ DATA = "QUJD" * 1000  # 4,000 characters of base64
     ids=[
         "image_url",
         "image_url-str",
+        "image_url-low",
         "input_image",
+        "input_image-low",
+        "input_image-auto",
         "anthropic-image",
         "input_audio",
         "file",
@@ -151,12 +157,13 @@ DATA = "QUJD" * 1000  # 4,000 characters of base64
 )
 def test_a_media_part_is_counted_with_the_characters_it_takes_and_no_text(part: dict[str, Any], kind: str) -> None:
     """The media parts the providers' APIs send (OpenAI's Chat Completions and Responses, Anthropic's Messages):
-    counted by kind, with every character of their strings (data, URL, id), and none of them as the prompt's text."""
+    counted by kind (an image sent with ``"detail": "low"`` apart: OpenAI counts it at a fixed size), with every
+    character of their strings (data, URL, id), and none of them as the prompt's text."""
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]}
     got = RequestFacts.of(body)
     assert got.prompt_chars == 5
-    assert (got.media.images, got.media.audio, got.media.files) == tuple(
-        int(name == kind) for name in ("images", "audio", "files")
+    assert (got.media.images, got.media.low_detail_images, got.media.audio, got.media.files) == tuple(
+        int(name == kind) for name in ("images", "low_detail_images", "audio", "files")
     )
     strings: list[str] = []
 
@@ -213,6 +220,6 @@ def test_a_tools_output_sent_back_in_the_responses_api_is_the_prompts_text_and_m
     ]
     got = RequestFacts.of({"model": "m", "input": items})
     assert got.prompt_chars == len("sunny") + len("the page:")
-    assert (got.media.images, got.media.audio, got.media.files) == (2, 0, 1)
+    assert (got.media.images, got.media.low_detail_images, got.media.audio, got.media.files) == (2, 0, 0, 1)
     media_strings = ["input_image", screenshot, "high", "input_file", "file-abc", "computer_screenshot", screenshot]
     assert got.media.chars == sum(map(len, media_strings))

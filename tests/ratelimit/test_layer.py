@@ -13,7 +13,7 @@ import pytest
 
 from llmguard_client import Guard, HedgePolicy, PhaseRecord, RateLimit, RateLimited, RetryPolicy, Tier, guard_failure
 from llmguard_client._ratelimit.layer import DEFAULT_OUTPUT_ESTIMATE
-from llmguard_client._ratelimit.prompt_estimate import IMAGE_TOKENS
+from llmguard_client._ratelimit.prompt_estimate import IMAGE_TOKENS, LOW_DETAIL_IMAGE_TOKENS
 from tests.virtual import BACKENDS, FakeReplica, Plan, now, run_virtual, virtual_guard
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}).encode()
@@ -412,6 +412,51 @@ async def charged_then_text_call(
         (await post(client)).raise_for_status()
         assert now() == start  # sent at once
     return level
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    ("path", "body", "image_chars"),
+    [
+        (
+            "/v1/chat/completions",
+            image_body({"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}}),
+            len("image_url") + len("https://x/cat.png") + len("low"),
+        ),
+        (
+            "/v1/responses",
+            responses_body(
+                {
+                    "type": "function_call_output",
+                    "call_id": "c1",
+                    "output": [{"type": "input_image", "image_url": SCREENSHOT, "detail": "low"}],
+                }
+            ),
+            len("input_image") + len(SCREENSHOT) + len("low"),
+        ),
+    ],
+    ids=["chat-url", "responses-tool-output"],
+)
+def test_a_low_detail_image_is_charged_what_openai_counts_so_a_small_bucket_serves_the_calls_after_it(
+    backend: str, path: str, body: bytes, image_chars: int
+) -> None:
+    """OpenAI counts an image sent with ``"detail": "low"`` as 85 tokens. Charged the 2,500 of any image, it took more
+    than a bucket of ``RateLimit(tokens_per_minute=60_000)`` holds (1,000 tokens), and every call after it waited for
+    room the provider never used (or was refused, as here, where its tier's ttft leaves no time for that wait)."""
+
+    async def main() -> None:
+        fakes = {"http://a": FakeReplica("a", [Plan(headers_after=1.0), Plan()])}
+        records: list[PhaseRecord] = []
+        tiers = {"t": Tier(ttft=0.5, total=5.0), "slow": Tier(ttft=3.0, total=5.0)}
+        limit = RateLimit(tokens_per_minute=60_000, burst=1.0)  # 1,000 tokens, 1,000 a second
+        async with limited_guard(fakes, records, limit, tiers=tiers) as guard, guard.http_client() as client:
+            assert guard.rate_limiter is not None
+            bucket = guard.rate_limiter.bucket("http://a")
+            level = await charged_then_text_call(client, lambda: bucket.levels()[1], body, path)
+        assert level == pytest.approx(1_000 - math.ceil((len(body) - image_chars) / 4) - LOW_DETAIL_IMAGE_TOKENS - 20)
+        assert fakes["http://a"].requests == 2
+
+    run_virtual(main, backend)
 
 
 @BACKENDS

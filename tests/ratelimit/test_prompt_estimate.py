@@ -11,6 +11,7 @@ from llmguard_client._ratelimit.prompt_estimate import (
     BYTES_PER_TOKEN,
     FILE_TOKENS,
     IMAGE_TOKENS,
+    LOW_DETAIL_IMAGE_TOKENS,
     PromptEstimator,
 )
 
@@ -48,6 +49,8 @@ def test_a_media_part_is_charged_its_allowance_instead_of_its_bytes() -> None:
     assert prompts.estimate(4_000_400, image) == 100 + IMAGE_TOKENS  # the 400 other bytes, and the allowance
     media = PromptMedia(images=2, audio=1, files=3, chars=9_000)
     assert prompts.estimate(10_000, media) == 250 + 2 * IMAGE_TOKENS + AUDIO_TOKENS + 3 * FILE_TOKENS
+    low = PromptMedia(images=1, low_detail_images=2, chars=9_000)
+    assert prompts.estimate(10_000, low) == 250 + IMAGE_TOKENS + 2 * LOW_DETAIL_IMAGE_TOKENS
     assert prompts.estimate(400, NO_MEDIA) == prompts.estimate(400) == 100
 
 
