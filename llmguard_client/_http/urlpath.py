@@ -1,13 +1,25 @@
-"""An URL's path as it is sent: its percent-escapes kept.
+"""An URL's path as it is sent: its percent-escapes kept, and compared in the form that means the same to a server.
 
 httpx's ``URL.path`` decodes them (``/gw%2Fx/v1`` reads ``/gw/x/v1``, ``/dep%3Fx`` reads ``/dep?x``), and
 ``copy_with(path=...)`` encodes only what is not an escape already: a path read with one and written with the
-other is another path, or none (a ``?``). Paths compared, cut and joined as sent mean what their client meant.
+other is another path, or none (a ``?``). Paths cut and joined as sent mean what their client meant.
+
+Two spellings of one path still mean the same (RFC 3986 6.2.2): ``team@corp`` and ``team%40corp``, ``~me`` and
+``%7Eme``, ``%c3%a8`` and ``%C3%A8``. Paths are compared segment by segment (split on a literal ``/``) in their
+`normal_segment` form.
 """
 
 from __future__ import annotations
 
+import string
+
 import httpx
+
+_LITERAL = frozenset(string.ascii_letters + string.digits + "-._~" + "!$&'()*+,;=" + ":@")
+"""What a path segment may hold literally (RFC 3986 ``pchar`` but escapes): unreserved, sub-delims, ':' and '@'.
+An escape of one of these means the character; an escape of anything else (``%2F``, ``%3F``, ``%23``, ``%25``,
+non-ASCII) is not the character, and stays an escape."""
+_HEX = frozenset(string.hexdigits)
 
 
 def sent_path(url: httpx.URL) -> str:
@@ -19,3 +31,40 @@ def with_sent_path(url: httpx.URL, path: str, query: bytes = b"") -> httpx.URL:
     """``url`` with ``path`` as sent (`sent_path`'s form) and ``query`` (none when empty)."""
     raw = path.encode("ascii")
     return url.copy_with(raw_path=raw + b"?" + query if query else raw)
+
+
+def normal_segment(segment: str) -> str:
+    """One path segment as sent, in the form its other spellings share: an escape of a character it may hold
+    literally decoded (``%40`` is ``@``, ``%7e`` is ``~``), every other escape upper-cased (``%2f`` is ``%2F``), and a
+    character it may not hold literally escaped (``|`` is ``%7C``, a ``%`` starting no escape is ``%25``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        char = segment[i]
+        if char == "%" and i + 2 < len(segment) and segment[i + 1] in _HEX and segment[i + 2] in _HEX:
+            code = segment[i + 1 : i + 3].upper()
+            decoded = chr(int(code, 16))
+            out.append(decoded if decoded in _LITERAL else "%" + code)
+            i += 3
+            continue
+        out.append(char if char in _LITERAL else "".join(f"%{b:02X}" for b in char.encode()))
+        i += 1
+    return "".join(out)
+
+
+def normal_path(path: str) -> str:
+    """``path`` as sent with each segment in its `normal_segment` form: equal for two spellings of one path."""
+    return "/".join(normal_segment(segment) for segment in path.split("/"))
+
+
+def path_under(path: str, prefix: str) -> str | None:
+    """What follows ``prefix`` in ``path`` ("" for the prefix itself), as ``path`` spells it; None when ``path`` is
+    not under it. Both as sent, compared in their `normal_path` form whole segment by segment: ``/team@corp/v1/x``
+    is under ``/team%40corp/v1`` (its rest ``/x``), ``/gw/x/v1`` is not under ``/gw%2Fx``."""
+    segments, head = path.split("/"), prefix.split("/")
+    if len(segments) < len(head) or any(
+        normal_segment(a) != normal_segment(b) for a, b in zip(segments, head, strict=False)
+    ):
+        return None
+    rest = segments[len(head) :]
+    return "/" + "/".join(rest) if rest else ""

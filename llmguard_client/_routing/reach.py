@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from llmguard_client._http.urlpath import sent_path
+from llmguard_client._http.urlpath import normal_path, path_under, sent_path
 
 _CACHE = 256
 """Distinct (method, URL) pairs remembered (cleared when full)."""
@@ -64,13 +64,16 @@ def same_origin(url: httpx.URL, base: httpx.URL) -> bool:
     return url.host == base.host and url.port == base.port and url.scheme == base.scheme
 
 
+def same_base(a: httpx.URL, b: httpx.URL) -> bool:
+    """Whether two base URLs name one place: one origin, and one path however spelled (`normal_path`)."""
+    return same_origin(a, b) and normal_path(sent_path(a).rstrip("/")) == normal_path(sent_path(b).rstrip("/"))
+
+
 def relative(path: str, base: httpx.URL) -> str | None:
-    """``path`` after ``base``'s path prefix ("" for the base itself), or None when it is not under it; both as
-    sent (`sent_path`): ``/dep%2Fx`` is one segment, not ``/dep/x``."""
-    prefix = sent_path(base).rstrip("/")
-    if path == prefix or path.startswith(prefix + "/"):
-        return path[len(prefix) :]
-    return None
+    """``path`` after ``base``'s path prefix ("" for the base itself) as ``path`` spells it, or None when it is not
+    under it; both as sent (`sent_path`), compared as `path_under` does: ``/dep%2Fx`` is one segment, not
+    ``/dep/x``, and ``/team@corp`` is ``/team%40corp``."""
+    return path_under(path, sent_path(base).rstrip("/"))
 
 
 def stored(method: str, path: str) -> bool:
@@ -117,15 +120,14 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
 
 def own(url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` that send a request for ``url`` as it is (`llmguard_client._routing.replicas.rebase`
-    keeps it): on its origin, with the base path of the first base it is under (all on its origin if it is under
-    none); none when its origin is no replica's."""
+    keeps it): on its origin, with the base path of the first base it is under, however spelled (all on its origin
+    if it is under none); none when its origin is no replica's."""
     path = sent_path(url)
     on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
     first = next((bases[i] for i in on_origin if relative(path, bases[i]) is not None), None)
     if first is None:
         return tuple(on_origin)
-    prefix = sent_path(first).rstrip("/")
-    return tuple(i for i in on_origin if sent_path(bases[i]).rstrip("/") == prefix)
+    return tuple(i for i in on_origin if same_base(bases[i], first))
 
 
 class Reach:

@@ -24,7 +24,7 @@ from typing import Protocol
 import httpx
 
 from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
-from llmguard_client._http.urlpath import sent_path, with_sent_path
+from llmguard_client._http.urlpath import path_under, sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.cooldown import (
     cool,
@@ -35,7 +35,7 @@ from llmguard_client._routing.cooldown import (
     take_probe,
 )
 from llmguard_client._routing.health import shift
-from llmguard_client._routing.reach import relative, same_origin
+from llmguard_client._routing.reach import relative, same_base, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client._routing.wakeup import Wakeup
 from llmguard_client.config import AffinityPolicy, Replica
@@ -608,7 +608,9 @@ def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> htt
     ``/openai/files`` beside a replica ``/openai/deployments/dep1``), its path is kept as the client built it
     (`llmguard_client._routing.reach` sends it only to that origin's replicas); otherwise (a virtual base URL)
     its path goes under ``base``'s, the segments they share written once (`joined`). Paths as sent, their
-    percent-escapes kept (`sent_path`); query kept."""
+    percent-escapes kept (`sent_path`), a base matched however spelled (`relative`) and written as ``base``
+    spells it; a request already under ``base`` is kept as it is, byte for byte (a signed URL stays signed);
+    query kept."""
     path = sent_path(url)
     on_origin = False
     for candidate in known:
@@ -616,6 +618,8 @@ def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> htt
             on_origin = True
             rest = relative(path, candidate)
             if rest is not None:
+                if same_base(base, candidate):
+                    return with_sent_path(base, path, url.query)
                 return with_sent_path(base, sent_path(base).rstrip("/") + rest, url.query)
     if on_origin:
         return with_sent_path(base, path, url.query)
@@ -629,7 +633,7 @@ def joined(base_path: str, path: str) -> str:
     give ``/tenant/v1/chat/completions``, not ``/tenant/v1/v1/chat/completions``."""
     segments = base_path.rstrip("/").split("/")  # "/tenant/v1" -> ["", "tenant", "v1"]
     for start in range(1, len(segments)):
-        end = "/" + "/".join(segments[start:])
-        if path == end or path.startswith(end + "/"):
-            return "/".join(segments[:start]) + path
+        rest = path_under(path, "/" + "/".join(segments[start:]))
+        if rest is not None:
+            return "/".join(segments) + rest
     return "/".join(segments) + path

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from llmguard_client import Guard, Replica
 from llmguard_client._routing.reach import Reach, beside, outside, own, stored
+from llmguard_client._routing.replicas import rebase
 from tests.loopback import LoopbackServer, running
 
 A = httpx.URL("https://a.openai.azure.com/openai/deployments/depA")
@@ -123,15 +124,36 @@ def test_beside(url: str, expected: bool) -> None:
     assert Reach(bases[:1]).where("POST", httpx.URL(url))[1] is (expected and "west" not in url)
 
 
-@pytest.mark.parametrize("deployment", ["gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep"])
-def test_a_base_path_is_matched_as_sent(deployment: str) -> None:
-    """Two deployments whose name holds a percent-escape: a request under one (its path as the SDK sends it) is
-    under that base, so any replica may take it and a cool-down or circuit of theirs learns from it."""
+SPELLED_ALIKE = [
+    *((escaped, escaped) for escaped in ("gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep")),
+    ("team%40corp", "team@corp"),
+    ("team@corp", "team%40corp"),
+    ("%7Eteam", "~team"),
+    ("a%41b", "aAb"),
+    ("a+b", "a%2Bb"),
+    ("claude-v1%3A0", "claude-v1:0"),
+    ("mod%c3%a8le", "mod%C3%A8le"),
+    ("gw%2fx", "gw%2Fx"),
+]
+"""(a deployment's name in its replica's URL, the same name as a client may spell it): escapes of what a path
+segment holds literally read as the character (``%40`` is ``@``), hex digits in either case."""
+SPELLED_APART = [("gw%2Fx", "gw/x"), ("a%2541", "a%41"), ("a%2541", "aA"), ("mod%C3%A8le", "mod%C3%A9le")]
+"""Names that are not the same: ``%2F`` is no ``/``, ``%25`` no second escape."""
+
+
+@pytest.mark.parametrize(
+    ("deployment", "spelled", "alike"),
+    [(*pair, True) for pair in SPELLED_ALIKE] + [(*pair, False) for pair in SPELLED_APART],
+)
+def test_a_base_path_is_matched_however_spelled(deployment: str, spelled: str, alike: bool) -> None:
+    """Two deployments whose name holds a percent-escape: a request under one (its path as the SDK sends it, the
+    name spelled as the client spells it) is under that base, so any replica may take it and a cool-down or
+    circuit of theirs learns from it; a name meaning another path is another deployment's."""
     bases = tuple(httpx.URL(f"https://{r}.openai.azure.com/openai/deployments/{deployment}") for r in "ab")
-    url = httpx.URL(f"{bases[1]}/chat/completions?api-version=2024-10-21")
-    assert Reach(bases).where("POST", url) == ((), False)
+    url = httpx.URL(f"{RB}/openai/deployments/{spelled}/chat/completions?api-version=2024-10-21")
+    assert Reach(bases).where("POST", url) == (((), False) if alike else ((0,), True))
     assert own(url, bases) == (1,)
-    assert beside(httpx.URL(f"{RA}/openai/deployments/{deployment}x/chat/completions"), bases)
+    assert beside(httpx.URL(f"{RA}/openai/deployments/{spelled}x/chat/completions"), bases)
 
 
 # --- the openai SDK's AzureOpenAI through a Guard -------------------------------------------------------------
@@ -299,22 +321,25 @@ def test_stored_objects_stay_on_the_resource_the_client_names(
     assert named.paths().count(f"/openai/files/{file_id}") == 6
 
 
-@pytest.mark.parametrize("deployment", ["gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep"])
+@pytest.mark.parametrize(("deployment", "spelled"), SPELLED_ALIKE)
 @pytest.mark.parametrize("home", [0, 1], ids=["client_on_plain", "client_on_escaped"])
-def test_a_deployment_named_with_a_percent_escape_serves_its_share_of_the_calls(deployment: str, home: int) -> None:
+def test_a_deployment_named_with_a_percent_escape_serves_its_share_of_the_calls(
+    deployment: str, spelled: str, home: int
+) -> None:
     """Beside a deployment with a plain name, one whose name holds a percent-escape (``%2F`` is no slash, ``%3F``
-    no query, ``%25`` no second escape): whichever of the two the client names, its chat calls go to both, each
-    with the path its deployment's URL spells, and every one is served."""
-    a, b = AzureResource("a", ("depA",)), AzureResource("b", (deployment,))
+    no query, ``%25`` no second escape), which a client may spell otherwise (``team@corp`` for ``team%40corp``):
+    whichever of the two the client names, its chat calls go to both, each with the path its deployment's URL
+    spells (but the client's own, sent as it built it), and every one is served."""
+    a, b = AzureResource("a", ("depA",)), AzureResource("b", (deployment, spelled))
     replicas = [
         Replica(f"{a.url}/openai/deployments/depA", headers={"api-key": "KEY-A"}),
         Replica(f"{b.url}/openai/deployments/{deployment}", headers={"api-key": "KEY-B"}),
     ]
-    named, other = (a, b) if home == 0 else (b, a)
+    named, name, other = (a, "depA", b) if home == 0 else (b, spelled, a)
     with running([a.server, b.server]), Guard(replicas=replicas) as guard:
-        _chat_until_both(_azure(guard, named.url, named.deployments[0]), "gpt-4o", other)
+        _chat_until_both(_azure(guard, named.url, name), "gpt-4o", other)
     assert set(a.paths()) <= {"/openai/deployments/depA/chat/completions"}
-    assert set(b.paths()) <= {f"/openai/deployments/{deployment}/chat/completions"}
+    assert set(b.paths()) <= {f"/openai/deployments/{n}/chat/completions" for n in (deployment, name)}
 
 
 async def test_a_second_host_that_is_no_replica_is_warned_of_once(
@@ -340,6 +365,8 @@ async def test_a_second_host_that_is_no_replica_is_warned_of_once(
         ("https://east.example/other/path", (0, 1, 2)),  # under no base: every replica there keeps its path
         ("https://west.example/v1/model/m/invoke", (3,)),
         ("https://north.example/v1/model/m/invoke", ()),  # no replica's origin
+        ("https://south.example/model/claude-v1%3A0/invoke", (4, 5)),  # under a base however spelled
+        ("https://south.example/model/claude-v1:0/invoke", (4, 5)),
     ],
 )
 def test_a_signed_url_reaches_only_the_replicas_that_send_it_as_it_is(url: str, expected: tuple[int, ...]) -> None:
@@ -350,9 +377,13 @@ def test_a_signed_url_reaches_only_the_replicas_that_send_it_as_it_is(url: str, 
             "https://east.example/v2",
             "https://east.example/v1/",
             "https://west.example",
+            "https://south.example/model/claude-v1:0",
+            "https://south.example/model/claude-v1%3A0",
         )
     ]
     assert own(httpx.URL(url), bases) == expected
     outside, _ = Reach(bases).where("POST", httpx.URL(url), signed=True)
-    assert outside == tuple(i for i in range(4) if i not in expected)
+    assert outside == tuple(i for i in range(len(bases)) if i not in expected)
+    for i in expected:  # sent as it is
+        assert rebase(httpx.URL(url), bases[i], tuple(bases)).raw_path == httpx.URL(url).raw_path
     assert Reach(bases).serves_signed(httpx.URL(url)) is bool(expected)

@@ -126,18 +126,32 @@ def test_rebase_keeps_percent_encoded_paths() -> None:
     assert moved.raw_path == b"/v1/files/a%20b%2Fc"
 
 
-@pytest.mark.parametrize("escaped", ["gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep"])
-def test_rebase_keeps_the_percent_escapes_of_a_base_path(escaped: str) -> None:
-    """A base path as its URL spells it (``%2F`` is no slash, ``%3F`` no query, ``%25`` no second escape): a
-    request moves onto it, off it and from a virtual base URL onto it with its escapes as they are."""
+@pytest.mark.parametrize(
+    ("escaped", "spelled"),
+    [
+        *((escaped, escaped) for escaped in ("gw%2Fx", "a%2541", "dep%3Fx", "mod%C3%A8le", "my%20dep")),
+        ("team%40corp", "team@corp"),
+        ("team@corp", "team%40corp"),
+        ("%7eteam", "~team"),
+        ("a%2Bb", "a+b"),
+        ("claude-v1:0", "claude-v1%3A0"),
+        ("mod%c3%a8le", "mod%C3%A8le"),
+    ],
+)
+def test_rebase_keeps_the_percent_escapes_of_a_base_path(escaped: str, spelled: str) -> None:
+    """A base path as its URL spells it (``%2F`` is no slash, ``%3F`` no query, ``%25`` no second escape),
+    matched however a request spells it (``team@corp`` for ``team%40corp``): a request moves onto it, off it and
+    from a virtual base URL onto it with the base's escapes as they are, and stays on it exactly as it is."""
     plain, odd = httpx.URL("http://10.0.0.1:8000/v1"), httpx.URL(f"http://10.0.0.2:9000/{escaped}/v1")
     tail = "/chat/completions?api-version=2024-10-21"
     onto = rebase(httpx.URL(f"{plain}{tail}"), odd, (plain, odd))
     assert (onto.host, onto.raw_path) == ("10.0.0.2", f"/{escaped}/v1{tail}".encode())
-    off = rebase(httpx.URL(f"{odd}{tail}"), plain, (plain, odd))
+    request = httpx.URL(f"http://10.0.0.2:9000/{spelled}/v1{tail}")
+    off = rebase(request, plain, (plain, odd))
     assert (off.host, off.raw_path) == ("10.0.0.1", f"/v1{tail}".encode())
-    virtual = rebase(httpx.URL(f"http://llm.internal/v1{tail}"), odd, (plain, odd))
-    assert virtual.raw_path == f"/{escaped}/v1{tail}".encode()
+    assert rebase(request, odd, (plain, odd)) == request
+    for virtual in (f"http://llm.internal/v1{tail}", f"http://llm.internal/{spelled}/v1{tail}"):
+        assert rebase(httpx.URL(virtual), odd, (plain, odd)).raw_path == f"/{escaped}/v1{tail}".encode()
 
 
 def test_rebase_never_keeps_the_original_origin() -> None:
