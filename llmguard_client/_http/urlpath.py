@@ -4,8 +4,11 @@ httpx's ``URL.path`` decodes them (``/gw%2Fx/v1`` reads ``/gw/x/v1``, ``/dep%3Fx
 ``copy_with(path=...)`` encodes only what is not an escape already: a path read with one and written with the
 other is another path, or none (a ``?``). Paths cut and joined as sent mean what their client meant.
 
-Two spellings of one path still mean the same (RFC 3986 6.2.2): ``team@corp`` and ``team%40corp``, ``~me`` and
-``%7Eme``, ``%c3%a8`` and ``%C3%A8``. Paths are compared segment by segment (split on a literal ``/``) in their
+Two spellings of one path are taken for the same: ``team@corp`` and ``team%40corp``, ``~me`` and ``%7Eme``,
+``%c3%a8`` and ``%C3%A8``. (RFC 3986 6.2.2 makes that so for letters, digits, ``-._~`` and the case of hex digits; the
+guard takes the escapes of the other characters a path segment may hold as they are, ``:``, ``@``, ``+``, ``;``..., for
+them too, as servers mostly read them: it only matches a request to its replica's base with it, and sends each
+replica its own spelling.) Paths are compared segment by segment (split on a literal ``/``) in their
 `normal_segment` form.
 """
 
@@ -37,6 +40,8 @@ def normal_segment(segment: str) -> str:
     """One path segment as sent, in the form its other spellings share: an escape of a character it may hold
     literally decoded (``%40`` is ``@``, ``%7e`` is ``~``), every other escape upper-cased (``%2f`` is ``%2F``), and a
     character it may not hold literally escaped (``|`` is ``%7C``, a ``%`` starting no escape is ``%25``)."""
+    if _LITERAL.issuperset(segment):  # no escape, nothing to escape: its own form (most segments)
+        return segment
     out: list[str] = []
     i = 0
     while i < len(segment):
@@ -61,9 +66,13 @@ def path_under(path: str, prefix: str) -> str | None:
     """What follows ``prefix`` in ``path`` ("" for the prefix itself), as ``path`` spells it; None when ``path`` is
     not under it. Both as sent, compared in their `normal_path` form whole segment by segment: ``/team@corp/v1/x``
     is under ``/team%40corp/v1`` (its rest ``/x``), ``/gw/x/v1`` is not under ``/gw%2Fx``."""
+    if "%" not in path and "%" not in prefix:  # no escape: one spelling each, compared as they are (most paths)
+        if path == prefix:
+            return ""
+        return path[len(prefix) :] if path.startswith(prefix + "/") else None
     segments, head = path.split("/"), prefix.split("/")
     if len(segments) < len(head) or any(
-        normal_segment(a) != normal_segment(b) for a, b in zip(segments, head, strict=False)
+        a != b and normal_segment(a) != normal_segment(b) for a, b in zip(segments, head, strict=False)
     ):
         return None
     rest = segments[len(head) :]

@@ -76,6 +76,19 @@ def relative(path: str, base: httpx.URL) -> str | None:
     return path_under(path, sent_path(base).rstrip("/"))
 
 
+def deepest(url: httpx.URL, path: str, bases: Sequence[httpx.URL]) -> int | None:
+    """The index of the base on ``url``'s origin whose path ``path`` (``url``'s, as sent) is under with the most
+    segments, or None: with ``/v1`` and ``/v1/x`` on one origin, ``/v1/x/chat/completions`` is ``/v1/x``'s."""
+    found: int | None = None
+    depth = -1
+    for i, base in enumerate(bases):
+        if same_origin(url, base) and relative(path, base) is not None:
+            segments = sent_path(base).rstrip("/").count("/")
+            if segments > depth:
+                found, depth = i, segments
+    return found
+
+
 def stored(method: str, path: str) -> bool:
     """Whether a request reads or writes state kept by the server that answers it: a path with a segment naming
     stored objects (``/files``, ``/batches``, ``/vector_stores``...; a deployment's name is not read), a read of
@@ -103,9 +116,7 @@ def beside(url: httpx.URL, bases: Sequence[httpx.URL]) -> bool:
 def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` a request for ``url`` must not go to (see the module's docstring)."""
     path = sent_path(url)
-    under = next(
-        (i for i, base in enumerate(bases) if same_origin(url, base) and relative(path, base) is not None), None
-    )
+    under = deepest(url, path, bases)
     if under is not None:
         reach = [under] if stored(method, relative(path, bases[under]) or "") else range(len(bases))
     else:
@@ -120,14 +131,13 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
 
 def own(url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     """The indices of the ``bases`` that send a request for ``url`` as it is (`llmguard_client._routing.replicas.rebase`
-    keeps it): on its origin, with the base path of the first base it is under, however spelled (all on its origin
-    if it is under none); none when its origin is no replica's."""
-    path = sent_path(url)
+    keeps it): on its origin, with the base path of the `deepest` base it is under, however spelled (all on its
+    origin if it is under none); none when its origin is no replica's."""
     on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
-    first = next((bases[i] for i in on_origin if relative(path, bases[i]) is not None), None)
-    if first is None:
+    under = deepest(url, sent_path(url), bases)
+    if under is None:
         return tuple(on_origin)
-    return tuple(i for i in on_origin if same_base(bases[i], first))
+    return tuple(i for i in on_origin if same_base(bases[i], bases[under]))
 
 
 class Reach:

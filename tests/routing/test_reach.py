@@ -76,6 +76,8 @@ def test_stored(method: str, path: str, expected: bool) -> None:
         ("POST", "http://llm.internal/v1/files", (V1, V2), (1,)),
         # one replica: nothing to choose
         ("POST", "https://b.openai.azure.com/openai/files", (A,), ()),
+        # two bases on one origin, one inside the other: a stored object under the deeper one is its
+        ("GET", "http://10.0.0.1:8000/v1/x/files/f1", (V1, V1.join("v1/x")), (0,)),
     ],
     ids=[
         "under_base",
@@ -93,6 +95,7 @@ def test_stored(method: str, path: str, expected: bool) -> None:
         "virtual",
         "virtual_stored",
         "one_replica",
+        "stored_under_the_deeper_base",
     ],
 )
 def test_outside(method: str, url: httpx.URL | str, bases: tuple[httpx.URL, ...], expected: tuple[int, ...]) -> None:

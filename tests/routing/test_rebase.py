@@ -154,6 +154,20 @@ def test_rebase_keeps_the_percent_escapes_of_a_base_path(escaped: str, spelled: 
         assert rebase(httpx.URL(virtual), odd, (plain, odd)).raw_path == f"/{escaped}/v1{tail}".encode()
 
 
+@pytest.mark.parametrize("listed", [("v1", "v1/x"), ("v1/x", "v1")], ids=["shallow_first", "deep_first"])
+def test_rebase_swaps_the_deepest_base_a_request_is_under(listed: tuple[str, str]) -> None:
+    """Two bases on one origin, one inside the other: a request under ``/v1/x`` is ``/v1/x``'s, whichever is listed
+    first. Taken for ``/v1``'s (the first listed), it went to ``/v1/x`` as ``/v1/x/x/...``: 404s the plain SDK never
+    met, and that replica drained as rejecting."""
+    known = tuple(httpx.URL(f"http://10.0.0.1:8000/{path}") for path in listed)
+    deep, shallow = httpx.URL("http://10.0.0.1:8000/v1/x"), httpx.URL("http://10.0.0.1:8000/v1")
+    url = httpx.URL("http://10.0.0.1:8000/v1/x/chat/completions")
+    assert str(rebase(url, deep, known)) == "http://10.0.0.1:8000/v1/x/chat/completions"
+    assert str(rebase(url, shallow, known)) == "http://10.0.0.1:8000/v1/chat/completions"
+    url = httpx.URL("http://10.0.0.1:8000/v1/chat/completions")
+    assert str(rebase(url, deep, known)) == "http://10.0.0.1:8000/v1/x/chat/completions"
+
+
 def test_rebase_never_keeps_the_original_origin() -> None:
     moved = rebase(httpx.URL("http://user:pw@evil.example:1/v1/x"), R1, (R1, R2))
     assert (moved.scheme, moved.host, moved.port) == ("http", "10.0.0.1", 8000)
