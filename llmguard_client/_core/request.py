@@ -50,15 +50,20 @@ _TEXT_SOURCES = ("text", "content")
 
 @dataclass(frozen=True, slots=True)
 class PromptMedia:
-    """The media parts a prompt sends (images, audio clips, files) and the characters of the body they take (their
-    data, URLs and ids): the rest of the body is text and the JSON around it."""
+    """The media parts a prompt sends (images, audio clips, files), each with the characters of the body it takes
+    (its data, URL or id): the rest of the body is text and the JSON around it."""
 
-    images: int = 0
-    low_detail_images: int = 0
-    """Images sent with ``"detail": "low"`` (not among ``images``)."""
-    audio: int = 0
-    files: int = 0
-    chars: int = 0
+    parts: tuple[tuple[str, int], ...] = ()
+    """Each part's kind (a `MEDIA_KINDS` value, or ``low_detail_image``) and characters, in the body's order."""
+
+    def count(self, kind: str) -> int:
+        """The parts of ``kind``."""
+        return sum(1 for name, _ in self.parts if name == kind)
+
+    @property
+    def chars(self) -> int:
+        """The characters of the body the parts take."""
+        return sum(chars for _, chars in self.parts)
 
 
 NO_MEDIA = PromptMedia()
@@ -73,12 +78,11 @@ def prompt_chars(document: dict[str, Any]) -> int | None:
 class _PromptWalk:
     """One walk through a body's prompt fields: the characters of its text and its media parts."""
 
-    __slots__ = ("chars", "kinds", "media_chars")
+    __slots__ = ("chars", "parts")
 
     def __init__(self) -> None:
         self.chars: int | None = None
-        self.kinds = {"image": 0, "low_detail_image": 0, "audio": 0, "file": 0}
-        self.media_chars = 0
+        self.parts: list[tuple[str, int]] = []
 
     @classmethod
     def of(cls, document: dict[str, Any]) -> _PromptWalk:
@@ -89,16 +93,7 @@ class _PromptWalk:
         return walk
 
     def media(self) -> PromptMedia:
-        kinds = self.kinds
-        if not any(kinds.values()):
-            return NO_MEDIA
-        return PromptMedia(
-            images=kinds["image"],
-            low_detail_images=kinds["low_detail_image"],
-            audio=kinds["audio"],
-            files=kinds["file"],
-            chars=self.media_chars,
-        )
+        return PromptMedia(tuple(self.parts)) if self.parts else NO_MEDIA
 
     def text(self, value: object, depth: int) -> int:
         """The characters of text in ``value``, noting the media parts found in it."""
@@ -111,8 +106,7 @@ class _PromptWalk:
         if isinstance(value, dict):
             kind = _media_kind(value)
             if kind is not None:
-                self.kinds[kind] += 1
-                self.media_chars += _string_chars(value, 0)
+                self.parts.append((kind, _string_chars(value, 0)))
                 return 0
             return sum(self.text(value[name], depth + 1) for name in TEXT_FIELDS if name in value)
         return 0

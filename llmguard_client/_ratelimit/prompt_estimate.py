@@ -13,10 +13,13 @@ estimated at their `QUANTILE`: an over-estimate for most prompts like the recent
 A media part (an image, an audio clip, a file such as a PDF) is counted by the provider by what it holds (an
 image's size in tiles, a clip's seconds, a document's pages), not by its bytes: a 4 MB base64 image is about 1M
 tokens at 4 bytes per token and under 2,000 to the provider. So the bytes a media part takes are left out of the
-body's, each part is charged a fixed allowance (`IMAGE_TOKENS`, `AUDIO_TOKENS`, `FILE_TOKENS`: above what most
-parts count, the correction from ``usage`` gives the excess back, or charges what a longer one used; an image sent
-with ``"detail": "low"``, `LOW_DETAIL_IMAGE_TOKENS`: what OpenAI counts it), and a body with media teaches no ratio
-(its count is mostly its media's, which no ratio of bytes describes).
+body's, each part is charged what its bytes would be as text, at most a fixed allowance (`IMAGE_TOKENS`,
+`AUDIO_TOKENS`, `FILE_TOKENS`: above what most parts count; an image sent with ``"detail": "low"``,
+`LOW_DETAIL_IMAGE_TOKENS`: what OpenAI counts it); the correction from ``usage`` gives the excess back, or charges
+what a larger one used. A part sent by reference (a URL, a file id) takes a few dozen bytes and is charged as
+little: charged its allowance, twenty screenshots sent back by file id were 50,000 tokens, and the calls beside
+them were refused where the plain SDK served them (an under-estimate meets the provider's 429, as without a guard).
+A body with media teaches no ratio (its count is mostly its media's, which no ratio of bytes describes).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Protocol
 from llmguard_client._routing.quantile import StreamingQuantile
 
 __all__ = [
+    "ALLOWANCES",
     "AUDIO_TOKENS",
     "BYTES_PER_TOKEN",
     "FILE_TOKENS",
@@ -34,7 +38,6 @@ __all__ = [
     "LOW_DETAIL_IMAGE_TOKENS",
     "MediaParts",
     "PromptEstimator",
-    "media_allowance",
 ]
 
 BYTES_PER_TOKEN = 4
@@ -58,21 +61,23 @@ class MediaParts(Protocol):
     """The media a prompt sends (`llmguard_client._core.request.PromptMedia`)."""
 
     @property
-    def images(self) -> int: ...
-
-    @property
-    def low_detail_images(self) -> int: ...
-
-    @property
-    def audio(self) -> int: ...
-
-    @property
-    def files(self) -> int: ...
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """Each part's kind (``image``, ``low_detail_image``, ``audio``, ``file``) and the characters it takes."""
+        ...
 
     @property
     def chars(self) -> int:
         """Characters of the body the media parts take (their data, URLs and ids)."""
         ...
+
+
+ALLOWANCES = {
+    "image": IMAGE_TOKENS,
+    "low_detail_image": LOW_DETAIL_IMAGE_TOKENS,
+    "audio": AUDIO_TOKENS,
+    "file": FILE_TOKENS,
+}
+"""The most a media part of each kind is charged."""
 
 
 class PromptEstimator:
@@ -97,21 +102,12 @@ class PromptEstimator:
         if media is None:
             return math.ceil(body_bytes * self._tokens_per_byte)
         text = max(0, body_bytes - media.chars)
-        return math.ceil(text * self._tokens_per_byte) + media_allowance(media)
+        parts = sum(min(ALLOWANCES[kind], math.ceil(chars * self._tokens_per_byte)) for kind, chars in media.parts)
+        return math.ceil(text * self._tokens_per_byte) + parts
 
     def observe(self, body_bytes: int, prompt_tokens: int, media: MediaParts | None = None) -> None:
         """An answer to a body of ``body_bytes`` bytes holding ``media`` reported ``prompt_tokens`` prompt tokens."""
-        if body_bytes <= 0 or prompt_tokens <= 0 or (media is not None and media_allowance(media)):
+        if body_bytes <= 0 or prompt_tokens <= 0 or (media is not None and media.parts):
             return
         self._ratios.add(prompt_tokens / body_bytes)
         self._tokens_per_byte = self._ratios.quantile(self.QUANTILE) or self._tokens_per_byte
-
-
-def media_allowance(media: MediaParts) -> int:
-    """The tokens ``media``'s parts are charged."""
-    return (
-        media.images * IMAGE_TOKENS
-        + media.low_detail_images * LOW_DETAIL_IMAGE_TOKENS
-        + media.audio * AUDIO_TOKENS
-        + media.files * FILE_TOKENS
-    )

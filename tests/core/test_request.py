@@ -129,17 +129,17 @@ DATA = "QUJD" * 1000  # 4,000 characters of base64
 @pytest.mark.parametrize(
     ("part", "kind"),
     [
-        ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{DATA}", "detail": "high"}}, "images"),
-        ({"type": "image_url", "image_url": "https://example.com/cat.png"}, "images"),  # a URL, as some servers take
-        ({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}, "low_detail_images"),
-        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}"}, "images"),  # Responses
-        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}", "detail": "low"}, "low_detail_images"),
-        ({"type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}, "images"),
-        ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}, "images"),
+        ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{DATA}", "detail": "high"}}, "image"),
+        ({"type": "image_url", "image_url": "https://example.com/cat.png"}, "image"),  # a URL, as some servers take
+        ({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}, "low_detail_image"),
+        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}"}, "image"),  # Responses
+        ({"type": "input_image", "image_url": f"data:image/png;base64,{DATA}", "detail": "low"}, "low_detail_image"),
+        ({"type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}, "image"),
+        ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DATA}}, "image"),
         ({"type": "input_audio", "input_audio": {"data": DATA, "format": "wav"}}, "audio"),
-        ({"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{DATA}"}}, "files"),
-        ({"type": "input_file", "file_id": "file-abc"}, "files"),  # Responses, a file uploaded before
-        ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": DATA}}, "files"),
+        ({"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{DATA}"}}, "file"),
+        ({"type": "input_file", "file_id": "file-abc"}, "file"),  # Responses, a file uploaded before
+        ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": DATA}}, "file"),
     ],
     ids=[
         "image_url",
@@ -162,9 +162,7 @@ def test_a_media_part_is_counted_with_the_characters_it_takes_and_no_text(part: 
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]}
     got = RequestFacts.of(body)
     assert got.prompt_chars == 5
-    assert (got.media.images, got.media.low_detail_images, got.media.audio, got.media.files) == tuple(
-        int(name == kind) for name in ("images", "low_detail_images", "audio", "files")
-    )
+    assert [name for name, _ in got.media.parts] == [kind]
     strings: list[str] = []
 
     def collect(value: object) -> None:
@@ -183,14 +181,14 @@ def test_media_in_a_tool_result_and_in_responses_input_items_is_found_too() -> N
     document = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": DATA}}
     result = {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "done"}, image, document]}
     got = RequestFacts.of({"messages": [{"role": "user", "content": [result]}]})
-    assert (got.media.images, got.media.files, got.prompt_chars) == (1, 1, 4)
+    assert (got.media.count("image"), got.media.count("file"), got.prompt_chars) == (1, 1, 4)
     items = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}] * 2}]}
-    assert RequestFacts.of(items).media.images == 2
+    assert RequestFacts.of(items).media.count("image") == 2
 
 
 def test_a_document_of_text_is_text_and_a_body_without_media_has_none() -> None:
     text = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}
-    assert not RequestFacts.of({"messages": [{"role": "user", "content": [text]}]}).media.files
+    assert not RequestFacts.of({"messages": [{"role": "user", "content": [text]}]}).media.count("file")
     assert RequestFacts.of({"messages": [{"role": "user", "content": "hi"}]}).media == NO_MEDIA
     assert RequestFacts.of({"messages": [{"role": "user", "content": [{"type": ["image"]}]}]}).media == NO_MEDIA
 
@@ -220,6 +218,6 @@ def test_a_tools_output_sent_back_in_the_responses_api_is_the_prompts_text_and_m
     ]
     got = RequestFacts.of({"model": "m", "input": items})
     assert got.prompt_chars == len("sunny") + len("the page:")
-    assert (got.media.images, got.media.low_detail_images, got.media.audio, got.media.files) == (2, 0, 0, 1)
+    assert [name for name, _ in got.media.parts] == ["image", "file", "image"]
     media_strings = ["input_image", screenshot, "high", "input_file", "file-abc", "computer_screenshot", screenshot]
     assert got.media.chars == sum(map(len, media_strings))

@@ -45,13 +45,26 @@ def test_empty_bodies_and_missing_counts_teach_nothing() -> None:
 def test_a_media_part_is_charged_its_allowance_instead_of_its_bytes() -> None:
     """A 4 MB base64 image was a million tokens at 4 bytes per token; the provider counts it as about a thousand."""
     prompts = PromptEstimator()
-    image = PromptMedia(images=1, chars=4_000_000)
+    image = PromptMedia((("image", 4_000_000),))
     assert prompts.estimate(4_000_400, image) == 100 + IMAGE_TOKENS  # the 400 other bytes, and the allowance
-    media = PromptMedia(images=2, audio=1, files=3, chars=9_000)
-    assert prompts.estimate(10_000, media) == 250 + 2 * IMAGE_TOKENS + AUDIO_TOKENS + 3 * FILE_TOKENS
-    low = PromptMedia(images=1, low_detail_images=2, chars=9_000)
-    assert prompts.estimate(10_000, low) == 250 + IMAGE_TOKENS + 2 * LOW_DETAIL_IMAGE_TOKENS
+    big = 200_000  # each part's bytes more than its allowance
+    parts = (("image", big), ("image", big), ("audio", big), ("file", big), ("file", big), ("file", big))
+    assert prompts.estimate(6 * big + 1_000, PromptMedia(parts)) == (
+        250 + 2 * IMAGE_TOKENS + AUDIO_TOKENS + 3 * FILE_TOKENS
+    )
+    low = PromptMedia((("image", big), ("low_detail_image", big), ("low_detail_image", big)))
+    assert prompts.estimate(3 * big + 1_000, low) == 250 + IMAGE_TOKENS + 2 * LOW_DETAIL_IMAGE_TOKENS
     assert prompts.estimate(400, NO_MEDIA) == prompts.estimate(400) == 100
+
+
+def test_a_media_part_sent_by_reference_is_charged_its_bytes() -> None:
+    """A URL or a file id takes a few dozen bytes: charged its allowance, twenty screenshots a tool sent back by file
+    id were 50,000 tokens, and the calls beside them were refused where the plain SDK served them."""
+    prompts = PromptEstimator()
+    references = PromptMedia(tuple(("image", 40) for _ in range(20)))  # {"file_id": "file-...", "type": ...}
+    assert prompts.estimate(1_200, references) == 100 + 20 * 10
+    mixed = PromptMedia((("image", 4_000_000), ("file", 40), ("low_detail_image", 2_000)))
+    assert prompts.estimate(4_002_440, mixed) == 100 + IMAGE_TOKENS + 10 + LOW_DETAIL_IMAGE_TOKENS
 
 
 def test_a_body_with_media_teaches_no_ratio() -> None:
@@ -59,7 +72,7 @@ def test_a_body_with_media_teaches_no_ratio() -> None:
     then charged a thousandth of its tokens (the provider answered 429)."""
     prompts = PromptEstimator()
     for _ in range(PromptEstimator.WINDOW):
-        prompts.observe(1_333_400, 865, PromptMedia(images=1, chars=1_333_000))
+        prompts.observe(1_333_400, 865, PromptMedia((("image", 1_333_000),)))
     assert prompts.tokens_per_byte == 1 / BYTES_PER_TOKEN
     prompts.observe(400, 200, NO_MEDIA)
     assert prompts.tokens_per_byte == 0.5
