@@ -284,6 +284,17 @@ async def test_a_spent_retry_budget_does_not_block_a_continuation(servers: list[
     assert records[0].continued and records[0].not_continued is None
 
 
+def assert_continued_on_a_third_replica(record: PhaseRecord) -> None:
+    """The call broke, its first continuation failed, and a second one on a third replica finished it."""
+    assert record.status == "ok" and record.not_continued is None
+    assert [(a.kind, a.outcome) for a in record.attempts] == [
+        ("primary", "failed"),
+        ("continuation", "failed"),
+        ("continuation", "won"),
+    ]
+    assert len({a.replica for a in record.attempts}) == 3
+
+
 @pytest.mark.parametrize("protocol", ["chat", "completions"])
 async def test_a_continuation_that_fails_is_tried_once_more_on_a_third_replica(
     servers: list[LoopbackServer], protocol: str
@@ -297,13 +308,8 @@ async def test_a_continuation_that_fails_is_tried_once_more_on_a_third_replica(
     async with make_guard(servers, records) as guard:
         text, _ = await sdk_text(guard, servers[0].url, protocol)
     (record,) = records
-    assert text == WHOLE and record.status == "ok" and record.not_continued is None
-    assert [(a.kind, a.outcome) for a in record.attempts] == [
-        ("primary", "failed"),
-        ("continuation", "failed"),
-        ("continuation", "won"),
-    ]
-    assert len({a.replica for a in record.attempts}) == 3
+    assert text == WHOLE
+    assert_continued_on_a_third_replica(record)
     assert record.attempts[1].status_code == 500
     assert record.attempts[2].resumed_at == len(FIRST5) and record.attempts[2].break_cause is not None
 
@@ -326,13 +332,8 @@ async def test_a_continuation_that_times_out_after_its_headers_is_tried_on_a_thi
         stream = await oai.chat.completions.create(model="m", messages=messages, stream=True, max_tokens=10)
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     (record,) = records
-    assert text == WHOLE and record.status == "ok" and record.not_continued is None
-    assert [(a.kind, a.outcome) for a in record.attempts] == [
-        ("primary", "failed"),
-        ("continuation", "failed"),
-        ("continuation", "won"),
-    ]
-    assert len({a.replica for a in record.attempts}) == 3
+    assert text == WHOLE
+    assert_continued_on_a_third_replica(record)
 
 
 async def test_max_continuations_1_sends_no_second_one(servers: list[LoopbackServer]) -> None:
