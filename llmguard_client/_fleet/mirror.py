@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
@@ -35,6 +35,11 @@ __all__ = ["FleetMirror"]
 
 Kind = Literal["cool", "open", "clear", "close"]
 _SLACK = 0.01
+STALE_EVENT = 1.0
+"""An event read this many seconds after it was sent (the publisher's clock against this host's) was held up, this
+process frozen between a serverless runtime's invocations or its loop stopped: the time it gives is read again from
+its key, on Redis's clock, instead (a 20 s cool-down that had ended while the process was frozen was applied for
+20 s from its thaw)."""
 """A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
 
 
@@ -110,7 +115,10 @@ class FleetMirror:
         state = self._by_name.get(name)
         if origin == self.store.origin or state is None or not math.isfinite(ms) or ms < 0:
             return
-        self.store.lag = max(0.0, time.time() - sent)
+        self.store.lag = lag = max(0.0, time.time() - sent)
+        if kind in ("cool", "open") and lag > STALE_EVENT:
+            self.store.submit(self._read_again(state, kind))
+            return
         now = self._clock()
         if kind == "cool":
             if self._cool(state, now, now + ms / 1000):
@@ -126,6 +134,21 @@ class FleetMirror:
                 state.probing = False
                 state.probe_at = math.inf
                 self._cooling_changed()
+
+    def _read_again(self, state: ReplicaState, kind: Kind) -> Callable[[Redis], Awaitable[None]]:
+        """Mirror the time left on ``state``'s ``kind`` key, if any: a held-up event's, read where it is kept."""
+
+        async def read(client: Redis) -> None:
+            left = await client.pttl(self.store.key(kind, state.name))
+            if not isinstance(left, int) or left <= 0:
+                return  # ended meanwhile (or cleared: that event follows)
+            now = self._clock()
+            if kind == "open":
+                self._open(state, now, now + left / 1000)
+            elif self._cool(state, now, now + left / 1000):
+                self._cooling_changed()
+
+        return read
 
     async def resync(self, client: Redis) -> None:
         """After a (re)connection: write what is in force here and missing there, and publish it (the processes

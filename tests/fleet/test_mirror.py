@@ -3,7 +3,9 @@ that connects later finds them; a probe's win clears them everywhere."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from pathlib import Path
 
 import anyio
@@ -41,6 +43,29 @@ async def test_a_cool_down_learned_by_one_guard_reaches_the_others(redis_server:
     finally:
         for g in (a, b, other):
             await g.aclose()
+
+
+async def test_a_held_up_cool_down_event_gives_the_time_its_key_has_left(redis_server: RedisServer) -> None:
+    """An event read long after it was sent (this process frozen between a serverless runtime's invocations, or its
+    loop stopped) is not taken at its word: its key's time left is read instead. A 20 s cool-down that had ended
+    while the process was frozen was applied for 20 s from the thaw, and its first call waited for a probe."""
+    b = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        channel = "llmguard:checkout:events"
+        sent = time.time() - 30.0  # 30 s ago: a 20 s cool-down, ended, its key gone
+        ended = {"o": "another-process", "r": REPLICAS[0], "k": "cool", "ms": 20_000, "t": sent}
+        await client.set("llmguard:checkout:open:" + REPLICAS[1], "another-process", px=5_000)  # 5 s left
+        opened = {"o": "another-process", "r": REPLICAS[1], "k": "open", "ms": 20_000, "t": sent}
+        await client.publish(channel, json.dumps(ended))
+        await client.publish(channel, json.dumps(opened))
+        await until(lambda: states(b)[1].open(anyio.current_time()))
+        assert states(b)[1].open_until <= anyio.current_time() + 5.0
+        assert not states(b)[0].cooling(anyio.current_time())
+    finally:
+        await client.aclose()
+        await b.aclose()
 
 
 async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
