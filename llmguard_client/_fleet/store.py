@@ -345,6 +345,9 @@ class FleetStore:
                 self._stop.cancel()  # the supervisor finishes its shielded cleanup, then ends
             else:
                 task.cancel()  # not started yet: nothing to clean up
+            home = task.get_loop()
+            if home is not asyncio.get_running_loop() and not home.is_running():
+                return  # a stopped loop (one kept for the process, between its runs): it ends there if it runs again
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([task], timeout=5.0)
             if not task.done():
