@@ -35,12 +35,12 @@ __all__ = ["FleetMirror"]
 
 Kind = Literal["cool", "open", "clear", "close"]
 _SLACK = 0.01
+"""A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
 STALE_EVENT = 1.0
 """An event read this many seconds after it was sent (the publisher's clock against this host's) was held up, this
 process frozen between a serverless runtime's invocations or its loop stopped: the time it gives is read again from
 its key, on Redis's clock, instead (a 20 s cool-down that had ended while the process was frozen was applied for
 20 s from its thaw)."""
-"""A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
 
 
 class FleetMirror:
