@@ -14,6 +14,7 @@ replica its own spelling.) Paths are compared segment by segment (split on a lit
 
 from __future__ import annotations
 
+import functools
 import string
 
 import httpx
@@ -36,6 +37,7 @@ def with_sent_path(url: httpx.URL, path: str, query: bytes = b"") -> httpx.URL:
     return url.copy_with(raw_path=raw + b"?" + query if query else raw)
 
 
+@functools.lru_cache(maxsize=4096)  # a replica's base segments are compared on every call not yet cached
 def normal_segment(segment: str) -> str:
     """One path segment as sent, in the form its other spellings share: an escape of a character it may hold
     literally decoded (``%40`` is ``@``, ``%7e`` is ``~``), every other escape upper-cased (``%2f`` is ``%2F``), and a
