@@ -76,16 +76,19 @@ def relative(path: str, base: httpx.URL) -> str | None:
     return path_under(path, sent_path(base).rstrip("/"))
 
 
-def deepest(url: httpx.URL, path: str, bases: Sequence[httpx.URL]) -> int | None:
+def deepest(url: httpx.URL, path: str, bases: Sequence[httpx.URL]) -> tuple[int, str] | None:
     """The index of the base on ``url``'s origin whose path ``path`` (``url``'s, as sent) is under with the most
-    segments, or None: with ``/v1`` and ``/v1/x`` on one origin, ``/v1/x/chat/completions`` is ``/v1/x``'s."""
-    found: int | None = None
+    segments, and what follows it there (`relative`), or None: with ``/v1`` and ``/v1/x`` on one origin,
+    ``/v1/x/chat/completions`` is ``/v1/x``'s, ``/chat/completions`` after it."""
+    found: tuple[int, str] | None = None
     depth = -1
     for i, base in enumerate(bases):
-        if same_origin(url, base) and relative(path, base) is not None:
-            segments = sent_path(base).rstrip("/").count("/")
-            if segments > depth:
-                found, depth = i, segments
+        if not same_origin(url, base):
+            continue
+        prefix = sent_path(base).rstrip("/")
+        rest = path_under(path, prefix)
+        if rest is not None and prefix.count("/") > depth:
+            found, depth = (i, rest), prefix.count("/")
     return found
 
 
@@ -118,7 +121,8 @@ def outside(method: str, url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[in
     path = sent_path(url)
     under = deepest(url, path, bases)
     if under is not None:
-        reach = [under] if stored(method, relative(path, bases[under]) or "") else range(len(bases))
+        index, rest = under
+        reach = [index] if stored(method, rest) else range(len(bases))
     else:
         on_origin = [i for i, base in enumerate(bases) if same_origin(url, base)]
         if on_origin:
@@ -137,7 +141,7 @@ def own(url: httpx.URL, bases: Sequence[httpx.URL]) -> tuple[int, ...]:
     under = deepest(url, sent_path(url), bases)
     if under is None:
         return tuple(on_origin)
-    return tuple(i for i in on_origin if same_base(bases[i], bases[under]))
+    return tuple(i for i in on_origin if same_base(bases[i], bases[under[0]]))
 
 
 class Reach:

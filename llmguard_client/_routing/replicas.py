@@ -35,7 +35,7 @@ from llmguard_client._routing.cooldown import (
     take_probe,
 )
 from llmguard_client._routing.health import shift
-from llmguard_client._routing.reach import deepest, relative, same_base, same_origin
+from llmguard_client._routing.reach import deepest, same_base, same_origin
 from llmguard_client._routing.router import ReplicaHealth, Router
 from llmguard_client._routing.wakeup import Wakeup
 from llmguard_client.config import AffinityPolicy, Replica
@@ -609,17 +609,15 @@ def rebase(url: httpx.URL, base: httpx.URL, known: tuple[httpx.URL, ...]) -> htt
     (`llmguard_client._routing.reach` sends it only to that origin's replicas); otherwise (a virtual base URL)
     its path goes under ``base``'s, the segments they share written once (`joined`). The prefix swapped is the
     `deepest` base the request is under (``/v1/x`` rather than ``/v1``). Paths as sent, their
-    percent-escapes kept (`sent_path`), a base matched however spelled (`relative`) and written as ``base``
+    percent-escapes kept (`sent_path`), a base matched however spelled (`deepest`) and written as ``base``
     spells it; a request already under ``base`` is kept as it is, byte for byte (a signed URL stays signed);
     query kept."""
     path = sent_path(url)
     under = deepest(url, path, known)
     if under is not None:
-        candidate = known[under]
-        if same_base(base, candidate):
+        index, rest = under
+        if same_base(base, known[index]):
             return with_sent_path(base, path, url.query)
-        rest = relative(path, candidate)
-        assert rest is not None
         return with_sent_path(base, sent_path(base).rstrip("/") + rest, url.query)
     if any(same_origin(url, candidate) for candidate in known):
         return with_sent_path(base, path, url.query)
