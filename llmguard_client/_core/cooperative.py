@@ -25,6 +25,7 @@ import httpx
 from llmguard_client._core.call import Call
 from llmguard_client._core.given_up import Episode
 from llmguard_client._core.outcome import Failed, Route
+from llmguard_client._routing.caller import calling_as
 from llmguard_client._routing.replicas import ReplicaSet
 from llmguard_client.config import MAX_ATTEMPTS
 
@@ -48,9 +49,10 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     now, key = call.clock(), call.affinity_key
     avoid = call.outside
     failed = (*episode.failed, *avoid)
-    replica = replicas.pick_ready(now, failed, key) or replicas.pick(
-        now, failed, key, cornered=bool(avoid), keep=call.lease.hold
-    )
+    with calling_as(call.credential):  # another credential's 429s do not hold it back
+        replica = replicas.pick_ready(now, failed, key) or replicas.pick(
+            now, failed, key, cornered=bool(avoid), keep=call.lease.hold
+        )
     return Route(replica, "retry", payment, avoid=avoid, rounds=sdk_rounds(call), spent=episode.rounds)
 
 

@@ -82,7 +82,8 @@ class FleetMirror:
         if not self.store.available:
             return  # the next resync writes what is still in force
         ms = max(1, math.ceil(seconds * 1000)) if kind in ("cool", "open") else 0
-        payload = self._event(state, kind, ms)
+        holder = state.holder if kind in ("cool", "clear") else None
+        payload = self._event(state, kind, ms, holder)
         cool, opened = self.store.key("cool", state.name), self.store.key("open", state.name)
         ended = {"clear": [cool, opened], "close": [opened]}.get(kind, [])
         channel, origin = self.channel, self.store.origin
@@ -100,8 +101,11 @@ class FleetMirror:
 
         self.store.submit(write)
 
-    def _event(self, state: ReplicaState, kind: Kind, ms: int) -> str:
-        return json.dumps({"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()})
+    def _event(self, state: ReplicaState, kind: Kind, ms: int, holder: str | None = None) -> str:
+        event: dict[str, object] = {"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()}
+        if holder is not None:  # the hash of the credential a 429 cooled it for, never the key
+            event["c"] = holder
+        return json.dumps(event)
 
     # --- learned elsewhere ------------------------------------------------------------------
 
@@ -110,7 +114,10 @@ class FleetMirror:
         try:
             event = json.loads(data)
             origin, name, kind, ms, sent = event["o"], event["r"], event["k"], float(event["ms"]), float(event["t"])
-        except (ValueError, KeyError, TypeError):
+            holder = event.get("c")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        if holder is not None and not isinstance(holder, str):
             return
         state = self._by_name.get(name)
         if origin == self.store.origin or state is None or not math.isfinite(ms) or ms < 0:
@@ -121,7 +128,7 @@ class FleetMirror:
             return
         now = self._clock()
         if kind == "cool":
-            if self._cool(state, now, now + ms / 1000):
+            if self._cool(state, now, now + ms / 1000, holder):
                 self._cooling_changed()
         elif kind == "open":
             self._open(state, now, now + ms / 1000)
@@ -129,7 +136,7 @@ class FleetMirror:
             if not state.local_open:  # a circuit an injected fault opened here is this process's to close
                 state.open_until = min(state.open_until, now)
                 state.tripped = False
-            if kind == "clear" and not state.local_cool:
+            if kind == "clear" and not state.local_cool and holder in (None, state.holder):
                 state.cooling_until = min(state.cooling_until, now)
                 state.probing = False
                 state.probe_at = math.inf
@@ -183,11 +190,14 @@ class FleetMirror:
                 self._open(s, now, now + opened / 1000)
 
     @staticmethod
-    def _cool(state: ReplicaState, now: float, until: float) -> bool:
-        """Mirror a cool-down until ``until``; whether it changed this process's (a new or longer one)."""
+    def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:
+        """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's credential hash; None: every
+        caller); whether it changed this process's (a new or longer one)."""
+        holder = state.hold_for(now, holder)
         if until <= state.cooling_until + _SLACK:
             return False
         mirror_cool_down(state, now, until)
+        state.holder = holder
         state.local_cool = False  # the fleet's now, not an injected fault's
         return True
 

@@ -99,6 +99,7 @@ from llmguard_client._core.randomness import process_random
 from llmguard_client._layers.connect_faults import ConnectFaults
 from llmguard_client._layers.deadline import fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
+from llmguard_client._routing.caller import caller, calling_as, holds_for_caller
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
 from llmguard_client._routing.health import REJECTIONS
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
@@ -175,6 +176,11 @@ class RetryLayer:
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
+        """Run ``route`` as ``call``'s credential: the cool-downs another credential's 429s set do not hold it back."""
+        with calling_as(call.credential):
+            return await self._route(call, route, call_next)
+
+    async def _route(self, call: Call, route: Route, call_next: Next) -> Outcome:
         first = await self._first(call, route)
         if isinstance(first, Failed):
             return first
@@ -361,8 +367,11 @@ class RetryLayer:
                     continue
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
-                refusals = self.replicas.refused(state)
-                if not _cools(failure, refusals, state.probing, policy.max_retry_after):
+                # A 429 is the credential's that got it (its key's limit or quota); the rest the replica's own.
+                holder = caller() if failure.status_code == 429 and not state.replaces_credential else None
+                refusals = self.replicas.refused(state, holder)
+                probing = state.probing and holds_for_caller(state.holder)
+                if not _cools(failure, refusals, probing, policy.max_retry_after):
                     continue  # a refusal among calls served: its own retry waits (its Retry-After), not the others
                 seconds, why = failure.retry_after, "retry_after"
                 if seconds is None:
@@ -370,7 +379,7 @@ class RetryLayer:
                 asked = seconds if seconds > policy.max_retry_after else None
                 seconds = min(seconds, policy.max_retry_after)
                 self.replicas.cool_down(
-                    state, now, seconds, asked, unnamed=why == "overload", injected=failure.injected
+                    state, now, seconds, asked, unnamed=why == "overload", injected=failure.injected, holder=holder
                 )
                 self._instrumentation.replica_cooled(state.name, seconds, why)
                 continue
@@ -482,7 +491,7 @@ class RetryLayer:
                 state = asker
         # Not cooling, and not in a run of overload answers that cooled it (a cool-down over with nothing served
         # since): no replica is ready in an overload of every one.
-        ready = state is not None and state.refusals < REFUSALS_TO_COOL
+        ready = state is not None and state.refusals_in_row() < REFUSALS_TO_COOL
         if state is None and not last.overload:
             # Every replica cooling (each asked for rest, e.g. a quota's long Retry-After), and this one failed without
             # asking: its retry goes as a first attempt would, spread over them by the router, after its backoff (the
@@ -528,7 +537,7 @@ class RetryLayer:
         server_paced = _server_paced(last)
         paced = ((server_paced and state is last.state) or told > 0.0) and not self._provider_limit(last)
         if paced:
-            wait = max(wait, state.cooling_until - now)
+            wait = max(wait, state.cooling_end() - now)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
@@ -738,7 +747,7 @@ class RetryLayer:
         if self._provider_limit(last) or not self.replicas.allows(now, state, avoid):
             return None
         asked = min(last.retry_after or 0.0, self.policy.max_retry_after)
-        return max(asked, state.cooling_until - now, 0.0)
+        return max(asked, state.cooling_end() - now, 0.0)
 
     def _pace_refused(
         self,
@@ -777,7 +786,7 @@ class RetryLayer:
             self.replicas.cool_down(state, now, seconds)
             self._instrumentation.replica_cooled(state.name, seconds, "failing")
         if state.cooling(now):
-            return state.cooling_until - now
+            return state.cooling_end() - now
         if last.overload and state is not last.state:
             return 0.0
         return self.backoff.returning(rounds)

@@ -26,6 +26,7 @@ import httpx
 from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
 from llmguard_client._http.urlpath import path_under, sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
+from llmguard_client._routing.caller import holds_for_caller
 from llmguard_client._routing.cooldown import (
     cool,
     first_attempt_candidates,
@@ -80,6 +81,13 @@ class ReplicaState:
     refusals: int = 0
     """Overload answers in a row (generation calls): none served, nor answered otherwise, between them
     (`ReplicaSet.refused`)."""
+    holder: str | None = None
+    """The credential (`llmguard_client._routing.caller`) the cool-down in force holds for, a 429's: that caller's
+    rate limit or quota, not the replica's; None: every caller (a 503, a 529, the guard's own). One is remembered:
+    another credential's 429 replaces it (`hold_for`)."""
+    run_holder: str | None = None
+    """The same for the run of `refusals`: a run of one credential's 429s, which another's calls neither extend nor
+    end; None: the replica's own (a 503 in it makes it every caller's)."""
     unnamed: bool = False
     """The cool-down in force is the guard's own, for overload answers that named no wait (no Retry-After): a call
     the replica serves ends it, as its probe's would."""
@@ -163,7 +171,27 @@ class ReplicaState:
         if now < self.seen:  # read on every pick: the check inline, `settle` only when the clock read earlier
             self.settle(now)
         self.seen = now
-        return now < self.cooling_until
+        return now < self.cooling_until and holds_for_caller(self.holder)
+
+    def cooling_end(self) -> float:
+        """When the cool-down that holds for the call running here ends (0: none holds for it)."""
+        return self.cooling_until if holds_for_caller(self.holder) else 0.0
+
+    def refusals_in_row(self) -> int:
+        """`refusals`, when their run holds for the call running here (0: another credential's run)."""
+        return self.refusals if holds_for_caller(self.run_holder) else 0
+
+    def hold_for(self, now: float, holder: str | None) -> str | None:
+        """Before a cool-down for ``holder`` (a 429's credential; None: every caller) starts or is renewed at ``now``:
+        the holder it takes. One in force for every caller stays so (renewed as before); one in force for another
+        credential is dropped first (that credential's next call meets its limit again, as it would unguarded)."""
+        if now >= self.cooling_until or self.holder == holder:
+            return holder
+        if self.holder is None:
+            return None
+        self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
+        self.unnamed, self.asked_beyond = False, (0.0, 0.0)
+        return holder
 
     def open(self, now: float) -> bool:
         if now < self.seen:
@@ -319,8 +347,9 @@ class ReplicaSet:
 
     def probe_unsent(self, state: ReplicaState) -> None:
         """The probe in flight of ``state``'s cool-down never reached it (its connection failed in this process): it
-        is due again at once, and the calls waiting for it are woken."""
-        self._give_back_probe(state, state.probes)
+        is due again at once, and the calls waiting for it are woken (its own: another credential's is not its)."""
+        if holds_for_caller(state.holder):
+            self._give_back_probe(state, state.probes)
 
     def _give_back_probe(self, state: ReplicaState, probe: int) -> None:
         if give_back_probe(state, probe):
@@ -404,11 +433,11 @@ class ReplicaSet:
         allowed = self._allowed(now, exclude)
         if len(allowed) == 1:
             return first_wait(allowed, now)
-        return min((max(0.0, s.cooling_until - now) for s in allowed), default=None)
+        return min((max(0.0, s.cooling_end() - now) for s in allowed), default=None)
 
     def cooling_left(self, now: float, exclude: Iterable[ReplicaState] = ()) -> float:
         """Seconds until the first cool-down among the replicas `cooling_wait` reads ends (0: none cooling)."""
-        return min((max(0.0, s.cooling_until - now) for s in self._allowed(now, exclude)), default=0.0)
+        return min((max(0.0, s.cooling_end() - now) for s in self._allowed(now, exclude)), default=0.0)
 
     def any_cooling(self, now: float) -> bool:
         """True while some replica is signalling overload (a Retry-After cool-down)."""
@@ -424,8 +453,9 @@ class ReplicaSet:
         self._probe_ended(state)
 
     def _probe_ended(self, state: ReplicaState) -> None:
-        """If ``state``'s cool-down had its probe in flight, that probe's answer ends it: the calls waiting go."""
-        if state.probing:
+        """If ``state``'s cool-down had its probe in flight, that probe's answer ends it: the calls waiting go (an
+        answer to a call of another credential than the one it holds for is no answer to its probe)."""
+        if state.probing and holds_for_caller(state.holder):
             state.cooling_until, state.probing = 0.0, False
             self.cooling_changed.notify()
 
@@ -440,17 +470,22 @@ class ReplicaSet:
         *,
         unnamed: bool = False,
         injected: bool | None = None,
+        holder: str | None = None,
     ) -> None:
         """The server asked for ``seconds`` of rest: no first attempts but probes until then (at growing intervals:
         `llmguard_client._routing.cooldown.cool`). ``asked``: its own Retry-After, when it was longer than
         ``seconds`` (the guard's cap, `RetryPolicy.max_retry_after`). ``unnamed``: the overload answers named no wait
         (the guard's own cool-down): any call the replica serves ends it, not only its probe. ``injected``: the
         answer was a `Chaos` fault, so the cool-down stays in this process (see `_sharing`); None: no answer asked
-        for it (the guard's own, for a circuit that tripped), so it is local when that circuit is."""
+        for it (the guard's own, for a circuit that tripped), so it is local when that circuit is. ``holder``: the
+        credential of the 429 that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
+        caller."""
         until = state.cooling_until
+        holder = state.hold_for(now, holder)
         named = state.cooling(now) and not state.unnamed
         if not cool(state, now, seconds):
             return
+        state.holder = holder
         state.unnamed = unnamed and not named
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
         if state.cooling_until != until:
@@ -460,17 +495,23 @@ class ReplicaSet:
             if shared is not None:
                 shared.cooled(state, seconds)
 
-    def refused(self, state: ReplicaState) -> int:
+    def refused(self, state: ReplicaState, holder: str | None = None) -> int:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
         answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
-        run."""
+        run. ``holder``: a 429's credential (None: the replica's own refusal): another credential's 429 starts a run of
+        its own; a refusal of the replica's own joins any run, which then holds for every caller."""
+        if state.refusals and None not in (holder, state.run_holder) and holder != state.run_holder:
+            state.refusals = 0
+        state.run_holder = holder if state.refusals == 0 or state.run_holder == holder else None
         state.refusals += 1
         return state.refusals
 
     def answered(self, state: ReplicaState) -> None:
         """``state`` answered a generation call with something other than overload (a 500, a 404, a 429 refusing
-        that request for its own size): its run of overload answers (`refused`) ends."""
-        state.refusals = 0
+        that request for its own size): its run of overload answers (`refused`) ends, unless the run is another
+        credential's."""
+        if holds_for_caller(state.run_holder):
+            state.refusals = 0
 
     def succeeded(
         self,
@@ -482,23 +523,25 @@ class ReplicaSet:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started, scaled to a typical
         prompt's: `TTFTStats.scale`): the circuit closes, a cool-down whose probe this was ends, and the router
         learns its TTFT and rate-limit headers."""
-        own = state.unnamed and (now is None or state.cooling(now))  # the guard's own cool-down: any call served ends
+        ours = holds_for_caller(state.holder)  # another credential's cool-down: this call says nothing of its limit
+        own = ours and state.unnamed and (now is None or state.cooling(now))  # the guard's own: any call served ends
+        probed = ours and state.probing
         # The cool-down's own probe (or any call, for the guard's own): it serves again. A circuit closing says
         # nothing of a Retry-After another process was given.
-        cleared = self._sharing(state.local_cool) if state.probing or own else None
+        cleared = self._sharing(state.local_cool) if probed or own else None
         closed = self._sharing(state.local_open) if state.tripped else None
         if cleared is not None:
             cleared.cleared(state)
         elif closed is not None:
             closed.closed(state)
-        if state.probing or own:
+        if probed or own:
             state.local_cool = False
         state.local_open = False
         if own:
             state.cooling_until, state.probing, state.unnamed = 0.0, False, False
             self.cooling_changed.notify()
         self._probe_ended(state)
-        state.refusals = 0
+        self.answered(state)
         if state.tripped:
             logger.info("llmguard: replica %s answered again; its circuit is closed", state.name)
         state.consecutive_failures = 0

@@ -1394,3 +1394,34 @@ def test_a_connection_that_failed_here_counts_against_no_replica(backend: str, c
     run_virtual(main, backend)
     assert fakes["http://a.test"].requests >= 1
     assert told.told == ([] if local else [("opened", "http://a.test")])
+
+
+SPENT_KEY_LIMIT = {"x-ratelimit-remaining-requests": "0"}
+
+
+@BACKENDS
+def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str) -> None:
+    """A hosted API's 429 (a spent limit of the key that got it) is that key's: a call with another API key is sent at
+    once and served, while the refused key's next call waits for the cool-down's probe (1 s in), as it did for every
+    call; refused again, that probe holds back no call of the other key either."""
+    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    fake = FakeReplica("a", [refusal, Plan(), refusal, Plan()])
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for key in ("bad", "good", "bad", "good"):
+                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
+                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
+
+    run_virtual(main, backend)
+    assert statuses == [429, 200, 429, 200]
+    bad, good, probe, good_again = records
+    refused = bad.attempts[0].finish
+    assert refused is not None
+    assert good.attempts[0].start == pytest.approx(refused, abs=1e-6)  # sent at once
+    assert probe.attempts[0].start == pytest.approx(refused + 1.0, abs=1e-6)  # the refused key's probe
+    assert good_again.attempts[0].start == pytest.approx(probe.attempts[0].start + 0.01, abs=1e-6)
