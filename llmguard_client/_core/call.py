@@ -12,9 +12,10 @@ from llmguard_client._budget.budget import RetryBudget
 from llmguard_client._core.caller_intent import RETRY_COUNT_HEADER, with_retry_count
 from llmguard_client._core.clock import Clock, TimeSource
 from llmguard_client._core.lease import CallLease, Phase
-from llmguard_client._core.redact import CREDENTIALS, credential_hash, credential_key
+from llmguard_client._core.redact import CREDENTIALS, credential_key
 from llmguard_client._core.request import NO_MEDIA, PromptMedia
 from llmguard_client._http.upload import framing_headers
+from llmguard_client._routing.caller import limit_scope
 from llmguard_client._routing.replicas import ReplicaState
 from llmguard_client._routing.ttft_stats import TTFTStats, size_class
 from llmguard_client.config import Tier
@@ -110,9 +111,9 @@ class Call:
     """The choices the request asks for (its ``n``): a streamed answer is complete when that many have finished."""
     ttft_size: int = field(init=False)
     """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
-    credential: str = field(init=False)
-    """Who it calls as (`credential_hash` of its request's key and account headers): a 429 it gets cools its
-    replicas for that credential's calls only (`llmguard_client._routing.caller`)."""
+    scope: str = field(init=False)
+    """The rate limit it draws on (`limit_scope` of its key and account headers and its model): a 429 it gets cools
+    its replicas for that scope's calls only."""
     judges: bool = field(init=False)
     """Whether the call's answers speak for its replicas' generation calls, and their cool-downs and circuits for
     it: a generation call under a replica's base path. Another API's call (files, embeddings) or one `beside` the
@@ -121,7 +122,7 @@ class Call:
     def __post_init__(self) -> None:
         self.ttft_size = size_class(self.prompt_size())
         self.judges = self.generation and not self.beside
-        self.credential = credential_hash(self.request.headers)
+        self.scope = limit_scope(self.request.headers, self.record.model)
 
     @property
     def known_by(self) -> bytes | None:

@@ -49,7 +49,7 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     now, key = call.clock(), call.affinity_key
     avoid = call.outside
     failed = (*episode.failed, *avoid)
-    with calling_as(call.credential):  # another credential's 429s do not hold it back
+    with calling_as(call.scope):  # another limit's 429s do not hold it back
         replica = replicas.pick_ready(now, failed, key) or replicas.pick(
             now, failed, key, cornered=bool(avoid), keep=call.lease.hold
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 from collections.abc import Mapping
 
@@ -63,21 +62,6 @@ def credential_key(value: bytes) -> bytes:
     """The key a credential header's value carries: the token of an ``Authorization: Bearer ...``, else the value."""
     scheme, _, token = value.strip().partition(b" ")
     return token.strip() if token and scheme.lower() == b"bearer" else value.strip()
-
-
-ACCOUNT_HEADERS = (b"openai-organization", b"openai-project")
-"""Headers that name the account a credential bills (an OpenAI key may serve several organisations, projects)."""
-
-
-def credential_hash(headers: httpx.Headers) -> str:
-    """A short hash of who a request calls as: the keys its `CREDENTIALS` headers carry (`credential_key`: a key sent
-    as ``api-key`` and as ``Authorization: Bearer`` is one) and its `ACCOUNT_HEADERS`; never the key itself. A
-    provider's rate limit or quota (a 429) is that caller's; "" for a request that carries none of them."""
-    keys = sorted({credential_key(v) for k, v in headers.raw if k.lower() in CREDENTIALS})
-    accounts = [k.lower() + b"=" + v.strip() for k, v in headers.raw if k.lower() in ACCOUNT_HEADERS]
-    if not keys and not accounts:
-        return ""
-    return hashlib.blake2b(b"\0".join([*keys, b"", *sorted(accounts)]), digest_size=8).hexdigest()
 
 
 def basic_credential(url: httpx.URL) -> bytes | None:

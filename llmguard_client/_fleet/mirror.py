@@ -7,8 +7,9 @@ its own replica states at once. Calls read only those local states. A probe that
 and the circuit everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
 Retry-After another process was given is that process's to probe. What a fault injected by chaos mode taught a
 process (`ReplicaState.local_cool`, ``local_open``) is neither published nor written, nor ended by an event. An
-event names the replica (its URL without credentials), what happened and for how long; nothing about a user or a
-prompt is stored.
+event names the replica (its URL without credentials), what happened and for how long, and for a 429's cool-down the
+limit it holds for, as a 64-bit hash of the key and model (`llmguard_client._routing.caller`; the key's value is
+``{origin} {hash}``); nothing about a user or a prompt is stored.
 
 A cool-down learned from another process is probed by that process; this one probes it only a step after that
 process's next probe would be, should it send none (`llmguard_client._routing.cooldown.mirror_cool_down`). A
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
+from llmguard_client._routing.caller import calling_as
 from llmguard_client._routing.cooldown import mirror_cool_down
 from llmguard_client._routing.replicas import ReplicaState
 
@@ -95,7 +97,7 @@ class FleetMirror:
             for key in ended:
                 pipe.delete(key)
             if not ended:
-                pipe.set(cool if kind == "cool" else opened, origin, px=ms)
+                pipe.set(cool if kind == "cool" else opened, _held(origin, holder), px=ms)
             await pipe.execute()
             await client.publish(channel, payload)
 
@@ -103,7 +105,7 @@ class FleetMirror:
 
     def _event(self, state: ReplicaState, kind: Kind, ms: int, holder: str | None = None) -> str:
         event: dict[str, object] = {"o": self.store.origin, "r": state.name, "k": kind, "ms": ms, "t": time.time()}
-        if holder is not None:  # the hash of the credential a 429 cooled it for, never the key
+        if holder is not None:  # the hash of the limit a 429 cooled it for, never the key
             event["c"] = holder
         return json.dumps(event)
 
@@ -124,7 +126,7 @@ class FleetMirror:
             return
         self.store.lag = lag = max(0.0, time.time() - sent)
         if kind in ("cool", "open") and lag > STALE_EVENT:
-            self.store.submit(self._read_again(state, kind))
+            self.store.submit(self._read_again(state, kind, holder))
             return
         now = self._clock()
         if kind == "cool":
@@ -142,8 +144,9 @@ class FleetMirror:
                 state.probe_at = math.inf
                 self._cooling_changed()
 
-    def _read_again(self, state: ReplicaState, kind: Kind) -> Callable[[Redis], Awaitable[None]]:
-        """Mirror the time left on ``state``'s ``kind`` key, if any: a held-up event's, read where it is kept."""
+    def _read_again(self, state: ReplicaState, kind: Kind, holder: str | None) -> Callable[[Redis], Awaitable[None]]:
+        """Mirror the time left on ``state``'s ``kind`` key, if any: a held-up event's (for ``holder``), read where
+        it is kept."""
 
         async def read(client: Redis) -> None:
             left = await client.pttl(self.store.key(kind, state.name))
@@ -152,7 +155,7 @@ class FleetMirror:
             now = self._clock()
             if kind == "open":
                 self._open(state, now, now + left / 1000)
-            elif self._cool(state, now, now + left / 1000):
+            elif self._cool(state, now, now + left / 1000, holder):
                 self._cooling_changed()
 
         return read
@@ -162,7 +165,7 @@ class FleetMirror:
         that reconnected first read the store before it was written); then mirror what is there."""
         now = self._clock()
         pipe = client.pipeline(transaction=False)
-        written: list[tuple[ReplicaState, Kind, int]] = []
+        written: list[tuple[ReplicaState, Kind, int, str | None]] = []
         for s in self.states:
             kinds: tuple[tuple[Kind, float, bool], ...] = (
                 ("cool", s.cooling_until, s.local_cool),
@@ -171,32 +174,35 @@ class FleetMirror:
             for kind, until, local in kinds:
                 if until - now > 0.001 and not local:  # an injected fault's (`Chaos`) stays in this process
                     ms = math.ceil((until - now) * 1000)
-                    pipe.set(self.store.key(kind, s.name), self.store.origin, px=ms, nx=True)
-                    written.append((s, kind, ms))
+                    holder = s.holder if kind == "cool" else None
+                    pipe.set(self.store.key(kind, s.name), _held(self.store.origin, holder), px=ms, nx=True)
+                    written.append((s, kind, ms, holder))
         for s in self.states:
             pipe.pttl(self.store.key("cool", s.name))
+            pipe.get(self.store.key("cool", s.name))
             pipe.pttl(self.store.key("open", s.name))
         replies = await pipe.execute()
-        for (s, kind, ms), reply in zip(written, replies, strict=False):
+        for (s, kind, ms, holder), reply in zip(written, replies, strict=False):
             if reply:  # missing there: the others may have resynced before it was written
-                await client.publish(self.channel, self._event(s, kind, ms))
-        ttls = replies[len(replies) - 2 * len(self.states) :]
+                await client.publish(self.channel, self._event(s, kind, ms, holder))
+        read = replies[len(replies) - 3 * len(self.states) :]
         now = self._clock()
         for i, s in enumerate(self.states):
-            cool, opened = ttls[2 * i], ttls[2 * i + 1]
+            cool, value, opened = read[3 * i : 3 * i + 3]
             if isinstance(cool, int) and cool > 0:
-                self._cool(s, now, now + cool / 1000)
+                self._cool(s, now, now + cool / 1000, _holder_of(value))
             if isinstance(opened, int) and opened > 0:
                 self._open(s, now, now + opened / 1000)
 
     @staticmethod
     def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:
-        """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's credential hash; None: every
+        """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's limit scope; None: every
         caller); whether it changed this process's (a new or longer one)."""
         holder = state.hold_for(now, holder)
         if until <= state.cooling_until + _SLACK:
             return False
-        mirror_cool_down(state, now, until)
+        with calling_as(holder):  # the cool-down in force as the one it renews sees it
+            mirror_cool_down(state, now, until)
         state.holder = holder
         state.local_cool = False  # the fleet's now, not an injected fault's
         return True
@@ -207,3 +213,18 @@ class FleetMirror:
             state.open_until, state.set_at = until, now
             state.tripped = True
             state.local_open = False
+
+
+def _held(origin: str, holder: str | None) -> str:
+    """A cool or open key's value: the process that wrote it, and the limit scope a 429's cool-down holds for."""
+    return origin if holder is None else f"{origin} {holder}"
+
+
+def _holder_of(value: object) -> str | None:
+    """The limit scope a cool key's value (`_held`) names; None (every caller) for one without, or unreadable."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str):
+        return None
+    _, _, holder = value.partition(" ")
+    return holder or None

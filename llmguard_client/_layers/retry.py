@@ -176,8 +176,8 @@ class RetryLayer:
         """The wait before each retry round (``rng``: its random source, e.g. ``random.Random(seed)``)."""
 
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
-        """Run ``route`` as ``call``'s credential: the cool-downs another credential's 429s set do not hold it back."""
-        with calling_as(call.credential):
+        """Run ``route`` as ``call``'s limit scope: the cool-downs another scope's 429s set do not hold it back."""
+        with calling_as(call.scope):
             return await self._route(call, route, call_next)
 
     async def _route(self, call: Call, route: Route, call_next: Next) -> Outcome:
@@ -367,7 +367,7 @@ class RetryLayer:
                     continue
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
-                # A 429 is the credential's that got it (its key's limit or quota); the rest the replica's own.
+                # A 429 is the limit's that got it (its key's and model's limit or quota); the rest the replica's own.
                 holder = caller() if failure.status_code == 429 and not state.replaces_credential else None
                 refusals = self.replicas.refused(state, holder)
                 probing = state.probing and holds_for_caller(state.holder)

@@ -1,33 +1,53 @@
-"""Whose call reads the replicas' cool-downs: a provider's 429 refuses the credential that got it, not the replica.
+"""Whose rate limit a call draws on: a provider's 429 refuses that limit, not the replica.
 
-A 429 (a rate limit, a quota) is about the API key, organisation or project of the request that got it
-(`llmguard_client._core.redact.credential_hash`): its cool-down and its run of refusals hold for that credential's
-calls only (`ReplicaState.holder`), while a 503, a 529 or a failure to connect is the replica's, for every caller.
-The retry layer runs each call's route as its credential (`calling_as`), so every reader of a cool-down on that
-route (the router, the hedges, admission) sees the ones that hold for it. Outside any call (a snapshot, the fleet
-mirror) every cool-down holds.
+A hosted API limits each key, organisation or project, per model (a gateway limits each model it routes): a 429
+is about the limit of the request that got it, its `limit_scope`. Its cool-down and its run of refusals hold for
+the calls of that scope only (`ReplicaState.holder`), while a 503, a 529 or a failure to connect is the replica's,
+for every caller. The retry layer runs each call's route as its scope (`calling_as`), so every reader of a
+cool-down on that route (the router, the hedges, admission) sees the ones that hold for it. Outside any call (a
+snapshot, the fleet mirror) every cool-down holds.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["calling_as", "caller", "holds_for_caller"]
+import httpx
 
-_CALLER: ContextVar[str | None] = ContextVar("llmguard_caller_credential", default=None)
+from llmguard_client._core.redact import CREDENTIALS, credential_key
+
+__all__ = ["calling_as", "caller", "holds_for_caller", "limit_scope"]
+
+ACCOUNT_HEADERS = (b"openai-organization", b"openai-project")
+"""Headers that name the account a key bills (an OpenAI key may serve several organisations, projects)."""
+
+_CALLER: ContextVar[str | None] = ContextVar("llmguard_limit_scope", default=None)
+
+
+def limit_scope(headers: httpx.Headers, model: str | None) -> str:
+    """A short hash of the rate limit a request draws on: the keys its `CREDENTIALS` headers carry (`credential_key`:
+    a key sent as ``api-key`` and as ``Authorization: Bearer`` is one), its `ACCOUNT_HEADERS` and the ``model`` its
+    body names; never the key itself. "" for a request that carries none of them."""
+    keys = sorted({credential_key(v) for k, v in headers.raw if k.lower() in CREDENTIALS})
+    accounts = sorted(k.lower() + b"=" + v.strip() for k, v in headers.raw if k.lower() in ACCOUNT_HEADERS)
+    if not keys and not accounts and model is None:
+        return ""
+    named = (model or "").encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(b"\0".join([*keys, b"", *accounts, b"", named]), digest_size=8).hexdigest()
 
 
 def caller() -> str | None:
-    """The credential hash of the call running here (None: outside any call)."""
+    """The limit scope of the call running here (None: outside any call)."""
     return _CALLER.get()
 
 
 @contextmanager
-def calling_as(credential: str) -> Iterator[None]:
-    """Run the block as a call with ``credential`` (its hash)."""
-    token = _CALLER.set(credential)
+def calling_as(scope: str | None) -> Iterator[None]:
+    """Run the block as a call of ``scope`` (`limit_scope`); None: as no call, every cool-down holding."""
+    token = _CALLER.set(scope)
     try:
         yield
     finally:

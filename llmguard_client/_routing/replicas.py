@@ -26,7 +26,7 @@ import httpx
 from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
 from llmguard_client._http.urlpath import path_under, sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.caller import holds_for_caller
+from llmguard_client._routing.caller import calling_as, holds_for_caller
 from llmguard_client._routing.cooldown import (
     cool,
     first_attempt_candidates,
@@ -82,11 +82,11 @@ class ReplicaState:
     """Overload answers in a row (generation calls): none served, nor answered otherwise, between them
     (`ReplicaSet.refused`)."""
     holder: str | None = None
-    """The credential (`llmguard_client._routing.caller`) the cool-down in force holds for, a 429's: that caller's
+    """The limit scope (`llmguard_client._routing.caller`) the cool-down in force holds for, a 429's: that
     rate limit or quota, not the replica's; None: every caller (a 503, a 529, the guard's own). One is remembered:
-    another credential's 429 replaces it (`hold_for`)."""
+    another scope's 429 replaces it (`hold_for`)."""
     run_holder: str | None = None
-    """The same for the run of `refusals`: a run of one credential's 429s, which another's calls neither extend nor
+    """The same for the run of `refusals`: a run of one scope's 429s, which another's calls neither extend nor
     end; None: the replica's own (a 503 in it makes it every caller's)."""
     unnamed: bool = False
     """The cool-down in force is the guard's own, for overload answers that named no wait (no Retry-After): a call
@@ -178,13 +178,13 @@ class ReplicaState:
         return self.cooling_until if holds_for_caller(self.holder) else 0.0
 
     def refusals_in_row(self) -> int:
-        """`refusals`, when their run holds for the call running here (0: another credential's run)."""
+        """`refusals`, when their run holds for the call running here (0: another scope's run)."""
         return self.refusals if holds_for_caller(self.run_holder) else 0
 
     def hold_for(self, now: float, holder: str | None) -> str | None:
-        """Before a cool-down for ``holder`` (a 429's credential; None: every caller) starts or is renewed at ``now``:
+        """Before a cool-down for ``holder`` (a 429's scope; None: every caller) starts or is renewed at ``now``:
         the holder it takes. One in force for every caller stays so (renewed as before); one in force for another
-        credential is dropped first (that credential's next call meets its limit again, as it would unguarded)."""
+        scope is dropped first (that scope's next call meets its limit again, as it would unguarded)."""
         if now >= self.cooling_until or self.holder == holder:
             return holder
         if self.holder is None:
@@ -347,7 +347,7 @@ class ReplicaSet:
 
     def probe_unsent(self, state: ReplicaState) -> None:
         """The probe in flight of ``state``'s cool-down never reached it (its connection failed in this process): it
-        is due again at once, and the calls waiting for it are woken (its own: another credential's is not its)."""
+        is due again at once, and the calls waiting for it are woken (its own: another scope's is not its)."""
         if holds_for_caller(state.holder):
             self._give_back_probe(state, state.probes)
 
@@ -454,7 +454,7 @@ class ReplicaSet:
 
     def _probe_ended(self, state: ReplicaState) -> None:
         """If ``state``'s cool-down had its probe in flight, that probe's answer ends it: the calls waiting go (an
-        answer to a call of another credential than the one it holds for is no answer to its probe)."""
+        answer to a call of another scope than the one it holds for is no answer to its probe)."""
         if state.probing and holds_for_caller(state.holder):
             state.cooling_until, state.probing = 0.0, False
             self.cooling_changed.notify()
@@ -478,13 +478,14 @@ class ReplicaSet:
         (the guard's own cool-down): any call the replica serves ends it, not only its probe. ``injected``: the
         answer was a `Chaos` fault, so the cool-down stays in this process (see `_sharing`); None: no answer asked
         for it (the guard's own, for a circuit that tripped), so it is local when that circuit is. ``holder``: the
-        credential of the 429 that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
+        limit scope of the 429 that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
         caller."""
         until = state.cooling_until
         holder = state.hold_for(now, holder)
-        named = state.cooling(now) and not state.unnamed
-        if not cool(state, now, seconds):
-            return
+        with calling_as(holder):  # the cool-down in force as the one it renews sees it
+            named = state.cooling(now) and not state.unnamed
+            if not cool(state, now, seconds):
+                return
         state.holder = holder
         state.unnamed = unnamed and not named
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
@@ -498,7 +499,7 @@ class ReplicaSet:
     def refused(self, state: ReplicaState, holder: str | None = None) -> int:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
         answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
-        run. ``holder``: a 429's credential (None: the replica's own refusal): another credential's 429 starts a run of
+        run. ``holder``: a 429's scope (None: the replica's own refusal): another scope's 429 starts a run of
         its own; a refusal of the replica's own joins any run, which then holds for every caller."""
         if state.refusals and None not in (holder, state.run_holder) and holder != state.run_holder:
             state.refusals = 0
@@ -509,7 +510,7 @@ class ReplicaSet:
     def answered(self, state: ReplicaState) -> None:
         """``state`` answered a generation call with something other than overload (a 500, a 404, a 429 refusing
         that request for its own size): its run of overload answers (`refused`) ends, unless the run is another
-        credential's."""
+        scope's."""
         if holds_for_caller(state.run_holder):
             state.refusals = 0
 
@@ -523,7 +524,7 @@ class ReplicaSet:
         """An attempt on ``state`` won (its first token came ``ttft`` s after it started, scaled to a typical
         prompt's: `TTFTStats.scale`): the circuit closes, a cool-down whose probe this was ends, and the router
         learns its TTFT and rate-limit headers."""
-        ours = holds_for_caller(state.holder)  # another credential's cool-down: this call says nothing of its limit
+        ours = holds_for_caller(state.holder)  # another scope's cool-down: this call says nothing of its limit
         own = ours and state.unnamed and (now is None or state.cooling(now))  # the guard's own: any call served ends
         probed = ours and state.probing
         # The cool-down's own probe (or any call, for the guard's own): it serves again. A circuit closing says

@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmguard_client import Guard
+from llmguard_client._routing.caller import calling_as
 from tests.fleet.guards import connected, states, until
 from tests.redis_server import RedisServer
 
@@ -267,3 +268,45 @@ async def test_a_unix_socket_address_picks_its_database_with_a_query(
     finally:
         for g in (by_socket, by_port):
             await g.aclose()
+
+
+async def test_a_429s_cool_down_reaches_the_others_and_late_joiners_for_its_credential_alone(
+    redis_server: RedisServer,
+) -> None:
+    """A cool-down a key's 429 set holds, in every process, for that key's calls alone: the event carries its
+    credential's hash, and so does the key a process that connects later reads, and the key a held-up event is read
+    again from; another key's calls are not held back anywhere."""
+    a, b = guard(redis_server.url), guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    late: Guard | None = None
+
+    def held_for(g: Guard, replica: int) -> tuple[bool, bool]:
+        now = anyio.current_time()
+        with calling_as("k-one"):
+            own = states(g)[replica].cooling(now)
+        with calling_as("k-two"):
+            other = states(g)[replica].cooling(now)
+        return own, other
+
+    try:
+        await connected(a, b)
+        a._replica_set.cool_down(states(a)[0], anyio.current_time(), 30.0, holder="k-one")
+        await until(lambda: states(b)[0].cooling_until > anyio.current_time())
+        assert held_for(b, 0) == (True, False)
+        value = await client.get("llmguard:checkout:cool:" + REPLICAS[0])
+        assert value is not None and value.endswith(b" k-one")  # the hash, never the key
+        late = guard(redis_server.url)
+        await connected(late)
+        assert held_for(late, 0) == (True, False)
+        # held up (sent 30 s ago): the time left is read from its key, for the credential the event names
+        await client.set("llmguard:checkout:cool:" + REPLICAS[1], "another-process k-one", px=5_000)
+        held_up = {"o": "another-process", "r": REPLICAS[1], "k": "cool", "ms": 20_000, "t": time.time() - 30.0}
+        await client.publish("llmguard:checkout:events", json.dumps({**held_up, "c": "k-one"}))
+        await until(lambda: states(b)[1].cooling_until > anyio.current_time())
+        assert held_for(b, 1) == (True, False)
+        assert states(b)[1].cooling_until <= anyio.current_time() + 5.0
+    finally:
+        await client.aclose()
+        for g in (a, b, late):
+            if g is not None:
+                await g.aclose()

@@ -1425,3 +1425,79 @@ def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str
     assert good.attempts[0].start == pytest.approx(refused, abs=1e-6)  # sent at once
     assert probe.attempts[0].start == pytest.approx(refused + 1.0, abs=1e-6)  # the refused key's probe
     assert good_again.attempts[0].start == pytest.approx(probe.attempts[0].start + 0.01, abs=1e-6)
+
+
+@BACKENDS
+def test_a_429_for_one_model_holds_back_no_call_for_another_model(backend: str) -> None:
+    """A provider limits each model on its own, and a gateway refuses the model it has no capacity for: a 429 that
+    reports a model's limit spent cools the replica for that model's calls alone, with one key for both."""
+    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    fake = FakeReplica("a", [refusal, Plan(), Plan()])
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for model in ("hot", "cool", "hot"):
+                    auth = {"authorization": "Bearer sk-one", "x-llmguard-max-attempts": "1"}
+                    body = {**BODY, "model": model}
+                    statuses.append((await client.post("http://a.test" + CHAT, json=body, headers=auth)).status_code)
+
+    run_virtual(main, backend)
+    assert statuses == [429, 200, 200]
+    refused, other, probe = records
+    assert refused.attempts[0].finish is not None
+    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish, abs=1e-6)  # sent at once
+    assert probe.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+def test_a_503_cools_the_replica_for_every_key(backend: str) -> None:
+    """The replica's own overload (503s) is every caller's: a run of them counts whichever key got each, and at the
+    third in a row a call with yet another key waits for the cool-down's probe (1 s in), as the refused keys' would."""
+    refusal = Plan(status=503, retry_after="20", headers_after=0.01)
+    fake = FakeReplica("a", [refusal, refusal, refusal, Plan()])
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for key in ("one", "two", "one", "three"):
+                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
+                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
+
+    run_virtual(main, backend)
+    assert statuses == [503, 503, 503, 200]
+    refused, other = records[2:]
+    assert refused.attempts[0].finish is not None
+    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+def test_another_keys_calls_served_neither_end_nor_extend_a_keys_run_of_429s(backend: str) -> None:
+    """429s that name no limit cool the replica at the third in a row; those are one key's: the other key's calls
+    served between them do not end its run (its third 429 cools the replica for it), and are never held back."""
+    refusal = Plan(status=429, retry_after="20", headers_after=0.01)
+    plans = [refusal, Plan(), refusal, Plan(), refusal, Plan(), Plan()]
+    fake = FakeReplica("a", plans)
+    records: list[PhaseRecord] = []
+    statuses: list[int] = []
+
+    async def main() -> None:
+        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
+        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
+            async with virtual.http_client() as client:
+                for key in ("bad", "good", "bad", "good", "bad", "good", "bad"):
+                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
+                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
+
+    run_virtual(main, backend)
+    assert statuses == [429, 200, 429, 200, 429, 200, 200]
+    third_refusal, good, probe = records[4:]
+    assert third_refusal.attempts[0].finish is not None
+    assert good.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish, abs=1e-6)  # sent at once
+    assert probe.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish + 1.0, abs=1e-6)  # cooled for it
