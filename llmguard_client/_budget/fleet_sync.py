@@ -6,7 +6,7 @@ store's background task (`FleetStore.every`), adds what this process counted sin
 fleet's time-bucketed counters and reads the fleet's totals of the window back:
 
 - one hash per budget and bucket of ``window / BUCKETS_PER_WINDOW`` seconds of the Redis server's time (this
-  host's wall clock plus the offset from the server's ``TIME`` that the last sync measured, `ServerClock`),
+  process's monotonic clock plus the offset from the server's ``TIME`` that the last sync measured, `ServerClock`),
   ``llmguard:{name}:budget:{{name}}:{budget}:{bucket}`` with the fields ``c`` (calls) and ``x`` (extra
   attempts), ``HINCRBY`` + ``PEXPIRE`` (two windows). The ``{name}`` hash tag keeps every budget key of a
   fleet in one Redis Cluster slot, so the pipeline goes to one node.
@@ -22,7 +22,8 @@ decides on its own window, exactly as a ``scope="process"`` budget. A process th
 window drops what it counted meanwhile instead of adding it to the current bucket. The keys hold counts and
 opaque process ids: nothing about a call, user or prompt.
 No comparison across hosts uses their wall clocks: membership is on the server's clock, buckets on each host's
-estimate of it (off by at most half a round trip), and a share's age and staleness on the host's own clock only.
+estimate of it (off by at most half a round trip), and a share's age and staleness on the process's monotonic clock
+(the Guard's) only. A step of a host's wall clock moves none of them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class FleetShare:
 
     __slots__ = (
         "budget",
+        "clock",
         "extras",
         "granularity",
         "prefix",
@@ -70,9 +72,11 @@ class FleetShare:
         "syncs",
     )
 
-    def __init__(self, budget: RetryBudget, store: FleetStore, label: str) -> None:
+    def __init__(self, budget: RetryBudget, store: FleetStore, label: str, clock: Callable[[], float]) -> None:
         self.budget = budget
         self.store = store
+        self.clock = clock
+        """The monotonic clock (the Guard's) that `read_at` is on."""
         self.prefix = store.key("budget", "{" + store.name + "}", label) + ":"
         self.granularity = budget.window / BUCKETS_PER_WINDOW
         self.sent = (budget.requests, budget.spent)
@@ -102,7 +106,7 @@ class FleetShare:
         return requests + budget.requests - sent_requests, extras + held + budget.spent - sent_extras
 
     def view(self) -> FleetBudgetSnapshot:
-        age = None if self.read_at is None else max(0.0, time.time() - self.read_at)
+        age = None if self.read_at is None else max(0.0, self.clock() - self.read_at)
         return FleetBudgetSnapshot(
             in_force=self.read_at is not None and self.store.available,
             window_requests=self.requests,
@@ -114,16 +118,16 @@ class FleetShare:
 
     # --- the sync, in the store's background task ------------------------------------------
 
-    def queue(self, pipe: Pipeline, now: float, clock: float) -> int:
+    def queue(self, pipe: Pipeline, now: float, server: float) -> int:
         """Add this process's counts since the last sync to ``pipe`` and the reads of the window; return the
-        number of replies the adds take. ``now``: this host's wall time; ``clock``: the server's, as estimated
-        here (the buckets' clock, shared by the fleet)."""
+        number of replies the adds take. ``now``: the monotonic clock's reading; ``server``: the server's time, as
+        estimated here (the buckets' clock, shared by the fleet)."""
         budget = self.budget
         current = (budget.requests, budget.spent)
         calls, extras = current[0] - self.sent[0], current[1] - self.sent[1]
         stale = self.read_at is not None and now - self.read_at > budget.window  # cut off for over a window
         self.sent = current  # taken: a failed round trip loses them rather than counting them twice
-        bucket = math.floor(clock / self.granularity)
+        bucket = math.floor(server / self.granularity)
         added = 0
         if (calls or extras) and not stale:
             key = self.prefix + str(bucket)
@@ -154,48 +158,55 @@ class FleetBudgetSync:
     """Syncs a Guard's fleet-scoped budgets (see the module docstring), every ``interval`` seconds."""
 
     def __init__(
-        self, store: FleetStore, *, interval: float = SYNC_INTERVAL, wall: Callable[[], float] = time.time
+        self,
+        store: FleetStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = SYNC_INTERVAL,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: the Guard's monotonic clock; ``wall``: the host's wall clock, the guess of the server's time
+        before the first sync has measured it."""
         self.store = store
         self.shares: list[FleetShare] = []
-        self._wall = wall
+        self.clock = clock
         self.interval = interval
         self.members = store.key("budget", "{" + store.name + "}", "processes")
         """A sorted set: each process's id, scored with the server's time of its last sync."""
-        self.clock = ServerClock()
+        self.server = ServerClock(wall)
         store.every(interval, self.sync)
 
     def add(self, budget: RetryBudget, label: str) -> FleetShare:
         """Share ``budget`` with the fleet under ``label`` (the Guard's budget, or a tier's)."""
-        share = FleetShare(budget, self.store, label)
+        share = FleetShare(budget, self.store, label, self.clock)
         self.shares.append(share)
         return share
 
     async def sync(self, client: Redis) -> None:
         """One round trip: add every budget's counts since the last sync, read the fleet's totals back."""
-        now = self._wall()
-        clock = self.clock.now(now)
+        now = self.clock()
+        server = self.server.at(now)
         pipe = client.pipeline(transaction=False)
         gone = max(1.0, 5 * self.interval)
         args = (self.store.origin, repr(gone), str(math.ceil(gone * 1000)))
         pipe.evalsha(SCRIPT_SHA, 1, self.members, *args)
         spans = []
         for share in self.shares:
-            added = share.queue(pipe, now, clock)
+            added = share.queue(pipe, now, server)
             spans.append((added, added + BUCKETS_PER_WINDOW + 1))
         replies = await pipe.execute(raise_on_error=False)
-        received = self._wall()
+        received = self.clock()
         first = replies[0]
         for reply in replies[1:] if is_noscript(first) else replies:
             if isinstance(reply, Exception):
                 raise reply
         if is_noscript(first):  # Redis lacks the script (first use, a restart): once more, by its text
             first = await client.eval(SCRIPT, 1, self.members, *args)
-            received = self._wall()
+            received = self.clock()
         parsed = parse(first)
         ids = [self.store.origin]
         if parsed is not None:
-            self.clock.measured(parsed[0], now, received)
+            self.server.measured(parsed[0], now, received)
             ids = parsed[1] if self.store.origin in parsed[1] else sorted([*parsed[1], self.store.origin])
         rank = ids.index(self.store.origin)
         offset = 1

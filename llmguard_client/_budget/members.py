@@ -3,12 +3,14 @@
 Each sync runs `SCRIPT` on the sorted set of process ids (in the sync's one pipelined round trip): it scores this
 process with the server's ``TIME`` and drops the ids not scored for ``gone`` seconds, so that no host's wall clock
 decides who counts. The server's time comes back with the members, and each process keeps its offset from its own
-wall clock (`ServerClock`) to place its counts in the budget's buckets on the same clock.
+monotonic clock (`ServerClock`) to place its counts in the budget's buckets on the same clock.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 
 __all__ = ["SCRIPT", "SCRIPT_SHA", "ServerClock", "is_noscript", "parse"]
 
@@ -46,17 +48,22 @@ def parse(reply: object) -> tuple[float, list[str]] | None:
 
 
 class ServerClock:
-    """The Redis server's time as seen from this process: its wall clock plus the offset the last sync measured
-    (the server's ``TIME`` against the middle of the round trip that read it: off by at most half of it)."""
+    """The Redis server's time as seen from this process: a reading of its monotonic clock (the Guard's) plus the
+    offset the last sync measured (the server's ``TIME`` against the middle of the round trip that read it: off by
+    at most half of it). A step of the host's wall clock (NTP, a resumed VM) does not move it; only before the first
+    measurement is the host's wall clock the guess."""
 
-    __slots__ = ("offset",)
+    __slots__ = ("_wall", "offset")
 
-    def __init__(self) -> None:
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+        self._wall = wall
         self.offset: float | None = None
-        """Server time minus local wall time; None before the first sync."""
+        """Server time minus the monotonic clock's; None before the first sync."""
 
-    def now(self, wall: float) -> float:
-        return wall + (self.offset or 0.0)
+    def at(self, now: float) -> float:
+        """The server's time when the monotonic clock reads ``now``."""
+        return self._wall() if self.offset is None else now + self.offset
 
     def measured(self, server: float, sent: float, received: float) -> None:
+        """The server's ``TIME`` read by a round trip sent and received at these monotonic readings."""
         self.offset = server - (sent + received) / 2

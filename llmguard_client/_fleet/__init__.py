@@ -46,6 +46,7 @@ class Fleet:
         clock: Callable[[], float],
     ) -> None:
         self.store = store
+        self.clock = clock
         self.mirror = FleetMirror(store, replicas.states, clock, replicas.cooling_changed.notify)
         replicas.shared = self.mirror
         self.hints = FleetHints(store, replicas, clock)
@@ -56,7 +57,7 @@ class Fleet:
     def share_budget(self, budget: RetryBudget, label: str) -> None:
         """Count ``budget`` fleet-wide (``BudgetPolicy(scope="fleet")``); ``label`` tells the Guard's from a tier's."""
         if self.budgets is None:
-            self.budgets = FleetBudgetSync(self.store)
+            self.budgets = FleetBudgetSync(self.store, clock=self.clock)
         self.budgets.add(budget, label)
 
     def snapshot(self) -> FleetSnapshot:

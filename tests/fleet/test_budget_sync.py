@@ -141,7 +141,7 @@ async def test_a_process_cut_off_for_over_a_window_drops_what_it_counted(redis_s
     now = [1000.0]
     client = redis.Redis.from_url(redis_server.url)
     try:
-        sync_ = FleetBudgetSync(a._fleet.store, wall=lambda: now[0])
+        sync_ = FleetBudgetSync(a._fleet.store, clock=lambda: now[0])
         share = sync_.add(RetryBudget(0.1, 0, 60.0), "x")
         for _ in range(7):
             share.budget.record_request()
@@ -201,7 +201,7 @@ async def test_a_tier_budget_is_shared_apart_from_the_guard_s(redis_server: Redi
 
 def skewed_sync(g: Guard, skew: float) -> FleetBudgetSync:
     """A budget sync of ``g``'s process (its own id; the Guard never connects, so only the test syncs it) whose
-    host's wall clock is ``skew`` seconds off."""
+    host's wall clock is ``skew`` seconds off (its monotonic clock is off the server's by any amount anyway)."""
     assert g._fleet is not None
     sync_ = FleetBudgetSync(g._fleet.store, wall=lambda: time.time() + skew)
     sync_.add(RetryBudget(0.1, 0, 60.0), "guard")
@@ -272,3 +272,41 @@ async def test_a_sync_loads_the_membership_script_redis_lacks(redis_server: Redi
         await second.sync(client)
         await first.sync(client)
         assert first.shares[0].processes == 2 and second.shares[0].processes == 2
+
+
+@pytest.mark.parametrize("step", [600.0, -600.0])
+async def test_a_step_of_the_host_s_wall_clock_loses_no_count(redis_server: RedisServer, step: float) -> None:
+    async with two_processes(redis_server) as (a, b, client):
+        assert b._fleet is not None
+        wall = [0.0]
+        other = skewed_sync(a, 0.0)
+        stepped = FleetBudgetSync(b._fleet.store, wall=lambda: time.time() + wall[0])
+        share = stepped.add(RetryBudget(0.1, 0, 60.0), "guard")
+        for _ in range(30):
+            other.shares[0].budget.record_request()
+        await other.sync(client)
+        for _ in range(10):
+            share.budget.record_request()
+        await stepped.sync(client)  # measures the server's clock
+        assert share.requests == 40
+        wall[0] = step  # NTP steps the host's clock, or a VM resumes: its monotonic clock goes on
+        for _ in range(5):
+            share.budget.record_request()
+        await stepped.sync(client)
+        assert share.requests == 45  # the fleet's window, with the calls made around the step
+        age = share.view().age
+        assert age is not None and age < 60.0  # seconds since that read, not the step's 600
+        await other.sync(client)
+        assert other.shares[0].requests == 45  # filed in the fleet's current bucket
+
+
+async def test_the_age_of_the_fleet_s_totals_is_on_the_guard_s_clock(redis_server: RedisServer) -> None:
+    now = [1000.0]
+    g = Guard(REPLICAS, fleet=redis_server.url, name="checkout", hedge=None, budget=FLEET, clock=lambda: now[0])
+    try:
+        await sync(redis_server.url, g)
+        now[0] += 7.0
+        shown = g.snapshot().budget
+        assert shown is not None and shown.fleet is not None and shown.fleet.age == 7.0
+    finally:
+        await g.aclose()
