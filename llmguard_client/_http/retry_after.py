@@ -33,6 +33,15 @@ def _get(headers: Mapping[str, str], name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _is_float(value: str) -> bool:
+    """Whether Python's ``float`` reads ``value`` (as both SDKs read ``retry-after-ms``: "inf", "nan", "-5" too)."""
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _number(value: str, scale: float) -> tuple[bool, float | None]:
     """Parse a numeric delay. Returns ``(looked_numeric, seconds_or_None_if_ignored)``."""
     text = value.strip()
@@ -79,12 +88,13 @@ def _http_date(value: str, now: float) -> float | None:
 def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
     """Return how many seconds the server asked us to wait before retrying, or None.
 
-    Header names are matched case-insensitively (also for plain dicts). Forms are tried in order,
-    and a form whose value is empty, garbage, negative, ``nan`` or ``inf`` is ignored so the next
-    form is tried:
+    Header names are matched case-insensitively (also for plain dicts). Forms are tried in order:
 
-    1. ``retry-after-ms``: milliseconds, fractional allowed (OpenAI/Azure extension);
-    2. ``Retry-After`` as seconds, fractional allowed;
+    1. ``retry-after-ms``: milliseconds, fractional allowed (OpenAI/Azure extension). As in the openai
+       and anthropic SDKs, a value that is a number ends the reading even when it is no delay
+       (negative, ``nan``, ``inf``: None, where both SDKs use their own backoff); an empty or
+       garbage one is ignored and the next form is tried;
+    2. ``Retry-After`` as seconds, fractional allowed (negative, ``nan`` or ``inf``: None);
     3. ``Retry-After`` as an HTTP-date, relative to ``now`` (wall-clock epoch seconds; by default the
        answer's own ``Date``, so that a host whose clock is off by minutes waits what the server asked,
        else ``time.time()``: `answer_time`); a date in the past yields ``0.0``.
@@ -106,10 +116,8 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
         raise ValueError(f"now must be finite wall-clock epoch seconds, got {now!r}")
 
     ms = _get(headers, "retry-after-ms")
-    if ms is not None:
-        _, seconds = _number(ms, 1000.0)
-        if seconds is not None:
-            return seconds
+    if ms is not None and _is_float(ms):  # a number, a delay or not, ends the reading as it does in both SDKs
+        return _number(ms, 1000.0)[1]
 
     value = _get(headers, "retry-after")
     if value is None:

@@ -109,10 +109,18 @@ def test_milliseconds_win_over_seconds() -> None:
     assert parse_retry_after({"retry-after": _date(NOW + 60), "retry-after-ms": "10"}, now=NOW) == 0.01
 
 
-@pytest.mark.parametrize("ms", ["", "garbage", "-10", "inf", "nan"])
-def test_bad_milliseconds_fall_through_to_seconds(ms: str) -> None:
+@pytest.mark.parametrize("ms", ["", "  ", "garbage", "5, 6", "0x10"])
+def test_milliseconds_that_are_no_number_fall_through_to_seconds(ms: str) -> None:
     assert parse_retry_after({"retry-after-ms": ms, "retry-after": "2"}, now=NOW) == 2.0
     assert parse_retry_after({"retry-after-ms": ms, "retry-after": _date(NOW + 42)}, now=NOW) == 42.0
+
+
+@pytest.mark.parametrize("ms", ["-100", "-10", "-1e999", "inf", "-inf", "Infinity", "nan", " NaN "])
+def test_milliseconds_that_are_a_number_but_no_delay_leave_the_backoff_to_the_caller(ms: str) -> None:
+    """Both SDKs stop at a ``retry-after-ms`` that reads as a number and, when it is no delay, use their own backoff
+    (0.5 s before a first retry): the ``Retry-After`` beside it is not read, by them nor here."""
+    assert parse_retry_after({"retry-after-ms": ms, "retry-after": "5"}, now=NOW) is None
+    assert parse_retry_after({"retry-after-ms": ms, "retry-after": _date(NOW + 42)}, now=NOW) is None
 
 
 def test_future_date() -> None:
