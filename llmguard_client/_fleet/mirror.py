@@ -2,14 +2,15 @@
 
 Each is published twice when learned here: a key with the remaining time as its TTL
 (``llmguard:{name}:cool:{replica}``, ``...:open:{replica}``), for processes that (re)connect later, and an
-event on ``llmguard:{name}:events`` (``...@db{N}`` on database N) that every process's listener mirrors into
-its own replica states at once. Calls read only those local states. A probe that succeeds ends the cool-down
-and the circuit everywhere; a circuit that closes here (a success after failures) ends only the circuit elsewhere: a
-Retry-After another process was given is that process's to probe. What a fault injected by chaos mode taught a
-process (`ReplicaState.local_cool`, ``local_open``) is neither published nor written, nor ended by an event. An
-event names the replica (its URL without credentials), what happened and for how long, and for a 429's cool-down the
-limit it holds for, as a 64-bit hash of the key and model (`llmguard_client._routing.caller`; the key's value is
-``{origin} {hash}``); nothing about a user or a prompt is stored.
+event on ``llmguard:{name}:events`` (``...@db{N}`` on database N) on which every process's listener reads that
+key's time left into its own replica states (`FleetMirror._mirror_key`). Calls read only those local states. A
+probe that succeeds ends the cool-down and the circuit everywhere; a circuit that closes here (a success after
+failures) ends only the circuit elsewhere: a Retry-After another process was given is that process's to probe.
+What a fault injected by chaos mode taught a process (`ReplicaState.local_cool`, ``local_open``) is neither
+published nor written, nor ended by an event. An event names the replica (its URL without credentials), what
+happened and for how long, and for a 429's cool-down the limit it holds for, as a 64-bit hash of the key and model
+(`llmguard_client._routing.caller`; the key's value is ``{origin} {hash}``); nothing about a user or a prompt is
+stored.
 
 A cool-down learned from another process is probed by that process; this one probes it only a step after that
 process's next probe would be, should it send none (`llmguard_client._routing.cooldown.mirror_cool_down`). A
@@ -38,11 +39,6 @@ __all__ = ["FleetMirror"]
 Kind = Literal["cool", "open", "clear", "close"]
 _SLACK = 0.01
 """A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
-STALE_EVENT = 1.0
-"""An event read this many seconds after it was sent (the publisher's clock against this host's) was held up, this
-process frozen between a serverless runtime's invocations or its loop stopped: the time it gives is read again from
-its key, on Redis's clock, instead (a 20 s cool-down that had ended while the process was frozen was applied for
-20 s from its thaw)."""
 
 
 class FleetMirror:
@@ -124,17 +120,12 @@ class FleetMirror:
         state = self._by_name.get(name)
         if origin == self.store.origin or state is None or not math.isfinite(ms) or ms < 0:
             return
-        self.store.lag = lag = max(0.0, time.time() - sent)
-        if kind in ("cool", "open") and lag > STALE_EVENT:
-            self.store.submit(self._read_again(state, kind, holder))
+        self.store.lag = max(0.0, time.time() - sent)
+        if kind in ("cool", "open"):
+            self.store.submit(self._mirror_key(state, kind))
             return
         now = self._clock()
-        if kind == "cool":
-            if self._cool(state, now, now + ms / 1000, holder):
-                self._cooling_changed()
-        elif kind == "open":
-            self._open(state, now, now + ms / 1000)
-        elif kind in ("clear", "close"):
+        if kind in ("clear", "close"):
             if not state.local_open:  # a circuit an injected fault opened here is this process's to close
                 state.open_until = min(state.open_until, now)
                 state.tripped = False
@@ -144,18 +135,26 @@ class FleetMirror:
                 state.probe_at = math.inf
                 self._cooling_changed()
 
-    def _read_again(self, state: ReplicaState, kind: Kind, holder: str | None) -> Callable[[Redis], Awaitable[None]]:
-        """Mirror the time left on ``state``'s ``kind`` key, if any: a held-up event's (for ``holder``), read where
-        it is kept."""
+    def _mirror_key(self, state: ReplicaState, kind: Kind) -> Callable[[Redis], Awaitable[None]]:
+        """Mirror the time left on ``state``'s ``kind`` key, if any, and the limit scope its value names: what an
+        event of a cool-down or an opened circuit tells is read where it is kept, on Redis's clock. The event's own
+        length and time are not taken at their word: an event read late (this process frozen between a serverless
+        runtime's invocations, or its loop stopped) gave a cool-down that had ended meanwhile its whole length from
+        the thaw, and no comparison of the publisher's clock with this host's can tell a late event when the clocks
+        disagree by about as much as it was held up."""
 
         async def read(client: Redis) -> None:
-            left = await client.pttl(self.store.key(kind, state.name))
+            key = self.store.key(kind, state.name)
+            pipe = client.pipeline(transaction=False)
+            pipe.pttl(key)
+            pipe.get(key)
+            left, value = await pipe.execute()
             if not isinstance(left, int) or left <= 0:
                 return  # ended meanwhile (or cleared: that event follows)
             now = self._clock()
             if kind == "open":
                 self._open(state, now, now + left / 1000)
-            elif self._cool(state, now, now + left / 1000, holder):
+            elif self._cool(state, now, now + left / 1000, _holder_of(value)):
                 self._cooling_changed()
 
         return read

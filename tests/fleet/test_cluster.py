@@ -82,10 +82,14 @@ async def test_a_cool_down_reaches_the_other_guard_and_a_win_clears_it(redis_clu
 
 
 async def test_an_event_published_on_any_node_reaches_the_listener(redis_cluster: RedisCluster) -> None:
-    """Cluster pub/sub: the Guard subscribes on one node; PUBLISH on every node must reach it."""
+    """Cluster pub/sub: the Guard subscribes on one node; PUBLISH on every node must reach it (each event of a
+    cool-down is read from its key, wherever its slot is)."""
     g = guard(redis_cluster.url)
+    client = cluster_client(redis_cluster)
     try:
         await connected(g)
+        for replica in REPLICAS:
+            await client.set(f"llmguard:checkout:cool:{replica}", "another-process", px=30_000)
         for port, replica in zip(redis_cluster.ports, REPLICAS, strict=True):
             node = redis.Redis(host="127.0.0.1", port=port)
             try:
@@ -97,6 +101,7 @@ async def test_an_event_published_on_any_node_reaches_the_listener(redis_cluster
         now = anyio.current_time()  # learned elsewhere: the probes are that process's, ours a step later (2 s)
         assert all(now < s.probe_at <= now + 2.0 for s in states(g))
     finally:
+        await client.aclose()
         await g.aclose()
 
 

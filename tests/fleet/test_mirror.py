@@ -69,6 +69,31 @@ async def test_a_held_up_cool_down_event_gives_the_time_its_key_has_left(redis_s
         await b.aclose()
 
 
+async def test_an_event_stamped_ahead_of_this_hosts_clock_gives_the_time_its_key_has_left(
+    redis_server: RedisServer,
+) -> None:
+    """A host whose clock is behind the publisher's reads a held-up event as fresh, or as sent in its future: an
+    event stamped more than a second after it is read is read again from its key too. A process 10 s behind, frozen
+    6 s past a 4 s cool-down, applied it for 4 s from its thaw and refused its calls `all_replicas_cooling`."""
+    b = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        channel = "llmguard:checkout:events"
+        ahead = time.time() + 30.0  # the publisher's clock 30 s ahead of this host's
+        ended = {"o": "another-process", "r": REPLICAS[0], "k": "cool", "ms": 20_000, "t": ahead}
+        await client.set("llmguard:checkout:cool:" + REPLICAS[1], "another-process", px=5_000)  # 5 s left
+        cooled = {"o": "another-process", "r": REPLICAS[1], "k": "cool", "ms": 20_000, "t": ahead}
+        await client.publish(channel, json.dumps(ended))
+        await client.publish(channel, json.dumps(cooled))
+        await until(lambda: states(b)[1].cooling(anyio.current_time()))
+        assert states(b)[1].cooling_until <= anyio.current_time() + 5.0
+        assert not states(b)[0].cooling(anyio.current_time())
+    finally:
+        await client.aclose()
+        await b.aclose()
+
+
 async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
     a, b = guard(redis_server.url), guard(redis_server.url)
     try:
