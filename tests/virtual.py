@@ -84,6 +84,9 @@ class Plan:
     """Before the first token, an SSE comment (``: keep-alive``) this often (0: silence), as a gateway sends while a
     reasoning model thinks."""
     reset_after_tokens: int | None = None
+    error_event: dict[str, Any] | None = None
+    """Before the first token, an in-stream error event carrying this error object, then ``[DONE]`` (as vLLM sends
+    for a full queue, or LiteLLM when its backend's stream breaks); chat streams only."""
     close_takes: float = 0.0
     """How long closing the response takes (a slow teardown while a deadline fires)."""
     retry_after: str | None = None
@@ -166,6 +169,10 @@ class _Events(httpx.AsyncByteStream):
             thinking -= plan.keepalive_every
             yield b": keep-alive\n\n"
         await anyio.sleep(thinking)
+        if plan.error_event is not None:
+            yield _sse({"error": plan.error_event})
+            yield b"data: [DONE]\n\n"
+            return
         for i in range(plan.tokens):
             if i and plan.gap:
                 await anyio.sleep(plan.gap)

@@ -211,8 +211,8 @@ class AttemptFailure:
     def replica_failed(self) -> bool:
         """The replica failed the request itself: a transport error (but a connection that failed here: `local`), a
         5xx, or a 408 (it timed out on the request, as a replica that answers nothing in time does). What counts toward
-        its circuit and its failure rate, and what is retried, paced, past an empty budget (but for a stream's
-        `failed_reading`); an overload answer (429/503/529) is judged before it (it cools the replica), and other 4xx
+        its circuit and its failure rate, and what is retried, paced, past an empty budget (but for a failure
+        `in_ok_answer`); an overload answer (429/503/529) is judged before it (it cools the replica), and other 4xx
         are the request's."""
         status = self.status_code or 0
         if isinstance(self.error, httpx.PoolTimeout):  # the caller's own pool was full: the replica never saw it
@@ -233,6 +233,14 @@ class AttemptFailure:
         headers, before its first token (`as_sent`): without a guard the SDK had returned the stream, and the error
         met its caller reading it, which no SDK retries."""
         return self.as_sent is not None and self.stream_failure is None and self.is_transport_error
+
+    @property
+    def in_ok_answer(self) -> bool:
+        """The failure came inside a 2xx answer, before its first token: an error event, a truncated or malformed
+        stream, a body that is an error object (`stream_failure`), or an error met reading a stream after its headers
+        (`failed_reading`). Without a guard the SDK had that answer as a success, and no SDK retries one, whatever
+        status or Retry-After the error inside it names."""
+        return self.stream_failure is not None or self.failed_reading
 
     @property
     def refused(self) -> bool:

@@ -37,19 +37,22 @@ After a round fails, `Retrier` decides whether and where to try again:
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need). A retry that goes back to the replica that answered with a
   Retry-After, no sooner than it asked, is *paced* by that server: it is paid while the budget has room
-  and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it; so is one
+  and sent even when it has none (`RetryBudget.try_acquire`), as the plain SDK would send it (not when the answer
+  was a 2xx with the error inside it, which the plain SDK does not retry: below); so is one
   back to a replica that answered 429 without a Retry-After (the server refused this client), once the
   cool-down standing in for it ends (`_server_paced`). When the budget refuses the retry at once to another
   replica after such an answer, the retry goes back, paced, to the replica that asked, at its cool-down's end
   (`_back_to_asker`), as it would with that replica alone and as the plain SDK would retry, unless it is
   excluded (a Retry-After longer than `RetryPolicy.max_retry_after`, an open circuit);
 - the budget bounds the guard's *extra* load (retries at once elsewhere, hedges), never what the plain SDK would send:
-  a retry it refuses after the replica's own failure (a 5xx, a 408, a transport error but a stream's cut after headers,
-  an overload answer without a Retry-After) goes as a paced one (`_pace_refused`), to a ready replica (circuit closed,
-  not cooling; the one that failed when no other is ready) after the backoff of a retry to the same replica, as an
-  SDK's retry waits (at once after an overload answer: another replica is ready), within the call's deadline and
-  attempts. Every replica cooling (an overload of every one: each cools at its third refusal in a row, or its first
-  in-stream one) or open (panic mode) leaves none ready, and there the bound holds: circuits and cool-downs stop the
+  a retry it refuses after the replica's own failure (a 5xx, a 408, a transport error, an overload answer without a
+  Retry-After) goes as a paced one (`_pace_refused`), to a ready replica (circuit closed, not cooling; the one that
+  failed when no other is ready) after the backoff of a retry to the same replica, as an SDK's retry waits (at once
+  after an overload answer: another replica is ready), within the call's deadline and attempts; but for a failure
+  inside a 2xx answer (`AttemptFailure.in_ok_answer`: a stream cut after its headers, an error event before its first
+  token), which the plain SDK does not retry: that one is paced only to a ready replica the call has not tried. Every
+  replica cooling (an overload of every one: each cools at its third refusal in a row, or its first in-stream one) or
+  open (panic mode) leaves none ready, and there the bound holds: circuits and cool-downs stop the
   retries once the replicas fail everything. The only replica left (one configured, or the others excluded or open)
   has nowhere else to send them: its retry goes at its cool-down's end when it is cooling, and once its circuit has
   opened (it failed every call lately) it also cools for `RetryPolicy.overload_cooldown` unless it is already cooling
@@ -220,7 +223,7 @@ class RetryLayer:
             used_up = allowed is not None and sent >= allowed
             last_one = allowed is not None and sent + 1 >= allowed
             last = outcome.failures[-1]
-            cuts = all(f.failed_reading for f in failures)  # none the plain SDK retries: it met them reading
+            cuts = all(f.in_ok_answer for f in failures)  # none the plain SDK retries: it had a 2xx answer
             plan = self._plan(
                 call, route, last, rounds, used_up, failed, asked=asked, last_one=last_one, faults=faults, cuts=cuts
             )
@@ -458,8 +461,9 @@ class RetryLayer:
         ``asked``: when each replica's Retry-After to this call ends (a retry goes back no sooner); ``last_one``: the
         retry is the last request the route may send. ``earliest``: the call waited already (`_await_serving`); its
         retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`). ``cuts``:
-        every failure of the call was met reading a stream after its headers (`AttemptFailure.failed_reading`), none
-        the plain SDK retries (`_pace_refused`)."""
+        every failure of the call came inside a 2xx answer (`AttemptFailure.in_ok_answer`: a stream cut after its
+        headers, an error event before the first token), none the plain SDK retries: whatever pace its server asked
+        for, its retry goes past the bound only as `_pace_refused` lets it."""
         asked = asked or {}
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
@@ -540,8 +544,11 @@ class RetryLayer:
             wait = max(wait, state.cooling_end() - now)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
-        payment = Payment() if last.refused else call.pay_extra(route.budget, paced and route.kind != "continuation")
-        if payment is None and route.kind != "continuation" and not paced and server_paced:
+        # A server's pace takes past the bound the retry the plain SDK sends; it sends none of a failure inside a 2xx
+        # answer (``cuts``), whatever its error event says (a 429, a Retry-After): `_pace_refused` decides those.
+        past_bound = route.kind != "continuation" and not cuts
+        payment = Payment() if last.refused else call.pay_extra(route.budget, paced and past_bound)
+        if payment is None and past_bound and not paced and server_paced:
             back = self._back_to_asker(now, last, avoid)  # the retry elsewhere refused: paced back where it asked
             if back is not None:
                 state, wait = last.state, back
@@ -601,9 +608,9 @@ class RetryLayer:
         `RetryPolicy.max_retry_after` is not waited for: that replica gets no retry, and the answer is final when no
         other can serve the call). A call `beside` the replicas' paths goes to its own deployment whichever replica
         sends it: each wait it was asked applies, and one beyond the guard's makes the answer final. It is paid from
-        the budget, and goes past it when it is empty: each is a retry the plain SDK sends (but for an error met
-        reading a stream, `AttemptFailure.failed_reading`, which it does not retry: when every failure of the call was
-        one (``cuts``), the budget bounds its retries)."""
+        the budget, and goes past it when it is empty: each is a retry the plain SDK sends (but for a failure inside a
+        2xx answer, `AttemptFailure.in_ok_answer`, which it does not retry: when every failure of the call was one
+        (``cuts``), the budget bounds its retries)."""
         assert self.policy is not None
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
@@ -628,7 +635,7 @@ class RetryLayer:
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget;
-        # but for one of an error met reading a stream, which it does not retry.
+        # but for one of a failure inside a 2xx answer, which it does not retry.
         paced = route.kind != "continuation" and not cuts
         payment = Payment() if last.refused else call.pay_extra(route.budget, paced)
         if payment is None:
@@ -762,9 +769,10 @@ class RetryLayer:
         """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error, an
         overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced retry,
         past the bound, as the plain SDK's retry would go; None when it does not (the bound holds), as when every
-        failure of the call was met reading a stream (`AttemptFailure.failed_reading`: the plain SDK had returned it,
-        and sends no retry) and the retry would go back to a replica that failed it (``cuts_back``): a cut after the
-        headers is paced only to a replica not tried yet (another may not share the fault, a gateway's idle timeout).
+        failure of the call came inside a 2xx answer (`AttemptFailure.in_ok_answer`: a stream cut after its headers, an
+        error event before its first token; the plain SDK had it as a success, and sends no retry) and the retry would
+        go back to a replica that failed it (``cuts_back``): such a failure is paced only to a replica not tried yet
+        (another may not share the fault: a gateway's idle timeout, a backend's broken stream).
 
         It goes to a ready replica (circuit closed, not cooling: `_plan` chose it, another than those that failed the
         call when one is ready), after the backoff of a retry to the same replica (`Backoff.returning`), or at once
@@ -808,7 +816,8 @@ def _cools(failure: AttemptFailure, refusals: int, probing: bool, longest: float
     others between), or when it answers the probe of the replica's cool-down (refused again: the cool-down is renewed).
     At once: a 429 without a Retry-After (the server refused this client, cheaply: the cool-down stands in for the wait
     it did not name) or whose rate-limit headers report none left in a limit (spent for every caller), an overload error
-    inside a 200 stream (no SDK retries one: every retry of it is load the guard adds, kept within the budget's bound),
+    inside a 200 stream (no SDK retries one: every retry of it is load the guard adds, within the budget's bound but
+    to a replica the call has not tried: `RetryLayer._pace_refused`),
     a Retry-After longer than the guard waits (``longest``: a quota's, which holds for every call) and an answer marked
     ``x-should-retry: false``. Before that, a Retry-After paces the retry of the call that got it only
     (`RetryLayer._plan`), as the plain SDK's retry follows it."""

@@ -184,18 +184,79 @@ def test_a_stream_cut_after_its_headers_is_retried_within_the_budget_and_never_p
     assert snapshot.paced == 0
 
 
+ERROR_EVENTS = {
+    "500": {"message": "the backend's stream broke", "code": "500"},  # LiteLLM's, its code a string
+    "503": {"message": "the queue is full", "type": "Service Unavailable", "code": 503},  # vLLM's full queue
+    "429 retry_after": {"message": "rate limited", "code": 429, "retry_after": 1},
+}
+"""Error events a server sends in a 200 stream before its first token: one the plain SDK meets reading the stream."""
+
+
 @BACKENDS
-def test_a_cut_after_the_headers_is_paced_to_a_replica_not_tried_and_does_not_cancel_a_5xxs_retry(
-    backend: str,
+@pytest.mark.parametrize("mode", ["guard", "cooperative"])
+@pytest.mark.parametrize("path", ["replica", "beside"])
+@pytest.mark.parametrize("error", list(ERROR_EVENTS))
+def test_an_error_event_before_the_first_token_is_retried_within_the_budget_and_never_paced_past_it(
+    backend: str, mode: str, path: str, error: str
 ) -> None:
-    """The budget is empty. Replica b's gateway cuts every stream after its headers; a answers its first call 500,
-    then serves. The plain SDK pointed at a serves every call (its retry of the 500 included). Through the guard: a
-    call whose 500 was retried on b, cut there, still goes back to a, paced, as the plain SDK's retry of the 500
-    would; and a call that met b's cut first goes paced to a, not tried yet (another replica may not share the
-    fault). (Any cut ended the call, as the plain SDK ends a cut stream, and lost calls a served.)"""
+    """One replica (a proxy such as LiteLLM, whose backend's stream breaks) answers every call with a 200 whose first
+    event after the role is an error: a 500, an overload (503), a 429 asking for a second's rest. The plain openai SDK
+    raises `APIError` reading the stream: one request a call, no retry. The guard retries the first call's error
+    twice, paid from the budget's 2 (in cooperative mode the SDK sends them), then each call ends after one request,
+    as the plain SDK's, with the answer the error stands for (the SDK raises it from ``create()``); so do calls to
+    another deployment ``beside`` the replica's path. (Each refused retry went paced past the empty budget, as after
+    an HTTP 500 or 429: three requests a call, waiting for the replica's cool-down or circuit.)"""
+    replica = "http://a.test/openai/deployments/east"
+    base = replica if path == "replica" else "http://a.test/openai/deployments/west"
+    fake = FakeReplica("a", [Plan(headers_after=0.01, error_event=ERROR_EVENTS[error])])
+    met: list[int] = []  # each call's requests
+    snapshots: list[BudgetSnapshot] = []
+
+    async def main() -> None:
+        retry, budget = RetryPolicy(mode=mode), BudgetPolicy(ratio=0.0, floor=2)
+        async with virtual_guard({replica: fake}, [], retry=retry, budget=budget, hedge=None) as virtual:
+            client = openai.AsyncOpenAI(
+                base_url=base, api_key="k", http_client=virtual.http_client_for(openai.AsyncOpenAI)
+            )
+            for _ in range(CUT_CALLS):
+                before = fake.requests
+                with pytest.raises(openai.APIError):  # the answer the error stands for, raised by create()
+                    await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+                    )
+                met.append(fake.requests - before)
+            await client.close()
+            snapshot = virtual.snapshot().budget
+            assert snapshot is not None
+            snapshots.append(snapshot)
+
+    run_virtual(main, backend)
+    assert met == [ATTEMPTS] + [1] * (CUT_CALLS - 1)
+    (snapshot,) = snapshots
+    assert snapshot.paced == 0
+
+
+IN_OK_ANSWERS = {
+    "cut": Plan(headers_after=0.01, reset_after_tokens=0),
+    "error event": Plan(headers_after=0.01, error_event=ERROR_EVENTS["500"]),
+}
+"""Failures inside a 200 stream before its first token, which the plain SDK meets reading it and does not retry."""
+
+
+@BACKENDS
+@pytest.mark.parametrize("fault", list(IN_OK_ANSWERS))
+def test_a_cut_after_the_headers_is_paced_to_a_replica_not_tried_and_does_not_cancel_a_5xxs_retry(
+    backend: str, fault: str
+) -> None:
+    """The budget is empty. Replica b's gateway cuts every stream after its headers (or its backend's stream breaks,
+    an error event before the first token); a answers its first call 500, then serves. The plain SDK pointed at a
+    serves every call (its retry of the 500 included). Through the guard: a call whose 500 was retried on b, cut
+    there, still goes back to a, paced, as the plain SDK's retry of the 500 would; and a call that met b's cut first
+    goes paced to a, not tried yet (another replica may not share the fault). (Any cut ended the call, as the plain
+    SDK ends a cut stream, and lost calls a served.)"""
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(status=500), Plan()]),
-        "http://b.test": FakeReplica("b", [Plan(headers_after=0.01, reset_after_tokens=0)]),
+        "http://b.test": FakeReplica("b", [IN_OK_ANSWERS[fault]]),
     }
     records: list[PhaseRecord] = []
     served: list[bool] = []
@@ -214,6 +275,7 @@ def test_a_cut_after_the_headers_is_paced_to_a_replica_not_tried_and_does_not_ca
     assert served == [True] * 6
     first = [(a.replica, a.status_code) for a in records[0].attempts]
     assert first == [("http://a.test", 500), ("http://b.test", 200), ("http://a.test", 200)]
+    assert any(r.attempts[0].replica == "http://b.test" for r in records)  # met b first, served by a
 
 
 @BACKENDS
