@@ -1399,13 +1399,12 @@ def test_a_connection_that_failed_here_counts_against_no_replica(backend: str, c
 SPENT_KEY_LIMIT = {"x-ratelimit-remaining-requests": "0"}
 
 
-@BACKENDS
-def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str) -> None:
-    """A hosted API's 429 (a spent limit of the key that got it) is that key's: a call with another API key is sent at
-    once and served, while the refused key's next call waits for the cool-down's probe (1 s in), as it did for every
-    call; refused again, that probe holds back no call of the other key either."""
-    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
-    fake = FakeReplica("a", [refusal, Plan(), refusal, Plan()])
+def calls_in_turn(
+    backend: str, plans: list[Plan], callers: list[tuple[str, str]]
+) -> tuple[list[int], list[PhaseRecord]]:
+    """One call after another to one replica answering ``plans``, each as its (API key, model) in ``callers``, with
+    one attempt each: their statuses and records."""
+    fake = FakeReplica("a", plans)
     records: list[PhaseRecord] = []
     statuses: list[int] = []
 
@@ -1413,11 +1412,23 @@ def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str
         tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
         async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
             async with virtual.http_client() as client:
-                for key in ("bad", "good", "bad", "good"):
+                for key, model in callers:
                     auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
-                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
+                    body = {**BODY, "model": model}
+                    statuses.append((await client.post("http://a.test" + CHAT, json=body, headers=auth)).status_code)
 
     run_virtual(main, backend)
+    return statuses, records
+
+
+@BACKENDS
+def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str) -> None:
+    """A hosted API's 429 (a spent limit of the key that got it) is that key's: a call with another API key is sent at
+    once and served, while the refused key's next call waits for the cool-down's probe (1 s in), as it did for every
+    call; refused again, that probe holds back no call of the other key either."""
+    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    callers = [("bad", "m"), ("good", "m"), ("bad", "m"), ("good", "m")]
+    statuses, records = calls_in_turn(backend, [refusal, Plan(), refusal, Plan()], callers)
     assert statuses == [429, 200, 429, 200]
     bad, good, probe, good_again = records
     refused = bad.attempts[0].finish
@@ -1432,20 +1443,7 @@ def test_a_429_for_one_model_holds_back_no_call_for_another_model(backend: str) 
     """A provider limits each model on its own, and a gateway refuses the model it has no capacity for: a 429 that
     reports a model's limit spent cools the replica for that model's calls alone, with one key for both."""
     refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
-    fake = FakeReplica("a", [refusal, Plan(), Plan()])
-    records: list[PhaseRecord] = []
-    statuses: list[int] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
-            async with virtual.http_client() as client:
-                for model in ("hot", "cool", "hot"):
-                    auth = {"authorization": "Bearer sk-one", "x-llmguard-max-attempts": "1"}
-                    body = {**BODY, "model": model}
-                    statuses.append((await client.post("http://a.test" + CHAT, json=body, headers=auth)).status_code)
-
-    run_virtual(main, backend)
+    statuses, records = calls_in_turn(backend, [refusal, Plan(), Plan()], [("k", "hot"), ("k", "cool"), ("k", "hot")])
     assert statuses == [429, 200, 200]
     refused, other, probe = records
     assert refused.attempts[0].finish is not None
@@ -1458,19 +1456,8 @@ def test_a_503_cools_the_replica_for_every_key(backend: str) -> None:
     """The replica's own overload (503s) is every caller's: a run of them counts whichever key got each, and at the
     third in a row a call with yet another key waits for the cool-down's probe (1 s in), as the refused keys' would."""
     refusal = Plan(status=503, retry_after="20", headers_after=0.01)
-    fake = FakeReplica("a", [refusal, refusal, refusal, Plan()])
-    records: list[PhaseRecord] = []
-    statuses: list[int] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
-            async with virtual.http_client() as client:
-                for key in ("one", "two", "one", "three"):
-                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
-                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
-
-    run_virtual(main, backend)
+    callers = [("one", "m"), ("two", "m"), ("one", "m"), ("three", "m")]
+    statuses, records = calls_in_turn(backend, [refusal, refusal, refusal, Plan()], callers)
     assert statuses == [503, 503, 503, 200]
     refused, other = records[2:]
     assert refused.attempts[0].finish is not None
@@ -1483,19 +1470,8 @@ def test_another_keys_calls_served_neither_end_nor_extend_a_keys_run_of_429s(bac
     served between them do not end its run (its third 429 cools the replica for it), and are never held back."""
     refusal = Plan(status=429, retry_after="20", headers_after=0.01)
     plans = [refusal, Plan(), refusal, Plan(), refusal, Plan(), Plan()]
-    fake = FakeReplica("a", plans)
-    records: list[PhaseRecord] = []
-    statuses: list[int] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=5.0, total=10.0, stall=2.0)}
-        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
-            async with virtual.http_client() as client:
-                for key in ("bad", "good", "bad", "good", "bad", "good", "bad"):
-                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
-                    statuses.append((await client.post("http://a.test" + CHAT, json=BODY, headers=auth)).status_code)
-
-    run_virtual(main, backend)
+    callers = [(key, "m") for key in ("bad", "good", "bad", "good", "bad", "good", "bad")]
+    statuses, records = calls_in_turn(backend, plans, callers)
     assert statuses == [429, 200, 429, 200, 429, 200, 200]
     third_refusal, good, probe = records[4:]
     assert third_refusal.attempts[0].finish is not None
