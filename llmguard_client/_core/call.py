@@ -111,9 +111,9 @@ class Call:
     """The choices the request asks for (its ``n``): a streamed answer is complete when that many have finished."""
     ttft_size: int = field(init=False)
     """The class of its prompt's size its first tokens are judged in (`llmguard_client._routing.ttft_stats`)."""
-    scope: str = field(init=False)
-    """The rate limit it draws on (`limit_scope` of its key and account headers and its model): a 429 it gets cools
-    its replicas for that scope's calls only."""
+    scope: str | None = field(init=False)
+    """The rate limit it draws on (`limit_scope` of its key and account headers): a 429 it gets cools its replicas
+    for that scope's calls only (None: for every call, a signed request's)."""
     judges: bool = field(init=False)
     """Whether the call's answers speak for its replicas' generation calls, and their cool-downs and circuits for
     it: a generation call under a replica's base path. Another API's call (files, embeddings) or one `beside` the
@@ -122,7 +122,7 @@ class Call:
     def __post_init__(self) -> None:
         self.ttft_size = size_class(self.prompt_size())
         self.judges = self.generation and not self.beside
-        self.scope = limit_scope(self.request.headers, self.record.model)
+        self.scope = limit_scope(self.request.headers, bool(self.signed) or self.signed_url)
 
     @property
     def known_by(self) -> bytes | None:

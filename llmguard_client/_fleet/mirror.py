@@ -8,7 +8,7 @@ probe that succeeds ends the cool-down and the circuit everywhere; a circuit tha
 failures) ends only the circuit elsewhere: a Retry-After another process was given is that process's to probe.
 What a fault injected by chaos mode taught a process (`ReplicaState.local_cool`, ``local_open``) is neither
 published nor written, nor ended by an event. An event names the replica (its URL without credentials), what
-happened and for how long, and for a 429's cool-down the limit it holds for, as a 64-bit hash of the key and model
+happened and for how long, and for a 429's cool-down the limit it holds for, as a 64-bit hash of the key
 (`llmguard_client._routing.caller`; the key's value is ``{origin} {hash}``); nothing about a user or a prompt is
 stored.
 
@@ -197,12 +197,11 @@ class FleetMirror:
     def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:
         """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's limit scope; None: every
         caller); whether it changed this process's (a new or longer one)."""
-        holder = state.hold_for(now, holder)
+        state.holder = state.hold_for(now, holder)
         if until <= state.cooling_until + _SLACK:
             return False
-        with calling_as(holder):  # the cool-down in force as the one it renews sees it
+        with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             mirror_cool_down(state, now, until)
-        state.holder = holder
         state.local_cool = False  # the fleet's now, not an injected fault's
         return True
 

@@ -1,11 +1,12 @@
 """Whose rate limit a call draws on: a provider's 429 refuses that limit, not the replica.
 
-A hosted API limits each key, organisation or project, per model (a gateway limits each model it routes): a 429
-is about the limit of the request that got it, its `limit_scope`. Its cool-down and its run of refusals hold for
-the calls of that scope only (`ReplicaState.holder`), while a 503, a 529 or a failure to connect is the replica's,
-for every caller. The retry layer runs each call's route as its scope (`calling_as`), so every reader of a
-cool-down on that route (the router, the hedges, admission) sees the ones that hold for it. Outside any call (a
-snapshot, the fleet mirror) every cool-down holds.
+A hosted API limits each key, organisation or project on its own: a 429 is about the limit of the request that got
+it, its `limit_scope`. Its cool-down and its run of refusals hold for the calls of that scope only
+(`ReplicaState.holder`), while a 503, a 529 or a failure to connect is the replica's, for every caller. The model is
+no part of the scope: a server with several models behind one URL (TGI's, LoRA adapters) answers 429 for all of
+them when its queue is full, and a limit may cover several models. The retry layer runs each call's route as its
+scope (`calling_as`), so every reader of a cool-down on that route (the router, the hedges, admission) sees the
+ones that hold for it. Outside any call (a snapshot, the fleet mirror) every cool-down holds.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ ACCOUNT_HEADERS = (b"openai-organization", b"openai-project")
 _CALLER: ContextVar[str | None] = ContextVar("llmguard_limit_scope", default=None)
 
 
-def limit_scope(headers: httpx.Headers, model: str | None) -> str:
+def limit_scope(headers: httpx.Headers, signed: bool) -> str | None:
     """A short hash of the rate limit a request draws on: the keys its `CREDENTIALS` headers carry (`credential_key`:
-    a key sent as ``api-key`` and as ``Authorization: Bearer`` is one), its `ACCOUNT_HEADERS` and the ``model`` its
-    body names; never the key itself. "" for a request that carries none of them."""
+    a key sent as ``api-key`` and as ``Authorization: Bearer`` is one) and its `ACCOUNT_HEADERS`; never the key
+    itself. "" for a request that carries none of them. None, every caller's, for a ``signed`` one (AWS SigV4,
+    a Google HMAC): its ``Authorization`` is a signature, new on every request, not the credential it stands for."""
+    if signed:
+        return None
     keys = sorted({credential_key(v) for k, v in headers.raw if k.lower() in CREDENTIALS})
     accounts = sorted(k.lower() + b"=" + v.strip() for k, v in headers.raw if k.lower() in ACCOUNT_HEADERS)
-    if not keys and not accounts and model is None:
+    if not keys and not accounts:
         return ""
-    named = (model or "").encode("utf-8", "surrogatepass")
-    return hashlib.blake2b(b"\0".join([*keys, b"", *accounts, b"", named]), digest_size=8).hexdigest()
+    return hashlib.blake2b(b"\0".join([*keys, b"", *accounts]), digest_size=8).hexdigest()
 
 
 def caller() -> str | None:

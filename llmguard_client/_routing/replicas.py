@@ -183,11 +183,12 @@ class ReplicaState:
 
     def hold_for(self, now: float, holder: str | None) -> str | None:
         """Before a cool-down for ``holder`` (a 429's scope; None: every caller) starts or is renewed at ``now``:
-        the holder it takes. One in force for every caller stays so (renewed as before); one in force for another
-        scope is dropped first (that scope's next call meets its limit again, as it would unguarded)."""
+        the holder it takes. One in force for every caller stays so, and one for every caller takes over one in
+        force for a scope (renewed as before, its probes and length kept); one in force for another scope is
+        dropped first (that scope's next call meets its limit again, as it would unguarded)."""
         if now >= self.cooling_until or self.holder == holder:
             return holder
-        if self.holder is None:
+        if self.holder is None or holder is None:
             return None
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
@@ -481,12 +482,11 @@ class ReplicaSet:
         limit scope of the 429 that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
         caller."""
         until = state.cooling_until
-        holder = state.hold_for(now, holder)
-        with calling_as(holder):  # the cool-down in force as the one it renews sees it
+        state.holder = state.hold_for(now, holder)
+        with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             named = state.cooling(now) and not state.unnamed
             if not cool(state, now, seconds):
                 return
-        state.holder = holder
         state.unnamed = unnamed and not named
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
         if state.cooling_until != until:
@@ -499,10 +499,9 @@ class ReplicaSet:
     def refused(self, state: ReplicaState, holder: str | None = None) -> int:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
         answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
-        run. ``holder``: a 429's scope (None: the replica's own refusal): another scope's 429 starts a run of
-        its own; a refusal of the replica's own joins any run, which then holds for every caller."""
-        if state.refusals and None not in (holder, state.run_holder) and holder != state.run_holder:
-            state.refusals = 0
+        run. ``holder``: a 429's scope (None: the replica's own refusal): a run of one scope's 429s holds for that
+        scope; another scope's 429, or a refusal of the replica's own, joins it, and it then holds for every caller
+        (a server refusing every key, or a limit shared by several, is not one key's)."""
         state.run_holder = holder if state.refusals == 0 or state.run_holder == holder else None
         state.refusals += 1
         return state.refusals

@@ -1402,8 +1402,8 @@ SPENT_KEY_LIMIT = {"x-ratelimit-remaining-requests": "0"}
 def calls_in_turn(
     backend: str, plans: list[Plan], callers: list[tuple[str, str]]
 ) -> tuple[list[int], list[PhaseRecord]]:
-    """One call after another to one replica answering ``plans``, each as its (API key, model) in ``callers``, with
-    one attempt each: their statuses and records."""
+    """One call after another to one replica answering ``plans``, each as its (API key, model) in ``callers`` (a key
+    with a space is sent as the whole ``Authorization`` value), with one attempt each: their statuses and records."""
     fake = FakeReplica("a", plans)
     records: list[PhaseRecord] = []
     statuses: list[int] = []
@@ -1413,7 +1413,8 @@ def calls_in_turn(
         async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
             async with virtual.http_client() as client:
                 for key, model in callers:
-                    auth = {"authorization": f"Bearer sk-{key}", "x-llmguard-max-attempts": "1"}
+                    authorization = key if " " in key else f"Bearer sk-{key}"
+                    auth = {"authorization": authorization, "x-llmguard-max-attempts": "1"}
                     body = {**BODY, "model": model}
                     statuses.append((await client.post("http://a.test" + CHAT, json=body, headers=auth)).status_code)
 
@@ -1439,16 +1440,43 @@ def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str
 
 
 @BACKENDS
-def test_a_429_for_one_model_holds_back_no_call_for_another_model(backend: str) -> None:
-    """A provider limits each model on its own, and a gateway refuses the model it has no capacity for: a 429 that
-    reports a model's limit spent cools the replica for that model's calls alone, with one key for both."""
+def test_a_keys_429_for_one_model_holds_back_its_calls_for_another_model(backend: str) -> None:
+    """The model is no part of a 429's scope: a server with several models behind one URL refuses them all when its
+    queue is full, and a limit may cover several models. The key's next call, for another model, waits for the probe."""
     refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
-    statuses, records = calls_in_turn(backend, [refusal, Plan(), Plan()], [("k", "hot"), ("k", "cool"), ("k", "hot")])
-    assert statuses == [429, 200, 200]
-    refused, other, probe = records
+    statuses, records = calls_in_turn(backend, [refusal, Plan()], [("k", "hot"), ("k", "cool")])
+    assert statuses == [429, 200]
+    refused, other = records
     assert refused.attempts[0].finish is not None
-    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish, abs=1e-6)  # sent at once
-    assert probe.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+def test_a_signed_requests_429_cools_the_replica_for_every_call(backend: str) -> None:
+    """A signed request's ``Authorization`` is a signature, new on each request (AWS SigV4): not the credential, so its
+    429 holds for every call, as before a 429 was scoped; scoped by its signature, each call was another caller's
+    and the next one was sent at once."""
+    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    signed = "AWS4-HMAC-SHA256 Credential=AKID/20261207/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature="
+    callers = [(signed + "a1", "m"), (signed + "b2", "m")]
+    statuses, records = calls_in_turn(backend, [refusal, Plan()], callers)
+    assert statuses == [429, 200]
+    refused, other = records
+    assert refused.attempts[0].finish is not None
+    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+def test_429s_of_several_keys_in_a_row_cool_the_replica_for_every_key(backend: str) -> None:
+    """A run of 429s that name no limit, from different keys, is the server's (a queue refusing every key, or a limit
+    they share): at the third in a row it cools the replica for every key, as one key's run does for that key."""
+    refusal = Plan(status=429, retry_after="20", headers_after=0.01)
+    callers = [(key, "m") for key in ("one", "two", "one", "three")]
+    statuses, records = calls_in_turn(backend, [refusal, refusal, refusal, Plan()], callers)
+    assert statuses == [429, 429, 429, 200]
+    third, other = records[2:]
+    assert third.attempts[0].finish is not None
+    assert other.attempts[0].start == pytest.approx(third.attempts[0].finish + 1.0, abs=1e-6)
 
 
 @BACKENDS
@@ -1477,3 +1505,18 @@ def test_another_keys_calls_served_neither_end_nor_extend_a_keys_run_of_429s(bac
     assert third_refusal.attempts[0].finish is not None
     assert good.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish, abs=1e-6)  # sent at once
     assert probe.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish + 1.0, abs=1e-6)  # cooled for it
+
+
+@BACKENDS
+def test_a_503_during_a_keys_cool_down_makes_it_every_callers_keeping_its_probe(backend: str) -> None:
+    """The replica's own overload meeting a key's cool-down takes it over for every caller, as it stands: its probe
+    stays due 1 s into it (it started over at the 503 before, one probe more), and the key's long Retry-After stands."""
+    spent = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    overload = Plan(status=503, retry_after="5", headers={"x-should-retry": "false"}, headers_after=0.01)
+    callers = [("one", "m"), ("two", "m"), ("three", "m")]
+    statuses, records = calls_in_turn(backend, [spent, overload, Plan()], callers)
+    assert statuses == [429, 503, 200]
+    refused, overloaded, probe = records
+    assert refused.attempts[0].finish is not None
+    assert overloaded.attempts[0].start == pytest.approx(refused.attempts[0].finish, abs=1e-6)  # another key's
+    assert probe.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
