@@ -3,7 +3,7 @@
 Each is published twice when learned here: a key with the remaining time as its TTL
 (``llmguard:{name}:cool:{replica}``, ``...:open:{replica}``), for processes that (re)connect later, and an
 event on ``llmguard:{name}:events`` (``...@db{N}`` on database N) on which every process's listener reads that
-key's time left into its own replica states (`FleetMirror._mirror_key`). Calls read only those local states. A
+key's time left into its own replica states (`FleetMirror._read_keys`). Calls read only those local states. A
 probe that succeeds ends the cool-down and the circuit everywhere; a circuit that closes here (a success after
 failures) ends only the circuit elsewhere: a Retry-After another process was given is that process's to probe.
 What a fault injected by chaos mode taught a process (`ReplicaState.local_cool`, ``local_open``) is neither
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
@@ -39,6 +39,11 @@ __all__ = ["FleetMirror"]
 Kind = Literal["cool", "open", "clear", "close"]
 _SLACK = 0.01
 """A mirrored deadline within this many seconds of the local one is the same event (not an extension)."""
+
+
+READ_AGAIN = 1.0
+"""Seconds after which a read of the keys events named that has not run yet is handed to the store again (one it
+dropped, its connection lost meanwhile: the resync reads every key then anyway)."""
 
 
 class FleetMirror:
@@ -58,6 +63,11 @@ class FleetMirror:
         self._clock = clock
         self._cooling_changed = cooling_changed
         """Wakes the calls waiting for a cool-down (`llmguard_client._routing.wakeup.Wakeup.notify`)."""
+        self._unread: dict[tuple[Kind, str], bool] = {}
+        """The keys events named that are still to be read (`_read_keys`): (kind, replica) and whether one of those
+        events held for every caller."""
+        self._asked_at: float | None = None
+        """When the read of `_unread` was handed to the store (None: none waiting to run)."""
         self.channel = store.channel("events")
         store.subscribe(store.key("events"), self.receive)
         store.on_connect(self.resync)
@@ -121,10 +131,13 @@ class FleetMirror:
         if origin == self.store.origin or state is None or not math.isfinite(ms) or ms < 0:
             return
         self.store.lag = max(0.0, time.time() - sent)
-        if kind in ("cool", "open"):
-            self.store.submit(self._mirror_key(state, kind))
-            return
         now = self._clock()
+        if kind in ("cool", "open"):
+            self._unread[kind, name] = self._unread.get((kind, name), False) or holder is None
+            if self._asked_at is None or now - self._asked_at > READ_AGAIN:
+                self._asked_at = now
+                self.store.submit(self._read_keys)
+            return
         if kind in ("clear", "close"):
             if not state.local_open:  # a circuit an injected fault opened here is this process's to close
                 state.open_until = min(state.open_until, now)
@@ -135,29 +148,34 @@ class FleetMirror:
                 state.probe_at = math.inf
                 self._cooling_changed()
 
-    def _mirror_key(self, state: ReplicaState, kind: Kind) -> Callable[[Redis], Awaitable[None]]:
-        """Mirror the time left on ``state``'s ``kind`` key, if any, and the limit scope its value names: what an
-        event of a cool-down or an opened circuit tells is read where it is kept, on Redis's clock. The event's own
-        length and time are not taken at their word: an event read late (this process frozen between a serverless
-        runtime's invocations, or its loop stopped) gave a cool-down that had ended meanwhile its whole length from
-        the thaw, and no comparison of the publisher's clock with this host's can tell a late event when the clocks
-        disagree by about as much as it was held up."""
-
-        async def read(client: Redis) -> None:
-            key = self.store.key(kind, state.name)
-            pipe = client.pipeline(transaction=False)
-            pipe.pttl(key)
-            pipe.get(key)
-            left, value = await pipe.execute()
+    async def _read_keys(self, client: Redis) -> None:
+        """Mirror the time left on each key the events named (`_unread`), in one round trip, and the limit scope the
+        key's value names (every caller's, when one of those events was). What an event of a cool-down or an opened
+        circuit tells is read where it is kept, on Redis's clock, not taken at its word: an event read late (this
+        process frozen between a serverless runtime's invocations, or its loop stopped) gave a cool-down that had
+        ended meanwhile its whole length from the thaw, and no comparison of the publisher's clock with this host's
+        can tell a late event when the clocks disagree by about as much as it was held up. A burst of events is
+        one read of the keys they name."""
+        unread, self._unread, self._asked_at = self._unread, {}, None
+        if not unread:
+            return
+        pipe = client.pipeline(transaction=False)
+        for kind, name in unread:
+            pipe.pttl(self.store.key(kind, name))
+            pipe.get(self.store.key(kind, name))
+        replies = await pipe.execute()
+        now, changed = self._clock(), False
+        for i, ((kind, name), every) in enumerate(unread.items()):
+            left, value = replies[2 * i], replies[2 * i + 1]
+            state = self._by_name[name]
             if not isinstance(left, int) or left <= 0:
-                return  # ended meanwhile (or cleared: that event follows)
-            now = self._clock()
+                continue  # ended meanwhile (or cleared: that event follows)
             if kind == "open":
                 self._open(state, now, now + left / 1000)
-            elif self._cool(state, now, now + left / 1000, _holder_of(value)):
-                self._cooling_changed()
-
-        return read
+            else:
+                changed |= self._cool(state, now, now + left / 1000, None if every else _holder_of(value))
+        if changed:
+            self._cooling_changed()
 
     async def resync(self, client: Redis) -> None:
         """After a (re)connection: write what is in force here and missing there, and publish it (the processes

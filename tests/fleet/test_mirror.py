@@ -78,6 +78,53 @@ async def test_an_event_gives_the_time_its_key_has_left_whatever_it_is_stamped(
         await b.aclose()
 
 
+async def test_a_burst_of_events_is_mirrored_whole_and_writes_nothing_out(redis_server: RedisServer) -> None:
+    """A burst of events (another process cooling many replicas at once) is read back in few round trips: each was a
+    read queued behind this process's own writes, and past the writer's queue the oldest were dropped, its own
+    cool-downs' keys with them (400 events: 320-348 mirrored)."""
+    replicas = [f"http://127.0.0.1:9/r{i}" for i in range(300)]
+    b = Guard(replicas, fleet=redis_server.url, name="checkout", hedge=None)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        pipe = client.pipeline(transaction=False)
+        for replica in replicas:
+            pipe.set("llmguard:checkout:cool:" + replica, "another-process", px=30_000)
+            event = {"o": "another-process", "r": replica, "k": "cool", "ms": 30_000, "t": time.time()}
+            pipe.publish("llmguard:checkout:events", json.dumps(event))
+        await pipe.execute()
+        b._replica_set.cool_down(states(b)[0], anyio.current_time(), 60.0)  # its own, written meanwhile
+        await until(lambda: all(s.cooling(anyio.current_time()) for s in states(b)))
+        with anyio.fail_after(10):
+            while await client.pttl("llmguard:checkout:cool:" + replicas[0]) <= 30_000:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    finally:
+        await client.aclose()
+        await b.aclose()
+
+
+async def test_an_event_for_every_caller_keeps_the_cool_down_every_callers_whatever_its_key_says(
+    redis_server: RedisServer,
+) -> None:
+    """A replica's own overload (an event with no scope) and a key's 429 written over its key at once by another
+    process: the cool-down mirrored holds for every caller, not for that key alone."""
+    b = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        await client.set("llmguard:checkout:cool:" + REPLICAS[0], "process-b k-one", px=5_000)  # b's 429 wrote last
+        overload = {"o": "process-a", "r": REPLICAS[0], "k": "cool", "ms": 5_000, "t": time.time()}
+        scoped = {"o": "process-b", "r": REPLICAS[0], "k": "cool", "ms": 2_000, "t": time.time(), "c": "k-one"}
+        await client.publish("llmguard:checkout:events", json.dumps(overload))
+        await client.publish("llmguard:checkout:events", json.dumps(scoped))
+        await until(lambda: states(b)[0].cooling_until > anyio.current_time())
+        with calling_as("k-two"):
+            assert states(b)[0].cooling(anyio.current_time())
+    finally:
+        await client.aclose()
+        await b.aclose()
+
+
 async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
     a, b = guard(redis_server.url), guard(redis_server.url)
     try:
