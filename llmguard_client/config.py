@@ -456,7 +456,8 @@ class BudgetPolicy:
     the plain SDK would send goes *paced* past it, charged to it (``snapshot().paced`` counts those past the
     bound): back to the replica that answered with a Retry-After, or a 429 without one, once that wait or the
     cool-down standing in for it is over; after the replica's own failure (a 5xx, a 408, a transport error, but
-    a stream's after its headers: the plain SDK meets that one reading the stream, unretried), after the
+    not a failure inside a 2xx answer before its first token, a stream cut after its headers or an error event in
+    it: the plain SDK meets that one reading the stream, unretried), after the
     same-replica backoff, to a ready replica (circuit closed, not cooling; the one that failed when no other
     is); after an overload answer without a Retry-After (vLLM's 503 for a full queue), at once to another replica
     that is ready. Every replica cooling or open leaves none ready, and the bound holds; the only replica left

@@ -33,13 +33,18 @@ def _get(headers: Mapping[str, str], name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _is_float(value: str) -> bool:
-    """Whether Python's ``float`` reads ``value`` (as both SDKs read ``retry-after-ms``: "inf", "nan", "-5" too)."""
+def _milliseconds(value: str) -> tuple[bool, float | None]:
+    """``retry-after-ms`` as both SDKs read it, with Python's ``float`` ("1_000", "inf", "nan", "-5" too): whether it
+    is a number, and the delay it gives in seconds (`_number`'s reading of a plain one), None for a number that is
+    none (negative, not finite)."""
+    numeric, seconds = _number(value, 1000.0)
+    if numeric:
+        return True, seconds
     try:
-        float(value)
+        number = float(value)
     except ValueError:
-        return False
-    return True
+        return False, None
+    return True, min(number / 1000.0, RETRY_AFTER_CAP) + 0.0 if math.isfinite(number) and number >= 0 else None
 
 
 def _number(value: str, scale: float) -> tuple[bool, float | None]:
@@ -116,8 +121,10 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
         raise ValueError(f"now must be finite wall-clock epoch seconds, got {now!r}")
 
     ms = _get(headers, "retry-after-ms")
-    if ms is not None and _is_float(ms):  # a number, a delay or not, ends the reading as it does in both SDKs
-        return _number(ms, 1000.0)[1]
+    if ms is not None:
+        numeric, seconds = _milliseconds(ms)
+        if numeric:  # a number, a delay or not, ends the reading as it does in both SDKs
+            return seconds
 
     value = _get(headers, "retry-after")
     if value is None:

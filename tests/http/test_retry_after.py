@@ -93,6 +93,8 @@ def test_bad_seconds_ignored(value: str) -> None:
         ("300000", 300.0),
         ("300001", RETRY_AFTER_CAP),
         ("1e999", RETRY_AFTER_CAP),
+        ("1_000", 1.0),  # what Python's float reads, as both SDKs read it
+        (" 2_500 ", 2.5),
     ],
 )
 def test_milliseconds_only(value: str, expected: float) -> None:
