@@ -1439,57 +1439,44 @@ def test_a_429_cools_the_only_replica_for_the_key_that_got_it_alone(backend: str
     assert good_again.attempts[0].start == pytest.approx(probe.attempts[0].start + 0.01, abs=1e-6)
 
 
+SIGNED = "AWS4-HMAC-SHA256 Credential=AKID/20261207/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature="
+EVERY_CALLERS_REFUSALS = {
+    "a-key-s-429-holds-back-its-other-models": (
+        [Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)],
+        [("k", "hot"), ("k", "cool")],
+    ),
+    "a-signed-request-s-429": (
+        [Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)],
+        [(SIGNED + "a1", "m"), (SIGNED + "b2", "m")],
+    ),
+    "429s-of-several-keys-in-a-row": (
+        [Plan(status=429, retry_after="20", headers_after=0.01)] * 3,
+        [("one", "m"), ("two", "m"), ("one", "m"), ("three", "m")],
+    ),
+    "503s-of-several-keys-in-a-row": (
+        [Plan(status=503, retry_after="20", headers_after=0.01)] * 3,
+        [("one", "m"), ("two", "m"), ("one", "m"), ("three", "m")],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EVERY_CALLERS_REFUSALS.values(), ids=EVERY_CALLERS_REFUSALS.keys())
 @BACKENDS
-def test_a_keys_429_for_one_model_holds_back_its_calls_for_another_model(backend: str) -> None:
-    """The model is no part of a 429's scope: a server with several models behind one URL refuses them all when its
-    queue is full, and a limit may cover several models. The key's next call, for another model, waits for the probe."""
-    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
-    statuses, records = calls_in_turn(backend, [refusal, Plan()], [("k", "hot"), ("k", "cool")])
-    assert statuses == [429, 200]
-    refused, other = records
-    assert refused.attempts[0].finish is not None
-    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
-
-
-@BACKENDS
-def test_a_signed_requests_429_cools_the_replica_for_every_call(backend: str) -> None:
-    """A signed request's ``Authorization`` is a signature, new on each request (AWS SigV4): not the credential, so its
-    429 holds for every call, as before a 429 was scoped; scoped by its signature, each call was another caller's
-    and the next one was sent at once."""
-    refusal = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
-    signed = "AWS4-HMAC-SHA256 Credential=AKID/20261207/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature="
-    callers = [(signed + "a1", "m"), (signed + "b2", "m")]
-    statuses, records = calls_in_turn(backend, [refusal, Plan()], callers)
-    assert statuses == [429, 200]
-    refused, other = records
-    assert refused.attempts[0].finish is not None
-    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
-
-
-@BACKENDS
-def test_429s_of_several_keys_in_a_row_cool_the_replica_for_every_key(backend: str) -> None:
-    """A run of 429s that name no limit, from different keys, is the server's (a queue refusing every key, or a limit
-    they share): at the third in a row it cools the replica for every key, as one key's run does for that key."""
-    refusal = Plan(status=429, retry_after="20", headers_after=0.01)
-    callers = [(key, "m") for key in ("one", "two", "one", "three")]
-    statuses, records = calls_in_turn(backend, [refusal, refusal, refusal, Plan()], callers)
-    assert statuses == [429, 429, 429, 200]
-    third, other = records[2:]
-    assert third.attempts[0].finish is not None
-    assert other.attempts[0].start == pytest.approx(third.attempts[0].finish + 1.0, abs=1e-6)
-
-
-@BACKENDS
-def test_a_503_cools_the_replica_for_every_key(backend: str) -> None:
-    """The replica's own overload (503s) is every caller's: a run of them counts whichever key got each, and at the
-    third in a row a call with yet another key waits for the cool-down's probe (1 s in), as the refused keys' would."""
-    refusal = Plan(status=503, retry_after="20", headers_after=0.01)
-    callers = [("one", "m"), ("two", "m"), ("one", "m"), ("three", "m")]
-    statuses, records = calls_in_turn(backend, [refusal, refusal, refusal, Plan()], callers)
-    assert statuses == [503, 503, 503, 200]
-    refused, other = records[2:]
-    assert refused.attempts[0].finish is not None
-    assert other.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+def test_refusals_that_are_not_one_keys_cool_the_replica_for_every_call(
+    backend: str, case: tuple[list[Plan], list[tuple[str, str]]]
+) -> None:
+    """What cools a replica for every call, whatever its key, the next call waiting for the cool-down's probe (1 s
+    in): a key's 429 for another model of the key (the model is no part of the scope: a server with several models
+    behind one URL refuses them all when its queue is full, and a limit may cover several); a signed request's
+    (its ``Authorization`` is a signature, new on each request, AWS SigV4: scoped by it, each call was another
+    caller's and was sent at once); and a run of refusals from several keys (a queue refusing every key, or a limit
+    they share), 429s or 503s, at its third."""
+    refusals, callers = case
+    statuses, records = calls_in_turn(backend, [*refusals, Plan()], callers)
+    assert statuses == [refusals[0].status] * len(refusals) + [200]
+    cooled_by, held = records[-2:]
+    assert cooled_by.attempts[0].finish is not None
+    assert held.attempts[0].start == pytest.approx(cooled_by.attempts[0].finish + 1.0, abs=1e-6)
 
 
 @BACKENDS
