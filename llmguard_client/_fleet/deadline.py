@@ -8,10 +8,9 @@ store degraded, and in short invocations it never reconnected (each new connecti
 timed out on the next), so such a worker did not follow the fleet's kill switch.
 
 A `RunningDeadline` counts its time in steps of at most `STEP`: a step whose timer ran more than a step late (the
-loop did not run when it was due: stopped, frozen, or held that long by a callback) counts one step, however long
-it took. On a running loop every step comes in time and it expires after its ``seconds``, as ``anyio.fail_after``
-does, so an outage is found as fast; runs shorter than a step, and a loop busy past each step, still bring it to
-its end, a step at a time. Only the store's waits for Redis use it: its intervals (the heartbeat's, the rollout flag's
+loop did not run when it was due: stopped, frozen, or held that long by a callback) is not counted. On a running
+loop every step comes in time and it expires after its ``seconds``, as ``anyio.fail_after`` does, so an outage
+is found as fast. Only the store's waits for Redis use it: its intervals (the heartbeat's, the rollout flag's
 poll, the reconnection backoff) count the real time, so that the first run after a long stop pings Redis and
 reads what is due at once.
 """
@@ -84,7 +83,5 @@ class RunningDeadline:
 
     def _since_mark(self, now: float) -> float:
         """The time since the last check, if the loop ran through it (its timer, due at ``_due``, not more than a
-        step late at ``now``); else one step of it: a stop costs the deadline a step, so that runs shorter than a
-        step (short invocations of a kept loop) and a loop busy past each step still bring it to its end."""
-        elapsed = now - self._mark
-        return elapsed if now - self._due <= self._step else min(elapsed, self._step)
+        step late at ``now``); else none of it."""
+        return now - self._mark if now - self._due <= self._step else 0.0

@@ -116,10 +116,7 @@ class FleetFlag:
         if connecting is not None or not self.store.available:
             return connecting
         if self._refresh is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # a trio call: the store runs on the Guard's own loop, which polls on time
-                return None
+            loop = asyncio.get_running_loop()
             now = loop.time()
             if loop is not self._loop or now - max(self._asked_at, self._read_at) <= self.poll_interval + STEP:
                 return None

@@ -131,29 +131,3 @@ def test_closing_from_sync_code_while_the_fleets_loop_is_stopped_does_not_wait_f
     finally:  # the loop runs again: the store's clean-up, cancelled by close(), ends there and closes its sockets
         loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(loop), return_exceptions=True))
         loop.close()
-
-
-def test_trio_calls_after_sync_ones_are_served_while_the_store_runs_on_the_guards_own_loop(
-    redis_server: RedisServer, servers: list[LoopbackServer]
-) -> None:
-    """Sync calls connect the store on the Guard's own loop; trio code then calls: the store stays there (it is
-    asyncio's), and the check of a flag gone stale, which asked for the running asyncio loop, failed every trio call
-    with ``RuntimeError: no running event loop``."""
-    trio = pytest.importorskip("trio")
-    guard = Guard([servers[0].url], fleet=redis_server.url, name="trio-after-sync")
-    try:
-        with guard.sync_http_client() as client:
-            assert client.post(servers[0].url + "/v1/chat/completions", json=BODY).status_code == 200
-        deadline = time.monotonic() + 15
-        while not ((fleet := guard.snapshot().fleet) and fleet.connected) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert fleet is not None and fleet.connected  # on the Guard's own loop (15 s: a bound, not a timing)
-
-        async def trio_calls() -> list[int]:
-            async with httpx.AsyncClient(transport=guard.transport) as client:
-                url = servers[0].url + "/v1/chat/completions"
-                return [(await client.post(url, json=BODY)).status_code for _ in range(3)]
-
-        assert trio.run(trio_calls) == [200, 200, 200]
-    finally:
-        guard.close()
