@@ -51,7 +51,7 @@ class Fleet:
         replicas.shared = self.mirror
         self.hints = FleetHints(store, replicas, clock)
         self.flag = FleetFlag(store, rollout, poll_interval)
-        rollout.settle = self.flag.settling
+        rollout.settle = store.settling
         self.budgets: FleetBudgetSync | None = None
 
     def share_budget(self, budget: RetryBudget, label: str) -> None:

@@ -14,24 +14,16 @@ again is told, not repeated): the kill switch is lifted only by ``set`` or ``cle
 value has nothing to write back. So that a process cut off while the command ran cannot undo it on
 reconnecting, what the command wrote is read, never overwritten. Every process computes a key's cohort with the
 same hash, so widening the fraction only moves keys into the guarded cohort, on every process.
-
-A flag last read longer ago than the poll interval (a step more: `STEP`) was not read when it was due: the event
-loop was not running (one kept for the process, stopped between invocations; a frozen process). The first call
-after such a lapse asks for a read and waits for it (`FleetFlag.settling`), as a new process's first calls wait
-for the store's first connection: at most the store's ``op_timeout``, once per lapse.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
 
-from llmguard_client._fleet.deadline import STEP
 from llmguard_client._fleet.store import FleetStore
 
 if TYPE_CHECKING:
@@ -75,7 +67,7 @@ class FleetRollout(Protocol):
     """The fleet's fraction in force (None: the process's own)."""
     settle: Callable[[], Awaitable[bool] | None] | None
     """Called before each call's cohort is decided (the store connects on first use); what it gives, the
-    store's first connection under way or a read of a flag gone stale (`FleetFlag.settling`), is awaited."""
+    store's first connection under way, is awaited."""
 
 
 class FleetFlag:
@@ -89,52 +81,16 @@ class FleetFlag:
         """The two values last read (raw; None: never read), written back where the store lost them."""
         self.reads = 0
         """Reads completed (each poll, each announcement, each resync)."""
-        self.poll_interval = max(poll_interval, 0.05)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """The event loop the store reads the flag on: only its calls ask for a read (`settling`)."""
-        self._asked_at = self._read_at = -math.inf
-        """When (on that loop's clock) the last read started, and when the last one ended."""
-        self._refresh: asyncio.Event | None = None
-        """Set by the first read asked at `_refresh_asked` or later (a stale flag's: `settling`)."""
-        self._refresh_asked = -math.inf
-        self._waited_out = False
-        """A wait for `_refresh` ran out: the next calls do not wait for it again."""
         self._refused = False
         """The store refused the last write-back (and that was said once)."""
         self._warned_at: float | None = None
         self._losses = 0
         """Losses since the last warning (a store evicting the flag again and again is told once a `LOSS_WARNING`)."""
-        store.every(self.poll_interval, self.read)  # also run once right after each (re)connection
+        store.every(max(poll_interval, 0.05), self.read)  # also run once right after each (re)connection
         store.subscribe(store.key("rollout"), lambda _: store.submit(self.read))
-
-    def settling(self) -> Awaitable[bool] | None:
-        """What each call waits for before its cohort is decided (`FleetRollout.settle`): the store's first
-        connection while it is under way (`FleetStore.settling`); else, connected, when the flag was not read when
-        it was due (see the module docstring), a read asked now, at most the store's ``op_timeout``. None, at once,
-        otherwise, and once a wait for that read has run out."""
-        connecting = self.store.settling()
-        if connecting is not None or not self.store.available:
-            return connecting
-        if self._refresh is None:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            if loop is not self._loop or now - max(self._asked_at, self._read_at) <= self.poll_interval + STEP:
-                return None
-            self._refresh, self._refresh_asked, self._waited_out = asyncio.Event(), now, False
-            self.store.submit(self.read)
-        return None if self._waited_out else self._fresh(self._refresh)
-
-    async def _fresh(self, refresh: asyncio.Event) -> bool:
-        with anyio.move_on_after(self.store.op_timeout) as waited:
-            await refresh.wait()
-        if waited.cancelled_caught and refresh is self._refresh:
-            self._waited_out = True  # until it is read: the next calls do not wait for it again
-        return refresh.is_set()
 
     async def read(self, client: Redis) -> None:
         """Read both keys; write back a known value the store lost, then take the values in force."""
-        loop = self._loop = asyncio.get_running_loop()
-        asked = self._asked_at = loop.time()
         values = await self._get(client)
         lost = [i for i, v in enumerate(values) if v is None and isinstance(self.known[i], (bytes, str))]
         if lost:
@@ -150,10 +106,6 @@ class FleetFlag:
             self.known[1] if values[1] is None else values[1],
         )
         self.reads += 1
-        self._read_at = loop.time()
-        if self._refresh is not None and asked >= self._refresh_asked:
-            self._refresh.set()
-            self._refresh = None
         value = parse_flag(*self.known)
         if value != self.rollout.override:
             logger.info(
