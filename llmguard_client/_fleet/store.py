@@ -18,12 +18,6 @@ backoff reset and "connected again" said. One that fails before (a permission th
 first call, say) backs off as a failed connection does, and a failure the log has told of already is not told
 again: before, such a store reconnected ~10 times a second, warning each time. The subscription is confirmed
 before the session counts as connected, so that a refused channel fails the connection itself.
-
-The supervisor's waits for Redis (connecting, resyncing, each write, heartbeat and periodic read) are bounded by
-`RunningDeadline`s, and its client has no socket timeouts of redis-py's: the time its event loop did not run (a
-loop kept for the process, stopped between invocations; a frozen process) does not count, so an answer that came
-meanwhile is read on the next run instead of timing out. A call's own wait (`run`, `first_connection`) is the
-call's time, on the loop's clock.
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ import anyio.abc
 
 from llmguard_client._core.forks import in_forked_child
 from llmguard_client._fleet.acl import explain
-from llmguard_client._fleet.deadline import RunningDeadline
 from llmguard_client._fleet.nodes import close_client, ping
 from llmguard_client._fleet.url import FleetURL, redact_text
 
@@ -426,9 +419,9 @@ class FleetStore:
             self._working = False
             client: Redis | None = None
             try:
-                # No socket timeouts of redis-py's, which count a stopped loop's time: each wait is a RunningDeadline
-                client = cast("Redis", self.url.client(socket_timeout=None, connect_timeout=None))
-                with RunningDeadline(self.connect_timeout):
+                made = self.url.client(socket_timeout=self.connect_timeout, connect_timeout=self.connect_timeout)
+                client = cast("Redis", made)
+                with anyio.fail_after(self.connect_timeout):
                     await _in_own_task(client.ping())
                 await self._session(client)
             except Exception as exc:
@@ -453,7 +446,7 @@ class FleetStore:
         pubsub = client.pubsub()
         spawned: list[Coroutine[Any, Any, None]] = []
         try:
-            with RunningDeadline(self.connect_timeout):
+            with anyio.fail_after(self.connect_timeout):
                 await _in_own_task(self._resync(client, pubsub))
             was = self._state
             self._state, self._client, self._slow = "connected", client, False
@@ -506,10 +499,10 @@ class FleetStore:
 
     async def _listen(self, pubsub: object) -> None:
         """Dispatch what the subscription receives, waiting at most ``_LISTEN_WAIT`` s per read. Not
-        ``pubsub.listen()``: before redis-py 8.1 its blocking read gives up at a client's socket timeout, and an
-        idle subscription raised TimeoutError each time (the store degraded against a healthy Redis). A read with a
-        timeout of its own returns None when nothing came (redis-py 5.0.1 on), also when the loop was stopped past
-        it, and raises at once when the connection is lost, as the blocking read did."""
+        ``pubsub.listen()``: before redis-py 8.1 its blocking read gives up at the client's socket timeout, so an
+        idle subscription raised TimeoutError every ``connect_timeout`` and the store degraded against a healthy
+        Redis. A read with a timeout of its own returns None when nothing came (redis-py 5.0.1 on), and raises at
+        once when the connection is lost, as the blocking read did."""
         from redis.asyncio.client import PubSub
 
         assert isinstance(pubsub, PubSub)
@@ -536,24 +529,25 @@ class FleetStore:
             self._outbox_ready.clear()
             while self._outbox:
                 op = self._outbox.popleft()
-                with RunningDeadline(self.connect_timeout):
+                with anyio.fail_after(self.connect_timeout):
                     await op(client)
 
     async def _beat(self, client: Redis) -> None:
         while True:
             await anyio.sleep(self.heartbeat)
-            with RunningDeadline(max(self.heartbeat, self.op_timeout)) as beat:
+            sent = anyio.current_time()
+            with anyio.fail_after(max(self.heartbeat, self.op_timeout)):
                 await ping(client)  # on a cluster, every primary: a lost node is noticed within one beat
             self._working = True
             if self._told is not None:
                 self._told = None
                 logger.warning("llmguard fleet %s (name %r) connected again; resynced", self.url.redacted, self.name)
-            if self._slow and beat.elapsed < self.op_timeout:
+            if self._slow and anyio.current_time() - sent < self.op_timeout:
                 self._slow = False
                 logger.info("llmguard fleet %s (name %r) answers in time again", self.url.redacted, self.name)
 
     async def _repeat(self, client: Redis, seconds: float, read: Op[None]) -> None:
         while True:
             await anyio.sleep(seconds)
-            with RunningDeadline(max(self.connect_timeout, self.op_timeout)):
+            with anyio.fail_after(max(self.connect_timeout, self.op_timeout)):
                 await read(client)

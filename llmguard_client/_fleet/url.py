@@ -71,7 +71,7 @@ class FleetURL:
     def __repr__(self) -> str:
         return f"FleetURL({self.redacted!r}, cluster={self.cluster})"
 
-    def client(self, *, socket_timeout: float | None, connect_timeout: float | None) -> Redis | RedisCluster:
+    def client(self, *, socket_timeout: float, connect_timeout: float) -> Redis | RedisCluster:
         """A redis-py asyncio client for this address, without retries of its own: the store decides."""
         from redis.asyncio import Redis
         from redis.asyncio.cluster import RedisCluster

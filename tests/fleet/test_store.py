@@ -12,7 +12,6 @@ import pytest
 import redis.asyncio as redis
 
 from llmguard_client._fleet import FleetStore, parse_fleet_url
-from tests.loopback import LoopbackServer
 from tests.redis_server import RedisServer
 
 
@@ -357,11 +356,10 @@ async def test_every_channel_of_the_fleet_names_its_database_unless_it_is_0(redi
         await admin.aclose()
 
 
-def _read_as_before_redis_py_8_1(monkeypatch: pytest.MonkeyPatch, socket_timeout: float) -> None:
-    """Make the installed redis-py's blocking pub/sub read give up at a socket timeout, as every release before 8.1
-    does with a client that has one (the ``[fleet]`` extra allows 5.0.1 on): ``listen()`` and
-    ``get_message(timeout=None)`` then raise TimeoutError after ``socket_timeout`` without a message. A read with a
-    timeout of its own is untouched. (The store gives its client none: its own deadlines bound each wait.)"""
+def _read_as_before_redis_py_8_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the installed redis-py's blocking pub/sub read give up at the client's socket timeout, as every release
+    before 8.1 does (the ``[fleet]`` extra allows 5.0.1 on): ``listen()`` and ``get_message(timeout=None)`` then
+    raise TimeoutError after ``socket_timeout`` without a message. A read with a timeout of its own is untouched."""
     from redis.asyncio.client import PubSub
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -372,7 +370,7 @@ def _read_as_before_redis_py_8_1(monkeypatch: pytest.MonkeyPatch, socket_timeout
             return await original(self, block=False, timeout=timeout)
         connection = self.connection
         assert connection is not None
-        response = await original(self, block=False, timeout=socket_timeout)
+        response = await original(self, block=False, timeout=connection.socket_timeout)
         if response is None:
             raise RedisTimeoutError(f"Timeout reading from {connection.host}:{connection.port}")
         return response
@@ -389,8 +387,9 @@ async def test_an_idle_subscription_stays_connected_past_the_socket_timeout(
     from llmguard_client._fleet import store as store_module
     from llmguard_client._fleet.nodes import ping
 
-    _read_as_before_redis_py_8_1(monkeypatch, socket_timeout=0.3)
-    store = make_store(redis_server.url, heartbeat=0.5)  # a heartbeat's PING may take up to 0.5 s on a busy machine
+    _read_as_before_redis_py_8_1(monkeypatch)
+    # connect_timeout is the client's socket timeout too; a heartbeat's PING may take up to 0.5 s on a busy machine
+    store = make_store(redis_server.url, connect_timeout=0.3, heartbeat=0.5)
     received: list[bytes] = []
     store.subscribe(store.key("events"), received.append)
     beats = 0
@@ -416,73 +415,3 @@ async def test_an_idle_subscription_stays_connected_past_the_socket_timeout(
     finally:
         await store.aclose()
         await admin.aclose()
-
-
-def test_a_loop_stopped_between_invocations_keeps_the_store_and_follows_the_kill_switch(
-    redis_factory: type[RedisServer],
-    servers: list[LoopbackServer],
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A loop kept for the process and run once per invocation (``loop.run_until_complete``: Mangum on AWS Lambda)
-    is stopped between its runs, here for 30 s each, far longer than any of the store's timeouts (1 s at most). One
-    run ends with the heartbeat's PING unanswered (Redis is paused), and Redis answers it as the next run starts.
-    Before, that run timed the PING out: the store degraded, and in short invocations never reconnected, so the kill
-    switch set then was not followed. Now the stopped time counts for none of the store's timeouts: it stays
-    connected, and the kill switch is followed from the run after the one that hears it."""
-    from llmguard_client import Guard
-    from llmguard_client._fleet import store as store_module
-    from llmguard_client._fleet.nodes import ping
-    from llmguard_client.fleet_cli import main
-    from tests.fleet.guards import until
-    from tests.fleet.kept_loop import KeptLoop
-
-    caplog.set_level(logging.WARNING, "llmguard_client")
-    pings: list[None] = []
-
-    async def counted_ping(client: redis.Redis) -> None:
-        pings.append(None)
-        await ping(client)
-
-    monkeypatch.setattr(store_module, "ping", counted_ping)
-    server = redis_factory()
-    server.start()
-    guard = Guard([servers[0].url], fleet=server.url, name="kept", rollout=1.0)
-    loop = KeptLoop()
-    cohorts: list[str | None] = []
-    states: list[tuple[str, int, int]] = []
-
-    async def invocation() -> str | None:
-        async with guard.http_client() as client:
-            with guard.capture() as calls:
-                await client.post(servers[0].url + "/v1/chat/completions", json={"model": "m", "messages": []})
-        return calls[0].cohort
-
-    def invoke_after_a_stop() -> None:
-        loop.stopped_for(30.0)
-        cohorts.append(loop.run_until_complete(invocation()))
-        fleet = guard.snapshot().fleet
-        assert fleet is not None
-        states.append((fleet.state, fleet.transitions, fleet.resyncs))
-
-    async def until_the_heartbeat_pings() -> None:
-        beaten = len(pings)
-        await until(lambda: len(pings) > beaten)
-
-    try:
-        assert loop.run_until_complete(invocation()) == "guarded"
-        loop.run_until_complete(until(lambda: guard.snapshot().fleet.connected))  # type: ignore[union-attr]
-        server.pause()
-        loop.run_until_complete(until_the_heartbeat_pings())  # the run ends with the PING unanswered
-        loop.call_soon(server.resume)  # first thing on the next run, once the loop has looked for answers
-        invoke_after_a_stop()
-        assert main(["kill", "--fleet", server.url, "--name", "kept"]) == 0
-        for _ in range(5):
-            invoke_after_a_stop()
-        assert states == [("connected", 0, 1)] * 6, guard.snapshot().fleet
-        assert [r.getMessage() for r in caplog.records] == []
-        followed = cohorts.index("control")  # the run that hears the kill switch may have decided its call before
-        assert followed <= 3 and cohorts == ["guarded"] * followed + ["control"] * (6 - followed), cohorts
-    finally:
-        loop.run_until_complete(guard.aclose())
-        loop.close()
