@@ -42,8 +42,9 @@ _SLACK = 0.01
 
 
 READ_AGAIN = 1.0
-"""Seconds after which a read of the keys events named that has not run yet is handed to the store again (one it
-dropped, its connection lost meanwhile: the resync reads every key then anyway)."""
+"""Seconds after which the next event hands a read of the keys the events named to the store again, when the read
+handed before has not run (the store dropped it: its queue full, its connection lost, after which the resync reads
+every key anyway)."""
 
 
 class FleetMirror:
@@ -63,9 +64,9 @@ class FleetMirror:
         self._clock = clock
         self._cooling_changed = cooling_changed
         """Wakes the calls waiting for a cool-down (`llmguard_client._routing.wakeup.Wakeup.notify`)."""
-        self._unread: dict[tuple[Kind, str], bool] = {}
-        """The keys events named that are still to be read (`_read_keys`): (kind, replica) and whether one of those
-        events held for every caller."""
+        self._unread: dict[tuple[Kind, str], float] = {}
+        """The keys events named that are still to be read (`_read_keys`): (kind, replica) and the longest time one
+        of those events that held for every caller announced, in ms (-1: none did)."""
         self._asked_at: float | None = None
         """When the read of `_unread` was handed to the store (None: none waiting to run)."""
         self.channel = store.channel("events")
@@ -133,7 +134,8 @@ class FleetMirror:
         self.store.lag = max(0.0, time.time() - sent)
         now = self._clock()
         if kind in ("cool", "open"):
-            self._unread[kind, name] = self._unread.get((kind, name), False) or holder is None
+            every = ms if holder is None else -1.0
+            self._unread[kind, name] = max(self._unread.get((kind, name), -1.0), every)
             if self._asked_at is None or now - self._asked_at > READ_AGAIN:
                 self._asked_at = now
                 self.store.submit(self._read_keys)
@@ -150,7 +152,9 @@ class FleetMirror:
 
     async def _read_keys(self, client: Redis) -> None:
         """Mirror the time left on each key the events named (`_unread`), in one round trip, and the limit scope the
-        key's value names (every caller's, when one of those events was). What an event of a cool-down or an opened
+        key's value names: every caller's, when one of those events was and announced at least that time left (one
+        process's 503 and another's 429 written over its key at once; a 503's that had ended when the key was read
+        is not the 429's that wrote it next). What an event of a cool-down or an opened
         circuit tells is read where it is kept, on Redis's clock, not taken at its word: an event read late (this
         process frozen between a serverless runtime's invocations, or its loop stopped) gave a cool-down that had
         ended meanwhile its whole length from the thaw, and no comparison of the publisher's clock with this host's
@@ -165,7 +169,7 @@ class FleetMirror:
             pipe.get(self.store.key(kind, name))
         replies = await pipe.execute()
         now, changed = self._clock(), False
-        for i, ((kind, name), every) in enumerate(unread.items()):
+        for i, ((kind, name), every_ms) in enumerate(unread.items()):
             left, value = replies[2 * i], replies[2 * i + 1]
             state = self._by_name[name]
             if not isinstance(left, int) or left <= 0:
@@ -173,6 +177,7 @@ class FleetMirror:
             if kind == "open":
                 self._open(state, now, now + left / 1000)
             else:
+                every = left <= every_ms  # an every-caller cool-down that may still be in force
                 changed |= self._cool(state, now, now + left / 1000, None if every else _holder_of(value))
         if changed:
             self._cooling_changed()

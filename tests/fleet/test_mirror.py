@@ -103,22 +103,31 @@ async def test_a_burst_of_events_is_mirrored_whole_and_writes_nothing_out(redis_
         await b.aclose()
 
 
-async def test_an_event_for_every_caller_keeps_the_cool_down_every_callers_whatever_its_key_says(
-    redis_server: RedisServer,
+@pytest.mark.parametrize(
+    ("overload_ms", "key_ms", "held_for_another_key"),
+    [(5_000, 2_000, True), (300, 5_000, False)],
+    ids=["overload-in-force", "overload-ended"],
+)
+async def test_an_event_for_every_caller_keeps_the_cool_down_every_callers_while_it_may_be_in_force(
+    redis_server: RedisServer, overload_ms: int, key_ms: int, held_for_another_key: bool
 ) -> None:
-    """A replica's own overload (an event with no scope) and a key's 429 written over its key at once by another
-    process: the cool-down mirrored holds for every caller, not for that key alone."""
+    """A replica's own overload (an event with no scope) and a key's 429 written over its key by another process: the
+    cool-down mirrored holds for every caller while the overload's may still be in force (the key has no more time
+    left than it announced: 4.7 s for every caller had shrunk to 1.7 s for one key); one the key outlasts, read
+    late, had ended before the 429 was written (its 5 s held back every key's calls for 1.6 s)."""
     b = guard(redis_server.url)
     client = redis.Redis.from_url(redis_server.url)
     try:
         await connected(b)
-        await client.set("llmguard:checkout:cool:" + REPLICAS[0], "process-b k-one", px=5_000)  # b's 429 wrote last
-        overload = {"o": "process-a", "r": REPLICAS[0], "k": "cool", "ms": 5_000, "t": time.time()}
-        scoped = {"o": "process-b", "r": REPLICAS[0], "k": "cool", "ms": 2_000, "t": time.time(), "c": "k-one"}
+        await client.set("llmguard:checkout:cool:" + REPLICAS[0], "process-b k-one", px=key_ms)  # the 429 wrote last
+        overload = {"o": "process-a", "r": REPLICAS[0], "k": "cool", "ms": overload_ms, "t": time.time()}
+        scoped = {"o": "process-b", "r": REPLICAS[0], "k": "cool", "ms": key_ms, "t": time.time(), "c": "k-one"}
         await client.publish("llmguard:checkout:events", json.dumps(overload))
         await client.publish("llmguard:checkout:events", json.dumps(scoped))
         await until(lambda: states(b)[0].cooling_until > anyio.current_time())
         with calling_as("k-two"):
+            assert states(b)[0].cooling(anyio.current_time()) is held_for_another_key
+        with calling_as("k-one"):
             assert states(b)[0].cooling(anyio.current_time())
     finally:
         await client.aclose()
