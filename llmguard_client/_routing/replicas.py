@@ -88,6 +88,8 @@ class ReplicaState:
     run_holder: str | None = None
     """The same for the run of `refusals`: a run of one scope's 429s, which another's calls neither extend nor
     end; None: the replica's own (a 503 in it makes it every caller's)."""
+    served_in_run: bool = False
+    """A call of another scope than `run_holder`'s was answered since that run began: no other refusal joins it."""
     unnamed: bool = False
     """The cool-down in force is the guard's own, for overload answers that named no wait (no Retry-After): a call
     the replica serves ends it, as its probe's would."""
@@ -500,18 +502,26 @@ class ReplicaSet:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
         answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
         run. ``holder``: a 429's scope (None: the replica's own refusal): a run of one scope's 429s holds for that
-        scope; another scope's 429, or a refusal of the replica's own, joins it, and it then holds for every caller
-        (a server refusing every key, or a limit shared by several, is not one key's)."""
-        state.run_holder = holder if state.refusals == 0 or state.run_holder == holder else None
+        scope, other scopes' calls served between; another scope's 429, or a refusal of the replica's own, joins it
+        when no call was served since it began, and it then holds for every caller (a server refusing every key, or
+        a limit shared by several, is not one key's), else starts a run of its own."""
+        if state.refusals and state.run_holder != holder and state.served_in_run:
+            state.refusals = 0
+        if state.refusals == 0:
+            state.run_holder, state.served_in_run = holder, False
+        elif state.run_holder != holder:
+            state.run_holder = None
         state.refusals += 1
         return state.refusals
 
     def answered(self, state: ReplicaState) -> None:
         """``state`` answered a generation call with something other than overload (a 500, a 404, a 429 refusing
         that request for its own size): its run of overload answers (`refused`) ends, unless the run is another
-        scope's."""
+        scope's, which no other refusal joins then."""
         if holds_for_caller(state.run_holder):
             state.refusals = 0
+        else:
+            state.served_in_run = True
 
     def succeeded(
         self,

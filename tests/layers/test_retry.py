@@ -1507,3 +1507,18 @@ def test_a_503_during_a_keys_cool_down_makes_it_every_callers_keeping_its_probe(
     assert refused.attempts[0].finish is not None
     assert overloaded.attempts[0].start == pytest.approx(refused.attempts[0].finish, abs=1e-6)  # another key's
     assert probe.attempts[0].start == pytest.approx(refused.attempts[0].finish + 1.0, abs=1e-6)
+
+
+@BACKENDS
+def test_a_lone_503_after_calls_served_joins_no_keys_run_of_429s(backend: str) -> None:
+    """One key's run of 429s, other keys' calls served between: a single 503 then is one refusal among calls served,
+    not the third of a run every caller's (it held back every key for 8-33 s, the refused key's probes renewing it)."""
+    refusal = Plan(status=429, retry_after="20", headers_after=0.01)
+    overload = Plan(status=503, retry_after="20", headers_after=0.01)
+    plans = [refusal, Plan(), refusal, Plan(), refusal, overload, Plan()]
+    callers = [(key, "m") for key in ("bad", "good", "bad", "good", "bad", "other", "another")]
+    statuses, records = calls_in_turn(backend, plans, callers)
+    assert statuses == [429, 200, 429, 200, 429, 503, 200]
+    lone, next_call = records[-2:]
+    assert lone.attempts[0].finish is not None
+    assert next_call.attempts[0].start == pytest.approx(lone.attempts[0].finish, abs=1e-6)  # sent at once
