@@ -154,12 +154,12 @@ class FleetMirror:
         """Mirror the time left on each key the events named (`_unread`), in one round trip, and the limit scope the
         key's value names: every caller's, when one of those events was and announced at least that time left (one
         process's 503 and another's 429 written over its key at once; a 503's that had ended when the key was read
-        is not the 429's that wrote it next). What an event of a cool-down or an opened
-        circuit tells is read where it is kept, on Redis's clock, not taken at its word: an event read late (this
-        process frozen between a serverless runtime's invocations, or its loop stopped) gave a cool-down that had
-        ended meanwhile its whole length from the thaw, and no comparison of the publisher's clock with this host's
-        can tell a late event when the clocks disagree by about as much as it was held up. A burst of events is
-        one read of the keys they name."""
+        is not the 429's that wrote it next). What an event of a cool-down or an opened circuit tells is read where
+        it is kept, on Redis's clock, not taken at its word: an event read late (this process frozen between a
+        serverless runtime's invocations, or its loop stopped) gave a cool-down that had ended meanwhile its whole
+        length from the thaw, and no comparison of the publisher's clock with this host's can tell a late event
+        when the clocks disagree by about as much as it was held up. A burst of events is one read of the keys
+        they name."""
         unread, self._unread, self._asked_at = self._unread, {}, None
         if not unread:
             return
@@ -171,14 +171,8 @@ class FleetMirror:
         now, changed = self._clock(), False
         for i, ((kind, name), every_ms) in enumerate(unread.items()):
             left, value = replies[2 * i], replies[2 * i + 1]
-            state = self._by_name[name]
-            if not isinstance(left, int) or left <= 0:
-                continue  # ended meanwhile (or cleared: that event follows)
-            if kind == "open":
-                self._open(state, now, now + left / 1000)
-            else:
-                every = left <= every_ms  # an every-caller cool-down that may still be in force
-                changed |= self._cool(state, now, now + left / 1000, None if every else _holder_of(value))
+            every = isinstance(left, int) and left <= every_ms  # an every-caller cool-down that may still be in force
+            changed |= self._mirror_left(self._by_name[name], kind, now, left, None if every else _holder_of(value))
         if changed:
             self._cooling_changed()
 
@@ -211,10 +205,18 @@ class FleetMirror:
         now = self._clock()
         for i, s in enumerate(self.states):
             cool, value, opened = read[3 * i : 3 * i + 3]
-            if isinstance(cool, int) and cool > 0:
-                self._cool(s, now, now + cool / 1000, _holder_of(value))
-            if isinstance(opened, int) and opened > 0:
-                self._open(s, now, now + opened / 1000)
+            self._mirror_left(s, "cool", now, cool, _holder_of(value))
+            self._mirror_left(s, "open", now, opened, None)
+
+    def _mirror_left(self, state: ReplicaState, kind: Kind, now: float, left: object, holder: str | None) -> bool:
+        """Mirror what ``state``'s ``kind`` key has ``left`` (its ``PTTL`` reply, ms; none unless a positive number:
+        ended, or cleared, whose event follows), a cool-down for ``holder``'s calls; whether a cool-down changed."""
+        if not isinstance(left, int) or left <= 0:
+            return False
+        if kind == "open":
+            self._open(state, now, now + left / 1000)
+            return False
+        return self._cool(state, now, now + left / 1000, holder)
 
     @staticmethod
     def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:

@@ -370,7 +370,7 @@ class RetryLayer:
                     continue
                 if self._provider_limit(failure):
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
-                # A 429 is the limit's that got it (its key's and model's limit or quota); the rest the replica's own.
+                # A 429 is the limit's that got it (its key's limit or quota); the rest the replica's own.
                 holder = caller() if failure.status_code == 429 and not state.replaces_credential else None
                 refusals = self.replicas.refused(state, holder)
                 holder = state.run_holder  # a run of several keys' refusals is the server's: every caller's

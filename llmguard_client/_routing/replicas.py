@@ -86,8 +86,8 @@ class ReplicaState:
     rate limit or quota, not the replica's; None: every caller (a 503, a 529, the guard's own). One is remembered:
     another scope's 429 replaces it (`hold_for`)."""
     run_holder: str | None = None
-    """The same for the run of `refusals`: a run of one scope's 429s, which another's calls neither extend nor
-    end; None: the replica's own (a 503 in it makes it every caller's)."""
+    """The same for the run of `refusals`: a run of one scope's 429s, which another scope's calls served do not end;
+    None: every caller's (the replica's own refusals, or several scopes' with no call served between)."""
     served_in_run: bool = False
     """A call of another scope than `run_holder`'s was answered since that run began: no other refusal joins it."""
     unnamed: bool = False
