@@ -222,7 +222,8 @@ class FleetMirror:
     def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:
         """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's limit scope; None: every
         caller); whether it changed this process's (a new or longer one)."""
-        state.holder = state.hold_for(now, holder)
+        state.holder, latest = state.hold_for(now, holder)
+        until = min(until, latest)
         if until <= state.cooling_until + _SLACK:
             return False
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it

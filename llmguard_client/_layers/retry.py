@@ -372,8 +372,7 @@ class RetryLayer:
                     continue  # no Retry-After: the rate-limit layer lowered its bucket to the room reported
                 # A 429 is the limit's that got it (its key's limit or quota); the rest the replica's own.
                 holder = caller() if failure.status_code == 429 and not state.replaces_credential else None
-                refusals = self.replicas.refused(state, holder)
-                holder = state.run_holder  # a run of several keys' refusals is the server's: every caller's
+                refusals, holder = self.replicas.refused(state, holder)  # its keys', or every caller's
                 probing = state.probing and holds_for_caller(state.holder)
                 if not _cools(failure, refusals, probing, policy.max_retry_after):
                     continue  # a refusal among calls served: its own retry waits (its Retry-After), not the others

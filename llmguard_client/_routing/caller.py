@@ -20,7 +20,7 @@ import httpx
 
 from llmguard_client._core.redact import CREDENTIALS, credential_key
 
-__all__ = ["calling_as", "caller", "holds_for_caller", "limit_scope"]
+__all__ = ["calling_as", "caller", "holds_for_caller", "limit_scope", "scopes", "united"]
 
 ACCOUNT_HEADERS = (b"openai-organization", b"openai-project")
 """Headers that name the account a key bills (an OpenAI key may serve several organisations, projects)."""
@@ -57,9 +57,21 @@ def calling_as(scope: str | None) -> Iterator[None]:
         _CALLER.reset(token)
 
 
+def scopes(holder: str) -> list[str]:
+    """The limit scopes a cool-down or refusal run holds for: ``holder`` names one, or several joined by commas
+    (`united`: several keys' limits refused at once)."""
+    return holder.split(",")
+
+
+def united(holder: str, other: str) -> str:
+    """One holder for the scopes of both: a cool-down or run of several keys' 429s holds for each of them."""
+    return ",".join(sorted({*scopes(holder), *scopes(other)}))
+
+
 def holds_for_caller(holder: str | None) -> bool:
-    """Whether a cool-down or refusal run held for ``holder`` (None: every caller) holds for the call running here."""
+    """Whether a cool-down or refusal run held for ``holder`` (`scopes`; None: every caller) holds for the call
+    running here."""
     if holder is None:
         return True
     current = _CALLER.get()
-    return current is None or current == holder
+    return current is None or current == holder or ("," in holder and current in scopes(holder))

@@ -26,8 +26,9 @@ import httpx
 from llmguard_client._core.redact import CREDENTIALS, basic_credential, credential_key
 from llmguard_client._http.urlpath import path_under, sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
-from llmguard_client._routing.caller import calling_as, holds_for_caller
+from llmguard_client._routing.caller import caller, calling_as, holds_for_caller, scopes, united
 from llmguard_client._routing.cooldown import (
+    REFUSALS_TO_COOL,
     cool,
     first_attempt_candidates,
     first_wait,
@@ -50,6 +51,8 @@ Keep = Callable[[Callable[[], None]], object]
 
 _TARGET_CACHE = 256
 """Distinct request URLs remembered per replica (cleared when full)."""
+_COOLING_SCOPES = 8
+"""The keys one cool-down holds for at most (`ReplicaState.hold_for`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -82,14 +85,16 @@ class ReplicaState:
     """Overload answers in a row (generation calls): none served, nor answered otherwise, between them
     (`ReplicaSet.refused`)."""
     holder: str | None = None
-    """The limit scope (`llmguard_client._routing.caller`) the cool-down in force holds for, a 429's: that
-    rate limit or quota, not the replica's; None: every caller (a 503, a 529, the guard's own). One is remembered:
-    another scope's 429 replaces it (`hold_for`)."""
-    run_holder: str | None = None
-    """The same for the run of `refusals`: a run of one scope's 429s, which another scope's calls served do not end;
-    None: every caller's (the replica's own refusals, or several scopes' with no call served between)."""
+    """The limit scopes (`llmguard_client._routing.caller.scopes`) the cool-down in force holds for, a 429's: those
+    rate limits or quotas, not the replica's; None: every caller (a 503, a 529, the guard's own). One cool-down is
+    kept: another key's 429 joins its scopes to it (`hold_for`)."""
+    run_keys: frozenset[str] = frozenset()
+    """The limit scopes of the 429s in the run of `refusals`: a run of some keys' 429s, which other keys' calls
+    served do not end, holds for those keys (`servers_run` for when it holds for every caller)."""
+    run_own: bool = False
+    """The replica's own refusal (a 503, a 529) is in that run."""
     served_in_run: bool = False
-    """A call of another scope than `run_holder`'s was answered since that run began: no other refusal joins it."""
+    """A call outside the run's keys was answered since that run began: no other key's refusal joins it."""
     unnamed: bool = False
     """The cool-down in force is the guard's own, for overload answers that named no wait (no Retry-After): a call
     the replica serves ends it, as its probe's would."""
@@ -179,22 +184,36 @@ class ReplicaState:
         """When the cool-down that holds for the call running here ends (0: none holds for it)."""
         return self.cooling_until if holds_for_caller(self.holder) else 0.0
 
-    def refusals_in_row(self) -> int:
-        """`refusals`, when their run holds for the call running here (0: another scope's run)."""
-        return self.refusals if holds_for_caller(self.run_holder) else 0
+    def servers_run(self) -> bool:
+        """Whether the run of `refusals` holds for every caller: the replica's own refusal is in it, or
+        `REFUSALS_TO_COOL` keys' 429s with no call served between (a queue refusing every key, or a limit they
+        share). Two keys past their own limits at once are not."""
+        return self.run_own or len(self.run_keys) >= REFUSALS_TO_COOL
 
-    def hold_for(self, now: float, holder: str | None) -> str | None:
-        """Before a cool-down for ``holder`` (a 429's scope; None: every caller) starts or is renewed at ``now``:
+    def refusals_in_row(self) -> int:
+        """`refusals`, when their run holds for the call running here (0: a run of other keys' 429s)."""
+        current = caller()
+        return self.refusals if self.servers_run() or current is None or current in self.run_keys else 0
+
+    def hold_for(self, now: float, holder: str | None) -> tuple[str | None, float]:
+        """Before a cool-down for ``holder`` (a 429's scopes; None: every caller) starts or is renewed at ``now``:
         the holder it takes. One in force for every caller stays so, and one for every caller takes over one in
-        force for a scope (renewed as before, its probes and length kept); one in force for another scope is
-        dropped first (that scope's next call meets its limit again, as it would unguarded)."""
+        force for some keys (renewed as before, its probes and length kept); one in force for other keys holds for
+        theirs and ``holder``'s, up to `_COOLING_SCOPES` keys; past them it is dropped first (those keys' next calls
+        meet their limits again, as they would unguarded). And the latest it may end: a key's limit does not
+        lengthen a cool-down every caller takes (that key's next call after it meets its limit again)."""
         if now >= self.cooling_until or self.holder == holder:
-            return holder
-        if self.holder is None or holder is None:
-            return None
+            return holder, math.inf
+        if self.holder is None:
+            return None, math.inf if holder is None else self.cooling_until
+        if holder is None:
+            return None, math.inf
+        both = united(self.holder, holder)
+        if len(scopes(both)) <= _COOLING_SCOPES:
+            return both, math.inf
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
-        return holder
+        return holder, math.inf
 
     def open(self, now: float) -> bool:
         if now < self.seen:
@@ -481,10 +500,11 @@ class ReplicaSet:
         (the guard's own cool-down): any call the replica serves ends it, not only its probe. ``injected``: the
         answer was a `Chaos` fault, so the cool-down stays in this process (see `_sharing`); None: no answer asked
         for it (the guard's own, for a circuit that tripped), so it is local when that circuit is. ``holder``: the
-        limit scope of the 429 that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
+        limit scopes of the 429s that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
         caller."""
         until = state.cooling_until
-        state.holder = state.hold_for(now, holder)
+        state.holder, latest = state.hold_for(now, holder)
+        seconds = min(seconds, latest - now)
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             named = state.cooling(now) and not state.unnamed
             if not cool(state, now, seconds):
@@ -498,27 +518,34 @@ class ReplicaSet:
             if shared is not None:
                 shared.cooled(state, seconds)
 
-    def refused(self, state: ReplicaState, holder: str | None = None) -> int:
+    def refused(self, state: ReplicaState, holder: str | None = None) -> tuple[int, str | None]:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
-        answers in a row it has now sent. A call it serves (`succeeded`), or any other answer (`answered`), ends the
-        run. ``holder``: a 429's scope (None: the replica's own refusal): a run of one scope's 429s holds for that
-        scope, other scopes' calls served between; another scope's 429, or a refusal of the replica's own, joins it
-        when no call was served since it began, and it then holds for every caller (a server refusing every key, or
-        a limit shared by several, is not one key's), else starts a run of its own."""
-        if state.refusals and state.run_holder != holder and state.served_in_run:
+        answers in a row it has now sent, and whom a cool-down they ask for holds for. A call it serves (`succeeded`),
+        or any other answer (`answered`), ends the run. ``holder``: a 429's scope (None: the replica's own refusal).
+        A run of some keys' 429s goes on past other keys' calls answered between; another key's refusal joins it
+        when no call was answered since it began (two keys past their limits at once), and else starts a run of its
+        own. A key's 429 asks for a cool-down for the run's keys, every caller's once `REFUSALS_TO_COOL` keys are in
+        it (a queue refusing every key, or a limit they share): the replica's own refusals in the run count, but do
+        not make a key's Retry-After every caller's."""
+        if state.refusals and state.served_in_run and (holder is None or holder not in state.run_keys):
             state.refusals = 0
         if state.refusals == 0:
-            state.run_holder, state.served_in_run = holder, False
-        elif state.run_holder != holder:
-            state.run_holder = None
+            state.run_keys, state.run_own, state.served_in_run = frozenset(), False, False
+        if holder is None:
+            state.run_own = True
+        elif len(state.run_keys) < REFUSALS_TO_COOL:
+            state.run_keys |= {holder}
         state.refusals += 1
-        return state.refusals
+        if holder is None or len(state.run_keys) >= REFUSALS_TO_COOL:
+            return state.refusals, None
+        return state.refusals, ",".join(sorted(state.run_keys))
 
     def answered(self, state: ReplicaState) -> None:
         """``state`` answered a generation call with something other than overload (a 500, a 404, a 429 refusing
-        that request for its own size): its run of overload answers (`refused`) ends, unless the run is another
-        scope's, which no other refusal joins then."""
-        if holds_for_caller(state.run_holder):
+        that request for its own size): its run of overload answers (`refused`) ends, unless the run is other
+        keys', which no other key's refusal joins then."""
+        current = caller()
+        if state.servers_run() or current is None or current in state.run_keys:
             state.refusals = 0
         else:
             state.served_in_run = True

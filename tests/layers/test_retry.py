@@ -1449,9 +1449,9 @@ EVERY_CALLERS_REFUSALS = {
         [Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)],
         [(SIGNED + "a1", "m"), (SIGNED + "b2", "m")],
     ),
-    "429s-of-several-keys-in-a-row": (
+    "429s-of-three-keys-in-a-row": (
         [Plan(status=429, retry_after="20", headers_after=0.01)] * 3,
-        [("one", "m"), ("two", "m"), ("one", "m"), ("three", "m")],
+        [("one", "m"), ("two", "m"), ("three", "m"), ("four", "m")],
     ),
     "503s-of-several-keys-in-a-row": (
         [Plan(status=503, retry_after="20", headers_after=0.01)] * 3,
@@ -1469,8 +1469,8 @@ def test_refusals_that_are_not_one_keys_cool_the_replica_for_every_call(
     in): a key's 429 for another model of the key (the model is no part of the scope: a server with several models
     behind one URL refuses them all when its queue is full, and a limit may cover several); a signed request's
     (its ``Authorization`` is a signature, new on each request, AWS SigV4: scoped by it, each call was another
-    caller's and was sent at once); and a run of refusals from several keys (a queue refusing every key, or a limit
-    they share), 429s or 503s, at its third."""
+    caller's and was sent at once); and a run of refusals with no call served between, of three keys' 429s (a queue
+    refusing every key, or a limit they share) or of 503s, at its third."""
     refusals, callers = case
     statuses, records = calls_in_turn(backend, [*refusals, Plan()], callers)
     assert statuses == [refusals[0].status] * len(refusals) + [200]
@@ -1492,6 +1492,37 @@ def test_another_keys_calls_served_neither_end_nor_extend_a_keys_run_of_429s(bac
     assert third_refusal.attempts[0].finish is not None
     assert good.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish, abs=1e-6)  # sent at once
     assert probe.attempts[0].start == pytest.approx(third_refusal.attempts[0].finish + 1.0, abs=1e-6)  # cooled for it
+
+
+@BACKENDS
+def test_two_keys_refused_in_turn_cool_the_replica_for_both_and_no_other_key(backend: str) -> None:
+    """Two keys past their limits at once (their 429s in a row, no call served between) are not a server refusing
+    every key: the run's third 429 cools the replica for both keys' calls, the next of either waiting for the
+    probe (1 s in), while a third key's call is sent at once (it waited for that probe, as every key did)."""
+    refusal = Plan(status=429, retry_after="20", headers_after=0.01)
+    callers = [(key, "m") for key in ("one", "two", "one", "three", "two")]
+    statuses, records = calls_in_turn(backend, [refusal, refusal, refusal, Plan(), Plan()], callers)
+    assert statuses == [429, 429, 429, 200, 200]
+    cooled_by, other, held = records[2:]
+    assert cooled_by.attempts[0].finish is not None
+    assert other.attempts[0].start == pytest.approx(cooled_by.attempts[0].finish, abs=1e-6)  # sent at once
+    assert held.attempts[0].start == pytest.approx(cooled_by.attempts[0].finish + 1.0, abs=1e-6)  # its probe
+
+
+@BACKENDS
+def test_a_keys_429_does_not_lengthen_a_cool_down_every_caller_takes(backend: str) -> None:
+    """A 503's 2 s cool-down holds every call back; a key's 429 (its limit spent for 20 s) answering its probe is
+    that key's limit, not the server's: another key's call is sent by the cool-down's end at the latest, not 20 s
+    on (the 429's wait held every key back, its key's probes renewing it)."""
+    overload = Plan(status=503, retry_after="2", headers={"x-should-retry": "false"}, headers_after=0.01)
+    spent = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    callers = [("other", "m"), ("bad", "m"), ("good", "m")]
+    statuses, records = calls_in_turn(backend, [overload, spent, Plan()], callers)
+    assert statuses == [503, 429, 200]
+    overloaded, probe, good = records
+    assert overloaded.attempts[0].finish is not None
+    assert probe.attempts[0].start == pytest.approx(overloaded.attempts[0].finish + 1.0, abs=1e-6)
+    assert good.attempts[0].start <= overloaded.attempts[0].finish + 2.0 + 1e-6
 
 
 @BACKENDS

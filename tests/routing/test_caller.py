@@ -1,11 +1,11 @@
 """Whose rate limit a call draws on: a short hash of its key and account headers, never the key (every caller's for
-a signed request); a cool-down held for one scope holds for that scope's calls, and for everyone outside a call."""
+a signed request); a cool-down held for one scope or several holds for their calls, and for everyone outside a call."""
 
 from __future__ import annotations
 
 import httpx
 
-from llmguard_client._routing.caller import calling_as, holds_for_caller, limit_scope
+from llmguard_client._routing.caller import calling_as, holds_for_caller, limit_scope, scopes, united
 
 
 def test_one_key_sent_as_api_key_and_as_a_bearer_token_is_one_scope() -> None:
@@ -46,3 +46,16 @@ def test_a_cool_down_held_for_a_scope_holds_for_its_calls_and_outside_any_call()
         with calling_as(None):
             assert holds_for_caller("a")
         assert not holds_for_caller("a")
+
+
+def test_a_cool_down_held_for_several_keys_holds_for_each_of_their_calls_and_no_other() -> None:
+    both = united(united("b", "a"), "a")
+    assert both == "a,b" and scopes(both) == ["a", "b"]
+    for scope, held in (("a", True), ("b", True), ("c", False), ("a,b", True)):
+        with calling_as(scope):
+            assert holds_for_caller(both) is held
+    keyless = united("", "a")  # a request without a key is a scope of its own, "", joined as any other
+    with calling_as(""):
+        assert holds_for_caller(keyless)
+    with calling_as("b"):
+        assert not holds_for_caller(keyless)
