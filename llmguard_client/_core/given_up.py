@@ -33,11 +33,12 @@ retry count (plain httpx, an SDK before it counted) is never taken for a retry: 
 request and a retry look the same. A body sent once as it comes (an iterator's) is not remembered at all: its one
 attempt was the caller's one request, and the SDK's ``max_retries`` decides, as without a guard.
 
-Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
-request. A request from a Stainless SDK (``x-stainless-lang`` or ``x-stainless-package-version``) that sends
-no retry count is taken for a retry when it is the same call (method, URL, body) as one given up on at most
-`UNCOUNTED_WINDOW` seconds before: the SDK's longest backoff and a second to spare. The price: the same
-request sent again as a new call within those seconds, from such an SDK, fails at once too.
+Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, nor do the other SDKs that retry
+on their own (cohere, google-genai, mistralai with a ``RetryConfig``), so a retry looks like a first request. A
+request from an SDK (`CallerHeaders.from_typed_sdk`) that sends no retry count is taken for a retry when it is the
+same call (method, URL, body) as one given up on at most `UNCOUNTED_WINDOW` seconds before: openai's longest
+backoff and a second to spare. The price: the same request sent again as a new call within those seconds, from
+such an SDK, fails at once too.
 """
 
 from __future__ import annotations
@@ -66,15 +67,13 @@ REMEMBERED = 1024
 WINDOW = 30.0
 """Seconds after the give-up during which a retry of the call fails at once."""
 UNCOUNTED_WINDOW = 9.0
-"""Seconds after the give-up during which a Stainless SDK's request without a retry count is taken for a retry
-of the same call (openai sleeps at most 8 s between two of its requests)."""
+"""Seconds after the give-up during which an SDK's request without a retry count is taken for a retry of the same
+call (openai sleeps at most 8 s between two of its requests, cohere 2 s with its default retries)."""
 CALLER_EXTENSION = "llmguard_caller"
 """Set by the sync edges to their caller's thread: a sync call runs in a task of the Guard's loop, not the caller's."""
-SDK_HEADERS = ("x-stainless-lang", "x-stainless-package-version")
 _CHAIN_DEPTH = 8
 """How deep a remembered error's chain of causes is kept (an httpx error wraps httpcore's, which wraps the
 socket's: 3 or 4 deep)."""
-"""Headers every Stainless-built SDK sends, whether or not it sends its retry count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +147,12 @@ class GivenUp:
         earlier call of the same identity left, so that retry is not answered with the other call's error."""
         self._calls.pop(_identity(request, body), None)
 
-    async def recall(self, request: httpx.Request, now: float, held: bool = True) -> Remembered | None:
+    async def recall(self, request: httpx.Request, now: float, held: bool, sdk: bool) -> Remembered | None:
         """For a retry of a call remembered within the window: a fresh copy of its error if the guard gave
         up on it, or its `Episode` or `HandedBack` (then forgotten: the retry carries it on); None for a request
         that is not such a retry (the cheap answer while nothing is remembered). ``held``: the request's body is
-        in memory; else it is an upload the guard sends as it is read, known without its body (never read here)."""
+        in memory; else it is an upload the guard sends as it is read, known without its body (never read here).
+        ``sdk``: the request comes from an SDK (`CallerHeaders.from_typed_sdk`), which may retry it uncounted."""
         if not self._calls:
             return None
         self._expire(now)
@@ -160,7 +160,7 @@ class GivenUp:
         count = retry_count(request)
         uncounted = RETRY_COUNT_HEADER not in headers
         keyed = IDEMPOTENCY_HEADER in headers and uncounted
-        legacy = held and uncounted and not keyed and any(name in headers for name in SDK_HEADERS)
+        legacy = held and uncounted and not keyed and sdk
         if not self._calls or not (count > 0 or keyed or legacy):  # an SDK's first request is never a retry
             if not held and not uncounted and self._calls:  # a new upload: not answered for an earlier one
                 self._calls.pop(_identity(request, None), None)

@@ -43,6 +43,15 @@ _AUTHORIZATION = b"authorization"
 _SIGNATURE_INPUT = b"signature-input"
 _SDK_PREFIX = b"x-stainless-"
 """Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
+_FERN_PREFIX = b"x-fern-"
+"""Headers the Fern-built SDKs (cohere) send with every request."""
+_GOOGLE_CLIENT = b"x-goog-api-client"
+"""The header Google's SDKs (google-genai) send with every request."""
+_USER_AGENT = b"user-agent"
+_SDK_AGENTS = (b"mistral-client-python/", b"speakeasy-sdk/")
+"""The ``User-Agent`` beginnings of SDKs that send no header of their own: mistralai's, Speakeasy-built ones'."""
+_HF_AGENT = b"hf_hub/"
+"""What huggingface_hub's ``User-Agent`` holds (after the application's name)."""
 
 
 class CallerHeaders:
@@ -55,6 +64,7 @@ class CallerHeaders:
         "cohort",
         "forwarded",
         "from_sdk",
+        "from_typed_sdk",
         "host",
         "key",
         "max_attempts",
@@ -66,7 +76,7 @@ class CallerHeaders:
 
     def __init__(self, request: httpx.Request) -> None:
         forwarded: list[tuple[bytes, bytes]] = []
-        has_own = from_sdk = False
+        has_own = from_sdk = typed = False
         unknown: str | None = None
         host: bytes | None = None
         authorization = signature_input = None
@@ -89,6 +99,8 @@ class CallerHeaders:
                 continue
             if not from_sdk and low[:12] == _SDK_PREFIX:
                 from_sdk = True
+            elif not typed and _names_typed_sdk(low, value):
+                typed = True
             forwarded.append((key, value))
         query = request.url.query
         signed = (
@@ -108,6 +120,10 @@ class CallerHeaders:
         (the guard's own too: read, and forwarded as it was signed)."""
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
+        self.from_typed_sdk = from_sdk or typed
+        """The request comes from an SDK that raises an error of its own for an HTTP error answer: a Stainless-built
+        one (openai, anthropic, groq, together), a Fern-built one (cohere), google-genai, mistralai (and other
+        Speakeasy-built ones) or huggingface_hub."""
         self.unknown = unknown
         """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         self.host = host if host is not None and host.lower() != request.url.netloc.lower() else None
@@ -128,3 +144,11 @@ class CallerHeaders:
 
 def _absent(name: str) -> None:
     return None
+
+
+def _names_typed_sdk(name: bytes, value: bytes) -> bool:
+    """Whether the header ``name: value`` (name lowercase) marks a request of an SDK other than a Stainless-built one
+    that raises errors of its own (`CallerHeaders.from_typed_sdk`)."""
+    if name == _USER_AGENT:
+        return value.startswith(_SDK_AGENTS) or _HF_AGENT in value
+    return name[:7] == _FERN_PREFIX or name == _GOOGLE_CLIENT

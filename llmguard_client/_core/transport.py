@@ -280,7 +280,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
         guard sends it as it is read (`streamed_body`); ``sdk``: the SDK call it is a request of (`sdk_call`)."""
         # An SDK's retry of a call given up on or handed back; never one of a body sent once as it came (the SDK's).
         remembered = len(self._given_up) > 0 and not sent_once(streamed)
-        again = await self._given_up.recall(request, self._clock(), held=streamed is None) if remembered else None
+        held = streamed is None
+        again = (
+            await self._given_up.recall(request, self._clock(), held, headers.from_typed_sdk) if remembered else None
+        )
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
         handed = again if isinstance(again, HandedBack) else HandedBack(0)  # the SDK's retry of a call handed back
         spent = handed.rounds
@@ -702,7 +705,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
 
     def _respond_with_errors(self, headers: CallerHeaders) -> bool:
         if self._failure_mode == "auto":
-            return headers.from_sdk
+            return headers.from_typed_sdk
         return self._failure_mode == "response"
 
     async def aclose(self) -> None:

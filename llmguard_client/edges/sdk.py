@@ -81,7 +81,9 @@ def _http_client_annotation(sdk: Callable[..., object]) -> str:
     if parameter is None:
         raise TypeError(
             f"{_name(sdk)} takes no http_client= argument; http_client_for() expects an SDK client class "
-            "such as openai.AsyncOpenAI, openai.OpenAI, anthropic.AsyncAnthropic or anthropic.Anthropic"
+            "such as openai.AsyncOpenAI, openai.OpenAI, anthropic.AsyncAnthropic or anthropic.Anthropic; "
+            "for an SDK that takes its HTTP client under another name, pass it one explicitly: "
+            "guard.http_client(), guard.sync_http_client(), guard.httpx2_client() or guard.sync_httpx2_client()"
         )
     annotation = parameter.annotation
     return annotation if isinstance(annotation, str) else str(annotation)

@@ -54,7 +54,9 @@ def test_httpx_annotated_classes_get_the_httpx_edges(guard: Guard) -> None:
 
 
 def test_a_class_without_http_client_is_refused_clearly(guard: Guard) -> None:
-    with pytest.raises(TypeError, match=r"NoClientSDK takes no http_client= argument.*openai\.AsyncOpenAI"):
+    with pytest.raises(
+        TypeError, match=r"NoClientSDK takes no http_client= argument.*openai\.AsyncOpenAI.*guard\.http_client\(\)"
+    ):
         guard.http_client_for(NoClientSDK)  # type: ignore[arg-type]
 
 

@@ -20,13 +20,21 @@ import httpx
 import pytest
 
 from llmguard_client import FailureMode, Guard, RetryPolicy, Tier, TTFTTimeout, guard_failure
-from llmguard_client._core.given_up import GivenUp
+from llmguard_client._core.given_up import GivenUp, Remembered
+from llmguard_client._core.headers import CallerHeaders
 from llmguard_client.errors import AllAttemptsFailed
 from tests.edges.conftest import pools
 from tests.loopback import LoopbackServer, Script
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("httpx2")
+
+
+async def recall(memory: GivenUp, request: httpx.Request, now: float, held: bool = True) -> Remembered | None:
+    """What the memory answers ``request`` with, its SDK told by its headers as the transport tells it."""
+    return await memory.recall(request, now, held, CallerHeaders(request).from_typed_sdk)
+
+
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 RETRY = RetryPolicy(backoff_initial=0.01, backoff_max=0.02)
 
@@ -167,15 +175,15 @@ async def test_the_memory_is_bounded_in_size_and_time() -> None:
     memory = GivenUp(size=2, window=10.0)
     for i in range(3):
         memory.remember(request(i), request(i).read(), AllAttemptsFailed(f"call {i}"), now=0.0)
-    assert len(memory) == 2 and await memory.recall(request(0), now=1.0) is None  # the oldest was forgotten
-    again = await memory.recall(request(2), now=1.0)
+    assert len(memory) == 2 and await recall(memory, request(0), now=1.0) is None  # the oldest was forgotten
+    again = await recall(memory, request(2), now=1.0)
     assert isinstance(again, AllAttemptsFailed) and "call 2" in again.message
-    assert await memory.recall(request(2, count="0"), now=1.0) is None  # an SDK's first request is never a retry
-    assert await memory.recall(request(2), now=10.0) is None and len(memory) == 0  # the window has passed
+    assert await recall(memory, request(2, count="0"), now=1.0) is None  # an SDK's first request is never a retry
+    assert await recall(memory, request(2), now=10.0) is None and len(memory) == 0  # the window has passed
     keyed = request(7, count="0", **{"idempotency-key": "k1"})
     memory.remember(keyed, keyed.read(), AllAttemptsFailed("keyed"), now=20.0)
     other_body = httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers={"idempotency-key": "k1"})
-    assert await memory.recall(other_body, now=21.0) is not None  # the same key is the same call
+    assert await recall(memory, other_body, now=21.0) is not None  # the same key is the same call
 
 
 async def test_a_remembered_call_keeps_neither_its_request_nor_its_traceback() -> None:
@@ -202,7 +210,7 @@ async def test_a_remembered_call_keeps_neither_its_request_nor_its_traceback() -
     del request
     gc.collect()
     assert sent_request() is None
-    again = await memory.recall(retry, now=1.0)
+    again = await recall(memory, retry, now=1.0)
     assert isinstance(again, AllAttemptsFailed) and "every attempt failed" in again.message
     assert isinstance(again.__cause__, httpx.ConnectError) and str(again.__cause__) == "connection refused"
 
@@ -216,7 +224,7 @@ async def test_a_later_call_of_the_same_body_that_may_be_retried_clears_the_memo
     memory = GivenUp()
     memory.remember(request, b"{}", AllAttemptsFailed("the first call"), now=0.0)
     memory.forget(request, b"{}")
-    assert await memory.recall(request, now=1.0) is None
+    assert await recall(memory, request, now=1.0) is None
 
 
 async def test_an_upload_is_known_without_its_body() -> None:
@@ -231,12 +239,12 @@ async def test_an_upload_is_known_without_its_body() -> None:
 
     memory = GivenUp()
     memory.remember(upload("0", "b0"), None, AllAttemptsFailed("the upload"), now=0.0)
-    again = await memory.recall(upload("1", "b1"), now=1.0, held=False)  # another boundary: the same call
+    again = await recall(memory, upload("1", "b1"), now=1.0, held=False)  # another boundary: the same call
     assert isinstance(again, AllAttemptsFailed) and "the upload" in again.message
-    assert await memory.recall(upload("1", "b1", length="999"), now=1.0, held=False) is None  # another size
-    assert await memory.recall(upload(None, "b1", **OPENAI_1_40_HEADERS), now=1.0, held=False) is None  # uncounted
-    assert await memory.recall(upload("0", "b2"), now=2.0, held=False) is None  # a new upload from this task...
-    assert await memory.recall(upload("1", "b3"), now=3.0, held=False) is None  # ...whose retry is its own
+    assert await recall(memory, upload("1", "b1", length="999"), now=1.0, held=False) is None  # another size
+    assert await recall(memory, upload(None, "b1", **OPENAI_1_40_HEADERS), now=1.0, held=False) is None  # uncounted
+    assert await recall(memory, upload("0", "b2"), now=2.0, held=False) is None  # a new upload from this task...
+    assert await recall(memory, upload("1", "b3"), now=3.0, held=False) is None  # ...whose retry is its own
     assert len(memory) == 0
 
 
@@ -274,11 +282,38 @@ async def test_an_uncounted_request_is_a_retry_only_within_the_sdks_backoff_wind
 
     memory = GivenUp()
     memory.remember(request(), b"{}", AllAttemptsFailed("the call"), now=0.0)
-    assert await memory.recall(request(**OPENAI_1_40_HEADERS), now=8.5) is not None  # openai sleeps at most 8 s
-    assert await memory.recall(request(), now=1.0) is None  # not an SDK: a first request, never a retry
-    assert await memory.recall(request(**OPENAI_1_40_HEADERS), now=9.5) is None  # past the SDK's backoff
+    assert await recall(memory, request(**OPENAI_1_40_HEADERS), now=8.5) is not None  # openai sleeps at most 8 s
+    assert await recall(memory, request(), now=1.0) is None  # not an SDK: a first request, never a retry
+    assert await recall(memory, request(**OPENAI_1_40_HEADERS), now=9.5) is None  # past the SDK's backoff
     counted = request(**OPENAI_1_40_HEADERS, **{"x-stainless-retry-count": "1"})
-    assert await memory.recall(counted, now=20.0) is not None  # a counted retry: the whole window
+    assert await recall(memory, counted, now=20.0) is not None  # a counted retry: the whole window
+
+
+UNCOUNTING_SDKS = {
+    "cohere": {"user-agent": "cohere/7.3.1", "x-fern-language": "Python", "x-fern-sdk-name": "cohere"},
+    "google-genai": {"user-agent": "google-genai-sdk/1.0 gl-python/3.11", "x-goog-api-client": "google-genai-sdk/1.0"},
+    "mistralai": {"user-agent": "mistral-client-python/3.7.0"},
+    "huggingface_hub": {"user-agent": "unknown/None; hf_hub/2.4.0; python/3.11.7"},
+}
+
+
+@pytest.mark.parametrize("headers", UNCOUNTING_SDKS.values(), ids=UNCOUNTING_SDKS.keys())
+async def test_a_request_of_another_sdk_that_retries_uncounted_is_its_retry_within_the_window(
+    headers: dict[str, str],
+) -> None:
+    """cohere, google-genai and mistralai (with a ``RetryConfig``) retry on their own and send no retry count: a
+    request of theirs repeating a call the guard gave up on, within the window, is that call's retry (each of their
+    retries got the guard's attempts again: a refused port answered in 6-7 s, the plain SDK's 3 s). A client with
+    its own ``User-Agent`` is not taken for an SDK."""
+
+    def request(**more: str) -> httpx.Request:
+        return httpx.Request("POST", "http://a/v1/chat/completions", content=b"{}", headers=more)
+
+    memory = GivenUp()
+    memory.remember(request(), b"{}", AllAttemptsFailed("the call"), now=0.0)
+    assert await recall(memory, request(**headers), now=8.5) is not None
+    assert await recall(memory, request(**{"user-agent": "my-app/1.0"}), now=1.0) is None
+    assert await recall(memory, request(**headers), now=9.5) is None
 
 
 class Raising(httpx.AsyncBaseTransport):
