@@ -75,8 +75,8 @@ class FleetMirror:
 
     # --- learned here -----------------------------------------------------------------------
 
-    def cooled(self, state: ReplicaState, seconds: float) -> None:
-        self._publish(state, "cool", seconds)
+    def cooled(self, state: ReplicaState, seconds: float, holder: str | None) -> None:
+        self._publish(state, "cool", seconds, holder)
 
     def opened(self, state: ReplicaState, seconds: float) -> None:
         self._publish(state, "open", seconds)
@@ -87,11 +87,12 @@ class FleetMirror:
     def closed(self, state: ReplicaState) -> None:
         self._publish(state, "close", 0.0)
 
-    def _publish(self, state: ReplicaState, kind: Kind, seconds: float) -> None:
+    def _publish(self, state: ReplicaState, kind: Kind, seconds: float, holder: str | None = None) -> None:
+        """Tell the fleet of ``state``'s change (a cool-down: for the keys of ``holder``, the 429's that set it)."""
         if not self.store.available:
             return  # the next resync writes what is still in force
         ms = max(1, math.ceil(seconds * 1000)) if kind in ("cool", "open") else 0
-        holder = state.holder if kind in ("cool", "clear") else None
+        holder = holder if kind == "cool" else state.holder if kind == "clear" else None
         payload = self._event(state, kind, ms, holder)
         cool, opened = self.store.key("cool", state.name), self.store.key("open", state.name)
         ended = {"clear": [cool, opened], "close": [opened]}.get(kind, [])
@@ -224,8 +225,9 @@ class FleetMirror:
         caller); whether it changed this process's (a new or longer one)."""
         state.holder, latest = state.hold_for(now, holder)
         until = min(until, latest)
+        noted = state.note_ends(holder, until, None, None)
         if until <= state.cooling_until + _SLACK:
-            return False
+            return noted
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             mirror_cool_down(state, now, until)
         state.local_cool = False  # the fleet's now, not an injected fault's

@@ -75,6 +75,8 @@ class Cooling(Protocol):
 
     def cooling(self, now: float) -> bool: ...
 
+    def cooling_end(self) -> float: ...
+
 
 C = TypeVar("C", bound=Cooling)
 
@@ -155,7 +157,7 @@ def first_wait(candidates: list[C], now: float) -> float:
     s = candidates[0]
     if not s.cooling(now) or s.probe_at <= now:
         return 0.0
-    return min(s.probe_at, s.cooling_until) - now
+    return min(s.probe_at, s.cooling_end()) - now
 
 
 def probe_pending(candidates: list[C], now: float) -> bool:

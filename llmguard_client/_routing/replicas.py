@@ -88,6 +88,9 @@ class ReplicaState:
     """The limit scopes (`llmguard_client._routing.caller.scopes`) the cool-down in force holds for, a 429's: those
     rate limits or quotas, not the replica's; None: every caller (a 503, a 529, the guard's own). One cool-down is
     kept: another key's 429 joins its scopes to it (`hold_for`)."""
+    key_ends: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    """For a cool-down held for several keys (`holder` naming more than one): each key's own end, and when the
+    server's Retry-After to it ends (None: within the guard's wait). A key's calls wait for its own end only."""
     run_keys: frozenset[str] = frozenset()
     """The limit scopes of the 429s in the run of `refusals`: a run of some keys' 429s, which other keys' calls
     served do not end, holds for those keys (`servers_run` for when it holds for every caller)."""
@@ -178,11 +181,47 @@ class ReplicaState:
         if now < self.seen:  # read on every pick: the check inline, `settle` only when the clock read earlier
             self.settle(now)
         self.seen = now
-        return now < self.cooling_until and holds_for_caller(self.holder)
+        return now < self.cooling_end()
 
     def cooling_end(self) -> float:
-        """When the cool-down that holds for the call running here ends (0: none holds for it)."""
-        return self.cooling_until if holds_for_caller(self.holder) else 0.0
+        """When the cool-down that holds for the call running here ends (0: none holds for it): its key's own end,
+        in one held for several keys."""
+        if not holds_for_caller(self.holder):
+            return 0.0
+        own = self._own_end()
+        return self.cooling_until if own is None else min(own[0], self.cooling_until)
+
+    def asked_until(self) -> float | None:
+        """When the server's Retry-After to the call running here ends, for a cool-down cut short of it (the guard
+        waits less than it asked; None: it did not)."""
+        own = self._own_end()
+        if own is not None:
+            return own[1]
+        set_until, asked_until = self.asked_beyond
+        return asked_until if set_until == self.cooling_until else None
+
+    def _own_end(self) -> tuple[float, float | None] | None:
+        """The entry of `key_ends` for the call running here (None: outside a call, or a cool-down of one key)."""
+        current = caller()
+        return self.key_ends.get(current) if self.key_ends and current is not None else None
+
+    def note_ends(self, holder: str | None, until: float, asked_until: float | None, asker: str | None) -> bool:
+        """The keys of ``holder`` (a 429's, or a run's of several keys) were refused until ``until``, the server
+        asking ``asker``'s call to wait until ``asked_until`` (None: no longer): in a cool-down held for several
+        keys, each keeps the later of that and its own end, and only ``asker`` what the server asked of it (another
+        key of the run was not told a quota's wait). Returns whether one changed."""
+        if self.holder is None or "," not in self.holder:
+            self.key_ends.clear()
+            return False
+        changed = False
+        for key in scopes(holder) if holder is not None else ():
+            end, asked = self.key_ends.get(key, (-math.inf, None))
+            told = asked_until if key == asker else None
+            if until > end:
+                later = asked if told is None else told if asked is None else max(asked, told)
+                self.key_ends[key] = (until, later)
+                changed = True
+        return changed
 
     def servers_run(self) -> bool:
         """Whether the run of `refusals` holds for every caller: the replica's own refusal is in it, or
@@ -202,18 +241,35 @@ class ReplicaState:
         theirs and ``holder``'s, up to `_COOLING_SCOPES` keys; past them it is dropped first (those keys' next calls
         meet their limits again, as they would unguarded). And the latest it may end: a key's limit does not
         lengthen a cool-down every caller takes (that key's next call after it meets its limit again)."""
-        if now >= self.cooling_until or self.holder == holder:
+        if self.holder == holder and now < self.cooling_until:
+            return holder, math.inf
+        if now >= self.cooling_until:
+            self.key_ends.clear()
             return holder, math.inf
         if self.holder is None:
             return None, math.inf if holder is None else self.cooling_until
+        self.key_ends_of_one()
         if holder is None:
+            self.key_ends.clear()
             return None, math.inf
-        both = united(self.holder, holder)
+        live = [key for key in scopes(self.holder) if self.key_ends.get(key, (self.cooling_until,))[0] > now]
+        both = united(",".join(live), holder) if live else holder
         if len(scopes(both)) <= _COOLING_SCOPES:
+            for key in set(self.key_ends) - set(live):
+                del self.key_ends[key]
             return both, math.inf
+        self.key_ends.clear()
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
         return holder, math.inf
+
+    def key_ends_of_one(self) -> None:
+        """Give each key of the cool-down in force its own end (`key_ends`), before another key joins it: the
+        cool-down's, when it holds for one key."""
+        if not self.key_ends and self.holder is not None:
+            asked = self.asked_until()
+            for key in scopes(self.holder):
+                self.key_ends[key] = (self.cooling_until, asked)
 
     def open(self, now: float) -> bool:
         if now < self.seen:
@@ -235,6 +291,9 @@ class ReplicaState:
             self.open_until += by
             set_until, asked_until = self.asked_beyond
             self.asked_beyond = (set_until + by, asked_until + by)
+            self.key_ends = {
+                key: (end + by, None if asked is None else asked + by) for key, (end, asked) in self.key_ends.items()
+            }
             shift(self.health, by)
         self.seen = now
 
@@ -251,7 +310,7 @@ class ReplicaState:
 class SharedState(Protocol):
     """Where a `ReplicaSet` reports what it learned, to share it (`llmguard_client._fleet.FleetMirror`)."""
 
-    def cooled(self, state: ReplicaState, seconds: float) -> None: ...
+    def cooled(self, state: ReplicaState, seconds: float, holder: str | None) -> None: ...
 
     def opened(self, state: ReplicaState, seconds: float) -> None: ...
 
@@ -342,10 +401,10 @@ class ReplicaSet:
         state = self.alone(now, exclude)
         if state is None:
             return 0.0
-        set_until, asked_until = state.asked_beyond
-        if not state.cooling(now) or set_until != state.cooling_until:
+        if not state.cooling(now):
             return 0.0
-        return max(0.0, asked_until - now)
+        asked = state.asked_until()
+        return 0.0 if asked is None else max(0.0, asked - now)
 
     def alone(self, now: float, exclude: Iterable[ReplicaState] = ()) -> ReplicaState | None:
         """The only replica left (not excluded; circuit closed, or open in panic mode when nowhere else is), or
@@ -507,16 +566,19 @@ class ReplicaSet:
         seconds = min(seconds, latest - now)
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             named = state.cooling(now) and not state.unnamed
-            if not cool(state, now, seconds):
-                return
-        state.unnamed = unnamed and not named
+            cooled = cool(state, now, seconds)
+        noted = state.note_ends(holder, now + seconds, None if asked is None else now + asked, caller())
+        if not (cooled or noted):
+            return
+        if cooled:
+            state.unnamed = unnamed and not named
         self.cooling_changed.notify()  # the calls waiting decide again: renewed, or their probe refused
         if state.cooling_until != until:
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
             state.local_cool = state.local_open if injected is None else injected
             shared = self._sharing(state.local_cool)
             if shared is not None:
-                shared.cooled(state, seconds)
+                shared.cooled(state, seconds, holder)
 
     def refused(self, state: ReplicaState, holder: str | None = None) -> tuple[int, str | None]:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such
@@ -545,8 +607,8 @@ class ReplicaSet:
         that request for its own size): its run of overload answers (`refused`) ends, unless the run is other
         keys', which no other key's refusal joins then."""
         current = caller()
-        if state.servers_run() or current is None or current in state.run_keys:
-            state.refusals = 0
+        if state.servers_run() or current is None or current in state.run_keys or len(state.run_keys) > 1:
+            state.refusals = 0  # several keys' run: refused at once no more (another key is served)
         else:
             state.served_in_run = True
 

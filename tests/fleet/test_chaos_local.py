@@ -60,7 +60,7 @@ async def test_an_injected_cool_down_or_circuit_is_not_shared(
         # A real cool-down learned after them (of the third replica) reaches the plain Guard: the channel's events
         # come in order, so the injected ones, had they been published, would have come first.
         assert injecting._fleet is not None
-        injecting._fleet.mirror.cooled(mine[2], 30.0)
+        injecting._fleet.mirror.cooled(mine[2], 30.0, None)
         await until(lambda: theirs[2].cooling(anyio.current_time()))
         now = anyio.current_time()
         assert not theirs[0].cooling(now) and not theirs[1].open(now) and not theirs[1].tripped

@@ -134,6 +134,32 @@ async def test_an_event_for_every_caller_keeps_the_cool_down_every_callers_while
         await b.aclose()
 
 
+async def test_another_keys_cool_down_mirrored_joins_a_keys_own_which_keeps_its_end(redis_server: RedisServer) -> None:
+    """A key's 2 s cool-down here, another key's 20 s one from another process: one cool-down holds both keys'
+    calls back, each until its own end (the 2 s key waited for the other's 20 s: 9.8 s where it was served at
+    once), and no other key's."""
+    b = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        with calling_as("k-two"):
+            b._replica_set.cool_down(states(b)[0], anyio.current_time(), 2.0, holder="k-two")
+        await client.set("llmguard:checkout:cool:" + REPLICAS[0], "process-a k-one", px=20_000)
+        scoped = {"o": "process-a", "r": REPLICAS[0], "k": "cool", "ms": 20_000, "t": time.time(), "c": "k-one"}
+        await client.publish("llmguard:checkout:events", json.dumps(scoped))
+        await until(lambda: states(b)[0].cooling_until > anyio.current_time() + 10.0)
+        now = anyio.current_time()
+        with calling_as("k-two"):
+            assert now < states(b)[0].cooling_end() <= now + 2.0
+        with calling_as("k-one"):
+            assert states(b)[0].cooling_end() > now + 10.0
+        with calling_as("k-three"):
+            assert not states(b)[0].cooling(now)
+    finally:
+        await client.aclose()
+        await b.aclose()
+
+
 async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
     a, b = guard(redis_server.url), guard(redis_server.url)
     try:

@@ -1510,6 +1510,50 @@ def test_two_keys_refused_in_turn_cool_the_replica_for_both_and_no_other_key(bac
 
 
 @BACKENDS
+def test_a_key_joined_to_another_keys_cool_down_waits_for_its_own_end_only(backend: str) -> None:
+    """A key refused for 0.5 s while another key's 20 s cool-down is in force shares that cool-down, but its next
+    call goes by its own end (0.5 s), not the other key's: not even its probe (1 s in), which it waited for
+    (with a 2 s limit beside a 20 s one it waited 19 s, the plain SDK 1 s)."""
+    slow = Plan(status=429, retry_after="20", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    fast = Plan(status=429, headers={**SPENT_KEY_LIMIT, "retry-after-ms": "500"}, headers_after=0.01)
+    callers = [(key, "m") for key in ("slow", "good", "fast", "fast")]
+    statuses, records = calls_in_turn(backend, [slow, Plan(), fast, Plan()], callers)
+    assert statuses == [429, 200, 429, 200]
+    refused, again = records[2:]
+    assert refused.attempts[0].finish is not None
+    assert again.attempts[0].start == pytest.approx(refused.attempts[0].finish + 0.5, abs=1e-6)
+
+
+@BACKENDS
+def test_a_quotas_wait_holds_for_its_own_key_not_for_the_key_refused_beside_it(backend: str) -> None:
+    """A key out of quota (`Retry-After: 86400`, longer than the guard waits: its calls are refused at once) and
+    another key refused for 2 s in a row with it: one cool-down holds both, and only the quota's key is refused at
+    once; the other key's next call is sent within its own 2 s (it was refused at once, never sent)."""
+    quota = Plan(status=429, retry_after="86400", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    limit = Plan(status=429, retry_after="2", headers=SPENT_KEY_LIMIT, headers_after=0.01)
+    callers = [(key, "m") for key in ("quota", "limited", "limited")]
+    statuses, records = calls_in_turn(backend, [quota, limit, Plan()], callers)
+    assert statuses == [429, 429, 200]
+    refused, again = records[1:]
+    assert refused.attempts[0].finish is not None
+    assert again.attempts[0].start <= refused.attempts[0].finish + 2.0 + 1e-6
+
+
+@BACKENDS
+def test_another_keys_call_served_ends_a_run_of_two_keys_429s(backend: str) -> None:
+    """Two keys refused in a row, then a third key served: they are refused at once no more, so the first key's
+    next 429 starts a run of its own, and the second key's call is sent at once (it waited for a cool-down of
+    both, the run's third refusal)."""
+    refusal = Plan(status=429, retry_after="1", headers_after=0.01)
+    callers = [(key, "m") for key in ("one", "two", "other", "one", "two")]
+    statuses, records = calls_in_turn(backend, [refusal, refusal, Plan(), refusal, Plan()], callers)
+    assert statuses == [429, 429, 200, 429, 200]
+    late, sent = records[3:]
+    assert late.attempts[0].finish is not None
+    assert sent.attempts[0].start == pytest.approx(late.attempts[0].finish, abs=1e-6)
+
+
+@BACKENDS
 def test_a_keys_429_does_not_lengthen_a_cool_down_every_caller_takes(backend: str) -> None:
     """A 503's 2 s cool-down holds every call back; a key's 429 (its limit spent for 20 s) answering its probe is
     that key's limit, not the server's: another key's call is sent by the cool-down's end at the latest, not 20 s
