@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import importlib
 import logging
 import queue
 import selectors
@@ -547,7 +548,63 @@ def _own_loop() -> asyncio.AbstractEventLoop:
         raise
     if type(loop).time is asyncio.BaseEventLoop.time:  # a loop of another kind keeps its own clock
         loop.time = Unfrozen.monotonic  # type: ignore[method-assign]
+    if _green_threads():
+        _unseen_while_waiting(loop)
     return loop
+
+
+def _green_threads() -> bool:
+    """Whether gevent or eventlet made threads greenlets here: the loop's thread then shares its starter's OS thread."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        return True
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    return eventlet_patcher is not None and bool(eventlet_patcher.is_monkey_patched("thread"))
+
+
+_UNSEEN: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+"""The loops `_unseen_while_waiting` hides: the greenlets of their OS thread see none of them run."""
+
+
+def _unseen_while_waiting(loop: asyncio.AbstractEventLoop) -> None:
+    """Hand the OS thread to the other greenlets as they had it whenever the loop's greenlet (the current one) is
+    switched out (waiting for I/O, starting a thread, on a contended lock), and take it again as it is switched
+    back in: asyncio keeps one running loop and one set of async generator hooks per OS thread. Seeing the Guard's
+    loop as their own, code asking whether it runs in async code (Django's ORM in a sync view, asgiref's
+    ``async_to_sync``) refused to run in every greenlet of the process, the plain client's views too; and a loop of
+    theirs (``async_to_sync``'s) took the Guard's async generators as its own, and ended them with it."""
+    greenlet = importlib.import_module("greenlet")  # gevent's and eventlet's own dependency
+    own = greenlet.getcurrent()
+    chained = greenlet.gettrace()
+    theirs: list[Any] = [None, sys.get_asyncgen_hooks()]  # the others' state, while the loop's greenlet runs
+    mine: list[Any] = [None, sys.get_asyncgen_hooks()]  # the loop's, while it is switched out
+
+    def follow(event: str, args: Any) -> Any:
+        if event in ("switch", "throw"):
+            origin, target = args
+            if origin is own and target is not own:
+                mine[:] = [asyncio.events._get_running_loop(), sys.get_asyncgen_hooks()]
+                asyncio.events._set_running_loop(theirs[0])
+                sys.set_asyncgen_hooks(*theirs[1])
+            elif target is own and origin is not own:
+                theirs[:] = [asyncio.events._get_running_loop(), sys.get_asyncgen_hooks()]
+                asyncio.events._set_running_loop(mine[0])
+                sys.set_asyncgen_hooks(*mine[1])
+        return None if chained is None else chained(event, args)
+
+    follow.own, follow.chained = own, chained  # type: ignore[attr-defined]
+    greenlet.settrace(follow)
+    _UNSEEN.add(loop)
+
+
+def _unfollow() -> None:
+    """From the loop's greenlet as its loop has ended: remove what `_unseen_while_waiting` put in, unless another
+    switch trace has been set over it since."""
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is not None:
+        trace = greenlet.gettrace()
+        if getattr(trace, "own", None) is greenlet.getcurrent():
+            greenlet.settrace(trace.chained)
 
 
 def _discard_half_made(failure: BaseException) -> None:
@@ -632,8 +689,9 @@ class SyncRunner:
             self._started.set()
             await self._stop.wait()
 
-        if asyncio._get_running_loop() is not None:  # gevent: greenlets patched in after asyncio's import share
-            # the thread's running loop; another runner's runs (a caller's came first: this one is stopped unused)
+        if asyncio._get_running_loop() is not None or any(loop.is_running() for loop in _UNSEEN):
+            # gevent: a greenlet's thread shares its OS thread with another runner's loop (a caller's came first:
+            # this one is stopped unused), which asyncio's running loop and async generator hooks are one of
             self._could_not_start(RuntimeError("an event loop already runs in this thread"))
             return
         try:
@@ -642,6 +700,7 @@ class SyncRunner:
             if self._loop is None:  # it could not be made (out of file descriptors, say)
                 self._could_not_start(exc)
         finally:
+            _unfollow()
             self._started.set()
 
     def call(self, func: Callable[[], Awaitable[Any]]) -> Any:

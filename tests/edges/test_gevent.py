@@ -46,3 +46,63 @@ def test_sync_calls_are_served_from_greenlets_when_gevent_patched_after_the_impo
     proc = run_script(SCRIPT, servers[0].url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str([(200, True)] * 6), "closed"], proc.stderr
+
+
+SEEN_SCRIPT = """
+import sys
+from gevent import monkey
+
+monkey.patch_all()
+import asyncio
+
+import gevent
+
+from llmguard_client import Guard
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+replica = sys.argv[1]
+guard = Guard(replicas=[replica], failure_mode="raise", instrumentation=None)
+client = guard.sync_http_client()
+
+
+def call(stream):
+    with client.stream("POST", replica + "/v1/chat/completions", json={**BODY, "stream": stream}) as response:
+        return response.status_code
+
+
+async def own():
+    await asyncio.sleep(0.01)
+    return "ran"
+
+
+def looks():
+    try:
+        asyncio.get_running_loop()
+        running = "a loop runs"
+    except RuntimeError:
+        running = "no loop runs"
+    return running, asyncio.run(own())
+
+
+first = [gevent.spawn(call, i % 2 == 0) for i in range(6)]  # the Guard's loop starts
+gevent.joinall(first, timeout=60)
+calls = [gevent.spawn(call, i % 2 == 0) for i in range(6)]
+seen = gevent.spawn(looks)  # while those calls are in flight on the Guard's loop
+gevent.joinall([*calls, seen], timeout=60)
+print([c.value if c.successful() else repr(c.exception) for c in first + calls], flush=True)
+print(seen.value if seen.successful() else repr(seen.exception), flush=True)
+client.close()
+guard.close()
+"""
+
+
+def test_greenlets_beside_the_guards_loop_see_no_running_loop_and_may_run_their_own(
+    servers: list[LoopbackServer],
+) -> None:
+    """The Guard's loop thread is a greenlet of the process's one OS thread, and asyncio keeps one running loop (and
+    one set of async generator hooks) per OS thread: every other greenlet saw the Guard's loop as its own, so code
+    that asks whether it runs in async code refused to (Django's ORM: ``SynchronousOnlyOperation`` in every view,
+    the plain client's too), and ``asyncio.run`` (asgiref's ``async_to_sync``) could not start."""
+    proc = run_script(SEEN_SCRIPT, servers[0].url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str([200] * 12), str(("no loop runs", "ran"))], proc.stderr
