@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from llmguard_client._fleet.store import FleetStore
-from llmguard_client._routing.caller import calling_as
+from llmguard_client._routing.caller import calling_as, scopes
 from llmguard_client._routing.cooldown import mirror_cool_down
 from llmguard_client._routing.replicas import ReplicaState
 
@@ -145,7 +145,7 @@ class FleetMirror:
             if not state.local_open:  # a circuit an injected fault opened here is this process's to close
                 state.open_until = min(state.open_until, now)
                 state.tripped = False
-            if kind == "clear" and not state.local_cool and holder in (None, state.holder):
+            if kind == "clear" and not state.local_cool and _overlaps(holder, state.holder):
                 state.cooling_until = min(state.cooling_until, now)
                 state.probing = False
                 state.probe_at = math.inf
@@ -239,6 +239,14 @@ class FleetMirror:
             state.open_until, state.set_at = until, now
             state.tripped = True
             state.local_open = False
+
+
+def _overlaps(cleared: str | None, holder: str | None) -> bool:
+    """Whether a probe served for the keys of ``cleared`` ends a cool-down held for those of ``holder`` (None: every
+    caller's): one that holds a key of it, as a probe served here ends a cool-down shared by several keys."""
+    if cleared is None or holder is None:
+        return cleared == holder or cleared is None
+    return not set(scopes(cleared)).isdisjoint(scopes(holder))
 
 
 def _held(origin: str, holder: str | None) -> str:

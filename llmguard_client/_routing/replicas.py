@@ -28,6 +28,7 @@ from llmguard_client._http.urlpath import path_under, sent_path, with_sent_path
 from llmguard_client._routing.affinity.routing import AffinityRouting, Prefer
 from llmguard_client._routing.caller import caller, calling_as, holds_for_caller, scopes, united
 from llmguard_client._routing.cooldown import (
+    FIRST_PROBE,
     REFUSALS_TO_COOL,
     cool,
     first_attempt_candidates,
@@ -208,13 +209,16 @@ class ReplicaState:
     def note_ends(self, holder: str | None, until: float, asked_until: float | None, asker: str | None) -> bool:
         """The keys of ``holder`` (a 429's, or a run's of several keys) were refused until ``until``, the server
         asking ``asker``'s call to wait until ``asked_until`` (None: no longer): in a cool-down held for several
-        keys, each keeps the later of that and its own end, and only ``asker`` what the server asked of it (another
-        key of the run was not told a quota's wait). Returns whether one changed."""
+        keys, a key new to it ends then, and only ``asker`` has its end lengthened and what the server asked of it
+        kept (another key of the run was not told of it: a quota's day, or a long limit refused again, is that
+        key's). None: every key of ``holder`` (a fleet event's). Returns whether one changed."""
         if self.holder is None or "," not in self.holder:
             self.key_ends.clear()
             return False
         changed = False
         for key in scopes(holder) if holder is not None else ():
+            if key in self.key_ends and asker is not None and key != asker:
+                continue
             end, asked = self.key_ends.get(key, (-math.inf, None))
             told = asked_until if key == asker else None
             if until > end:
@@ -257,11 +261,27 @@ class ReplicaState:
         if len(scopes(both)) <= _COOLING_SCOPES:
             for key in set(self.key_ends) - set(live):
                 del self.key_ends[key]
+            if not self.probing:  # the keys joining are probed as soon as a cool-down of their own would be
+                self.probe_at = min(self.probe_at, now + FIRST_PROBE)
             return both, math.inf
         self.key_ends.clear()
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
         return holder, math.inf
+
+    def release(self, key: str | None) -> None:
+        """A call of ``key`` was answered otherwise than with overload: in a cool-down held for several keys, that key's
+        limit no longer holds its calls back (the others' go on, until their own ends)."""
+        if key is None or not self.key_ends or key not in self.key_ends or self.holder is None:
+            return
+        del self.key_ends[key]
+        left = [k for k in scopes(self.holder) if k != key]
+        self.holder = ",".join(left)
+        if len(left) == 1:  # a cool-down of one key again: its own end and Retry-After are the cool-down's
+            end, asked = self.key_ends.pop(left[0], (self.cooling_until, None))
+            self.cooling_until = min(self.cooling_until, end)
+            self.asked_beyond = (self.cooling_until, asked) if asked is not None else (0.0, 0.0)
+            self.key_ends.clear()
 
     def key_ends_of_one(self) -> None:
         """Give each key of the cool-down in force its own end (`key_ends`), before another key joins it: the
@@ -607,6 +627,7 @@ class ReplicaSet:
         that request for its own size): its run of overload answers (`refused`) ends, unless the run is other
         keys', which no other key's refusal joins then."""
         current = caller()
+        state.release(current)
         if state.servers_run() or current is None or current in state.run_keys or len(state.run_keys) > 1:
             state.refusals = 0  # several keys' run: refused at once no more (another key is served)
         else:

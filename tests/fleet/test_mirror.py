@@ -160,6 +160,29 @@ async def test_another_keys_cool_down_mirrored_joins_a_keys_own_which_keeps_its_
         await b.aclose()
 
 
+async def test_a_probe_served_elsewhere_for_one_key_ends_a_cool_down_held_here_for_it_and_another(
+    redis_server: RedisServer,
+) -> None:
+    """A cool-down here held for two keys; another process's probe, of one of them, served: it ends here too, as a
+    probe served here would (its clear named the other process's keys, not this one's, and was dropped: the key's
+    calls were refused here for 17 s)."""
+    b = guard(redis_server.url)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await connected(b)
+        now = anyio.current_time()
+        for key in ("k-one", "k-two"):
+            with calling_as(key):
+                b._replica_set.cool_down(states(b)[0], now, 20.0, holder=key)
+        assert states(b)[0].holder == "k-one,k-two"
+        cleared = {"o": "process-a", "r": REPLICAS[0], "k": "clear", "ms": 0, "t": time.time(), "c": "k-one"}
+        await client.publish("llmguard:checkout:events", json.dumps(cleared))
+        await until(lambda: not states(b)[0].cooling(anyio.current_time()))
+    finally:
+        await client.aclose()
+        await b.aclose()
+
+
 async def test_an_opened_circuit_reaches_the_others(redis_server: RedisServer) -> None:
     a, b = guard(redis_server.url), guard(redis_server.url)
     try:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmguard_client._routing.caller import calling_as
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState
 from llmguard_client._routing.router import Router
 from llmguard_client.config import Replica
@@ -551,3 +552,36 @@ def test_above_three_replicas_two_drawn_at_random_share_the_calls_evenly() -> No
     counts = Counter(names([rs.pick(NOW) for _ in itertools.repeat(None, 400)]))
     assert set(counts) == {"r0", "r1", "r2", "r3"}
     assert all(70 <= n <= 130 for n in counts.values()), counts
+
+
+def test_a_key_answered_leaves_a_cool_down_held_for_several_keys_and_the_others_keep_theirs() -> None:
+    """Two keys' 429s in one cool-down: a call of one of them answered (its limit free again) no longer waits for
+    it, while the other key's calls wait for their own end (they were held to the end of the latest)."""
+    rs = replica_set(1)
+    state = rs.states[0]
+    with calling_as("a"):
+        rs.cool_down(state, NOW, 20.0, holder="a")
+    with calling_as("b"):
+        rs.cool_down(state, NOW + 1, 5.0, holder="b")
+        assert state.cooling(NOW + 2) and state.cooling_end() == NOW + 6
+    with calling_as("a"):
+        assert state.cooling_end() == NOW + 20
+        rs.answered(state)
+        assert not state.cooling(NOW + 2)
+    with calling_as("b"):
+        assert state.cooling(NOW + 2) and state.cooling_end() == NOW + 6
+    with calling_as("c"):
+        assert not state.cooling(NOW + 2)
+
+
+def test_a_keys_429_again_lengthens_its_own_end_only_in_a_cool_down_held_for_several_keys() -> None:
+    """A run of two keys' 429s cools the replica for both; one of them refused again for 20 s (its limit, a quota's
+    day) lengthens its own end, not the other's: that key waited 15 s past its own limit (the plain SDK none)."""
+    rs = replica_set(1)
+    state = rs.states[0]
+    with calling_as("a"):
+        rs.cool_down(state, NOW, 2.0, holder="a,b")
+        rs.cool_down(state, NOW + 1, 20.0, holder="a,b")
+        assert state.cooling_end() == NOW + 21
+    with calling_as("b"):
+        assert state.cooling_end() == NOW + 2 and not state.cooling(NOW + 2.5)
