@@ -12,14 +12,7 @@ from tests.loopback import LoopbackServer
 from tests.scripts import run_script
 
 pytest.importorskip("gevent")
-SCRIPT = """
-import sys
-from llmguard_client import Guard  # imported before the patching, as gunicorn --preload does
-from gevent import monkey
-
-monkey.patch_all()
-import gevent
-
+CALLS = """
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 replica = sys.argv[1]
 guard = Guard(replicas=[replica], failure_mode="raise", instrumentation=None)
@@ -29,7 +22,19 @@ client = guard.sync_http_client()
 def call(stream):
     with client.stream("POST", replica + "/v1/chat/completions", json={**BODY, "stream": stream}) as response:
         return response.status_code, b"chatcmpl" in response.read()
+"""
+"""Guarded sync calls, streamed or not, each giving its status and whether its body is a completion."""
+SCRIPT = (
+    """
+import sys
+from llmguard_client import Guard  # imported before the patching, as gunicorn --preload does
+from gevent import monkey
 
+monkey.patch_all()
+import gevent
+"""
+    + CALLS
+    + """
 
 calls = [gevent.spawn(call, i % 2 == 0) for i in range(6)]
 gevent.joinall(calls, timeout=60)
@@ -38,6 +43,7 @@ client.close()
 guard.close()
 print("closed", flush=True)
 """
+)
 
 
 def test_sync_calls_are_served_from_greenlets_when_gevent_patched_after_the_import(
@@ -48,7 +54,8 @@ def test_sync_calls_are_served_from_greenlets_when_gevent_patched_after_the_impo
     assert proc.stdout.splitlines() == [str([(200, True)] * 6), "closed"], proc.stderr
 
 
-SEEN_SCRIPT = """
+SEEN_SCRIPT = (
+    """
 import sys
 from gevent import monkey
 
@@ -58,17 +65,9 @@ import asyncio
 import gevent
 
 from llmguard_client import Guard
-
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-replica = sys.argv[1]
-guard = Guard(replicas=[replica], failure_mode="raise", instrumentation=None)
-client = guard.sync_http_client()
-
-
-def call(stream):
-    with client.stream("POST", replica + "/v1/chat/completions", json={**BODY, "stream": stream}) as response:
-        return response.status_code
-
+"""
+    + CALLS
+    + """
 
 async def own():
     await asyncio.sleep(0.01)
@@ -94,6 +93,7 @@ print(seen.value if seen.successful() else repr(seen.exception), flush=True)
 client.close()
 guard.close()
 """
+)
 
 
 def test_greenlets_beside_the_guards_loop_see_no_running_loop_and_may_run_their_own(
@@ -105,4 +105,4 @@ def test_greenlets_beside_the_guards_loop_see_no_running_loop_and_may_run_their_
     the plain client's too), and ``asyncio.run`` (asgiref's ``async_to_sync``) could not start."""
     proc = run_script(SEEN_SCRIPT, servers[0].url)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [str([200] * 12), str(("no loop runs", "ran"))], proc.stderr
+    assert proc.stdout.splitlines() == [str([(200, True)] * 12), str(("no loop runs", "ran"))], proc.stderr
