@@ -257,14 +257,12 @@ class ReplicaState:
             self.key_ends.clear()
             return None, math.inf
         live = [key for key in scopes(self.holder) if self.key_ends.get(key, (self.cooling_until,))[0] > now]
-        both = united(",".join(live), holder) if live else holder
-        if len(scopes(both)) <= _COOLING_SCOPES:
+        both = united(",".join(live), holder)
+        if live and len(scopes(both)) <= _COOLING_SCOPES:
             for key in set(self.key_ends) - set(live):
                 del self.key_ends[key]
-            if not self.probing:  # the keys joining are probed as soon as a cool-down of their own would be
-                self.probe_at = min(self.probe_at, now + FIRST_PROBE)
             return both, math.inf
-        self.key_ends.clear()
+        self.key_ends.clear()  # every key's own end has passed (or too many keys): a cool-down of ``holder``'s own
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
         return holder, math.inf
@@ -277,9 +275,10 @@ class ReplicaState:
         del self.key_ends[key]
         left = [k for k in scopes(self.holder) if k != key]
         self.holder = ",".join(left)
-        if len(left) == 1:  # a cool-down of one key again: its own end and Retry-After are the cool-down's
-            end, asked = self.key_ends.pop(left[0], (self.cooling_until, None))
-            self.cooling_until = min(self.cooling_until, end)
+        # It ends when the last of the keys left does (the key that left may have set its end).
+        self.cooling_until = min(self.cooling_until, max(self.key_ends.get(k, (self.cooling_until,))[0] for k in left))
+        if len(left) == 1:  # a cool-down of one key again: its own Retry-After is the cool-down's
+            _, asked = self.key_ends.pop(left[0], (self.cooling_until, None))
             self.asked_beyond = (self.cooling_until, asked) if asked is not None else (0.0, 0.0)
             self.key_ends.clear()
 
@@ -581,9 +580,12 @@ class ReplicaSet:
         for it (the guard's own, for a circuit that tripped), so it is local when that circuit is. ``holder``: the
         limit scopes of the 429s that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
         caller."""
-        until = state.cooling_until
+        until, before = state.cooling_until, state.holder
         state.holder, latest = state.hold_for(now, holder)
         seconds = min(seconds, latest - now)
+        joined = before is not None and state.holder != before and until > now and "," in (state.holder or "")
+        if joined and not state.probing:  # a key joining is probed as soon as a cool-down of its own would be
+            state.probe_at = min(state.probe_at, now + FIRST_PROBE)
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it
             named = state.cooling(now) and not state.unnamed
             cooled = cool(state, now, seconds)
@@ -597,8 +599,10 @@ class ReplicaSet:
             state.asked_beyond = (state.cooling_until, now + asked) if asked is not None else (0.0, 0.0)
             state.local_cool = state.local_open if injected is None else injected
             shared = self._sharing(state.local_cool)
-            if shared is not None:
-                shared.cooled(state, seconds, holder)
+            if shared is not None:  # a run's keys renewing a cool-down they are in: the key refused, alone
+                asker = caller()
+                renewed = holder is not None and asker in scopes(holder) and until > now and not joined
+                shared.cooled(state, seconds, asker if renewed else holder)
 
     def refused(self, state: ReplicaState, holder: str | None = None) -> tuple[int, str | None]:
         """``state`` answered a generation call with overload (429/503/529, an in-stream overload error): how many such

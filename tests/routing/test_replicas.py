@@ -585,3 +585,51 @@ def test_a_keys_429_again_lengthens_its_own_end_only_in_a_cool_down_held_for_sev
         assert state.cooling_end() == NOW + 21
     with calling_as("b"):
         assert state.cooling_end() == NOW + 2 and not state.cooling(NOW + 2.5)
+
+
+def test_a_key_leaving_a_cool_down_takes_its_end_with_it_and_a_later_key_gets_a_cool_down_of_its_own() -> None:
+    """Three keys in one cool-down, the first out of quota: its call answered (one sent before its limit was hit),
+    the cool-down ends with the last of the others; once theirs have passed, a new key's 429 starts a cool-down of
+    its own (it was held to the first key's end, 110 s where the plain SDK waited 16 s, then refused at once as if
+    out of quota)."""
+    rs = replica_set(1)
+    state = rs.states[0]
+    for key, at, seconds, asked in (("a", 0.0, 120.0, 86400.0), ("b", 1.0, 5.0, None), ("c", 1.5, 6.0, None)):
+        with calling_as(key):
+            rs.cool_down(state, NOW + at, seconds, asked, holder=key)
+    with calling_as("a"):
+        rs.answered(state)
+    assert state.cooling_until == NOW + 7.5
+    with calling_as("d"):
+        rs.cool_down(state, NOW + 10, 16.0, holder="d")
+        assert state.cooling_end() == NOW + 26
+        assert rs.asked_beyond(NOW + 11) == 0.0
+
+
+class Told:
+    """A fleet that records the cool-downs it is told of."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[float, str | None]] = []
+
+    def cooled(self, state: ReplicaState, seconds: float, holder: str | None) -> None:
+        self.told.append((seconds, holder))
+
+    def opened(self, state: ReplicaState, seconds: float) -> None: ...
+
+    def cleared(self, state: ReplicaState) -> None: ...
+
+    def closed(self, state: ReplicaState) -> None: ...
+
+
+def test_the_fleet_is_told_of_a_renewal_by_one_key_of_a_cool_down_held_for_several_as_that_keys() -> None:
+    """Two keys' run of 429s cools the replica for both; one of them refused again for 20 s: the fleet is told of
+    that key's 20 s alone (told of both keys', the other processes held the other key 19 s past its own end)."""
+    rs = replica_set(1)
+    told = Told()
+    rs.shared = told
+    state = rs.states[0]
+    with calling_as("a"):
+        rs.cool_down(state, NOW, 2.0, holder="a,b")
+        rs.cool_down(state, NOW + 1, 20.0, holder="a,b")
+    assert told.told == [(2.0, "a,b"), (20.0, "a")]
