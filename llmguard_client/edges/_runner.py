@@ -34,6 +34,7 @@ import contextvars
 import functools
 import importlib
 import logging
+import os
 import queue
 import selectors
 import sys
@@ -562,8 +563,10 @@ def _green_threads() -> bool:
     return eventlet_patcher is not None and bool(eventlet_patcher.is_monkey_patched("thread"))
 
 
-_UNSEEN: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
-"""The loops `_unseen_while_waiting` hides: the greenlets of their OS thread see none of them run."""
+_UNSEEN: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, int]] = weakref.WeakKeyDictionary()
+"""The loops `_unseen_while_waiting` hides (the greenlets of their OS thread see none of them run), each with the
+process and the OS thread it runs in (a forked child's copy of its parent's, or another OS thread's, is not this
+thread's)."""
 
 
 def _unseen_while_waiting(loop: asyncio.AbstractEventLoop) -> None:
@@ -594,7 +597,18 @@ def _unseen_while_waiting(loop: asyncio.AbstractEventLoop) -> None:
 
     follow.own, follow.chained = own, chained  # type: ignore[attr-defined]
     greenlet.settrace(follow)
-    _UNSEEN.add(loop)
+    _UNSEEN[loop] = _this_thread()
+
+
+def _this_thread() -> tuple[int, int]:
+    """The process and the OS thread (not the greenlet) the caller runs in."""
+    return os.getpid(), threading.get_native_id()
+
+
+def _hidden_here() -> bool:
+    """Whether a loop `_unseen_while_waiting` hides runs in this OS thread of this process."""
+    here = _this_thread()
+    return any(where == here and loop.is_running() for loop, where in list(_UNSEEN.items()))
 
 
 def _unfollow() -> None:
@@ -689,7 +703,7 @@ class SyncRunner:
             self._started.set()
             await self._stop.wait()
 
-        if asyncio._get_running_loop() is not None or any(loop.is_running() for loop in _UNSEEN):
+        if asyncio._get_running_loop() is not None or _hidden_here():
             # gevent: a greenlet's thread shares its OS thread with another runner's loop (a caller's came first:
             # this one is stopped unused), which asyncio's running loop and async generator hooks are one of
             self._could_not_start(RuntimeError("an event loop already runs in this thread"))

@@ -106,3 +106,42 @@ def test_greenlets_beside_the_guards_loop_see_no_running_loop_and_may_run_their_
     proc = run_script(SEEN_SCRIPT, servers[0].url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str([(200, True)] * 12), str(("no loop runs", "ran"))], proc.stderr
+
+
+FORK_SCRIPT = (
+    """
+import os
+import sys
+from gevent import monkey
+
+monkey.patch_all()
+from llmguard_client import Guard
+"""
+    + CALLS
+    + """
+print(call(False), flush=True)  # the Guard's loop runs here when the process forks
+pid = os.fork()
+if pid == 0:
+    guard = Guard(replicas=[replica], failure_mode="raise", instrumentation=None)
+    client = guard.sync_http_client()
+    print("child", call(True), flush=True)
+    client.close()
+    guard.close()
+    os._exit(0)
+os.waitpid(pid, 0)
+client.close()
+guard.close()
+print("parent closed", flush=True)
+"""
+)
+
+
+def test_a_guard_built_in_a_child_forked_while_the_parents_loop_ran_serves_its_calls(
+    servers: list[LoopbackServer],
+) -> None:
+    """gunicorn ``--preload`` with gevent workers, a call made at import: each worker builds its own Guard, as the
+    one it inherited tells it to. The parent's loop, copied into the child as running, was taken for one running in
+    the child's thread: the child's Guard could not start, and every call of it failed."""
+    proc = run_script(FORK_SCRIPT, servers[0].url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str((200, True)), "child " + str((200, True)), "parent closed"], proc.stderr
