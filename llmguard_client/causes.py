@@ -50,15 +50,15 @@ def guard_failure(exc: BaseException) -> str | None:
 
 
 def _header_cause(exc: BaseException) -> str | None:
-    try:
-        response = getattr(exc, "response", None)
-    except Exception:  # some exceptions raise from a property when no response is attached
-        return None
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    try:
-        value = headers.get(CAUSE_HEADER)
-    except Exception:
-        return None
-    return value if isinstance(value, str) and value else None
+    """The guard's cause header on the answer ``exc`` was raised for: its ``response`` (openai, anthropic, httpx,
+    huggingface_hub), its ``raw_response`` (mistralai) or its own ``headers`` (cohere)."""
+    for holder in ("response", "raw_response", None):
+        try:
+            source = exc if holder is None else getattr(exc, holder, None)
+            headers = getattr(source, "headers", None) if source is not None else None
+            value = headers.get(CAUSE_HEADER) if headers is not None else None
+        except Exception:  # some exceptions raise from a property when no response is attached
+            continue
+        if isinstance(value, str) and value:
+            return value
+    return None

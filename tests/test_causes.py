@@ -53,6 +53,31 @@ def test_a_response_header_names_the_cause_and_others_are_none() -> None:
         guard_failure("ttft_timeout")  # type: ignore[arg-type]
 
 
+class MistralStyleError(Exception):
+    """An SDK error keeping the answer as ``raw_response`` (mistralai's ``SDKError``)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__("API error occurred")
+        self.raw_response = response
+
+
+class CohereStyleError(Exception):
+    """An SDK error keeping the answer's headers as a plain dict (cohere's ``ApiError``)."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        super().__init__("status_code: 503")
+        self.headers = headers
+
+
+def test_the_cause_is_read_from_the_answer_other_sdks_keep_on_their_errors() -> None:
+    """mistralai keeps the answer as ``raw_response``, cohere its headers as ``headers``: a refusal answered to them
+    in response mode is named (it was None)."""
+    response = httpx.Response(503, headers={"x-llmguard-cause": "bulkhead_full"})
+    assert guard_failure(MistralStyleError(response)) == "bulkhead_full"
+    assert guard_failure(CohereStyleError({"x-llmguard-cause": "budget_exhausted"})) == "budget_exhausted"
+    assert guard_failure(CohereStyleError({"content-type": "application/json"})) is None
+
+
 async def test_openai_errors_of_each_mode(servers: list[LoopbackServer]) -> None:
     for server in servers:
         server.script = Script(hang_before_headers=5.0)

@@ -33,12 +33,12 @@ retry count (plain httpx, an SDK before it counted) is never taken for a retry: 
 request and a retry look the same. A body sent once as it comes (an iterator's) is not remembered at all: its one
 attempt was the caller's one request, and the SDK's ``max_retries`` decides, as without a guard.
 
-Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, nor do the other SDKs that retry
-on their own (cohere, google-genai, mistralai with a ``RetryConfig``), so a retry looks like a first request. A
-request from an SDK (`CallerHeaders.from_typed_sdk`) that sends no retry count is taken for a retry when it is the
-same call (method, URL, body) as one given up on at most `UNCOUNTED_WINDOW` seconds before: openai's longest
-backoff and a second to spare. The price: the same request sent again as a new call within those seconds, from
-such an SDK, fails at once too.
+Older Stainless SDKs (openai before 1.47) send no ``x-stainless-retry-count``, so a retry looks like a first
+request. A request from a Stainless SDK (`CallerHeaders.from_sdk`) that sends no retry count is taken for a retry
+when it is the same call (method, URL, body) as one given up on at most `UNCOUNTED_WINDOW` seconds before: the
+SDK's longest backoff and a second to spare. The price: the same request sent again as a new call within those
+seconds, from such an SDK, fails at once too. Other SDKs' requests never are: most do not retry on their own
+(mistralai, huggingface_hub, google-genai by default), and a repeat of theirs is the caller's, a new call.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ REMEMBERED = 1024
 WINDOW = 30.0
 """Seconds after the give-up during which a retry of the call fails at once."""
 UNCOUNTED_WINDOW = 9.0
-"""Seconds after the give-up during which an SDK's request without a retry count is taken for a retry of the same
-call (openai sleeps at most 8 s between two of its requests, cohere 2 s with its default retries)."""
+"""Seconds after the give-up during which a Stainless SDK's request without a retry count is taken for a retry
+of the same call (openai sleeps at most 8 s between two of its requests)."""
 CALLER_EXTENSION = "llmguard_caller"
 """Set by the sync edges to their caller's thread: a sync call runs in a task of the Guard's loop, not the caller's."""
 _CHAIN_DEPTH = 8
@@ -152,7 +152,7 @@ class GivenUp:
         up on it, or its `Episode` or `HandedBack` (then forgotten: the retry carries it on); None for a request
         that is not such a retry (the cheap answer while nothing is remembered). ``held``: the request's body is
         in memory; else it is an upload the guard sends as it is read, known without its body (never read here).
-        ``sdk``: the request comes from an SDK (`CallerHeaders.from_typed_sdk`), which may retry it uncounted."""
+        ``sdk``: the request comes from a Stainless SDK (`CallerHeaders.from_sdk`), which may retry it uncounted."""
         if not self._calls:
             return None
         self._expire(now)

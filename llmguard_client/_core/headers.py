@@ -43,8 +43,6 @@ _AUTHORIZATION = b"authorization"
 _SIGNATURE_INPUT = b"signature-input"
 _SDK_PREFIX = b"x-stainless-"
 """Headers the Stainless-built SDKs (openai, anthropic) send with every request."""
-_FERN_PREFIX = b"x-fern-"
-"""Headers the Fern-built SDKs (cohere) send with every request."""
 _GOOGLE_CLIENT = b"x-goog-api-client"
 """The header Google's SDKs (google-genai) send with every request."""
 _USER_AGENT = b"user-agent"
@@ -99,7 +97,7 @@ class CallerHeaders:
                 continue
             if not from_sdk and low[:12] == _SDK_PREFIX:
                 from_sdk = True
-            elif not typed and _names_typed_sdk(low, value):
+            elif not (typed or from_sdk) and _names_typed_sdk(low, value):
                 typed = True
             forwarded.append((key, value))
         query = request.url.query
@@ -121,9 +119,10 @@ class CallerHeaders:
         self.from_sdk = from_sdk
         """An ``x-stainless-*`` header was sent (the openai and anthropic SDKs send several)."""
         self.from_typed_sdk = from_sdk or typed
-        """The request comes from an SDK that raises an error of its own for an HTTP error answer: a Stainless-built
-        one (openai, anthropic, groq, together), a Fern-built one (cohere), google-genai, mistralai (and other
-        Speakeasy-built ones) or huggingface_hub."""
+        """The request comes from an SDK that raises an error of its own for an HTTP error answer and does not retry a
+        refusal answered to it by default: a Stainless-built one (openai, anthropic, groq, together, which read
+        ``x-should-retry``), google-genai, mistralai (and other Speakeasy-built ones) or huggingface_hub. Not cohere:
+        it retries every 429 and 5xx twice, so a refusal raised to it fails at once instead."""
         self.unknown = unknown
         """The first ``x-llmguard-*`` header that is none of the guard's (a typo such as ``x-llmguard-teir``)."""
         self.host = host if host is not None and host.lower() != request.url.netloc.lower() else None
@@ -151,4 +150,4 @@ def _names_typed_sdk(name: bytes, value: bytes) -> bool:
     that raises errors of its own (`CallerHeaders.from_typed_sdk`)."""
     if name == _USER_AGENT:
         return value.startswith(_SDK_AGENTS) or _HF_AGENT in value
-    return name[:7] == _FERN_PREFIX or name == _GOOGLE_CLIENT
+    return name == _GOOGLE_CLIENT

@@ -281,9 +281,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         # An SDK's retry of a call given up on or handed back; never one of a body sent once as it came (the SDK's).
         remembered = len(self._given_up) > 0 and not sent_once(streamed)
         held = streamed is None
-        again = (
-            await self._given_up.recall(request, self._clock(), held, headers.from_typed_sdk) if remembered else None
-        )
+        again = await self._given_up.recall(request, self._clock(), held, headers.from_sdk) if remembered else None
         episode = again if isinstance(again, Episode) else None  # cooperative mode: the SDK's allowed retry
         handed = again if isinstance(again, HandedBack) else HandedBack(0)  # the SDK's retry of a call handed back
         spent = handed.rounds
