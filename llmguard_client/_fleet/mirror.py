@@ -223,7 +223,7 @@ class FleetMirror:
     def _cool(state: ReplicaState, now: float, until: float, holder: str | None = None) -> bool:
         """Mirror a cool-down until ``until``, for the calls of ``holder`` (a 429's limit scope; None: every
         caller); whether it changed this process's (a new or longer one)."""
-        state.holder, latest = state.hold_for(now, holder)
+        state.holder, latest, _ = state.hold_for(now, holder)
         until = min(until, latest)
         noted = state.note_ends(holder, until, None, None)
         if until <= state.cooling_until + _SLACK:

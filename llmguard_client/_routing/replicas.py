@@ -238,34 +238,35 @@ class ReplicaState:
         current = caller()
         return self.refusals if self.servers_run() or current is None or current in self.run_keys else 0
 
-    def hold_for(self, now: float, holder: str | None) -> tuple[str | None, float]:
+    def hold_for(self, now: float, holder: str | None) -> tuple[str | None, float, bool]:
         """Before a cool-down for ``holder`` (a 429's scopes; None: every caller) starts or is renewed at ``now``:
         the holder it takes. One in force for every caller stays so, and one for every caller takes over one in
         force for some keys (renewed as before, its probes and length kept); one in force for other keys holds for
         theirs and ``holder``'s, up to `_COOLING_SCOPES` keys; past them it is dropped first (those keys' next calls
         meet their limits again, as they would unguarded). And the latest it may end: a key's limit does not
-        lengthen a cool-down every caller takes (that key's next call after it meets its limit again)."""
+        lengthen a cool-down every caller takes (that key's next call after it meets its limit again); and whether a
+        key not held back before (its own end passed, or new) joins one in force for other keys."""
         if self.holder == holder and now < self.cooling_until:
-            return holder, math.inf
+            return holder, math.inf, False
         if now >= self.cooling_until:
             self.key_ends.clear()
-            return holder, math.inf
+            return holder, math.inf, False
         if self.holder is None:
-            return None, math.inf if holder is None else self.cooling_until
+            return None, math.inf if holder is None else self.cooling_until, False
         self.key_ends_of_one()
         if holder is None:
             self.key_ends.clear()
-            return None, math.inf
+            return None, math.inf, False
         live = [key for key in scopes(self.holder) if self.key_ends.get(key, (self.cooling_until,))[0] > now]
         both = united(",".join(live), holder)
         if live and len(scopes(both)) <= _COOLING_SCOPES:
             for key in set(self.key_ends) - set(live):
                 del self.key_ends[key]
-            return both, math.inf
+            return both, math.inf, not set(scopes(holder)) <= set(live)
         self.key_ends.clear()  # every key's own end has passed (or too many keys): a cool-down of ``holder``'s own
         self.cooling_until, self.probe_at, self.probing, self.probes_refused = 0.0, math.inf, False, 0
         self.unnamed, self.asked_beyond = False, (0.0, 0.0)
-        return holder, math.inf
+        return holder, math.inf, False
 
     def release(self, key: str | None) -> None:
         """A call of ``key`` was answered otherwise than with overload: in a cool-down held for several keys, that key's
@@ -580,10 +581,9 @@ class ReplicaSet:
         for it (the guard's own, for a circuit that tripped), so it is local when that circuit is. ``holder``: the
         limit scopes of the 429s that asked for it, which it holds for alone (`ReplicaState.hold_for`); None: every
         caller."""
-        until, before = state.cooling_until, state.holder
-        state.holder, latest = state.hold_for(now, holder)
+        until = state.cooling_until
+        state.holder, latest, joined = state.hold_for(now, holder)
         seconds = min(seconds, latest - now)
-        joined = before is not None and state.holder != before and until > now and "," in (state.holder or "")
         if joined and not state.probing:  # a key joining is probed as soon as a cool-down of its own would be
             state.probe_at = min(state.probe_at, now + FIRST_PROBE)
         with calling_as(state.holder):  # the cool-down in force as the one it renews sees it

@@ -633,3 +633,25 @@ def test_the_fleet_is_told_of_a_renewal_by_one_key_of_a_cool_down_held_for_sever
         rs.cool_down(state, NOW, 2.0, holder="a,b")
         rs.cool_down(state, NOW + 1, 20.0, holder="a,b")
     assert told.told == [(2.0, "a,b"), (20.0, "a")]
+
+
+def test_a_key_back_in_a_cool_down_held_for_another_key_is_probed_within_a_second() -> None:
+    """A key refused again after its own end passed, while another key's cool-down goes on with its probes refused
+    (the next one 5 s away): it is probed a second in, as in a cool-down of its own (its call waited 4.5 s for the
+    other key's probe where the plain SDK's was served at once)."""
+    rs = replica_set(1)
+    state = rs.states[0]
+    with calling_as("a"):
+        rs.cool_down(state, NOW, 30.0, holder="a")
+        for at in (NOW + 1, NOW + 3):  # the first key's probes, refused again
+            rs.take_probe(state, at)
+            rs.cool_down(state, at, 30.0, holder="a")
+    with calling_as("b"):
+        rs.cool_down(state, NOW + 3.5, 3.0, holder="b")
+    with calling_as("a"):
+        rs.take_probe(state, NOW + 4.5)
+        rs.cool_down(state, NOW + 4.5, 30.0, holder="a")
+    assert state.probe_at > NOW + 9
+    with calling_as("b"):
+        rs.cool_down(state, NOW + 7.3, 15.0, holder="b")
+        assert state.cooling(NOW + 7.5) and state.probe_at == NOW + 8.3
