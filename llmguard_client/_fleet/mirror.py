@@ -245,7 +245,7 @@ def _overlaps(cleared: str | None, holder: str | None) -> bool:
     """Whether a probe served for the keys of ``cleared`` ends a cool-down held for those of ``holder`` (None: every
     caller's): one that holds a key of it, as a probe served here ends a cool-down shared by several keys."""
     if cleared is None or holder is None:
-        return cleared == holder or cleared is None
+        return cleared is None
     return not set(scopes(cleared)).isdisjoint(scopes(holder))
 
 

@@ -182,7 +182,7 @@ class ReplicaState:
         if now < self.seen:  # read on every pick: the check inline, `settle` only when the clock read earlier
             self.settle(now)
         self.seen = now
-        return now < self.cooling_end()
+        return now < self.cooling_until and now < self.cooling_end()  # read on every pick: no cool-down, no more
 
     def cooling_end(self) -> float:
         """When the cool-down that holds for the call running here ends (0: none holds for it): its key's own end,
