@@ -54,7 +54,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import EventLoop, running_loop, running_task, start_soon
-from llmguard_client._core.forks import in_forked_child
+from llmguard_client._core.forks import catch_up_with_fork, in_forked_child
 from llmguard_client.errors import GuardClosed
 
 logger = logging.getLogger("llmguard_client")
@@ -104,7 +104,8 @@ OWNER_STOPPED = (
 FORKED = (
     "this Guard's calls ran on an event loop (its own thread's, for sync calls, or one of yours) when the process "
     "forked: that loop and the Guard's connections stayed in the parent, so it cannot serve this process; build the "
-    "Guard in each worker process, after the fork (e.g. in gunicorn's post_fork hook, or without --preload)"
+    "Guard in each worker process, after the fork (e.g. in gunicorn's post_fork hook, or without --preload; uWSGI "
+    "with --lazy-apps)"
 )
 """Why every call is refused in a child forked while a loop owned the Guard."""
 
@@ -141,6 +142,7 @@ class LoopOwner:
     __slots__ = (
         "__weakref__",
         "_ended_loop",
+        "_forked",
         "_guests",
         "_home",
         "_home_calls",
@@ -157,7 +159,6 @@ class LoopOwner:
         "_swap",
         "_token",
         "_watch",
-        "forked",
     )
 
     def __init__(self, swap_pools: SwapPools, idle: Callable[[], bool]) -> None:
@@ -193,9 +194,17 @@ class LoopOwner:
         """Notified when the pending loop has taken the Guard over, or given up."""
         self._moved = threading.Condition(self._lock)
         """Notified when the Guard leaves a loop as it ends."""
-        self.forked = False
-        """In a child process forked while a loop owned the Guard (`_after_fork_in_child`): its calls are refused."""
+        self._forked = False
         in_forked_child(self._after_fork)
+
+    @property
+    def forked(self) -> bool:
+        """Whether this is a child process forked while a loop owned the Guard (`_after_fork`): its calls are
+        refused. Read at the entry of every call and close, so it first catches up with a fork that ran no at-fork
+        hooks (`catch_up_with_fork`: uWSGI's workers), where the Guard took its loop, left in the parent, for one
+        still running here."""
+        catch_up_with_fork()
+        return self._forked
 
     def _after_fork(self) -> None:
         """In a child process just forked (only the forking thread runs): the locks are new (another thread of the
@@ -212,7 +221,7 @@ class LoopOwner:
             # for the process, run with ``run_until_complete``): the next loop takes the Guard over, as in the parent
         home = self._home
         if owner is not None or (home is not None and not home.is_closed()):
-            self.forked = True
+            self._forked = True
             self._token = None
 
     def owns(self) -> bool:

@@ -23,6 +23,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import run_threadsafe, running_loop
+from llmguard_client._core.forks import in_forked_child
 from llmguard_client._core.given_up import CALLER_EXTENSION
 from llmguard_client._core.loop_owner import BLOCKS_ITS_LOOP, FORKED, HomeCall, LoopEnded, OwnerRuns
 from llmguard_client._http.upload import rereadable
@@ -66,23 +67,21 @@ _lock = threading.Lock()
 
 
 def _orphan_runners() -> None:
-    """Nothing waits for the Guards' loop threads any more: at the interpreter's exit (daemons, they stop with the
+    """Nothing waits for the Guards' loop threads any more at the interpreter's exit (daemons, they stop with the
     process, and the calls in flight in daemon threads with them, as a plain client's are: closing the pools under
-    those calls first printed a traceback for each), and in a forked child (they stayed in the parent)."""
+    those calls first printed a traceback for each). In a forked child each runner orphans itself."""
     for runner in list(_runners.values()):
         if isinstance(runner, SyncRunner):
             runner.orphan()
 
 
-def _after_fork_in_child() -> None:
+def _new_lock_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    _orphan_runners()
 
 
 atexit.register(_orphan_runners)  # after the application's own exit handlers (a `guard.close` among them)
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+in_forked_child(_new_lock_in_child)
 
 
 def send_sync(

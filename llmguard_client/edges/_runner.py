@@ -52,6 +52,7 @@ import httpx
 
 from llmguard_client._core.clock import Unfrozen
 from llmguard_client._core.event_loops import EventLoop, run_threadsafe, running_loop, started_soon_ended
+from llmguard_client._core.forks import catch_up_with_fork, in_forked_child
 from llmguard_client._core.loop_owner import LEFT_BEHIND, LOOP_BLOCKED, Handed, HomeCall, LoopEnded, LoopOwner
 from llmguard_client._rollout.passthrough import MeasuredStream
 from llmguard_client._stream.body import GuardBody
@@ -647,6 +648,7 @@ class SyncRunner:
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
+        in_forked_child(self.orphan)  # its thread stayed in the parent
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         try:
             self._thread.start()
@@ -676,6 +678,9 @@ class SyncRunner:
 
     @property
     def running(self) -> bool:
+        """Whether the loop runs, for this process: a child forked without Python's at-fork hooks (uWSGI's workers)
+        first catches up with its fork (`catch_up_with_fork`), which orphans the loop left in the parent."""
+        catch_up_with_fork()
         return self._loop is not None and not self._stopped
 
     @property

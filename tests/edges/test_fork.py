@@ -4,6 +4,7 @@ runs neither that loop nor connections of its own: in the child every call of th
 at once with `GuardClosed`, saying why and what to do, instead of waiting for ever on a loop that stayed in the parent
 (a sync call) or being refused as if two threads ran the Guard (an async call); closing it there returns at once and
 closes nothing of the parent's, which goes on serving. A Guard whose loop had ended before the fork serves the child.
+So it is in a child forked from C, where Python's at-fork hooks do not run (uWSGI's workers).
 
 Each scenario runs in a process of its own (a fork inside a test worker would carry the worker's state); each child
 reports through a pipe, waited for within a bound (a child left waiting is killed, and the test says so).
@@ -25,10 +26,10 @@ from tests.loopback import loopback_cluster
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
-def in_child(work):
+def in_child(work, fork=os.fork):
     # Run work() in a forked child; what it returns, told through a pipe, or "no answer" (the child is then killed).
     read, write = os.pipe()
-    pid = os.fork()
+    pid = fork()
     if pid == 0:
         os.close(read)
         signal.alarm(60)
@@ -188,3 +189,50 @@ def test_a_child_forked_after_the_owner_loop_ended_or_stopped_is_served(owner: s
     assert proc.stdout.splitlines() == ["parent before: 200", "child: 200 200 (exit 3)", "parent after: 200"], (
         proc.stderr
     )
+
+
+FORKED_FROM_C = """
+import ctypes, gc
+
+# fork(2) called from C, as uWSGI forks its workers: Python's at-fork hooks do not run in the child. PyDLL keeps the
+# GIL through the call, so the child holds it (as it would be had the call released it, by another of its threads).
+c_fork = ctypes.PyDLL(None).fork
+hooked = []
+os.register_at_fork(after_in_child=lambda: hooked.append(True))
+
+with loopback_cluster(1) as cluster:
+    url = cluster.servers[0].url + "/v1/chat/completions"
+    guard = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+    client = guard.sync_http_client()
+    http = guard.http_client()
+    print("parent before:", client.post(url, json=BODY).status_code, flush=True)  # the Guard's own loop runs
+
+    def work():
+        told = [f"hooks ran: {bool(hooked)}", refused(lambda: client.post(url, json=BODY)), refused_async(http, url)]
+        guard.close()
+        return " ".join(told) + " closed"
+
+    def drop():  # no call first: collected, the Guard stops its loop thread, which is the parent's
+        global guard, client, http
+        del guard, client, http
+        gc.collect()
+        return "dropped"
+
+    print("child:", in_child(work, c_fork), flush=True)
+    print("child dropping the Guard:", in_child(drop, c_fork), flush=True)
+    print("parent after:", client.post(url, json=BODY).status_code, flush=True)
+    client.close()
+    guard.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_from_c_without_the_at_fork_hooks_is_refused_at_once() -> None:
+    proc = run_script(PRELUDE + FORKED_FROM_C, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "parent before: 200",
+        "child: hooks ran: False forked forked closed (exit 3)",
+        "child dropping the Guard: dropped (exit 3)",
+        "parent after: 200",
+    ], proc.stderr
