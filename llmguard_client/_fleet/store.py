@@ -27,6 +27,7 @@ import logging
 import math
 import random
 import re
+import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ class FleetStore:
         self.heartbeat = heartbeat
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
-        self.origin = f"{random.getrandbits(48):012x}"
+        self.origin = secrets.token_hex(6)
         """This store's id in published events (a process ignores its own)."""
         self._client: Redis | None = None
         self._state: State = "idle"
@@ -318,8 +319,10 @@ class FleetStore:
         """In a child process just forked: take an id of its own for what it publishes. A store ignores the events
         that carry its id (its own), so workers forked from a parent whose Guard was built before the fork (gunicorn
         ``--preload``, a prefork pool) would otherwise ignore each other's. A store that had started there is the
-        parent's: its Guard refuses every call in the child (``FORKED``), so nothing here starts it again."""
-        self.origin = f"{random.getrandbits(48):012x}"
+        parent's: its Guard refuses every call in the child (``FORKED``), so nothing here starts it again. The id is
+        the operating system's: Python reseeds `random` only where its at-fork hooks ran, which uWSGI's workers
+        skip, so sibling workers drew the same."""
+        self.origin = secrets.token_hex(6)
 
     def _leave_other_loop(self, task: asyncio.Task[None]) -> None:
         home = task.get_loop()

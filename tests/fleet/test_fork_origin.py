@@ -106,3 +106,38 @@ def test_workers_forked_from_a_guard_built_before_the_fork_hear_each_others_cool
     proc = run_script(SCRIPT, redis_server.url, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["parent hears the child's cool-down: True"], proc.stderr
+
+
+FORKED_FROM_C = """
+import ctypes, os, sys
+from llmguard_client import Guard
+from llmguard_client._core.forks import catch_up_with_fork
+
+guard = Guard(replicas=["http://127.0.0.1:9"], fleet=sys.argv[1], name="preloaded", instrumentation=None)
+store = guard._fleet.store
+c_fork = ctypes.PyDLL(None).fork  # fork(2) from C, as uWSGI forks its workers: Python's at-fork hooks do not run
+
+
+def worker_origin():
+    reads, writes = os.pipe()
+    pid = c_fork()
+    if pid == 0:
+        catch_up_with_fork()  # as its first call's entry does
+        os.write(writes, store.origin.encode())
+        os._exit(0)
+    os.close(writes)
+    os.waitpid(pid, 0)
+    origin = os.read(reads, 100).decode()
+    os.close(reads)
+    return origin
+
+
+print("ids of the parent and two workers:", len({store.origin, worker_origin(), worker_origin()}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_workers_forked_from_c_without_the_at_fork_hooks_take_ids_of_their_own() -> None:
+    proc = run_script(FORKED_FROM_C, "redis://127.0.0.1:9/0", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["ids of the parent and two workers: 3"], proc.stderr
