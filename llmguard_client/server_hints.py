@@ -48,7 +48,6 @@ import contextlib
 import functools
 import logging
 import math
-import random
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ import httpx
 
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock, raise_bare
 from llmguard_client._core.lease import close_quietly
+from llmguard_client._core.randomness import jitter
 from llmguard_client._http.pool import DROPPABLE
 from llmguard_client._http.urlpath import sent_path, with_sent_path
 from llmguard_client._routing.replicas import ReplicaSet, ReplicaState  # at run time: for get_type_hints
@@ -253,7 +253,7 @@ async def poll_vllm_metrics(
                         shared.publish(
                             {n: (x.waiting, x.kv_usage) for n, x in loads.items() if x is not None}, fresh_for
                         )
-                await time_source.sleep_until(started + every * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+                await time_source.sleep_until(started + every * jitter(1.0 - JITTER, 1.0 + JITTER))
     finally:
         if shared is not None:
             shared.release()

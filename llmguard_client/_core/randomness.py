@@ -13,7 +13,7 @@ import random
 
 from llmguard_client._core.forks import in_forked_child
 
-__all__ = ["process_random"]
+__all__ = ["jitter", "process_random"]
 
 
 def process_random() -> random.Random:
@@ -21,3 +21,11 @@ def process_random() -> random.Random:
     source = random.Random()
     in_forked_child(source.seed)
     return source
+
+
+_shared = process_random()
+
+
+def jitter(low: float, high: float) -> float:
+    """A factor drawn evenly from [``low``, ``high``] (a wait's jitter), from a source of this process's own."""
+    return _shared.uniform(low, high)

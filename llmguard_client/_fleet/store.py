@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import re
 import secrets
 from collections import deque
@@ -37,6 +36,7 @@ import anyio
 import anyio.abc
 
 from llmguard_client._core.forks import in_forked_child
+from llmguard_client._core.randomness import jitter
 from llmguard_client._fleet.acl import explain
 from llmguard_client._fleet.nodes import close_client, ping
 from llmguard_client._fleet.url import FleetURL, redact_text
@@ -443,7 +443,7 @@ class FleetStore:
 
     async def _pause(self, delay: float) -> None:
         """The wait before the next connection: ``delay`` with jitter (half of it to all of it)."""
-        await anyio.sleep(delay * random.uniform(0.5, 1.0))
+        await anyio.sleep(delay * jitter(0.5, 1.0))
 
     async def _session(self, client: Redis) -> None:
         pubsub = client.pubsub()

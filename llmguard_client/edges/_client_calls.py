@@ -21,6 +21,7 @@ import anyio
 import httpx
 
 from llmguard_client._core.event_loops import running_loop
+from llmguard_client._core.forks import in_forked_child
 from llmguard_client.errors import GuardClosed
 
 CLIENT_CLOSED = (
@@ -165,14 +166,19 @@ class Runs(Protocol):
 class SyncClientCalls:
     """The calls in flight of one sync client, from any thread: `close` ends them."""
 
-    __slots__ = ("_calls", "_lock", "closed")
+    __slots__ = ("__weakref__", "_calls", "_lock", "closed")
 
     def __init__(self) -> None:
         self.closed = False
         self._lock = threading.Lock()
+        in_forked_child(self._new_lock)
         self._calls: weakref.WeakKeyDictionary[SyncCall, Runs] = weakref.WeakKeyDictionary()
         """Each call and the loop it runs on (weakly: a call is dropped once its task has ended and its body is
         gone)."""
+
+    def _new_lock(self) -> None:
+        """In a forked child: another thread of the parent may have held the lock at the fork."""
+        self._lock = threading.Lock()
 
     def add(self, call: SyncCall, where: Runs) -> bool:
         """Count ``call`` among the client's before it starts; False if the client is closed (not to start)."""

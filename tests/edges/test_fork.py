@@ -236,3 +236,35 @@ def test_a_child_forked_from_c_without_the_at_fork_hooks_is_refused_at_once() ->
         "child dropping the Guard: dropped (exit 3)",
         "parent after: 200",
     ], proc.stderr
+
+
+HELD_LOCK = """
+with loopback_cluster(1) as cluster:
+    url = cluster.servers[0].url + "/v1/chat/completions"
+    guard = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+    client = guard.sync_http_client()
+    # Another thread of the parent is counting a call of this client in (its lock held) as the process forks.
+    held, release = threading.Lock(), threading.Event()
+    calls = client._transport._calls
+
+    def count_in():
+        with calls._lock:
+            held.release()
+            release.wait()
+
+    held.acquire()
+    threading.Thread(target=count_in).start()
+    held.acquire()
+    print("child:", in_child(lambda: str(client.post(url, json=BODY).status_code)), flush=True)
+    release.set()
+    print("parent:", client.post(url, json=BODY).status_code, flush=True)
+    client.close()
+    guard.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_while_another_thread_counted_a_call_in_is_served() -> None:
+    proc = run_script(PRELUDE + HELD_LOCK, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child: 200 (exit 3)", "parent: 200"], proc.stderr
