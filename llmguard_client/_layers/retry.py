@@ -100,7 +100,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payme
 from llmguard_client._core.pipeline import Next
 from llmguard_client._core.randomness import process_random
 from llmguard_client._layers.connect_faults import ConnectFaults
-from llmguard_client._layers.deadline import fits_deadline
+from llmguard_client._layers.deadline import first_token_reserve, fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.caller import caller, calling_as, holds_for_caller
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
@@ -516,7 +516,7 @@ class RetryLayer:
                 return Failed(
                     reason=AllReplicasCooling(
                         f"every replica is cooling down for at least {left:.3f}s more (server Retry-After); "
-                        f"with a first token taking about {call.expected_ttft():.3f}s, that does not fit "
+                        f"with a first token taking about {first_token_reserve(call):.3f}s, that does not fit "
                         f"the {deadline - now:.3f}s left before the ttft deadline of tier {call.tier_name!r} "
                         f"({deadline_text(call.tier.ttft)}); gave up after {len(call.record.attempts)} attempt(s)",
                         request=call.request,

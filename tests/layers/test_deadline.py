@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import httpx
+import openai
 import pytest
 
 from llmguard_client import (
@@ -176,27 +177,31 @@ def _learned(guard: Guard) -> None:
     assert guard.ttft_stats.typical("interactive", True) == pytest.approx(0.3)
 
 
-async def _decided_retry(left: float) -> list[str]:
-    """The first attempt gets a 503 ``left`` seconds before the 1 s ttft deadline: is a retry sent?"""
+async def _decided_retry(left: float, learn: bool = True) -> list[str]:
+    """The first attempt gets a 503 ``left`` seconds before the 1 s ttft deadline: is a retry sent? (``learn``:
+    with the TTFTs of `_learned`, else none measured.)"""
     fakes = {
         A: FakeReplica("a", [Plan(status=503, headers_after=1.0 - left)]),
         B: FakeReplica("b", [Plan(status=503, headers_after=1.0 - left)]),
     }
     records: list[PhaseRecord] = []
     async with guard_for(fakes, records) as guard, guard.http_client() as client:
-        _learned(guard)
+        if learn:
+            _learned(guard)
         with contextlib.suppress(TTFTTimeout):  # a retry sent runs into the deadline: only the decision counts
             await client.post(A + CHAT, json=BODY)
     return [a.kind for a in records[0].attempts]
 
 
-async def _decided_hedge(left: float) -> list[str]:
-    """The hedge delay passes ``left`` seconds before the 1 s ttft deadline: is a hedge sent?"""
+async def _decided_hedge(left: float, learn: bool = True) -> list[str]:
+    """The hedge delay passes ``left`` seconds before the 1 s ttft deadline: is a hedge sent? (``learn``: as for
+    `_decided_retry`.)"""
     fakes = {A: FakeReplica("a", [Plan(first_token_after=2.0)]), B: FakeReplica("b", [Plan(first_token_after=2.0)])}
     records: list[PhaseRecord] = []
     hedge = HedgePolicy(delay=1.0 - left, max_hedges=1)
     async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
-        _learned(guard)
+        if learn:
+            _learned(guard)
         with pytest.raises(TTFTTimeout):
             await client.post(A + CHAT, json=BODY)
     return [a.kind for a in records[0].attempts]
@@ -237,3 +242,56 @@ def test_retry_hedge_and_continuation_agree_on_whether_another_attempt_fits(
         "hedge": ["primary", "hedge"] if sent else ["primary"],
         "continuation": ["primary", "continuation"] if sent else ["primary"],
     }
+
+
+@BACKENDS
+@pytest.mark.parametrize(("left", "sent"), [(0.05, False), (0.15, True)])
+def test_before_any_ttft_is_measured_an_attempt_needs_a_tenth_of_the_tiers_ttft(
+    backend: str, left: float, sent: bool
+) -> None:
+    """With no TTFT measured, a first token is not taken to be instant: a retry or a hedge that would start 0.05 s
+    before the 1 s ttft deadline is refused (it used to be sent and cancelled as it started), one 0.15 s before it
+    is sent."""
+    decided: dict[str, list[str]] = {}
+
+    async def main() -> None:
+        decided["retry"] = await _decided_retry(left, learn=False)
+        decided["hedge"] = await _decided_hedge(left, learn=False)
+
+    run_virtual(main, backend)
+    assert decided == {
+        "retry": ["primary", "retry"] if sent else ["primary"],
+        "hedge": ["primary", "hedge"] if sent else ["primary"],
+    }
+
+
+@BACKENDS
+def test_a_retry_paced_to_start_just_before_the_ttft_deadline_is_not_sent_before_any_ttft_is_measured(
+    backend: str,
+) -> None:
+    """One endpoint answering every call 429 with Retry-After: 1, 0.495 s after it is sent; tier ttft 3 s, no TTFT
+    measured yet. The first retry goes at 1.495 s; the second would start at 2.99 s, 10 ms before the deadline, with
+    no chance of a first token. It is not sent: the caller gets the server's 429 (openai's RateLimitError) at 1.99 s,
+    where it used to get a ttft timeout at 3 s for an attempt cancelled as it started."""
+    refused = Plan(status=429, retry_after="1", headers_after=0.495)
+    fakes = {A: FakeReplica("a", [refused])}
+    records: list[PhaseRecord] = []
+    elapsed: list[float] = []
+
+    async def main() -> None:
+        tiers = {"interactive": Tier(ttft=3.0, total=20.0, stall=2.0)}
+        async with guard_for(fakes, records, tiers=tiers) as guard:
+            client = openai.AsyncOpenAI(
+                base_url=A + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+            )
+            start = now()
+            with pytest.raises(openai.RateLimitError):
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            elapsed.append(now() - start)
+            await client.close()
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert [(a.kind, a.status_code) for a in record.attempts] == [("primary", 429), ("retry", 429)]
+    assert elapsed == [pytest.approx(1.99, abs=1e-6)]
+    assert fakes[A].requests == 2
