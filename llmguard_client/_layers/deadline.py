@@ -14,8 +14,6 @@ the caller's body (`llmguard_client._stream.body`).
 
 from __future__ import annotations
 
-import math
-
 from llmguard_client._core.call import Call
 from llmguard_client._core.failure import describe_attempts
 from llmguard_client._core.outcome import Failed, Outcome, Race, Route
@@ -23,25 +21,23 @@ from llmguard_client._core.pipeline import Next
 from llmguard_client.config import deadline_text
 from llmguard_client.errors import TTFTTimeout
 
-UNMEASURED_TTFT_SHARE = 0.1
-"""The share of the tier's ttft an attempt must still have for its first token while no TTFT is measured."""
+FIRST_TOKEN_FLOOR = 0.05
+"""The least time an attempt is taken to need for its first token (a request's round trip and the server's first
+step), measured or not."""
 
 
 def first_token_reserve(call: Call) -> float:
     """The time an attempt of ``call`` is expected to need for its first token: the median healthy TTFT
-    (`Call.expected_ttft`); while none is measured, `UNMEASURED_TTFT_SHARE` of the tier's ttft (none for a tier
-    without one).
+    (`Call.expected_ttft`), and never less than `FIRST_TOKEN_FLOOR` (none is measured yet, or the measured ones
+    came from a server on this host).
 
     The median, not the p95: it is the measured time a fresh attempt typically needs, so an attempt is sent
     while it has an even chance or better; the p95 the hedge delay reads would refuse attempts that usually
-    make it (and before samples exist it is the hedge policy's warm-up delay, not a measurement). Unmeasured is
-    not instant: an attempt paced to start a moment before the deadline has no chance, and is cancelled at once
-    (the caller would get a ttft timeout for the attempts' own failure). A small share, not a guess of the
-    median: each attempt the plain SDK would send with a realistic time left is still sent."""
-    expected = call.expected_ttft()
-    if expected > 0.0:
-        return expected
-    return UNMEASURED_TTFT_SHARE * call.tier.ttft if math.isfinite(call.tier.ttft) else 0.0
+    make it (and before samples exist it is the hedge policy's warm-up delay, not a measurement). Never instant:
+    an attempt paced to start a moment before the deadline has no chance, and is cancelled at once (the caller
+    would get a ttft timeout for the attempts' own failure). A floor, not a share of the tier's ttft: an attempt
+    the plain SDK would send with a realistic time left is still sent, on a 60 s tier as on a 2 s one."""
+    return max(call.expected_ttft(), FIRST_TOKEN_FLOOR)
 
 
 def fits_deadline(call: Call, now: float, wait: float = 0.0, deadline: float | None = None) -> bool:

@@ -169,17 +169,17 @@ def test_httpx_client_timeout_is_not_needed_in_virtual_time(backend: str) -> Non
 A, B = "http://a.test", "http://b.test"
 
 
-def _learned(guard: Guard) -> None:
-    """Recent TTFTs of the class: median 0.3 s, a p95 of 0.9 s (one in ten is slow)."""
+def _learned(guard: Guard, median: float = 0.3) -> None:
+    """Recent TTFTs of the class: ``median``, a p95 three times longer (one in ten is slow)."""
     for name in (A, B):
         for i in range(40):
-            guard.ttft_stats.observe(name, "interactive", True, 0.9 if i % 10 == 0 else 0.3)
-    assert guard.ttft_stats.typical("interactive", True) == pytest.approx(0.3)
+            guard.ttft_stats.observe(name, "interactive", True, 3 * median if i % 10 == 0 else median)
+    assert guard.ttft_stats.typical("interactive", True) == pytest.approx(median)
 
 
-async def _decided_retry(left: float, learn: bool = True) -> list[str]:
+async def _decided_retry(left: float, learn: bool = True, median: float = 0.3) -> list[str]:
     """The first attempt gets a 503 ``left`` seconds before the 1 s ttft deadline: is a retry sent? (``learn``:
-    with the TTFTs of `_learned`, else none measured.)"""
+    with the TTFTs of `_learned` around ``median``, else none measured.)"""
     fakes = {
         A: FakeReplica("a", [Plan(status=503, headers_after=1.0 - left)]),
         B: FakeReplica("b", [Plan(status=503, headers_after=1.0 - left)]),
@@ -187,13 +187,13 @@ async def _decided_retry(left: float, learn: bool = True) -> list[str]:
     records: list[PhaseRecord] = []
     async with guard_for(fakes, records) as guard, guard.http_client() as client:
         if learn:
-            _learned(guard)
+            _learned(guard, median)
         with contextlib.suppress(TTFTTimeout):  # a retry sent runs into the deadline: only the decision counts
             await client.post(A + CHAT, json=BODY)
     return [a.kind for a in records[0].attempts]
 
 
-async def _decided_hedge(left: float, learn: bool = True) -> list[str]:
+async def _decided_hedge(left: float, learn: bool = True, median: float = 0.3) -> list[str]:
     """The hedge delay passes ``left`` seconds before the 1 s ttft deadline: is a hedge sent? (``learn``: as for
     `_decided_retry`.)"""
     fakes = {A: FakeReplica("a", [Plan(first_token_after=2.0)]), B: FakeReplica("b", [Plan(first_token_after=2.0)])}
@@ -201,7 +201,7 @@ async def _decided_hedge(left: float, learn: bool = True) -> list[str]:
     hedge = HedgePolicy(delay=1.0 - left, max_hedges=1)
     async with guard_for(fakes, records, hedge=hedge) as guard, guard.http_client() as client:
         if learn:
-            _learned(guard)
+            _learned(guard, median)
         with pytest.raises(TTFTTimeout):
             await client.post(A + CHAT, json=BODY)
     return [a.kind for a in records[0].attempts]
@@ -245,24 +245,41 @@ def test_retry_hedge_and_continuation_agree_on_whether_another_attempt_fits(
 
 
 @BACKENDS
-@pytest.mark.parametrize(("left", "sent"), [(0.05, False), (0.15, True)])
-def test_before_any_ttft_is_measured_an_attempt_needs_a_tenth_of_the_tiers_ttft(
-    backend: str, left: float, sent: bool
-) -> None:
-    """With no TTFT measured, a first token is not taken to be instant: a retry or a hedge that would start 0.05 s
-    before the 1 s ttft deadline is refused (it used to be sent and cancelled as it started), one 0.15 s before it
-    is sent."""
+@pytest.mark.parametrize("learn", [False, True], ids=["unmeasured", "measured-shorter"])
+@pytest.mark.parametrize(("left", "sent"), [(0.03, False), (0.08, True)])
+def test_a_first_token_is_never_taken_to_be_instant(backend: str, left: float, sent: bool, learn: bool) -> None:
+    """With no TTFT measured, or a median shorter than 50 ms (a server on this host), a retry or a hedge that would
+    start 0.03 s before the 1 s ttft deadline is refused (it used to be sent and cancelled as it started), one
+    0.08 s before it is sent."""
     decided: dict[str, list[str]] = {}
 
     async def main() -> None:
-        decided["retry"] = await _decided_retry(left, learn=False)
-        decided["hedge"] = await _decided_hedge(left, learn=False)
+        decided["retry"] = await _decided_retry(left, learn=learn, median=0.005)
+        decided["hedge"] = await _decided_hedge(left, learn=learn, median=0.005)
 
     run_virtual(main, backend)
     assert decided == {
         "retry": ["primary", "retry"] if sent else ["primary"],
         "hedge": ["primary", "hedge"] if sent else ["primary"],
     }
+
+
+@BACKENDS
+def test_a_retry_paced_late_into_a_long_ttft_is_sent_before_any_ttft_is_measured(backend: str) -> None:
+    """A 60 s tier, nothing measured yet: a 429 with Retry-After: 55 is retried at 55 s and the call is served, as
+    through the plain SDK (a reserve of a tenth of the tier's ttft refused it at once)."""
+    fakes = {A: FakeReplica("a", [Plan(status=429, retry_after="55", headers_after=0.1), Plan()])}
+    records: list[PhaseRecord] = []
+
+    async def main() -> None:
+        tiers = {"interactive": Tier(ttft=60.0, total=900.0, stall=30.0)}
+        async with guard_for(fakes, records, tiers=tiers) as guard, guard.http_client() as client:
+            response = await client.post(A + CHAT, json=BODY)
+            assert response.status_code == 200
+
+    run_virtual(main, backend)
+    (record,) = records
+    assert [(a.kind, a.status_code) for a in record.attempts] == [("primary", 429), ("retry", 200)]
 
 
 @BACKENDS
