@@ -7,19 +7,21 @@ openai's ``OpenAI`` (threads) and ``AsyncOpenAI`` (tasks), each plain and throug
 gap of ``--gaps`` has its own light replica (`llmguard_tools.sim.light`) in another process, sending the chunks
 that many seconds apart (0: all at once; 0.005: paced as a model decoding 200 tokens a second), so the process CPU
 measured (``time.process_time``) is the client's alone. Every round runs ``--calls`` calls through each of the four
-clients, in a shuffled order; reported per gap and path: the median over rounds of CPU milliseconds per call, plain
-and guarded, their difference and their ratio.
+clients, in a shuffled order; reported per gap and path, as medians over rounds: CPU milliseconds per call, plain
+and guarded, their difference and their ratio, and the context switches of the process's threads per call.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -33,44 +35,66 @@ MESSAGES: Any = [{"role": "user", "content": "hi"}]
 TIERS = {"t": Tier(ttft=5.0, total=30.0, stall=5.0)}
 CLIENTS = ("sync plain", "sync guarded", "async plain", "async guarded")
 
+Run = Callable[[int], None]
+"""Makes that many streamed calls through one client."""
 
-def run_sync(client: openai.OpenAI, calls: int, pool: ThreadPoolExecutor) -> float:
-    """CPU milliseconds per call of ``calls`` streamed calls, as many at a time as ``pool`` has threads."""
+
+@dataclass(frozen=True)
+class Cost:
+    """What one run cost the process, per call."""
+
+    cpu_ms: float
+    switches: float
+    """Context switches, voluntary (a thread waiting) and not (preempted), of all the process's threads."""
+
+
+def run_sync(client: openai.OpenAI, pool: ThreadPoolExecutor) -> Run:
+    """Calls through ``client``, as many at a time as ``pool`` has threads."""
 
     def one(_: int) -> None:
         for _chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
             pass
 
-    cpu = time.process_time()
-    list(pool.map(one, range(calls)))
-    return (time.process_time() - cpu) / calls * 1000
+    def run(calls: int) -> None:
+        list(pool.map(one, range(calls)))
+
+    return run
 
 
-async def run_async(client: openai.AsyncOpenAI, calls: int, concurrency: int) -> float:
-    """CPU milliseconds per call of ``calls`` streamed calls, ``concurrency`` tasks at a time."""
-    limiter = anyio.CapacityLimiter(concurrency)
+def run_async(client: openai.AsyncOpenAI, portal: anyio.from_thread.BlockingPortal, concurrency: int) -> Run:
+    """Calls through ``client`` on ``portal``'s event loop, ``concurrency`` tasks at a time."""
 
-    async def one() -> None:
+    async def one(limiter: anyio.CapacityLimiter) -> None:
         async with limiter:
             async for _chunk in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
                 pass
 
-    cpu = time.process_time()
-    async with anyio.create_task_group() as tg:
-        for _ in range(calls):
-            tg.start_soon(one)
-    return (time.process_time() - cpu) / calls * 1000
+    async def run(calls: int) -> None:
+        limiter = anyio.CapacityLimiter(concurrency)
+        async with anyio.create_task_group() as tg:
+            for _ in range(calls):
+                tg.start_soon(one, limiter)
+
+    return lambda calls: portal.call(run, calls)
 
 
-def gap_label(gap: float) -> str:
-    return "at once" if gap == 0 else f"{gap * 1000:g} ms apart"
+def cost(run: Run, calls: int) -> Cost:
+    """``calls`` calls of ``run``, measured."""
+    cpu, switches = time.process_time(), _switches()
+    run(calls)
+    return Cost((time.process_time() - cpu) / calls * 1000, (_switches() - switches) / calls)
+
+
+def _switches() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def clients(
-    url: str, stack: ExitStack, portal: anyio.from_thread.BlockingPortal, concurrency: int
-) -> dict[str, Callable[[int, ThreadPoolExecutor], float]]:
-    """The four clients of one replica, each as a run of N calls -> CPU ms per call. They and their Guards close
-    with ``stack`` (the async ones on ``portal``'s loop, where their calls run)."""
+    url: str, stack: ExitStack, portal: anyio.from_thread.BlockingPortal, pool: ThreadPoolExecutor, concurrency: int
+) -> dict[str, Run]:
+    """The four clients of one replica. They and their Guards close with ``stack`` (the async ones on ``portal``'s
+    loop, where their calls run)."""
     base = url + "/v1"
     sync_guard = stack.enter_context(Guard([url], tiers=TIERS, default_tier="t"))
     async_guard = stack.enter_context(portal.wrap_async_context_manager(Guard([url], tiers=TIERS, default_tier="t")))
@@ -80,27 +104,22 @@ def clients(
     async_guarded = openai.AsyncOpenAI(
         base_url=base, api_key="k", http_client=async_guard.http_client_for(openai.AsyncOpenAI)
     )
-
     for sync_client in (sync_plain, sync_guarded):
         stack.callback(sync_client.close)
     for async_client in (async_plain, async_guarded):
         stack.callback(portal.call, async_client.close)
-
-    def on_portal(client: openai.AsyncOpenAI) -> Callable[[int, ThreadPoolExecutor], float]:
-        return lambda calls, _pool: portal.call(run_async, client, calls, concurrency)
-
     return {
-        "sync plain": lambda calls, pool: run_sync(sync_plain, calls, pool),
-        "sync guarded": lambda calls, pool: run_sync(sync_guarded, calls, pool),
-        "async plain": on_portal(async_plain),
-        "async guarded": on_portal(async_guarded),
+        "sync plain": run_sync(sync_plain, pool),
+        "sync guarded": run_sync(sync_guarded, pool),
+        "async plain": run_async(async_plain, portal, concurrency),
+        "async guarded": run_async(async_guarded, portal, concurrency),
     }
 
 
-def measure(args: argparse.Namespace, gaps: list[float]) -> dict[float, dict[str, list[float]]]:
-    """CPU ms per call for every gap and client, one figure per round."""
+def measure(args: argparse.Namespace, gaps: list[float]) -> dict[float, dict[str, list[Cost]]]:
+    """The cost per call of every client at every gap, one per round."""
     replicas = [["--tokens", str(args.tokens), "--gap", str(gap), "--first-token-delay", "0"] for gap in gaps]
-    results: dict[float, dict[str, list[float]]] = {gap: {name: [] for name in CLIENTS} for gap in gaps}
+    results: dict[float, dict[str, list[Cost]]] = {gap: {name: [] for name in CLIENTS} for gap in gaps}
     rng = random.Random(1)
     with (
         replica_processes(replicas) as urls,
@@ -108,30 +127,39 @@ def measure(args: argparse.Namespace, gaps: list[float]) -> dict[float, dict[str
         ThreadPoolExecutor(args.concurrency) as pool,
         ExitStack() as stack,
     ):
-        runs = {gap: clients(url, stack, portal, args.concurrency) for gap, url in zip(gaps, urls, strict=True)}
-        for gap in gaps:  # warm up: imports, pools, connections
-            for run in runs[gap].values():
-                run(args.concurrency * 2, pool)
+        runs = {gap: clients(url, stack, portal, pool, args.concurrency) for gap, url in zip(gaps, urls, strict=True)}
+        for by_client in runs.values():  # warm up: imports, pools, connections
+            for run in by_client.values():
+                run(args.concurrency * 2)
         for _ in range(args.rounds):
             for gap in gaps:
                 order = list(CLIENTS)
                 rng.shuffle(order)
                 for name in order:
-                    results[gap][name].append(runs[gap][name](args.calls, pool))
+                    results[gap][name].append(cost(runs[gap][name], args.calls))
     return results
 
 
-def rows(results: dict[float, dict[str, list[float]]]) -> Iterator[str]:
-    """The table's lines: per gap and path, median CPU per call plain and guarded, difference, ratio."""
-    yield "| chunks | path | plain | guarded | guarded - plain | guarded ÷ plain |"
-    yield "| --- | --- | ---: | ---: | ---: | ---: |"
+def gap_label(gap: float) -> str:
+    return "at once" if gap == 0 else f"{gap * 1000:g} ms apart"
+
+
+def rows(results: dict[float, dict[str, list[Cost]]]) -> Iterator[str]:
+    """The table: per gap and path, the medians of CPU per call plain and guarded, their difference and ratio, and
+    of the context switches per call."""
+    yield "| chunks | path | plain | guarded | guarded - plain | guarded ÷ plain | switches per call, plain / guarded |"
+    yield "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
     for gap, by_client in results.items():
         for path in ("sync", "async"):
-            plain = statistics.median(by_client[f"{path} plain"])
-            guarded = statistics.median(by_client[f"{path} guarded"])
+            plain, guarded = by_client[f"{path} plain"], by_client[f"{path} guarded"]
+            plain_ms = statistics.median(c.cpu_ms for c in plain)
+            guarded_ms = statistics.median(c.cpu_ms for c in guarded)
+            plain_switches = statistics.median(c.switches for c in plain)
+            guarded_switches = statistics.median(c.switches for c in guarded)
             yield (
-                f"| {gap_label(gap)} | {path} | {plain:.2f} ms | {guarded:.2f} ms | {guarded - plain:+.2f} ms "
-                f"| {guarded / plain:.2f}x |"
+                f"| {gap_label(gap)} | {path} | {plain_ms:.2f} ms | {guarded_ms:.2f} ms "
+                f"| {guarded_ms - plain_ms:+.2f} ms | {guarded_ms / plain_ms:.2f}x "
+                f"| {plain_switches:.0f} / {guarded_switches:.0f} |"
             )
 
 
@@ -139,15 +167,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=120, help="calls per client and round")
     parser.add_argument("--concurrency", type=int, default=4, help="calls at a time (threads, or tasks)")
-    parser.add_argument("--tokens", type=int, default=20, help="content chunks per streamed answer")
-    parser.add_argument("--gaps", default="0,0.005", help="seconds between chunks, one run per value (0: at once)")
+    parser.add_argument("--tokens", type=int, default=20, help="content chunks per streamed answer (more than 2)")
+    parser.add_argument("--gaps", default="0,0.005", help="seconds between chunks, one replica per value (0: at once)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     gaps = [float(gap) for gap in args.gaps.split(",")]
     results = measure(args, gaps)
     print(
         f"{args.calls} streamed calls of {args.tokens} chunks per client and round, {args.concurrency} at a time, "
-        f"median of {args.rounds} rounds (CPU per call)"
+        f"medians of {args.rounds} rounds"
     )
     for line in rows(results):
         print(line)

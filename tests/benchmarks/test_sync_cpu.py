@@ -17,8 +17,10 @@ def test_the_script_prints_plain_and_guarded_per_gap_and_path(capsys: pytest.Cap
         ["1 ms apart", "sync"],
         ["1 ms apart", "async"],
     ]
-    for _, _, plain, guarded, difference, ratio in cells:
+    for _, _, plain, guarded, difference, ratio, switches in cells:
         plain_ms, guarded_ms = float(plain.removesuffix(" ms")), float(guarded.removesuffix(" ms"))
         assert plain_ms > 0 and guarded_ms > 0
         assert float(difference.removesuffix(" ms")) == pytest.approx(guarded_ms - plain_ms, abs=0.011)
         assert float(ratio.removesuffix("x")) == pytest.approx(guarded_ms / plain_ms, abs=0.01 + 0.01 * guarded_ms)
+        plain_switches, guarded_switches = (int(n) for n in switches.split(" / "))
+        assert plain_switches > 0 and guarded_switches > 0  # every call waits for the network at least once
