@@ -57,6 +57,7 @@ import httpx
 
 from llmguard_client._core.clock import Clock, current_time_source, loop_clock, raise_bare
 from llmguard_client._core.lease import close_quietly
+from llmguard_client._core.loop_owner import FORKED
 from llmguard_client._core.randomness import jitter
 from llmguard_client._http.pool import DROPPABLE
 from llmguard_client._http.urlpath import sent_path, with_sent_path
@@ -139,7 +140,8 @@ async def poll_once(
     what they say to the Guard's router, where it counts for ``fresh_for`` seconds, stamped with ``clock`` (by
     default the Guard's own); returns the hint per replica name (None: no hint). Run it on the event loop that
     makes the Guard's calls; the fleet's processes are not told (`poll_vllm_metrics` shares its polls).
-    `GuardClosed` on a closed Guard, or one whose close began while it polled (its polls cancelled)."""
+    `GuardClosed` on a closed Guard, one whose close began while it polled (its polls cancelled), or one used in
+    the parent of this forked process."""
     if request_timeout <= 0 or fresh_for <= 0:
         raise GuardConfigError(
             f"poll_once needs request_timeout > 0 and fresh_for > 0 (seconds), got {request_timeout!r}, {fresh_for!r}"
@@ -148,6 +150,8 @@ async def poll_once(
     if registry.closed:
         raise GuardClosed(CLOSED)
     loops = guard.transport.loops
+    if loops.forked:
+        raise GuardClosed(FORKED)
     refused = None if loops.owns() else await loops.claim()
     if refused is not None:
         raise WrongEventLoop(refused)

@@ -240,6 +240,8 @@ class LoopOwner:
         ``wait`` seconds: meanwhile new sync calls wait for the handover (`sync_loop`), so the busy loop drains."""
         loop = running_loop()
         assert loop is not None, "claimed from a running event loop"
+        if self.forked:  # read before the first call too (a metrics poller): a parent's loop is not to be taken over
+            return FORKED
         if self._ended_loop is not None and self._ended_loop() is loop:  # a sync call that started before it ended
             raise LoopEnded(LEFT_BEHIND)
         give_up = loop.time() + wait

@@ -106,3 +106,49 @@ def test_a_child_forked_without_the_at_fork_hooks_runs_them_once_at_its_first_ca
         "fork from C: at the fork []; after the calls ['function', 'method'], as each call saw: True",
         "in the parent: []",
     ], proc.stderr
+
+
+IN_THE_CHILD_ONLY = """
+import ctypes, gc, os, signal
+from llmguard_client._core.forks import catch_up_with_fork, in_forked_child
+
+ran = []
+
+
+class Parents:
+    def after_fork(self):
+        ran.append(f"parent's (collecting: {gc.isenabled()})")
+        catch_up_with_fork()  # reached from a callback (a finalizer would do so): returns, and runs nothing twice
+
+
+class Childs:
+    def after_fork(self):
+        ran.append("child's")
+
+
+parents = Parents()
+in_forked_child(parents.after_fork)
+c_fork = ctypes.PyDLL(None).fork  # fork(2) from C (as uWSGI forks its workers): Python's at-fork hooks do not run
+reads, writes = os.pipe()
+pid = c_fork()
+if pid == 0:
+    signal.alarm(30)
+    childs = Childs()  # built in the child before its first call: its callback is for its own children
+    in_forked_child(childs.after_fork)
+    catch_up_with_fork()  # the first call
+    os.write(writes, repr(ran).encode())
+    os._exit(0)
+os.close(writes)
+_, status = os.waitpid(pid, 0)
+print("child:", os.read(reads, 4096).decode(), "exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_an_object_built_in_a_child_forked_without_the_hooks_is_the_childs_and_callbacks_run_once() -> None:
+    """The callbacks run once, with no garbage collection meanwhile and nothing reached from them catching up again
+    (a finalizer did, and the child waited on itself); an object built in the child before its first call is not
+    taken for the parent's (its Guard refused every call as forked)."""
+    proc = run_script(IN_THE_CHILD_ONLY)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ['child: ["parent\'s (collecting: False)"] exit 0'], proc.stderr

@@ -268,3 +268,51 @@ def test_a_child_forked_while_another_thread_counted_a_call_in_is_served() -> No
     proc = run_script(PRELUDE + HELD_LOCK, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["child: 200 (exit 3)", "parent: 200"], proc.stderr
+
+
+BUILT_IN_THE_CHILD = """
+import ctypes
+from llmguard_client.server_hints import poll_once
+
+c_fork = ctypes.PyDLL(None).fork  # fork(2) from C, as uWSGI forks its workers: no at-fork hooks run in the child
+
+with loopback_cluster(1) as cluster:
+    url = cluster.servers[0].url + "/v1/chat/completions"
+    early = Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+
+    def polled(guard, polled, done):  # a metrics poller on a loop of the worker's, which goes on running
+        async def main():
+            await poll_once(guard)
+            polled.set()
+            await asyncio.to_thread(done.wait)
+
+        asyncio.run(main())
+
+    def work():  # as a worker's post-fork hook builds its Guard, and its metrics poller runs before any call
+        told = []
+        built_here = lambda: Guard(replicas=[cluster.servers[0].url], failure_mode="raise", instrumentation=None)
+        for make in (lambda: early, built_here):  # built in the parent but not used there, then built in the child
+            each = make()
+            ready, done = threading.Event(), threading.Event()
+            poller = threading.Thread(target=polled, args=(each, ready, done))
+            poller.start()
+            ready.wait(30)
+            try:
+                told.append(str(each.sync_http_client().post(url, json=BODY).status_code))
+            except Exception as exc:
+                told.append(type(exc).__name__)
+            done.set()
+            poller.join(30)
+            each.close()
+        return " ".join(told)
+
+    print("child:", in_child(work, c_fork), flush=True)
+    early.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_guard_first_polled_in_a_child_forked_from_c_is_served() -> None:
+    proc = run_script(PRELUDE + BUILT_IN_THE_CHILD, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child: 200 200 (exit 3)"], proc.stderr
