@@ -32,9 +32,7 @@ After a round fails, `Retrier` decides whether and where to try again:
 - with a single replica left (a hosted API) that is cooling, a call's first attempt waits for the
   cool-down's probe or end if that fits its first-token deadline, and is refused before it is sent
   otherwise (`AllReplicasCooling`, with the seconds left as its ``retry_after``); while another call is
-  the probe, the waiting calls go when it is served; refused, it is the answer their own first attempt would have
-  had, and counts as one: each goes when its Retry-After ends, as that attempt's retry would, or is refused then
-  with no attempt left (`_wait_for_first`);
+  the probe, the waiting calls go when it is served, and decide again when it is refused;
 - every retry is paid from the shared budget. A retry after a refused connection is free: no server saw
   the request, so resending it elsewhere adds no load (a dead replica must not empty the
   budget that the live ones need). A retry that goes back to the replica that answered with a
@@ -189,14 +187,14 @@ class RetryLayer:
         first = await self._first(call, route)
         if isinstance(first, Failed):
             return first
-        state, payment, answered = first
+        state, payment = first
         failures: list[AttemptFailure] = []
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
         faults = ConnectFaults()  # its failures to connect: whether its retries go as the plain SDK's
-        allowed = self._requests_allowed(route)
-        sent = route.spent + answered  # requests of the call so far, hedges included: `allowed` caps them
+        allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
+        sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
         rounds = 0
         kind = route.kind
         while True:
@@ -245,31 +243,26 @@ class RetryLayer:
             if wait > 0:
                 await anyio.sleep(wait)  # a payment not yet used is refunded by the lease if this is cancelled
 
-    def _requests_allowed(self, route: Route) -> int | None:
-        """The most requests ``route`` may send, hedges included (None: no cap)."""
-        return route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
-
-    async def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None, int] | Failed:
-        """The first attempt's replica and payment, and how many of the call's requests a refused probe it waited for
-        stood for (`_wait_for_first`): the caller's first attempt is free; a route with a budget
+    async def _first(self, call: Call, route: Route) -> tuple[ReplicaState, Payment | None] | Failed:
+        """The first attempt's replica and payment: the caller's first attempt is free; a route with a budget
         of its own (a continuation) pays for its first attempt too, and must fit its deadline. A call off the
         generation paths (files, models, embeddings) or beside the replicas' paths (another deployment) does not
         wait for a cool-down (`Call.judges`): the server asked the replicas' generation calls for rest, and its
         other APIs and deployments may answer."""
-        answered = 0
         if route.budget is None and route.replica is None and call.judges:
-            waited = await self._wait_for_first(call, route)
-            if isinstance(waited, Failed):
-                return waited
-            answered = waited
+            refused = await self._wait_for_first(call, route.avoid)
+            if refused is not None:
+                return refused
         now = call.clock()
         if route.budget is None:
-            cornered = bool(call.outside) or call.beside
             state = route.replica or self.replicas.pick(
-                now, route.avoid, call.affinity_key, cornered=cornered, resting=call.judges, keep=call.lease.hold
+                now,
+                route.avoid,
+                call.affinity_key,
+                cornered=bool(call.outside) or call.beside,
+                resting=call.judges,
+                keep=call.lease.hold,
             )
-            if state is None and answered:  # cooling again: paced by the refusal it counted, as its retry would be
-                state = self.replicas.pick(now, route.avoid, call.affinity_key, cornered=cornered, resting=False)
         else:
             state = (
                 route.replica
@@ -287,57 +280,24 @@ class RetryLayer:
                 stopped="no_replica",
             )
         if route.budget is None:
-            return state, route.payment, answered
+            return state, route.payment
         if not fits_deadline(call, now, deadline=route.deadline):
             return Failed(stopped="deadline")
         payment = call.pay_extra(route.budget)
-        return (state, payment, answered) if payment is not None else Failed(stopped="budget")
+        return (state, payment) if payment is not None else Failed(stopped="budget")
 
-    async def _wait_for_first(self, call: Call, route: Route) -> Failed | int:
+    async def _wait_for_first(self, call: Call, avoid: tuple[ReplicaState, ...]) -> Failed | None:
         """While the one replica left is cooling with no probe due: wait for its probe (or the end of its
         cool-down) if that fits the first-token deadline (half the time left while no TTFT is measured), else
         the call is refused before it is sent. While its probe is in flight, wait for the probe's answer as long
         as a call sent then can still make its deadline (half the tier's ``ttft`` before it while no TTFT is
         measured). A change of the cool-down (another call's probe served, or refused again) ends the wait early,
-        to decide again.
-
-        A probe refused again while the call waited for its answer is the answer the call's own first request would
-        have had. When the guard sends the call's retries, it counts as one of the call's requests, and the call goes
-        when that refusal's Retry-After ends (the cool-down's end as that refusal set it), as its retry would, even if
-        the cool-down was renewed since, or at once when a probe is served; never as an earlier probe (its requests go
-        no sooner than the plain SDK's would, its last one included). With no request left, or when that wait does
-        not fit, the call is refused then, before it is sent. So the wait stands in for the plain SDK's first request
-        and its Retry-After rather than adding to them. Returns how many of the call's requests the wait stood for (0
-        or 1), or the refusal."""
-        avoid = route.avoid
-        left = self._requests_left(call, route)
-        awaited: int | None = None  # the probe in flight whose answer the call waits for
-        paced: float | None = None  # when the Retry-After of the probe refused, counted as the call's own, ends
+        to decide again."""
         while True:
             now = call.clock()
-            if (
-                left is not None
-                and paced is None
-                and awaited is not None
-                and self.replicas.probe_refused(now, awaited, avoid)
-            ):
-                cooling_for = self.replicas.cooling_left(now, avoid)
-                if left <= 1:
-                    why = (
-                        f"the only replica left refused the cool-down's probe this call waited for (the answer its own "
-                        f"request would have had; cooling down for {cooling_for:.3f}s more), and the call has no "
-                        f"request left (its most attempts); tier {call.tier_name!r} call refused before it was sent"
-                    )
-                    return _cooling_refusal(call, why, cooling_for, "rounds")
-                paced = now + cooling_for
-            if paced is not None:
-                wait = paced - now
-                if wait <= 0.0 or self.replicas.cooling_left(now, avoid) <= 0.0:
-                    return 1  # paced as its retry would be, or a probe was served
-            else:
-                wait = self.replicas.first_wait(now, avoid)
-                if wait <= 0.0:
-                    return 0
+            wait = self.replicas.first_wait(now, avoid)
+            if wait <= 0.0:
+                return None
             asked = self.replicas.asked_beyond(now, avoid)
             if asked > 0.0:  # it asked for more rest than the guard waits: no call waits for its probe either
                 why = (
@@ -346,12 +306,9 @@ class RetryLayer:
                     f"sent (its cool-down's probe goes in {wait:.3f}s)"
                 )
                 return _cooling_refusal(call, why, asked, "no_replica")
-            if paced is None:
-                awaited = self.replicas.probe_in_flight(now, avoid)
-            if paced is None and awaited is not None and math.isfinite(call.first_token_deadline):
-                # Its answer is the next chance (served: the calls waiting go at once; refused: the call's own
-                # refusal, or the next probe's time): wait for it while a call sent when it comes can still make
-                # its deadline.
+            if self.replicas.probe_pending(now, avoid) and math.isfinite(call.first_token_deadline):
+                # Its answer is the next chance (served: the calls waiting go at once; refused: the next probe's
+                # time): wait for it while a call sent when it comes can still make its deadline.
                 latest = call.first_token_deadline - (call.expected_ttft() or call.tier.ttft / 2)
                 slack = min(latest - now, call.pool_wait)
                 if slack > 0.0:
@@ -361,33 +318,25 @@ class RetryLayer:
             # deadline's edge leaves the attempt no time.
             unknown = call.expected_ttft() == 0.0 and wait > (call.first_token_deadline - now) / 2
             if wait > call.pool_wait:  # longer than the caller lets a request wait before it is sent
-                cooling_for = self.replicas.cooling_left(now, avoid)
+                left = self.replicas.cooling_left(now, avoid)
                 why = (
-                    f"the only replica left is cooling down for {cooling_for:.3f}s more (server Retry-After, at most "
+                    f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
                     f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, is later than the caller's "
                     f"pool timeout ({call.pool_wait:g}s) allows a request to wait; tier {call.tier_name!r} call "
                     "refused before it was sent"
                 )
-                return _cooling_refusal(call, why, cooling_for, "deadline")
+                return _cooling_refusal(call, why, left, "deadline")
             if unknown or not fits_deadline(call, now, wait):
-                cooling_for = self.replicas.cooling_left(now, avoid)
+                left = self.replicas.cooling_left(now, avoid)
                 why = (
-                    f"the only replica left is cooling down for {cooling_for:.3f}s more (server Retry-After, at most "
+                    f"the only replica left is cooling down for {left:.3f}s more (server Retry-After, at most "
                     f"RetryPolicy.max_retry_after); its next attempt, in {wait:.3f}s, does not fit the "
                     f"{call.first_token_deadline - now:.3f}s left before the ttft deadline of tier "
                     f"{call.tier_name!r} ({deadline_text(call.tier.ttft)}); refused before it was sent"
                 )
-                return _cooling_refusal(call, why, cooling_for, "deadline")
+                return _cooling_refusal(call, why, left, "deadline")
             # Woken early when the cool-down changes: its probe served (go now) or refused (decide again).
             await self.replicas.cooling_changed.wait(wait)  # inside the deadline layer's scope: aclose() ends it
-
-    def _requests_left(self, call: Call, route: Route) -> int | None:
-        """How many requests ``route``'s call may still send when the guard sends its retries of a refusal (None: the
-        SDK sends them, cooperative mode or a background job, and counts its own)."""
-        if call.sdk_retries or not call.retry_any_status:
-            return None
-        allowed = self._requests_allowed(route) if self.policy is not None else 1
-        return None if allowed is None else allowed - route.spent
 
     def learn(
         self, now: float, failures: list[AttemptFailure], counted: set[int] | None = None, *, judged: bool = True

@@ -21,10 +21,7 @@ When a single candidate is left (one replica, as a hosted API) and it is cooling
 go: a first attempt waits for its probe (or the end of the cool-down, whichever comes first) if that fits
 the call's first-token deadline, and is refused before it is sent otherwise (`first_wait`; the retry layer
 decides, `llmguard_client._layers.retry`); a change of the cool-down (its probe served, or refused again)
-wakes the waiting calls to decide again. A probe refused again while a call waited for its answer
-(`probe_in_flight`, `probe_refused`) is the answer that call's own first request would have had: the retry layer
-counts it as the call's refusal, and the call goes when its Retry-After ends, as a retry of it would. A retry
-also waits for the first to free, within the call's
+wakes the waiting calls to decide again. A retry also waits for the first to free, within the call's
 first-token deadline; a retry chosen ahead of its time takes the probe only if it is sent as the probe
 (`take_probe`): one paced by the server's Retry-After goes after the cool-down, and leaves the probe to the
 calls waiting. A probe that nothing answered (its caller gave up, its deadline passed first) is given back when
@@ -46,8 +43,7 @@ __all__ = [
     "first_wait",
     "give_back_probe",
     "mirror_cool_down",
-    "probe_in_flight",
-    "probe_refused",
+    "probe_pending",
     "take_probe",
 ]
 
@@ -76,7 +72,6 @@ class Cooling(Protocol):
     probing: bool
     probes: int
     probes_refused: int
-    refused_probe: int
 
     def cooling(self, now: float) -> bool: ...
 
@@ -91,11 +86,8 @@ def cool(s: Cooling, now: float, seconds: float) -> bool:
     it ends later than the one in force, its next probe due in `FIRST_PROBE` s doubled for each probe of this
     cool-down refused so far (at most `PROBE_AT` of what is left of it). If this was the answer of the probe in
     flight, that probe was refused: it counts, and the next one is due even when the cool-down is not renewed (a
-    shorter Retry-After than is left), and is the last probe refused (`probe_refused`). Returns whether the
-    cool-down changed."""
+    shorter Retry-After than is left). Returns whether the cool-down changed."""
     refused = s.probing
-    if refused:
-        s.refused_probe = s.probes
     if now + seconds <= s.cooling_until and not refused:
         return False
     if not (s.cooling(now) and (refused or s.probe_at < math.inf)):
@@ -168,16 +160,7 @@ def first_wait(candidates: list[C], now: float) -> float:
     return min(s.probe_at, s.cooling_end()) - now
 
 
-def probe_in_flight(candidates: list[C], now: float) -> int | None:
-    """The number of the probe in flight of the single one of ``candidates``, cooling (None: none is): its answer,
-    not the end of the cool-down, is the next chance of the calls waiting (served, they go; refused, it is their
-    own refusal: `probe_refused`)."""
-    if len(candidates) != 1 or not (candidates[0].cooling(now) and candidates[0].probing):
-        return None
-    return candidates[0].probes
-
-
-def probe_refused(candidates: list[C], probe: int) -> bool:
-    """Whether the single one of ``candidates`` had probe number ``probe`` (or a later one) refused again: the
-    answer a first request sent then would have had."""
-    return len(candidates) == 1 and candidates[0].refused_probe >= probe
+def probe_pending(candidates: list[C], now: float) -> bool:
+    """Whether the single one of ``candidates`` is cooling with its probe in flight: its answer, not the end of the
+    cool-down, is the next chance of the calls waiting (served, they go; refused, its next probe is due)."""
+    return len(candidates) == 1 and candidates[0].cooling(now) and candidates[0].probing

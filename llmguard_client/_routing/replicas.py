@@ -34,8 +34,7 @@ from llmguard_client._routing.cooldown import (
     first_attempt_candidates,
     first_wait,
     give_back_probe,
-    probe_in_flight,
-    probe_refused,
+    probe_pending,
     take_probe,
 )
 from llmguard_client._routing.health import shift
@@ -77,9 +76,6 @@ class ReplicaState:
     """How many probes this process sent here: the last one's number names the probe in flight."""
     probes_refused: int = 0
     """How many probes of this cool-down were refused again (each doubles the wait for the next)."""
-    refused_probe: int = 0
-    """The number of the last probe refused again (0: none): the calls that waited for its answer count it as
-    their own refusal."""
     asked_beyond: tuple[float, float] = (0.0, 0.0)
     """For a cool-down cut short of a longer Retry-After than the guard waits: (the ``cooling_until`` it set,
     when the server's Retry-After ends); it no longer applies once ``cooling_until`` changes."""
@@ -465,15 +461,10 @@ class ReplicaSet:
         probe due (`llmguard_client._routing.cooldown.first_wait`)."""
         return first_wait(self._allowed(now, exclude), now)
 
-    def probe_in_flight(self, now: float, exclude: Iterable[ReplicaState] = ()) -> int | None:
-        """The number of the probe in flight of the one replica left, cooling (None: none is;
-        `llmguard_client._routing.cooldown.probe_in_flight`)."""
-        return probe_in_flight(self._allowed(now, exclude), now)
-
-    def probe_refused(self, now: float, probe: int, exclude: Iterable[ReplicaState] = ()) -> bool:
-        """Whether the one replica left had probe number ``probe`` (or a later one) refused again
-        (`llmguard_client._routing.cooldown.probe_refused`)."""
-        return probe_refused(self._allowed(now, exclude), probe)
+    def probe_pending(self, now: float, exclude: Iterable[ReplicaState] = ()) -> bool:
+        """Whether the one replica left is cooling with its probe in flight
+        (`llmguard_client._routing.cooldown.probe_pending`)."""
+        return probe_pending(self._allowed(now, exclude), now)
 
     def panic(self, now: float) -> bool:
         """Whether fewer than ``panic_threshold`` of the replicas are healthy (circuit closed, not degraded);

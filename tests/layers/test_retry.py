@@ -1032,68 +1032,6 @@ def test_the_third_refusal_with_retry_after_in_a_row_cools_the_only_replica_for_
     assert cooling[:-1] == [0.0] * (REFUSALS_TO_COOL - 1) and cooling[-1] == pytest.approx(4.0, abs=0.02)
 
 
-def refused_every_time(backend: str, waiting: int, headers: dict[str, str] | None = None) -> list[PhaseRecord]:
-    """One endpoint answering every request ``429, Retry-After: 1`` (a quota spent), no first-token deadline: the
-    `REFUSALS_TO_COOL` calls at 0 s cool it (until 1 s, its probe at 0.5 s), then ``waiting`` calls start at 0.2 s
-    (with ``headers``). Their records, in the order they started: each ends with the 429 (``end``: when)."""
-    fake = FakeReplica("a", [Plan(status=429, retry_after="1")])
-    records: list[PhaseRecord] = []
-
-    async def main() -> None:
-        tiers = {"t": Tier(ttft=math.inf, total=math.inf, stall=None)}
-        async with virtual_guard({"http://a.test": fake}, records, tiers=tiers, hedge=None) as virtual:
-            async with virtual.http_client() as client, anyio.create_task_group() as tg:
-
-                async def call(after: float) -> None:
-                    await anyio.sleep(after)
-                    try:
-                        response = await client.post("http://a.test" + CHAT, json=BODY, headers=headers)
-                    except AllReplicasCooling as refused:  # a 429 of the guard's (an SDK gets it as an answer)
-                        assert refused.status_code == 429
-                    else:
-                        assert response.status_code == 429
-
-                for _ in range(REFUSALS_TO_COOL):
-                    tg.start_soon(call, 0.0)
-                for _ in range(waiting):
-                    tg.start_soon(call, 0.2)
-
-    run_virtual(main, backend)
-    return sorted(records, key=lambda r: r.start)[REFUSALS_TO_COOL:]
-
-
-@BACKENDS
-def test_calls_waiting_for_a_probe_that_is_refused_take_it_as_their_own_first_429(backend: str) -> None:
-    """Four calls wait for the cool-down's probe of an endpoint refusing every request (``429, Retry-After: 1``).
-    One is the probe (0.5 s); refused, it is the answer the others' own first requests would have had: each counts
-    it as one of its three requests and goes when its Retry-After ends (1.5 s), with the probe's retry, then once
-    more a second later. Every call gets its 429 within the plain SDK's two Retry-Afters plus the wait for the probe
-    (2.3 s after it started), with two requests or three. (They used to go one probe after another, each then making
-    its three requests: the last got its 429 3.8-4.3 s after it started, where the plain SDK's took 2 s.)"""
-    waiting = refused_every_time(backend, 4)
-    probe, *others = sorted(waiting, key=lambda r: -len(r.attempts))
-    assert [round(a.start - probe.start, 3) for a in probe.attempts] == [0.3, 1.3, 2.3]
-    for record in others:
-        assert [round(a.start - record.start, 3) for a in record.attempts] == [1.3, 2.3]
-    for record in waiting:
-        assert record.http_status == 429 and all(a.status_code == 429 for a in record.attempts)
-        assert record.finish is not None and record.finish - record.start == pytest.approx(2.3, abs=1e-6)
-
-
-@BACKENDS
-def test_a_call_with_one_request_is_refused_when_the_probe_it_waited_for_is_refused(backend: str) -> None:
-    """A call allowed one request (``x-llmguard-max-attempts: 1``, as an SDK with ``max_retries=0``) waiting for the
-    cool-down's probe has it used up by the probe's refusal (the answer its own request would have had): it gets a
-    429 (``all_replicas_cooling``, the second left of the cool-down as its ``retry-after``) then, nothing sent. (It
-    used to wait for the next probe, half a second later, and be that probe.)"""
-    probe, other = sorted(
-        refused_every_time(backend, 2, {"x-llmguard-max-attempts": "1"}), key=lambda r: -len(r.attempts)
-    )
-    assert [a.start - probe.start for a in probe.attempts] == [pytest.approx(0.3, abs=1e-6)]
-    assert other.attempts == () and other.cause == "all_replicas_cooling"
-    assert other.finish is not None and other.finish - other.start == pytest.approx(0.3, abs=1e-6)
-
-
 AZURE = "http://a.test/openai/deployments/gpt4o"
 """One Azure deployment as the only replica; ``gpt35`` is another deployment of the same resource."""
 OTHER = "http://a.test/openai/deployments/gpt35/chat/completions?api-version=2024-10-21"

@@ -408,13 +408,11 @@ def test_with_one_replica_the_calls_waiting_go_at_the_first_probe_and_the_rest_o
 
 
 @BACKENDS
-def test_a_probe_refused_again_is_the_answer_of_the_calls_waiting_for_it(backend: str) -> None:
+def test_a_probe_refused_again_keeps_the_calls_waiting_that_fit_and_refuses_the_others_then(backend: str) -> None:
     """A ``Retry-After: 2``; its probe at 1 s is answered ``Retry-After: 8`` at 1.5 s: the cool-down now ends at
-    9.5 s (the first calls' retries go when their own Retry-After ends, at 2 s). The calls waiting since 1.2 s for
-    that probe's answer take it as the answer their own first request would have had: one whose deadline does not
-    fit the wait to 9.5 s is refused then, before it is sent; one whose deadline fits goes at 9.5 s, with the probe's
-    retry, as its own retry would (not as the next probe, at 3.5 s: that one would have its last request go sooner
-    than the plain SDK's)."""
+    9.5 s, its next probe 2 s later, at 3.5 s (the retries go when their Retry-After ends). Of the calls waiting
+    since 1.2 s (for the end at 2 s), one whose deadline does not fit the wait for that probe is refused then, before
+    it is sent; one whose deadline fits keeps waiting and is that probe."""
     refusals = [Plan(status=429, retry_after="2")] * REFUSALS_TO_COOL  # the third in a row cools the replica
     fake = FakeReplica("a", [*refusals, Plan(status=429, retry_after="8", headers_after=0.5), Plan()])
     records: list[PhaseRecord] = []
@@ -440,7 +438,7 @@ def test_a_probe_refused_again_is_the_answer_of_the_calls_waiting_for_it(backend
                 await anyio.sleep(0.2)
                 tg.start_soon(call)  # the probe at 1 s, refused at 1.5 s; its retry at 9.5 s
                 await anyio.sleep(1.0)
-                tg.start_soon(call, "short")  # fits a wait to 2 s (its deadline is 3.7 s), not one to 9.5 s
+                tg.start_soon(call, "short")  # fits a wait to 2 s (its deadline is 3.7 s), not one to 3.5 s
                 tg.start_soon(call)
             assert fake.requests == 2 * REFUSALS_TO_COOL + 3
 
@@ -448,10 +446,10 @@ def test_a_probe_refused_again_is_the_answer_of_the_calls_waiting_for_it(backend
         sent = sorted(round(a.start - start, 3) for r in records for a in r.attempts)
         cooled = REFUSALS_TO_COOL
         assert sent[: cooled + 1] == [0.0] * cooled + [1.0]  # the 429s, the refused probe
+        assert sent[2 * cooled + 1] == 3.5  # the next probe
         for retry in sent[cooled + 1 : 2 * cooled + 1]:  # the first calls' retries: when their Retry-After ends
             assert retry == pytest.approx(2.0, abs=1e-3)
-        for paced in sent[2 * cooled + 1 :]:  # the probe's retry, and the call that waited for it: paced by it
-            assert paced - 1.5 == pytest.approx(8.0, abs=1e-3)
+        assert sent[-1] - 1.5 == pytest.approx(8.0, abs=1e-3)  # the refused probe's retry, paced by its Retry-After
 
     run_virtual(main, backend)
 
@@ -522,16 +520,10 @@ FIRSTS = [(f"first{n}", 0.0, "default") for n in range(REFUSALS_TO_COOL)]
 """Calls refused together at 0 s, the last of them the refusal in a row that cools the replica."""
 
 
-def timeline(
-    backend: str,
-    fake: DownUntil,
-    healthy_at: float,
-    calls: list[tuple[str, float, str]],
-    retrying: tuple[str, ...] = (),
-) -> dict[str, float]:
-    """Each of ``calls`` (name, when, tier) sent once (no retry; those named in ``retrying`` with the guard's
-    retries) through one Guard over ``fake``, healthy from ``healthy_at`` (s): when each was served (its first
-    token), or minus its status; ``fake.sent`` is made relative to the start."""
+def timeline(backend: str, fake: DownUntil, healthy_at: float, calls: list[tuple[str, float, str]]) -> dict[str, float]:
+    """Each of ``calls`` (name, when, tier) sent once (no retry) through one Guard over ``fake``, healthy from
+    ``healthy_at`` (s): when each was served (its first token), or minus its status; ``fake.sent`` is made
+    relative to the start."""
     served: dict[str, float] = {}
     start = 0.0
 
@@ -545,9 +537,8 @@ def timeline(
 
             async def call(name: str, at: float, tier: str) -> None:
                 await anyio.sleep(at - (now() - start))
-                once = {} if name in retrying else ONCE
                 response = await client.post(
-                    "http://a.test" + CHAT, json=BODY, headers={**once, "x-llmguard-tier": tier}
+                    "http://a.test" + CHAT, json=BODY, headers={**ONCE, "x-llmguard-tier": tier}
                 )
                 served[name] = now() - start if response.status_code == 200 else -response.status_code
 
@@ -578,23 +569,6 @@ def test_a_short_outage_behind_a_retry_after_of_120_s_is_found_over_within_secon
         "recovered": pytest.approx(3.0),  # the second probe, served
         "interactive": pytest.approx(3.2),  # at once
     }
-
-
-@BACKENDS
-def test_a_call_that_took_a_refused_probe_as_its_own_answer_goes_at_once_when_a_later_probe_is_served(
-    backend: str,
-) -> None:
-    """One replica answers ``429, Retry-After: 120`` for 2 s, then serves. Two calls with their retries wait for the
-    cool-down's first probe (1 s in): one is that probe, refused, and its retry waits out the 120 s; the other takes
-    that refusal as its own first answer, and is paced by it too, but goes as soon as a later call's probe (at 3 s)
-    is served: the calls the plain SDK serves are served, none sooner than its requests would go."""
-    fake = DownUntil("a", status=429)
-    calls = [*FIRSTS, ("one", 0.5, "default"), ("other", 0.7, "default"), ("later", 2.5, "default")]
-    served = timeline(backend, fake, 2.0, calls, retrying=("one", "other"))
-    # the first answers, the refused probe, the served one and the call that waited, the refused probe's retry
-    assert fake.sent == [0.0] * len(FIRSTS) + [1.0, 3.0, 3.0, 121.0]
-    assert sorted([served["one"], served["other"]]) == [pytest.approx(3.0), pytest.approx(121.0)]
-    assert served["later"] == pytest.approx(3.0)
 
 
 @BACKENDS
