@@ -24,6 +24,7 @@ import argparse
 import difflib
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,12 @@ def shape(text: str) -> list[str]:
     return [line for line in masked if line]
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _shims(folder: Path) -> dict[str, str]:
     for name, target in (("llmguard", f'"{sys.executable}" -m llmguard_tools.cli'), ("python", f'"{sys.executable}"')):
         shim = folder / name
@@ -101,6 +108,7 @@ def _shims(folder: Path) -> dict[str, str]:
         NO_COLOR="1",
         TERM="dumb",
         PYTHONWARNINGS="ignore",
+        FLEET_PORT=str(_free_port()),  # the fleet recipe's Redis, apart from any other run's
     )
     return env
 
