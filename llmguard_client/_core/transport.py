@@ -49,7 +49,7 @@ from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, SdkCall
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
-from llmguard_client._core.loop_owner import FORKED, LoopOwner
+from llmguard_client._core.loop_owner import FORKED, LoopEnded, LoopOwner
 from llmguard_client._core.outcome import AttemptFailure, Failed, Route, Win
 from llmguard_client._core.pipeline import Pipeline
 from llmguard_client._core.request import RequestFacts, json_document
@@ -252,6 +252,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
             streamed = streamed_body(request)  # sent as it is read: never held here
             sdk = await sdk_call(request, held=streamed is None)  # the SDK call: its retries get its cohort
             assignment = self._rollout.assign(request, headers, sdk) if followed is None else followed
+        except LoopEnded:  # a sync call that missed the loop it runs on, nothing sent: its edge sends it again there
+            raise
         except GuardFailure as refused:
             return self.refuse(request, refused, headers)
         if followed is not None:  # sent where the redirect points, as the SDK's own client would

@@ -498,19 +498,24 @@ def test_a_sync_call_cut_by_the_end_of_its_loop_is_sent_again_where_the_guard_ru
     assert eventually(lambda: client_sockets([server]) == 0)
 
 
+@pytest.mark.parametrize("second_through", ["httpx", "openai"])
 def test_a_sync_call_made_while_the_owner_loop_is_stopped_for_a_moment_runs_there_once_it_runs_again(
-    server: LoopbackServer,
+    server: LoopbackServer, second_through: str
 ) -> None:
     """asyncio.run stops its loop for a moment between its main task and its clean-up. A worker's sync call made
     then, while another's was in flight on that loop, went to the Guard's own loop and was refused ("connections
-    belong to another event loop, which is still running", a 400); it now waits for that loop, and runs there."""
+    belong to another event loop, which is still running", a 400); it now waits for that loop, and runs there.
+    Through an SDK too, whose refusals the guard answers as responses: that one came back a 503 naming the loop."""
     guard = guard_over(server)
-    outcome: dict[str, BaseException | httpx.Response] = {}
+    outcome: dict[str, BaseException | httpx.Response | str] = {}
 
     def sync_call(name: str) -> None:
         with guard.sync_http_client() as client:
             try:
-                outcome[name] = client.post(server.url + CHAT, json=BODY)
+                if name == "second" and second_through == "openai":
+                    outcome[name] = "200" if sync_sdk_call(guard, server) else "empty"
+                else:
+                    outcome[name] = client.post(server.url + CHAT, json=BODY)
             except BaseException as exc:
                 outcome[name] = exc
 
@@ -533,9 +538,9 @@ def test_a_sync_call_made_while_the_owner_loop_is_stopped_for_a_moment_runs_ther
         loop.run_until_complete(asyncio.to_thread(eventually, lambda: len(outcome) == 2, 10))
         first.join(10)
         second.join(10)
-        assert {name: getattr(answer, "status_code", answer) for name, answer in outcome.items()} == {
-            "first": 200,
-            "second": 200,
+        assert {name: str(getattr(answer, "status_code", answer)) for name, answer in outcome.items()} == {
+            "first": "200",
+            "second": "200",
         }
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -560,17 +565,25 @@ def test_sync_calls_beside_a_task_queue_running_each_task_in_asyncio_run_are_all
     server: LoopbackServer,
 ) -> None:
     """Each task's loop owns the Guard while it runs, and the worker threads' calls run there: the calls still in
-    flight as it ends are sent again (or, answered whole, delivered), none fails, nothing is left open."""
+    flight as it ends are sent again (or, answered whole, delivered), none fails, nothing is left open. A stream
+    being read as the loop ends is cut with it, as the usage guide says (`httpx.ReadError` naming that loop, the
+    SDK's connection error); a call made as the loop stopped for a moment before its end (a 503 through the SDK,
+    once in a few dozen runs on a busy machine) runs there."""
     server.script = Script(tokens=3, stall_before_first=0.02)
     guard = guard_over(server)
     stop = threading.Event()
     served: list[str] = []
     failed: list[BaseException] = []
+    cut_streams: list[BaseException] = []
 
     def worker(streamed: bool) -> None:
         while not stop.is_set():
             try:
                 served.append(sync_stream(guard, server) if streamed else sync_sdk_call(guard, server))
+            except openai.APIConnectionError as exc:
+                cause = exc.__cause__
+                cut = streamed and isinstance(cause, httpx.ReadError) and "ended while the body was read" in str(cause)
+                (cut_streams if cut else failed).append(exc)
             except BaseException as exc:
                 failed.append(exc)
 
