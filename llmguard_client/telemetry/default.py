@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import logging
+
 from llmguard_client.telemetry.hooks import Instrumentation
+
+logger = logging.getLogger("llmguard_client")
+
+_reported: set[str] = set()
+"""The failures already logged (once each per process: a process may build many Guards)."""
 
 
 def default_instrumentation() -> Instrumentation | None:
     """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
-    OpenTelemetry, so there is nothing to report to: no instrumentation."""
+    OpenTelemetry, so there is nothing to report to: no instrumentation. Nor when OpenTelemetry itself fails to
+    start, as it does on an ``OTEL_*`` variable naming a plugin that is not installed (``OTEL_PROPAGATORS=b3``,
+    ``OTEL_PYTHON_TRACER_PROVIDER``): the caller asked for no telemetry, and the plain SDK serves its calls all
+    the same, so the Guard does too, without it, and says why once."""
     try:
         from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
+
+        return OpenTelemetryInstrumentation()
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("opentelemetry"):
             raise
         return None
-    return OpenTelemetryInstrumentation()
+    except Exception as exc:  # raised by OpenTelemetry, which reads its plugins from the environment
+        why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        if why not in _reported:
+            _reported.add(why)
+            logger.warning(
+                "llmguard: OpenTelemetry failed to start (%s), so this Guard reports no spans or metrics; its calls "
+                "are served all the same. Check the OTEL_* environment variables (a propagator or provider that is "
+                "not installed), or pass instrumentation=None to say no telemetry is wanted",
+                why,
+            )
+        return None
