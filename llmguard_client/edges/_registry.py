@@ -10,7 +10,6 @@ nothing (its connections are the parent's, still in use there).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import itertools
 import os
@@ -66,21 +65,11 @@ _runners: weakref.WeakKeyDictionary[GuardHandle, SyncRunner | _Closed] = weakref
 _lock = threading.Lock()
 
 
-def _orphan_runners() -> None:
-    """Nothing waits for the Guards' loop threads any more at the interpreter's exit (daemons, they stop with the
-    process, and the calls in flight in daemon threads with them, as a plain client's are: closing the pools under
-    those calls first printed a traceback for each). In a forked child each runner orphans itself."""
-    for runner in list(_runners.values()):
-        if isinstance(runner, SyncRunner):
-            runner.orphan()
-
-
 def _new_lock_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
 
 
-atexit.register(_orphan_runners)  # after the application's own exit handlers (a `guard.close` among them)
 in_forked_child(_new_lock_in_child)
 
 
@@ -154,7 +143,7 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
                 runner = _runners[guard] = fresh
                 # A Guard dropped without close(): close its pools on that loop if they are its, and stop the
                 # thread (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
-                # Not at the interpreter's exit (`_orphan_runners`).
+                # At the interpreter's exit it only stops the runner (`interpreter_exiting`).
                 loops = guard.transport.loops
                 abandon = weakref.finalize(
                     guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home

@@ -29,6 +29,7 @@ and joins the thread.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import functools
@@ -637,6 +638,25 @@ def _discard_half_made(failure: BaseException) -> None:
                     asyncio.BaseEventLoop.close(value)  # the base's: the loop's own needs the self-pipe
 
 
+_exit_began = False
+
+
+def _note_exit() -> None:
+    global _exit_began
+    _exit_began = True
+
+
+atexit.register(_note_exit)
+
+
+def interpreter_exiting() -> bool:
+    """Whether the interpreter's exit has begun: its exit handlers run (those of the application's registered
+    before this module was imported run after this one's), or it finalizes. The Guards' loop threads are daemons,
+    which stop with the process (and the calls in flight in daemon threads with them, as a plain client's do):
+    nothing waits for them any more, and once it finalizes they are frozen, so no call can start there either."""
+    return _exit_began or sys.is_finalizing()
+
+
 class SyncRunner:
     """A daemon thread running an asyncio event loop, for one Guard's sync calls (its home)."""
 
@@ -695,8 +715,8 @@ class SyncRunner:
         return threading.current_thread() is self._thread
 
     def orphan(self) -> None:
-        """Nothing may wait for the loop's thread any more (a forked child, where it stayed in the parent; the
-        interpreter's exit, where it stops with the process): calls are refused, and closes return, at once."""
+        """In a forked child, where the loop's thread stayed in the parent: calls are refused, and closes return,
+        at once."""
         self._stopped = True
 
     def _serve(self) -> None:
@@ -733,7 +753,7 @@ class SyncRunner:
         """Start ``func`` as a task on the loop (from any thread but the loop's); its future. Its own loop: no
         call is ``handed`` to it."""
         loop = self._loop
-        if loop is None or self._stopped:
+        if loop is None or self._stopped or sys.is_finalizing():  # finalizing: the loop's thread is frozen
             raise GuardClosed(CLOSED)
         try:
             return run_threadsafe(func, loop)
@@ -741,9 +761,13 @@ class SyncRunner:
             raise GuardClosed(CLOSED) from exc
 
     def stop(self, close_guard: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Close the Guard on this loop (if given), cancel what is left, end the thread."""
+        """Close the Guard on this loop (if given), cancel what is left, end the thread. At the interpreter's exit
+        it only refuses further calls: the thread stops with the process (`interpreter_exiting`)."""
         if self.in_own_thread():
             raise RuntimeError("a Guard cannot be closed from its own event-loop thread")
+        if interpreter_exiting():
+            self._stopped = True
+            return
         loop, stop = self._wait_started(), self._stop
         if loop is None or stop is None or self._stopped:
             return

@@ -51,3 +51,45 @@ def test_sync_calls_in_flight_at_exit_end_with_the_process_quietly() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["main: end", "non-daemon thread: done"], proc.stderr
     assert proc.stderr == ""
+
+
+CALL_AT_EXIT = """
+import atexit, sys
+
+WARM = sys.argv[1] == "warm"
+
+
+def last_call():  # registered before llmguard_client is imported: it runs after the guard's own exit handler
+    answer = client.post(url, json={"model": "m", "messages": [{"role": "user", "content": "bye"}]})
+    print("exit handler:", answer.status_code, flush=True)
+
+
+atexit.register(last_call)
+
+from llmguard_client import Guard
+from tests.loopback import LoopbackServer
+
+server = LoopbackServer("a")
+server.start()
+url = server.url + "/v1/chat/completions"
+guard = Guard(replicas=[server.url], failure_mode="raise", instrumentation=None)
+client = guard.sync_http_client()
+if WARM:
+    print("main:", client.post(url, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code)
+print("main: end", flush=True)
+"""
+
+
+def test_a_sync_call_from_an_exit_handler_registered_before_the_import_is_served_and_the_process_exits() -> None:
+    """The guard's exit handler ran before such a handler (atexit runs the last registered first): after a sync call
+    it had refused the handler's call (`GuardClosed`); before any, the handler's call started the Guard's loop
+    thread, and the Guard, collected as the interpreter finalized, waited for that thread, frozen by then: the
+    process never exited. The plain client serves the call and exits."""
+    cold = run_script(CALL_AT_EXIT, "cold", timeout=30)
+    assert (cold.returncode, cold.stdout.splitlines(), cold.stderr) == (0, ["main: end", "exit handler: 200"], "")
+    warm = run_script(CALL_AT_EXIT, "warm", timeout=30)
+    assert (warm.returncode, warm.stdout.splitlines(), warm.stderr) == (
+        0,
+        ["main: 200", "main: end", "exit handler: 200"],
+        "",
+    )
