@@ -71,6 +71,14 @@ UNCOUNTED_WINDOW = 9.0
 of the same call (openai sleeps at most 8 s between two of its requests)."""
 CALLER_EXTENSION = "llmguard_caller"
 """Set by the sync edges to their caller's thread: a sync call runs in a task of the Guard's loop, not the caller's."""
+
+
+def from_sync_edge(request: httpx.Request) -> bool:
+    """Whether a sync edge sends ``request`` (`CALLER_EXTENSION`), which sends it again where the Guard runs if the
+    loop it was to run on is gone (`LoopEnded`)."""
+    return CALLER_EXTENSION in request.extensions
+
+
 _CHAIN_DEPTH = 8
 """How deep a remembered error's chain of causes is kept (an httpx error wraps httpcore's, which wraps the
 socket's: 3 or 4 deep)."""

@@ -83,10 +83,11 @@ WRONG_LOOP = (
 )
 
 LEFT_BEHIND = (
-    "the event loop this sync call ran on (an event loop of yours that owned the Guard) ended, or the Guard left "
-    "it, before the call's response arrived"
+    "the event loop this call ran on (an event loop of yours that owned the Guard) ended, or the Guard left it, "
+    "before the call's response arrived"
 )
-"""Why a sync call's run on a caller's loop ended without an answer: the edge sends it again where the Guard runs."""
+"""Why a call on a caller's loop ended without an answer: a sync call's edge sends it again where the Guard runs;
+an async call (made in that loop's clean-up) is refused, nothing sent."""
 
 GUESTS_END_WITHIN = 5.0
 """Seconds an ending owner loop waits for the sync calls it cancelled to end (each closes its connection)."""

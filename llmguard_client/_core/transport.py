@@ -45,7 +45,7 @@ from llmguard_client._core.failure import (
     untold_answer,
     upstream_response,
 )
-from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, SdkCall, sdk_call
+from llmguard_client._core.given_up import Episode, GivenUp, HandedBack, SdkCall, from_sync_edge, sdk_call
 from llmguard_client._core.given_up import again as again_error
 from llmguard_client._core.headers import CAUSE_HEADER, KNOWN_HEADERS, TIER_HEADER, CallerHeaders
 from llmguard_client._core.lease import CallLease, LeaseRegistry
@@ -252,9 +252,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
             streamed = streamed_body(request)  # sent as it is read: never held here
             sdk = await sdk_call(request, held=streamed is None)  # the SDK call: its retries get its cohort
             assignment = self._rollout.assign(request, headers, sdk) if followed is None else followed
-        except LoopEnded:  # a sync call that missed the loop it runs on, nothing sent: its edge sends it again there
-            raise
         except GuardFailure as refused:
+            if isinstance(refused, LoopEnded) and from_sync_edge(request):
+                raise  # a sync call that missed the loop it was to run on, nothing sent: its edge sends it again
             return self.refuse(request, refused, headers)
         if followed is not None:  # sent where the redirect points, as the SDK's own client would
             response = await self._pass_through(request, followed, tier_name, "other_origin", headers, sdk)

@@ -92,7 +92,7 @@ def send_sync(
                 why = f"{ended}; it was not sent again: its request body (an iterator's) can be read only once"
                 raise GuardClosed(why, request=request) from ended
             if moves > MOVES or tries > 3 * MOVES or access.loop is None:
-                raise GuardClosed(f"{ended}; it was sent again {moves - 1} time(s)", request=request) from ended
+                raise GuardClosed(f"{ended}; it was sent again {max(moves - 1, 0)} time(s)", request=request) from ended
             guard.transport.loops.wait_left(access.loop, LEFT_WAIT)  # the loop is ending: the Guard leaves it soon
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 from llmguard_client.telemetry.hooks import Instrumentation
@@ -16,24 +17,30 @@ def default_instrumentation() -> Instrumentation | None:
     """OpenTelemetry when opentelemetry-api is installed; without it no application can have set up
     OpenTelemetry, so there is nothing to report to: no instrumentation. Nor when OpenTelemetry itself fails to
     start, as it does on an ``OTEL_*`` variable naming a plugin that is not installed (``OTEL_PROPAGATORS=b3``,
-    ``OTEL_PYTHON_TRACER_PROVIDER``): the caller asked for no telemetry, and the plain SDK serves its calls all
-    the same, so the Guard does too, without it, and says why once."""
+    ``OTEL_PYTHON_TRACER_PROVIDER``), or whose entry point was shipped without its module (a frozen app): the
+    caller asked for no telemetry, and the plain SDK serves its calls all the same, so the Guard does too,
+    without it, and says why once."""
     try:
         from llmguard_client.telemetry.otel import OpenTelemetryInstrumentation
 
         return OpenTelemetryInstrumentation()
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("opentelemetry"):
-            raise
-        return None
-    except Exception as exc:  # raised by OpenTelemetry, which reads its plugins from the environment
+    except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and not _api_installed():
+            return None
         why = f"{type(exc).__name__}: {exc}".rstrip(": ")
         if why not in _reported:
             _reported.add(why)
             logger.warning(
                 "llmguard: OpenTelemetry failed to start (%s), so this Guard reports no spans or metrics; its calls "
-                "are served all the same. Check the OTEL_* environment variables (a propagator or provider that is "
-                "not installed), or pass instrumentation=None to say no telemetry is wanted",
+                "are served all the same. An OTEL_* environment variable naming a propagator or provider that is "
+                "not installed is the usual cause; pass instrumentation=None to say no telemetry is wanted",
                 why,
             )
         return None
+
+
+def _api_installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):  # its parent missing, or hidden (None in sys.modules)
+        return False

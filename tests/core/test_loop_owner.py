@@ -8,7 +8,8 @@ import asyncio
 import gc
 import sys
 import threading
-from collections.abc import Iterator
+import warnings
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -260,3 +261,45 @@ async def test_raise_mode_raises_wrong_event_loop(server: LoopbackServer) -> Non
         error = await asyncio.to_thread(elsewhere)
         assert isinstance(error, WrongEventLoop) and error.cause == "wrong_event_loop"
         assert len(server.received) == 1
+
+
+def test_an_async_sdk_call_on_a_loop_the_guard_left_as_it_ended_is_answered_a_503_at_once(
+    server: LoopbackServer,
+) -> None:
+    """An async generator's clean-up calls as asyncio.run ends, after the Guard has left that loop: refused, nothing
+    sent, as the refusal the SDK does not retry (a 503 with ``x-should-retry: false``), not a connection error the
+    SDK retries with backoff. Only a sync edge's call is sent again elsewhere, by that edge."""
+    guard = Guard([server.url], instrumentation=None, transport_factory=pools)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="k", http_client=guard.http_client_for(openai.AsyncOpenAI)
+    )
+    outcome: list[BaseException | str] = []
+
+    async def cleanup_calls() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await asyncio.sleep(0.05)  # after the Guard's own generator on this loop was closed
+            try:
+                with warnings.catch_warnings():  # httpx's auth flow, a generator started now: asyncio warns, plain too
+                    warnings.simplefilter("ignore", ResourceWarning)
+                    answer = await client.chat.completions.create(model="m", messages=MESSAGES)
+                outcome.append(answer.choices[0].message.content or "")
+            except BaseException as exc:
+                outcome.append(exc)
+
+    kept: list[AsyncIterator[None]] = []
+
+    async def main() -> None:
+        await client.chat.completions.create(model="m", messages=MESSAGES)  # this loop owns the Guard
+        kept.append(cleanup_calls())
+        await kept[0].__anext__()  # left suspended: asyncio.run closes it as it ends
+
+    try:
+        asyncio.run(main())
+        [error] = outcome
+        assert isinstance(error, openai.InternalServerError) and error.status_code == 503, error
+        assert "ended, or the Guard left it" in error.message
+        assert len(server.received) == 1  # the first call only: the refused one sent nothing, retried nothing
+    finally:
+        guard.close()
