@@ -563,6 +563,26 @@ async def test_a_transport_on_httpx2_classes_that_answers_httpx_requests_is_take
             assert (await client.get(A + "/v1/models")).json() == {"path": "/v1/models"}
 
 
+async def test_a_transport_answering_httpx2_responses_fails_its_call_with_a_type_error_naming_httpx_s() -> None:
+    """httpx2's ``MockTransport`` with a handler answering httpx2 responses (an openai 3 test's way) is taken as
+    built, as it may answer httpx ones: each call failed on a bare AssertionError inside the guard."""
+    httpx2 = pytest.importorskip("httpx2")
+    answered: list[str] = []
+
+    def answer(request: httpx.Request) -> Any:
+        answered.append(request.url.path)
+        return httpx2.Response(200, json={"ok": True})
+
+    mock = httpx2.MockTransport(answer)
+    async with Guard([A], transport_factory=lambda replica: mock, instrumentation=None) as built:
+        async with built.http_client() as client:
+            with pytest.raises(TypeError) as refused:
+                await client.get(A + "/v1/models")
+    assert str(refused.value).startswith("a transport from transport_factory answered httpx2.Response, where the ")
+    assert "httpx.MockTransport for tests" in str(refused.value)
+    assert answered == ["/v1/models"]  # once: the guard sent it no retry
+
+
 async def test_a_transport_that_serves_as_an_async_one_is_taken() -> None:
     """A factory may build its own kind of transport (``handle_async_request`` and ``aclose``, no httpx base
     class), as it could before the factory's transports were checked."""

@@ -150,18 +150,33 @@ def decoder_for(headers: httpx.Headers) -> Decoder | None:
 
 
 def decode_in_place(response: httpx.Response) -> httpx.Response:
-    """``response`` with its body decoded as it is read, and without the ``Content-Encoding`` and
-    ``Content-Length`` headers that described the encoded body (unchanged if it is not encoded)."""
+    """``response``, a transport's answer, with its body decoded as it is read, and without the
+    ``Content-Encoding`` and ``Content-Length`` headers that described the encoded body (unchanged if it is not
+    encoded). `TypeError` if it is no httpx response with an async body: a transport that is not httpx's
+    (httpx2's ``MockTransport`` answers httpx2 responses) given as ``transport_factory``."""
+    if not isinstance(response, httpx.Response):
+        raise TypeError(
+            f"a transport from transport_factory answered {_kind(response)}, where the guard needs an httpx.Response: "
+            "build httpx async transports (e.g. httpx.MockTransport for tests; httpx2's answer httpx2 responses)"
+        )
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError(
+            f"a transport from transport_factory answered an httpx.Response whose body is {_kind(stream)}, where the "
+            "guard needs an httpx.AsyncByteStream: build httpx async transports, not sync ones"
+        )
     decoder = decoder_for(response.headers)
     if decoder is None:
         return response
-    stream = response.stream
-    assert isinstance(stream, httpx.AsyncByteStream)
     response.stream = _Decoded(stream, decoder)
     del response.headers["content-encoding"]
     if "content-length" in response.headers:
         del response.headers["content-length"]
     return response
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 class _Decoded(httpx.AsyncByteStream):
