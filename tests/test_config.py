@@ -563,23 +563,61 @@ async def test_a_transport_on_httpx2_classes_that_answers_httpx_requests_is_take
             assert (await client.get(A + "/v1/models")).json() == {"path": "/v1/models"}
 
 
-async def test_a_transport_answering_httpx2_responses_fails_its_call_with_a_type_error_naming_httpx_s() -> None:
+async def test_a_transport_answering_httpx2_responses_is_served_through_the_sdk() -> None:
     """httpx2's ``MockTransport`` with a handler answering httpx2 responses (an openai 3 test's way) is taken as
-    built, as it may answer httpx ones: each call failed on a bare AssertionError inside the guard."""
+    built: each call failed on a bare AssertionError inside the guard (served under ``python -O``, which drops it)."""
     httpx2 = pytest.importorskip("httpx2")
-    answered: list[str] = []
+    openai = pytest.importorskip("openai")
+    answered: list[bool] = []
 
     def answer(request: httpx.Request) -> Any:
-        answered.append(request.url.path)
-        return httpx2.Response(200, json={"ok": True})
+        streamed = json.loads(request.content).get("stream", False)
+        answered.append(streamed)
+        if not streamed:
+            message = {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+            return httpx2.Response(
+                200, json={"id": "c", "object": "chat.completion", "model": "m", "choices": [message]}
+            )
+        chunks = [
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": t}}],
+            }
+            for t in ("hel", "lo")
+        ]
+        events = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=events)
 
     mock = httpx2.MockTransport(answer)
     async with Guard([A], transport_factory=lambda replica: mock, instrumentation=None) as built:
+        client = openai.AsyncOpenAI(
+            base_url=A + "/v1", api_key="k", http_client=built.http_client_for(openai.AsyncOpenAI)
+        )
+        whole = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        chunks = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        streamed = "".join([chunk.choices[0].delta.content or "" async for chunk in chunks if chunk.choices])
+    assert (whole.choices[0].message.content, streamed, answered) == ("hello", "hello", [False, True])
+
+
+async def test_a_transport_answering_a_sync_body_fails_its_call_with_a_type_error_naming_what_is_accepted() -> None:
+    """``httpx.MockTransport`` whose handler answers ``content=`` a sync iterator, which only a sync client reads:
+    the call fails at once, saying what body the guard reads (it failed on a bare AssertionError)."""
+    answered: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        answered.append(request.url.path)
+        return httpx.Response(200, content=iter([b'{"ok": true}']))
+
+    async with Guard([A], transport_factory=lambda replica: httpx.MockTransport(answer), instrumentation=None) as built:
         async with built.http_client() as client:
             with pytest.raises(TypeError) as refused:
                 await client.get(A + "/v1/models")
-    assert str(refused.value).startswith("a transport from transport_factory answered httpx2.Response, where the ")
-    assert "httpx.MockTransport for tests" in str(refused.value)
+    assert str(refused.value).startswith("a transport from transport_factory answered httpx.Response with httpx.")
+    assert "bytes or an async iterator" in str(refused.value) and "not a sync iterator" in str(refused.value)
     assert answered == ["/v1/models"]  # once: the guard sent it no retry
 
 

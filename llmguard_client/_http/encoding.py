@@ -150,21 +150,13 @@ def decoder_for(headers: httpx.Headers) -> Decoder | None:
 
 
 def decode_in_place(response: httpx.Response) -> httpx.Response:
-    """``response``, a transport's answer, with its body decoded as it is read, and without the
-    ``Content-Encoding`` and ``Content-Length`` headers that described the encoded body (unchanged if it is not
-    encoded). `TypeError` if it is no httpx response with an async body: a transport that is not httpx's
-    (httpx2's ``MockTransport`` answers httpx2 responses) given as ``transport_factory``."""
-    if not isinstance(response, httpx.Response):
-        raise TypeError(
-            f"a transport from transport_factory answered {_kind(response)}, where the guard needs an httpx.Response: "
-            "build httpx async transports (e.g. httpx.MockTransport for tests; httpx2's answer httpx2 responses)"
-        )
+    """``response``, a transport's answer, as the guard reads it: an httpx response with an async body (one of
+    httpx2's, from a transport on httpx2's classes such as its ``MockTransport``, carried over as one), its body
+    decoded as it is read, and without the ``Content-Encoding`` and ``Content-Length`` headers that described the
+    encoded body (unchanged if it is not encoded). `TypeError` for any other answer, a sync body among them."""
+    response = _as_httpx(response)
     stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise TypeError(
-            f"a transport from transport_factory answered an httpx.Response whose body is {_kind(stream)}, where the "
-            "guard needs an httpx.AsyncByteStream: build httpx async transports, not sync ones"
-        )
+    assert isinstance(stream, httpx.AsyncByteStream)  # `_as_httpx`
     decoder = decoder_for(response.headers)
     if decoder is None:
         return response
@@ -175,8 +167,46 @@ def decode_in_place(response: httpx.Response) -> httpx.Response:
     return response
 
 
+def _as_httpx(answer: object) -> httpx.Response:
+    stream = getattr(answer, "stream", None)
+    if isinstance(answer, httpx.Response) and isinstance(stream, httpx.AsyncByteStream):
+        return answer
+    status = getattr(answer, "status_code", None)
+    read_async = callable(getattr(stream, "__aiter__", None)) and callable(getattr(stream, "aclose", None))
+    if read_async and type(status) is int:
+        headers = getattr(answer, "headers", None)
+        return httpx.Response(
+            status,
+            headers=getattr(headers, "raw", headers),
+            stream=_AsyncBody(stream),
+            extensions=dict(getattr(answer, "extensions", None) or {}),
+        )
+    close = getattr(stream, "close", None)
+    if callable(close):  # a sync body (a handler's sync iterator): its connection, if any, is let go
+        close()
+    raise TypeError(
+        f"a transport from transport_factory answered {_kind(answer)} with {_kind(stream)} as its body, where the "
+        "guard needs a response whose body is read asynchronously: bytes or an async iterator (httpx.MockTransport's "
+        "handler may answer httpx.Response(200, content=b'...') or content=an async generator), not a sync iterator"
+    )
+
+
 def _kind(value: object) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+class _AsyncBody(httpx.AsyncByteStream):
+    """The async body of a response that is not httpx's (httpx2's), as httpx's."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._raw:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._raw.aclose()
 
 
 class _Decoded(httpx.AsyncByteStream):

@@ -143,7 +143,7 @@ def runner_for(guard: GuardHandle) -> SyncRunner:
                 runner = _runners[guard] = fresh
                 # A Guard dropped without close(): close its pools on that loop if they are its, and stop the
                 # thread (neither the runner, the loop owner nor the pools' aclose hold a reference to the Guard).
-                # At the interpreter's exit it only stops the runner (`interpreter_exiting`).
+                # At the interpreter's exit it only stops the runner (`SyncRunner.left_to_exit`).
                 loops = guard.transport.loops
                 abandon = weakref.finalize(
                     guard, _abandon, runner, guard._replica_set.aclose, loops.home_owns, loops.close_left_at_home
@@ -239,7 +239,8 @@ def _abandon(
     home_owns: Callable[[], bool],
     close_left: Callable[[], Awaitable[None]],
 ) -> None:
-    if not runner.running:
+    if not runner.running or runner.left_to_exit():  # exiting: the thread stops with the process
+        runner.orphan()
         return
     closing = close_pools if home_owns() else close_left  # else they are another loop's, closed as it ends
     if runner.in_own_thread():  # collected on its own loop: stop it from another thread

@@ -649,14 +649,6 @@ def _note_exit() -> None:
 atexit.register(_note_exit)
 
 
-def interpreter_exiting() -> bool:
-    """Whether the interpreter's exit has begun: its exit handlers run (those of the application's registered
-    before this module was imported run after this one's), or it finalizes. The Guards' loop threads are daemons,
-    which stop with the process (and the calls in flight in daemon threads with them, as a plain client's do):
-    nothing waits for them any more, and once it finalizes they are frozen, so no call can start there either."""
-    return _exit_began or sys.is_finalizing()
-
-
 class SyncRunner:
     """A daemon thread running an asyncio event loop, for one Guard's sync calls (its home)."""
 
@@ -668,6 +660,8 @@ class SyncRunner:
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
+        self._born_in_exit = _exit_began or sys.is_finalizing()
+        """Started by an exit handler (`left_to_exit`)."""
         in_forked_child(self.orphan)  # its thread stayed in the parent
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         try:
@@ -713,6 +707,15 @@ class SyncRunner:
 
     def in_own_thread(self) -> bool:
         return threading.current_thread() is self._thread
+
+    def left_to_exit(self) -> bool:
+        """Whether nothing may wait for the loop's thread any more, as the interpreter exits: the thread is a
+        daemon, which stops with the process (and the calls in flight in daemon threads with them, as a plain
+        client's do; closing the pools under them printed a traceback for each). So once the exit handlers run
+        (those of the application's registered before this module was imported run after this one's), unless
+        the runner was started by one of them (its Guard is closed as any other), and once the interpreter
+        finalizes (its threads frozen: no call may start either)."""
+        return sys.is_finalizing() or (_exit_began and not self._born_in_exit)
 
     def orphan(self) -> None:
         """In a forked child, where the loop's thread stayed in the parent: calls are refused, and closes return,
@@ -762,10 +765,10 @@ class SyncRunner:
 
     def stop(self, close_guard: Callable[[], Awaitable[None]] | None = None) -> None:
         """Close the Guard on this loop (if given), cancel what is left, end the thread. At the interpreter's exit
-        it only refuses further calls: the thread stops with the process (`interpreter_exiting`)."""
+        it only refuses further calls: the thread stops with the process (`left_to_exit`)."""
         if self.in_own_thread():
             raise RuntimeError("a Guard cannot be closed from its own event-loop thread")
-        if interpreter_exiting():
+        if self.left_to_exit():
             self._stopped = True
             return
         loop, stop = self._wait_started(), self._stop

@@ -93,3 +93,39 @@ def test_a_sync_call_from_an_exit_handler_registered_before_the_import_is_served
         ["main: 200", "main: end", "exit handler: 200"],
         "",
     )
+
+
+GUARD_IN_EXIT_HANDLER = """
+import atexit, threading
+
+
+def with_a_guard_of_its_own():  # registered before llmguard_client is imported
+    from llmguard_client import Guard
+
+    with Guard(replicas=[server.url], failure_mode="raise", instrumentation=None) as guard:
+        status = guard.sync_http_client().post(server.url + "/v1/chat/completions", json=BODY).status_code
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("llmguard-sync")]
+    print("exit handler:", status, "closed" if guard.closed else "open", threads, flush=True)
+
+
+atexit.register(with_a_guard_of_its_own)
+
+import llmguard_client
+from tests.loopback import LoopbackServer
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "bye"}]}
+server = LoopbackServer("a")
+server.start()
+print("main: end", flush=True)
+"""
+
+
+def test_a_guard_built_and_closed_by_an_exit_handler_is_closed() -> None:
+    """The Guard started its thread during the exit: nothing stops it from being closed as any other, its
+    connections and thread with it."""
+    proc = run_script(GUARD_IN_EXIT_HANDLER, timeout=30)
+    assert (proc.returncode, proc.stdout.splitlines(), proc.stderr) == (
+        0,
+        ["main: end", "exit handler: 200 closed []"],
+        "",
+    )

@@ -145,3 +145,33 @@ def test_a_guard_built_in_a_child_forked_while_the_parents_loop_ran_serves_its_c
     proc = run_script(FORK_SCRIPT, servers[0].url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str((200, True)), "child " + str((200, True)), "parent closed"], proc.stderr
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+from gevent import monkey
+
+monkey.patch_all()
+from llmguard_client import Guard
+
+replica = sys.argv[1]
+guard = Guard(replicas=[replica], failure_mode="raise", instrumentation=None)
+client = guard.sync_http_client()
+
+
+def last_call():  # registered after the import: it runs before the guard's own exit handler
+    body = {"model": "m", "messages": [{"role": "user", "content": "bye"}]}
+    print("exit handler:", client.post(replica + "/v1/chat/completions", json=body).status_code, flush=True)
+
+
+atexit.register(last_call)
+"""
+
+
+def test_a_first_sync_call_from_an_exit_handler_under_gevent_leaves_the_exit_quiet(
+    servers: list[LoopbackServer],
+) -> None:
+    """The Guard, collected as the interpreter finalized, looked up the current thread to stop its loop, which
+    gevent refuses then: ``Exception ignored in ... RuntimeError: greenlet is being finalized`` on stderr."""
+    proc = run_script(EXIT_SCRIPT, servers[0].url, timeout=60)
+    assert (proc.returncode, proc.stdout.splitlines(), proc.stderr) == (0, ["exit handler: 200"], "")
