@@ -15,6 +15,7 @@ from typing import Literal, TypeVar
 import httpx
 
 from llmguard_client._core.redact import CREDENTIALS, mask_url_secrets, redact_headers, redact_url
+from llmguard_client._http.urlpath import names_endpoint
 from llmguard_client.errors import GuardConfigError, UnknownTierError
 
 FailureMode = Literal["auto", "response", "raise"]
@@ -344,7 +345,7 @@ class HedgePolicy:
         _int_at_least("HedgePolicy", "max_hedges", self.max_hedges, 1, 4)
 
     def applies_to(self, path: str) -> bool:
-        return self.hedge_all_paths or path.rstrip("/").endswith(self.paths)
+        return self.hedge_all_paths or names_endpoint(path, self.paths)
 
 
 @dataclass(frozen=True, slots=True)

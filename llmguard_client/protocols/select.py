@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmguard_client._http.urlpath import names_endpoint
 from llmguard_client.protocols.base import StreamReader
 from llmguard_client.protocols.body import Absorb, BodyReader
 from llmguard_client.protocols.chat import ChatReader, absorb_chat_body
@@ -59,9 +60,8 @@ def protocol_for(method: str, path: str) -> WireProtocol | None:
     """The protocol of a request, or None (only POSTs to a known path suffix have one)."""
     if method != "POST":
         return None
-    path = path.rstrip("/")
     for protocol in PROTOCOLS:
-        if path.endswith(protocol.suffix):
+        if names_endpoint(path, (protocol.suffix,)):
             return protocol
     return None
 

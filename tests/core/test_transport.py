@@ -683,3 +683,23 @@ class AttemptUrls:
     def bulkhead_rejected(self, tier: str) -> None: ...
 
     def register_budget(self, level: Callable[[], float]) -> None: ...
+
+
+@pytest.mark.parametrize(("path", "requests"), [("/v1/threads/t1/messages", 1), ("/v1/messages", 3)])
+async def test_a_message_stored_in_an_assistants_thread_is_no_generation_call(path: str, requests: int) -> None:
+    """``POST /threads/{id}/messages`` ends like Anthropic's Messages call, and was taken for one: a 500 was sent
+    3 times (the same message stored 3 times where the caller's SDK asked for no retry), and its 429s cooled the
+    replica for the chat calls. It is retried as other calls that generate nothing: on a refused connection only."""
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(500, json={"error": {"message": "down"}})
+
+    retry = RetryPolicy(backoff_initial=0.001, backoff_max=0.002, same_replica_backoff=0)
+    async with Guard(
+        ["http://a"], transport_factory=lambda r: httpx.MockTransport(answer), retry=retry, instrumentation=None
+    ) as guard:
+        async with guard.http_client() as client:
+            response = await client.post("http://a" + path, json={"role": "user", "content": "hi"})
+    assert (response.status_code, sent) == (500, [path] * requests)

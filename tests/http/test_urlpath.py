@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llmguard_client._http.urlpath import normal_segment, path_under, sent_path, with_sent_path
+from llmguard_client._http.urlpath import names_endpoint, normal_segment, path_under, sent_path, with_sent_path
 
 
 @pytest.mark.parametrize(
@@ -66,3 +66,23 @@ def test_normal_segment_decodes_only_what_a_segment_may_hold_literally() -> None
     assert normal_segment("".join(f"%{ord(c):02x}" for c in literal)) == literal
     assert normal_segment("%2f%3f%23%25%c3%a8%20%7c") == "%2F%3F%23%25%C3%A8%20%7C"
     assert normal_segment("a|b^%zz%2") == "a%7Cb%5E%25zz%252"
+
+
+ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/messages")
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("/v1/messages", True),
+        ("/v1/chat/completions/", True),
+        ("/openai/deployments/gpt/chat/completions", True),
+        ("/gw/threads-api/v1/messages", True),
+        ("/v1/threads/thread_abc/messages", False),  # a message stored in an Assistants thread
+        ("/v1/threads/thread_abc/messages/", False),
+        ("/v1/threads/thread_abc/runs", False),
+        ("/v1/models", False),
+    ],
+)
+def test_names_endpoint_tells_a_generation_call_from_a_threads_resource(path: str, named: bool) -> None:
+    assert names_endpoint(path, ENDPOINTS) is named
