@@ -4,6 +4,7 @@ the field and what is accepted, raised at construction."""
 from __future__ import annotations
 
 import functools
+import http
 import json
 import math
 from collections.abc import Callable
@@ -563,7 +564,8 @@ async def test_a_transport_on_httpx2_classes_that_answers_httpx_requests_is_take
             assert (await client.get(A + "/v1/models")).json() == {"path": "/v1/models"}
 
 
-async def test_a_transport_answering_httpx2_responses_is_served_through_the_sdk() -> None:
+@pytest.mark.parametrize("ok", [200, http.HTTPStatus.OK])
+async def test_a_transport_answering_httpx2_responses_is_served_through_the_sdk(ok: int) -> None:
     """httpx2's ``MockTransport`` with a handler answering httpx2 responses (an openai 3 test's way) is taken as
     built: each call failed on a bare AssertionError inside the guard (served under ``python -O``, which drops it)."""
     httpx2 = pytest.importorskip("httpx2")
@@ -576,7 +578,7 @@ async def test_a_transport_answering_httpx2_responses_is_served_through_the_sdk(
         if not streamed:
             message = {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
             return httpx2.Response(
-                200, json={"id": "c", "object": "chat.completion", "model": "m", "choices": [message]}
+                ok, json={"id": "c", "object": "chat.completion", "model": "m", "choices": [message]}
             )
         chunks = [
             {
@@ -588,7 +590,7 @@ async def test_a_transport_answering_httpx2_responses_is_served_through_the_sdk(
             for t in ("hel", "lo")
         ]
         events = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=events)
+        return httpx2.Response(ok, headers={"content-type": "text/event-stream"}, content=events)
 
     mock = httpx2.MockTransport(answer)
     async with Guard([A], transport_factory=lambda replica: mock, instrumentation=None) as built:

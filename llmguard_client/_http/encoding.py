@@ -173,17 +173,22 @@ def _as_httpx(answer: object) -> httpx.Response:
         return answer
     status = getattr(answer, "status_code", None)
     read_async = callable(getattr(stream, "__aiter__", None)) and callable(getattr(stream, "aclose", None))
-    if read_async and type(status) is int:
+    if read_async and isinstance(status, int):  # an http.HTTPStatus too
         headers = getattr(answer, "headers", None)
         return httpx.Response(
-            status,
+            int(status),
             headers=getattr(headers, "raw", headers),
             stream=_AsyncBody(stream),
             extensions=dict(getattr(answer, "extensions", None) or {}),
         )
     close = getattr(stream, "close", None)
-    if callable(close):  # a sync body (a handler's sync iterator): its connection, if any, is let go
+    if not read_async and callable(close):  # a sync body (a handler's sync iterator): its connection is let go
         close()
+    if read_async:
+        raise TypeError(
+            f"a transport from transport_factory answered {_kind(answer)}, whose status_code {status!r} is no int, "
+            "where the guard needs an httpx.Response (httpx2's serve too)"
+        )
     raise TypeError(
         f"a transport from transport_factory answered {_kind(answer)} with {_kind(stream)} as its body, where the "
         "guard needs a response whose body is read asynchronously: bytes or an async iterator (httpx.MockTransport's "

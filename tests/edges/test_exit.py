@@ -129,3 +129,41 @@ def test_a_guard_built_and_closed_by_an_exit_handler_is_closed() -> None:
         ["main: end", "exit handler: 200 closed []"],
         "",
     )
+
+
+CLOSED_BY_A_LATER_HANDLER = """
+import atexit, threading
+
+
+def close_it():  # registered before llmguard_client is imported: it runs after the guard's own exit handler
+    guard.close()
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("llmguard-sync")]
+    print("closer:", "closed" if guard.closed else "open", threads, flush=True)
+
+
+atexit.register(close_it)
+
+from llmguard_client import Guard
+from tests.loopback import LoopbackServer
+
+server = LoopbackServer("a")
+server.start()
+guard = None
+
+
+def build_and_call():  # registered after the import: it runs before the guard's own exit handler
+    global guard
+    guard = Guard(replicas=[server.url], failure_mode="raise", instrumentation=None)
+    body = {"model": "m", "messages": [{"role": "user", "content": "bye"}]}
+    print("builder:", guard.sync_http_client().post(server.url + "/v1/chat/completions", json=body).status_code)
+
+
+atexit.register(build_and_call)
+"""
+
+
+def test_a_guard_first_used_by_an_exit_handler_is_closed_by_a_later_one() -> None:
+    """Its thread started after the main thread returned, though before the guard's own exit handler ran: a
+    close from a handler that runs after that one closed nothing (the thread and its connections stayed)."""
+    proc = run_script(CLOSED_BY_A_LATER_HANDLER, timeout=30)
+    assert (proc.returncode, proc.stdout.splitlines(), proc.stderr) == (0, ["builder: 200", "closer: closed []"], "")
