@@ -9,7 +9,12 @@ HTTP library (httpx): plain is ``AsyncOpenAI(http_client=httpx.AsyncClient())``,
 ``AsyncOpenAI(http_client=guard.http_client())`` with the default OpenTelemetry instrumentation (a no-op
 without an SDK, as in most deployments) and hedging on (two replicas, as a real deployment would have).
 
-    python -m benchmarks.cpu_per_call [--calls 20] [--rounds 50] [--tokens 64] [--profile]
+``--baseline sdk`` compares instead the clients users have: plain is the SDK's own default client (httpx2 from
+openai 3), guarded is ``AsyncOpenAI(http_client=guard.http_client_for(AsyncOpenAI))``. ``--no-stream`` makes each
+call ask for no stream (its answer comes whole).
+
+    python -m benchmarks.cpu_per_call [--calls 20] [--rounds 50] [--tokens 64] [--baseline httpx|sdk] [--no-stream]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -45,29 +50,36 @@ def start_server(tokens: int) -> tuple[multiprocessing.Process, str]:
     return process, queue.get(timeout=30)
 
 
-async def one_call(client: openai.AsyncOpenAI) -> int:
-    stream = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=64
-    )
+async def one_call(client: openai.AsyncOpenAI, streamed: bool = True) -> int:
+    messages: Any = [{"role": "user", "content": "x"}]
+    if not streamed:
+        answer = await client.chat.completions.create(model="m", messages=messages, max_tokens=64)
+        return len(answer.choices)
+    stream = await client.chat.completions.create(model="m", messages=messages, stream=True, max_tokens=64)
     chunks = 0
     async for _ in stream:
         chunks += 1
     return chunks
 
 
-async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
+def plain_client(url: str, baseline: str) -> openai.AsyncOpenAI:
+    if baseline == "sdk":  # the SDK's own default client
+        return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x")
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None))
+
+
+async def main(calls: int, rounds: int, tokens: int, profile: bool, baseline: str, streamed: bool) -> None:
     (p1, url1), (p2, url2) = start_server(tokens), start_server(tokens)
     guard = Guard([url1, url2], tiers={"i": Tier(ttft=10, total=60, stall=10)})
+    guarded_http: Any = guard.http_client_for(openai.AsyncOpenAI) if baseline == "sdk" else guard.http_client()
     clients = {
-        "plain": openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None)),
-        "plain-again": openai.AsyncOpenAI(
-            base_url=url1 + "/v1", api_key="x", http_client=httpx.AsyncClient(timeout=None)
-        ),
-        "guarded": openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=guard.http_client()),
+        "plain": plain_client(url1, baseline),
+        "plain-again": plain_client(url1, baseline),
+        "guarded": openai.AsyncOpenAI(base_url=url1 + "/v1", api_key="x", http_client=guarded_http),
     }
     for client in clients.values():  # warm up pools and imports
         for _ in range(20):
-            await one_call(client)
+            await one_call(client, streamed)
     per_round: dict[str, list[float]] = {name: [] for name in clients}
     rng = random.Random(1)
     profiler = None
@@ -83,7 +95,7 @@ async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
                 profiler.enable()
             start = time.process_time()
             for _ in range(calls):
-                await one_call(clients[name])
+                await one_call(clients[name], streamed)
             per_round[name].append(time.process_time() - start)
             if profiler is not None and name == "guarded":
                 profiler.disable()
@@ -93,7 +105,8 @@ async def main(calls: int, rounds: int, tokens: int, profile: bool) -> None:
     p1.terminate()
     p2.terminate()
     total = calls * rounds
-    print(f"{total} streamed calls of {tokens} tokens per client, {rounds} interleaved rounds of {calls}")
+    kind = "streamed calls" if streamed else "calls asking for no stream"
+    print(f"{total} {kind} of {tokens} tokens per client, {rounds} interleaved rounds of {calls}, baseline {baseline}")
     print("| client | client CPU per call (µs) | / plain | 95 % interval (rounds resampled) |")
     print("|---|---|---|---|")
     for name, seconds in per_round.items():
@@ -125,5 +138,12 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the guarded calls")
+    parser.add_argument(
+        "--baseline",
+        choices=["httpx", "sdk"],
+        default="httpx",
+        help="httpx: both clients on httpx; sdk: the SDK's default client vs http_client_for (what users run)",
+    )
+    parser.add_argument("--no-stream", action="store_true", help="calls that ask for no stream")
     args = parser.parse_args()
-    anyio.run(main, args.calls, args.rounds, args.tokens, args.profile)
+    anyio.run(main, args.calls, args.rounds, args.tokens, args.profile, args.baseline, not args.no_stream)
