@@ -83,10 +83,15 @@ def path_under(path: str, prefix: str) -> str | None:
 
 def names_endpoint(path: str, suffixes: tuple[str, ...]) -> bool:
     """Whether ``path`` (a trailing ``/`` aside) ends with one of the endpoints' ``suffixes``, as a generation call's
-    does (``/v1/messages``, ``/openai/deployments/d/chat/completions``), and is not a resource of the Assistants
-    API's threads: ``/v1/threads/{id}/messages`` stores a message in a thread, it is no Messages call."""
+    does (``/v1/messages``, ``/openai/deployments/d/chat/completions``), and is not a message of the Assistants API's
+    threads: ``/v1/threads/{id}/messages`` stores a message in a thread, it is no Messages call."""
     path = path.rstrip("/")
     if not path.endswith(suffixes):
         return False
-    parts = path.split("/")
-    return not (len(parts) >= 3 and parts[-3] == "threads")
+    if not path.endswith(_MESSAGES):
+        return True
+    before = path[: -len(_MESSAGES)].split("/")
+    return not (len(before) >= 2 and before[-2] == "threads")
+
+
+_MESSAGES = "/messages"

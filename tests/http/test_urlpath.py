@@ -81,6 +81,8 @@ ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/messages")
         ("/v1/threads/thread_abc/messages", False),  # a message stored in an Assistants thread
         ("/v1/threads/thread_abc/messages/", False),
         ("/v1/threads/thread_abc/runs", False),
+        ("/openai/deployments/threads/chat/completions", True),  # a deployment named "threads"
+        ("/v1/threads/chat/completions", True),
         ("/v1/models", False),
     ],
 )
