@@ -15,6 +15,7 @@ replica its own spelling.) Paths are compared segment by segment (split on a lit
 from __future__ import annotations
 
 import functools
+import re
 import string
 
 import httpx
@@ -91,7 +92,9 @@ def names_endpoint(path: str, suffixes: tuple[str, ...]) -> bool:
     if not path.endswith(_MESSAGES):
         return True
     before = path[: -len(_MESSAGES)].split("/")
-    return not (len(before) >= 2 and before[-2] == "threads")
+    return not (len(before) >= 2 and before[-2] == "threads" and not _API_VERSION.fullmatch(before[-1]))
 
 
 _MESSAGES = "/messages"
+_API_VERSION = re.compile(r"v\d+[a-z0-9]*")
+"""``v1``, ``v1beta``: the segment before ``/messages`` in a Messages call behind a base path ending ``/threads``."""

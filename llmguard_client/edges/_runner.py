@@ -660,8 +660,8 @@ class SyncRunner:
         self._failed: BaseException | None = None
         self._started = threading.Event()
         self._stopped = False
-        self._born_in_exit = not threading.main_thread().is_alive() or sys.is_finalizing()
-        """Started once the main thread had returned: by a non-daemon thread or an exit handler (`left_to_exit`)."""
+        self._born_in_exit = _exit_began or sys.is_finalizing()
+        """Started by an exit handler that ran after this module's (`left_to_exit`)."""
         in_forked_child(self.orphan)  # its thread stayed in the parent
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         try:
@@ -713,8 +713,8 @@ class SyncRunner:
         daemon, which stops with the process (and the calls in flight in daemon threads with them, as a plain
         client's do; closing the pools under them printed a traceback for each). So once the exit handlers run
         (those of the application's registered before this module was imported run after this one's), unless
-        the runner was started after the main thread returned (its Guard is closed as any other), and once the
-        interpreter finalizes (its threads frozen: no call may start either)."""
+        the runner was started by one of those (its Guard is closed as any other), and once the interpreter
+        finalizes (its threads frozen: no call may start either)."""
         return sys.is_finalizing() or (_exit_began and not self._born_in_exit)
 
     def orphan(self) -> None:

@@ -162,8 +162,10 @@ atexit.register(build_and_call)
 """
 
 
-def test_a_guard_first_used_by_an_exit_handler_is_closed_by_a_later_one() -> None:
-    """Its thread started after the main thread returned, though before the guard's own exit handler ran: a
-    close from a handler that runs after that one closed nothing (the thread and its connections stayed)."""
+def test_a_guard_first_used_before_the_guards_exit_handler_is_left_to_the_exit_by_a_later_close() -> None:
+    """Its thread started before the guard's own exit handler ran, as a thread of the running program's: a close
+    from a handler that runs after that one refuses further calls and leaves the thread and its connections to
+    the process's exit (closing them under calls daemon threads still make printed a traceback for each)."""
     proc = run_script(CLOSED_BY_A_LATER_HANDLER, timeout=30)
-    assert (proc.returncode, proc.stdout.splitlines(), proc.stderr) == (0, ["builder: 200", "closer: closed []"], "")
+    assert (proc.returncode, proc.stdout.splitlines()[0], proc.stderr) == (0, "builder: 200", "")
+    assert proc.stdout.splitlines()[1].startswith("closer: open ['llmguard-sync-")

@@ -83,6 +83,8 @@ ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/messages")
         ("/v1/threads/thread_abc/runs", False),
         ("/openai/deployments/threads/chat/completions", True),  # a deployment named "threads"
         ("/v1/threads/chat/completions", True),
+        ("/threads/v1/messages", True),  # Anthropic behind a base path ending /threads
+        ("/tenant/threads/v1beta/messages", True),
         ("/v1/models", False),
     ],
 )
