@@ -54,16 +54,15 @@ PROTOCOLS: tuple[WireProtocol, ...] = (
     WireProtocol("messages", "/messages", lambda _choices: MessagesReader(), absorb_message_body),
 )
 """In matching order (``/chat/completions`` before ``/completions``)."""
+_SUFFIXES = tuple(protocol.suffix for protocol in PROTOCOLS)
 
 
 def protocol_for(method: str, path: str) -> WireProtocol | None:
     """The protocol of a request, or None (only POSTs to a known path suffix have one)."""
-    if method != "POST":
+    if method != "POST" or not names_endpoint(path, _SUFFIXES):
         return None
-    for protocol in PROTOCOLS:
-        if names_endpoint(path, (protocol.suffix,)):
-            return protocol
-    return None
+    path = path.rstrip("/")
+    return next(protocol for protocol in PROTOCOLS if path.endswith(protocol.suffix))
 
 
 NO_GENERATION = frozenset({204, 205})
