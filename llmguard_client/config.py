@@ -360,15 +360,15 @@ class RetryPolicy:
     same-replica backoff to a ready replica after a failure: `BudgetPolicy`), and only if it fits the tier deadline.
 
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
-    call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [1/2, 1] x
-    ``same_replica_backoff`` x 2^(times it failed the call - 1), at most ``backoff_max``. 0.5 s is about the
-    openai SDK's own first backoff, so a replica that fails for a moment (a restart, a gateway's blip) is
+    call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [3/4, 1] x
+    ``same_replica_backoff`` x 2^(times it failed the call - 1), at most ``backoff_max``: 0.5 s and this draw are
+    the openai and anthropic SDKs' own, so a replica that fails for a moment (a restart, a gateway's blip) is
     tried again once it may have recovered, as the plain SDK would; 0 retries it after the ordinary backoff.
     A failure to connect sends the retry at once to a ready replica the call has not tried (one or two replicas
     down cost the call nothing while another is ready). When none is left untried and the retry goes back to a
     replica after two refused the call, or when the connection failed in this process (out of file descriptors,
     buffers, memory or local ports: EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL), the retry goes no sooner than
-    the plain SDK's would: it waits this backoff for its round (about 0.25-0.5 s, then 0.5-1 s), plus that of each
+    the plain SDK's would: it waits this backoff for its round (0.375-0.5 s, then 0.75-1 s), plus that of each
     earlier retry that went at once to another replica after a failure to connect, so a short outage of every
     replica (with attempts to spare: two replicas, or ``max_attempts`` above the replicas), or of this process, is
     ridden out as through the plain SDK. A connection that failed in this process counts toward no replica's

@@ -111,6 +111,9 @@ from llmguard_client.config import HedgePolicy, RetryPolicy, deadline_text
 from llmguard_client.errors import AllAttemptsFailed, AllReplicasCooling, BudgetExhausted
 from llmguard_client.telemetry.hooks import Instrumentation
 
+SDK_JITTER = 0.25
+"""The share of its window a Stainless-built SDK's retry wait may fall short by (``1 - 0.25 x random()``)."""
+
 
 class Backoff:
     """Seconds to wait before retry round ``n``: uniform in [0, min(``maximum``, ``initial`` x 2^(n-1))]
@@ -129,10 +132,12 @@ class Backoff:
         return self._rng.uniform(0.0, self._window(self._initial, round_number))
 
     def returning(self, failures: int) -> float:
-        """Before a retry to a replica that failed the call ``failures`` times: uniform in [1/2, 1] x
-        min(``maximum``, ``same_replica`` x 2^(failures-1)), never near 0 (it may need a moment to recover)."""
+        """Before a retry to a replica that failed the call ``failures`` times: uniform in [3/4, 1] x
+        min(``maximum``, ``same_replica`` x 2^(failures-1)), never near 0 (it may need a moment to recover). The
+        openai and anthropic SDKs draw their retries' waits so (`SDK_JITTER`): with the default 0.5 s, the
+        guard's retries span what the plain SDK's do, so an outage the SDK rides out is ridden out here too."""
         window = self._window(self._same_replica, failures)
-        return self._rng.uniform(window / 2, window)
+        return self._rng.uniform((1 - SDK_JITTER) * window, window)
 
     def _window(self, initial: float, n: int) -> float:
         return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
