@@ -196,9 +196,18 @@ import ctypes, gc
 
 # fork(2) called from C, as uWSGI forks its workers: Python's at-fork hooks do not run in the child. PyDLL keeps the
 # GIL through the call, so the child holds it (as it would be had the call released it, by another of its threads).
+# The child starts no thread: its parent's threads' states linger there, and a new thread may take one's place and
+# crash or hang the child (CPython's, with no guard involved), so the async call runs in the child's main thread.
 c_fork = ctypes.PyDLL(None).fork
 hooked = []
 os.register_at_fork(after_in_child=lambda: hooked.append(True))
+
+
+def refused_here(http, url):
+    async def call():
+        await http.post(url, json=BODY)
+
+    return refused(lambda: asyncio.run(call()))
 
 with loopback_cluster(1) as cluster:
     url = cluster.servers[0].url + "/v1/chat/completions"
@@ -208,7 +217,7 @@ with loopback_cluster(1) as cluster:
     print("parent before:", client.post(url, json=BODY).status_code, flush=True)  # the Guard's own loop runs
 
     def work():
-        told = [f"hooks ran: {bool(hooked)}", refused(lambda: client.post(url, json=BODY)), refused_async(http, url)]
+        told = [f"hooks ran: {bool(hooked)}", refused(lambda: client.post(url, json=BODY)), refused_here(http, url)]
         guard.close()
         return " ".join(told) + " closed"
 
