@@ -1,4 +1,4 @@
-"""Shared by the soak and burst benchmarks: replica processes, and what the client process holds."""
+"""Shared by the benchmarks: replica processes, and what the client process holds and spends."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -105,6 +106,12 @@ def cpu_seconds() -> float:
     """User + system CPU time of this process (all threads)."""
     t = os.times()
     return t.user + t.system
+
+
+def context_switches() -> int:
+    """Context switches so far, voluntary (a thread waiting) and not (preempted), of all this process's threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def asyncio_tasks() -> int:

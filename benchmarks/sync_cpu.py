@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ import anyio
 import anyio.from_thread
 import openai
 
-from benchmarks._harness import replica_processes
+from benchmarks._harness import context_switches, replica_processes
 from llmguard_client import Guard, Tier
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
@@ -80,14 +79,9 @@ def run_async(client: openai.AsyncOpenAI, portal: anyio.from_thread.BlockingPort
 
 def cost(run: Run, calls: int) -> Cost:
     """``calls`` calls of ``run``, measured."""
-    cpu, switches = time.process_time(), _switches()
+    cpu, switches = time.process_time(), context_switches()
     run(calls)
-    return Cost((time.process_time() - cpu) / calls * 1000, (_switches() - switches) / calls)
-
-
-def _switches() -> int:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_nvcsw + usage.ru_nivcsw
+    return Cost((time.process_time() - cpu) / calls * 1000, (context_switches() - switches) / calls)
 
 
 def clients(
