@@ -72,7 +72,9 @@ After a round fails, `Retrier` decides whether and where to try again:
   time, as an SDK retrying one endpoint does. After a failure to connect the retry goes at once to a ready replica
   not tried yet; when none is left and it goes back after two refused the call, or when the connection failed in
   this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would, after that same-replica
-  backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`);
+  backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`); a retry that goes back
+  to a replica that failed the call goes to one that answered it rather than one it failed to connect to, after its
+  pause, if that fits the deadline (`_reached_instead`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
@@ -490,7 +492,8 @@ class RetryLayer:
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key)
         if state is None:  # back to one that failed this call: the one whose Retry-After to it ends first
-            state = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
+            chosen = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
+            state = self._reached_instead(call, now, chosen, asked, failed, avoid, faults, deadline)
         elif last_one and last.retry_after is not None:
             # The last request goes back to the replica whose Retry-After ends first, when that fits the deadline,
             # rather than to one not tried: two that asked to wait say the limit is wider than one replica, and the
@@ -747,6 +750,34 @@ class RetryLayer:
         elif asked.get(id(chosen), now) <= now:
             return chosen
         return min(ready, key=lambda s: asked.get(id(s), now), default=chosen)
+
+    def _reached_instead(
+        self,
+        call: Call,
+        now: float,
+        chosen: ReplicaState | None,
+        asked: dict[int, float],
+        failed: list[ReplicaState],
+        avoid: tuple[ReplicaState, ...],
+        faults: ConnectFaults | None,
+        deadline: float,
+    ) -> ReplicaState | None:
+        """Going back to ``chosen``, a replica the call failed to connect to: rather, the ready one that answered the
+        call (a server reached, even one that asked it to wait) whose wait ends first, if that fits the deadline. One
+        replica of two down must not spend the call's attempts while the other would serve it after its pause."""
+        if chosen is None or faults is None or not faults.unreached(chosen):
+            return chosen
+
+        def back_at(s: ReplicaState) -> float:
+            return max(asked.get(id(s), now), s.cooling_end())
+
+        reached = [
+            s for s in failed if not faults.unreached(s) and self.replicas.allows(now, s, avoid) and not s.open(now)
+        ]
+        best = min(reached, key=back_at, default=None)
+        if best is None or not fits_deadline(call, now, back_at(best) - now, deadline):
+            return chosen
+        return best
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
         """When the budget refused a retry to another replica after ``last`` asked to wait (`_server_paced`: a

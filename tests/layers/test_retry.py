@@ -140,6 +140,26 @@ def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it
 
 
 @BACKENDS
+@pytest.mark.parametrize(
+    "pause",
+    [Plan(status=429, retry_after="1"), Plan(status=429), Plan(status=503, retry_after="1")],
+    ids=["429 Retry-After", "429", "503 Retry-After"],
+)
+def test_with_one_replica_down_the_retry_goes_back_to_the_one_that_answered(backend: str, pause: Plan) -> None:
+    """One replica of two refuses connections; the other answers the call with a 429 or a 503 asking for a pause,
+    then serves: the retry after the dead one's refusal goes back to the live one (after its pause), not to the
+    dead one again, so the call is served as the plain SDK on the live one alone serves it."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [pause, Plan()]),
+        "http://b.test": FakeReplica("b", [Plan(refused=True)]),
+    }
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01))
+    assert response.status_code == 200
+    assert [a.replica for a in record.attempts].count("http://b.test") == 1
+    assert record.attempts[-1].replica == "http://a.test" and record.attempts[-1].outcome == "won"
+
+
+@BACKENDS
 @pytest.mark.parametrize("budget", [BudgetPolicy(), BudgetPolicy(ratio=0.0, floor=0)], ids=["room", "empty"])
 def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_ends_whatever_the_budget(
     backend: str, budget: BudgetPolicy
