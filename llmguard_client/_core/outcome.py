@@ -194,6 +194,8 @@ class AttemptFailure:
     unread: Unread | None = None
     """The rest of an error answer's body longer than ``body`` (`llmguard_client._http.error_body`), its
     response still open: read on by the caller if this is the call's last answer, else closed (`close_unread`)."""
+    cut: bool = False
+    """Its ``unread`` rest was closed (`close_unread`): ``body`` is only the answer's head."""
 
     @property
     def overload(self) -> bool:
@@ -313,6 +315,12 @@ class Failed:
 
     @property
     def last(self) -> AttemptFailure | None:
+        """The failure the caller gets: the last one, or the last server answer (kept whole) when every attempt
+        after it failed to connect: with another replica down, the caller gets what a server said, as the plain SDK
+        on that replica would, not a connection error that no server made."""
+        for failure in reversed(self.failures):
+            if not failure.is_connect_error:
+                return failure if failure.status_code is not None and not failure.cut else self.failures[-1]
         return self.failures[-1] if self.failures else None
 
 
@@ -325,4 +333,5 @@ async def close_unread(lease: CallLease, failures: Iterable[AttemptFailure]) -> 
     for failure in failures:
         unread, failure.unread = failure.unread, None
         if unread is not None:
+            failure.cut = True
             await lease.close_response(unread.response)

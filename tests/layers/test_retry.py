@@ -160,6 +160,21 @@ def test_with_one_replica_down_the_retry_goes_back_to_the_one_that_answered(back
 
 
 @BACKENDS
+def test_with_the_other_replica_down_the_caller_gets_the_last_server_answer(backend: str) -> None:
+    """One replica answers 429 with a Retry-After longer than the guard waits (not sent there again), the other
+    refuses connections: the call ends with the server's 429, as the plain SDK on the live replica gets it, not
+    with a connection error no server made."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="86400")]),
+        "http://b.test": FakeReplica("b", [Plan(refused=True)]),
+    }
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01))
+    assert response.status_code == 429
+    assert fakes["http://a.test"].requests == 1 and fakes["http://b.test"].requests >= 1
+    assert record.attempts[-1].replica == "http://b.test"  # the answer came before the refused connections
+
+
+@BACKENDS
 @pytest.mark.parametrize("budget", [BudgetPolicy(), BudgetPolicy(ratio=0.0, floor=0)], ids=["room", "empty"])
 def test_a_retry_back_to_the_replica_that_asked_for_a_wait_goes_when_the_wait_ends_whatever_the_budget(
     backend: str, budget: BudgetPolicy
