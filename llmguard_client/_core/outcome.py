@@ -316,10 +316,11 @@ class Failed:
     @property
     def last(self) -> AttemptFailure | None:
         """The failure the caller gets: the last one, or the last server answer (kept whole) when every attempt
-        after it failed to connect: with another replica down, the caller gets what a server said, as the plain SDK
-        on that replica would, not a connection error that no server made."""
+        after it had its connection refused (`httpx.ConnectError`; not a timeout, which stays a timeout): with
+        another replica down, the caller gets what a server said, as the plain SDK on that replica would, not a
+        connection error that no server made."""
         for failure in reversed(self.failures):
-            if not failure.is_connect_error:
+            if not isinstance(failure.error, httpx.ConnectError):
                 return failure if failure.status_code is not None and not failure.cut else self.failures[-1]
         return self.failures[-1] if self.failures else None
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import errno
 import socket
 import sys
+from typing import cast
 
 import httpcore
 import httpx
 import pytest
 
-from llmguard_client._core.outcome import local_fault
+from llmguard_client._core.outcome import AttemptFailure, Failed, local_fault
+from llmguard_client._routing.replicas import ReplicaState
+from llmguard_client.telemetry._record_builder import AttemptRecordBuilder
 
 if sys.version_info < (3, 11):
     from exceptiongroup import ExceptionGroup
@@ -77,3 +80,31 @@ def test_only_a_failure_to_connect_is_judged_local() -> None:
     assert not local_fault(raised(OSError(errno.ENOBUFS, "No buffer space available"), httpx.WriteError))
     assert not local_fault(emfile())  # not httpx's: the caller's own transport's error, or a bug
     assert not local_fault(None)
+
+
+def _failure(error: BaseException | None = None, status: int | None = None, *, cut: bool = False) -> AttemptFailure:
+    failure = AttemptFailure(cast(AttemptRecordBuilder, None), cast(ReplicaState, object()), error, status)
+    failure.cut = cut
+    return failure
+
+
+def test_the_caller_gets_the_last_server_answer_when_only_refused_connections_followed_it() -> None:
+    answer, refused = _failure(status=429), _failure(httpx.ConnectError("refused"))
+    assert Failed([answer, refused, _failure(httpx.ConnectError("refused"))]).last is answer
+    reset = _failure(httpx.ReadError("reset"))
+    assert Failed([answer, reset, refused]).last is refused  # a server reached after it, with no answer
+    assert Failed([refused, answer]).last is answer
+    only_refused = [refused, _failure(httpx.ConnectError("refused"))]
+    assert Failed(only_refused).last is only_refused[-1]
+    assert Failed([]).last is None
+
+
+@pytest.mark.parametrize("timeout", [httpx.ConnectTimeout("slow"), httpx.PoolTimeout("no connection free")])
+def test_a_timeout_after_a_server_answer_stays_the_callers(timeout: httpx.TimeoutException) -> None:
+    timed_out = _failure(timeout)
+    assert Failed([_failure(status=500), timed_out]).last is timed_out
+
+
+def test_an_answer_whose_body_was_cut_is_not_handed_back_over_a_later_failure() -> None:
+    refused = _failure(httpx.ConnectError("refused"))
+    assert Failed([_failure(status=500, cut=True), refused]).last is refused
