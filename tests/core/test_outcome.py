@@ -1,6 +1,7 @@
 """Which failures to connect are this process's own (`local_fault`), read from the chain of causes httpx raises:
 httpx's error from httpcore's, from the socket's (under anyio, from "All connection attempts failed", itself from
-the one address's error or a group of every address's)."""
+the one address's error or a group of every address's); and which failure a call that failed every attempt hands
+its caller (`Failed.last`)."""
 
 from __future__ import annotations
 
