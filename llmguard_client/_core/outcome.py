@@ -316,13 +316,20 @@ class Failed:
     @property
     def last(self) -> AttemptFailure | None:
         """The failure the caller gets: the last one, or the last server answer (kept whole) when every attempt
-        after it had its connection refused (`httpx.ConnectError`; not a timeout, which stays a timeout): with
-        another replica down, the caller gets what a server said, as the plain SDK on that replica would, not a
-        connection error that no server made."""
+        after it had its connection refused (`httpx.ConnectError`; not a timeout, which stays a timeout) by replicas
+        that never answered the call: with another replica down, the caller gets what a server said, as the plain
+        SDK on that replica would, not a connection error that no server made. A replica that answered and then
+        refused (a restart) is down as far as the call knows: its refusal stands."""
+        if not self.failures:
+            return None
+        answered = {id(f.state) for f in self.failures if f.status_code is not None}
         for failure in reversed(self.failures):
-            if not isinstance(failure.error, httpx.ConnectError):
-                return failure if failure.status_code is not None and not failure.cut else self.failures[-1]
-        return self.failures[-1] if self.failures else None
+            if isinstance(failure.error, httpx.ConnectError) and id(failure.state) not in answered:
+                continue  # a replica that never answered refused the connection
+            if failure is self.failures[-1] or (failure.status_code is not None and not failure.cut):
+                return failure
+            break
+        return self.failures[-1]
 
 
 Outcome = Win | Failed

@@ -37,10 +37,6 @@ class ConnectFaults:
         """A round's failures: note the replicas the call failed to connect to."""
         self._refused.update(id(f.state) for f in failures if isinstance(f.error, httpx.ConnectError))
 
-    def unreached(self, state: ReplicaState) -> bool:
-        """Whether the call failed to connect to ``state`` (no server there answered it)."""
-        return id(state) in self._refused
-
     def paces(self, last: AttemptFailure, going_back: bool) -> bool:
         """Whether the call's retry after ``last``, a failure to connect, goes as the plain SDK's would: ``last``'s
         connection failed here (`AttemptFailure.local`), or the retry goes back to a replica that failed the call

@@ -73,8 +73,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   not tried yet; when none is left and it goes back after two refused the call, or when the connection failed in
   this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would, after that same-replica
   backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`); a retry that goes back
-  to a replica that failed the call goes to one that answered it rather than one it failed to connect to, after its
-  pause, if that fits the deadline (`_reached_instead`);
+  to a replica that refused the connection goes to one that answered the call instead, the two in turns, after its
+  pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
@@ -199,6 +199,7 @@ class RetryLayer:
         failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
+        answered: dict[int, AttemptFailure] = {}  # replica id -> its last answer to this call (`_note_answers`)
         faults = ConnectFaults()  # its failures to connect: whether its retries go as the plain SDK's
         allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
         sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
@@ -227,15 +228,26 @@ class RetryLayer:
             faults.saw(outcome.failures)
             failed.extend(f.state for f in outcome.failures)
             self._remember_asked(call.clock(), outcome.failures, asked)
+            _note_answers(outcome.failures, answered)
             used_up = allowed is not None and sent >= allowed
             last_one = allowed is not None and sent + 1 >= allowed
             last = outcome.failures[-1]
             cuts = all(f.in_ok_answer for f in failures)  # none the plain SDK retries: it had a 2xx answer
             plan = self._plan(
-                call, route, last, rounds, used_up, failed, asked=asked, last_one=last_one, faults=faults, cuts=cuts
+                call,
+                route,
+                last,
+                rounds,
+                used_up,
+                failed,
+                asked=asked,
+                last_one=last_one,
+                faults=faults,
+                cuts=cuts,
+                answered=answered,
             )
             if isinstance(plan, AwaitServing):
-                plan = await self._await_serving(call, route, last, rounds, failed, plan, asked, faults, cuts)
+                plan = await self._await_serving(call, route, last, rounds, failed, plan, asked, faults, cuts, answered)
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
@@ -462,6 +474,7 @@ class RetryLayer:
         earliest: float | None = None,
         faults: ConnectFaults | None = None,
         cuts: bool = False,
+        answered: dict[int, AttemptFailure] | None = None,
     ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
         """(seconds to wait, replica, payment) for round ``rounds + 1``, or why the route ends now (``used_up``: the
         requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
@@ -470,7 +483,8 @@ class RetryLayer:
         retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`). ``cuts``:
         every failure of the call came inside a 2xx answer (`AttemptFailure.in_ok_answer`: a stream cut after its
         headers, an error event before the first token), none the plain SDK retries: whatever pace its server asked
-        for, its retry goes past the bound only as `_pace_refused` lets it."""
+        for, its retry goes past the bound only as `_pace_refused` lets it. ``answered``: each replica's last answer to
+        the call (`_note_answers`), which a retry after a refused connection may go back to (`_reached_instead`)."""
         asked = asked or {}
         if self.policy is None or not self._retryable(call, last):
             return Failed(stopped="not_retryable")
@@ -492,8 +506,10 @@ class RetryLayer:
         key = call.affinity_key  # a keyed call's retry goes to the key's next replica
         state = self.replicas.pick_ready(now, (*avoid, *failed), key)
         if state is None:  # back to one that failed this call: the one whose Retry-After to it ends first
-            chosen = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
-            state = self._reached_instead(call, now, chosen, asked, failed, avoid, faults, deadline)
+            state = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
+            answer = self._reached_instead(call, now, last, state, asked, answered or {}, failed, avoid, deadline)
+            if answer is not None:  # planned as a return to that replica after its own answer
+                state, last = answer.state, answer
         elif last_one and last.retry_after is not None:
             # The last request goes back to the replica whose Retry-After ends first, when that fits the deadline,
             # rather than to one not tried: two that asked to wait say the limit is wider than one replica, and the
@@ -697,6 +713,7 @@ class RetryLayer:
         asked: dict[int, float],
         faults: ConnectFaults,
         cuts: bool,
+        answered: dict[int, AttemptFailure],
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """Wait until ``waiting.until`` for a replica to serve a call again (`ReplicaSet.cooling_changed`: a served call
         ends the guard's own cool-down), planning the retry anew at each change and at the end; the retry goes no sooner
@@ -714,6 +731,7 @@ class RetryLayer:
                 earliest=waiting.earliest,
                 faults=faults,
                 cuts=cuts,
+                answered=answered,
             )
             assert not isinstance(plan, AwaitServing)
             left = waiting.until - call.clock()
@@ -755,28 +773,37 @@ class RetryLayer:
         self,
         call: Call,
         now: float,
+        last: AttemptFailure,
         chosen: ReplicaState | None,
         asked: dict[int, float],
+        answered: dict[int, AttemptFailure],
         failed: list[ReplicaState],
         avoid: tuple[ReplicaState, ...],
-        faults: ConnectFaults | None,
         deadline: float,
-    ) -> ReplicaState | None:
-        """Going back to ``chosen``, a replica the call failed to connect to: rather, the ready one that answered the
-        call (a server reached, even one that asked it to wait) whose wait ends first, if that fits the deadline. One
-        replica of two down must not spend the call's attempts while the other would serve it after its pause."""
-        if chosen is None or faults is None or not faults.unreached(chosen):
-            return chosen
-
-        def back_at(s: ReplicaState) -> float:
-            return max(asked.get(id(s), now), s.cooling_end())
-
-        reached = [
-            s for s in failed if not faults.unreached(s) and self.replicas.allows(now, s, avoid) and not s.open(now)
+    ) -> AttemptFailure | None:
+        """Going back to ``chosen``, a replica that has not answered the call (it refused the connection): rather,
+        the last answer of a ready replica that answered it, tried no more often than ``chosen`` (the two alternate),
+        whose wait (its Retry-After or cool-down) ends first, if that fits the deadline and the replica is in no run
+        of refusals (`REFUSALS_TO_COOL`: a limit refusing every call, where the one restarting is the better chance).
+        None: go to ``chosen`` (and after a connection that failed in this process, which no replica cures)."""
+        if chosen is None or id(chosen) in answered or last.local:
+            return None
+        tries = sum(state is chosen for state in failed)
+        candidates = [
+            answer
+            for answer in answered.values()
+            if sum(state is answer.state for state in failed) <= tries
+            and self.replicas.allows(now, answer.state, avoid)
+            and not answer.state.open(now)
+            and answer.state.refusals_in_row() < REFUSALS_TO_COOL
         ]
-        best = min(reached, key=back_at, default=None)
+
+        def back_at(answer: AttemptFailure) -> float:  # its Retry-After to the call, its cool-down after that answer
+            return max(asked.get(id(answer.state), now), answer.state.cooling_end())
+
+        best = min(candidates, key=back_at, default=None)
         if best is None or not fits_deadline(call, now, back_at(best) - now, deadline):
-            return chosen
+            return None
         return best
 
     def _back_to_asker(self, now: float, last: AttemptFailure, avoid: tuple[ReplicaState, ...]) -> float | None:
@@ -871,6 +898,17 @@ def _refused_for_its_size(failure: AttemptFailure) -> bool:
     request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
     Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
     return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
+
+
+def _note_answers(failures: list[AttemptFailure], answered: dict[int, AttemptFailure]) -> None:
+    """Note in ``answered`` each replica's last answer to the call that the plain SDK retries (a status, not an
+    error inside a 2xx answer, which it does not); any other failure there since (a reset, a refused connection)
+    forgets it."""
+    for failure in failures:
+        if failure.status_code is not None and not failure.in_ok_answer:
+            answered[id(failure.state)] = failure
+        else:
+            answered.pop(id(failure.state), None)
 
 
 def _cooling_refusal(call: Call, why: str, retry_after: float, stopped: Stop) -> Failed:

@@ -109,3 +109,11 @@ def test_a_timeout_after_a_server_answer_stays_the_callers(timeout: httpx.Timeou
 def test_an_answer_whose_body_was_cut_is_not_handed_back_over_a_later_failure() -> None:
     refused = _failure(httpx.ConnectError("refused"))
     assert Failed([_failure(status=500, cut=True), refused]).last is refused
+
+
+def test_a_replica_that_answered_then_refused_is_down_and_its_refusal_stands() -> None:
+    """One replica answered 500, then refused (a restart): the caller gets the connection error, as plain."""
+    replica = cast(ReplicaState, object())
+    answer = AttemptFailure(cast(AttemptRecordBuilder, None), replica, None, 500)
+    refused = AttemptFailure(cast(AttemptRecordBuilder, None), replica, httpx.ConnectError("refused"))
+    assert Failed([answer, refused]).last is refused

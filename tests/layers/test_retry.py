@@ -160,6 +160,20 @@ def test_with_one_replica_down_the_retry_goes_back_to_the_one_that_answered(back
 
 
 @BACKENDS
+def test_a_replica_that_refused_then_came_back_gets_its_turn_after_the_one_that_answered(backend: str) -> None:
+    """One replica refuses every call 429 (Retry-After: 1), the other refused the connection once and is back (a
+    restart): the call's returns alternate between them, so the one back up serves it, not the one refusing."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="1")]),
+        "http://b.test": FakeReplica("b", [Plan(refused=True), Plan()]),
+    }
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01, max_attempts=4))
+    assert response.status_code == 200
+    assert record.attempts[-1].replica == "http://b.test" and record.attempts[-1].outcome == "won"
+    assert fakes["http://a.test"].requests <= 2
+
+
+@BACKENDS
 def test_with_the_other_replica_down_the_caller_gets_the_last_server_answer(backend: str) -> None:
     """One replica answers 429 with a Retry-After longer than the guard waits (not sent there again), the other
     refuses connections: the call ends with the server's 429, as the plain SDK on the live replica gets it, not
