@@ -124,6 +124,21 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
 
 
 @BACKENDS
+def test_a_return_whose_drawn_wait_misses_the_deadline_goes_at_the_latest_time_that_fits(backend: str) -> None:
+    """One replica failing twice under a tight deadline (the tier's ttft 5 s): the third attempt's draw (3.6-4.8 s)
+    would start it past the deadline, so it goes at the latest time that still fits (no sooner than half its
+    window), and the call is served, where the SDK's own retry in time would be."""
+    fakes = {"http://a.test": FakeReplica("a", [Plan(status=500), Plan(status=500), Plan()])}
+    policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=2.4, backoff_max=8.0)
+    response, _, record = one_virtual_call(backend, fakes, retry=policy)
+    assert response.status_code == 200
+    first, second, third = record.attempts
+    assert second.finish is not None
+    assert 2.4 <= third.start - second.finish < 3.6  # cut from its draw, no sooner than half of 4.8
+    assert third.start - first.start < 5.0
+
+
+@BACKENDS
 def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it_a_moment(backend: str) -> None:
     """Two replicas answering 503 without a Retry-After: the retry to the second goes at once (it has not failed
     the call), the one back to the first waits the same-replica backoff, as with that replica alone."""
@@ -445,7 +460,7 @@ def test_with_another_replica_left_a_refused_retry_goes_paced_after_the_same_rep
 ) -> None:
     """Two replicas failing with a 5xx that is no overload answer, the budget empty: the retry at once to the other
     one is extra load the budget bounds, so it is refused; it goes instead, paced past the bound, after the
-    same-replica backoff (0.25-0.5 s, then 0.5-1 s), as the plain SDK's retry would: the call gets the plain SDK's
+    same-replica backoff (0.375-0.5 s, then 0.75-1 s), as the plain SDK's retry would: the call gets the plain SDK's
     3 requests, not more, and no replica is cooled for failing. (It used to end the call at once,
     ``budget_exhausted``, final for the SDK, where the plain SDK's retries might have served it.)"""
     fakes = {
@@ -1362,13 +1377,13 @@ def test_a_moment_no_replica_can_be_reached_is_ridden_out_as_through_the_plain_s
     first, second, third = records[0].attempts
     assert (first.outcome, second.outcome, third.outcome) == ("failed", "failed", "won")
     assert first.finish is not None
-    same_replica = RetryPolicy().same_replica_backoff  # windows of 0.5 s, then 1 s: [1/2, 1] of each
+    same_replica = RetryPolicy().same_replica_backoff  # windows of 0.5 s, then 1 s: [3/4, 1] of each
     if cause is REFUSED:  # one replica down is no outage: the second attempt goes at once to another
         assert second.replica != first.replica
         assert second.start - first.finish <= RetryPolicy().backoff_initial + 1e-9
     else:  # the connection failed here: another replica would fail alike
-        assert second.start - first.finish >= same_replica / 2 - 1e-9
-    assert third.start - first.finish >= same_replica / 2 + same_replica - 1e-9
+        assert second.start - first.finish >= 0.75 * same_replica - 1e-9
+    assert third.start - first.finish >= 0.75 * (same_replica + 2 * same_replica) - 1e-9
 
 
 @BACKENDS
