@@ -25,17 +25,24 @@ class ConnectFaults:
     """One call's failures to connect (`saw`), and the rounds whose retries went at once to another replica after one
     (`retried`), which a retry paced as the plain SDK's (`paces`) waits for too (`wait`)."""
 
-    __slots__ = ("_owed", "_refused")
+    __slots__ = ("_other", "_owed", "_refused")
 
     def __init__(self) -> None:
         self._refused: set[int] = set()
         """The replicas (ids) the call failed to connect to."""
+        self._other: set[int] = set()
+        """The replicas (ids) that failed the call otherwise (an answer, a reset, a timeout)."""
         self._owed: list[int] = []
         """The rounds whose retries went at once to another replica after a failure to connect."""
 
     def saw(self, failures: Iterable[AttemptFailure]) -> None:
         """A round's failures: note the replicas the call failed to connect to."""
         self._refused.update(id(f.state) for f in failures if isinstance(f.error, httpx.ConnectError))
+        self._other.update(id(f.state) for f in failures if not isinstance(f.error, httpx.ConnectError))
+
+    def only_refused(self, state: ReplicaState) -> bool:
+        """Whether every failure of the call at ``state`` was a failure to connect (no server there reached)."""
+        return id(state) in self._refused and id(state) not in self._other
 
     def paces(self, last: AttemptFailure, going_back: bool) -> bool:
         """Whether the call's retry after ``last``, a failure to connect, goes as the plain SDK's would: ``last``'s

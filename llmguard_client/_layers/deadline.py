@@ -40,12 +40,6 @@ def first_token_reserve(call: Call) -> float:
     return max(call.expected_ttft(), FIRST_TOKEN_FLOOR)
 
 
-def latest_wait(call: Call, now: float, deadline: float | None = None) -> float:
-    """The longest wait after ``now`` at which an attempt of ``call`` still `fits_deadline` (a hair under it)."""
-    end = call.first_token_deadline if deadline is None else deadline
-    return end - first_token_reserve(call) - now - 1e-6
-
-
 def fits_deadline(call: Call, now: float, wait: float = 0.0, deadline: float | None = None) -> bool:
     """Whether an attempt sent ``wait`` seconds after ``now`` can get its first token before ``deadline``
     (default: the call's first-token deadline), expecting it to take `first_token_reserve`. An attempt that

@@ -73,7 +73,7 @@ After a round fails, `Retrier` decides whether and where to try again:
   not tried yet; when none is left and it goes back after two refused the call, or when the connection failed in
   this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would, after that same-replica
   backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`); a retry that goes back
-  to a replica that refused the connection goes to one that answered the call instead, the two in turns, after its
+  to a replica that only refused the call's connections goes to one that answered the call instead, after its
   pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
@@ -102,7 +102,7 @@ from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payme
 from llmguard_client._core.pipeline import Next
 from llmguard_client._core.randomness import process_random
 from llmguard_client._layers.connect_faults import ConnectFaults
-from llmguard_client._layers.deadline import first_token_reserve, fits_deadline, latest_wait
+from llmguard_client._layers.deadline import first_token_reserve, fits_deadline
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.caller import caller, calling_as, holds_for_caller
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
@@ -133,16 +133,13 @@ class Backoff:
     def __call__(self, round_number: int) -> float:
         return self._rng.uniform(0.0, self._window(self._initial, round_number))
 
-    def returning(self, failures: int, latest: float = math.inf) -> float:
+    def returning(self, failures: int) -> float:
         """Before a retry to a replica that failed the call ``failures`` times: uniform in [3/4, 1] x
         min(``maximum``, ``same_replica`` x 2^(failures-1)), never near 0 (it may need a moment to recover). The
         openai and anthropic SDKs draw their retries' waits so (`SDK_JITTER`): with the default 0.5 s, the
-        guard's retries span what the plain SDK's do, so an outage the SDK rides out is ridden out here too. A draw
-        past ``latest`` (the longest wait that still fits the call's deadline: `latest_wait`) is cut to it, down
-        to half the window: under a tight deadline the retry goes while it can still serve the call."""
+        guard's retries span what the plain SDK's do, so an outage the SDK rides out is ridden out here too."""
         window = self._window(self._same_replica, failures)
-        wait = self._rng.uniform((1 - SDK_JITTER) * window, window)
-        return wait if wait <= latest else max(latest, window / 2)
+        return self._rng.uniform((1 - SDK_JITTER) * window, window)
 
     def _window(self, initial: float, n: int) -> float:
         return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
@@ -510,7 +507,7 @@ class RetryLayer:
         state = self.replicas.pick_ready(now, (*avoid, *failed), key)
         if state is None:  # back to one that failed this call: the one whose Retry-After to it ends first
             state = self._soonest_back(now, self.replicas.pick_ready(now, avoid, key), asked, failed, avoid)
-            answer = self._reached_instead(call, now, last, state, asked, answered or {}, failed, avoid, deadline)
+            answer = self._reached_instead(call, now, last, state, asked, answered or {}, faults, avoid, deadline)
             if answer is not None:  # planned as a return to that replica after its own answer
                 state, last = answer.state, answer
         elif last_one and last.retry_after is not None:
@@ -559,9 +556,7 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
             wait = 0.0  # overload on one replica: go to another, not tried yet, at once
         else:
-            wait = self._backoff(
-                last, rounds, sum(f is state for f in failed), faults, latest_wait(call, now, deadline)
-            )
+            wait = self._backoff(last, rounds, sum(f is state for f in failed), faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -585,10 +580,7 @@ class RetryLayer:
                     payment = call.pay_extra(route.budget, paced=True)
         elif payment is None and route.kind != "continuation":
             untried = not any(f is state for f in failed)
-            latest = latest_wait(call, now, deadline)
-            least = self._pace_refused(
-                now, last, state, ready, rounds, avoid, cuts and not untried, latest
-            )  # as plain's
+            least = self._pace_refused(now, last, state, ready, rounds, avoid, cuts and not untried)  # as plain's
             if least is not None:
                 wait = max(wait, least)
                 if fits_deadline(call, now, wait, deadline):
@@ -612,19 +604,16 @@ class RetryLayer:
             return refused if waiting is None else waiting
         return wait, state, payment
 
-    def _backoff(
-        self, last: AttemptFailure, rounds: int, times: int, faults: ConnectFaults | None, latest: float
-    ) -> float:
+    def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: ConnectFaults | None) -> float:
         """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
         backoff, and at least the plain SDK's after a failure to connect that another replica does not cure (the
         connection failed here, or the retry goes back to a replica that failed the call after two refused it:
         `ConnectFaults.paces`, `ConnectFaults.wait`); else at least the same-replica backoff when the retry goes back
-        to a replica that failed the call ``times`` times (it may need a moment to recover; cut to ``latest``, the
-        longest wait that fits the deadline, as `Backoff.returning` allows)."""
+        to a replica that failed the call ``times`` times (it may need a moment to recover)."""
         wait = self.backoff(rounds)
         if faults is not None and faults.paces(last, going_back=times > 0):
             return max(wait, faults.wait(self.backoff.returning, rounds))
-        return max(wait, self.backoff.returning(times, latest)) if times else wait
+        return max(wait, self.backoff.returning(times)) if times else wait
 
     def _plan_unjudged(
         self,
@@ -664,8 +653,7 @@ class RetryLayer:
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
-            latest = latest_wait(call, now, deadline)
-            wait = max(self.backoff(rounds), self.backoff.returning(times, latest) if times else 0.0)
+            wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
         waits = asked.values() if call.beside else [asked.get(id(state), now)]
         wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
         if not fits_deadline(call, now, wait, deadline):
@@ -697,7 +685,7 @@ class RetryLayer:
         deadline. None: it does not wait, the refusal stands."""
         if not self._awaits_serving(last, ready):
             return None
-        backoff = self.backoff.returning(rounds, latest_wait(call, now, deadline))
+        backoff = self.backoff.returning(rounds)
         patience = max(backoff, self.replicas.cooling_left(now, avoid))
         if not fits_deadline(call, now, patience, deadline):
             return None
@@ -789,23 +777,21 @@ class RetryLayer:
         chosen: ReplicaState | None,
         asked: dict[int, float],
         answered: dict[int, AttemptFailure],
-        failed: list[ReplicaState],
+        faults: ConnectFaults | None,
         avoid: tuple[ReplicaState, ...],
         deadline: float,
     ) -> AttemptFailure | None:
-        """Going back to ``chosen``, a replica that has not answered the call (it refused the connection): rather,
-        the last answer of a ready replica that answered it, tried no more often than ``chosen`` (the two alternate),
-        whose wait (its Retry-After or cool-down) ends first, if that fits the deadline and the replica is in no run
-        of refusals (`REFUSALS_TO_COOL`: a limit refusing every call, where the one restarting is the better chance).
-        None: go to ``chosen`` (and after a connection that failed in this process, which no replica cures)."""
-        if chosen is None or id(chosen) in answered or last.local:
+        """Going back to ``chosen``, a replica that only refused the call's connections: rather, the last answer of a
+        ready replica that answered the call, whose wait (its Retry-After or cool-down) ends first, if that fits the
+        deadline and that replica is in no run of refusals (`REFUSALS_TO_COOL`: a limit refusing every call, where
+        the one that refused, perhaps restarting, is the better chance). None: go to ``chosen`` (and after a
+        connection that failed in this process, which no replica cures)."""
+        if chosen is None or faults is None or not faults.only_refused(chosen) or id(chosen) in answered or last.local:
             return None
-        tries = sum(state is chosen for state in failed)
         candidates = [
             answer
             for answer in answered.values()
-            if sum(state is answer.state for state in failed) <= tries
-            and self.replicas.allows(now, answer.state, avoid)
+            if self.replicas.allows(now, answer.state, avoid)
             and not answer.state.open(now)
             and answer.state.refusals_in_row() < REFUSALS_TO_COOL
         ]
@@ -840,7 +826,6 @@ class RetryLayer:
         rounds: int,
         avoid: tuple[ReplicaState, ...],
         cuts_back: bool,
-        latest: float,
     ) -> float | None:
         """When the budget refused the retry of ``last``, the replica's own failure (a 5xx, a 408, a transport error, an
         overload answer without a Retry-After): the least seconds before it goes instead to ``state`` as a paced retry,
@@ -873,7 +858,7 @@ class RetryLayer:
             return state.cooling_end() - now
         if last.overload and state is not last.state:
             return 0.0
-        return self.backoff.returning(rounds, latest)
+        return self.backoff.returning(rounds)
 
 
 def _server_paced(failure: AttemptFailure) -> bool:

@@ -124,21 +124,6 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
 
 
 @BACKENDS
-def test_a_return_whose_drawn_wait_misses_the_deadline_goes_at_the_latest_time_that_fits(backend: str) -> None:
-    """One replica failing twice under a tight deadline (the tier's ttft 5 s): the third attempt's draw (3.6-4.8 s)
-    would start it past the deadline, so it goes at the latest time that still fits (no sooner than half its
-    window), and the call is served, where the SDK's own retry in time would be."""
-    fakes = {"http://a.test": FakeReplica("a", [Plan(status=500), Plan(status=500), Plan()])}
-    policy = RetryPolicy(backoff_initial=0.01, same_replica_backoff=2.4, backoff_max=8.0)
-    response, _, record = one_virtual_call(backend, fakes, retry=policy)
-    assert response.status_code == 200
-    first, second, third = record.attempts
-    assert second.finish is not None
-    assert 2.4 <= third.start - second.finish < 3.6  # cut from its draw, no sooner than half of 4.8
-    assert third.start - first.start < 5.0
-
-
-@BACKENDS
 def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it_a_moment(backend: str) -> None:
     """Two replicas answering 503 without a Retry-After: the retry to the second goes at once (it has not failed
     the call), the one back to the first waits the same-replica backoff, as with that replica alone."""
@@ -175,17 +160,34 @@ def test_with_one_replica_down_the_retry_goes_back_to_the_one_that_answered(back
 
 
 @BACKENDS
-def test_a_replica_that_refused_then_came_back_gets_its_turn_after_the_one_that_answered(backend: str) -> None:
+def test_a_replica_that_refused_then_came_back_gets_the_call_once_the_other_refuses_every_call(
+    backend: str,
+) -> None:
     """One replica refuses every call 429 (Retry-After: 1), the other refused the connection once and is back (a
-    restart): the call's returns alternate between them, so the one back up serves it, not the one refusing."""
+    restart): the returns go to the one that answered until its refusals in a row say it refuses every call, then
+    to the one back up, which serves the call."""
     fakes = {
         "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="1")]),
         "http://b.test": FakeReplica("b", [Plan(refused=True), Plan()]),
     }
-    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01, max_attempts=4))
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01, max_attempts=5))
     assert response.status_code == 200
     assert record.attempts[-1].replica == "http://b.test" and record.attempts[-1].outcome == "won"
-    assert fakes["http://a.test"].requests <= 2
+    assert fakes["http://a.test"].requests == REFUSALS_TO_COOL
+
+
+@BACKENDS
+def test_a_replica_that_dropped_the_connection_is_no_refusal_and_keeps_its_retry(backend: str) -> None:
+    """One replica refuses every call 429 (Retry-After: 1), the other dropped its first request without an answer
+    (a reset, not a refused connection): the retry goes back to the one that dropped it, as the router chooses,
+    and it serves the call."""
+    fakes = {
+        "http://a.test": FakeReplica("a", [Plan(status=429, retry_after="1")]),
+        "http://b.test": FakeReplica("b", [Plan(reset_before_headers=True), Plan()]),
+    }
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01))
+    assert response.status_code == 200
+    assert record.attempts[-1].replica == "http://b.test"
 
 
 @BACKENDS

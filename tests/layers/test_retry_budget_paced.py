@@ -78,8 +78,7 @@ async def _streamed(client: openai.AsyncOpenAI, call: str) -> bool:
 
 
 def window(retry: int, policy: RetryPolicy) -> float:
-    """The same-replica backoff's window before retry ``retry`` (1, 2, ...): the wait is in [3/4, 1] of it, or
-    down to 1/2 of it when cut to fit the call's deadline."""
+    """The same-replica backoff's window before retry ``retry`` (1, 2, ...): the wait is in [3/4, 1] of it."""
     return min(policy.backoff_max, policy.same_replica_backoff * 2.0 ** (retry - 1))
 
 
