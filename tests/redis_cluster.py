@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.redis_server import REDIS_SERVER, _free_port, _require_redis
+from tests.redis_server import REDIS_SERVER, PortTaken, _free_port, _require_redis, wait_until_serving
 
 REDIS_CLI = shutil.which("redis-cli")
 MASTERS = 3
@@ -54,24 +54,6 @@ def _complete(reply: bytes) -> bool:
     if not sep:
         return False
     return not line.startswith(b"$") or int(line[1:]) < 0 or len(rest) >= int(line[1:]) + 2
-
-
-class _PortTaken(RuntimeError):
-    """A node exited as it started: a port chosen free was taken by another process meanwhile."""
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline: float) -> None:
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            pass
-        if process.poll() is not None:  # it could not listen: another process took the port after it was chosen
-            raise _PortTaken(f"redis-server exited at start on port {port}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"redis-server did not start on port {port}")
-        time.sleep(0.01)
 
 
 class RedisCluster:
@@ -107,7 +89,7 @@ class RedisCluster:
             try:
                 self._start_once()
                 return
-            except _PortTaken:
+            except PortTaken:
                 if tries == 2:
                     raise
                 self.ports = [_free_port() for _ in self.ports]
@@ -132,7 +114,7 @@ class RedisCluster:
                 )
             deadline = time.monotonic() + 10.0
             for port, process in zip(self.ports, self.processes, strict=True):
-                _wait_for_port(port, process, deadline)
+                wait_until_serving(port, process, deadline)
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             created = subprocess.run(
                 [REDIS_CLI, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
@@ -141,6 +123,8 @@ class RedisCluster:
                 check=False,
             )
             if created.returncode != 0:
+                if any(process.poll() is not None for process in self.processes):  # its cluster bus port was taken
+                    raise PortTaken(f"a cluster node exited at start: {created.stderr!r}")
                 raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout!r} {created.stderr!r}")
             while not all(b"cluster_state:ok" in _command(port, "CLUSTER", "INFO") for port in self.ports):
                 if time.monotonic() > deadline + 20.0:
@@ -306,7 +290,7 @@ class TLSRedisServer:
         args += self.files.server_args()
         args += ["--requirepass", self.password, "--save", "", "--appendonly", "no"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port(self.port, self.process, time.monotonic() + 10.0)
+        wait_until_serving(self.port, self.process, time.monotonic() + 10.0, tls_ca=self.ca)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

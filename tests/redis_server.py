@@ -15,9 +15,11 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,38 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class PortTaken(RuntimeError):
+    """A server exited as it started: a port chosen free was taken by another process meanwhile."""
+
+
+def wait_until_serving(
+    port: int, process: subprocess.Popen[bytes], deadline: float, *, tls_ca: Path | None = None
+) -> None:
+    """Wait until `process` serves on `port`: a plain port answers PING (PONG, or an error such as NOAUTH), a TLS
+    port completes a handshake with the test CA. An accepted connection alone proves nothing: a connect loop on a
+    free ephemeral port can connect the socket to itself, or reach another process that took the port meanwhile."""
+    while True:
+        if _redis_answers(port, tls_ca) and process.poll() is None:
+            return
+        if process.poll() is not None:  # it could not listen: another process took a port after it was chosen
+            raise PortTaken(f"redis-server exited at start on port {port}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server did not start on port {port}")
+        time.sleep(0.01)
+
+
+def _redis_answers(port: int, tls_ca: Path | None) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+            if tls_ca is not None:
+                with ssl.create_default_context(cafile=tls_ca).wrap_socket(conn, server_hostname="127.0.0.1"):
+                    return True
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith((b"+PONG", b"-"))
+    except OSError:  # refused, timed out, or a failed handshake (ssl.SSLError is an OSError)
+        return False
 
 
 class RedisServer:
@@ -54,18 +88,7 @@ class RedisServer:
         if self.unixsocket:
             args += ["--unixsocket", self.unixsocket]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(64):
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.02)
+        wait_until_serving(self.port, self.process, time.monotonic() + 10.0)
 
     def stop(self) -> None:
         """Kill the server at once (a crash: no goodbye to its clients)."""
