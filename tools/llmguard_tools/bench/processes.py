@@ -48,11 +48,18 @@ def fleet_url(spec: str | None) -> Iterator[str | None]:
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
+            if process.poll() is not None:
+                raise RuntimeError(f"--fleet auto: redis-server exited at start on port {port}")
+            try:  # a PONG, not an accepted connection: a connect loop on a free port can connect to itself
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        break
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"--fleet auto: redis-server did not answer on port {port} within 10 s")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.kill()
