@@ -36,7 +36,7 @@ class ConnectFaults:
         """The rounds whose retries went at once to another replica after a failure to connect."""
 
     def saw(self, failures: Iterable[AttemptFailure]) -> None:
-        """A round's failures: note the replicas the call failed to connect to."""
+        """A round's failures: note the replicas the call failed to connect to, and those it failed at otherwise."""
         self._refused.update(id(f.state) for f in failures if isinstance(f.error, httpx.ConnectError))
         self._other.update(id(f.state) for f in failures if not isinstance(f.error, httpx.ConnectError))
 

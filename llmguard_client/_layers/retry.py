@@ -786,7 +786,7 @@ class RetryLayer:
         deadline and that replica is in no run of refusals (`REFUSALS_TO_COOL`: a limit refusing every call, where
         the one that refused, perhaps restarting, is the better chance). None: go to ``chosen`` (and after a
         connection that failed in this process, which no replica cures)."""
-        if chosen is None or faults is None or not faults.only_refused(chosen) or id(chosen) in answered or last.local:
+        if chosen is None or faults is None or not faults.only_refused(chosen) or last.local:
             return None
         candidates = [
             answer
