@@ -40,7 +40,8 @@ def sdk_rounds(call: Call) -> int:
 def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     """The route of the SDK's retry of ``episode``'s call: its deadlines, the attempts left, a replica that has
     not failed it when one is ready (else the retry layer's choice, as for a retry in the default mode), paid
-    from the budget; None when the budget refuses (nothing is sent)."""
+    from the budget, with the call's earlier failures counted as the route's own (its wait before going back to a
+    replica grows with them, as the default mode's does); None when the budget refuses (nothing is sent)."""
     call.first_token_deadline = episode.first_token_deadline
     call.total_deadline = episode.total_deadline
     payment = call.pay_extra(paced=episode.paced)
@@ -53,7 +54,15 @@ def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
         replica = replicas.pick_ready(now, failed, key) or replicas.pick(
             now, failed, key, cornered=bool(avoid), keep=call.lease.hold
         )
-    return Route(replica, "retry", payment, avoid=avoid, rounds=sdk_rounds(call), spent=episode.rounds)
+    return Route(
+        replica,
+        "retry",
+        payment,
+        avoid=avoid,
+        rounds=sdk_rounds(call),
+        spent=episode.rounds,
+        earlier_failures=episode.failed,
+    )
 
 
 def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode:
@@ -63,7 +72,7 @@ def next_episode(call: Call, outcome: Failed, before: Episode | None) -> Episode
         first_token_deadline=call.first_token_deadline,
         total_deadline=call.total_deadline,
         rounds=(before.rounds if before is not None else 0) + 1,
-        failed=tuple(dict.fromkeys(failed)),
+        failed=failed,
         paced=outcome.paced,
     )
 

@@ -96,6 +96,7 @@ class Episode:
     total_deadline: float
     rounds: int
     failed: tuple[ReplicaState, ...]
+    """The replica of each failed attempt of the call so far, once per failure (`Route.earlier_failures`)."""
     paced: bool = False
     """The retry allowed waits out the server's Retry-After (`Payment.paced`): it may pass the budget's bound."""
     error: GuardFailure | None = None

@@ -14,7 +14,7 @@ import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import anyio
@@ -102,6 +102,10 @@ class Route:
     sets it for each round, which its hedges read), or by the SDK's earlier requests when this is the SDK's retry of
     a request the guard handed back to it (`llmguard_client._core.given_up.HandedBack`, an `Episode`). The route's
     first round goes all the same."""
+    earlier_failures: tuple[ReplicaState, ...] = ()
+    """The replica of each failed attempt of the call's earlier requests (the SDK's, when this is its retry of a request
+    the guard handed back: `Episode.failed`): the retry layer counts them as this route's own failures, so its wait
+    before going back to a replica grows with them, and its hedges and retries go elsewhere first."""
 
     def next(
         self,
@@ -115,18 +119,14 @@ class Route:
     ) -> Route:
         """This route's next attempt: on ``replica``, paid by ``payment``, avoiding ``avoid``; ``rounds`` and
         ``spent``, when given, replace the route's (the retry layer's count for a round and its hedges)."""
-        return Route(
-            replica,
-            kind,
-            payment,
-            self.resumes,
-            avoid,
-            self.body,
-            self.budget,
-            self.deadline,
-            self.rounds if rounds is None else rounds,
-            self.race,
-            self.spent if spent is None else spent,
+        return replace(
+            self,
+            replica=replica,
+            kind=kind,
+            payment=payment,
+            avoid=avoid,
+            rounds=self.rounds if rounds is None else rounds,
+            spent=self.spent if spent is None else spent,
         )
 
 

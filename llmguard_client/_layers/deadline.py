@@ -14,6 +14,8 @@ the caller's body (`llmguard_client._stream.body`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from llmguard_client._core.call import Call
 from llmguard_client._core.failure import describe_attempts
 from llmguard_client._core.outcome import Failed, Outcome, Race, Route
@@ -74,19 +76,7 @@ class DeadlineLayer:
     async def __call__(self, call: Call, route: Route, call_next: Next) -> Outcome:
         race = Race()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
-        route = Route(
-            route.replica,
-            route.kind,
-            route.payment,
-            route.resumes,
-            route.avoid,
-            route.body,
-            route.budget,
-            deadline,
-            route.rounds,
-            race,
-            route.spent,
-        )
+        route = dataclasses.replace(route, deadline=deadline, race=race)
         outcome: Outcome | None = None
         with call.phase_until(deadline):  # Guard.aclose() ends it too
             outcome = await call_next(call, route)

@@ -196,7 +196,8 @@ class RetryLayer:
             return first
         state, payment = first
         failures: list[AttemptFailure] = []
-        failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
+        # Replicas that failed this call (its earlier requests' too): its hedges and later rounds avoid them.
+        failed: list[ReplicaState] = list(route.earlier_failures)
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
         answered: dict[int, AttemptFailure] = {}  # replica id -> its last answer to this call (`_note_answers`)

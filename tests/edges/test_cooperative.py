@@ -30,7 +30,7 @@ def cooperative(urls: list[str], tier: Tier, budget: BudgetPolicy | None = None,
         tiers={"t": tier},
         hedge=None,
         budget=budget or BudgetPolicy(),
-        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02, **retry),
+        retry=RetryPolicy(**{"mode": "cooperative", "backoff_initial": 0.01, "backoff_max": 0.02, **retry}),
         instrumentation=None,
         transport_factory=pools,
     )
@@ -89,6 +89,32 @@ async def test_the_sdks_last_retry_gets_the_servers_answer(servers: list[Loopbac
             await sdk(guard, servers[0].url, max_retries=4).chat.completions.create(model="m", messages=MESSAGES)
     assert caught.value.status_code == 500 and caught.value.body == ERROR["error"]
     assert [r.headers.get("x-stainless-retry-count") for r in servers[0].received] == ["0", "1", "2", "3", "4"]
+
+
+async def test_the_wait_back_to_the_one_replica_doubles_across_the_sdks_requests(
+    servers: list[LoopbackServer],
+) -> None:
+    """An endpoint answering 502 while it restarts: each SDK retry is told to wait the same-replica backoff for the
+    times the replica failed the call (as the guard's own retries and the plain SDK's waits grow), not the first
+    wait again, so the retries span what the plain SDK's do."""
+    servers[0].scripter = lambda index, attempt: Script(status=502, body=ERROR) if attempt <= 2 else None
+    waits: list[int] = []
+
+    async def seen(response: Any) -> None:
+        if response.status_code == 502:
+            waits.append(int(response.headers["retry-after-ms"]))
+
+    guard = cooperative([servers[0].url], Tier(ttft=10, total=20), backoff_max=2.0, same_replica_backoff=0.04)
+    async with guard:
+        client = openai.AsyncOpenAI(
+            base_url=servers[0].url + "/v1",
+            api_key="k",
+            http_client=guard.http_client_for(openai.AsyncOpenAI, event_hooks={"response": [seen]}),
+        )
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, max_tokens=3)
+    assert raw.retries_taken == 2 and raw.parse().choices[0].message.content
+    first, second = waits  # drawn in [3/4, 1] of 40 ms, then of 80 ms
+    assert 30 <= first <= 40 and 60 <= second <= 80
 
 
 @pytest.mark.parametrize("cap", ["tier", "header"])
