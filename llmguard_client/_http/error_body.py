@@ -27,10 +27,14 @@ class Unread:
 
     response: httpx.Response
     chunks: AsyncIterator[bytes]
+    cut: httpx.TransportError | None = None
+    """The error that ended the body before its end, which ``chunks`` raises (None: the rest is with the server)."""
 
 
 async def read_head(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> tuple[bytes, Unread | None]:
-    """The body's first ``limit`` bytes, and its rest if it goes on (None: ``head`` is all of it)."""
+    """The body's first ``limit`` bytes, and its rest if it goes on (None: ``head`` is all of it). A body cut or
+    reset before its end: the bytes that came, and a rest that raises that error when read (`Unread.cut`), as the
+    caller's read of it does without a guard (a timeout is raised here)."""
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
     chunks = stream.__aiter__()
@@ -41,10 +45,19 @@ async def read_head(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> 
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
             return b"".join(parts), None
+        except httpx.TransportError as exc:
+            if isinstance(exc, httpx.TimeoutException):
+                raise
+            return b"".join(parts), Unread(response, _raising(exc), exc)
         parts.append(chunk)
         size += len(chunk)
     whole = b"".join(parts)
     return whole[:limit], Unread(response, _after(whole[limit:], chunks))
+
+
+async def _raising(error: httpx.TransportError) -> AsyncIterator[bytes]:
+    raise error
+    yield b""  # pragma: no cover - makes this an async generator
 
 
 async def _after(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

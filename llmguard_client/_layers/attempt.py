@@ -76,7 +76,7 @@ class AttemptLayer:
             call.lease.own(response)
             attempt.attempt_headers(clock(), response.status_code)
             if response.status_code >= 400:
-                failure = await _error_status(attempt, state, response, clock)
+                failure = await _error_status(attempt, state, response, clock, call.record.stream)
                 if failure.unread is not None:  # the lease keeps it open until it is handed on or closed
                     call.lease.own(response, failure.unread.chunks)
                     response = None
@@ -138,9 +138,17 @@ def _cut_short(route: Route, attempt: AttemptRecordBuilder) -> AttemptOutcome:
 
 
 async def _error_status(
-    attempt: AttemptRecordBuilder, state: ReplicaState, response: httpx.Response, clock: Clock
+    attempt: AttemptRecordBuilder, state: ReplicaState, response: httpx.Response, clock: Clock, streamed: bool
 ) -> AttemptFailure:
+    """An error answer, judged by its status and headers. Its body cut short (`Unread.cut`) is judged as the
+    caller's SDK meets it: a call that streams (``streamed``) has the status and headers first and judges them (the
+    cut meets the caller reading the body); any other reads the whole body inside its request, so the cut is a
+    dropped connection, whatever the status (a 529 asking for a day's rest too), and is raised as one, but where
+    the server said not to retry (anthropic heeds that; openai retries it on its own)."""
     body, unread = await read_head(response)
+    cut = None if unread is None else unread.cut
+    if cut is not None and not streamed and response.headers.get("x-should-retry") != "false":
+        raise cut
     retry_after = parse_retry_after(response.headers)
     attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)
     return AttemptFailure(

@@ -93,6 +93,46 @@ async def test_closing_a_handed_on_body_unread_closes_the_server_response() -> N
     assert body.closed and body.read <= ERROR_BODY_LIMIT + CHUNK
 
 
+class CutBody(ServerBody):
+    """A body that ends in ``error`` after its first ``CHUNK`` piece: a server that closed or reset the connection
+    before the end its ``content-length`` promised, or one too slow for the caller's read timeout."""
+
+    def __init__(self, error: httpx.TransportError) -> None:
+        super().__init__(b"e" * (2 * CHUNK))
+        self.error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for piece in super().__aiter__():
+            yield piece
+            raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [httpx.RemoteProtocolError("peer closed connection without sending complete message body"), httpx.ReadError("")],
+)
+async def test_a_body_cut_short_is_the_answer_with_what_came_and_a_rest_that_raises_the_cut(
+    error: httpx.TransportError,
+) -> None:
+    body = CutBody(error)
+    response = httpx.Response(400, stream=body)
+    head, unread = await read_head(response)
+    assert head == body.data[:CHUNK] and unread is not None  # the status stands: the body came short of its end
+    handed = httpx.Response(400, stream=WholeErrorBody(head, unread, UNBOUNDED))
+    read: list[bytes] = []
+    with pytest.raises(type(error)) as raised:
+        async for piece in handed.aiter_raw():
+            read.append(piece)
+    assert raised.value is error and b"".join(read) == head  # the caller reads what came, then meets the cut
+
+
+async def test_a_timeout_reading_the_body_is_raised_as_it_is() -> None:
+    timeout = httpx.ReadTimeout("timed out")
+    with pytest.raises(httpx.ReadTimeout) as raised:
+        await read_head(httpx.Response(500, stream=CutBody(timeout)))
+    assert raised.value is timeout
+
+
 @BACKENDS
 @pytest.mark.parametrize(("gap", "stalled"), [(0.1, False), (2.0, True)])
 def test_a_server_dripping_the_rest_ends_in_the_calls_deadline_and_is_closed(
