@@ -40,7 +40,7 @@ def sdk_rounds(call: Call) -> int:
 def resume(call: Call, episode: Episode, replicas: ReplicaSet) -> Route | None:
     """The route of the SDK's retry of ``episode``'s call: its deadlines, the attempts left, a replica that has
     not failed it when one is ready (else the retry layer's choice, as for a retry in the default mode), paid
-    from the budget, with the call's earlier failures counted as the route's own (its wait before going back to a
+    from the budget, with the call's earlier failures (`Route.earlier_failures`: its wait before going back to a
     replica grows with them, as the default mode's does); None when the budget refuses (nothing is sent)."""
     call.first_token_deadline = episode.first_token_deadline
     call.total_deadline = episode.total_deadline

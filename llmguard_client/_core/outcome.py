@@ -104,8 +104,8 @@ class Route:
     first round goes all the same."""
     earlier_failures: tuple[ReplicaState, ...] = ()
     """The replica of each failed attempt of the call's earlier requests (the SDK's, when this is its retry of a request
-    the guard handed back: `Episode.failed`): the retry layer counts them as this route's own failures, so its wait
-    before going back to a replica grows with them, and its hedges and retries go elsewhere first."""
+    the guard handed back: `Episode.failed`): the retry layer's wait before going back to a replica grows with the
+    times it failed the call, these included. No replica to avoid: the route's hedges and admission may go there."""
 
     def next(
         self,

@@ -196,8 +196,7 @@ class RetryLayer:
             return first
         state, payment = first
         failures: list[AttemptFailure] = []
-        # Replicas that failed this call (its earlier requests' too): its hedges and later rounds avoid them.
-        failed: list[ReplicaState] = list(route.earlier_failures)
+        failed: list[ReplicaState] = []  # replicas that failed this route: its hedges and later rounds avoid them
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
         answered: dict[int, AttemptFailure] = {}  # replica id -> its last answer to this call (`_note_answers`)
@@ -557,7 +556,7 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
             wait = 0.0  # overload on one replica: go to another, not tried yet, at once
         else:
-            wait = self._backoff(last, rounds, sum(f is state for f in failed), faults)
+            wait = self._backoff(last, rounds, _times_failed(state, route, failed), faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -650,7 +649,8 @@ class RetryLayer:
         ) or self.replicas.pick(now, avoid, key, cornered=True, resting=False, take=False)
         if state is None:
             return Failed(stopped="not_retryable" if last.recurs else "no_replica")  # a recurring failure: see `_plan`
-        times = len(failed) if call.beside else sum(f is state for f in failed)  # beside: its one deployment
+        # Beside: its one deployment, whichever replica sends it.
+        times = len(route.earlier_failures) + len(failed) if call.beside else _times_failed(state, route, failed)
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
@@ -897,6 +897,12 @@ def _refused_for_its_size(failure: AttemptFailure) -> bool:
     request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
     Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
     return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
+
+
+def _times_failed(state: ReplicaState, route: Route, failed: list[ReplicaState]) -> int:
+    """How many times ``state`` failed the call: in this route (``failed``) and in the call's earlier requests (the
+    SDK's, in the cooperative mode: `Route.earlier_failures`). The wait before going back to it grows with them."""
+    return sum(f is state for f in (*route.earlier_failures, *failed))
 
 
 def _note_answers(failures: list[AttemptFailure], answered: dict[int, AttemptFailure]) -> None:

@@ -117,6 +117,41 @@ async def test_the_wait_back_to_the_one_replica_doubles_across_the_sdks_requests
     assert 30 <= first <= 40 and 60 <= second <= 80
 
 
+async def test_the_sdks_retry_hedges_to_a_replica_that_failed_its_first_request(cluster: LoopbackCluster) -> None:
+    """A replica that failed the call's first request (a 502 blip) is no replica to avoid for the SDK's retry: its
+    wait counts that failure, but when the retry's replica is slow, the retry's hedge goes to the one that failed
+    and recovered, which serves it."""
+    cluster.set_scripter(
+        lambda index, attempt: (
+            Script(status=502, body=ERROR)
+            if attempt == 1
+            else Script(stall_before_first=10.0)
+            if attempt == 2
+            else None
+        )
+    )
+    guard = Guard(
+        cluster.urls,
+        tiers={"t": Tier(ttft=20, total=40)},
+        retry=RetryPolicy(mode="cooperative", backoff_initial=0.01, backoff_max=0.02),
+        instrumentation=None,
+        transport_factory=pools,
+    )
+    async with guard:
+        client = sdk(guard, cluster.urls[0])
+        with guard.capture() as calls:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=MESSAGES, max_tokens=3, stream=True
+            )
+            async for _ in raw.parse():
+                pass
+    assert raw.retries_taken == 1
+    first, retry = calls
+    assert [a.replica for a in first.attempts] != [] and retry.status == "ok"
+    assert [(a.kind, a.outcome) for a in retry.attempts] == [("retry", "lost"), ("hedge", "won")]
+    assert retry.attempts[1].replica == first.attempts[0].replica  # the replica that failed the first request
+
+
 @pytest.mark.parametrize("cap", ["tier", "header"])
 async def test_an_explicit_attempt_limit_holds_whatever_max_retries_says(
     servers: list[LoopbackServer], cap: str
