@@ -556,7 +556,8 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
             wait = 0.0  # overload on one replica: go to another, not tried yet, at once
         else:
-            wait = self._backoff(last, rounds, _times_failed(state, route, failed), faults)
+            times = 0 if _said_when(last, state) else _times_failed(state, route, failed)
+            wait = self._backoff(last, rounds, times, faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -651,6 +652,8 @@ class RetryLayer:
             return Failed(stopped="not_retryable" if last.recurs else "no_replica")  # a recurring failure: see `_plan`
         # Beside: its one deployment, whichever replica sends it.
         times = len(route.earlier_failures) + len(failed) if call.beside else _times_failed(state, route, failed)
+        if _said_when(last, None if call.beside else state):
+            times = 0
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
@@ -897,6 +900,14 @@ def _refused_for_its_size(failure: AttemptFailure) -> bool:
     request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
     Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
     return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
+
+
+def _said_when(last: AttemptFailure, state: ReplicaState | None) -> bool:
+    """The retry goes back to ``state``, whose answer asked for a wait (a positive Retry-After; None: to the one
+    deployment a call beside the replicas' paths goes to, whichever replica sends it): that wait, the server's own
+    word, replaces the same-replica backoff, as it replaces the SDKs' backoff."""
+    asked = last.retry_after is not None and last.retry_after > 0.0
+    return asked and (state is None or last.state is state)
 
 
 def _times_failed(state: ReplicaState, route: Route, failed: list[ReplicaState]) -> int:

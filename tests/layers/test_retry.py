@@ -124,6 +124,24 @@ def test_a_retry_back_to_the_replica_that_failed_gives_it_a_moment_to_recover(ba
 
 
 @BACKENDS
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_back_to_a_replica_that_asked_for_a_short_wait_waits_that_not_the_same_replica_backoff(
+    backend: str, status: int
+) -> None:
+    """One endpoint asking twice for 0.3 s of rest: the server's word replaces the same-replica backoff (0.375-0.5 s,
+    then 0.75-1 s), as it replaces the SDKs' backoff, so each retry goes when the plain SDK's does (a longer
+    wait could miss a deadline the plain SDK's retries meet)."""
+    paced = Plan(status=status, retry_after="0.3")
+    fakes = {"http://a.test": FakeReplica("a", [paced, paced, Plan()])}
+    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01))
+    assert response.status_code == 200
+    first, second, third = record.attempts
+    assert first.finish is not None and second.finish is not None
+    assert 0.3 - 1e-9 <= second.start - first.finish <= 0.3 + 0.01 + 1e-9  # at most the ordinary backoff's 0.01 s
+    assert 0.3 - 1e-9 <= third.start - second.finish <= 0.3 + 0.02 + 1e-9
+
+
+@BACKENDS
 def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it_a_moment(backend: str) -> None:
     """Two replicas answering 503 without a Retry-After: the retry to the second goes at once (it has not failed
     the call), the one back to the first waits the same-replica backoff, as with that replica alone."""
