@@ -143,11 +143,11 @@ async def _error_status(
     """An error answer, judged by its status and headers. Its body cut short (`Unread.cut`) is judged as the
     caller's SDK meets it: a call that streams (``streamed``) has the status and headers first and judges them (the
     cut meets the caller reading the body); any other reads the whole body inside its request, so the cut is a
-    dropped connection, whatever the status (a 529 asking for a day's rest too), and is raised as one, but where
-    the server said not to retry (anthropic heeds that; openai retries it on its own)."""
+    dropped connection, whatever the status and headers (a 529 asking for a day's rest too: nothing of them cools
+    the replica), and is raised as one."""
     body, unread = await read_head(response)
     cut = None if unread is None else unread.cut
-    if cut is not None and not streamed and response.headers.get("x-should-retry") != "false":
+    if cut is not None and not streamed:
         raise cut
     retry_after = parse_retry_after(response.headers)
     attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)

@@ -496,7 +496,7 @@ class RetryLayer:
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed, asked, cuts)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked, cuts, answered or {}, last_one)
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -558,11 +558,13 @@ class RetryLayer:
             # Chosen ahead: the probe is taken only when the retry is sent as the probe (see __call__), not
             # by a retry the server paced past it (it goes after the cool-down, below).
             state = self.replicas.pick(now + soonest, avoid, key, take=False) or last.state
-        elif (last.retry_after is not None or last.overload) and not any(f is state for f in failed):
-            wait = 0.0  # overload on one replica: go to another, not tried yet, at once
+        elif (last.retry_after is not None or last.overload) and not _times_failed(state, route, failed):
+            wait = 0.0  # overload on one replica: go to another, not tried by the call yet, at once
         else:
-            times = 0 if _said_when(last, state) else _times_failed(state, route, failed)
-            wait = self._backoff(last, rounds, times, faults)
+            wait = self._backoff(last, rounds, _times_failed(state, route, failed), faults)
+            told = asked.get(id(state), now) - now
+            if self._server_says_when(call, now, deadline, (answered or {}).get(id(state)), wait, told, last_one):
+                wait = self._backoff(last, rounds, 0, faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -610,6 +612,25 @@ class RetryLayer:
             return refused if waiting is None else waiting
         return wait, state, payment
 
+    def _server_says_when(
+        self,
+        call: Call,
+        now: float,
+        deadline: float,
+        answer: AttemptFailure | None,
+        backoff: float,
+        told: float,
+        last_one: bool,
+    ) -> bool:
+        """Whether a retry back to a replica whose own last answer to the call (``answer``) asked for a wait (a
+        positive Retry-After, ``told`` seconds of it left) waits that alone, the server's word, rather than also the
+        same-replica ``backoff``, as the SDKs' retries do. Not for the last request the route may send while the
+        longer wait fits the deadline: the guard sends no more, where an SDK retrying more often than the guard's
+        attempts (``max_retries`` above 2) would go on, so the longer wait rides out a longer limit."""
+        if answer is None or answer.retry_after is None or answer.retry_after <= 0.0:
+            return False
+        return not last_one or not fits_deadline(call, now, max(backoff, told), deadline)
+
     def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: FaultPacing | None) -> float:
         """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
         backoff, and at least the plain SDK's after a failure that another replica does not cure (the connection
@@ -630,6 +651,8 @@ class RetryLayer:
         failed: list[ReplicaState],
         asked: dict[int, float],
         cuts: bool,
+        answered: dict[int, AttemptFailure],
+        last_one: bool,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
@@ -657,14 +680,16 @@ class RetryLayer:
             return Failed(stopped="not_retryable" if last.recurs else "no_replica")  # a recurring failure: see `_plan`
         # Beside: its one deployment, whichever replica sends it.
         times = len(route.earlier_failures) + len(failed) if call.beside else _times_failed(state, route, failed)
-        if _said_when(last, None if call.beside else state):
-            times = 0
+        waits = asked.values() if call.beside else [asked.get(id(state), now)]
+        told = max(waits, default=now) - now  # no sooner than it was asked (all finite here)
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
             wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
-        waits = asked.values() if call.beside else [asked.get(id(state), now)]
-        wait = max(wait, max(waits, default=now) - now)  # no sooner than it was asked (all finite here)
+            answer = (last if last.status_code is not None else None) if call.beside else answered.get(id(state))
+            if times and self._server_says_when(call, now, deadline, answer, wait, told, last_one):
+                wait = self.backoff(rounds)
+        wait = max(wait, told)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
         # Every such retry is one the plain SDK sends (no hedge, no retry elsewhere it would not): past the budget;
@@ -905,14 +930,6 @@ def _refused_for_its_size(failure: AttemptFailure) -> bool:
     request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
     Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
     return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
-
-
-def _said_when(last: AttemptFailure, state: ReplicaState | None) -> bool:
-    """The retry goes back to ``state``, whose answer asked for a wait (a positive Retry-After; None: to the one
-    deployment a call beside the replicas' paths goes to, whichever replica sends it): that wait, the server's own
-    word, replaces the same-replica backoff, as it replaces the SDKs' backoff."""
-    asked = last.retry_after is not None and last.retry_after > 0.0
-    return asked and (state is None or last.state is state)
 
 
 def _times_failed(state: ReplicaState, route: Route, failed: list[ReplicaState]) -> int:
