@@ -73,9 +73,8 @@ After a round fails, `Retrier` decides whether and where to try again:
   goes at once to a ready replica not tried yet; when none is left and it goes back after two failed the call so, or
   when the connection failed in this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would,
   after that same-replica backoff for its round plus those its earlier failovers at once skipped (`FaultPacing`);
-  a retry that goes back
-  to a replica that only refused the call's connections goes to one that answered the call instead, after its
-  pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
+  a retry that goes back to a replica that only refused the call's connections goes to one that answered the call
+  instead, after its pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
