@@ -362,8 +362,7 @@ class RetryPolicy:
     ``same_replica_backoff``: the least backoff before a retry goes back to a replica that already failed the
     call (no other replica is ready: one hosted endpoint, or every replica tried): uniform in [3/4, 1] x
     ``same_replica_backoff`` x 2^(times it failed the call - 1), at most ``backoff_max`` (a positive Retry-After in
-    that replica's last answer replaces it, as it replaces the SDKs' backoff, but for the call's last request while
-    the longer wait fits the deadline): 0.5 s and this draw are
+    that replica's last answer replaces it, as it replaces the SDKs' backoff): 0.5 s and this draw are
     the openai and anthropic SDKs' own, so a replica that fails for a moment (a restart, a gateway's blip) is
     tried again once it may have recovered, as the plain SDK would; 0 retries it after the ordinary backoff.
     A replica's failure (a refused connection, a 5xx or 408, a dropped connection) sends the retry at once to a

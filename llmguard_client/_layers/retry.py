@@ -495,7 +495,7 @@ class RetryLayer:
         if used_up:
             return Failed(stopped="rounds")
         if not call.judges:
-            return self._plan_unjudged(call, route, last, rounds, failed, asked, cuts, answered or {}, last_one)
+            return self._plan_unjudged(call, route, last, rounds, failed, asked, cuts, answered or {})
         now = call.clock()
         deadline = call.first_token_deadline if route.deadline is None else route.deadline
         # A retry may go back to a replica that failed this call when no other is ready; a continuation never
@@ -561,8 +561,7 @@ class RetryLayer:
             wait = 0.0  # overload on one replica: go to another, not tried by the call yet, at once
         else:
             wait = self._backoff(last, rounds, _times_failed(state, route, failed), faults)
-            told = asked.get(id(state), now) - now
-            if self._server_says_when(call, now, deadline, (answered or {}).get(id(state)), wait, told, last_one):
+            if _server_says_when((answered or {}).get(id(state))):
                 wait = self._backoff(last, rounds, 0, faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
@@ -611,25 +610,6 @@ class RetryLayer:
             return refused if waiting is None else waiting
         return wait, state, payment
 
-    def _server_says_when(
-        self,
-        call: Call,
-        now: float,
-        deadline: float,
-        answer: AttemptFailure | None,
-        backoff: float,
-        told: float,
-        last_one: bool,
-    ) -> bool:
-        """Whether a retry back to a replica whose own last answer to the call (``answer``) asked for a wait (a
-        positive Retry-After, ``told`` seconds of it left) waits that alone, the server's word, rather than also the
-        same-replica ``backoff``, as the SDKs' retries do. Not for the last request the route may send while the
-        longer wait fits the deadline: the guard sends no more, where an SDK retrying more often than the guard's
-        attempts (``max_retries`` above 2) would go on, so the longer wait rides out a longer limit."""
-        if answer is None or answer.retry_after is None or answer.retry_after <= 0.0:
-            return False
-        return not last_one or not fits_deadline(call, now, max(backoff, told), deadline)
-
     def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: FaultPacing | None) -> float:
         """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
         backoff, and at least the plain SDK's after a failure that another replica does not cure (the connection
@@ -651,7 +631,6 @@ class RetryLayer:
         asked: dict[int, float],
         cuts: bool,
         answered: dict[int, AttemptFailure],
-        last_one: bool,
     ) -> tuple[float, ReplicaState, Payment] | Failed:
         """`_plan` for a call whose answers speak for no replica (`Call.judges`: another API's, another
         deployment's): the replicas' cool-downs and circuits neither hold its retry back nor pace it. It waits for
@@ -686,7 +665,7 @@ class RetryLayer:
         else:
             wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
             answer = (last if last.status_code is not None else None) if call.beside else answered.get(id(state))
-            if times and self._server_says_when(call, now, deadline, answer, wait, told, last_one):
+            if _server_says_when(answer):
                 wait = self.backoff(rounds)
         wait = max(wait, told)
         if not fits_deadline(call, now, wait, deadline):
@@ -929,6 +908,13 @@ def _refused_for_its_size(failure: AttemptFailure) -> bool:
     request for its own size (its prompt and ``max_tokens`` do not fit yet), not the endpoint for every caller.
     Its Retry-After paces that call's own retry; the replica is not cooled for the other calls."""
     return failure.status_code == 429 and failure.stream_failure is None and room_left(failure.headers) is True
+
+
+def _server_says_when(answer: AttemptFailure | None) -> bool:
+    """Whether a retry back to a replica whose own last answer to the call (``answer``) asked for a wait (a positive
+    Retry-After) waits that alone, the server's word, rather than also the same-replica backoff, as the SDKs' retries
+    do."""
+    return answer is not None and answer.retry_after is not None and answer.retry_after > 0.0
 
 
 def _times_failed(state: ReplicaState, route: Route, failed: list[ReplicaState]) -> int:
