@@ -207,7 +207,7 @@ class AdmissionLayer:
             controller.first_token(now - sent, call.tier.ttft, held, gate.load, signal.ttft_floor, share)
             headers = [outcome.response.headers]
         else:
-            headers = [f.headers for f in outcome.failures]
+            headers = [f.headers for f in outcome.failures if not f.torn]  # a torn answer teaches nothing
             if any(f.overload for f in outcome.failures):
                 signal.overloaded(now)
                 controller.overload(held)

@@ -196,10 +196,16 @@ class AttemptFailure:
     response still open: read on by the caller if this is the call's last answer, else closed (`close_unread`)."""
     cut: bool = False
     """Its ``unread`` rest was closed (`close_unread`): ``body`` is only the answer's head."""
+    torn: bool = False
+    """Its body was cut short by the server, and its caller's SDK reads the body inside its request: kept as the
+    answer only for its ``x-should-retry: false`` (which anthropic reads on such a cut); of its status and headers
+    the guard learns nothing (no overload, Retry-After or rate limit): it counts as the dropped connection it is."""
 
     @property
     def overload(self) -> bool:
         """The replica said it is overloaded (429/503/529, or an in-stream overload error)."""
+        if self.torn:
+            return False
         if self.stream_failure is not None:
             return bool(self.stream_failure.overload)
         return self.status_code in OVERLOAD_STATUSES
@@ -221,7 +227,7 @@ class AttemptFailure:
             return False
         if self.local:  # this process or host could not connect: nothing the replica did
             return False
-        return self.is_transport_error or status >= 500 or status == _REQUEST_TIMEOUT
+        return self.torn or self.is_transport_error or status >= 500 or status == _REQUEST_TIMEOUT
 
     @property
     def is_transport_error(self) -> bool:

@@ -144,12 +144,15 @@ async def _error_status(
     caller's SDK meets it: a call that streams (``streamed``) has the status and headers first and judges them (the
     cut meets the caller reading the body); any other reads the whole body inside its request, so the cut is a
     dropped connection, whatever the status and headers (a 529 asking for a day's rest too: nothing of them cools
-    the replica), and is raised as one."""
+    the replica), and is raised as one; but where it says ``x-should-retry: false``, which anthropic reads on such a
+    cut and does not retry it: then it is kept as the answer, to hand on as it came, and teaches nothing
+    (`AttemptFailure.torn`)."""
     body, unread = await read_head(response)
     cut = None if unread is None else unread.cut
-    if cut is not None and not streamed:
+    torn = cut is not None and not streamed
+    if cut is not None and torn and response.headers.get("x-should-retry") != "false":
         raise cut
-    retry_after = parse_retry_after(response.headers)
+    retry_after = None if torn else parse_retry_after(response.headers)
     attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)
     return AttemptFailure(
         attempt,
@@ -160,6 +163,7 @@ async def _error_status(
         retry_after=retry_after,
         extensions=for_caller(dict(response.extensions)),
         unread=unread,
+        torn=torn,
     )
 
 

@@ -382,7 +382,7 @@ class RetryLayer:
             if failure.local:  # its connection failed here: nothing the replica did, nor an answer to its probe,
                 self.replicas.probe_unsent(state)  # which is due again at once
                 continue
-            if failure.status_code is not None:
+            if failure.status_code is not None and not failure.torn:  # a torn answer teaches nothing of its own
                 self.replicas.saw_headers(state, now, failure.headers)
                 if not judged:  # it was no probe: a probe of another call's answers for the replica
                     continue
@@ -412,7 +412,7 @@ class RetryLayer:
             self.replicas.probe_answered(state)
             if failure.status_code is not None:
                 self.replicas.answered(state)  # it took the request: its run of overload answers ends
-            if failure.status_code in REJECTIONS:  # 401/403/404: weighed against the others', never a circuit's
+            if failure.status_code in REJECTIONS and not failure.torn:  # 401/403/404: weighed, never a circuit's
                 self.replicas.rejected(state, now, failure.status_code)
                 continue
             if not failure.replica_failed:  # a transport error, a 5xx or a 408: the replica's own failure

@@ -108,9 +108,10 @@ class RateLimitLayer:
             own_body = route.body is None  # a continuation's answer reports the caller's prompt, not its body's
             call.lease.hold(lambda: self._correct(call, win, replica, tokens, own_body))
         else:
-            if any(f.status_code == 429 and f.stream_failure is None for f in outcome.failures):
+            heard = [f for f in outcome.failures if not f.torn]  # a torn answer teaches nothing (`AttemptFailure.torn`)
+            if any(f.status_code == 429 and f.stream_failure is None for f in heard):
                 limiter.refund(replica, tokens)  # refused by the provider: it used none of the limit
-            for failure in outcome.failures:  # after the refund: the room the provider reports has the last word
+            for failure in heard:  # after the refund: the room the provider reports has the last word
                 limiter.observe(replica, *remaining_room(failure.headers))
         return outcome
 
