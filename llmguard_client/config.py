@@ -365,15 +365,14 @@ class RetryPolicy:
     that replica's last answer replaces it, as it replaces the SDKs' backoff): 0.5 s and this draw are
     the openai and anthropic SDKs' own, so a replica that fails for a moment (a restart, a gateway's blip) is
     tried again once it may have recovered, as the plain SDK would; 0 retries it after the ordinary backoff.
-    A replica's failure (a refused connection, a 5xx or 408, a dropped connection) sends the retry at once to a
-    ready replica the call has not tried (one or two replicas down cost the call nothing while another is ready).
-    When none is left untried and the retry goes back to a replica after two failed the call so, or when the
-    connection failed in this process (out of file descriptors, buffers, memory or local ports: EMFILE, ENFILE,
-    ENOBUFS, ENOMEM, EADDRNOTAVAIL), the retry goes no sooner than the plain SDK's would: it waits this backoff for
-    its round (0.375-0.5 s, then 0.75-1 s), plus that of each earlier retry that went at once to another replica
-    after such a failure, so a short outage of every replica or of the backend behind them (with attempts to
-    spare: two replicas, or ``max_attempts`` above the replicas), or of this process, is ridden out as through the
-    plain SDK. A connection that failed in this process counts toward no replica's
+    A failure to connect sends the retry at once to a ready replica the call has not tried (one or two replicas
+    down cost the call nothing while another is ready). When none is left untried and the retry goes back to a
+    replica after two refused the call, or when the connection failed in this process (out of file descriptors,
+    buffers, memory or local ports: EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL), the retry goes no sooner than
+    the plain SDK's would: it waits this backoff for its round (0.375-0.5 s, then 0.75-1 s), plus that of each
+    earlier retry that went at once to another replica after a failure to connect, so a short outage of every
+    replica (with attempts to spare: two replicas, or ``max_attempts`` above the replicas), or of this process, is
+    ridden out as through the plain SDK. A connection that failed in this process counts toward no replica's
     circuit or failure rate and is never told to a fleet; a resolver's failure is the replica's name's and counts.
 
     ``overload_cooldown``: seconds a replica that signalled overload without a Retry-After

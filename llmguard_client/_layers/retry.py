@@ -69,12 +69,12 @@ After a round fails, `Retrier` decides whether and where to try again:
 - backoff between retries is full jitter over an exponential window, drawn from the layer's own
   `random.Random` (`Backoff`), so a test can seed it; a retry that goes back to a replica that already
   failed the call (no other is ready) waits at least about `RetryPolicy.same_replica_backoff`, doubling each
-  time, as an SDK retrying one endpoint does. After a replica failed it (a refused connection, a 5xx) the retry
-  goes at once to a ready replica not tried yet; when none is left and it goes back after two failed the call so, or
-  when the connection failed in this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would,
-  after that same-replica backoff for its round plus those its earlier failovers at once skipped (`FaultPacing`);
-  a retry that goes back to a replica that only refused the call's connections goes to one that answered the call
-  instead, after its pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
+  time, as an SDK retrying one endpoint does. After a failure to connect the retry goes at once to a ready replica
+  not tried yet; when none is left and it goes back after two refused the call, or when the connection failed in
+  this process (`AttemptFailure.local`), it goes no sooner than the plain SDK's would, after that same-replica
+  backoff for its round plus those its earlier failovers at once skipped (`ConnectFaults`); a retry that goes back
+  to a replica that only refused the call's connections goes to one that answered the call instead, after its
+  pause, if that fits the deadline and it is in no run of refusals (`_reached_instead`);
 - a replica that keeps failing (connect errors, 5xx, 408s) has its circuit opened for a
   cool-down, then is probed again. A call counts at most once toward each replica's circuit,
   however many of its attempts failed there: the guard's own retries do not count twice. A connection that failed
@@ -101,8 +101,8 @@ from llmguard_client._core.call import Call
 from llmguard_client._core.outcome import AttemptFailure, Failed, Outcome, Payment, Route, Stop, Win, close_unread
 from llmguard_client._core.pipeline import Next
 from llmguard_client._core.randomness import process_random
+from llmguard_client._layers.connect_faults import ConnectFaults
 from llmguard_client._layers.deadline import first_token_reserve, fits_deadline
-from llmguard_client._layers.fault_pacing import FaultPacing
 from llmguard_client._ratelimit.headers import remaining_room, room_left
 from llmguard_client._routing.caller import caller, calling_as, holds_for_caller
 from llmguard_client._routing.cooldown import REFUSALS_TO_COOL
@@ -140,10 +140,6 @@ class Backoff:
         guard's retries span what the plain SDK's do, so an outage the SDK rides out is ridden out here too."""
         window = self._window(self._same_replica, failures)
         return self._rng.uniform((1 - SDK_JITTER) * window, window)
-
-    def least_returning(self, failures: int) -> float:
-        """The least `returning` draws for ``failures``: what the plain SDK's retry waits at the least."""
-        return (1 - SDK_JITTER) * self._window(self._same_replica, failures)
 
     def _window(self, initial: float, n: int) -> float:
         return min(self._maximum, initial * 2.0 ** min(max(n - 1, 0), 64))
@@ -204,7 +200,7 @@ class RetryLayer:
         counted: set[int] = set()  # replicas whose circuit this route already counted a failure toward
         asked: dict[int, float] = {}  # replica id -> when its Retry-After to this call ends
         answered: dict[int, AttemptFailure] = {}  # replica id -> its last answer to this call (`_note_answers`)
-        faults = FaultPacing()  # its replicas' failures: whether its retries go as the plain SDK's
+        faults = ConnectFaults()  # its failures to connect: whether its retries go as the plain SDK's
         allowed = route.rounds if route.rounds is not None or self.policy is None else self.policy.max_attempts
         sent = route.spent  # requests of the call so far, hedges included: `allowed` caps them
         rounds = 0
@@ -255,7 +251,7 @@ class RetryLayer:
             if isinstance(plan, Failed):
                 return Failed(failures, plan.reason, plan.stopped, used_up=used_up)
             wait, state, payment = plan
-            faults.retried(last, state, failed, skipped=max(0.0, self.backoff.least_returning(rounds) - wait))
+            faults.retried(last, rounds, state, failed)
             if call.sdk_retries and route.kind != "continuation":  # the SDK sends it (the payment is refunded)
                 return Failed(failures, stopped="sdk", retry_in=wait, paced=payment.paced)
             await close_unread(call.lease, outcome.failures)  # retried: their answers go to nobody
@@ -476,7 +472,7 @@ class RetryLayer:
         asked: dict[int, float] | None = None,
         last_one: bool = False,
         earliest: float | None = None,
-        faults: FaultPacing | None = None,
+        faults: ConnectFaults | None = None,
         cuts: bool = False,
         answered: dict[int, AttemptFailure] | None = None,
     ) -> tuple[float, ReplicaState, Payment] | Failed | AwaitServing:
@@ -484,7 +480,7 @@ class RetryLayer:
         requests it may send are sent), or how long to wait for a replica to serve again (`AwaitServing`).
         ``asked``: when each replica's Retry-After to this call ends (a retry goes back no sooner); ``last_one``: the
         retry is the last request the route may send. ``earliest``: the call waited already (`_await_serving`); its
-        retry goes no sooner, and a refusal stands. ``faults``: the call's replicas' failures (`_backoff`). ``cuts``:
+        retry goes no sooner, and a refusal stands. ``faults``: the call's failures to connect (`_backoff`). ``cuts``:
         every failure of the call came inside a 2xx answer (`AttemptFailure.in_ok_answer`: a stream cut after its
         headers, an error event before the first token), none the plain SDK retries: whatever pace its server asked
         for, its retry goes past the bound only as `_pace_refused` lets it. ``answered``: each replica's last answer to
@@ -610,12 +606,12 @@ class RetryLayer:
             return refused if waiting is None else waiting
         return wait, state, payment
 
-    def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: FaultPacing | None) -> float:
+    def _backoff(self, last: AttemptFailure, rounds: int, times: int, faults: ConnectFaults | None) -> float:
         """The wait before the retry after round ``rounds`` that neither a server nor a cool-down paces: the ordinary
-        backoff, and at least the plain SDK's after a failure that another replica does not cure (the connection
-        failed here, or the retry goes back to a replica that failed the call after two failed it as a replica that
-        is down does: `FaultPacing.paces`, `FaultPacing.wait`); else at least the same-replica backoff when the
-        retry goes back to a replica that failed the call ``times`` times (it may need a moment to recover)."""
+        backoff, and at least the plain SDK's after a failure to connect that another replica does not cure (the
+        connection failed here, or the retry goes back to a replica that failed the call after two refused it:
+        `ConnectFaults.paces`, `ConnectFaults.wait`); else at least the same-replica backoff when the retry goes back
+        to a replica that failed the call ``times`` times (it may need a moment to recover)."""
         wait = self.backoff(rounds)
         if faults is not None and faults.paces(last, going_back=times > 0):
             return max(wait, faults.wait(self.backoff.returning, rounds))
@@ -723,7 +719,7 @@ class RetryLayer:
         failed: list[ReplicaState],
         waiting: AwaitServing,
         asked: dict[int, float],
-        faults: FaultPacing,
+        faults: ConnectFaults,
         cuts: bool,
         answered: dict[int, AttemptFailure],
     ) -> tuple[float, ReplicaState, Payment] | Failed:
@@ -789,7 +785,7 @@ class RetryLayer:
         chosen: ReplicaState | None,
         asked: dict[int, float],
         answered: dict[int, AttemptFailure],
-        faults: FaultPacing | None,
+        faults: ConnectFaults | None,
         avoid: tuple[ReplicaState, ...],
         deadline: float,
     ) -> AttemptFailure | None:

@@ -142,22 +142,6 @@ def test_a_retry_back_to_a_replica_that_asked_for_a_short_wait_waits_that_not_th
 
 
 @BACKENDS
-def test_after_both_replicas_failed_the_retry_back_waits_as_the_plain_sdks_third_request(backend: str) -> None:
-    """One backend restarting behind two replicas: each answers 502. The retry to the second goes at once; the one
-    back to the first waits what the plain SDK's third request waits in all (0.375-0.5 s, then 0.75-1 s), not just
-    the first same-replica backoff, so an outage the plain SDK rides out is ridden out here too."""
-    broken = Plan(status=502)
-    fakes = {"http://a.test": FakeReplica("a", [broken, Plan()]), "http://b.test": FakeReplica("b", [broken, Plan()])}
-    response, _, record = one_virtual_call(backend, fakes, retry=RetryPolicy(backoff_initial=0.01))
-    assert response.status_code == 200
-    first, second, third = record.attempts
-    assert first.replica != second.replica and third.replica == first.replica
-    assert first.finish is not None and second.finish is not None
-    assert second.start - first.finish <= 0.01 + 1e-9  # to the other replica at once (the ordinary backoff)
-    assert 0.375 + 0.75 - 1e-9 <= third.start - second.finish <= 0.5 + 1.0 + 1e-9
-
-
-@BACKENDS
 def test_after_an_overload_of_both_replicas_the_retry_back_to_the_first_gives_it_a_moment(backend: str) -> None:
     """Two replicas answering 503 without a Retry-After: the retry to the second goes at once (it has not failed
     the call), the one back to the first waits the same-replica backoff, as with that replica alone."""
