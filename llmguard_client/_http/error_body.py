@@ -45,9 +45,9 @@ async def read_head(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> 
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
             return b"".join(parts), None
+        except httpx.TimeoutException:
+            raise
         except httpx.TransportError as exc:
-            if isinstance(exc, httpx.TimeoutException):
-                raise
             return b"".join(parts), Unread(response, _raising(exc), exc)
         parts.append(chunk)
         size += len(chunk)

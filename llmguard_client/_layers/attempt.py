@@ -149,9 +149,11 @@ async def _error_status(
     (`AttemptFailure.torn`)."""
     body, unread = await read_head(response)
     cut = None if unread is None else unread.cut
-    torn = cut is not None and not streamed
-    if cut is not None and torn and response.headers.get("x-should-retry") != "false":
-        raise cut
+    torn = False
+    if cut is not None and not streamed:
+        if response.headers.get("x-should-retry") != "false":
+            raise cut
+        torn = True
     retry_after = None if torn else parse_retry_after(response.headers)
     attempt.attempt_finished("failed", clock(), error=f"http_{response.status_code}", retry_after=retry_after)
     return AttemptFailure(

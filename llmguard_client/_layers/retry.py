@@ -556,9 +556,8 @@ class RetryLayer:
         elif (last.retry_after is not None or last.overload) and not _times_failed(state, route, failed):
             wait = 0.0  # overload on one replica: go to another, not tried by the call yet, at once
         else:
-            wait = self._backoff(last, rounds, _times_failed(state, route, failed), faults)
-            if _server_says_when((answered or {}).get(id(state))):
-                wait = self._backoff(last, rounds, 0, faults)
+            said = _server_says_when((answered or {}).get(id(state)))
+            wait = self._backoff(last, rounds, 0 if said else _times_failed(state, route, failed), faults)
         # Back to a replica whose server set the pace: not before its cool-down ends (not at its probe).
         if earliest is not None:
             wait = max(wait, earliest - now)
@@ -659,10 +658,9 @@ class RetryLayer:
         if times == 0 and not call.beside and (last.retry_after is not None or last.overload):
             wait = 0.0  # refused there: another server at once
         else:
-            wait = max(self.backoff(rounds), self.backoff.returning(times) if times else 0.0)
             answer = (last if last.status_code is not None else None) if call.beside else answered.get(id(state))
-            if _server_says_when(answer):
-                wait = self.backoff(rounds)
+            said = _server_says_when(answer)
+            wait = max(self.backoff(rounds), self.backoff.returning(times) if times and not said else 0.0)
         wait = max(wait, told)
         if not fits_deadline(call, now, wait, deadline):
             return Failed(stopped="deadline")
